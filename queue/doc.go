@@ -1,0 +1,22 @@
+// Package queue is in charge of outflow's durable state on NATS JetStream:
+// it starts the embedded server (or connects to an external cluster), creates
+// the streams, buckets and consumers, stores submitted message bodies once in
+// an Object Store, splits each submission into one envelope per destination,
+// and carries envelopes between the three delivery lanes (fresh work, retry,
+// rate limit), the dead-letter store and the events stream.
+//
+// Failure semantics, in one paragraph: a submission is accepted only once its
+// body and every envelope are acknowledged by JetStream. A worker that pulls
+// an envelope finishes it with exactly one durable step: Ack (delivered or
+// bounced, after the SENT marker or bounce event is stored), Reschedule
+// (publish a message schedule on the retry or rate-limit lane with a
+// deduplication id of envelope id and attempt, wait for its ack, then ack the
+// original), or Dead (store the envelope and its evidence in dead letters,
+// then ack). A crash between the two halves of any step redelivers the
+// original; deduplication and the SENT marker absorb the repeat, so nothing is
+// lost and nothing is sent twice because of our own retry. Deferred envelopes
+// are ordinary stored messages (JetStream message schedules), never
+// NAK-with-delay, so ack-pending holds only what is really in flight.
+//
+// queue knows JetStream and nothing of SMTP.
+package queue

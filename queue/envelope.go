@@ -1,0 +1,250 @@
+package queue
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Attempt metadata headers. They travel with the envelope on every lane, so
+// each reschedule is one atomic write of the message with its metadata, and a
+// restarted worker continues the same budget instead of granting a new one.
+const (
+	HdrAttempt       = "Outflow-Attempt"        // attempts already made, throttled ones included (0 for fresh mail)
+	HdrFirstAttempt  = "Outflow-First-Attempt"  // RFC 3339 time of the first attempt
+	HdrDeadline      = "Outflow-Deadline"       // RFC 3339 time after which the envelope is dead
+	HdrLastClass     = "Outflow-Last-Class"     // class of the last attempt
+	HdrLastReply     = "Outflow-Last-Reply"     // the last reply, one line, truncated
+	HdrThrottleCount = "Outflow-Throttle-Count" // throttled attempts so far; the budget spent is Attempt - ThrottleCount
+	HdrReplays       = "Outflow-Replays"        // operator replays so far; part of the SENT key
+	HdrNotBefore     = "Outflow-Not-Before"     // RFC 3339 time the envelope was scheduled for
+)
+
+// MaxEnvelopeBytes bounds an envelope's encoded JSON. Anything larger on a
+// work subject is refused as malformed: envelopes are small by design, the
+// body lives in the Object Store.
+const MaxEnvelopeBytes = 256 << 10
+
+// ErrMalformed is returned (wrapped) for envelopes that cannot be decoded.
+var ErrMalformed = errors.New("malformed envelope")
+
+// Envelope is the unit of delivery: the recipients of one message at one
+// destination. The JSON payload holds what never changes; the attempt
+// metadata lives in headers (see Hdr*) and in History.
+type Envelope struct {
+	ID          string    `json:"id"`                   // envelope id, unique per destination part
+	MsgID       string    `json:"msg_id"`               // submission id, shared by all parts; names the body
+	Tenant      string    `json:"tenant"`               // the submitting user
+	From        string    `json:"from"`                 // envelope sender
+	Rcpts       []string  `json:"rcpts"`                // recipients still to deliver, all at Dest
+	Dest        string    `json:"dest"`                 // destination: the recipients' domain
+	BodyRef     string    `json:"body_ref"`             // Object Store name of the body
+	Size        int64     `json:"size"`                 // body size in bytes
+	Parts       int       `json:"parts"`                // how many envelopes the submission became
+	SubmittedAt time.Time `json:"submitted_at"`         // when outflow accepted the message
+	MessageID   string    `json:"message_id,omitempty"` // the Message-ID header, for logs
+	History     []Attempt `json:"history,omitempty"`    // every attempt so far, oldest first
+
+	// Attempt metadata, carried in headers.
+	Attempt       int       `json:"-"`
+	FirstAttempt  time.Time `json:"-"`
+	Deadline      time.Time `json:"-"`
+	LastClass     string    `json:"-"`
+	LastReply     string    `json:"-"`
+	ThrottleCount int       `json:"-"`
+	Replays       int       `json:"-"`
+	NotBefore     time.Time `json:"-"`
+}
+
+// Attempt is the compact evidence of one delivery attempt, kept inside the
+// envelope so that a dead letter carries its whole story with it.
+type Attempt struct {
+	At         time.Time `json:"at"`
+	Attempt    int       `json:"attempt"`
+	Worker     string    `json:"worker"`
+	Class      string    `json:"class"`
+	Rule       string    `json:"rule,omitempty"`
+	Code       int       `json:"code,omitempty"`
+	Enhanced   string    `json:"enhanced_code,omitempty"`
+	Reply      string    `json:"reply,omitempty"`
+	Lane       string    `json:"lane,omitempty"`
+	DelayMs    int64     `json:"delay_ms,omitempty"`
+	JitterSeed string    `json:"jitter_seed,omitempty"`
+	Rcpts      int       `json:"rcpts,omitempty"` // recipients this outcome applied to
+}
+
+// maxHistory bounds History; older entries are dropped (the events stream
+// keeps them all).
+const maxHistory = 32
+
+// AddAttempt appends a to the history, keeping at most the newest entries.
+func (e *Envelope) AddAttempt(a Attempt) {
+	a.Reply = shorten(a.Reply, 300)
+	e.History = append(e.History, a)
+	if len(e.History) > maxHistory {
+		e.History = append(e.History[:0:0], e.History[len(e.History)-maxHistory:]...)
+	}
+}
+
+// Clone returns a deep copy, so a worker can derive a smaller envelope for
+// deferred recipients without touching the original.
+func (e *Envelope) Clone() *Envelope {
+	c := *e
+	c.Rcpts = append([]string(nil), e.Rcpts...)
+	c.History = append([]Attempt(nil), e.History...)
+	return &c
+}
+
+// Spent is the part of the attempt budget this envelope has used: throttled
+// attempts are the receiver asking us to slow down and do not count.
+func (e *Envelope) Spent() int { return e.Attempt - e.ThrottleCount }
+
+// SentKey is the SENT-bucket key for this envelope's current attempt. It
+// includes the attempt and replay count because a redelivery of the same
+// attempt must be recognised, while a later attempt or a replay of the same
+// envelope must not be.
+func (e *Envelope) SentKey() string {
+	return e.ID + "." + strconv.Itoa(e.Attempt) + "." + strconv.Itoa(e.Replays)
+}
+
+// Encode turns the envelope into a NATS message for subject.
+func (e *Envelope) Encode(subject string) (*nats.Msg, error) {
+	data, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("encode envelope %s: %w", e.ID, err)
+	}
+	m := nats.NewMsg(subject)
+	m.Data = data
+	h := m.Header
+	h.Set(HdrAttempt, strconv.Itoa(e.Attempt))
+	if !e.FirstAttempt.IsZero() {
+		h.Set(HdrFirstAttempt, e.FirstAttempt.UTC().Format(time.RFC3339Nano))
+	}
+	if !e.Deadline.IsZero() {
+		h.Set(HdrDeadline, e.Deadline.UTC().Format(time.RFC3339Nano))
+	}
+	if e.LastClass != "" {
+		h.Set(HdrLastClass, e.LastClass)
+	}
+	if e.LastReply != "" {
+		h.Set(HdrLastReply, headerSafe(shorten(e.LastReply, 200)))
+	}
+	if e.ThrottleCount > 0 {
+		h.Set(HdrThrottleCount, strconv.Itoa(e.ThrottleCount))
+	}
+	if e.Replays > 0 {
+		h.Set(HdrReplays, strconv.Itoa(e.Replays))
+	}
+	if !e.NotBefore.IsZero() {
+		h.Set(HdrNotBefore, e.NotBefore.UTC().Format(time.RFC3339Nano))
+	}
+	return m, nil
+}
+
+// DecodeEnvelope parses a stored envelope and its attempt headers. Anything
+// that is not a complete envelope returns an error wrapping ErrMalformed with
+// the reason, so the worker can park it instead of crashing or looping.
+func DecodeEnvelope(data []byte, h nats.Header) (*Envelope, error) {
+	if len(data) > MaxEnvelopeBytes {
+		return nil, fmt.Errorf("%w: %d bytes exceeds the %d-byte limit", ErrMalformed, len(data), MaxEnvelopeBytes)
+	}
+	var e Envelope
+	if err := json.Unmarshal(data, &e); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	switch {
+	case e.ID == "" || !validID(e.ID):
+		return nil, fmt.Errorf("%w: missing or invalid id %q", ErrMalformed, shorten(e.ID, 40))
+	case len(e.Rcpts) == 0:
+		return nil, fmt.Errorf("%w: no recipients", ErrMalformed)
+	case e.Dest == "":
+		return nil, fmt.Errorf("%w: no destination", ErrMalformed)
+	case e.BodyRef == "":
+		return nil, fmt.Errorf("%w: no body reference", ErrMalformed)
+	}
+	if e.MsgID == "" {
+		e.MsgID = e.ID
+	}
+	var err error
+	if e.Attempt, err = intHeader(h, HdrAttempt); err != nil {
+		return nil, err
+	}
+	if e.ThrottleCount, err = intHeader(h, HdrThrottleCount); err != nil {
+		return nil, err
+	}
+	if e.Replays, err = intHeader(h, HdrReplays); err != nil {
+		return nil, err
+	}
+	if e.FirstAttempt, err = timeHeader(h, HdrFirstAttempt); err != nil {
+		return nil, err
+	}
+	if e.Deadline, err = timeHeader(h, HdrDeadline); err != nil {
+		return nil, err
+	}
+	if e.NotBefore, err = timeHeader(h, HdrNotBefore); err != nil {
+		return nil, err
+	}
+	e.LastClass = h.Get(HdrLastClass)
+	e.LastReply = h.Get(HdrLastReply)
+	return &e, nil
+}
+
+func intHeader(h nats.Header, k string) (int, error) {
+	v := h.Get(k)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%w: header %s=%q is not a count", ErrMalformed, k, shorten(v, 40))
+	}
+	return n, nil
+}
+
+func timeHeader(h nats.Header, k string) (time.Time, error) {
+	v := h.Get(k)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: header %s=%q is not an RFC 3339 time", ErrMalformed, k, shorten(v, 40))
+	}
+	return t, nil
+}
+
+// validID accepts the ids outflow generates (NUIDs and suffixes) and refuses
+// anything that could not be a subject token or KV key.
+func validID(id string) bool {
+	if len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if !tokenSafe(id[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// headerSafe folds a reply onto one line: NATS headers are line-based.
+func headerSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' {
+			return ' '
+		}
+		return r
+	}, s)
+}

@@ -1,0 +1,299 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Delivery is one envelope pulled from a lane by a worker. The worker must
+// end it with exactly one of Delivered, Reschedule, Hold, Dead, Bounce or
+// Skip; each writes the next durable state first and acknowledges the
+// original last.
+type Delivery struct {
+	Env  *Envelope
+	Lane Lane
+	// Redelivered is true when the server has handed this message out
+	// before: a worker died or timed out holding it.
+	Redelivered bool
+	msg         jetstream.Msg
+	q           *Queue
+}
+
+// Messages starts pulling envelopes from lane and sends them on the
+// returned channel until ctx ends. buffer bounds how many envelopes this
+// process holds un-started, so that a slow destination cannot leave pulled
+// messages waiting past the ack wait. Undecodable messages never reach the
+// channel: they are parked in dead letters with the reason and logged.
+func (q *Queue) Messages(ctx context.Context, lane Lane, buffer int) (<-chan *Delivery, error) {
+	name := map[Lane]string{LaneWork: consumerWork, LaneRetry: consumerRetry, LaneRateLimit: consumerRateLimit}[lane]
+	stream := q.lanes[lane]
+	if name == "" || stream == nil {
+		return nil, fmt.Errorf("unknown lane %q", lane)
+	}
+	cons, err := stream.Consumer(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", name, err)
+	}
+	if buffer < 1 {
+		buffer = 1
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(buffer), jetstream.PullExpiry(5*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", name, err)
+	}
+	out := make(chan *Delivery)
+	var once sync.Once
+	stop := func() { once.Do(it.Stop) }
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	go func() {
+		defer close(out)
+		defer stop()
+		for {
+			m, err := it.Next()
+			if err != nil {
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+					return
+				}
+				q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
+				continue
+			}
+			d, err := q.decode(m, lane)
+			if err != nil {
+				q.parkMalformed(ctx, m, err)
+				continue
+			}
+			select {
+			case out <- d:
+			case <-ctx.Done():
+				// Not started: let the server hand it out again at once.
+				_ = m.Nak()
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+func (q *Queue) decode(m jetstream.Msg, lane Lane) (*Delivery, error) {
+	env, err := DecodeEnvelope(m.Data(), m.Headers())
+	if err != nil {
+		return nil, err
+	}
+	d := &Delivery{Env: env, Lane: lane, msg: m, q: q}
+	if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+		d.Redelivered = true
+	}
+	return d, nil
+}
+
+// parkMalformed stores an undecodable message verbatim in dead letters, with
+// the reason, then acknowledges it: garbage on a work subject must neither
+// crash a worker nor loop forever, and an operator can still look at it.
+func (q *Queue) parkMalformed(ctx context.Context, m jetstream.Msg, reason error) {
+	id := "malformed-" + nuidNext()
+	md, _ := m.Metadata()
+	var seq uint64
+	if md != nil {
+		seq = md.Sequence.Stream
+	}
+	q.log.Error().Err(reason).Str("subject", m.Subject()).Uint64("seq", seq).Str("dead_id", id).
+		Msg("malformed envelope parked in dead letters")
+	dm := nats.NewMsg(subjDeadPrefix + id)
+	dm.Header.Set("Outflow-Dead-Reason", headerSafe(shorten(reason.Error(), 500)))
+	dm.Header.Set("Outflow-Original-Subject", m.Subject())
+	data := m.Data()
+	if len(data) > 64<<10 {
+		data = data[:64<<10]
+	}
+	dm.Data = data
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := q.js.PublishMsg(pctx, dm); err != nil {
+		q.log.Error().Err(err).Msg("park malformed envelope; leaving it for redelivery")
+		_ = m.NakWithDelay(30 * time.Second)
+		return
+	}
+	q.Event(EventMalformed, &Event{ID: id, Reason: shorten(reason.Error(), 500)})
+	_ = m.Ack()
+}
+
+// InProgress tells the server the worker is still on it, resetting the ack
+// wait; long SMTP sends call it periodically.
+func (d *Delivery) InProgress() { _ = d.msg.InProgress() }
+
+// AlreadyHandled reports whether an earlier holder of this envelope already
+// finished its current attempt: a SENT marker for this attempt exists, or,
+// for a redelivered message, the next step (a schedule, a due or held
+// envelope, a dead letter) is already stored. The caller then just calls
+// Skip. This is what makes "write next state, then ack" safe when a worker
+// dies between the two.
+func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
+	e := d.Env
+	if _, err := d.q.sent.Get(ctx, e.SentKey()); err == nil {
+		return true, nil
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, fmt.Errorf("SENT lookup: %w", err)
+	}
+	if !d.Redelivered {
+		return false, nil
+	}
+	for _, l := range []Lane{LaneRetry, LaneRateLimit} {
+		for _, subj := range []string{schedSubject(l, e.Dest, e.ID), dueSubject(l, e.Dest, e.ID)} {
+			if subj == d.msg.Subject() {
+				continue
+			}
+			m, err := d.q.lanes[l].GetLastMsgForSubject(ctx, subj)
+			if err == nil && m != nil && laterAttempt(m.Header, e) {
+				return true, nil
+			}
+		}
+	}
+	if m, err := d.q.lanes[LaneRetry].GetLastMsgForSubject(ctx, heldSubject(e.Dest, e.ID)); err == nil && m != nil {
+		return true, nil
+	}
+	if m, err := d.q.dead.GetLastMsgForSubject(ctx, subjDeadPrefix+e.ID); err == nil && m != nil && laterAttempt(m.Header, e) {
+		return true, nil
+	}
+	return false, nil
+}
+
+// laterAttempt reports whether a stored envelope's headers describe a step
+// taken after e's current attempt (same replay generation). Every step
+// (retry, throttle, hold, dead) increments Attempt, so "later" is simply a
+// larger attempt number.
+func laterAttempt(h nats.Header, e *Envelope) bool {
+	a, err1 := intHeader(h, HdrAttempt)
+	r, err2 := intHeader(h, HdrReplays)
+	return err1 == nil && err2 == nil && r == e.Replays && a > e.Attempt
+}
+
+// Skip acknowledges an envelope that needs no further work.
+func (d *Delivery) Skip(ctx context.Context) error {
+	return d.ack(ctx)
+}
+
+// Delivered records that env's recipients (all of them, or the accepted
+// part) were delivered in the current attempt: it writes the SENT marker and,
+// when done is true (no recipient left for a later attempt), acknowledges the
+// envelope and releases the body. With done false the caller has already
+// rescheduled the rest.
+func (d *Delivery) Delivered(ctx context.Context, rcpts []string, done bool) error {
+	if _, err := d.q.sent.Put(ctx, d.Env.SentKey(), []byte(strings.Join(rcpts, ","))); err != nil {
+		return fmt.Errorf("SENT marker: %w", err)
+	}
+	if !done {
+		return nil
+	}
+	if err := d.ack(ctx); err != nil {
+		return err
+	}
+	d.q.releaseBody(ctx, d.Env)
+	return nil
+}
+
+// Done acknowledges an envelope that has reached its end without a SENT
+// marker (every recipient bounced) and releases its body.
+func (d *Delivery) Done(ctx context.Context) error {
+	if err := d.ack(ctx); err != nil {
+		return err
+	}
+	d.q.releaseBody(ctx, d.Env)
+	return nil
+}
+
+// Reschedule stores next (the envelope with its updated attempt metadata,
+// possibly with fewer recipients) as a message schedule on lane, firing at
+// at, and then acknowledges the original. The schedule is published with a
+// deduplication id of envelope id, attempt and replay count, so a worker
+// that crashes before the ack and a second worker that repeats the step
+// store one schedule, not two. ack false leaves the original unacknowledged,
+// for a caller that still has to record delivered recipients.
+func (d *Delivery) Reschedule(ctx context.Context, next *Envelope, lane Lane, at time.Time, ack bool) error {
+	if err := d.q.schedule(ctx, next, lane, at); err != nil {
+		return err
+	}
+	if !ack {
+		return nil
+	}
+	return d.ack(ctx)
+}
+
+func (q *Queue) schedule(ctx context.Context, next *Envelope, lane Lane, at time.Time) error {
+	if lane != LaneRetry && lane != LaneRateLimit {
+		return fmt.Errorf("reschedule: lane %q has no schedules", lane)
+	}
+	next.NotBefore = at
+	m, err := next.Encode(schedSubject(lane, next.Dest, next.ID))
+	if err != nil {
+		return err
+	}
+	// nats.go's WithScheduleAt truncates to whole seconds; sub-second delays
+	// matter for the first retries, so the header is set by hand.
+	m.Header.Set("Nats-Schedule", "@at "+at.UTC().Format(time.RFC3339Nano))
+	m.Header.Set("Nats-Schedule-Target", dueSubject(lane, next.Dest, next.ID))
+	m.Header.Set(jetstream.MsgIDHeader, next.ID+"."+itoa(next.Attempt)+"."+itoa(next.Replays))
+	if _, err := q.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("schedule %s on %s lane: %w", next.ID, lane, err)
+	}
+	return nil
+}
+
+// Hold parks an envelope whose outcome is unknown until an operator decides
+// (queue replay or drop), then acknowledges the original.
+func (d *Delivery) Hold(ctx context.Context, next *Envelope) error {
+	m, err := next.Encode(heldSubject(next.Dest, next.ID))
+	if err != nil {
+		return err
+	}
+	m.Header.Set(jetstream.MsgIDHeader, "held."+next.ID+"."+itoa(next.Attempt)+"."+itoa(next.Replays))
+	if _, err := d.q.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("hold %s: %w", next.ID, err)
+	}
+	return d.ack(ctx)
+}
+
+// Dead moves an envelope to dead letters with its evidence (the History it
+// carries and reason), then acknowledges the original. The body is kept so
+// the dead letter can be replayed.
+func (d *Delivery) Dead(ctx context.Context, next *Envelope, reason string) error {
+	if err := d.q.putDead(ctx, next, reason); err != nil {
+		return err
+	}
+	return d.ack(ctx)
+}
+
+func (q *Queue) putDead(ctx context.Context, e *Envelope, reason string) error {
+	m, err := e.Encode(subjDeadPrefix + e.ID)
+	if err != nil {
+		return err
+	}
+	m.Header.Set("Outflow-Dead-Reason", headerSafe(shorten(reason, 500)))
+	m.Header.Set("Outflow-Dead-At", time.Now().UTC().Format(time.RFC3339Nano))
+	if _, err := q.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("dead letter %s: %w", e.ID, err)
+	}
+	return nil
+}
+
+// ack acknowledges and waits for the server's confirmation, so a lost ack
+// cannot hand the envelope to another worker after its next state is stored.
+func (d *Delivery) ack(ctx context.Context) error {
+	if err := d.msg.DoubleAck(ctx); err != nil {
+		return fmt.Errorf("ack %s: %w", d.Env.ID, err)
+	}
+	return nil
+}
+
+// Release hands an envelope back to the server at once, without spending an
+// attempt (shutdown with work not started).
+func (d *Delivery) Release() { _ = d.msg.Nak() }

@@ -1,0 +1,345 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// Stream, bucket and consumer names. They are part of outflow's on-disk
+// contract: renaming one orphans existing data.
+const (
+	StreamWork      = "OUTFLOW_WORK"
+	StreamRetry     = "OUTFLOW_RETRY"
+	StreamRateLimit = "OUTFLOW_RATELIMIT"
+	StreamDead      = "OUTFLOW_DEAD"
+	StreamEvents    = "OUTFLOW_EVENTS"
+
+	BucketBodies  = "outflow_bodies"
+	BucketSent    = "outflow_sent"
+	BucketDest    = "outflow_dest"
+	BucketWorkers = "outflow_workers"
+
+	consumerWork      = "outflow-work"
+	consumerRetry     = "outflow-retry"
+	consumerRateLimit = "outflow-ratelimit"
+)
+
+// Options say how to reach NATS and how to lay out the streams.
+type Options struct {
+	// URL of an external NATS server or cluster (comma-separated). Ignored
+	// when InProcess is set.
+	URL string
+	// CredsFile is a NATS .creds file (JWT + nkey) for URL.
+	CredsFile string
+	// User and Password authenticate to URL or to the embedded server.
+	User, Password string
+	// InProcess connects to an embedded server without a socket.
+	InProcess *server.Server
+	// Name is the connection name shown by the server (e.g. the worker id).
+	Name string
+	// Replicas for every stream and bucket: 1 on the embedded server, 3 on
+	// a cluster. 0 means 1.
+	Replicas int
+	// SentTTL is how long SENT markers are kept: longer than any redelivery
+	// can take. Default 72h.
+	SentTTL time.Duration
+	// EventsMaxAge is how long the events stream keeps outcomes. Default 7 days.
+	EventsMaxAge time.Duration
+	// DeadMaxAge is how long dead letters (and bodies) are kept. Default 14 days.
+	DeadMaxAge time.Duration
+	// DedupWindow is the publish deduplication window of the work stream,
+	// which bounds how late an `outflow submit --idempotency-key` retry is
+	// still recognised. Default 24h.
+	DedupWindow time.Duration
+	// AckWait is how long a worker holds an envelope before the server
+	// redelivers it, unless the worker reports progress. Default 60s.
+	AckWait time.Duration
+	// MaxAckPending bounds envelopes in flight per lane across all workers.
+	// Default 4096.
+	MaxAckPending int
+	// MaxAge is the wall-clock budget of a message from submission; the
+	// envelope's deadline is stamped from it at enqueue time. Default 5 days
+	// (Postfix's maximal_queue_lifetime).
+	MaxAge time.Duration
+	// NoSetup skips creating or updating streams and buckets (admin clients).
+	NoSetup bool
+	Logger  zerolog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.Replicas <= 0 {
+		o.Replicas = 1
+	}
+	if o.SentTTL <= 0 {
+		o.SentTTL = 72 * time.Hour
+	}
+	if o.EventsMaxAge <= 0 {
+		o.EventsMaxAge = 7 * 24 * time.Hour
+	}
+	if o.DeadMaxAge <= 0 {
+		o.DeadMaxAge = 14 * 24 * time.Hour
+	}
+	if o.DedupWindow <= 0 {
+		o.DedupWindow = 24 * time.Hour
+	}
+	if o.MaxAge <= 0 {
+		o.MaxAge = 5 * 24 * time.Hour
+	}
+	if o.AckWait <= 0 {
+		o.AckWait = 60 * time.Second
+	}
+	if o.MaxAckPending <= 0 {
+		o.MaxAckPending = 4096
+	}
+}
+
+// Queue is a connection to outflow's JetStream state.
+type Queue struct {
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	opts   Options
+	log    zerolog.Logger
+	bodies jetstream.ObjectStore
+	sent   jetstream.KeyValue
+	dest   jetstream.KeyValue
+	work   jetstream.KeyValue
+	lanes  map[Lane]jetstream.Stream
+	dead   jetstream.Stream
+	events jetstream.Stream
+}
+
+// Connect connects to NATS and, unless opts.NoSetup, creates or updates
+// every stream, bucket and consumer idempotently.
+func Connect(ctx context.Context, opts Options) (*Queue, error) {
+	opts.defaults()
+	nopts := []nats.Option{
+		nats.Name(opts.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.PingInterval(10 * time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				opts.Logger.Warn().Err(err).Msg("nats disconnected")
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			opts.Logger.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("nats reconnected")
+		}),
+	}
+	if opts.User != "" {
+		nopts = append(nopts, nats.UserInfo(opts.User, opts.Password))
+	}
+	if opts.CredsFile != "" {
+		nopts = append(nopts, nats.UserCredentials(opts.CredsFile))
+	}
+	url := opts.URL
+	if opts.InProcess != nil {
+		nopts = append(nopts, nats.InProcessServer(opts.InProcess))
+		url = ""
+	} else if url == "" {
+		return nil, errors.New("queue: no NATS url")
+	}
+	nc, err := nats.Connect(url, nopts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS %s: %w", redact(url), err)
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	q := &Queue{nc: nc, js: js, opts: opts, log: opts.Logger, lanes: map[Lane]jetstream.Stream{}}
+	if err := q.setup(ctx); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return q, nil
+}
+
+// Conn returns the NATS connection (for publishing raw events in tests and
+// for the coordinator's KV watches).
+func (q *Queue) Conn() *nats.Conn { return q.nc }
+
+// JetStream returns the JetStream context.
+func (q *Queue) JetStream() jetstream.JetStream { return q.js }
+
+// Close drains the connection: pending publishes are flushed and
+// subscriptions end before it closes.
+func (q *Queue) Close() error {
+	if q.nc.IsClosed() {
+		return nil
+	}
+	return q.nc.Drain()
+}
+
+func (q *Queue) setup(ctx context.Context) error {
+	o := q.opts
+	lane := func(name string, l Lane) jetstream.StreamConfig {
+		return jetstream.StreamConfig{
+			Name:              name,
+			Description:       "outflow " + string(l) + " lane: schedules and due envelopes",
+			Subjects:          []string{"outflow." + string(l) + ".>"},
+			Retention:         jetstream.WorkQueuePolicy,
+			Storage:           jetstream.FileStorage,
+			Replicas:          o.Replicas,
+			Duplicates:        10 * time.Minute,
+			AllowMsgSchedules: true,
+			AllowRollup:       true,
+			AllowDirect:       true,
+			MaxMsgSize:        MaxEnvelopeBytes,
+		}
+	}
+	cfgs := []jetstream.StreamConfig{
+		{
+			Name:        StreamWork,
+			Description: "outflow fresh mail: one envelope per destination",
+			Subjects:    []string{"outflow.work.>"},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    o.Replicas,
+			Duplicates:  o.DedupWindow,
+			AllowDirect: true,
+			MaxMsgSize:  MaxEnvelopeBytes,
+		},
+		lane(StreamRetry, LaneRetry),
+		lane(StreamRateLimit, LaneRateLimit),
+		{
+			Name:              StreamDead,
+			Description:       "outflow dead letters, one per envelope id",
+			Subjects:          []string{"outflow.dead.>"},
+			Retention:         jetstream.LimitsPolicy,
+			Storage:           jetstream.FileStorage,
+			Replicas:          o.Replicas,
+			MaxMsgsPerSubject: 1,
+			MaxAge:            o.DeadMaxAge,
+			AllowDirect:       true,
+		},
+		{
+			Name:        StreamEvents,
+			Description: "outflow outcomes: delivered, deferred, throttled, bounced, unknown, dead, dropped",
+			Subjects:    []string{"outflow.events.>"},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    o.Replicas,
+			MaxAge:      o.EventsMaxAge,
+			AllowDirect: true,
+		},
+	}
+	for _, c := range cfgs {
+		var s jetstream.Stream
+		var err error
+		if o.NoSetup {
+			s, err = q.js.Stream(ctx, c.Name)
+		} else {
+			s, err = q.js.CreateOrUpdateStream(ctx, c)
+		}
+		if err != nil {
+			return fmt.Errorf("stream %s: %w", c.Name, err)
+		}
+		switch c.Name {
+		case StreamWork:
+			q.lanes[LaneWork] = s
+		case StreamRetry:
+			q.lanes[LaneRetry] = s
+		case StreamRateLimit:
+			q.lanes[LaneRateLimit] = s
+		case StreamDead:
+			q.dead = s
+		case StreamEvents:
+			q.events = s
+		}
+	}
+	var err error
+	if o.NoSetup {
+		q.bodies, err = q.js.ObjectStore(ctx, BucketBodies)
+	} else {
+		q.bodies, err = q.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+			Bucket:      BucketBodies,
+			Description: "outflow message bodies, stored once per submission",
+			Storage:     jetstream.FileStorage,
+			Replicas:    o.Replicas,
+			TTL:         o.DeadMaxAge + 24*time.Hour,
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("object store %s: %w", BucketBodies, err)
+	}
+	kvs := []struct {
+		dst *jetstream.KeyValue
+		cfg jetstream.KeyValueConfig
+	}{
+		{&q.sent, jetstream.KeyValueConfig{Bucket: BucketSent, Description: "delivered envelope attempts", TTL: o.SentTTL, Storage: jetstream.FileStorage, Replicas: o.Replicas}},
+		{&q.dest, jetstream.KeyValueConfig{Bucket: BucketDest, Description: "shared destination throttle state", History: 5, Storage: jetstream.FileStorage, Replicas: o.Replicas}},
+		{&q.work, jetstream.KeyValueConfig{Bucket: BucketWorkers, Description: "live workers", TTL: 15 * time.Second, Storage: jetstream.MemoryStorage, Replicas: o.Replicas}},
+	}
+	for _, k := range kvs {
+		var kv jetstream.KeyValue
+		if o.NoSetup {
+			kv, err = q.js.KeyValue(ctx, k.cfg.Bucket)
+		} else {
+			kv, err = q.js.CreateOrUpdateKeyValue(ctx, k.cfg)
+		}
+		if err != nil {
+			return fmt.Errorf("kv %s: %w", k.cfg.Bucket, err)
+		}
+		*k.dst = kv
+	}
+	if o.NoSetup {
+		return nil
+	}
+	for _, c := range []struct {
+		stream, name, filter string
+	}{
+		{StreamWork, consumerWork, ""},
+		{StreamRetry, consumerRetry, "outflow.retry.due.>"},
+		{StreamRateLimit, consumerRateLimit, "outflow.ratelimit.due.>"},
+	} {
+		_, err := q.js.CreateOrUpdateConsumer(ctx, c.stream, jetstream.ConsumerConfig{
+			Durable:       c.name,
+			Description:   "outflow workers",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       o.AckWait,
+			MaxDeliver:    -1,
+			MaxAckPending: o.MaxAckPending,
+			FilterSubject: c.filter,
+			Replicas:      o.Replicas,
+		})
+		if err != nil {
+			return fmt.Errorf("consumer %s on %s: %w", c.name, c.stream, err)
+		}
+	}
+	return nil
+}
+
+// DestKV is the shared destination-state bucket, watched by every worker.
+func (q *Queue) DestKV() jetstream.KeyValue { return q.dest }
+
+// WorkersKV is the live-worker registry (entries expire after 15s).
+func (q *Queue) WorkersKV() jetstream.KeyValue { return q.work }
+
+// redact removes user:password@ from each URL of a comma-separated list,
+// so credentials never reach a log line or an error message.
+func redact(urls string) string {
+	if urls == "" {
+		return "(in-process)"
+	}
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if at := strings.LastIndex(p, "@"); at >= 0 {
+			scheme := ""
+			if k := strings.Index(p, "://"); k >= 0 && k < at {
+				scheme = p[:k+3]
+			}
+			parts[i] = scheme + "***@" + p[at+1:]
+		}
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,136 @@
+package queue
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// startQueue starts an embedded server in a temp dir and connects to it.
+func startQueue(t *testing.T) (*Queue, *Embedded) {
+	t.Helper()
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	ci := emb.ClientInfo()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	q, err := Connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return q, emb
+}
+
+func next(t *testing.T, ch <-chan *Delivery) *Delivery {
+	t.Helper()
+	select {
+	case d := <-ch:
+		return d
+	case <-time.After(15 * time.Second):
+		t.Fatal("no envelope within 15s")
+		return nil
+	}
+}
+
+func TestEnqueueSplitsByDomainAndStoresBodyOnce(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	body := []byte("Subject: hi\r\nMessage-ID: <a@b>\r\n\r\nhello\r\n")
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t1", From: "a@src.example", Rcpts: []string{"x@one.example", "y@Two.example", "z@one.example"}, Body: body})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 2 {
+		t.Fatalf("ids = %v, want 2 envelopes", ids)
+	}
+	ch, err := q.Messages(ctx, LaneWork, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	var ref string
+	for range 2 {
+		d := next(t, ch)
+		got[d.Env.Dest] = d.Env.Rcpts
+		if ref != "" && d.Env.BodyRef != ref {
+			t.Fatalf("body stored twice: %s vs %s", ref, d.Env.BodyRef)
+		}
+		ref = d.Env.BodyRef
+		if d.Env.MessageID != "<a@b>" {
+			t.Errorf("message id %q", d.Env.MessageID)
+		}
+		if d.Env.Deadline.IsZero() {
+			t.Error("no deadline stamped")
+		}
+		if err := d.Skip(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got["one.example"]) != 2 || len(got["two.example"]) != 1 {
+		t.Fatalf("split = %v", got)
+	}
+	b, err := q.Body(ctx, ref)
+	if err != nil || string(b) != string(body) {
+		t.Fatalf("body = %q, %v", b, err)
+	}
+}
+
+func TestRescheduleFiresOnDueSubjectWithMetadata(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	work, _ := q.Messages(ctx, LaneWork, 1)
+	retry, _ := q.Messages(ctx, LaneRetry, 1)
+	d := next(t, work)
+	n := d.Env.Clone()
+	n.Attempt = 1
+	n.LastClass = "transient"
+	n.LastReply = "451 4.3.0 try later\r\nsecond line"
+	at := time.Now().Add(700 * time.Millisecond)
+	if err := d.Reschedule(ctx, n, LaneRetry, at, true); err != nil {
+		t.Fatal(err)
+	}
+	// Doing the same step again (a second worker after a crash) is absorbed.
+	if err := q.schedule(ctx, n.Clone(), LaneRetry, at); err != nil {
+		t.Fatal(err)
+	}
+	r := next(t, retry)
+	if time.Now().Before(at) {
+		t.Fatalf("fired early: %v before %v", time.Now(), at)
+	}
+	if r.Env.Attempt != 1 || r.Env.LastClass != "transient" || r.Env.ID != d.Env.ID {
+		t.Fatalf("metadata lost: %+v", r.Env)
+	}
+	if err := r.Skip(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d2 := <-retry:
+		t.Fatalf("schedule fired twice: %+v", d2.Env)
+	case <-time.After(1500 * time.Millisecond):
+	}
+}
+
+func TestTokenRoundTrip(t *testing.T) {
+	for _, s := range []string{"example.com", "a_b.example", "x*y>z w", "", "münchen.de"} {
+		tok := Token(s)
+		for _, c := range tok {
+			if c == '.' || c == '*' || c == '>' || c == ' ' {
+				t.Fatalf("Token(%q) = %q has a forbidden char", s, tok)
+			}
+		}
+		if Untoken(tok) != s {
+			t.Fatalf("Untoken(Token(%q)) = %q", s, Untoken(tok))
+		}
+	}
+}

@@ -1,0 +1,123 @@
+package queue
+
+import (
+	"strings"
+)
+
+// Subject layout. Every subject outflow uses starts with "outflow.".
+//
+//	outflow.work.<tenant>.<dest>              fresh envelopes (OUTFLOW_WORK)
+//	outflow.retry.sched.<dest>.<id>           retry-lane schedules (OUTFLOW_RETRY)
+//	outflow.retry.due.<dest>.<id>             retry-lane envelopes that are due
+//	outflow.ratelimit.sched.<dest>.<id>       rate-limit lane schedules (OUTFLOW_RATELIMIT)
+//	outflow.ratelimit.due.<dest>.<id>         rate-limit lane envelopes that are due
+//	outflow.held.<dest>.<id>                  unknown outcomes held for an operator (OUTFLOW_RETRY)
+//	outflow.dead.<id>                         dead letters, one per id (OUTFLOW_DEAD)
+//	outflow.events.<type>.<id>                every outcome (OUTFLOW_EVENTS)
+const (
+	subjWorkPrefix = "outflow.work."
+	subjDeadPrefix = "outflow.dead."
+	subjEvents     = "outflow.events."
+)
+
+// Lane names one of the three queues an envelope can wait in.
+type Lane string
+
+const (
+	// LaneWork is fresh mail, straight from submission or replay.
+	LaneWork Lane = "work"
+	// LaneRetry holds envelopes deferred after a transient failure.
+	LaneRetry Lane = "retry"
+	// LaneRateLimit holds envelopes deferred because the destination
+	// throttled us; its consumer is the slow lane.
+	LaneRateLimit Lane = "ratelimit"
+)
+
+func schedSubject(l Lane, dest, id string) string {
+	return "outflow." + string(l) + ".sched." + Token(dest) + "." + id
+}
+
+func dueSubject(l Lane, dest, id string) string {
+	return "outflow." + string(l) + ".due." + Token(dest) + "." + id
+}
+
+func heldSubject(dest, id string) string {
+	return "outflow.held." + Token(dest) + "." + id
+}
+
+func workSubject(tenant, dest string) string {
+	return subjWorkPrefix + Token(tenant) + "." + Token(dest)
+}
+
+// Token encodes s as a single NATS subject token. A domain's dots would
+// split it into several tokens, and '*', '>' and white space are not allowed
+// at all, so '.' becomes '_' and any byte outside [A-Za-z0-9-] (including a
+// literal '_') becomes %XX. The encoding is reversible with Untoken.
+func Token(s string) string {
+	if s == "" {
+		return "%00"
+	}
+	clean := true
+	for i := 0; i < len(s); i++ {
+		if !tokenSafe(s[i]) && s[i] != '.' {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return strings.ReplaceAll(s, ".", "_")
+	}
+	var b strings.Builder
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '.':
+			b.WriteByte('_')
+		case tokenSafe(c):
+			b.WriteByte(c)
+		default:
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		}
+	}
+	return b.String()
+}
+
+// Untoken reverses Token.
+func Untoken(t string) string {
+	if t == "%00" {
+		return ""
+	}
+	var b strings.Builder
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		switch {
+		case c == '_':
+			b.WriteByte('.')
+		case c == '%' && i+2 < len(t):
+			b.WriteByte(unhex(t[i+1])<<4 | unhex(t[i+2]))
+			i += 2
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+func tokenSafe(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'A' && c <= 'F':
+		return c - 'A' + 10
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	}
+	return 0
+}
