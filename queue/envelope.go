@@ -21,7 +21,8 @@ const (
 	HdrLastClass     = "Outflow-Last-Class"     // class of the last attempt
 	HdrLastReply     = "Outflow-Last-Reply"     // the last reply, one line, truncated
 	HdrThrottleCount = "Outflow-Throttle-Count" // throttled attempts so far; the budget spent is Attempt - ThrottleCount
-	HdrReplays       = "Outflow-Replays"        // operator replays so far; part of the SENT key
+	HdrReplays       = "Outflow-Replays"        // operator replays so far
+	HdrStep          = "Outflow-Step"           // durable steps taken (each reschedule, hold, dead letter, replay); names SENT keys and dedup ids
 	HdrNotBefore     = "Outflow-Not-Before"     // RFC 3339 time the envelope was scheduled for
 )
 
@@ -58,6 +59,7 @@ type Envelope struct {
 	LastReply     string    `json:"-"`
 	ThrottleCount int       `json:"-"`
 	Replays       int       `json:"-"`
+	Step          int       `json:"-"`
 	NotBefore     time.Time `json:"-"`
 }
 
@@ -104,12 +106,11 @@ func (e *Envelope) Clone() *Envelope {
 // attempts are the receiver asking us to slow down and do not count.
 func (e *Envelope) Spent() int { return e.Attempt - e.ThrottleCount }
 
-// SentKey is the SENT-bucket key for this envelope's current attempt. It
-// includes the attempt and replay count because a redelivery of the same
-// attempt must be recognised, while a later attempt or a replay of the same
-// envelope must not be.
+// SentKey is the SENT-bucket key for this envelope's current step. It
+// includes the step because a redelivery of the same stored message must be
+// recognised, while a later retry or a replay of the same envelope must not.
 func (e *Envelope) SentKey() string {
-	return e.ID + "." + strconv.Itoa(e.Attempt) + "." + strconv.Itoa(e.Replays)
+	return e.ID + "." + strconv.Itoa(e.Step)
 }
 
 // Encode turns the envelope into a NATS message for subject.
@@ -139,6 +140,9 @@ func (e *Envelope) Encode(subject string) (*nats.Msg, error) {
 	}
 	if e.Replays > 0 {
 		h.Set(HdrReplays, strconv.Itoa(e.Replays))
+	}
+	if e.Step > 0 {
+		h.Set(HdrStep, strconv.Itoa(e.Step))
 	}
 	if !e.NotBefore.IsZero() {
 		h.Set(HdrNotBefore, e.NotBefore.UTC().Format(time.RFC3339Nano))
@@ -178,6 +182,9 @@ func DecodeEnvelope(data []byte, h nats.Header) (*Envelope, error) {
 		return nil, err
 	}
 	if e.Replays, err = intHeader(h, HdrReplays); err != nil {
+		return nil, err
+	}
+	if e.Step, err = intHeader(h, HdrStep); err != nil {
 		return nil, err
 	}
 	if e.FirstAttempt, err = timeHeader(h, HdrFirstAttempt); err != nil {

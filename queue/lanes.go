@@ -153,28 +153,26 @@ func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
 				continue
 			}
 			m, err := d.q.lanes[l].GetLastMsgForSubject(ctx, subj)
-			if err == nil && m != nil && laterAttempt(m.Header, e) {
+			if err == nil && m != nil && laterStep(m.Header, e) {
 				return true, nil
 			}
 		}
 	}
-	if m, err := d.q.lanes[LaneRetry].GetLastMsgForSubject(ctx, heldSubject(e.Dest, e.ID)); err == nil && m != nil {
+	if m, err := d.q.lanes[LaneRetry].GetLastMsgForSubject(ctx, heldSubject(e.Dest, e.ID)); err == nil && m != nil && laterStep(m.Header, e) {
 		return true, nil
 	}
-	if m, err := d.q.dead.GetLastMsgForSubject(ctx, subjDeadPrefix+e.ID); err == nil && m != nil && laterAttempt(m.Header, e) {
+	if m, err := d.q.dead.GetLastMsgForSubject(ctx, subjDeadPrefix+e.ID); err == nil && m != nil && laterStep(m.Header, e) {
 		return true, nil
 	}
 	return false, nil
 }
 
-// laterAttempt reports whether a stored envelope's headers describe a step
-// taken after e's current attempt (same replay generation). Every step
-// (retry, throttle, hold, dead) increments Attempt, so "later" is simply a
-// larger attempt number.
-func laterAttempt(h nats.Header, e *Envelope) bool {
-	a, err1 := intHeader(h, HdrAttempt)
-	r, err2 := intHeader(h, HdrReplays)
-	return err1 == nil && err2 == nil && r == e.Replays && a > e.Attempt
+// laterStep reports whether a stored envelope's headers describe a step
+// taken after e's current one. Every durable step (reschedule, hold, dead
+// letter, replay) increments Step, so "later" is a larger step number.
+func laterStep(h nats.Header, e *Envelope) bool {
+	s, err := intHeader(h, HdrStep)
+	return err == nil && s > e.Step
 }
 
 // Skip acknowledges an envelope that needs no further work.
@@ -216,9 +214,10 @@ func (d *Delivery) Done(ctx context.Context) error {
 // at, and then acknowledges the original. The schedule is published with a
 // deduplication id of envelope id, attempt and replay count, so a worker
 // that crashes before the ack and a second worker that repeats the step
-// store one schedule, not two. ack false leaves the original unacknowledged,
+// store one schedule, not two. Reschedule sets next.Step. ack false leaves the original unacknowledged,
 // for a caller that still has to record delivered recipients.
 func (d *Delivery) Reschedule(ctx context.Context, next *Envelope, lane Lane, at time.Time, ack bool) error {
+	next.Step = d.Env.Step + 1
 	if err := d.q.schedule(ctx, next, lane, at); err != nil {
 		return err
 	}
@@ -241,7 +240,7 @@ func (q *Queue) schedule(ctx context.Context, next *Envelope, lane Lane, at time
 	// matter for the first retries, so the header is set by hand.
 	m.Header.Set("Nats-Schedule", "@at "+at.UTC().Format(time.RFC3339Nano))
 	m.Header.Set("Nats-Schedule-Target", dueSubject(lane, next.Dest, next.ID))
-	m.Header.Set(jetstream.MsgIDHeader, next.ID+"."+itoa(next.Attempt)+"."+itoa(next.Replays))
+	m.Header.Set(jetstream.MsgIDHeader, next.ID+"."+itoa(next.Step))
 	if _, err := q.js.PublishMsg(ctx, m); err != nil {
 		return fmt.Errorf("schedule %s on %s lane: %w", next.ID, lane, err)
 	}
@@ -251,11 +250,12 @@ func (q *Queue) schedule(ctx context.Context, next *Envelope, lane Lane, at time
 // Hold parks an envelope whose outcome is unknown until an operator decides
 // (queue replay or drop), then acknowledges the original.
 func (d *Delivery) Hold(ctx context.Context, next *Envelope) error {
+	next.Step = d.Env.Step + 1
 	m, err := next.Encode(heldSubject(next.Dest, next.ID))
 	if err != nil {
 		return err
 	}
-	m.Header.Set(jetstream.MsgIDHeader, "held."+next.ID+"."+itoa(next.Attempt)+"."+itoa(next.Replays))
+	m.Header.Set(jetstream.MsgIDHeader, "held."+next.ID+"."+itoa(next.Step))
 	if _, err := d.q.js.PublishMsg(ctx, m); err != nil {
 		return fmt.Errorf("hold %s: %w", next.ID, err)
 	}
@@ -266,6 +266,7 @@ func (d *Delivery) Hold(ctx context.Context, next *Envelope) error {
 // carries and reason), then acknowledges the original. The body is kept so
 // the dead letter can be replayed.
 func (d *Delivery) Dead(ctx context.Context, next *Envelope, reason string) error {
+	next.Step = d.Env.Step + 1
 	if err := d.q.putDead(ctx, next, reason); err != nil {
 		return err
 	}

@@ -1,0 +1,68 @@
+# outflow — `make run` starts it on embedded defaults, `make test` runs every test.
+GO        ?= go
+BIN       := bin/outflow
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+PKGS      := ./...
+FUZZTIME  ?= 10s
+# Debian packages the end-to-end tests and benchmarks drive as real peers.
+DEB_DEPS  := postfix swaks
+
+.PHONY: all build run test test-short test-long fuzz bench lint deps clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/outflow
+
+# One process: submission on 127.0.0.1:2525, embedded NATS under ./data,
+# metrics on 127.0.0.1:9090. The first start prints a generated login.
+run: build
+	$(BIN) serve --data ./data
+
+# deps installs the Debian packages tests and benchmarks use (postfix for
+# smtp-sink/smtp-source, swaks), without starting the Postfix daemon.
+deps:
+	@missing=""; \
+	command -v smtp-sink >/dev/null 2>&1 || missing="$$missing postfix"; \
+	command -v swaks >/dev/null 2>&1 || missing="$$missing swaks"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections 2>/dev/null || true; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing) >/dev/null || \
+	    { echo "apt-get install$$missing failed"; exit 1; }; \
+	  service postfix stop >/dev/null 2>&1 || true; \
+	fi; \
+	PATH="$$PATH:/usr/sbin"; command -v smtp-sink >/dev/null && command -v swaks >/dev/null
+
+test: deps build
+	PATH="$$PATH:/usr/sbin" $(GO) test -race -shuffle=on -timeout 15m $(PKGS)
+	$(MAKE) fuzz
+
+test-short: build
+	$(GO) test -race -short $(PKGS)
+
+# Long variants of the reliability tests (more kills, more messages).
+test-long: deps build
+	PATH="$$PATH:/usr/sbin" OUTFLOW_LONG=1 $(GO) test -race -timeout 60m $(PKGS)
+
+# Brief fuzzing of every parser that reads untrusted input; must never panic.
+fuzz:
+	$(GO) test -run='^$$' -fuzz=FuzzParseReply -fuzztime=$(FUZZTIME) ./classify
+	$(GO) test -run='^$$' -fuzz=FuzzParseAddress -fuzztime=$(FUZZTIME) ./submission
+	$(GO) test -run='^$$' -fuzz=FuzzDecodeEnvelope -fuzztime=$(FUZZTIME) ./queue
+
+bench: deps build
+	$(GO) test -run='^$$' -bench=. -benchmem ./classify ./coordinator ./sender
+	PATH="$$PATH:/usr/sbin" ./bench/run.sh
+
+lint:
+	gofmt -l . | tee /dev/stderr | (! read)
+	$(GO) vet $(PKGS)
+	@if $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.7.0 -version >/dev/null 2>&1; then \
+	  $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.7.0 $(PKGS); \
+	else echo "staticcheck not installable here; skipped"; fi
+
+clean:
+	rm -rf bin

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// serveConfig is every setting of `outflow serve`. Each flag is also a key
+// of the config file, with the same name (`smtp-addr = "127.0.0.1:2525"`).
+// Precedence: built-in defaults, then the config file, then flags given on
+// the command line. docs/configuration.md lists every key and its default.
+type serveConfig struct {
+	Config          string        `toml:"-"`
+	Data            string        `toml:"data"`
+	SMTPAddr        string        `toml:"smtp-addr"`
+	Hostname        string        `toml:"hostname"`
+	Relay           string        `toml:"relay"`
+	RelayUser       string        `toml:"relay-user"`
+	RelayPassword   string        `toml:"relay-password"`
+	RelayTLS        string        `toml:"relay-tls"`
+	NATSURL         string        `toml:"nats-url"`
+	NATSCreds       string        `toml:"nats-creds"`
+	NATSAddr        string        `toml:"nats-addr"`
+	NATSReplicas    int           `toml:"nats-replicas"`
+	JetStreamSync   string        `toml:"jetstream-sync"`
+	HTTPAddr        string        `toml:"http-addr"`
+	Users           string        `toml:"users"`
+	TrustedNetworks []string      `toml:"trusted-networks"`
+	TLSCert         string        `toml:"tls-cert"`
+	TLSKey          string        `toml:"tls-key"`
+	MaxMessageSize  int64         `toml:"max-message-size"`
+	MaxRecipients   int           `toml:"max-recipients"`
+	MaxConnections  int           `toml:"max-connections"`
+	Workers         int           `toml:"workers"`
+	WorkerID        string        `toml:"worker-id"`
+	RetryBase       time.Duration `toml:"retry-base"`
+	RetryMin        time.Duration `toml:"retry-min"`
+	RetryCap        time.Duration `toml:"retry-cap"`
+	RetryMultiplier float64       `toml:"retry-multiplier"`
+	MaxAttempts     int           `toml:"max-attempts"`
+	MaxAge          time.Duration `toml:"max-age"`
+	RateLimitBase   time.Duration `toml:"ratelimit-base"`
+	RateLimitCap    time.Duration `toml:"ratelimit-cap"`
+	DestRate        float64       `toml:"dest-rate"`
+	DestConns       int           `toml:"dest-conns"`
+	UnknownPolicy   string        `toml:"unknown-policy"`
+	ClassifyRules   string        `toml:"classify-rules"`
+	LogLevel        string        `toml:"log-level"`
+	ShutdownGrace   time.Duration `toml:"shutdown-grace"`
+	SMTPPort        int           `toml:"smtp-port"`
+}
+
+// bindServeFlags registers the flags on fs, pointing at c's fields, with
+// c's current values as defaults.
+func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
+	fs.StringVar(&c.Config, "config", "", "TOML config file; every flag is also a key of it")
+	fs.StringVar(&c.Data, "data", "./data", "data directory (JetStream files, generated credentials)")
+	fs.StringVar(&c.SMTPAddr, "smtp-addr", "127.0.0.1:2525", "submission listener address")
+	fs.StringVar(&c.Hostname, "hostname", "", "name used in EHLO and Received headers (default: the host name)")
+	fs.StringVar(&c.Relay, "relay", "", "deliver everything through this smarthost (host:port) instead of MX")
+	fs.StringVar(&c.RelayUser, "relay-user", "", "SASL user for the smarthost")
+	fs.StringVar(&c.RelayPassword, "relay-password", "", "SASL password for the smarthost (prefer the config file)")
+	fs.StringVar(&c.RelayTLS, "relay-tls", "starttls", "smarthost TLS: starttls, tls or none")
+	fs.StringVar(&c.NATSURL, "nats-url", "", "external NATS server or cluster instead of the embedded one")
+	fs.StringVar(&c.NATSCreds, "nats-creds", "", "NATS credentials file for --nats-url")
+	fs.StringVar(&c.NATSAddr, "nats-addr", "127.0.0.1:4222", "embedded server's client listener (\"\" for none; port 0 picks one)")
+	fs.IntVar(&c.NATSReplicas, "nats-replicas", 1, "replicas for streams and buckets (3 on a cluster)")
+	fs.StringVar(&c.JetStreamSync, "jetstream-sync", "default", "embedded JetStream fsync: default (every 2 min) or always")
+	fs.StringVar(&c.HTTPAddr, "http-addr", "127.0.0.1:9090", "metrics and health listener")
+	fs.StringVar(&c.Users, "users", "", "users file (name:bcrypt-hash lines); default: DATA/users, generated on first start")
+	fs.StringSliceVar(&c.TrustedNetworks, "trusted-networks", nil, "client networks that may submit without AUTH (CIDR[,CIDR])")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "certificate for STARTTLS on the submission listener")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "key for --tls-cert")
+	fs.Int64Var(&c.MaxMessageSize, "max-message-size", 25<<20, "largest accepted message in bytes (552 above)")
+	fs.IntVar(&c.MaxRecipients, "max-recipients", 1000, "most recipients per message (452 above)")
+	fs.IntVar(&c.MaxConnections, "max-connections", 1000, "most concurrent submission connections (421 above)")
+	fs.IntVar(&c.Workers, "workers", 32, "concurrent deliveries in this process")
+	fs.StringVar(&c.WorkerID, "worker-id", "", "worker id for logs and the contention offset (default hostname-pid)")
+	fs.DurationVar(&c.RetryBase, "retry-base", 0, "retry lane: base delay (default from the backoff engine)")
+	fs.DurationVar(&c.RetryMin, "retry-min", 0, "retry lane: minimum delay")
+	fs.DurationVar(&c.RetryCap, "retry-cap", 0, "retry lane: maximum delay")
+	fs.Float64Var(&c.RetryMultiplier, "retry-multiplier", 0, "retry lane: multiplier per attempt")
+	fs.IntVar(&c.MaxAttempts, "max-attempts", 0, "attempt budget per message (throttled attempts do not count)")
+	fs.DurationVar(&c.MaxAge, "max-age", 0, "wall-clock budget per message from submission")
+	fs.DurationVar(&c.RateLimitBase, "ratelimit-base", 0, "rate-limit lane: base delay")
+	fs.DurationVar(&c.RateLimitCap, "ratelimit-cap", 0, "rate-limit lane: maximum delay")
+	fs.Float64Var(&c.DestRate, "dest-rate", 0, "default messages per second per destination, 0 = unlimited")
+	fs.IntVar(&c.DestConns, "dest-conns", 0, "default concurrent connections per destination, 0 = unlimited")
+	fs.StringVar(&c.UnknownPolicy, "unknown-policy", "retry", "no reply to the final dot: retry or hold")
+	fs.StringVar(&c.ClassifyRules, "classify-rules", "", "extra reply-classification rules (TOML), tried first")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long deliveries in progress may take to finish at shutdown")
+	fs.IntVar(&c.SMTPPort, "smtp-port", 25, "port of MX hosts (tests use another)")
+}
+
+// loadConfigFile applies the config file under the flags: it remembers the
+// flags given on the command line, decodes the file over the defaults, and
+// sets the remembered flags again, so the command line wins.
+func loadConfigFile(cmd *cobra.Command, c *serveConfig) error {
+	if c.Config == "" {
+		return nil
+	}
+	given := map[string]string{}
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			given[f.Name] = joinCSV(sv.GetSlice())
+			return
+		}
+		given[f.Name] = f.Value.String()
+	})
+	b, err := os.ReadFile(c.Config)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	md, err := toml.Decode(string(b), c)
+	if err != nil {
+		return fmt.Errorf("config %s: %w", c.Config, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		return fmt.Errorf("config %s: unknown key %q", c.Config, und[0].String())
+	}
+	for name, v := range given {
+		if sv, ok := cmd.Flags().Lookup(name).Value.(pflag.SliceValue); ok {
+			if err := sv.Replace(splitCSV(v)); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := cmd.Flags().Set(name, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func joinCSV(s []string) string {
+	out := ""
+	for i, v := range s {
+		if i > 0 {
+			out += ","
+		}
+		out += v
+	}
+	return out
+}
+
+func splitCSV(s string) []string {
+	if s == "" {
+		return nil
+	}
+	var out []string
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == ',' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return out
+}

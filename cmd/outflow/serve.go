@@ -1,0 +1,305 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/sender"
+	"github.com/outflow/outflow/submission"
+	"github.com/outflow/outflow/worker"
+)
+
+func init() {
+	c := &serveConfig{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "run outflow: submission listener, embedded NATS JetStream and delivery workers",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := loadConfigFile(cmd, c); err != nil {
+				return usageError{err}
+			}
+			return serve(cmd.Context(), c)
+		},
+	}
+	bindServeFlags(cmd.Flags(), c)
+	rootCmd.AddCommand(cmd)
+}
+
+func newLogger(level string) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(strings.ToLower(level))
+	if err != nil || level == "" {
+		return zerolog.Nop(), fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	zerolog.TimeFieldFormat = time.RFC3339Nano
+	return zerolog.New(os.Stderr).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// serve runs the daemon until SIGINT or SIGTERM.
+func serve(parent context.Context, c *serveConfig) error {
+	log, err := newLogger(c.LogLevel)
+	if err != nil {
+		return usageError{err}
+	}
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, stop := signal.NotifyContext(parent, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	if err := os.MkdirAll(c.Data, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	hostname := c.Hostname
+	if hostname == "" {
+		hostname, _ = os.Hostname()
+	}
+	workerID := c.WorkerID
+	if workerID == "" {
+		workerID = worker.DefaultWorkerID()
+	}
+	log = log.With().Str("worker_id", workerID).Logger()
+
+	classifier, err := classify.New(classify.Options{ExtraRulesFile: c.ClassifyRules})
+	if err != nil {
+		return usageError{err}
+	}
+	retry, rl, budget, err := backoffFromConfig(c)
+	if err != nil {
+		return usageError{err}
+	}
+	var trusted []netip.Prefix
+	for _, s := range c.TrustedNetworks {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return usageError{fmt.Errorf("--trusted-networks %q: %w", s, err)}
+		}
+		trusted = append(trusted, p)
+	}
+
+	// NATS: the embedded server unless --nats-url names another.
+	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, MaxAge: budget.MaxAge, Logger: log}
+	var emb *queue.Embedded
+	if c.NATSURL == "" {
+		emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: c.Data, ListenAddr: c.NATSAddr, SyncAlways: c.JetStreamSync == "always"})
+		if err != nil {
+			return err
+		}
+		defer emb.Shutdown()
+		ci := emb.ClientInfo()
+		qopts.InProcess, qopts.User, qopts.Password = emb.Server(), ci.User, ci.Password
+		log.Info().Str("store", c.Data).Str("client_url", ci.URL).Msg("embedded NATS JetStream started")
+	} else {
+		qopts.URL, qopts.CredsFile = c.NATSURL, c.NATSCreds
+	}
+	setupCtx, cancelSetup := context.WithTimeout(ctx, 60*time.Second)
+	q, err := queue.Connect(setupCtx, qopts)
+	cancelSetup()
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	users, err := loadUsers(c)
+	if err != nil {
+		return err
+	}
+	var tlsConf *tls.Config
+	if c.TLSCert != "" || c.TLSKey != "" {
+		cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+		if err != nil {
+			return usageError{fmt.Errorf("--tls-cert/--tls-key: %w", err)}
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+
+	snd, err := sender.New(sender.Config{
+		Hostname: hostname, Relay: c.Relay, RelayUsername: c.RelayUser, RelayPassword: c.RelayPassword,
+		RelayTLS: sender.RelayTLS(c.RelayTLS), Port: c.SMTPPort, Logger: log,
+	})
+	if err != nil {
+		return usageError{err}
+	}
+	defer snd.Close()
+
+	pool, err := worker.New(worker.Config{
+		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, Budget: budget,
+		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier,
+		Logger: log, Metrics: worker.NewMetrics(reg),
+	})
+	if err != nil {
+		return usageError{err}
+	}
+
+	sub, err := submission.New(submission.Config{
+		Addr: c.SMTPAddr, Hostname: hostname, Users: users, TrustedNetworks: trusted, TLSConfig: tlsConf,
+		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients, MaxConnections: c.MaxConnections,
+		Registerer: reg, Logger: log,
+	}, q)
+	if err != nil {
+		return usageError{err}
+	}
+	ln, err := sub.Listen()
+	if err != nil {
+		return err
+	}
+
+	var ready atomic.Bool
+	httpSrv, httpLn, err := startHTTP(c.HTTPAddr, reg, &ready, q)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+
+	workCtx, stopWork := context.WithCancel(ctx)
+	defer stopWork()
+	poolDone := make(chan error, 1)
+	go func() { poolDone <- pool.Run(workCtx, c.ShutdownGrace) }()
+	subDone := make(chan error, 1)
+	go func() { subDone <- sub.Serve(ln) }()
+	ready.Store(true)
+	log.Info().Str("smtp_addr", ln.Addr().String()).Str("http_addr", httpLn.Addr().String()).
+		Str("relay", c.Relay).Int("workers", c.Workers).Msg("outflow serving")
+
+	select {
+	case <-ctx.Done():
+		log.Info().Msg("shutting down: no new submissions; finishing deliveries in progress")
+	case err := <-subDone:
+		log.Error().Err(err).Msg("submission listener stopped")
+	case err := <-poolDone:
+		log.Error().Err(err).Msg("workers stopped")
+	}
+	ready.Store(false)
+	// Order: stop accepting mail (in-flight DATA still finishes and gets
+	// its 250 or 451), then stop pulling and let deliveries finish, then
+	// drain NATS so pending acks and events reach the server, then stop the
+	// embedded server.
+	shCtx, cancel := context.WithTimeout(context.Background(), c.ShutdownGrace+10*time.Second)
+	defer cancel()
+	if err := sub.Shutdown(shCtx); err != nil {
+		log.Warn().Err(err).Msg("submission shutdown")
+	}
+	stopWork()
+	select {
+	case <-poolDone:
+	case <-shCtx.Done():
+	}
+	_ = httpSrv.Shutdown(shCtx)
+	if err := q.Close(); err != nil {
+		log.Warn().Err(err).Msg("nats drain")
+	}
+	waitClosed(q, 10*time.Second)
+	log.Info().Msg("outflow stopped")
+	return nil
+}
+
+// waitClosed waits for a drained connection to finish closing.
+func waitClosed(q *queue.Queue, max time.Duration) {
+	deadline := time.Now().Add(max)
+	for !q.Conn().IsClosed() && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func loadUsers(c *serveConfig) (*submission.Users, error) {
+	path := c.Users
+	if path == "" {
+		p, created, user, pass, err := submission.EnsureUsersFile(c.Data)
+		if err != nil {
+			return nil, err
+		}
+		path = p
+		if created {
+			// Printed once, on the first start, so `make run` can be tried at
+			// once; only the hash is stored.
+			fmt.Fprintf(os.Stdout, "outflow: created %s with one account\n  user:     %s\n  password: %s\n(this password is shown only now)\n", p, user, pass)
+		}
+	}
+	u, err := submission.LoadUsers(path)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return u, nil
+}
+
+func backoffFromConfig(c *serveConfig) (coordinator.Backoff, coordinator.Backoff, coordinator.Budget, error) {
+	retry, rl, budget := coordinator.DefaultRetry(), coordinator.DefaultRateLimit(), coordinator.DefaultBudget()
+	set := func(dst *time.Duration, v time.Duration) {
+		if v > 0 {
+			*dst = v
+		}
+	}
+	set(&retry.Base, c.RetryBase)
+	set(&retry.Min, c.RetryMin)
+	set(&retry.Cap, c.RetryCap)
+	if c.RetryMultiplier > 0 {
+		retry.Multiplier = c.RetryMultiplier
+	}
+	set(&rl.Base, c.RateLimitBase)
+	set(&rl.Cap, c.RateLimitCap)
+	if c.MaxAttempts > 0 {
+		budget.MaxAttempts = c.MaxAttempts
+	}
+	set(&budget.MaxAge, c.MaxAge)
+	if err := retry.Validate(); err != nil {
+		return retry, rl, budget, fmt.Errorf("retry lane: %w", err)
+	}
+	if err := rl.Validate(); err != nil {
+		return retry, rl, budget, fmt.Errorf("rate-limit lane: %w", err)
+	}
+	return retry, rl, budget, nil
+}
+
+// startHTTP serves /metrics, /healthz (the process is up) and /readyz (it
+// is accepting and delivering: NATS connected, JetStream answering).
+func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *queue.Queue) (*http.Server, net.Listener, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() || !q.Conn().IsConnected() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--http-addr: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Fprintln(os.Stderr, "outflow: http:", err)
+		}
+	}()
+	return srv, ln, nil
+}

@@ -1,0 +1,28 @@
+package queue
+
+import (
+	"testing"
+
+	"github.com/nats-io/nats.go"
+)
+
+// FuzzDecodeEnvelope feeds arbitrary payloads and header values to the
+// envelope decoder: garbage published on a work subject must come back as
+// an error, never a panic or a half-valid envelope.
+func FuzzDecodeEnvelope(f *testing.F) {
+	f.Add([]byte(`{"id":"abc","rcpts":["a@b"],"dest":"b","body_ref":"abc"}`), "1", "2026-01-01T00:00:00Z")
+	f.Add([]byte(`{"id":"../x","rcpts":[]}`), "-1", "yesterday")
+	f.Add([]byte(`not json`), "", "")
+	f.Fuzz(func(t *testing.T, data []byte, attempt, deadline string) {
+		h := nats.Header{}
+		h.Set(HdrAttempt, attempt)
+		h.Set(HdrDeadline, deadline)
+		e, err := DecodeEnvelope(data, h)
+		if err != nil {
+			return
+		}
+		if e.ID == "" || len(e.Rcpts) == 0 || e.Dest == "" || e.BodyRef == "" || e.Attempt < 0 || !validID(e.ID) {
+			t.Fatalf("decoder accepted an incomplete envelope: %+v", e)
+		}
+	})
+}

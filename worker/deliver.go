@@ -1,0 +1,347 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/sender"
+)
+
+// outcome groups one attempt's recipients by what happens to them next.
+type outcome struct {
+	delivered []string
+	bounced   []rcptResult
+	again     []string // transient, throttled or unknown (retry policy)
+	held      []string // unknown under the hold policy
+	throttled bool     // any recipient throttled: the rest go to the rate-limit lane
+	unknown   bool
+	// lead is the result that decides the lane and the record: the
+	// throttle if any, else the first non-delivered result.
+	lead    classify.Result
+	results []classify.Result
+}
+
+type rcptResult struct {
+	rcpt string
+	res  classify.Result
+}
+
+// handle delivers one envelope and records exactly one durable outcome. An
+// error means the durable step could not be written; the envelope stays
+// unacknowledged and comes back.
+func (p *Pool) handle(ctx context.Context, d *queue.Delivery) error {
+	e := d.Env
+	done, err := d.AlreadyHandled(ctx)
+	if err != nil {
+		return err
+	}
+	if done {
+		p.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Msg("redelivered envelope was already handled; acknowledging")
+		return d.Skip(ctx)
+	}
+	now := time.Now()
+	dest := p.cfg.Gate.Group(e.Dest)
+	if !e.Deadline.IsZero() && now.After(e.Deadline) {
+		return p.dead(ctx, d, e.Clone(), dest, queue.EventExpired, "max-age: deadline "+e.Deadline.Format(time.RFC3339)+" passed")
+	}
+
+	permit, refusal := p.cfg.Gate.Admit(ctx, e.Dest)
+	if permit == nil {
+		return p.refused(ctx, d, dest, refusal)
+	}
+
+	body, err := p.cfg.Queue.Body(ctx, e.BodyRef)
+	if err != nil {
+		permit.Done(nil)
+		// A missing body cannot heal by itself: park it with the reason.
+		return p.dead(ctx, d, e.Clone(), dest, queue.EventDead, "body missing: "+err.Error())
+	}
+
+	// Keep the ack alive while the SMTP conversation runs.
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(p.cfg.ProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				d.InProgress()
+			}
+		}
+	}()
+	res := p.cfg.Sender.Send(ctx, &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body})
+	close(stop)
+
+	o := p.sort(e, res)
+	permit.Done(o.results)
+	return p.record(ctx, d, dest, o, now)
+}
+
+// sort classifies each recipient's outcome and groups the recipients.
+func (p *Pool) sort(e *queue.Envelope, res sender.Result) *outcome {
+	o := &outcome{}
+	byRcpt := make(map[string]classify.Input, len(res.Rcpts))
+	for _, r := range res.Rcpts {
+		byRcpt[r.Rcpt] = r.Outcome
+	}
+	for _, rcpt := range e.Rcpts {
+		in, ok := byRcpt[rcpt]
+		if !ok {
+			// The sender reported nothing for this recipient: treat it as
+			// an unanswered attempt, never as delivered.
+			in = classify.Input{Stage: classify.StageUnknown, Event: classify.EventConnLost}
+		}
+		r := p.cfg.Classifier.Classify(in)
+		o.results = append(o.results, r)
+		switch r.Class {
+		case classify.Delivered:
+			o.delivered = append(o.delivered, rcpt)
+			continue
+		case classify.Permanent:
+			o.bounced = append(o.bounced, rcptResult{rcpt, r})
+		case classify.Unknown:
+			o.unknown = true
+			if p.cfg.Unknown == UnknownHold {
+				o.held = append(o.held, rcpt)
+			} else {
+				o.again = append(o.again, rcpt)
+			}
+		case classify.Throttled:
+			o.throttled = true
+			o.again = append(o.again, rcpt)
+		default:
+			o.again = append(o.again, rcpt)
+		}
+		if o.lead.Class == 0 || r.Class == classify.Throttled && o.lead.Class != classify.Throttled {
+			o.lead = r
+		}
+	}
+	return o
+}
+
+// record writes the durable outcome of one attempt. Order matters: the next
+// state (schedule, hold, dead letter, bounce event) is stored before the
+// SENT marker, and the acknowledgement comes last, so a crash at any point
+// leaves either the original (redelivered and recognised by
+// AlreadyHandled) or the next state, never neither.
+func (p *Pool) record(ctx context.Context, d *queue.Delivery, dest string, o *outcome, started time.Time) error {
+	e := d.Env
+	q := p.cfg.Queue
+	lane := string(d.Lane)
+	now := time.Now()
+
+	for _, b := range o.bounced {
+		p.cfg.Metrics.attempt("permanent", lane)
+		rec := p.baseRecord(e, dest, b.res)
+		p.logRecord(rec, "bounced")
+		q.Event(queue.EventBounced, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: e.Attempt + 1,
+			Worker: p.cfg.WorkerID, Recipients: []string{b.rcpt}, Reason: b.res.Text, Decision: mustJSON(rec)})
+	}
+	if p.cfg.Metrics != nil && len(o.bounced) > 0 {
+		p.cfg.Metrics.Bounced.Add(float64(len(o.bounced)))
+	}
+	if o.unknown {
+		if p.cfg.Metrics != nil {
+			p.cfg.Metrics.Unknown.Inc()
+		}
+	}
+
+	remaining := len(o.again) + len(o.held)
+	if remaining > 0 {
+		next := e.Clone()
+		next.Attempt = e.Attempt + 1
+		if next.FirstAttempt.IsZero() {
+			next.FirstAttempt = started
+		}
+		next.LastClass = o.lead.Class.String()
+		next.LastReply = replyLine(o.lead)
+		if len(o.held) > 0 {
+			next.Rcpts = append(append([]string(nil), o.held...), o.again...)
+			p.cfg.Metrics.attempt("unknown", lane)
+			rec := p.baseRecord(e, dest, o.lead)
+			p.logRecord(rec, "held for an operator (unknown-policy hold)")
+			next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
+			if err := d.Hold(ctx, next); err != nil {
+				return err
+			}
+			q.Event(queue.EventHeld, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
+				Worker: p.cfg.WorkerID, Recipients: next.Rcpts, Reason: o.lead.Text, Decision: mustJSON(rec)})
+		} else {
+			next.Rcpts = o.again
+			if err := p.defer_(ctx, d, next, dest, o); err != nil {
+				return err
+			}
+		}
+	}
+
+	if len(o.delivered) > 0 {
+		p.cfg.Metrics.attempt("delivered", lane)
+		p.cfg.Metrics.delivered(len(o.delivered), e.SubmittedAt)
+		rec := p.baseRecord(e, dest, classify.Result{Class: classify.Delivered, Rule: "delivered"})
+		if r := firstDelivered(o); r != nil {
+			rec = p.baseRecord(e, dest, *r)
+		}
+		p.logRecord(rec, "delivered")
+		if err := d.Delivered(ctx, o.delivered, remaining == 0); err != nil {
+			return err
+		}
+		q.Event(queue.EventDelivered, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: e.Attempt + 1,
+			Worker: p.cfg.WorkerID, Recipients: o.delivered, Decision: mustJSON(rec)})
+		if remaining > 0 {
+			return d.Skip(ctx)
+		}
+		return nil
+	}
+	if remaining > 0 {
+		return d.Skip(ctx)
+	}
+	// Every recipient bounced.
+	return d.Done(ctx)
+}
+
+// defer_ schedules the remaining recipients on the retry or rate-limit lane,
+// or sends them to dead letters when the budget is spent. It does not
+// acknowledge the original; record does that last.
+func (p *Pool) defer_(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest string, o *outcome) error {
+	e := d.Env
+	now := time.Now()
+	lane, bo, evType, class := queue.LaneRetry, p.cfg.Retry, queue.EventDeferred, o.lead.Class.String()
+	if o.throttled {
+		lane, bo, evType = queue.LaneRateLimit, p.cfg.RateLimit, queue.EventThrottled
+		next.ThrottleCount = e.ThrottleCount + 1
+		if p.cfg.Metrics != nil {
+			p.cfg.Metrics.Throttles.WithLabelValues(dest).Inc()
+		}
+	}
+	p.cfg.Metrics.attempt(class, string(d.Lane))
+	if over, why := p.cfg.Budget.Exhausted(next.Spent(), next.FirstAttempt, now); over {
+		rec := p.baseRecord(e, dest, o.lead)
+		next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
+		ev := queue.EventDead
+		if why == "max-age" {
+			ev = queue.EventExpired
+		}
+		return p.dead(ctx, d, next, dest, ev, why+": "+replyLine(o.lead))
+	}
+	// The retry number is the exponent: the first retry after the first
+	// failure is 1. Throttled attempts use the rate-limit lane's own count.
+	retryN := next.Spent()
+	if o.throttled {
+		retryN = next.ThrottleCount
+	}
+	seed := coordinator.NewSeed()
+	dec := bo.Decide(retryN, p.cfg.WorkerID, seed, o.lead.RetryAfter)
+	at := dec.At(now)
+	rec := p.baseRecord(e, dest, o.lead)
+	rec.Lane = string(lane)
+	rec.Attempt = next.Attempt
+	rec.Decision = dec
+	rec.NextAttemptAt = at
+	p.logRecord(rec, "deferred")
+	if p.cfg.Metrics != nil {
+		p.cfg.Metrics.RetryDelay.WithLabelValues(string(lane)).Observe(dec.Delay.Seconds())
+	}
+	next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
+	if err := d.Reschedule(ctx, next, lane, at, false); err != nil {
+		return err
+	}
+	p.cfg.Queue.Event(evType, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
+		Worker: p.cfg.WorkerID, Recipients: next.Rcpts, Reason: o.lead.Text, Decision: mustJSON(rec)})
+	return nil
+}
+
+// refused handles a coordinator refusal: no attempt was made, so neither
+// the attempt count nor the budget changes; the envelope waits in the lane
+// it came from (fresh mail in the retry lane) until the refusal ends.
+func (p *Pool) refused(ctx context.Context, d *queue.Delivery, dest string, r Refusal) error {
+	e := d.Env
+	lane := d.Lane
+	if lane == queue.LaneWork {
+		lane = queue.LaneRetry
+	}
+	at := r.Until
+	if at.IsZero() {
+		at = time.Now().Add(time.Second)
+	}
+	if p.cfg.Metrics != nil {
+		p.cfg.Metrics.Refusals.WithLabelValues(r.Reason).Inc()
+	}
+	p.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", e.Attempt).
+		Str("class", "local").Str("rule", "local-"+r.Reason).Str("lane", string(lane)).
+		Time("next_attempt_at", at).Msg("coordinator refused; deferred without an attempt")
+	next := e.Clone()
+	return d.Reschedule(ctx, next, lane, at, true)
+}
+
+// dead moves the envelope to dead letters with its evidence and reason.
+func (p *Pool) dead(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest, evType, reason string) error {
+	e := d.Env
+	p.log.Warn().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", next.Attempt).
+		Str("reason", reason).Msg("moved to dead letters")
+	if err := d.Dead(ctx, next, reason); err != nil {
+		return err
+	}
+	if p.cfg.Metrics != nil {
+		p.cfg.Metrics.DeadLetters.Inc()
+	}
+	p.cfg.Queue.Event(evType, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
+		Worker: p.cfg.WorkerID, Recipients: next.Rcpts, Reason: reason})
+	return nil
+}
+
+func (p *Pool) baseRecord(e *queue.Envelope, dest string, r classify.Result) coordinator.Record {
+	return coordinator.Record{
+		MsgID: e.ID, Tenant: e.Tenant, Dest: dest, Attempt: e.Attempt + 1, WorkerID: p.cfg.WorkerID,
+		Class: r.Class.String(), Rule: r.Rule, Code: r.Code, EnhancedCode: r.Enhanced, Reply: r.Text,
+	}
+}
+
+// logRecord writes the decision line. Decision lines are never sampled.
+func (p *Pool) logRecord(rec coordinator.Record, msg string) {
+	rec.Log(p.cfg.Logger.With().Str("outcome", msg).Logger())
+}
+
+func attemptOf(rec coordinator.Record, at time.Time, rcpts int) queue.Attempt {
+	a := queue.Attempt{At: at.UTC(), Attempt: rec.Attempt, Worker: rec.WorkerID, Class: rec.Class, Rule: rec.Rule,
+		Code: rec.Code, Enhanced: rec.EnhancedCode, Reply: rec.Reply, Lane: rec.Lane, DelayMs: rec.DelayMs, Rcpts: rcpts}
+	if rec.JitterSeed != 0 {
+		a.JitterSeed = strconv.FormatUint(rec.JitterSeed, 10)
+	}
+	return a
+}
+
+func firstDelivered(o *outcome) *classify.Result {
+	for i := range o.results {
+		if o.results[i].Class == classify.Delivered {
+			return &o.results[i]
+		}
+	}
+	return nil
+}
+
+func replyLine(r classify.Result) string {
+	s := oneLine(r.Text)
+	if r.Enhanced != "" {
+		s = r.Enhanced + " " + s
+	}
+	if r.Code != 0 {
+		s = strconv.Itoa(r.Code) + " " + s
+	}
+	return s
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return json.RawMessage(fmt.Sprintf("{%q:%q}", "error", err.Error()))
+	}
+	return b
+}

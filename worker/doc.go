@@ -1,0 +1,18 @@
+// Package worker is the delivery loop that ties outflow together: it pulls
+// envelopes from the three lanes (fresh work, retry, rate limit), asks the
+// coordinator whether the destination may be contacted now, fetches the
+// body, hands the message to the sender, classifies every recipient's reply
+// and records exactly one durable outcome through package queue:
+//
+//	delivered  SENT marker, ack, "delivered" event
+//	transient  schedule on the retry lane after the backoff delay, attempt+1
+//	throttled  schedule on the rate-limit lane after its slower delay; the
+//	           destination slows down for every worker; budget not spent
+//	permanent  "bounced" event with the reply, ack
+//	unknown    policy "retry" (default: a duplicate beats a loss, RFC 5321
+//	           6.1) or "hold" for an operator
+//
+// A message whose budget (attempts or age) is spent goes to dead letters
+// with its evidence. Every decision is one JSON log line with the fields of
+// coordinator.Record, never sampled.
+package worker

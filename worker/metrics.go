@@ -1,0 +1,73 @@
+package worker
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the worker's Prometheus collectors. Labels are bounded:
+// class, lane, and the destination only where a destination is the point
+// (throttles); never message ids or addresses.
+type Metrics struct {
+	Attempts        *prometheus.CounterVec   // outflow_attempts_total{class,lane}
+	Delivered       prometheus.Counter       // outflow_delivered_recipients_total
+	Bounced         prometheus.Counter       // outflow_bounced_recipients_total
+	DeadLetters     prometheus.Counter       // outflow_dead_letters_total
+	Unknown         prometheus.Counter       // outflow_unknown_outcomes_total
+	Throttles       *prometheus.CounterVec   // outflow_throttle_events_total{dest}
+	DeliveryLatency prometheus.Histogram     // outflow_delivery_latency_seconds (submission to delivery)
+	RetryDelay      *prometheus.HistogramVec // outflow_retry_delay_seconds{lane}
+	Panics          prometheus.Counter       // outflow_worker_panics_total
+	Refusals        *prometheus.CounterVec   // outflow_gate_refusals_total{reason}
+}
+
+// NewMetrics creates and registers the worker collectors on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outflow_attempts_total", Help: "Delivery attempts by reply class and the lane the envelope came from.",
+		}, []string{"class", "lane"}),
+		Delivered:   prometheus.NewCounter(prometheus.CounterOpts{Name: "outflow_delivered_recipients_total", Help: "Recipients delivered."}),
+		Bounced:     prometheus.NewCounter(prometheus.CounterOpts{Name: "outflow_bounced_recipients_total", Help: "Recipients bounced (permanent failure)."}),
+		DeadLetters: prometheus.NewCounter(prometheus.CounterOpts{Name: "outflow_dead_letters_total", Help: "Envelopes moved to dead letters (budget spent or expired)."}),
+		Unknown:     prometheus.NewCounter(prometheus.CounterOpts{Name: "outflow_unknown_outcomes_total", Help: "Attempts with no reply to the final dot."}),
+		Throttles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outflow_throttle_events_total", Help: "Throttled replies by destination.",
+		}, []string{"dest"}),
+		DeliveryLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outflow_delivery_latency_seconds", Help: "Time from submission to delivery.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600},
+		}),
+		RetryDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "outflow_retry_delay_seconds", Help: "Computed delay of each deferral, by lane.",
+			Buckets: []float64{.1, .5, 1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600},
+		}, []string{"lane"}),
+		Panics: prometheus.NewCounter(prometheus.CounterOpts{Name: "outflow_worker_panics_total", Help: "Deliveries that panicked (recovered)."}),
+		Refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outflow_gate_refusals_total", Help: "Envelopes deferred by the coordinator without an attempt, by reason.",
+		}, []string{"reason"}),
+	}
+	reg.MustRegister(m.Attempts, m.Delivered, m.Bounced, m.DeadLetters, m.Unknown, m.Throttles,
+		m.DeliveryLatency, m.RetryDelay, m.Panics, m.Refusals)
+	return m
+}
+
+func (m *Metrics) panic() {
+	if m != nil {
+		m.Panics.Inc()
+	}
+}
+
+func (m *Metrics) attempt(class, lane string) {
+	if m != nil {
+		m.Attempts.WithLabelValues(class, lane).Inc()
+	}
+}
+
+func (m *Metrics) delivered(n int, submitted time.Time) {
+	if m != nil && n > 0 {
+		m.Delivered.Add(float64(n))
+		m.DeliveryLatency.Observe(time.Since(submitted).Seconds())
+	}
+}

@@ -1,0 +1,197 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/sender"
+)
+
+// UnknownPolicy says what to do when a message may or may not have been
+// delivered (no reply to the final dot).
+type UnknownPolicy string
+
+const (
+	// UnknownRetry retries on the retry lane: RFC 5321 6.1 prefers a
+	// possible duplicate to a possible loss. Default.
+	UnknownRetry UnknownPolicy = "retry"
+	// UnknownHold parks the envelope for an operator (queue list --state
+	// unknown; replay or drop).
+	UnknownHold UnknownPolicy = "hold"
+)
+
+// Sender delivers one envelope's recipients; *sender.Sender implements it.
+type Sender interface {
+	Send(ctx context.Context, m *sender.Message) sender.Result
+}
+
+// Config configures a Pool.
+type Config struct {
+	// WorkerID names this process in logs, decision records and the
+	// contention offset. Default: hostname-pid.
+	WorkerID string
+	// Workers is the number of concurrent deliveries. Default 16.
+	Workers int
+	// Retry and RateLimit are the two lanes' backoff parameters.
+	Retry, RateLimit coordinator.Backoff
+	// Budget limits attempts and age; spent budgets go to dead letters.
+	Budget coordinator.Budget
+	// Unknown is the unknown-outcome policy. Default "retry".
+	Unknown UnknownPolicy
+	// ProgressEvery is how often a long send tells the server it is still
+	// working on the envelope. Default 15s (a quarter of the ack wait).
+	ProgressEvery time.Duration
+
+	Queue      *queue.Queue
+	Sender     Sender
+	Classifier *classify.Classifier
+	// Gate decides whether a destination may be contacted now. Default:
+	// always.
+	Gate   Gate
+	Logger zerolog.Logger
+	// Metrics receives counters; nil disables them.
+	Metrics *Metrics
+}
+
+// Pool runs Workers delivery goroutines over the three lanes.
+type Pool struct {
+	cfg Config
+	log zerolog.Logger
+	wg  sync.WaitGroup
+}
+
+// New checks cfg and returns a Pool; Run starts it.
+func New(cfg Config) (*Pool, error) {
+	if cfg.Queue == nil || cfg.Sender == nil {
+		return nil, errors.New("worker: queue and sender are required")
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 16
+	}
+	if cfg.WorkerID == "" {
+		cfg.WorkerID = DefaultWorkerID()
+	}
+	if cfg.Unknown == "" {
+		cfg.Unknown = UnknownRetry
+	}
+	if cfg.Unknown != UnknownRetry && cfg.Unknown != UnknownHold {
+		return nil, fmt.Errorf("worker: unknown policy %q (want retry or hold)", cfg.Unknown)
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = 15 * time.Second
+	}
+	if cfg.Classifier == nil {
+		cfg.Classifier = classify.Default()
+	}
+	if cfg.Gate == nil {
+		cfg.Gate = OpenGate{}
+	}
+	if cfg.Retry == (coordinator.Backoff{}) {
+		cfg.Retry = coordinator.DefaultRetry()
+	}
+	if cfg.RateLimit == (coordinator.Backoff{}) {
+		cfg.RateLimit = coordinator.DefaultRateLimit()
+	}
+	if cfg.Budget == (coordinator.Budget{}) {
+		cfg.Budget = coordinator.DefaultBudget()
+	}
+	return &Pool{cfg: cfg, log: cfg.Logger.With().Str("worker_id", cfg.WorkerID).Logger()}, nil
+}
+
+// Run pulls and delivers until ctx ends, then waits for the deliveries in
+// progress to finish (each has up to grace to do so) and returns.
+// Envelopes pulled but not started are handed back to the server.
+func (p *Pool) Run(ctx context.Context, grace time.Duration) error {
+	lanes := []queue.Lane{queue.LaneWork, queue.LaneRetry, queue.LaneRateLimit}
+	chans := make([]<-chan *queue.Delivery, len(lanes))
+	for i, l := range lanes {
+		ch, err := p.cfg.Queue.Messages(ctx, l, p.cfg.Workers)
+		if err != nil {
+			return err
+		}
+		chans[i] = ch
+	}
+	// In-flight deliveries outlive ctx by up to grace: a shutdown must not
+	// cut an SMTP transaction in half and turn a delivery into an unknown.
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	for i := 0; i < p.cfg.Workers; i++ {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.loop(ctx, workCtx, chans[0], chans[1], chans[2])
+		}()
+	}
+	<-ctx.Done()
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		p.log.Warn().Dur("grace", grace).Msg("deliveries still running at the end of the shutdown grace; cancelling them")
+		cancelWork()
+		<-done
+	}
+	return nil
+}
+
+// loop is one worker: it takes whichever lane has an envelope ready. Go's
+// select picks uniformly among ready cases, so no lane can starve another;
+// the work lane never waits behind deferred mail because deferred mail is
+// not in any lane until it is due.
+func (p *Pool) loop(ctx, workCtx context.Context, work, retry, rl <-chan *queue.Delivery) {
+	for {
+		var d *queue.Delivery
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return
+		case d, ok = <-work:
+		case d, ok = <-retry:
+		case d, ok = <-rl:
+		}
+		if !ok {
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		p.safeHandle(workCtx, d)
+	}
+}
+
+// safeHandle runs one delivery, turning a panic into a logged error and a
+// counted event; the envelope is left unacknowledged so the server hands it
+// out again after the ack wait.
+func (p *Pool) safeHandle(ctx context.Context, d *queue.Delivery) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.log.Error().Str("msg_id", d.Env.ID).Interface("panic", r).Bytes("stack", debug.Stack()).Msg("delivery panicked")
+			p.cfg.Metrics.panic()
+		}
+	}()
+	if err := p.handle(ctx, d); err != nil {
+		// The durable step failed (NATS unavailable): leave the envelope
+		// unacknowledged; the server redelivers it after the ack wait and
+		// AlreadyHandled sorts out what was done.
+		p.log.Error().Err(err).Str("msg_id", d.Env.ID).Str("dest", d.Env.Dest).Msg("delivery step failed; envelope will be redelivered")
+	}
+}
+
+// DefaultWorkerID is hostname-pid, stable enough for logs and distinct per
+// process on one machine.
+func DefaultWorkerID() string { return defaultWorkerID() }
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
