@@ -1,0 +1,250 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-sasl"
+	"github.com/emersion/go-smtp"
+
+	"github.com/outflow/outflow/submission"
+)
+
+// binary is the outflow binary built once for the whole package.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "outflow-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "outflow")
+	build := exec.Command("go", "build", "-race", "-o", binary, "./cmd/outflow")
+	build.Dir = ".."
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build outflow:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const (
+	testUser     = "app"
+	testPassword = "correct horse battery staple"
+)
+
+// writeUsers writes a users file with one account and returns its path.
+func writeUsers(t *testing.T, dir string) string {
+	t.Helper()
+	hash, err := submission.HashPassword(testPassword, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "users")
+	if err := os.WriteFile(p, []byte(testUser+":"+hash+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// daemon is a running `outflow serve`.
+type daemon struct {
+	t        *testing.T
+	cmd      *exec.Cmd
+	SMTPAddr string
+	HTTPAddr string
+	Data     string
+	logMu    sync.Mutex
+	logs     bytes.Buffer
+	exited   chan struct{}
+	exitErr  error
+}
+
+// startDaemon starts outflow serve with data dir data and extra args, and
+// waits (up to 60s) for its "outflow serving" log line.
+func startDaemon(t *testing.T, data string, args ...string) *daemon {
+	t.Helper()
+	all := append([]string{"serve", "--data", data, "--smtp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--nats-addr", "127.0.0.1:0", "--log-level", "info", "--shutdown-grace", "10s"}, args...)
+	cmd := exec.Command(binary, all...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = io.Discard
+	d := &daemon{t: t, cmd: cmd, Data: data, exited: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan map[string]any, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			d.logMu.Lock()
+			d.logs.Write(line)
+			d.logs.WriteByte('\n')
+			d.logMu.Unlock()
+			if bytes.Contains(line, []byte(`"outflow serving"`)) {
+				var m map[string]any
+				if json.Unmarshal(line, &m) == nil {
+					ready <- m
+				}
+			}
+		}
+	}()
+	go func() {
+		d.exitErr = cmd.Wait()
+		close(d.exited)
+	}()
+	t.Cleanup(func() { d.Kill() })
+	select {
+	case m := <-ready:
+		d.SMTPAddr, _ = m["smtp_addr"].(string)
+		d.HTTPAddr, _ = m["http_addr"].(string)
+	case <-d.exited:
+		t.Fatalf("outflow exited before serving: %v\n%s", d.exitErr, d.Logs())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("outflow not serving after 60s\n%s", d.Logs())
+	}
+	return d
+}
+
+// Logs returns everything the daemon wrote to stderr so far.
+func (d *daemon) Logs() string {
+	d.logMu.Lock()
+	defer d.logMu.Unlock()
+	return d.logs.String()
+}
+
+// Stop sends SIGTERM and waits for a clean exit.
+func (d *daemon) Stop() {
+	d.t.Helper()
+	select {
+	case <-d.exited:
+		return
+	default:
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+		if d.exitErr != nil {
+			d.t.Errorf("outflow exited with %v\n%s", d.exitErr, d.Logs())
+		}
+	case <-time.After(60 * time.Second):
+		d.t.Errorf("outflow did not stop within 60s of SIGTERM")
+		d.Kill()
+	}
+}
+
+// Kill sends SIGKILL and waits for the process to be gone.
+func (d *daemon) Kill() {
+	select {
+	case <-d.exited:
+		return
+	default:
+	}
+	_ = d.cmd.Process.Kill()
+	<-d.exited
+}
+
+// submit sends one message over SMTP AUTH PLAIN on an existing client.
+func submit(c *smtp.Client, from string, to []string, body []byte) error {
+	if err := c.Mail(from, nil); err != nil {
+		return err
+	}
+	for _, r := range to {
+		if err := c.Rcpt(r, nil); err != nil {
+			return err
+		}
+	}
+	w, err := c.Data()
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write(body); err != nil {
+		return err
+	}
+	return w.Close()
+}
+
+// dialAuth connects to the submission port and authenticates.
+func dialAuth(t *testing.T, addr, user, pass string) *smtp.Client {
+	t.Helper()
+	c, err := smtp.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Hello("client.test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Auth(sasl.NewPlainClient("", user, pass)); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// message builds a small RFC 5322 message with a unique Message-ID.
+func message(id string, extra string) []byte {
+	return []byte("From: app@sender.test\r\nTo: rcpt@dest.test\r\nSubject: test " + id +
+		"\r\nMessage-ID: <" + id + "@e2e.test>\r\n\r\nbody of " + id + "\r\n" + extra)
+}
+
+// messageIDs returns the Message-IDs of the received bodies, counted.
+func messageIDs(bodies [][]byte) map[string]int {
+	out := map[string]int{}
+	for _, b := range bodies {
+		for _, line := range strings.Split(string(b), "\r\n") {
+			if v, ok := strings.CutPrefix(line, "Message-ID: "); ok {
+				out[v]++
+				break
+			}
+		}
+	}
+	return out
+}
+
+// waitFor polls cond every 50ms until it holds or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// freeAddr returns a loopback address nothing listens on (connections are
+// refused), for a destination that is down.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := l.Addr().String()
+	l.Close()
+	return a
+}
+
+var _ = context.Background
