@@ -60,7 +60,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			Parts: len(order), SubmittedAt: received.UTC(), MessageID: msgHdrID,
 			Deadline: deadline,
 		}
-		m, err := env.Encode(workSubject(s.Tenant, dom))
+		m, err := env.Encode(workSubject(s.Tenant, dom, id))
 		if err != nil {
 			return nil, err
 		}

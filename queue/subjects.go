@@ -6,12 +6,12 @@ import (
 
 // Subject layout. Every subject outflow uses starts with "outflow.".
 //
-//	outflow.work.<tenant>.<dest>              fresh envelopes (OUTFLOW_WORK)
+//	outflow.work.<tenant>.<dest>.<id>         fresh envelopes (OUTFLOW_WORK)
 //	outflow.retry.sched.<dest>.<id>           retry-lane schedules (OUTFLOW_RETRY)
 //	outflow.retry.due.<dest>.<id>             retry-lane envelopes that are due
 //	outflow.ratelimit.sched.<dest>.<id>       rate-limit lane schedules (OUTFLOW_RATELIMIT)
 //	outflow.ratelimit.due.<dest>.<id>         rate-limit lane envelopes that are due
-//	outflow.held.<dest>.<id>                  unknown outcomes held for an operator (OUTFLOW_RETRY)
+//	outflow.retry.held.<dest>.<id>            unknown outcomes held for an operator (OUTFLOW_RETRY)
 //	outflow.dead.<id>                         dead letters, one per id (OUTFLOW_DEAD)
 //	outflow.events.<type>.<id>                every outcome (OUTFLOW_EVENTS)
 const (
@@ -42,11 +42,11 @@ func dueSubject(l Lane, dest, id string) string {
 }
 
 func heldSubject(dest, id string) string {
-	return "outflow.held." + Token(dest) + "." + id
+	return "outflow.retry.held." + Token(dest) + "." + id
 }
 
-func workSubject(tenant, dest string) string {
-	return subjWorkPrefix + Token(tenant) + "." + Token(dest)
+func workSubject(tenant, dest, id string) string {
+	return subjWorkPrefix + Token(tenant) + "." + Token(dest) + "." + id
 }
 
 // Token encodes s as a single NATS subject token. A domain's dots would

@@ -261,7 +261,7 @@ func (p *Pool) defer_(ctx context.Context, d *queue.Delivery, next *queue.Envelo
 // refused handles a coordinator refusal: no attempt was made, so neither
 // the attempt count nor the budget changes; the envelope waits in the lane
 // it came from (fresh mail in the retry lane) until the refusal ends.
-func (p *Pool) refused(ctx context.Context, d *queue.Delivery, dest string, r Refusal) error {
+func (p *Pool) refused(ctx context.Context, d *queue.Delivery, dest string, r coordinator.Refusal) error {
 	e := d.Env
 	lane := d.Lane
 	if lane == queue.LaneWork {

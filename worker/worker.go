@@ -57,7 +57,7 @@ type Config struct {
 	Classifier *classify.Classifier
 	// Gate decides whether a destination may be contacted now. Default:
 	// always.
-	Gate   Gate
+	Gate   coordinator.Gate
 	Logger zerolog.Logger
 	// Metrics receives counters; nil disables them.
 	Metrics *Metrics
@@ -94,7 +94,7 @@ func New(cfg Config) (*Pool, error) {
 		cfg.Classifier = classify.Default()
 	}
 	if cfg.Gate == nil {
-		cfg.Gate = OpenGate{}
+		cfg.Gate = coordinator.OpenGate{}
 	}
 	if cfg.Retry == (coordinator.Backoff{}) {
 		cfg.Retry = coordinator.DefaultRetry()

@@ -1,4 +1,4 @@
-package worker
+package coordinator
 
 import (
 	"context"
@@ -8,9 +8,9 @@ import (
 )
 
 // Gate is the coordinator's answer to "may I send to this destination now?".
-// Admit either grants a Permit, to be finished with the attempt's result, or
-// refuses with the time to come back and a reason for the log. A refusal is
-// outflow's own signal: it costs no attempt and never feeds automation.
+// Admit either grants a Permit, to be finished with the attempt's results,
+// or refuses with the time to come back and a reason for the log. A refusal
+// is outflow's own signal: it costs no attempt and never feeds automation.
 type Gate interface {
 	Admit(ctx context.Context, domain string) (Permit, Refusal)
 	// Group maps a recipient domain to the destination whose limits and
@@ -18,8 +18,9 @@ type Gate interface {
 	Group(domain string) string
 }
 
-// Permit is one admitted attempt. Done reports its outcome so the
-// coordinator can adapt rates, trip breakers and run automation rules.
+// Permit is one admitted attempt. Done reports its outcome (one result per
+// recipient; nil when no attempt was made after all) so the coordinator can
+// adapt rates, trip breakers and run automation rules.
 type Permit interface {
 	Done(results []classify.Result)
 }
@@ -27,7 +28,7 @@ type Permit interface {
 // Refusal, when Until is non-zero, means "not now": come back at Until.
 type Refusal struct {
 	Until  time.Time
-	Reason string // "suspended", "breaker-open", "rate", …
+	Reason string // "suspended", "breaker-open", "rate", "conns", …
 }
 
 // OpenGate admits everything: no limits configured.

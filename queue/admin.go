@@ -1,0 +1,453 @@
+package queue
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// State is where an envelope is, as operators see it.
+type State string
+
+const (
+	StateQueued    State = "queued"    // fresh, in the work lane (possibly being delivered)
+	StateDeferred  State = "deferred"  // waiting in the retry lane (or due there)
+	StateThrottled State = "throttled" // waiting in the rate-limit lane (or due there)
+	StateUnknown   State = "unknown"   // outcome unknown, held for an operator
+	StateDead      State = "dead"      // in dead letters
+)
+
+// States lists every State, in the order `queue list` shows them.
+var States = []State{StateQueued, StateDeferred, StateThrottled, StateUnknown, StateDead}
+
+// Errors of the admin operations, for errors.Is.
+var (
+	ErrNotFound   = errors.New("no such message")
+	ErrWrongState = errors.New("message is in the wrong state for this operation")
+)
+
+// Item is one stored envelope and where it is.
+type Item struct {
+	State      State     `json:"state"`
+	Due        bool      `json:"due,omitempty"` // fired, waiting for a worker
+	Subject    string    `json:"subject"`
+	Seq        uint64    `json:"seq"`
+	Stored     time.Time `json:"stored"`
+	NextAt     time.Time `json:"next_attempt_at,omitempty"`
+	DeadReason string    `json:"dead_reason,omitempty"`
+	Env        *Envelope `json:"envelope"`
+	// Header is the stored message's NATS headers (attempt metadata).
+	Header nats.Header `json:"headers,omitempty"`
+}
+
+// Filter selects envelopes for List. Zero fields match everything.
+type Filter struct {
+	State  State
+	Dest   string
+	Tenant string
+	// Limit bounds the result; 0 means 100. Listing walks the stream, so a
+	// million deferred envelopes are listed a page at a time.
+	Limit int
+}
+
+// where maps a state to the stream and subject filter that hold it.
+func (q *Queue) where(s State, dest string) (jetstream.Stream, []string) {
+	d := "*"
+	if dest != "" {
+		d = Token(dest)
+	}
+	switch s {
+	case StateQueued:
+		return q.lanes[LaneWork], []string{"outflow.work.*." + d + ".*"}
+	case StateDeferred:
+		return q.lanes[LaneRetry], []string{"outflow.retry.sched." + d + ".*", "outflow.retry.due." + d + ".*"}
+	case StateThrottled:
+		return q.lanes[LaneRateLimit], []string{"outflow.ratelimit.sched." + d + ".*", "outflow.ratelimit.due." + d + ".*"}
+	case StateUnknown:
+		return q.lanes[LaneRetry], []string{"outflow.retry.held." + d + ".*"}
+	case StateDead:
+		return q.dead, []string{"outflow.dead.*"}
+	}
+	return nil, nil
+}
+
+// List returns stored envelopes matching f, oldest stored first.
+func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	states := States
+	if f.State != "" {
+		if _, subs := q.where(f.State, ""); subs == nil {
+			return nil, fmt.Errorf("unknown state %q (want queued, deferred, throttled, unknown or dead)", f.State)
+		}
+		states = []State{f.State}
+	}
+	var out []Item
+	for _, st := range states {
+		stream, subs := q.where(st, f.Dest)
+		for _, sub := range subs {
+			err := q.scan(ctx, stream, sub, func(it Item) bool {
+				it.State = st
+				if f.Dest != "" && !strings.EqualFold(it.Env.Dest, f.Dest) {
+					return true
+				}
+				if f.Tenant != "" && it.Env.Tenant != f.Tenant {
+					return true
+				}
+				out = append(out, it)
+				return len(out) < limit
+			})
+			if err != nil {
+				return nil, err
+			}
+			if len(out) >= limit {
+				return out, nil
+			}
+		}
+	}
+	return out, nil
+}
+
+// scan walks stream's messages on subject in sequence order, calling fn
+// until it returns false.
+func (q *Queue) scan(ctx context.Context, stream jetstream.Stream, subject string, fn func(Item) bool) error {
+	seq := uint64(1)
+	for {
+		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", subject, err)
+		}
+		seq = m.Sequence + 1
+		if it, ok := itemOf(m); ok && !fn(it) {
+			return nil
+		}
+	}
+}
+
+func itemOf(m *jetstream.RawStreamMsg) (Item, bool) {
+	env, err := DecodeEnvelope(m.Data, m.Header)
+	it := Item{Subject: m.Subject, Seq: m.Sequence, Stored: m.Time, Header: m.Header}
+	if err != nil {
+		// Parked malformed messages have no envelope; show what there is.
+		env = &Envelope{ID: strings.TrimPrefix(m.Subject, subjDeadPrefix), Dest: "?", BodyRef: "-"}
+	}
+	it.Env = env
+	it.DeadReason = m.Header.Get("Outflow-Dead-Reason")
+	if strings.Contains(m.Subject, ".due.") {
+		it.Due = true
+	} else if sch := m.Header.Get("Nats-Schedule"); strings.HasPrefix(sch, "@at ") {
+		it.NextAt, _ = time.Parse(time.RFC3339Nano, sch[4:])
+	}
+	return it, true
+}
+
+// Find locates an envelope by id in every lane and in dead letters.
+func (q *Queue) Find(ctx context.Context, id string) (*Item, error) {
+	if !validID(id) {
+		return nil, fmt.Errorf("%w: %q is not a message id", ErrNotFound, id)
+	}
+	probes := []struct {
+		st     State
+		stream jetstream.Stream
+		subj   string
+	}{
+		{StateQueued, q.lanes[LaneWork], "outflow.work.*.*." + id},
+		{StateDeferred, q.lanes[LaneRetry], "outflow.retry.sched.*." + id},
+		{StateDeferred, q.lanes[LaneRetry], "outflow.retry.due.*." + id},
+		{StateUnknown, q.lanes[LaneRetry], "outflow.retry.held.*." + id},
+		{StateThrottled, q.lanes[LaneRateLimit], "outflow.ratelimit.sched.*." + id},
+		{StateThrottled, q.lanes[LaneRateLimit], "outflow.ratelimit.due.*." + id},
+		{StateDead, q.dead, subjDeadPrefix + id},
+	}
+	for _, p := range probes {
+		m, err := p.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(p.subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("find %s: %w", id, err)
+		}
+		it, _ := itemOf(m)
+		it.State = p.st
+		return &it, nil
+	}
+	return nil, fmt.Errorf("%w: %s (delivered, bounced and dropped messages leave only events: see `queue history`)", ErrNotFound, id)
+}
+
+// History returns every event recorded for id, oldest first.
+func (q *Queue) History(ctx context.Context, id string) ([]Event, error) {
+	if !validID(id) {
+		return nil, fmt.Errorf("%w: %q is not a message id", ErrNotFound, id)
+	}
+	var out []Event
+	seq := uint64(1)
+	for {
+		m, err := q.events.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subjEvents+"*."+id))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("history %s: %w", id, err)
+		}
+		seq = m.Sequence + 1
+		var ev Event
+		if err := json.Unmarshal(m.Data, &ev); err == nil {
+			out = append(out, ev)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: no events for %s", ErrNotFound, id)
+	}
+	return out, nil
+}
+
+// FastForward makes a deferred or throttled envelope due now. It is atomic:
+// the due message is published with Nats-Schedule-Next: purge naming the
+// schedule, and with the schedule's sequence as the expected last sequence
+// of its subject, so it either replaces the schedule (which then cannot
+// fire) or fails because the schedule already fired.
+func (q *Queue) FastForward(ctx context.Context, id string) (*Item, error) {
+	it, err := q.Find(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if (it.State != StateDeferred && it.State != StateThrottled) || it.Due {
+		return it, fmt.Errorf("%w: %s is %s%s; fast-forward applies to deferred or throttled messages waiting for their time",
+			ErrWrongState, id, it.State, map[bool]string{true: " and already due", false: ""}[it.Due])
+	}
+	lane := LaneRetry
+	if it.State == StateThrottled {
+		lane = LaneRateLimit
+	}
+	m := nats.NewMsg(dueSubject(lane, it.Env.Dest, id))
+	m.Data = nil
+	for k, v := range it.Header {
+		if strings.HasPrefix(k, "Outflow-") {
+			m.Header[k] = v
+		}
+	}
+	m.Data = mustEnvelopeJSON(it.Env)
+	m.Header.Set("Nats-Schedule-Next", "purge")
+	m.Header.Set("Nats-Scheduler", it.Subject)
+	if _, err := q.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequenceForSubject(it.Seq, it.Subject)); err != nil {
+		return it, fmt.Errorf("fast-forward %s: %w (it may have fired on its own just now)", id, err)
+	}
+	q.Event(EventFastFwd, &Event{ID: id, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Attempt: it.Env.Attempt, Worker: "admin"})
+	return it, nil
+}
+
+func mustEnvelopeJSON(e *Envelope) []byte {
+	b, _ := json.Marshal(e)
+	return b
+}
+
+// Replay moves a dead or held envelope back to fresh work with a new
+// budget (attempts and age start again). editHeaders, when non-empty, is a
+// block of RFC 5322 header lines applied to the message first ("Name:
+// value" replaces or adds that header; "Name:" alone removes it); the
+// edited body is stored under a new name so other parts of the same
+// submission keep the original.
+func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Envelope, error) {
+	it, err := q.Find(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if it.State != StateDead && it.State != StateUnknown {
+		return nil, fmt.Errorf("%w: %s is %s; replay applies to dead letters and held (unknown) messages", ErrWrongState, id, it.State)
+	}
+	if it.Env.BodyRef == "-" {
+		return nil, fmt.Errorf("%w: %s is a parked malformed message, not an envelope; inspect it and drop it", ErrWrongState, id)
+	}
+	e := it.Env.Clone()
+	if len(editHeaders) > 0 {
+		body, err := q.Body(ctx, e.BodyRef)
+		if err != nil {
+			return nil, fmt.Errorf("replay %s: %w", id, err)
+		}
+		edited, err := EditHeaders(body, editHeaders)
+		if err != nil {
+			return nil, fmt.Errorf("replay %s: %w", id, err)
+		}
+		ref := e.BodyRef + ".r" + itoa(e.Replays+1)
+		if _, err := q.bodies.PutBytes(ctx, ref, edited); err != nil {
+			return nil, fmt.Errorf("replay %s: store edited body: %w", id, err)
+		}
+		e.BodyRef, e.Size = ref, int64(len(edited))
+		e.Parts = 2 // the original body may still be shared; never delete it eagerly
+	}
+	e.Replays++
+	e.Step++
+	e.Attempt, e.ThrottleCount = 0, 0
+	e.FirstAttempt, e.NotBefore = time.Time{}, time.Time{}
+	e.Deadline = time.Now().Add(q.opts.MaxAge)
+	e.LastClass, e.LastReply = "", ""
+	m, err := e.Encode(workSubject(e.Tenant, e.Dest, e.ID))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := q.js.PublishMsg(ctx, m, jetstream.WithMsgID("replay."+e.ID+"."+itoa(e.Replays))); err != nil {
+		return nil, fmt.Errorf("replay %s: %w", id, err)
+	}
+	if err := q.deleteItem(ctx, it); err != nil {
+		return nil, err
+	}
+	q.Event(EventReplayed, &Event{ID: id, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Worker: "admin", Recipients: e.Rcpts})
+	return e, nil
+}
+
+// Drop removes an envelope wherever it waits and records a "dropped" event.
+// An envelope a worker is delivering at this moment may still be delivered.
+func (q *Queue) Drop(ctx context.Context, id string) (*Item, error) {
+	it, err := q.Find(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := q.deleteItem(ctx, it); err != nil {
+		return nil, err
+	}
+	q.Event(EventDropped, &Event{ID: id, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Worker: "admin", Recipients: it.Env.Rcpts})
+	if it.Env.BodyRef != "-" {
+		q.releaseBody(ctx, it.Env)
+	}
+	return it, nil
+}
+
+func (q *Queue) deleteItem(ctx context.Context, it *Item) error {
+	var s jetstream.Stream
+	switch it.State {
+	case StateQueued:
+		s = q.lanes[LaneWork]
+	case StateDeferred, StateUnknown:
+		s = q.lanes[LaneRetry]
+	case StateThrottled:
+		s = q.lanes[LaneRateLimit]
+	case StateDead:
+		s = q.dead
+	}
+	if err := s.DeleteMsg(ctx, it.Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("delete %s: %w", it.Env.ID, err)
+	}
+	return nil
+}
+
+// ReleaseDest reschedules every deferred and throttled envelope of dest,
+// oldest submission first, to fire at rate per second from now (all at
+// once when rate <= 0). The coordinator calls it when a destination
+// recovers, so a backlog drains at the destination's pace instead of each
+// envelope waiting out its own backoff. Each rewrite replaces the schedule
+// on its subject and expects the sequence it read, so an envelope that
+// fired meanwhile is left alone. It returns how many were released.
+func (q *Queue) ReleaseDest(ctx context.Context, dest string, rate float64) (int, error) {
+	var items []Item
+	for _, st := range []State{StateDeferred, StateThrottled} {
+		stream, subs := q.where(st, dest)
+		err := q.scan(ctx, stream, subs[0], func(it Item) bool {
+			it.State = st
+			items = append(items, it)
+			return true
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	sort.SliceStable(items, func(i, j int) bool { return items[i].Env.SubmittedAt.Before(items[j].Env.SubmittedAt) })
+	now := time.Now()
+	n := 0
+	for i, it := range items {
+		at := now
+		if rate > 0 {
+			at = now.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+		}
+		lane := LaneRetry
+		if it.State == StateThrottled {
+			lane = LaneRateLimit
+		}
+		m := nats.NewMsg(it.Subject)
+		for k, v := range it.Header {
+			if strings.HasPrefix(k, "Outflow-") {
+				m.Header[k] = v
+			}
+		}
+		m.Data = mustEnvelopeJSON(it.Env)
+		m.Header.Set(HdrNotBefore, at.UTC().Format(time.RFC3339Nano))
+		m.Header.Set("Nats-Schedule", "@at "+at.UTC().Format(time.RFC3339Nano))
+		m.Header.Set("Nats-Schedule-Target", dueSubject(lane, it.Env.Dest, it.Env.ID))
+		if _, err := q.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequenceForSubject(it.Seq, it.Subject)); err != nil {
+			var apiErr *jetstream.APIError
+			if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+				continue // fired or changed meanwhile
+			}
+			return n, fmt.Errorf("release %s: %w", it.Env.ID, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// EditHeaders applies edits (RFC 5322 header lines) to body's header block.
+func EditHeaders(body, edits []byte) ([]byte, error) {
+	type edit struct{ name, value string }
+	var list []edit
+	sc := bufio.NewScanner(bytes.NewReader(edits))
+	for ln := 1; sc.Scan(); ln++ {
+		line := strings.TrimRight(sc.Text(), "\r")
+		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, ok := strings.Cut(line, ":")
+		if !ok || name == "" || strings.ContainsAny(name, " \t") {
+			return nil, fmt.Errorf("edit-headers line %d: %q is not a \"Name: value\" header line", ln, line)
+		}
+		list = append(list, edit{name, strings.TrimSpace(value)})
+	}
+	end := bytes.Index(body, []byte("\r\n\r\n"))
+	if end < 0 {
+		return nil, errors.New("message has no header/body separator")
+	}
+	head, rest := string(body[:end+2]), body[end+2:]
+	// Unfold into logical header fields.
+	var fields []string
+	for _, l := range strings.SplitAfter(head, "\r\n") {
+		if l == "" {
+			continue
+		}
+		if (l[0] == ' ' || l[0] == '\t') && len(fields) > 0 {
+			fields[len(fields)-1] += l
+			continue
+		}
+		fields = append(fields, l)
+	}
+	for _, e := range list {
+		var kept []string
+		for _, f := range fields {
+			n, _, _ := strings.Cut(f, ":")
+			if !strings.EqualFold(strings.TrimSpace(n), e.name) {
+				kept = append(kept, f)
+			}
+		}
+		fields = kept
+		if e.value != "" {
+			fields = append(fields, e.name+": "+e.value+"\r\n")
+		}
+	}
+	var b bytes.Buffer
+	for _, f := range fields {
+		b.WriteString(f)
+	}
+	b.Write(rest)
+	return b.Bytes(), nil
+}
