@@ -1,0 +1,142 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// deferOne enqueues one message, pulls it and reschedules it on lane at at.
+func deferOne(t *testing.T, q *Queue, lane Lane, at time.Time) *Envelope {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: x\r\n\r\nbody\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	work, err := q.Messages(cctx, LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := next(t, work)
+	n := d.Env.Clone()
+	n.Attempt = 1
+	n.LastClass = "transient"
+	if err := d.Reschedule(ctx, n, lane, at, true); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestFastForwardIsAtomic(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e := deferOne(t, q, LaneRetry, time.Now().Add(time.Hour))
+	items, err := q.List(ctx, Filter{State: StateDeferred})
+	if err != nil || len(items) != 1 || items[0].Env.ID != e.ID || items[0].NextAt.Before(time.Now().Add(50*time.Minute)) {
+		t.Fatalf("list deferred = %+v, %v", items, err)
+	}
+	retry, _ := q.Messages(ctx, LaneRetry, 1)
+	if _, err := q.FastForward(ctx, e.ID); err != nil {
+		t.Fatal(err)
+	}
+	d := next(t, retry)
+	if d.Env.ID != e.ID || d.Env.Attempt != 1 {
+		t.Fatalf("fast-forwarded envelope = %+v", d.Env)
+	}
+	// The schedule is gone: a second fast-forward finds nothing to move.
+	if _, err := q.FastForward(ctx, e.ID); !errors.Is(err, ErrWrongState) && !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second fast-forward: %v, want wrong state or not found", err)
+	}
+	if err := d.Skip(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Find(ctx, e.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after ack, find = %v, want not found", err)
+	}
+}
+
+func TestDeadReplayAndDrop(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: x\r\nFrom: bad\r\n\r\nbody\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	work, _ := q.Messages(ctx, LaneWork, 1)
+	d := next(t, work)
+	n := d.Env.Clone()
+	n.Attempt = 5
+	n.AddAttempt(Attempt{Attempt: 5, Class: "transient", Reply: "451 try later"})
+	if err := d.Dead(ctx, n, "max-attempts"); err != nil {
+		t.Fatal(err)
+	}
+	it, err := q.Find(ctx, n.ID)
+	if err != nil || it.State != StateDead || it.DeadReason != "max-attempts" || len(it.Env.History) != 1 {
+		t.Fatalf("dead item = %+v, %v", it, err)
+	}
+	if _, err := q.FastForward(ctx, n.ID); !errors.Is(err, ErrWrongState) {
+		t.Fatalf("fast-forward of a dead letter: %v, want ErrWrongState", err)
+	}
+	e, err := q.Replay(ctx, n.ID, []byte("From: fixed@b.example\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Attempt != 0 || e.Replays != 1 {
+		t.Fatalf("replayed envelope keeps its old budget: %+v", e)
+	}
+	r := next(t, work)
+	if r.Env.ID != n.ID || r.Env.Attempt != 0 {
+		t.Fatalf("replayed = %+v", r.Env)
+	}
+	body, err := q.Body(ctx, r.Env.BodyRef)
+	if err != nil || !strings.Contains(string(body), "From: fixed@b.example\r\n") || strings.Contains(string(body), "From: bad") {
+		t.Fatalf("edited body = %q, %v", body, err)
+	}
+	if _, err := q.Find(ctx, n.ID); err != nil {
+		t.Fatalf("replayed envelope should be queued: %v", err)
+	}
+	r.Release()
+	if _, err := q.Drop(ctx, n.ID); err != nil {
+		t.Fatal(err)
+	}
+	hist, err := q.History(ctx, n.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, ev := range hist {
+		types = append(types, ev.Type)
+	}
+	if got := strings.Join(types, ","); !strings.Contains(got, "queued") || !strings.Contains(got, "replayed") || !strings.Contains(got, "dropped") {
+		t.Fatalf("history = %s", got)
+	}
+}
+
+func TestReleaseDestPacesOldestFirst(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var ids []string
+	for range 3 {
+		ids = append(ids, deferOne(t, q, LaneRetry, time.Now().Add(time.Hour)).ID)
+	}
+	n, err := q.ReleaseDest(ctx, "d.example", 10)
+	if err != nil || n != 3 {
+		t.Fatalf("released %d, %v", n, err)
+	}
+	retry, _ := q.Messages(ctx, LaneRetry, 3)
+	var got []string
+	for range 3 {
+		d := next(t, retry)
+		got = append(got, d.Env.ID)
+		_ = d.Skip(ctx)
+	}
+	if strings.Join(got, ",") != strings.Join(ids, ",") {
+		t.Fatalf("release order %v, want oldest first %v", got, ids)
+	}
+}
