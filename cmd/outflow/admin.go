@@ -1,0 +1,351 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// adminFlags are shared by every verb that reaches a running daemon.
+type adminFlags struct {
+	data    string
+	natsURL string
+	creds   string
+	json    bool
+	timeout time.Duration
+}
+
+func (a *adminFlags) bind(cmd *cobra.Command) {
+	f := cmd.PersistentFlags()
+	f.StringVar(&a.data, "data", "./data", "data dir of the running `outflow serve` (its NATS address and credentials)")
+	f.StringVar(&a.natsURL, "nats-url", "", "NATS server or cluster to reach instead of the one recorded in --data")
+	f.StringVar(&a.creds, "nats-creds", "", "NATS credentials file for --nats-url")
+	f.BoolVar(&a.json, "json", false, "print JSON instead of a table")
+	f.DurationVar(&a.timeout, "timeout", 15*time.Second, "give up on the daemon after this long")
+}
+
+// connect reaches the daemon's NATS: --nats-url, or the address serve wrote
+// into --data.
+func (a *adminFlags) connect(ctx context.Context) (*queue.Queue, error) {
+	opts := queue.Options{Name: "outflow admin", NoSetup: true, Logger: zerolog.Nop()}
+	if a.natsURL != "" {
+		opts.URL, opts.CredsFile = a.natsURL, a.creds
+	} else {
+		ci, err := queue.ReadClientInfo(a.data)
+		if err != nil {
+			return nil, err
+		}
+		if ci.URL == "" {
+			return nil, fmt.Errorf("the daemon using %s has no client listener (started with --nats-addr \"\"); restart it with --nats-addr or pass --nats-url", a.data)
+		}
+		opts.URL, opts.User, opts.Password = ci.URL, ci.User, ci.Password
+	}
+	q, err := queue.Connect(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the outflow daemon: %w", err)
+	}
+	return q, nil
+}
+
+// run connects, runs fn with a deadline, and closes.
+func (a *adminFlags) run(cmd *cobra.Command, fn func(ctx context.Context, q *queue.Queue) error) error {
+	ctx, cancel := context.WithTimeout(cmd.Context(), a.timeout)
+	defer cancel()
+	q, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	return fn(ctx, q)
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+func init() {
+	a := &adminFlags{}
+	qc := &cobra.Command{Use: "queue", Short: "inspect and operate on queued, deferred, held and dead messages"}
+	a.bind(qc)
+
+	var f queue.Filter
+	var state string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "list messages: id, tenant, destination, attempt, last class and reply, next attempt",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.State = queue.State(state)
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				items, err := q.List(ctx, f)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				if a.json {
+					for _, it := range items {
+						if err := printJSON(out, listRow(it)); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tSTATE\tTENANT\tDEST\tRCPTS\tATTEMPT\tLAST CLASS\tNEXT ATTEMPT\tLAST REPLY")
+				for _, it := range items {
+					r := listRow(it)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.ID, r.State, r.Tenant, r.Dest, r.Rcpts, r.Attempt,
+						dash(r.LastClass), dash(r.Next), dash(short(r.LastReply, 60)))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	list.Flags().StringVar(&state, "state", "", "queued, deferred, throttled, unknown or dead (default all)")
+	list.Flags().StringVar(&f.Dest, "dest", "", "only this destination domain")
+	list.Flags().StringVar(&f.Tenant, "tenant", "", "only this tenant")
+	list.Flags().IntVar(&f.Limit, "limit", 100, "at most this many")
+
+	inspect := &cobra.Command{
+		Use:   "inspect ID",
+		Short: "show one message: envelope, recipients, headers, attempt metadata and where it is",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				it, err := q.Find(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				view := inspectView(ctx, q, it)
+				if a.json {
+					return printJSON(cmd.OutOrStdout(), view)
+				}
+				b, _ := json.MarshalIndent(view, "", "  ")
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				return err
+			})
+		},
+	}
+
+	history := &cobra.Command{
+		Use:   "history ID",
+		Short: "every attempt of a message with its decision record, oldest first",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				evs, err := q.History(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				if a.json {
+					for _, ev := range evs {
+						if err := printJSON(out, ev); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "TIME\tEVENT\tATTEMPT\tWORKER\tCLASS\tRULE\tDELAY\tSEED\tOFFSET\tREPLY")
+				for _, ev := range evs {
+					var d struct {
+						Class      string `json:"class"`
+						Rule       string `json:"rule"`
+						Reply      string `json:"reply"`
+						Code       int    `json:"code"`
+						Enhanced   string `json:"enhanced_code"`
+						DelayMs    int64  `json:"delay_ms"`
+						OffsetMs   int64  `json:"offset_ms"`
+						JitterSeed string `json:"jitter_seed"`
+					}
+					_ = json.Unmarshal(ev.Decision, &d)
+					reply := ev.Reason
+					if d.Code != 0 {
+						reply = strings.TrimSpace(fmt.Sprintf("%d %s %s", d.Code, d.Enhanced, d.Reply))
+					}
+					delay := "-"
+					if d.DelayMs > 0 {
+						delay = (time.Duration(d.DelayMs) * time.Millisecond).String()
+					}
+					offset := "-"
+					if d.JitterSeed != "" {
+						offset = (time.Duration(d.OffsetMs) * time.Millisecond).String()
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ev.Time.Format(time.RFC3339Nano), ev.Type, ev.Attempt,
+						dash(ev.Worker), dash(d.Class), dash(d.Rule), delay, dash(d.JitterSeed), offset, dash(short(reply, 70)))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+
+	ff := &cobra.Command{
+		Use:   "fast-forward ID",
+		Short: "make a deferred or throttled message due now (atomic: its old schedule cannot also fire)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				it, err := q.FastForward(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				return report(cmd, a.json, map[string]any{"id": args[0], "result": "due now", "was": it.State, "was_next_attempt_at": it.NextAt},
+					"%s: due now (was %s, next attempt %s)", args[0], it.State, it.NextAt.Format(time.RFC3339))
+			})
+		},
+	}
+
+	var editFile string
+	replay := &cobra.Command{
+		Use:   "replay ID",
+		Short: "move a dead or held message back to fresh work with a new budget",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var edits []byte
+			if editFile != "" {
+				b, err := os.ReadFile(editFile)
+				if err != nil {
+					return usageError{fmt.Errorf("--edit-headers: %w", err)}
+				}
+				edits = b
+			}
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				e, err := q.Replay(ctx, args[0], edits)
+				if err != nil {
+					return err
+				}
+				return report(cmd, a.json, map[string]any{"id": e.ID, "result": "queued", "replays": e.Replays, "rcpts": e.Rcpts},
+					"%s: queued again for %d recipient(s) (replay %d)", e.ID, len(e.Rcpts), e.Replays)
+			})
+		},
+	}
+	replay.Flags().StringVar(&editFile, "edit-headers", "", "file of header lines to set (\"Name: value\") or remove (\"Name:\") first")
+
+	drop := &cobra.Command{
+		Use:   "drop ID",
+		Short: "remove a message wherever it waits (records a dropped event)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				it, err := q.Drop(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				return report(cmd, a.json, map[string]any{"id": args[0], "result": "dropped", "was": it.State},
+					"%s: dropped (was %s)", args[0], it.State)
+			})
+		},
+	}
+	qc.AddCommand(list, inspect, history, ff, replay, drop)
+	rootCmd.AddCommand(qc)
+}
+
+type row struct {
+	ID        string    `json:"id"`
+	State     string    `json:"state"`
+	Tenant    string    `json:"tenant"`
+	Dest      string    `json:"dest"`
+	Rcpts     int       `json:"rcpts"`
+	Attempt   int       `json:"attempt"`
+	LastClass string    `json:"last_class,omitempty"`
+	LastReply string    `json:"last_reply,omitempty"`
+	Next      string    `json:"next_attempt_at,omitempty"`
+	Submitted time.Time `json:"submitted_at"`
+	Reason    string    `json:"dead_reason,omitempty"`
+}
+
+func listRow(it queue.Item) row {
+	r := row{ID: it.Env.ID, State: string(it.State), Tenant: it.Env.Tenant, Dest: it.Env.Dest, Rcpts: len(it.Env.Rcpts),
+		Attempt: it.Env.Attempt, LastClass: it.Env.LastClass, LastReply: it.Env.LastReply, Submitted: it.Env.SubmittedAt, Reason: it.DeadReason}
+	switch {
+	case it.Due:
+		r.Next = "due"
+	case !it.NextAt.IsZero():
+		r.Next = it.NextAt.UTC().Format(time.RFC3339)
+	}
+	if it.State == queue.StateDead && r.LastReply == "" {
+		r.LastReply = it.DeadReason
+	}
+	return r
+}
+
+// inspectView is what `queue inspect` prints. The message's own headers
+// are shown; the body and any credentials never are.
+func inspectView(ctx context.Context, q *queue.Queue, it *queue.Item) map[string]any {
+	v := map[string]any{
+		"id": it.Env.ID, "state": it.State, "due": it.Due, "subject": it.Subject, "stream_seq": it.Seq, "stored": it.Stored,
+		"envelope": it.Env, "attempt": it.Env.Attempt, "throttle_count": it.Env.ThrottleCount, "replays": it.Env.Replays,
+		"first_attempt": it.Env.FirstAttempt, "deadline": it.Env.Deadline, "last_class": it.Env.LastClass, "last_reply": it.Env.LastReply,
+	}
+	if !it.NextAt.IsZero() {
+		v["next_attempt_at"] = it.NextAt
+	}
+	if it.DeadReason != "" {
+		v["dead_reason"] = it.DeadReason
+	}
+	meta := map[string]string{}
+	for k := range it.Header {
+		if strings.HasPrefix(k, "Outflow-") || strings.HasPrefix(k, "Nats-Schedule") {
+			meta[k] = it.Header.Get(k)
+		}
+	}
+	v["headers"] = meta
+	if it.Env.BodyRef != "-" {
+		if body, err := q.Body(ctx, it.Env.BodyRef); err == nil {
+			v["message_headers"] = messageHeaders(body, 60)
+		} else {
+			v["body_error"] = err.Error()
+		}
+	}
+	return v
+}
+
+// messageHeaders returns up to max header lines of an RFC 5322 message.
+func messageHeaders(body []byte, max int) []string {
+	head := string(body)
+	if i := strings.Index(head, "\r\n\r\n"); i >= 0 {
+		head = head[:i]
+	}
+	lines := strings.Split(head, "\r\n")
+	if len(lines) > max {
+		lines = append(lines[:max], "…")
+	}
+	return lines
+}
+
+func report(cmd *cobra.Command, asJSON bool, v any, format string, args ...any) error {
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), v)
+	}
+	_, err := fmt.Fprintf(cmd.OutOrStdout(), format+"\n", args...)
+	return err
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func short(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
+
