@@ -17,8 +17,9 @@ build:
 
 # One process: submission on 127.0.0.1:2525, embedded NATS under ./data,
 # metrics on 127.0.0.1:9090. The first start prints a generated login.
+# Extra serve flags go in ARGS, e.g. make run ARGS="--relay 127.0.0.1:2526 --relay-tls none".
 run: build
-	$(BIN) serve --data ./data
+	$(BIN) serve --data ./data $(ARGS)
 
 # deps installs the Debian packages tests and benchmarks use (postfix for
 # smtp-sink/smtp-source, swaks), without starting the Postfix daemon.
