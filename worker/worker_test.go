@@ -1,0 +1,452 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/sender"
+)
+
+// fast lanes, so a fault matrix runs in seconds; the shape of the
+// computation is the production one.
+var (
+	fastRetry = coordinator.Backoff{Lane: coordinator.LaneRetry, Base: 50 * time.Millisecond, Min: 20 * time.Millisecond,
+		Cap: 200 * time.Millisecond, Multiplier: 2, ContentionWindow: 10 * time.Millisecond}
+	fastRL = coordinator.Backoff{Lane: coordinator.LaneRateLimit, Base: 100 * time.Millisecond, Min: 50 * time.Millisecond,
+		Cap: 300 * time.Millisecond, Multiplier: 2, ContentionWindow: 10 * time.Millisecond}
+)
+
+type env struct {
+	t    *testing.T
+	emb  *queue.Embedded
+	dir  string
+	q    *queue.Queue
+	mx   *fakemx.Server
+	snd  *sender.Sender
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+func connect(t *testing.T, emb *queue.Embedded, ackWait time.Duration) *queue.Queue {
+	t.Helper()
+	ci := emb.ClientInfo()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	q, err := queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password,
+		AckWait: ackWait, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// newEnv starts an embedded server, a fake MX with hook, and a sender
+// relaying to it.
+func newEnv(t *testing.T, hook fakemx.Hook) *env {
+	t.Helper()
+	dir := t.TempDir()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, emb: emb, dir: dir}
+	t.Cleanup(func() { e.stopPool(); e.emb.Shutdown() })
+	e.q = connect(t, emb, 2*time.Second)
+	t.Cleanup(func() { e.q.Close() })
+	e.mx = fakemx.Start(t, fakemx.Options{Hook: hook})
+	e.snd, err = sender.New(sender.Config{Hostname: "outflow.test", Relay: e.mx.Addr(), RelayTLS: "none",
+		FinalDotTimeout: 2 * time.Second, CommandTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.snd.Close() })
+	return e
+}
+
+func (e *env) startPool(mut func(*Config)) {
+	e.t.Helper()
+	cfg := Config{WorkerID: "w-test", Workers: 2, Retry: fastRetry, RateLimit: fastRL,
+		Budget: coordinator.Budget{MaxAttempts: 4, MaxAge: time.Hour}, Queue: e.q, Sender: e.snd, Logger: zerolog.Nop()}
+	if mut != nil {
+		mut(&cfg)
+	}
+	p, err := New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.stop = cancel
+	e.done = make(chan struct{})
+	go func() { defer close(e.done); _ = p.Run(ctx, 5*time.Second) }()
+}
+
+func (e *env) stopPool() {
+	if e.stop != nil {
+		e.stop()
+		<-e.done
+		e.stop = nil
+	}
+}
+
+func (e *env) submit(rcpts ...string) string {
+	e.t.Helper()
+	ids, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: rcpts,
+		Body: []byte("Subject: hi\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ids[0]
+}
+
+// events returns the event types recorded for id.
+func (e *env) events(id string) []string {
+	evs, err := e.q.History(context.Background(), id)
+	if err != nil && !errors.Is(err, queue.ErrNotFound) {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for _, ev := range evs {
+		out = append(out, ev.Type)
+	}
+	return out
+}
+
+func (e *env) waitEvent(id, typ string) []queue.Event {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		evs, _ := e.q.History(context.Background(), id)
+		for _, ev := range evs {
+			if ev.Type == typ {
+				return evs
+			}
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("no %q event for %s within 30s; have %v", typ, id, e.events(id))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func countPrefix(list []string, typ string) int {
+	n := 0
+	for _, s := range list {
+		if s == typ {
+			n++
+		}
+	}
+	return n
+}
+
+func TestTransientThenSuccess(t *testing.T) {
+	var calls atomic.Int32
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && calls.Add(1) == 1 {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+		}
+		return nil
+	})
+	e.startPool(nil)
+	id := e.submit("r@dest.test")
+	e.waitEvent(id, queue.EventDelivered)
+	if got := len(e.mx.Messages()); got != 1 {
+		t.Fatalf("delivered %d messages, want 1", got)
+	}
+	evs := e.events(id)
+	if strings.Join(evs, ",") != "queued,deferred,delivered" {
+		t.Fatalf("events = %v", evs)
+	}
+	hist, _ := e.q.History(context.Background(), id)
+	var rec coordinator.Record
+	for _, ev := range hist {
+		if ev.Type == queue.EventDeferred {
+			if err := rec.UnmarshalJSON(ev.Decision); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if rec.Lane != "retry" || rec.Class != "transient" || rec.Code != 451 || rec.DelayMs <= 0 || rec.JitterSeed == 0 || rec.WorkerID != "w-test" {
+		t.Fatalf("decision record = %+v", rec)
+	}
+	// Recompute the logged delay from its seed: the record is reproducible.
+	again := fastRetry.Decide(rec.Decision.Attempt, rec.WorkerID, rec.JitterSeed, 0)
+	if again.DelayMs != rec.DelayMs {
+		t.Fatalf("recomputed delay %d ms, logged %d ms", again.DelayMs, rec.DelayMs)
+	}
+}
+
+func TestAlwaysTransientEndsInDeadLetters(t *testing.T) {
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+		}
+		return nil
+	})
+	e.startPool(nil)
+	id := e.submit("r@dest.test")
+	e.waitEvent(id, queue.EventDead)
+	it, err := e.q.Find(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if it.State != queue.StateDead || it.Env.Attempt != 4 || !strings.HasPrefix(it.DeadReason, "max-attempts") {
+		t.Fatalf("dead letter = state %s attempt %d reason %q", it.State, it.Env.Attempt, it.DeadReason)
+	}
+	if len(it.Env.History) != 4 {
+		t.Fatalf("evidence has %d attempts, want 4: %+v", len(it.Env.History), it.Env.History)
+	}
+	for _, a := range it.Env.History {
+		if a.Code != 451 || a.Class != "transient" {
+			t.Fatalf("evidence entry %+v", a)
+		}
+	}
+	if n := countPrefix(e.events(id), queue.EventDeferred); n != 3 {
+		t.Fatalf("%d deferrals, want 3", n)
+	}
+	if got := e.mx.Transactions(); got != 4 {
+		t.Fatalf("fake MX saw %d transactions, want 4", got)
+	}
+}
+
+func TestThrottledUsesRateLimitLaneAndKeepsBudget(t *testing.T) {
+	var calls atomic.Int32
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && calls.Add(1) <= 5 {
+			return &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 7, 28}, Message: "Our system has detected an unusual rate of unsolicited mail. To protect our users, mail has been temporarily rate limited."}
+		}
+		return nil
+	})
+	e.startPool(nil) // budget: 4 attempts, yet 5 throttles must not kill it
+	id := e.submit("r@dest.test")
+	e.waitEvent(id, queue.EventDelivered)
+	evs := e.events(id)
+	if countPrefix(evs, queue.EventThrottled) != 5 || countPrefix(evs, queue.EventDead) != 0 {
+		t.Fatalf("events = %v", evs)
+	}
+	hist, _ := e.q.History(context.Background(), id)
+	for _, ev := range hist {
+		if ev.Type == queue.EventThrottled {
+			var rec coordinator.Record
+			_ = rec.UnmarshalJSON(ev.Decision)
+			if rec.Lane != "ratelimit" || rec.Class != "throttled" || rec.DelayMs < fastRL.Min.Milliseconds() {
+				t.Fatalf("throttle record %+v", rec)
+			}
+		}
+	}
+}
+
+func TestPermanentBouncesAfterOneAttempt(t *testing.T) {
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "gone@") {
+			return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
+		}
+		return nil
+	})
+	e.startPool(nil)
+	id := e.submit("gone@dest.test", "ok@dest.test")
+	evs := e.waitEvent(id, queue.EventDelivered)
+	e.waitEvent(id, queue.EventBounced)
+	var bounced []string
+	for _, ev := range evs {
+		if ev.Type == queue.EventBounced {
+			bounced = ev.Recipients
+		}
+	}
+	evs, _ = e.q.History(context.Background(), id)
+	for _, ev := range evs {
+		if ev.Type == queue.EventBounced {
+			bounced = ev.Recipients
+			if !strings.Contains(ev.Reason, "no such user") {
+				t.Fatalf("bounce reason %q", ev.Reason)
+			}
+		}
+	}
+	if strings.Join(bounced, ",") != "gone@dest.test" {
+		t.Fatalf("bounced %v", bounced)
+	}
+	if got := e.mx.Transactions(); got != 1 {
+		t.Fatalf("%d transactions, want 1", got)
+	}
+	msgs := e.mx.Messages()
+	if len(msgs) != 1 || strings.Join(msgs[0].Rcpts, ",") != "ok@dest.test" {
+		t.Fatalf("delivered %+v", msgs)
+	}
+	if _, err := e.q.Find(context.Background(), id); !errors.Is(err, queue.ErrNotFound) {
+		t.Fatalf("envelope still stored after its end: %v", err)
+	}
+}
+
+func TestMixedRecipientsDeferOnlyTheDeferred(t *testing.T) {
+	var calls sync.Map
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "later@") {
+			if _, seen := calls.LoadOrStore(arg, true); !seen {
+				return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "temporary local problem"}
+			}
+		}
+		return nil
+	})
+	e.startPool(nil)
+	id := e.submit("now@dest.test", "later@dest.test")
+	deadline := time.Now().Add(30 * time.Second)
+	for len(e.mx.Messages()) < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	msgs := e.mx.Messages()
+	if len(msgs) != 2 {
+		t.Fatalf("got %d deliveries, want 2 (one per recipient)", len(msgs))
+	}
+	if strings.Join(msgs[0].Rcpts, ",") != "now@dest.test" || strings.Join(msgs[1].Rcpts, ",") != "later@dest.test" {
+		t.Fatalf("deliveries %v then %v", msgs[0].Rcpts, msgs[1].Rcpts)
+	}
+	e.waitEvent(id, queue.EventDeferred)
+}
+
+func TestLostAfterFinalDotIsUnknown(t *testing.T) {
+	var calls atomic.Int32
+	hook := func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageDot && calls.Add(1) == 1 {
+			return fakemx.Drop
+		}
+		return nil
+	}
+	t.Run("retry", func(t *testing.T) {
+		calls.Store(0)
+		e := newEnv(t, hook)
+		e.startPool(nil)
+		id := e.submit("r@dest.test")
+		e.waitEvent(id, queue.EventDelivered)
+		evs := e.events(id)
+		if countPrefix(evs, queue.EventDeferred) != 1 {
+			t.Fatalf("events %v, want one deferral after the unknown outcome", evs)
+		}
+		hist, _ := e.q.History(context.Background(), id)
+		for _, ev := range hist {
+			if ev.Type == queue.EventDeferred {
+				var rec coordinator.Record
+				_ = rec.UnmarshalJSON(ev.Decision)
+				if rec.Class != classify.Unknown.String() {
+					t.Fatalf("class %q, want unknown", rec.Class)
+				}
+			}
+		}
+	})
+	t.Run("hold", func(t *testing.T) {
+		calls.Store(0)
+		e := newEnv(t, hook)
+		e.startPool(func(c *Config) { c.Unknown = UnknownHold })
+		id := e.submit("r@dest.test")
+		e.waitEvent(id, queue.EventHeld)
+		items, err := e.q.List(context.Background(), queue.Filter{State: queue.StateUnknown})
+		if err != nil || len(items) != 1 || items[0].Env.ID != id {
+			t.Fatalf("held list = %+v, %v", items, err)
+		}
+		if n := len(e.mx.Messages()); n != 0 {
+			t.Fatalf("%d messages delivered while held", n)
+		}
+		// An operator replays it: delivered.
+		if _, err := e.q.Replay(context.Background(), id, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.mx.WaitForMessages(1, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestCrashAfterSentMarkerDeliversOnce: a worker that recorded the SENT
+// marker and died before its ack must not cause a second delivery when the
+// server hands the envelope to another worker.
+func TestCrashAfterSentMarkerDeliversOnce(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.submit("r@dest.test")
+	// Worker 1, on its own connection: deliver, mark SENT, then "die".
+	q1 := connect(t, e.emb, 2*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	work, err := q1.Messages(ctx, queue.LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := <-work
+	body, _ := q1.Body(ctx, d.Env.BodyRef)
+	res := e.snd.Send(ctx, &sender.Message{ID: id, From: d.Env.From, Rcpts: d.Env.Rcpts, Domain: d.Env.Dest, Body: body})
+	if res.Rcpts[0].Outcome.Code != 250 {
+		t.Fatalf("send: %+v", res.Rcpts[0].Outcome)
+	}
+	if err := d.Delivered(ctx, d.Env.Rcpts, false); err != nil { // SENT written, no ack
+		t.Fatal(err)
+	}
+	cancel()
+	q1.Conn().Close() // the process is gone; its envelope is unacknowledged
+	// Worker 2 gets it after the ack wait and must recognise it.
+	e.startPool(nil)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := e.q.Find(context.Background(), id); errors.Is(err, queue.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("redelivered envelope was never acknowledged")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := e.mx.Transactions(); n != 1 {
+		t.Fatalf("%d SMTP transactions, want exactly 1", n)
+	}
+}
+
+// TestScheduledSurvivesRestart: an envelope scheduled before a restart of
+// the server fires at its time afterwards and continues its budget.
+func TestScheduledSurvivesRestart(t *testing.T) {
+	var calls atomic.Int32
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && calls.Add(1) == 1 {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "later"}
+		}
+		return nil
+	})
+	slow := fastRetry
+	slow.Min, slow.Base, slow.Cap = 2*time.Second, 2*time.Second, 2*time.Second
+	e.startPool(func(c *Config) { c.Retry = slow })
+	id := e.submit("r@dest.test")
+	e.waitEvent(id, queue.EventDeferred)
+	it, err := e.q.Find(context.Background(), id)
+	if err != nil || it.State != queue.StateDeferred || it.Env.Attempt != 1 {
+		t.Fatalf("before restart: %+v, %v", it, err)
+	}
+	due := it.NextAt
+	// Restart everything: pool, connection and the embedded server.
+	e.stopPool()
+	e.q.Close()
+	e.emb.Shutdown()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: e.dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.emb = emb
+	e.q = connect(t, emb, 2*time.Second)
+	e.startPool(func(c *Config) { c.Retry = slow })
+	if err := e.mx.WaitForMessages(1, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if time.Now().Before(due) {
+		t.Fatalf("delivered before its scheduled time %v", due)
+	}
+	evs := e.waitEvent(id, queue.EventDelivered)
+	last := evs[len(evs)-1]
+	if last.Type != queue.EventDelivered || last.Attempt != 2 {
+		t.Fatalf("last event %s attempt %d, want delivered on attempt 2 (budget continued)", last.Type, last.Attempt)
+	}
+}
