@@ -1,0 +1,589 @@
+package sender
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/emersion/go-sasl"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/classify"
+)
+
+// client is one SMTP connection to one server address. It is used by one
+// Send at a time (the pool hands it out exclusively).
+//
+// Why not go-smtp's Client: in v0.25.1 it sends "EHLO localhost" before
+// STARTTLS (its StartTLS is only reachable through NewClientStartTLS, which
+// greets before we can name ourselves), matches extension keywords as the
+// server spelled them ("starttls" is missed), re-sends EHLO after every
+// RSET, has no context support, no write deadline on the body and no
+// PIPELINING. Each of those would need a wrapper that reaches into its
+// wire traffic; the conversation below is short enough to own outright.
+type client struct {
+	cfg  *Config
+	log  zerolog.Logger
+	raw  net.Conn // the TCP connection; deadlines set here reach TLS too
+	nc   net.Conn // raw, or the *tls.Conn on top of it
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	host string // MX host name or relay host: TLS server name, logs
+	addr string // ip:port (or relay host:port) dialled
+	key  string // pool key
+
+	tls         bool
+	tlsVerified bool
+	ext         map[string]string // EHLO keywords, upper-cased, → parameters
+	sizeMax     int64             // SIZE fixed maximum; 0 = none declared
+	rcptMax     int               // LIMITS RCPTMAX, or learned from a 452; 0 = unknown
+	mailMax     int               // LIMITS MAILMAX; 0 = unknown
+	txs         int               // transactions started on this connection
+	idleSince   time.Time
+	broken      bool // the conversation is out of step; never reuse
+}
+
+// stepErr is a failed step: the classify.Input to report and the cause.
+type stepErr struct {
+	in  classify.Input
+	err error
+}
+
+func (e *stepErr) Error() string {
+	if e.err != nil {
+		return fmt.Sprintf("stage %d: %s: %v", e.in.Stage, e.in.Text, e.err)
+	}
+	return fmt.Sprintf("stage %d: %d %s %s", e.in.Stage, e.in.Code, e.in.Enhanced, e.in.Text)
+}
+
+func (e *stepErr) Unwrap() error { return e.err }
+
+// reply is one SMTP reply as received.
+type reply struct {
+	code     int
+	enhanced string // "4.7.28", "" when absent
+	text     string // lines without code and enhanced code, joined by "\n"
+	raw      string // lines exactly as received, joined by "\r\n"
+}
+
+func (r *reply) input(stage classify.Stage) classify.Input {
+	return classify.Input{Stage: stage, Code: r.code, Enhanced: r.enhanced, Text: r.text, Raw: r.raw}
+}
+
+// synthetic builds an outcome outflow made up itself (no server said it);
+// the text says so, so that nobody mistakes it for a remote reply.
+func synthetic(stage classify.Stage, code int, enhanced, text string) classify.Input {
+	return classify.Input{Stage: stage, Code: code, Enhanced: enhanced, Text: "outflow (synthetic, no server reply): " + text}
+}
+
+const (
+	// maxReplyLine is far above the 512 octets RFC 5321 4.5.3.1.5 allows
+	// a reply line, and keeps a hostile server from growing our buffer.
+	maxReplyLine = 4096
+	// maxReplyLines bounds a multi-line reply (an EHLO lists ~20).
+	maxReplyLines = 200
+	// dataBlock is the size of one body write; each has its own
+	// DataBlockTimeout (RFC 5321 4.5.3.2.5 times each "TCP SEND" of a
+	// block).
+	dataBlock = 64 << 10
+)
+
+var errMalformed = errors.New("malformed SMTP reply")
+
+// deadline sets the I/O deadline to now+d, or the context's deadline when
+// that is sooner, and then reports the context's error: set first, check
+// after, so a concurrent cancellation (which sets a past deadline) is never
+// overwritten unnoticed.
+func (c *client) deadline(ctx context.Context, d time.Duration) error {
+	t := time.Now().Add(d)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(t) {
+		t = dl
+	}
+	_ = c.raw.SetDeadline(t)
+	return ctx.Err()
+}
+
+// netFail turns an I/O error at stage into a step error and marks the
+// connection unusable.
+func (c *client) netFail(ctx context.Context, stage classify.Stage, what string, err error) error {
+	c.broken = true
+	ev := classify.EventConnLost
+	var ne net.Error
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		ev = classify.EventTimeout
+	case ctx.Err() != nil:
+		ev = classify.EventConnLost
+		err = fmt.Errorf("%w (%v)", err, context.Cause(ctx))
+	case errors.As(err, &ne) && ne.Timeout():
+		ev = classify.EventTimeout
+	case errors.Is(err, errMalformed):
+		// Keep the evidence: classify parses Raw when Code is 0.
+		return &stepErr{in: classify.Input{Stage: stage, Raw: err.Error(), Text: fmt.Sprintf("%s: %s: %v", c.host, what, err)}, err: err}
+	}
+	return &stepErr{in: classify.Input{Stage: stage, Event: ev, Text: fmt.Sprintf("%s (%s): %s: %v", c.host, c.addr, what, err)}, err: err}
+}
+
+// setConn installs nc (the raw or TLS connection) with fresh buffers.
+func (c *client) setConn(nc net.Conn) {
+	c.nc = nc
+	c.br = bufio.NewReaderSize(nc, 4096)
+	c.bw = bufio.NewWriterSize(nc, 4096)
+}
+
+// readReply reads one possibly multi-line reply (RFC 5321 4.2.1).
+func (c *client) readReply() (*reply, error) {
+	var r reply
+	var texts, raws []string
+	for n := 0; ; n++ {
+		if n == maxReplyLines {
+			return nil, fmt.Errorf("%w: more than %d lines", errMalformed, maxReplyLines)
+		}
+		line, err := c.br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) || len(line) > maxReplyLine {
+			return nil, fmt.Errorf("%w: line longer than %d bytes", errMalformed, maxReplyLine)
+		}
+		if err != nil {
+			return nil, err
+		}
+		s := strings.TrimRight(string(line), "\r\n")
+		raws = append(raws, s)
+		if len(s) < 3 {
+			return nil, fmt.Errorf("%w: %q", errMalformed, strings.Join(raws, "\r\n"))
+		}
+		code, err := strconv.Atoi(s[:3])
+		if err != nil || code < 200 || code > 599 || (r.code != 0 && code != r.code) {
+			return nil, fmt.Errorf("%w: %q", errMalformed, strings.Join(raws, "\r\n"))
+		}
+		r.code = code
+		more := len(s) > 3 && s[3] == '-'
+		if len(s) > 3 && s[3] != '-' && s[3] != ' ' {
+			return nil, fmt.Errorf("%w: %q", errMalformed, strings.Join(raws, "\r\n"))
+		}
+		text := ""
+		if len(s) > 4 {
+			text = s[4:]
+		}
+		// RFC 2034 3: the enhanced code prefixes every line of the reply.
+		if n == 0 {
+			r.enhanced = enhancedPrefix(code, text)
+		}
+		if r.enhanced != "" {
+			text = strings.TrimPrefix(strings.TrimPrefix(text, r.enhanced), " ")
+		}
+		texts = append(texts, text)
+		if !more {
+			break
+		}
+	}
+	r.text = strings.Join(texts, "\n")
+	r.raw = strings.Join(raws, "\r\n")
+	return &r, nil
+}
+
+// enhancedPrefix returns the RFC 3463 status code starting text (class
+// "d", then subject and detail of 1-3 digits each) when its class matches
+// the basic code's first digit, else "".
+func enhancedPrefix(code int, text string) string {
+	tok, _, _ := strings.Cut(text, " ")
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 || parts[0] != strconv.Itoa(code/100) {
+		return ""
+	}
+	for _, p := range parts[1:] {
+		if p == "" || len(p) > 3 {
+			return ""
+		}
+		for _, ch := range p {
+			if ch < '0' || ch > '9' {
+				return ""
+			}
+		}
+	}
+	return tok
+}
+
+// cmd writes one command line and reads its reply within timeout. A reply
+// whose code does not match want (see codeIs) is returned together with a
+// stepErr carrying it.
+func (c *client) cmd(ctx context.Context, stage classify.Stage, timeout time.Duration, want int, line string) (*reply, error) {
+	if err := c.deadline(ctx, timeout); err != nil {
+		return nil, c.netFail(ctx, stage, "before "+verb(line), err)
+	}
+	if _, err := c.bw.WriteString(line + "\r\n"); err != nil {
+		return nil, c.netFail(ctx, stage, "writing "+verb(line), err)
+	}
+	if err := c.bw.Flush(); err != nil {
+		return nil, c.netFail(ctx, stage, "writing "+verb(line), err)
+	}
+	return c.expect(ctx, stage, want, verb(line))
+}
+
+// expect reads one reply (the caller has set the deadline) and checks its
+// code against want.
+func (c *client) expect(ctx context.Context, stage classify.Stage, want int, what string) (*reply, error) {
+	r, err := c.readReply()
+	if err != nil {
+		return nil, c.netFail(ctx, stage, "reading reply to "+what, err)
+	}
+	if r.code == 421 {
+		// RFC 5321 3.8: 421 means the server is closing the channel.
+		c.broken = true
+	}
+	if !codeIs(r.code, want) {
+		return r, &stepErr{in: r.input(stage)}
+	}
+	return r, nil
+}
+
+// codeIs checks code against want: 0 accepts any code, 1-9 a class, else
+// the exact code.
+func codeIs(code, want int) bool {
+	if want == 0 {
+		return true
+	}
+	if want < 10 {
+		return code/100 == want
+	}
+	return code == want
+}
+
+// verb is the command name of line, for messages. Only known verbs are
+// returned, never arguments: an AUTH continuation line is base64 of a
+// username or password and must not reach an error text or a log.
+func verb(line string) string {
+	v, _, _ := strings.Cut(line, " ")
+	switch v {
+	case "EHLO", "HELO", "STARTTLS", "AUTH", "MAIL", "RCPT", "DATA", "RSET", "QUIT", "NOOP":
+		return v
+	}
+	return "AUTH response"
+}
+
+// dial connects to addr and reads the greeting. host is the name the
+// certificate must match (MX host or relay host).
+func dial(ctx context.Context, cfg *Config, log zerolog.Logger, host, addr, key string, implicitTLS bool) (*client, error) {
+	c := &client{cfg: cfg, log: log, host: host, addr: addr, key: key}
+	dctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+	defer cancel()
+	raw, err := cfg.Dial(dctx, "tcp", addr)
+	if err != nil {
+		ev := classify.EventConnRefused
+		var ne net.Error
+		if errors.Is(dctx.Err(), context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+			ev = classify.EventTimeout
+		}
+		return nil, &stepErr{in: classify.Input{Stage: classify.StageConnect, Event: ev, Text: fmt.Sprintf("%s (%s): connect: %v", host, addr, err)}, err: err}
+	}
+	c.raw = raw
+	c.setConn(raw)
+	if implicitTLS {
+		// RFC 8314 3.3: TLS first, then the SMTP greeting.
+		if err := c.handshake(dctx, true); err != nil {
+			_ = raw.Close()
+			return nil, err
+		}
+	}
+	if err := c.deadline(ctx, cfg.GreetingTimeout); err != nil {
+		_ = raw.Close()
+		return nil, c.netFail(ctx, classify.StageGreeting, "before greeting", err)
+	}
+	if _, err := c.expect(ctx, classify.StageGreeting, 220, "greeting"); err != nil {
+		_ = raw.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// hello sends EHLO with our configured name, falling back to HELO when the
+// server does not know EHLO (RFC 5321 3.2), and records the extensions.
+func (c *client) hello(ctx context.Context) error {
+	c.ext = map[string]string{}
+	c.sizeMax, c.rcptMax, c.mailMax = 0, 0, 0
+	r, err := c.cmd(ctx, classify.StageEHLO, c.cfg.CommandTimeout, 250, "EHLO "+c.cfg.Hostname)
+	if err != nil {
+		var se *stepErr
+		if r != nil && errors.As(err, &se) && (r.code == 500 || r.code == 502) {
+			_, err = c.cmd(ctx, classify.StageEHLO, c.cfg.CommandTimeout, 250, "HELO "+c.cfg.Hostname)
+		}
+		return err
+	}
+	lines := strings.Split(r.text, "\n")
+	for _, l := range lines[1:] {
+		kw, param, _ := strings.Cut(strings.TrimSpace(l), " ")
+		// RFC 5321 2.4: extension keywords are not case sensitive;
+		// some servers send "starttls".
+		c.ext[strings.ToUpper(kw)] = strings.TrimSpace(param)
+	}
+	if v, ok := c.ext["SIZE"]; ok && v != "" {
+		// RFC 1870: a fixed maximum message size in octets; 0 = none.
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 {
+			c.sizeMax = n
+		}
+	}
+	if v, ok := c.ext["LIMITS"]; ok {
+		// RFC 9422 LIMITS: "RCPTMAX=n MAILMAX=n ...", names case-insensitive.
+		for _, f := range strings.Fields(v) {
+			name, val, _ := strings.Cut(f, "=")
+			n, err := strconv.Atoi(val)
+			if err != nil || n <= 0 {
+				continue
+			}
+			switch strings.ToUpper(name) {
+			case "RCPTMAX":
+				c.rcptMax = n
+			case "MAILMAX":
+				c.mailMax = n
+			}
+		}
+	}
+	return nil
+}
+
+func (c *client) has(ext string) bool {
+	_, ok := c.ext[ext]
+	return ok
+}
+
+// startTLS runs STARTTLS and the second EHLO (RFC 3207 4.2: forget what the
+// server said before TLS and ask again). mustVerify makes a certificate
+// that does not verify for c.host a failure.
+func (c *client) startTLS(ctx context.Context, mustVerify bool) error {
+	if _, err := c.cmd(ctx, classify.StageTLS, c.cfg.CommandTimeout, 220, "STARTTLS"); err != nil {
+		return err
+	}
+	// RFC 3207 5 (and CVE-2011-0411): anything already buffered after the
+	// 220 was sent in plaintext and must not be read as if under TLS.
+	if c.br.Buffered() > 0 {
+		c.broken = true
+		return &stepErr{in: classify.Input{Stage: classify.StageTLS, Event: classify.EventTLSFailure,
+			Text: fmt.Sprintf("%s: plaintext data after the STARTTLS 220 (injection attempt?)", c.host)}}
+	}
+	if err := c.deadline(ctx, c.cfg.CommandTimeout); err != nil {
+		return c.netFail(ctx, classify.StageTLS, "before TLS handshake", err)
+	}
+	if err := c.handshake(ctx, mustVerify); err != nil {
+		return err
+	}
+	return c.hello(ctx)
+}
+
+// handshake puts TLS on the connection. Verification is done by hand so
+// that opportunistic TLS can encrypt even when the certificate does not
+// check out (and say so), while required TLS refuses it.
+func (c *client) handshake(ctx context.Context, mustVerify bool) error {
+	mustVerify = mustVerify && !c.cfg.InsecureSkipVerify
+	conf := &tls.Config{
+		ServerName:         c.host,
+		InsecureSkipVerify: true, // verified below, in VerifyConnection
+		MinVersion:         tls.VersionTLS12,
+	}
+	verified := false
+	conf.VerifyConnection = func(cs tls.ConnectionState) error {
+		err := verifyChain(cs, c.host, c.cfg.RootCAs)
+		verified = err == nil
+		if err != nil && mustVerify {
+			return err
+		}
+		return nil
+	}
+	tc := tls.Client(c.raw, conf)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.broken = true
+		ev := classify.EventTLSFailure
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			ev = classify.EventTimeout
+		}
+		return &stepErr{in: classify.Input{Stage: classify.StageTLS, Event: ev, Text: fmt.Sprintf("%s (%s): TLS handshake: %v", c.host, c.addr, err)}, err: err}
+	}
+	c.setConn(tc)
+	c.tls, c.tlsVerified = true, verified
+	return nil
+}
+
+func verifyChain(cs tls.ConnectionState, host string, roots *x509.CertPool) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("no server certificate")
+	}
+	inter := x509.NewCertPool()
+	for _, ic := range cs.PeerCertificates[1:] {
+		inter.AddCert(ic)
+	}
+	_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{DNSName: host, Roots: roots, Intermediates: inter})
+	if err != nil {
+		return fmt.Errorf("certificate for %s: %w", host, err)
+	}
+	return nil
+}
+
+// auth authenticates to the relay (RFC 4954) with PLAIN, or LOGIN when
+// PLAIN is not offered. Neither the credentials nor the base64 exchange
+// ever reach an error text or a log line.
+func (c *client) auth(ctx context.Context, user, pass string) error {
+	mechs, ok := c.ext["AUTH"]
+	if !ok {
+		return &stepErr{in: synthetic(classify.StageAuth, 530, "5.7.0", c.host+" does not offer AUTH but credentials are configured")}
+	}
+	var sc sasl.Client
+	for _, m := range strings.Fields(strings.ToUpper(mechs)) {
+		if m == sasl.Plain {
+			sc = sasl.NewPlainClient("", user, pass)
+			break
+		}
+		if m == sasl.Login {
+			sc = &loginClient{user: user, pass: pass}
+		}
+	}
+	if sc == nil {
+		return &stepErr{in: synthetic(classify.StageAuth, 504, "5.7.4", fmt.Sprintf("%s offers AUTH %s; outflow speaks PLAIN and LOGIN", c.host, mechs))}
+	}
+	mech, ir, err := sc.Start()
+	if err != nil {
+		return &stepErr{in: synthetic(classify.StageAuth, 454, "4.7.0", "SASL start: "+err.Error()), err: err}
+	}
+	line := "AUTH " + mech
+	if ir != nil {
+		enc := "=" // RFC 4954 4: an empty initial response is sent as "="
+		if len(ir) > 0 {
+			enc = base64.StdEncoding.EncodeToString(ir)
+		}
+		line += " " + enc
+	}
+	for range 10 {
+		r, err := c.cmd(ctx, classify.StageAuth, c.cfg.CommandTimeout, 0, line)
+		if err != nil {
+			return err
+		}
+		switch {
+		case r.code == 235:
+			return nil
+		case r.code == 334:
+			chal, err := base64.StdEncoding.DecodeString(strings.TrimSpace(r.text))
+			if err != nil {
+				c.broken = true
+				return &stepErr{in: r.input(classify.StageAuth), err: fmt.Errorf("undecodable AUTH challenge: %w", err)}
+			}
+			resp, err := sc.Next(chal)
+			if err != nil {
+				// RFC 4954 4: "*" cancels the exchange.
+				_, _ = c.cmd(ctx, classify.StageAuth, c.cfg.CommandTimeout, 0, "*")
+				return &stepErr{in: r.input(classify.StageAuth), err: err}
+			}
+			line = base64.StdEncoding.EncodeToString(resp)
+		default:
+			return &stepErr{in: r.input(classify.StageAuth)}
+		}
+	}
+	c.broken = true
+	return &stepErr{in: synthetic(classify.StageAuth, 454, "4.7.0", "AUTH exchange did not finish in 10 rounds")}
+}
+
+// loginClient speaks the obsolete but common LOGIN mechanism
+// (draft-murchison-sasl-login) without an initial response, answering the
+// server's "Username:" and "Password:" prompts in whatever case they come.
+type loginClient struct {
+	user, pass string
+}
+
+func (l *loginClient) Start() (string, []byte, error) { return sasl.Login, nil, nil }
+
+func (l *loginClient) Next(chal []byte) ([]byte, error) {
+	switch p := strings.ToLower(string(chal)); {
+	case strings.HasPrefix(p, "user"):
+		return []byte(l.user), nil
+	case strings.HasPrefix(p, "pass"):
+		return []byte(l.pass), nil
+	}
+	return nil, sasl.ErrUnexpectedServerChallenge
+}
+
+// reset sends RSET (RFC 5321 4.1.1.5) before a transaction on a connection
+// that has carried one; it doubles as the liveness check of a pooled
+// connection.
+func (c *client) reset(ctx context.Context) error {
+	_, err := c.cmd(ctx, classify.StageMail, c.cfg.CommandTimeout, 250, "RSET")
+	if err != nil {
+		c.broken = true
+	}
+	return err
+}
+
+// quit says goodbye politely within a short deadline and closes.
+func (c *client) quit() {
+	d := min(c.cfg.CommandTimeout, 5*time.Second)
+	_ = c.raw.SetDeadline(time.Now().Add(d))
+	if !c.broken {
+		if _, err := c.bw.WriteString("QUIT\r\n"); err == nil && c.bw.Flush() == nil {
+			_, _ = c.readReply()
+		}
+	}
+	_ = c.nc.Close()
+}
+
+// close drops the connection without a QUIT.
+func (c *client) close() { _ = c.nc.Close() }
+
+// writeBody writes the dot-stuffed body and the final dot. A failure while
+// writing the body means the server cannot have accepted the message
+// (StageData); a failure while writing the final dot might not (the dot
+// may have left), so it is reported at StageDataEnd.
+func (c *client) writeBody(ctx context.Context, wire []byte) error {
+	if err := c.bw.Flush(); err != nil {
+		return c.netFail(ctx, classify.StageData, "writing body", err)
+	}
+	for len(wire) > 0 {
+		n := min(len(wire), dataBlock)
+		if err := c.deadline(ctx, c.cfg.DataBlockTimeout); err != nil {
+			return c.netFail(ctx, classify.StageData, "writing body", err)
+		}
+		if _, err := c.nc.Write(wire[:n]); err != nil {
+			return c.netFail(ctx, classify.StageData, "writing body", err)
+		}
+		wire = wire[n:]
+	}
+	if err := c.deadline(ctx, c.cfg.DataBlockTimeout); err != nil {
+		return c.netFail(ctx, classify.StageDataEnd, "writing final dot", err)
+	}
+	if _, err := io.WriteString(c.nc, ".\r\n"); err != nil {
+		return c.netFail(ctx, classify.StageDataEnd, "writing final dot", err)
+	}
+	return nil
+}
+
+// dotStuff returns body made transparent (RFC 5321 4.5.2: a line starting
+// with "." gets another one) and ending in CRLF, ready for the final dot.
+// It copies only when it has to.
+func dotStuff(body []byte) []byte {
+	needs := len(body) > 0 && body[0] == '.'
+	for i := 0; !needs && i+1 < len(body); i++ {
+		if body[i] == '\n' && body[i+1] == '.' {
+			needs = true
+		}
+	}
+	endsCRLF := len(body) >= 2 && body[len(body)-2] == '\r' && body[len(body)-1] == '\n'
+	if !needs && (endsCRLF || len(body) == 0) {
+		return body
+	}
+	out := make([]byte, 0, len(body)+len(body)/64+3)
+	atLineStart := true
+	for _, b := range body {
+		if atLineStart && b == '.' {
+			out = append(out, '.')
+		}
+		out = append(out, b)
+		atLineStart = b == '\n'
+	}
+	if len(out) > 0 && !(len(out) >= 2 && out[len(out)-2] == '\r' && out[len(out)-1] == '\n') {
+		out = append(out, '\r', '\n')
+	}
+	return out
+}

@@ -1,0 +1,240 @@
+package sender
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// TLSPolicy says how hard the sender insists on TLS with a destination.
+type TLSPolicy string
+
+const (
+	// TLSOpportunistic uses STARTTLS whenever the server offers it and
+	// falls back to plaintext when it does not, or when the handshake
+	// fails (logged). Certificates are checked but a failed check does not
+	// stop delivery: opportunistic TLS to MX hosts protects against passive
+	// listeners only (RFC 7435). This is the default.
+	TLSOpportunistic TLSPolicy = "opportunistic"
+	// TLSRequired refuses to deliver unless STARTTLS is offered, the
+	// handshake succeeds and the certificate verifies for the MX host name.
+	TLSRequired TLSPolicy = "required"
+	// TLSNone never starts TLS.
+	TLSNone TLSPolicy = "none"
+)
+
+// RelayTLS says how the sender protects the connection to a smarthost.
+type RelayTLS string
+
+const (
+	// RelaySTARTTLS requires STARTTLS with a verified certificate
+	// (port 587 style). This is the default.
+	RelaySTARTTLS RelayTLS = "starttls"
+	// RelayImplicitTLS starts TLS right after connecting (port 465 style,
+	// RFC 8314 3.3).
+	RelayImplicitTLS RelayTLS = "tls"
+	// RelayNoTLS talks plaintext to the relay, AUTH included; only for a
+	// relay on a trusted network.
+	RelayNoTLS RelayTLS = "none"
+)
+
+// Resolver is the DNS the sender needs. *net.Resolver satisfies it, and so
+// does *mockdns.Resolver in tests.
+type Resolver interface {
+	LookupMX(ctx context.Context, name string) ([]*net.MX, error)
+	LookupHost(ctx context.Context, host string) ([]string, error)
+	LookupIPAddr(ctx context.Context, host string) ([]net.IPAddr, error)
+}
+
+// DialFunc opens a TCP connection; it has the shape of
+// (*net.Dialer).DialContext.
+type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// Default timeouts. The SMTP ones are RFC 5321 4.5.3.2's minimums, which
+// the RFC asks clients to honour so slow but working servers are not cut off.
+const (
+	DefaultConnectTimeout   = 30 * time.Second // not in the RFC; Postfix's smtp_connect_timeout
+	DefaultGreetingTimeout  = 5 * time.Minute  // RFC 5321 4.5.3.2.1 initial 220 message
+	DefaultCommandTimeout   = 5 * time.Minute  // RFC 5321 4.5.3.2.2 MAIL, 4.5.3.2.3 RCPT (also EHLO, STARTTLS, AUTH, RSET)
+	DefaultDataInitTimeout  = 2 * time.Minute  // RFC 5321 4.5.3.2.4 DATA initiation (the 354)
+	DefaultDataBlockTimeout = 3 * time.Minute  // RFC 5321 4.5.3.2.5 each data block write
+	DefaultFinalDotTimeout  = 10 * time.Minute // RFC 5321 4.5.3.2.6 DATA termination (the reply to ".")
+
+	DefaultMaxMsgsPerConn  = 100              // transactions per connection
+	DefaultIdleTimeout     = 30 * time.Second // idle pooled connection lifetime
+	DefaultAuthFailureHold = 5 * time.Minute  // relay AUTH 5xx answered from cache
+	DefaultPort            = 25               // SMTP port of MX hosts
+)
+
+// Config configures a Sender. Zero values take the defaults noted on each
+// field; docs/delivery.md lists them all.
+type Config struct {
+	// Hostname is the name given in every EHLO (before and after
+	// STARTTLS). It should be the sending host's FQDN with matching
+	// forward and reverse DNS. Default: os.Hostname().
+	Hostname string
+
+	// Relay, as host:port, sends everything through that smarthost
+	// instead of looking up MX records. Empty means direct MX delivery.
+	Relay string
+	// RelayUsername and RelayPassword, when the username is set, are used
+	// for SASL AUTH PLAIN (or LOGIN when PLAIN is not offered) to the
+	// relay. The password is never logged.
+	RelayUsername string
+	RelayPassword string
+	// RelayTLS is how the relay connection is protected: "starttls"
+	// (default), "tls" (implicit) or "none".
+	RelayTLS RelayTLS
+
+	// TLS is the policy for direct MX delivery: "opportunistic" (default),
+	// "required" or "none".
+	TLS TLSPolicy
+	// TLSPerDestination overrides TLS per destination domain (lower case,
+	// the Message.Domain), e.g. {"bank.example": "required"}.
+	TLSPerDestination map[string]TLSPolicy
+	// InsecureSkipVerify turns certificate verification off where it
+	// would otherwise stop delivery (policy "required" and the relay).
+	// Opportunistic TLS never stops on a certificate anyway. Default false.
+	InsecureSkipVerify bool
+	// RootCAs verifies server certificates; nil means the system pool.
+	// Tests set it to the fake server's certificate.
+	RootCAs *x509.CertPool
+
+	// ConnectTimeout bounds the TCP connect (and, for implicit TLS, the
+	// handshake). Default 30s.
+	ConnectTimeout time.Duration
+	// GreetingTimeout bounds the wait for the 220 banner. Default 5m.
+	GreetingTimeout time.Duration
+	// CommandTimeout bounds each command's reply: EHLO, STARTTLS and its
+	// handshake, AUTH, MAIL, RCPT, RSET, QUIT. Default 5m.
+	CommandTimeout time.Duration
+	// DataInitTimeout bounds the wait for the 354 after DATA. Default 2m.
+	DataInitTimeout time.Duration
+	// DataBlockTimeout bounds each write of a block (up to 64 KiB) of the
+	// message body; a server that stops reading trips it. Default 3m.
+	DataBlockTimeout time.Duration
+	// FinalDotTimeout bounds the wait for the reply to the final dot.
+	// When it fires the message may or may not have been delivered.
+	// Default 10m.
+	FinalDotTimeout time.Duration
+
+	// MaxMsgsPerConn is how many transactions one connection carries
+	// before it is closed; a server's LIMITS MAILMAX lowers it.
+	// Default 100.
+	MaxMsgsPerConn int
+	// IdleTimeout is how long an idle pooled connection is kept; it must
+	// stay well below a server's own 5 minute timeout (RFC 5321
+	// 4.5.3.2.7). Default 30s.
+	IdleTimeout time.Duration
+	// MaxConnsPerHost caps the open connections (busy and idle) to one
+	// MX host or relay; Send waits for a free one. 0 means no cap here
+	// (the coordinator limits connections per destination).
+	MaxConnsPerHost int
+	// AuthFailureHold is how long, after the relay refuses our
+	// credentials with a 5xx, Send answers every message with that same
+	// outcome without connecting, so that a bad password does not cost a
+	// login attempt per message. Default 5m; negative disables.
+	AuthFailureHold time.Duration
+
+	// Port is the SMTP port for MX hosts. Default 25. Tests set it.
+	Port int
+	// Resolver looks up MX and address records. Default
+	// net.DefaultResolver.
+	Resolver Resolver
+	// Dial opens connections. Default a net.Dialer. Tests redirect MX
+	// addresses to loopback fake servers with it.
+	Dial DialFunc
+	// Logger receives connection-level events (TLS fallbacks, AUTH
+	// failures, pool activity at debug). Default: no logging.
+	Logger zerolog.Logger
+}
+
+// withDefaults returns a copy of c with every zero field set to its
+// default, or an error for values that cannot work.
+func (c Config) withDefaults() (Config, error) {
+	if c.Hostname == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			return c, fmt.Errorf("sender: no Hostname configured and os.Hostname failed: %w", err)
+		}
+		c.Hostname = h
+	}
+	if strings.ContainsAny(c.Hostname, " \r\n\t") {
+		return c, errors.New("sender: Hostname must be a single domain name")
+	}
+	if c.RelayTLS == "" {
+		c.RelayTLS = RelaySTARTTLS
+	}
+	switch c.RelayTLS {
+	case RelaySTARTTLS, RelayImplicitTLS, RelayNoTLS:
+	default:
+		return c, fmt.Errorf("sender: RelayTLS %q: want starttls, tls or none", c.RelayTLS)
+	}
+	if c.Relay != "" {
+		if _, _, err := net.SplitHostPort(c.Relay); err != nil {
+			return c, fmt.Errorf("sender: Relay %q: %w", c.Relay, err)
+		}
+	}
+	if c.TLS == "" {
+		c.TLS = TLSOpportunistic
+	}
+	valid := func(p TLSPolicy) bool { return p == TLSOpportunistic || p == TLSRequired || p == TLSNone }
+	if !valid(c.TLS) {
+		return c, fmt.Errorf("sender: TLS policy %q: want opportunistic, required or none", c.TLS)
+	}
+	per := make(map[string]TLSPolicy, len(c.TLSPerDestination))
+	for d, p := range c.TLSPerDestination {
+		if !valid(p) {
+			return c, fmt.Errorf("sender: TLS policy %q for %s: want opportunistic, required or none", p, d)
+		}
+		per[strings.ToLower(strings.TrimSuffix(d, "."))] = p
+	}
+	c.TLSPerDestination = per
+	setDur := func(d *time.Duration, def time.Duration) {
+		if *d <= 0 {
+			*d = def
+		}
+	}
+	setDur(&c.ConnectTimeout, DefaultConnectTimeout)
+	setDur(&c.GreetingTimeout, DefaultGreetingTimeout)
+	setDur(&c.CommandTimeout, DefaultCommandTimeout)
+	setDur(&c.DataInitTimeout, DefaultDataInitTimeout)
+	setDur(&c.DataBlockTimeout, DefaultDataBlockTimeout)
+	setDur(&c.FinalDotTimeout, DefaultFinalDotTimeout)
+	setDur(&c.IdleTimeout, DefaultIdleTimeout)
+	if c.AuthFailureHold == 0 {
+		c.AuthFailureHold = DefaultAuthFailureHold
+	}
+	if c.MaxMsgsPerConn <= 0 {
+		c.MaxMsgsPerConn = DefaultMaxMsgsPerConn
+	}
+	if c.MaxConnsPerHost < 0 {
+		c.MaxConnsPerHost = 0
+	}
+	if c.Port <= 0 {
+		c.Port = DefaultPort
+	}
+	if c.Resolver == nil {
+		c.Resolver = net.DefaultResolver
+	}
+	if c.Dial == nil {
+		d := &net.Dialer{}
+		c.Dial = d.DialContext
+	}
+	return c, nil
+}
+
+// policyFor is the TLS policy for a destination domain.
+func (c *Config) policyFor(domain string) TLSPolicy {
+	if p, ok := c.TLSPerDestination[strings.ToLower(strings.TrimSuffix(domain, "."))]; ok {
+		return p
+	}
+	return c.TLS
+}

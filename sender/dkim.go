@@ -1,0 +1,190 @@
+package sender
+
+import (
+	"bufio"
+	"bytes"
+	"crypto"
+	"crypto/ed25519"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/mail"
+	"net/textproto"
+	"os"
+	"strings"
+
+	"github.com/emersion/go-msgauth/dkim"
+)
+
+// DKIMKey is one signing key: mail whose sender domain is Domain (or a
+// subdomain of it, without a key of its own) is signed as d=Domain,
+// s=Selector. Give either KeyFile or Signer.
+type DKIMKey struct {
+	Domain   string // the signing domain (d=), e.g. "example.com"
+	Selector string // the selector (s=); the public key is at <Selector>._domainkey.<Domain>
+	// KeyFile is a PEM private key: RSA (PKCS#1 "RSA PRIVATE KEY" or
+	// PKCS#8) of at least 1024 bits (RFC 8301 3.2; 2048 recommended), or
+	// Ed25519 (PKCS#8, RFC 8463).
+	KeyFile string
+	// Signer is the key itself, instead of KeyFile.
+	Signer crypto.Signer
+}
+
+// DKIMSigner signs messages with the key of their sender domain. It is
+// safe for concurrent use.
+type DKIMSigner struct {
+	keys map[string]DKIMKey // by lower-case domain, Signer loaded
+}
+
+// signedHeaders are the fields signed when present (RFC 6376 5.4.1's
+// recommendation, plus MIME and List-Unsubscribe, RFC 8058 4).
+var signedHeaders = []string{
+	"From", "Reply-To", "Subject", "Date", "To", "Cc", "Message-ID",
+	"In-Reply-To", "References", "MIME-Version", "Content-Type",
+	"Content-Transfer-Encoding", "List-Id", "List-Unsubscribe", "List-Unsubscribe-Post",
+	"Resent-Date", "Resent-From", "Resent-To", "Resent-Cc", "Sender",
+}
+
+// NewDKIMSigner loads the keys. Two keys for one domain are an error.
+func NewDKIMSigner(keys []DKIMKey) (*DKIMSigner, error) {
+	d := &DKIMSigner{keys: map[string]DKIMKey{}}
+	for _, k := range keys {
+		dom := strings.ToLower(strings.TrimSuffix(k.Domain, "."))
+		if dom == "" || k.Selector == "" {
+			return nil, errors.New("sender: DKIM key needs a Domain and a Selector")
+		}
+		if _, dup := d.keys[dom]; dup {
+			return nil, fmt.Errorf("sender: two DKIM keys for %s", dom)
+		}
+		if k.Signer == nil {
+			s, err := loadDKIMKey(k.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("sender: DKIM key for %s: %w", dom, err)
+			}
+			k.Signer = s
+		}
+		switch pub := k.Signer.Public().(type) {
+		case *rsa.PublicKey:
+			if pub.N.BitLen() < 1024 {
+				return nil, fmt.Errorf("sender: DKIM key for %s: RSA key of %d bits; RFC 8301 requires at least 1024", dom, pub.N.BitLen())
+			}
+		case ed25519.PublicKey:
+		default:
+			return nil, fmt.Errorf("sender: DKIM key for %s: %T is neither RSA nor Ed25519", dom, pub)
+		}
+		k.Domain = dom
+		d.keys[dom] = k
+	}
+	return d, nil
+}
+
+func loadDKIMKey(path string) (crypto.Signer, error) {
+	if path == "" {
+		return nil, errors.New("neither KeyFile nor Signer given")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read key: %w", err)
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return nil, fmt.Errorf("%s: no PEM block", path)
+	}
+	switch block.Type {
+	case "RSA PRIVATE KEY":
+		k, err := x509.ParsePKCS1PrivateKey(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		return k, nil
+	case "PRIVATE KEY":
+		k, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		s, ok := k.(crypto.Signer)
+		if !ok {
+			return nil, fmt.Errorf("%s: %T cannot sign", path, k)
+		}
+		return s, nil
+	}
+	return nil, fmt.Errorf("%s: PEM block %q; want RSA PRIVATE KEY or PRIVATE KEY", path, block.Type)
+}
+
+// Sign returns body with a DKIM-Signature field (RFC 6376, relaxed/relaxed
+// canonicalization, SHA-256) prepended, using the key for the domain of the
+// From header, or of the envelope sender from when the header has none.
+// Without a matching key it returns body unchanged. Call it once, before
+// the first attempt, so that every retry sends identical bytes.
+func (d *DKIMSigner) Sign(from string, body []byte) ([]byte, error) {
+	if d == nil || len(d.keys) == 0 {
+		return body, nil
+	}
+	hdr, err := textproto.NewReader(bufio.NewReader(bytes.NewReader(body))).ReadMIMEHeader()
+	if err != nil && len(hdr) == 0 {
+		return nil, fmt.Errorf("sender: DKIM: reading header: %w", err)
+	}
+	domain := ""
+	if list, err := mail.ParseAddressList(hdr.Get("From")); err == nil && len(list) > 0 {
+		domain = domainOf(list[0].Address)
+	}
+	if domain == "" {
+		domain = domainOf(from)
+	}
+	key, ok := d.keyFor(domain)
+	if !ok {
+		return body, nil
+	}
+	var keys []string
+	for _, h := range signedHeaders {
+		if _, present := hdr[textproto.CanonicalMIMEHeaderKey(h)]; present {
+			keys = append(keys, h)
+		}
+	}
+	if len(keys) == 0 || keys[0] != "From" {
+		// RFC 6376 5.4: From must always be signed.
+		keys = append([]string{"From"}, keys...)
+	}
+	var out bytes.Buffer
+	out.Grow(len(body) + 600)
+	err = dkim.Sign(&out, bytes.NewReader(body), &dkim.SignOptions{
+		Domain:                 key.Domain,
+		Selector:               key.Selector,
+		Signer:                 key.Signer,
+		Hash:                   crypto.SHA256,
+		HeaderCanonicalization: dkim.CanonicalizationRelaxed,
+		BodyCanonicalization:   dkim.CanonicalizationRelaxed,
+		HeaderKeys:             keys,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sender: DKIM sign as %s: %w", key.Domain, err)
+	}
+	return out.Bytes(), nil
+}
+
+// keyFor finds the key of domain or of its closest parent, so that
+// news.example.com is signed as example.com (aligned under DMARC's relaxed
+// mode) unless it has a key of its own.
+func (d *DKIMSigner) keyFor(domain string) (DKIMKey, bool) {
+	for domain != "" {
+		if k, ok := d.keys[domain]; ok {
+			return k, true
+		}
+		_, parent, found := strings.Cut(domain, ".")
+		if !found || !strings.Contains(parent, ".") {
+			break
+		}
+		domain = parent
+	}
+	return DKIMKey{}, false
+}
+
+func domainOf(addr string) string {
+	i := strings.LastIndexByte(addr, '@')
+	if i < 0 {
+		return ""
+	}
+	return strings.ToLower(strings.TrimSuffix(strings.TrimSuffix(addr[i+1:], ">"), "."))
+}

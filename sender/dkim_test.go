@@ -1,0 +1,200 @@
+package sender
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"errors"
+	"io"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/emersion/go-msgauth/dkim"
+
+	"github.com/outflow/outflow/internal/fakemx"
+)
+
+// writeKey writes k as PEM (PKCS#1 for RSA when pkcs1, else PKCS#8) and
+// returns the path and the DKIM TXT record of its public half.
+func writeKey(t *testing.T, k crypto.Signer, pkcs1 bool) (path, txt string) {
+	t.Helper()
+	var block *pem.Block
+	if rk, ok := k.(*rsa.PrivateKey); ok && pkcs1 {
+		block = &pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(rk)}
+	} else {
+		der, err := x509.MarshalPKCS8PrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		block = &pem.Block{Type: "PRIVATE KEY", Bytes: der}
+	}
+	path = filepath.Join(t.TempDir(), "dkim.pem")
+	if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	switch pub := k.Public().(type) {
+	case *rsa.PublicKey:
+		der, err := x509.MarshalPKIXPublicKey(pub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		txt = "v=DKIM1; k=rsa; p=" + base64.StdEncoding.EncodeToString(der)
+	case ed25519.PublicKey:
+		txt = "v=DKIM1; k=ed25519; p=" + base64.StdEncoding.EncodeToString(pub) // RFC 8463 4.2
+	}
+	return path, txt
+}
+
+// verify checks every DKIM signature of msg against records and returns
+// the signing domains that verified.
+func verify(t *testing.T, msg []byte, records map[string]string) []string {
+	t.Helper()
+	vs, err := dkim.VerifyWithOptions(bytes.NewReader(msg), &dkim.VerifyOptions{
+		LookupTXT: func(name string) ([]string, error) {
+			if r, ok := records[name]; ok {
+				return []string{r}, nil
+			}
+			return nil, errors.New("no TXT for " + name)
+		},
+	})
+	if err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	var ok []string
+	for _, v := range vs {
+		if v.Err != nil {
+			t.Errorf("signature by %s: %v", v.Domain, v.Err)
+			continue
+		}
+		ok = append(ok, v.Domain)
+	}
+	return ok
+}
+
+func TestDKIMSignAndVerify(t *testing.T) {
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, edKey, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsaPath, rsaTXT := writeKey(t, rsaKey, true)
+	rsa8Path, _ := writeKey(t, rsaKey, false)
+	edPath, edTXT := writeKey(t, edKey, false)
+	signer, err := NewDKIMSigner([]DKIMKey{
+		{Domain: "sender.test", Selector: "s1", KeyFile: rsaPath},
+		{Domain: "pkcs8.test", Selector: "s1", KeyFile: rsa8Path},
+		{Domain: "ed.test", Selector: "ed1", KeyFile: edPath},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := map[string]string{
+		"s1._domainkey.sender.test": rsaTXT,
+		"s1._domainkey.pkcs8.test":  rsaTXT,
+		"ed1._domainkey.ed.test":    edTXT,
+	}
+	for _, tc := range []struct {
+		name, envFrom, hdrFrom, want string
+	}{
+		{"rsa pkcs1", "bounce@other.test", "alice@sender.test", "sender.test"},
+		{"rsa pkcs8", "x@pkcs8.test", "x@pkcs8.test", "pkcs8.test"},
+		{"ed25519", "bob@ed.test", "Bob <bob@ed.test>", "ed.test"},
+		{"subdomain uses parent key", "a@news.sender.test", "a@news.sender.test", "sender.test"},
+		{"envelope when header has none", "alice@sender.test", "", "sender.test"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := "To: bob@example.test\r\nSubject: hi\r\n"
+			if tc.hdrFrom != "" {
+				body = "From: " + tc.hdrFrom + "\r\n" + body
+			}
+			body += "\r\nHello.\r\n.dot line\r\n"
+			signed, err := signer.Sign(tc.envFrom, []byte(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.HasPrefix(signed, []byte("DKIM-Signature: ")) || !bytes.HasSuffix(signed, []byte(body)) {
+				t.Fatalf("signed message:\n%s", signed)
+			}
+			if got := verify(t, signed, records); len(got) != 1 || got[0] != tc.want {
+				t.Errorf("verified domains %v, want %s", got, tc.want)
+			}
+		})
+	}
+
+	t.Run("no key leaves the body alone", func(t *testing.T) {
+		body := []byte("From: a@unsigned.test\r\n\r\nx\r\n")
+		out, err := signer.Sign("a@unsigned.test", body)
+		if err != nil || !bytes.Equal(out, body) {
+			t.Errorf("got %q, %v", out, err)
+		}
+	})
+
+	t.Run("survives delivery", func(t *testing.T) {
+		w, fake := oneMX(t, fakemx.Options{})
+		s := w.sender(w.config())
+		m := msg("example.test", "bob@example.test")
+		signed, err := signer.Sign(m.From, m.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Body = signed
+		checkDelivered(t, s.Send(ctxT(t), m))
+		got := fake.Messages()[0].Data
+		if !bytes.Equal(got, signed) {
+			t.Fatal("the bytes changed in transit")
+		}
+		if d := verify(t, got, records); len(d) != 1 || d[0] != "sender.test" {
+			t.Errorf("verified %v", d)
+		}
+	})
+}
+
+func TestDKIMKeyErrors(t *testing.T) {
+	// Go refuses to generate (or use) RSA keys under 1024 bits, so a
+	// signer that only claims a 512-bit public key stands in for one.
+	small := publicOnly{&rsa.PublicKey{N: new(big.Int).Lsh(big.NewInt(1), 511), E: 65537}}
+	ec, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.pem")
+	_ = os.WriteFile(bad, []byte("not pem"), 0o600)
+	_, ed, _ := ed25519.GenerateKey(rand.Reader)
+	for name, keys := range map[string][]DKIMKey{
+		"short rsa":  {{Domain: "a.test", Selector: "s", Signer: small}},
+		"ecdsa":      {{Domain: "a.test", Selector: "s", Signer: ec}},
+		"not pem":    {{Domain: "a.test", Selector: "s", KeyFile: bad}},
+		"no file":    {{Domain: "a.test", Selector: "s", KeyFile: filepath.Join(t.TempDir(), "missing")}},
+		"no key":     {{Domain: "a.test", Selector: "s"}},
+		"no domain":  {{Selector: "s", Signer: ed}},
+		"duplicates": {{Domain: "a.test", Selector: "s", Signer: ed}, {Domain: "A.test.", Selector: "t", Signer: ed}},
+	} {
+		if _, err := NewDKIMSigner(keys); err == nil {
+			t.Errorf("%s: no error", name)
+		} else if strings.Contains(err.Error(), "PRIVATE KEY-----") {
+			t.Errorf("%s: key material in error", name)
+		}
+	}
+}
+
+// publicOnly is a crypto.Signer that can only show its public key.
+type publicOnly struct{ pub crypto.PublicKey }
+
+func (p publicOnly) Public() crypto.PublicKey { return p.pub }
+
+func (p publicOnly) Sign(io.Reader, []byte, crypto.SignerOpts) ([]byte, error) {
+	return nil, errors.New("cannot sign")
+}

@@ -1,0 +1,173 @@
+package sender
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/foxcpp/go-mockdns"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/fakemx"
+)
+
+const testHostname = "out.outflow.test"
+
+// world is a fake Internet: DNS zones from go-mockdns and a dial hook that
+// sends each 127.0.0.x:25 address to a fake MX on its random port. An
+// address without a fake refuses the connection.
+type world struct {
+	t      testing.TB
+	zones  map[string]mockdns.Zone
+	mu     sync.Mutex
+	routes map[string]string // "127.0.0.2:25" -> fake server addr
+	dialed []string          // every address dialled, in order
+	conns  []net.Conn        // every client connection opened
+	// sndBuf, when > 0, shrinks each client connection's send buffer.
+	sndBuf int
+	logBuf syncBuffer
+}
+
+func newWorld(t testing.TB) *world {
+	return &world{t: t, zones: map[string]mockdns.Zone{}, routes: map[string]string{}}
+}
+
+// mx adds a fake MX host name with the given loopback IPs.
+func (w *world) host(name string, ips ...string) {
+	w.zones[name+"."] = mockdns.Zone{A: ips}
+}
+
+func (w *world) route(ip string, s *fakemx.Server) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.routes[net.JoinHostPort(ip, "25")] = s.Addr()
+}
+
+func (w *world) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	w.mu.Lock()
+	w.dialed = append(w.dialed, addr)
+	target, ok := w.routes[addr]
+	w.mu.Unlock()
+	if !ok {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, target)
+	if err != nil {
+		return nil, err
+	}
+	if w.sndBuf > 0 {
+		_ = c.(*net.TCPConn).SetWriteBuffer(w.sndBuf)
+	}
+	w.mu.Lock()
+	w.conns = append(w.conns, c)
+	w.mu.Unlock()
+	return c, nil
+}
+
+func (w *world) dials() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.dialed...)
+}
+
+// config is a Config wired to the fake world, with short timeouts.
+func (w *world) config() Config {
+	return Config{
+		Hostname:         testHostname,
+		Resolver:         &mockdns.Resolver{Zones: w.zones},
+		Dial:             w.dial,
+		ConnectTimeout:   5 * time.Second,
+		GreetingTimeout:  5 * time.Second,
+		CommandTimeout:   5 * time.Second,
+		DataInitTimeout:  5 * time.Second,
+		DataBlockTimeout: 5 * time.Second,
+		FinalDotTimeout:  5 * time.Second,
+		Logger:           zerolog.New(&w.logBuf).Level(zerolog.DebugLevel),
+	}
+}
+
+func (w *world) sender(cfg Config) *Sender {
+	w.t.Helper()
+	s, err := New(cfg)
+	if err != nil {
+		w.t.Fatalf("New: %v", err)
+	}
+	w.t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func testBody(subject string) []byte {
+	return []byte("From: Alice <alice@sender.test>\r\nTo: bob@example.test\r\nSubject: " + subject +
+		"\r\nMessage-ID: <" + subject + "@sender.test>\r\n\r\nHello.\r\n.leading dot\r\n")
+}
+
+func msg(domain string, rcpts ...string) *Message {
+	return &Message{ID: "m1", From: "alice@sender.test", Rcpts: rcpts, Domain: domain, Body: testBody("test")}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// checkDelivered fails unless every recipient got a 250 to the final dot.
+func checkDelivered(t *testing.T, r Result) {
+	t.Helper()
+	for _, rr := range r.Rcpts {
+		if rr.Outcome.Stage != classify.StageDataEnd || rr.Outcome.Code != 250 {
+			t.Errorf("%s: got %+v, want 250 at StageDataEnd", rr.Rcpt, rr.Outcome)
+		}
+	}
+}
+
+// checkAll fails unless every recipient has the given stage, code and event.
+func checkAll(t *testing.T, r Result, stage classify.Stage, code int, ev classify.Event) {
+	t.Helper()
+	for _, rr := range r.Rcpts {
+		o := rr.Outcome
+		if o.Stage != stage || o.Code != code || o.Event != ev {
+			t.Errorf("%s: got stage=%d code=%d event=%d text=%q; want stage=%d code=%d event=%d",
+				rr.Rcpt, o.Stage, o.Code, o.Event, o.Text, stage, code, ev)
+		}
+	}
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval, not a wait for an event
+	}
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }

@@ -1,0 +1,467 @@
+package sender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/classify"
+)
+
+// Message is one message for the recipients of one destination.
+type Message struct {
+	ID     string   // outflow's message id, for logs
+	From   string   // envelope sender (MAIL FROM), "" for a bounce
+	Rcpts  []string // envelope recipients, all at Domain
+	Domain string   // destination domain: the MX lookup and TLS policy key
+	Body   []byte   // the exact bytes to send, CRLF line ends, already DKIM-signed
+}
+
+// RcptResult is the outcome for one recipient.
+type RcptResult struct {
+	Rcpt    string
+	Outcome classify.Input
+}
+
+// Result is what one Send did.
+type Result struct {
+	// Rcpts has one entry per Message.Rcpts, in the same order.
+	Rcpts []RcptResult
+	// Host is the MX host (or relay host) of the last connection used;
+	// "" when none was reached.
+	Host string
+	// Addr is the ip:port (or relay host:port) of that connection.
+	Addr string
+	// TLS tells whether that connection was encrypted, and TLSVerified
+	// whether its certificate verified for Host.
+	TLS         bool
+	TLSVerified bool
+	// Reused is true when the first connection came from the pool.
+	Reused bool
+	// Transactions is the number of MAIL transactions used (more than one
+	// when the recipients were split by the server's limit).
+	Transactions int
+}
+
+// Sender delivers messages over SMTP. It is safe for concurrent use; each
+// Send holds one connection at a time.
+type Sender struct {
+	cfg  Config
+	log  zerolog.Logger
+	pool *pool
+
+	authMu     sync.Mutex
+	authUntil  time.Time // relay AUTH refused: answer from cache until then
+	authRefuse classify.Input
+
+	stop      chan struct{}
+	reaperEnd chan struct{}
+	closeOnce sync.Once
+}
+
+// New checks cfg, fills in defaults and starts the idle-connection reaper
+// (stopped by Close).
+func New(cfg Config) (*Sender, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Sender{
+		cfg:       c,
+		log:       c.Logger.With().Str("component", "sender").Logger(),
+		pool:      newPool(c.MaxConnsPerHost, c.IdleTimeout),
+		stop:      make(chan struct{}),
+		reaperEnd: make(chan struct{}),
+	}
+	go s.reaper()
+	return s, nil
+}
+
+// reaper closes idle connections past IdleTimeout. It is owned by the
+// Sender: it ends when Close is called, and a panic is logged rather than
+// taking the process down.
+func (s *Sender) reaper() {
+	defer close(s.reaperEnd)
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error().Interface("panic", r).Msg("idle connection reaper panicked; idle connections now expire on use only")
+		}
+	}()
+	t := time.NewTicker(max(s.cfg.IdleTimeout/2, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case now := <-t.C:
+			for _, c := range s.pool.reap(now) {
+				c.quit()
+			}
+		}
+	}
+}
+
+// Close stops the reaper and closes every idle pooled connection (with a
+// QUIT). Connections busy in a Send are closed when that Send ends.
+func (s *Sender) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		<-s.reaperEnd
+		var wg sync.WaitGroup
+		for _, c := range s.pool.closeAll() {
+			wg.Go(c.quit)
+		}
+		wg.Wait()
+	})
+	return nil
+}
+
+// Send delivers m and reports one outcome per recipient. It does not
+// retry: what to do with each outcome is the caller's (and package
+// classify's) business. ctx bounds the whole attempt on top of the
+// per-step timeouts.
+func (s *Sender) Send(ctx context.Context, m *Message) Result {
+	res := Result{Rcpts: make([]RcptResult, len(m.Rcpts))}
+	for i, r := range m.Rcpts {
+		res.Rcpts[i].Rcpt = r
+	}
+	out := make([]classify.Input, len(m.Rcpts))
+	decided := make([]bool, len(m.Rcpts))
+	pending := make([]int, len(m.Rcpts))
+	for i := range pending {
+		pending[i] = i
+	}
+	log := s.log.With().Str("msg_id", m.ID).Str("dest", m.Domain).Logger()
+	fill := func(idx []int, in classify.Input) {
+		for _, i := range idx {
+			if !decided[i] {
+				out[i], decided[i] = in, true
+			}
+		}
+	}
+	defer func() {
+		for i := range res.Rcpts {
+			res.Rcpts[i].Outcome = out[i]
+		}
+	}()
+	if len(m.Rcpts) == 0 {
+		return res
+	}
+
+	var hosts []string
+	relay := s.cfg.Relay != ""
+	if relay {
+		if in, held := s.authHeld(); held {
+			fill(pending, in)
+			return res
+		}
+		host, _, _ := net.SplitHostPort(s.cfg.Relay)
+		hosts = []string{host}
+	} else {
+		var dnsOut *classify.Input
+		hosts, dnsOut = s.mxHosts(ctx, m.Domain)
+		if dnsOut != nil {
+			log.Debug().Str("event", "dns").Str("text", dnsOut.Text).Msg("no route to destination")
+			fill(pending, *dnsOut)
+			return res
+		}
+	}
+	info := inspect(m)
+	policy := s.cfg.policyFor(m.Domain)
+
+	first := true
+	for len(pending) > 0 {
+		c, reused, err := s.acquire(ctx, log, hosts, policy)
+		if err != nil {
+			fill(pending, inputOf(err))
+			break
+		}
+		res.Host, res.Addr, res.TLS, res.TLSVerified = c.host, c.addr, c.tls, c.tlsVerified
+		if first {
+			res.Reused, first = reused, false
+		}
+		txBefore := c.txs
+		var txErr error
+		pending, txErr = s.deliver(ctx, c, m, info, pending, out, decided)
+		res.Transactions += c.txs - txBefore
+		s.giveBack(c, ctx)
+		if txErr != nil {
+			fill(pending, inputOf(txErr))
+			break
+		}
+	}
+	log.Debug().Str("mx", res.Host).Str("addr", res.Addr).Bool("tls", res.TLS).
+		Bool("reused", res.Reused).Int("transactions", res.Transactions).Msg("send finished")
+	return res
+}
+
+// deliver runs transactions on c until every pending recipient is decided
+// or c may carry no more. It returns the recipients still pending and, if
+// the attempt ended for all of them, the error carrying their outcome.
+func (s *Sender) deliver(ctx context.Context, c *client, m *Message, info *msgInfo, pending []int, out []classify.Input, decided []bool) ([]int, error) {
+	stop := context.AfterFunc(ctx, func() {
+		// Wake any blocked read or write now; deadlines set later
+		// check ctx first.
+		_ = c.raw.SetDeadline(time.Unix(1, 0))
+	})
+	defer func() {
+		if !stop() {
+			c.broken = true
+		}
+	}()
+	for len(pending) > 0 && c.usable() {
+		if c.txs > 0 {
+			if err := c.reset(ctx); err != nil {
+				if ctx.Err() != nil {
+					return pending, err
+				}
+				// Nothing of this transaction was sent: try a fresh
+				// connection.
+				return pending, nil
+			}
+		}
+		n := defaultBatch
+		if c.rcptMax > 0 {
+			n = c.rcptMax
+		}
+		batch := pending[:min(n, len(pending))]
+		rest := pending[len(batch):]
+		carry, err := c.transaction(ctx, m, info, batch, out, decided)
+		if err != nil {
+			return undecided(pending, decided), err
+		}
+		pending = append(carry, rest...)
+	}
+	return pending, nil
+}
+
+func undecided(idx []int, decided []bool) []int {
+	var out []int
+	for _, i := range idx {
+		if !decided[i] {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// usable says whether c may start another transaction.
+func (c *client) usable() bool {
+	limit := c.cfg.MaxMsgsPerConn
+	if c.mailMax > 0 {
+		limit = min(limit, c.mailMax) // RFC 9422 MAILMAX
+	}
+	return !c.broken && c.txs < limit
+}
+
+// giveBack returns c to the pool, or closes it when it is spent or broken.
+func (s *Sender) giveBack(c *client, ctx context.Context) {
+	reuse := c.usable() && ctx.Err() == nil
+	if s.pool.put(c, reuse) {
+		return
+	}
+	if c.broken {
+		c.close()
+	} else {
+		c.quit()
+	}
+}
+
+// acquire gets a connection to the first host that answers: a pooled one
+// (checked with RSET by deliver) or a new one, trying every address of a
+// host before the next host.
+func (s *Sender) acquire(ctx context.Context, log zerolog.Logger, hosts []string, policy TLSPolicy) (*client, bool, error) {
+	var last error
+	for _, host := range hosts {
+		c, reused, err := s.acquireHost(ctx, log, host, policy)
+		if err == nil {
+			return c, reused, nil
+		}
+		last = err
+		var se *stepErr
+		if ctx.Err() != nil || (errors.As(err, &se) && se.in.Stage == classify.StageAuth) {
+			break
+		}
+	}
+	return nil, false, last
+}
+
+func (s *Sender) acquireHost(ctx context.Context, log zerolog.Logger, host string, policy TLSPolicy) (*client, bool, error) {
+	key := "mx:" + host
+	if s.cfg.Relay != "" {
+		key = "relay:" + s.cfg.Relay
+	}
+	c, slot, stale, err := s.pool.get(ctx, key)
+	for _, sc := range stale {
+		sc.quit()
+	}
+	if err != nil {
+		if errors.Is(err, errClosed) {
+			return nil, false, &stepErr{in: classify.Input{Stage: classify.StageConnect, Event: classify.EventLocal, Text: "outflow: sender is shutting down"}, err: err}
+		}
+		return nil, false, &stepErr{in: classify.Input{Stage: classify.StageConnect, Event: classify.EventTimeout, Text: fmt.Sprintf("waiting for a free connection to %s: %v", host, err)}, err: err}
+	}
+	if !slot {
+		return c, true, nil
+	}
+	var addrs []string
+	if s.cfg.Relay != "" {
+		addrs = []string{s.cfg.Relay}
+	} else {
+		var dnsOut *classify.Input
+		addrs, dnsOut = s.hostAddrs(ctx, host)
+		if dnsOut != nil {
+			s.pool.release(key)
+			return nil, false, &stepErr{in: *dnsOut}
+		}
+	}
+	var last error
+	for _, addr := range addrs {
+		c, err := s.open(ctx, log, host, addr, key, policy)
+		if err == nil {
+			return c, false, nil
+		}
+		last = err
+		log.Debug().Str("mx", host).Str("addr", addr).Err(err).Msg("connection attempt failed")
+		var se *stepErr
+		if ctx.Err() != nil || (errors.As(err, &se) && se.in.Stage == classify.StageAuth) {
+			break
+		}
+	}
+	s.pool.release(key)
+	return nil, false, last
+}
+
+// open dials addr and brings the session up to the point where MAIL may
+// be sent: greeting, EHLO, TLS per policy, AUTH for the relay.
+func (s *Sender) open(ctx context.Context, log zerolog.Logger, host, addr, key string, policy TLSPolicy) (*client, error) {
+	relay := s.cfg.Relay != ""
+	c, err := dial(ctx, &s.cfg, log, host, addr, key, relay && s.cfg.RelayTLS == RelayImplicitTLS)
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.raw.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	fail := func(err error) (*client, error) {
+		c.close()
+		return nil, err
+	}
+	if err := c.hello(ctx); err != nil {
+		return fail(err)
+	}
+	if relay {
+		if s.cfg.RelayTLS == RelaySTARTTLS {
+			if !c.has("STARTTLS") {
+				return fail(&stepErr{in: classify.Input{Stage: classify.StageTLS, Event: classify.EventTLSFailure,
+					Text: "outflow (synthetic, no server reply): relay " + host + " does not offer STARTTLS and RelayTLS is starttls"}})
+			}
+			if err := c.startTLS(ctx, true); err != nil {
+				return fail(err)
+			}
+		}
+		if s.cfg.RelayUsername != "" {
+			if err := c.auth(ctx, s.cfg.RelayUsername, s.cfg.RelayPassword); err != nil {
+				s.noteAuthFailure(log, host, err)
+				return fail(err)
+			}
+		}
+	} else {
+		switch policy {
+		case TLSRequired:
+			if !c.has("STARTTLS") {
+				return fail(&stepErr{in: classify.Input{Stage: classify.StageTLS, Event: classify.EventTLSFailure,
+					Text: "outflow (synthetic, no server reply): " + host + " does not offer STARTTLS and the destination's TLS policy is required"}})
+			}
+			if err := c.startTLS(ctx, true); err != nil {
+				return fail(err)
+			}
+		case TLSOpportunistic:
+			if c.has("STARTTLS") {
+				if err := c.startTLS(ctx, false); err != nil {
+					var se *stepErr
+					if !errors.As(err, &se) || se.in.Stage != classify.StageTLS || ctx.Err() != nil {
+						return fail(err)
+					}
+					if !c.broken && se.in.Code != 0 {
+						// STARTTLS refused with a reply (e.g. 454): the
+						// session goes on in plaintext (RFC 3207 4).
+						log.Warn().Str("mx", host).Str("addr", addr).Int("code", se.in.Code).Str("reply", se.in.Text).
+							Msg("STARTTLS refused; continuing in plaintext as the opportunistic TLS policy allows")
+						break
+					}
+					// The handshake failed; the connection is dead.
+					// Opportunistic policy allows plaintext: redial
+					// without STARTTLS.
+					log.Warn().Str("mx", host).Str("addr", addr).Str("error", se.in.Text).
+						Msg("TLS handshake failed; retrying this host in plaintext as the opportunistic TLS policy allows")
+					c.close()
+					return s.openPlain(ctx, log, host, addr, key)
+				}
+			}
+		}
+	}
+	log.Debug().Str("mx", host).Str("addr", addr).Bool("tls", c.tls).Bool("tls_verified", c.tlsVerified).Msg("connected")
+	return c, nil
+}
+
+// openPlain opens a session that never tries STARTTLS.
+func (s *Sender) openPlain(ctx context.Context, log zerolog.Logger, host, addr, key string) (*client, error) {
+	c, err := dial(ctx, &s.cfg, log, host, addr, key, false)
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.raw.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if err := c.hello(ctx); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// noteAuthFailure remembers a permanent AUTH refusal from the relay so
+// that the next AuthFailureHold of Sends fail at once instead of each
+// presenting the same bad credentials again.
+func (s *Sender) noteAuthFailure(log zerolog.Logger, host string, err error) {
+	var se *stepErr
+	if !errors.As(err, &se) {
+		return
+	}
+	ev := log.Error().Str("relay", host).Int("code", se.in.Code).Str("enhanced_code", se.in.Enhanced).Str("reply", se.in.Text)
+	if se.in.Code/100 != 5 || s.cfg.AuthFailureHold < 0 {
+		ev.Msg("relay AUTH failed")
+		return
+	}
+	until := time.Now().Add(s.cfg.AuthFailureHold)
+	s.authMu.Lock()
+	s.authUntil = until
+	s.authRefuse = se.in
+	s.authMu.Unlock()
+	ev.Time("held_until", until).Msg("relay AUTH refused; holding all relay deliveries without connecting until held_until")
+}
+
+func (s *Sender) authHeld() (classify.Input, bool) {
+	s.authMu.Lock()
+	defer s.authMu.Unlock()
+	if time.Now().Before(s.authUntil) {
+		in := s.authRefuse
+		in.Text = fmt.Sprintf("outflow (cached relay AUTH refusal, not sent again until %s): %s",
+			s.authUntil.UTC().Format(time.RFC3339), in.Text)
+		return in, true
+	}
+	return classify.Input{}, false
+}
+
+// inputOf extracts the outcome from an error of this package.
+func inputOf(err error) classify.Input {
+	var se *stepErr
+	if errors.As(err, &se) {
+		return se.in
+	}
+	return classify.Input{Stage: classify.StageUnknown, Event: classify.EventConnLost, Text: err.Error()}
+}

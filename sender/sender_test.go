@@ -1,0 +1,620 @@
+package sender
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+	"github.com/foxcpp/go-mockdns"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/fakemx"
+)
+
+// oneMX builds a world where example.test has one MX, mx.example.test at
+// 127.0.0.2, served by a fake with opts.
+func oneMX(t testing.TB, opts fakemx.Options) (*world, *fakemx.Server) {
+	w := newWorld(t)
+	fake := fakemx.Start(t, opts)
+	w.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: "mx.example.test.", Pref: 10}}}
+	w.host("mx.example.test", "127.0.0.2")
+	w.route("127.0.0.2", fake)
+	return w, fake
+}
+
+func TestSendDelivers(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{})
+	s := w.sender(w.config())
+	m := msg("example.test", "bob@example.test")
+	r := s.Send(ctxT(t), m)
+	checkDelivered(t, r)
+	if r.Host != "mx.example.test" || r.Addr != "127.0.0.2:25" || r.Reused || r.TLS {
+		t.Errorf("result = %+v", r)
+	}
+	got := fake.Messages()
+	if len(got) != 1 {
+		t.Fatalf("fake got %d messages", len(got))
+	}
+	if !bytes.Equal(got[0].Data, m.Body) {
+		t.Errorf("body changed on the wire (dot stuffing?):\n%q\n%q", got[0].Data, m.Body)
+	}
+	if got[0].From != m.From || !slices.Equal(got[0].Rcpts, m.Rcpts) || got[0].Hostname != testHostname {
+		t.Errorf("fake saw %+v", got[0])
+	}
+}
+
+func TestMXPreference(t *testing.T) {
+	w := newWorld(t)
+	best, worse := fakemx.Start(t, fakemx.Options{}), fakemx.Start(t, fakemx.Options{})
+	w.zones["example.test."] = mockdns.Zone{MX: []net.MX{
+		{Host: "mx2.example.test.", Pref: 20}, {Host: "mx1.example.test.", Pref: 10},
+	}}
+	w.host("mx1.example.test", "127.0.0.2")
+	w.host("mx2.example.test", "127.0.0.3")
+	w.route("127.0.0.2", best)
+	w.route("127.0.0.3", worse)
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("example.test", "bob@example.test"))
+	checkDelivered(t, r)
+	if r.Host != "mx1.example.test" || len(best.Messages()) != 1 || len(worse.Messages()) != 0 {
+		t.Errorf("went to %s; best got %d, worse %d", r.Host, len(best.Messages()), len(worse.Messages()))
+	}
+}
+
+func TestMXFallbackToNextHost(t *testing.T) {
+	w := newWorld(t)
+	backup := fakemx.Start(t, fakemx.Options{})
+	down := fakemx.Start(t, fakemx.Options{Greeting: "421 4.3.2 Service shutting down"})
+	w.zones["example.test."] = mockdns.Zone{MX: []net.MX{
+		{Host: "mx1.example.test.", Pref: 10}, {Host: "mx2.example.test.", Pref: 20}, {Host: "mx3.example.test.", Pref: 30},
+	}}
+	w.host("mx1.example.test", "127.0.0.2") // refuses connections
+	w.host("mx2.example.test", "127.0.0.3") // 421 greeting
+	w.host("mx3.example.test", "127.0.0.4")
+	w.route("127.0.0.3", down)
+	w.route("127.0.0.4", backup)
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("example.test", "bob@example.test"))
+	checkDelivered(t, r)
+	if r.Host != "mx3.example.test" {
+		t.Errorf("delivered via %s", r.Host)
+	}
+	if d := w.dials(); !slices.Equal(d, []string{"127.0.0.2:25", "127.0.0.3:25", "127.0.0.4:25"}) {
+		t.Errorf("dialled %v", d)
+	}
+}
+
+func TestMXEqualPreferenceIsRandom(t *testing.T) {
+	w := newWorld(t)
+	a, b := fakemx.Start(t, fakemx.Options{}), fakemx.Start(t, fakemx.Options{})
+	w.zones["example.test."] = mockdns.Zone{MX: []net.MX{
+		{Host: "a.example.test.", Pref: 10}, {Host: "b.example.test.", Pref: 10},
+	}}
+	w.host("a.example.test", "127.0.0.2")
+	w.host("b.example.test", "127.0.0.3")
+	w.route("127.0.0.2", a)
+	w.route("127.0.0.3", b)
+	cfg := w.config()
+	cfg.MaxMsgsPerConn = 1 // a new connection, and a new choice, per message
+	s := w.sender(cfg)
+	for i := 0; i < 40 && (len(a.Messages()) == 0 || len(b.Messages()) == 0); i++ {
+		checkDelivered(t, s.Send(ctxT(t), msg("example.test", "bob@example.test")))
+	}
+	if len(a.Messages()) == 0 || len(b.Messages()) == 0 {
+		t.Errorf("equal-preference MX hosts not randomised: a=%d b=%d", len(a.Messages()), len(b.Messages()))
+	}
+}
+
+func TestNoMXFallsBackToAddress(t *testing.T) {
+	w := newWorld(t)
+	fake := fakemx.Start(t, fakemx.Options{})
+	w.host("example.test", "127.0.0.5") // no MX: the implicit MX (RFC 5321 5.1)
+	w.route("127.0.0.5", fake)
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("example.test", "bob@example.test"))
+	checkDelivered(t, r)
+	if r.Host != "example.test" || len(fake.Messages()) != 1 {
+		t.Errorf("host %q, fake got %d", r.Host, len(fake.Messages()))
+	}
+}
+
+func TestNullMX(t *testing.T) {
+	w := newWorld(t)
+	w.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: ".", Pref: 0}}, A: []string{"127.0.0.2"}}
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("example.test", "bob@example.test", "carol@example.test"))
+	checkAll(t, r, classify.StageDNS, 0, classify.EventNullMX)
+	if len(w.dials()) != 0 {
+		t.Errorf("dialled %v for a null MX domain", w.dials())
+	}
+}
+
+func TestNXDomain(t *testing.T) {
+	w := newWorld(t)
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("nowhere.test", "bob@nowhere.test"))
+	checkAll(t, r, classify.StageDNS, 0, classify.EventDNSNXDomain)
+}
+
+func TestDNSTemporaryFailure(t *testing.T) {
+	w := newWorld(t)
+	w.zones["example.test."] = mockdns.Zone{Err: &net.DNSError{Err: "server misbehaving", Name: "example.test", IsTemporary: true}}
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("example.test", "bob@example.test"))
+	checkAll(t, r, classify.StageDNS, 0, classify.EventDNSServFail)
+}
+
+func TestSeveralAddressesPerHost(t *testing.T) {
+	w := newWorld(t)
+	fake := fakemx.Start(t, fakemx.Options{})
+	w.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: "mx.example.test.", Pref: 10}}}
+	w.host("mx.example.test", "127.0.0.2", "127.0.0.3") // the first refuses
+	w.route("127.0.0.3", fake)
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("example.test", "bob@example.test"))
+	checkDelivered(t, r)
+	if r.Addr != "127.0.0.3:25" {
+		t.Errorf("addr %s", r.Addr)
+	}
+}
+
+func TestAllAddressesRefuse(t *testing.T) {
+	w := newWorld(t)
+	w.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: "mx.example.test.", Pref: 10}}}
+	w.host("mx.example.test", "127.0.0.2", "127.0.0.3")
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("example.test", "bob@example.test"))
+	checkAll(t, r, classify.StageConnect, 0, classify.EventConnRefused)
+	if len(w.dials()) != 2 {
+		t.Errorf("dialled %v, want both addresses", w.dials())
+	}
+}
+
+func TestGreeting421(t *testing.T) {
+	w, _ := oneMX(t, fakemx.Options{Greeting: "421 4.3.2 Too busy, try later"})
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("example.test", "bob@example.test"))
+	checkAll(t, r, classify.StageGreeting, 421, classify.EventNone)
+	if o := r.Rcpts[0].Outcome; o.Enhanced != "4.3.2" || o.Text != "Too busy, try later" || o.Raw != "421 4.3.2 Too busy, try later" {
+		t.Errorf("outcome %+v", o)
+	}
+}
+
+func TestMailFromRejected(t *testing.T) {
+	for _, pipelining := range []bool{true, false} {
+		t.Run(fmt.Sprint("pipelining=", pipelining), func(t *testing.T) {
+			opts := fakemx.Options{Hook: func(st fakemx.Stage, arg string) *smtp.SMTPError {
+				if st == fakemx.StageMail {
+					return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "sender blocked"}
+				}
+				return nil
+			}}
+			if !pipelining {
+				opts.HideExtensions = []string{"PIPELINING"}
+			}
+			w, fake := oneMX(t, opts)
+			s := w.sender(w.config())
+			r := s.Send(ctxT(t), msg("example.test", "bob@example.test", "carol@example.test"))
+			checkAll(t, r, classify.StageMail, 550, classify.EventNone)
+			if r.Rcpts[1].Outcome.Enhanced != "5.7.1" || len(fake.Messages()) != 0 {
+				t.Errorf("outcome %+v, fake got %d", r.Rcpts[1].Outcome, len(fake.Messages()))
+			}
+			// The connection stays usable for the next message.
+			r = s.Send(ctxT(t), msg("example.test", "dave@example.test"))
+			if !r.Reused {
+				t.Errorf("connection not reused after a refused MAIL")
+			}
+		})
+	}
+}
+
+func TestMixedRecipientResults(t *testing.T) {
+	for _, pipelining := range []bool{true, false} {
+		t.Run(fmt.Sprint("pipelining=", pipelining), func(t *testing.T) {
+			opts := fakemx.Options{Hook: func(st fakemx.Stage, arg string) *smtp.SMTPError {
+				switch {
+				case st == fakemx.StageRcpt && strings.HasPrefix(arg, "unknown@"):
+					return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
+				case st == fakemx.StageRcpt && strings.HasPrefix(arg, "full@"):
+					return &smtp.SMTPError{Code: 452, EnhancedCode: smtp.EnhancedCode{4, 2, 2}, Message: "mailbox full"}
+				case st == fakemx.StageRcpt && strings.HasPrefix(arg, "grey@"):
+					return &smtp.SMTPError{Code: 450, EnhancedCode: smtp.EnhancedCode{4, 7, 1}, Message: "greylisted"}
+				}
+				return nil
+			}}
+			if !pipelining {
+				opts.HideExtensions = []string{"PIPELINING"}
+			}
+			w, fake := oneMX(t, opts)
+			s := w.sender(w.config())
+			m := msg("example.test", "bob@example.test", "unknown@example.test", "full@example.test", "grey@example.test", "carol@example.test")
+			r := s.Send(ctxT(t), m)
+			want := []struct {
+				stage    classify.Stage
+				code     int
+				enhanced string
+			}{
+				{classify.StageDataEnd, 250, "2.0.0"},
+				{classify.StageRcpt, 550, "5.1.1"},
+				{classify.StageRcpt, 452, "4.2.2"}, // a 452 that is not the recipient limit
+				{classify.StageRcpt, 450, "4.7.1"},
+				{classify.StageDataEnd, 250, "2.0.0"},
+			}
+			for i, wnt := range want {
+				o := r.Rcpts[i].Outcome
+				if r.Rcpts[i].Rcpt != m.Rcpts[i] || o.Stage != wnt.stage || o.Code != wnt.code || o.Enhanced != wnt.enhanced {
+					t.Errorf("%s: %+v, want %+v", r.Rcpts[i].Rcpt, o, wnt)
+				}
+			}
+			got := fake.Messages()
+			if len(got) != 1 || !slices.Equal(got[0].Rcpts, []string{"bob@example.test", "carol@example.test"}) {
+				t.Errorf("fake got %+v", got)
+			}
+		})
+	}
+}
+
+func TestAllRecipientsRejected(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{Hook: func(st fakemx.Stage, arg string) *smtp.SMTPError {
+		if st == fakemx.StageRcpt && !strings.HasPrefix(arg, "c@") {
+			return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
+		}
+		return nil
+	}})
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("example.test", "a@example.test", "b@example.test"))
+	checkAll(t, r, classify.StageRcpt, 550, classify.EventNone)
+	if len(fake.Messages()) != 0 {
+		t.Error("a message was delivered")
+	}
+	// The session is still in step: the next message goes through.
+	checkDelivered(t, s.Send(ctxT(t), msg("example.test", "c@example.test")))
+}
+
+func TestRcptMaxSplitsTransactions(t *testing.T) {
+	for _, advertised := range []bool{true, false} {
+		t.Run(fmt.Sprint("LIMITS=", advertised), func(t *testing.T) {
+			opts := fakemx.Options{MaxRecipients: 2}
+			if !advertised {
+				// Only the 452 4.5.3 at the third RCPT tells.
+				opts.HideExtensions = []string{"LIMITS"}
+			}
+			w, fake := oneMX(t, opts)
+			s := w.sender(w.config())
+			rcpts := []string{"r1@example.test", "r2@example.test", "r3@example.test", "r4@example.test", "r5@example.test"}
+			r := s.Send(ctxT(t), msg("example.test", rcpts...))
+			checkDelivered(t, r)
+			got := fake.Messages()
+			var all []string
+			for _, m := range got {
+				if len(m.Rcpts) > 2 {
+					t.Errorf("transaction with %d recipients", len(m.Rcpts))
+				}
+				all = append(all, m.Rcpts...)
+			}
+			slices.Sort(all)
+			if !slices.Equal(all, rcpts) || len(got) != 3 || r.Transactions != 3 {
+				t.Errorf("fake got %d messages for %v; Transactions=%d", len(got), all, r.Transactions)
+			}
+			if fake.Connections() != 1 {
+				t.Errorf("%d connections, want 1", fake.Connections())
+			}
+		})
+	}
+}
+
+func TestConnectionReuseAndRSET(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{})
+	s := w.sender(w.config())
+	const n = 10
+	for i := range n {
+		r := s.Send(ctxT(t), msg("example.test", fmt.Sprintf("r%d@example.test", i)))
+		checkDelivered(t, r)
+		if r.Reused != (i > 0) {
+			t.Errorf("message %d: Reused=%v", i, r.Reused)
+		}
+	}
+	if c, tx, rs := fake.Connections(), fake.Transactions(), fake.Resets(); c != 1 || tx != n || rs != n-1 {
+		t.Errorf("connections=%d transactions=%d resets=%d; want 1, %d, %d", c, tx, rs, n, n-1)
+	}
+}
+
+func TestMaxMsgsPerConn(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{})
+	cfg := w.config()
+	cfg.MaxMsgsPerConn = 3
+	s := w.sender(cfg)
+	for i := range 10 {
+		checkDelivered(t, s.Send(ctxT(t), msg("example.test", fmt.Sprintf("r%d@example.test", i))))
+	}
+	if c := fake.Connections(); c != 4 {
+		t.Errorf("%d connections for 10 messages at 3 per connection", c)
+	}
+}
+
+func TestDeadPooledConnectionIsReplaced(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{})
+	s := w.sender(w.config())
+	checkDelivered(t, s.Send(ctxT(t), msg("example.test", "a@example.test")))
+	w.mu.Lock()
+	_ = w.conns[0].Close() // the pooled connection dies while idle
+	w.mu.Unlock()
+	r := s.Send(ctxT(t), msg("example.test", "b@example.test"))
+	checkDelivered(t, r)
+	if fake.Connections() != 2 || len(fake.Messages()) != 2 {
+		t.Errorf("connections=%d messages=%d", fake.Connections(), len(fake.Messages()))
+	}
+}
+
+func TestIdleTimeoutClosesConnections(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{})
+	cfg := w.config()
+	cfg.IdleTimeout = 50 * time.Millisecond
+	s := w.sender(cfg)
+	checkDelivered(t, s.Send(ctxT(t), msg("example.test", "a@example.test")))
+	eventually(t, "the reaper to close the idle connection", func() bool {
+		s.pool.mu.Lock()
+		defer s.pool.mu.Unlock()
+		return len(s.pool.hosts) == 0
+	})
+	r := s.Send(ctxT(t), msg("example.test", "b@example.test"))
+	checkDelivered(t, r)
+	if r.Reused || fake.Connections() != 2 {
+		t.Errorf("reused=%v connections=%d", r.Reused, fake.Connections())
+	}
+}
+
+func TestMaxConnsPerHost(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	w, fake := oneMX(t, fakemx.Options{Hook: func(st fakemx.Stage, _ string) *smtp.SMTPError {
+		if st == fakemx.StageDot {
+			<-release
+		}
+		return nil
+	}})
+	cfg := w.config()
+	cfg.MaxConnsPerHost = 1
+	s := w.sender(cfg)
+	results := make(chan Result, 3)
+	for i := range 3 {
+		go func() { results <- s.Send(ctxT(t), msg("example.test", fmt.Sprintf("r%d@example.test", i))) }()
+	}
+	eventually(t, "the first message to reach the final dot", func() bool { return fake.Transactions() >= 1 })
+	once.Do(func() { close(release) })
+	for range 3 {
+		checkDelivered(t, <-results)
+	}
+	if fake.Connections() != 1 {
+		t.Errorf("%d connections with MaxConnsPerHost=1", fake.Connections())
+	}
+}
+
+func TestStalledBodyWriteTimesOut(t *testing.T) {
+	done := make(chan struct{})
+	w, _ := oneMX(t, fakemx.Options{ReadBuffer: 4096, Hook: func(st fakemx.Stage, _ string) *smtp.SMTPError {
+		if st == fakemx.StageBody {
+			<-done // never reads the body
+		}
+		return nil
+	}})
+	t.Cleanup(func() { close(done) })
+	w.sndBuf = 4096 // small buffers on both ends: the stall shows after a few KiB
+	cfg := w.config()
+	cfg.DataBlockTimeout = 300 * time.Millisecond
+	s := w.sender(cfg)
+	m := msg("example.test", "bob@example.test")
+	m.Body = append(testBody("big"), bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstu\r\n"), 60_000)...)
+	start := time.Now()
+	r := s.Send(ctxT(t), m)
+	checkAll(t, r, classify.StageData, 0, classify.EventTimeout)
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("took %v", el)
+	}
+}
+
+func TestFinalDotTimeout(t *testing.T) {
+	done := make(chan struct{})
+	w, _ := oneMX(t, fakemx.Options{Hook: func(st fakemx.Stage, _ string) *smtp.SMTPError {
+		if st == fakemx.StageDot {
+			<-done
+		}
+		return nil
+	}})
+	t.Cleanup(func() { close(done) })
+	cfg := w.config()
+	cfg.FinalDotTimeout = 200 * time.Millisecond
+	s := w.sender(cfg)
+	r := s.Send(ctxT(t), msg("example.test", "bob@example.test", "carol@example.test"))
+	checkAll(t, r, classify.StageDataEnd, 0, classify.EventTimeout)
+}
+
+func TestConnectionLostAfterFinalDot(t *testing.T) {
+	w, _ := oneMX(t, fakemx.Options{Hook: func(st fakemx.Stage, _ string) *smtp.SMTPError {
+		if st == fakemx.StageDot {
+			return fakemx.Drop
+		}
+		return nil
+	}})
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("example.test", "bob@example.test"))
+	checkAll(t, r, classify.StageDataEnd, 0, classify.EventConnLost)
+}
+
+func TestContextDeadlineStopsSend(t *testing.T) {
+	done := make(chan struct{})
+	w, _ := oneMX(t, fakemx.Options{Hook: func(st fakemx.Stage, _ string) *smtp.SMTPError {
+		if st == fakemx.StageDot {
+			<-done
+		}
+		return nil
+	}})
+	t.Cleanup(func() { close(done) })
+	s := w.sender(w.config()) // step timeouts of 5s
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	r := s.Send(ctx, msg("example.test", "bob@example.test"))
+	checkAll(t, r, classify.StageDataEnd, 0, classify.EventTimeout)
+	if el := time.Since(start); el > 3*time.Second {
+		t.Errorf("took %v; the context deadline should cut it", el)
+	}
+}
+
+func TestContextCancelStopsSend(t *testing.T) {
+	done := make(chan struct{})
+	reached := make(chan struct{}, 1)
+	w, _ := oneMX(t, fakemx.Options{Hook: func(st fakemx.Stage, _ string) *smtp.SMTPError {
+		if st == fakemx.StageDot {
+			reached <- struct{}{}
+			<-done
+		}
+		return nil
+	}})
+	t.Cleanup(func() { close(done) })
+	s := w.sender(w.config())
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-reached; cancel() }()
+	r := s.Send(ctx, msg("example.test", "bob@example.test"))
+	checkAll(t, r, classify.StageDataEnd, 0, classify.EventConnLost)
+}
+
+func TestDataRejected(t *testing.T) {
+	w, _ := oneMX(t, fakemx.Options{Hook: func(st fakemx.Stage, arg string) *smtp.SMTPError {
+		switch {
+		case st == fakemx.StageRcpt && strings.HasPrefix(arg, "bad@"):
+			return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
+		case st == fakemx.StageDot:
+			return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "spam"}
+		}
+		return nil
+	}})
+	s := w.sender(w.config())
+	r := s.Send(ctxT(t), msg("example.test", "bob@example.test", "bad@example.test"))
+	if o := r.Rcpts[0].Outcome; o.Stage != classify.StageDataEnd || o.Code != 554 || o.Enhanced != "5.7.1" {
+		t.Errorf("bob: %+v", o)
+	}
+	if o := r.Rcpts[1].Outcome; o.Stage != classify.StageRcpt || o.Code != 550 {
+		t.Errorf("bad: %+v", o)
+	}
+}
+
+func TestSMTPUTF8(t *testing.T) {
+	utf8Msg := func() *Message {
+		m := msg("example.test", "bob@example.test", "用户@example.test")
+		m.Body = []byte("From: alice@sender.test\r\nTo: 用户@example.test\r\nSubject: héllo\r\n\r\nbody\r\n")
+		return m
+	}
+	t.Run("not offered", func(t *testing.T) {
+		w, fake := oneMX(t, fakemx.Options{})
+		s := w.sender(w.config())
+		r := s.Send(ctxT(t), utf8Msg())
+		checkAll(t, r, classify.StageMail, 553, classify.EventNone)
+		if o := r.Rcpts[0].Outcome; o.Enhanced != "5.6.7" || !contains(o.Text, "synthetic") || !contains(o.Text, "SMTPUTF8") {
+			t.Errorf("outcome %+v", o)
+		}
+		if fake.Transactions() != 0 {
+			t.Error("MAIL was sent")
+		}
+	})
+	t.Run("offered", func(t *testing.T) {
+		w, fake := oneMX(t, fakemx.Options{SMTPUTF8: true})
+		s := w.sender(w.config())
+		checkDelivered(t, s.Send(ctxT(t), utf8Msg()))
+		if got := fake.Messages(); len(got) != 1 || !got[0].UTF8 || got[0].Body != smtp.Body8BitMIME {
+			t.Errorf("fake got %+v", got)
+		}
+	})
+	t.Run("ascii needs nothing", func(t *testing.T) {
+		w, fake := oneMX(t, fakemx.Options{})
+		s := w.sender(w.config())
+		checkDelivered(t, s.Send(ctxT(t), msg("example.test", "bob@example.test")))
+		if got := fake.Messages(); got[0].UTF8 || got[0].Body != "" {
+			t.Errorf("fake got %+v", got[0])
+		}
+	})
+}
+
+func TestEightBitMIME(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{})
+	s := w.sender(w.config())
+	m := msg("example.test", "bob@example.test")
+	m.Body = []byte("From: alice@sender.test\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n\r\nGrüße\r\n")
+	checkDelivered(t, s.Send(ctxT(t), m))
+	if got := fake.Messages(); got[0].Body != smtp.Body8BitMIME || got[0].UTF8 || got[0].Size != int64(len(m.Body)) {
+		t.Errorf("fake got body=%q utf8=%v size=%d", got[0].Body, got[0].UTF8, got[0].Size)
+	}
+}
+
+func TestSizeLimitCheckedBeforeData(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{MaxMessageBytes: 100})
+	s := w.sender(w.config())
+	m := msg("example.test", "bob@example.test")
+	m.Body = append(testBody("big"), bytes.Repeat([]byte("x"), 200)...)
+	r := s.Send(ctxT(t), m)
+	checkAll(t, r, classify.StageMail, 552, classify.EventNone)
+	if o := r.Rcpts[0].Outcome; o.Enhanced != "5.3.4" || !contains(o.Text, "synthetic") {
+		t.Errorf("outcome %+v", o)
+	}
+	if fake.Transactions() != 0 {
+		t.Error("MAIL was sent")
+	}
+}
+
+func TestDotStuff(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                   "",
+		"a\r\n":              "a\r\n",
+		".a\r\n":             "..a\r\n",
+		"a\r\n.\r\n.b\r\n":   "a\r\n..\r\n..b\r\n",
+		"no final newline":   "no final newline\r\n",
+		"x\r\n..already\r\n": "x\r\n...already\r\n",
+	} {
+		if got := string(dotStuff([]byte(in))); got != want {
+			t.Errorf("dotStuff(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestReplyParsing(t *testing.T) {
+	for raw, want := range map[string]reply{
+		"250 ok\r\n":                                   {code: 250, text: "ok"},
+		"550 5.1.1 no such user\r\n":                   {code: 550, enhanced: "5.1.1", text: "no such user"},
+		"421-4.7.0 slow\r\n421 4.7.0 down\r\n":         {code: 421, enhanced: "4.7.0", text: "slow\ndown"},
+		"452 4.5.3 Too many recipients\r\n":            {code: 452, enhanced: "4.5.3", text: "Too many recipients"},
+		"550 4.1.1 class mismatch is not enhanced\r\n": {code: 550, text: "4.1.1 class mismatch is not enhanced"},
+	} {
+		c := &client{}
+		c.setConn(&readOnlyConn{r: strings.NewReader(raw)})
+		got, err := c.readReply()
+		if err != nil {
+			t.Errorf("%q: %v", raw, err)
+			continue
+		}
+		want.raw = strings.TrimSuffix(strings.ReplaceAll(raw, "\r\n", "\r\n"), "\r\n")
+		if *got != want {
+			t.Errorf("%q: got %+v, want %+v", raw, *got, want)
+		}
+	}
+	for _, bad := range []string{"hello\r\n", "25\r\n", "250-a\r\n251 b\r\n", "2500 x\r\n"} {
+		c := &client{}
+		c.setConn(&readOnlyConn{r: strings.NewReader(bad)})
+		if _, err := c.readReply(); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+type readOnlyConn struct {
+	net.Conn
+	r *strings.Reader
+}
+
+func (c *readOnlyConn) Read(p []byte) (int, error) { return c.r.Read(p) }

@@ -1,0 +1,242 @@
+package sender
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/outflow/outflow/classify"
+)
+
+// defaultBatch is the number of recipients per transaction when the server
+// states no RCPTMAX: RFC 5321 4.5.3.1.8 obliges every server to take 100.
+const defaultBatch = 100
+
+// msgInfo is what Send works out once about a message.
+type msgInfo struct {
+	wire      []byte // dot-stuffed body ending in CRLF
+	size      int64  // len(Body), declared with SIZE=
+	eightBit  bool   // the body has octets above 127
+	needsUTF8 bool   // UTF-8 in an envelope address or a header field
+}
+
+func inspect(m *Message) *msgInfo {
+	info := &msgInfo{wire: dotStuff(m.Body), size: int64(len(m.Body))}
+	info.eightBit = !isASCII(m.Body)
+	hdrEnd := bytes.Index(m.Body, []byte("\r\n\r\n"))
+	if hdrEnd < 0 {
+		hdrEnd = len(m.Body)
+	}
+	// RFC 6531 3.2/3.4: SMTPUTF8 is needed when an envelope address or a
+	// header field carries UTF-8; 8-bit bytes in the body alone only need
+	// 8BITMIME.
+	info.needsUTF8 = !isASCII([]byte(m.From)) || !isASCII(m.Body[:hdrEnd])
+	for _, r := range m.Rcpts {
+		if !isASCII([]byte(r)) {
+			info.needsUTF8 = true
+		}
+	}
+	return info
+}
+
+func isASCII(b []byte) bool {
+	for _, c := range b {
+		if c >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+// tooManyRcpts reports whether a RCPT reply is the server's recipient limit
+// rather than a problem with the recipient: a 452 (RFC 5321 4.5.3.1.10)
+// after at least one recipient of this transaction was accepted, with no
+// enhanced code or 4.5.3 ("too many recipients", RFC 3463). The recipient
+// then goes into the next transaction.
+func tooManyRcpts(r *reply, acceptedSoFar int) bool {
+	return r.code == 452 && acceptedSoFar > 0 && (r.enhanced == "" || r.enhanced == "4.5.3")
+}
+
+// transaction runs one mail transaction (MAIL, RCPT for each index in
+// batch, DATA, body, final dot) and records each decided recipient's
+// outcome in out/decided. It returns the recipients the server deferred
+// for its recipient limit (carry, to go in the next transaction) and, for a
+// failure that ends the transaction for everyone still undecided, an error
+// carrying that outcome.
+//
+// With PIPELINING (RFC 2920) MAIL, every RCPT and DATA go out in one write
+// and the replies are read back in order; RFC 2920 3.1 has the client check
+// every one of them.
+func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, batch []int, out []classify.Input, decided []bool) (carry []int, err error) {
+	if info.needsUTF8 && !c.has("SMTPUTF8") {
+		// RFC 6531: without SMTPUTF8 offered, UTF-8 addresses or headers
+		// must not be sent; no later attempt to this host will differ.
+		return nil, &stepErr{in: synthetic(classify.StageMail, 553, "5.6.7",
+			fmt.Sprintf("the message needs SMTPUTF8 (UTF-8 in an address or header) but %s does not offer it", c.host))}
+	}
+	if c.sizeMax > 0 && info.size > c.sizeMax {
+		// RFC 1870: don't send what the server's fixed maximum refuses.
+		return nil, &stepErr{in: synthetic(classify.StageMail, 552, "5.3.4",
+			fmt.Sprintf("message of %d bytes exceeds %s's SIZE limit of %d bytes", info.size, c.host, c.sizeMax))}
+	}
+	// Counted from here: the checks above send nothing, so they need no
+	// RSET afterwards and do not use up the connection.
+	c.txs++
+	mail := "MAIL FROM:<" + m.From + ">"
+	if info.eightBit && c.has("8BITMIME") {
+		mail += " BODY=8BITMIME" // RFC 6152
+	}
+	if info.needsUTF8 {
+		mail += " SMTPUTF8" // RFC 6531 3.4
+	}
+	if c.has("SIZE") {
+		mail += " SIZE=" + strconv.FormatInt(info.size, 10) // RFC 1870
+	}
+
+	pipelined := c.has("PIPELINING")
+	if pipelined {
+		if err := c.deadline(ctx, c.cfg.CommandTimeout); err != nil {
+			return nil, c.netFail(ctx, classify.StageMail, "before MAIL", err)
+		}
+		_, _ = c.bw.WriteString(mail + "\r\n")
+		for _, i := range batch {
+			_, _ = c.bw.WriteString("RCPT TO:<" + m.Rcpts[i] + ">\r\n")
+		}
+		_, _ = c.bw.WriteString("DATA\r\n")
+		if err := c.bw.Flush(); err != nil {
+			return nil, c.netFail(ctx, classify.StageMail, "writing MAIL/RCPT/DATA", err)
+		}
+	}
+
+	// MAIL
+	var mailErr error
+	if pipelined {
+		mailErr = c.readStep(ctx, classify.StageMail, c.cfg.CommandTimeout, 2, "MAIL")
+	} else {
+		_, mailErr = c.cmd(ctx, classify.StageMail, c.cfg.CommandTimeout, 2, mail)
+	}
+	if mailErr != nil && (c.broken || !pipelined) {
+		return nil, mailErr
+	}
+
+	// RCPT, one reply per recipient.
+	var accepted []int
+	for k, i := range batch {
+		var r *reply
+		var err error
+		if pipelined {
+			r, err = c.readReplyStep(ctx, classify.StageRcpt, c.cfg.CommandTimeout, "RCPT")
+		} else {
+			if len(carry) > 0 {
+				// The server hit its limit; the rest waits for the
+				// next transaction without asking.
+				carry = append(carry, batch[k:]...)
+				break
+			}
+			r, err = c.cmd(ctx, classify.StageRcpt, c.cfg.CommandTimeout, 0, "RCPT TO:<"+m.Rcpts[i]+">")
+		}
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case mailErr != nil:
+			// Pipelined after a refused MAIL: these replies are noise.
+		case r.code/100 == 2:
+			accepted = append(accepted, i)
+		case tooManyRcpts(r, len(accepted)):
+			carry = append(carry, i)
+			// Learn the limit so the next transactions fit it.
+			if c.rcptMax == 0 || len(accepted) < c.rcptMax {
+				c.rcptMax = len(accepted)
+			}
+		default:
+			out[i], decided[i] = r.input(classify.StageRcpt), true
+		}
+	}
+
+	// DATA
+	var dataReply *reply
+	if pipelined {
+		r, err := c.readReplyStep(ctx, classify.StageData, c.cfg.DataInitTimeout, "DATA")
+		if err != nil {
+			return nil, err
+		}
+		dataReply = r
+		if mailErr != nil || len(accepted) == 0 {
+			if r.code == 354 {
+				// RFC 2920 3.1: DATA was accepted with nobody to
+				// deliver to; send an empty message's final dot and
+				// ignore its (failed) reply.
+				if err := c.writeBody(ctx, nil); err != nil {
+					return nil, err
+				}
+				if _, err := c.readReplyStep(ctx, classify.StageDataEnd, c.cfg.FinalDotTimeout, "final dot"); err != nil {
+					return nil, err
+				}
+			}
+			if mailErr != nil {
+				return nil, mailErr
+			}
+			return carry, nil
+		}
+	} else {
+		if len(accepted) == 0 {
+			// Nobody accepted: skip DATA; the open transaction is
+			// cleared by the RSET before the next one.
+			return carry, nil
+		}
+		r, err := c.cmd(ctx, classify.StageData, c.cfg.DataInitTimeout, 0, "DATA")
+		if err != nil {
+			return nil, err
+		}
+		dataReply = r
+	}
+	if dataReply.code != 354 {
+		return carry, &stepErr{in: dataReply.input(classify.StageData)}
+	}
+
+	// Body and final dot.
+	if err := c.writeBody(ctx, info.wire); err != nil {
+		return nil, err
+	}
+	r, err := c.readReplyStep(ctx, classify.StageDataEnd, c.cfg.FinalDotTimeout, "final dot")
+	if err != nil {
+		return nil, err
+	}
+	in := r.input(classify.StageDataEnd)
+	for _, i := range accepted {
+		out[i], decided[i] = in, true
+	}
+	return carry, nil
+}
+
+// readReplyStep reads one reply within timeout; transport failures become
+// step errors, any reply code is returned to the caller.
+func (c *client) readReplyStep(ctx context.Context, stage classify.Stage, timeout time.Duration, what string) (*reply, error) {
+	if err := c.deadline(ctx, timeout); err != nil {
+		return nil, c.netFail(ctx, stage, "before reply to "+what, err)
+	}
+	r, err := c.readReply()
+	if err != nil {
+		return nil, c.netFail(ctx, stage, "reading reply to "+what, err)
+	}
+	if r.code == 421 {
+		// RFC 5321 3.8: 421 means the server is closing the channel.
+		c.broken = true
+	}
+	return r, nil
+}
+
+// readStep is readReplyStep that also checks the code class.
+func (c *client) readStep(ctx context.Context, stage classify.Stage, timeout time.Duration, want int, what string) error {
+	r, err := c.readReplyStep(ctx, stage, timeout, what)
+	if err != nil {
+		return err
+	}
+	if !codeIs(r.code, want) {
+		return &stepErr{in: r.input(stage)}
+	}
+	return nil
+}
