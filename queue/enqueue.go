@@ -135,14 +135,29 @@ func (q *Queue) Body(ctx context.Context, ref string) ([]byte, error) {
 	return b, nil
 }
 
-// releaseBody deletes a body once no envelope can need it again. Only
-// single-part submissions are deleted eagerly; bodies shared by several
-// envelopes expire with the bucket's TTL.
-func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
-	if e.Parts > 1 {
-		return
+// PutBody stores a derived body (a DKIM-signed copy) under ref.
+func (q *Queue) PutBody(ctx context.Context, ref string, body []byte) error {
+	if _, err := q.bodies.PutBytes(ctx, ref, body); err != nil {
+		return fmt.Errorf("store body %s: %w", ref, err)
 	}
-	if err := q.bodies.Delete(ctx, e.BodyRef); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
-		q.log.Debug().Err(err).Str("msg_id", e.MsgID).Msg("delete body")
+	return nil
+}
+
+// releaseBody deletes a body once no envelope can need it again: its own
+// signed copy always, the shared original only for single-part
+// submissions; bodies shared by several envelopes expire with the bucket's
+// TTL.
+func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
+	var refs []string
+	if e.Signed && e.BodyRef != e.MsgID {
+		refs = append(refs, e.BodyRef)
+	}
+	if e.Parts <= 1 {
+		refs = append(refs, e.MsgID)
+	}
+	for _, ref := range refs {
+		if err := q.bodies.Delete(ctx, ref); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+			q.log.Debug().Err(err).Str("msg_id", e.MsgID).Msg("delete body")
+		}
 	}
 }

@@ -38,13 +38,17 @@ var ErrMalformed = errors.New("malformed envelope")
 // destination. The JSON payload holds what never changes; the attempt
 // metadata lives in headers (see Hdr*) and in History.
 type Envelope struct {
-	ID          string    `json:"id"`                   // envelope id, unique per destination part
-	MsgID       string    `json:"msg_id"`               // submission id, shared by all parts; names the body
-	Tenant      string    `json:"tenant"`               // the submitting user
-	From        string    `json:"from"`                 // envelope sender
-	Rcpts       []string  `json:"rcpts"`                // recipients still to deliver, all at Dest
-	Dest        string    `json:"dest"`                 // destination: the recipients' domain
-	BodyRef     string    `json:"body_ref"`             // Object Store name of the body
+	ID      string   `json:"id"`       // envelope id, unique per destination part
+	MsgID   string   `json:"msg_id"`   // submission id, shared by all parts; names the body
+	Tenant  string   `json:"tenant"`   // the submitting user
+	From    string   `json:"from"`     // envelope sender
+	Rcpts   []string `json:"rcpts"`    // recipients still to deliver, all at Dest
+	Dest    string   `json:"dest"`     // destination: the recipients' domain
+	BodyRef string   `json:"body_ref"` // Object Store name of the body
+	// Signed is set once the body named by BodyRef carries outflow's DKIM
+	// signature; the unsigned original stays under MsgID. Retries send the
+	// signed bytes unchanged.
+	Signed      bool      `json:"signed,omitempty"`
 	Size        int64     `json:"size"`                 // body size in bytes
 	Parts       int       `json:"parts"`                // how many envelopes the submission became
 	SubmittedAt time.Time `json:"submitted_at"`         // when outflow accepted the message

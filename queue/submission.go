@@ -5,7 +5,7 @@ import "time"
 // Submission is one message handed to outflow, by the SMTP submission
 // listener or by `outflow submit`, before it is split per destination.
 type Submission struct {
-	Tenant         string    // the authenticated submitter (AUTH user), or "trusted:<addr>" for trusted networks
+	Tenant         string    // the authenticated submitter (AUTH user), or "trusted" for trusted networks
 	From           string    // envelope sender (MAIL FROM), may be "" for the null sender
 	Rcpts          []string  // envelope recipients (RCPT TO), at least one
 	Body           []byte    // the message as received, CRLF line endings

@@ -13,6 +13,14 @@ import (
 	"github.com/outflow/outflow/sender"
 )
 
+// deliverer is one delivery goroutine of a Pool. Each has its own id,
+// "<worker-id>/<n>", so that its contention offset differs from its
+// siblings' and a logged decision names the exact goroutine that made it.
+type deliverer struct {
+	*Pool
+	id string
+}
+
 // outcome groups one attempt's recipients by what happens to them next.
 type outcome struct {
 	delivered []string
@@ -35,7 +43,7 @@ type rcptResult struct {
 // handle delivers one envelope and records exactly one durable outcome. An
 // error means the durable step could not be written; the envelope stays
 // unacknowledged and comes back.
-func (p *Pool) handle(ctx context.Context, d *queue.Delivery) error {
+func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	e := d.Env
 	done, err := d.AlreadyHandled(ctx)
 	if err != nil {
@@ -63,6 +71,13 @@ func (p *Pool) handle(ctx context.Context, d *queue.Delivery) error {
 		return p.dead(ctx, d, e.Clone(), dest, queue.EventDead, "body missing: "+err.Error())
 	}
 
+	if p.cfg.Signer != nil && !e.Signed {
+		if body, err = p.sign(ctx, e, body); err != nil {
+			permit.Done(nil)
+			return err
+		}
+	}
+
 	// Keep the ack alive while the SMTP conversation runs.
 	stop := make(chan struct{})
 	go func() {
@@ -85,8 +100,28 @@ func (p *Pool) handle(ctx context.Context, d *queue.Delivery) error {
 	return p.record(ctx, d, dest, o, now)
 }
 
+// sign adds the DKIM signature before the first attempt and stores the
+// signed copy, so every retry sends exactly the same bytes. e (the working
+// copy every next state is cloned from) then names the signed body.
+func (p *deliverer) sign(ctx context.Context, e *queue.Envelope, body []byte) ([]byte, error) {
+	signed, err := p.cfg.Signer.Sign(e.From, body)
+	if err != nil {
+		p.log.Warn().Err(err).Str("msg_id", e.ID).Msg("DKIM signing failed; sending unsigned")
+		return body, nil
+	}
+	if len(signed) == len(body) {
+		return body, nil // no key for this sender domain
+	}
+	ref := e.MsgID + ".dkim." + e.ID
+	if err := p.cfg.Queue.PutBody(ctx, ref, signed); err != nil {
+		return nil, err
+	}
+	e.BodyRef, e.Signed, e.Size = ref, true, int64(len(signed))
+	return signed, nil
+}
+
 // sort classifies each recipient's outcome and groups the recipients.
-func (p *Pool) sort(e *queue.Envelope, res sender.Result) *outcome {
+func (p *deliverer) sort(e *queue.Envelope, res sender.Result) *outcome {
 	o := &outcome{}
 	byRcpt := make(map[string]classify.Input, len(res.Rcpts))
 	for _, r := range res.Rcpts {
@@ -132,7 +167,7 @@ func (p *Pool) sort(e *queue.Envelope, res sender.Result) *outcome {
 // SENT marker, and the acknowledgement comes last, so a crash at any point
 // leaves either the original (redelivered and recognised by
 // AlreadyHandled) or the next state, never neither.
-func (p *Pool) record(ctx context.Context, d *queue.Delivery, dest string, o *outcome, started time.Time) error {
+func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, o *outcome, started time.Time) error {
 	e := d.Env
 	q := p.cfg.Queue
 	lane := string(d.Lane)
@@ -143,7 +178,7 @@ func (p *Pool) record(ctx context.Context, d *queue.Delivery, dest string, o *ou
 		rec := p.baseRecord(e, dest, b.res)
 		p.logRecord(rec, "bounced")
 		q.Event(queue.EventBounced, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: e.Attempt + 1,
-			Worker: p.cfg.WorkerID, Recipients: []string{b.rcpt}, Reason: b.res.Text, Decision: mustJSON(rec)})
+			Worker: p.id, Recipients: []string{b.rcpt}, Reason: b.res.Text, Decision: mustJSON(rec)})
 	}
 	if p.cfg.Metrics != nil && len(o.bounced) > 0 {
 		p.cfg.Metrics.Bounced.Add(float64(len(o.bounced)))
@@ -173,7 +208,7 @@ func (p *Pool) record(ctx context.Context, d *queue.Delivery, dest string, o *ou
 				return err
 			}
 			q.Event(queue.EventHeld, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
-				Worker: p.cfg.WorkerID, Recipients: next.Rcpts, Reason: o.lead.Text, Decision: mustJSON(rec)})
+				Worker: p.id, Recipients: next.Rcpts, Reason: o.lead.Text, Decision: mustJSON(rec)})
 		} else {
 			next.Rcpts = o.again
 			if err := p.defer_(ctx, d, next, dest, o); err != nil {
@@ -194,7 +229,7 @@ func (p *Pool) record(ctx context.Context, d *queue.Delivery, dest string, o *ou
 			return err
 		}
 		q.Event(queue.EventDelivered, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: e.Attempt + 1,
-			Worker: p.cfg.WorkerID, Recipients: o.delivered, Decision: mustJSON(rec)})
+			Worker: p.id, Recipients: o.delivered, Decision: mustJSON(rec)})
 		if remaining > 0 {
 			return d.Skip(ctx)
 		}
@@ -210,7 +245,7 @@ func (p *Pool) record(ctx context.Context, d *queue.Delivery, dest string, o *ou
 // defer_ schedules the remaining recipients on the retry or rate-limit lane,
 // or sends them to dead letters when the budget is spent. It does not
 // acknowledge the original; record does that last.
-func (p *Pool) defer_(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest string, o *outcome) error {
+func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest string, o *outcome) error {
 	e := d.Env
 	now := time.Now()
 	lane, bo, evType, class := queue.LaneRetry, p.cfg.Retry, queue.EventDeferred, o.lead.Class.String()
@@ -238,7 +273,7 @@ func (p *Pool) defer_(ctx context.Context, d *queue.Delivery, next *queue.Envelo
 		retryN = next.ThrottleCount
 	}
 	seed := coordinator.NewSeed()
-	dec := bo.Decide(retryN, p.cfg.WorkerID, seed, o.lead.RetryAfter)
+	dec := bo.Decide(retryN, p.id, seed, o.lead.RetryAfter)
 	at := dec.At(now)
 	rec := p.baseRecord(e, dest, o.lead)
 	rec.Lane = string(lane)
@@ -254,14 +289,14 @@ func (p *Pool) defer_(ctx context.Context, d *queue.Delivery, next *queue.Envelo
 		return err
 	}
 	p.cfg.Queue.Event(evType, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
-		Worker: p.cfg.WorkerID, Recipients: next.Rcpts, Reason: o.lead.Text, Decision: mustJSON(rec)})
+		Worker: p.id, Recipients: next.Rcpts, Reason: o.lead.Text, Decision: mustJSON(rec)})
 	return nil
 }
 
 // refused handles a coordinator refusal: no attempt was made, so neither
 // the attempt count nor the budget changes; the envelope waits in the lane
 // it came from (fresh mail in the retry lane) until the refusal ends.
-func (p *Pool) refused(ctx context.Context, d *queue.Delivery, dest string, r coordinator.Refusal) error {
+func (p *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string, r coordinator.Refusal) error {
 	e := d.Env
 	lane := d.Lane
 	if lane == queue.LaneWork {
@@ -282,7 +317,7 @@ func (p *Pool) refused(ctx context.Context, d *queue.Delivery, dest string, r co
 }
 
 // dead moves the envelope to dead letters with its evidence and reason.
-func (p *Pool) dead(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest, evType, reason string) error {
+func (p *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest, evType, reason string) error {
 	e := d.Env
 	p.log.Warn().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", next.Attempt).
 		Str("reason", reason).Msg("moved to dead letters")
@@ -293,19 +328,19 @@ func (p *Pool) dead(ctx context.Context, d *queue.Delivery, next *queue.Envelope
 		p.cfg.Metrics.DeadLetters.Inc()
 	}
 	p.cfg.Queue.Event(evType, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
-		Worker: p.cfg.WorkerID, Recipients: next.Rcpts, Reason: reason})
+		Worker: p.id, Recipients: next.Rcpts, Reason: reason})
 	return nil
 }
 
-func (p *Pool) baseRecord(e *queue.Envelope, dest string, r classify.Result) coordinator.Record {
+func (p *deliverer) baseRecord(e *queue.Envelope, dest string, r classify.Result) coordinator.Record {
 	return coordinator.Record{
-		MsgID: e.ID, Tenant: e.Tenant, Dest: dest, Attempt: e.Attempt + 1, WorkerID: p.cfg.WorkerID,
+		MsgID: e.ID, Tenant: e.Tenant, Dest: dest, Attempt: e.Attempt + 1, WorkerID: p.id,
 		Class: r.Class.String(), Rule: r.Rule, Code: r.Code, EnhancedCode: r.Enhanced, Reply: r.Text,
 	}
 }
 
 // logRecord writes the decision line. Decision lines are never sampled.
-func (p *Pool) logRecord(rec coordinator.Record, msg string) {
+func (p *deliverer) logRecord(rec coordinator.Record, msg string) {
 	rec.Log(p.cfg.Logger.With().Str("outcome", msg).Logger())
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +36,13 @@ type Sender interface {
 	Send(ctx context.Context, m *sender.Message) sender.Result
 }
 
+// Signer signs a message body for its sender's domain, returning it
+// unchanged when it has no key for that domain. *sender.DKIMSigner
+// implements it.
+type Signer interface {
+	Sign(from string, body []byte) ([]byte, error)
+}
+
 // Config configures a Pool.
 type Config struct {
 	// WorkerID names this process in logs, decision records and the
@@ -51,6 +59,10 @@ type Config struct {
 	// ProgressEvery is how often a long send tells the server it is still
 	// working on the envelope. Default 15s (a quarter of the ack wait).
 	ProgressEvery time.Duration
+
+	// Signer adds a DKIM signature before the first attempt; nil sends
+	// bodies as submitted.
+	Signer Signer
 
 	Queue      *queue.Queue
 	Sender     Sender
@@ -127,9 +139,10 @@ func (p *Pool) Run(ctx context.Context, grace time.Duration) error {
 	defer cancelWork()
 	for i := 0; i < p.cfg.Workers; i++ {
 		p.wg.Add(1)
+		w := &deliverer{Pool: p, id: p.cfg.WorkerID + "/" + strconv.Itoa(i)}
 		go func() {
 			defer p.wg.Done()
-			p.loop(ctx, workCtx, chans[0], chans[1], chans[2])
+			w.loop(ctx, workCtx, chans[0], chans[1], chans[2])
 		}()
 	}
 	<-ctx.Done()
@@ -149,7 +162,7 @@ func (p *Pool) Run(ctx context.Context, grace time.Duration) error {
 // select picks uniformly among ready cases, so no lane can starve another;
 // the work lane never waits behind deferred mail because deferred mail is
 // not in any lane until it is due.
-func (p *Pool) loop(ctx, workCtx context.Context, work, retry, rl <-chan *queue.Delivery) {
+func (p *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *queue.Delivery) {
 	for {
 		var d *queue.Delivery
 		var ok bool
@@ -173,7 +186,7 @@ func (p *Pool) loop(ctx, workCtx context.Context, work, retry, rl <-chan *queue.
 // safeHandle runs one delivery, turning a panic into a logged error and a
 // counted event; the envelope is left unacknowledged so the server hands it
 // out again after the ack wait.
-func (p *Pool) safeHandle(ctx context.Context, d *queue.Delivery) {
+func (p *deliverer) safeHandle(ctx context.Context, d *queue.Delivery) {
 	defer func() {
 		if r := recover(); r != nil {
 			p.log.Error().Str("msg_id", d.Env.ID).Interface("panic", r).Bytes("stack", debug.Stack()).Msg("delivery panicked")

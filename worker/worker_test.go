@@ -177,7 +177,7 @@ func TestTransientThenSuccess(t *testing.T) {
 			}
 		}
 	}
-	if rec.Lane != "retry" || rec.Class != "transient" || rec.Code != 451 || rec.DelayMs <= 0 || rec.JitterSeed == 0 || rec.WorkerID != "w-test" {
+	if rec.Lane != "retry" || rec.Class != "transient" || rec.Code != 451 || rec.DelayMs <= 0 || rec.JitterSeed == 0 || !strings.HasPrefix(rec.WorkerID, "w-test/") {
 		t.Fatalf("decision record = %+v", rec)
 	}
 	// Recompute the logged delay from its seed: the record is reproducible.

@@ -348,4 +348,3 @@ func short(s string, n int) string {
 	}
 	return s[:n-1] + "…"
 }
-

@@ -53,6 +53,19 @@ type serveConfig struct {
 	LogLevel        string        `toml:"log-level"`
 	ShutdownGrace   time.Duration `toml:"shutdown-grace"`
 	SMTPPort        int           `toml:"smtp-port"`
+	TLSPolicy       string        `toml:"tls-policy"`
+
+	// Config-file-only sections.
+	TLSDestinations map[string]string `toml:"tls-destinations"` // destination domain -> opportunistic|required|none
+	DKIM            []dkimConfig      `toml:"dkim"`
+}
+
+// dkimConfig is one [[dkim]] section: the key that signs mail whose sender
+// domain is Domain.
+type dkimConfig struct {
+	Domain   string `toml:"domain"`
+	Selector string `toml:"selector"`
+	KeyFile  string `toml:"key-file"` // PEM, RSA (PKCS#1 or PKCS#8) or Ed25519 (PKCS#8)
 }
 
 // bindServeFlags registers the flags on fs, pointing at c's fields, with
@@ -96,6 +109,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long deliveries in progress may take to finish at shutdown")
 	fs.IntVar(&c.SMTPPort, "smtp-port", 25, "port of MX hosts (tests use another)")
+	fs.StringVar(&c.TLSPolicy, "tls-policy", "opportunistic", "TLS to MX hosts: opportunistic, required or none (per destination: [tls-destinations] in the config)")
 }
 
 // loadConfigFile applies the config file under the flags: it remembers the

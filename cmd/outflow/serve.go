@@ -139,19 +139,36 @@ func serve(parent context.Context, c *serveConfig) error {
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 
+	tlsDest := map[string]sender.TLSPolicy{}
+	for d, p := range c.TLSDestinations {
+		tlsDest[strings.ToLower(d)] = sender.TLSPolicy(p)
+	}
 	snd, err := sender.New(sender.Config{
 		Hostname: hostname, Relay: c.Relay, RelayUsername: c.RelayUser, RelayPassword: c.RelayPassword,
-		RelayTLS: sender.RelayTLS(c.RelayTLS), Port: c.SMTPPort, Logger: log,
+		RelayTLS: sender.RelayTLS(c.RelayTLS), TLS: sender.TLSPolicy(c.TLSPolicy), TLSPerDestination: tlsDest,
+		Port: c.SMTPPort, Logger: log,
 	})
 	if err != nil {
 		return usageError{err}
 	}
 	defer snd.Close()
+	var signer worker.Signer
+	if len(c.DKIM) > 0 {
+		keys := make([]sender.DKIMKey, len(c.DKIM))
+		for i, k := range c.DKIM {
+			keys[i] = sender.DKIMKey{Domain: k.Domain, Selector: k.Selector, KeyFile: k.KeyFile}
+		}
+		s, err := sender.NewDKIMSigner(keys)
+		if err != nil {
+			return usageError{fmt.Errorf("[[dkim]]: %w", err)}
+		}
+		signer = s
+	}
 
 	pool, err := worker.New(worker.Config{
 		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, Budget: budget,
 		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier,
-		Logger: log, Metrics: worker.NewMetrics(reg),
+		Signer: signer, Logger: log, Metrics: worker.NewMetrics(reg),
 	})
 	if err != nil {
 		return usageError{err}

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outflow/outflow/submission"
+)
+
+// maxPasswordLine bounds what passwd reads from stdin; bcrypt uses at most
+// 72 bytes, so anything near this is a mistake (a file piped by accident).
+const maxPasswordLine = 1024
+
+func init() {
+	var (
+		user string
+		cost int
+	)
+	cmd := &cobra.Command{
+		Use:   "passwd",
+		Short: "read a password on stdin and print its bcrypt hash for the users file",
+		Long: `passwd reads one password from stdin (the first line, without its line
+ending) and prints its bcrypt hash. With --user NAME it prints a whole users
+file line, NAME:HASH. The password is never echoed back or written anywhere.
+
+  outflow passwd --user app < password.txt >> data/users`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if user != "" {
+				if err := submission.ValidateUserName(user); err != nil {
+					return usageError{fmt.Errorf("--user: %w", err)}
+				}
+			}
+			in := cmd.InOrStdin()
+			if f, ok := in.(*os.File); ok {
+				if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+					// A terminal: say what is expected. Typing will echo.
+					fmt.Fprint(cmd.ErrOrStderr(), "Password (will echo; pipe it in to avoid that): ")
+				}
+			}
+			pw, err := readPasswordLine(in)
+			if err != nil {
+				return err
+			}
+			hash, err := submission.HashPassword(pw, cost)
+			if err != nil {
+				return err
+			}
+			if user != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s:%s\n", user, hash)
+			} else {
+				fmt.Fprintln(cmd.OutOrStdout(), hash)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&user, "user", "", "print a users file line NAME:HASH instead of the hash alone")
+	cmd.Flags().IntVar(&cost, "cost", 10, "bcrypt cost, 4..31; each step doubles the work (10 is about 50 ms)")
+	rootCmd.AddCommand(cmd)
+}
+
+// readPasswordLine returns the first line of r without its "\n" or "\r\n".
+func readPasswordLine(r io.Reader) (string, error) {
+	br := bufio.NewReaderSize(io.LimitReader(r, maxPasswordLine+1), maxPasswordLine+1)
+	line, err := br.ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return "", fmt.Errorf("read password: %w", err)
+	}
+	if len(line) > maxPasswordLine {
+		return "", fmt.Errorf("read password: first line longer than %d bytes", maxPasswordLine)
+	}
+	line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
+	if line == "" {
+		return "", errors.New("read password: empty password on stdin")
+	}
+	return line, nil
+}

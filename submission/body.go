@@ -1,0 +1,215 @@
+package submission
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/emersion/go-smtp"
+)
+
+// bodyChunk is the read size for message bodies.
+const bodyChunk = 32 << 10
+
+// readBody reads the whole body from r (go-smtp's dot-unstuffing reader for
+// DATA, a pipe for BDAT) onto prefix and validates it. It always reads to
+// the end of the body, even after finding a fault, so the connection stays
+// in step and the client gets its reply; only a timeout, a read error or
+// go-smtp's size limit stop it early. On a fault it returns the reason label
+// and the reply.
+func (s *session) readBody(r io.Reader, prefix []byte, start time.Time) ([]byte, string, *smtp.SMTPError) {
+	// For DATA the session owns the socket's read deadline: go-smtp set it
+	// once, at the DATA command, which would make the whole body fit into
+	// one ReadTimeout. Each read gets ReadTimeout instead, and the body as a
+	// whole DataTimeout. For BDAT go-smtp reads the socket itself, one
+	// command and chunk at a time, under its own timeouts.
+	_, chunked := r.(*io.PipeReader)
+	hard := start.Add(s.srv.cfg.DataTimeout)
+	nc := s.conn.Conn()
+
+	body := prefix
+	v := bodyValidator{maxLine: s.srv.cfg.MaxLineLength, lineTooLong: s.srv.errLineTooLong}
+	buf := make([]byte, bodyChunk)
+	for {
+		if !chunked {
+			_ = nc.SetReadDeadline(minTime(time.Now().Add(s.srv.cfg.ReadTimeout), hard))
+		}
+		n, err := r.Read(buf)
+		if n > 0 && v.err == nil {
+			v.scan(buf[:n])
+			if v.err == nil {
+				body = append(body, buf[:n]...)
+			} else {
+				body = nil // keep draining, stop storing
+			}
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		var ne net.Error
+		switch {
+		case errors.Is(err, smtp.ErrDataTooLarge):
+			// go-smtp stops handing us data and drains the rest itself,
+			// under the deadline set here: give it what is left of
+			// DataTimeout. If even that runs out, the read timeout closes
+			// the connection (trackedConn.idleTimeout) rather than let the
+			// rest of the body be read as commands.
+			if !chunked {
+				_ = nc.SetReadDeadline(hard)
+			}
+			return nil, reasonTooBig, smtp.ErrDataTooLarge
+		case errors.Is(err, smtp.ErrTooLongLine):
+			// Past go-smtp's hard limit (twice MaxLineLength): it closes
+			// the connection after this reply.
+			return nil, reasonLineTooLong, s.srv.errLineTooLong
+		case errors.As(err, &ne) && ne.Timeout():
+			if s.tc != nil {
+				s.tc.hangup("")
+			}
+			return nil, reasonTimeout, errDataTimeout
+		default:
+			return nil, reasonAborted, errDataAborted
+		}
+	}
+	v.finish()
+	if v.err != nil {
+		return nil, v.reason, v.err
+	}
+	return body, "", nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// bodyValidator checks a body as it streams past, across read boundaries.
+// The first fault wins.
+type bodyValidator struct {
+	maxLine     int // octets including CRLF
+	lineTooLong *smtp.SMTPError
+
+	lineLen int  // octets of the current line so far
+	prevCR  bool // the previous octet was CR
+
+	err    *smtp.SMTPError
+	reason string
+}
+
+func (v *bodyValidator) fail(e *smtp.SMTPError, reason string) {
+	v.err, v.reason = e, reason
+}
+
+// scan checks p, the next bytes of the body.
+func (v *bodyValidator) scan(p []byte) {
+	for _, c := range p {
+		v.lineLen++
+		switch {
+		case c == 0:
+			v.fail(errNUL, reasonNUL)
+		case v.prevCR && c != '\n':
+			// RFC 5321 section 2.3.8: CR only as part of CRLF.
+			v.fail(errBareCR, reasonBareCR)
+		case c == '\n' && !v.prevCR:
+			// RFC 5321 section 2.3.8: LF only as part of CRLF. Rejected,
+			// not repaired: repairing would change what the client signed
+			// (DKIM) and hide a broken client.
+			v.fail(errBareLF, reasonBareLF)
+		case v.lineLen > v.maxLine:
+			// RFC 5321 section 4.5.3.1.6. The count is of the unstuffed
+			// line, as the RFC says (the transparency dot is not counted).
+			v.fail(v.lineTooLong, reasonLineTooLong)
+		}
+		if v.err != nil {
+			return
+		}
+		if c == '\n' {
+			v.lineLen = 0
+		}
+		v.prevCR = c == '\r'
+	}
+}
+
+// finish checks the end of the body: a trailing CR is a bare CR.
+func (v *bodyValidator) finish() {
+	if v.err == nil && v.prevCR {
+		v.fail(errBareCR, reasonBareCR)
+	}
+}
+
+// receivedHeader is the trace line of RFC 5321 section 4.4:
+//
+//	Received: from <helo> (<address-literal>)
+//		by <hostname> (outflow) with <protocol>;
+//		<date-time>
+//
+// with the protocol names of RFC 3848 (ESMTP, plus S for STARTTLS, plus A
+// for AUTH). The "for" clause is left out: it would disclose the other
+// recipients of the message. The client's HELO name is untrusted input and
+// is reduced to safe characters.
+func receivedHeader(helo string, remote netip.Addr, hostname string, isTLS, auth bool, t time.Time) string {
+	proto := "ESMTP"
+	if isTLS {
+		proto += "S"
+	}
+	if auth {
+		proto += "A"
+	}
+	lit := "unknown"
+	if remote.IsValid() {
+		// RFC 5321 section 4.1.3 address literals.
+		if remote.Is4() {
+			lit = "[" + remote.String() + "]"
+		} else {
+			lit = "[IPv6:" + remote.String() + "]"
+		}
+	}
+	var b strings.Builder
+	b.WriteString("Received: from ")
+	b.WriteString(traceToken(helo))
+	b.WriteString(" (")
+	b.WriteString(lit)
+	b.WriteString(")\r\n\tby ")
+	b.WriteString(traceToken(hostname))
+	b.WriteString(" (outflow) with ")
+	b.WriteString(proto)
+	b.WriteString(";\r\n\t")
+	// RFC 5322 section 3.3 date-time.
+	b.WriteString(t.Format(time.RFC1123Z))
+	b.WriteString("\r\n")
+	return b.String()
+}
+
+// maxTraceToken bounds a name in the Received header (a domain is at most
+// 255 octets, RFC 5321 section 4.5.3.1.2).
+const maxTraceToken = 255
+
+// traceToken keeps a name to letters, digits and ".-:[]_", replacing
+// anything else with "_", so a hostile HELO cannot add header lines or
+// comments.
+func traceToken(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	if len(s) > maxTraceToken {
+		s = s[:maxTraceToken]
+	}
+	b := []byte(s)
+	for i, c := range b {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte(".-:[]_", c) >= 0:
+		default:
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}

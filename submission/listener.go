@@ -1,0 +1,230 @@
+package submission
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// go-smtp v0.25.1 has no connection limit and no way to end an idle
+// connection politely on shutdown, so the listener and each connection are
+// wrapped here: limitListener counts connections and refuses the excess,
+// trackedConn lets the server hang up on a connection between commands
+// without ever cutting a message in flight.
+
+// tooManyConnsReply is sent to a connection over Config.MaxConnections
+// before it is closed; 421 tells the client to try again later
+// (RFC 5321 section 3.8), 4.7.0 is RFC 3463's "other security or policy".
+const tooManyConnsReply = "421 4.7.0 Too many connections, try again later\r\n"
+
+// rejectWriteTimeout bounds the one-line reply to a refused connection, so a
+// client that does not read cannot stall the accept loop.
+const rejectWriteTimeout = time.Second
+
+// limitListener refuses connections beyond Config.MaxConnections, and any
+// connection accepted while the server shuts down.
+type limitListener struct {
+	net.Listener
+	srv *Server
+}
+
+// Accept returns the next connection the server has room for. Refused ones
+// are answered and closed here, inline: a single short write to a fresh
+// socket does not block, and the write deadline caps it anyway.
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		tc, reply := l.srv.admit(c)
+		if tc != nil {
+			return tc, nil
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(rejectWriteTimeout))
+		_, _ = io.WriteString(c, reply)
+		_ = c.Close()
+	}
+}
+
+// admit registers c as a tracked connection, or returns the reply that
+// refuses it.
+func (s *Server) admit(c net.Conn) (*trackedConn, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return nil, shutdownReply
+	}
+	if len(s.conns) >= s.cfg.MaxConnections {
+		s.metrics.connRejected.Inc()
+		s.log.Warn().Str("remote", c.RemoteAddr().String()).Int("max_connections", s.cfg.MaxConnections).
+			Str("reason", "too_many_connections").Msg("connection refused")
+		return nil, tooManyConnsReply
+	}
+	tc := &trackedConn{Conn: c, srv: s}
+	s.conns[tc] = struct{}{}
+	s.metrics.connections.Set(float64(len(s.conns)))
+	return tc, ""
+}
+
+// release forgets a closed connection.
+func (s *Server) release(tc *trackedConn) {
+	s.mu.Lock()
+	delete(s.conns, tc)
+	s.metrics.connections.Set(float64(len(s.conns)))
+	s.mu.Unlock()
+}
+
+// pastDeadline makes a blocked Read return at once.
+var pastDeadline = time.Unix(1, 0)
+
+// trackedConn is the net.Conn go-smtp sees (under TLS after STARTTLS).
+//
+// Once hung up, the next read between commands returns io.EOF, which go-smtp
+// treats as the client leaving: it closes the connection without another
+// reply. Reads of a message body (between beginData and endData) are never
+// interrupted, so a DATA in flight always gets its reply.
+type trackedConn struct {
+	net.Conn
+	srv *Server
+
+	mu        sync.Mutex
+	inData    bool   // the session is reading or enqueueing a body
+	hung      bool   // end the connection at the next command read
+	hangupMsg string // one reply line to send before that, plaintext only
+	tls       bool   // STARTTLS happened: never write plaintext any more
+
+	closeOnce sync.Once
+}
+
+// idleTimeoutReply ends a connection whose command read timed out.
+const idleTimeoutReply = "421 4.4.2 Idle timeout, closing connection\r\n"
+
+// Read passes reads through unless the connection has been hung up.
+func (c *trackedConn) Read(b []byte) (int, error) {
+	if msg, stop := c.stopped(); stop {
+		c.sendHangup(msg)
+		return 0, io.EOF
+	}
+	n, err := c.Conn.Read(b)
+	if err == nil {
+		return n, nil
+	}
+	if msg, stop := c.stopped(); stop {
+		c.sendHangup(msg)
+		return n, io.EOF
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && c.idleTimeout() {
+		return n, io.EOF
+	}
+	return n, err
+}
+
+// idleTimeout ends the connection after a read timeout outside a message
+// body (which the session handles itself). The connection is closed here,
+// not left to go-smtp: bufio drops a read error when part of a line was
+// read, so go-smtp would run the half-sent command and answer it after the
+// timeout. Closing first makes the 421 the last thing the client hears
+// (RFC 5321 section 4.5.3.2.7 allows closing an idle connection).
+func (c *trackedConn) idleTimeout() bool {
+	c.mu.Lock()
+	if c.inData {
+		c.mu.Unlock()
+		return false
+	}
+	c.hung = true
+	plain := !c.tls
+	c.mu.Unlock()
+	c.srv.metrics.rejections.WithLabelValues(reasonTimeout).Inc()
+	c.srv.log.Info().Str("remote", c.RemoteAddr().String()).Str("reason", reasonTimeout).
+		Msg("idle timeout, closing connection")
+	if plain {
+		c.sendHangup(idleTimeoutReply)
+	}
+	_ = c.Conn.Close()
+	return true
+}
+
+// stopped reports whether reads must end now, and takes the pending hangup
+// reply if there is one.
+func (c *trackedConn) stopped() (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.hung || c.inData {
+		return "", false
+	}
+	msg := c.hangupMsg
+	c.hangupMsg = ""
+	return msg, true
+}
+
+func (c *trackedConn) sendHangup(msg string) {
+	if msg == "" {
+		return
+	}
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(rejectWriteTimeout))
+	_, _ = io.WriteString(c.Conn, msg)
+}
+
+// SetReadDeadline keeps a hung-up connection's deadline in the past, so
+// go-smtp resetting its idle timeout cannot undo a hangup.
+func (c *trackedConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hung && !c.inData {
+		t = pastDeadline
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+// SetDeadline applies the same rule to the read side.
+func (c *trackedConn) SetDeadline(t time.Time) error {
+	if err := c.SetReadDeadline(t); err != nil {
+		return err
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// hangup ends the connection at its next command read; msg (a full reply
+// line with CRLF, or "") is written first unless the connection uses TLS.
+// A blocked read is woken at once unless a body is being read.
+func (c *trackedConn) hangup(msg string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.hung = true
+	if !c.tls {
+		c.hangupMsg = msg
+	}
+	if !c.inData {
+		_ = c.Conn.SetReadDeadline(pastDeadline)
+	}
+}
+
+func (c *trackedConn) setTLS() {
+	c.mu.Lock()
+	c.tls = true
+	c.hangupMsg = ""
+	c.mu.Unlock()
+}
+
+func (c *trackedConn) beginData() {
+	c.mu.Lock()
+	c.inData = true
+	c.mu.Unlock()
+}
+
+func (c *trackedConn) endData() {
+	c.mu.Lock()
+	c.inData = false
+	c.mu.Unlock()
+}
+
+// Close closes the connection and releases its slot, once.
+func (c *trackedConn) Close() error {
+	err := c.Conn.Close()
+	c.closeOnce.Do(func() { c.srv.release(c) })
+	return err
+}

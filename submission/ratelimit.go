@@ -1,0 +1,98 @@
+package submission
+
+import (
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// maxTrackedClients bounds the failure table so that a flood of addresses
+// cannot grow it without limit. Past it, expired entries are swept, then
+// arbitrary ones dropped (losing some counts beats running out of memory).
+const maxTrackedClients = 1 << 16
+
+// authLimiter counts failed AUTH attempts per client: an IPv4 address, or an
+// IPv6 /64 (one host usually owns a whole /64, so counting single IPv6
+// addresses would give it 2^64 tries). Failures are counted over a fixed
+// window from the first one; a success does not clear them, so one valid
+// account cannot be used to reset guesses at another.
+type authLimiter struct {
+	limit  int
+	window time.Duration
+	now    func() time.Time
+
+	mu      sync.Mutex
+	clients map[netip.Prefix]*failures
+}
+
+type failures struct {
+	first time.Time
+	count int
+}
+
+func newAuthLimiter(limit int, window time.Duration) *authLimiter {
+	return &authLimiter{limit: limit, window: window, now: time.Now,
+		clients: make(map[netip.Prefix]*failures)}
+}
+
+// clientKey is the counting unit for addr.
+func clientKey(addr netip.Addr) netip.Prefix {
+	addr = addr.Unmap()
+	if addr.Is6() {
+		p, _ := addr.Prefix(64)
+		return p
+	}
+	if addr.Is4() {
+		return netip.PrefixFrom(addr, 32)
+	}
+	return netip.Prefix{} // unknown address: one shared bucket
+}
+
+// blocked reports whether addr has used up its failures in this window.
+func (l *authLimiter) blocked(addr netip.Addr) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f := l.clients[clientKey(addr)]
+	if f == nil {
+		return false
+	}
+	if l.now().Sub(f.first) >= l.window {
+		delete(l.clients, clientKey(addr))
+		return false
+	}
+	return f.count >= l.limit
+}
+
+// fail records one failure for addr and reports whether addr is now
+// blocked.
+func (l *authLimiter) fail(addr netip.Addr) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	k := clientKey(addr)
+	f := l.clients[k]
+	if f == nil || now.Sub(f.first) >= l.window {
+		if f == nil && len(l.clients) >= maxTrackedClients {
+			l.sweep(now)
+		}
+		f = &failures{first: now}
+		l.clients[k] = f
+	}
+	f.count++
+	return f.count >= l.limit
+}
+
+// sweep drops expired entries, then arbitrary ones until there is room.
+func (l *authLimiter) sweep(now time.Time) {
+	for k, f := range l.clients {
+		if now.Sub(f.first) >= l.window {
+			delete(l.clients, k)
+		}
+	}
+	for k := range l.clients {
+		if len(l.clients) < maxTrackedClients {
+			break
+		}
+		delete(l.clients, k)
+	}
+}

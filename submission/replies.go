@@ -1,0 +1,99 @@
+package submission
+
+import (
+	"fmt"
+
+	"github.com/emersion/go-smtp"
+)
+
+// The replies this package gives, besides go-smtp's own (docs/submission.md
+// has the full table). go-smtp writes a session error as-is only when it is
+// a bare *smtp.SMTPError; anything else, even one wrapping an SMTPError,
+// becomes a generic 451 or 454. So these are returned unwrapped, always.
+var (
+	// RFC 4954 section 6: authentication required.
+	errAuthRequired = &smtp.SMTPError{Code: 530, EnhancedCode: smtp.EnhancedCode{5, 7, 0},
+		Message: "Authentication required"}
+	// RFC 3207 section 4: the server requires TLS before anything else.
+	errStartTLSFirst = &smtp.SMTPError{Code: 530, EnhancedCode: smtp.EnhancedCode{5, 7, 0},
+		Message: "Must issue a STARTTLS command first, then AUTH"}
+	// RFC 4954 section 6: the mechanism needs an encrypted channel.
+	errEncryptionRequired = &smtp.SMTPError{Code: 538, EnhancedCode: smtp.EnhancedCode{5, 7, 11},
+		Message: "Encryption required for requested authentication mechanism: use STARTTLS or a loopback connection"}
+	// RFC 4954 section 4: AUTH is not permitted during a mail transaction.
+	errAuthInTransaction = &smtp.SMTPError{Code: 503, EnhancedCode: smtp.EnhancedCode{5, 5, 1},
+		Message: "AUTH not permitted during a mail transaction"}
+	// RFC 4954 section 4: a malformed SASL response is a syntax error.
+	errAuthMalformed = &smtp.SMTPError{Code: 501, EnhancedCode: smtp.EnhancedCode{5, 5, 2},
+		Message: "Malformed authentication response"}
+	// Too many failures from this address: 421 closes the connection
+	// (RFC 5321 section 3.8), 4.7.0 is a temporary security refusal.
+	errAuthRateLimited = &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 7, 0},
+		Message: "Too many failed authentication attempts from your address, try again later; closing connection"}
+	// RFC 5321 section 4.1.1.2: MAIL is not allowed inside a transaction.
+	errNestedMail = &smtp.SMTPError{Code: 503, EnhancedCode: smtp.EnhancedCode{5, 5, 1},
+		Message: "Nested MAIL command: send RSET first"}
+	errNeedMail = &smtp.SMTPError{Code: 503, EnhancedCode: smtp.EnhancedCode{5, 5, 1},
+		Message: "Send MAIL FROM first"}
+	errNeedRcpt = &smtp.SMTPError{Code: 503, EnhancedCode: smtp.EnhancedCode{5, 5, 1},
+		Message: "Send RCPT TO first"}
+	// RFC 5321 section 4.5.3.1.10 and RFC 3463 X.5.3.
+	errTooManyRcpts = &smtp.SMTPError{Code: 452, EnhancedCode: smtp.EnhancedCode{4, 5, 3},
+		Message: "Too many recipients"}
+	// RFC 5321 section 3.8: the service is closing.
+	errShuttingDown = &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 3, 2},
+		Message: "Service shutting down, try again later"}
+	// The body stalled or took longer than DataTimeout; the connection is
+	// closed after this reply.
+	errDataTimeout = &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 4, 2},
+		Message: "Timeout reading message data; closing connection"}
+	// The client went away or the chunked transfer was aborted; the reply
+	// is usually never seen.
+	errDataAborted = &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 4, 0},
+		Message: "Message transfer interrupted, nothing queued"}
+	// The queue did not acknowledge the message: it is not accepted, and
+	// the client keeps it and retries (RFC 3463 X.3.0: mail system).
+	errQueueFailed = &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0},
+		Message: "Queue unavailable, message not accepted; try again later"}
+	errQueueTimeout = &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0},
+		Message: "Queue did not confirm in time, message not accepted; try again later"}
+	// RFC 5321 section 2.3.8: CR and LF only as CRLF. Bare ones are also
+	// how SMTP smuggling hides a second message inside the first.
+	errBareLF = &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 6, 0},
+		Message: "Message contains a bare LF; lines must end with CRLF (RFC 5321 section 2.3.8)"}
+	errBareCR = &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 6, 0},
+		Message: "Message contains a bare CR; lines must end with CRLF (RFC 5321 section 2.3.8)"}
+	// RFC 5321 section 4.5.2 / RFC 6152: NUL is not allowed in 7bit or
+	// 8bitmime content, and BINARYMIME is not offered.
+	errNUL = &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 6, 0},
+		Message: "Message contains a NUL byte"}
+)
+
+// lineTooLongError is the reply for a body line over max octets including
+// CRLF: "500 Line too long" of RFC 5321 sections 4.5.3.1.6 and 4.5.3.1.10.
+func lineTooLongError(max int) *smtp.SMTPError {
+	return &smtp.SMTPError{Code: 500, EnhancedCode: smtp.EnhancedCode{5, 5, 2},
+		Message: fmt.Sprintf("Line too long: at most %d octets including CRLF (RFC 5321 section 4.5.3.1.6)", max)}
+}
+
+// addressError is the 553 reply for an address that ParseAddress refused:
+// X.1.7 for the sender, X.1.3 for a recipient (RFC 3463), X.6.7 for a
+// non-ASCII address without SMTPUTF8 (RFC 6531 section 3.5).
+func addressError(err error, sender bool) *smtp.SMTPError {
+	ae, _ := err.(*AddressError)
+	code := smtp.EnhancedCode{5, 1, 3}
+	what := "recipient"
+	if sender {
+		code = smtp.EnhancedCode{5, 1, 7}
+		what = "sender"
+	}
+	reason := "malformed address"
+	if ae != nil {
+		reason = ae.Reason
+		if ae.NonASCII {
+			code = smtp.EnhancedCode{5, 6, 7}
+		}
+	}
+	return &smtp.SMTPError{Code: 553, EnhancedCode: code,
+		Message: "Bad " + what + " address syntax: " + reason}
+}

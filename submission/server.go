@@ -1,0 +1,381 @@
+// Package submission is in charge of the authenticated SMTP submission
+// listener: it accepts mail from applications over SMTP (RFC 5321, RFC 6409),
+// authenticates them with AUTH PLAIN or LOGIN (RFC 4954) against a users file
+// of bcrypt hashes, enforces the limits and input rules that keep bad input
+// out of the queue (size, recipients, line length, bare LF and CR, NUL,
+// malformed addresses, slow clients, connection count, AUTH brute force), and
+// hands every accepted message to the queue through an Enqueuer.
+//
+// Failure semantics: a message is acknowledged with 250 only after
+// Enqueuer.Enqueue returned nil, which means JetStream stored it. Every other
+// outcome is an explicit SMTP error: 4xx when retrying may succeed (the queue
+// was unavailable, a timeout, shutdown), 5xx when it will not (the message or
+// an address is malformed, too big, or the client is not authorised). There
+// is never an open relay: a client must AUTH, or connect from one of the
+// configured trusted networks, before MAIL FROM is accepted.
+//
+// The listener is built on go-smtp v0.25.1. Some of its behaviour is relied
+// on, and some is worked around, on purpose; each place says which.
+// docs/submission.md lists every configuration field and every reply code.
+package submission
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/emersion/go-smtp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// Defaults applied by New to zero-valued Config fields.
+const (
+	DefaultAddr            = "127.0.0.1:2525"
+	DefaultMaxMessageBytes = 25 << 20 // 25 MiB
+	DefaultMaxRecipients   = 1000
+	DefaultMaxConnections  = 1000
+	// DefaultMaxLineLength is RFC 5321 section 4.5.3.1.6: a text line is at
+	// most 1000 octets including the CRLF.
+	DefaultMaxLineLength = 1000
+	// DefaultReadTimeout is RFC 5321 section 4.5.3.2.7: a server should wait
+	// at least 5 minutes for the next command.
+	DefaultReadTimeout  = 5 * time.Minute
+	DefaultWriteTimeout = time.Minute
+	// DefaultDataTimeout bounds the whole DATA body, whatever the pace of the
+	// client; 10 minutes mirrors RFC 5321 section 4.5.3.2.6.
+	DefaultDataTimeout    = 10 * time.Minute
+	DefaultAuthFailLimit  = 5
+	DefaultAuthFailWindow = 10 * time.Minute
+	DefaultEnqueueTimeout = 30 * time.Second
+)
+
+// TrustedTenant is the tenant of messages submitted without AUTH from one of
+// Config.TrustedNetworks.
+const TrustedTenant = "trusted"
+
+// ErrServerClosed is returned by Serve and Shutdown when the server was
+// already shut down.
+var ErrServerClosed = errors.New("submission: server closed")
+
+// Enqueuer stores an accepted submission. Enqueue returns nil only once the
+// submission is durably stored (JetStream acknowledged it); the listener
+// answers 250 only then, and 451 on any error. The context carries
+// Config.EnqueueTimeout.
+type Enqueuer interface {
+	Enqueue(ctx context.Context, s *queue.Submission) (ids []string, err error)
+}
+
+// Config configures a Server. Zero values take the documented default.
+type Config struct {
+	// Addr is the TCP address ListenAndServe and Listen bind.
+	// Default "127.0.0.1:2525".
+	Addr string
+	// Hostname is the name in the greeting and in the Received header.
+	// Default: os.Hostname(), or "localhost" if that fails.
+	Hostname string
+	// Users holds the accounts AUTH checks. Nil disables AUTH; then only
+	// TrustedNetworks can submit, and New fails if that is empty too.
+	Users *Users
+	// TrustedNetworks are client networks that may submit without AUTH,
+	// like Postfix's mynetworks; their tenant is TrustedTenant. Default none.
+	TrustedNetworks []netip.Prefix
+	// TLSConfig enables STARTTLS (RFC 3207). Without it, AUTH is offered
+	// only to loopback clients, because the password would cross the
+	// network in clear text. Default nil.
+	TLSConfig *tls.Config
+	// MaxMessageBytes is the largest message body accepted, in bytes, as
+	// sent by the client (the Received header we add is not counted).
+	// Advertised with SIZE (RFC 1870). Default 25 MiB.
+	MaxMessageBytes int64
+	// MaxRecipients is the most RCPT TO accepted per message; RFC 5321
+	// section 4.5.3.1.8 asks for at least 100. Default 1000.
+	MaxRecipients int
+	// MaxConnections is the most simultaneous client connections; the next
+	// one is told 421 and closed. Default 1000.
+	MaxConnections int
+	// MaxLineLength is the longest message line accepted, in octets
+	// including the CRLF. Default 1000 (RFC 5321 section 4.5.3.1.6).
+	// Command lines, and body lines longer than twice this, close the
+	// connection (go-smtp's own limit, set to twice this value).
+	MaxLineLength int
+	// ReadTimeout is how long the server waits for each command line, and
+	// for each read of the message body. Default 5 minutes.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds each reply write. Default 1 minute.
+	WriteTimeout time.Duration
+	// DataTimeout bounds the whole message body after DATA, so a client
+	// that trickles bytes cannot hold a connection forever. Default 10
+	// minutes.
+	DataTimeout time.Duration
+	// AuthFailLimit is how many failed AUTH attempts one client address
+	// (an IPv4 address or an IPv6 /64) may make within AuthFailWindow;
+	// after that every AUTH from it gets 421 4.7.0 and its connection is
+	// closed until the window ends. Default 5.
+	AuthFailLimit int
+	// AuthFailWindow is the period over which AUTH failures are counted,
+	// from the first failure. Default 10 minutes.
+	AuthFailWindow time.Duration
+	// EnqueueTimeout bounds Enqueuer.Enqueue; past it the client gets 451.
+	// Default 30 seconds.
+	EnqueueTimeout time.Duration
+	// Registerer receives the Prometheus collectors (see metrics.go).
+	// Nil: metrics are kept but not registered.
+	Registerer prometheus.Registerer
+	// Logger receives one JSON line per accepted message, per rejection and
+	// per AUTH outcome. Credentials are never logged.
+	Logger zerolog.Logger
+}
+
+// Server is the submission listener. Create it with New.
+type Server struct {
+	cfg     Config
+	q       Enqueuer
+	log     zerolog.Logger
+	metrics *metrics
+	smtp    *smtp.Server
+	limiter *authLimiter
+
+	errLineTooLong *smtp.SMTPError // names the configured limit
+
+	// bcryptSem bounds concurrent bcrypt comparisons (each ~50 ms of CPU at
+	// the default cost) so AUTH floods cannot starve the process.
+	bcryptSem chan struct{}
+
+	// isLoopback decides whether a client address is local; tests replace
+	// it to exercise the non-loopback rules over 127.0.0.1.
+	isLoopback func(netip.Addr) bool
+
+	// baseCtx is the parent of every Enqueue context; cancelled when a
+	// Shutdown runs out of time.
+	baseCtx context.Context
+	cancel  context.CancelFunc
+
+	mu       sync.Mutex
+	draining bool // guarded by mu; set once by Shutdown
+	addr     net.Addr
+	conns    map[*trackedConn]struct{}
+
+	closing atomic.Bool // fast path for sessions; mirrors draining
+}
+
+// New checks cfg, applies defaults and returns a Server that hands accepted
+// messages to q.
+func New(cfg Config, q Enqueuer) (*Server, error) {
+	if q == nil {
+		return nil, errors.New("submission: nil Enqueuer")
+	}
+	if cfg.Users == nil && len(cfg.TrustedNetworks) == 0 {
+		return nil, errors.New("submission: no Users and no TrustedNetworks: nobody could submit")
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = DefaultAddr
+	}
+	if cfg.Hostname == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			h = "localhost"
+		}
+		cfg.Hostname = h
+	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if cfg.MaxRecipients <= 0 {
+		cfg.MaxRecipients = DefaultMaxRecipients
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = DefaultMaxConnections
+	}
+	if cfg.MaxLineLength <= 0 {
+		cfg.MaxLineLength = DefaultMaxLineLength
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.DataTimeout <= 0 {
+		cfg.DataTimeout = DefaultDataTimeout
+	}
+	if cfg.AuthFailLimit <= 0 {
+		cfg.AuthFailLimit = DefaultAuthFailLimit
+	}
+	if cfg.AuthFailWindow <= 0 {
+		cfg.AuthFailWindow = DefaultAuthFailWindow
+	}
+	if cfg.EnqueueTimeout <= 0 {
+		cfg.EnqueueTimeout = DefaultEnqueueTimeout
+	}
+	trusted := make([]netip.Prefix, 0, len(cfg.TrustedNetworks))
+	for i, p := range cfg.TrustedNetworks {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("submission: trusted network %d is not a valid prefix", i)
+		}
+		trusted = append(trusted, p.Masked())
+	}
+	cfg.TrustedNetworks = trusted
+
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("submission: metrics: %w", err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		cfg:        cfg,
+		q:          q,
+		log:        cfg.Logger.With().Str("component", "submission").Logger(),
+		metrics:    m,
+		limiter:    newAuthLimiter(cfg.AuthFailLimit, cfg.AuthFailWindow),
+		bcryptSem:  make(chan struct{}, max(1, runtime.GOMAXPROCS(0))),
+		isLoopback: func(a netip.Addr) bool { return a.Unmap().IsLoopback() },
+		baseCtx:    ctx,
+		cancel:     cancel,
+		conns:      make(map[*trackedConn]struct{}),
+
+		errLineTooLong: lineTooLongError(cfg.MaxLineLength),
+	}
+
+	ss := smtp.NewServer(backend{s})
+	ss.Addr = cfg.Addr
+	ss.Domain = cfg.Hostname
+	ss.TLSConfig = cfg.TLSConfig
+	ss.MaxMessageBytes = cfg.MaxMessageBytes
+	// go-smtp answers 452 4.5.3 itself past this count (RFC 5321 4.5.3.1.10).
+	ss.MaxRecipients = cfg.MaxRecipients
+	// go-smtp's limit is the hard stop that bounds memory and closes the
+	// connection; the configured limit is enforced on the body with a clean
+	// reply (body.go), so it sits below this one.
+	ss.MaxLineLength = 2 * cfg.MaxLineLength
+	// go-smtp can only allow plaintext AUTH for the whole server; the
+	// per-connection rule (TLS or loopback client) is applied in the
+	// session, which hides AUTH from EHLO and refuses it when not allowed.
+	ss.AllowInsecureAuth = true
+	ss.ReadTimeout = cfg.ReadTimeout
+	ss.WriteTimeout = cfg.WriteTimeout
+	// SMTPUTF8 (RFC 6531) is not offered: the delivery side does not carry
+	// the flag, so non-ASCII addresses are refused with 553 5.6.7.
+	ss.EnableSMTPUTF8 = false
+	// Never set ss.Debug: it would copy AUTH exchanges into a log.
+	ss.ErrorLog = errorLog{s.log}
+	s.smtp = ss
+	return s, nil
+}
+
+// Listen binds Config.Addr. Pass the listener to Serve; Addr reports it from
+// now on.
+func (s *Server) Listen() (net.Listener, error) {
+	l, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("submission: listen %s: %w", s.cfg.Addr, err)
+	}
+	s.mu.Lock()
+	if s.addr == nil {
+		s.addr = l.Addr()
+	}
+	s.mu.Unlock()
+	return l, nil
+}
+
+// ListenAndServe binds Config.Addr and serves on it until Shutdown.
+func (s *Server) ListenAndServe() error {
+	l, err := s.Listen()
+	if err != nil {
+		return err
+	}
+	return s.Serve(l)
+}
+
+// Serve accepts connections on l until Shutdown, then returns nil. It
+// returns ErrServerClosed if the server was already shut down, or the
+// accept error that stopped it.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		_ = l.Close()
+		return ErrServerClosed
+	}
+	if s.addr == nil {
+		s.addr = l.Addr()
+	}
+	s.mu.Unlock()
+	s.log.Info().Str("addr", l.Addr().String()).Bool("tls", s.cfg.TLSConfig != nil).
+		Int("trusted_networks", len(s.cfg.TrustedNetworks)).Msg("submission listener started")
+	if err := s.smtp.Serve(&limitListener{Listener: l, srv: s}); err != nil {
+		return fmt.Errorf("submission: serve: %w", err)
+	}
+	return nil
+}
+
+// Addr is the address of the first listener bound by Listen or passed to
+// Serve, or nil before that.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addr
+}
+
+// shutdownReply is sent to idle clients when the server shuts down
+// (RFC 5321 section 3.8: 421 before closing).
+const shutdownReply = "421 4.3.2 Service shutting down, try again later\r\n"
+
+// Shutdown stops accepting connections, closes idle ones with 421 4.3.2,
+// and waits for in-flight messages (a DATA being read or enqueued) to get
+// their reply. If ctx ends first, the remaining connections are closed, the
+// Enqueue contexts cancelled, and ctx's error returned; a client cut off
+// that way never saw a 250, so it retries (a possible duplicate, never a
+// loss).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		return ErrServerClosed
+	}
+	s.draining = true
+	s.closing.Store(true)
+	for c := range s.conns {
+		c.hangup(shutdownReply)
+	}
+	s.mu.Unlock()
+	s.log.Info().Msg("submission listener shutting down")
+
+	err := s.smtp.Shutdown(ctx)
+	if ctx.Err() != nil {
+		s.cancel()
+		_ = s.smtp.Close()
+		return fmt.Errorf("submission: shutdown: %w", ctx.Err())
+	}
+	s.cancel()
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("submission: shutdown: %w", err)
+	}
+	return nil
+}
+
+// backend adapts Server to go-smtp's Backend.
+type backend struct{ s *Server }
+
+// NewSession is called by go-smtp at the first EHLO/HELO, and again after
+// STARTTLS (which drops all earlier state, RFC 3207 section 4.2).
+func (b backend) NewSession(c *smtp.Conn) (smtp.Session, error) {
+	return b.s.newSession(c), nil
+}
+
+// errorLog routes go-smtp's internal error messages into zerolog.
+type errorLog struct{ l zerolog.Logger }
+
+func (e errorLog) Printf(format string, v ...any) { e.l.Warn().Msgf(format, v...) }
+func (e errorLog) Println(v ...any)               { e.l.Warn().Msg(fmt.Sprint(v...)) }

@@ -1,0 +1,360 @@
+package submission
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/emersion/go-sasl"
+	"github.com/emersion/go-smtp"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// session is one client's SMTP state between EHLO (or STARTTLS) and the end
+// of the connection. go-smtp calls its methods from the connection's
+// goroutine, except Data for BDAT, which runs in a goroutine of its own
+// while the connection goroutine waits; the fields are never touched
+// concurrently except as noted on mu.
+type session struct {
+	srv       *Server
+	conn      *smtp.Conn
+	tc        *trackedConn // nil only if go-smtp was handed a foreign conn
+	remote    netip.Addr   // unmapped; invalid if the peer is not TCP
+	remoteStr string
+	tls       bool
+	trusted   bool
+	log       zerolog.Logger
+
+	user string // authenticated user, "" before AUTH
+
+	// mu guards the transaction: with BDAT, go-smtp runs Data in its own
+	// goroutine and may call Reset (RSET, connection end) meanwhile.
+	mu sync.Mutex
+	// The mail transaction, cleared by Reset.
+	hasFrom bool
+	from    string
+	rcpts   []string
+	seen    map[string]struct{} // local@lower(domain), to store each recipient once
+}
+
+var (
+	_ smtp.Session     = (*session)(nil)
+	_ smtp.AuthSession = (*session)(nil)
+)
+
+func (s *Server) newSession(c *smtp.Conn) *session {
+	nc := c.Conn()
+	_, isTLS := c.TLSConnectionState()
+	if t, ok := nc.(*tls.Conn); ok {
+		nc = t.NetConn()
+	}
+	tc, _ := nc.(*trackedConn)
+	if tc != nil && isTLS {
+		tc.setTLS()
+	}
+	remoteStr := c.Conn().RemoteAddr().String()
+	var remote netip.Addr
+	if ap, err := netip.ParseAddrPort(remoteStr); err == nil {
+		remote = ap.Addr().Unmap()
+	}
+	trusted := false
+	for _, p := range s.cfg.TrustedNetworks {
+		if remote.IsValid() && p.Contains(remote) {
+			trusted = true
+			break
+		}
+	}
+	ss := &session{
+		srv:       s,
+		conn:      c,
+		tc:        tc,
+		remote:    remote,
+		remoteStr: remoteStr,
+		tls:       isTLS,
+		trusted:   trusted,
+		log:       s.log.With().Str("remote", remoteStr).Bool("tls", isTLS).Logger(),
+	}
+	ss.log.Debug().Str("helo", c.Hostname()).Bool("trusted", trusted).Msg("session started")
+	return ss
+}
+
+// plainAuthOK applies plaintextAuthAllowed to this connection.
+func (s *session) plainAuthOK() bool {
+	return plaintextAuthAllowed(s.tls, s.remote, s.srv.isLoopback)
+}
+
+// authorized reports whether this client may start a mail transaction.
+func (s *session) authorized() bool { return s.user != "" || s.trusted }
+
+// tenant is the submitter recorded with each message.
+func (s *session) tenant() string {
+	if s.user != "" {
+		return s.user
+	}
+	return TrustedTenant
+}
+
+// reject logs and counts a refused command and returns its reply. final
+// marks a refusal that ends the transaction (MAIL FROM, DATA).
+func (s *session) reject(e *smtp.SMTPError, reason string, final bool, ev func(*zerolog.Event)) error {
+	s.srv.metrics.reject(reason, e.Code, final)
+	l := s.log.Info().Str("reason", reason).Int("code", e.Code).
+		Str("enhanced_code", fmt.Sprintf("%d.%d.%d", e.EnhancedCode[0], e.EnhancedCode[1], e.EnhancedCode[2]))
+	if s.user != "" {
+		l = l.Str("tenant", s.user)
+	}
+	if ev != nil {
+		ev(l)
+	}
+	l.Msg("submission rejected")
+	return e
+}
+
+// AuthMechanisms implements smtp.AuthSession. An empty list hides AUTH from
+// the EHLO reply.
+func (s *session) AuthMechanisms() []string {
+	if s.srv.cfg.Users == nil || !s.plainAuthOK() {
+		return nil
+	}
+	return []string{mechPlain, mechLogin}
+}
+
+// Auth implements smtp.AuthSession.
+func (s *session) Auth(mech string) (sasl.Server, error) {
+	if s.srv.cfg.Users == nil {
+		return nil, smtp.ErrAuthUnsupported
+	}
+	if !s.plainAuthOK() {
+		s.log.Info().Str("reason", "encryption_required").Msg("auth refused")
+		return nil, errEncryptionRequired
+	}
+	if s.hasFrom {
+		return nil, errAuthInTransaction
+	}
+	if s.srv.limiter.blocked(s.remote) {
+		s.srv.metrics.authBlocked.Inc()
+		s.log.Warn().Str("reason", "auth_rate_limited").Int("limit", s.srv.cfg.AuthFailLimit).
+			Dur("window", s.srv.cfg.AuthFailWindow).Msg("auth refused, closing connection")
+		if s.tc != nil {
+			s.tc.hangup("")
+		}
+		return nil, errAuthRateLimited
+	}
+	switch strings.ToUpper(mech) {
+	case mechPlain:
+		return &plainServer{auth: s.authenticate, failed: s.authMalformed}, nil
+	case mechLogin:
+		return &loginServer{auth: s.authenticate, fails: s.authMalformed}, nil
+	}
+	return nil, smtp.ErrAuthUnknownMechanism
+}
+
+// authenticate checks credentials. The password is never logged, and the
+// user name only when it is a known account (an unknown one may well be a
+// password typed into the wrong field).
+func (s *session) authenticate(identity, user, password string) error {
+	ok := false
+	if identity == "" || identity == user {
+		// Acting for another identity (RFC 4616 authzid) is not
+		// supported; such attempts fail like a wrong password.
+		s.srv.bcryptSem <- struct{}{}
+		ok = s.srv.cfg.Users.Verify(user, password)
+		<-s.srv.bcryptSem
+	}
+	if !ok {
+		s.authFailure(user)
+		return authFailed
+	}
+	s.user = user
+	s.log = s.log.With().Str("tenant", user).Logger()
+	s.log.Info().Msg("authenticated")
+	return nil
+}
+
+func (s *session) authMalformed() { s.authFailure("") }
+
+func (s *session) authFailure(user string) {
+	blocked := s.srv.limiter.fail(s.remote)
+	s.srv.metrics.authFailures.Inc()
+	ev := s.log.Warn().Bool("user_known", s.srv.cfg.Users.Has(user)).Bool("now_blocked", blocked)
+	if s.srv.cfg.Users.Has(user) {
+		ev = ev.Str("user", user)
+	}
+	ev.Msg("authentication failed")
+}
+
+// Mail implements smtp.Session: MAIL FROM.
+func (s *session) Mail(from string, _ *smtp.MailOptions) error {
+	if s.srv.closing.Load() {
+		if s.tc != nil {
+			s.tc.hangup("")
+		}
+		return s.reject(errShuttingDown, reasonShuttingDown, true, nil)
+	}
+	if s.hasFrom {
+		return s.reject(errNestedMail, reasonProtocolOrder, false, nil)
+	}
+	if !s.authorized() {
+		// No AUTH, no mail: this is what keeps outflow from ever being an
+		// open relay.
+		e := errAuthRequired
+		if s.srv.cfg.TLSConfig != nil && !s.tls && !s.plainAuthOK() {
+			e = errStartTLSFirst
+		}
+		return s.reject(e, reasonAuthRequired, true, nil)
+	}
+	// "<>" is the null reverse-path (RFC 5321 section 4.5.5), allowed.
+	if from != "" {
+		if _, err := ParseAddress(from); err != nil {
+			return s.reject(addressError(err, true), reasonBadSender, true,
+				func(e *zerolog.Event) { e.Str("from", from) })
+		}
+	}
+	s.mu.Lock()
+	s.hasFrom, s.from = true, from
+	s.mu.Unlock()
+	return nil
+}
+
+// Rcpt implements smtp.Session: RCPT TO.
+func (s *session) Rcpt(to string, _ *smtp.RcptOptions) error {
+	if !s.authorized() {
+		return s.reject(errAuthRequired, reasonAuthRequired, false, nil)
+	}
+	if !s.hasFrom {
+		return s.reject(errNeedMail, reasonProtocolOrder, false, nil)
+	}
+	// go-smtp already refuses past MaxRecipients; this guards the count of
+	// stored (deduplicated) recipients the same way.
+	if len(s.rcpts) >= s.srv.cfg.MaxRecipients {
+		return s.reject(errTooManyRcpts, reasonTooManyRcpts, false, nil)
+	}
+	a, err := ParseAddress(to)
+	if err != nil {
+		return s.reject(addressError(err, false), reasonBadRecipient, false,
+			func(e *zerolog.Event) { e.Str("rcpt", to) })
+	}
+	// The same mailbox twice is accepted but stored once: domains are
+	// case-insensitive, local parts are not (RFC 5321 section 2.4).
+	key := a.Local + "@" + strings.ToLower(a.Domain)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen == nil {
+		s.seen = make(map[string]struct{})
+	}
+	if _, dup := s.seen[key]; dup {
+		return nil
+	}
+	s.seen[key] = struct{}{}
+	s.rcpts = append(s.rcpts, to)
+	return nil
+}
+
+// Data implements smtp.Session: the message body, after DATA or BDAT. The
+// body is read to its end whatever happens, so the connection stays in
+// step; then it is validated, stamped with a Received header, and handed to
+// the queue. Only a nil Enqueue earns the 250.
+func (s *session) Data(r io.Reader) error {
+	if s.tc != nil {
+		s.tc.beginData()
+		defer s.tc.endData()
+	}
+	s.mu.Lock()
+	hasFrom, from, rcpts := s.hasFrom, s.from, slices.Clone(s.rcpts)
+	s.mu.Unlock()
+	if !s.authorized() {
+		return s.reject(errAuthRequired, reasonAuthRequired, true, nil)
+	}
+	if !hasFrom {
+		return s.reject(errNeedMail, reasonProtocolOrder, true, nil)
+	}
+	if len(rcpts) == 0 {
+		return s.reject(errNeedRcpt, reasonProtocolOrder, true, nil)
+	}
+
+	start := time.Now()
+	// RFC 5321 section 4.4: an SMTP server adds a Received line at the top
+	// of the message it accepts.
+	hdr := receivedHeader(s.conn.Hostname(), s.remote, s.srv.cfg.Hostname, s.tls, s.user != "", start)
+	body, reason, rerr := s.readBody(r, []byte(hdr), start)
+	if rerr != nil {
+		return s.reject(rerr, reason, true, func(e *zerolog.Event) { e.Int("rcpts", len(rcpts)) })
+	}
+	size := len(body) - len(hdr)
+
+	sub := &queue.Submission{
+		Tenant:     s.tenant(),
+		From:       from,
+		Rcpts:      rcpts,
+		Body:       body,
+		ReceivedAt: time.Now().UTC(),
+		RemoteAddr: s.remoteStr,
+	}
+	ctx, cancel := context.WithTimeout(s.srv.baseCtx, s.srv.cfg.EnqueueTimeout)
+	ids, err := s.enqueue(ctx, sub)
+	cancel()
+	if err != nil {
+		reply := errQueueFailed
+		if errors.Is(err, context.DeadlineExceeded) {
+			reply = errQueueTimeout
+		}
+		s.srv.metrics.reject(reasonQueueError, reply.Code, true)
+		s.log.Error().Err(err).Str("tenant", sub.Tenant).Int("size", size).Int("rcpts", len(sub.Rcpts)).
+			Str("reason", reasonQueueError).Int("code", reply.Code).Msg("submission not queued")
+		return reply
+	}
+	s.srv.metrics.submissions.WithLabelValues(resultAccepted).Inc()
+	s.srv.metrics.acceptedBytes.Add(float64(size))
+	s.log.Info().Strs("ids", ids).Str("tenant", sub.Tenant).Str("from", sub.From).Int("size", size).
+		Int("rcpts", len(sub.Rcpts)).Dur("took", time.Since(start)).Msg("submission accepted")
+	return queuedReply(ids)
+}
+
+// enqueue calls the Enqueuer, turning a panic into an error so that a bug
+// there costs one 451, not the connection.
+func (s *session) enqueue(ctx context.Context, sub *queue.Submission) (ids []string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("submission: enqueue panicked: %v", p)
+		}
+	}()
+	return s.srv.q.Enqueue(ctx, sub)
+}
+
+// queuedReply is the 250 after DATA, naming the queue ids so a client's log
+// can be matched with ours. go-smtp writes any *SMTPError returned by Data
+// as the reply, including a 2xx one; returning nil would give a bare
+// "250 2.0.0 OK: queued".
+func queuedReply(ids []string) error {
+	msg := "OK: queued"
+	switch {
+	case len(ids) == 0:
+	case len(ids) <= 3:
+		msg += " as " + strings.Join(ids, " ")
+	default:
+		msg += fmt.Sprintf(" as %s (+%d more)", strings.Join(ids[:3], " "), len(ids)-3)
+	}
+	return &smtp.SMTPError{Code: 250, EnhancedCode: smtp.EnhancedCode{2, 0, 0}, Message: msg}
+}
+
+// Reset implements smtp.Session: RSET, and the end of every transaction.
+func (s *session) Reset() {
+	s.mu.Lock()
+	s.hasFrom, s.from, s.rcpts, s.seen = false, "", nil, nil
+	s.mu.Unlock()
+}
+
+// Logout implements smtp.Session: the connection closed or STARTTLS began.
+func (s *session) Logout() error {
+	s.log.Debug().Msg("session ended")
+	return nil
+}

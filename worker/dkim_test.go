@@ -1,0 +1,72 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/emersion/go-msgauth/dkim"
+	"github.com/emersion/go-smtp"
+
+	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/sender"
+)
+
+// TestDKIMSignedOnceRetriedIdentically: the body is signed before the
+// first attempt and stored, so the retry sends the very bytes the first
+// attempt sent, and the signature verifies at the receiver.
+func TestDKIMSignedOnceRetriedIdentically(t *testing.T) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := sender.NewDKIMSigner([]sender.DKIMKey{{Domain: "src.test", Selector: "s1", Signer: priv}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageDot && calls.Add(1) == 1 {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again"}
+		}
+		return nil
+	})
+	e.startPool(func(c *Config) { c.Signer = signer })
+	ids, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: []string{"r@dest.test"},
+		Body: []byte("From: app@src.test\r\nTo: r@dest.test\r\nSubject: signed\r\nMessage-ID: <s@src.test>\r\n\r\nhello\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitEvent(ids[0], queue.EventDeferred)
+	it, err := e.q.Find(context.Background(), ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !it.Env.Signed {
+		t.Fatalf("deferred envelope does not name a signed body: %+v", it.Env)
+	}
+	stored, err := e.q.Body(context.Background(), it.Env.BodyRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitEvent(ids[0], queue.EventDelivered)
+	got := e.mx.Messages()[0].Data
+	if !bytes.Equal(got, stored) {
+		t.Fatalf("retry sent different bytes than were signed before the first attempt")
+	}
+	vs, err := dkim.VerifyWithOptions(bytes.NewReader(got), &dkim.VerifyOptions{LookupTXT: func(name string) ([]string, error) {
+		if name == "s1._domainkey.src.test" {
+			return []string{"v=DKIM1; k=ed25519; p=" + base64.StdEncoding.EncodeToString(pub)}, nil
+		}
+		return nil, errors.New("no record")
+	}})
+	if err != nil || len(vs) != 1 || vs[0].Err != nil {
+		t.Fatalf("verification: %v %+v", err, vs)
+	}
+}
