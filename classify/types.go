@@ -29,10 +29,20 @@ const (
 type Scope uint8
 
 const (
+	// ScopeRecipient: about one recipient (unknown user, full mailbox, a
+	// per-recipient rate); the message's other recipients are unaffected.
 	ScopeRecipient Scope = iota + 1
+	// ScopeMessage: about this message for every recipient (too big,
+	// content or authentication of its From, no reply to its final dot).
 	ScopeMessage
+	// ScopeTenant: about the sending tenant's account or setup (smarthost
+	// AUTH refused, a relay's daily quota, an unverified sender identity).
 	ScopeTenant
+	// ScopeDestination: about every message to the destination (a
+	// throttle, our IP blocked, the domain does not exist).
 	ScopeDestination
+	// ScopeConnection: about this connection only (421 closing, timeout,
+	// refused connect); another connection or MX may do.
 	ScopeConnection
 )
 
@@ -91,5 +101,5 @@ type Result struct {
 	Code       int           // parsed basic code (0 for transport events)
 	Enhanced   string        // parsed enhanced code ("" when absent or invalid)
 	Text       string        // reply text (or the event description)
-	RetryAfter time.Duration // server hint ("try again in 92 seconds"); 0 when none
+	RetryAfter time.Duration // server hint ("try again in 92 seconds"), else the rule's retry_after floor; 0 when none or not transient/throttled
 }

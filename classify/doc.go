@@ -1,0 +1,28 @@
+// Package classify is in charge of deciding what every SMTP reply and
+// transport event means for a message: delivered, transient, throttled,
+// permanent or unknown, how far that applies (recipient, message, tenant,
+// destination or connection), which rule said so, and any retry hint the
+// server gave. It decides every retry, so it is written against the replies
+// real mailbox providers send, not only against the first digit.
+//
+// Rules are data: two embedded TOML files (rules/providers.toml, then
+// rules/generic.toml), optionally preceded by an operator's file, tried in
+// order with the first match winning. Provider rules know what Gmail,
+// Yahoo, Microsoft and others mean by their words (a 550 that means slow
+// down, a 421 that will never succeed); generic rules go by text signals,
+// then the enhanced status code (RFC 3463), then the basic code (RFC 5321),
+// then transport events. docs/classification.md documents the classes and
+// the file format.
+//
+// Failure semantics in one paragraph: a 2xx is delivered; 4xx is transient
+// unless its text asks to slow down (throttled) or says it will never
+// succeed (permanent); 5xx is permanent unless its text asks to slow down;
+// an unreadable reply is transient (an unknown error must not bounce
+// mail); only the absence of a reply to the final dot is unknown (RFC 5321
+// 6.1: the message may have been delivered).
+//
+// Classification is a pure function: New compiles the rules once (all
+// phrases of all rules into one Aho-Corasick automaton, rules indexed by
+// basic code), and Classify then does no I/O, keeps no state and, for a
+// single-line reply, does not allocate.
+package classify

@@ -1,0 +1,179 @@
+package classify
+
+import (
+	"strings"
+	"time"
+)
+
+// maxHint caps a server's retry hint: a text that asks for more than a week
+// is not a hint the backoff should follow, and capping keeps a typo ("try
+// again in 99999999 hours") from overflowing time.Duration.
+const maxHint = 7 * 24 * time.Hour
+
+// retryHint reads a server's own retry hint from a reply text: "try again in
+// 92 seconds", "retry in 5 minutes", "after 1 hour", "greylisted for 60
+// seconds", "in 30s", "in a few hours" (read as 2 hours). It returns 0 when
+// the text gives none. The number must follow one of the words in, after,
+// for, within or wait, so "sending over 5,000 emails per day" is no hint.
+// It scans the text once and does not allocate.
+func retryHint(text string) time.Duration {
+	// The last three words before the current one, as substrings of text,
+	// and whether each is a trigger word.
+	var w1, w2, w3 string
+	var t1, t2, t3 bool
+	for i := 0; i < len(text); {
+		if !alnumTab[text[i]] {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(text) && alnumTab[text[j]] {
+			j++
+		}
+		w := text[i:j]
+		i = j
+		// Most words follow no trigger word: skip them cheaply.
+		if t1 || t2 || t3 {
+			if d := hintAt(w3, w2, w1, w, t1, t2, t3); d > 0 {
+				return d
+			}
+		}
+		w3, w2, w1 = w2, w1, w
+		t3, t2, t1 = t2, t1, isTrigger(w)
+	}
+	return 0
+}
+
+// hintAt reports the duration named by the words "trigger n unit", "trigger
+// a few unit" or "trigger nUNIT" ending at w, or 0. tN says whether wN is a
+// trigger word.
+func hintAt(w3, w2, w1, w string, t1, t2, t3 bool) time.Duration {
+	// "in 30s", "after 2h": number and unit in one word.
+	if t1 {
+		k := 0
+		for k < len(w) && w[k] >= '0' && w[k] <= '9' {
+			k++
+		}
+		if k > 0 && k < len(w) {
+			if u := unit(w[k:]); u > 0 {
+				return scale(number(w[:k]), u)
+			}
+		}
+	}
+	u := unit(w)
+	if u == 0 {
+		return 0
+	}
+	if n := number(w1); n > 0 && t2 {
+		return scale(n, u)
+	}
+	// "in a few hours", "in several minutes".
+	if strings.EqualFold(w1, "few") && strings.EqualFold(w2, "a") && t3 {
+		return scale(2, u)
+	}
+	if strings.EqualFold(w1, "several") && t2 {
+		return scale(3, u)
+	}
+	return 0
+}
+
+func scale(n int, u time.Duration) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	if n > int(maxHint/u) {
+		return maxHint
+	}
+	return time.Duration(n) * u
+}
+
+func isTrigger(w string) bool {
+	switch len(w) {
+	case 2:
+		return strings.EqualFold(w, "in")
+	case 3:
+		return strings.EqualFold(w, "for")
+	case 4:
+		return strings.EqualFold(w, "wait")
+	case 5:
+		return strings.EqualFold(w, "after")
+	case 6:
+		return strings.EqualFold(w, "within")
+	}
+	return false
+}
+
+// number reads decimal digits or a small number word; 0 when w is neither.
+func number(w string) int {
+	if w == "" {
+		return 0
+	}
+	if w[0] >= '0' && w[0] <= '9' {
+		n := 0
+		for i := 0; i < len(w); i++ {
+			if w[i] < '0' || w[i] > '9' {
+				return 0
+			}
+			if n > 1e9 {
+				return n
+			}
+			n = n*10 + int(w[i]-'0')
+		}
+		return n
+	}
+	for _, nw := range numberWords {
+		if strings.EqualFold(w, nw.word) {
+			return nw.n
+		}
+	}
+	return 0
+}
+
+var numberWords = []struct {
+	word string
+	n    int
+}{
+	{"a", 1}, {"an", 1}, {"one", 1}, {"two", 2}, {"three", 3}, {"four", 4},
+	{"five", 5}, {"ten", 10}, {"fifteen", 15}, {"twenty", 20}, {"thirty", 30},
+}
+
+// unit returns the duration of one unit word, or 0.
+func unit(w string) time.Duration {
+	if len(w) > len("seconds") {
+		return 0
+	}
+	for _, u := range unitWords {
+		if strings.EqualFold(w, u.word) {
+			return u.d
+		}
+	}
+	return 0
+}
+
+var unitWords = []struct {
+	word string
+	d    time.Duration
+}{
+	{"s", time.Second}, {"sec", time.Second}, {"secs", time.Second},
+	{"second", time.Second}, {"seconds", time.Second},
+	{"m", time.Minute}, {"min", time.Minute}, {"mins", time.Minute},
+	{"minute", time.Minute}, {"minutes", time.Minute},
+	{"h", time.Hour}, {"hr", time.Hour}, {"hrs", time.Hour},
+	{"hour", time.Hour}, {"hours", time.Hour},
+	{"day", 24 * time.Hour}, {"days", 24 * time.Hour},
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// alnumTab marks the ASCII letters and digits that make up a word.
+var alnumTab = func() (t [256]bool) {
+	for c := 0; c < 256; c++ {
+		t[c] = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+	}
+	return t
+}()
