@@ -54,6 +54,10 @@ type serveConfig struct {
 	ShutdownGrace   time.Duration `toml:"shutdown-grace"`
 	SMTPPort        int           `toml:"smtp-port"`
 	TLSPolicy       string        `toml:"tls-policy"`
+	ConnectTimeout  time.Duration `toml:"connect-timeout"`
+	CommandTimeout  time.Duration `toml:"command-timeout"`
+	DataTimeout     time.Duration `toml:"data-timeout"`
+	FinalDotTimeout time.Duration `toml:"final-dot-timeout"`
 
 	// Config-file-only sections.
 	TLSDestinations map[string]string `toml:"tls-destinations"` // destination domain -> opportunistic|required|none
@@ -109,6 +113,10 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long deliveries in progress may take to finish at shutdown")
 	fs.IntVar(&c.SMTPPort, "smtp-port", 25, "port of MX hosts (tests use another)")
+	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", 30*time.Second, "TCP connect to an MX or the relay")
+	fs.DurationVar(&c.CommandTimeout, "command-timeout", 5*time.Minute, "each SMTP command's reply, including the greeting (RFC 5321 4.5.3.2)")
+	fs.DurationVar(&c.DataTimeout, "data-timeout", 3*time.Minute, "each block of the message body written to the server (RFC 5321 4.5.3.2.5)")
+	fs.DurationVar(&c.FinalDotTimeout, "final-dot-timeout", 10*time.Minute, "the reply to the final dot; past it the outcome is unknown (RFC 5321 4.5.3.2.6)")
 	fs.StringVar(&c.TLSPolicy, "tls-policy", "opportunistic", "TLS to MX hosts: opportunistic, required or none (per destination: [tls-destinations] in the config)")
 }
 

@@ -146,6 +146,8 @@ func serve(parent context.Context, c *serveConfig) error {
 	snd, err := sender.New(sender.Config{
 		Hostname: hostname, Relay: c.Relay, RelayUsername: c.RelayUser, RelayPassword: c.RelayPassword,
 		RelayTLS: sender.RelayTLS(c.RelayTLS), TLS: sender.TLSPolicy(c.TLSPolicy), TLSPerDestination: tlsDest,
+		ConnectTimeout: c.ConnectTimeout, GreetingTimeout: c.CommandTimeout, CommandTimeout: c.CommandTimeout,
+		DataInitTimeout: c.CommandTimeout, DataBlockTimeout: c.DataTimeout, FinalDotTimeout: c.FinalDotTimeout,
 		Port: c.SMTPPort, Logger: log,
 	})
 	if err != nil {
