@@ -41,6 +41,9 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if received.IsZero() {
 		received = time.Now()
 	}
+	if err := q.ensureTenant(ctx, s.Tenant); err != nil {
+		return nil, fmt.Errorf("tenant consumer: %w", err)
+	}
 	groups, order := splitByDomain(s.Rcpts)
 	if _, err := q.bodies.PutBytes(ctx, msgID, s.Body); err != nil {
 		return nil, fmt.Errorf("store body: %w", err)

@@ -32,7 +32,15 @@ type Delivery struct {
 // messages waiting past the ack wait. Undecodable messages never reach the
 // channel: they are parked in dead letters with the reason and logged.
 func (q *Queue) Messages(ctx context.Context, lane Lane, buffer int) (<-chan *Delivery, error) {
-	name := map[Lane]string{LaneWork: consumerWork, LaneRetry: consumerRetry, LaneRateLimit: consumerRateLimit}[lane]
+	if buffer < 1 {
+		buffer = 1
+	}
+	out := make(chan *Delivery)
+	if lane == LaneWork {
+		go q.workMessages(ctx, buffer, out)
+		return out, nil
+	}
+	name := map[Lane]string{LaneRetry: consumerRetry, LaneRateLimit: consumerRateLimit}[lane]
 	stream := q.lanes[lane]
 	if name == "" || stream == nil {
 		return nil, fmt.Errorf("unknown lane %q", lane)
@@ -41,47 +49,49 @@ func (q *Queue) Messages(ctx context.Context, lane Lane, buffer int) (<-chan *De
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s: %w", name, err)
 	}
-	if buffer < 1 {
-		buffer = 1
-	}
+	go func() {
+		defer close(out)
+		q.pull(ctx, cons, lane, buffer, out)
+	}()
+	return out, nil
+}
+
+// pull feeds out from one consumer until ctx ends.
+func (q *Queue) pull(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) {
 	it, err := cons.Messages(jetstream.PullMaxMessages(buffer), jetstream.PullExpiry(5*time.Second))
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w", name, err)
+		q.log.Error().Err(err).Str("lane", string(lane)).Msg("pull")
+		return
 	}
-	out := make(chan *Delivery)
 	var once sync.Once
 	stop := func() { once.Do(it.Stop) }
+	defer stop()
 	go func() {
 		<-ctx.Done()
 		stop()
 	}()
-	go func() {
-		defer close(out)
-		defer stop()
-		for {
-			m, err := it.Next()
-			if err != nil {
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-					return
-				}
-				q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
-				continue
-			}
-			d, err := q.decode(m, lane)
-			if err != nil {
-				q.parkMalformed(ctx, m, err)
-				continue
-			}
-			select {
-			case out <- d:
-			case <-ctx.Done():
-				// Not started: let the server hand it out again at once.
-				_ = m.Nak()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
 				return
 			}
+			q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
+			continue
 		}
-	}()
-	return out, nil
+		d, err := q.decode(m, lane)
+		if err != nil {
+			q.parkMalformed(ctx, m, err)
+			continue
+		}
+		select {
+		case out <- d:
+		case <-ctx.Done():
+			// Not started: let the server hand it out again at once.
+			_ = m.Nak()
+			return
+		}
+	}
 }
 
 func (q *Queue) decode(m jetstream.Msg, lane Lane) (*Delivery, error) {

@@ -27,7 +27,6 @@ const (
 	BucketDest    = "outflow_dest"
 	BucketWorkers = "outflow_workers"
 
-	consumerWork      = "outflow-work"
 	consumerRetry     = "outflow-retry"
 	consumerRateLimit = "outflow-ratelimit"
 )
@@ -114,6 +113,8 @@ type Queue struct {
 	lanes  map[Lane]jetstream.Stream
 	dead   jetstream.Stream
 	events jetstream.Stream
+	// tenants remembers the per-tenant work consumers already ensured.
+	tenants tenantSet
 }
 
 // Connect connects to NATS and, unless opts.NoSetup, creates or updates
@@ -295,10 +296,14 @@ func (q *Queue) setup(ctx context.Context) error {
 	if o.NoSetup {
 		return nil
 	}
+	// Before per-tenant consumers, one unfiltered consumer read the work
+	// stream; a work-queue stream refuses overlapping consumers, so it goes.
+	if err := q.js.DeleteConsumer(ctx, StreamWork, "outflow-work"); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("remove old work consumer: %w", err)
+	}
 	for _, c := range []struct {
 		stream, name, filter string
 	}{
-		{StreamWork, consumerWork, ""},
 		{StreamRetry, consumerRetry, "outflow.retry.due.>"},
 		{StreamRateLimit, consumerRateLimit, "outflow.ratelimit.due.>"},
 	} {

@@ -1,0 +1,136 @@
+package queue
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Tenant isolation in the work lane.
+//
+// Fresh mail is published on outflow.work.<tenant>.<dest>.<id>, and every
+// tenant has its own durable pull consumer on the work stream, filtered to
+// its subjects. Each worker process runs one pull loop per tenant consumer,
+// all feeding the same hand-off channel; Go serves goroutines blocked on a
+// channel send in turn, so every tenant with mail ready gets an equal share
+// of the deliverers, and one tenant's backlog of a hundred thousand messages
+// never sits in front of another tenant's fresh message. The consumer for a
+// tenant is created by whoever first enqueues for it (and found again at
+// start by listing the stream's subjects), so tenants need no configuration.
+
+const tenantConsumerPrefix = "work-"
+
+// tenantConsumer names the work consumer of tenant: the subject token when
+// it is a valid consumer name, a hash otherwise.
+func tenantConsumer(tenant string) string {
+	t := Token(tenant)
+	if strings.ContainsAny(t, "%") || len(t) > 48 {
+		sum := sha256.Sum256([]byte(tenant))
+		return tenantConsumerPrefix + "h" + hex.EncodeToString(sum[:10])
+	}
+	return tenantConsumerPrefix + t
+}
+
+// tenantSet remembers which tenant consumers exist, so Enqueue creates each
+// one once per process.
+type tenantSet struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+// ensureTenant creates the tenant's work consumer if this process has not
+// seen it yet. It is idempotent on the server.
+func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
+	name := tenantConsumer(tenant)
+	q.tenants.mu.Lock()
+	done := q.tenants.seen[name]
+	q.tenants.mu.Unlock()
+	if done {
+		return nil
+	}
+	_, err := q.js.CreateOrUpdateConsumer(ctx, StreamWork, jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   "outflow workers: fresh mail of tenant " + tenant,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       q.opts.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: q.opts.MaxAckPending,
+		FilterSubject: subjWorkPrefix + Token(tenant) + ".>",
+		Replicas:      q.opts.Replicas,
+	})
+	if err != nil {
+		return err
+	}
+	q.tenants.mu.Lock()
+	if q.tenants.seen == nil {
+		q.tenants.seen = map[string]bool{}
+	}
+	q.tenants.seen[name] = true
+	q.tenants.mu.Unlock()
+	return nil
+}
+
+// adoptTenants makes sure every tenant with mail in the work stream has a
+// consumer (mail enqueued by an older process, or by a client that raced
+// consumer creation).
+func (q *Queue) adoptTenants(ctx context.Context) error {
+	info, err := q.lanes[LaneWork].Info(ctx, jetstream.WithSubjectFilter(subjWorkPrefix+">"))
+	if err != nil {
+		return err
+	}
+	for subj := range info.State.Subjects {
+		rest := strings.TrimPrefix(subj, subjWorkPrefix)
+		tok, _, _ := strings.Cut(rest, ".")
+		if err := q.ensureTenant(ctx, Untoken(tok)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// workMessages runs one pull loop per tenant consumer, discovering new
+// tenants every refresh, all sending on out.
+func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delivery) {
+	const refresh = 2 * time.Second
+	running := map[string]bool{}
+	var wg sync.WaitGroup
+	defer func() { wg.Wait(); close(out) }()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := q.adoptTenants(ctx); err != nil && ctx.Err() == nil {
+			q.log.Warn().Err(err).Msg("discover tenants")
+		}
+		names := q.lanes[LaneWork].ConsumerNames(ctx)
+		for name := range names.Name() {
+			if !strings.HasPrefix(name, tenantConsumerPrefix) || running[name] {
+				continue
+			}
+			cons, err := q.lanes[LaneWork].Consumer(ctx, name)
+			if err != nil {
+				continue
+			}
+			running[name] = true
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				q.pull(ctx, cons, LaneWork, buffer, out)
+			}()
+		}
+		if err := names.Err(); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
+			q.log.Warn().Err(err).Msg("list tenant consumers")
+		}
+		t.Reset(refresh)
+	}
+}

@@ -1,0 +1,40 @@
+package queue
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestTenantBacklogDoesNotDelayOthers: tenant A has 200 messages waiting
+// when tenant B submits one; B's message must be among the first handed
+// out, not behind A's backlog.
+func TestTenantBacklogDoesNotDelayOthers(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for range 200 {
+		if _, err := q.Enqueue(ctx, &Submission{Tenant: "bulk", From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "urgent", From: "b@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("y\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, err := q.Messages(ctx, LaneWork, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 10; i++ {
+		d := next(t, work)
+		if err := d.Skip(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if d.Env.ID == ids[0] {
+			t.Logf("tenant urgent's message handed out at position %d of 201", i)
+			return
+		}
+	}
+	t.Fatal("tenant urgent's message was not among the first 10 handed out: it waited behind tenant bulk's backlog")
+}
