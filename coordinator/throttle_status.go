@@ -1,0 +1,66 @@
+package coordinator
+
+import (
+	"time"
+)
+
+// DestStatus is a destination as this worker applies it, for `outflow
+// dest status`.
+type DestStatus struct {
+	Dest          string    // destination (domain or group)
+	Limits        Limits    // configured limits
+	Factor        float64   // adaptive rate factor in (0, 1]
+	FleetRate     float64   // effective fleet rate: configured (or override) × factor, msgs/s; 0 = unlimited
+	WorkerRate    float64   // this worker's share of FleetRate, msgs/s; 0 = unlimited
+	Share         float64   // this worker's share: 1/LiveWorkers
+	LiveWorkers   int       // live workers, this one included
+	FleetConns    int       // effective fleet connection limit (override or configured); 0 = unlimited
+	WorkerConns   int       // this worker's share of FleetConns; 0 = unlimited
+	InFlight      int       // this worker's deliveries in progress
+	Deferred      int       // rate slots this worker handed out that are still due
+	Breaker       string    // closed, open or half-open
+	BreakerUntil  time.Time // end of the open breaker's cooling period
+	Suspended     bool      // suspended now
+	SuspendedTill time.Time // end of the suspension
+	State         DestState // the shared state as last seen, normalized
+}
+
+// Snapshot reports a destination (a domain or group name, not resolved
+// through Group) as this worker applies it now.
+func (t *Throttle) Snapshot(name string) DestStatus {
+	name = normalizeDest(name)
+	now := time.Now()
+	live := t.liveCount()
+	t.mu.RLock()
+	d := t.dests[name]
+	t.mu.RUnlock()
+	st := DestStatus{Dest: name, Limits: t.limitsOf(name), LiveWorkers: live, Share: 1 / float64(live)}
+	s := DestState{Dest: name}
+	if d != nil {
+		d.mu.Lock()
+		s = d.state
+		st.InFlight = d.inflight
+		for _, at := range d.slots {
+			if !at.Before(now.Add(-slotGrace)) {
+				st.Deferred++
+			}
+		}
+		d.mu.Unlock()
+	}
+	st.Factor = s.RateFactor()
+	st.FleetRate = t.fleetRate(st.Limits, s, now)
+	st.WorkerRate = st.FleetRate / float64(live)
+	st.FleetConns = fleetConns(st.Limits, s, now)
+	st.WorkerConns = shareConns(st.FleetConns, live)
+	st.Breaker, st.BreakerUntil = s.BreakerAt(now), s.BreakerUntil
+	st.Suspended, st.SuspendedTill = s.Suspended(now), s.SuspendedUntil
+	st.State = s.normalized()
+	return st
+}
+
+// LimitsOf returns a destination's configured limits (the override or the
+// defaults), e.g. for the sender's MaxMsgsPerConn.
+func (t *Throttle) LimitsOf(dest string) Limits { return t.limitsOf(normalizeDest(dest)) }
+
+// Live returns the number of live workers, this one included.
+func (t *Throttle) Live() int { return t.liveCount() }
