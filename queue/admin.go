@@ -351,11 +351,18 @@ func (q *Queue) deleteItem(ctx context.Context, it *Item) error {
 // envelope waiting out its own backoff. Each rewrite replaces the schedule
 // on its subject and expects the sequence it read, so an envelope that
 // fired meanwhile is left alone. It returns how many were released.
-func (q *Queue) ReleaseDest(ctx context.Context, dest string, rate float64) (int, error) {
+//
+// dest is a recipient domain, found through the lane subjects. For a
+// provider group, pass dest "" and match, which is asked about every
+// deferred envelope's domain.
+func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain string) bool, rate float64) (int, error) {
 	var items []Item
 	for _, st := range []State{StateDeferred, StateThrottled} {
 		stream, subs := q.where(st, dest)
 		err := q.scan(ctx, stream, subs[0], func(it Item) bool {
+			if match != nil && !match(it.Env.Dest) {
+				return true
+			}
 			it.State = st
 			items = append(items, it)
 			return true

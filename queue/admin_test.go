@@ -125,7 +125,7 @@ func TestReleaseDestPacesOldestFirst(t *testing.T) {
 	for range 3 {
 		ids = append(ids, deferOne(t, q, LaneRetry, time.Now().Add(time.Hour)).ID)
 	}
-	n, err := q.ReleaseDest(ctx, "d.example", 10)
+	n, err := q.ReleaseDest(ctx, "d.example", nil, 10)
 	if err != nil || n != 3 {
 		t.Fatalf("released %d, %v", n, err)
 	}

@@ -8,6 +8,8 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/outflow/outflow/coordinator"
 )
 
 // serveConfig is every setting of `outflow serve`. Each flag is also a key
@@ -62,6 +64,9 @@ type serveConfig struct {
 	// Config-file-only sections.
 	TLSDestinations map[string]string `toml:"tls-destinations"` // destination domain -> opportunistic|required|none
 	DKIM            []dkimConfig      `toml:"dkim"`
+	// [throttle], [destinations.X], [[groups]], [[automation]]: see
+	// docs/throttling.md.
+	coordinator.ThrottleFile
 }
 
 // dkimConfig is one [[dkim]] section: the key that signs mail whose sender

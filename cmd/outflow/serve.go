@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -167,9 +169,20 @@ func serve(parent context.Context, c *serveConfig) error {
 		signer = s
 	}
 
+	throttle, err := startThrottle(ctx, c, q, workerID, reg, log)
+	if err != nil {
+		return err
+	}
+	defer throttle.Close()
+	stopStatus, err := serveDestStatus(q, throttle, workerID)
+	if err != nil {
+		return err
+	}
+	defer stopStatus()
+
 	pool, err := worker.New(worker.Config{
 		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, Budget: budget,
-		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier,
+		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier, Gate: throttle,
 		Signer: signer, Logger: log, Metrics: worker.NewMetrics(reg),
 	})
 	if err != nil {
@@ -236,6 +249,70 @@ func serve(parent context.Context, c *serveConfig) error {
 	waitClosed(q, 10*time.Second)
 	log.Info().Msg("outflow stopped")
 	return nil
+}
+
+// startThrottle builds the coordinator's per-destination limits from the
+// config file sections and the --dest-rate/--dest-conns defaults, shares
+// state through the queue's KV buckets, and releases a destination's
+// deferred mail at its rate when it recovers.
+func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, reg prometheus.Registerer, log zerolog.Logger) (*coordinator.Throttle, error) {
+	tc, err := c.ThrottleFile.Config()
+	if err != nil {
+		return nil, usageError{fmt.Errorf("config: %w", err)}
+	}
+	if c.DestRate > 0 {
+		tc.Defaults.Rate = c.DestRate
+	}
+	if c.DestConns > 0 {
+		tc.Defaults.Conns = c.DestConns
+	}
+	tc.WorkerID, tc.State, tc.Registry = workerID, q.DestKV(), q.WorkersKV()
+	tc.Resolver, tc.Logger, tc.Registerer = net.DefaultResolver, log, reg
+	// OnRecover may run before NewThrottle returns; it reads the throttle
+	// through an atomic pointer.
+	var tp atomic.Pointer[coordinator.Throttle]
+	tc.OnRecover = func(dest string, rate float64) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+		defer cancel()
+		// A plain domain is found through the lane subjects; a provider
+		// group by asking, for each deferred envelope, which group its
+		// domain belongs to.
+		domain, match := dest, (func(string) bool)(nil)
+		if t := tp.Load(); tc.GroupByMX && t != nil {
+			domain, match = "", func(d string) bool { return t.Group(d) == dest }
+		}
+		n, err := q.ReleaseDest(rctx, domain, match, rate)
+		log.Info().Err(err).Str("dest", dest).Float64("rate", rate).Int("released", n).
+			Msg("destination recovered: deferred mail released oldest first at its rate")
+	}
+	t, err := coordinator.NewThrottle(ctx, tc)
+	if err != nil {
+		return nil, err
+	}
+	tp.Store(t)
+	return t, nil
+}
+
+// DestStatusSubject is the request subject on which every running worker
+// answers `outflow dest status` with its view of a destination.
+const DestStatusSubject = "outflow.admin.dest.status"
+
+// serveDestStatus answers dest status requests (the payload is a domain or
+// group name) with this worker's coordinator.DestStatus as JSON.
+func serveDestStatus(q *queue.Queue, t *coordinator.Throttle, workerID string) (func(), error) {
+	sub, err := q.Conn().Subscribe(DestStatusSubject, func(m *nats.Msg) {
+		name := strings.TrimSpace(string(m.Data))
+		st := t.Snapshot(t.Group(name))
+		b, _ := json.Marshal(struct {
+			Worker string `json:"worker_id"`
+			coordinator.DestStatus
+		}{workerID, st})
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dest status responder: %w", err)
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
 }
 
 // waitClosed waits for a drained connection to finish closing.

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/queue"
+)
+
+// adminBy names who made an admin change, for the shared state and logs.
+func adminBy() string {
+	h, _ := os.Hostname()
+	u := os.Getenv("USER")
+	if u == "" {
+		u = "admin"
+	}
+	return "admin:" + u + "@" + h
+}
+
+func init() {
+	a := &adminFlags{}
+	dc := &cobra.Command{Use: "dest", Short: "destination throttle state: list, status, suspend, resume, rate"}
+	a.bind(dc)
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "destinations with shared throttle state (suspensions, rate factors, breakers, overrides)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				states, err := coordinator.ListStates(ctx, q.DestKV())
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				if a.json {
+					for _, s := range states {
+						if err := printJSON(out, s); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				now := time.Now()
+				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "DEST\tSUSPENDED UNTIL\tRATE FACTOR\tRATE OVERRIDE\tBREAKER\tREASON\tUPDATED BY")
+				for _, s := range states {
+					susp := "-"
+					if s.Suspended(now) {
+						susp = s.SuspendedUntil.UTC().Format(time.RFC3339)
+					}
+					over := "-"
+					if s.RateOverride > 0 {
+						over = fmt.Sprintf("%g/s", s.RateOverride)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\n", s.Dest, susp, s.RateFactor(), over, s.BreakerAt(now), dash(s.Reason), dash(s.UpdatedBy))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+
+	status := &cobra.Command{
+		Use:   "status DEST",
+		Short: "one destination as every running worker applies it: limits, effective rate, shares, breaker",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				st, err := coordinator.GetState(ctx, q.DestKV(), args[0])
+				if err != nil {
+					return err
+				}
+				views, err := gatherStatus(q.Conn(), args[0], 500*time.Millisecond)
+				if err != nil {
+					return err
+				}
+				deferred, _ := q.List(ctx, queue.Filter{State: queue.StateDeferred, Dest: args[0], Limit: 100000})
+				throttled, _ := q.List(ctx, queue.Filter{State: queue.StateThrottled, Dest: args[0], Limit: 100000})
+				if a.json {
+					return printJSON(cmd.OutOrStdout(), map[string]any{"dest": args[0], "state": st, "workers": views,
+						"deferred": len(deferred), "throttled": len(throttled)})
+				}
+				out := cmd.OutOrStdout()
+				now := time.Now()
+				fmt.Fprintf(out, "destination:   %s\n", args[0])
+				if st.Suspended(now) {
+					fmt.Fprintf(out, "suspended:     until %s (%s) by %s\n", st.SuspendedUntil.UTC().Format(time.RFC3339), dash(st.Reason), dash(st.UpdatedBy))
+				} else {
+					fmt.Fprintf(out, "suspended:     no\n")
+				}
+				fmt.Fprintf(out, "rate factor:   %.2f", st.RateFactor())
+				if !st.FactorUntil.IsZero() {
+					fmt.Fprintf(out, " (next ramp step not before %s)", st.FactorUntil.UTC().Format(time.RFC3339))
+				}
+				fmt.Fprintln(out)
+				if st.RateOverride > 0 {
+					until := "changed"
+					if !st.RateUntil.IsZero() {
+						until = st.RateUntil.UTC().Format(time.RFC3339)
+					}
+					fmt.Fprintf(out, "rate override: %g/s until %s\n", st.RateOverride, until)
+				}
+				fmt.Fprintf(out, "breaker:       %s\n", st.BreakerAt(now))
+				fmt.Fprintf(out, "waiting:       %d deferred, %d throttled\n", len(deferred), len(throttled))
+				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "WORKER\tGROUP\tCONFIGURED\tFLEET RATE\tWORKER RATE\tLIVE\tCONNS\tIN FLIGHT\tBREAKER")
+				for _, v := range views {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", v.Worker, v.Dest, rate(v.Limits.Rate), rate(v.FleetRate), rate(v.WorkerRate),
+						v.LiveWorkers, conns(v.FleetConns), v.InFlight, v.Breaker)
+				}
+				if len(views) == 0 {
+					fmt.Fprintln(tw, "(no running worker answered)")
+				}
+				return tw.Flush()
+			})
+		},
+	}
+
+	var forDur time.Duration
+	var reason string
+	suspend := &cobra.Command{
+		Use:   "suspend DEST --for DUR",
+		Short: "stop every worker from contacting DEST until the time is up (or dest resume)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if forDur <= 0 {
+				return usageError{errors.New("--for is required (e.g. --for 30m)")}
+			}
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				until := time.Now().Add(forDur)
+				if err := coordinator.Suspend(ctx, q.DestKV(), args[0], until, reason, adminBy()); err != nil {
+					return err
+				}
+				return report(cmd, a.json, map[string]any{"dest": args[0], "suspended_until": until.UTC()},
+					"%s: suspended until %s", args[0], until.UTC().Format(time.RFC3339))
+			})
+		},
+	}
+	suspend.Flags().DurationVar(&forDur, "for", 0, "how long")
+	suspend.Flags().StringVar(&reason, "reason", "suspended by an operator", "why (shown in dest list and status)")
+
+	resume := &cobra.Command{
+		Use:   "resume DEST",
+		Short: "end a suspension now; deferred mail for DEST is released at its rate, oldest first",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				if err := coordinator.Resume(ctx, q.DestKV(), args[0], adminBy()); err != nil {
+					return err
+				}
+				return report(cmd, a.json, map[string]any{"dest": args[0], "resumed": true}, "%s: resumed", args[0])
+			})
+		},
+	}
+
+	var maxRate float64
+	var rateFor time.Duration
+	rateCmd := &cobra.Command{
+		Use:   "rate DEST --max R --for DUR",
+		Short: "cap DEST at R messages per second across the fleet for a while",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if maxRate <= 0 {
+				return usageError{errors.New("--max must be > 0 messages per second")}
+			}
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				var until time.Time
+				if rateFor > 0 {
+					until = time.Now().Add(rateFor)
+				}
+				if err := coordinator.SetRate(ctx, q.DestKV(), args[0], maxRate, until, adminBy()); err != nil {
+					return err
+				}
+				when := "until changed"
+				if !until.IsZero() {
+					when = "until " + until.UTC().Format(time.RFC3339)
+				}
+				return report(cmd, a.json, map[string]any{"dest": args[0], "rate": maxRate, "until": until},
+					"%s: at most %g/s %s", args[0], maxRate, when)
+			})
+		},
+	}
+	rateCmd.Flags().Float64Var(&maxRate, "max", 0, "messages per second for the whole fleet")
+	rateCmd.Flags().DurationVar(&rateFor, "for", 0, "how long (default: until changed)")
+
+	dc.AddCommand(list, status, suspend, resume, rateCmd)
+	rootCmd.AddCommand(dc)
+}
+
+type workerView struct {
+	Worker string `json:"worker_id"`
+	coordinator.DestStatus
+}
+
+// gatherStatus asks every running worker for its view of dest and collects
+// the answers that arrive within wait.
+func gatherStatus(nc *nats.Conn, dest string, wait time.Duration) ([]workerView, error) {
+	inbox := nc.NewRespInbox()
+	ch := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest(DestStatusSubject, inbox, []byte(strings.ToLower(dest))); err != nil {
+		return nil, err
+	}
+	var out []workerView
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		select {
+		case m := <-ch:
+			var v workerView
+			if json.Unmarshal(m.Data, &v) == nil {
+				out = append(out, v)
+			}
+		case <-timer.C:
+			return out, nil
+		}
+	}
+}
+
+func rate(r float64) string {
+	if r <= 0 {
+		return "unlimited"
+	}
+	return fmt.Sprintf("%g/s", r)
+}
+
+func conns(n int) string {
+	if n <= 0 {
+		return "unlimited"
+	}
+	return fmt.Sprint(n)
+}

@@ -1,0 +1,203 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+
+	"github.com/outflow/outflow/internal/fakemx"
+)
+
+// cli runs the outflow binary with args against the daemon's data dir and
+// returns stdout; it fails the test on a non-zero exit unless wantErr.
+func (d *daemon) cli(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := d.cliErr(args...)
+	if err != nil {
+		t.Fatalf("outflow %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func (d *daemon) cliErr(args ...string) (string, error) {
+	cmd := exec.Command(binary, append(args, "--data", d.Data)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// listIDs returns the ids `queue list --json` prints for args.
+func (d *daemon) listIDs(t *testing.T, args ...string) []string {
+	t.Helper()
+	out := d.cli(t, append([]string{"queue", "list", "--json"}, args...)...)
+	var ids []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if line == "" {
+			continue
+		}
+		var r struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("queue list line %q: %v", line, err)
+		}
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
+func countTo(ms []fakemx.Message, domain string) int {
+	n := 0
+	for _, m := range ms {
+		for _, r := range m.Rcpts {
+			if strings.HasSuffix(r, "@"+domain) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// TestAdminVerbs runs each operator verb against a running daemon and
+// checks its effect on delivery.
+func TestAdminVerbs(t *testing.T) {
+	var mu sync.Mutex
+	refuse := map[string]bool{"deferred.test": true, "dead.test": true, "drop.test": true}
+	mx := fakemx.Start(t, fakemx.Options{Hook: func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage != fakemx.StageRcpt {
+			return nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if refuse[arg[strings.LastIndex(arg, "@")+1:]] {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "not now"}
+		}
+		return nil
+	}})
+	allow := func(domain string) { mu.Lock(); delete(refuse, domain); mu.Unlock() }
+	dir := t.TempDir()
+	// Retries an hour away: only an operator can make these messages move.
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none",
+		"--retry-base", "1h", "--retry-min", "1h", "--retry-cap", "2h", "--max-attempts", "3")
+	cl := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+	defer cl.Close()
+	send := func(rcpt, id string) {
+		t.Helper()
+		if err := submit(cl, "app@sender.test", []string{rcpt}, message(id, "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("fast-forward", func(t *testing.T) {
+		send("a@deferred.test", "ff")
+		var ids []string
+		waitFor(t, 30*time.Second, "a deferred message", func() bool {
+			ids = d.listIDs(t, "--state", "deferred", "--dest", "deferred.test")
+			return len(ids) == 1
+		})
+		allow("deferred.test")
+		out := d.cli(t, "queue", "fast-forward", ids[0])
+		if !strings.Contains(out, "due now") {
+			t.Fatalf("fast-forward said %q", out)
+		}
+		waitFor(t, 30*time.Second, "delivery after fast-forward", func() bool { return countTo(mx.Messages(), "deferred.test") == 1 })
+		// Fast-forwarding again finds nothing to move: it cannot fire twice.
+		if out, err := d.cliErr("queue", "fast-forward", ids[0]); err == nil {
+			t.Fatalf("second fast-forward succeeded: %s", out)
+		}
+		hist := d.cli(t, "queue", "history", ids[0])
+		for _, want := range []string{"queued", "deferred", "fast-forwarded", "delivered", "451"} {
+			if !strings.Contains(hist, want) {
+				t.Fatalf("history lacks %q:\n%s", want, hist)
+			}
+		}
+	})
+
+	t.Run("replay a dead letter", func(t *testing.T) {
+		send("b@dead.test", "dead")
+		var ids []string
+		// max-attempts 3 with the fake MX always refusing: each attempt
+		// defers for an hour; fast-forward attempts 1 and 2 to spend the
+		// budget.
+		for attempt := 1; attempt <= 2; attempt++ {
+			waitFor(t, 30*time.Second, "deferred after the failed attempt", func() bool {
+				ids = d.listIDs(t, "--state", "deferred", "--dest", "dead.test")
+				return len(ids) == 1 && strings.Contains(d.cli(t, "queue", "list", "--json", "--dest", "dead.test"), `"attempt":`+string(rune('0'+attempt)))
+			})
+			d.cli(t, "queue", "fast-forward", ids[0])
+		}
+		waitFor(t, 30*time.Second, "a dead letter", func() bool { return len(d.listIDs(t, "--state", "dead")) == 1 })
+		insp := d.cli(t, "queue", "inspect", ids[0])
+		if !strings.Contains(insp, "max-attempts") || !strings.Contains(insp, "not now") {
+			t.Fatalf("inspect of the dead letter lacks its evidence:\n%s", insp)
+		}
+		if countTo(mx.Messages(), "dead.test") != 0 {
+			t.Fatal("dead.test got mail while refusing")
+		}
+		allow("dead.test")
+		d.cli(t, "queue", "replay", ids[0])
+		waitFor(t, 30*time.Second, "delivery of the replayed dead letter", func() bool { return countTo(mx.Messages(), "dead.test") == 1 })
+		if ids := d.listIDs(t, "--state", "dead"); len(ids) != 0 {
+			t.Fatalf("dead letters after replay: %v", ids)
+		}
+	})
+
+	t.Run("drop", func(t *testing.T) {
+		send("c@drop.test", "drop")
+		var ids []string
+		waitFor(t, 30*time.Second, "deferred", func() bool {
+			ids = d.listIDs(t, "--state", "deferred", "--dest", "drop.test")
+			return len(ids) == 1
+		})
+		d.cli(t, "queue", "drop", ids[0])
+		if left := d.listIDs(t, "--dest", "drop.test"); len(left) != 0 {
+			t.Fatalf("still listed after drop: %v", left)
+		}
+		if out, err := d.cliErr("queue", "inspect", ids[0]); err == nil || !strings.Contains(out, "no such message") {
+			t.Fatalf("inspect after drop: %v %s", err, out)
+		}
+		if !strings.Contains(d.cli(t, "queue", "history", ids[0]), "dropped") {
+			t.Fatal("no dropped event")
+		}
+	})
+
+	t.Run("suspend and resume", func(t *testing.T) {
+		d.cli(t, "dest", "suspend", "slow.test", "--for", "1h", "--reason", "provider asked us to back off")
+		if !strings.Contains(d.cli(t, "dest", "list"), "provider asked us to back off") {
+			t.Fatal("dest list does not show the suspension")
+		}
+		send("x@slow.test", "slow")
+		send("y@fast.test", "fast")
+		waitFor(t, 30*time.Second, "fast.test delivery while slow.test is suspended", func() bool { return countTo(mx.Messages(), "fast.test") == 1 })
+		waitFor(t, 30*time.Second, "slow.test deferred by the suspension", func() bool {
+			return len(d.listIDs(t, "--state", "deferred", "--dest", "slow.test")) == 1
+		})
+		if countTo(mx.Messages(), "slow.test") != 0 {
+			t.Fatal("a suspended destination got mail")
+		}
+		st := d.cli(t, "dest", "status", "slow.test")
+		if !strings.Contains(st, "suspended:     until") || !strings.Contains(st, "1 deferred") {
+			t.Fatalf("dest status:\n%s", st)
+		}
+		d.cli(t, "dest", "resume", "slow.test")
+		waitFor(t, 30*time.Second, "delivery after resume", func() bool { return countTo(mx.Messages(), "slow.test") == 1 })
+	})
+
+	t.Run("clear errors", func(t *testing.T) {
+		if out, err := d.cliErr("queue", "inspect", "nosuchid"); err == nil || !strings.Contains(out, "no such message") {
+			t.Fatalf("unknown id: %v %q", err, out)
+		}
+		out, err := exec.Command(binary, "queue", "list", "--data", t.TempDir()).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "outflow serve") {
+			t.Fatalf("unreachable daemon: %v %q", err, out)
+		}
+	})
+	d.Stop()
+}
