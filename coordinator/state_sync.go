@@ -296,7 +296,7 @@ func (t *Throttle) evictIdle(now time.Time) {
 	defer t.mu.Unlock()
 	for name, d := range t.dests {
 		d.mu.Lock()
-		if !d.hasState && d.inflight == 0 && len(d.slots) == 0 && d.pending == 0 && now.Sub(d.lastUsed) > idleEvict {
+		if !d.hasState && d.inflight == 0 && !d.backlogEnd.After(now) && d.pending == 0 && now.Sub(d.lastUsed) > idleEvict {
 			d.evicted = true
 			delete(t.dests, name)
 		}

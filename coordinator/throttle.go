@@ -262,16 +262,19 @@ type dest struct {
 	hasState bool
 	evicted  bool
 
-	bucket   bucket
-	slots    slots
-	inflight int
-	probing  bool // a half-open probe is out
-	failures int  // consecutive failed attempts
-	lastCut  time.Time
-	lastThr  time.Time // last throttled reply
-	lastUsed time.Time
-	pending  uint8
-	auto     []window // by rule index
+	bucket bucket
+	// backlogEnd is the end of the destination's virtual queue of
+	// envelopes refused for the rate: the next refusal is told to come back
+	// then, and it moves on by one fleet-rate interval.
+	backlogEnd time.Time
+	inflight   int
+	probing    bool // a half-open probe is out
+	failures   int  // consecutive failed attempts
+	lastCut    time.Time
+	lastThr    time.Time // last throttled reply
+	lastUsed   time.Time
+	pending    uint8
+	auto       []window // by rule index
 }
 
 // op is one KV transition, run by the writer goroutine.
@@ -504,17 +507,26 @@ func (t *Throttle) admit(ctx context.Context, d *dest) (Permit, Refusal, bool) {
 		return nil, Refusal{Until: now.Add(connsRetry), Reason: "conns"}, false
 	}
 	var at time.Time
-	if rate := t.fleetRate(d.limits, *st, now) / float64(live); rate > 0 {
-		d.bucket.setRate(now, rate)
-		var ok bool
-		if at, ok = d.slots.claim(now, t.cfg.MaxWait); !ok {
-			at = d.bucket.reserve(now)
-			if at.Sub(now) > t.cfg.MaxWait {
-				d.slots.add(at)
-				d.probing = d.probing && !probe
-				d.mu.Unlock()
-				return nil, Refusal{Until: at, Reason: "rate"}, false
+	if fleet := t.fleetRate(d.limits, *st, now); fleet > 0 {
+		d.bucket.setRate(now, fleet/float64(live))
+		at = d.bucket.reserve(now)
+		if at.Sub(now) > t.cfg.MaxWait {
+			// Too long to wait here. The refused envelope goes back to a
+			// lane and may return to any worker, so this worker keeps no
+			// token for it: it hands the token back and gives the envelope
+			// a place in the destination's virtual queue, spaced at the
+			// fleet rate. A backlog then returns at the pace the whole
+			// fleet can send, whichever worker refused it; each return
+			// still takes a real token from the worker that admits it.
+			d.bucket.refund()
+			until := d.backlogEnd
+			if until.Before(at) {
+				until = at
 			}
+			d.backlogEnd = until.Add(time.Duration(float64(time.Second) / fleet))
+			d.probing = d.probing && !probe
+			d.mu.Unlock()
+			return nil, Refusal{Until: until, Reason: "rate"}, false
 		}
 	}
 	d.inflight++
@@ -531,7 +543,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest) (Permit, Refusal, bool) {
 			if probe {
 				d.probing = false
 			}
-			d.slots.add(at) // the token stays reserved for whoever comes next
+			d.bucket.refund() // the token was not used
 			d.mu.Unlock()
 			return nil, Refusal{Until: time.Now(), Reason: "canceled"}, false
 		}

@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"sort"
 	"time"
 )
 
@@ -66,42 +65,4 @@ func (b *bucket) refund() {
 	if b.tokens > bucketBurst {
 		b.tokens = bucketBurst
 	}
-}
-
-// slotGrace is how late a deferred envelope may come back and still claim
-// the slot its refusal reserved (JetStream schedule and worker latency).
-// An unclaimed slot then lapses: its token is spent, so a lost envelope
-// can only make a worker send less than its share, never more.
-const slotGrace = time.Second
-
-// slots are reservations handed out as Refusal{Reason: "rate"} times,
-// sorted. Any admission of the destination at (or within MaxWait before)
-// a slot's time claims it instead of taking a new token, so envelopes
-// deferred by the rate come back spaced exactly at the rate and are not
-// charged twice.
-type slots []time.Time
-
-// add inserts a reserved time, keeping the slice sorted.
-func (s *slots) add(at time.Time) {
-	i := sort.Search(len(*s), func(i int) bool { return (*s)[i].After(at) })
-	*s = append(*s, time.Time{})
-	copy((*s)[i+1:], (*s)[i:])
-	(*s)[i] = at
-}
-
-// claim drops lapsed slots and takes the earliest slot due by now+maxWait.
-func (s *slots) claim(now time.Time, maxWait time.Duration) (time.Time, bool) {
-	n := 0
-	for n < len(*s) && (*s)[n].Before(now.Add(-slotGrace)) {
-		n++
-	}
-	if n > 0 {
-		*s = append((*s)[:0], (*s)[n:]...)
-	}
-	if len(*s) == 0 || (*s)[0].After(now.Add(maxWait)) {
-		return time.Time{}, false
-	}
-	at := (*s)[0]
-	*s = append((*s)[:0], (*s)[1:]...)
-	return at, true
 }

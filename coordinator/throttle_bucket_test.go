@@ -35,25 +35,3 @@ func TestBucketReservations(t *testing.T) {
 		t.Fatalf("burst beyond one token: %s", at.Sub(t0))
 	}
 }
-
-func TestSlots(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
-	var s slots
-	for _, n := range []int{300, 100, 200, 5000} {
-		s.add(ms(n))
-	}
-	if at, ok := s.claim(ms(0), 50*time.Millisecond); ok {
-		t.Fatalf("claimed %s: nothing due within 50ms", at.Sub(t0))
-	}
-	if at, ok := s.claim(ms(90), 50*time.Millisecond); !ok || !at.Equal(ms(100)) {
-		t.Fatalf("claim = %v %v, want the 100ms slot", at.Sub(t0), ok)
-	}
-	// 200ms and 300ms lapse when nobody comes back within slotGrace.
-	if at, ok := s.claim(ms(1400), 0); ok {
-		t.Fatalf("claimed %s: lapsed", at.Sub(t0))
-	}
-	if len(s) != 1 || !s[0].Equal(ms(5000)) {
-		t.Fatalf("slots left: %v", s)
-	}
-}

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"math"
 	"time"
 )
 
@@ -17,7 +18,7 @@ type DestStatus struct {
 	FleetConns    int       // effective fleet connection limit (override or configured); 0 = unlimited
 	WorkerConns   int       // this worker's share of FleetConns; 0 = unlimited
 	InFlight      int       // this worker's deliveries in progress
-	Deferred      int       // rate slots this worker handed out that are still due
+	Deferred      int       // envelopes this worker deferred for the rate that are not yet due (estimated from its virtual queue)
 	Breaker       string    // closed, open or half-open
 	BreakerUntil  time.Time // end of the open breaker's cooling period
 	Suspended     bool      // suspended now
@@ -40,10 +41,8 @@ func (t *Throttle) Snapshot(name string) DestStatus {
 		d.mu.Lock()
 		s = d.state
 		st.InFlight = d.inflight
-		for _, at := range d.slots {
-			if !at.Before(now.Add(-slotGrace)) {
-				st.Deferred++
-			}
+		if ahead := d.backlogEnd.Sub(now); ahead > 0 && d.bucket.rate > 0 {
+			st.Deferred = int(math.Round(ahead.Seconds() * d.bucket.rate * float64(live)))
 		}
 		d.mu.Unlock()
 	}

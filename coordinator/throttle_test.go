@@ -571,9 +571,10 @@ func TestAggregateRate(t *testing.T) {
 	}
 }
 
-// TestRateRefusalsComeBackSpaced: refused envelopes get the times of the
-// tokens reserved for them, one rate interval apart, and those slots are
-// claimed (not charged again) when they come back.
+// TestRateRefusalsComeBackSpaced: refused envelopes are told to come back
+// one fleet-rate interval apart, and the worker keeps no token for them
+// (they may come back to another worker), so a returning envelope takes
+// an ordinary token.
 func TestRateRefusalsComeBackSpaced(t *testing.T) {
 	env := startKV(t)
 	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 10; c.MaxWait = -1 })
@@ -591,15 +592,12 @@ func TestRateRefusalsComeBackSpaced(t *testing.T) {
 			t.Fatalf("refusals %d and %d are %s apart, want 100ms", i-1, i, d)
 		}
 	}
-	if n := a.Snapshot("sp.test").Deferred; n != 4 {
-		t.Fatalf("deferred slots = %d, want 4", n)
+	if n := a.Snapshot("sp.test").Deferred; n < 3 || n > 5 {
+		t.Fatalf("deferred = %d, want about 4", n)
 	}
-	// Coming back at its time, an envelope claims its slot.
-	eventually(t, 2*time.Second, "first slot due", func() bool { return !time.Now().Before(untils[0]) })
+	// Coming back at its time, an envelope is admitted with a fresh token.
+	eventually(t, 2*time.Second, "first return due", func() bool { return !time.Now().Before(untils[0]) })
 	attempt(t, a, "sp.test", resDelivered)
-	if n := a.Snapshot("sp.test").Deferred; n != 3 {
-		t.Fatalf("deferred slots = %d after one came back, want 3", n)
-	}
 }
 
 func TestHotPathWritesNothing(t *testing.T) {

@@ -48,6 +48,7 @@ type serveConfig struct {
 	MaxAge          time.Duration `toml:"max-age"`
 	RateLimitBase   time.Duration `toml:"ratelimit-base"`
 	RateLimitCap    time.Duration `toml:"ratelimit-cap"`
+	RateLimitMin    time.Duration `toml:"ratelimit-min"`
 	DestRate        float64       `toml:"dest-rate"`
 	DestConns       int           `toml:"dest-conns"`
 	UnknownPolicy   string        `toml:"unknown-policy"`
@@ -111,6 +112,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.DurationVar(&c.MaxAge, "max-age", 0, "wall-clock budget per message from submission")
 	fs.DurationVar(&c.RateLimitBase, "ratelimit-base", 0, "rate-limit lane: base delay")
 	fs.DurationVar(&c.RateLimitCap, "ratelimit-cap", 0, "rate-limit lane: maximum delay")
+	fs.DurationVar(&c.RateLimitMin, "ratelimit-min", 0, "rate-limit lane: minimum delay")
 	fs.Float64Var(&c.DestRate, "dest-rate", 0, "default messages per second per destination, 0 = unlimited")
 	fs.IntVar(&c.DestConns, "dest-conns", 0, "default concurrent connections per destination, 0 = unlimited")
 	fs.StringVar(&c.UnknownPolicy, "unknown-policy", "retry", "no reply to the final dot: retry or hold")

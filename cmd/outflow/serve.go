@@ -359,6 +359,7 @@ func backoffFromConfig(c *serveConfig) (coordinator.Backoff, coordinator.Backoff
 	}
 	set(&rl.Base, c.RateLimitBase)
 	set(&rl.Cap, c.RateLimitCap)
+	set(&rl.Min, c.RateLimitMin)
 	if c.MaxAttempts > 0 {
 		budget.MaxAttempts = c.MaxAttempts
 	}

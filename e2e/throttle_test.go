@@ -1,0 +1,285 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+
+	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/submission"
+)
+
+// ratedMX is a fake MX that accepts at most limit RCPTs in any sliding
+// second and answers Gmail's 421 4.7.28 above it, recording the time of
+// every accepted message.
+type ratedMX struct {
+	*fakemx.Server
+	mu       sync.Mutex
+	limit    int
+	accepted []time.Time
+	refused  atomic.Int32
+}
+
+func startRatedMX(t *testing.T, limit int) *ratedMX {
+	r := &ratedMX{limit: limit}
+	r.Server = fakemx.Start(t, fakemx.Options{Hook: func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage != fakemx.StageRcpt {
+			return nil
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		now := time.Now()
+		n := 0
+		for i := len(r.accepted) - 1; i >= 0 && now.Sub(r.accepted[i]) < time.Second; i-- {
+			n++
+		}
+		if n >= r.limit {
+			r.refused.Add(1)
+			return &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 7, 28}, Message: "Our system has detected an unusual rate of unsolicited mail originating from your IP address. To protect our users from spam, mail sent from your IP address has been temporarily rate limited."}
+		}
+		r.accepted = append(r.accepted, now)
+		return nil
+	}})
+	return r
+}
+
+func (r *ratedMX) times() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Time(nil), r.accepted...)
+}
+
+// peakPerSecond is the most arrivals in any one-second window starting at
+// an arrival.
+func peakPerSecond(ts []time.Time) int {
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	peak := 0
+	for i := range ts {
+		j := i
+		for j < len(ts) && ts[j].Sub(ts[i]) < time.Second {
+			j++
+		}
+		peak = max(peak, j-i)
+	}
+	return peak
+}
+
+func writeConfig(t *testing.T, dir, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, "outflow.toml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestFleetSharesDestinationRate runs two outflow processes on one NATS
+// (the second joins the first's embedded server through its client
+// listener) against a destination that enforces its own rate, and checks
+// the rate the destination sees stays within 10% of the configured fleet
+// rate: each worker takes its share.
+func TestFleetSharesDestinationRate(t *testing.T) {
+	const rate, total = 20, 160
+	mx := startRatedMX(t, rate+rate/5) // the receiver tolerates a little more than our configured rate
+	dir := t.TempDir()
+	users := writeUsers(t, dir)
+	common := []string{"--users", users, "--relay", mx.Addr(), "--relay-tls", "none", "--dest-rate", fmt.Sprint(rate),
+		"--retry-base", "200ms", "--retry-min", "100ms", "--retry-cap", "1s", "--ratelimit-base", "500ms", "--ratelimit-min", "200ms", "--ratelimit-cap", "2s"}
+	a := startDaemon(t, dir+"/a", append(common, "--worker-id", "A")...)
+	ci, err := queue.ReadClientInfo(dir + "/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := strings.Replace(ci.URL, "nats://", "nats://"+ci.User+":"+ci.Password+"@", 1)
+	b := startDaemon(t, dir+"/b", append(common, "--worker-id", "B", "--nats-url", url)...)
+	// Both are registered before the load starts.
+	waitFor(t, 20*time.Second, "both workers live", func() bool {
+		return strings.Contains(a.cli(t, "dest", "status", "rated.test"), "  2  ")
+	})
+	var wg sync.WaitGroup
+	for i, d := range []*daemon{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+			defer cl.Close()
+			for j := range total / 2 {
+				if err := submit(cl, "app@sender.test", []string{"r@rated.test"}, message(fmt.Sprintf("f%d-%d", i, j), "")); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("status during the run:\n%s", a.cli(t, "dest", "status", "rated.test"))
+	if err := mx.WaitForMessages(total, 90*time.Second); err != nil {
+		t.Fatalf("%v (refused %d)", err, mx.refused.Load())
+	}
+	ts := mx.times()
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	// The steady part of the run: without the first and last tenth (the
+	// first tokens of each worker, the tail of the backlog).
+	lo, hi := len(ts)/10, len(ts)-1-len(ts)/10
+	span := ts[hi].Sub(ts[lo]).Seconds()
+	got := float64(hi-lo) / span
+	t.Logf("%d messages in %.1fs; steady rate %.1f/s (configured %d/s); peak one-second %d; refused by the receiver %d",
+		len(ts), ts[len(ts)-1].Sub(ts[0]).Seconds(), got, rate, peakPerSecond(ts), mx.refused.Load())
+	t.Logf("delivered by A: %d, by B: %d; rate refusals A: %d, B: %d", strings.Count(a.Logs(), `"outcome":"delivered"`), strings.Count(b.Logs(), `"outcome":"delivered"`),
+		strings.Count(a.Logs(), `local-rate`), strings.Count(b.Logs(), `local-rate`))
+	if got > rate*1.1 || got < rate*0.9 {
+		t.Fatalf("fleet rate %.1f/s, want within 10%% of %d/s", got, rate)
+	}
+	a.Stop()
+	b.Stop()
+}
+
+// outageProxy forwards to target while up; while down it accepts and hangs
+// up at once, as a destination that is unreachable does.
+type outageProxy struct {
+	ln     net.Listener
+	target string
+	up     atomic.Bool
+}
+
+func startProxy(t *testing.T, target string) *outageProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &outageProxy{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if !p.up.Load() {
+				c.Close()
+				continue
+			}
+			go func() {
+				defer c.Close()
+				u, err := net.Dial("tcp", p.target)
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				go func() { _, _ = io.Copy(u, c); u.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(c, u)
+			}()
+		}
+	}()
+	return p
+}
+
+// TestRecoveryAfterOutage: the destination is down while a backlog builds,
+// then comes back. The first delivery follows within 5 s (the breaker's
+// half-open probe), the backlog is released at the destination's rate,
+// oldest first, without a spike, and drains close to the ideal time.
+func TestRecoveryAfterOutage(t *testing.T) {
+	const rate, backlog = 25, 150
+	outage := 10 * time.Second
+	if os.Getenv("OUTFLOW_LONG") != "" {
+		outage = 30 * time.Second
+	}
+	mx := startRatedMX(t, 1000)
+	px := startProxy(t, mx.Addr())
+	dir := t.TempDir()
+	cfg := writeConfig(t, dir, `
+[throttle]
+breaker-failures = 3
+breaker-cooldown = "2s"
+`)
+	d := startDaemon(t, dir+"/data", "--config", cfg, "--users", writeUsers(t, dir), "--relay", px.ln.Addr().String(),
+		"--relay-tls", "none", "--dest-rate", fmt.Sprint(rate), "--connect-timeout", "2s", "--command-timeout", "5s")
+	cl := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+	for i := range backlog {
+		if err := submit(cl, "app@sender.test", []string{"r@down.test"}, message(fmt.Sprintf("o%d", i), "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = cl.Quit()
+	waitFor(t, 30*time.Second, "the breaker to open", func() bool { return strings.Contains(d.Logs(), `"open"`) })
+	// Let the outage run its course, then bring the destination back.
+	deadline := time.Now().Add(outage)
+	waitFor(t, outage+5*time.Second, "the outage period", func() bool { return time.Now().After(deadline) })
+	up := time.Now()
+	px.up.Store(true)
+	if err := mx.WaitForMessages(backlog, 60*time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, lastLines(d.Logs(), 40))
+	}
+	ts := mx.times()
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	first := ts[0].Sub(up)
+	drain := ts[len(ts)-1].Sub(up)
+	ideal := time.Duration(float64(backlog) / rate * float64(time.Second))
+	peak := peakPerSecond(ts)
+	t.Logf("outage %v, backlog %d, rate %d/s: first delivery %.2fs after recovery, peak %d/s, drained in %.2fs (ideal %.2fs, ratio %.2f)",
+		outage, backlog, rate, first.Seconds(), peak, drain.Seconds(), ideal.Seconds(), drain.Seconds()/ideal.Seconds())
+	if first > 5*time.Second {
+		t.Errorf("first delivery %v after recovery, want within 5s", first)
+	}
+	if float64(peak) > 1.2*rate {
+		t.Errorf("peak %d arrivals in one second, want at most 1.2 x %d", peak, rate)
+	}
+	if drain.Seconds() > 1.3*ideal.Seconds()+first.Seconds() {
+		t.Errorf("drained in %v, want at most 1.3 x the ideal %v (after the first delivery at %v)", drain, ideal, first)
+	}
+	d.Stop()
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestSuspendedTenantDestinationDoesNotDelayOthers: tenant "bulk" sends to
+// a suspended destination; tenant "app"'s mail to another destination is
+// delivered at once.
+func TestSuspendedTenantDestinationDoesNotDelayOthers(t *testing.T) {
+	mx := fakemx.Start(t, fakemx.Options{})
+	dir := t.TempDir()
+	h1, _ := submission.HashPassword(testPassword, 4)
+	users := filepath.Join(dir, "users")
+	if err := os.WriteFile(users, []byte(testUser+":"+h1+"\nbulk:"+h1+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, dir+"/data", "--users", users, "--relay", mx.Addr(), "--relay-tls", "none")
+	d.cli(t, "dest", "suspend", "blocked.test", "--for", "1h")
+	bulk := dialAuth(t, d.SMTPAddr, "bulk", testPassword)
+	for i := range 200 {
+		if err := submit(bulk, "bulk@sender.test", []string{"r@blocked.test"}, message(fmt.Sprintf("b%d", i), "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	app := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+	if err := submit(app, "app@sender.test", []string{"r@open.test"}, message("urgent", "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := mx.WaitForMessages(1, 10*time.Second); err != nil {
+		t.Fatalf("tenant app's mail waited behind tenant bulk's suspended backlog: %v", err)
+	}
+	t.Logf("tenant app delivered %.2fs after submission, with 200 of tenant bulk's messages for a suspended destination ahead of it",
+		time.Since(start).Seconds())
+	if n := len(mx.Messages()); n != 1 {
+		t.Fatalf("%d messages delivered; the suspended destination got mail", n)
+	}
+	d.Stop()
+}
