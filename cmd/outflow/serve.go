@@ -128,6 +128,8 @@ func serve(parent context.Context, c *serveConfig) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	reg.MustRegister(queue.NewDepthCollector(q))
+
 	users, err := loadUsers(c)
 	if err != nil {
 		return err

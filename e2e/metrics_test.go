@@ -1,0 +1,100 @@
+package e2e
+
+import (
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+
+	"github.com/outflow/outflow/internal/fakemx"
+)
+
+// scrape returns the daemon's /metrics as name{labels} -> value.
+func (d *daemon) scrape(t *testing.T) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + d.HTTPAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
+
+// TestMetricsAfterScenario: one message deferred once then delivered, one
+// bounced; the counters say exactly that, and no label carries an address
+// or a message id.
+func TestMetricsAfterScenario(t *testing.T) {
+	var first atomic.Bool
+	mx := fakemx.Start(t, fakemx.Options{Hook: func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage != fakemx.StageRcpt {
+			return nil
+		}
+		if strings.HasPrefix(arg, "gone@") {
+			return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
+		}
+		if first.CompareAndSwap(false, true) {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "later"}
+		}
+		return nil
+	}})
+	dir := t.TempDir()
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none",
+		"--retry-base", "100ms", "--retry-min", "50ms", "--retry-cap", "200ms")
+	cl := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+	if err := submit(cl, "app@sender.test", []string{"ok@dest.test"}, message("m1", "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := submit(cl, "app@sender.test", []string{"gone@dest.test"}, message("m2", "")); err != nil {
+		t.Fatal(err)
+	}
+	_ = cl.Quit()
+	if err := mx.WaitForMessages(1, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]float64
+	waitFor(t, 10*time.Second, "counters", func() bool {
+		m = d.scrape(t)
+		return m["outflow_delivered_recipients_total"] == 1 && m["outflow_bounced_recipients_total"] == 1
+	})
+	want := map[string]float64{
+		`outflow_submissions_total{result="accepted"}`:         2,
+		`outflow_attempts_total{class="transient",lane="work"}`: 1,
+		`outflow_attempts_total{class="delivered",lane="retry"}`: 1,
+		`outflow_attempts_total{class="permanent",lane="work"}`: 1,
+		`outflow_delivery_latency_seconds_count`:                1,
+		`outflow_retry_delay_seconds_count{lane="retry"}`:       1,
+		`outflow_dead_letters_total`:                            0,
+		`outflow_workers_live`:                                  1,
+		`outflow_queue_depth{lane="dead"}`:                      0,
+	}
+	for k, v := range want {
+		if got, ok := m[k]; !ok || got != v {
+			t.Errorf("%s = %v (present %v), want %v", k, got, ok, v)
+		}
+	}
+	bad := regexp.MustCompile(`@|[A-Za-z0-9]{22}`)
+	for k := range m {
+		if i := strings.IndexByte(k, '{'); i >= 0 && bad.MatchString(k[i:]) {
+			t.Errorf("unbounded label (address or id) in %s", k)
+		}
+	}
+	d.Stop()
+}
