@@ -215,36 +215,52 @@ func (q *Queue) History(ctx context.Context, id string) ([]Event, error) {
 	return out, nil
 }
 
-// FastForward makes a deferred or throttled envelope due now. It is atomic:
+// FastForward makes a deferred or throttled envelope due now, as a probe:
+// its next attempt bypasses the coordinator (suspension, breaker, rate), so
+// an operator can test a destination with one message. It is atomic:
 // the due message is published with Nats-Schedule-Next: purge naming the
 // schedule, and with the schedule's sequence as the expected last sequence
 // of its subject, so it either replaces the schedule (which then cannot
-// fire) or fails because the schedule already fired.
+// fire) or fails because the schedule fired meanwhile. An envelope that is
+// already due (it fired, or a release made it due) is reported with
+// Item.Due set and no error: it is as "now" as it can be.
 func (q *Queue) FastForward(ctx context.Context, id string) (*Item, error) {
 	it, err := q.Find(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if (it.State != StateDeferred && it.State != StateThrottled) || it.Due {
-		return it, fmt.Errorf("%w: %s is %s%s; fast-forward applies to deferred or throttled messages waiting for their time",
-			ErrWrongState, id, it.State, map[bool]string{true: " and already due", false: ""}[it.Due])
+	if it.State != StateDeferred && it.State != StateThrottled {
+		return it, fmt.Errorf("%w: %s is %s; fast-forward applies to deferred or throttled messages", ErrWrongState, id, it.State)
+	}
+	if it.Due {
+		return it, nil
 	}
 	lane := LaneRetry
 	if it.State == StateThrottled {
 		lane = LaneRateLimit
 	}
 	m := nats.NewMsg(dueSubject(lane, it.Env.Dest, id))
-	m.Data = nil
 	for k, v := range it.Header {
 		if strings.HasPrefix(k, "Outflow-") {
 			m.Header[k] = v
 		}
 	}
 	m.Data = mustEnvelopeJSON(it.Env)
+	// An operator asked for this attempt now: it bypasses a suspension, an
+	// open breaker and the rate, so it can test whether the destination
+	// has recovered.
+	m.Header.Set(HdrProbe, "1")
 	m.Header.Set("Nats-Schedule-Next", "purge")
 	m.Header.Set("Nats-Scheduler", it.Subject)
 	if _, err := q.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequenceForSubject(it.Seq, it.Subject)); err != nil {
-		return it, fmt.Errorf("fast-forward %s: %w (it may have fired on its own just now)", id, err)
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			// It fired (or was released) between our read and our write.
+			if again, ferr := q.Find(ctx, id); ferr == nil && again.Due {
+				return again, nil
+			}
+		}
+		return it, fmt.Errorf("fast-forward %s: %w", id, err)
 	}
 	q.Event(EventFastFwd, &Event{ID: id, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Attempt: it.Env.Attempt, Worker: "admin"})
 	return it, nil

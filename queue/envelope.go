@@ -24,6 +24,7 @@ const (
 	HdrReplays       = "Outflow-Replays"        // operator replays so far
 	HdrStep          = "Outflow-Step"           // durable steps taken (each reschedule, hold, dead letter, replay); names SENT keys and dedup ids
 	HdrNotBefore     = "Outflow-Not-Before"     // RFC 3339 time the envelope was scheduled for
+	HdrProbe         = "Outflow-Probe"          // "1": an operator's fast-forward; this attempt bypasses the coordinator
 )
 
 // MaxEnvelopeBytes bounds an envelope's encoded JSON. Anything larger on a
@@ -64,6 +65,7 @@ type Envelope struct {
 	ThrottleCount int       `json:"-"`
 	Replays       int       `json:"-"`
 	Step          int       `json:"-"`
+	Probe         bool      `json:"-"` // set by fast-forward for one attempt
 	NotBefore     time.Time `json:"-"`
 }
 
@@ -103,6 +105,7 @@ func (e *Envelope) Clone() *Envelope {
 	c := *e
 	c.Rcpts = append([]string(nil), e.Rcpts...)
 	c.History = append([]Attempt(nil), e.History...)
+	c.Probe = false // a probe is good for one attempt only
 	return &c
 }
 
@@ -147,6 +150,9 @@ func (e *Envelope) Encode(subject string) (*nats.Msg, error) {
 	}
 	if e.Step > 0 {
 		h.Set(HdrStep, strconv.Itoa(e.Step))
+	}
+	if e.Probe {
+		h.Set(HdrProbe, "1")
 	}
 	if !e.NotBefore.IsZero() {
 		h.Set(HdrNotBefore, e.NotBefore.UTC().Format(time.RFC3339Nano))
@@ -200,6 +206,7 @@ func DecodeEnvelope(data []byte, h nats.Header) (*Envelope, error) {
 	if e.NotBefore, err = timeHeader(h, HdrNotBefore); err != nil {
 		return nil, err
 	}
+	e.Probe = h.Get(HdrProbe) == "1"
 	e.LastClass = h.Get(HdrLastClass)
 	e.LastReply = h.Get(HdrLastReply)
 	return &e, nil

@@ -21,6 +21,13 @@ type deliverer struct {
 	id string
 }
 
+// probePermit stands in for a coordinator permit on an operator's probe:
+// the attempt was not admitted by the coordinator, so its outcome is not
+// reported to it either.
+type probePermit struct{}
+
+func (probePermit) Done([]classify.Result) {}
+
 // outcome groups one attempt's recipients by what happens to them next.
 type outcome struct {
 	delivered []string
@@ -59,9 +66,14 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		return p.dead(ctx, d, e.Clone(), dest, queue.EventExpired, "max-age: deadline "+e.Deadline.Format(time.RFC3339)+" passed")
 	}
 
-	permit, refusal := p.cfg.Gate.Admit(ctx, e.Dest)
-	if permit == nil {
-		return p.refused(ctx, d, dest, refusal)
+	var permit coordinator.Permit = probePermit{}
+	if e.Probe {
+		p.log.Info().Str("msg_id", e.ID).Str("dest", dest).Msg("operator probe (fast-forward): bypassing the coordinator for this attempt")
+	} else {
+		var refusal coordinator.Refusal
+		if permit, refusal = p.cfg.Gate.Admit(ctx, e.Dest); permit == nil {
+			return p.refused(ctx, d, dest, refusal)
+		}
 	}
 
 	body, err := p.cfg.Queue.Body(ctx, e.BodyRef)

@@ -82,6 +82,7 @@ func init() {
 
 	var f queue.Filter
 	var state string
+	var idsOnly bool
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "list messages: id, tenant, destination, attempt, last class and reply, next attempt",
@@ -94,6 +95,12 @@ func init() {
 					return err
 				}
 				out := cmd.OutOrStdout()
+				if idsOnly {
+					for _, it := range items {
+						fmt.Fprintln(out, it.Env.ID)
+					}
+					return nil
+				}
 				if a.json {
 					for _, it := range items {
 						if err := printJSON(out, listRow(it)); err != nil {
@@ -117,6 +124,7 @@ func init() {
 	list.Flags().StringVar(&f.Dest, "dest", "", "only this destination domain")
 	list.Flags().StringVar(&f.Tenant, "tenant", "", "only this tenant")
 	list.Flags().IntVar(&f.Limit, "limit", 100, "at most this many")
+	list.Flags().BoolVarP(&idsOnly, "quiet", "q", false, "print only the ids, one per line (for scripts)")
 
 	inspect := &cobra.Command{
 		Use:   "inspect ID",
@@ -180,6 +188,9 @@ func init() {
 					if d.DelayMs > 0 {
 						delay = (time.Duration(d.DelayMs) * time.Millisecond).String()
 					}
+					if d.JitterSeed == "0" {
+						d.JitterSeed = "" // final outcomes draw no delay
+					}
 					offset := "-"
 					if d.JitterSeed != "" {
 						offset = (time.Duration(d.OffsetMs) * time.Millisecond).String()
@@ -201,6 +212,10 @@ func init() {
 				it, err := q.FastForward(ctx, args[0])
 				if err != nil {
 					return err
+				}
+				if it.Due {
+					return report(cmd, a.json, map[string]any{"id": args[0], "result": "already due", "was": it.State},
+						"%s: already due (%s), waiting for a worker", args[0], it.State)
 				}
 				return report(cmd, a.json, map[string]any{"id": args[0], "result": "due now", "was": it.State, "was_next_attempt_at": it.NextAt},
 					"%s: due now (was %s, next attempt %s)", args[0], it.State, it.NextAt.Format(time.RFC3339))

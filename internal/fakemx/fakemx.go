@@ -44,8 +44,9 @@ const (
 	// the body: a hook that blocks here stalls the client's body write.
 	StageBody Stage = "BODY"
 	// StageDot is after the whole body has been read, before the reply to
-	// the final dot: a hook that blocks here makes the client time out
-	// waiting for that reply; its error becomes the reply to the dot.
+	// the final dot; the hook's arg is the accepted recipients, comma
+	// separated. A hook that blocks here makes the client time out waiting
+	// for that reply; its error becomes the reply to the dot.
 	StageDot Stage = "DOT"
 )
 
@@ -546,7 +547,7 @@ func (se *session) Data(r io.Reader) error {
 		}
 		return err
 	}
-	if e := se.s.hook(StageDot, ""); e != nil {
+	if e := se.s.hook(StageDot, strings.Join(se.rcpts, ",")); e != nil {
 		if e == Drop {
 			return se.hangUp()
 		}
