@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -97,4 +100,48 @@ func TestMetricsAfterScenario(t *testing.T) {
 		}
 	}
 	d.Stop()
+}
+
+// TestDashboardsNameRealMetrics: every metric that docs/alerts.yaml and
+// docs/grafana-dashboard.json use is one the code defines, so the alerts
+// and panels cannot silently point at nothing after a rename.
+func TestDashboardsNameRealMetrics(t *testing.T) {
+	defined := map[string]bool{}
+	re := regexp.MustCompile(`"(outflow_[a-z_]+)"`)
+	err := filepath.WalkDir("..", func(p string, de fs.DirEntry, err error) error {
+		if err != nil || de.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+			defined[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	use := regexp.MustCompile(`outflow_[a-z_]+`)
+	for _, doc := range []string{"../docs/alerts.yaml", "../docs/grafana-dashboard.json"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := use.FindAllString(string(b), -1)
+		if len(names) < 5 {
+			t.Fatalf("%s names only %d metrics", doc, len(names))
+		}
+		for _, n := range names {
+			base := n
+			for _, suf := range []string{"_bucket", "_count", "_sum"} {
+				base = strings.TrimSuffix(base, suf)
+			}
+			if !defined[base] {
+				t.Errorf("%s uses %s, which no code defines", doc, n)
+			}
+		}
+	}
 }

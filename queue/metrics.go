@@ -16,13 +16,15 @@ import (
 //
 //	outflow_queue_depth{lane="work|retry|ratelimit|dead"}  stored messages
 //	outflow_queue_due{lane="work|retry|ratelimit"}         ready for a worker (pending + in flight)
+//	outflow_queue_oldest_seconds{lane}                     age of the oldest stored message (0 when empty)
 type DepthCollector struct {
-	q     *Queue
-	depth *prometheus.Desc
-	due   *prometheus.Desc
-	mu    sync.Mutex
-	at    time.Time
-	last  []prometheus.Metric
+	q      *Queue
+	depth  *prometheus.Desc
+	due    *prometheus.Desc
+	oldest *prometheus.Desc
+	mu     sync.Mutex
+	at     time.Time
+	last   []prometheus.Metric
 }
 
 // NewDepthCollector returns a collector for q; register it once.
@@ -31,6 +33,8 @@ func NewDepthCollector(q *Queue) *DepthCollector {
 		q:     q,
 		depth: prometheus.NewDesc("outflow_queue_depth", "Messages stored per lane (retry and rate-limit lanes: schedules, due and held envelopes).", []string{"lane"}, nil),
 		due:   prometheus.NewDesc("outflow_queue_due", "Envelopes ready for a worker per lane (pending plus in flight).", []string{"lane"}, nil),
+		oldest: prometheus.NewDesc("outflow_queue_oldest_seconds", "Age of the oldest message stored in the lane (its last write: a deferral rewrites it); 0 when empty.",
+			[]string{"lane"}, nil),
 	}
 }
 
@@ -38,6 +42,7 @@ func NewDepthCollector(q *Queue) *DepthCollector {
 func (c *DepthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.depth
 	ch <- c.due
+	ch <- c.oldest
 }
 
 // Collect implements prometheus.Collector.
@@ -67,6 +72,11 @@ func (c *DepthCollector) read() []prometheus.Metric {
 			continue
 		}
 		out = append(out, prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(info.State.Msgs), st.lane))
+		age := 0.0
+		if info.State.Msgs > 0 && !info.State.FirstTime.IsZero() {
+			age = time.Since(info.State.FirstTime).Seconds()
+		}
+		out = append(out, prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age, st.lane))
 		if st.lane == "dead" {
 			continue
 		}
