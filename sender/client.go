@@ -47,6 +47,7 @@ type client struct {
 	sizeMax     int64             // SIZE fixed maximum; 0 = none declared
 	rcptMax     int               // LIMITS RCPTMAX, or learned from a 452; 0 = unknown
 	mailMax     int               // LIMITS MAILMAX; 0 = unknown
+	limit       int               // lowest destination max-msgs-per-conn seen on it; 0 = none
 	txs         int               // transactions started on this connection
 	idleSince   time.Time
 	broken      bool // the conversation is out of step; never reuse

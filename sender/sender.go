@@ -20,6 +20,10 @@ type Message struct {
 	Rcpts  []string // envelope recipients, all at Domain
 	Domain string   // destination domain: the MX lookup and TLS policy key
 	Body   []byte   // the exact bytes to send, CRLF line ends, already DKIM-signed
+	// MaxMsgsPerConn, when > 0, lowers Config.MaxMsgsPerConn for the
+	// connection this message goes out on: the destination's own limit
+	// (coordinator's [destinations.X] max-msgs-per-conn).
+	MaxMsgsPerConn int
 }
 
 // RcptResult is the outcome for one recipient.
@@ -189,6 +193,9 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 		var txErr error
 		pending, txErr = s.deliver(ctx, c, m, info, pending, out, decided)
 		res.Transactions += c.txs - txBefore
+		if m.MaxMsgsPerConn > 0 && (c.limit == 0 || m.MaxMsgsPerConn < c.limit) {
+			c.limit = m.MaxMsgsPerConn
+		}
 		s.giveBack(c, ctx)
 		if txErr != nil {
 			fill(pending, inputOf(txErr))
@@ -255,6 +262,9 @@ func (c *client) usable() bool {
 	limit := c.cfg.MaxMsgsPerConn
 	if c.mailMax > 0 {
 		limit = min(limit, c.mailMax) // RFC 9422 MAILMAX
+	}
+	if c.limit > 0 {
+		limit = min(limit, c.limit) // the destination's own limit
 	}
 	return !c.broken && c.txs < limit
 }

@@ -339,6 +339,21 @@ func TestMaxMsgsPerConn(t *testing.T) {
 	}
 }
 
+// TestDestinationMaxMsgsPerConn: a destination's own, lower limit (from the
+// coordinator's config) applies to the connection its messages use.
+func TestDestinationMaxMsgsPerConn(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{})
+	s := w.sender(w.config()) // default 100 per connection
+	for i := range 10 {
+		m := msg("example.test", fmt.Sprintf("r%d@example.test", i))
+		m.MaxMsgsPerConn = 2
+		checkDelivered(t, s.Send(ctxT(t), m))
+	}
+	if c := fake.Connections(); c != 5 {
+		t.Errorf("%d connections for 10 messages at 2 per connection", c)
+	}
+}
+
 func TestDeadPooledConnectionIsReplaced(t *testing.T) {
 	w, fake := oneMX(t, fakemx.Options{})
 	s := w.sender(w.config())

@@ -21,6 +21,12 @@ type deliverer struct {
 	id string
 }
 
+// limiter is the part of the coordinator that knows a destination's
+// configured limits (*coordinator.Throttle has it; OpenGate does not).
+type limiter interface {
+	LimitsOf(dest string) coordinator.Limits
+}
+
 // probePermit stands in for a coordinator permit on an operator's probe:
 // the attempt was not admitted by the coordinator, so its outcome is not
 // reported to it either.
@@ -104,7 +110,11 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 			}
 		}
 	}()
-	res := p.cfg.Sender.Send(ctx, &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body})
+	msg := &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body}
+	if l, ok := p.cfg.Gate.(limiter); ok {
+		msg.MaxMsgsPerConn = l.LimitsOf(dest).MaxMsgsPerConn
+	}
+	res := p.cfg.Sender.Send(ctx, msg)
 	close(stop)
 
 	o := p.sort(e, res)
