@@ -157,6 +157,13 @@ func (p *deliverer) sort(e *queue.Envelope, res sender.Result) *outcome {
 			in = classify.Input{Stage: classify.StageUnknown, Event: classify.EventConnLost}
 		}
 		r := p.cfg.Classifier.Classify(in)
+		if r.Class == classify.Permanent && in.Stage == classify.StageAuth {
+			// The smarthost refused our credentials: a configuration
+			// problem, not the message's. Defer rather than bounce (as
+			// Postfix's smtp_sasl_auth_soft_bounce does); the sender holds
+			// the refusal for a while, so waiting mail costs no logins.
+			r.Class, r.Rule = classify.Transient, r.Rule+"/soft-bounce"
+		}
 		o.results = append(o.results, r)
 		switch r.Class {
 		case classify.Delivered:

@@ -450,3 +450,27 @@ func TestScheduledSurvivesRestart(t *testing.T) {
 		t.Fatalf("last event %s attempt %d, want delivered on attempt 2 (budget continued)", last.Type, last.Attempt)
 	}
 }
+
+// TestRelayAuthFailureDefersNotBounces: a smarthost that refuses our
+// credentials is a configuration problem; the mail waits on the retry lane
+// instead of bouncing.
+func TestRelayAuthFailureDefersNotBounces(t *testing.T) {
+	e := newEnv(t, nil)
+	relay := fakemx.Start(t, fakemx.Options{Users: map[string]string{"outflow": "right"}, RequireAuth: true})
+	snd, err := sender.New(sender.Config{Hostname: "outflow.test", Relay: relay.Addr(), RelayTLS: "none",
+		RelayUsername: "outflow", RelayPassword: "wrong"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { snd.Close() })
+	e.snd = snd
+	e.startPool(nil)
+	id := e.submit("r@dest.test")
+	evs := e.waitEvent(id, queue.EventDeferred)
+	if countPrefix(e.events(id), queue.EventBounced) != 0 {
+		t.Fatalf("bounced on a relay AUTH failure: %v", evs)
+	}
+	if _, failed := relay.AuthAttempts(); failed != 1 {
+		t.Fatalf("%d failed logins, want 1", failed)
+	}
+}
