@@ -57,6 +57,9 @@ type serveConfig struct {
 	ShutdownGrace   time.Duration `toml:"shutdown-grace"`
 	SMTPPort        int           `toml:"smtp-port"`
 	TLSPolicy       string        `toml:"tls-policy"`
+	SMTPReadTimeout time.Duration `toml:"smtp-read-timeout"`
+	SMTPDataTimeout time.Duration `toml:"smtp-data-timeout"`
+	AckWait         time.Duration `toml:"ack-wait"`
 	ConnectTimeout  time.Duration `toml:"connect-timeout"`
 	CommandTimeout  time.Duration `toml:"command-timeout"`
 	DataTimeout     time.Duration `toml:"data-timeout"`
@@ -102,6 +105,9 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.Int64Var(&c.MaxMessageSize, "max-message-size", 25<<20, "largest accepted message in bytes (552 above)")
 	fs.IntVar(&c.MaxRecipients, "max-recipients", 1000, "most recipients per message (452 above)")
 	fs.IntVar(&c.MaxConnections, "max-connections", 1000, "most concurrent submission connections (421 above)")
+	fs.DurationVar(&c.SMTPReadTimeout, "smtp-read-timeout", 5*time.Minute, "submission: idle time allowed between client commands (RFC 5321 4.5.3.2.7); past it 421 and close")
+	fs.DurationVar(&c.SMTPDataTimeout, "smtp-data-timeout", 10*time.Minute, "submission: the longest a DATA transfer may take")
+	fs.DurationVar(&c.AckWait, "ack-wait", 60*time.Second, "how long a worker may hold an envelope without reporting progress before NATS hands it to another")
 	fs.IntVar(&c.Workers, "workers", 32, "concurrent deliveries in this process")
 	fs.StringVar(&c.WorkerID, "worker-id", "", "worker id for logs and the contention offset (default hostname-pid)")
 	retry, rl, budget := coordinator.DefaultRetry(), coordinator.DefaultRateLimit(), coordinator.DefaultBudget()

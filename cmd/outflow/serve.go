@@ -103,7 +103,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	}
 
 	// NATS: the embedded server unless --nats-url names another.
-	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, MaxAge: budget.MaxAge, Logger: log}
+	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, MaxAge: budget.MaxAge, AckWait: c.AckWait, Logger: log}
 	var emb *queue.Embedded
 	if c.NATSURL == "" {
 		emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: c.Data, ListenAddr: c.NATSAddr, SyncAlways: c.JetStreamSync == "always"})
@@ -183,7 +183,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	defer stopStatus()
 
 	pool, err := worker.New(worker.Config{
-		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, Budget: budget,
+		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, Budget: budget, ProgressEvery: c.AckWait / 4,
 		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier, Gate: throttle,
 		Signer: signer, Logger: log, Metrics: worker.NewMetrics(reg),
 	})
@@ -194,6 +194,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	sub, err := submission.New(submission.Config{
 		Addr: c.SMTPAddr, Hostname: hostname, Users: users, TrustedNetworks: trusted, TLSConfig: tlsConf,
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients, MaxConnections: c.MaxConnections,
+		ReadTimeout: c.SMTPReadTimeout, DataTimeout: c.SMTPDataTimeout,
 		Registerer: reg, Logger: log,
 	}, q)
 	if err != nil {
