@@ -10,9 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/rs/zerolog"
 )
 
 // ClientInfoFile is the file, inside the data dir, where `serve` writes the
@@ -43,12 +45,17 @@ type EmbeddedConfig struct {
 	// MaxStore bounds JetStream's file storage in bytes; 0 means the
 	// server's default (most of the disk).
 	MaxStore int64
+	// Logger receives the server's warnings and errors; zero value: none.
+	Logger zerolog.Logger
 }
 
 // Embedded is a running in-process NATS server with JetStream.
 type Embedded struct {
-	srv  *server.Server
-	info ClientInfo
+	srv      *server.Server
+	info     ClientInfo
+	storeDir string
+	jsConfig server.JetStreamConfig // as started, to start it again the same way
+	writeErr *atomic.Bool           // a stream reported a sticky write error
 }
 
 // StartEmbedded starts nats-server in this process with JetStream on file
@@ -99,6 +106,8 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
+	writeErr := &atomic.Bool{}
+	srv.SetLoggerV2(natsLog{cfg.Logger.With().Str("component", "nats-server").Logger(), writeErr}, false, false, false)
 	srv.Start()
 	if !srv.ReadyForConnections(30 * time.Second) {
 		srv.Shutdown()
@@ -110,7 +119,11 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		srv.Shutdown()
 		return nil, fmt.Errorf("embedded nats: JetStream did not start (store dir %s)", opts.StoreDir)
 	}
-	e := &Embedded{srv: srv, info: info}
+	jsc := *srv.JetStreamConfig()
+	// The running config names <StoreDir>/jetstream; EnableJetStream adds
+	// that suffix again, so a restart must be given the configured dir.
+	jsc.StoreDir = opts.StoreDir
+	e := &Embedded{srv: srv, info: info, storeDir: opts.StoreDir, jsConfig: jsc, writeErr: writeErr}
 	if !opts.DontListen {
 		e.info.URL = srv.ClientURL()
 	} else {

@@ -106,11 +106,12 @@ func serve(parent context.Context, c *serveConfig) error {
 	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, MaxAge: budget.MaxAge, AckWait: c.AckWait, Logger: log}
 	var emb *queue.Embedded
 	if c.NATSURL == "" {
-		emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: c.Data, ListenAddr: c.NATSAddr, SyncAlways: c.JetStreamSync == "always"})
+		emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: c.Data, ListenAddr: c.NATSAddr, SyncAlways: c.JetStreamSync == "always", Logger: log})
 		if err != nil {
 			return err
 		}
 		defer emb.Shutdown()
+		go emb.Supervise(ctx, log, time.Second)
 		ci := emb.ClientInfo()
 		qopts.InProcess, qopts.User, qopts.Password = emb.Server(), ci.User, ci.Password
 		log.Info().Str("store", c.Data).Str("client_url", ci.URL).Msg("embedded NATS JetStream started")
@@ -196,7 +197,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients, MaxConnections: c.MaxConnections,
 		ReadTimeout: c.SMTPReadTimeout, DataTimeout: c.SMTPDataTimeout,
 		Registerer: reg, Logger: log,
-	}, q)
+	}, enqueuer{q, emb})
 	if err != nil {
 		return usageError{err}
 	}
@@ -206,7 +207,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	}
 
 	var ready atomic.Bool
-	httpSrv, httpLn, err := startHTTP(c.HTTPAddr, reg, &ready, q)
+	httpSrv, httpLn, err := startHTTP(c.HTTPAddr, reg, &ready, q, emb)
 	if err != nil {
 		ln.Close()
 		return err
@@ -318,6 +319,23 @@ func serveDestStatus(q *queue.Queue, t *coordinator.Throttle, workerID string) (
 	return func() { _ = sub.Unsubscribe() }, nil
 }
 
+// enqueuer hands submissions to the queue, failing at once while the
+// embedded JetStream is down (disk full), so clients get their 451 without
+// waiting for a publish timeout.
+type enqueuer struct {
+	q   *queue.Queue
+	emb *queue.Embedded // nil with --nats-url
+}
+
+func (e enqueuer) Enqueue(ctx context.Context, s *queue.Submission) ([]string, error) {
+	if e.emb != nil {
+		if err := e.emb.Healthy(); err != nil {
+			return nil, err
+		}
+	}
+	return e.q.Enqueue(ctx, s)
+}
+
 // waitClosed waits for a drained connection to finish closing.
 func waitClosed(q *queue.Queue, max time.Duration) {
 	deadline := time.Now().Add(max)
@@ -378,7 +396,7 @@ func backoffFromConfig(c *serveConfig) (coordinator.Backoff, coordinator.Backoff
 
 // startHTTP serves /metrics, /healthz (the process is up) and /readyz (it
 // is accepting and delivering: NATS connected, JetStream answering).
-func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *queue.Queue) (*http.Server, net.Listener, error) {
+func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *queue.Queue, emb *queue.Embedded) (*http.Server, net.Listener, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -388,6 +406,12 @@ func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *que
 		if !ready.Load() || !q.Conn().IsConnected() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
+		}
+		if emb != nil {
+			if err := emb.Healthy(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 		}
 		fmt.Fprintln(w, "ready")
 	})

@@ -1,0 +1,225 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outflow/outflow/internal/fakemx"
+)
+
+// natsNode is one nats-server process of a test cluster.
+type natsNode struct {
+	name       string
+	clientAddr string
+	cmd        *exec.Cmd
+	exited     chan struct{}
+	log        *os.File
+}
+
+func (n *natsNode) kill() {
+	select {
+	case <-n.exited:
+		return
+	default:
+	}
+	_ = n.cmd.Process.Kill()
+	<-n.exited
+}
+
+// buildNATSServer builds the nats-server pinned in go.mod into dir.
+func buildNATSServer(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "nats-server")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
+	cmd.Dir = ".."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build nats-server: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startNATSCluster starts three JetStream nats-servers clustered over
+// loopback routes, with client auth user/password, and waits until
+// JetStream answers.
+func startNATSCluster(t *testing.T, user, password string) []*natsNode {
+	t.Helper()
+	dir := t.TempDir()
+	bin := buildNATSServer(t, dir)
+	clientPorts := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	routePorts := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	var routes []string
+	for _, r := range routePorts {
+		routes = append(routes, "nats-route://"+r)
+	}
+	nodes := make([]*natsNode, 3)
+	for i := range 3 {
+		name := fmt.Sprintf("n%d", i+1)
+		conf := fmt.Sprintf(`server_name: %s
+listen: %s
+jetstream { store_dir: %q, max_file_store: 1G, max_memory_store: 64M }
+cluster {
+  name: outflow-test
+  listen: %s
+  routes: [%s]
+}
+authorization { user: %q, password: %q }
+`, name, clientPorts[i], filepath.Join(dir, name), routePorts[i], strings.Join(routes, ", "), user, password)
+		cf := filepath.Join(dir, name+".conf")
+		if err := os.WriteFile(cf, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		lf, err := os.Create(filepath.Join(dir, name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, "-c", cf)
+		cmd.Stdout, cmd.Stderr = lf, lf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		n := &natsNode{name: name, clientAddr: clientPorts[i], cmd: cmd, exited: make(chan struct{}), log: lf}
+		go func() { _ = cmd.Wait(); close(n.exited) }()
+		t.Cleanup(func() { n.kill(); lf.Close() })
+		nodes[i] = n
+	}
+	for _, n := range nodes {
+		waitFor(t, 60*time.Second, "nats-server "+n.name+" listening", func() bool {
+			c, err := net.DialTimeout("tcp", n.clientAddr, time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err == nil
+		})
+	}
+	// JetStream is usable once a meta leader is elected and an R3 stream
+	// can be created.
+	nc, err := nats.Connect(clusterURL(nodes, user, password), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	waitFor(t, 60*time.Second, "the NATS cluster's JetStream", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "PROBE", Subjects: []string{"probe"}, Replicas: 3})
+		return err == nil
+	})
+	return nodes
+}
+
+func clusterURL(nodes []*natsNode, user, password string) string {
+	var urls []string
+	for _, n := range nodes {
+		urls = append(urls, "nats://"+user+":"+password+"@"+n.clientAddr)
+	}
+	return strings.Join(urls, ",")
+}
+
+// TestClusterFailover runs two outflow workers against a three-node NATS
+// cluster with every stream replicated three times, submits through both,
+// then SIGKILLs one NATS server and one outflow worker mid-run. Every
+// message answered with 250 must be delivered; duplicates are bounded by
+// what the two processes can have had in flight; the survivor keeps
+// delivering; and the NATS password in the URL never reaches a log line.
+func TestClusterFailover(t *testing.T) {
+	t.Parallel()
+	const natsUser, natsPassword = "outflow", "cluster-secret-pw-7c1f"
+	nodes := startNATSCluster(t, natsUser, natsPassword)
+	url := clusterURL(nodes, natsUser, natsPassword)
+
+	mx := fakemx.Start(t, fakemx.Options{})
+	dir := t.TempDir()
+	users := writeUsers(t, dir)
+	const workers = 4
+	common := append([]string{"--users", users, "--relay", mx.Addr(), "--nats-url", url, "--nats-replicas", "3",
+		"--workers", fmt.Sprint(workers)}, fastRetry...)
+	// Distinct EHLO names tell at the sink which worker delivered what.
+	w1 := startDaemon(t, dir+"/w1", append(common, "--worker-id", "w1", "--hostname", "w1.test")...)
+	w2 := startDaemon(t, dir+"/w2", append(common, "--worker-id", "w2", "--hostname", "w2.test")...)
+	deliveredBy := func(host string) int {
+		n := 0
+		for _, m := range mx.Messages() {
+			if m.Hostname == host {
+				n++
+			}
+		}
+		return n
+	}
+	logs := func() string { return "--- w1 ---\n" + tail(w1.Logs(), 40) + "\n--- w2 ---\n" + tail(w2.Logs(), 40) }
+
+	per := 30
+	if longMode() {
+		per = 200
+	}
+	l1 := startLoad(t, "cl1", w1.SMTPAddr, 1, 0)
+	l2 := startLoad(t, "cl2", w2.SMTPAddr, 1, 0)
+	accepted := func() int { return l1.NumAccepted() + l2.NumAccepted() }
+	waitFor(t, 120*time.Second, "submissions through both workers, and deliveries by both", func() bool {
+		return l1.NumAccepted() >= per && l2.NumAccepted() >= per && deliveredBy("w1.test") >= 5 && deliveredBy("w2.test") >= 5
+	})
+
+	// Kill the NATS server both workers most likely talk to (the first URL).
+	t.Logf("SIGKILL nats %s with %d accepted, %d at the sink", nodes[0].name, accepted(), len(mx.Messages()))
+	nodes[0].kill()
+	n := accepted()
+	byW2 := deliveredBy("w2.test")
+	waitFor(t, 120*time.Second, "submissions and deliveries after the NATS kill", func() bool {
+		return accepted() >= n+per && deliveredBy("w2.test") >= byW2+5
+	})
+
+	// Kill one worker; its submitter moves to the survivor.
+	t.Logf("SIGKILL worker w2 with %d accepted, %d at the sink (%d delivered by w2)", accepted(), len(mx.Messages()), deliveredBy("w2.test"))
+	w2.Kill()
+	l2.SetAddr(w1.SMTPAddr)
+	n = accepted()
+	waitFor(t, 120*time.Second, "submissions after the worker kill", func() bool { return accepted() >= n+per })
+	l1.Stop()
+	l2.Stop()
+
+	all := l1.Accepted()
+	for id := range l2.Accepted() {
+		all[id] = true
+	}
+	// w2's in-flight envelopes come back to w1 after the ack wait (60 s).
+	waitAllDelivered(t, all, mx, 240*time.Second, logs)
+	r := compare(all, sinkCounts(mx))
+	codes := l1.Codes()
+	for c, v := range l2.Codes() {
+		codes[c] += v
+	}
+	t.Logf("FIGURES cluster: nats_kills=1 worker_kills=1 submissions=%d %s codes=%v",
+		l1.attempts.Load()+l2.attempts.Load(), r, codes)
+	if r.missing != 0 {
+		t.Errorf("lost %d accepted messages: %v", r.missing, r.missingIDs)
+	}
+	// In flight: a killed worker's deliveries, and during the NATS kill the
+	// steps of both workers whose acknowledgement was lost.
+	if bound := 3 * workers; r.dups > bound {
+		t.Errorf("%d duplicates, more than the %d envelopes that can have been in flight", r.dups, bound)
+	}
+	for _, w := range []*daemon{w1, w2} {
+		if strings.Contains(w.Logs(), natsPassword) {
+			t.Errorf("the NATS password appears in a worker's log")
+		}
+		requireNoPanic(t, w.Logs())
+	}
+	// Delivery continues on the survivor.
+	cl := dialAuth(t, w1.SMTPAddr, testUser, testPassword)
+	if err := submit(cl, "app@sender.test", []string{"z@dest.test"}, message("after-failover", "")); err != nil {
+		t.Fatal(err)
+	}
+	_ = cl.Quit()
+	waitAllDelivered(t, map[string]bool{"<after-failover@e2e.test>": true}, mx, 60*time.Second, logs)
+	w1.Stop()
+}
