@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -29,6 +30,10 @@ type ratedMX struct {
 	limit    int
 	accepted []time.Time
 	refused  atomic.Int32
+	// throttleNext makes the next RCPT get the 421 whatever the rate;
+	// throttledAt records when.
+	throttleNext bool
+	throttledAt  time.Time
 }
 
 func startRatedMX(t *testing.T, limit int) *ratedMX {
@@ -43,6 +48,10 @@ func startRatedMX(t *testing.T, limit int) *ratedMX {
 		n := 0
 		for i := len(r.accepted) - 1; i >= 0 && now.Sub(r.accepted[i]) < time.Second; i-- {
 			n++
+		}
+		if r.throttleNext {
+			r.throttleNext, r.throttledAt = false, now
+			n = r.limit
 		}
 		if n >= r.limit {
 			r.refused.Add(1)
@@ -282,4 +291,110 @@ func TestSuspendedTenantDestinationDoesNotDelayOthers(t *testing.T) {
 		t.Fatalf("%d messages delivered; the suspended destination got mail", n)
 	}
 	d.Stop()
+}
+
+// workerView is one worker's answer in `dest status --json`.
+type workerView struct {
+	Worker      string  `json:"worker_id"`
+	Factor      float64 `json:"Factor"`
+	LiveWorkers int     `json:"LiveWorkers"`
+}
+
+// TestClusterSharesRateAndThrottle: the same fleet behaviour on a 3-node
+// NATS cluster (replicated streams and buckets): two workers together keep
+// within 10% of the destination's rate, and a throttle one of them sees
+// cuts the rate of both within a second.
+func TestClusterSharesRateAndThrottle(t *testing.T) {
+	const natsUser, natsPassword = "outflow", "throttle-cluster-pw"
+	nodes := startNATSCluster(t, natsUser, natsPassword)
+	url := clusterURL(nodes, natsUser, natsPassword)
+	const rate, total = 20, 160
+	mx := startRatedMX(t, rate+rate/5)
+	dir := t.TempDir()
+	common := []string{"--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none", "--nats-url", url,
+		"--nats-replicas", "3", "--dest-rate", fmt.Sprint(rate),
+		"--retry-base", "200ms", "--retry-min", "100ms", "--retry-cap", "1s",
+		"--ratelimit-base", "500ms", "--ratelimit-min", "200ms", "--ratelimit-cap", "2s"}
+	a := startDaemon(t, dir+"/a", append(common, "--worker-id", "A")...)
+	b := startDaemon(t, dir+"/b", append(common, "--worker-id", "B")...)
+	status := func() []workerView {
+		out, err := runCLI(t, "dest", "status", "rated.test", "--json", "--nats-url", url)
+		if err != nil {
+			t.Fatalf("dest status: %v %s", err, out)
+		}
+		var v struct {
+			Workers []workerView `json:"workers"`
+		}
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			t.Fatalf("dest status --json: %v\n%s", err, out)
+		}
+		return v.Workers
+	}
+	waitFor(t, 30*time.Second, "both workers live on the cluster", func() bool {
+		v := status()
+		return len(v) == 2 && v[0].LiveWorkers == 2 && v[1].LiveWorkers == 2
+	})
+	var wg sync.WaitGroup
+	for i, d := range []*daemon{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+			defer cl.Close()
+			for j := range total / 2 {
+				if err := submit(cl, "app@sender.test", []string{"r@rated.test"}, message(fmt.Sprintf("c%d-%d", i, j), "")); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := mx.WaitForMessages(total, 90*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ts := mx.times()
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	lo, hi := len(ts)/10, len(ts)-1-len(ts)/10
+	got := float64(hi-lo) / ts[hi].Sub(ts[lo]).Seconds()
+	t.Logf("cluster: %d messages, steady rate %.1f/s (configured %d/s), peak one-second %d", len(ts), got, rate, peakPerSecond(ts))
+	if got > rate*1.1 || got < rate*0.9 {
+		t.Errorf("fleet rate on the cluster %.1f/s, want within 10%% of %d/s", got, rate)
+	}
+
+	// One throttled reply, to whichever worker sends next.
+	mx.mu.Lock()
+	mx.throttleNext = true
+	mx.mu.Unlock()
+	cl := dialAuth(t, a.SMTPAddr, testUser, testPassword)
+	if err := submit(cl, "app@sender.test", []string{"r@rated.test"}, message("throttle-probe", "")); err != nil {
+		t.Fatal(err)
+	}
+	_ = cl.Quit()
+	var at time.Time
+	waitFor(t, 30*time.Second, "the throttled reply", func() bool {
+		mx.mu.Lock()
+		defer mx.mu.Unlock()
+		at = mx.throttledAt
+		return !at.IsZero()
+	})
+	// Each worker's own /metrics shows the factor it applies; poll both.
+	factor := func(d *daemon) float64 {
+		v, ok := d.scrape(t)[`outflow_dest_rate_factor{dest="rated.test"}`]
+		if !ok {
+			return 1
+		}
+		return v
+	}
+	waitFor(t, 10*time.Second, "both workers to apply the cut", func() bool { return factor(a) < 1 && factor(b) < 1 })
+	took := time.Since(at)
+	t.Logf("a throttle seen by one worker cut both workers' rate within %v", took.Round(time.Millisecond))
+	if took > time.Second {
+		t.Errorf("the workers slowed down %v after the throttle, want within a second", took)
+	}
+	if v := status(); len(v) != 2 || v[0].Factor >= 1 || v[1].Factor >= 1 {
+		t.Errorf("dest status does not show the cut on both workers: %+v", v)
+	}
+	a.Stop()
+	b.Stop()
 }
