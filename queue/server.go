@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // ClientInfoFile is the file, inside the data dir, where `serve` writes the
@@ -71,13 +72,20 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The server keeps only a bcrypt hash of the generated password
+	// (nats-server verifies "$2a$" passwords with bcrypt), so the password
+	// itself lives in one 0600 file.
+	hash, err := bcrypt.GenerateFromPassword([]byte(info.Password), bcrypt.DefaultCost)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
 	opts := &server.Options{
 		ServerName:            "outflow-embedded",
 		JetStream:             true,
 		StoreDir:              filepath.Join(cfg.DataDir, "jetstream"),
 		JetStreamMaxStore:     cfg.MaxStore,
 		Username:              info.User,
-		Password:              info.Password,
+		Password:              string(hash),
 		NoSigs:                true,
 		NoLog:                 true,
 		MaxPayload:            8 << 20,
