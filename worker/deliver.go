@@ -219,6 +219,9 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 	}
 
 	remaining := len(o.again) + len(o.held)
+	// acked is set when the next state's own step acknowledged the original
+	// (Hold and Dead do); nothing may acknowledge it twice.
+	acked := false
 	if remaining > 0 {
 		next := e.Clone()
 		next.Attempt = e.Attempt + 1
@@ -236,11 +239,13 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 			if err := d.Hold(ctx, next); err != nil {
 				return err
 			}
+			acked = true
 			q.Event(queue.EventHeld, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
 				Worker: p.id, Recipients: next.Rcpts, Reason: o.lead.Text, Decision: mustJSON(rec)})
 		} else {
 			next.Rcpts = o.again
-			if err := p.defer_(ctx, d, next, dest, o); err != nil {
+			var err error
+			if acked, err = p.defer_(ctx, d, next, dest, o); err != nil {
 				return err
 			}
 		}
@@ -259,12 +264,15 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 		}
 		q.Event(queue.EventDelivered, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: e.Attempt + 1,
 			Worker: p.id, Recipients: o.delivered, Decision: mustJSON(rec)})
-		if remaining > 0 {
+		if remaining > 0 && !acked {
 			return d.Skip(ctx)
 		}
 		return nil
 	}
 	if remaining > 0 {
+		if acked {
+			return nil
+		}
 		return d.Skip(ctx)
 	}
 	// Every recipient bounced.
@@ -272,9 +280,10 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 }
 
 // defer_ schedules the remaining recipients on the retry or rate-limit lane,
-// or sends them to dead letters when the budget is spent. It does not
-// acknowledge the original; record does that last.
-func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest string, o *outcome) error {
+// or sends them to dead letters when the budget is spent. A schedule does
+// not acknowledge the original (record does that last); a dead letter
+// does, and acked says so.
+func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest string, o *outcome) (acked bool, err error) {
 	e := d.Env
 	now := time.Now()
 	lane, bo, evType, class := queue.LaneRetry, p.cfg.Retry, queue.EventDeferred, o.lead.Class.String()
@@ -293,7 +302,7 @@ func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.E
 		if why == "max-age" {
 			ev = queue.EventExpired
 		}
-		return p.dead(ctx, d, next, dest, ev, why+": "+replyLine(o.lead))
+		return true, p.dead(ctx, d, next, dest, ev, why+": "+replyLine(o.lead))
 	}
 	// The retry number is the exponent: the first retry after the first
 	// failure is 1. Throttled attempts use the rate-limit lane's own count.
@@ -315,11 +324,11 @@ func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.E
 	}
 	next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
 	if err := d.Reschedule(ctx, next, lane, at, false); err != nil {
-		return err
+		return false, err
 	}
 	p.cfg.Queue.Event(evType, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
 		Worker: p.id, Recipients: next.Rcpts, Reason: o.lead.Text, Decision: mustJSON(rec)})
-	return nil
+	return false, nil
 }
 
 // refused handles a coordinator refusal: no attempt was made, so neither

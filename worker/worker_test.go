@@ -474,3 +474,48 @@ func TestRelayAuthFailureDefersNotBounces(t *testing.T) {
 		t.Fatalf("%d failed logins, want 1", failed)
 	}
 }
+
+// syncBuf is a goroutine-safe log sink.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestDeliveredAndDeadInOneAttempt: one recipient accepted, the other's
+// budget spent in the same attempt. The dead letter's step acknowledges the
+// original; recording the delivered recipient must not try again.
+func TestDeliveredAndDeadInOneAttempt(t *testing.T) {
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "never@") {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "later"}
+		}
+		return nil
+	})
+	var logs syncBuf
+	e.startPool(func(c *Config) {
+		c.Budget = coordinator.Budget{MaxAttempts: 1, MaxAge: time.Hour}
+		c.Logger = zerolog.New(&logs)
+	})
+	id := e.submit("ok@dest.test", "never@dest.test")
+	e.waitEvent(id, queue.EventDead)
+	e.waitEvent(id, queue.EventDelivered)
+	it, err := e.q.Find(context.Background(), id)
+	if err != nil || it.State != queue.StateDead || strings.Join(it.Env.Rcpts, ",") != "never@dest.test" {
+		t.Fatalf("after the attempt: %+v, %v", it, err)
+	}
+	if strings.Contains(logs.String(), "delivery step failed") {
+		t.Fatalf("a durable step failed:\n%s", logs.String())
+	}
+}
