@@ -54,12 +54,14 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParseAddress -fuzztime=$(FUZZTIME) ./submission
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeEnvelope -fuzztime=$(FUZZTIME) ./queue
 
+# bench: micro-benchmarks, then the end-to-end suite against Postfix
+# (docs/benchmarks.md). BENCH_QUICK=1 for a few-minute version.
 bench: deps build
 	$(GO) test -run='^$$' -bench=. -benchmem ./classify ./coordinator ./sender
-	PATH="$$PATH:/usr/sbin" ./bench/run.sh
+	PATH="$$PATH:/usr/sbin" BENCH_QUICK="$(BENCH_QUICK)" ./bench/run.sh
 
 lint:
-	gofmt -l . | tee /dev/stderr | (! read)
+	test -z "$$(gofmt -l .)" || { gofmt -l .; exit 1; }
 	$(GO) vet $(PKGS)
 	@if $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.7.0 -version >/dev/null 2>&1; then \
 	  $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.7.0 $(PKGS); \
