@@ -69,6 +69,37 @@ func (r *ratedMX) times() []time.Time {
 	return append([]time.Time(nil), r.accepted...)
 }
 
+// steadyRate is the arrival rate over the steady part of a run: without
+// the first and last tenth (the first tokens of each worker, the tail of
+// the backlog). It sorts ts.
+func steadyRate(ts []time.Time) float64 {
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	lo, hi := len(ts)/10, len(ts)-1-len(ts)/10
+	return float64(hi-lo) / ts[hi].Sub(ts[lo]).Seconds()
+}
+
+// submitThrough submits total messages to rcpt, split evenly over the
+// daemons, one connection each, concurrently.
+func submitThrough(t *testing.T, ds []*daemon, total int, prefix, rcpt string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i, d := range ds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+			defer cl.Close()
+			for j := range total / len(ds) {
+				if err := submit(cl, "app@sender.test", []string{rcpt}, message(fmt.Sprintf("%s%d-%d", prefix, i, j), "")); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // peakPerSecond is the most arrivals in any one-second window starting at
 // an arrival.
 func peakPerSecond(ts []time.Time) int {
@@ -116,33 +147,13 @@ func TestFleetSharesDestinationRate(t *testing.T) {
 	waitFor(t, 20*time.Second, "both workers live", func() bool {
 		return strings.Contains(a.cli(t, "dest", "status", "rated.test"), "  2  ")
 	})
-	var wg sync.WaitGroup
-	for i, d := range []*daemon{a, b} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl := dialAuth(t, d.SMTPAddr, testUser, testPassword)
-			defer cl.Close()
-			for j := range total / 2 {
-				if err := submit(cl, "app@sender.test", []string{"r@rated.test"}, message(fmt.Sprintf("f%d-%d", i, j), "")); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	submitThrough(t, []*daemon{a, b}, total, "f", "r@rated.test")
 	t.Logf("status during the run:\n%s", a.cli(t, "dest", "status", "rated.test"))
 	if err := mx.WaitForMessages(total, 90*time.Second); err != nil {
 		t.Fatalf("%v (refused %d)", err, mx.refused.Load())
 	}
 	ts := mx.times()
-	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	// The steady part of the run: without the first and last tenth (the
-	// first tokens of each worker, the tail of the backlog).
-	lo, hi := len(ts)/10, len(ts)-1-len(ts)/10
-	span := ts[hi].Sub(ts[lo]).Seconds()
-	got := float64(hi-lo) / span
+	got := steadyRate(ts)
 	t.Logf("%d messages in %.1fs; steady rate %.1f/s (configured %d/s); peak one-second %d; refused by the receiver %d",
 		len(ts), ts[len(ts)-1].Sub(ts[0]).Seconds(), got, rate, peakPerSecond(ts), mx.refused.Load())
 	t.Logf("delivered by A: %d, by B: %d; rate refusals A: %d, B: %d", strings.Count(a.Logs(), `"outcome":"delivered"`), strings.Count(b.Logs(), `"outcome":"delivered"`),
@@ -334,29 +345,12 @@ func TestClusterSharesRateAndThrottle(t *testing.T) {
 		v := status()
 		return len(v) == 2 && v[0].LiveWorkers == 2 && v[1].LiveWorkers == 2
 	})
-	var wg sync.WaitGroup
-	for i, d := range []*daemon{a, b} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl := dialAuth(t, d.SMTPAddr, testUser, testPassword)
-			defer cl.Close()
-			for j := range total / 2 {
-				if err := submit(cl, "app@sender.test", []string{"r@rated.test"}, message(fmt.Sprintf("c%d-%d", i, j), "")); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	submitThrough(t, []*daemon{a, b}, total, "c", "r@rated.test")
 	if err := mx.WaitForMessages(total, 90*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	ts := mx.times()
-	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	lo, hi := len(ts)/10, len(ts)-1-len(ts)/10
-	got := float64(hi-lo) / ts[hi].Sub(ts[lo]).Seconds()
+	got := steadyRate(ts)
 	t.Logf("cluster: %d messages, steady rate %.1f/s (configured %d/s), peak one-second %d", len(ts), got, rate, peakPerSecond(ts))
 	if got > rate*1.1 || got < rate*0.9 {
 		t.Errorf("fleet rate on the cluster %.1f/s, want within 10%% of %d/s", got, rate)
