@@ -3,9 +3,9 @@ package e2e
 import (
 	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
-	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -78,15 +78,15 @@ func TestMetricsAfterScenario(t *testing.T) {
 		return m["outflow_delivered_recipients_total"] == 1 && m["outflow_bounced_recipients_total"] == 1
 	})
 	want := map[string]float64{
-		`outflow_submissions_total{result="accepted"}`:         2,
-		`outflow_attempts_total{class="transient",lane="work"}`: 1,
+		`outflow_submissions_total{result="accepted"}`:           2,
+		`outflow_attempts_total{class="transient",lane="work"}`:  1,
 		`outflow_attempts_total{class="delivered",lane="retry"}`: 1,
-		`outflow_attempts_total{class="permanent",lane="work"}`: 1,
-		`outflow_delivery_latency_seconds_count`:                1,
-		`outflow_retry_delay_seconds_count{lane="retry"}`:       1,
-		`outflow_dead_letters_total`:                            0,
-		`outflow_workers_live`:                                  1,
-		`outflow_queue_depth{lane="dead"}`:                      0,
+		`outflow_attempts_total{class="permanent",lane="work"}`:  1,
+		`outflow_delivery_latency_seconds_count`:                 1,
+		`outflow_retry_delay_seconds_count{lane="retry"}`:        1,
+		`outflow_dead_letters_total`:                             0,
+		`outflow_workers_live`:                                   1,
+		`outflow_queue_depth{lane="dead"}`:                       0,
 	}
 	for k, v := range want {
 		if got, ok := m[k]; !ok || got != v {

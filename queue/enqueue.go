@@ -4,14 +4,18 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/mail"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 )
@@ -45,7 +49,14 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		return nil, fmt.Errorf("tenant consumer: %w", err)
 	}
 	groups, order := splitByDomain(s.Rcpts)
-	if _, err := q.bodies.PutBytes(ctx, msgID, s.Body); err != nil {
+	// A nuid-named body is new by construction: the fast path may skip the
+	// Object Store's look-up of an older version. An idempotency-keyed name
+	// can exist already, and PutBytes cleans up the chunks it replaces.
+	storeBody := q.putNewBody
+	if s.IdempotencyKey != "" {
+		storeBody = q.putBody
+	}
+	if err := storeBody(ctx, msgID, s.Body); err != nil {
 		return nil, fmt.Errorf("store body: %w", err)
 	}
 	msgHdrID := headerMessageID(s.Body)
@@ -129,8 +140,133 @@ func headerMessageID(body []byte) string {
 	return shorten(strings.TrimSpace(m.Header.Get("Message-Id")), 200)
 }
 
-// Body fetches an envelope's message body.
+// Bodies live in the Object Store bucket BucketBodies, in the Object
+// Store's own format (ADR-20: chunks on $O.<bucket>.C.<nuid>, the object's
+// info as the last message on $O.<bucket>.M.<base64url(name)>), so
+// `nats object` and every Object Store client read them. The common case
+// (a body of one chunk) is written and read here directly, without what
+// nats.go's generic Put and Get cost per object: a look-up of the previous
+// version, a 128 KiB chunk buffer and a private reply subscription per Put,
+// and an ordered consumer created on the server for every Get. Profiles of
+// the end-to-end benchmark put those at a third of the daemon's CPU time
+// (docs/benchmarks.md). Anything else (empty or multi-chunk bodies, names
+// that may exist already) goes through nats.go.
+
+// bodyChunkSize is nats.go's default Object Store chunk size; a body up
+// to this size is one chunk.
+const bodyChunkSize = 128 << 10
+
+func bodyMetaSubject(name string) string {
+	return "$O." + BucketBodies + ".M." + base64.URLEncoding.EncodeToString([]byte(name))
+}
+
+func bodyChunkSubject(nuid string) string { return "$O." + BucketBodies + ".C." + nuid }
+
+// putNewBody stores body under a name that has never been used. It returns
+// only when JetStream has acknowledged both the chunk and the object's
+// info.
+func (q *Queue) putNewBody(ctx context.Context, name string, body []byte) error {
+	if len(body) == 0 || len(body) > bodyChunkSize || q.bodyStream == nil {
+		return q.putBody(ctx, name, body)
+	}
+	id := nuid.Next()
+	sum := sha256.Sum256(body)
+	info := jetstream.ObjectInfo{
+		ObjectMeta: jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: bodyChunkSize}},
+		Bucket:     BucketBodies,
+		NUID:       id,
+		Size:       uint64(len(body)),
+		Chunks:     1,
+		Digest:     "SHA-256=" + base64.URLEncoding.EncodeToString(sum[:]),
+	}
+	meta, err := json.Marshal(&info)
+	if err != nil {
+		return err
+	}
+	// Chunk and info go out back to back on the shared async publisher and
+	// are acknowledged together: one round trip instead of four. The
+	// stream stores them in order, so the info never names a missing
+	// chunk.
+	stream := jetstream.WithExpectStream(bodyStreamName)
+	fc, err := q.js.PublishMsgAsync(&nats.Msg{Subject: bodyChunkSubject(id), Data: body}, stream)
+	if err != nil {
+		return err
+	}
+	mm := &nats.Msg{Subject: bodyMetaSubject(name), Header: nats.Header{jetstream.MsgRollup: []string{jetstream.MsgRollupSubject}}, Data: meta}
+	fm, err := q.js.PublishMsgAsync(mm, stream)
+	if err != nil {
+		return err
+	}
+	if err := waitAcks(ctx, fc, fm); err != nil {
+		// A chunk without info is invisible; remove it rather than leave
+		// it until the bucket's TTL.
+		_ = q.bodyStream.Purge(context.WithoutCancel(ctx), jetstream.WithPurgeSubject(bodyChunkSubject(id)))
+		return err
+	}
+	return nil
+}
+
+// putBody stores body under name through nats.go's Object Store, which
+// replaces an existing object of that name.
+func (q *Queue) putBody(ctx context.Context, name string, body []byte) error {
+	_, err := q.bodies.PutBytes(ctx, name, body)
+	return err
+}
+
+// waitAcks waits for every future's acknowledgement.
+func waitAcks(ctx context.Context, fs ...jetstream.PubAckFuture) error {
+	for _, f := range fs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// bodyInfo reads an object's info with a direct get (no consumer).
+func (q *Queue) bodyInfo(ctx context.Context, name string) (*jetstream.ObjectInfo, error) {
+	m, err := q.bodyStream.GetLastMsgForSubject(ctx, bodyMetaSubject(name))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, jetstream.ErrObjectNotFound
+		}
+		return nil, err
+	}
+	var info jetstream.ObjectInfo
+	if err := json.Unmarshal(m.Data, &info); err != nil {
+		return nil, fmt.Errorf("object info: %w", err)
+	}
+	if info.Deleted {
+		return nil, jetstream.ErrObjectNotFound
+	}
+	return &info, nil
+}
+
+// Body fetches an envelope's message body. A body of one chunk takes two
+// direct gets, its digest checked as the Object Store client would.
 func (q *Queue) Body(ctx context.Context, ref string) ([]byte, error) {
+	if q.bodyStream != nil {
+		info, err := q.bodyInfo(ctx, ref)
+		if err != nil {
+			return nil, fmt.Errorf("body %s: %w", ref, err)
+		}
+		if info.Chunks == 1 {
+			m, err := q.bodyStream.GetLastMsgForSubject(ctx, bodyChunkSubject(info.NUID))
+			if err != nil {
+				return nil, fmt.Errorf("body %s: chunk: %w", ref, err)
+			}
+			sum := sha256.Sum256(m.Data)
+			if uint64(len(m.Data)) != info.Size || "SHA-256="+base64.URLEncoding.EncodeToString(sum[:]) != info.Digest {
+				return nil, fmt.Errorf("body %s: %w", ref, jetstream.ErrDigestMismatch)
+			}
+			q.bodyInfos.remember(ref, info)
+			return m.Data, nil
+		}
+	}
 	b, err := q.bodies.GetBytes(ctx, ref)
 	if err != nil {
 		return nil, fmt.Errorf("body %s: %w", ref, err)
@@ -140,7 +276,7 @@ func (q *Queue) Body(ctx context.Context, ref string) ([]byte, error) {
 
 // PutBody stores a derived body (a DKIM-signed copy) under ref.
 func (q *Queue) PutBody(ctx context.Context, ref string, body []byte) error {
-	if _, err := q.bodies.PutBytes(ctx, ref, body); err != nil {
+	if err := q.putBody(ctx, ref, body); err != nil {
 		return fmt.Errorf("store body %s: %w", ref, err)
 	}
 	return nil
@@ -159,8 +295,72 @@ func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
 		refs = append(refs, e.MsgID)
 	}
 	for _, ref := range refs {
-		if err := q.bodies.Delete(ctx, ref); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		if err := q.deleteBody(ctx, ref); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 			q.log.Debug().Err(err).Str("msg_id", e.MsgID).Msg("delete body")
 		}
 	}
+}
+
+// deleteBody does what the Object Store's Delete does (a deleted-marker
+// info rolled up over the old one, then a purge of the chunks), with the
+// marker's publish and the purge in flight together.
+func (q *Queue) deleteBody(ctx context.Context, name string) error {
+	if q.bodyStream == nil {
+		return q.bodies.Delete(ctx, name)
+	}
+	info := q.bodyInfos.take(name)
+	if info == nil {
+		var err error
+		if info, err = q.bodyInfo(ctx, name); err != nil {
+			return err
+		}
+	}
+	nuidOld := info.NUID
+	info.Deleted, info.Size, info.Chunks, info.Digest = true, 0, 0, ""
+	info.ModTime = time.Time{}
+	meta, err := json.Marshal(info)
+	if err != nil {
+		return err
+	}
+	mm := &nats.Msg{Subject: bodyMetaSubject(name), Header: nats.Header{jetstream.MsgRollup: []string{jetstream.MsgRollupSubject}}, Data: meta}
+	f, err := q.js.PublishMsgAsync(mm, jetstream.WithExpectStream(bodyStreamName))
+	if err != nil {
+		return err
+	}
+	perr := q.bodyStream.Purge(ctx, jetstream.WithPurgeSubject(bodyChunkSubject(nuidOld)))
+	if err := waitAcks(ctx, f); err != nil {
+		return err
+	}
+	return perr
+}
+
+// infoCache remembers the info of bodies read by this process until they
+// are released, which saves deleteBody a read of the info it has just
+// seen. Bounded: when full it starts again from empty, and a miss only
+// costs the read. A body replaced under the same name (a DKIM re-sign after
+// a crash) between read and release leaves the newer chunk to the bucket's
+// TTL, never a live body deleted: the deleted marker is what hides an
+// object, and it is written only at release.
+type infoCache struct {
+	mu sync.Mutex
+	m  map[string]*jetstream.ObjectInfo
+}
+
+const infoCacheMax = 16384
+
+func (c *infoCache) remember(name string, info *jetstream.ObjectInfo) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= infoCacheMax {
+		c.m = make(map[string]*jetstream.ObjectInfo, 1024)
+	}
+	c.m[name] = info
+}
+
+func (c *infoCache) take(name string) *jetstream.ObjectInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	info := c.m[name]
+	delete(c.m, name)
+	return info
 }

@@ -241,20 +241,30 @@ func (q *Queue) schedule(ctx context.Context, next *Envelope, lane Lane, at time
 	if lane != LaneRetry && lane != LaneRateLimit {
 		return fmt.Errorf("reschedule: lane %q has no schedules", lane)
 	}
+	m, err := scheduleMsg(next, lane, at)
+	if err != nil {
+		return err
+	}
+	if _, err := q.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("schedule %s on %s lane: %w", next.ID, lane, err)
+	}
+	return nil
+}
+
+// scheduleMsg encodes next as the message schedule that fires it into
+// lane's due subject at at.
+func scheduleMsg(next *Envelope, lane Lane, at time.Time) (*nats.Msg, error) {
 	next.NotBefore = at
 	m, err := next.Encode(schedSubject(lane, next.Dest, next.ID))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// nats.go's WithScheduleAt truncates to whole seconds; sub-second delays
 	// matter for the first retries, so the header is set by hand.
 	m.Header.Set("Nats-Schedule", "@at "+at.UTC().Format(time.RFC3339Nano))
 	m.Header.Set("Nats-Schedule-Target", dueSubject(lane, next.Dest, next.ID))
 	m.Header.Set(jetstream.MsgIDHeader, next.ID+"."+itoa(next.Step))
-	if _, err := q.js.PublishMsg(ctx, m); err != nil {
-		return fmt.Errorf("schedule %s on %s lane: %w", next.ID, lane, err)
-	}
-	return nil
+	return m, nil
 }
 
 // Hold parks an envelope whose outcome is unknown until an operator decides

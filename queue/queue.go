@@ -22,10 +22,13 @@ const (
 	StreamDead      = "OUTFLOW_DEAD"
 	StreamEvents    = "OUTFLOW_EVENTS"
 
-	BucketBodies  = "outflow_bodies"
-	BucketSent    = "outflow_sent"
-	BucketDest    = "outflow_dest"
-	BucketWorkers = "outflow_workers"
+	BucketBodies = "outflow_bodies"
+	// bodyStreamName is the stream behind BucketBodies (nats.go names an
+	// Object Store's stream OBJ_<bucket>).
+	bodyStreamName = "OBJ_" + BucketBodies
+	BucketSent     = "outflow_sent"
+	BucketDest     = "outflow_dest"
+	BucketWorkers  = "outflow_workers"
 
 	consumerRetry     = "outflow-retry"
 	consumerRateLimit = "outflow-ratelimit"
@@ -107,12 +110,16 @@ type Queue struct {
 	opts   Options
 	log    zerolog.Logger
 	bodies jetstream.ObjectStore
-	sent   jetstream.KeyValue
-	dest   jetstream.KeyValue
-	work   jetstream.KeyValue
-	lanes  map[Lane]jetstream.Stream
-	dead   jetstream.Stream
-	events jetstream.Stream
+	// bodyStream is the Object Store's stream, for the direct reads and
+	// writes of enqueue.go's fast path.
+	bodyStream jetstream.Stream
+	bodyInfos  infoCache
+	sent       jetstream.KeyValue
+	dest       jetstream.KeyValue
+	work       jetstream.KeyValue
+	lanes      map[Lane]jetstream.Stream
+	dead       jetstream.Stream
+	events     jetstream.Stream
 	// tenants remembers the per-tenant work consumers already ensured.
 	tenants tenantSet
 }
@@ -271,6 +278,9 @@ func (q *Queue) setup(ctx context.Context) error {
 		})
 	}
 	if err != nil {
+		return fmt.Errorf("object store %s: %w", BucketBodies, err)
+	}
+	if q.bodyStream, err = q.js.Stream(ctx, bodyStreamName); err != nil {
 		return fmt.Errorf("object store %s: %w", BucketBodies, err)
 	}
 	kvs := []struct {

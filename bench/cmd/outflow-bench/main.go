@@ -1,0 +1,63 @@
+// Command outflow-bench runs outflow's benchmark suite against Postfix on
+// the same machine: each scenario alternates an outflow run and a Postfix
+// run, repeats, and prints medians and the outflow/Postfix ratio. Traffic is
+// loopback only. See docs/benchmarks.md for what each scenario measures;
+// bench/run.sh is the entry point `make bench` uses.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+)
+
+type config struct {
+	outflow   string
+	quick     bool
+	runs      int
+	scenarios map[string]bool
+	results   string
+	// rates for scenario 2 when scenario 1 is not part of the run
+	rateOutflow, ratePostfix float64
+}
+
+func main() {
+	var c config
+	var scen string
+	var profDir string
+	var profMsgs, profSize, profWorkers int
+	flag.StringVar(&c.outflow, "outflow", "bin/outflow", "outflow binary")
+	flag.BoolVar(&c.quick, "quick", os.Getenv("BENCH_QUICK") == "1", "quick mode: fewer messages and runs (BENCH_QUICK=1)")
+	flag.IntVar(&c.runs, "runs", 0, "alternating runs per scenario (default 3, quick 1)")
+	flag.StringVar(&scen, "scenarios", "1,2,3,4,5", "comma-separated scenarios to run")
+	flag.StringVar(&c.results, "results", "", "also write the result tables (markdown) to this file")
+	flag.Float64Var(&c.rateOutflow, "max-rate-outflow", 0, "scenario 2 without scenario 1: outflow's maximum rate (msg/s)")
+	flag.Float64Var(&c.ratePostfix, "max-rate-postfix", 0, "scenario 2 without scenario 1: Postfix's maximum rate (msg/s)")
+	flag.StringVar(&profDir, "profile", "", "instead of the suite: profile scenario 1 in-process and write cpu.pprof and allocs.pprof here")
+	flag.IntVar(&profMsgs, "profile-msgs", 20000, "messages for -profile")
+	flag.IntVar(&profSize, "profile-size", 2048, "message size for -profile")
+	flag.IntVar(&profWorkers, "profile-workers", 32, "delivery workers for -profile (serve's default)")
+	flag.Parse()
+	if profDir != "" {
+		if err := runProfile(profDir, profMsgs, profSize, profWorkers); err != nil {
+			fmt.Fprintln(os.Stderr, "outflow-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if c.runs <= 0 {
+		c.runs = 3
+		if c.quick {
+			c.runs = 1
+		}
+	}
+	c.scenarios = map[string]bool{}
+	for _, s := range strings.Split(scen, ",") {
+		c.scenarios[strings.TrimSpace(s)] = true
+	}
+	if err := runSuite(&c); err != nil {
+		fmt.Fprintln(os.Stderr, "outflow-bench:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/sender"
+	"github.com/outflow/outflow/submission"
+	"github.com/outflow/outflow/worker"
+)
+
+// runProfile runs scenario 1 against the pipeline built in this process
+// (embedded NATS, queue, submission listener, worker pool, sender: the same
+// parts `outflow serve` wires, with its defaults) and writes a CPU profile
+// of the run and an allocation profile to outDir. It exists because serve
+// has no pprof endpoint; the profile covers exactly outflow's code.
+func runProfile(outDir string, msgs, size, workers int) error {
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return err
+	}
+	data, err := os.MkdirTemp("", "outflow-bench-profile-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(data)
+	sk := newSink(freePort())
+	if err := sk.Start(); err != nil {
+		return err
+	}
+	defer sk.Stop()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := zerolog.New(os.Stderr).Level(zerolog.WarnLevel)
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data})
+	if err != nil {
+		return err
+	}
+	defer emb.Shutdown()
+	ci := emb.ClientInfo()
+	q, err := queue.Connect(ctx, queue.Options{Name: "outflow-bench", InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	reg := prometheus.NewRegistry()
+	snd, err := sender.New(sender.Config{Hostname: "bench.localdomain", Relay: sk.addr, RelayTLS: sender.RelayTLS("none"), Logger: log})
+	if err != nil {
+		return err
+	}
+	defer snd.Close()
+	pool, err := worker.New(worker.Config{WorkerID: "bench", Workers: workers, Queue: q, Sender: snd, Logger: log, Metrics: worker.NewMetrics(reg)})
+	if err != nil {
+		return err
+	}
+	smtpAddr := freePort()
+	sub, err := submission.New(submission.Config{Addr: smtpAddr, Hostname: "bench.localdomain",
+		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Registerer: reg, Logger: log}, q)
+	if err != nil {
+		return err
+	}
+	ln, err := sub.Listen()
+	if err != nil {
+		return err
+	}
+	go func() { _ = pool.Run(ctx, 10*time.Second) }()
+	go func() { _ = sub.Serve(ln) }()
+	defer sub.Shutdown(context.Background())
+
+	// Warm up (stream files, connections), then profile a measured run.
+	if err := smtpSource(ctx, smtpAddr, 20, 500, size); err != nil {
+		return err
+	}
+	if _, err := sk.WaitCount(500, 2*time.Minute); err != nil {
+		return err
+	}
+	cpu, err := os.Create(filepath.Join(outDir, "cpu.pprof"))
+	if err != nil {
+		return err
+	}
+	runtime.MemProfileRate = 64 << 10
+	if err := pprof.StartCPUProfile(cpu); err != nil {
+		return err
+	}
+	start := time.Now()
+	base := sk.Count()
+	if err := smtpSource(ctx, smtpAddr, 20, msgs, size); err != nil {
+		return err
+	}
+	end, err := sk.WaitCount(base+int64(msgs), 10*time.Minute)
+	pprof.StopCPUProfile()
+	cpu.Close()
+	if err != nil {
+		return err
+	}
+	el := end.Sub(start)
+	fmt.Printf("in-process pipeline: %d messages of %d bytes in %v: %.0f msg/s\n", msgs, size, el.Round(time.Millisecond), float64(msgs)/el.Seconds())
+	f, err := os.Create(filepath.Join(outDir, "allocs.pprof"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		return err
+	}
+	fmt.Printf("profiles: %s/cpu.pprof %s/allocs.pprof (go tool pprof -top ...)\n", outDir, outDir)
+	return nil
+}

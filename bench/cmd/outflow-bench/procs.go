@@ -1,0 +1,466 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// freePort returns a loopback address nothing listens on right now.
+func freePort() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	a := l.Addr().String()
+	l.Close()
+	return a
+}
+
+// lookPath finds a Postfix tool on PATH or in /usr/sbin.
+func lookPath(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	p := "/usr/sbin/" + name
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("%s not found on PATH or in /usr/sbin (install Debian's postfix: make deps)", name)
+}
+
+// sink is Postfix's smtp-sink counting accepted messages. It can be stopped
+// and started again on the same address (an outage); Count keeps counting
+// across restarts.
+type sink struct {
+	addr  string
+	mu    sync.Mutex
+	cmd   *exec.Cmd
+	done  chan struct{}
+	base  int64 // messages counted by earlier incarnations
+	cur   atomic.Int64
+	total atomic.Int64
+}
+
+func newSink(addr string) *sink { return &sink{addr: addr} }
+
+// Start runs smtp-sink on s.addr and waits until it accepts connections.
+func (s *sink) Start() error {
+	bin, err := lookPath("smtp-sink")
+	if err != nil {
+		return err
+	}
+	args := []string{"-c"}
+	if os.Geteuid() == 0 {
+		args = append(args, "-u", "nobody") // smtp-sink refuses to run as root
+	}
+	args = append(args, s.addr, "1024")
+	cmd := exec.Command(bin, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("smtp-sink: %w", err)
+	}
+	s.mu.Lock()
+	s.cmd, s.done = cmd, make(chan struct{})
+	s.cur.Store(0)
+	done := s.done
+	s.mu.Unlock()
+	go func() {
+		defer close(done)
+		r := bufio.NewReaderSize(out, 64<<10)
+		for {
+			// smtp-sink -c rewrites one status line, "sess=N quit=N mesg=N",
+			// separated by carriage returns.
+			tok, err := r.ReadSlice('\r')
+			if i := bytes.LastIndex(tok, []byte("mesg=")); i >= 0 {
+				v := tok[i+5:]
+				v = bytes.TrimRight(v, "\r\n ")
+				if n, perr := strconv.ParseInt(string(v), 10, 64); perr == nil {
+					s.cur.Store(n)
+					s.total.Store(s.base + n)
+				}
+			}
+			if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+				_ = cmd.Wait()
+				return
+			}
+		}
+	}()
+	return waitListening(s.addr, 10*time.Second)
+}
+
+// Stop kills smtp-sink; the port is closed (connections refused) until the
+// next Start.
+func (s *sink) Stop() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-done
+	s.base += s.cur.Load()
+	s.cur.Store(0)
+	s.total.Store(s.base)
+}
+
+// Count is how many messages every incarnation of the sink accepted.
+func (s *sink) Count() int64 { return s.total.Load() }
+
+// WaitCount waits until Count reaches n; it returns the time it did.
+func (s *sink) WaitCount(n int64, timeout time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		if s.Count() >= n {
+			return time.Now(), nil
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("sink: %d of %d messages after %v", s.Count(), n, timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func waitListening(addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not listening after %v: %w", addr, timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// smtpSource runs Postfix's smtp-source: sessions parallel sessions, msgs
+// messages of size bytes, all to one recipient at example.com.
+func smtpSource(ctx context.Context, addr string, sessions, msgs, size int) error {
+	bin, err := lookPath("smtp-source")
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, bin, smtpSourceArgs(addr, sessions, msgs, size)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("smtp-source: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
+func smtpSourceArgs(addr string, sessions, msgs, size int) []string {
+	return []string{"-s", strconv.Itoa(sessions), "-m", strconv.Itoa(msgs), "-l", strconv.Itoa(size),
+		"-f", "bench@source.test", "-t", "rcpt@example.com", addr}
+}
+
+// rssKiB reads VmRSS of pid from /proc.
+func rssKiB(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(v)
+			if len(f) > 0 {
+				n, _ := strconv.ParseInt(f[0], 10, 64)
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// outflowProc is a running `outflow serve`.
+type outflowProc struct {
+	cmd      *exec.Cmd
+	SMTPAddr string
+	HTTPAddr string
+	Data     string
+	done     chan struct{}
+	log      *bytes.Buffer
+	logMu    sync.Mutex
+}
+
+// startOutflow starts bin serve on data, relaying to relay, and waits for
+// /readyz.
+func startOutflow(bin, data, relay string, extra ...string) (*outflowProc, error) {
+	p := &outflowProc{SMTPAddr: freePort(), HTTPAddr: freePort(), Data: data, done: make(chan struct{}), log: &bytes.Buffer{}}
+	args := append([]string{"serve", "--data", data, "--smtp-addr", p.SMTPAddr, "--http-addr", p.HTTPAddr,
+		"--nats-addr", "127.0.0.1:0", "--relay", relay, "--relay-tls", "none",
+		"--trusted-networks", "127.0.0.0/8", "--log-level", "warn"}, extra...)
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout = io.Discard
+	p.cmd.Stderr = &lockedWriter{mu: &p.logMu, w: p.log}
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("outflow exited before ready: %s", p.Logs())
+		default:
+		}
+		resp, err := http.Get("http://" + p.HTTPAddr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			p.Kill()
+			return nil, fmt.Errorf("outflow not ready after 90s: %s", p.Logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return p, waitListening(p.SMTPAddr, 10*time.Second)
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+func (p *outflowProc) Logs() string {
+	p.logMu.Lock()
+	defer p.logMu.Unlock()
+	s := p.log.String()
+	if len(s) > 4000 {
+		s = "…" + s[len(s)-4000:]
+	}
+	return s
+}
+
+func (p *outflowProc) Pid() int { return p.cmd.Process.Pid }
+
+// Stop sends SIGTERM and waits up to a minute.
+func (p *outflowProc) Stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		p.Kill()
+	}
+}
+
+func (p *outflowProc) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+
+// postfixInst is a private Postfix instance: its own config directory,
+// queue and data directories under a temporary directory, smtpd on its own
+// loopback port, relaying everything to the sink. The system Postfix (if
+// any) is never touched.
+type postfixInst struct {
+	dir  string
+	Addr string
+}
+
+func startPostfix(relay string, extra map[string]string) (*postfixInst, error) {
+	if _, err := lookPath("postfix"); err != nil {
+		return nil, err
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("postfix: a private instance must be started as root (Postfix's master runs as root and drops to mail_owner)")
+	}
+	dir, err := os.MkdirTemp("", "outflow-bench-postfix-")
+	if err != nil {
+		return nil, err
+	}
+	// The postfix user must reach its data and queue directories.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, err
+	}
+	p := &postfixInst{dir: dir, Addr: freePort()}
+	for _, d := range []string{"etc", "queue", "data"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	// data_directory belongs to mail_owner (Postfix refuses anything else).
+	if u, err := user.Lookup("postfix"); err == nil {
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		_ = os.Chown(filepath.Join(dir, "data"), uid, gid)
+	}
+	main := postfixMainCf(dir, relay)
+	for k, v := range extra {
+		main += k + " = " + v + "\n"
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etc", "main.cf"), []byte(main), 0o644); err != nil {
+		return nil, err
+	}
+	master, err := postfixMasterCf(p.Addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etc", "master.cf"), []byte(master), 0o644); err != nil {
+		return nil, err
+	}
+	if out, err := p.postfix("start"); err != nil {
+		p.cleanup()
+		return nil, fmt.Errorf("postfix start: %w: %s", err, out)
+	}
+	if err := waitListening(p.Addr, 30*time.Second); err != nil {
+		p.Stop()
+		return nil, err
+	}
+	return p, nil
+}
+
+// postfixMainCf is the whole main.cf of the private instance: defaults
+// except where the instance must differ from a system one.
+func postfixMainCf(dir, relay string) string {
+	return "compatibility_level = 3.6\n" +
+		"queue_directory = " + filepath.Join(dir, "queue") + "\n" +
+		"data_directory = " + filepath.Join(dir, "data") + "\n" +
+		"mail_owner = postfix\n" +
+		"setgid_group = postdrop\n" +
+		"inet_interfaces = 127.0.0.1\n" +
+		"inet_protocols = ipv4\n" +
+		"myhostname = postfix-bench.localdomain\n" +
+		"mydestination =\n" +
+		"mynetworks = 127.0.0.0/8\n" +
+		"relayhost = [" + hostOf(relay) + "]:" + portOf(relay) + "\n"
+}
+
+// postfixMasterCf is the system master.cf with the smtpd listener moved to
+// addr and chroot turned off (the private queue directory has no copy of
+// /etc for a chrooted daemon).
+func postfixMasterCf(addr string) (string, error) {
+	b, err := os.ReadFile("/etc/postfix/master.cf")
+	if err != nil {
+		b, err = os.ReadFile("/etc/postfix/master.cf.proto")
+		if err != nil {
+			return "", fmt.Errorf("postfix master.cf: %w", err)
+		}
+	}
+	var out strings.Builder
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 8 && !strings.HasPrefix(line, "#") && !strings.HasPrefix(line, " ") {
+			if f[0] == "smtp" && f[1] == "inet" {
+				f[0] = addr
+			}
+			if f[1] == "inet" && f[0] != addr {
+				continue // no other listeners (submission, smtps) in the private instance
+			}
+			f[4] = "n"
+			line = strings.Join(f, "\t")
+		}
+		out.WriteString(line + "\n")
+	}
+	return out.String(), nil
+}
+
+func hostOf(a string) string { h, _, _ := net.SplitHostPort(a); return h }
+func portOf(a string) string { _, p, _ := net.SplitHostPort(a); return p }
+
+func (p *postfixInst) postfix(verb string) (string, error) {
+	bin, _ := lookPath("postfix")
+	out, err := exec.Command(bin, "-c", filepath.Join(p.dir, "etc"), verb).CombinedOutput()
+	return string(out), err
+}
+
+// QueueCount counts files in the instance's queue directories.
+func (p *postfixInst) QueueCount() int {
+	n := 0
+	for _, q := range []string{"incoming", "active", "deferred", "maildrop"} {
+		_ = filepath.Walk(filepath.Join(p.dir, "queue", q), func(_ string, fi os.FileInfo, err error) error {
+			if err == nil && !fi.IsDir() {
+				n++
+			}
+			return nil
+		})
+	}
+	return n
+}
+
+// Stop stops the instance's master and removes its directories.
+func (p *postfixInst) Stop() {
+	_, _ = p.postfix("stop")
+	pidFile := filepath.Join(p.dir, "queue", "pid", "master.pid")
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			break
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if pid <= 0 || syscall.Kill(pid, 0) != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if b, err := os.ReadFile(pidFile); err == nil {
+		if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 && syscall.Kill(pid, 0) == nil {
+			_, _ = p.postfix("abort")
+			time.Sleep(time.Second)
+		}
+	}
+	p.cleanup()
+}
+
+func (p *postfixInst) cleanup() { _ = os.RemoveAll(p.dir) }
+
+// metricsMatching returns the /metrics lines (no comments) that contain
+// any of parts, for debugging a run.
+func (p *outflowProc) metricsMatching(parts ...string) string {
+	resp, err := http.Get("http://" + p.HTTPAddr + "/metrics")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		for _, part := range parts {
+			if strings.Contains(line, part) {
+				b.WriteString(line + "\n")
+				break
+			}
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,332 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// scenario2 measures submission-to-delivery latency at half of each
+// system's scenario-1 rate (2 KiB).
+func (s *suite) scenario2() error {
+	d := 30 * time.Second
+	if s.c.quick {
+		d = 10 * time.Second
+	}
+	rates := map[string]float64{"outflow": s.maxRate["outflow"] / 2, "Postfix": s.maxRate["Postfix"] / 2}
+	if rates["outflow"] == 0 {
+		rates["outflow"] = max(s.c.rateOutflow, 1200) / 2
+	}
+	if rates["Postfix"] == 0 {
+		rates["Postfix"] = max(s.c.ratePostfix, 400) / 2
+	}
+	t := &table{
+		title: "Scenario 2: submission-to-delivery latency at half the maximum rate",
+		notes: []string{fmt.Sprintf("A paced Go SMTP client (bench/cmd/outflow-bench/latency.go; 20 kept-open sessions, 2 KiB messages, for %v) stamps each message with the time it sends MAIL FROM; a Go SMTP sink records arrival minus stamp (smtp-sink cannot timestamp messages). Each system runs at half of its own scenario-1 median (2 KiB); a 2 s warm-up runs first and messages stamped before the measurement are not counted. Milliseconds; p50/p99 are the medians over %d runs.", d, s.c.runs)},
+		head:  []string{"system", "rate msg/s", "p50 ms (runs)", "p99 ms (runs)", "max ms"},
+	}
+	type res struct{ p50, p99, max []float64 }
+	out := map[string]*res{"outflow": {}, "Postfix": {}}
+	for i := 0; i < s.c.runs; i++ {
+		order := []string{"outflow", "Postfix"}
+		if i%2 == 1 {
+			order = []string{"Postfix", "outflow"}
+		}
+		for _, name := range order {
+			ls, err := startLatencySink()
+			if err != nil {
+				return err
+			}
+			sys := s.outflowSystem("outflow")
+			if name == "Postfix" {
+				sys = postfixSystem(nil)
+			}
+			addr, stop, err := sys.start(ls.Addr)
+			if err != nil {
+				ls.Close()
+				return err
+			}
+			if _, err := pacedSend(addr, rates[name], 2*time.Second, 20, 2048); err != nil {
+				stop()
+				ls.Close()
+				return err
+			}
+			ls.reset()
+			submitPercentiles()
+			sent, err := pacedSend(addr, rates[name], d, 20, 2048)
+			if err == nil {
+				deadline := time.Now().Add(2 * time.Minute)
+				for len(ls.latencies()) < sent && time.Now().Before(deadline) {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			lat := ls.latencies()
+			sp50, sp99 := submitPercentiles()
+			fmt.Printf("  %s submission (MAIL FROM to the reply after the dot): p50 %.1f ms, p99 %.1f ms\n", name, sp50, sp99)
+			if name == "outflow" && os.Getenv("BENCH_DEBUG") != "" {
+				fmt.Println(s.last.metricsMatching("refus", "deferred", "retry_delay_seconds_count", "attempts_total"))
+			}
+			stop()
+			ls.Close()
+			if err != nil {
+				return err
+			}
+			if len(lat) == 0 {
+				return fmt.Errorf("%s: no message arrived", name)
+			}
+			r := out[name]
+			r.p50 = append(r.p50, percentile(lat, 50))
+			r.p99 = append(r.p99, percentile(lat, 99))
+			r.max = append(r.max, lat[len(lat)-1])
+			fmt.Printf("  run %d %-8s %5.0f msg/s: %d/%d arrived, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", i+1, name, rates[name],
+				len(lat), sent, percentile(lat, 50), percentile(lat, 99), lat[len(lat)-1])
+		}
+	}
+	for _, name := range []string{"outflow", "Postfix"} {
+		r := out[name]
+		t.rows = append(t.rows, []string{name, fmt.Sprintf("%.0f", rates[name]), fmt.Sprintf("**%.1f** (%s)", median(r.p50), fmtRuns1(r.p50)),
+			fmt.Sprintf("**%.1f** (%s)", median(r.p99), fmtRuns1(r.p99)), fmt.Sprintf("%.0f", median(r.max))})
+	}
+	s.tables = append(s.tables, t)
+	return nil
+}
+
+func fmtRuns1(xs []float64) string {
+	out := ""
+	for i, x := range xs {
+		if i > 0 {
+			out += ", "
+		}
+		out += fmt.Sprintf("%.1f", x)
+	}
+	return out
+}
+
+// scenario3 measures fresh-mail throughput and resident memory with a
+// million deferred envelopes in the retry lane, against an empty lane.
+func (s *suite) scenario3() error {
+	backlog, msgs := 1_000_000, 10000
+	if s.c.quick {
+		backlog, msgs = 100_000, 3000
+	}
+	type side struct {
+		name string
+		p    *outflowProc
+		sk   *sink
+		data string
+		rate []float64
+		rss  int64
+	}
+	mk := func(name string, seed int) (*side, error) {
+		data, err := os.MkdirTemp("", "outflow-bench-backlog-")
+		if err != nil {
+			return nil, err
+		}
+		sk := newSink(freePort())
+		if err := sk.Start(); err != nil {
+			return nil, err
+		}
+		p, err := startOutflow(s.c.outflow, data, sk.addr)
+		if err != nil {
+			return nil, err
+		}
+		if seed > 0 {
+			start := time.Now()
+			if err := seedDeferred(data, seed); err != nil {
+				p.Kill()
+				return nil, err
+			}
+			fmt.Printf("  seeded %d deferred envelopes in %v\n", seed, time.Since(start).Round(time.Millisecond))
+			// Measure the steady state: restart on the stored backlog.
+			p.Stop()
+			if p, err = startOutflow(s.c.outflow, data, sk.addr); err != nil {
+				return nil, err
+			}
+		}
+		return &side{name: name, p: p, sk: sk, data: data}, nil
+	}
+	empty, err := mk("empty retry lane", 0)
+	if err != nil {
+		return err
+	}
+	defer func() { empty.p.Stop(); empty.sk.Stop(); os.RemoveAll(empty.data) }()
+	full, err := mk(fmt.Sprintf("%d deferred", backlog), backlog)
+	if err != nil {
+		return err
+	}
+	defer func() { full.p.Stop(); full.sk.Stop(); os.RemoveAll(full.data) }()
+	run := func(sd *side, n int) (float64, error) {
+		base := sd.sk.Count()
+		start := time.Now()
+		if err := smtpSource(context.Background(), sd.p.SMTPAddr, 20, n, 2048); err != nil {
+			return 0, err
+		}
+		end, err := sd.sk.WaitCount(base+int64(n), 10*time.Minute)
+		if err != nil {
+			return 0, err
+		}
+		return float64(n) / end.Sub(start).Seconds(), nil
+	}
+	for _, sd := range []*side{empty, full} {
+		if _, err := run(sd, 1000); err != nil { // warm-up
+			return err
+		}
+	}
+	for i := 0; i < s.c.runs; i++ {
+		order := []*side{empty, full}
+		if i%2 == 1 {
+			order = []*side{full, empty}
+		}
+		for _, sd := range order {
+			r, err := run(sd, msgs)
+			if err != nil {
+				return fmt.Errorf("%s: %w", sd.name, err)
+			}
+			sd.rate = append(sd.rate, r)
+			fmt.Printf("  run %d %-20s %d fresh messages: %.0f msg/s\n", i+1, sd.name, msgs, r)
+		}
+	}
+	empty.rss, full.rss = rssKiB(empty.p.Pid()), rssKiB(full.p.Pid())
+	perEnv := float64(full.rss-empty.rss) * 1024 / float64(backlog)
+	me, mf := median(empty.rate), median(full.rate)
+	t := &table{
+		title: "Scenario 3: deferred backlog",
+		notes: []string{fmt.Sprintf("%d envelopes are stored as retry-lane schedules due in 7 days (queue.SeedDeferred through the daemon's NATS listener), the daemon is restarted on them, and fresh mail (`smtp-source -s 20 -m %d -l 2048`, to smtp-sink) is timed against a daemon with an empty lane; both run side by side, runs alternate, median of %d. Resident memory is VmRSS of the outflow process (embedded NATS included) after the runs; per envelope = (RSS with backlog - RSS empty) / %d. Postfix is not run here: a million deferred queue files would take longer to create than the whole suite.", backlog, msgs, s.c.runs, backlog)},
+		head:  []string{"retry lane", "fresh msg/s (runs)", "VmRSS MiB"},
+		rows: [][]string{
+			{"empty", fmt.Sprintf("**%.0f** (%s)", me, fmtRuns(empty.rate, "")), fmt.Sprintf("%.0f", float64(empty.rss)/1024)},
+			{fmt.Sprintf("%d deferred", backlog), fmt.Sprintf("**%.0f** (%s)", mf, fmtRuns(full.rate, "")), fmt.Sprintf("%.0f", float64(full.rss)/1024)},
+			{"backlog/empty", fmt.Sprintf("**%.2f**", mf/me), fmt.Sprintf("**%.0f bytes per deferred envelope**", perEnv)},
+		},
+	}
+	s.tables = append(s.tables, t)
+	return nil
+}
+
+// seedDeferred connects to the daemon on data's NATS listener and stores n
+// deferred envelopes due in 7 days.
+func seedDeferred(data string, n int) error {
+	ci, err := queue.ReadClientInfo(data)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	q, err := queue.Connect(ctx, queue.Options{URL: ci.URL, User: ci.User, Password: ci.Password, NoSetup: true, Name: "outflow-bench seed"})
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	return q.SeedDeferred(ctx, n, "backlog.example", time.Now().Add(7*24*time.Hour))
+}
+
+// scenario4: the sink is down while msgs messages are submitted and for
+// outage in all, then comes back; arrivals are sampled every 50 ms.
+func (s *suite) scenario4() error {
+	msgs, outage, rate := 10000, 60*time.Second, 200.0
+	if s.c.quick {
+		msgs, outage = 2000, 20*time.Second
+	}
+	type result struct {
+		peak, fixedPeak int64
+		drain           time.Duration
+		arrived         int64
+	}
+	runOne := func(sys system) (result, error) {
+		sk := newSink(freePort())
+		addr, stop, err := sys.start(sk.addr)
+		if err != nil {
+			return result{}, err
+		}
+		defer stop()
+		t0 := time.Now()
+		if err := smtpSource(context.Background(), addr, 20, msgs, 2048); err != nil {
+			return result{}, err
+		}
+		time.Sleep(time.Until(t0.Add(outage)))
+		if err := sk.Start(); err != nil {
+			return result{}, err
+		}
+		defer sk.Stop()
+		up := time.Now()
+		type sample struct {
+			t time.Time
+			n int64
+		}
+		samples := []sample{{up, 0}}
+		timeout := 10 * time.Minute
+		if sys.name == "Postfix" {
+			timeout = 15 * time.Minute
+		}
+		var last time.Time
+		for time.Since(up) < timeout {
+			time.Sleep(50 * time.Millisecond)
+			n := sk.Count()
+			if n > samples[len(samples)-1].n {
+				last = time.Now()
+			}
+			samples = append(samples, sample{time.Now(), n})
+			if n >= int64(msgs) {
+				break
+			}
+		}
+		r := result{arrived: samples[len(samples)-1].n}
+		if !last.IsZero() {
+			r.drain = last.Sub(up)
+		}
+		j := 0
+		for i := range samples {
+			for samples[i].t.Sub(samples[j].t) > time.Second {
+				j++
+			}
+			if d := samples[i].n - samples[j].n; d > r.peak {
+				r.peak = d
+			}
+		}
+		// Fixed one-second buckets from the moment the sink came back.
+		buckets := map[int]int64{}
+		for i := 1; i < len(samples); i++ {
+			buckets[int(samples[i].t.Sub(up)/time.Second)] += samples[i].n - samples[i-1].n
+		}
+		for _, v := range buckets {
+			r.fixedPeak = max(r.fixedPeak, v)
+		}
+		return r, nil
+	}
+	t := &table{
+		title: "Scenario 4: recovery after an outage",
+		notes: []string{fmt.Sprintf("The sink (smtp-sink) is down (port closed) while `smtp-source -s 20 -m %d -l 2048` submits, and stays down until %v after submission began; then it comes back and its count is sampled every 50 ms. outflow runs with `--dest-rate %.0f` and otherwise default retry timers; Postfix with default timers and no rate limit: its `default_destination_rate_delay` takes whole seconds only (at least 1 s between deliveries, i.e. at most 1 msg/s), which would take %d s to drain, so the closest equivalent is none. Peak = most arrivals in any 1 s window (sliding); the fixed-bucket peak counts whole seconds from the sink's return. Drain = sink back to last arrival.", msgs, outage, rate, msgs)},
+		head:  []string{"system", "peak 1 s arrivals (sliding / fixed)", "peak / configured rate", "drain time", "arrived"},
+	}
+	systems := []system{s.outflowSystem("outflow", "--dest-rate", fmt.Sprintf("%g", rate))}
+	if !s.c.quick {
+		systems = append(systems, postfixSystem(nil))
+	} else {
+		t.notes = append(t.notes, "", "Quick mode runs outflow only: Postfix's first retry after the outage comes with its queue run, up to `queue_run_delay` = 300 s later.")
+	}
+	runs := 1
+	t.notes = append(t.notes, "", fmt.Sprintf("One run per system (each takes %v to several minutes).", outage))
+	for i := 0; i < runs; i++ {
+		for _, sys := range systems {
+			fmt.Printf("scenario 4: %s, %d messages, %v outage\n", sys.name, msgs, outage)
+			r, err := runOne(sys)
+			if err != nil {
+				return err
+			}
+			ratio := "-"
+			if sys.name != "Postfix" {
+				ratio = fmt.Sprintf("**%.2f**", float64(r.peak)/rate)
+			}
+			fmt.Printf("  %s: peak %d/s (fixed %d), drain %v, arrived %d\n", sys.name, r.peak, r.fixedPeak, r.drain.Round(100*time.Millisecond), r.arrived)
+			t.rows = append(t.rows, []string{sys.name, fmt.Sprintf("**%d** / %d", r.peak, r.fixedPeak), ratio, r.drain.Round(100 * time.Millisecond).String(), fmt.Sprintf("%d/%d", r.arrived, msgs)})
+		}
+	}
+	s.tables = append(s.tables, t)
+	return nil
+}
+
+var _ = sort.Float64s
