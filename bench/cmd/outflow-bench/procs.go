@@ -282,7 +282,6 @@ func (p *outflowProc) Kill() {
 	<-p.done
 }
 
-
 // postfixInst is a private Postfix instance: its own config directory,
 // queue and data directories under a temporary directory, smtpd on its own
 // loopback port, relaying everything to the sink. The system Postfix (if
