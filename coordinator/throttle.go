@@ -37,7 +37,7 @@ type Limits struct {
 // Defaults of ThrottleConfig.
 const (
 	DefaultBreakerFailures = 10
-	DefaultBreakerCooldown = 30 * time.Second
+	DefaultBreakerCooldown = 3 * time.Second
 	DefaultMaxWait         = 2 * time.Second
 	DefaultDecreaseFactor  = 0.5
 	DefaultDecreaseFor     = 60 * time.Second

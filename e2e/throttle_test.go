@@ -115,14 +115,6 @@ func peakPerSecond(ts []time.Time) int {
 	return peak
 }
 
-func writeConfig(t *testing.T, dir, body string) string {
-	t.Helper()
-	p := filepath.Join(dir, "outflow.toml")
-	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
 
 // TestFleetSharesDestinationRate runs two outflow processes on one NATS
 // (the second joins the first's embedded server through its client
@@ -218,12 +210,9 @@ func TestRecoveryAfterOutage(t *testing.T) {
 	mx := startRatedMX(t, 1000)
 	px := startProxy(t, mx.Addr())
 	dir := t.TempDir()
-	cfg := writeConfig(t, dir, `
-[throttle]
-breaker-failures = 3
-breaker-cooldown = "2s"
-`)
-	d := startDaemon(t, dir+"/data", "--config", cfg, "--users", writeUsers(t, dir), "--relay", px.ln.Addr().String(),
+	// Default breaker settings: the first delivery after the return must
+	// come from the breaker's own half-open probe.
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", px.ln.Addr().String(),
 		"--relay-tls", "none", "--dest-rate", fmt.Sprint(rate), "--connect-timeout", "2s", "--command-timeout", "5s")
 	cl := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	for i := range backlog {
