@@ -196,7 +196,11 @@ func (d *Delivery) Skip(ctx context.Context) error {
 // envelope and releases the body. With done false the caller has already
 // rescheduled the rest.
 func (d *Delivery) Delivered(ctx context.Context, rcpts []string, done bool) error {
-	if _, err := d.q.sent.Put(ctx, d.Env.SentKey(), []byte(strings.Join(rcpts, ","))); err != nil {
+	err := retryStep(ctx, func(ctx context.Context) error {
+		_, err := d.q.sent.Put(ctx, d.Env.SentKey(), []byte(strings.Join(rcpts, ",")))
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("SENT marker: %w", err)
 	}
 	if !done {
@@ -245,7 +249,7 @@ func (q *Queue) schedule(ctx context.Context, next *Envelope, lane Lane, at time
 	if err != nil {
 		return err
 	}
-	if _, err := q.js.PublishMsg(ctx, m); err != nil {
+	if err := retryStep(ctx, func(ctx context.Context) error { _, err := q.js.PublishMsg(ctx, m); return err }); err != nil {
 		return fmt.Errorf("schedule %s on %s lane: %w", next.ID, lane, err)
 	}
 	return nil
@@ -276,7 +280,7 @@ func (d *Delivery) Hold(ctx context.Context, next *Envelope) error {
 		return err
 	}
 	m.Header.Set(jetstream.MsgIDHeader, "held."+next.ID+"."+itoa(next.Step))
-	if _, err := d.q.js.PublishMsg(ctx, m); err != nil {
+	if err := retryStep(ctx, func(ctx context.Context) error { _, err := d.q.js.PublishMsg(ctx, m); return err }); err != nil {
 		return fmt.Errorf("hold %s: %w", next.ID, err)
 	}
 	return d.ack(ctx)
@@ -300,7 +304,7 @@ func (q *Queue) putDead(ctx context.Context, e *Envelope, reason string) error {
 	}
 	m.Header.Set("Outflow-Dead-Reason", headerSafe(shorten(reason, 500)))
 	m.Header.Set("Outflow-Dead-At", time.Now().UTC().Format(time.RFC3339Nano))
-	if _, err := q.js.PublishMsg(ctx, m); err != nil {
+	if err := retryStep(ctx, func(ctx context.Context) error { _, err := q.js.PublishMsg(ctx, m); return err }); err != nil {
 		return fmt.Errorf("dead letter %s: %w", e.ID, err)
 	}
 	return nil
@@ -309,7 +313,14 @@ func (q *Queue) putDead(ctx context.Context, e *Envelope, reason string) error {
 // ack acknowledges and waits for the server's confirmation, so a lost ack
 // cannot hand the envelope to another worker after its next state is stored.
 func (d *Delivery) ack(ctx context.Context) error {
-	if err := d.msg.DoubleAck(ctx); err != nil {
+	err := retryStep(ctx, func(ctx context.Context) error {
+		err := d.msg.DoubleAck(ctx)
+		if errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			return nil // an earlier try got through; only its answer was lost
+		}
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("ack %s: %w", d.Env.ID, err)
 	}
 	return nil

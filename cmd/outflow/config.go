@@ -55,6 +55,7 @@ type serveConfig struct {
 	ClassifyRules   string        `toml:"classify-rules"`
 	LogLevel        string        `toml:"log-level"`
 	ShutdownGrace   time.Duration `toml:"shutdown-grace"`
+	GCPercent       int           `toml:"gc-percent"`
 	SMTPPort        int           `toml:"smtp-port"`
 	TLSPolicy       string        `toml:"tls-policy"`
 	SMTPReadTimeout time.Duration `toml:"smtp-read-timeout"`
@@ -126,6 +127,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.StringVar(&c.ClassifyRules, "classify-rules", "", "extra reply-classification rules (TOML), tried first")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long deliveries in progress may take to finish at shutdown")
+	fs.IntVar(&c.GCPercent, "gc-percent", 50, "Go GC target (GOGC); the environment's GOGC wins when set")
 	fs.IntVar(&c.SMTPPort, "smtp-port", 25, "port of MX hosts (tests use another)")
 	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", 30*time.Second, "TCP connect to an MX or the relay")
 	fs.DurationVar(&c.CommandTimeout, "command-timeout", 5*time.Minute, "each SMTP command's reply, including the greeting (RFC 5321 4.5.3.2)")
