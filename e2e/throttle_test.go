@@ -115,7 +115,6 @@ func peakPerSecond(ts []time.Time) int {
 	return peak
 }
 
-
 // TestFleetSharesDestinationRate runs two outflow processes on one NATS
 // (the second joins the first's embedded server through its client
 // listener) against a destination that enforces its own rate, and checks
