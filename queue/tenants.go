@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -25,6 +26,12 @@ import (
 // start by listing the stream's subjects), so tenants need no configuration.
 
 const tenantConsumerPrefix = "work-"
+
+// subjTenantKick is a core NATS subject: whoever creates a tenant's work
+// consumer announces it there, so every worker starts pulling from it at
+// once instead of at its next periodic look (a fresh tenant's first mail
+// would otherwise wait up to that period).
+const subjTenantKick = "outflow.ctl.tenant"
 
 // tenantConsumer names the work consumer of tenant: the subject token when
 // it is a valid consumer name, a hash otherwise.
@@ -67,6 +74,7 @@ func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
 	if err != nil {
 		return err
 	}
+	_ = q.nc.Publish(subjTenantKick, []byte(name))
 	q.tenants.mu.Lock()
 	if q.tenants.seen == nil {
 		q.tenants.seen = map[string]bool{}
@@ -96,11 +104,25 @@ func (q *Queue) adoptTenants(ctx context.Context) error {
 
 // workMessages runs one pull loop per tenant consumer, discovering new
 // tenants every refresh, all sending on out.
+// tenantRefresh is how often a worker looks for tenant consumers it missed
+// (one created while it was disconnected); new tenants are announced at
+// once on subjTenantKick.
+var tenantRefresh = 2 * time.Second
+
 func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delivery) {
-	const refresh = 2 * time.Second
+	refresh := tenantRefresh
 	running := map[string]bool{}
 	var wg sync.WaitGroup
 	defer func() { wg.Wait(); close(out) }()
+	kick := make(chan struct{}, 1)
+	if sub, err := q.nc.Subscribe(subjTenantKick, func(*nats.Msg) {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}); err == nil {
+		defer func() { _ = sub.Unsubscribe() }()
+	}
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -108,6 +130,13 @@ func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delive
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-kick:
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
 		}
 		if err := q.adoptTenants(ctx); err != nil && ctx.Err() == nil {
 			q.log.Warn().Err(err).Msg("discover tenants")

@@ -38,3 +38,34 @@ func TestTenantBacklogDoesNotDelayOthers(t *testing.T) {
 	}
 	t.Fatal("tenant urgent's message was not among the first 10 handed out: it waited behind tenant bulk's backlog")
 }
+
+// TestNewTenantIsPulledAtOnce: a worker already pulling learns of a new
+// tenant's consumer from the announcement, not from its periodic look
+// (made an hour long here, so only the announcement can deliver).
+func TestNewTenantIsPulledAtOnce(t *testing.T) {
+	q, _ := startQueue(t)
+	old := tenantRefresh
+	tenantRefresh = time.Hour
+	t.Cleanup(func() { tenantRefresh = old })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A tenant that exists before the worker starts: receiving its mail
+	// proves the worker's first look is over.
+	if _, err := q.Enqueue(ctx, &Submission{Tenant: "early", From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	work, err := q.Messages(ctx, LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = next(t, work).Skip(ctx)
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "newcomer", From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := next(t, work)
+	if d.Env.ID != ids[0] {
+		t.Fatalf("got %s, want %s", d.Env.ID, ids[0])
+	}
+	_ = d.Skip(ctx)
+}
