@@ -58,27 +58,63 @@ func (q *Queue) Messages(ctx context.Context, lane Lane, buffer int) (<-chan *De
 
 // pull feeds out from one consumer until ctx ends.
 func (q *Queue) pull(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) {
+	// The iterator can end without ctx ending: a NATS failover, a consumer
+	// leader moving, a stream restarted from disk. A worker that stopped
+	// pulling a lane then would strand its mail, so pulling starts again
+	// (with a growing pause) until ctx ends.
+	wait := 250 * time.Millisecond
+	for ctx.Err() == nil {
+		if q.pullOnce(ctx, cons, lane, buffer, out) {
+			wait = 250 * time.Millisecond
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		q.log.Warn().Str("lane", string(lane)).Dur("retry_in", wait).Msg("pull ended; starting again")
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(wait*2, 5*time.Second)
+	}
+}
+
+// pullOnce runs one iterator until it ends; it reports whether it got any
+// message (so the caller's pause starts small again).
+func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) (got bool) {
 	it, err := cons.Messages(jetstream.PullMaxMessages(buffer), jetstream.PullExpiry(5*time.Second))
 	if err != nil {
-		q.log.Error().Err(err).Str("lane", string(lane)).Msg("pull")
-		return
+		q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
+		return false
 	}
 	var once sync.Once
 	stop := func() { once.Do(it.Stop) }
 	defer stop()
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
-		<-ctx.Done()
-		stop()
+		select {
+		case <-ctx.Done():
+			stop()
+		case <-done:
+		}
 	}()
 	for {
 		m, err := it.Next()
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-				return
+				return got
 			}
 			q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
-			continue
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				continue // the iterator pulls again by itself
+			}
+			return got // anything else: a fresh iterator after a pause
 		}
+		got = true
 		d, err := q.decode(m, lane)
 		if err != nil {
 			q.parkMalformed(ctx, m, err)
@@ -89,7 +125,7 @@ func (q *Queue) pull(ctx context.Context, cons jetstream.Consumer, lane Lane, bu
 		case <-ctx.Done():
 			// Not started: let the server hand it out again at once.
 			_ = m.Nak()
-			return
+			return got
 		}
 	}
 }

@@ -134,3 +134,28 @@ func TestTokenRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestPullSurvivesConsumerLoss: when a lane's consumer goes away under a
+// worker (a failover, a store restarted from disk) and comes back, the
+// worker pulls again instead of stranding the lane.
+func TestPullSurvivesConsumerLoss(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	retry, err := q.Messages(ctx, LaneRetry, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.js.DeleteConsumer(ctx, StreamRetry, consumerRetry); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.setup(ctx); err != nil { // recreates it, as a restarted store would
+		t.Fatal(err)
+	}
+	e := deferOne(t, q, LaneRetry, time.Now())
+	d := next(t, retry)
+	if d.Env.ID != e.ID {
+		t.Fatalf("got %s, want %s", d.Env.ID, e.ID)
+	}
+	_ = d.Skip(ctx)
+}
