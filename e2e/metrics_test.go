@@ -77,6 +77,9 @@ func TestMetricsAfterScenario(t *testing.T) {
 		m = d.scrape(t)
 		return m["outflow_delivered_recipients_total"] == 1 && m["outflow_bounced_recipients_total"] == 1
 	})
+	// Collectors are read one after another, so the scrape that saw the
+	// last counter move may hold an older value of another: read again.
+	m = d.scrape(t)
 	// Attempts by class, over all lanes (which lane an attempt came from
 	// depends on scheduling; the fault matrix in package worker checks it).
 	byClass := map[string]float64{}

@@ -3,9 +3,12 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/coordinator"
@@ -85,8 +88,13 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	body, err := p.cfg.Queue.Body(ctx, e.BodyRef)
 	if err != nil {
 		permit.Done(nil)
-		// A missing body cannot heal by itself: park it with the reason.
-		return p.dead(ctx, d, e.Clone(), dest, queue.EventDead, "body missing: "+err.Error())
+		if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, jetstream.ErrMsgNotFound) {
+			// A missing body cannot heal by itself: park it with the reason.
+			return p.dead(ctx, d, e.Clone(), dest, queue.EventDead, "body missing: "+err.Error())
+		}
+		// Anything else (a timeout during a NATS failover) is not the
+		// message's fault: leave it for redelivery.
+		return err
 	}
 
 	if p.cfg.Signer != nil && !e.Signed {
