@@ -240,15 +240,8 @@ func (c *Classifier) classifyReply(in Input) Result {
 		if len(r.enh) > 0 && !anyEnh(r.enh, hasEnh, ec, es, ed) {
 			continue
 		}
-		if len(r.text) > 0 || len(r.notText) > 0 {
-			if m == nil {
-				m = c.matches(text, buf[:])
-			}
-			if len(r.text) > 0 && !m.any(r.textMask) || len(r.notText) > 0 && m.any(r.notMask) {
-				continue
-			}
-		}
-		if r.re != nil && !r.re.MatchString(text) {
+		var ok bool
+		if m, ok = c.textOK(r, text, m, buf[:]); !ok {
 			continue
 		}
 		return c.result(r.class, r.scope, r.name, r.retryAfter, in.Stage, code, enh, text, m)
@@ -279,15 +272,8 @@ func (c *Classifier) classifyEvent(in Input) Result {
 			if r.stages != 0 && r.stages&(1<<in.Stage) == 0 {
 				continue
 			}
-			if len(r.text) > 0 || len(r.notText) > 0 {
-				if m == nil {
-					m = c.matches(text, buf[:])
-				}
-				if len(r.text) > 0 && !m.any(r.textMask) || len(r.notText) > 0 && m.any(r.notMask) {
-					continue
-				}
-			}
-			if r.re != nil && !r.re.MatchString(text) {
+			var ok bool
+			if m, ok = c.textOK(r, text, m, buf[:]); !ok {
 				continue
 			}
 			return c.result(r.class, r.scope, r.name, r.retryAfter, in.Stage, 0, "", text, m)
@@ -304,6 +290,23 @@ func (c *Classifier) classifyEvent(in Input) Result {
 
 // matches scans text once for every rule phrase. buf avoids an allocation
 // when the phrases fit in it.
+// textOK reports whether r's phrase and regexp conditions hold for text.
+// The phrase matches are computed once per classification, on the first
+// rule that needs them (m is nil until then, backed by buf), and returned
+// for the next rule; returning rather than taking a pointer keeps them off
+// the heap.
+func (c *Classifier) textOK(r *rule, text string, m matchSet, buf []uint64) (matchSet, bool) {
+	if len(r.text) > 0 || len(r.notText) > 0 {
+		if m == nil {
+			m = c.matches(text, buf)
+		}
+		if len(r.text) > 0 && !m.any(r.textMask) || len(r.notText) > 0 && m.any(r.notMask) {
+			return m, false
+		}
+	}
+	return m, r.re == nil || r.re.MatchString(text)
+}
+
 func (c *Classifier) matches(text string, buf []uint64) matchSet {
 	var m matchSet
 	if c.words <= len(buf) {
