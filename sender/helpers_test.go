@@ -31,6 +31,9 @@ type world struct {
 	conns  []net.Conn        // every client connection opened
 	// sndBuf, when > 0, shrinks each client connection's send buffer.
 	sndBuf int
+	// recordWrites keeps every Write of client connections in writes.
+	recordWrites bool
+	writes       []string
 	logBuf syncBuffer
 }
 
@@ -67,8 +70,32 @@ func (w *world) dial(ctx context.Context, network, addr string) (net.Conn, error
 	}
 	w.mu.Lock()
 	w.conns = append(w.conns, c)
+	rec := w.recordWrites
 	w.mu.Unlock()
+	if rec {
+		return &recordingConn{Conn: c, w: w}, nil
+	}
 	return c, nil
+}
+
+// recordingConn keeps the bytes of every Write, one entry per call, so a
+// test can see what went out together.
+type recordingConn struct {
+	net.Conn
+	w *world
+}
+
+func (c *recordingConn) Write(p []byte) (int, error) {
+	c.w.mu.Lock()
+	c.w.writes = append(c.w.writes, string(p))
+	c.w.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+func (w *world) writesSeen() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.writes...)
 }
 
 func (w *world) dials() []string {

@@ -222,7 +222,8 @@ func (s *Sender) deliver(ctx context.Context, c *client, m *Message, info *msgIn
 		}
 	}()
 	for len(pending) > 0 && c.usable() {
-		if c.txs > 0 {
+		if c.txs > 0 && !c.has("PIPELINING") {
+			// (With PIPELINING, transaction sends RSET with MAIL.)
 			if err := c.reset(ctx); err != nil {
 				if ctx.Err() != nil {
 					return pending, err
@@ -239,6 +240,12 @@ func (s *Sender) deliver(ctx context.Context, c *client, m *Message, info *msgIn
 		batch := pending[:min(n, len(pending))]
 		rest := pending[len(batch):]
 		carry, err := c.transaction(ctx, m, info, batch, out, decided)
+		if errors.Is(err, errStale) {
+			if ctx.Err() != nil {
+				return pending, c.netFail(ctx, classify.StageMail, "RSET", ctx.Err())
+			}
+			return pending, nil // nothing was sent: a fresh connection
+		}
 		if err != nil {
 			return undecided(pending, decided), err
 		}
@@ -246,6 +253,10 @@ func (s *Sender) deliver(ctx context.Context, c *client, m *Message, info *msgIn
 	}
 	return pending, nil
 }
+
+// errStale says a reused connection did not answer its leading RSET, so
+// nothing of the transaction reached the server.
+var errStale = errors.New("pooled connection is stale")
 
 func undecided(idx []int, decided []bool) []int {
 	var out []int

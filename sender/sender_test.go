@@ -326,6 +326,48 @@ func TestConnectionReuseAndRSET(t *testing.T) {
 	}
 }
 
+// With PIPELINING, the RSET that starts a reused connection's transaction
+// goes out in one write with MAIL, RCPT and DATA: no round trip of its own.
+func TestRSETPipelinedWithMail(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{})
+	w.recordWrites = true
+	s := w.sender(w.config())
+	for i := range 3 {
+		checkDelivered(t, s.Send(ctxT(t), msg("example.test", fmt.Sprintf("r%d@example.test", i))))
+	}
+	grouped := 0
+	for _, wr := range w.writesSeen() {
+		if wr == "RSET\r\n" {
+			t.Errorf("RSET written on its own: %q", wr)
+		}
+		if strings.HasPrefix(wr, "RSET\r\nMAIL FROM:<") && strings.HasSuffix(wr, "DATA\r\n") {
+			grouped++
+		}
+	}
+	if grouped != 2 || fake.Resets() != 2 || fake.Connections() != 1 {
+		t.Errorf("RSET+MAIL+RCPT+DATA writes=%d resets=%d connections=%d; want 2, 2, 1", grouped, fake.Resets(), fake.Connections())
+	}
+}
+
+// Without PIPELINING, RSET is its own command and its reply is awaited.
+func TestRSETWithoutPipelining(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{HideExtensions: []string{"PIPELINING"}})
+	w.recordWrites = true
+	s := w.sender(w.config())
+	for i := range 3 {
+		checkDelivered(t, s.Send(ctxT(t), msg("example.test", fmt.Sprintf("r%d@example.test", i))))
+	}
+	alone := 0
+	for _, wr := range w.writesSeen() {
+		if wr == "RSET\r\n" {
+			alone++
+		}
+	}
+	if alone != 2 || fake.Resets() != 2 || len(fake.Messages()) != 3 {
+		t.Errorf("RSET writes=%d resets=%d messages=%d; want 2, 2, 3", alone, fake.Resets(), len(fake.Messages()))
+	}
+}
+
 func TestMaxMsgsPerConn(t *testing.T) {
 	w, fake := oneMX(t, fakemx.Options{})
 	cfg := w.config()

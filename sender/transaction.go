@@ -81,9 +81,6 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 		return nil, &stepErr{in: synthetic(classify.StageMail, 552, "5.3.4",
 			fmt.Sprintf("message of %d bytes exceeds %s's SIZE limit of %d bytes", info.size, c.host, c.sizeMax))}
 	}
-	// Counted from here: the checks above send nothing, so they need no
-	// RSET afterwards and do not use up the connection.
-	c.txs++
 	mail := "MAIL FROM:<" + m.From + ">"
 	if info.eightBit && c.has("8BITMIME") {
 		mail += " BODY=8BITMIME" // RFC 6152
@@ -96,9 +93,18 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 	}
 
 	pipelined := c.has("PIPELINING")
+	// A reused connection starts with RSET: it clears whatever the last
+	// transaction left open and proves the connection still works. With
+	// PIPELINING it goes out in the same write as MAIL, RCPT and DATA
+	// (RFC 2920 3.1 lets RSET lead a group), which saves a round trip per
+	// message; without, deliver sent it on its own.
+	resetFirst := pipelined && c.txs > 0
 	if pipelined {
 		if err := c.deadline(ctx, c.cfg.CommandTimeout); err != nil {
 			return nil, c.netFail(ctx, classify.StageMail, "before MAIL", err)
+		}
+		if resetFirst {
+			_, _ = c.bw.WriteString("RSET\r\n")
 		}
 		_, _ = c.bw.WriteString(mail + "\r\n")
 		for _, i := range batch {
@@ -106,9 +112,26 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 		}
 		_, _ = c.bw.WriteString("DATA\r\n")
 		if err := c.bw.Flush(); err != nil {
+			if resetFirst {
+				c.broken = true
+				return nil, errStale
+			}
 			return nil, c.netFail(ctx, classify.StageMail, "writing MAIL/RCPT/DATA", err)
 		}
+		if resetFirst {
+			// No good answer to RSET: the pooled connection went stale
+			// (closed, 421, or confused). Whatever the server made of
+			// the pipelined commands, closing it before the body sends
+			// nothing; the recipients go to a fresh connection.
+			if r, err := c.readReplyStep(ctx, classify.StageMail, c.cfg.CommandTimeout, "RSET"); err != nil || r.code != 250 {
+				c.broken = true
+				return nil, errStale
+			}
+		}
 	}
+	// Counted from here: the checks above send nothing, so they need no
+	// RSET afterwards and do not use up the connection.
+	c.txs++
 
 	// MAIL
 	var mailErr error
