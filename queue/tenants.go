@@ -44,23 +44,23 @@ func tenantConsumer(tenant string) string {
 	return tenantConsumerPrefix + t
 }
 
-// tenantSet remembers which tenant consumers exist, so Enqueue creates each
-// one once per process.
+// tenantSet remembers which tenants' consumers exist, so Enqueue creates
+// each one once per process.
 type tenantSet struct {
 	mu   sync.Mutex
-	seen map[string]bool
+	seen map[string]bool // by tenant name
 }
 
 // ensureTenant creates the tenant's work consumer if this process has not
 // seen it yet. It is idempotent on the server.
 func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
-	name := tenantConsumer(tenant)
 	q.tenants.mu.Lock()
-	done := q.tenants.seen[name]
+	done := q.tenants.seen[tenant]
 	q.tenants.mu.Unlock()
 	if done {
 		return nil
 	}
+	name := tenantConsumer(tenant)
 	_, err := q.js.CreateOrUpdateConsumer(ctx, StreamWork, jetstream.ConsumerConfig{
 		Durable:       name,
 		Description:   "outflow workers: fresh mail of tenant " + tenant,
@@ -79,7 +79,7 @@ func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
 	if q.tenants.seen == nil {
 		q.tenants.seen = map[string]bool{}
 	}
-	q.tenants.seen[name] = true
+	q.tenants.seen[tenant] = true
 	q.tenants.mu.Unlock()
 	return nil
 }
