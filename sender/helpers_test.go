@@ -34,7 +34,7 @@ type world struct {
 	// recordWrites keeps every Write of client connections in writes.
 	recordWrites bool
 	writes       []string
-	logBuf syncBuffer
+	logBuf       syncBuffer
 }
 
 func newWorld(t testing.TB) *world {
