@@ -133,14 +133,6 @@ func clusterURL(nodes []*natsNode, user, password string) string {
 // what the two processes can have had in flight; the survivor keeps
 // delivering; and the NATS password in the URL never reaches a log line.
 func TestClusterFailover(t *testing.T) {
-	if !longMode() {
-		// Runs in `make test-long`. On a 2-core machine carrying three
-		// nats-servers, two daemons and an unpaced load, an occasional
-		// envelope was still undelivered four minutes after the NATS kill
-		// (2 runs of 5); until that is understood it would make `make
-		// test` flaky. See docs/reliability.md, "Open".
-		t.Skip("long variant only (OUTFLOW_LONG=1): see docs/reliability.md")
-	}
 	t.Parallel()
 	const natsUser, natsPassword = "outflow", "cluster-secret-pw-7c1f"
 	nodes := startNATSCluster(t, natsUser, natsPassword)
@@ -173,6 +165,13 @@ func TestClusterFailover(t *testing.T) {
 	l1 := startLoad(t, "cl1", w1.SMTPAddr, 1, 0)
 	l2 := startLoad(t, "cl2", w2.SMTPAddr, 1, 0)
 	accepted := func() int { return l1.NumAccepted() + l2.NumAccepted() }
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("at failure: accepted=%d (cl1 %d, cl2 %d) at the sink=%d (w1 %d, w2 %d) codes cl1=%v cl2=%v\n%s",
+				accepted(), l1.NumAccepted(), l2.NumAccepted(), len(mx.Messages()), deliveredBy("w1.test"), deliveredBy("w2.test"),
+				l1.Codes(), l2.Codes(), logs())
+		}
+	})
 	waitFor(t, 120*time.Second, "submissions through both workers, and deliveries by both", func() bool {
 		return l1.NumAccepted() >= per && l2.NumAccepted() >= per && deliveredBy("w1.test") >= 5 && deliveredBy("w2.test") >= 5
 	})
