@@ -23,15 +23,15 @@ type Limits struct {
 	// Rate is the most messages per second sent to the destination by all
 	// workers together; 0 means unlimited. Each live worker takes an equal
 	// share.
-	Rate float64
+	Rate float64 `json:"rate"`
 	// Conns is the most concurrent deliveries (connections) to the
 	// destination by all workers together; 0 means unlimited. Each worker
 	// may hold ceil(Conns/live workers), at least 1.
-	Conns int
+	Conns int `json:"conns"`
 	// MaxMsgsPerConn is the most messages the sender should deliver over
 	// one connection before opening another; 0 means no limit. The
 	// Throttle only carries it (see Throttle.LimitsOf).
-	MaxMsgsPerConn int
+	MaxMsgsPerConn int `json:"max_msgs_per_conn"`
 }
 
 // Defaults of ThrottleConfig.

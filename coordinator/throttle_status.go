@@ -5,25 +5,26 @@ import (
 	"time"
 )
 
-// DestStatus is a destination as this worker applies it, for `outflow
-// dest status`.
+// DestStatus is a destination as this worker applies it. As JSON it is
+// what every worker answers to `outflow dest status` over NATS, and what
+// that command prints with --json (plus "worker_id").
 type DestStatus struct {
-	Dest          string    // destination (domain or group)
-	Limits        Limits    // configured limits
-	Factor        float64   // adaptive rate factor in (0, 1]
-	FleetRate     float64   // effective fleet rate: configured (or override) × factor, msgs/s; 0 = unlimited
-	WorkerRate    float64   // this worker's share of FleetRate, msgs/s; 0 = unlimited
-	Share         float64   // this worker's share: 1/LiveWorkers
-	LiveWorkers   int       // live workers, this one included
-	FleetConns    int       // effective fleet connection limit (override or configured); 0 = unlimited
-	WorkerConns   int       // this worker's share of FleetConns; 0 = unlimited
-	InFlight      int       // this worker's deliveries in progress
-	Deferred      int       // envelopes this worker deferred for the rate that are not yet due (estimated from its virtual queue)
-	Breaker       string    // closed, open or half-open
-	BreakerUntil  time.Time // end of the open breaker's cooling period
-	Suspended     bool      // suspended now
-	SuspendedTill time.Time // end of the suspension
-	State         DestState // the shared state as last seen, normalized
+	Dest          string    `json:"dest"`                    // destination (domain or group)
+	Limits        Limits    `json:"limits"`                  // configured limits
+	Factor        float64   `json:"factor"`                  // adaptive rate factor in (0, 1]
+	FleetRate     float64   `json:"fleet_rate"`              // effective fleet rate: configured (or override) × factor, msgs/s; 0 = unlimited
+	WorkerRate    float64   `json:"worker_rate"`             // this worker's share of FleetRate, msgs/s; 0 = unlimited
+	Share         float64   `json:"share"`                   // this worker's share: 1/LiveWorkers
+	LiveWorkers   int       `json:"live_workers"`            // live workers, this one included
+	FleetConns    int       `json:"fleet_conns"`             // effective fleet connection limit (override or configured); 0 = unlimited
+	WorkerConns   int       `json:"worker_conns"`            // this worker's share of FleetConns; 0 = unlimited
+	InFlight      int       `json:"in_flight"`               // this worker's deliveries in progress
+	Deferred      int       `json:"deferred"`                // envelopes this worker deferred for the rate that are not yet due (estimated from its virtual queue)
+	Breaker       string    `json:"breaker"`                 // closed, open or half-open
+	BreakerUntil  time.Time `json:"breaker_until,omitzero"`  // end of the open breaker's cooling period
+	Suspended     bool      `json:"suspended"`               // suspended now
+	SuspendedTill time.Time `json:"suspended_till,omitzero"` // end of the suspension
+	State         DestState `json:"state"`                   // the shared state as last seen, normalized
 }
 
 // Snapshot reports a destination (a domain or group name, not resolved

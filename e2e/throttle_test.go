@@ -295,8 +295,8 @@ func TestSuspendedTenantDestinationDoesNotDelayOthers(t *testing.T) {
 // workerView is one worker's answer in `dest status --json`.
 type workerView struct {
 	Worker      string  `json:"worker_id"`
-	Factor      float64 `json:"Factor"`
-	LiveWorkers int     `json:"LiveWorkers"`
+	Factor      float64 `json:"factor"`
+	LiveWorkers int     `json:"live_workers"`
 }
 
 // TestClusterSharesRateAndThrottle: the same fleet behaviour on a 3-node
