@@ -2,8 +2,11 @@ package queue
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // TestTenantBacklogDoesNotDelayOthers: tenant A has 200 messages waiting
@@ -68,4 +71,103 @@ func TestNewTenantIsPulledAtOnce(t *testing.T) {
 		t.Fatalf("got %s, want %s", d.Env.ID, ids[0])
 	}
 	_ = d.Skip(ctx)
+}
+
+// TestWorkOrphans: mail published straight to the work stream for a tenant
+// without a consumer is noticed (and adopted, after which it is handed
+// out); mail covered by consumers, pending or pulled and not yet
+// acknowledged, is not mistaken for orphaned.
+func TestWorkOrphans(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	orphans := func() bool {
+		t.Helper()
+		o, err := q.workOrphans(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	if orphans() {
+		t.Fatal("an empty work stream has orphans")
+	}
+	if _, err := q.Enqueue(ctx, &Submission{Tenant: "known", From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	if orphans() {
+		t.Fatal("mail of a tenant with a consumer counted as orphaned")
+	}
+	// Published by a client straight to NATS, for a tenant nobody has
+	// created a consumer for.
+	env := &Envelope{ID: "direct1", MsgID: "direct1", Tenant: "stranger", From: "a@a.example", Rcpts: []string{"r@d.example"},
+		Dest: "d.example", BodyRef: "direct1", Size: 3, Parts: 1}
+	m, err := env.Encode(workSubject("stranger", "d.example", "direct1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if !orphans() {
+		t.Fatal("mail of a tenant without a consumer was not noticed")
+	}
+	if err := q.adoptTenants(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if orphans() {
+		t.Fatal("orphans remain after adoption")
+	}
+	// Both envelopes are handed out; while they are held unacknowledged
+	// they are still covered (ack pending), not orphaned.
+	work, err := q.Messages(ctx, LaneWork, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*Delivery{}
+	for len(got) < 2 {
+		d := next(t, work)
+		got[d.Env.Tenant] = d
+	}
+	if got["stranger"] == nil || got["known"] == nil {
+		t.Fatalf("handed out %v", got)
+	}
+	if orphans() {
+		t.Fatal("envelopes awaiting their ack counted as orphaned")
+	}
+	for _, d := range got {
+		_ = d.Skip(ctx)
+	}
+}
+
+// BenchmarkAdoptTenantsBacklog: the periodic look for tenants without a
+// consumer, with 100,000 fresh envelopes waiting, all covered.
+func BenchmarkAdoptTenantsBacklog(b *testing.B) {
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer emb.Shutdown()
+	ci := emb.ClientInfo()
+	ctx := context.Background()
+	q, err := Connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer q.Close()
+	const n = 100000
+	for i := range n {
+		if _, err := q.js.PublishAsync("outflow.work.app.d_test.x"+strconv.Itoa(i), []byte("x")); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-q.js.PublishAsyncComplete()
+	if err := q.adoptTenants(ctx); err != nil { // creates the consumer
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := q.adoptTenants(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
