@@ -59,6 +59,14 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if err := storeBody(ctx, msgID, s.Body); err != nil {
 		return nil, fmt.Errorf("store body: %w", err)
 	}
+	if len(order) > 1 {
+		// Several envelopes share the body: count them, so that the last
+		// one to finish can delete it (releaseBody). Written before any
+		// envelope exists, so no part can finish uncounted.
+		if _, err := q.sent.Put(ctx, partsKey(msgID), []byte(strconv.Itoa(len(order)))); err != nil {
+			return nil, fmt.Errorf("count body references: %w", err)
+		}
+	}
 	msgHdrID := headerMessageID(s.Body)
 	deadline := received.Add(q.opts.MaxAge)
 	ids := make([]string, 0, len(order))
@@ -283,15 +291,15 @@ func (q *Queue) PutBody(ctx context.Context, ref string, body []byte) error {
 }
 
 // releaseBody deletes a body once no envelope can need it again: its own
-// signed copy always, the shared original only for single-part
-// submissions; bodies shared by several envelopes expire with the bucket's
-// TTL.
+// signed copy always; the submitted original when this envelope is its only
+// one, or the last of several to finish (see lastPart). It runs after the
+// envelope's final acknowledgement, so each envelope releases at most once.
 func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
 	var refs []string
 	if e.Signed && e.BodyRef != e.MsgID {
 		refs = append(refs, e.BodyRef)
 	}
-	if e.Parts <= 1 {
+	if e.Parts <= 1 || q.lastPart(ctx, e.MsgID) {
 		refs = append(refs, e.MsgID)
 	}
 	for _, ref := range refs {
@@ -299,6 +307,45 @@ func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
 			q.log.Debug().Err(err).Str("msg_id", e.MsgID).Msg("delete body")
 		}
 	}
+}
+
+// partsKey is the SENT-bucket key that counts the envelopes of a
+// multi-domain submission still to finish. It cannot collide with a SENT
+// marker (<envelope id>.<step>): no envelope id is "parts".
+func partsKey(msgID string) string { return "parts." + msgID }
+
+// lastPart counts one envelope of msgID's submission as finished and
+// reports whether it was the last. Siblings finishing at once are
+// serialized by the key's revision. Whenever the count cannot be read (no
+// key: an older submission, a replay of a single-part message, an expired
+// key) it answers false and the body waits for the bucket's TTL: a body is
+// never deleted early. An envelope parked in dead letters does not count
+// as finished, so its body stays for a replay.
+func (q *Queue) lastPart(ctx context.Context, msgID string) bool {
+	key := partsKey(msgID)
+	for range 8 {
+		ent, err := q.sent.Get(ctx, key)
+		if err != nil {
+			return false
+		}
+		n, err := strconv.Atoi(string(ent.Value()))
+		if err != nil {
+			return false
+		}
+		if n <= 1 {
+			_ = q.sent.Delete(ctx, key)
+			return true
+		}
+		_, err = q.sent.Update(ctx, key, []byte(strconv.Itoa(n-1)), ent.Revision())
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			// Counted, or failed in a way that may have counted (a
+			// timeout): trying again could count this envelope twice
+			// and delete a body a sibling still needs.
+			return false
+		}
+		// A sibling counted first: read again.
+	}
+	return false
 }
 
 // deleteBody does what the Object Store's Delete does (a deleted-marker

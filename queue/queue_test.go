@@ -2,9 +2,11 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 )
 
@@ -158,4 +160,76 @@ func TestPullSurvivesConsumerLoss(t *testing.T) {
 		t.Fatalf("got %s, want %s", d.Env.ID, e.ID)
 	}
 	_ = d.Skip(ctx)
+}
+
+// TestSharedBodyReleasedByLastPart: a submission to three domains becomes
+// three envelopes sharing one body. It stays while any of them can still
+// need it, including one parked in dead letters (it may be replayed), and
+// the last envelope to finish deletes it.
+func TestSharedBodyReleasedByLastPart(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	body := []byte("Subject: shared\r\n\r\nhello\r\n")
+	enqueue := func() string {
+		t.Helper()
+		ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@src.example",
+			Rcpts: []string{"x@one.example", "y@two.example", "z@three.example"}, Body: body})
+		if err != nil || len(ids) != 3 {
+			t.Fatalf("enqueue: %v %v", ids, err)
+		}
+		return ids[0][:len(ids[0])-2] // the submission's id: "<msgid>-1" less "-1"
+	}
+	bodyThere := func(msgID string) bool {
+		t.Helper()
+		_, err := q.Body(ctx, msgID)
+		if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	work, err := q.Messages(ctx, LaneWork, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	take := func(n int) []*Delivery {
+		var ds []*Delivery
+		for range n {
+			ds = append(ds, next(t, work))
+		}
+		return ds
+	}
+
+	msgID := enqueue()
+	ds := take(3)
+	if err := ds[0].Delivered(ctx, ds[0].Env.Rcpts, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := ds[1].Done(ctx); err != nil { // every recipient bounced
+		t.Fatal(err)
+	}
+	if !bodyThere(msgID) {
+		t.Fatal("the body was deleted while the third envelope still needed it")
+	}
+	if err := ds[2].Delivered(ctx, ds[2].Env.Rcpts, true); err != nil {
+		t.Fatal(err)
+	}
+	if bodyThere(msgID) {
+		t.Fatal("the last envelope finished and the shared body is still stored")
+	}
+
+	// One envelope dead-lettered: the body stays for its replay.
+	msgID = enqueue()
+	ds = take(3)
+	for _, d := range ds[:2] {
+		if err := d.Delivered(ctx, d.Env.Rcpts, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ds[2].Dead(ctx, ds[2].Env.Clone(), "max-attempts"); err != nil {
+		t.Fatal(err)
+	}
+	if !bodyThere(msgID) {
+		t.Fatal("the body of a dead-lettered envelope was deleted")
+	}
 }
