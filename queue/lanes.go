@@ -103,7 +103,20 @@ func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane
 		}
 	}()
 	for {
-		m, err := it.Next()
+		m, err := it.Next(jetstream.NextMaxWait(pullStallCheck))
+		if errors.Is(err, nats.ErrTimeout) {
+			if q.mailWaiting(ctx, cons) {
+				// Nothing arrived for a while although the consumer has
+				// mail nobody has been given: the iterator lost its pull
+				// request (seen after a NATS server of a cluster was
+				// killed: one worker stopped receiving for good while the
+				// other drained the backlog). A fresh iterator pulls anew.
+				q.log.Warn().Str("lane", string(lane)).Str("consumer", consumerName(cons)).Dur("idle", pullStallCheck).
+					Msg("pull stalled with mail waiting; starting a fresh pull")
+				return got
+			}
+			continue
+		}
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
 				return got
@@ -128,6 +141,29 @@ func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane
 			return got
 		}
 	}
+}
+
+// pullStallCheck is how long a pull may wait with nothing arriving before
+// the consumer is asked whether mail is waiting for it.
+var pullStallCheck = 15 * time.Second
+
+// mailWaiting reports whether cons has messages not yet handed to any
+// worker that the server is free to hand out (the fleet is not at the
+// consumer's MaxAckPending). An error (NATS unreachable) answers false: a
+// fresh iterator would not fare better.
+func (q *Queue) mailWaiting(ctx context.Context, cons jetstream.Consumer) bool {
+	info, err := cons.Info(ctx)
+	if err != nil || info.NumPending == 0 {
+		return false
+	}
+	return info.Config.MaxAckPending <= 0 || info.NumAckPending < info.Config.MaxAckPending
+}
+
+func consumerName(cons jetstream.Consumer) string {
+	if ci := cons.CachedInfo(); ci != nil {
+		return ci.Name
+	}
+	return ""
 }
 
 func (q *Queue) decode(m jetstream.Msg, lane Lane) (*Delivery, error) {
