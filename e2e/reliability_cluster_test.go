@@ -126,6 +126,54 @@ func clusterURL(nodes []*natsNode, user, password string) string {
 	return strings.Join(urls, ",")
 }
 
+// aboveInfo keeps the log lines of level warn, error or fatal.
+func aboveInfo(logs string) string {
+	var out []string
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"level":"error"`) || strings.Contains(l, `"level":"fatal"`) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// consumerStates describes every consumer of the outflow streams as the
+// cluster sees it now: what is waiting, handed out, and which pulls wait.
+func consumerStates(url string) string {
+	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	if err != nil {
+		return "consumer states: " + err.Error()
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return "consumer states: " + err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var b strings.Builder
+	for _, stream := range []string{"OUTFLOW_WORK", "OUTFLOW_RETRY", "OUTFLOW_RATELIMIT"} {
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v\n", stream, err)
+			continue
+		}
+		l := st.ListConsumers(ctx)
+		for ci := range l.Info() {
+			leader := ""
+			if ci.Cluster != nil {
+				leader = ci.Cluster.Leader
+			}
+			fmt.Fprintf(&b, "%s/%s leader=%s pending=%d ack_pending=%d waiting_pulls=%d redelivered=%d\n",
+				stream, ci.Name, leader, ci.NumPending, ci.NumAckPending, ci.NumWaiting, ci.NumRedelivered)
+		}
+		if err := l.Err(); err != nil {
+			fmt.Fprintf(&b, "%s consumers: %v\n", stream, err)
+		}
+	}
+	return b.String()
+}
+
 // TestClusterFailover runs two outflow workers against a three-node NATS
 // cluster with every stream replicated three times, submits through both,
 // then SIGKILLs one NATS server and one outflow worker mid-run. Every
@@ -157,6 +205,11 @@ func TestClusterFailover(t *testing.T) {
 		return n
 	}
 	logs := func() string { return "--- w1 ---\n" + tail(w1.Logs(), 40) + "\n--- w2 ---\n" + tail(w2.Logs(), 40) }
+	// problems is what the daemons logged above info level: the busy info
+	// lines of an unpaced load would push it out of a plain tail.
+	problems := func() string {
+		return "--- w1 warnings and errors ---\n" + tail(aboveInfo(w1.Logs()), 40) + "\n--- w2 warnings and errors ---\n" + tail(aboveInfo(w2.Logs()), 40)
+	}
 
 	per := 30
 	if longMode() {
@@ -167,9 +220,9 @@ func TestClusterFailover(t *testing.T) {
 	accepted := func() int { return l1.NumAccepted() + l2.NumAccepted() }
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("at failure: accepted=%d (cl1 %d, cl2 %d) at the sink=%d (w1 %d, w2 %d) codes cl1=%v cl2=%v\n%s",
+			t.Logf("at failure: accepted=%d (cl1 %d, cl2 %d) at the sink=%d (w1 %d, w2 %d) codes cl1=%v cl2=%v\n%s\n%s",
 				accepted(), l1.NumAccepted(), l2.NumAccepted(), len(mx.Messages()), deliveredBy("w1.test"), deliveredBy("w2.test"),
-				l1.Codes(), l2.Codes(), logs())
+				l1.Codes(), l2.Codes(), consumerStates(url), problems())
 		}
 	})
 	waitFor(t, 120*time.Second, "submissions through both workers, and deliveries by both", func() bool {
