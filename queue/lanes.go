@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -58,7 +57,7 @@ func (q *Queue) Messages(ctx context.Context, lane Lane, buffer int) (<-chan *De
 
 // pull feeds out from one consumer until ctx ends.
 func (q *Queue) pull(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) {
-	// The iterator can end without ctx ending: a NATS failover, a consumer
+	// Fetching can fail without ctx ending: a NATS failover, a consumer
 	// leader moving, a stream restarted from disk. A worker that stopped
 	// pulling a lane then would strand its mail, so pulling starts again
 	// (with a growing pause) until ctx ends.
@@ -82,88 +81,54 @@ func (q *Queue) pull(ctx context.Context, cons jetstream.Consumer, lane Lane, bu
 	}
 }
 
-// pullOnce runs one iterator until it ends; it reports whether it got any
-// message (so the caller's pause starts small again).
+// pullWait is how long one pull request waits at the server for mail.
+// Every batch ends within it (plus a second, on the client's own clock),
+// so a pull request that a failover lost is replaced within that time.
+var pullWait = 5 * time.Second
+
+// pullOnce fetches batches of up to buffer envelopes and hands them out
+// until a fetch fails; it reports whether it got any message (so the
+// caller's pause starts small again).
+//
+// It fetches rather than keeping one long-lived iterator (Consumer.Messages):
+// in the cluster failover test, the iterators of both workers went silent
+// for good after a NATS server was killed (no pull request left at the
+// server, no error, no heartbeat error) with hundreds of envelopes pending.
+// A fetch is one pull request with an expiry that the client enforces too,
+// so a lost request costs at most one pullWait.
 func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) (got bool) {
-	it, err := cons.Messages(jetstream.PullMaxMessages(buffer), jetstream.PullExpiry(5*time.Second))
-	if err != nil {
-		q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
-		return false
-	}
-	var once sync.Once
-	stop := func() { once.Do(it.Stop) }
-	defer stop()
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		select {
-		case <-ctx.Done():
-			stop()
-		case <-done:
-		}
-	}()
-	for {
-		m, err := it.Next(jetstream.NextMaxWait(pullStallCheck))
-		if errors.Is(err, nats.ErrTimeout) {
-			if q.mailWaiting(ctx, cons) {
-				// Nothing arrived for a while although the consumer has
-				// mail nobody has been given: the iterator lost its pull
-				// request (seen after a NATS server of a cluster was
-				// killed: one worker stopped receiving for good while the
-				// other drained the backlog). A fresh iterator pulls anew.
-				q.log.Warn().Str("lane", string(lane)).Str("consumer", consumerName(cons)).Dur("idle", pullStallCheck).
-					Msg("pull stalled with mail waiting; starting a fresh pull")
-				return got
-			}
-			continue
-		}
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(buffer, jetstream.FetchMaxWait(pullWait))
 		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-				return got
+			if ctx.Err() == nil {
+				q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
 			}
+			return got
+		}
+		for m := range batch.Messages() {
+			got = true
+			if ctx.Err() != nil {
+				// Not started: let the server hand it out again at once.
+				_ = m.Nak()
+				continue
+			}
+			d, err := q.decode(m, lane)
+			if err != nil {
+				q.parkMalformed(ctx, m, err)
+				continue
+			}
+			select {
+			case out <- d:
+			case <-ctx.Done():
+				_ = m.Nak()
+			}
+		}
+		if err := batch.Error(); err != nil && ctx.Err() == nil {
 			q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
-			if errors.Is(err, jetstream.ErrNoHeartbeat) {
-				continue // the iterator pulls again by itself
-			}
-			return got // anything else: a fresh iterator after a pause
-		}
-		got = true
-		d, err := q.decode(m, lane)
-		if err != nil {
-			q.parkMalformed(ctx, m, err)
-			continue
-		}
-		select {
-		case out <- d:
-		case <-ctx.Done():
-			// Not started: let the server hand it out again at once.
-			_ = m.Nak()
 			return got
 		}
 	}
-}
-
-// pullStallCheck is how long a pull may wait with nothing arriving before
-// the consumer is asked whether mail is waiting for it.
-var pullStallCheck = 15 * time.Second
-
-// mailWaiting reports whether cons has messages not yet handed to any
-// worker that the server is free to hand out (the fleet is not at the
-// consumer's MaxAckPending). An error (NATS unreachable) answers false: a
-// fresh iterator would not fare better.
-func (q *Queue) mailWaiting(ctx context.Context, cons jetstream.Consumer) bool {
-	info, err := cons.Info(ctx)
-	if err != nil || info.NumPending == 0 {
-		return false
-	}
-	return info.Config.MaxAckPending <= 0 || info.NumAckPending < info.Config.MaxAckPending
-}
-
-func consumerName(cons jetstream.Consumer) string {
-	if ci := cons.CachedInfo(); ci != nil {
-		return ci.Name
-	}
-	return ""
+	return got
 }
 
 func (q *Queue) decode(m jetstream.Msg, lane Lane) (*Delivery, error) {

@@ -2,103 +2,56 @@ package queue
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 )
 
-// silentIter is a pull iterator that lost its pull request: Next never
-// yields a message, it only times out, until Stop.
-type silentIter struct {
-	jetstream.MessagesContext
-	nexts   *atomic.Int64
-	stopped chan struct{}
-	once    sync.Once
+// emptyBatch is a pull request that ended without a message: what a
+// worker sees when its request expired, or when a failover lost it.
+type emptyBatch struct{ jetstream.MessageBatch }
+
+func (emptyBatch) Messages() <-chan jetstream.Msg {
+	ch := make(chan jetstream.Msg)
+	close(ch)
+	return ch
 }
 
-func (it *silentIter) Next(...jetstream.NextOpt) (jetstream.Msg, error) {
-	it.nexts.Add(1)
-	select {
-	case <-it.stopped:
-		return nil, jetstream.ErrMsgIteratorClosed
-	case <-time.After(5 * time.Millisecond):
-		return nil, nats.ErrTimeout
-	}
-}
+func (emptyBatch) Error() error { return nil }
 
-func (it *silentIter) Stop() { it.once.Do(func() { close(it.stopped) }) }
-
-// stallConsumer hands out silent iterators and reports pending mail.
-type stallConsumer struct {
+// countingConsumer records every pull request made on it.
+type countingConsumer struct {
 	jetstream.Consumer
-	pending  uint64
-	full     bool          // the fleet holds MaxAckPending unacknowledged
-	messages chan struct{} // one value per Messages call
-	nexts    atomic.Int64
+	fetches chan struct{} // one value per pull request
 }
 
-func (c *stallConsumer) Messages(...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
-	c.messages <- struct{}{}
-	return &silentIter{nexts: &c.nexts, stopped: make(chan struct{})}, nil
+func (c *countingConsumer) Fetch(n int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	c.fetches <- struct{}{}
+	return emptyBatch{}, nil
 }
 
-func (c *stallConsumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
-	ci := &jetstream.ConsumerInfo{Name: "work-app", NumPending: c.pending, Config: jetstream.ConsumerConfig{MaxAckPending: 4}}
-	if c.full {
-		ci.NumAckPending = 4
-	}
-	return ci, nil
+func (c *countingConsumer) Messages(...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
+	panic("pull must not keep a long-lived iterator: one that goes silent in a failover never recovers")
 }
 
-func (c *stallConsumer) CachedInfo() *jetstream.ConsumerInfo {
-	return &jetstream.ConsumerInfo{Name: "work-app"}
-}
-
-// A pull that receives nothing while its consumer has mail waiting starts
-// a fresh iterator; one that receives nothing because there is nothing to
-// receive, or because the fleet already holds the consumer's MaxAckPending,
-// keeps waiting on the same iterator.
-func TestPullRestartsWhenStalledWithMailWaiting(t *testing.T) {
-	old := pullStallCheck
-	pullStallCheck = 5 * time.Millisecond
-	t.Cleanup(func() { pullStallCheck = old })
+// A lane's pull is a series of pull requests, each with an expiry: when one
+// ends without mail (expired, or lost in a failover) the next goes out at
+// once, on the same consumer, without the pause that follows a failure.
+func TestPullIssuesFreshRequests(t *testing.T) {
 	q := &Queue{log: zerolog.Nop()}
-
-	run := func(pending uint64, full bool) *stallConsumer {
-		c := &stallConsumer{pending: pending, full: full, messages: make(chan struct{}, 16)}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); q.pull(ctx, c, LaneWork, 1, make(chan *Delivery)) }()
-		t.Cleanup(func() { cancel(); <-done })
-		return c
-	}
-
-	stalled := run(3, false)
-	<-stalled.messages
-	select {
-	case <-stalled.messages:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a pull with mail waiting and nothing arriving was never started again")
-	}
-
-	for name, c := range map[string]*stallConsumer{"nothing pending": run(0, false), "MaxAckPending reached": run(3, true)} {
-		<-c.messages
-		deadline := time.Now().Add(10 * time.Second)
-		for c.nexts.Load() < 50 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond) // polling the iterator's wait count with a deadline
-		}
-		if c.nexts.Load() < 50 {
-			t.Fatalf("%s: only %d waits in 10 s", name, c.nexts.Load())
-		}
+	c := &countingConsumer{fetches: make(chan struct{}, 64)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); q.pull(ctx, c, LaneWork, 4, make(chan *Delivery)) }()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.After(10 * time.Second)
+	for i := range 20 {
 		select {
-		case <-c.messages:
-			t.Fatalf("%s: the pull was restarted", name)
-		default:
+		case <-c.fetches:
+		case <-deadline:
+			t.Fatalf("only %d pull requests in 10 s", i)
 		}
 	}
 }
