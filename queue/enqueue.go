@@ -411,3 +411,47 @@ func (c *infoCache) take(name string) *jetstream.ObjectInfo {
 	delete(c.m, name)
 	return info
 }
+
+// BodyGone asks the body stream's leader whether a body really is gone (no
+// info, or a deleted marker). Body reads use direct gets, which any
+// replica may answer; on a cluster, a replica that has not yet applied a
+// just-written body answers "not found" for a body that exists. The leader's
+// answer is the one that may send an envelope to dead letters.
+func (q *Queue) BodyGone(ctx context.Context, ref string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := json.Marshal(map[string]string{"last_by_subj": bodyMetaSubject(ref)})
+	if err != nil {
+		return false, err
+	}
+	m, err := q.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+bodyStreamName, req)
+	if err != nil {
+		return false, fmt.Errorf("body %s at the stream leader: %w", ref, err)
+	}
+	var resp struct {
+		Error *struct {
+			Code        int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Data []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return false, fmt.Errorf("body %s at the stream leader: %w", ref, err)
+	}
+	if resp.Error != nil {
+		if resp.Error.Code == int(jetstream.JSErrCodeMessageNotFound) {
+			return true, nil
+		}
+		return false, fmt.Errorf("body %s at the stream leader: %s", ref, resp.Error.Description)
+	}
+	if resp.Message == nil {
+		return false, fmt.Errorf("body %s at the stream leader: empty answer", ref)
+	}
+	var info jetstream.ObjectInfo
+	if err := json.Unmarshal(resp.Message.Data, &info); err != nil {
+		return false, fmt.Errorf("body %s info: %w", ref, err)
+	}
+	return info.Deleted, nil
+}

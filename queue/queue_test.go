@@ -233,3 +233,30 @@ func TestSharedBodyReleasedByLastPart(t *testing.T) {
 		t.Fatal("the body of a dead-lettered envelope was deleted")
 	}
 }
+
+// TestBodyGone: the leader's answer about a body: present, never stored,
+// and deleted.
+func TestBodyGone(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ref  string
+		gone bool
+	}{{ids[0], false}, {"never-stored", true}} {
+		gone, err := q.BodyGone(ctx, c.ref)
+		if err != nil || gone != c.gone {
+			t.Errorf("BodyGone(%s) = %v, %v; want %v", c.ref, gone, err, c.gone)
+		}
+	}
+	if err := q.deleteBody(ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if gone, err := q.BodyGone(ctx, ids[0]); err != nil || !gone {
+		t.Errorf("after delete: BodyGone = %v, %v; want true", gone, err)
+	}
+}

@@ -89,8 +89,17 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	if err != nil {
 		permit.Done(nil)
 		if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, jetstream.ErrMsgNotFound) {
-			// A missing body cannot heal by itself: park it with the reason.
-			return p.dead(ctx, d, e.Clone(), dest, queue.EventDead, "body missing: "+err.Error())
+			// A missing body cannot heal by itself: park it with the
+			// reason, once the stream's leader confirms it (a lagging
+			// replica answers "not found" for a body just written).
+			gone, gerr := p.cfg.Queue.BodyGone(ctx, e.BodyRef)
+			if gerr != nil {
+				return fmt.Errorf("body %s not found by a replica; %w", e.BodyRef, gerr)
+			}
+			if gone {
+				return p.dead(ctx, d, e.Clone(), dest, queue.EventDead, "body missing: "+err.Error())
+			}
+			return fmt.Errorf("body %s not found by a replica but stored at the leader; leaving it for redelivery: %w", e.BodyRef, err)
 		}
 		// Anything else (a timeout during a NATS failover) is not the
 		// message's fault: leave it for redelivery.
