@@ -109,7 +109,9 @@ authorization { user: %q, password: %q }
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	waitFor(t, 60*time.Second, "the NATS cluster's JetStream", func() bool {
+	// Generous: under `make test` two clusters start while the rest of the
+	// e2e suite loads both cores, and a meta leader election can take long.
+	waitFor(t, 180*time.Second, "the NATS cluster's JetStream", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "PROBE", Subjects: []string{"probe"}, Replicas: 3})
