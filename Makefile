@@ -52,10 +52,13 @@ test-short: build
 test-long: deps build
 	PATH="$$PATH:/usr/sbin" OUTFLOW_LONG=1 $(GO) test -race -timeout 60m $(PKGS)
 
-# Brief fuzzing of every parser that reads untrusted input; must never panic.
+# Brief fuzzing of every parser that reads untrusted input (must never
+# panic) and of the body scans' fast paths against their octet loops.
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParseReply -fuzztime=$(or $(FUZZTIME),300000x) ./classify
 	$(GO) test -run='^$$' -fuzz=FuzzParseAddress -fuzztime=$(or $(FUZZTIME),150000x) ./submission
+	$(GO) test -run='^$$' -fuzz=FuzzBodyValidator -fuzztime=$(or $(FUZZTIME),150000x) ./submission
+	$(GO) test -run='^$$' -fuzz=FuzzDotStuff -fuzztime=$(or $(FUZZTIME),150000x) ./sender
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeEnvelope -fuzztime=$(or $(FUZZTIME),75000x) ./queue
 
 # bench: micro-benchmarks, then the end-to-end suite against Postfix

@@ -2,6 +2,7 @@ package sender
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -564,27 +565,31 @@ func (c *client) writeBody(ctx context.Context, wire []byte) error {
 // with "." gets another one) and ending in CRLF, ready for the final dot.
 // It copies only when it has to.
 func dotStuff(body []byte) []byte {
-	needs := len(body) > 0 && body[0] == '.'
-	for i := 0; !needs && i+1 < len(body); i++ {
-		if body[i] == '\n' && body[i+1] == '.' {
-			needs = true
-		}
-	}
-	endsCRLF := len(body) >= 2 && body[len(body)-2] == '\r' && body[len(body)-1] == '\n'
-	if !needs && (endsCRLF || len(body) == 0) {
+	leading := len(body) > 0 && body[0] == '.'
+	if !leading && bytes.Index(body, lfDot) < 0 && (len(body) == 0 || bytes.HasSuffix(body, crlf)) {
 		return body
 	}
 	out := make([]byte, 0, len(body)+len(body)/64+3)
-	atLineStart := true
-	for _, b := range body {
-		if atLineStart && b == '.' {
-			out = append(out, '.')
-		}
-		out = append(out, b)
-		atLineStart = b == '\n'
+	if leading {
+		out = append(out, '.')
 	}
-	if len(out) > 0 && !(len(out) >= 2 && out[len(out)-2] == '\r' && out[len(out)-1] == '\n') {
-		out = append(out, '\r', '\n')
+	for rest := body; ; {
+		i := bytes.Index(rest, lfDot)
+		if i < 0 {
+			out = append(out, rest...)
+			break
+		}
+		out = append(out, rest[:i+1]...)
+		out = append(out, '.')
+		rest = rest[i+1:]
+	}
+	if !bytes.HasSuffix(out, crlf) {
+		out = append(out, crlf...)
 	}
 	return out
 }
+
+var (
+	crlf  = []byte("\r\n")
+	lfDot = []byte("\n.")
+)

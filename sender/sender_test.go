@@ -675,3 +675,53 @@ type readOnlyConn struct {
 }
 
 func (c *readOnlyConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// dotStuffOctets is the octet-at-a-time definition of dotStuff.
+func dotStuffOctets(body []byte) []byte {
+	var out []byte
+	atLineStart := true
+	for _, b := range body {
+		if atLineStart && b == '.' {
+			out = append(out, '.')
+		}
+		out = append(out, b)
+		atLineStart = b == '\n'
+	}
+	if len(out) > 0 && !bytes.HasSuffix(out, []byte("\r\n")) {
+		out = append(out, '\r', '\n')
+	}
+	return out
+}
+
+// FuzzDotStuff checks dotStuff and isASCII, which search with vectorised
+// byte functions, against their octet-at-a-time definitions.
+func FuzzDotStuff(f *testing.F) {
+	for _, s := range []string{"", ".", "a\r\n.\r\n", "\n.\n..", "x\r\n..y", "caf\xc3\xa9 au lait\r\n", "12345678\x80"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if got, want := dotStuff(body), dotStuffOctets(body); !bytes.Equal(got, want) {
+			t.Fatalf("dotStuff(%q) = %q, want %q", body, got, want)
+		}
+		ascii := true
+		for _, c := range body {
+			ascii = ascii && c < 0x80
+		}
+		if isASCII(body) != ascii {
+			t.Fatalf("isASCII(%q) = %v", body, !ascii)
+		}
+	})
+}
+
+// BenchmarkInspect is the per-message scan before sending: dot-stuffing and
+// the 8-bit checks of a 100 KiB body of 76-octet lines.
+func BenchmarkInspect(b *testing.B) {
+	line := strings.Repeat("x", 76) + "\r\n"
+	m := &Message{From: "a@example.com", Rcpts: []string{"b@example.net"}, Body: []byte(strings.Repeat(line, 100<<10/len(line)))}
+	b.SetBytes(int64(len(m.Body)))
+	for b.Loop() {
+		if info := inspect(m); info.eightBit {
+			b.Fatal("8-bit")
+		}
+	}
+}

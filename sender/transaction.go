@@ -3,6 +3,7 @@ package sender
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"strconv"
 	"time"
@@ -42,6 +43,11 @@ func inspect(m *Message) *msgInfo {
 }
 
 func isASCII(b []byte) bool {
+	for ; len(b) >= 8; b = b[8:] {
+		if binary.LittleEndian.Uint64(b)&0x8080808080808080 != 0 {
+			return false
+		}
+	}
 	for _, c := range b {
 		if c >= 0x80 {
 			return false

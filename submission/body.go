@@ -1,6 +1,7 @@
 package submission
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -116,8 +117,58 @@ func (v *bodyValidator) fail(e *smtp.SMTPError, reason string) {
 	v.err, v.reason = e, reason
 }
 
-// scan checks p, the next bytes of the body.
+// scan checks p, the next bytes of the body. It goes a line at a time:
+// a line that is plainly clean (no NUL, CR only right before its LF, short
+// enough) is passed over with a few vectorised byte searches; anything else
+// goes through scanBytes, which finds the first fault octet by octet. At
+// 100 KiB bodies the octet loop alone was a tenth of the daemon's CPU.
 func (v *bodyValidator) scan(p []byte) {
+	for len(p) > 0 && v.err == nil {
+		seg := p
+		lf := bytes.IndexByte(p, '\n')
+		if lf >= 0 {
+			seg = p[:lf+1]
+		}
+		if v.clean(seg, lf >= 0) {
+			if lf >= 0 {
+				v.lineLen, v.prevCR = 0, false
+			} else {
+				v.lineLen += len(seg)
+				v.prevCR = seg[len(seg)-1] == '\r'
+			}
+		} else {
+			v.scanBytes(seg)
+		}
+		p = p[len(seg):]
+	}
+}
+
+// clean reports whether seg (a whole rest-of-line ending in LF when endsLF,
+// else a line's continuation without one) holds none of scanBytes' faults,
+// so that skipping it leaves the validator where scanBytes would.
+func (v *bodyValidator) clean(seg []byte, endsLF bool) bool {
+	if v.lineLen+len(seg) > v.maxLine || bytes.IndexByte(seg, 0) >= 0 {
+		return false
+	}
+	text := seg
+	if endsLF {
+		text = seg[:len(seg)-1]
+		if len(text) == 0 {
+			return v.prevCR // the LF completes a CRLF split across reads
+		}
+		if text[len(text)-1] != '\r' {
+			return false // bare LF
+		}
+	}
+	// A CR carried over must be followed by LF, which seg does not start
+	// with here; a CR inside text is bare. A CR that ends a segment
+	// without LF is carried over to the next.
+	return !v.prevCR && bytes.IndexByte(text[:len(text)-1], '\r') < 0
+}
+
+// scanBytes checks p octet by octet; scan's fallback for a line with a
+// fault in it, and the definition of what scan accepts.
+func (v *bodyValidator) scanBytes(p []byte) {
 	for _, c := range p {
 		v.lineLen++
 		switch {
