@@ -289,8 +289,16 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 		return nil, fmt.Errorf("%w: %s is a parked malformed message, not an envelope; inspect it and drop it", ErrWrongState, id)
 	}
 	e := it.Env.Clone()
+	oldCopy := "" // a body this envelope alone used, replaced by the edit
 	if len(editHeaders) > 0 {
-		body, err := q.Body(ctx, e.BodyRef)
+		// Edit the submitted original, not a DKIM-signed copy: the edit
+		// would break the signature. The worker signs the edited body
+		// again before its first attempt.
+		src := e.BodyRef
+		if e.Signed {
+			src = e.MsgID
+		}
+		body, err := q.Body(ctx, src)
 		if err != nil {
 			return nil, fmt.Errorf("replay %s: %w", id, err)
 		}
@@ -298,12 +306,16 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 		if err != nil {
 			return nil, fmt.Errorf("replay %s: %w", id, err)
 		}
-		ref := e.BodyRef + ".r" + itoa(e.Replays+1)
+		// Named for this envelope and replay: a sibling envelope of the
+		// same submission, replayed too, gets its own copy.
+		ref := e.MsgID + ".r" + itoa(e.Replays+1) + "." + e.ID
 		if _, err := q.bodies.PutBytes(ctx, ref, edited); err != nil {
 			return nil, fmt.Errorf("replay %s: store edited body: %w", id, err)
 		}
-		e.BodyRef, e.Size = ref, int64(len(edited))
-		e.Parts = 2 // the original body may still be shared; never delete it eagerly
+		if e.BodyRef != e.MsgID {
+			oldCopy = e.BodyRef
+		}
+		e.BodyRef, e.Signed, e.Size = ref, false, int64(len(edited))
 	}
 	e.Replays++
 	e.Step++
@@ -322,6 +334,11 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 		return nil, err
 	}
 	q.Event(EventReplayed, &Event{ID: id, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Worker: "admin", Recipients: e.Rcpts})
+	if oldCopy != "" {
+		if err := q.deleteBody(ctx, oldCopy); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+			q.log.Warn().Err(err).Str("msg_id", e.MsgID).Str("body", oldCopy).Msg("replay: delete the replaced body copy")
+		}
+	}
 	return e, nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // deferOne enqueues one message, pulls it and reschedules it on lane at at.
@@ -140,5 +142,82 @@ func TestReleaseDestPacesOldestFirst(t *testing.T) {
 	}
 	if strings.Join(got, ",") != strings.Join(ids, ",") {
 		t.Fatalf("release order %v, want oldest first %v", got, ids)
+	}
+}
+
+// TestReplayedBodiesReleased: a replay with edited headers stores the edit
+// as a copy for that envelope alone, made from the unsigned original; a
+// second edited replay deletes the first copy; and when the envelope is
+// delivered both its copy and the (single-part) original are deleted.
+func TestReplayedBodiesReleased(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: x\r\n\r\nbody\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := func(ref string) bool {
+		t.Helper()
+		_, err := q.Body(ctx, ref)
+		if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	work, err := q.Messages(ctx, LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := next(t, work)
+	msgID := d.Env.MsgID
+	// As a worker with a DKIM key would have left it: a signed copy.
+	signedRef := msgID + ".dkim." + d.Env.ID
+	if err := q.PutBody(ctx, signedRef, []byte("DKIM-Signature: v=1\r\nSubject: x\r\n\r\nbody\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	n := d.Env.Clone()
+	n.BodyRef, n.Signed = signedRef, true
+	if err := d.Dead(ctx, n, "max-attempts"); err != nil {
+		t.Fatal(err)
+	}
+
+	e, err := q.Replay(ctx, ids[0], []byte("X-Fixed: 1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := e.BodyRef
+	if first == msgID || first == signedRef || e.Signed {
+		t.Fatalf("replayed envelope: body %q signed %v; want its own unsigned copy", first, e.Signed)
+	}
+	body, err := q.Body(ctx, first)
+	if err != nil || strings.Contains(string(body), "DKIM-Signature") || !strings.Contains(string(body), "X-Fixed: 1\r\n") {
+		t.Fatalf("edited copy = %q, %v; want the edited unsigned original", body, err)
+	}
+	if stored(signedRef) {
+		t.Fatal("the replaced signed copy is still stored")
+	}
+	if !stored(msgID) {
+		t.Fatal("the original was deleted by the replay")
+	}
+
+	d = next(t, work)
+	if err := d.Dead(ctx, d.Env.Clone(), "max-attempts"); err != nil {
+		t.Fatal(err)
+	}
+	e, err = q.Replay(ctx, ids[0], []byte("X-Fixed: 2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.BodyRef == first || stored(first) {
+		t.Fatalf("second edited replay: body %q, first copy still stored: %v", e.BodyRef, stored(first))
+	}
+
+	d = next(t, work)
+	if err := d.Delivered(ctx, d.Env.Rcpts, true); err != nil {
+		t.Fatal(err)
+	}
+	if stored(e.BodyRef) || stored(msgID) {
+		t.Fatalf("after delivery: copy stored %v, original stored %v; want both deleted", stored(e.BodyRef), stored(msgID))
 	}
 }

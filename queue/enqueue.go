@@ -291,12 +291,13 @@ func (q *Queue) PutBody(ctx context.Context, ref string, body []byte) error {
 }
 
 // releaseBody deletes a body once no envelope can need it again: its own
-// signed copy always; the submitted original when this envelope is its only
-// one, or the last of several to finish (see lastPart). It runs after the
-// envelope's final acknowledgement, so each envelope releases at most once.
+// copy (DKIM-signed, or edited by a replay) always; the submitted original
+// when this envelope is its only one, or the last of several to finish (see
+// lastPart). It runs after the envelope's final acknowledgement, so each
+// envelope releases at most once.
 func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
 	var refs []string
-	if e.Signed && e.BodyRef != e.MsgID {
+	if e.BodyRef != e.MsgID {
 		refs = append(refs, e.BodyRef)
 	}
 	if e.Parts <= 1 || q.lastPart(ctx, e.MsgID) {

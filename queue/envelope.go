@@ -39,13 +39,16 @@ var ErrMalformed = errors.New("malformed envelope")
 // destination. The JSON payload holds what never changes; the attempt
 // metadata lives in headers (see Hdr*) and in History.
 type Envelope struct {
-	ID      string   `json:"id"`       // envelope id, unique per destination part
-	MsgID   string   `json:"msg_id"`   // submission id, shared by all parts; names the body
-	Tenant  string   `json:"tenant"`   // the submitting user
-	From    string   `json:"from"`     // envelope sender
-	Rcpts   []string `json:"rcpts"`    // recipients still to deliver, all at Dest
-	Dest    string   `json:"dest"`     // destination: the recipients' domain
-	BodyRef string   `json:"body_ref"` // Object Store name of the body
+	ID     string   `json:"id"`     // envelope id, unique per destination part
+	MsgID  string   `json:"msg_id"` // submission id, shared by all parts; names the body
+	Tenant string   `json:"tenant"` // the submitting user
+	From   string   `json:"from"`   // envelope sender
+	Rcpts  []string `json:"rcpts"`  // recipients still to deliver, all at Dest
+	Dest   string   `json:"dest"`   // destination: the recipients' domain
+	// BodyRef is the Object Store name of the body: MsgID for the submitted
+	// original, shared by all parts; any other name is a copy this envelope
+	// alone uses (DKIM-signed, or edited by a replay), deleted with it.
+	BodyRef string `json:"body_ref"`
 	// Signed is set once the body named by BodyRef carries outflow's DKIM
 	// signature; the unsigned original stays under MsgID. Retries send the
 	// signed bytes unchanged.
