@@ -289,14 +289,19 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 		return nil, fmt.Errorf("%w: %s is a parked malformed message, not an envelope; inspect it and drop it", ErrWrongState, id)
 	}
 	e := it.Env.Clone()
-	oldCopy := "" // a body this envelope alone used, replaced by the edit
+	oldCopy := "" // a signed copy the edit replaces
 	if len(editHeaders) > 0 {
-		// Edit the submitted original, not a DKIM-signed copy: the edit
-		// would break the signature. The worker signs the edited body
-		// again before its first attempt.
+		// Edit the unsigned body, never a DKIM-signed copy (the edit would
+		// break the signature; the worker signs the edited body again
+		// before its first attempt): the envelope's earlier edit if it has
+		// one, else the submitted original.
 		src := e.BodyRef
 		if e.Signed {
 			src = e.MsgID
+			if _, err := q.bodyInfo(ctx, EditedBodyRef(e)); err == nil {
+				src = EditedBodyRef(e)
+			}
+			oldCopy = e.BodyRef
 		}
 		body, err := q.Body(ctx, src)
 		if err != nil {
@@ -306,14 +311,11 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 		if err != nil {
 			return nil, fmt.Errorf("replay %s: %w", id, err)
 		}
-		// Named for this envelope and replay: a sibling envelope of the
-		// same submission, replayed too, gets its own copy.
-		ref := e.MsgID + ".r" + itoa(e.Replays+1) + "." + e.ID
+		// Named for this envelope: a sibling of the same submission,
+		// replayed too, gets its own copy; a later edit replaces it.
+		ref := EditedBodyRef(e)
 		if _, err := q.bodies.PutBytes(ctx, ref, edited); err != nil {
 			return nil, fmt.Errorf("replay %s: store edited body: %w", id, err)
-		}
-		if e.BodyRef != e.MsgID {
-			oldCopy = e.BodyRef
 		}
 		e.BodyRef, e.Signed, e.Size = ref, false, int64(len(edited))
 	}
@@ -336,7 +338,7 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 	q.Event(EventReplayed, &Event{ID: id, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Worker: "admin", Recipients: e.Rcpts})
 	if oldCopy != "" {
 		if err := q.deleteBody(ctx, oldCopy); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
-			q.log.Warn().Err(err).Str("msg_id", e.MsgID).Str("body", oldCopy).Msg("replay: delete the replaced body copy")
+			q.log.Warn().Err(err).Str("msg_id", e.MsgID).Str("body", oldCopy).Msg("replay: delete the replaced signed copy")
 		}
 	}
 	return e, nil

@@ -291,14 +291,17 @@ func (q *Queue) PutBody(ctx context.Context, ref string, body []byte) error {
 }
 
 // releaseBody deletes a body once no envelope can need it again: its own
-// copy (DKIM-signed, or edited by a replay) always; the submitted original
-// when this envelope is its only one, or the last of several to finish (see
-// lastPart). It runs after the envelope's final acknowledgement, so each
-// envelope releases at most once.
+// copies (DKIM-signed, edited by a replay, or an edited one signed) always;
+// the submitted original when this envelope is its only one, or the last
+// of several to finish (see lastPart). It runs after the envelope's final
+// acknowledgement, so each envelope releases at most once.
 func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
 	var refs []string
 	if e.BodyRef != e.MsgID {
 		refs = append(refs, e.BodyRef)
+	}
+	if e.Signed && e.Replays > 0 {
+		refs = append(refs, EditedBodyRef(e)) // if it was edited before signing
 	}
 	if e.Parts <= 1 || q.lastPart(ctx, e.MsgID) {
 		refs = append(refs, e.MsgID)
@@ -309,6 +312,10 @@ func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
 		}
 	}
 }
+
+// EditedBodyRef names the copy of e's body that `queue replay
+// --edit-headers` stores for e alone.
+func EditedBodyRef(e *Envelope) string { return e.MsgID + ".edit." + e.ID }
 
 // partsKey is the SENT-bucket key that counts the envelopes of a
 // multi-domain submission still to finish. It cannot collide with a SENT
