@@ -174,18 +174,41 @@ func smtpSource(ctx context.Context, addr string, sessions, msgs, size int) erro
 }
 
 func smtpSourceArgs(addr string, sessions, msgs, size int) []string {
+	return smtpSourceArgsTo(addr, "rcpt@example.com", sessions, msgs, size)
+}
+
+func smtpSourceArgsTo(addr, rcpt string, sessions, msgs, size int) []string {
 	return []string{"-s", strconv.Itoa(sessions), "-m", strconv.Itoa(msgs), "-l", strconv.Itoa(size),
-		"-f", "bench@source.test", "-t", "rcpt@example.com", addr}
+		"-f", "bench@source.test", "-t", rcpt, addr}
+}
+
+// smtpSourceTo is smtpSource with another recipient.
+func smtpSourceTo(ctx context.Context, addr, rcpt string, sessions, msgs, size int) error {
+	bin, err := lookPath("smtp-source")
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, bin, smtpSourceArgsTo(addr, rcpt, sessions, msgs, size)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("smtp-source: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // rssKiB reads VmRSS of pid from /proc.
-func rssKiB(pid int) int64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+func rssKiB(pid int) int64 { return procKiB("/proc/"+strconv.Itoa(pid)+"/status", "VmRSS:") }
+
+// pssKiB reads the proportional set size of pid from /proc.
+func pssKiB(pid int) int64 { return procKiB("/proc/"+strconv.Itoa(pid)+"/smaps_rollup", "Pss:") }
+
+// procKiB reads the "<key> <n> kB" line of a /proc file.
+func procKiB(file, key string) int64 {
+	b, err := os.ReadFile(file)
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, key); ok {
 			f := strings.Fields(v)
 			if len(f) > 0 {
 				n, _ := strconv.ParseInt(f[0], 10, 64)
@@ -409,6 +432,50 @@ func (p *postfixInst) QueueCount() int {
 		})
 	}
 	return n
+}
+
+// DeferredCount counts files in the instance's deferred queue.
+func (p *postfixInst) DeferredCount() int {
+	n := 0
+	_ = filepath.Walk(filepath.Join(p.dir, "queue", "deferred"), func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() {
+			n++
+		}
+		return nil
+	})
+	return n
+}
+
+// PSSKiB sums the proportional set size (Pss of smaps_rollup: each shared
+// page split among the processes that map it) over the instance's master
+// and its children (smtpd, cleanup, qmgr, smtp, ...). Postfix's memory is
+// spread over processes that share most of their pages, so a sum of VmRSS
+// would count the libraries once per process.
+func (p *postfixInst) PSSKiB() int64 {
+	b, err := os.ReadFile(filepath.Join(p.dir, "queue", "pid", "master.pid"))
+	if err != nil {
+		return 0
+	}
+	master, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	total := pssKiB(master)
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so split after
+		// its closing parenthesis.
+		rest := string(st[bytes.LastIndexByte(st, ')')+1:])
+		if f := strings.Fields(rest); len(f) > 1 && f[1] == strconv.Itoa(master) {
+			total += pssKiB(pid)
+		}
+	}
+	return total
 }
 
 // Stop stops the instance's master and removes its directories.

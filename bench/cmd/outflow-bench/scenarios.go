@@ -109,9 +109,9 @@ func fmtRuns1(xs []float64) string {
 // scenario3 measures fresh-mail throughput and resident memory with a
 // million deferred envelopes in the retry lane, against an empty lane.
 func (s *suite) scenario3() error {
-	backlog, msgs := 1_000_000, 10000
+	backlog, pfBacklog, msgs := 1_000_000, 50_000, 10000
 	if s.c.quick {
-		backlog, msgs = 100_000, 3000
+		backlog, pfBacklog, msgs = 100_000, 5_000, 3000
 	}
 	type side struct {
 		name string
@@ -193,18 +193,127 @@ func (s *suite) scenario3() error {
 	empty.rss, full.rss = rssKiB(empty.p.Pid()), rssKiB(full.p.Pid())
 	perEnv := float64(full.rss-empty.rss) * 1024 / float64(backlog)
 	me, mf := median(empty.rate), median(full.rate)
+	// Postfix gets the machine to itself.
+	for _, sd := range []*side{empty, full} {
+		sd.p.Stop()
+		sd.sk.Stop()
+	}
+	pf, err := s.scenario3Postfix(pfBacklog, msgs)
+	if err != nil {
+		return fmt.Errorf("Postfix: %w", err)
+	}
 	t := &table{
 		title: "Scenario 3: deferred backlog",
-		notes: []string{fmt.Sprintf("%d envelopes are stored as retry-lane schedules due in 7 days (queue.SeedDeferred through the daemon's NATS listener), the daemon is restarted on them, and fresh mail (`smtp-source -s 20 -m %d -l 2048`, to smtp-sink) is timed against a daemon with an empty lane; both run side by side, runs alternate, median of %d. Resident memory is VmRSS of the outflow process (embedded NATS included) after the runs; per envelope = (RSS with backlog - RSS empty) / %d. Postfix is not run here: a million deferred queue files would take longer to create than the whole suite.", backlog, msgs, s.c.runs, backlog)},
-		head:  []string{"retry lane", "fresh msg/s (runs)", "VmRSS MiB"},
+		notes: []string{fmt.Sprintf("outflow: %d envelopes are stored as retry-lane schedules due in 7 days (queue.SeedDeferred through the daemon's NATS listener), the daemon is restarted on them, and fresh mail (`smtp-source -s 20 -m %d -l 2048`, to smtp-sink) is timed against a daemon with an empty lane; both run side by side, runs alternate, median of %d. Resident memory is VmRSS of the outflow process (embedded NATS included) after the runs; per envelope = (RSS with backlog - RSS empty) / %d. "+
+			"Postfix: the same against a Postfix whose deferred queue holds %d messages (submitted to a domain routed to a closed port, with minimal and maximal_backoff_time 7d, so that they are not due either: a million queue files would take longer to create than the whole suite); its memory is the proportional set size (Pss) summed over the instance's processes, since they share most pages. Postfix keeps deferred mail in queue files, not in memory: its per-message figure is mostly which of its processes happen to be alive.", backlog, msgs, s.c.runs, backlog, pfBacklog)},
+		head: []string{"system", "deferred", "fresh msg/s (runs)", "memory MiB"},
 		rows: [][]string{
-			{"empty", fmt.Sprintf("**%.0f** (%s)", me, fmtRuns(empty.rate, "")), fmt.Sprintf("%.0f", float64(empty.rss)/1024)},
-			{fmt.Sprintf("%d deferred", backlog), fmt.Sprintf("**%.0f** (%s)", mf, fmtRuns(full.rate, "")), fmt.Sprintf("%.0f", float64(full.rss)/1024)},
-			{"backlog/empty", fmt.Sprintf("**%.2f**", mf/me), fmt.Sprintf("**%.0f bytes per deferred envelope**", perEnv)},
+			{"outflow", "none", fmt.Sprintf("**%.0f** (%s)", me, fmtRuns(empty.rate, "")), fmt.Sprintf("%.0f", float64(empty.rss)/1024)},
+			{"outflow", fmt.Sprintf("%d", backlog), fmt.Sprintf("**%.0f** (%s)", mf, fmtRuns(full.rate, "")), fmt.Sprintf("%.0f", float64(full.rss)/1024)},
+			{"outflow", "backlog/none", fmt.Sprintf("**%.2f**", mf/me), fmt.Sprintf("**%.0f bytes per deferred envelope**", perEnv)},
 		},
 	}
+	t.rows = append(t.rows, pf...)
 	s.tables = append(s.tables, t)
 	return nil
+}
+
+// scenario3Postfix is scenario 3's measurement on Postfix: fresh mail
+// through an instance with backlog deferred messages against one without.
+func (s *suite) scenario3Postfix(backlog, msgs int) ([][]string, error) {
+	type side struct {
+		name string
+		p    *postfixInst
+		sk   *sink
+		rate []float64
+		rss  int64
+	}
+	closed := freePort() // nothing listens here: mail routed to it defers
+	conf := map[string]string{
+		"transport_maps":       "inline:{backlog.example=smtp:[127.0.0.1]:" + portOf(closed) + "}",
+		"minimal_backoff_time": "7d",
+		"maximal_backoff_time": "7d",
+	}
+	var sides []*side
+	defer func() {
+		for _, sd := range sides {
+			sd.p.Stop()
+			sd.sk.Stop()
+		}
+	}()
+	for _, seed := range []int{0, backlog} {
+		sd := &side{name: "Postfix, empty", sk: newSink(freePort())}
+		if seed > 0 {
+			sd.name = fmt.Sprintf("Postfix, %d deferred", seed)
+		}
+		if err := sd.sk.Start(); err != nil {
+			return nil, err
+		}
+		p, err := startPostfix(sd.sk.addr, conf)
+		if err != nil {
+			sd.sk.Stop()
+			return nil, err
+		}
+		sd.p = p
+		sides = append(sides, sd)
+		if seed == 0 {
+			continue
+		}
+		start := time.Now()
+		if err := smtpSourceTo(context.Background(), p.Addr, "rcpt@backlog.example", 20, seed, 2048); err != nil {
+			return nil, err
+		}
+		deadline := time.Now().Add(20 * time.Minute)
+		for p.DeferredCount() < seed || p.QueueCount() > seed {
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("%d of %d messages deferred after 20 minutes", p.DeferredCount(), seed)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		fmt.Printf("  Postfix: %d messages submitted and deferred in %v\n", seed, time.Since(start).Round(time.Millisecond))
+	}
+	run := func(sd *side, n int) (float64, error) {
+		base := sd.sk.Count()
+		start := time.Now()
+		if err := smtpSource(context.Background(), sd.p.Addr, 20, n, 2048); err != nil {
+			return 0, err
+		}
+		end, err := sd.sk.WaitCount(base+int64(n), 10*time.Minute)
+		if err != nil {
+			return 0, err
+		}
+		return float64(n) / end.Sub(start).Seconds(), nil
+	}
+	for _, sd := range sides {
+		if _, err := run(sd, 1000); err != nil { // warm-up
+			return nil, err
+		}
+	}
+	for i := 0; i < s.c.runs; i++ {
+		order := []*side{sides[0], sides[1]}
+		if i%2 == 1 {
+			order = []*side{sides[1], sides[0]}
+		}
+		for _, sd := range order {
+			r, err := run(sd, msgs)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", sd.name, err)
+			}
+			sd.rate = append(sd.rate, r)
+			fmt.Printf("  run %d %-24s %d fresh messages: %.0f msg/s\n", i+1, sd.name, msgs, r)
+		}
+	}
+	empty, full := sides[0], sides[1]
+	if n := full.p.DeferredCount(); n < backlog {
+		return nil, fmt.Errorf("the deferred queue shrank to %d of %d during the runs", n, backlog)
+	}
+	empty.rss, full.rss = empty.p.PSSKiB(), full.p.PSSKiB()
+	me, mf := median(empty.rate), median(full.rate)
+	return [][]string{
+		{"Postfix", "none", fmt.Sprintf("**%.0f** (%s)", me, fmtRuns(empty.rate, "")), fmt.Sprintf("%.0f", float64(empty.rss)/1024)},
+		{"Postfix", fmt.Sprintf("%d", backlog), fmt.Sprintf("**%.0f** (%s)", mf, fmtRuns(full.rate, "")), fmt.Sprintf("%.0f", float64(full.rss)/1024)},
+		{"Postfix", "backlog/none", fmt.Sprintf("**%.2f**", mf/me), fmt.Sprintf("**%.0f bytes per deferred message**", float64(full.rss-empty.rss)*1024/float64(backlog))},
+	}, nil
 }
 
 // seedDeferred connects to the daemon on data's NATS listener and stores n
