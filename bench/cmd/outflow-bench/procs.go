@@ -160,17 +160,7 @@ func waitListening(addr string, timeout time.Duration) error {
 // smtpSource runs Postfix's smtp-source: sessions parallel sessions, msgs
 // messages of size bytes, all to one recipient at example.com.
 func smtpSource(ctx context.Context, addr string, sessions, msgs, size int) error {
-	bin, err := lookPath("smtp-source")
-	if err != nil {
-		return err
-	}
-	cmd := exec.CommandContext(ctx, bin, smtpSourceArgs(addr, sessions, msgs, size)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("smtp-source: %w: %s", err, strings.TrimSpace(stderr.String()))
-	}
-	return nil
+	return smtpSourceTo(ctx, addr, "rcpt@example.com", sessions, msgs, size)
 }
 
 func smtpSourceArgs(addr string, sessions, msgs, size int) []string {

@@ -159,18 +159,7 @@ func (s *suite) scenario3() error {
 		return err
 	}
 	defer func() { full.p.Stop(); full.sk.Stop(); os.RemoveAll(full.data) }()
-	run := func(sd *side, n int) (float64, error) {
-		base := sd.sk.Count()
-		start := time.Now()
-		if err := smtpSource(context.Background(), sd.p.SMTPAddr, 20, n, 2048); err != nil {
-			return 0, err
-		}
-		end, err := sd.sk.WaitCount(base+int64(n), 10*time.Minute)
-		if err != nil {
-			return 0, err
-		}
-		return float64(n) / end.Sub(start).Seconds(), nil
-	}
+	run := func(sd *side, n int) (float64, error) { return freshRate(sd.p.SMTPAddr, sd.sk, n) }
 	for _, sd := range []*side{empty, full} {
 		if _, err := run(sd, 1000); err != nil { // warm-up
 			return err
@@ -272,18 +261,7 @@ func (s *suite) scenario3Postfix(backlog, msgs int) ([][]string, error) {
 		}
 		fmt.Printf("  Postfix: %d messages submitted and deferred in %v\n", seed, time.Since(start).Round(time.Millisecond))
 	}
-	run := func(sd *side, n int) (float64, error) {
-		base := sd.sk.Count()
-		start := time.Now()
-		if err := smtpSource(context.Background(), sd.p.Addr, 20, n, 2048); err != nil {
-			return 0, err
-		}
-		end, err := sd.sk.WaitCount(base+int64(n), 10*time.Minute)
-		if err != nil {
-			return 0, err
-		}
-		return float64(n) / end.Sub(start).Seconds(), nil
-	}
+	run := func(sd *side, n int) (float64, error) { return freshRate(sd.p.Addr, sd.sk, n) }
 	for _, sd := range sides {
 		if _, err := run(sd, 1000); err != nil { // warm-up
 			return nil, err
@@ -314,6 +292,22 @@ func (s *suite) scenario3Postfix(backlog, msgs int) ([][]string, error) {
 		{"Postfix", fmt.Sprintf("%d", backlog), fmt.Sprintf("**%.0f** (%s)", mf, fmtRuns(full.rate, "")), fmt.Sprintf("%.0f", float64(full.rss)/1024)},
 		{"Postfix", "backlog/none", fmt.Sprintf("**%.2f**", mf/me), fmt.Sprintf("**%.0f bytes per deferred message**", float64(full.rss-empty.rss)*1024/float64(backlog))},
 	}, nil
+}
+
+// freshRate sends n 2 KiB messages to addr over 20 sessions and returns
+// the rate at which they reached sk (from the start of sending to the
+// last arrival).
+func freshRate(addr string, sk *sink, n int) (float64, error) {
+	base := sk.Count()
+	start := time.Now()
+	if err := smtpSource(context.Background(), addr, 20, n, 2048); err != nil {
+		return 0, err
+	}
+	end, err := sk.WaitCount(base+int64(n), 10*time.Minute)
+	if err != nil {
+		return 0, err
+	}
+	return float64(n) / end.Sub(start).Seconds(), nil
 }
 
 // seedDeferred connects to the daemon on data's NATS listener and stores n
