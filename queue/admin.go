@@ -298,8 +298,13 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 		src := e.BodyRef
 		if e.Signed {
 			src = e.MsgID
-			if _, err := q.bodyInfo(ctx, EditedBodyRef(e)); err == nil {
+			switch _, err := q.bodyInfo(ctx, EditedBodyRef(e)); {
+			case err == nil:
 				src = EditedBodyRef(e)
+			case !errors.Is(err, jetstream.ErrObjectNotFound):
+				// Unknown whether an earlier edit exists: editing the
+				// original could silently drop it.
+				return nil, fmt.Errorf("replay %s: %w", id, err)
 			}
 			oldCopy = e.BodyRef
 		}
