@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // deferOne enqueues one message, pulls it and reschedules it on lane at at.
@@ -157,14 +155,7 @@ func TestReplayedBodiesReleased(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored := func(ref string) bool {
-		t.Helper()
-		_, err := q.Body(ctx, ref)
-		if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
-			t.Fatal(err)
-		}
-		return err == nil
-	}
+	stored := func(ref string) bool { t.Helper(); return bodyStored(t, ctx, q, ref) }
 	work, err := q.Messages(ctx, LaneWork, 1)
 	if err != nil {
 		t.Fatal(err)

@@ -180,14 +180,7 @@ func TestSharedBodyReleasedByLastPart(t *testing.T) {
 		}
 		return ids[0][:len(ids[0])-2] // the submission's id: "<msgid>-1" less "-1"
 	}
-	bodyThere := func(msgID string) bool {
-		t.Helper()
-		_, err := q.Body(ctx, msgID)
-		if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
-			t.Fatal(err)
-		}
-		return err == nil
-	}
+	bodyThere := func(msgID string) bool { t.Helper(); return bodyStored(t, ctx, q, msgID) }
 	work, err := q.Messages(ctx, LaneWork, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -232,6 +225,16 @@ func TestSharedBodyReleasedByLastPart(t *testing.T) {
 	if !bodyThere(msgID) {
 		t.Fatal("the body of a dead-lettered envelope was deleted")
 	}
+}
+
+// bodyStored reports whether the body ref is stored.
+func bodyStored(t *testing.T, ctx context.Context, q *Queue, ref string) bool {
+	t.Helper()
+	_, err := q.Body(ctx, ref)
+	if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		t.Fatal(err)
+	}
+	return err == nil
 }
 
 // TestBodyGone: the leader's answer about a body: present, never stored,

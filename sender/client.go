@@ -566,7 +566,7 @@ func (c *client) writeBody(ctx context.Context, wire []byte) error {
 // It copies only when it has to.
 func dotStuff(body []byte) []byte {
 	leading := len(body) > 0 && body[0] == '.'
-	if !leading && bytes.Index(body, lfDot) < 0 && (len(body) == 0 || bytes.HasSuffix(body, crlf)) {
+	if !leading && !bytes.Contains(body, lfDot) && (len(body) == 0 || bytes.HasSuffix(body, crlf)) {
 		return body
 	}
 	out := make([]byte, 0, len(body)+len(body)/64+3)

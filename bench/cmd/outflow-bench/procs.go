@@ -163,11 +163,7 @@ func smtpSource(ctx context.Context, addr string, sessions, msgs, size int) erro
 	return smtpSourceTo(ctx, addr, "rcpt@example.com", sessions, msgs, size)
 }
 
-func smtpSourceArgs(addr string, sessions, msgs, size int) []string {
-	return smtpSourceArgsTo(addr, "rcpt@example.com", sessions, msgs, size)
-}
-
-func smtpSourceArgsTo(addr, rcpt string, sessions, msgs, size int) []string {
+func smtpSourceArgs(addr, rcpt string, sessions, msgs, size int) []string {
 	return []string{"-s", strconv.Itoa(sessions), "-m", strconv.Itoa(msgs), "-l", strconv.Itoa(size),
 		"-f", "bench@source.test", "-t", rcpt, addr}
 }
@@ -178,7 +174,7 @@ func smtpSourceTo(ctx context.Context, addr, rcpt string, sessions, msgs, size i
 	if err != nil {
 		return err
 	}
-	out, err := exec.CommandContext(ctx, bin, smtpSourceArgsTo(addr, rcpt, sessions, msgs, size)...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, bin, smtpSourceArgs(addr, rcpt, sessions, msgs, size)...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("smtp-source: %w: %s", err, strings.TrimSpace(string(out)))
 	}

@@ -189,7 +189,7 @@ func (s *suite) scenario3() error {
 	}
 	pf, err := s.scenario3Postfix(pfBacklog, msgs)
 	if err != nil {
-		return fmt.Errorf("Postfix: %w", err)
+		return fmt.Errorf("scenario 3 on Postfix: %w", err)
 	}
 	t := &table{
 		title: "Scenario 3: deferred backlog",
