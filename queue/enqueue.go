@@ -134,7 +134,7 @@ func Domain(addr string) string {
 // headerMessageID returns the Message-ID header of body, for logs: the
 // first such field in the header (up to the first empty line, at most
 // 64 KiB), its folded lines joined with a space. It scans the bytes in
-// place; net/mail's parser cost 4.6 KB of allocations per message for
+// place; net/mail's parser cost 5.4 KB of allocations per message for
 // this one field.
 func headerMessageID(body []byte) string {
 	if len(body) > 64<<10 {

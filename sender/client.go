@@ -566,15 +566,15 @@ func (c *client) writeBody(ctx context.Context, wire []byte) error {
 // It copies only when it has to.
 func dotStuff(body []byte) []byte {
 	leading := len(body) > 0 && body[0] == '.'
-	if !leading && !bytes.Contains(body, lfDot) && (len(body) == 0 || bytes.HasSuffix(body, crlf)) {
+	i := bytes.Index(body, lfDot) // the next line that starts with a dot
+	if !leading && i < 0 && (len(body) == 0 || bytes.HasSuffix(body, crlf)) {
 		return body
 	}
 	out := make([]byte, 0, len(body)+len(body)/64+3)
 	if leading {
 		out = append(out, '.')
 	}
-	for rest := body; ; {
-		i := bytes.Index(rest, lfDot)
+	for rest := body; ; i = bytes.Index(rest, lfDot) {
 		if i < 0 {
 			out = append(out, rest...)
 			break

@@ -408,8 +408,16 @@ func (p *postfixInst) postfix(verb string) (string, error) {
 
 // QueueCount counts files in the instance's queue directories.
 func (p *postfixInst) QueueCount() int {
+	return p.countFiles("incoming", "active", "deferred", "maildrop")
+}
+
+// DeferredCount counts files in the instance's deferred queue.
+func (p *postfixInst) DeferredCount() int { return p.countFiles("deferred") }
+
+// countFiles counts the files under the named queue directories.
+func (p *postfixInst) countFiles(queues ...string) int {
 	n := 0
-	for _, q := range []string{"incoming", "active", "deferred", "maildrop"} {
+	for _, q := range queues {
 		_ = filepath.Walk(filepath.Join(p.dir, "queue", q), func(_ string, fi os.FileInfo, err error) error {
 			if err == nil && !fi.IsDir() {
 				n++
@@ -417,18 +425,6 @@ func (p *postfixInst) QueueCount() int {
 			return nil
 		})
 	}
-	return n
-}
-
-// DeferredCount counts files in the instance's deferred queue.
-func (p *postfixInst) DeferredCount() int {
-	n := 0
-	_ = filepath.Walk(filepath.Join(p.dir, "queue", "deferred"), func(_ string, fi os.FileInfo, err error) error {
-		if err == nil && !fi.IsDir() {
-			n++
-		}
-		return nil
-	})
 	return n
 }
 
