@@ -188,6 +188,18 @@ func (q *Queue) Close() error {
 	return q.nc.Drain()
 }
 
+// laneDedupWindow is how long a lane remembers a schedule's deduplication
+// id (<envelope id>.<step>). A second publish of the same step comes from a
+// worker repeating a publish whose answer it lost (seconds later) or from
+// the worker the envelope was redelivered to after ackWait: twice the ack
+// wait covers both, with two minutes (the server's default) as the floor.
+// The window is memory: the server holds every id in it, about 100 bytes
+// each, so a mass deferral (a provider throttling everything) costs that per
+// envelope deferred within the window, not for as long as the backlog lasts.
+func laneDedupWindow(ackWait time.Duration) time.Duration {
+	return max(2*time.Minute, 2*ackWait)
+}
+
 func (q *Queue) setup(ctx context.Context) error {
 	o := q.opts
 	lane := func(name string, l Lane) jetstream.StreamConfig {
@@ -198,7 +210,7 @@ func (q *Queue) setup(ctx context.Context) error {
 			Retention:         jetstream.WorkQueuePolicy,
 			Storage:           jetstream.FileStorage,
 			Replicas:          o.Replicas,
-			Duplicates:        10 * time.Minute,
+			Duplicates:        laneDedupWindow(o.AckWait),
 			AllowMsgSchedules: true,
 			AllowRollup:       true,
 			AllowDirect:       true,

@@ -34,7 +34,7 @@ func main() {
 	flag.StringVar(&c.results, "results", "", "also write the result tables (markdown) to this file")
 	flag.Float64Var(&c.rateOutflow, "max-rate-outflow", 0, "scenario 2 without scenario 1: outflow's maximum rate (msg/s)")
 	flag.Float64Var(&c.ratePostfix, "max-rate-postfix", 0, "scenario 2 without scenario 1: Postfix's maximum rate (msg/s)")
-	flag.StringVar(&profDir, "profile", "", "instead of the suite: profile scenario 1 in-process and write cpu.pprof and allocs.pprof here")
+	flag.StringVar(&profDir, "profile", "", "instead of the suite: profile scenario 1 in-process and write cpu.pprof, allocs.pprof and heap.pprof here")
 	flag.IntVar(&profMsgs, "profile-msgs", 20000, "messages for -profile")
 	flag.IntVar(&profSize, "profile-size", 2048, "message size for -profile")
 	flag.IntVar(&profWorkers, "profile-workers", 32, "delivery workers for -profile (serve's default)")
