@@ -65,6 +65,11 @@ func TestHostileNATSInput(t *testing.T) {
 		{"deadline header not a time", work("m11"), env(nil), map[string]string{queue.HdrDeadline: "yesterday"}},
 		{"invalid UTF-8", work("m12"), []byte("{\"id\":\"\xff\xfe\",\"rcpts\":[\"\xc3\x28@x\"]}"), nil},
 		{"garbage on the retry lane", "outflow.retry.due.dest_test.m13", []byte("\x00\x01\x02garbage"), nil},
+		{"inline body longer than the payload", work("m14"), env(func(m map[string]any) { m["body_ref"] = "" }), map[string]string{queue.HdrInlineBody: "999999"}},
+		{"inline body length not a count", work("m15"), env(func(m map[string]any) { m["body_ref"] = "" }), map[string]string{queue.HdrInlineBody: "-1"}},
+		{"body reference and inline body", work("m16"), append(env(nil), "Subject: x\r\n\r\n"...), map[string]string{queue.HdrInlineBody: "15"}},
+		{"signature longer than the inline body", work("m17"), append(env(func(m map[string]any) { m["body_ref"], m["signed"], m["sig_len"] = "", true, 99 }), "Subject: x\r\n\r\n"...), map[string]string{queue.HdrInlineBody: "15"}},
+		{"envelope JSON over its limit", work("m18"), env(func(m map[string]any) { m["pad"] = strings.Repeat("x", queue.MaxEnvelopeBytes+1) }), nil},
 	}
 	for _, p := range malformed {
 		m := nats.NewMsg(p.subject)
@@ -103,11 +108,12 @@ func TestHostileNATSInput(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Over the envelope limit: the stream refuses it at publish.
+	// Over the envelope message limit (JSON and the largest inline body):
+	// the stream refuses it at publish.
 	big := nats.NewMsg(work("big1"))
-	big.Data = env(func(m map[string]any) { m["id"], m["pad"] = "big1", strings.Repeat("x", queue.MaxEnvelopeBytes+1) })
+	big.Data = env(func(m map[string]any) { m["id"], m["pad"] = "big1", strings.Repeat("x", queue.MaxMsgBytes+1) })
 	if _, err := js.PublishMsg(ctx, big); err == nil {
-		t.Errorf("an envelope over %d bytes was stored", queue.MaxEnvelopeBytes)
+		t.Errorf("an envelope message over %d bytes was stored", queue.MaxMsgBytes)
 	} else {
 		t.Logf("oversized envelope refused at publish: %v", err)
 	}

@@ -105,6 +105,7 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 				if f.Tenant != "" && it.Env.Tenant != f.Tenant {
 					return true
 				}
+				it.Env.Body = nil // a listing shows no bodies; do not hold them
 				out = append(out, it)
 				return len(out) < limit
 			})
@@ -245,7 +246,9 @@ func (q *Queue) FastForward(ctx context.Context, id string) (*Item, error) {
 			m.Header[k] = v
 		}
 	}
-	m.Data = mustEnvelopeJSON(it.Env)
+	if m.Data, err = it.Env.data(); err != nil {
+		return it, fmt.Errorf("fast-forward %s: %w", id, err)
+	}
 	// An operator asked for this attempt now: it bypasses a suspension, an
 	// open breaker and the rate, so it can test whether the destination
 	// has recovered.
@@ -264,11 +267,6 @@ func (q *Queue) FastForward(ctx context.Context, id string) (*Item, error) {
 	}
 	q.Event(EventFastFwd, &Event{ID: id, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Attempt: it.Env.Attempt, Worker: "admin"})
 	return it, nil
-}
-
-func mustEnvelopeJSON(e *Envelope) []byte {
-	b, _ := json.Marshal(e)
-	return b
 }
 
 // Replay moves a dead or held envelope back to fresh work with a new
@@ -290,7 +288,15 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 	}
 	e := it.Env.Clone()
 	oldCopy := "" // a signed copy the edit replaces
-	if len(editHeaders) > 0 {
+	if len(editHeaders) > 0 && e.Inline() {
+		// The edit applies to the body without outflow's signature; the
+		// worker signs the edited body again.
+		edited, err := EditHeaders(e.Unsigned(), editHeaders)
+		if err != nil {
+			return nil, fmt.Errorf("replay %s: %w", id, err)
+		}
+		e.Body, e.Signed, e.SigLen, e.Size = edited, false, 0, int64(len(edited))
+	} else if len(editHeaders) > 0 {
 		// Edit the unsigned body, never a DKIM-signed copy (the edit would
 		// break the signature; the worker signs the edited body again
 		// before its first attempt): the envelope's earlier edit if it has
@@ -404,6 +410,7 @@ func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain 
 				return true
 			}
 			it.State = st
+			it.Env.Body = nil // read again when it is rewritten: a backlog's bodies do not fit in memory
 			items = append(items, it)
 			return true
 		})
@@ -423,13 +430,31 @@ func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain 
 		if it.State == StateThrottled {
 			lane = LaneRateLimit
 		}
+		if it.Env.Inline() {
+			raw, err := q.lanes[lane].GetMsg(ctx, it.Seq)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue // fired meanwhile
+			}
+			if err != nil {
+				return n, fmt.Errorf("release %s: %w", it.Env.ID, err)
+			}
+			again, err := DecodeEnvelope(raw.Data, raw.Header)
+			if err != nil || again.ID != it.Env.ID {
+				continue // replaced meanwhile; the sequence check would refuse it anyway
+			}
+			it.Env.Body = again.Body
+		}
+		data, err := it.Env.data()
+		if err != nil {
+			return n, fmt.Errorf("release %s: %w", it.Env.ID, err)
+		}
 		m := nats.NewMsg(it.Subject)
 		for k, v := range it.Header {
 			if strings.HasPrefix(k, "Outflow-") {
 				m.Header[k] = v
 			}
 		}
-		m.Data = mustEnvelopeJSON(it.Env)
+		m.Data = data
 		m.Header.Set(HdrNotBefore, at.UTC().Format(time.RFC3339Nano))
 		m.Header.Set("Nats-Schedule", "@at "+at.UTC().Format(time.RFC3339Nano))
 		m.Header.Set("Nats-Schedule-Target", dueSubject(lane, it.Env.Dest, it.Env.ID))

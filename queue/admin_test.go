@@ -45,8 +45,8 @@ func TestFastForwardIsAtomic(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := next(t, retry)
-	if d.Env.ID != e.ID || d.Env.Attempt != 1 {
-		t.Fatalf("fast-forwarded envelope = %+v", d.Env)
+	if d.Env.ID != e.ID || d.Env.Attempt != 1 || string(d.Env.Body) != "Subject: x\r\n\r\nbody\r\n" {
+		t.Fatalf("fast-forwarded envelope = %+v (body %q)", d.Env, d.Env.Body)
 	}
 	// The schedule is gone: a second fast-forward moves nothing, it only
 	// reports the envelope as already due.
@@ -95,7 +95,7 @@ func TestDeadReplayAndDrop(t *testing.T) {
 	if r.Env.ID != n.ID || r.Env.Attempt != 0 {
 		t.Fatalf("replayed = %+v", r.Env)
 	}
-	body, err := q.Body(ctx, r.Env.BodyRef)
+	body, err := q.EnvelopeBody(ctx, r.Env)
 	if err != nil || !strings.Contains(string(body), "From: fixed@b.example\r\n") || strings.Contains(string(body), "From: bad") {
 		t.Fatalf("edited body = %q, %v", body, err)
 	}
@@ -136,6 +136,9 @@ func TestReleaseDestPacesOldestFirst(t *testing.T) {
 	for range 3 {
 		d := next(t, retry)
 		got = append(got, d.Env.ID)
+		if string(d.Env.Body) != "Subject: x\r\n\r\nbody\r\n" {
+			t.Fatalf("released envelope lost its inline body: %q", d.Env.Body)
+		}
 		_ = d.Skip(ctx)
 	}
 	if strings.Join(got, ",") != strings.Join(ids, ",") {
@@ -148,7 +151,7 @@ func TestReleaseDestPacesOldestFirst(t *testing.T) {
 // alone; a later edit replaces that copy; and when the envelope is
 // delivered its copies and the (single-part) original are all deleted.
 func TestReplayedBodiesReleased(t *testing.T) {
-	q, _ := startQueue(t)
+	q, _ := startQueueWith(t, Options{InlineBodyMax: -1}) // bodies in the Object Store
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: x\r\n\r\nbody\r\n")})

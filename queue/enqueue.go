@@ -22,8 +22,9 @@ import (
 // ErrNoRecipients is returned by Enqueue for a submission without recipients.
 var ErrNoRecipients = errors.New("no recipients")
 
-// Enqueue stores a submission durably: the body once in the Object Store,
-// then one envelope per destination domain on the work stream. It returns
+// Enqueue stores a submission durably: one envelope per destination
+// domain on the work stream, with the body inside it (one destination, a
+// body up to InlineBodyMax) or stored once in the Object Store first. It returns
 // the envelope ids only when JetStream has acknowledged every write; an
 // error means nothing may be reported to the client as accepted (the
 // submission listener answers 451 and the client retries).
@@ -48,15 +49,26 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		return nil, fmt.Errorf("tenant consumer: %w", err)
 	}
 	groups, order := splitByDomain(s.Rcpts)
-	// A nuid-named body is new by construction: the fast path may skip the
-	// Object Store's look-up of an older version. An idempotency-keyed name
-	// can exist already, and PutBytes cleans up the chunks it replaces.
-	storeBody := q.putNewBody
-	if s.IdempotencyKey != "" {
-		storeBody = q.putBody
-	}
-	if err := storeBody(ctx, msgID, s.Body); err != nil {
-		return nil, fmt.Errorf("store body: %w", err)
+	// One destination and a body of at most InlineBodyMax: the body goes
+	// inside the envelope, and the envelope's one acknowledged write stores
+	// both. Otherwise the body is stored once in the Object Store first.
+	inline := len(order) == 1 && len(s.Body) <= q.opts.InlineBodyMax
+	bodyRef := msgID
+	switch {
+	case inline:
+		bodyRef = ""
+	case s.IdempotencyKey != "":
+		// An idempotency-keyed name can exist already, and PutBytes
+		// cleans up the chunks it replaces.
+		if err := q.putBody(ctx, msgID, s.Body); err != nil {
+			return nil, fmt.Errorf("store body: %w", err)
+		}
+	default:
+		// A nuid-named body is new by construction: the fast path may
+		// skip the Object Store's look-up of an older version.
+		if err := q.putNewBody(ctx, msgID, s.Body); err != nil {
+			return nil, fmt.Errorf("store body: %w", err)
+		}
 	}
 	if len(order) > 1 {
 		// Several envelopes share the body: count them, so that the last
@@ -77,9 +89,12 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		}
 		env := &Envelope{
 			ID: id, MsgID: msgID, Tenant: s.Tenant, From: s.From,
-			Rcpts: groups[dom], Dest: dom, BodyRef: msgID, Size: int64(len(s.Body)),
+			Rcpts: groups[dom], Dest: dom, BodyRef: bodyRef, Size: int64(len(s.Body)),
 			Parts: len(order), SubmittedAt: received.UTC(), MessageID: msgHdrID,
 			Deadline: deadline,
+		}
+		if inline {
+			env.Body = s.Body
 		}
 		m, err := env.Encode(workSubject(s.Tenant, dom, id))
 		if err != nil {
@@ -313,6 +328,15 @@ func (q *Queue) Body(ctx context.Context, ref string) ([]byte, error) {
 	return b, nil
 }
 
+// EnvelopeBody returns the body e delivers: its inline body, or the one it
+// names in the Object Store.
+func (q *Queue) EnvelopeBody(ctx context.Context, e *Envelope) ([]byte, error) {
+	if e.Inline() {
+		return e.Body, nil
+	}
+	return q.Body(ctx, e.BodyRef)
+}
+
 // PutBody stores a derived body (a DKIM-signed copy) under ref.
 func (q *Queue) PutBody(ctx context.Context, ref string, body []byte) error {
 	if err := q.putBody(ctx, ref, body); err != nil {
@@ -327,6 +351,9 @@ func (q *Queue) PutBody(ctx context.Context, ref string, body []byte) error {
 // of several to finish (see lastPart). It runs after the envelope's final
 // acknowledgement, so each envelope releases at most once.
 func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
+	if e.Inline() {
+		return // it goes with the envelope's message
+	}
 	var refs []string
 	if e.BodyRef != e.MsgID {
 		refs = append(refs, e.BodyRef)

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,12 +26,29 @@ const (
 	HdrStep          = "Outflow-Step"           // durable steps taken (each reschedule, hold, dead letter, replay); names SENT keys and dedup ids
 	HdrNotBefore     = "Outflow-Not-Before"     // RFC 3339 time the envelope was scheduled for
 	HdrProbe         = "Outflow-Probe"          // "1": an operator's fast-forward; this attempt bypasses the coordinator
+	HdrInlineBody    = "Outflow-Inline-Body"    // length of the body carried after the envelope's JSON (absent: the body is in the Object Store)
 )
 
 // MaxEnvelopeBytes bounds an envelope's encoded JSON. Anything larger on a
-// work subject is refused as malformed: envelopes are small by design, the
-// body lives in the Object Store.
+// work subject is refused as malformed: envelopes are small by design.
 const MaxEnvelopeBytes = 256 << 10
+
+// InlineBodyMax is the largest body that travels inside its envelope's
+// message (after the JSON, its length in HdrInlineBody) instead of in the
+// Object Store: a body of one destination up to the Object Store's chunk
+// size. Storing, reading and deleting it separately cost six JetStream
+// operations per message, a quarter of the daemon's time and half its
+// allocation at 2 KiB (docs/benchmarks.md). A body shared by several
+// destinations, or a larger one, is stored once in the Object Store.
+const InlineBodyMax = 128 << 10
+
+// InlineSignedMax bounds an inline body once outflow's DKIM signature (a
+// header field of about a kilobyte) is prepended to it.
+const InlineSignedMax = InlineBodyMax + 16<<10
+
+// MaxMsgBytes bounds a stored envelope message, the JSON and an inline
+// body: the work and lane streams refuse anything larger at publish.
+const MaxMsgBytes = MaxEnvelopeBytes + InlineSignedMax
 
 // ErrMalformed is returned (wrapped) for envelopes that cannot be decoded.
 var ErrMalformed = errors.New("malformed envelope")
@@ -48,11 +66,18 @@ type Envelope struct {
 	// BodyRef is the Object Store name of the body: MsgID for the submitted
 	// original, shared by all parts; any other name is a copy this envelope
 	// alone uses (DKIM-signed, or edited by a replay), deleted with it.
+	// Empty when the body is inline (Body).
 	BodyRef string `json:"body_ref"`
-	// Signed is set once the body named by BodyRef carries outflow's DKIM
-	// signature; the unsigned original stays under MsgID. Retries send the
-	// signed bytes unchanged.
+	// Body is an inline body (see InlineBodyMax): it travels in the
+	// envelope's message, after the JSON, on every lane and into dead
+	// letters. Nil when the body is in the Object Store.
+	Body []byte `json:"-"`
+	// Signed is set once the body carries outflow's DKIM signature.
+	// Retries send the signed bytes unchanged. In the Object Store the
+	// signed copy has its own name and the unsigned original stays under
+	// MsgID; inline, the signature is the first SigLen bytes of Body.
 	Signed      bool      `json:"signed,omitempty"`
+	SigLen      int       `json:"sig_len,omitempty"`
 	Size        int64     `json:"size"`                 // body size in bytes
 	Parts       int       `json:"parts"`                // how many envelopes the submission became
 	SubmittedAt time.Time `json:"submitted_at"`         // when outflow accepted the message
@@ -123,15 +148,44 @@ func (e *Envelope) SentKey() string {
 	return e.ID + "." + strconv.Itoa(e.Step)
 }
 
+// Inline reports whether the envelope carries its body (Body) instead of
+// naming it in the Object Store.
+func (e *Envelope) Inline() bool { return e.BodyRef == "" }
+
+// Unsigned returns an inline body without outflow's DKIM signature.
+func (e *Envelope) Unsigned() []byte {
+	if e.Signed && e.SigLen > 0 && e.SigLen <= len(e.Body) {
+		return e.Body[e.SigLen:]
+	}
+	return e.Body
+}
+
+// data is the envelope's message payload: its JSON, then an inline body.
+func (e *Envelope) data() ([]byte, error) {
+	if !e.Inline() {
+		return json.Marshal(e)
+	}
+	var b bytes.Buffer
+	b.Grow(512 + len(e.Body))
+	if err := json.NewEncoder(&b).Encode(e); err != nil {
+		return nil, err
+	}
+	b.Write(e.Body)
+	return b.Bytes(), nil
+}
+
 // Encode turns the envelope into a NATS message for subject.
 func (e *Envelope) Encode(subject string) (*nats.Msg, error) {
-	data, err := json.Marshal(e)
+	data, err := e.data()
 	if err != nil {
 		return nil, fmt.Errorf("encode envelope %s: %w", e.ID, err)
 	}
 	m := nats.NewMsg(subject)
 	m.Data = data
 	h := m.Header
+	if e.Inline() {
+		h.Set(HdrInlineBody, strconv.Itoa(len(e.Body)))
+	}
 	h.Set(HdrAttempt, strconv.Itoa(e.Attempt))
 	if !e.FirstAttempt.IsZero() {
 		h.Set(HdrFirstAttempt, e.FirstAttempt.UTC().Format(time.RFC3339Nano))
@@ -167,6 +221,14 @@ func (e *Envelope) Encode(subject string) (*nats.Msg, error) {
 // that is not a complete envelope returns an error wrapping ErrMalformed with
 // the reason, so the worker can park it instead of crashing or looping.
 func DecodeEnvelope(data []byte, h nats.Header) (*Envelope, error) {
+	var body []byte
+	if v := h.Get(HdrInlineBody); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > InlineSignedMax || n > len(data) {
+			return nil, fmt.Errorf("%w: header %s=%q does not fit the %d-byte message", ErrMalformed, HdrInlineBody, shorten(v, 40), len(data))
+		}
+		data, body = data[:len(data)-n], data[len(data)-n:len(data):len(data)]
+	}
 	if len(data) > MaxEnvelopeBytes {
 		return nil, fmt.Errorf("%w: %d bytes exceeds the %d-byte limit", ErrMalformed, len(data), MaxEnvelopeBytes)
 	}
@@ -174,6 +236,7 @@ func DecodeEnvelope(data []byte, h nats.Header) (*Envelope, error) {
 	if err := json.Unmarshal(data, &e); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
+	e.Body = body
 	switch {
 	case e.ID == "" || !validID(e.ID):
 		return nil, fmt.Errorf("%w: missing or invalid id %q", ErrMalformed, shorten(e.ID, 40))
@@ -181,8 +244,12 @@ func DecodeEnvelope(data []byte, h nats.Header) (*Envelope, error) {
 		return nil, fmt.Errorf("%w: no recipients", ErrMalformed)
 	case e.Dest == "":
 		return nil, fmt.Errorf("%w: no destination", ErrMalformed)
-	case e.BodyRef == "":
-		return nil, fmt.Errorf("%w: no body reference", ErrMalformed)
+	case e.BodyRef == "" && body == nil:
+		return nil, fmt.Errorf("%w: no body reference and no inline body", ErrMalformed)
+	case e.BodyRef != "" && body != nil:
+		return nil, fmt.Errorf("%w: both a body reference and an inline body", ErrMalformed)
+	case e.SigLen < 0 || e.SigLen > len(body):
+		return nil, fmt.Errorf("%w: signature length %d outside the %d-byte inline body", ErrMalformed, e.SigLen, len(body))
 	}
 	if e.MsgID == "" {
 		e.MsgID = e.ID

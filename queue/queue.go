@@ -71,6 +71,10 @@ type Options struct {
 	// envelope's deadline is stamped from it at enqueue time. Default 5 days
 	// (Postfix's maximal_queue_lifetime).
 	MaxAge time.Duration
+	// InlineBodyMax is the largest body of one destination that travels
+	// inside its envelope; larger ones go to the Object Store. Default and
+	// maximum InlineBodyMax; negative: every body goes to the Object Store.
+	InlineBodyMax int
 	// NoSetup skips creating or updating streams and buckets (admin clients).
 	NoSetup bool
 	Logger  zerolog.Logger
@@ -100,6 +104,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxAckPending <= 0 {
 		o.MaxAckPending = 4096
+	}
+	if o.InlineBodyMax == 0 || o.InlineBodyMax > InlineBodyMax {
+		o.InlineBodyMax = InlineBodyMax
 	}
 }
 
@@ -214,7 +221,7 @@ func (q *Queue) setup(ctx context.Context) error {
 			AllowMsgSchedules: true,
 			AllowRollup:       true,
 			AllowDirect:       true,
-			MaxMsgSize:        MaxEnvelopeBytes,
+			MaxMsgSize:        MaxMsgBytes,
 		}
 	}
 	cfgs := []jetstream.StreamConfig{
@@ -227,7 +234,7 @@ func (q *Queue) setup(ctx context.Context) error {
 			Replicas:    o.Replicas,
 			Duplicates:  o.DedupWindow,
 			AllowDirect: true,
-			MaxMsgSize:  MaxEnvelopeBytes,
+			MaxMsgSize:  MaxMsgBytes,
 		},
 		lane(StreamRetry, LaneRetry),
 		lane(StreamRateLimit, LaneRateLimit),

@@ -13,6 +13,12 @@ import (
 // startQueue starts an embedded server in a temp dir and connects to it.
 func startQueue(t *testing.T) (*Queue, *Embedded) {
 	t.Helper()
+	return startQueueWith(t, Options{})
+}
+
+// startQueueWith starts a queue with o (its connection fields filled in).
+func startQueueWith(t *testing.T, o Options) (*Queue, *Embedded) {
+	t.Helper()
 	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -21,7 +27,8 @@ func startQueue(t *testing.T) (*Queue, *Embedded) {
 	ci := emb.ClientInfo()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	q, err := Connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
+	o.InProcess, o.User, o.Password, o.Logger = emb.Server(), ci.User, ci.Password, zerolog.Nop()
+	q, err := Connect(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +247,7 @@ func bodyStored(t *testing.T, ctx context.Context, q *Queue, ref string) bool {
 // TestBodyGone: the leader's answer about a body: present, never stored,
 // and deleted.
 func TestBodyGone(t *testing.T) {
-	q, _ := startQueue(t)
+	q, _ := startQueueWith(t, Options{InlineBodyMax: -1})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")})

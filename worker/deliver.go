@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -85,7 +86,7 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		}
 	}
 
-	body, err := p.cfg.Queue.Body(ctx, e.BodyRef)
+	body, err := p.cfg.Queue.EnvelopeBody(ctx, e)
 	if err != nil {
 		permit.Done(nil)
 		if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -139,9 +140,10 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	return p.record(ctx, d, dest, o, now)
 }
 
-// sign adds the DKIM signature before the first attempt and stores the
-// signed copy, so every retry sends exactly the same bytes. e (the working
-// copy every next state is cloned from) then names the signed body.
+// sign adds the DKIM signature before the first attempt and keeps the
+// signed bytes, so every retry sends exactly the same ones. e (the working
+// copy every next state is cloned from) then carries the signed body
+// inline, or names a signed copy stored in the Object Store.
 func (p *deliverer) sign(ctx context.Context, e *queue.Envelope, body []byte) ([]byte, error) {
 	signed, err := p.cfg.Signer.Sign(e.From, body)
 	if err != nil {
@@ -151,11 +153,18 @@ func (p *deliverer) sign(ctx context.Context, e *queue.Envelope, body []byte) ([
 	if len(signed) == len(body) {
 		return body, nil // no key for this sender domain
 	}
+	sigLen := len(signed) - len(body)
+	if e.Inline() && len(signed) <= queue.InlineSignedMax && bytes.Equal(signed[sigLen:], body) {
+		// The signature is a prefix: a replay that edits headers can
+		// take it off again (Envelope.Unsigned).
+		e.Body, e.Signed, e.SigLen, e.Size = signed, true, sigLen, int64(len(signed))
+		return signed, nil
+	}
 	ref := e.MsgID + ".dkim." + e.ID
 	if err := p.cfg.Queue.PutBody(ctx, ref, signed); err != nil {
 		return nil, err
 	}
-	e.BodyRef, e.Signed, e.Size = ref, true, int64(len(signed))
+	e.BodyRef, e.Body, e.Signed, e.SigLen, e.Size = ref, nil, true, 0, int64(len(signed))
 	return signed, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -19,9 +20,17 @@ import (
 )
 
 // TestDKIMSignedOnceRetriedIdentically: the body is signed before the
-// first attempt and stored, so the retry sends the very bytes the first
-// attempt sent, and the signature verifies at the receiver.
+// first attempt and kept, inside the envelope for a small body and as a
+// signed copy in the Object Store for a large one, so the retry sends the
+// very bytes the first attempt sent, and the signature verifies at the
+// receiver.
 func TestDKIMSignedOnceRetriedIdentically(t *testing.T) {
+	t.Run("inline", func(t *testing.T) { testDKIMSignedOnce(t, "hello\r\n", true) })
+	large := strings.Repeat(strings.Repeat("x", 98)+"\r\n", (queue.InlineBodyMax/100)+10)
+	t.Run("object store", func(t *testing.T) { testDKIMSignedOnce(t, large, false) })
+}
+
+func testDKIMSignedOnce(t *testing.T, text string, inline bool) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +48,7 @@ func TestDKIMSignedOnceRetriedIdentically(t *testing.T) {
 	})
 	e.startPool(func(c *Config) { c.Signer = signer })
 	ids, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: []string{"r@dest.test"},
-		Body: []byte("From: app@src.test\r\nTo: r@dest.test\r\nSubject: signed\r\nMessage-ID: <s@src.test>\r\n\r\nhello\r\n")})
+		Body: []byte("From: app@src.test\r\nTo: r@dest.test\r\nSubject: signed\r\nMessage-ID: <s@src.test>\r\n\r\n" + text)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +60,13 @@ func TestDKIMSignedOnceRetriedIdentically(t *testing.T) {
 	if !it.Env.Signed {
 		t.Fatalf("deferred envelope does not name a signed body: %+v", it.Env)
 	}
-	stored, err := e.q.Body(context.Background(), it.Env.BodyRef)
+	if inline && (!it.Env.Inline() || it.Env.SigLen == 0) {
+		t.Fatalf("a small body of one destination should stay inline, with the signature's length: %+v", it.Env)
+	}
+	if !inline && (it.Env.Inline() || !strings.Contains(it.Env.BodyRef, ".dkim.")) {
+		t.Fatalf("a large body should name its signed copy in the Object Store: %+v", it.Env)
+	}
+	stored, err := e.q.EnvelopeBody(context.Background(), it.Env)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -380,7 +380,7 @@ func TestCrashAfterSentMarkerDeliversOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := <-work
-	body, _ := q1.Body(ctx, d.Env.BodyRef)
+	body, _ := q1.EnvelopeBody(ctx, d.Env)
 	res := e.snd.Send(ctx, &sender.Message{ID: id, From: d.Env.From, Rcpts: d.Env.Rcpts, Domain: d.Env.Dest, Body: body})
 	if res.Rcpts[0].Outcome.Code != 250 {
 		t.Fatalf("send: %+v", res.Rcpts[0].Outcome)

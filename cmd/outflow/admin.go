@@ -319,7 +319,7 @@ func inspectView(ctx context.Context, q *queue.Queue, it *queue.Item) map[string
 	}
 	v["headers"] = meta
 	if it.Env.BodyRef != "-" {
-		if body, err := q.Body(ctx, it.Env.BodyRef); err == nil {
+		if body, err := q.EnvelopeBody(ctx, it.Env); err == nil {
 			v["message_headers"] = messageHeaders(body, 60)
 		} else {
 			v["body_error"] = err.Error()
