@@ -155,21 +155,6 @@ func (s *suite) scenario3() error {
 			if p, err = startOutflow(s.c.outflow, data, sk.addr); err != nil {
 				return nil, err
 			}
-			sd := &side{name: name, p: p, sk: sk, data: data}
-			// A backlog a million strong that was deferred within the
-			// last two minutes is also two things the server keeps only
-			// for recent writes: the schedules' deduplication ids (the
-			// lanes' window, 2 min at the default ack wait) and each
-			// file block's subject index (dropped after 2 min without
-			// use). Measure the backlog itself: wait until both are gone.
-			// The quick mode skips the wait and measures the burst.
-			if !s.c.quick {
-				time.Sleep(5 * time.Second)
-				sd.rssBurst = rssKiB(p.Pid())
-				fmt.Printf("  waiting %v for the seed's transient server state to expire\n", backlogSettle)
-				time.Sleep(backlogSettle)
-			}
-			return sd, nil
 		}
 		return &side{name: name, p: p, sk: sk, data: data}, nil
 	}
@@ -183,6 +168,18 @@ func (s *suite) scenario3() error {
 		return err
 	}
 	defer func() { full.p.Stop(); full.sk.Stop(); os.RemoveAll(full.data) }()
+	// A backlog a million strong that was deferred within the last two
+	// minutes is also two things the server keeps only for recent writes:
+	// the schedules' deduplication ids (the lanes' window, 2 min at the
+	// default ack wait) and each file block's subject index (dropped after
+	// 2 min without use). Measure the backlog itself: wait until both are
+	// gone. The quick mode skips the wait and measures the burst.
+	if !s.c.quick {
+		time.Sleep(5 * time.Second)
+		empty.rssBurst, full.rssBurst = rssKiB(empty.p.Pid()), rssKiB(full.p.Pid())
+		fmt.Printf("  waiting %v for the seed's transient server state to expire\n", backlogSettle)
+		time.Sleep(backlogSettle)
+	}
 	run := func(sd *side, n int) (float64, error) { return freshRate(sd.p.SMTPAddr, sd.sk, n) }
 	for _, sd := range []*side{empty, full} {
 		if _, err := run(sd, 1000); err != nil { // warm-up
@@ -205,7 +202,7 @@ func (s *suite) scenario3() error {
 	}
 	empty.rss, full.rss = rssKiB(empty.p.Pid()), rssKiB(full.p.Pid())
 	perEnv := float64(full.rss-empty.rss) * 1024 / float64(backlog)
-	perEnvBurst := float64(full.rssBurst-empty.rss) * 1024 / float64(backlog)
+	perEnvBurst := float64(full.rssBurst-empty.rssBurst) * 1024 / float64(backlog)
 	me, mf := median(empty.rate), median(full.rate)
 	// Postfix gets the machine to itself.
 	for _, sd := range []*side{empty, full} {
@@ -244,10 +241,6 @@ func (s *suite) scenario3Postfix(backlog, msgs int) ([][]string, error) {
 		sk   *sink
 		rate []float64
 		rss  int64
-		// rssBurst is the resident memory right after the restart on a
-		// freshly seeded backlog, before the server's transient state
-		// for recent writes has expired.
-		rssBurst int64
 	}
 	closed := freePort() // nothing listens here: mail routed to it defers
 	conf := map[string]string{
