@@ -84,3 +84,18 @@ func TestLaneDedupWindowFollowsAckWait(t *testing.T) {
 		}
 	}
 }
+
+// The events stream keeps outcomes for EventsMaxAge (serve's
+// --events-max-age), which bounds the memory their subjects cost.
+func TestEventsMaxAge(t *testing.T) {
+	q, _ := startQueueWith(t, Options{EventsMaxAge: 3 * time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := q.js.Stream(ctx, StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if age := s.CachedInfo().Config.MaxAge; age != 3*time.Hour {
+		t.Errorf("events stream max age %v, want 3h", age)
+	}
+}

@@ -112,7 +112,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	}
 
 	// NATS: the embedded server unless --nats-url names another.
-	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, MaxAge: budget.MaxAge, AckWait: c.AckWait, Logger: log}
+	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, MaxAge: budget.MaxAge, AckWait: c.AckWait, EventsMaxAge: c.EventsMaxAge, Logger: log}
 	var emb *queue.Embedded
 	if c.NATSURL == "" {
 		emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: c.Data, ListenAddr: c.NATSAddr, SyncAlways: c.JetStreamSync == "always", Logger: log})
