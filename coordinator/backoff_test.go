@@ -434,7 +434,7 @@ func TestRecordJSONMatchesLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	rec.Log(zerolog.New(&buf))
+	rec.LogOutcome(zerolog.New(&buf), "deferred")
 	var fromJSON, fromLog map[string]any
 	if err := json.Unmarshal(js, &fromJSON); err != nil {
 		t.Fatal(err)
@@ -442,8 +442,12 @@ func TestRecordJSONMatchesLog(t *testing.T) {
 	if err := json.Unmarshal(buf.Bytes(), &fromLog); err != nil {
 		t.Fatal(err)
 	}
+	if fromLog["outcome"] != "deferred" {
+		t.Errorf("outcome %v in %s", fromLog["outcome"], buf.Bytes())
+	}
 	delete(fromLog, "level")
 	delete(fromLog, "message")
+	delete(fromLog, "outcome")
 	if len(fromJSON) != len(fromLog) {
 		t.Errorf("JSON has %d fields, log %d:\n%s\n%s", len(fromJSON), len(fromLog), js, buf.Bytes())
 	}

@@ -220,12 +220,17 @@ const DecisionMessage = "backoff decision"
 // postmortem depends on, so it is written with sampling removed and without
 // a zerolog level, and labelled "level":"info" by hand. Only a logger
 // disabled outright (zerolog.Disabled) drops it.
-func (r Record) Log(l zerolog.Logger) {
+func (r Record) Log(l zerolog.Logger) { r.LogOutcome(l, "") }
+
+// LogOutcome is Log with an "outcome" field (delivered, deferred, …)
+// before the record's own, when outcome is not empty.
+func (r Record) LogOutcome(l zerolog.Logger, outcome string) {
 	l = l.Sample(nil)
-	l.Log().
-		Str(zerolog.LevelFieldName, zerolog.LevelInfoValue).
-		EmbedObject(r).
-		Msg(DecisionMessage)
+	ev := l.Log().Str(zerolog.LevelFieldName, zerolog.LevelInfoValue)
+	if outcome != "" {
+		ev = ev.Str("outcome", outcome)
+	}
+	ev.EmbedObject(r).Msg(DecisionMessage)
 }
 
 // ParseSeed parses a jitter seed as logged (decimal) or written in hex

@@ -405,7 +405,7 @@ func (p *deliverer) baseRecord(e *queue.Envelope, dest string, r classify.Result
 
 // logRecord writes the decision line. Decision lines are never sampled.
 func (p *deliverer) logRecord(rec coordinator.Record, msg string) {
-	rec.Log(p.cfg.Logger.With().Str("outcome", msg).Logger())
+	rec.LogOutcome(p.cfg.Logger, msg)
 }
 
 func attemptOf(rec coordinator.Record, at time.Time, rcpts int) queue.Attempt {
@@ -437,8 +437,10 @@ func replyLine(r classify.Result) string {
 	return s
 }
 
-func mustJSON(v any) json.RawMessage {
-	b, err := json.Marshal(v)
+// mustJSON encodes a decision record for its event. MarshalJSON is called
+// directly: through json.Marshal its output would be parsed once more.
+func mustJSON(rec coordinator.Record) json.RawMessage {
+	b, err := rec.MarshalJSON()
 	if err != nil {
 		return json.RawMessage(fmt.Sprintf("{%q:%q}", "error", err.Error()))
 	}
