@@ -8,7 +8,7 @@
 #   BENCH_RUNS=N         alternating runs per scenario (default 3, quick 1)
 #   BENCH_SCENARIOS=1,2  which scenarios (default all five)
 #   BENCH_RESULTS=FILE   also write the tables (markdown) to FILE
-#   BENCH_PROFILE=DIR    instead: CPU and allocation profiles of scenario 1
+#   BENCH_PROFILE=DIR    instead: CPU, allocation and heap profiles of scenario 1
 #                        (in-process pipeline) into DIR, kept out of the repo
 set -eu
 cd "$(dirname "$0")/.."
