@@ -54,26 +54,18 @@ func TestInlineBodies(t *testing.T) {
 	}
 
 	// Through the retry lane and into dead letters, the body stays whole.
-	if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: small}); err != nil {
-		t.Fatal(err)
-	}
-	work, _ := q.Messages(ctx, LaneWork, 1)
 	retry, _ := q.Messages(ctx, LaneRetry, 1)
-	d := next(t, work)
-	n := d.Env.Clone()
-	n.Attempt = 1
-	if err := d.Reschedule(ctx, n, LaneRetry, time.Now().Add(100*time.Millisecond), true); err != nil {
-		t.Fatal(err)
-	}
+	deferOne(t, q, LaneRetry, time.Now().Add(100*time.Millisecond))
+	const deferred = "Subject: x\r\n\r\nbody\r\n" // deferOne's body
 	r := next(t, retry)
-	if !r.Env.Inline() || string(r.Env.Body) != string(small) {
+	if !r.Env.Inline() || string(r.Env.Body) != deferred {
 		t.Fatalf("due envelope body %q (inline %v)", r.Env.Body, r.Env.Inline())
 	}
 	if err := r.Dead(ctx, r.Env.Clone(), "max-attempts"); err != nil {
 		t.Fatal(err)
 	}
 	it, err := q.Find(ctx, r.Env.ID)
-	if err != nil || it.State != StateDead || string(it.Env.Body) != string(small) {
+	if err != nil || it.State != StateDead || string(it.Env.Body) != deferred {
 		t.Fatalf("dead letter %+v, %v", it, err)
 	}
 	items, err := q.List(ctx, Filter{State: StateDead})

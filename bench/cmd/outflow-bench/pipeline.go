@@ -113,24 +113,26 @@ func runProfile(outDir string, msgs, size, workers int) error {
 	}
 	runtime.GC()
 	runtime.GC()
-	hf, err := os.Create(filepath.Join(outDir, "heap.pprof"))
-	if err != nil {
-		return err
-	}
-	defer hf.Close()
-	if err := pprof.Lookup("heap").WriteTo(hf, 0); err != nil {
-		return err
-	}
-	f, err := os.Create(filepath.Join(outDir, "allocs.pprof"))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
-		return err
+	for _, name := range []string{"heap", "allocs"} {
+		if err := writeProfile(filepath.Join(outDir, name+".pprof"), name); err != nil {
+			return err
+		}
 	}
 	fmt.Printf("profiles: %s/cpu.pprof %s/allocs.pprof %s/heap.pprof (go tool pprof -top ...)\n", outDir, outDir, outDir)
 	return nil
+}
+
+// writeProfile writes the runtime profile name to path.
+func writeProfile(path, name string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // waitAcked waits until no envelope is in the work stream any more: every
