@@ -151,11 +151,11 @@ func TestThrottleSeenByOneSlowsEveryWorker(t *testing.T) {
 	// A second throttle within DecreaseFor does not cut again.
 	attempt(t, a, "example.com", resThrottled)
 	attempt(t, b, "example.com", resThrottled) // B saw 0.5 already: its cut is from 0.5
-	eventually(t, time.Second, "one more cut fleet-wide", func() bool {
+	eventually(t, 5*time.Second, "one more cut fleet-wide", func() bool {
 		st, err := GetState(ctxT(t), env.state, "example.com")
 		return err == nil && st.Factor == 0.25
 	})
-	eventually(t, time.Second, "metric", func() bool {
+	eventually(t, 5*time.Second, "metric", func() bool {
 		return metricValue(t, a.m.factor.WithLabelValues("example.com")) == 0.25
 	})
 }
@@ -190,7 +190,7 @@ func TestSuspendAndResumeFromOutside(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, th := range []*Throttle{a, b} {
-		eventually(t, time.Second, "suspension seen", func() bool {
+		eventually(t, 5*time.Second, "suspension seen", func() bool {
 			p, r := th.Admit(ctxT(t), "example.com")
 			if p != nil {
 				p.Done(nil)
@@ -208,7 +208,7 @@ func TestSuspendAndResumeFromOutside(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, th := range []*Throttle{a, b} {
-		eventually(t, time.Second, "resume seen", func() bool {
+		eventually(t, 5*time.Second, "resume seen", func() bool {
 			p, _ := th.Admit(ctxT(t), "example.com")
 			if p != nil {
 				p.Done([]classify.Result{resDelivered})
@@ -235,7 +235,7 @@ func TestSuspensionEndsByTimeAndRecoversOnce(t *testing.T) {
 	if err := Suspend(ctxT(t), env.state, "short.test", time.Now().Add(300*time.Millisecond), "test", "ops"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "suspended", func() bool { return a.Snapshot("short.test").Suspended })
+	eventually(t, 5*time.Second, "suspended", func() bool { return a.Snapshot("short.test").Suspended })
 	eventually(t, 3*time.Second, "suspension cleared in KV", func() bool {
 		st, err := GetState(ctxT(t), env.state, "short.test")
 		return err == nil && st.SuspendedUntil.IsZero()
@@ -243,7 +243,7 @@ func TestSuspensionEndsByTimeAndRecoversOnce(t *testing.T) {
 	eventually(t, 2*time.Second, "OnRecover", func() bool { return recovered.Load() == 1 })
 	attempt(t, a, "short.test", resDelivered)
 	attempt(t, b, "short.test", resDelivered)
-	eventually(t, time.Second, "both see the end", func() bool {
+	eventually(t, 5*time.Second, "both see the end", func() bool {
 		return a.Snapshot("short.test").State.SuspendedUntil.IsZero() && b.Snapshot("short.test").State.SuspendedUntil.IsZero()
 	})
 	if n := recovered.Load(); n != 1 {
@@ -270,7 +270,7 @@ func TestWorkerShareFollowsRegistry(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "share back after a clean stop", func() bool { return a.Snapshot("x.test").WorkerRate == 100 })
+	eventually(t, 5*time.Second, "share back after a clean stop", func() bool { return a.Snapshot("x.test").WorkerRate == 100 })
 
 	// A crash leaves the key behind: the worker is dropped when its
 	// heartbeat is older than WorkerTTL.
@@ -300,7 +300,7 @@ func TestConnsShare(t *testing.T) {
 	if err := SetConns(ctxT(t), env.state, "c.test", 4, time.Now().Add(time.Hour), "ops"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "conns override", func() bool { return a.Snapshot("c.test").WorkerConns == 2 })
+	eventually(t, 5*time.Second, "conns override", func() bool { return a.Snapshot("c.test").WorkerConns == 2 })
 }
 
 func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
@@ -337,7 +337,7 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	if p, r := a.Admit(ctxT(t), "down.test"); p != nil || r.Reason != "breaker-open" {
 		t.Fatalf("after 3 failures: %v %+v, want breaker-open", p, r)
 	}
-	eventually(t, time.Second, "B sees the open breaker", func() bool {
+	eventually(t, 5*time.Second, "B sees the open breaker", func() bool {
 		p, r := b.Admit(ctxT(t), "down.test")
 		if p != nil {
 			p.Done(nil)
@@ -363,7 +363,7 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	if s := a.Snapshot("down.test"); s.Breaker != BreakerClosed {
 		t.Fatalf("A breaker = %s after a good probe", s.Breaker)
 	}
-	eventually(t, time.Second, "B sees the close", func() bool { return b.Snapshot("down.test").Breaker == BreakerClosed })
+	eventually(t, 5*time.Second, "B sees the close", func() bool { return b.Snapshot("down.test").Breaker == BreakerClosed })
 	attempt(t, b, "down.test", resDelivered) // B admits again though its probe is out
 	probeB.Done([]classify.Result{resDelivered})
 	eventually(t, 2*time.Second, "OnRecover", func() bool { return recovered.Load() >= 1 })
@@ -419,7 +419,7 @@ func TestAutomationSuspendsAndIgnoresLocalSignals(t *testing.T) {
 	if p, r := a.Admit(ctxT(t), "auto.test"); p != nil || r.Reason != "suspended" {
 		t.Fatalf("A after 3 matches: %v %+v", p, r)
 	}
-	eventually(t, time.Second, "B suspended too", func() bool {
+	eventually(t, 5*time.Second, "B suspended too", func() bool {
 		p, r := b.Admit(ctxT(t), "auto.test")
 		if p != nil {
 			p.Done(nil)
@@ -448,7 +448,7 @@ func TestAutomationRateAction(t *testing.T) {
 	})
 	attempt(t, a, "r.test", resThrottled) // cut: 50
 	attempt(t, a, "r.test", resThrottled) // rule fires: override 2 × factor 0.5
-	eventually(t, time.Second, "override applied", func() bool {
+	eventually(t, 5*time.Second, "override applied", func() bool {
 		st, err := GetState(ctxT(t), env.state, "r.test")
 		return err == nil && st.RateOverride == 2 && a.Snapshot("r.test").FleetRate == 1
 	})
@@ -493,15 +493,15 @@ func TestSetRateFromOutside(t *testing.T) {
 	if err := SetRate(ctxT(t), env.state, "s.test", 40, time.Now().Add(time.Hour), "ops"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "override", func() bool { return a.Snapshot("s.test").FleetRate == 40 })
+	eventually(t, 5*time.Second, "override", func() bool { return a.Snapshot("s.test").FleetRate == 40 })
 	if err := SetRate(ctxT(t), env.state, "s.test", 0, time.Time{}, "ops"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "back to configured", func() bool { return a.Snapshot("s.test").FleetRate == 10 })
+	eventually(t, 5*time.Second, "back to configured", func() bool { return a.Snapshot("s.test").FleetRate == 10 })
 	if err := Suspend(ctxT(t), env.state, "other.test", time.Time{}, "", "ops"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "suspended until resumed; refusals look again within the hour", func() bool {
+	eventually(t, 5*time.Second, "suspended until resumed; refusals look again within the hour", func() bool {
 		p, r := a.Admit(ctxT(t), "other.test")
 		if p != nil {
 			p.Done(nil)
@@ -604,7 +604,7 @@ func TestHotPathWritesNothing(t *testing.T) {
 	env := startKV(t)
 	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults = Limits{Rate: 1e6, Conns: 100} })
 	attempt(t, a, "hot.test", resThrottled) // one transition
-	eventually(t, time.Second, "cut written", func() bool {
+	eventually(t, 5*time.Second, "cut written", func() bool {
 		_, err := env.state.Get(ctxT(t), StateKey("hot.test"))
 		return err == nil
 	})
@@ -687,12 +687,12 @@ func TestIdleStateIsForgotten(t *testing.T) {
 	if err := SetRate(ctxT(t), env.state, "idle.test", 5, time.Now().Add(400*time.Millisecond), "ops"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "metric exported", func() bool { return gathered(t, reg, "idle.test") })
+	eventually(t, 5*time.Second, "metric exported", func() bool { return gathered(t, reg, "idle.test") })
 	eventually(t, 5*time.Second, "state deleted after the override ended", func() bool {
 		_, err := env.state.Get(ctxT(t), StateKey("idle.test"))
 		return err != nil
 	})
-	eventually(t, time.Second, "metric series dropped", func() bool { return !gathered(t, reg, "idle.test") })
+	eventually(t, 5*time.Second, "metric series dropped", func() bool { return !gathered(t, reg, "idle.test") })
 	if s := a.Snapshot("idle.test"); s.FleetRate != 100 {
 		t.Fatalf("rate %v", s.FleetRate)
 	}
