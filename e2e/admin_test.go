@@ -118,6 +118,9 @@ func TestAdminVerbs(t *testing.T) {
 				t.Fatalf("history lacks %q:\n%s", want, hist)
 			}
 		}
+		if recent := d.cli(t, "queue", "history", ids[0], "--since", "1h"); recent != hist {
+			t.Fatalf("history --since 1h differs from the whole history:\n%s\n%s", recent, hist)
+		}
 	})
 
 	t.Run("replay a dead letter", func(t *testing.T) {

@@ -120,7 +120,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 			events.WriteString(k + ": " + strings.Join(v, ",") + "\n")
 		}
 		if strings.HasPrefix(m.Subject(), "outflow.events.queued.") {
-			ids = append(ids, strings.TrimPrefix(m.Subject(), "outflow.events.queued."))
+			ids = append(ids, m.Headers().Get(queue.HdrEventID))
 		}
 	}
 	outputs["events stream"] = events.String()

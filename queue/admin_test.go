@@ -106,7 +106,7 @@ func TestDeadReplayAndDrop(t *testing.T) {
 	if _, err := q.Drop(ctx, n.ID); err != nil {
 		t.Fatal(err)
 	}
-	hist, err := q.History(ctx, n.ID)
+	hist, err := q.History(ctx, n.ID, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,7 @@ func TestLaneDedupWindowFollowsAckWait(t *testing.T) {
 }
 
 // The events stream keeps outcomes for EventsMaxAge (serve's
-// --events-max-age), which bounds the memory their subjects cost.
+// --events-max-age), which bounds how far back queue history reaches.
 func TestEventsMaxAge(t *testing.T) {
 	q, _ := startQueueWith(t, Options{EventsMaxAge: 3 * time.Hour})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -13,7 +13,7 @@ import (
 //	outflow.ratelimit.due.<dest>.<id>         rate-limit lane envelopes that are due
 //	outflow.retry.held.<dest>.<id>            unknown outcomes held for an operator (OUTFLOW_RETRY)
 //	outflow.dead.<id>                         dead letters, one per id (OUTFLOW_DEAD)
-//	outflow.events.<type>.<id>                every outcome (OUTFLOW_EVENTS)
+//	outflow.events.<type>.<shard>             every outcome (OUTFLOW_EVENTS); shard: 3 hex digits of the id's hash
 const (
 	subjWorkPrefix = "outflow.work."
 	subjDeadPrefix = "outflow.dead."

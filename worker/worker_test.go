@@ -112,7 +112,7 @@ func (e *env) submit(rcpts ...string) string {
 
 // events returns the event types recorded for id.
 func (e *env) events(id string) []string {
-	evs, err := e.q.History(context.Background(), id)
+	evs, err := e.q.History(context.Background(), id, time.Time{})
 	if err != nil && !errors.Is(err, queue.ErrNotFound) {
 		e.t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func (e *env) waitEvent(id, typ string) []queue.Event {
 	e.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		evs, _ := e.q.History(context.Background(), id)
+		evs, _ := e.q.History(context.Background(), id, time.Time{})
 		for _, ev := range evs {
 			if ev.Type == typ {
 				return evs
@@ -168,7 +168,7 @@ func TestTransientThenSuccess(t *testing.T) {
 	if strings.Join(evs, ",") != "queued,deferred,delivered" {
 		t.Fatalf("events = %v", evs)
 	}
-	hist, _ := e.q.History(context.Background(), id)
+	hist, _ := e.q.History(context.Background(), id, time.Time{})
 	var rec coordinator.Record
 	for _, ev := range hist {
 		if ev.Type == queue.EventDeferred {
@@ -235,7 +235,7 @@ func TestThrottledUsesRateLimitLaneAndKeepsBudget(t *testing.T) {
 	if countPrefix(evs, queue.EventThrottled) != 5 || countPrefix(evs, queue.EventDead) != 0 {
 		t.Fatalf("events = %v", evs)
 	}
-	hist, _ := e.q.History(context.Background(), id)
+	hist, _ := e.q.History(context.Background(), id, time.Time{})
 	for _, ev := range hist {
 		if ev.Type == queue.EventThrottled {
 			var rec coordinator.Record
@@ -264,7 +264,7 @@ func TestPermanentBouncesAfterOneAttempt(t *testing.T) {
 			bounced = ev.Recipients
 		}
 	}
-	evs, _ = e.q.History(context.Background(), id)
+	evs, _ = e.q.History(context.Background(), id, time.Time{})
 	for _, ev := range evs {
 		if ev.Type == queue.EventBounced {
 			bounced = ev.Recipients
@@ -332,7 +332,7 @@ func TestLostAfterFinalDotIsUnknown(t *testing.T) {
 		if countPrefix(evs, queue.EventDeferred) != 1 {
 			t.Fatalf("events %v, want one deferral after the unknown outcome", evs)
 		}
-		hist, _ := e.q.History(context.Background(), id)
+		hist, _ := e.q.History(context.Background(), id, time.Time{})
 		for _, ev := range hist {
 			if ev.Type == queue.EventDeferred {
 				var rec coordinator.Record

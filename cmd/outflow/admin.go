@@ -147,13 +147,21 @@ func init() {
 		},
 	}
 
+	var since time.Duration
 	history := &cobra.Command{
 		Use:   "history ID",
 		Short: "every attempt of a message with its decision record, oldest first",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if since < 0 {
+				return usageError{fmt.Errorf("--since %v: want a positive duration", since)}
+			}
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				evs, err := q.History(ctx, args[0])
+				var from time.Time
+				if since > 0 {
+					from = time.Now().Add(-since)
+				}
+				evs, err := q.History(ctx, args[0], from)
 				if err != nil {
 					return err
 				}
@@ -202,6 +210,7 @@ func init() {
 			})
 		},
 	}
+	history.Flags().DurationVar(&since, "since", 0, "only events stored in this last stretch of time, e.g. 6h (default all the events stream keeps; a shorter look-up is faster on a busy stream)")
 
 	ff := &cobra.Command{
 		Use:   "fast-forward ID",

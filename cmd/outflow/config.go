@@ -62,6 +62,7 @@ type serveConfig struct {
 	SMTPDataTimeout time.Duration `toml:"smtp-data-timeout"`
 	AckWait         time.Duration `toml:"ack-wait"`
 	EventsMaxAge    time.Duration `toml:"events-max-age"`
+	SentTTL         time.Duration `toml:"sent-ttl"`
 	ConnectTimeout  time.Duration `toml:"connect-timeout"`
 	CommandTimeout  time.Duration `toml:"command-timeout"`
 	DataTimeout     time.Duration `toml:"data-timeout"`
@@ -110,7 +111,8 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.DurationVar(&c.SMTPReadTimeout, "smtp-read-timeout", 5*time.Minute, "submission: idle time allowed between client commands (RFC 5321 4.5.3.2.7); past it 421 and close")
 	fs.DurationVar(&c.SMTPDataTimeout, "smtp-data-timeout", 10*time.Minute, "submission: the longest a DATA transfer may take")
 	fs.DurationVar(&c.AckWait, "ack-wait", 60*time.Second, "how long a worker may hold an envelope without reporting progress before NATS hands it to another")
-	fs.DurationVar(&c.EventsMaxAge, "events-max-age", 7*24*time.Hour, "how long the events stream keeps outcomes (queue history); each delivered message's events cost about 230 bytes of memory for that long")
+	fs.DurationVar(&c.EventsMaxAge, "events-max-age", 7*24*time.Hour, "how long the events stream keeps outcomes (queue history)")
+	fs.DurationVar(&c.SentTTL, "sent-ttl", 72*time.Hour, "how long a delivery's SENT marker is kept, so an envelope whose ack was lost is not delivered twice (at least 1h and 4 × ack-wait)")
 	fs.IntVar(&c.Workers, "workers", 32, "concurrent deliveries in this process")
 	fs.StringVar(&c.WorkerID, "worker-id", "", "worker id for logs and the contention offset (default hostname-pid)")
 	retry, rl, budget := coordinator.DefaultRetry(), coordinator.DefaultRateLimit(), coordinator.DefaultBudget()

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // docExample returns the ```toml block of docs/configuration.md.
@@ -50,7 +53,7 @@ func TestDocumentedExampleParses(t *testing.T) {
 	if c.Workers != 8 {
 		t.Errorf("workers = %d: the command line must win over the file", c.Workers)
 	}
-	if c.SMTPAddr != "0.0.0.0:587" || c.MaxAge.Hours() != 48 || c.EventsMaxAge.Hours() != 72 || len(c.DKIM) != 1 || c.TLSDestinations["bank.example"] != "required" {
+	if c.SMTPAddr != "0.0.0.0:587" || c.MaxAge.Hours() != 48 || c.EventsMaxAge.Hours() != 72 || c.SentTTL.Hours() != 24 || len(c.DKIM) != 1 || c.TLSDestinations["bank.example"] != "required" {
 		t.Errorf("file not applied: %+v", c)
 	}
 	if c.RetryBase.Seconds() != 5 {
@@ -72,5 +75,76 @@ func TestUnknownConfigKeyRefused(t *testing.T) {
 	}
 	if _, err := parseWith(t, p); err == nil || !strings.Contains(err.Error(), "smtp-adr") {
 		t.Fatalf("err = %v, want the unknown key named", err)
+	}
+}
+
+// TestSentTTLFloor: serve refuses a SENT-marker lifetime shorter than an
+// hour or four ack waits, before it starts anything: an envelope whose ack
+// was lost comes back after the ack wait and must still find its marker.
+func TestSentTTLFloor(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "empty.toml")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"--sent-ttl", "30m"}, {"--sent-ttl", "2h", "--ack-wait", "1h"}} {
+		c, err := parseWith(t, p, append(args, "--data", t.TempDir())...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = serve(context.Background(), c)
+		var u usageError
+		if !errors.As(err, &u) || !strings.Contains(err.Error(), "--sent-ttl") {
+			t.Errorf("%v: error %v, want a --sent-ttl usage error", args, err)
+		}
+	}
+}
+
+// TestEveryServeFlagDocumented: each serve flag (and so each config key)
+// has its row in docs/configuration.md.
+func TestEveryServeFlagDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := &cobra.Command{Use: "serve"}
+	bindServeFlags(cmd.Flags(), &serveConfig{})
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		// A row may name a pair: | `tls-cert`, `tls-key` |.
+		if !strings.Contains(string(b), "| `"+f.Name+"`") && !strings.Contains(string(b), "`, `"+f.Name+"` |") {
+			t.Errorf("--%s has no row in docs/configuration.md", f.Name)
+		}
+	})
+}
+
+// TestEveryCommandFlagDocumented: each flag of the other commands has its
+// row in docs/configuration.md's "Flags of the other commands".
+func TestEveryCommandFlagDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "## Flags of the other commands")
+	if !ok {
+		t.Fatal("docs/configuration.md has no \"Flags of the other commands\"")
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Name() == "serve" || c.Name() == "help" || c.Name() == "completion" {
+			return
+		}
+		check := func(f *pflag.Flag) {
+			if f.Name != "help" && !strings.Contains(sec, "`--"+f.Name+"`") {
+				t.Errorf("%s --%s has no row in docs/configuration.md", c.CommandPath(), f.Name)
+			}
+		}
+		c.LocalNonPersistentFlags().VisitAll(check)
+		c.PersistentFlags().VisitAll(check)
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	for _, c := range rootCmd.Commands() {
+		walk(c)
 	}
 }

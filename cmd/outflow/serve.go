@@ -111,8 +111,13 @@ func serve(parent context.Context, c *serveConfig) error {
 		trusted = append(trusted, p)
 	}
 
+	if floor := max(time.Hour, 4*c.AckWait); c.SentTTL < floor {
+		return usageError{fmt.Errorf("--sent-ttl %v: must be at least %v (1h and 4 × --ack-wait): an envelope whose ack was lost comes back after --ack-wait, and its SENT marker must still be there", c.SentTTL, floor)}
+	}
+
 	// NATS: the embedded server unless --nats-url names another.
-	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, MaxAge: budget.MaxAge, AckWait: c.AckWait, EventsMaxAge: c.EventsMaxAge, Logger: log}
+	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, MaxAge: budget.MaxAge, AckWait: c.AckWait,
+		EventsMaxAge: c.EventsMaxAge, SentTTL: c.SentTTL, Logger: log}
 	var emb *queue.Embedded
 	if c.NATSURL == "" {
 		emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: c.Data, ListenAddr: c.NATSAddr, SyncAlways: c.JetStreamSync == "always", Logger: log})

@@ -1,0 +1,118 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// publishEvents publishes one event of typ for each id and waits for all
+// of them to be stored.
+func publishEvents(ctx context.Context, tb testing.TB, q *Queue, typ string, ids []string) {
+	tb.Helper()
+	for _, id := range ids {
+		q.Event(typ, &Event{ID: id, Dest: "d.example"})
+	}
+	select {
+	case <-q.js.PublishAsyncComplete():
+	case <-ctx.Done():
+		tb.Fatal("events not stored")
+	}
+}
+
+// TestEventSubjectsAreSharded: however many envelopes have events, the
+// events stream has at most eventShards subjects per type (nats-server
+// keeps every subject in memory), and the history of one id leaves out
+// the other ids of its shard.
+func TestEventSubjectsAreSharded(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 3 * eventShards
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("id%05d", i)
+	}
+	publishEvents(ctx, t, q, EventQueued, ids)
+	info, err := q.events.Info(ctx, jetstream.WithSubjectFilter(subjEvents+">"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != n {
+		t.Fatalf("%d events stored, want %d", info.State.Msgs, n)
+	}
+	if got := len(info.State.Subjects); got > eventShards {
+		t.Fatalf("%d events made %d subjects, want at most %d", n, got, eventShards)
+	}
+
+	target := ids[0]
+	var neighbour string
+	for _, id := range ids[1:] {
+		if eventShard(id) == eventShard(target) {
+			neighbour = id
+			break
+		}
+	}
+	if neighbour == "" {
+		t.Fatalf("no id shares %s's shard among %d", target, n)
+	}
+	mid := time.Now()
+	publishEvents(ctx, t, q, EventDeferred, []string{target})
+	publishEvents(ctx, t, q, EventDelivered, []string{target, neighbour})
+	hist, err := q.History(ctx, target, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, ev := range hist {
+		if ev.ID != target {
+			t.Fatalf("history of %s has an event of %s", target, ev.ID)
+		}
+		types = append(types, ev.Type)
+	}
+	if want := []string{EventQueued, EventDeferred, EventDelivered}; !slices.Equal(types, want) {
+		t.Fatalf("history of %s = %v, want %v", target, types, want)
+	}
+	if hist, err := q.History(ctx, neighbour, time.Time{}); err != nil || len(hist) != 2 {
+		t.Fatalf("history of %s = %v, %v; want queued and delivered", neighbour, hist, err)
+	}
+	// since leaves out what was stored before it.
+	if hist, err := q.History(ctx, target, mid); err != nil || len(hist) != 2 || hist[0].Type != EventDeferred {
+		t.Fatalf("history of %s since the queued event = %v, %v; want deferred and delivered", target, hist, err)
+	}
+	if _, err := q.History(ctx, "nosuchid", time.Time{}); err == nil {
+		t.Fatal("history of an unknown id found events")
+	}
+}
+
+// BenchmarkHistory: `queue history` of one id among the events of 500,000
+// envelopes (about 120 in its shard).
+func BenchmarkHistory(b *testing.B) {
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer emb.Shutdown()
+	ci := emb.ClientInfo()
+	ctx := context.Background()
+	q, err := Connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer q.Close()
+	ids := make([]string, 500000)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("id%07d", i)
+	}
+	publishEvents(ctx, b, q, EventQueued, ids)
+	for b.Loop() {
+		if hist, err := q.History(ctx, ids[12345], time.Time{}); err != nil || len(hist) != 1 {
+			b.Fatal(hist, err)
+		}
+	}
+}
