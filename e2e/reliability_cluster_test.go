@@ -293,5 +293,20 @@ func TestClusterFailover(t *testing.T) {
 	}
 	_ = cl.Quit()
 	waitAllDelivered(t, map[string]bool{"<after-failover@e2e.test>": true}, mx, 60*time.Second, logs)
+	// The other submission path, and a message's history, on the R3
+	// streams of the cluster that lost a node.
+	cmd := exec.Command(binary, "submit", "--nats-url", url, "--from", "app@sender.test", "--to", "z@dest.test")
+	cmd.Stdin = strings.NewReader("Subject: via nats\nMessage-ID: <cluster-nats@e2e.test>\n\nhello\n")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("submit over NATS: %v\n%s", err, out)
+	}
+	id := strings.TrimSpace(string(out))
+	waitAllDelivered(t, map[string]bool{"<cluster-nats@e2e.test>": true}, mx, 60*time.Second, logs)
+	var hist string
+	waitFor(t, 30*time.Second, "queued and delivered in the history of "+id, func() bool {
+		hist, _ = runCLI(t, "queue", "history", id, "--nats-url", url)
+		return strings.Contains(hist, "queued") && strings.Contains(hist, "delivered")
+	})
 	w1.Stop()
 }

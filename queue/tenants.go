@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -61,7 +62,7 @@ func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
 		return nil
 	}
 	name := tenantConsumer(tenant)
-	_, err := q.js.CreateOrUpdateConsumer(ctx, StreamWork, jetstream.ConsumerConfig{
+	cfg := jetstream.ConsumerConfig{
 		Durable:       name,
 		Description:   "outflow workers: fresh mail of tenant " + tenant,
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -70,8 +71,23 @@ func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
 		MaxAckPending: q.opts.MaxAckPending,
 		FilterSubject: subjWorkPrefix + Token(tenant) + ".>",
 		Replicas:      q.opts.Replicas,
-	})
-	if err != nil {
+	}
+	if q.opts.NoSetup {
+		// A client that sets nothing up (outflow submit) knows neither the
+		// daemons' ack wait nor the cluster's replicas: it creates a missing
+		// consumer like the daemons' retry-lane one (which they keep up to
+		// date), with the work stream's replicas (0), and leaves an existing
+		// one as the daemons made it.
+		lane, err := q.js.Consumer(ctx, StreamRetry, consumerRetry)
+		if err != nil {
+			return fmt.Errorf("the daemons' retry-lane consumer (is outflow serve running?): %w", err)
+		}
+		lc := lane.CachedInfo().Config
+		cfg.AckWait, cfg.MaxAckPending, cfg.Replicas = lc.AckWait, lc.MaxAckPending, 0
+		if _, err := q.js.CreateConsumer(ctx, StreamWork, cfg); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+			return err
+		}
+	} else if _, err := q.js.CreateOrUpdateConsumer(ctx, StreamWork, cfg); err != nil {
 		return err
 	}
 	_ = q.nc.Publish(subjTenantKick, []byte(name))

@@ -201,3 +201,40 @@ func BenchmarkAdoptTenantsBacklog(b *testing.B) {
 		}
 	}
 }
+
+// TestClientTenantConsumerFollowsDaemon: a client that sets nothing up
+// (outflow submit, with default options) creates a new tenant's consumer
+// with the daemon's ack wait and max ack pending, not its own defaults,
+// and leaves a consumer the daemon made as it was.
+func TestClientTenantConsumerFollowsDaemon(t *testing.T) {
+	daemon, emb := startQueueWith(t, Options{AckWait: 5 * time.Minute, MaxAckPending: 77})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ci := emb.ClientInfo()
+	client, err := Connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, NoSetup: true, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	submit := func(q *Queue, tenant string) {
+		t.Helper()
+		if _, err := q.Enqueue(ctx, &Submission{Tenant: tenant, From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(tenant string) {
+		t.Helper()
+		c, err := daemon.js.Consumer(ctx, StreamWork, tenantConsumer(tenant))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg := c.CachedInfo().Config; cfg.AckWait != 5*time.Minute || cfg.MaxAckPending != 77 {
+			t.Errorf("tenant %s: ack wait %v, max ack pending %d; want the daemon's 5m and 77", tenant, cfg.AckWait, cfg.MaxAckPending)
+		}
+	}
+	submit(client, "fresh") // no consumer yet: the client creates it
+	check("fresh")
+	submit(daemon, "known") // the daemon's
+	submit(client, "known")
+	check("known")
+}
