@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/queue"
 )
 
 // natsNode is one nats-server process of a test cluster.
@@ -309,4 +310,34 @@ func TestClusterFailover(t *testing.T) {
 		return strings.Contains(hist, "queued") && strings.Contains(hist, "delivered")
 	})
 	w1.Stop()
+
+	// A worker started without --nats-replicas 3 is refused rather than
+	// allowed to drop the fleet's streams to one copy.
+	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer scancel()
+	out, err = exec.CommandContext(sctx, binary, "serve", "--data", dir+"/w3", "--smtp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--users", users, "--relay", mx.Addr(), "--nats-url", url).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "has 3 replicas and this process asks for 1") {
+		t.Fatalf("a worker with --nats-replicas 1 on R3 streams: %v\n%s", err, tail(string(out), 10))
+	}
+	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, name := range []string{queue.StreamWork, queue.StreamEvents, "KV_" + queue.BucketSent} {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := st.CachedInfo().Config.Replicas; r != 3 {
+			t.Errorf("stream %s has %d replicas after the refused worker, want 3", name, r)
+		}
+	}
 }

@@ -207,6 +207,29 @@ func laneDedupWindow(ackWait time.Duration) time.Duration {
 	return max(2*time.Minute, 2*ackWait)
 }
 
+// checkReplicas refuses to lower the replication of streams that exist.
+// Setup creates or updates every stream with this process's Replicas, so a
+// single worker started with --nats-replicas 1 against a fleet's cluster
+// would otherwise quietly drop every stream to one copy. Raising is
+// allowed: it is how a fleet moves to more replicas.
+func (q *Queue) checkReplicas(ctx context.Context, streams []string) error {
+	for _, name := range streams {
+		s, err := q.js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("stream %s: %w", name, err)
+		}
+		if have := s.CachedInfo().Config.Replicas; have > q.opts.Replicas {
+			return fmt.Errorf("stream %s has %d replicas and this process asks for %d: start every worker with --nats-replicas %d "+
+				"(fewer replicas are set on the streams themselves, e.g. nats stream edit %s --replicas N, not by one worker)",
+				name, have, q.opts.Replicas, have, name)
+		}
+	}
+	return nil
+}
+
 func (q *Queue) setup(ctx context.Context) error {
 	o := q.opts
 	lane := func(name string, l Lane) jetstream.StreamConfig {
@@ -259,6 +282,15 @@ func (q *Queue) setup(ctx context.Context) error {
 			MaxAge:      o.EventsMaxAge,
 			AllowDirect: true,
 		},
+	}
+	if !o.NoSetup {
+		names := []string{bodyStreamName, "KV_" + BucketSent, "KV_" + BucketDest, "KV_" + BucketWorkers}
+		for _, c := range cfgs {
+			names = append(names, c.Name)
+		}
+		if err := q.checkReplicas(ctx, names); err != nil {
+			return err
+		}
 	}
 	for _, c := range cfgs {
 		var s jetstream.Stream
