@@ -212,6 +212,13 @@ func (q *Queue) History(ctx context.Context, id string, since time.Time) ([]Even
 	if !since.IsZero() {
 		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
 	}
+	// Events are published asynchronously: wait for this process's own
+	// to be stored, so a drop or replay shows in the history read next.
+	select {
+	case <-q.js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return nil, fmt.Errorf("history %s: %w", id, ctx.Err())
+	}
 	cons, err := q.events.CreateConsumer(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("history %s: %w", id, err)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 )
 
 // publishEvents publishes one event of typ for each id and waits for all
@@ -93,18 +92,8 @@ func TestEventSubjectsAreSharded(t *testing.T) {
 // BenchmarkHistory: `queue history` of one id among the events of 500,000
 // envelopes (about 120 in its shard).
 func BenchmarkHistory(b *testing.B) {
-	emb, err := StartEmbedded(EmbeddedConfig{DataDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer emb.Shutdown()
-	ci := emb.ClientInfo()
+	q, _ := startQueueWith(b, Options{})
 	ctx := context.Background()
-	q, err := Connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer q.Close()
 	ids := make([]string, 500000)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("id%07d", i)

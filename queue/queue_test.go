@@ -17,7 +17,7 @@ func startQueue(t *testing.T) (*Queue, *Embedded) {
 }
 
 // startQueueWith starts a queue with o (its connection fields filled in).
-func startQueueWith(t *testing.T, o Options) (*Queue, *Embedded) {
+func startQueueWith(t testing.TB, o Options) (*Queue, *Embedded) {
 	t.Helper()
 	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
 	if err != nil {

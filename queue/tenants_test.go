@@ -173,18 +173,8 @@ func TestWorkOrphans(t *testing.T) {
 // BenchmarkAdoptTenantsBacklog: the periodic look for tenants without a
 // consumer, with 100,000 fresh envelopes waiting, all covered.
 func BenchmarkAdoptTenantsBacklog(b *testing.B) {
-	emb, err := StartEmbedded(EmbeddedConfig{DataDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer emb.Shutdown()
-	ci := emb.ClientInfo()
+	q, _ := startQueueWith(b, Options{})
 	ctx := context.Background()
-	q, err := Connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer q.Close()
 	const n = 100000
 	for i := range n {
 		if _, err := q.js.PublishAsync("outflow.work.app.d_test.x"+strconv.Itoa(i), []byte("x")); err != nil {
