@@ -112,12 +112,17 @@ func TestAdminVerbs(t *testing.T) {
 		if out, err := d.cliErr("queue", "fast-forward", ids[0]); err == nil {
 			t.Fatalf("second fast-forward succeeded: %s", out)
 		}
-		hist := d.cli(t, "queue", "history", ids[0])
-		for _, want := range []string{"queued", "deferred", "fast-forwarded", "delivered", "451"} {
-			if !strings.Contains(hist, want) {
-				t.Fatalf("history lacks %q:\n%s", want, hist)
+		// The daemon publishes the delivered event after the delivery.
+		var hist string
+		waitFor(t, 30*time.Second, "the whole history", func() bool {
+			hist = d.cli(t, "queue", "history", ids[0])
+			for _, want := range []string{"queued", "deferred", "fast-forwarded", "delivered", "451"} {
+				if !strings.Contains(hist, want) {
+					return false
+				}
 			}
-		}
+			return true
+		})
 		if recent := d.cli(t, "queue", "history", ids[0], "--since", "1h"); recent != hist {
 			t.Fatalf("history --since 1h differs from the whole history:\n%s\n%s", recent, hist)
 		}

@@ -186,11 +186,17 @@ func (q *Queue) Conn() *nats.Conn { return q.nc }
 // JetStream returns the JetStream context.
 func (q *Queue) JetStream() jetstream.JetStream { return q.js }
 
-// Close drains the connection: pending publishes are flushed and
-// subscriptions end before it closes.
+// Close waits (up to 5 s) for this process's asynchronous publishes, the
+// events, to be stored, then drains the connection: subscriptions end
+// before it closes. So an admin command's own event (dropped, replayed) is
+// in the history by the time the command returns.
 func (q *Queue) Close() error {
 	if q.nc.IsClosed() {
 		return nil
+	}
+	select {
+	case <-q.js.PublishAsyncComplete():
+	case <-time.After(5 * time.Second):
 	}
 	return q.nc.Drain()
 }
