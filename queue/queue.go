@@ -306,6 +306,9 @@ func (q *Queue) setup(ctx context.Context) error {
 		} else {
 			s, err = q.js.CreateOrUpdateStream(ctx, c)
 		}
+		if o.NoSetup && errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("stream %s: %w (no outflow serve has run against this NATS)", c.Name, err)
+		}
 		if err != nil {
 			return fmt.Errorf("stream %s: %w", c.Name, err)
 		}

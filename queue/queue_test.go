@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -268,5 +269,22 @@ func TestBodyGone(t *testing.T) {
 	}
 	if gone, err := q.BodyGone(ctx, ids[0]); err != nil || !gone {
 		t.Errorf("after delete: BodyGone = %v, %v; want true", gone, err)
+	}
+}
+
+// TestClientWithoutDaemonStreams: an admin client pointed at a NATS where no
+// daemon has set anything up says so.
+func TestClientWithoutDaemonStreams(t *testing.T) {
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	ci := emb.ClientInfo()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = Connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, NoSetup: true, Logger: zerolog.Nop()})
+	if err == nil || !strings.Contains(err.Error(), "no outflow serve has run against this NATS") {
+		t.Fatalf("connect without streams: %v", err)
 	}
 }
