@@ -146,7 +146,7 @@ func init() {
 			})
 		},
 	}
-	suspend.Flags().DurationVar(&forDur, "for", 0, "how long")
+	suspend.Flags().DurationVar(&forDur, "for", 0, "how long (required; dest resume ends it sooner)")
 	suspend.Flags().StringVar(&reason, "reason", "suspended by an operator", "why (shown in dest list and status)")
 
 	resume := &cobra.Command{
