@@ -25,16 +25,21 @@ func startQueueWith(t testing.TB, o Options) (*Queue, *Embedded) {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Shutdown)
-	ci := emb.ClientInfo()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	o.InProcess, o.User, o.Password, o.Logger = emb.Server(), ci.User, ci.Password, zerolog.Nop()
-	q, err := Connect(ctx, o)
+	q, err := connectTo(emb, o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { q.Close() })
 	return q, emb
+}
+
+// connectTo connects to emb with o, its connection fields filled in.
+func connectTo(emb *Embedded, o Options) (*Queue, error) {
+	ci := emb.ClientInfo()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	o.InProcess, o.User, o.Password, o.Logger = emb.Server(), ci.User, ci.Password, zerolog.Nop()
+	return Connect(ctx, o)
 }
 
 func next(t *testing.T, ch <-chan *Delivery) *Delivery {
@@ -280,10 +285,7 @@ func TestClientWithoutDaemonStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Shutdown)
-	ci := emb.ClientInfo()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	_, err = Connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, NoSetup: true, Logger: zerolog.Nop()})
+	_, err = connectTo(emb, Options{NoSetup: true})
 	if err == nil || !strings.Contains(err.Error(), "no outflow serve has run against this NATS") {
 		t.Fatalf("connect without streams: %v", err)
 	}

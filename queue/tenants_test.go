@@ -5,8 +5,6 @@ import (
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/rs/zerolog"
 )
 
 // TestTenantBacklogDoesNotDelayOthers: tenant A has 200 messages waiting
@@ -200,8 +198,7 @@ func TestClientTenantConsumerFollowsDaemon(t *testing.T) {
 	daemon, emb := startQueueWith(t, Options{AckWait: 5 * time.Minute, MaxAckPending: 77})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ci := emb.ClientInfo()
-	client, err := Connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, NoSetup: true, Logger: zerolog.Nop()})
+	client, err := connectTo(emb, Options{NoSetup: true})
 	if err != nil {
 		t.Fatal(err)
 	}
