@@ -202,7 +202,7 @@ func (q *Queue) History(ctx context.Context, id string, since time.Time) ([]Even
 		return nil, fmt.Errorf("%w: %q is not a message id", ErrNotFound, id)
 	}
 	cfg := jetstream.ConsumerConfig{
-		FilterSubject:     subjEvents + "*." + eventShard(id),
+		FilterSubject:     eventSubject("*", id),
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
 		InactiveThreshold: time.Minute,

@@ -148,3 +148,15 @@ func TestEveryCommandFlagDocumented(t *testing.T) {
 		walk(c)
 	}
 }
+
+// TestHistorySinceMustBePositive: a negative --since is a usage error,
+// refused before any connection to NATS is tried.
+func TestHistorySinceMustBePositive(t *testing.T) {
+	rootCmd.SetArgs([]string{"queue", "history", "someid", "--since", "-1h", "--data", t.TempDir()})
+	t.Cleanup(func() { rootCmd.SetArgs(nil) })
+	err := rootCmd.Execute()
+	var u usageError
+	if !errors.As(err, &u) || !strings.Contains(err.Error(), "--since") {
+		t.Fatalf("error %v, want a --since usage error", err)
+	}
+}
