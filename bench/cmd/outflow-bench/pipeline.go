@@ -78,7 +78,7 @@ func runProfile(outDir string, msgs, size, workers int) error {
 	defer sub.Shutdown(context.Background())
 
 	// Warm up (stream files, connections), then profile a measured run.
-	if err := smtpSource(ctx, smtpAddr, 20, 500, size); err != nil {
+	if _, err := smtpSource(ctx, smtpAddr, 20, 500, size); err != nil {
 		return err
 	}
 	if _, err := sk.WaitCount(500, 2*time.Minute); err != nil {
@@ -94,7 +94,7 @@ func runProfile(outDir string, msgs, size, workers int) error {
 	}
 	start := time.Now()
 	base := sk.Count()
-	if err := smtpSource(ctx, smtpAddr, 20, msgs, size); err != nil {
+	if _, err := smtpSource(ctx, smtpAddr, 20, msgs, size); err != nil {
 		return err
 	}
 	end, err := sk.WaitCount(base+int64(msgs), 10*time.Minute)

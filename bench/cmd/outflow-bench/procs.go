@@ -55,6 +55,7 @@ type sink struct {
 	base  int64 // messages counted by earlier incarnations
 	cur   atomic.Int64
 	total atomic.Int64
+	cpu   time.Duration // CPU time of the incarnations stopped so far
 }
 
 func newSink(addr string) *sink { return &sink{addr: addr} }
@@ -120,10 +121,14 @@ func (s *sink) Stop() {
 	}
 	_ = cmd.Process.Kill()
 	<-done
+	s.cpu += cpuOf(cmd.ProcessState)
 	s.base += s.cur.Load()
 	s.cur.Store(0)
 	s.total.Store(s.base)
 }
+
+// CPU is the CPU time of the incarnations stopped so far.
+func (s *sink) CPU() time.Duration { return s.cpu }
 
 // Count is how many messages every incarnation of the sink accepted.
 func (s *sink) Count() int64 { return s.total.Load() }
@@ -158,8 +163,9 @@ func waitListening(addr string, timeout time.Duration) error {
 }
 
 // smtpSource runs Postfix's smtp-source: sessions parallel sessions, msgs
-// messages of size bytes, all to one recipient at example.com.
-func smtpSource(ctx context.Context, addr string, sessions, msgs, size int) error {
+// messages of size bytes, all to one recipient at example.com. It returns
+// the CPU time smtp-source used.
+func smtpSource(ctx context.Context, addr string, sessions, msgs, size int) (time.Duration, error) {
 	return smtpSourceTo(ctx, addr, "rcpt@example.com", sessions, msgs, size)
 }
 
@@ -169,16 +175,57 @@ func smtpSourceArgs(addr, rcpt string, sessions, msgs, size int) []string {
 }
 
 // smtpSourceTo is smtpSource with another recipient.
-func smtpSourceTo(ctx context.Context, addr, rcpt string, sessions, msgs, size int) error {
+func smtpSourceTo(ctx context.Context, addr, rcpt string, sessions, msgs, size int) (time.Duration, error) {
 	bin, err := lookPath("smtp-source")
 	if err != nil {
-		return err
+		return 0, err
 	}
-	out, err := exec.CommandContext(ctx, bin, smtpSourceArgs(addr, rcpt, sessions, msgs, size)...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, bin, smtpSourceArgs(addr, rcpt, sessions, msgs, size)...)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("smtp-source: %w: %s", err, strings.TrimSpace(string(out)))
+		return 0, fmt.Errorf("smtp-source: %w: %s", err, strings.TrimSpace(string(out)))
 	}
-	return nil
+	return cpuOf(cmd.ProcessState), nil
+}
+
+// cpuOf is the user and system CPU time of an exited process.
+func cpuOf(ps *os.ProcessState) time.Duration {
+	if ps == nil {
+		return 0
+	}
+	return ps.UserTime() + ps.SystemTime()
+}
+
+// machineBusy is the CPU time all cores of the machine have spent doing
+// anything but idling or waiting for I/O since boot (/proc/stat).
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	var busy int64
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		if i != 3 && i != 4 && i < 8 { // not idle, not iowait; not guest (counted in user)
+			busy += n
+		}
+	}
+	return time.Duration(busy) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/stat: 100 on every Linux
+// architecture Go supports.
+const clockTicks = 100
+
+// selfCPU is the CPU time this harness has used so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // rssKiB reads VmRSS of pid from /proc.

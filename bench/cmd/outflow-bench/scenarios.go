@@ -274,7 +274,7 @@ func (s *suite) scenario3Postfix(backlog, msgs int) ([][]string, error) {
 			continue
 		}
 		start := time.Now()
-		if err := smtpSourceTo(context.Background(), p.Addr, "rcpt@backlog.example", 20, seed, 2048); err != nil {
+		if _, err := smtpSourceTo(context.Background(), p.Addr, "rcpt@backlog.example", 20, seed, 2048); err != nil {
 			return nil, err
 		}
 		deadline := time.Now().Add(20 * time.Minute)
@@ -325,7 +325,7 @@ func (s *suite) scenario3Postfix(backlog, msgs int) ([][]string, error) {
 func freshRate(addr string, sk *sink, n int) (float64, error) {
 	base := sk.Count()
 	start := time.Now()
-	if err := smtpSource(context.Background(), addr, 20, n, 2048); err != nil {
+	if _, err := smtpSource(context.Background(), addr, 20, n, 2048); err != nil {
 		return 0, err
 	}
 	end, err := sk.WaitCount(base+int64(n), 10*time.Minute)
@@ -372,7 +372,7 @@ func (s *suite) scenario4() error {
 		}
 		defer stop()
 		t0 := time.Now()
-		if err := smtpSource(context.Background(), addr, 20, msgs, 2048); err != nil {
+		if _, err := smtpSource(context.Background(), addr, 20, msgs, 2048); err != nil {
 			return result{}, err
 		}
 		time.Sleep(time.Until(t0.Add(outage)))

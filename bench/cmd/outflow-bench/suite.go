@@ -132,11 +132,13 @@ func runSuite(c *config) error {
 		if !c.scenarios[st.id] {
 			continue
 		}
+		before := len(s.tables)
 		if err := st.run(); err != nil {
 			return fmt.Errorf("scenario %s: %w", st.id, err)
 		}
-		t := s.tables[len(s.tables)-1]
-		fmt.Println(t.markdown())
+		for _, t := range s.tables[before:] {
+			fmt.Println(t.markdown())
+		}
 	}
 	if c.results != "" {
 		var b strings.Builder
@@ -156,6 +158,44 @@ type e2eRun struct {
 	rate      float64 // messages per second, submission start to last arrival
 	submitted time.Duration
 	total     time.Duration
+	msgs      int
+	cpu       cpuSplit
+}
+
+// cpuSplit is where the machine's CPU went during one run, from the start
+// of smtp-source to the sink's last message.
+type cpuSplit struct {
+	busy    time.Duration // every core, everything (/proc/stat)
+	source  time.Duration // smtp-source (its rusage)
+	sink    time.Duration // smtp-sink (its rusage; it idles outside the run)
+	harness time.Duration // this program (polling the sink's count)
+}
+
+// relay is the rest of the machine's busy time: the system between the
+// load tools, whatever processes it runs, measured the same way for
+// outflow and Postfix.
+func (c cpuSplit) relay() time.Duration { return c.busy - c.source - c.sink - c.harness }
+
+// perMsg is d per message of r, in microseconds.
+func (r e2eRun) perMsg(d time.Duration) float64 {
+	return float64(d.Microseconds()) / float64(r.msgs)
+}
+
+func rates(runs []e2eRun) []float64 {
+	xs := make([]float64, len(runs))
+	for i, r := range runs {
+		xs[i] = r.rate
+	}
+	return xs
+}
+
+// medianOf is the median of f over runs.
+func medianOf(runs []e2eRun, f func(e2eRun) float64) float64 {
+	xs := make([]float64, len(runs))
+	for i, r := range runs {
+		xs[i] = f(r)
+	}
+	return median(xs)
 }
 
 // system is one side of a comparison.
@@ -212,8 +252,10 @@ func runE2E(sys system, msgs, size int) (e2eRun, error) {
 	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	busy0, self0 := machineBusy(), selfCPU()
 	start := time.Now()
-	if err := smtpSource(ctx, addr, 20, msgs, size); err != nil {
+	srcCPU, err := smtpSource(ctx, addr, 20, msgs, size)
+	if err != nil {
 		return e2eRun{}, err
 	}
 	sub := time.Since(start)
@@ -221,13 +263,16 @@ func runE2E(sys system, msgs, size int) (e2eRun, error) {
 	if err != nil {
 		return e2eRun{}, fmt.Errorf("%s: %w", sys.name, err)
 	}
+	busy, self := machineBusy()-busy0, selfCPU()-self0
+	sk.Stop() // for its CPU time; the system is idle by now
 	total := end.Sub(start)
-	return e2eRun{rate: float64(msgs) / total.Seconds(), submitted: sub, total: total}, nil
+	return e2eRun{rate: float64(msgs) / total.Seconds(), submitted: sub, total: total, msgs: msgs,
+		cpu: cpuSplit{busy: busy, source: srcCPU, sink: sk.CPU(), harness: self}}, nil
 }
 
 // compare alternates runs of a and b (a first on odd runs, b first on
-// even ones) and returns each side's rates.
-func (s *suite) compare(a, b system, msgs, size int) (ra, rb []float64, err error) {
+// even ones) and returns each side's runs.
+func (s *suite) compare(a, b system, msgs, size int) (ra, rb []e2eRun, err error) {
 	for i := 0; i < s.c.runs; i++ {
 		order := []system{a, b}
 		if i%2 == 1 {
@@ -238,16 +283,21 @@ func (s *suite) compare(a, b system, msgs, size int) (ra, rb []float64, err erro
 			if err != nil {
 				return nil, nil, err
 			}
-			fmt.Printf("  run %d %-22s %6d x %6d B: %7.0f msg/s (submission %v, last arrival %v)\n", i+1, sys.name, msgs, size,
-				r.rate, r.submitted.Round(time.Millisecond), r.total.Round(time.Millisecond))
+			printRun(i+1, sys.name, size, r)
 			if sys.name == a.name {
-				ra = append(ra, r.rate)
+				ra = append(ra, r)
 			} else {
-				rb = append(rb, r.rate)
+				rb = append(rb, r)
 			}
 		}
 	}
 	return ra, rb, nil
+}
+
+func printRun(i int, name string, size int, r e2eRun) {
+	fmt.Printf("  run %d %-22s %6d x %6d B: %7.0f msg/s (submission %v, last arrival %v; CPU µs/msg: source %.0f, sink %.0f, rest %.0f; %.2f cores busy)\n",
+		i, name, r.msgs, size, r.rate, r.submitted.Round(time.Millisecond), r.total.Round(time.Millisecond),
+		r.perMsg(r.cpu.source), r.perMsg(r.cpu.sink), r.perMsg(r.cpu.relay()), r.cpu.busy.Seconds()/r.total.Seconds())
 }
 
 func (s *suite) e2eMsgs() int {
@@ -265,6 +315,11 @@ func (s *suite) scenario1() error {
 		head: []string{"size", "outflow msg/s (runs)", "Postfix msg/s (runs)", "outflow/Postfix",
 			"smtp-source → smtp-sink directly msg/s (runs)", "direct/Postfix"},
 	}
+	cpu := &table{
+		title: "Scenario 1: where the CPU went",
+		notes: []string{fmt.Sprintf("The same runs. CPU microseconds per message, medians: smtp-source's and smtp-sink's from their own rusage; the relay's is the rest of the machine's busy time (/proc/stat, %d cores) less the load tools and this harness, the same measure for outflow's one process and Postfix's several; on the direct row, with no relay, it is what else the machine did (its noise floor). Busy cores: the machine's busy time over the run's wall time.", runtime.NumCPU())},
+		head:  []string{"size", "system", "msg/s", "busy cores", "smtp-source µs/msg", "smtp-sink µs/msg", "relay µs/msg"},
+	}
 	for _, size := range []int{2048, 100 << 10} {
 		fmt.Printf("scenario 1: %d messages of %d bytes\n", n, size)
 		ro, rp, err := s.compare(s.outflowSystem("outflow"), postfixSystem(nil), n, size)
@@ -274,25 +329,59 @@ func (s *suite) scenario1() error {
 		// The ceiling: the two load tools alone, no MTA between them. No
 		// system can relay faster on this machine than its load generator
 		// can talk to its sink.
-		var rd []float64
+		var rd []e2eRun
 		for i := 0; i < s.c.runs; i++ {
 			r, err := runE2E(directSystem, n, size)
 			if err != nil {
 				return err
 			}
-			fmt.Printf("  run %d %-22s %6d x %6d B: %7.0f msg/s\n", i+1, directSystem.name, n, size, r.rate)
-			rd = append(rd, r.rate)
+			printRun(i+1, directSystem.name, size, r)
+			rd = append(rd, r)
 		}
-		mo, mp, md := median(ro), median(rp), median(rd)
+		mo, mp, md := median(rates(ro)), median(rates(rp)), median(rates(rd))
 		if size == 2048 {
 			s.maxRate["outflow"], s.maxRate["Postfix"] = mo, mp
 		}
-		t.rows = append(t.rows, []string{sizeName(size), fmt.Sprintf("**%.0f** (%s)", mo, fmtRuns(ro, "")),
-			fmt.Sprintf("**%.0f** (%s)", mp, fmtRuns(rp, "")), fmt.Sprintf("**%.2f**", mo/mp),
-			fmt.Sprintf("%.0f (%s)", md, fmtRuns(rd, "")), fmt.Sprintf("%.2f", md/mp)})
+		t.rows = append(t.rows, []string{sizeName(size), fmt.Sprintf("**%.0f** (%s)", mo, fmtRuns(rates(ro), "")),
+			fmt.Sprintf("**%.0f** (%s)", mp, fmtRuns(rates(rp), "")), fmt.Sprintf("**%.2f**", mo/mp),
+			fmt.Sprintf("%.0f (%s)", md, fmtRuns(rates(rd), "")), fmt.Sprintf("%.2f", md/mp)})
+		for _, sr := range []struct {
+			name string
+			runs []e2eRun
+		}{{"outflow", ro}, {"Postfix", rp}, {"none (direct)", rd}} {
+			relay := fmt.Sprintf("%.0f", medianOf(sr.runs, func(r e2eRun) float64 { return r.perMsg(r.cpu.relay()) }))
+			cpu.rows = append(cpu.rows, []string{sizeName(size), sr.name, fmt.Sprintf("%.0f", median(rates(sr.runs))),
+				fmt.Sprintf("%.2f", medianOf(sr.runs, func(r e2eRun) float64 { return r.cpu.busy.Seconds() / r.total.Seconds() })),
+				fmt.Sprintf("%.0f", medianOf(sr.runs, func(r e2eRun) float64 { return r.perMsg(r.cpu.source) })),
+				fmt.Sprintf("%.0f", medianOf(sr.runs, func(r e2eRun) float64 { return r.perMsg(r.cpu.sink) })),
+				relay})
+		}
+		cpu.notes = append(cpu.notes, "", budgetNote(size, mp, ro, rd))
 	}
-	s.tables = append(s.tables, t)
+	s.tables = append(s.tables, t, cpu)
 	return nil
+}
+
+// budgetNote says how much CPU per message a relay could spend and still
+// run at 10 times Postfix's rate (mp) on this machine. The load tools'
+// costs are the ones measured with outflow in between (smtp-sink is cheaper
+// fed by a pipelining relay over kept-open connections than by
+// smtp-source), which is the most a relay can be left; smtp-sink receiving
+// straight from smtp-source is the same inbound work done in C with nothing
+// stored or sent.
+func budgetNote(size int, mp float64, relayed, direct []e2eRun) string {
+	target := 10 * mp
+	budget := float64(runtime.NumCPU()) * 1e6 / target
+	source := medianOf(relayed, func(r e2eRun) float64 { return r.perMsg(r.cpu.source) })
+	sink := medianOf(relayed, func(r e2eRun) float64 { return r.perMsg(r.cpu.sink) })
+	spent := medianOf(relayed, func(r e2eRun) float64 { return r.perMsg(r.cpu.relay()) })
+	inbound := medianOf(direct, func(r e2eRun) float64 { return r.perMsg(r.cpu.sink) })
+	left := fmt.Sprintf("**%.0f µs**", budget-source-sink)
+	if budget-source-sink <= 0 {
+		left = fmt.Sprintf("**nothing** (%.0f µs)", budget-source-sink)
+	}
+	return fmt.Sprintf("%s: at 10 times Postfix (%.0f msg/s) the %d cores give %.0f µs of CPU per message. With outflow in between, smtp-source and smtp-sink took %.0f and %.0f µs of it, which leaves a relay %s per message to receive, store and send it; outflow took %.0f. smtp-sink alone spends %.0f µs receiving a message from smtp-source (the direct row), storing and sending nothing.",
+		sizeName(size), target, runtime.NumCPU(), budget, source, sink, left, spent, inbound)
 }
 
 func (s *suite) scenario5() error {
@@ -308,9 +397,9 @@ func (s *suite) scenario5() error {
 		if err != nil {
 			return err
 		}
-		md, ma := median(rd), median(ra)
-		t.rows = append(t.rows, []string{sizeName(size), fmt.Sprintf("**%.0f** (%s)", md, fmtRuns(rd, "")),
-			fmt.Sprintf("**%.0f** (%s)", ma, fmtRuns(ra, "")), fmt.Sprintf("**%.2f**", ma/md)})
+		md, ma := median(rates(rd)), median(rates(ra))
+		t.rows = append(t.rows, []string{sizeName(size), fmt.Sprintf("**%.0f** (%s)", md, fmtRuns(rates(rd), "")),
+			fmt.Sprintf("**%.0f** (%s)", ma, fmtRuns(rates(ra), "")), fmt.Sprintf("**%.2f**", ma/md)})
 	}
 	s.tables = append(s.tables, t)
 	return nil
