@@ -252,6 +252,28 @@ func procKiB(file, key string) int64 {
 	return 0
 }
 
+// procCPU is the user and system CPU time process pid has used so far
+// (/proc/PID/stat), or 0 if it cannot be read.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The command name, field 2, is in parentheses and may hold spaces;
+	// utime and stime are fields 14 and 15, the 12th and 13th after it.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
 // outflowProc is a running `outflow serve`.
 type outflowProc struct {
 	cmd      *exec.Cmd
