@@ -26,7 +26,7 @@ func main() {
 	var c config
 	var scen string
 	var profDir string
-	var profMsgs, profSize, profWorkers int
+	var profMsgs, profSize, profWorkers, profBacklog int
 	flag.StringVar(&c.outflow, "outflow", "bin/outflow", "outflow binary")
 	flag.BoolVar(&c.quick, "quick", os.Getenv("BENCH_QUICK") == "1", "quick mode: fewer messages and runs (BENCH_QUICK=1)")
 	flag.IntVar(&c.runs, "runs", 0, "alternating runs per scenario (default 3, quick 1)")
@@ -38,9 +38,10 @@ func main() {
 	flag.IntVar(&profMsgs, "profile-msgs", 20000, "messages for -profile")
 	flag.IntVar(&profSize, "profile-size", 2048, "message size for -profile")
 	flag.IntVar(&profWorkers, "profile-workers", 32, "delivery workers for -profile (serve's default)")
+	flag.IntVar(&profBacklog, "profile-backlog", 0, "for -profile: first defer this many envelopes (due in 7 days) and let them settle, as in scenario 3")
 	flag.Parse()
 	if profDir != "" {
-		if err := runProfile(profDir, profMsgs, profSize, profWorkers); err != nil {
+		if err := runProfile(profDir, profMsgs, profSize, profWorkers, profBacklog); err != nil {
 			fmt.Fprintln(os.Stderr, "outflow-bench:", err)
 			os.Exit(1)
 		}

@@ -23,8 +23,10 @@ import (
 // (embedded NATS, queue, submission listener, worker pool, sender: the same
 // parts `outflow serve` wires, with its defaults) and writes a CPU profile
 // of the run and an allocation profile to outDir. It exists because serve
-// has no pprof endpoint; the profile covers exactly outflow's code.
-func runProfile(outDir string, msgs, size, workers int) error {
+// has no pprof endpoint; the profile covers exactly outflow's code. With
+// backlog > 0 it first defers that many envelopes, as scenario 3 does, and
+// waits for the seed's transient server state to expire.
+func runProfile(outDir string, msgs, size, workers, backlog int) error {
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
@@ -53,6 +55,14 @@ func runProfile(outDir string, msgs, size, workers int) error {
 		return err
 	}
 	defer q.Close()
+	if backlog > 0 {
+		start := time.Now()
+		if err := q.SeedDeferred(ctx, backlog, "backlog.example", time.Now().Add(7*24*time.Hour)); err != nil {
+			return err
+		}
+		fmt.Printf("seeded %d deferred envelopes in %v; waiting %v for them to settle\n", backlog, time.Since(start).Round(time.Millisecond), backlogSettle)
+		time.Sleep(backlogSettle)
+	}
 	reg := prometheus.NewRegistry()
 	snd, err := sender.New(sender.Config{Hostname: "bench.localdomain", Relay: sk.addr, RelayTLS: sender.RelayTLS("none"), Logger: log})
 	if err != nil {
