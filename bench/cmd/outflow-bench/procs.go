@@ -203,12 +203,22 @@ func machineBusy() time.Duration {
 	if err != nil {
 		return 0
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	return statBusy(b)
+}
+
+// statBusy reads the busy time off /proc/stat's first line, "cpu user nice
+// system idle iowait irq softirq steal guest guest_nice", in clock ticks:
+// all but idle and iowait; guest time is already inside user.
+func statBusy(stat []byte) time.Duration {
+	line, _, _ := bytes.Cut(stat, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0
+	}
 	var busy int64
 	for i, v := range f[1:] {
 		n, _ := strconv.ParseInt(v, 10, 64)
-		if i != 3 && i != 4 && i < 8 { // not idle, not iowait; not guest (counted in user)
+		if i != 3 && i != 4 && i < 8 {
 			busy += n
 		}
 	}
@@ -259,13 +269,18 @@ func procCPU(pid int) time.Duration {
 	if err != nil {
 		return 0
 	}
-	// The command name, field 2, is in parentheses and may hold spaces;
-	// utime and stime are fields 14 and 15, the 12th and 13th after it.
-	i := bytes.LastIndexByte(b, ')')
+	return pidStatCPU(b)
+}
+
+// pidStatCPU reads utime and stime, fields 14 and 15 of /proc/PID/stat, in
+// clock ticks. Field 2, the command name, is in parentheses and may hold
+// spaces and parentheses itself, so fields are counted from the last ')'.
+func pidStatCPU(stat []byte) time.Duration {
+	i := bytes.LastIndexByte(stat, ')')
 	if i < 0 {
 		return 0
 	}
-	f := strings.Fields(string(b[i+1:]))
+	f := strings.Fields(string(stat[i+1:])) // f[0] is field 3, the state
 	if len(f) < 13 {
 		return 0
 	}

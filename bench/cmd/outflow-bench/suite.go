@@ -356,32 +356,49 @@ func (s *suite) scenario1() error {
 				fmt.Sprintf("%.0f", medianOf(sr.runs, func(r e2eRun) float64 { return r.perMsg(r.cpu.sink) })),
 				relay})
 		}
-		cpu.notes = append(cpu.notes, "", budgetNote(size, mp, ro, rd))
+		cpu.notes = append(cpu.notes, "", newRelayBudget(runtime.NumCPU(), mp, ro, rd).note(size, runtime.NumCPU()))
 	}
 	s.tables = append(s.tables, t, cpu)
 	return nil
 }
 
-// budgetNote says how much CPU per message a relay could spend and still
-// run at 10 times Postfix's rate (mp) on this machine. The load tools'
-// costs are the ones measured with outflow in between (smtp-sink is cheaper
-// fed by a pipelining relay over kept-open connections than by
-// smtp-source), which is the most a relay can be left; smtp-sink receiving
-// straight from smtp-source is the same inbound work done in C with nothing
-// stored or sent.
-func budgetNote(size int, mp float64, relayed, direct []e2eRun) string {
-	target := 10 * mp
-	budget := float64(runtime.NumCPU()) * 1e6 / target
-	source := medianOf(relayed, func(r e2eRun) float64 { return r.perMsg(r.cpu.source) })
-	sink := medianOf(relayed, func(r e2eRun) float64 { return r.perMsg(r.cpu.sink) })
-	spent := medianOf(relayed, func(r e2eRun) float64 { return r.perMsg(r.cpu.relay()) })
-	inbound := medianOf(direct, func(r e2eRun) float64 { return r.perMsg(r.cpu.sink) })
-	left := fmt.Sprintf("**%.0f µs**", budget-source-sink)
-	if budget-source-sink <= 0 {
-		left = fmt.Sprintf("**nothing** (%.0f µs)", budget-source-sink)
+// relayBudget is how much CPU per message a relay could spend and still
+// run at 10 times Postfix's rate on this machine. The load tools' costs are
+// the ones measured with outflow in between (smtp-sink is cheaper fed by a
+// pipelining relay over kept-open connections than by smtp-source), which
+// leaves a relay the most; smtp-sink receiving straight from smtp-source is
+// the same inbound work done in C with nothing stored or sent.
+type relayBudget struct {
+	target  float64 // msg/s: 10 times Postfix
+	perMsg  float64 // µs of CPU per message the machine has at target
+	source  float64 // µs smtp-source took per message, relayed
+	sink    float64 // µs smtp-sink took per message, relayed
+	spent   float64 // µs outflow took per message
+	inbound float64 // µs smtp-sink took per message straight from smtp-source
+}
+
+func newRelayBudget(cores int, postfixRate float64, relayed, direct []e2eRun) relayBudget {
+	target := 10 * postfixRate
+	return relayBudget{
+		target:  target,
+		perMsg:  float64(cores) * 1e6 / target,
+		source:  medianOf(relayed, func(r e2eRun) float64 { return r.perMsg(r.cpu.source) }),
+		sink:    medianOf(relayed, func(r e2eRun) float64 { return r.perMsg(r.cpu.sink) }),
+		spent:   medianOf(relayed, func(r e2eRun) float64 { return r.perMsg(r.cpu.relay()) }),
+		inbound: medianOf(direct, func(r e2eRun) float64 { return r.perMsg(r.cpu.sink) }),
+	}
+}
+
+// left is the CPU per message a relay would have at the target.
+func (b relayBudget) left() float64 { return b.perMsg - b.source - b.sink }
+
+func (b relayBudget) note(size, cores int) string {
+	left := fmt.Sprintf("**%.0f µs**", b.left())
+	if b.left() <= 0 {
+		left = fmt.Sprintf("**nothing** (%.0f µs)", b.left())
 	}
 	return fmt.Sprintf("%s: at 10 times Postfix (%.0f msg/s) the %d cores give %.0f µs of CPU per message. With outflow in between, smtp-source and smtp-sink took %.0f and %.0f µs of it, which leaves a relay %s per message to receive, store and send it; outflow took %.0f. smtp-sink alone spends %.0f µs receiving a message from smtp-source (the direct row), storing and sending nothing.",
-		sizeName(size), target, runtime.NumCPU(), budget, source, sink, left, spent, inbound)
+		sizeName(size), b.target, cores, b.perMsg, b.source, b.sink, left, b.spent, b.inbound)
 }
 
 func (s *suite) scenario5() error {

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// run is an e2eRun of 1,000 messages whose load tools and machine spent
+// the given microseconds per message.
+func run(busy, source, sink float64) e2eRun {
+	us := func(v float64) time.Duration { return time.Duration(v * 1000 * float64(time.Microsecond)) }
+	return e2eRun{msgs: 1000, cpu: cpuSplit{busy: us(busy), source: us(source), sink: us(sink)}}
+}
+
+func TestRelayBudget(t *testing.T) {
+	// Postfix at 650 msg/s: 10 times is 6,500 msg/s, 307.7 µs per message
+	// on 2 cores. The load tools took 130 + 50 relayed, leaving 127.7.
+	relayed := []e2eRun{run(600, 130, 50), run(590, 120, 60), run(610, 140, 40)}
+	direct := []e2eRun{run(230, 120, 110), run(225, 118, 107), run(240, 125, 115)}
+	b := newRelayBudget(2, 650, relayed, direct)
+	if b.target != 6500 {
+		t.Errorf("target = %v, want 6500", b.target)
+	}
+	if got, want := b.left(), 2e6/6500-130-50; got < want-0.01 || got > want+0.01 {
+		t.Errorf("left = %v, want %v", got, want)
+	}
+	if b.spent != 600-130-50 || b.inbound != 110 {
+		t.Errorf("spent %v inbound %v, want 420 and 110", b.spent, b.inbound)
+	}
+	if n := b.note(2048, 2); !strings.Contains(n, "**128 µs**") || !strings.Contains(n, "outflow took 420") {
+		t.Errorf("note: %s", n)
+	}
+
+	// 100 KiB: the load tools alone need more than the machine has.
+	b = newRelayBudget(2, 465, []e2eRun{run(2200, 200, 440)}, direct)
+	if b.left() >= 0 || !strings.Contains(b.note(100<<10, 2), "**nothing**") {
+		t.Errorf("left %v, note %s", b.left(), b.note(100<<10, 2))
+	}
+}
+
+func TestStatBusy(t *testing.T) {
+	stat := []byte("cpu  100 5 50 1000 20 3 2 1 7 0\ncpu0 50 2 25 500 10 1 1 0 0 0\n")
+	// user+nice+system+irq+softirq+steal = 100+5+50+3+2+1 ticks.
+	if got, want := statBusy(stat), 161*10*time.Millisecond; got != want {
+		t.Errorf("statBusy = %v, want %v", got, want)
+	}
+	if got := statBusy([]byte("intr 1 2 3\n")); got != 0 {
+		t.Errorf("statBusy of a line that is not cpu = %v", got)
+	}
+}
+
+func TestPidStatCPU(t *testing.T) {
+	// A command name with spaces and a ')' must not shift the fields.
+	stat := []byte("4242 (smtp ) sink) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 1 0 12345 1000 100\n")
+	if got, want := pidStatCPU(stat), 325*10*time.Millisecond; got != want {
+		t.Errorf("pidStatCPU = %v, want %v", got, want)
+	}
+	if got := pidStatCPU([]byte("garbage")); got != 0 {
+		t.Errorf("pidStatCPU of garbage = %v", got)
+	}
+}
