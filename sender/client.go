@@ -9,7 +9,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -534,16 +533,20 @@ func (c *client) quit() {
 // close drops the connection without a QUIT.
 func (c *client) close() { _ = c.nc.Close() }
 
-// writeBody writes the dot-stuffed body and the final dot. A failure while
-// writing the body means the server cannot have accepted the message
-// (StageData); a failure while writing the final dot might not (the dot
-// may have left), so it is reported at StageDataEnd.
+// writeBody writes the dot-stuffed body and the final dot. The end of the
+// body leaves together with the dot, in one write through the write buffer:
+// a body that fits the buffer (about 4 KiB) goes out whole in one write, and
+// a larger one in blocks whose last one carries the dot. A failure before
+// all of the body has left means the server cannot have accepted the
+// message (StageData); once the body has left, a failure might not (part of
+// the dot may be out), so it is reported at StageDataEnd.
 func (c *client) writeBody(ctx context.Context, wire []byte) error {
 	if err := c.bw.Flush(); err != nil {
 		return c.netFail(ctx, classify.StageData, "writing body", err)
 	}
-	for len(wire) > 0 {
-		n := min(len(wire), dataBlock)
+	// What the buffer cannot hold beside the dot goes out directly.
+	for len(wire)+len(finalDot) > c.bw.Available() {
+		n := min(len(wire)+len(finalDot)-c.bw.Available(), dataBlock)
 		if err := c.deadline(ctx, c.cfg.DataBlockTimeout); err != nil {
 			return c.netFail(ctx, classify.StageData, "writing body", err)
 		}
@@ -553,9 +556,15 @@ func (c *client) writeBody(ctx context.Context, wire []byte) error {
 		wire = wire[n:]
 	}
 	if err := c.deadline(ctx, c.cfg.DataBlockTimeout); err != nil {
-		return c.netFail(ctx, classify.StageDataEnd, "writing final dot", err)
+		return c.netFail(ctx, classify.StageData, "writing body", err)
 	}
-	if _, err := io.WriteString(c.nc, ".\r\n"); err != nil {
+	_, _ = c.bw.Write(wire)     // fits: no write, no error
+	_, _ = c.bw.Write(finalDot) // (a write error would have stopped the loop)
+	queued := c.bw.Buffered()
+	if err := c.bw.Flush(); err != nil {
+		if queued-c.bw.Buffered() < len(wire) {
+			return c.netFail(ctx, classify.StageData, "writing body", err)
+		}
 		return c.netFail(ctx, classify.StageDataEnd, "writing final dot", err)
 	}
 	return nil
@@ -590,6 +599,7 @@ func dotStuff(body []byte) []byte {
 }
 
 var (
-	crlf  = []byte("\r\n")
-	lfDot = []byte("\n.")
+	crlf     = []byte("\r\n")
+	lfDot    = []byte("\n.")
+	finalDot = []byte(".\r\n")
 )

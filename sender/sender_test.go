@@ -3,11 +3,13 @@ package sender
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -367,6 +369,89 @@ func TestRSETWithoutPipelining(t *testing.T) {
 		t.Errorf("RSET writes=%d resets=%d messages=%d; want 2, 2, 3", alone, fake.Resets(), len(fake.Messages()))
 	}
 }
+
+// The end of the body leaves in one write with the final dot: a small body
+// and its dot together, a large one in blocks whose last carries the dot.
+func TestFinalDotLeavesWithBody(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{})
+	w.recordWrites = true
+	s := w.sender(w.config())
+	small := msg("example.test", "small@example.test")
+	large := msg("example.test", "large@example.test")
+	large.Body = append(testBody("large"), bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstu\r\n"), 1500)...)
+	for _, m := range []*Message{small, large} {
+		checkDelivered(t, s.Send(ctxT(t), m))
+	}
+	var ends []string
+	for _, wr := range w.writesSeen() {
+		if wr == ".\r\n" {
+			t.Errorf("final dot written on its own")
+		}
+		if strings.HasSuffix(wr, "\r\n.\r\n") {
+			ends = append(ends, wr)
+		}
+	}
+	if len(ends) != 2 || !strings.Contains(ends[0], "Subject: test\r\n") || len(ends[1]) > 4096 {
+		t.Errorf("writes ending in the final dot: %d (want 2, the first the whole small body, the second at most 4 KiB)", len(ends))
+	}
+	if got := len(fake.Messages()); got != 2 {
+		t.Fatalf("%d messages arrived", got)
+	}
+	if got := fake.Messages()[1].Data; !bytes.Equal(got, large.Body) {
+		t.Errorf("large body arrived as %d bytes, sent %d", len(got), len(large.Body))
+	}
+}
+
+// A write that fails before the whole body has left is a failure at DATA
+// (the server cannot have the message); one that fails after is at the
+// final dot, where the message may have been delivered.
+func TestBodyWriteFailureStage(t *testing.T) {
+	body := []byte("Subject: x\r\n\r\nhello\r\n")
+	for _, tc := range []struct {
+		room  int
+		stage classify.Stage
+	}{
+		{0, classify.StageData},
+		{len(body) - 1, classify.StageData},
+		{len(body), classify.StageDataEnd},
+		{len(body) + 2, classify.StageDataEnd},
+	} {
+		fc := &failingConn{room: tc.room}
+		c := &client{cfg: &Config{DataBlockTimeout: time.Second}, raw: fc}
+		c.setConn(fc)
+		err := c.writeBody(context.Background(), body)
+		var se *stepErr
+		if !errors.As(err, &se) || se.in.Stage != tc.stage || se.in.Event != classify.EventConnLost {
+			t.Errorf("room %d: %v, want a lost connection at %v", tc.room, err, tc.stage)
+		}
+	}
+	fc := &failingConn{room: 1 << 20}
+	c := &client{cfg: &Config{DataBlockTimeout: time.Second}, raw: fc}
+	c.setConn(fc)
+	if err := c.writeBody(context.Background(), body); err != nil || fc.writes != 1 || string(fc.got) != string(body)+".\r\n" {
+		t.Errorf("err %v, %d writes of %q; want one write of the body and the dot", err, fc.writes, fc.got)
+	}
+}
+
+// failingConn accepts room bytes, then fails every write with a reset.
+type failingConn struct {
+	net.Conn
+	room   int
+	got    []byte
+	writes int
+}
+
+func (f *failingConn) Write(p []byte) (int, error) {
+	f.writes++
+	n := min(len(p), f.room-len(f.got))
+	f.got = append(f.got, p[:n]...)
+	if n < len(p) {
+		return n, syscall.ECONNRESET
+	}
+	return n, nil
+}
+
+func (f *failingConn) SetDeadline(time.Time) error { return nil }
 
 func TestMaxMsgsPerConn(t *testing.T) {
 	w, fake := oneMX(t, fakemx.Options{})
