@@ -39,24 +39,24 @@ func TestRelayBudget(t *testing.T) {
 	}
 }
 
-func TestStatBusy(t *testing.T) {
-	stat := []byte("cpu  100 5 50 1000 20 3 2 1 7 0\ncpu0 50 2 25 500 10 1 1 0 0 0\n")
-	// user+nice+system+irq+softirq+steal = 100+5+50+3+2+1 ticks.
-	if got, want := statBusy(stat), 161*10*time.Millisecond; got != want {
-		t.Errorf("statBusy = %v, want %v", got, want)
-	}
-	if got := statBusy([]byte("intr 1 2 3\n")); got != 0 {
-		t.Errorf("statBusy of a line that is not cpu = %v", got)
-	}
-}
-
-func TestPidStatCPU(t *testing.T) {
-	// A command name with spaces and a ')' must not shift the fields.
-	stat := []byte("4242 (smtp ) sink) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 1 0 12345 1000 100\n")
-	if got, want := pidStatCPU(stat), 325*10*time.Millisecond; got != want {
-		t.Errorf("pidStatCPU = %v, want %v", got, want)
-	}
-	if got := pidStatCPU([]byte("garbage")); got != 0 {
-		t.Errorf("pidStatCPU of garbage = %v", got)
+// The /proc parsers, in clock ticks of 10 ms; 0 for what they cannot read.
+func TestProcParsers(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		parse func([]byte) time.Duration
+		in    string
+		ticks int
+	}{
+		// user+nice+system+irq+softirq+steal = 100+5+50+3+2+1; not idle,
+		// iowait or guest.
+		{"statBusy", statBusy, "cpu  100 5 50 1000 20 3 2 1 7 0\ncpu0 50 2 25 500 10 1 1 0 0 0\n", 161},
+		{"statBusy", statBusy, "intr 1 2 3\n", 0},
+		// A command name with spaces and a ')' must not shift the fields.
+		{"pidStatCPU", pidStatCPU, "4242 (smtp ) sink) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 1 0 12345 1000 100\n", 325},
+		{"pidStatCPU", pidStatCPU, "garbage", 0},
+	} {
+		if got, want := tc.parse([]byte(tc.in)), time.Duration(tc.ticks)*10*time.Millisecond; got != want {
+			t.Errorf("%s(%q) = %v, want %v", tc.name, tc.in, got, want)
+		}
 	}
 }
