@@ -250,7 +250,6 @@ func (s *suite) scenario3Postfix(backlog, msgs int) ([][]string, error) {
 		p    *postfixInst
 		sk   *sink
 		rate []float64
-		cpu  []float64 // the daemon's CPU µs per fresh message, per run
 		rss  int64
 	}
 	closed := freePort() // nothing listens here: mail routed to it defers
