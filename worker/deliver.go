@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -85,10 +86,27 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 			return p.refused(ctx, d, dest, refusal)
 		}
 	}
+	// From here on the permit is given back exactly once, whatever happens:
+	// with the attempt's results when it ran to the end, with none when it
+	// returned early or panicked. No results is the neutral outcome: the
+	// in-flight slot (and a half-open breaker's probe) is returned, but
+	// neither the breaker, the adaptive rate nor an automation rule learns
+	// anything. A panic is a fault of ours, not a signal from the
+	// destination; counting it as a failure would let one bug open the
+	// breakers of healthy destinations, and outflow's own signals never
+	// feed the coordinator.
+	released := false
+	release := func(results []classify.Result) {
+		if !released {
+			released = true
+			permit.Done(results)
+		}
+	}
+	defer release(nil)
 
 	body, err := p.cfg.Queue.EnvelopeBody(ctx, e)
 	if err != nil {
-		permit.Done(nil)
+		release(nil)
 		if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, jetstream.ErrMsgNotFound) {
 			// A missing body cannot heal by itself: park it with the
 			// reason, once the stream's leader confirms it (a lagging
@@ -109,35 +127,45 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 
 	if p.cfg.Signer != nil && !e.Signed {
 		if body, err = p.sign(ctx, e, body); err != nil {
-			permit.Done(nil)
 			return err
 		}
 	}
 
-	// Keep the ack alive while the SMTP conversation runs.
-	stop := make(chan struct{})
+	msg := &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body}
+	if l, ok := p.cfg.Gate.(limiter); ok {
+		msg.MaxMsgsPerConn = l.LimitsOf(dest).MaxMsgsPerConn
+	}
+	// Keep the ack alive while the SMTP conversation runs. The deferred
+	// stop matters when Send panics: a heartbeat left running would keep
+	// the envelope from ever being handed out again.
+	stop := p.keepAlive(d)
+	defer stop()
+	res := p.cfg.Sender.Send(ctx, msg)
+	stop()
+
+	o := p.sort(e, res)
+	release(o.results)
+	return p.record(ctx, d, dest, o, now)
+}
+
+// keepAlive tells the server every ProgressEvery that d is still being
+// worked on, until the returned stop is called (any number of times).
+func (p *deliverer) keepAlive(d *queue.Delivery) (stop func()) {
+	done := make(chan struct{})
+	var once sync.Once
 	go func() {
 		t := time.NewTicker(p.cfg.ProgressEvery)
 		defer t.Stop()
 		for {
 			select {
-			case <-stop:
+			case <-done:
 				return
 			case <-t.C:
 				d.InProgress()
 			}
 		}
 	}()
-	msg := &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body}
-	if l, ok := p.cfg.Gate.(limiter); ok {
-		msg.MaxMsgsPerConn = l.LimitsOf(dest).MaxMsgsPerConn
-	}
-	res := p.cfg.Sender.Send(ctx, msg)
-	close(stop)
-
-	o := p.sort(e, res)
-	permit.Done(o.results)
-	return p.record(ctx, d, dest, o, now)
+	return func() { once.Do(func() { close(done) }) }
 }
 
 // sign adds the DKIM signature before the first attempt and keeps the

@@ -185,7 +185,10 @@ func (p *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 
 // safeHandle runs one delivery, turning a panic into a logged error and a
 // counted event; the envelope is left unacknowledged so the server hands it
-// out again after the ack wait.
+// out again after the ack wait. That holds because handle's own defers run
+// while the panic unwinds: they stop the heartbeat that keeps the ack alive
+// and give the coordinator's permit back (with no results, so the panic
+// counts for neither the breaker nor the rate).
 func (p *deliverer) safeHandle(ctx context.Context, d *queue.Delivery) {
 	defer func() {
 		if r := recover(); r != nil {
