@@ -43,10 +43,11 @@ func TestFourHundredThatWillNeverSucceed(t *testing.T) {
 }
 
 // A class-5 enhanced code inside a 421 (RFC 3463 2 wants the classes to
-// agree): the enhanced code wins. The reverse, 5xx with a class-4 enhanced
-// code, is transient.
+// agree) does not make the reply permanent: a 4xx is permanent only when its
+// text says a retry cannot succeed, and a policy deferral often clears. The
+// reverse, 5xx with a class-4 enhanced code, is transient too.
 func TestClassFiveEnhancedCodeIn421(t *testing.T) {
-	res := check(t, Input{Stage: StageRcpt, Raw: "421 5.7.0 Sender blocked by local policy"}, Permanent, ScopeRecipient, "enhanced-class-5-in-4xx")
+	res := check(t, Input{Stage: StageRcpt, Raw: "421 5.7.0 Sender blocked by local policy"}, Transient, ScopeRecipient, "enhanced-class-5-in-4xx")
 	if res.Code != 421 || res.Enhanced != "5.7.0" {
 		t.Errorf("code %d enhanced %q, want 421 5.7.0", res.Code, res.Enhanced)
 	}
@@ -246,4 +247,61 @@ func TestClassifyDoesNotAllocate(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { c.Classify(in); c.Classify(in2); c.Classify(in3) }); n != 0 {
 		t.Errorf("%v allocations per run, want 0", n)
 	}
+}
+
+// The safety rules of the classifier, each by name.
+
+// A relay's account state (not activated, not verified, suspended, not
+// allowed to send as this sender) is permanent for the tenant's account
+// whatever code carries it: 4xx, 5xx, or an HTTP-style 403 from an ESP.
+func TestRelayAccountStateIsPermanentForTheTenant(t *testing.T) {
+	for _, raw := range []string{
+		"421 Domain sandbox1.mailgun.org is not allowed to send: Please activate your Mailgun account.",
+		"403 You are not authorized to send from that email address",
+		"554 Message rejected: Sending suspended for this account. For more information, please check the inbox of the email address associated with your AWS account.",
+		"451 4.7.1 Your account has been suspended; contact support",
+		"550 5.7.60 SMTP; Client does not have permissions to send as this sender",
+	} {
+		check(t, Input{Raw: raw, Stage: StageDataEnd}, Permanent, ScopeTenant, "relay-account-state")
+	}
+	// A recipient's disabled account is the recipient's, not ours.
+	check(t, Input{Raw: "550 5.2.1 The email account that you tried to reach is disabled."}, Permanent, ScopeRecipient, "")
+}
+
+// A 5xx whose text names a rate, a speed or a recent volume is throttled:
+// bouncing it would lose mail that a slower send delivers.
+func TestFiveHundredWithRateSignalIsThrottled(t *testing.T) {
+	for _, raw := range []string{
+		"550 5.7.1 This email has been rate limited.",
+		"554 Sending too fast, slow down",
+		"550 Too many messages from this sender in last 60 minutes",
+		"552 5.7.1 Sender exceeded the number of messages per hour",
+	} {
+		check(t, Input{Raw: raw}, Throttled, 0, "rate-signal")
+	}
+	// A size limit says "limit exceeded" too, and is not a rate.
+	check(t, Input{Raw: "552 5.2.2 Mailbox size limit exceeded"}, Permanent, ScopeRecipient, "")
+}
+
+// A 4xx is permanent only when its text says a retry cannot succeed; a 4xx
+// that speaks of policy, reputation or content is retried.
+func TestFourHundredIsPermanentOnlyWhenRetryCannotSucceed(t *testing.T) {
+	for _, raw := range []string{
+		"451 4.7.1 Rejected by local policy, try again later",
+		"421 Reject due to policy violations",
+		"450 4.7.1 Client host rejected: cannot find your hostname",
+		"421 5.7.1 Service unavailable due to policy",
+	} {
+		if res := Default().Classify(Input{Raw: raw}); res.Class == Permanent {
+			t.Errorf("%q: permanent (rule %s), want it retried", raw, res.Rule)
+		}
+	}
+	check(t, Input{Raw: "451 4.7.0 Delivery will never succeed for this sender"}, Permanent, 0, "will-not-succeed")
+}
+
+// Congestion (a busy receiver) is retried; a rate limit is throttled.
+func TestCongestionIsNotARateLimit(t *testing.T) {
+	check(t, Input{Raw: "421 4.4.5 Server busy, try again later."}, Transient, ScopeConnection, "rfc3463-congestion")
+	check(t, Input{Raw: "452 4.4.5 Insufficient disk space; try again later"}, Transient, 0, "")
+	check(t, Input{Raw: "452 4.4.5 Messages per second limit exceeded"}, Throttled, 0, "rate-signal")
 }
