@@ -28,6 +28,8 @@ type Classifier struct {
 	idx      textIndex
 	words    int      // length of a match set, in uint64 words
 	unitMask matchSet // phrases of time units: a text without one has no retry hint
+	tokIDs   []uint16 // phrase id of each tokenVocabulary entry
+	tokenOn  []bool   // by rule index: the token layer may weigh this rule's result again
 }
 
 // unitPhrases are the fragments every retry hint contains ("seconds",
@@ -58,6 +60,7 @@ type rule struct {
 	notMask    matchSet     // notText as a bit set
 	re         *regexp.Regexp
 	retryAfter time.Duration // hint used when the text gives none
+	embedded   bool          // from the embedded rules, not an operator's file
 }
 
 // New compiles the embedded rules, preceded by the operator's rules from
@@ -131,12 +134,20 @@ func (c *Classifier) compile(files []*ruleFile) error {
 				rerr.File = rf.name
 				return rerr
 			}
+			r.embedded = embedded
 			c.rules = append(c.rules, r)
 		}
 	}
 	var units []uint16
 	for _, p := range unitPhrases {
 		units = append(units, c.idx.add(p))
+	}
+	for _, tw := range tokenVocabulary {
+		c.tokIDs = append(c.tokIDs, c.idx.add(tw.phrase))
+	}
+	c.tokenOn = make([]bool, len(c.rules))
+	for i, r := range c.rules {
+		c.tokenOn[i] = r.embedded && tokenFallbacks[r.name]
 	}
 	c.idx.build()
 	c.words = (len(c.idx.phrases) + 63) / 64
@@ -243,6 +254,14 @@ func (c *Classifier) classifyReply(in Input) Result {
 		var ok bool
 		if m, ok = c.textOK(r, text, m, buf[:]); !ok {
 			continue
+		}
+		if c.tokenOn[ri] {
+			if m == nil {
+				m = c.matches(text, buf[:])
+			}
+			if cl, ok := tokenDecide(code, r.class, c.tokenScores(code, m)); ok {
+				return c.result(cl, 0, TokenRule, 0, in.Stage, code, enh, text, m)
+			}
 		}
 		return c.result(r.class, r.scope, r.name, r.retryAfter, in.Stage, code, enh, text, m)
 	}
