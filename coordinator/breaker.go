@@ -26,6 +26,11 @@ type attemptOutcome struct {
 	failed    bool // not reached, and a connection/destination transient failure
 	throttled bool // a throttled reply about the destination (cuts the rate)
 	delivered bool // at least one recipient delivered
+	// connThrottled: a "too many connections" reply (teaches a
+	// connection limit; does not cut the rate).
+	connThrottled bool
+	why           classify.Result // the first rate throttle, for the learned rate's reason
+	connWhy       classify.Result // the first connection throttle
 }
 
 // outcomeOf folds one attempt's results. outflow's own signals are skipped.
@@ -48,8 +53,19 @@ func outcomeOf(results []classify.Result) attemptOutcome {
 			o.reached = true
 			// "Too many messages on this connection" is about the
 			// connection, and a per-mailbox rate about one recipient:
-			// neither is a reason to slow the whole destination.
-			if r.Scope != classify.ScopeConnection && r.Scope != classify.ScopeRecipient {
+			// neither is a reason to slow the whole destination. "Too
+			// many connections" is about concurrency, not rate.
+			switch {
+			case r.Scope == classify.ScopeRecipient:
+			case connSignal.MatchString(r.Text):
+				if !o.connThrottled {
+					o.connWhy = *r
+				}
+				o.connThrottled = true
+			case r.Scope != classify.ScopeConnection:
+				if !o.throttled {
+					o.why = *r
+				}
 				o.throttled = true
 			}
 		case classify.Transient:

@@ -69,6 +69,27 @@ type DestState struct {
 	Breaker      string    `json:"breaker,omitempty"`
 	BreakerUntil time.Time `json:"breaker_until,omitzero"` // end of the open breaker's cooling period
 
+	// LearnedRate is the fleet rate (messages per second) learned from
+	// throttled replies for a destination without a configured rate (see
+	// learn.go); 0 means unknown. LearnedStep is its additive step up,
+	// LearnedHold the earliest time of its next change (cut or step), and
+	// LearnedReason why it last changed.
+	LearnedRate   float64   `json:"learned_rate,omitempty"`
+	LearnedStep   float64   `json:"learned_step,omitempty"`
+	LearnedHold   time.Time `json:"learned_hold,omitzero"`
+	LearnedReason string    `json:"learned_reason,omitempty"`
+	// LearnedConns is the fleet connection limit learned from "too many
+	// connections" replies; 0 means unknown. LearnedConnsHold and
+	// LearnedConnsReason are as for the rate.
+	LearnedConns       int       `json:"learned_conns,omitempty"`
+	LearnedConnsHold   time.Time `json:"learned_conns_hold,omitzero"`
+	LearnedConnsReason string    `json:"learned_conns_reason,omitempty"`
+	// LearnedSince is when the destination first learned a limit;
+	// LearnedCutAt the last throttle that cut one. What was learned is
+	// forgotten LearnForget after LearnedCutAt.
+	LearnedSince time.Time `json:"learned_since,omitzero"`
+	LearnedCutAt time.Time `json:"learned_cut_at,omitzero"`
+
 	// Recover is set by Resume: the next worker to clear it (by revision
 	// CAS, so exactly one) calls ThrottleConfig.OnRecover for the
 	// destination.
@@ -128,7 +149,7 @@ func (s DestState) idle(now time.Time) bool {
 	_, rate := s.rateOverride(now)
 	_, conns := s.connsOverride(now)
 	return s.SuspendedUntil.IsZero() && s.RateFactor() >= 1 && s.BreakerAt(now) == BreakerClosed &&
-		!rate && !conns && !s.Recover
+		!rate && !conns && !s.Recover && !s.learned()
 }
 
 // normalized fills the read-side defaults (Factor 1, Breaker closed) so
@@ -326,6 +347,21 @@ func SetConns(ctx context.Context, kv jetstream.KeyValue, dest string, conns int
 		return true
 	})
 	return err
+}
+
+// Forget clears what dest has learned (its learned rate and connection
+// limit), so that its next throttle seeds them afresh from the traffic of
+// that moment. It reports whether anything was learned. Configured limits,
+// pins, the factor and suspensions are left alone.
+func Forget(ctx context.Context, kv jetstream.KeyValue, dest, by string) (bool, error) {
+	_, _, _, wrote, err := updateState(ctx, kv, dest, by, func(s *DestState, _ time.Time) bool {
+		if !forgetLearned(s) {
+			return false
+		}
+		s.LearnedReason = "forgotten by " + by
+		return true
+	})
+	return wrote, err
 }
 
 // GetState returns dest's shared state, normalized (Factor 1 and Breaker

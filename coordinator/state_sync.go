@@ -179,21 +179,47 @@ func (t *Throttle) recovered(d *dest, s DestState, why string) {
 
 // fleetRate is the destination's effective fleet rate: configured (or
 // overridden) times the factor; 0 = unlimited.
+//
+// In order: an operator's pin (override) times the factor; a learned rate,
+// capped by the configured one; the configured rate times the factor.
 func (t *Throttle) fleetRate(l Limits, s DestState, now time.Time) float64 {
-	base := l.Rate
 	if ov, ok := s.rateOverride(now); ok {
-		base = ov
+		return ov * s.RateFactor()
 	}
-	if base <= 0 {
+	if s.LearnedRate > 0 && !t.cfg.NoLearn {
+		if ceil := l.Rate * s.RateFactor(); l.Rate > 0 && ceil < s.LearnedRate {
+			return ceil
+		}
+		return s.LearnedRate
+	}
+	if l.Rate <= 0 {
 		return 0
 	}
-	return base * s.RateFactor()
+	return l.Rate * s.RateFactor()
 }
 
-// fleetConns is the destination's effective fleet connection limit.
+// rateSource names where fleetRate's answer comes from, for dest status.
+func (t *Throttle) rateSource(l Limits, s DestState, now time.Time) string {
+	switch {
+	case func() bool { _, ok := s.rateOverride(now); return ok }():
+		return "pinned"
+	case s.LearnedRate > 0 && !t.cfg.NoLearn && (l.Rate <= 0 || s.LearnedRate <= l.Rate*s.RateFactor()):
+		return "learned"
+	case l.Rate > 0:
+		return "configured"
+	}
+	return "unlimited"
+}
+
+// fleetConns is the destination's effective fleet connection limit: an
+// operator's override, else the learned limit capped by the configured
+// one; 0 = unlimited.
 func fleetConns(l Limits, s DestState, now time.Time) int {
 	if ov, ok := s.connsOverride(now); ok {
 		return ov
+	}
+	if s.LearnedConns > 0 && (l.Conns <= 0 || s.LearnedConns < l.Conns) {
+		return s.LearnedConns
 	}
 	return l.Conns
 }
@@ -281,6 +307,9 @@ func (t *Throttle) tickStates(now time.Time) {
 			d.pending |= pendForget
 			t.enqueue(op{d: d, change: "forget", flag: pendForget, forget: d.rev})
 		}
+		if !t.cfg.NoLearn {
+			t.decayLearned(d, now)
+		}
 		has := d.hasState
 		d.mu.Unlock()
 		if has {
@@ -296,7 +325,7 @@ func (t *Throttle) evictIdle(now time.Time) {
 	defer t.mu.Unlock()
 	for name, d := range t.dests {
 		d.mu.Lock()
-		if !d.hasState && d.inflight == 0 && !d.backlogEnd.After(now) && d.pending == 0 && now.Sub(d.lastUsed) > idleEvict {
+		if !d.hasState && d.inflight == 0 && d.waiting(now) == 0 && d.pending == 0 && now.Sub(d.lastUsed) > idleEvict {
 			d.evicted = true
 			delete(t.dests, name)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"runtime/debug"
 	"strconv"
@@ -110,6 +111,35 @@ type ThrottleConfig struct {
 	// MinFactor is the floor of the factor. Default 0.05.
 	MinFactor float64
 
+	// NoLearn turns learned limits off: a destination without a
+	// configured rate is then never slowed by throttles (see learn.go).
+	NoLearn bool
+	// LearnWindow is the sliding window of the fleet's delivered rate
+	// that seeds a learned rate. Default 5s.
+	LearnWindow time.Duration
+	// LearnHold is the least time between two cuts of a learned limit,
+	// fleet-wide, and from a cut to the first step up. Default 3s.
+	LearnHold time.Duration
+	// LearnEvery is the interval of the learned limits' steps up.
+	// Default 5s.
+	LearnEvery time.Duration
+	// LearnStep is a learned rate's additive step as a fraction of the
+	// rate its last cut set (at least 0.5 msgs/s). Default 0.1.
+	LearnStep float64
+	// LearnForget is the quiet period (no throttle cut) after which
+	// learned limits are forgotten. Default 1h.
+	LearnForget time.Duration
+	// LearnMin is the floor of a learned rate, msgs/s. Default 0.1.
+	LearnMin float64
+	// TenantWeights weigh tenants' shares of a destination's rate when
+	// several have mail waiting for it; a tenant not listed weighs 1.
+	TenantWeights map[string]float64
+	// OnLearned is called, by the worker that wrote it, after each
+	// change of a destination's learned limits (seeded, cut, stepped up,
+	// forgotten), with the state after it and the change's name. It runs
+	// on the writer goroutine: keep it short (serve publishes an event).
+	OnLearned func(dest, change string, s DestState)
+
 	// WorkerID names this worker in the registry, in UpdatedBy and in
 	// logs. Default hostname-pid.
 	WorkerID string
@@ -193,6 +223,29 @@ func (c ThrottleConfig) withDefaults() (ThrottleConfig, error) {
 	if !(c.MinFactor > 0 && c.MinFactor <= 1) {
 		return c, fmt.Errorf("throttle: min factor %v: want 0 < f <= 1", c.MinFactor)
 	}
+	if c.LearnWindow <= 0 {
+		c.LearnWindow = DefaultLearnWindow
+	}
+	if c.LearnHold <= 0 {
+		c.LearnHold = DefaultLearnHold
+	}
+	if c.LearnEvery <= 0 {
+		c.LearnEvery = DefaultLearnEvery
+	}
+	if c.LearnStep <= 0 {
+		c.LearnStep = DefaultLearnStep
+	}
+	if c.LearnForget <= 0 {
+		c.LearnForget = DefaultLearnForget
+	}
+	if c.LearnMin <= 0 {
+		c.LearnMin = DefaultLearnMin
+	}
+	for tenant, w := range c.TenantWeights {
+		if !(w > 0) || math.IsInf(w, 0) {
+			return c, fmt.Errorf("throttle: tenant %q: weight %v: want > 0", tenant, w)
+		}
+	}
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = DefaultHeartbeat
 	}
@@ -233,7 +286,8 @@ type Throttle struct {
 	stateful map[string]*dest // destinations with stored state
 
 	wmu       sync.Mutex
-	workers   map[string]time.Time // registry key -> last seen
+	workers   map[string]time.Time    // registry key -> last seen
+	peers     map[string]workerRecord // registry key -> its last record
 	live      atomic.Int64
 	workerTTL time.Duration
 }
@@ -249,6 +303,8 @@ const (
 	pendBreaker
 	pendCut
 	pendForget
+	pendLearn     // a learned-rate change
+	pendLearnConn // a learned-connections change
 )
 
 // dest is one destination's in-memory state on this worker.
@@ -263,18 +319,25 @@ type dest struct {
 	evicted  bool
 
 	bucket bucket
-	// backlogEnd is the end of the destination's virtual queue of
-	// envelopes refused for the rate: the next refusal is told to come back
-	// then, and it moves on by one fleet-rate interval.
-	backlogEnd time.Time
-	inflight   int
-	probing    bool // a half-open probe is out
-	failures   int  // consecutive failed attempts
-	lastCut    time.Time
-	lastThr    time.Time // last throttled reply
-	lastUsed   time.Time
-	pending    uint8
-	auto       []window // by rule index
+	// vq is the destination's virtual queue of envelopes deferred for its
+	// rate, one end per tenant with mail waiting: the next envelope of a
+	// tenant is told to come back at its tenant's end, which then moves on
+	// by one interval of that tenant's share of the fleet rate (see slot).
+	vq       map[string]vqTail
+	inflight int
+	probing  bool // a half-open probe is out
+	failures int  // consecutive failed attempts
+	lastCut  time.Time
+	lastThr  time.Time // last throttled reply
+	lastUsed time.Time
+	pending  uint8
+	auto     []window // by rule index
+
+	// Learning (learn.go).
+	delivered   rateWindow // this worker's deliveries, for the seed
+	lastLimited time.Time  // the rate last made an attempt wait or refused it
+	lastConnLim time.Time  // the connection limit last refused an attempt
+	lastConnThr time.Time  // last "too many connections" reply
 }
 
 // op is one KV transition, run by the writer goroutine.
@@ -311,6 +374,7 @@ func NewThrottle(ctx context.Context, cfg ThrottleConfig) (*Throttle, error) {
 		dests:    map[string]*dest{},
 		stateful: map[string]*dest{},
 		workers:  map[string]time.Time{},
+		peers:    map[string]workerRecord{},
 	}
 	t.live.Store(1)
 	t.ctx, t.cancel = context.WithCancel(ctx)
@@ -460,17 +524,25 @@ func (t *Throttle) Group(domain string) string {
 // come back spaced at the rate. A context cancelled while waiting refuses
 // with "canceled".
 func (t *Throttle) Admit(ctx context.Context, domain string) (Permit, Refusal) {
+	return t.AdmitTenant(ctx, domain, "")
+}
+
+// AdmitTenant is Admit for one tenant's envelope: a "rate" refusal gives
+// it a place in its tenant's share of the destination's virtual queue, so
+// that one tenant's backlog does not push another tenant's mail back
+// (see slot).
+func (t *Throttle) AdmitTenant(ctx context.Context, domain, tenant string) (Permit, Refusal) {
 	name := t.Group(domain)
 	for {
 		d := t.getDest(name)
-		p, r, again := t.admit(ctx, d)
+		p, r, again := t.admit(ctx, d, tenant)
 		if !again {
 			return p, r
 		}
 	}
 }
 
-func (t *Throttle) admit(ctx context.Context, d *dest) (Permit, Refusal, bool) {
+func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, Refusal, bool) {
 	now := time.Now()
 	live := t.liveCount()
 	d.mu.Lock()
@@ -502,6 +574,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest) (Permit, Refusal, bool) {
 		d.probing, probe = true, true
 	}
 	if c := shareConns(fleetConns(d.limits, *st, now), live); c > 0 && d.inflight >= c {
+		d.lastConnLim = now
 		d.probing = d.probing && !probe
 		d.mu.Unlock()
 		return nil, Refusal{Until: now.Add(connsRetry), Reason: "conns"}, false
@@ -510,6 +583,9 @@ func (t *Throttle) admit(ctx context.Context, d *dest) (Permit, Refusal, bool) {
 	if fleet := t.fleetRate(d.limits, *st, now); fleet > 0 {
 		d.bucket.setRate(now, fleet/float64(live))
 		at = d.bucket.reserve(now)
+		if at.After(now) {
+			d.lastLimited = at // the rate holds this attempt back until then
+		}
 		if at.Sub(now) > t.cfg.MaxWait {
 			// Too long to wait here. The refused envelope goes back to a
 			// lane and may return to any worker, so this worker keeps no
@@ -519,11 +595,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest) (Permit, Refusal, bool) {
 			// fleet can send, whichever worker refused it; each return
 			// still takes a real token from the worker that admits it.
 			d.bucket.refund()
-			until := d.backlogEnd
-			if until.Before(at) {
-				until = at
-			}
-			d.backlogEnd = until.Add(time.Duration(float64(time.Second) / fleet))
+			until := d.slot(tenant, at, now, fleet, t.weight)
 			d.probing = d.probing && !probe
 			d.mu.Unlock()
 			return nil, Refusal{Until: until, Reason: "rate"}, false
@@ -605,16 +677,29 @@ func (t *Throttle) done(d *dest, probe bool, results []classify.Result) {
 		}
 	}
 
-	// Adaptive rate.
+	// Adaptive rate: the factor below a configured (or pinned) rate, a
+	// learned rate where none is configured (learn.go).
+	if o.delivered {
+		d.delivered.add(now, 1, cfg.LearnWindow)
+	}
+	if o.connThrottled {
+		d.lastConnThr = now
+		t.cutLearnedConns(d, now, o.connWhy)
+	}
 	if o.throttled {
 		d.lastThr = now
-		if d.lastCut.IsZero() || now.Sub(d.lastCut) >= cfg.DecreaseFor {
+		if learnsRate(!cfg.NoLearn, d.limits, d.state, now) {
+			t.cutLearnedRate(d, now, o.why)
+		} else if d.lastCut.IsZero() || now.Sub(d.lastCut) >= cfg.DecreaseFor {
 			d.lastCut = now
 			t.cutFactor(d, now)
 		}
-	} else if o.delivered && d.pending&pendRamp == 0 && d.state.RateFactor() < 1 &&
-		!now.Before(d.state.FactorUntil) && now.Sub(d.lastThr) >= cfg.IncreaseEvery {
-		t.rampFactor(d)
+	} else if o.delivered {
+		if d.pending&pendRamp == 0 && d.state.RateFactor() < 1 &&
+			!now.Before(d.state.FactorUntil) && now.Sub(d.lastThr) >= cfg.IncreaseEvery {
+			t.rampFactor(d)
+		}
+		t.raiseLearned(d, now)
 	}
 
 	// Automation.

@@ -44,6 +44,19 @@ type ThrottleSettings struct {
 	IncreaseStep    float64       `toml:"increase-step"`    // default 0.1
 	IncreaseEvery   time.Duration `toml:"increase-every"`   // default 10s
 	MinFactor       float64       `toml:"min-factor"`       // default 0.05
+
+	// Learn turns learned limits on for destinations without a
+	// configured rate. Default true.
+	Learn       *bool         `toml:"learn"`
+	LearnWindow time.Duration `toml:"learn-window"` // default 5s
+	LearnHold   time.Duration `toml:"learn-hold"`   // default 3s
+	LearnEvery  time.Duration `toml:"learn-every"`  // default 5s
+	LearnStep   float64       `toml:"learn-step"`   // default 0.1
+	LearnForget time.Duration `toml:"learn-forget"` // default 1h
+	LearnMin    float64       `toml:"learn-min"`    // default 0.1 msgs/s
+	// TenantWeights weigh tenants' shares of a busy destination's rate;
+	// unlisted tenants weigh 1.
+	TenantWeights map[string]float64 `toml:"tenant-weights"`
 }
 
 // LimitsFile is one [destinations.X] table. A key left out inherits
@@ -65,7 +78,16 @@ func (f ThrottleFile) Config() (ThrottleConfig, error) {
 	c.BreakerFailures, c.BreakerCooldown, c.MaxWait = s.BreakerFailures, s.BreakerCooldown, s.MaxWait
 	c.DecreaseFactor, c.DecreaseFor = s.DecreaseFactor, s.DecreaseFor
 	c.IncreaseStep, c.IncreaseEvery, c.MinFactor = s.IncreaseStep, s.IncreaseEvery, s.MinFactor
+	c.NoLearn = s.Learn != nil && !*s.Learn
+	c.LearnWindow, c.LearnHold, c.LearnEvery, c.LearnForget = s.LearnWindow, s.LearnHold, s.LearnEvery, s.LearnForget
+	c.LearnStep, c.LearnMin, c.TenantWeights = s.LearnStep, s.LearnMin, s.TenantWeights
 	switch {
+	case s.LearnWindow < 0, s.LearnHold < 0, s.LearnEvery < 0, s.LearnForget < 0:
+		return c, fmt.Errorf("throttle: learn-window, learn-hold, learn-every and learn-forget must be > 0")
+	case s.LearnStep < 0 || s.LearnStep > 1:
+		return c, fmt.Errorf("throttle: learn-step %v: want 0 < step <= 1", s.LearnStep)
+	case s.LearnMin < 0:
+		return c, fmt.Errorf("throttle: learn-min %v: want > 0", s.LearnMin)
 	case s.BreakerFailures < 0:
 		return c, fmt.Errorf("throttle: breaker-failures %d: want >= 1", s.BreakerFailures)
 	case s.BreakerCooldown < 0, s.DecreaseFor < 0, s.IncreaseEvery < 0:
@@ -140,6 +162,11 @@ func (f ThrottleFile) Config() (ThrottleConfig, error) {
 		c.GroupByMX = *s.GroupByMX
 	}
 
+	for tenant, w := range s.TenantWeights {
+		if !(w > 0) || math.IsInf(w, 0) {
+			return c, fmt.Errorf("throttle: tenant-weights.%q = %v: want > 0", tenant, w)
+		}
+	}
 	if _, err := compileAutoRules(f.Automation); err != nil {
 		return c, err
 	}

@@ -15,6 +15,8 @@ type throttleMetrics struct {
 	suspended   *prometheus.GaugeVec   // outflow_dest_suspended{dest}
 	factor      *prometheus.GaugeVec   // outflow_dest_rate_factor{dest}
 	breaker     *prometheus.GaugeVec   // outflow_dest_breaker_state{dest}
+	learned     *prometheus.GaugeVec   // outflow_dest_learned_rate{dest}
+	learnedConn *prometheus.GaugeVec   // outflow_dest_learned_conns{dest}
 	live        prometheus.Gauge       // outflow_workers_live
 	transitions *prometheus.CounterVec // outflow_dest_transitions_total{change}
 	panics      prometheus.Counter     // outflow_coordinator_panics_total
@@ -33,6 +35,12 @@ func newThrottleMetrics(reg prometheus.Registerer) *throttleMetrics {
 		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "outflow_dest_breaker_state", Help: "Circuit breaker of the destination: 0 closed, 1 half-open, 2 open.",
 		}, []string{"dest"}),
+		learned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outflow_dest_learned_rate", Help: "Fleet rate (msgs/s) learned from throttled replies; 0 = unknown.",
+		}, []string{"dest"}),
+		learnedConn: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outflow_dest_learned_conns", Help: "Fleet connection limit learned from too-many-connections replies; 0 = unknown.",
+		}, []string{"dest"}),
 		live: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outflow_workers_live", Help: "Workers registered and alive, as this worker sees them.",
 		}),
@@ -49,6 +57,8 @@ func newThrottleMetrics(reg prometheus.Registerer) *throttleMetrics {
 	m.suspended = register(m, m.suspended)
 	m.factor = register(m, m.factor)
 	m.breaker = register(m, m.breaker)
+	m.learned = register(m, m.learned)
+	m.learnedConn = register(m, m.learnedConn)
 	m.live = register(m, m.live)
 	m.transitions = register(m, m.transitions)
 	m.panics = register(m, m.panics)
@@ -87,6 +97,13 @@ func (m *throttleMetrics) set(dest string, s DestState, breaker string, suspende
 	m.suspended.WithLabelValues(dest).Set(sus)
 	m.factor.WithLabelValues(dest).Set(s.RateFactor())
 	m.breaker.WithLabelValues(dest).Set(b)
+	m.setLearned(dest, s)
+}
+
+// setLearned exports a destination's learned limits.
+func (m *throttleMetrics) setLearned(dest string, s DestState) {
+	m.learned.WithLabelValues(dest).Set(s.LearnedRate)
+	m.learnedConn.WithLabelValues(dest).Set(float64(s.LearnedConns))
 }
 
 // drop removes a destination's series (its state was deleted).
@@ -94,6 +111,8 @@ func (m *throttleMetrics) drop(dest string) {
 	m.suspended.DeleteLabelValues(dest)
 	m.factor.DeleteLabelValues(dest)
 	m.breaker.DeleteLabelValues(dest)
+	m.learned.DeleteLabelValues(dest)
+	m.learnedConn.DeleteLabelValues(dest)
 }
 
 // unregister removes what this Throttle registered.
