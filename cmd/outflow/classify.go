@@ -22,12 +22,36 @@ type classifyOutput struct {
 	EnhancedCode string         `json:"enhanced_code"`
 	RetryAfterMS int64          `json:"retry_after_ms,omitempty"` // server hint or rule default, in milliseconds; absent when none
 	Text         string         `json:"text"`
-	Reply        string         `json:"reply"` // the input line, as given
+	Reply        string         `json:"reply"`             // the input line, as given
+	Explain      *explainOutput `json:"explain,omitempty"` // with --explain only
 }
 
-func init() {
+// explainOutput is the "explain" object of `outflow classify --json
+// --explain`: what decided, the weighted tokens found, and the runner-up.
+type explainOutput struct {
+	DecidedBy string             `json:"decided_by"` // "rule" or "tokens"
+	Rule      string             `json:"rule"`       // the rule that matched (with tokens: the code rule overridden)
+	Tokens    []explainToken     `json:"tokens,omitempty"`
+	Scores    map[string]float64 `json:"scores,omitempty"` // token score per class, in nats
+	RunnerUp  classify.Class     `json:"runner_up,omitempty"`
+	Margin    float64            `json:"margin"` // lead of the result's class over the runner-up, in nats
+}
+
+// explainToken is one vocabulary entry found in the reply.
+type explainToken struct {
+	Token  string         `json:"token"`
+	Class  classify.Class `json:"class"`
+	Weight float64        `json:"weight"`
+}
+
+func init() { rootCmd.AddCommand(newClassifyCmd()) }
+
+// newClassifyCmd builds `outflow classify` with its own flags, so tests can
+// run it afresh.
+func newClassifyCmd() *cobra.Command {
 	var (
 		asJSON    bool
+		explain   bool
 		rulesFile string
 		stageName string
 		eventName string
@@ -45,6 +69,7 @@ instead; --stage says which SMTP step the reply or event answered.
 docs/classification.md describes the classes and the rules file format.`,
 		Example: `  outflow classify --json '421 4.7.28 Gmail has detected an unusual rate of email.'
   outflow classify --stage rcpt '552 Too many recipients'
+  outflow classify --explain '451 Hourly volume for your IP reached, come back later'
   outflow classify --event conn-lost --stage data-end
   outflow classify --rules /etc/outflow/rules.toml --json < replies.txt`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -68,6 +93,9 @@ docs/classification.md describes the classes and the rules file format.`,
 				in := classify.Input{Raw: reply, Stage: stage}
 				if event != classify.EventNone {
 					in = classify.Input{Event: event, Stage: stage, Text: reply}
+				}
+				if explain {
+					return printExplanation(out, c.Explain(in), reply, asJSON)
 				}
 				return printResult(out, c.Classify(in), reply, asJSON)
 			}
@@ -100,10 +128,11 @@ docs/classification.md describes the classes and the rules file format.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per reply")
+	cmd.Flags().BoolVar(&explain, "explain", false, "also print which rule or which weighted tokens decided, and how close the runner-up class was")
 	cmd.Flags().StringVar(&rulesFile, "rules", "", "extra rules file (TOML), tried before the embedded rules")
 	cmd.Flags().StringVar(&stageName, "stage", "unknown", "SMTP step the replies answered: greeting, ehlo, tls, auth, mail, rcpt, data, data-end, ...")
 	cmd.Flags().StringVar(&eventName, "event", "", "classify a transport event instead: conn-refused, timeout, conn-lost, tls-failure, dns-nxdomain, dns-servfail, null-mx, local")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
 
 // printResult writes one result, as JSON or as a tab-separated line
@@ -129,5 +158,62 @@ func printResult(w io.Writer, r classify.Result, reply string, asJSON bool) erro
 		enh = "-"
 	}
 	_, err := fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Class, r.Scope, r.Rule, r.Code, enh, hint, r.Text)
+	return err
+}
+
+// printExplanation writes one result with its explanation: in JSON, the
+// result's object with an "explain" object; as text, the result's line
+// followed by indented lines for the decision, the tokens and the runner-up.
+func printExplanation(w io.Writer, ex classify.Explanation, reply string, asJSON bool) error {
+	r := ex.Result
+	if asJSON {
+		eo := &explainOutput{DecidedBy: ex.DecidedBy, Rule: ex.Rule, RunnerUp: ex.RunnerUp, Margin: ex.Margin}
+		for _, t := range ex.Tokens {
+			eo.Tokens = append(eo.Tokens, explainToken{Token: t.Token, Class: t.Class, Weight: t.Weight})
+		}
+		if len(ex.Scores) > 0 {
+			eo.Scores = map[string]float64{}
+			for _, s := range ex.Scores {
+				eo.Scores[s.Class.String()] = s.Score
+			}
+		}
+		b, err := json.Marshal(classifyOutput{
+			Class: r.Class, Scope: r.Scope, Rule: r.Rule, Code: r.Code, EnhancedCode: r.Enhanced,
+			RetryAfterMS: r.RetryAfter.Milliseconds(), Text: r.Text, Reply: reply, Explain: eo,
+		})
+		if err != nil {
+			return fmt.Errorf("encode result: %w", err)
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	}
+	if err := printResult(w, r, reply, false); err != nil {
+		return err
+	}
+	var b strings.Builder
+	if ex.DecidedBy == "tokens" {
+		fmt.Fprintf(&b, "  decided by: weighted tokens (overriding rule %s)\n", ex.Rule)
+	} else {
+		fmt.Fprintf(&b, "  decided by: rule %s\n", ex.Rule)
+	}
+	if len(ex.Tokens) > 0 {
+		b.WriteString("  tokens:")
+		for _, t := range ex.Tokens {
+			fmt.Fprintf(&b, " %q(%s %+.1f)", t.Token, t.Class, t.Weight)
+		}
+		b.WriteString("\n")
+	}
+	if len(ex.Scores) > 0 {
+		b.WriteString("  scores:")
+		for _, s := range ex.Scores {
+			fmt.Fprintf(&b, " %s %.1f", s.Class, s.Score)
+		}
+		if ex.Margin >= 0 {
+			fmt.Fprintf(&b, "\n  runner-up: %s, %.1f nats behind\n", ex.RunnerUp, ex.Margin)
+		} else {
+			fmt.Fprintf(&b, "\n  runner-up: %s, %.1f nats ahead on the words; the rule decided\n", ex.RunnerUp, -ex.Margin)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
 	return err
 }
