@@ -36,6 +36,13 @@ type Record struct {
 
 	Decision
 
+	// PacedBy, when set, says that the delay is the envelope's place in
+	// the destination's virtual queue at this rate ("10.00/s learned"),
+	// not the backoff draw: throttled mail of a destination with a rate
+	// comes back at that rate (Throttle.Pace). Delay and DelayMs are then
+	// the paced delay; the draw's fields are kept for the record.
+	PacedBy string
+
 	// NextAttemptAt is when the attempt is due: the decision time plus
 	// Decision.Delay.
 	NextAttemptAt time.Time
@@ -69,6 +76,7 @@ type recordJSON struct {
 	OffsetMs       int64   `json:"offset_ms"`
 	HintMs         int64   `json:"hint_ms"`
 	DelayMs        int64   `json:"delay_ms"`
+	PacedBy        string  `json:"paced_by,omitempty"`
 	NextAttemptAt  string  `json:"next_attempt_at"`
 }
 
@@ -115,6 +123,7 @@ func (r Record) wire() recordJSON {
 		OffsetMs:       r.OffsetMs,
 		HintMs:         r.HintMs,
 		DelayMs:        r.DelayMs,
+		PacedBy:        r.PacedBy,
 		NextAttemptAt:  r.nextAt(),
 	}
 }
@@ -176,6 +185,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 			DelayMs:    w.DelayMs,
 			Delay:      time.Duration(w.DelayMs) * time.Millisecond,
 		},
+		PacedBy:       w.PacedBy,
 		NextAttemptAt: next,
 	}
 	return nil
@@ -207,8 +217,11 @@ func (r Record) MarshalZerologObject(e *zerolog.Event) {
 		Int64("jitter_ms", w.JitterMs).
 		Int64("offset_ms", w.OffsetMs).
 		Int64("hint_ms", w.HintMs).
-		Int64("delay_ms", w.DelayMs).
-		Str("next_attempt_at", w.NextAttemptAt)
+		Int64("delay_ms", w.DelayMs)
+	if w.PacedBy != "" {
+		e.Str("paced_by", w.PacedBy)
+	}
+	e.Str("next_attempt_at", w.NextAttemptAt)
 }
 
 // DecisionMessage is the message ("msg") of every decision log line, for

@@ -78,17 +78,19 @@ func (d *dest) waiting(now time.Time) int {
 // back at the destination's current rate, oldest first, instead of in
 // waves on individual backoff timers. ok is false for a destination
 // without a rate; the caller then uses the rate-limit lane's backoff.
-func (t *Throttle) Pace(domain, tenant string) (at time.Time, ok bool) {
+// by describes the rate for the decision record ("10.00/s learned").
+func (t *Throttle) Pace(domain, tenant string) (at time.Time, by string, ok bool) {
 	d := t.getDest(t.Group(domain))
 	now := time.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	fleet := t.fleetRate(d.limits, d.state, now)
 	if fleet <= 0 {
-		return time.Time{}, false
+		return time.Time{}, "", false
 	}
 	first := now.Add(time.Duration(float64(time.Second) / fleet))
-	return d.slot(tenant, first, now, fleet, t.weight), true
+	by = strconv.FormatFloat(fleet, 'f', 2, 64) + "/s " + t.rateSource(d.limits, d.state, now)
+	return d.slot(tenant, first, now, fleet, t.weight), by, true
 }
 
 // cutLearnedRate seeds or cuts d's learned rate after a throttled reply,

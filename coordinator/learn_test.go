@@ -341,15 +341,15 @@ func TestConnectionThrottleTeachesConns(t *testing.T) {
 func TestPaceSpacesThrottledMail(t *testing.T) {
 	env := startKV(t)
 	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 10 })
-	if _, ok := newThrottle(t, env, "solo", nil).Pace("none.test", ""); ok {
+	if _, _, ok := newThrottle(t, env, "solo", nil).Pace("none.test", ""); ok {
 		// Nothing configured and nothing learned: no rate to pace at.
 		t.Fatal("paced a destination without a rate")
 	}
 	prev := time.Now()
 	for i := range 20 {
-		at, ok := a.Pace("p.test", "t1")
-		if !ok {
-			t.Fatal("no pace with a configured rate")
+		at, by, ok := a.Pace("p.test", "t1")
+		if !ok || by != "10.00/s configured" {
+			t.Fatalf("pace with a configured rate: %v %q", ok, by)
 		}
 		if i > 0 && !near(at.Sub(prev).Seconds(), 0.1) {
 			t.Fatalf("slot %d is %s after the previous, want 100ms", i, at.Sub(prev))

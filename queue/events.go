@@ -55,6 +55,10 @@ const (
 	EventReplayed  = "replayed"  // moved back to fresh work by an operator
 	EventFastFwd   = "fast-forwarded"
 	EventMalformed = "malformed" // an undecodable envelope was parked
+	// EventLearned: a destination's learned limits changed (seeded, cut,
+	// stepped up, forgotten). Its id is the destination as a subject token,
+	// its state the destination's shared state after the change.
+	EventLearned = "dest-learned"
 )
 
 // Event is one outcome, published as JSON to outflow.events.<type>.<shard> and
@@ -76,6 +80,9 @@ type Event struct {
 	// Decision is the full decision record (coordinator.Record as JSON) for
 	// attempts; kept raw so queue does not depend on coordinator.
 	Decision json.RawMessage `json:"decision,omitempty"`
+	// State is a destination's shared throttle state after the change
+	// (dest-learned events); kept raw like Decision.
+	State json.RawMessage `json:"state,omitempty"`
 }
 
 // Event publishes ev asynchronously. Events are the record, not the state:

@@ -82,7 +82,7 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		p.log.Info().Str("msg_id", e.ID).Str("dest", dest).Msg("operator probe (fast-forward): bypassing the coordinator for this attempt")
 	} else {
 		var refusal coordinator.Refusal
-		if permit, refusal = p.cfg.Gate.Admit(ctx, e.Dest); permit == nil {
+		if permit, refusal = p.admit(ctx, e); permit == nil {
 			return p.refused(ctx, d, dest, refusal)
 		}
 	}
@@ -367,10 +367,17 @@ func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.E
 	seed := coordinator.NewSeed()
 	dec := bo.Decide(retryN, p.id, seed, o.lead.RetryAfter)
 	at := dec.At(now)
+	var pacedBy string
+	if o.throttled {
+		if pat, by, ok := p.pace(e, now, &dec); ok {
+			at, pacedBy = pat, by
+		}
+	}
 	rec := p.baseRecord(e, dest, o.lead)
 	rec.Lane = string(lane)
 	rec.Attempt = next.Attempt
 	rec.Decision = dec
+	rec.PacedBy = pacedBy
 	rec.NextAttemptAt = at
 	p.logRecord(rec, "deferred")
 	if p.cfg.Metrics != nil {

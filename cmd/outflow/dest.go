@@ -29,7 +29,7 @@ func adminBy() string {
 
 func init() {
 	a := &adminFlags{}
-	dc := &cobra.Command{Use: "dest", Short: "destination throttle state: list, status, suspend, resume, rate"}
+	dc := &cobra.Command{Use: "dest", Short: "destination throttle state: list, status, suspend, resume, rate, forget"}
 	a.bind(dc)
 
 	list := &cobra.Command{
@@ -53,7 +53,7 @@ func init() {
 				}
 				now := time.Now()
 				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "DEST\tSUSPENDED UNTIL\tRATE FACTOR\tRATE OVERRIDE\tBREAKER\tREASON\tUPDATED BY")
+				fmt.Fprintln(tw, "DEST\tSUSPENDED UNTIL\tRATE FACTOR\tRATE OVERRIDE\tLEARNED\tBREAKER\tREASON\tUPDATED BY")
 				for _, s := range states {
 					susp := "-"
 					if s.Suspended(now) {
@@ -63,7 +63,7 @@ func init() {
 					if s.RateOverride > 0 {
 						over = fmt.Sprintf("%g/s", s.RateOverride)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\n", s.Dest, susp, s.RateFactor(), over, s.BreakerAt(now), dash(s.Reason), dash(s.UpdatedBy))
+					fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\n", s.Dest, susp, s.RateFactor(), over, learnedShort(s), s.BreakerAt(now), dash(s.Reason), dash(s.UpdatedBy))
 				}
 				return tw.Flush()
 			})
@@ -110,13 +110,24 @@ func init() {
 					}
 					fmt.Fprintf(out, "rate override: %g/s until %s\n", st.RateOverride, until)
 				}
+				if st.LearnedRate > 0 || st.LearnedConns > 0 {
+					fmt.Fprintf(out, "learned:       %s since %s\n", learnedShort(st), st.LearnedSince.UTC().Format(time.RFC3339))
+					if st.LearnedReason != "" {
+						fmt.Fprintf(out, "  rate:        %s\n", st.LearnedReason)
+					}
+					if st.LearnedConnsReason != "" {
+						fmt.Fprintf(out, "  conns:       %s\n", st.LearnedConnsReason)
+					}
+				} else {
+					fmt.Fprintf(out, "learned:       nothing (no throttle has taught a limit)\n")
+				}
 				fmt.Fprintf(out, "breaker:       %s\n", st.BreakerAt(now))
 				fmt.Fprintf(out, "waiting:       %d deferred, %d throttled\n", len(deferred), len(throttled))
 				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "WORKER\tGROUP\tCONFIGURED\tFLEET RATE\tWORKER RATE\tLIVE\tCONNS\tIN FLIGHT\tBREAKER")
+				fmt.Fprintln(tw, "WORKER\tGROUP\tCONFIGURED\tFLEET RATE\tFROM\tWORKER RATE\tLIVE\tCONNS\tIN FLIGHT\tBREAKER")
 				for _, v := range views {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", v.Worker, v.Dest, rate(v.Limits.Rate), rate(v.FleetRate), rate(v.WorkerRate),
-						v.LiveWorkers, conns(v.FleetConns), v.InFlight, v.Breaker)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", v.Worker, v.Dest, rate(v.Limits.Rate), rate(v.FleetRate), dash(v.RateSource),
+						rate(v.WorkerRate), v.LiveWorkers, conns(v.FleetConns), v.InFlight, v.Breaker)
 				}
 				if len(views) == 0 {
 					fmt.Fprintln(tw, "(no running worker answered)")
@@ -193,7 +204,26 @@ func init() {
 	rateCmd.Flags().Float64Var(&maxRate, "max", 0, "messages per second for the whole fleet")
 	rateCmd.Flags().DurationVar(&rateFor, "for", 0, "how long (default: until changed)")
 
-	dc.AddCommand(list, status, suspend, resume, rateCmd)
+	forget := &cobra.Command{
+		Use:   "forget DEST",
+		Short: "clear the rate and connection limit DEST has learned from throttles; its next throttle seeds them afresh",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				had, err := coordinator.Forget(ctx, q.DestKV(), args[0], adminBy())
+				if err != nil {
+					return err
+				}
+				msg := "%s: learned limits cleared"
+				if !had {
+					msg = "%s: had learned nothing"
+				}
+				return report(cmd, a.json, map[string]any{"dest": args[0], "forgotten": had}, msg, args[0])
+			})
+		},
+	}
+
+	dc.AddCommand(list, status, suspend, resume, rateCmd, forget)
 	rootCmd.AddCommand(dc)
 }
 
@@ -229,6 +259,21 @@ func gatherStatus(nc *nats.Conn, dest string, wait time.Duration) ([]workerView,
 			return out, nil
 		}
 	}
+}
+
+// learnedShort is a state's learned limits in a few words ("12.5/s, 4 conns").
+func learnedShort(s coordinator.DestState) string {
+	var parts []string
+	if s.LearnedRate > 0 {
+		parts = append(parts, fmt.Sprintf("%.2f/s", s.LearnedRate))
+	}
+	if s.LearnedConns > 0 {
+		parts = append(parts, fmt.Sprintf("%d conns", s.LearnedConns))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func rate(r float64) string {

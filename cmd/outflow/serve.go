@@ -303,6 +303,13 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 		log.Info().Err(err).Str("dest", dest).Float64("rate", rate).Int("released", n).
 			Msg("destination recovered: deferred mail released oldest first at its rate")
 	}
+	// Every change of a learned limit is an event, beside its log line,
+	// so that an application or a dashboard can follow what was learned.
+	tc.OnLearned = func(dest, change string, s coordinator.DestState) {
+		b, _ := json.Marshal(s)
+		q.Event(queue.EventLearned, &queue.Event{ID: queue.Token(dest), Dest: dest, Worker: workerID,
+			Reason: change + ": " + s.LearnedReason, State: b})
+	}
 	t, err := coordinator.NewThrottle(ctx, tc)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,54 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/queue"
+)
+
+// tenantGate is the part of *coordinator.Throttle that admits an envelope
+// in its tenant's share of the destination (OpenGate and test gates
+// admit by domain only).
+type tenantGate interface {
+	AdmitTenant(ctx context.Context, domain, tenant string) (coordinator.Permit, coordinator.Refusal)
+}
+
+// pacer is the part of *coordinator.Throttle that gives a throttled
+// envelope its place in the destination's virtual queue.
+type pacer interface {
+	Pace(domain, tenant string) (at time.Time, by string, ok bool)
+}
+
+// admit asks the coordinator for e, in its tenant's share when the gate
+// knows tenants.
+func (p *deliverer) admit(ctx context.Context, e *queue.Envelope) (coordinator.Permit, coordinator.Refusal) {
+	if g, ok := p.cfg.Gate.(tenantGate); ok {
+		return g.AdmitTenant(ctx, e.Dest, e.Tenant)
+	}
+	return p.cfg.Gate.Admit(ctx, e.Dest)
+}
+
+// pace replaces a throttled envelope's backoff draw with its place in the
+// destination's virtual queue when the destination has a rate (configured,
+// pinned or learned): the rate-limit lane then gives the destination its
+// mail back at that rate, oldest first, instead of in waves. A server's
+// own hint ("try again in 90 seconds") is still honoured when later. The
+// draw stays in the record beside paced_by.
+func (p *deliverer) pace(e *queue.Envelope, now time.Time, dec *coordinator.Decision) (time.Time, string, bool) {
+	pc, ok := p.cfg.Gate.(pacer)
+	if !ok {
+		return time.Time{}, "", false
+	}
+	at, by, ok := pc.Pace(e.Dest, e.Tenant)
+	if !ok {
+		return time.Time{}, "", false
+	}
+	if hint := now.Add(time.Duration(dec.HintMs) * time.Millisecond); hint.After(at) {
+		at = hint
+	}
+	ms := (at.Sub(now) + time.Millisecond - 1).Milliseconds() // whole ms, rounded up: Delay is DelayMs exactly
+	dec.DelayMs, dec.Delay = ms, time.Duration(ms)*time.Millisecond
+	return now.Add(dec.Delay), by, true
+}
