@@ -383,6 +383,11 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 	if _, err := q.js.PublishMsg(ctx, m, jetstream.WithMsgID("replay."+e.ID+"."+itoa(e.Replays))); err != nil {
 		return nil, fmt.Errorf("replay %s: %w", id, err)
 	}
+	// The new work envelope (and an edited body) on disk before the dead
+	// letter goes.
+	if err := q.durable(ctx, StreamWork, bodyStreamName); err != nil {
+		return nil, fmt.Errorf("replay %s: %w", id, err)
+	}
 	if err := q.deleteItem(ctx, it); err != nil {
 		return nil, err
 	}

@@ -124,6 +124,15 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			return nil, fmt.Errorf("queue envelope: %w", ctx.Err())
 		}
 	}
+	// The envelopes, and the body when it is stored apart, are on disk
+	// before the ids are returned (before the 250): RFC 5321 §6.1.
+	streams := []string{StreamWork}
+	if !inline {
+		streams = append(streams, bodyStreamName)
+	}
+	if err := q.durable(ctx, streams...); err != nil {
+		return nil, fmt.Errorf("queue envelope: %w", err)
+	}
 	for i, id := range ids {
 		q.Event(EventQueued, &Event{ID: id, MsgID: msgID, Tenant: s.Tenant, Dest: order[i], Rcpts: len(groups[order[i]]), Size: int64(len(s.Body))})
 	}
@@ -340,6 +349,11 @@ func (q *Queue) EnvelopeBody(ctx context.Context, e *Envelope) ([]byte, error) {
 // PutBody stores a derived body (a DKIM-signed copy) under ref.
 func (q *Queue) PutBody(ctx context.Context, ref string, body []byte) error {
 	if err := q.putBody(ctx, ref, body); err != nil {
+		return fmt.Errorf("store body %s: %w", ref, err)
+	}
+	// A schedule that names this copy is synced next; the copy must not
+	// be the part a crash loses.
+	if err := q.durable(ctx, bodyStreamName); err != nil {
 		return fmt.Errorf("store body %s: %w", ref, err)
 	}
 	return nil

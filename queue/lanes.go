@@ -165,7 +165,11 @@ func (q *Queue) parkMalformed(ctx context.Context, m jetstream.Msg, reason error
 	dm.Data = data
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := q.js.PublishMsg(pctx, dm); err != nil {
+	_, err := q.js.PublishMsg(pctx, dm)
+	if err == nil {
+		err = q.durable(pctx, StreamDead)
+	}
+	if err != nil {
 		q.log.Error().Err(err).Msg("park malformed envelope; leaving it for redelivery")
 		_ = m.NakWithDelay(30 * time.Second)
 		return
@@ -289,6 +293,11 @@ func (q *Queue) schedule(ctx context.Context, next *Envelope, lane Lane, at time
 	if err := retryStep(ctx, func(ctx context.Context) error { _, err := q.js.PublishMsg(ctx, m); return err }); err != nil {
 		return fmt.Errorf("schedule %s on %s lane: %w", next.ID, lane, err)
 	}
+	// On disk before the original's ack: the ack may be lost (a
+	// duplicate), the schedule must not be (a loss).
+	if err := q.durable(ctx, q.lanes[lane].CachedInfo().Config.Name); err != nil {
+		return fmt.Errorf("schedule %s on %s lane: %w", next.ID, lane, err)
+	}
 	return nil
 }
 
@@ -320,6 +329,9 @@ func (d *Delivery) Hold(ctx context.Context, next *Envelope) error {
 	if err := retryStep(ctx, func(ctx context.Context) error { _, err := d.q.js.PublishMsg(ctx, m); return err }); err != nil {
 		return fmt.Errorf("hold %s: %w", next.ID, err)
 	}
+	if err := d.q.durable(ctx, StreamRetry); err != nil {
+		return fmt.Errorf("hold %s: %w", next.ID, err)
+	}
 	return d.ack(ctx)
 }
 
@@ -342,6 +354,9 @@ func (q *Queue) putDead(ctx context.Context, e *Envelope, reason string) error {
 	m.Header.Set("Outflow-Dead-Reason", headerSafe(shorten(reason, 500)))
 	m.Header.Set("Outflow-Dead-At", time.Now().UTC().Format(time.RFC3339Nano))
 	if err := retryStep(ctx, func(ctx context.Context) error { _, err := q.js.PublishMsg(ctx, m); return err }); err != nil {
+		return fmt.Errorf("dead letter %s: %w", e.ID, err)
+	}
+	if err := q.durable(ctx, StreamDead); err != nil {
 		return fmt.Errorf("dead letter %s: %w", e.ID, err)
 	}
 	return nil

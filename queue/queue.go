@@ -77,7 +77,20 @@ type Options struct {
 	InlineBodyMax int
 	// NoSetup skips creating or updating streams and buckets (admin clients).
 	NoSetup bool
-	Logger  zerolog.Logger
+	// Syncer, when set, makes every write whose loss could lose mail
+	// durable before it is reported done: Enqueue's envelopes and bodies
+	// before it returns the ids (the 250), a schedule or a dead letter
+	// before the original is acknowledged. The daemon on the embedded
+	// server sets it (Embedded.Syncer, --durability disk); nil means the
+	// server's acknowledgement is enough (replicas, none). With Syncer
+	// set, Connect also answers other processes' RemoteSync requests.
+	Syncer Syncer
+	// RemoteSync asks the daemon on the same server (over NATS) for the
+	// group-committed sync that Syncer gives in process: `outflow submit`
+	// and the admin verbs set it. When no daemon answers (it runs with
+	// --durability replicas or none), the server's acknowledgement stands.
+	RemoteSync bool
+	Logger     zerolog.Logger
 }
 
 func (o *Options) defaults() {
@@ -129,6 +142,9 @@ type Queue struct {
 	events     jetstream.Stream
 	// tenants remembers the per-tenant work consumers already ensured.
 	tenants tenantSet
+	// syncer makes writes durable before they are reported done (nil:
+	// the server's acknowledgement is enough). See storesync.go.
+	syncer Syncer
 }
 
 // Connect connects to NATS and, unless opts.NoSetup, creates or updates
@@ -171,10 +187,26 @@ func Connect(ctx context.Context, opts Options) (*Queue, error) {
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	q := &Queue{nc: nc, js: js, opts: opts, log: opts.Logger, lanes: map[Lane]jetstream.Stream{}}
+	q := &Queue{nc: nc, js: js, opts: opts, log: opts.Logger, lanes: map[Lane]jetstream.Stream{}, syncer: opts.Syncer}
+	if q.syncer == nil && opts.RemoteSync {
+		q.syncer = remoteSyncer{nc}
+	}
 	if err := q.setup(ctx); err != nil {
 		nc.Close()
 		return nil, err
+	}
+	if all, ok := opts.Syncer.(interface{ SyncAll() error }); ok && !opts.NoSetup {
+		// Stream and consumer metadata written by setup.
+		if err := all.SyncAll(); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("sync store: %w", err)
+		}
+	}
+	if opts.Syncer != nil {
+		if err := q.serveSync(); err != nil {
+			nc.Close()
+			return nil, err
+		}
 	}
 	return q, nil
 }

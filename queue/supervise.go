@@ -32,6 +32,9 @@ func (e *Embedded) Healthy() error {
 	if e.writeErr.Load() {
 		return fmt.Errorf("%w: a stream could not write to %s (disk full?)", ErrUnavailable, e.storeDir)
 	}
+	if e.syncer != nil && e.syncer.Stopped() {
+		return fmt.Errorf("%w: the store syncer stopped (see the log); nothing can be accepted as on disk", ErrUnavailable)
+	}
 	return nil
 }
 

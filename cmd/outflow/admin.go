@@ -37,7 +37,9 @@ func (a *adminFlags) bind(cmd *cobra.Command) {
 // connect reaches the daemon's NATS: --nats-url, or the address serve wrote
 // into --data.
 func (a *adminFlags) connect(ctx context.Context) (*queue.Queue, error) {
-	opts := queue.Options{Name: "outflow admin", NoSetup: true, Logger: zerolog.Nop()}
+	// RemoteSync: a submission or replay is on the daemon's disk before
+	// the command reports it (--durability disk).
+	opts := queue.Options{Name: "outflow admin", NoSetup: true, RemoteSync: true, Logger: zerolog.Nop()}
 	if a.natsURL != "" {
 		opts.URL, opts.CredsFile = a.natsURL, a.creds
 	} else {

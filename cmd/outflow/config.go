@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/queue"
 )
 
 // serveConfig is every setting of `outflow serve`. Each flag is also a key
@@ -29,7 +30,9 @@ type serveConfig struct {
 	NATSCreds       string        `toml:"nats-creds"`
 	NATSAddr        string        `toml:"nats-addr"`
 	NATSReplicas    int           `toml:"nats-replicas"`
-	JetStreamSync   string        `toml:"jetstream-sync"`
+	Durability      string        `toml:"durability"`
+	SyncWindow      time.Duration `toml:"sync-window"`
+	JetStreamSync   string        `toml:"jetstream-sync"` // deprecated: durability
 	HTTPAddr        string        `toml:"http-addr"`
 	Users           string        `toml:"users"`
 	TrustedNetworks []string      `toml:"trusted-networks"`
@@ -99,7 +102,10 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.StringVar(&c.NATSCreds, "nats-creds", "", "NATS credentials file for --nats-url")
 	fs.StringVar(&c.NATSAddr, "nats-addr", "127.0.0.1:4222", "embedded server's client listener (\"\" for none; port 0 picks one)")
 	fs.IntVar(&c.NATSReplicas, "nats-replicas", 1, "replicas for streams and buckets (3 on a cluster)")
-	fs.StringVar(&c.JetStreamSync, "jetstream-sync", "default", "embedded JetStream fsync: default (every 2 min) or always")
+	fs.StringVar(&c.Durability, "durability", "", "what a 250 waits for: disk (group-committed fsync; default on the embedded server), replicas (a majority of a cluster's replicas; default with --nats-url) or none")
+	fs.DurationVar(&c.SyncWindow, "sync-window", queue.DefaultSyncWindow, "durability disk: how long a group commit collects writes before its fsync")
+	fs.StringVar(&c.JetStreamSync, "jetstream-sync", "", "deprecated: --durability (always is disk, default is none)")
+	_ = fs.MarkDeprecated("jetstream-sync", "use --durability disk|replicas|none (always = disk, default = none)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", "127.0.0.1:9090", "metrics and health listener")
 	fs.StringVar(&c.Users, "users", "", "users file (name:bcrypt-hash lines); default: DATA/users, generated on first start")
 	fs.StringSliceVar(&c.TrustedNetworks, "trusted-networks", nil, "client networks that may submit without AUTH (CIDR[,CIDR])")
@@ -204,4 +210,38 @@ func splitCSV(s string) []string {
 		}
 	}
 	return out
+}
+
+// durability resolves --durability: the flag, else the deprecated
+// --jetstream-sync (always = disk, default = none: it named the server's
+// two-minute sync), else disk on the embedded server and replicas with
+// --nats-url. It returns the deprecation note to log, if any.
+func (c *serveConfig) durability() (queue.Durability, string, error) {
+	if c.Durability != "" {
+		d, err := queue.ParseDurability(c.Durability)
+		if err != nil {
+			return "", "", fmt.Errorf("--durability: %w", err)
+		}
+		if d == queue.DurabilityDisk && c.NATSURL != "" {
+			return "", "", fmt.Errorf("--durability disk needs the embedded server: outflow cannot fsync an external server's store; " +
+				"on a cluster use replicas (a majority holds every write), and set sync_interval: always on its servers to fsync as well")
+		}
+		if d == queue.DurabilityReplicas && c.NATSURL == "" {
+			return "", "", fmt.Errorf("--durability replicas needs a cluster (--nats-url); the embedded server is one node: use disk")
+		}
+		return d, "", nil
+	}
+	switch c.JetStreamSync {
+	case "":
+	case "always":
+		return queue.DurabilityDisk, "jetstream-sync is deprecated: always is --durability disk (now the default)", nil
+	case "default":
+		return queue.DurabilityNone, "jetstream-sync is deprecated: default is --durability none", nil
+	default:
+		return "", "", fmt.Errorf("--jetstream-sync %q: want always or default (deprecated: use --durability)", c.JetStreamSync)
+	}
+	if c.NATSURL != "" {
+		return queue.DurabilityReplicas, "", nil
+	}
+	return queue.DurabilityDisk, "", nil
 }

@@ -115,12 +115,24 @@ func serve(parent context.Context, c *serveConfig) error {
 		return usageError{fmt.Errorf("--sent-ttl %v: must be at least %v (1h and 4 × --ack-wait): an envelope whose ack was lost comes back after --ack-wait, and its SENT marker must still be there", c.SentTTL, floor)}
 	}
 
+	durability, note, err := c.durability()
+	if err != nil {
+		return usageError{err}
+	}
+	if note != "" {
+		log.Warn().Msg(note)
+	}
+	if durability == queue.DurabilityNone {
+		log.Warn().Str("durability", string(durability)).Msg("durability none: 250 is answered before mail is on disk; a power loss or kernel crash can lose the last two minutes of accepted mail")
+	}
+
 	// NATS: the embedded server unless --nats-url names another.
 	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, MaxAge: budget.MaxAge, AckWait: c.AckWait,
 		EventsMaxAge: c.EventsMaxAge, SentTTL: c.SentTTL, Logger: log}
 	var emb *queue.Embedded
 	if c.NATSURL == "" {
-		emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: c.Data, ListenAddr: c.NATSAddr, SyncAlways: c.JetStreamSync == "always", Logger: log})
+		emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: c.Data, ListenAddr: c.NATSAddr, Durability: durability,
+			SyncWindow: c.SyncWindow, Logger: log})
 		if err != nil {
 			return err
 		}
@@ -128,7 +140,8 @@ func serve(parent context.Context, c *serveConfig) error {
 		go emb.Supervise(ctx, log, time.Second)
 		ci := emb.ClientInfo()
 		qopts.InProcess, qopts.User, qopts.Password = emb.Server(), ci.User, ci.Password
-		log.Info().Str("store", c.Data).Str("client_url", ci.URL).Msg("embedded NATS JetStream started")
+		qopts.Syncer = emb.Syncer()
+		log.Info().Str("store", c.Data).Str("client_url", ci.URL).Str("durability", string(durability)).Msg("embedded NATS JetStream started")
 	} else {
 		qopts.URL, qopts.CredsFile = c.NATSURL, c.NATSCreds
 	}
@@ -221,7 +234,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	}
 
 	var ready atomic.Bool
-	httpSrv, httpLn, err := startHTTP(c.HTTPAddr, reg, &ready, q, emb)
+	httpSrv, httpLn, err := startHTTP(c.HTTPAddr, reg, &ready, q, emb, durability)
 	if err != nil {
 		ln.Close()
 		return err
@@ -417,7 +430,10 @@ func backoffFromConfig(c *serveConfig) (coordinator.Backoff, coordinator.Backoff
 
 // startHTTP serves /metrics, /healthz (the process is up) and /readyz (it
 // is accepting and delivering: NATS connected, JetStream answering).
-func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *queue.Queue, emb *queue.Embedded) (*http.Server, net.Listener, error) {
+//
+// /readyz's body names the durability (`ready (durability disk)`), and says
+// what none costs, so a check that reads it sees a weakened promise.
+func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *queue.Queue, emb *queue.Embedded, durability queue.Durability) (*http.Server, net.Listener, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -434,7 +450,11 @@ func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *que
 				return
 			}
 		}
-		fmt.Fprintln(w, "ready")
+		if durability == queue.DurabilityNone {
+			fmt.Fprintln(w, "ready (durability none: accepted mail is not fsynced before its 250)")
+			return
+		}
+		fmt.Fprintf(w, "ready (durability %s)\n", durability)
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -1,0 +1,399 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Group commit on the embedded server.
+//
+// RFC 5321 §6.1: once a server has answered 250 it "MUST NOT lose the
+// message for frivolous reasons, such as because the host later crashes".
+// A JetStream publish acknowledgement from a single server (R1) means the
+// message is in the file store's write buffer, not on disk: the server
+// writes its buffers within a few milliseconds and fsyncs every two minutes
+// (SyncInterval). SyncAlways closes that window at about 6.7 fsyncs per
+// submitted message (every write of every stream and consumer, one at a
+// time; docs/benchmarks.md), and nats-server offers no other flush point
+// for an R1 stream: JetStreamSnapshotStream needs a cluster, syncBlocks is
+// unexported, and FlushAllPending writes without an fsync unless the stream
+// is replicated.
+//
+// StoreSyncer is the flush point. A caller that needs a write on disk
+// (Enqueue before its 250, a schedule before the original's ack, a dead
+// letter before the work message's ack) first waits for JetStream's ack,
+// then calls Sync with the streams it wrote. One goroutine collects the
+// requests of a batch window, then, per stream involved (in parallel),
+// has the store write out its buffer (StreamStore.FlushAllPending: the
+// pending bytes reach the kernel, in order, under the block's lock) and
+// fsyncs each block file that changed since the last sync, and the
+// directory when a block file appeared or was replaced. Every waiter of the
+// batch is released after that one sync. A request that arrives while a
+// sync runs waits for the next one, so every acknowledged write of a
+// waiter is in a sync that started after it.
+//
+// Only the message blocks are synced: they are what the server rebuilds a
+// stream from after a crash. The stream's index (index.db) and the
+// consumers' state are not: losing them costs redeliveries, which the SENT
+// markers and the lanes' deduplication absorb (docs/reliability.md).
+
+// Durability says what a write must reach before outflow reports it done
+// (a 250, an `outflow submit` id, the ack of the message it replaces).
+type Durability string
+
+const (
+	// DurabilityDisk: fsynced on this machine (group-committed). The
+	// default on the embedded server.
+	DurabilityDisk Durability = "disk"
+	// DurabilityReplicas: stored by a majority of the stream's replicas,
+	// which is what a clustered JetStream acknowledgement means. The
+	// default with an external NATS.
+	DurabilityReplicas Durability = "replicas"
+	// DurabilityNone: acknowledged by the server, possibly still in its
+	// write buffer; a power loss or kernel crash can lose the last two
+	// minutes of accepted mail.
+	DurabilityNone Durability = "none"
+)
+
+// ParseDurability checks a --durability value.
+func ParseDurability(s string) (Durability, error) {
+	switch d := Durability(s); d {
+	case DurabilityDisk, DurabilityReplicas, DurabilityNone:
+		return d, nil
+	}
+	return "", fmt.Errorf("durability %q: want disk, replicas or none", s)
+}
+
+// DefaultSyncWindow is how long StoreSyncer collects requests after the
+// first of a batch before it syncs: the most group commit adds to a
+// submission's latency, besides the fsync itself.
+const DefaultSyncWindow = 2 * time.Millisecond
+
+// Syncer makes acknowledged writes to streams durable before the caller
+// reports them done. Queue calls it when Options.Syncer is set.
+type Syncer interface {
+	// Sync returns once every write to the named streams that JetStream
+	// acknowledged before the call is on disk, or with an error (then
+	// nothing may be reported as accepted).
+	Sync(ctx context.Context, streams ...string) error
+}
+
+// ErrSyncerStopped is returned by Sync after the syncer's context ended.
+var ErrSyncerStopped = errors.New("store syncer stopped")
+
+// Reaching a stream's store in process. nats-server exports the store's
+// interface (StreamStore, with FlushAllPending) and the stream's Store
+// method, but not a way to find a stream by name, and its stream type is
+// unexported; these two links are the whole dependency on its internals.
+// The build fails if a nats-server upgrade renames either, and
+// TestStoreSyncerFindsStreams checks what they return. Upstream, an
+// exported Account.LookupStream (or a Server.JetStreamSyncStream) would
+// replace them.
+
+//go:linkname natsLookupStream github.com/nats-io/nats-server/v2/server.(*Account).lookupStream
+func natsLookupStream(a *server.Account, name string) (unsafe.Pointer, error)
+
+//go:linkname natsStreamStore github.com/nats-io/nats-server/v2/server.(*stream).Store
+func natsStreamStore(mset unsafe.Pointer) server.StreamStore
+
+// StoreSyncer is the group-commit syncer of an embedded server's streams.
+type StoreSyncer struct {
+	srv    *server.Server
+	window time.Duration
+	reqs   chan *syncReq
+	done   chan struct{} // closed when run returns
+
+	mu    sync.Mutex             // guards known; held by one batch at a time
+	known map[string]blockStates // stream name -> its block files at the last sync
+
+	batches atomic.Uint64 // syncs run
+	waiters atomic.Uint64 // requests released
+	fsyncs  atomic.Uint64 // fsync calls made
+}
+
+type syncReq struct {
+	streams []string
+	err     chan error // buffered, 1
+}
+
+// blockStates are a stream's block files as last synced, by file name.
+type blockStates map[string]blockState
+
+type blockState struct {
+	size  int64
+	mtime time.Time
+	ino   uint64
+}
+
+// NewStoreSyncer returns a syncer for srv's streams in the global account.
+// window 0 means DefaultSyncWindow; negative means no window (a batch is
+// whatever arrived while the previous sync ran). Run must be started.
+func NewStoreSyncer(srv *server.Server, window time.Duration) *StoreSyncer {
+	if window == 0 {
+		window = DefaultSyncWindow
+	}
+	return &StoreSyncer{srv: srv, window: max(window, 0), reqs: make(chan *syncReq, 1024), done: make(chan struct{}),
+		known: map[string]blockStates{}}
+}
+
+// Sync implements Syncer.
+func (s *StoreSyncer) Sync(ctx context.Context, streams ...string) error {
+	if len(streams) == 0 {
+		return nil
+	}
+	r := &syncReq{streams: streams, err: make(chan error, 1)}
+	select {
+	case s.reqs <- r:
+	case <-s.done:
+		return ErrSyncerStopped
+	case <-ctx.Done():
+		return fmt.Errorf("sync %s: %w", strings.Join(streams, ","), ctx.Err())
+	}
+	select {
+	case err := <-r.err:
+		return err
+	case <-s.done:
+		return ErrSyncerStopped
+	case <-ctx.Done():
+		return fmt.Errorf("sync %s: %w", strings.Join(streams, ","), ctx.Err())
+	}
+}
+
+// Stopped reports whether Run has returned (its context ended, or it
+// panicked): every Sync fails from then on.
+func (s *StoreSyncer) Stopped() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stats returns the syncs run, the requests they released and the fsync
+// calls they made, since start.
+func (s *StoreSyncer) Stats() (batches, waiters, fsyncs uint64) {
+	return s.batches.Load(), s.waiters.Load(), s.fsyncs.Load()
+}
+
+// Run serves Sync until ctx ends. Embedded runs it, recovering and
+// logging a panic; every waiter then fails with ErrSyncerStopped.
+func (s *StoreSyncer) Run(ctx context.Context) {
+	defer close(s.done)
+	var timer *time.Timer
+	for {
+		var first *syncReq
+		select {
+		case <-ctx.Done():
+			return
+		case first = <-s.reqs:
+		}
+		batch := []*syncReq{first}
+		if s.window > 0 {
+			if timer == nil {
+				timer = time.NewTimer(s.window)
+			} else {
+				timer.Reset(s.window)
+			}
+		collect:
+			for {
+				select {
+				case r := <-s.reqs:
+					batch = append(batch, r)
+				case <-timer.C:
+					break collect
+				case <-ctx.Done():
+					return
+				}
+			}
+		} else {
+		drain:
+			for {
+				select {
+				case r := <-s.reqs:
+					batch = append(batch, r)
+				default:
+					break drain
+				}
+			}
+		}
+		s.syncBatch(batch)
+	}
+}
+
+// syncBatch syncs every stream the batch names, once, and answers each
+// request with the first error among its own streams.
+func (s *StoreSyncer) syncBatch(batch []*syncReq) {
+	var list []string
+	for _, r := range batch {
+		for _, n := range r.streams {
+			if !slices.Contains(list, n) {
+				list = append(list, n)
+			}
+		}
+	}
+	names := make(map[string]error, len(list))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	s.mu.Lock()
+	for _, n := range list {
+		prev := s.known[n]
+		wg.Go(func() {
+			next, err := s.syncStream(n, prev)
+			mu.Lock()
+			defer mu.Unlock()
+			names[n] = err
+			if err == nil {
+				s.known[n] = next
+			} else {
+				delete(s.known, n) // sync everything again next time
+			}
+		})
+	}
+	wg.Wait()
+	s.mu.Unlock()
+	s.batches.Add(1)
+	for _, r := range batch {
+		var err error
+		for _, n := range r.streams {
+			if err = names[n]; err != nil {
+				break
+			}
+		}
+		r.err <- err
+		s.waiters.Add(1)
+	}
+}
+
+// syncStream writes out the stream's buffered messages and fsyncs the
+// block files that changed since prev, returning the files as now synced.
+func (s *StoreSyncer) syncStream(name string, prev blockStates) (blockStates, error) {
+	acc := s.srv.GlobalAccount()
+	if acc == nil {
+		return nil, fmt.Errorf("sync %s: %w: no account", name, ErrUnavailable)
+	}
+	mset, err := natsLookupStream(acc, name)
+	if err != nil {
+		return nil, fmt.Errorf("sync %s: %w", name, err)
+	}
+	if mset == nil {
+		return nil, fmt.Errorf("sync %s: stream not found", name)
+	}
+	store := natsStreamStore(mset)
+	if store == nil {
+		return nil, fmt.Errorf("sync %s: stream has no store", name)
+	}
+	if store.Type() != server.FileStorage {
+		return prev, nil // a memory stream has nothing to sync
+	}
+	if err := store.FlushAllPending(); err != nil {
+		return nil, fmt.Errorf("sync %s: flush: %w", name, err)
+	}
+	jsc := s.srv.JetStreamConfig()
+	if jsc == nil {
+		return nil, fmt.Errorf("sync %s: %w", name, ErrUnavailable)
+	}
+	dir := filepath.Join(jsc.StoreDir, server.DEFAULT_GLOBAL_ACCOUNT, "streams", name, "msgs")
+	return s.syncBlocks(dir, prev)
+}
+
+// syncBlocks fsyncs each *.blk file of dir that is new or differs (size,
+// modification time, inode) from prev, and dir itself when a file is new or
+// replaced: a block created or rewritten by rename is only durable once its
+// directory entry is.
+func (s *StoreSyncer) syncBlocks(dir string, prev blockStates) (blockStates, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("sync %s: %w", dir, err)
+	}
+	next := make(blockStates, len(ents))
+	syncDir := false
+	for _, de := range ents {
+		if !strings.HasSuffix(de.Name(), ".blk") {
+			continue
+		}
+		fi, err := de.Info()
+		if errors.Is(err, os.ErrNotExist) {
+			continue // removed meanwhile (compacted away, purged)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("sync %s: %w", dir, err)
+		}
+		st := blockState{size: fi.Size(), mtime: fi.ModTime()}
+		if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
+			st.ino = sys.Ino
+		}
+		old, seen := prev[de.Name()]
+		if seen && old == st {
+			next[de.Name()] = st
+			continue
+		}
+		if !seen || old.ino != st.ino {
+			syncDir = true
+		}
+		path := filepath.Join(dir, de.Name())
+		if err := s.fsyncPath(path); errors.Is(err, os.ErrNotExist) {
+			continue
+		} else if err != nil {
+			return nil, fmt.Errorf("sync %s: %w", path, err)
+		}
+		next[de.Name()] = st
+	}
+	if syncDir {
+		if err := s.fsyncPath(dir); err != nil {
+			return nil, fmt.Errorf("sync %s: %w", dir, err)
+		}
+	}
+	return next, nil
+}
+
+func (s *StoreSyncer) fsyncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	s.fsyncs.Add(1)
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// SyncAll fsyncs every file and directory under the streams' store (stream
+// and consumer metadata included). Setup calls it once after creating or
+// updating streams and consumers, whose metadata the server writes without
+// an fsync.
+func (s *StoreSyncer) SyncAll() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	jsc := s.srv.JetStreamConfig()
+	if jsc == nil {
+		return ErrUnavailable
+	}
+	root := filepath.Join(jsc.StoreDir, server.DEFAULT_GLOBAL_ACCOUNT)
+	return filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.fsyncPath(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("sync %s: %w", path, err)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,294 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// gateSyncer is a Syncer that records each request and holds it until the
+// test releases it, so a test can see what a caller does before its write
+// is durable.
+type gateSyncer struct {
+	mu    sync.Mutex
+	calls [][]string
+	seen  chan []string // each request, as it arrives
+	open  chan struct{} // closed: every request returns
+	err   error
+}
+
+func newGateSyncer() *gateSyncer {
+	return &gateSyncer{seen: make(chan []string, 64), open: make(chan struct{})}
+}
+
+func (g *gateSyncer) Sync(ctx context.Context, streams ...string) error {
+	g.mu.Lock()
+	g.calls = append(g.calls, streams)
+	open, err := g.open, g.err
+	g.mu.Unlock()
+	g.seen <- streams
+	select {
+	case <-open:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// set replaces the gate and the error later requests get.
+func (g *gateSyncer) set(open chan struct{}, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.open, g.err = open, err
+}
+
+func waitSync(t *testing.T, g *gateSyncer) []string {
+	t.Helper()
+	select {
+	case s := <-g.seen:
+		return s
+	case <-time.After(15 * time.Second):
+		t.Fatal("no sync requested within 15s")
+		return nil
+	}
+}
+
+func TestStoreSyncerFindsStreams(t *testing.T) {
+	_, emb := startQueue(t)
+	acc := emb.Server().GlobalAccount()
+	for _, name := range []string{StreamWork, StreamRetry, StreamRateLimit, StreamDead, bodyStreamName} {
+		mset, err := natsLookupStream(acc, name)
+		if err != nil || mset == nil {
+			t.Fatalf("lookup %s: %v", name, err)
+		}
+		st := natsStreamStore(mset)
+		if st == nil || st.Type() != server.FileStorage {
+			t.Fatalf("%s: store %T", name, st)
+		}
+		var state server.StreamState
+		st.FastState(&state)
+		dir := filepath.Join(emb.Server().JetStreamConfig().StoreDir, server.DEFAULT_GLOBAL_ACCOUNT, "streams", name, "msgs")
+		if _, err := os.Stat(dir); err != nil {
+			t.Fatalf("%s: block dir: %v", name, err)
+		}
+	}
+	if _, err := natsLookupStream(acc, "NO_SUCH_STREAM"); err == nil {
+		t.Fatal("lookup of a missing stream succeeded")
+	}
+}
+
+func TestEnqueueReturnsOnlyAfterSync(t *testing.T) {
+	g := newGateSyncer()
+	q, _ := startQueueWith(t, Options{Syncer: g})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type result struct {
+		ids []string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")})
+		done <- result{ids, err}
+	}()
+	streams := waitSync(t, g)
+	if !slices.Equal(streams, []string{StreamWork}) {
+		t.Fatalf("synced %v, want the work stream (inline body)", streams)
+	}
+	// The envelope is acknowledged by the stream when the sync is asked for.
+	info, err := q.lanes[LaneWork].Info(ctx)
+	if err != nil || info.State.Msgs != 1 {
+		t.Fatalf("work stream at sync time: %+v, %v", info, err)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("Enqueue returned %v, %v before the sync finished", r.ids, r.err)
+	default:
+	}
+	close(g.open)
+	if r := <-done; r.err != nil || len(r.ids) != 1 {
+		t.Fatalf("Enqueue = %v, %v", r.ids, r.err)
+	}
+}
+
+func TestEnqueueFailsWhenSyncFails(t *testing.T) {
+	g := newGateSyncer()
+	g.set(g.open, errors.New("fsync: input/output error"))
+	close(g.open)
+	q, _ := startQueueWith(t, Options{Syncer: g})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Two destinations: the body goes to the Object Store and is synced too.
+	_, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example", "s@e.example"}, Body: []byte("x\r\n")})
+	if err == nil || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("Enqueue error = %v, want the sync's", err)
+	}
+	if s := waitSync(t, g); !slices.Equal(s, []string{StreamWork, bodyStreamName}) {
+		t.Fatalf("synced %v, want work and bodies", s)
+	}
+}
+
+func TestRescheduleAndDeadSyncBeforeAck(t *testing.T) {
+	g := newGateSyncer()
+	q, _ := startQueueWith(t, Options{Syncer: g})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	close(g.open)
+	for range 2 {
+		if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+			t.Fatal(err)
+		}
+		waitSync(t, g)
+	}
+	g.set(make(chan struct{}), nil) // hold the next requests
+	work, err := q.Messages(ctx, LaneWork, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := q.js.Consumer(ctx, StreamWork, tenantConsumer("t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pendingAcks := func() int {
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ci.NumAckPending
+	}
+	steps := []struct {
+		name   string
+		stream string
+		do     func(d *Delivery) error
+	}{
+		{"reschedule", StreamRateLimit, func(d *Delivery) error {
+			return d.Reschedule(ctx, d.Env.Clone(), LaneRateLimit, time.Now().Add(time.Hour), true)
+		}},
+		{"dead", StreamDead, func(d *Delivery) error { return d.Dead(ctx, d.Env.Clone(), "max-attempts") }},
+	}
+	d0, d1 := next(t, work), next(t, work) // both in flight
+	for i, st := range steps {
+		d := []*Delivery{d0, d1}[i]
+		errc := make(chan error, 1)
+		go func() { errc <- st.do(d) }()
+		if s := waitSync(t, g); !slices.Equal(s, []string{st.stream}) {
+			t.Fatalf("%s synced %v, want %s", st.name, s, st.stream)
+		}
+		if n := pendingAcks(); n != 2-i {
+			t.Fatalf("%s: %d acks pending while its write is not yet durable, want %d (the original still unacknowledged)", st.name, n, 2-i)
+		}
+		g.mu.Lock()
+		open := g.open
+		g.mu.Unlock()
+		open <- struct{}{} // release this one request
+		if err := <-errc; err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+	}
+}
+
+// TestStoreSyncerGroupCommits submits concurrently through the real syncer:
+// every submission is released by a sync, and far fewer syncs run than
+// submissions.
+func TestStoreSyncerGroupCommits(t *testing.T) {
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), SyncWindow: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	q, err := connectTo(emb, Options{Syncer: emb.Syncer()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	ss := emb.StoreSyncer()
+	b0, w0, f0 := ss.Stats()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			_, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"},
+				Body: []byte("Subject: " + itoa(i) + "\r\n\r\nx\r\n")})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, w, f := ss.Stats()
+	batches, waiters, fsyncs := b-b0, w-w0, f-f0
+	t.Logf("%d submissions: %d syncs, %d fsyncs", n, batches, fsyncs)
+	if waiters != n {
+		t.Fatalf("%d waiters released, want %d", waiters, n)
+	}
+	if batches == 0 || fsyncs == 0 {
+		t.Fatal("no sync ran")
+	}
+	if batches >= n/2 {
+		t.Fatalf("%d syncs for %d concurrent submissions: not group-committed", batches, n)
+	}
+	// What the syncs made durable is in the block files.
+	dir := filepath.Join(emb.Server().JetStreamConfig().StoreDir, server.DEFAULT_GLOBAL_ACCOUNT, "streams", StreamWork, "msgs")
+	blks, _ := filepath.Glob(filepath.Join(dir, "*.blk"))
+	var size int64
+	for _, p := range blks {
+		if fi, err := os.Stat(p); err == nil {
+			size += fi.Size()
+		}
+	}
+	if size < n*50 {
+		t.Fatalf("work blocks hold %d bytes after %d synced submissions", size, n)
+	}
+}
+
+func TestRemoteSyncAsksTheDaemon(t *testing.T) {
+	g := newGateSyncer()
+	close(g.open)
+	_, emb := startQueueWith(t, Options{Syncer: g})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := connectTo(emb, Options{NoSetup: true, RemoteSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	if s := waitSync(t, g); !slices.Equal(s, []string{StreamWork}) {
+		t.Fatalf("daemon synced %v", s)
+	}
+	g.set(g.open, errors.New("disk gone"))
+	if _, err := c.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err == nil || !strings.Contains(err.Error(), "disk gone") {
+		t.Fatalf("Enqueue after a failed remote sync: %v", err)
+	}
+}
+
+func TestParseDurability(t *testing.T) {
+	for _, s := range []string{"disk", "replicas", "none"} {
+		if d, err := ParseDurability(s); err != nil || string(d) != s {
+			t.Errorf("ParseDurability(%q) = %q, %v", s, d, err)
+		}
+	}
+	if _, err := ParseDurability("always"); err == nil {
+		t.Error("ParseDurability accepted always")
+	}
+	if _, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Durability: DurabilityReplicas}); err == nil {
+		t.Error("embedded server accepted durability replicas")
+	}
+}
