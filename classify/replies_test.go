@@ -17,6 +17,7 @@ type replyRow struct {
 	text     string
 	class    Class
 	source   string
+	verified bool // found at source; set by split, not by readReplies
 }
 
 // readReplies reads a copy of ../shared/testdata/smtp-replies.tsv kept in

@@ -121,7 +121,7 @@ func TestBadRulesFile(t *testing.T) {
 func TestEmbeddedRulesAreUsed(t *testing.T) {
 	c := Default()
 	used := map[string]bool{}
-	for _, file := range append(corpusFiles, "testdata/extra-replies.tsv") {
+	for _, file := range append(allCorpusFiles, "testdata/extra-replies.tsv") {
 		for _, row := range readReplies(t, file) {
 			res := c.Classify(Input{Raw: row.text})
 			if file == "testdata/extra-replies.tsv" && res.Class != row.class {
