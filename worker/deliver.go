@@ -63,6 +63,7 @@ type rcptResult struct {
 // unacknowledged and comes back.
 func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	e := d.Env
+	checked := time.Now()
 	done, err := d.AlreadyHandled(ctx)
 	if err != nil {
 		return err
@@ -131,6 +132,17 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		}
 	}
 
+	if time.Since(checked) > recheckAfter {
+		if done, err := finishedElsewhere(ctx, d); err != nil {
+			return err
+		} else if done {
+			release(nil)
+			p.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Dur("since_check", time.Since(checked)).
+				Msg("another worker finished the envelope while this one waited; acknowledging without sending")
+			return d.Skip(ctx)
+		}
+	}
+
 	msg := &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body}
 	if l, ok := p.cfg.Gate.(limiter); ok {
 		msg.MaxMsgsPerConn = l.LimitsOf(dest).MaxMsgsPerConn
@@ -166,6 +178,25 @@ func (p *deliverer) keepAlive(d *queue.Delivery) (stop func()) {
 		}
 	}()
 	return func() { once.Do(func() { close(done) }) }
+}
+
+// recheckAfter is how long after the first AlreadyHandled check an attempt
+// looks again before it sends. The time in between (an admission wait for
+// the rate, a body fetch during a failover, a process stopped by SIGSTOP
+// or a stalled VM) has no heartbeat, so the server may have handed the
+// envelope to another worker, which may have finished it since. A quick
+// attempt skips the second look and its round trip: nobody else can have
+// had the envelope within a small fraction of the ack wait.
+const recheckAfter = 500 * time.Millisecond
+
+// finishedElsewhere is AlreadyHandled asked as if d had been redelivered:
+// after a long wait, any later durable step counts (another worker's SENT
+// marker, but also its schedule, hold or dead letter), not only the SENT
+// marker a fresh delivery is checked for.
+func finishedElsewhere(ctx context.Context, d *queue.Delivery) (bool, error) {
+	again := *d
+	again.Redelivered = true
+	return again.AlreadyHandled(ctx)
 }
 
 // sign adds the DKIM signature before the first attempt and keeps the

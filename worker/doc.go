@@ -12,6 +12,12 @@
 //	unknown    policy "retry" (default: a duplicate beats a loss, RFC 5321
 //	           6.1) or "hold" for an operator
 //
+// An attempt that waited long after its first SENT check (an admission
+// wait, a stopped process) checks again before it sends: the server may
+// have handed the envelope to another worker meanwhile. What is left is a
+// stop inside the SMTP conversation itself; the duplicates it can cause
+// are bounded by the envelopes this worker held in flight.
+//
 // A message whose budget (attempts or age) is spent goes to dead letters
 // with its evidence. Every decision is one JSON log line with the fields of
 // coordinator.Record, never sampled.

@@ -2,9 +2,12 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/coordinator"
 	"github.com/outflow/outflow/queue"
@@ -89,5 +92,88 @@ func TestPanickingSendIsRedelivered(t *testing.T) {
 	})
 	if st := th.Snapshot("dest.test"); st.Breaker != "closed" {
 		t.Fatalf("breaker %s after a panic, want closed (a panic is no signal from the destination)", st.Breaker)
+	}
+}
+
+// pausingGate admits everything, but its first Admit waits until resume is
+// closed: the worker holding that envelope stands still as if its process
+// had been stopped, with no heartbeat to keep the ack alive.
+type pausingGate struct {
+	coordinator.OpenGate
+	first   atomic.Bool
+	paused  chan struct{} // closed when the first Admit starts waiting
+	resume  chan struct{}
+	resumed chan struct{} // closed when the first Admit returns
+}
+
+func newPausingGate() *pausingGate {
+	return &pausingGate{paused: make(chan struct{}), resume: make(chan struct{}), resumed: make(chan struct{})}
+}
+
+func (g *pausingGate) Admit(ctx context.Context, domain string) (coordinator.Permit, coordinator.Refusal) {
+	if g.first.CompareAndSwap(false, true) {
+		close(g.paused)
+		defer close(g.resumed)
+		select {
+		case <-g.resume:
+		case <-ctx.Done():
+			return nil, coordinator.Refusal{Until: time.Now(), Reason: "canceled"}
+		}
+	}
+	return g.OpenGate.Admit(ctx, domain)
+}
+
+// startSecondPool runs another worker process's pool on its own connection
+// to e's server, until the test ends.
+func (e *env) startSecondPool(id string) {
+	e.t.Helper()
+	q := connect(e.t, e.emb, 2*time.Second)
+	p, err := New(Config{WorkerID: id, Workers: 2, Retry: fastRetry, RateLimit: fastRL,
+		Budget: coordinator.Budget{MaxAttempts: 4, MaxAge: time.Hour}, Queue: q, Sender: e.snd, Logger: zerolog.Nop()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = p.Run(ctx, 5*time.Second) }()
+	e.t.Cleanup(func() { cancel(); <-done; q.Close() })
+}
+
+// TestResumedWorkerDoesNotResend: a worker that stands still between its
+// first SENT check and the send (longer than the ack wait) must look again
+// before sending; another worker got the envelope meanwhile and delivered
+// it.
+func TestResumedWorkerDoesNotResend(t *testing.T) {
+	e := newEnv(t, nil)
+	gate := newPausingGate()
+	var logs syncBuf
+	e.startPool(func(c *Config) { c.Gate, c.Workers, c.Logger = gate, 1, zerolog.New(&logs) })
+	defer e.stopPool()
+	defer func() {
+		select {
+		case <-gate.resume:
+		default:
+			close(gate.resume) // a failed test must not leave the worker waiting
+		}
+	}()
+	id := e.submit("r@dest.test")
+	select {
+	case <-gate.paused:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first worker never took the envelope")
+	}
+	// The second worker gets the envelope once the ack wait has passed.
+	e.startSecondPool("w-other")
+	e.waitEvent(id, queue.EventDelivered)
+	close(gate.resume)
+	<-gate.resumed
+	waitFor(t, 30*time.Second, "the resumed worker acknowledges (or sends)", func() bool {
+		return strings.Contains(logs.String(), "another worker finished the envelope") || e.mx.Transactions() > 1
+	})
+	if n := e.mx.Transactions(); n != 1 {
+		t.Fatalf("%d SMTP transactions, want 1 (the resumed worker sent again)", n)
+	}
+	if strings.Contains(logs.String(), "delivery step failed") {
+		t.Fatalf("the resumed worker's acknowledgement failed:\n%s", logs.String())
 	}
 }
