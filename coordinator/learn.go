@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"strconv"
 	"time"
 )
 
@@ -19,15 +20,22 @@ import (
 //
 // AIMD, fleet-wide, on the shared state (revision CAS, so concurrent
 // writers settle on one value):
-//   - decrease: a throttled reply multiplies the learned rate by
-//     DecreaseFactor, at most once per LearnHold fleet-wide (LearnedHold
-//     in the state is the first time the next cut may happen);
+//   - decrease: a throttled reply cuts the learned rate, at most once per
+//     LearnHold fleet-wide (LearnedHold in the state is the first time the
+//     next cut may happen; a step up does not delay it). The cut is multiplicative, to rate ×
+//     DecreaseFactor, but never below 90% of the rate the fleet was
+//     delivered at over the window: a token bucket that throttles us
+//     accepts exactly its rate, so what was delivered while throttled is
+//     the best estimate of the limit, and halving below it would waste
+//     half the destination's capacity until the climb back;
 //   - increase: after the hold, while attempts are delivered without a
 //     throttle and the rate is what holds the traffic back (this worker
 //     waited for a token or refused for the rate within LearnEvery), the
-//     rate steps up by LearnedStep every LearnEvery. The step is
-//     LearnStep times the rate set by the last cut: additive between cuts,
-//     and the same number of steps back to the old rate at any scale.
+//     rate steps up every LearnEvery. From the seed to the first cut it
+//     doubles (a seed taken from the first milliseconds of a burst
+//     underestimates the limit); after a cut it grows by LearnedStep,
+//     LearnStep times the rate the cut set: additive between cuts, and
+//     the same number of steps back to the old rate at any scale.
 //
 // "Too many connections" replies teach a connection limit the same way
 // (seeded from the fleet's deliveries in flight, cut by DecreaseFactor,
@@ -41,9 +49,9 @@ import (
 
 // Defaults of the learning knobs in ThrottleConfig.
 const (
-	DefaultLearnWindow = 5 * time.Second
-	DefaultLearnHold   = 3 * time.Second
-	DefaultLearnEvery  = 5 * time.Second
+	DefaultLearnWindow = 2 * time.Second
+	DefaultLearnHold   = 2 * time.Second
+	DefaultLearnEvery  = 2 * time.Second
 	DefaultLearnStep   = 0.1
 	DefaultLearnForget = time.Hour
 	DefaultLearnMin    = 0.1 // msgs/s
@@ -53,6 +61,19 @@ const (
 // learned near zero (a throttle at first contact) climbs back in minutes,
 // not hours.
 const learnMinStep = 0.5
+
+// learnMinElapsed is the shortest time a delivered rate is measured over:
+// a throttle that comes a few milliseconds into a burst would otherwise
+// seed from a handful of deliveries divided by almost nothing.
+const learnMinElapsed = 200 * time.Millisecond
+
+// learnBinding is the share of the learned rate the fleet must be
+// delivered at for the rate to count as binding (worth raising).
+const learnBinding = 0.8
+
+// learnAccepted is the share of the observed delivered rate a cut keeps
+// at least (see the decrease above).
+const learnAccepted = 0.9
 
 // learnFirstContact is the seed, in msgs/s, when the fleet had delivered
 // nothing to the destination within the window before its first throttle.
@@ -108,9 +129,15 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 			reason = fmt.Sprintf("seeded: throttled (%s) before any delivery in the window", why)
 		}
 		s.LearnedSince = now.UTC()
+		s.LearnedSlowStart = true
 	} else {
 		next = s.LearnedRate * lc.decrease
 		reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, times %.2f", why, s.LearnedRate, lc.decrease)
+		if kept := observed * learnAccepted; kept > next {
+			next = math.Min(kept, s.LearnedRate)
+			reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, to %.0f%% of the %.2f/s the fleet was delivered at", why, s.LearnedRate, learnAccepted*100, observed)
+		}
+		s.LearnedSlowStart = false
 	}
 	if ceiling > 0 && next > ceiling {
 		next = ceiling
@@ -119,6 +146,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 	s.LearnedRate = next
 	s.LearnedStep = lc.stepOf(next)
 	s.LearnedHold = now.Add(lc.hold).UTC()
+	s.LearnedNext = s.LearnedHold
 	s.LearnedCutAt = now.UTC()
 	s.LearnedReason = reason
 	return true
@@ -128,7 +156,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 // is nothing learned, the hold or the previous step is too recent, or the
 // ceiling is reached.
 func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bool {
-	if s.LearnedRate <= 0 || now.Before(s.LearnedHold) {
+	if s.LearnedRate <= 0 || now.Before(s.LearnedHold) || now.Before(s.LearnedNext) {
 		return false
 	}
 	if ceiling > 0 && s.LearnedRate >= ceiling {
@@ -138,13 +166,19 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	if step <= 0 {
 		step = lc.stepOf(s.LearnedRate)
 	}
+	how := "+" + strconv.FormatFloat(step, 'f', 2, 64) + "/s"
+	if s.LearnedSlowStart {
+		step, how = s.LearnedRate, "doubled (no cut since the seed)"
+	}
 	next := s.LearnedRate + step
 	if ceiling > 0 && next > ceiling {
 		next = ceiling
 	}
-	s.LearnedReason = fmt.Sprintf("probe up: +%.2f/s after %s without a throttle while the rate was binding", step, lc.every)
+	s.LearnedReason = fmt.Sprintf("probe up: %s after %s without a throttle while the rate was binding", how, lc.every)
 	s.LearnedRate = next
-	s.LearnedHold = now.Add(lc.every).UTC()
+	// Only the next step waits: a throttle right after a step up cuts at
+	// once, so an overshoot costs milliseconds of throttles, not a hold.
+	s.LearnedNext = now.Add(lc.every).UTC()
 	return true
 }
 
@@ -193,7 +227,7 @@ func forgetLearned(s *DestState) bool {
 	if !s.learned() {
 		return false
 	}
-	s.LearnedRate, s.LearnedStep, s.LearnedHold, s.LearnedReason = 0, 0, time.Time{}, ""
+	s.LearnedRate, s.LearnedStep, s.LearnedHold, s.LearnedNext, s.LearnedReason, s.LearnedSlowStart = 0, 0, time.Time{}, time.Time{}, "", false
 	s.LearnedConns, s.LearnedConnsHold, s.LearnedConnsReason = 0, time.Time{}, ""
 	s.LearnedSince, s.LearnedCutAt = time.Time{}, time.Time{}
 	return true
@@ -246,9 +280,9 @@ func (w *rateWindow) count(now time.Time, span time.Duration) int {
 }
 
 // rate is the delivered rate over span (msgs/s). When traffic began less
-// than span ago, it is measured over the time since it began (at least a
-// second), so a burst's first throttle sees the burst's rate rather than
-// that rate diluted by idle seconds.
+// than span ago, it is measured over the time since it began (at least
+// learnMinElapsed), so a burst's first throttle sees the burst's rate
+// rather than that rate diluted by idle seconds.
 func (w *rateWindow) rate(now time.Time, span time.Duration) float64 {
 	n := w.count(now, span)
 	if n == 0 {
@@ -257,7 +291,7 @@ func (w *rateWindow) rate(now time.Time, span time.Duration) float64 {
 	el := span
 	if !w.first.IsZero() {
 		if since := now.Sub(w.first); since < el {
-			el = max(since, time.Second)
+			el = max(since, learnMinElapsed)
 		}
 	}
 	return float64(n) / el.Seconds()

@@ -27,7 +27,7 @@ func (t *Throttle) weight(tenant string) float64 {
 // waiting. Each tenant's queue therefore drains at its fair share, and a
 // tenant that comes to a destination with a long backlog of another
 // tenant's mail waits for its own few envelopes only. d.mu held.
-func (d *dest) slot(tenant string, at, now time.Time, fleet float64, weight func(string) float64) time.Time {
+func (d *dest) slot(tenant string, at, now time.Time, fleet float64, weight func(string) float64, horizon time.Duration) time.Time {
 	if d.vq == nil {
 		d.vq = map[string]vqTail{}
 	}
@@ -47,10 +47,64 @@ func (d *dest) slot(tenant string, at, now time.Time, fleet float64, weight func
 	if until.Before(at) {
 		until = at
 	}
+	if horizon > 0 && until.Sub(now) > d.park.horizon(now, horizon) {
+		return d.park.place(now)
+	}
 	q.every = time.Duration(float64(time.Second) * total / (own * fleet))
 	q.end = until.Add(q.every)
 	d.vq[tenant] = q
 	return until
+}
+
+// parking holds what a virtual queue at a learned rate does not take.
+//
+// A place in the queue is a fixed time, computed at the rate of the
+// moment. A learned rate climbs, so places far ahead would hold mail back
+// long after the rate allows it. A destination whose rate is learned
+// therefore queues only a horizon ahead; an envelope beyond it is parked:
+// told to come back between one and two horizons from now, spread evenly,
+// without taking a place, and asks again then. The horizon starts at
+// parkHorizon and doubles while more than parkBudget envelopes a second
+// are parked (a long backlog), so re-asking costs a bounded number of
+// reschedules whatever the backlog; it halves again when parking is rare.
+type parking struct {
+	h     time.Duration // current horizon; 0 until first used
+	since time.Time     // start of the current count
+	n     int           // parked since then
+	seq   uint64        // spreads the parked over the next horizon
+}
+
+const (
+	parkHorizon    = 5 * time.Second
+	parkMaxHorizon = 10 * time.Minute
+	parkBudget     = 200 // parked envelopes per second before the horizon doubles
+)
+
+// horizon adapts and returns the current horizon (base at least).
+func (p *parking) horizon(now time.Time, base time.Duration) time.Duration {
+	if p.h < base {
+		p.h, p.since, p.n = base, now, 0
+	}
+	if el := now.Sub(p.since); el >= p.h {
+		perSec := float64(p.n) / el.Seconds()
+		switch {
+		case perSec > parkBudget && p.h < parkMaxHorizon:
+			p.h *= 2
+		case perSec < parkBudget/4 && p.h > base:
+			p.h = max(base, p.h/2)
+		}
+		p.since, p.n = now, 0
+	}
+	return p.h
+}
+
+// place parks one envelope: between one and two horizons ahead, spread
+// by the golden ratio so consecutive envelopes do not return together.
+func (p *parking) place(now time.Time) time.Time {
+	p.n++
+	p.seq++
+	frac := float64(p.seq*11400714819323198485>>11) / (1 << 53)
+	return now.Add(p.h + time.Duration(frac*float64(p.h)))
 }
 
 // vqTail is the end of one tenant's part of a virtual queue, and the
@@ -90,7 +144,17 @@ func (t *Throttle) Pace(domain, tenant string) (at time.Time, by string, ok bool
 	}
 	first := now.Add(time.Duration(float64(time.Second) / fleet))
 	by = strconv.FormatFloat(fleet, 'f', 2, 64) + "/s " + t.rateSource(d.limits, d.state, now)
-	return d.slot(tenant, first, now, fleet, t.weight), by, true
+	return d.slot(tenant, first, now, fleet, t.weight, t.horizon(d, now)), by, true
+}
+
+// horizon is how far ahead d's virtual queue gives places: unbounded for a
+// configured rate (it does not climb), parkHorizon and up for a learned
+// one (see parking). d.mu held.
+func (t *Throttle) horizon(d *dest, now time.Time) time.Duration {
+	if t.rateSource(d.limits, d.state, now) == "learned" {
+		return parkHorizon
+	}
+	return 0
 }
 
 // cutLearnedRate seeds or cuts d's learned rate after a throttled reply,
@@ -135,8 +199,14 @@ func (t *Throttle) cutLearnedConns(d *dest, now time.Time, why classify.Result) 
 func (t *Throttle) raiseLearned(d *dest, now time.Time) {
 	lc := t.cfg.learn()
 	s := &d.state
-	if s.LearnedRate > 0 && d.pending&pendLearn == 0 && !now.Before(s.LearnedHold) &&
-		now.Sub(d.lastThr) >= lc.every && now.Sub(d.lastLimited) <= lc.every {
+	// The rate binds when the fleet delivers at (nearly) the learned rate,
+	// or an attempt had to wait for its token lately. Paced mail returns on
+	// time and so never waits, though it is the rate that holds it back; a
+	// rate the traffic does not reach is not worth raising.
+	binding := now.Sub(d.lastLimited) <= lc.every ||
+		s.LearnedRate > 0 && t.observedRate(d, now) >= learnBinding*s.LearnedRate
+	if s.LearnedRate > 0 && d.pending&pendLearn == 0 && !now.Before(s.LearnedHold) && !now.Before(s.LearnedNext) &&
+		now.Sub(d.lastThr) >= lc.every && binding {
 		ceiling := d.limits.Rate
 		d.pending |= pendLearn
 		t.enqueue(op{d: d, change: "learned-rate-step", flag: pendLearn,

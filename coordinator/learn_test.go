@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -43,31 +44,54 @@ func TestLearnOneCutPerHold(t *testing.T) {
 			t.Fatalf("cut again %d×250ms after the seed", i)
 		}
 	}
-	if !near(s.LearnedRate, 20) {
-		t.Fatalf("rate %v after a burst within one hold, want 20", s.LearnedRate)
+	if !near(s.LearnedRate, 20) || !s.LearnedSlowStart {
+		t.Fatalf("rate %v slow start %v after a burst within one hold, want 20 and true", s.LearnedRate, s.LearnedSlowStart)
 	}
-	if !lcTest.cutRate(&s, t0.Add(3*time.Second), 40, 0, "why") || !near(s.LearnedRate, 10) {
-		t.Fatalf("after the hold: cut=%v rate %v, want 10", true, s.LearnedRate)
+	// After the hold, with little delivered: a multiplicative cut.
+	if !lcTest.cutRate(&s, t0.Add(3*time.Second), 4, 0, "why") || !near(s.LearnedRate, 10) {
+		t.Fatalf("after the hold: rate %v, want 10", s.LearnedRate)
 	}
-	if !near(s.LearnedStep, 1) {
-		t.Fatalf("step %v: want 10%% of the rate the cut set", s.LearnedStep)
+	if !near(s.LearnedStep, 1) || s.LearnedSlowStart {
+		t.Fatalf("step %v slow start %v: want 10%% of the rate the cut set, and additive from now on", s.LearnedStep, s.LearnedSlowStart)
 	}
 	// The floor.
 	for i := 2; i < 40; i++ {
-		lcTest.cutRate(&s, t0.Add(time.Duration(i)*3*time.Second), 40, 0, "why")
+		lcTest.cutRate(&s, t0.Add(time.Duration(i)*3*time.Second), 0, 0, "why")
 	}
 	if s.LearnedRate != lcTest.min {
 		t.Fatalf("rate %v after many cuts, want the floor %v", s.LearnedRate, lcTest.min)
 	}
 }
 
+// TestLearnCutKeepsWhatWasAccepted: a cut never goes below 90% of what the
+// fleet was being delivered at (the limit a throttling token bucket
+// demonstrably accepts), and never rises.
+func TestLearnCutKeepsWhatWasAccepted(t *testing.T) {
+	s := DestState{LearnedRate: 24, LearnedCutAt: t0}
+	lcTest.cutRate(&s, t0.Add(time.Hour), 20, 0, "why")
+	if !near(s.LearnedRate, 18) {
+		t.Fatalf("cut from 24 with 20/s delivered: %v, want 18", s.LearnedRate)
+	}
+	s = DestState{LearnedRate: 10}
+	lcTest.cutRate(&s, t0, 30, 0, "why") // stale report above the rate
+	if !near(s.LearnedRate, 10) {
+		t.Fatalf("a cut rose to %v", s.LearnedRate)
+	}
+}
+
 func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 	var s DestState
-	lcTest.cutRate(&s, t0, 20, 0, "why") // 10, step 1
+	lcTest.cutRate(&s, t0, 20, 0, "why") // seed 10, slow start
 	if lcTest.raiseRate(&s, t0.Add(time.Second), 0) {
 		t.Fatal("stepped up within the hold")
 	}
 	at := t0.Add(3 * time.Second)
+	if !lcTest.raiseRate(&s, at, 0) || !near(s.LearnedRate, 20) {
+		t.Fatalf("slow start: %v, want doubled to 20", s.LearnedRate)
+	}
+	at = at.Add(lcTest.every)
+	lcTest.cutRate(&s, at, 0, 0, "why") // 10, additive from now
+	at = at.Add(lcTest.hold)
 	for i := 1; i <= 6; i++ {
 		if !lcTest.raiseRate(&s, at, 0) {
 			t.Fatalf("step %d refused", i)
@@ -79,6 +103,10 @@ func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 	}
 	if !near(s.LearnedRate, 16) {
 		t.Fatalf("after 6 steps: %v, want 16 (additive, +1 each)", s.LearnedRate)
+	}
+	// A throttle right after a step cuts at once: steps do not hold cuts.
+	if !lcTest.cutRate(&s, at.Add(-lcTest.every+time.Millisecond), 0, 0, "why") {
+		t.Fatal("a throttle just after a step up did not cut")
 	}
 	if s.LearnedReason == "" {
 		t.Fatal("a step without a reason")
@@ -162,12 +190,20 @@ func TestRateWindow(t *testing.T) {
 	if w.rate(t0, span) != 0 {
 		t.Fatal("empty window has a rate")
 	}
-	// A burst 400 ms old: measured over one second, not diluted by five.
+	// A burst 400 ms old: measured over 400 ms, not diluted by five
+	// seconds; one 10 ms old over at least 200 ms.
 	for i := range 20 {
 		w.add(t0.Add(time.Duration(i)*20*time.Millisecond), 1, span)
 	}
-	if r := w.rate(t0.Add(400*time.Millisecond), span); !near(r, 20) {
-		t.Fatalf("burst rate %v, want 20", r)
+	if r := w.rate(t0.Add(400*time.Millisecond), span); !near(r, 50) {
+		t.Fatalf("burst rate %v, want 50", r)
+	}
+	var b rateWindow
+	for i := range 4 {
+		b.add(t0.Add(time.Duration(i)*time.Millisecond), 1, span)
+	}
+	if r := b.rate(t0.Add(10*time.Millisecond), span); !near(r, 20) {
+		t.Fatalf("rate of a 10 ms burst %v, want 4 over 200ms = 20", r)
 	}
 	// Steady 10/s for 10 s: the window's 5 s.
 	var s rateWindow
@@ -189,7 +225,7 @@ func TestSlotSharesTheRateBetweenTenants(t *testing.T) {
 	// Tenant A's campaign: 1,000 envelopes at 20/s reach 50 s out.
 	var last time.Time
 	for range 1000 {
-		last = d.slot("a", t0, t0, 20, one)
+		last = d.slot("a", t0, t0, 20, one, 0)
 	}
 	if got := last.Sub(t0); got < 49*time.Second || got > 50*time.Second {
 		t.Fatalf("A's last slot %s ahead, want ~50s", got)
@@ -197,7 +233,7 @@ func TestSlotSharesTheRateBetweenTenants(t *testing.T) {
 	// Tenant B's 20 messages then: B's queue is its own, at half the rate.
 	var bLast time.Time
 	for range 20 {
-		bLast = d.slot("b", t0, t0, 20, one)
+		bLast = d.slot("b", t0, t0, 20, one, 0)
 	}
 	if got := bLast.Sub(t0); got > 2*time.Second {
 		t.Fatalf("B's 20th slot %s ahead: behind A's backlog", got)
@@ -213,10 +249,10 @@ func TestSlotSharesTheRateBetweenTenants(t *testing.T) {
 		}
 		return 1
 	}
-	w.slot("bulk", t0, t0, 10, weigh)
+	w.slot("bulk", t0, t0, 10, weigh, 0)
 	var v time.Time
 	for range 3 {
-		v = w.slot("vip", t0, t0, 10, weigh)
+		v = w.slot("vip", t0, t0, 10, weigh, 0)
 	}
 	if got := v.Sub(t0); !near(got.Seconds(), 2*4.0/(3*10)) {
 		t.Fatalf("vip's third slot %s ahead, want %.3fs", got, 2*4.0/(3*10))
@@ -252,9 +288,9 @@ func TestLearnedRateIsSharedAndSplit(t *testing.T) {
 	}
 	attempt(t, a, "l.test", resThrottled)
 	got := a.Snapshot("l.test")
-	// 30 delivered within a second, times two live workers (B reported
+	// 30 delivered within 200 ms, times two live workers (B reported
 	// nothing yet), times 0.5.
-	if got.RateSource != "learned" || got.LearnedRate < 20 || got.LearnedRate > 30 {
+	if got.RateSource != "learned" || !near(got.LearnedRate, 150) || !strings.Contains(got.LearnedReason, "seeded") {
 		t.Fatalf("A after the throttle: %+v", got)
 	}
 	learned := got.LearnedRate

@@ -72,12 +72,15 @@ type DestState struct {
 	// LearnedRate is the fleet rate (messages per second) learned from
 	// throttled replies for a destination without a configured rate (see
 	// learn.go); 0 means unknown. LearnedStep is its additive step up,
-	// LearnedHold the earliest time of its next change (cut or step), and
-	// LearnedReason why it last changed.
+	// LearnedHold the earliest time of its next cut, LearnedNext that of
+	// its next step up, and LearnedReason why it last changed.
 	LearnedRate   float64   `json:"learned_rate,omitempty"`
 	LearnedStep   float64   `json:"learned_step,omitempty"`
 	LearnedHold   time.Time `json:"learned_hold,omitzero"`
+	LearnedNext   time.Time `json:"learned_next,omitzero"` // earliest next step up
 	LearnedReason string    `json:"learned_reason,omitempty"`
+	// LearnedSlowStart: no cut since the seed, so steps up double.
+	LearnedSlowStart bool `json:"learned_slow_start,omitempty"`
 	// LearnedConns is the fleet connection limit learned from "too many
 	// connections" replies; 0 means unknown. LearnedConnsHold and
 	// LearnedConnsReason are as for the rate.

@@ -115,13 +115,13 @@ type ThrottleConfig struct {
 	// configured rate is then never slowed by throttles (see learn.go).
 	NoLearn bool
 	// LearnWindow is the sliding window of the fleet's delivered rate
-	// that seeds a learned rate. Default 5s.
+	// that seeds and bounds the cuts of a learned rate. Default 2s.
 	LearnWindow time.Duration
 	// LearnHold is the least time between two cuts of a learned limit,
-	// fleet-wide, and from a cut to the first step up. Default 3s.
+	// fleet-wide, and from a cut to the first step up. Default 2s.
 	LearnHold time.Duration
 	// LearnEvery is the interval of the learned limits' steps up.
-	// Default 5s.
+	// Default 2s.
 	LearnEvery time.Duration
 	// LearnStep is a learned rate's additive step as a fraction of the
 	// rate its last cut set (at least 0.5 msgs/s). Default 0.1.
@@ -164,7 +164,9 @@ type ThrottleConfig struct {
 	// released at that rate, oldest first. It runs on its own goroutine;
 	// Close waits for it, so a long release should watch its own context.
 	OnRecover func(dest string, rate float64)
-	// Logger receives one line per state transition. Default: disabled.
+	// Logger receives one line per state transition. It is expected to
+	// carry the worker id already (serve's does), so the Throttle does not
+	// add it again. Default: disabled.
 	Logger zerolog.Logger
 	// Registerer, when set, gets the outflow_dest_* and
 	// outflow_workers_live collectors.
@@ -324,6 +326,7 @@ type dest struct {
 	// tenant is told to come back at its tenant's end, which then moves on
 	// by one interval of that tenant's share of the fleet rate (see slot).
 	vq       map[string]vqTail
+	park     parking
 	inflight int
 	probing  bool // a half-open probe is out
 	failures int  // consecutive failed attempts
@@ -366,7 +369,7 @@ func NewThrottle(ctx context.Context, cfg ThrottleConfig) (*Throttle, error) {
 		cfg:      cfg,
 		rules:    rules,
 		groups:   newGrouper(cfg.GroupByMX, cfg.Groups, cfg.Overrides, cfg.Resolver),
-		log:      cfg.Logger.With().Str("component", "throttle").Str("worker_id", cfg.WorkerID).Logger(),
+		log:      cfg.Logger.With().Str("component", "throttle").Logger(),
 		m:        newThrottleMetrics(cfg.Registerer),
 		ops:      make(chan op, opsBuffer),
 		regKey:   StateKey(cfg.WorkerID),
@@ -595,7 +598,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 			// fleet can send, whichever worker refused it; each return
 			// still takes a real token from the worker that admits it.
 			d.bucket.refund()
-			until := d.slot(tenant, at, now, fleet, t.weight)
+			until := d.slot(tenant, at, now, fleet, t.weight, t.horizon(d, now))
 			d.probing = d.probing && !probe
 			d.mu.Unlock()
 			return nil, Refusal{Until: until, Reason: "rate"}, false

@@ -48,9 +48,9 @@ type ThrottleSettings struct {
 	// Learn turns learned limits on for destinations without a
 	// configured rate. Default true.
 	Learn       *bool         `toml:"learn"`
-	LearnWindow time.Duration `toml:"learn-window"` // default 5s
-	LearnHold   time.Duration `toml:"learn-hold"`   // default 3s
-	LearnEvery  time.Duration `toml:"learn-every"`  // default 5s
+	LearnWindow time.Duration `toml:"learn-window"` // default 2s
+	LearnHold   time.Duration `toml:"learn-hold"`   // default 2s
+	LearnEvery  time.Duration `toml:"learn-every"`  // default 2s
 	LearnStep   float64       `toml:"learn-step"`   // default 0.1
 	LearnForget time.Duration `toml:"learn-forget"` // default 1h
 	LearnMin    float64       `toml:"learn-min"`    // default 0.1 msgs/s
