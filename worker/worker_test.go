@@ -44,12 +44,18 @@ func connect(t *testing.T, emb *queue.Embedded, ackWait time.Duration) *queue.Qu
 	ci := emb.ClientInfo()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	q, err := queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password,
-		AckWait: ackWait, Logger: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
+	// nats.go gives the connection handshake 2 s; on a loaded machine under
+	// -race the in-process one can take longer, so try again within ctx.
+	for {
+		q, err := queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password,
+			AckWait: ackWait, Logger: zerolog.Nop()})
+		if err == nil {
+			return q
+		}
+		if ctx.Err() != nil || !strings.Contains(err.Error(), "i/o timeout") {
+			t.Fatal(err)
+		}
 	}
-	return q
 }
 
 // newEnv starts an embedded server, a fake MX with hook, and a sender
