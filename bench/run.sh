@@ -6,7 +6,7 @@
 #
 #   BENCH_QUICK=1        a few minutes instead of ~30: fewer messages, 1 run
 #   BENCH_RUNS=N         alternating runs per scenario (default 3, quick 1)
-#   BENCH_SCENARIOS=1,2  which scenarios (default all five)
+#   BENCH_SCENARIOS=1,2  which scenarios (default all six)
 #   BENCH_RESULTS=FILE   also write the tables (markdown) to FILE
 #   BENCH_PROFILE=DIR    instead: CPU, allocation and heap profiles of scenario 1
 #                        (in-process pipeline) into DIR, kept out of the repo

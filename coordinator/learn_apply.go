@@ -107,6 +107,50 @@ func (p *parking) place(now time.Time) time.Time {
 	return now.Add(p.h + time.Duration(frac*float64(p.h)))
 }
 
+// tenantActive is how long after its last admission a tenant counts as
+// sending to a destination, for the fair share.
+const tenantActive = 2 * time.Second
+
+// seen records that tenant asked for d now; d.mu held.
+func (d *dest) seen(tenant string, now time.Time) {
+	if d.tenants == nil {
+		d.tenants = map[string]time.Time{}
+	}
+	d.tenants[tenant] = now
+	if len(d.tenants) > 64 { // forget the quiet ones now and then
+		for k, at := range d.tenants {
+			if now.Sub(at) > tenantActive {
+				delete(d.tenants, k)
+			}
+		}
+	}
+}
+
+// overShare reports whether tenant's backlog in d's virtual queue reaches
+// further ahead (by more than a second) than that of another tenant
+// sending to d now: it has had more than its share for the moment, and
+// the next token should go to the other. d.mu held.
+func (d *dest) overShare(tenant string, now time.Time) bool {
+	mine := d.ahead(tenant, now)
+	if mine <= time.Second {
+		return false
+	}
+	for other, at := range d.tenants {
+		if other != tenant && now.Sub(at) <= tenantActive && d.ahead(other, now)+time.Second < mine {
+			return true
+		}
+	}
+	return false
+}
+
+// ahead is how far ahead tenant's part of d's virtual queue reaches.
+func (d *dest) ahead(tenant string, now time.Time) time.Duration {
+	if q, ok := d.vq[tenant]; ok && q.end.After(now) {
+		return q.end.Sub(now)
+	}
+	return 0
+}
+
 // vqTail is the end of one tenant's part of a virtual queue, and the
 // interval its last place was given at.
 type vqTail struct {

@@ -393,3 +393,24 @@ func TestPaceSpacesThrottledMail(t *testing.T) {
 		prev = at
 	}
 }
+
+// TestOverShare: a tenant whose backlog reaches further ahead than another
+// sending tenant's yields the next token; alone, or level, it does not.
+func TestOverShare(t *testing.T) {
+	d := &dest{}
+	one := func(string) float64 { return 1 }
+	d.seen("a", t0)
+	for range 200 {
+		d.slot("a", t0, t0, 20, one, 0) // 10 s ahead
+	}
+	if d.overShare("a", t0) {
+		t.Fatal("a lone tenant is over its share")
+	}
+	d.seen("b", t0)
+	if !d.overShare("a", t0) || d.overShare("b", t0) {
+		t.Fatalf("with b sending: a over %v, b over %v; want a yields to b", d.overShare("a", t0), d.overShare("b", t0))
+	}
+	if d.overShare("a", t0.Add(tenantActive+time.Second)) {
+		t.Fatal("b stopped sending, yet a still yields to it")
+	}
+}

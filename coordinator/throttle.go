@@ -327,6 +327,7 @@ type dest struct {
 	// by one interval of that tenant's share of the fleet rate (see slot).
 	vq       map[string]vqTail
 	park     parking
+	tenants  map[string]time.Time // tenant -> last asked for admission
 	inflight int
 	probing  bool // a half-open probe is out
 	failures int  // consecutive failed attempts
@@ -554,6 +555,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		return nil, Refusal{}, true
 	}
 	d.lastUsed = now
+	d.seen(tenant, now)
 	st := &d.state
 	if st.Suspended(now) {
 		until := st.SuspendedUntil
@@ -589,7 +591,12 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		if at.After(now) {
 			d.lastLimited = at // the rate holds this attempt back until then
 		}
-		if at.Sub(now) > t.cfg.MaxWait {
+		// A tenant with a backlog in the virtual queue does not hold a
+		// delivery slot and a reservation waiting for a token while another
+		// tenant sends to the destination: its envelope takes its own
+		// tenant's next place at once, and the tokens go to whoever is
+		// within its share (see fairShare).
+		if at.Sub(now) > t.cfg.MaxWait || at.After(now) && d.overShare(tenant, now) {
 			// Too long to wait here. The refused envelope goes back to a
 			// lane and may return to any worker, so this worker keeps no
 			// token for it: it hands the token back and gives the envelope

@@ -200,7 +200,10 @@ func TestTenantFairShare(t *testing.T) {
 	if left < 3*limit {
 		t.Fatalf("A's backlog had drained (%d left): the test measured nothing", left)
 	}
-	if lat[few-1] > 20*time.Second {
+	if testing.Verbose() {
+		t.Logf("tenant B's decisions:\n%s", grepLines(d.Logs(), `"tenant":"tenant-b"`))
+	}
+	if lat[few-1] > 10*time.Second {
 		t.Errorf("tenant B's slowest message took %s behind A's backlog", lat[few-1])
 	}
 }

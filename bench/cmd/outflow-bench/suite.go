@@ -127,6 +127,7 @@ func runSuite(c *config) error {
 		{"3", s.scenario3},
 		{"4", s.scenario4},
 		{"5", s.scenario5},
+		{"6", s.scenario6},
 	}
 	for _, st := range steps {
 		if !c.scenarios[st.id] {
