@@ -196,7 +196,8 @@ var (
 	workSubject  = regexp.MustCompile(`outflow\.work\.[^.\\"]+\.[^.\\"]+\.([A-Za-z0-9]+)`)
 	queuedAs     = regexp.MustCompile(`"250 2\.0\.0 OK: queued as ([A-Za-z0-9]+)`)
 	// 1234 unlinkat(AT_FDCWD, "/…/OUTFLOW_WORK/msgs/9.blk", 0) = 0
-	traceUnlink = regexp.MustCompile(`^(\d+)\s+unlinkat\(AT_FDCWD, "([^"]+)"`)
+	// (-y prints AT_FDCWD with the working directory: AT_FDCWD</dir>)
+	traceUnlink = regexp.MustCompile(`^(\d+)\s+unlinkat\(AT_FDCWD(?:<[^>]*>)?, "([^"]+)"`)
 )
 
 // checkTrace reads an strace log in its order, which is the order in which
@@ -257,7 +258,7 @@ func checkTrace(f *os.File) (traceResult, error) {
 			}
 			continue
 		}
-		if u := traceUnlink.FindStringSubmatch(line); u != nil && strings.HasSuffix(line, "= 0") {
+		if u := traceUnlink.FindStringSubmatch(line); u != nil && !strings.Contains(line, "= -1") {
 			unlinked[u[2]] = i
 			continue
 		}
