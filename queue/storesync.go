@@ -248,8 +248,14 @@ func (s *StoreSyncer) syncBatch(batch []*syncReq) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	s.mu.Lock()
-	for _, n := range list {
-		prev := s.known[n]
+	// Read every stream's last known state before the first sync starts:
+	// the syncs write s.known as they finish.
+	prevs := make([]blockStates, len(list))
+	for i, n := range list {
+		prevs[i] = s.known[n]
+	}
+	for i, n := range list {
+		prev := prevs[i]
 		wg.Go(func() {
 			next, err := s.syncStream(n, prev)
 			mu.Lock()
