@@ -2,6 +2,7 @@ package classify
 
 import (
 	"fmt"
+	"math/bits"
 	"regexp"
 	"strconv"
 	"strings"
@@ -23,14 +24,45 @@ type Options struct {
 // rules. It is immutable after New and safe for concurrent use.
 type Classifier struct {
 	rules    []rule
-	byCode   [600][]int32 // reply rules that can match each basic code (index 0: no code), in order
 	byEvent  [len(eventNames)][]int32
 	idx      textIndex
 	words    int      // length of a match set, in uint64 words
 	unitMask matchSet // phrases of time units: a text without one has no retry hint
 	tokIDs   []uint16 // phrase id of each tokenVocabulary entry
 	tokenOn  []bool   // by rule index: the token layer may weigh this rule's result again
+
+	// Rule sets, a bit per rule in rule order, ruleWords uint64 words
+	// each. A reply's candidates are the rules its code, stage and
+	// enhanced code allow whose text condition its phrases meet, computed
+	// with a few word operations instead of testing every rule in turn;
+	// only they are tested for their regexp, in order, and the first one
+	// wins, as if every rule had been tried.
+	ruleWords  int
+	codeRules  []uint64  // [code*ruleWords:]: reply rules that can match the code (0: none readable)
+	stageRules []uint64  // [stage*ruleWords:]: rules allowed at the stage; index 16 for any other stage
+	noText     []uint64  // rules without a text condition
+	phraseText [][]int32 // by phrase id: rules with the phrase in text
+	phraseNot  [][]int32 // by phrase id: rules with the phrase in not_text
+	enhNone    []uint64  // rules a reply without a valid enhanced code can match
+	// enhRules[((class*len(enhSub)+sub)*len(enhDet)+det)*ruleWords:] are
+	// the rules an enhanced code can match, with class 0, 1, 2 for 2, 4,
+	// 5, and sub and det the index of the code's subject and detail among
+	// the values some pattern names (enhSubIdx, enhDetIdx; 0 for a value
+	// no pattern names, which only a wildcard matches).
+	enhRules  []uint64
+	enhSub    []int16
+	enhDet    []int16
+	enhSubIdx [1000]uint8
+	enhDetIdx [1000]uint8
 }
+
+// numCodes bounds the basic codes the rule sets are indexed by; index 0
+// stands for a reply without a readable code.
+const numCodes = 600
+
+// maxStageBits is the number of stages a rule's stage bits can name; an
+// input at a higher stage matches only rules without stages.
+const maxStageBits = 16
 
 // unitPhrases are the fragments every retry hint contains ("seconds",
 // "5 min", "30s", "1h"); registered in the text index so that the hint
@@ -156,29 +188,217 @@ func (c *Classifier) compile(files []*ruleFile) error {
 		r.textMask, r.notMask = c.mask(r.text), c.mask(r.notText)
 	}
 	c.unitMask = c.mask(units)
+	c.compileSets()
 	for i := range c.rules {
 		r := &c.rules[i]
-		if r.events != 0 {
-			for ev := range c.byEvent {
-				if r.events&(1<<ev) != 0 {
-					c.byEvent[ev] = append(c.byEvent[ev], int32(i))
-				}
-			}
-			continue
-		}
-		for code := range c.byCode {
-			if code != 0 && code < 200 {
-				continue
-			}
-			for _, p := range r.codes {
-				if p.match(code) {
-					c.byCode[code] = append(c.byCode[code], int32(i))
-					break
-				}
+		for ev := range c.byEvent {
+			if r.events&(1<<ev) != 0 {
+				c.byEvent[ev] = append(c.byEvent[ev], int32(i))
 			}
 		}
 	}
 	return nil
+}
+
+// compileSets builds the rule sets classifyReply selects candidates with.
+func (c *Classifier) compileSets() {
+	rw := (len(c.rules) + 63) / 64
+	c.ruleWords = rw
+	c.codeRules = make([]uint64, numCodes*rw)
+	c.stageRules = make([]uint64, (maxStageBits+1)*rw)
+	c.noText = make([]uint64, rw)
+	c.phraseText = make([][]int32, len(c.idx.phrases))
+	c.phraseNot = make([][]int32, len(c.idx.phrases))
+	for i := range c.rules {
+		r := &c.rules[i]
+		w, bit := i>>6, uint64(1)<<(i&63)
+		if r.events == 0 {
+			for code := 0; code < numCodes; code++ {
+				if code != 0 && code < 200 {
+					continue
+				}
+				for _, p := range r.codes {
+					if p.match(code) {
+						c.codeRules[code*rw+w] |= bit
+						break
+					}
+				}
+			}
+		}
+		for st := 0; st <= maxStageBits; st++ {
+			if r.stages == 0 || st < maxStageBits && r.stages&(1<<st) != 0 {
+				c.stageRules[st*rw+w] |= bit
+			}
+		}
+		if len(r.text) == 0 {
+			c.noText[w] |= bit
+		}
+		for _, id := range r.text {
+			c.phraseText[id] = append(c.phraseText[id], int32(i))
+		}
+		for _, id := range r.notText {
+			c.phraseNot[id] = append(c.phraseNot[id], int32(i))
+		}
+	}
+	c.compileEnhSets()
+}
+
+// enhClasses are the classes of a valid enhanced code (RFC 3463 2).
+var enhClasses = [3]int{2, 4, 5}
+
+// enhOther stands for a subject or detail that no pattern names.
+const enhOther = 1000
+
+// compileEnhSets builds the rule sets by enhanced code. Patterns name a
+// few subjects and details; every other value behaves alike (only a
+// wildcard matches it), so the sets are indexed by the values named and
+// one more for the rest, and each is computed with the rule's own match.
+func (c *Classifier) compileEnhSets() {
+	rw := c.ruleWords
+	c.enhSub, c.enhDet = []int16{enhOther}, []int16{enhOther}
+	for _, r := range c.rules {
+		for _, p := range r.enh {
+			if p.none {
+				continue
+			}
+			if p.subject >= 0 && p.subject < 1000 && c.enhSubIdx[p.subject] == 0 && len(c.enhSub) < 255 {
+				c.enhSubIdx[p.subject] = uint8(len(c.enhSub))
+				c.enhSub = append(c.enhSub, p.subject)
+			}
+			if p.detail >= 0 && p.detail < 1000 && c.enhDetIdx[p.detail] == 0 && len(c.enhDet) < 255 {
+				c.enhDetIdx[p.detail] = uint8(len(c.enhDet))
+				c.enhDet = append(c.enhDet, p.detail)
+			}
+		}
+	}
+	ns, nd := len(c.enhSub), len(c.enhDet)
+	c.enhNone = make([]uint64, rw)
+	for i, r := range c.rules {
+		if len(r.enh) == 0 || anyEnh(r.enh, false, 0, 0, 0) {
+			c.enhNone[i>>6] |= 1 << (i & 63)
+		}
+	}
+	// An operator's file naming hundreds of subjects or details would make
+	// the table large; then each candidate's patterns are tested instead.
+	if ns >= 255 || nd >= 255 || ns*nd > maxEnhCells {
+		c.enhRules = nil
+		return
+	}
+	c.enhRules = make([]uint64, len(enhClasses)*ns*nd*rw)
+	for i, r := range c.rules {
+		w, bit := i>>6, uint64(1)<<(i&63)
+		for ci, cl := range enhClasses {
+			for si, sub := range c.enhSub {
+				for di, det := range c.enhDet {
+					if len(r.enh) == 0 || anyEnh(r.enh, true, cl, int(sub), int(det)) {
+						c.enhRules[((ci*ns+si)*nd+di)*rw+w] |= bit
+					}
+				}
+			}
+		}
+	}
+}
+
+// maxEnhCells bounds the subject and detail combinations compileEnhSets
+// indexes (each a rule set per class).
+const maxEnhCells = 4096
+
+// enhSet returns the rules a reply's enhanced code allows, or nil when
+// they are not indexed (see compileEnhSets) and each candidate's patterns
+// must be tested.
+func (c *Classifier) enhSet(f *replyFields) []uint64 {
+	if !f.hasEnh {
+		return c.enhNone
+	}
+	if c.enhRules == nil {
+		return nil
+	}
+	ci := 0
+	switch f.ec {
+	case 4:
+		ci = 1
+	case 5:
+		ci = 2
+	}
+	si, di := int(c.enhSubIdx[f.es]), int(c.enhDetIdx[f.ed])
+	rw := c.ruleWords
+	i := ((ci*len(c.enhSub)+si)*len(c.enhDet) + di) * rw
+	return c.enhRules[i : i+rw]
+}
+
+// firstRule returns the first rule that code, stage and the enhanced
+// code's rule set enh (nil: not known) allow, if any.
+func (c *Classifier) firstRule(code int, stage Stage, enh []uint64) (int, bool) {
+	rw := c.ruleWords
+	st := min(int(stage), maxStageBits)
+	codeSet := c.codeRules[code*rw : code*rw+rw]
+	stageSet := c.stageRules[st*rw : st*rw+rw]
+	for w := range rw {
+		word := codeSet[w] & stageSet[w]
+		if enh != nil {
+			word &= enh[w]
+		}
+		if word != 0 {
+			return w<<6 | bits.TrailingZeros64(word), true
+		}
+	}
+	return 0, false
+}
+
+// candidates returns, in buf when it is long enough, the reply rules that
+// code, stage, the enhanced code's rule set enh (nil: not known) and the
+// text's phrases m allow: a rule's codes and stages match, at least one of
+// its text phrases occurs (or it has none), and none of its not_text
+// phrases does.
+func (c *Classifier) candidates(code int, stage Stage, enh []uint64, m matchSet, buf []uint64) []uint64 {
+	rw := c.ruleWords
+	var cand []uint64
+	if rw <= len(buf) {
+		cand = buf[:rw:rw]
+	} else {
+		cand = make([]uint64, rw)
+	}
+	st := int(stage)
+	if st > maxStageBits {
+		st = maxStageBits
+	}
+	codeSet := c.codeRules[code*rw : code*rw+rw]
+	stageSet := c.stageRules[st*rw : st*rw+rw]
+	for w := range cand {
+		cand[w] = codeSet[w] & stageSet[w]
+	}
+	if enh != nil {
+		for w := range cand {
+			cand[w] &= enh[w]
+		}
+	}
+	// Text conditions: first the rules that one of the phrases found
+	// satisfies, then those a found phrase excludes. The text rules not
+	// satisfied are those still clear in sat.
+	var satBuf [8]uint64
+	var sat []uint64
+	if rw <= len(satBuf) {
+		sat = satBuf[:rw]
+	} else {
+		sat = make([]uint64, rw)
+	}
+	copy(sat, c.noText)
+	for w, word := range m {
+		for word != 0 {
+			id := w<<6 | bits.TrailingZeros64(word)
+			word &= word - 1
+			for _, ri := range c.phraseText[id] {
+				sat[ri>>6] |= 1 << (ri & 63)
+			}
+			for _, ri := range c.phraseNot[id] {
+				cand[ri>>6] &^= 1 << (ri & 63)
+			}
+		}
+	}
+	for w := range cand {
+		cand[w] &= sat[w]
+	}
+	return cand
 }
 
 // Classify says what one reply or transport event means. It does no I/O,
@@ -191,24 +411,31 @@ func (c *Classifier) compile(files []*ruleFile) error {
 // leaves only the basic code and the text, and an unreadable code leaves
 // the text (class transient unless a rule recognises it).
 func (c *Classifier) Classify(in Input) Result {
-	if in.Event == EventNone && in.Code == 0 && (in.Raw != "" || in.Text != "") {
-		raw := in.Raw
-		if raw == "" {
-			raw = in.Text
-		}
-		p := Parse(raw)
-		if in.Stage != StageUnknown {
-			p.Stage = in.Stage
-		}
-		if p.Enhanced == "" && p.Code == 0 && validEnhanced(in.Enhanced) {
-			p.Enhanced = in.Enhanced
-		}
-		in = p
-	}
+	in = parsed(in)
 	if in.Event != EventNone {
 		return c.classifyEvent(in)
 	}
 	return c.classifyReply(in)
+}
+
+// parsed returns in, parsed from Raw (or Text) when it has neither a code
+// nor an event.
+func parsed(in Input) Input {
+	if in.Event != EventNone || in.Code != 0 || (in.Raw == "" && in.Text == "") {
+		return in
+	}
+	raw := in.Raw
+	if raw == "" {
+		raw = in.Text
+	}
+	p := Parse(raw)
+	if in.Stage != StageUnknown {
+		p.Stage = in.Stage
+	}
+	if p.Enhanced == "" && p.Code == 0 && validEnhanced(in.Enhanced) {
+		p.Enhanced = in.Enhanced
+	}
+	return p
 }
 
 // ClassifyReply parses raw (a reply as received, or a log line holding one)
@@ -217,65 +444,100 @@ func (c *Classifier) ClassifyReply(raw string, stage Stage) Result {
 	return c.Classify(Input{Raw: raw, Stage: stage})
 }
 
-func (c *Classifier) classifyReply(in Input) Result {
-	code := in.Code
-	if code < 200 || code > 599 {
-		code = 0
+// replyFields is a reply as the rules test it: the basic code (0 when none
+// is readable), a valid enhanced code or "" with its three parts, and the
+// text on one line.
+type replyFields struct {
+	code       int
+	enh, text  string
+	hasEnh     bool
+	ec, es, ed int
+}
+
+// fieldsOf normalises a reply's code, enhanced code and text.
+func fieldsOf(in Input) replyFields {
+	f := replyFields{code: in.Code, enh: in.Enhanced, text: in.Text}
+	if f.code < 200 || f.code > 599 {
+		f.code = 0
 	}
-	enh := in.Enhanced
-	if enh != "" && !validEnhanced(enh) {
-		enh = ""
+	if f.enh != "" && !validEnhanced(f.enh) {
+		f.enh = ""
 	}
-	text := in.Text
 	// go-smtp and other clients leave the enhanced code in the text when
 	// the server did not announce ENHANCEDSTATUSCODES.
-	if e, rest := cutEnhanced(text); e != "" && (enh == "" || e == enh) {
-		enh, text = e, rest
+	if e, rest := cutEnhanced(f.text); e != "" && (f.enh == "" || e == f.enh) {
+		f.enh, f.text = e, rest
 	}
-	if code != 0 && (strings.IndexByte(text, '\n') >= 0 || strings.IndexByte(text, '\r') >= 0) {
-		text = joinLines(strconv.Itoa(code), enh, text)
+	if f.code != 0 && (strings.IndexByte(f.text, '\n') >= 0 || strings.IndexByte(f.text, '\r') >= 0) {
+		f.text = joinLines(strconv.Itoa(f.code), f.enh, f.text)
 	}
-	var ec, es, ed int
-	hasEnh := enh != ""
-	if hasEnh {
-		ec, es, ed = enhancedParts(enh)
+	f.hasEnh = f.enh != ""
+	if f.hasEnh {
+		f.ec, f.es, f.ed = enhancedParts(f.enh)
 	}
+	return f
+}
 
-	var buf [8]uint64
-	var m matchSet
-	for _, ri := range c.byCode[code] {
-		r := &c.rules[ri]
-		if r.stages != 0 && r.stages&(1<<in.Stage) == 0 {
-			continue
+// classifyReply classifies a reply: the first rule, in order, whose every
+// condition holds decides it.
+func (c *Classifier) classifyReply(in Input) Result {
+	f := fieldsOf(in)
+	enh := c.enhSet(&f)
+	// When the first rule the code, stage and enhanced code allow has no
+	// text condition, it wins whatever the text says (a 250 to the final
+	// dot): the text need not be scanned.
+	if ri, ok := c.firstRule(f.code, in.Stage, enh); ok {
+		if r := &c.rules[ri]; len(r.text) == 0 && len(r.notText) == 0 && r.re == nil && !c.tokenOn[ri] && enh != nil {
+			return c.decide(ri, &f, in.Stage, nil)
 		}
-		if len(r.enh) > 0 && !anyEnh(r.enh, hasEnh, ec, es, ed) {
-			continue
-		}
-		var ok bool
-		if m, ok = c.textOK(r, text, m, buf[:]); !ok {
-			continue
-		}
-		if c.tokenOn[ri] {
-			if m == nil {
-				m = c.matches(text, buf[:])
-			}
-			if cl, ok := tokenDecide(code, r.class, c.tokenScores(code, m)); ok {
-				return c.result(cl, 0, TokenRule, 0, in.Stage, code, enh, text, m)
-			}
-		}
-		return c.result(r.class, r.scope, r.name, r.retryAfter, in.Stage, code, enh, text, m)
 	}
-	// No rule matched (only when an operator disabled the generic
-	// fallbacks): go by the first digit, unknown codes counting as
-	// temporary, as maddy does.
+	var buf, cbuf [8]uint64
+	m := c.matches(f.text, buf[:])
+	for w, word := range c.candidates(f.code, in.Stage, enh, m, cbuf[:]) {
+		for word != 0 {
+			ri := w<<6 | bits.TrailingZeros64(word)
+			word &= word - 1
+			if r := &c.rules[ri]; enh != nil && r.re == nil || r.finalOK(&f) {
+				return c.decide(ri, &f, in.Stage, m)
+			}
+		}
+	}
+	return c.noRule(&f, in.Stage, m)
+}
+
+// finalOK tests the conditions of r that the rule sets may leave to each
+// candidate: its enhanced codes (when there were too many values to index
+// them) and its regexp.
+func (r *rule) finalOK(f *replyFields) bool {
+	return (len(r.enh) == 0 || anyEnh(r.enh, f.hasEnh, f.ec, f.es, f.ed)) &&
+		(r.re == nil || r.re.MatchString(f.text))
+}
+
+// decide returns the result of rule ri, which matched the reply: the
+// rule's, or the token layer's when ri goes by the code alone and the
+// words say otherwise.
+func (c *Classifier) decide(ri int, f *replyFields, stage Stage, m matchSet) Result {
+	r := &c.rules[ri]
+	if c.tokenOn[ri] {
+		if cl, ok := tokenDecide(f.code, r.class, c.tokenScores(f.code, m)); ok {
+			return c.result(cl, 0, TokenRule, 0, stage, f.code, f.enh, f.text, m)
+		}
+	}
+	return c.result(r.class, r.scope, r.name, r.retryAfter, stage, f.code, f.enh, f.text, m)
+}
+
+// noRule is the result when no rule matched (only when an operator
+// disabled the generic fallbacks): it goes by the first digit, unknown
+// codes counting as temporary, as maddy does.
+func (c *Classifier) noRule(f *replyFields, stage Stage, m matchSet) Result {
 	class := Transient
-	switch code / 100 {
+	switch f.code / 100 {
 	case 2:
 		class = Delivered
 	case 5:
 		class = Permanent
 	}
-	return c.result(class, 0, "no-rule", 0, in.Stage, code, enh, text, m)
+	return c.result(class, 0, "no-rule", 0, stage, f.code, f.enh, f.text, m)
 }
 
 func (c *Classifier) classifyEvent(in Input) Result {

@@ -6,7 +6,9 @@ import (
 )
 
 // FuzzParseReply feeds arbitrary bytes to the reply parser and to the
-// classifier: neither may panic, and what they return must be well formed.
+// classifier: neither may panic, what they return must be well formed, and
+// the classifier's rule sets must pick the rule that trying every rule in
+// order picks.
 // The Makefile runs it with -fuzz=FuzzParseReply -fuzztime=10s.
 func FuzzParseReply(f *testing.F) {
 	for _, row := range readReplies(f, "testdata/smtp-replies.tsv") {
@@ -46,6 +48,7 @@ func FuzzParseReply(f *testing.F) {
 			if res.RetryAfter < 0 || res.RetryAfter > maxHint {
 				t.Fatalf("Classify(%+v): RetryAfter %v", x, res.RetryAfter)
 			}
+			sameAsReference(t, c, x)
 		}
 	})
 }

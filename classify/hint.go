@@ -87,7 +87,15 @@ func scale(n int, u time.Duration) time.Duration {
 	return time.Duration(n) * u
 }
 
+// isTrigger reports whether w (not empty) is a word a retry hint's number
+// follows: in, for, wait, after or within, in any case.
 func isTrigger(w string) bool {
+	// Most words start with another letter: decide on it first.
+	switch lower(w[0]) {
+	case 'i', 'f', 'w', 'a':
+	default:
+		return false
+	}
 	switch len(w) {
 	case 2:
 		return strings.EqualFold(w, "in")
@@ -137,31 +145,42 @@ var numberWords = []struct {
 	{"five", 5}, {"ten", 10}, {"fifteen", 15}, {"twenty", 20}, {"thirty", 30},
 }
 
-// unit returns the duration of one unit word, or 0.
+// unit returns the duration of one unit word, or 0. It is asked of most
+// words that follow a trigger word ("for more information"), so it looks
+// at the first letter before comparing whole words.
 func unit(w string) time.Duration {
-	if len(w) > len("seconds") {
+	if len(w) == 0 || len(w) > len("seconds") {
 		return 0
 	}
-	for _, u := range unitWords {
-		if strings.EqualFold(w, u.word) {
-			return u.d
+	var words []string
+	var d time.Duration
+	switch lower(w[0]) {
+	case 's':
+		words, d = unitSeconds, time.Second
+	case 'm':
+		words, d = unitMinutes, time.Minute
+	case 'h':
+		words, d = unitHours, time.Hour
+	case 'd':
+		words, d = unitDays, 24*time.Hour
+	default:
+		return 0
+	}
+	for _, u := range words {
+		if len(u) == len(w) && strings.EqualFold(w, u) {
+			return d
 		}
 	}
 	return 0
 }
 
-var unitWords = []struct {
-	word string
-	d    time.Duration
-}{
-	{"s", time.Second}, {"sec", time.Second}, {"secs", time.Second},
-	{"second", time.Second}, {"seconds", time.Second},
-	{"m", time.Minute}, {"min", time.Minute}, {"mins", time.Minute},
-	{"minute", time.Minute}, {"minutes", time.Minute},
-	{"h", time.Hour}, {"hr", time.Hour}, {"hrs", time.Hour},
-	{"hour", time.Hour}, {"hours", time.Hour},
-	{"day", 24 * time.Hour}, {"days", 24 * time.Hour},
-}
+// The unit words, by the unit they name.
+var (
+	unitSeconds = []string{"s", "sec", "secs", "second", "seconds"}
+	unitMinutes = []string{"m", "min", "mins", "minute", "minutes"}
+	unitHours   = []string{"h", "hr", "hrs", "hour", "hours"}
+	unitDays    = []string{"day", "days"}
+)
 
 func lower(c byte) byte {
 	if 'A' <= c && c <= 'Z' {

@@ -12,16 +12,20 @@ import "strings"
 type textIndex struct {
 	class  [256]uint8 // byte -> alphabet class; 0 for bytes in no phrase
 	nclass int        // alphabet size, including class 0
-	// delta[state*nclass+class] is next*nclass: the scan moves without
-	// multiplying. States are numbered so that those where phrases end
-	// come last, from outBase on: testing for output is one comparison off
-	// the critical path of the next load.
-	delta    []int32
-	outBase  int32   // offset (state*nclass) of the first state with output
-	outStart []int32 // phrases ending at state s: outs[outStart[s]:outStart[s+1]]
-	outs     []uint16
-	phrases  []string // by id, normalised
-	ids      map[string]uint16
+	// stride is the length of a state's row in delta: nclass transitions,
+	// then one column that says where the state's outputs start in outs
+	// (they end where the next row's start). delta[state*stride+class] is
+	// next*stride: the scan moves without multiplying, and finds a state's
+	// outputs without dividing. States are numbered so that those where
+	// phrases end come last, from outBase on: testing for output is one
+	// comparison off the critical path of the next load. A last row,
+	// never entered, closes the outputs of the last state.
+	stride  int
+	delta   []int32
+	outBase int32 // offset (state*stride) of the first state with output
+	outs    []uint16
+	phrases []string // by id, normalised
+	ids     map[string]uint16
 }
 
 // maxPhrases bounds the phrase ids (uint16) and keeps the per-call match
@@ -173,22 +177,25 @@ func (x *textIndex) build() {
 			next++
 		}
 	}
-	delta := make([]int32, len(x.delta))
+	stride := k + 1
+	x.stride = stride
+	x.outBase = x.outBase / int32(k) * int32(stride)
+	delta := make([]int32, (n+1)*stride)
 	outs := make([][]uint16, n)
 	for s := 0; s < n; s++ {
 		ns := int(newID[s])
 		outs[ns] = out[s]
 		for c := 0; c < k; c++ {
-			delta[ns*k+c] = newID[x.delta[s*k+c]] * int32(k)
+			delta[ns*stride+c] = newID[x.delta[s*k+c]] * int32(stride)
 		}
 	}
 	x.delta = delta
-	x.outStart = make([]int32, n+1)
-	for s := 0; s < n; s++ {
-		x.outStart[s] = int32(len(x.outs))
-		x.outs = append(x.outs, outs[s]...)
+	for s := 0; s <= n; s++ {
+		x.delta[s*stride+k] = int32(len(x.outs))
+		if s < n {
+			x.outs = append(x.outs, outs[s]...)
+		}
 	}
-	x.outStart[n] = int32(len(x.outs))
 }
 
 // matchSet is a bit set of phrase ids.
@@ -212,16 +219,16 @@ func (x *textIndex) scan(text string, m matchSet) {
 	if len(x.phrases) == 0 {
 		return
 	}
-	k := int32(x.nclass)
+	out := int32(x.nclass)        // column of a row's first output
+	next := int32(x.stride) + out // the same column of the next row
 	delta := x.delta
 	class := &x.class
 	base := x.outBase
-	off := int32(0) // current state * nclass
-	for i := 0; i < len(text); i++ {
-		off = delta[off+int32(class[text[i]])]
+	off := int32(0) // current state * stride
+	for _, b := range []byte(text) {
+		off = delta[uint32(off)+uint32(class[b])]
 		if off >= base {
-			s := off / k
-			for _, id := range x.outs[x.outStart[s]:x.outStart[s+1]] {
+			for _, id := range x.outs[delta[off+out]:delta[off+next]] {
 				m[id>>6] |= 1 << (id & 63)
 			}
 		}
