@@ -257,7 +257,7 @@ func (q *Queue) History(ctx context.Context, id string, since time.Time) ([]Even
 }
 
 // FastForward makes a deferred or throttled envelope due now, as a probe:
-// its next attempt bypasses the coordinator (suspension, breaker, rate), so
+// its next attempt bypasses the throttle (suspension, breaker, rate), so
 // an operator can test a destination with one message. It is atomic:
 // the due message is published with Nats-Schedule-Next: purge naming the
 // schedule, and with the schedule's sequence as the expected last sequence
@@ -437,7 +437,7 @@ func (q *Queue) deleteItem(ctx context.Context, it *Item) error {
 
 // ReleaseDest reschedules every deferred and throttled envelope of dest,
 // oldest submission first, to fire at rate per second from now (all at
-// once when rate <= 0). The coordinator calls it when a destination
+// once when rate <= 0). The throttle calls it when a destination
 // recovers, so a backlog drains at the destination's pace instead of each
 // envelope waiting out its own backoff. Each rewrite replaces the schedule
 // on its subject and expects the sequence it read, so an envelope that

@@ -25,7 +25,7 @@ const (
 	HdrReplays       = "Outflow-Replays"        // operator replays so far
 	HdrStep          = "Outflow-Step"           // durable steps taken (each reschedule, hold, dead letter, replay); names SENT keys and dedup ids
 	HdrNotBefore     = "Outflow-Not-Before"     // RFC 3339 time the envelope was scheduled for
-	HdrProbe         = "Outflow-Probe"          // "1": an operator's fast-forward; this attempt bypasses the coordinator
+	HdrProbe         = "Outflow-Probe"          // "1": an operator's fast-forward; this attempt bypasses the throttle
 	HdrInlineBody    = "Outflow-Inline-Body"    // length of the body carried after the envelope's JSON (absent: the body is in the Object Store)
 )
 

@@ -77,8 +77,8 @@ type Event struct {
 	Worker     string    `json:"worker_id,omitempty"`
 	Reason     string    `json:"reason,omitempty"`
 	Recipients []string  `json:"recipients,omitempty"`
-	// Decision is the full decision record (coordinator.Record as JSON) for
-	// attempts; kept raw so queue does not depend on coordinator.
+	// Decision is the full decision record (backoff.Record as JSON) for
+	// attempts; kept raw so queue does not depend on backoff.
 	Decision json.RawMessage `json:"decision,omitempty"`
 	// State is a destination's shared throttle state after the change
 	// (dest-learned events); kept raw like Decision.

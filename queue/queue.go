@@ -212,7 +212,7 @@ func Connect(ctx context.Context, opts Options) (*Queue, error) {
 }
 
 // Conn returns the NATS connection (for publishing raw events in tests and
-// for the coordinator's KV watches).
+// for the throttle's KV watches).
 func (q *Queue) Conn() *nats.Conn { return q.nc }
 
 // JetStream returns the JetStream context.

@@ -12,10 +12,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/classify"
-	"github.com/outflow/outflow/coordinator"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
+	"github.com/outflow/outflow/throttle"
 )
 
 // deliverer is one delivery goroutine of a Pool. Each has its own id,
@@ -26,14 +27,14 @@ type deliverer struct {
 	id string
 }
 
-// limiter is the part of the coordinator that knows a destination's
-// configured limits (*coordinator.Throttle has it; OpenGate does not).
+// limiter is the part of the throttle that knows a destination's
+// configured limits (*throttle.Throttle has it; OpenGate does not).
 type limiter interface {
-	LimitsOf(dest string) coordinator.Limits
+	LimitsOf(dest string) throttle.Limits
 }
 
-// probePermit stands in for a coordinator permit on an operator's probe:
-// the attempt was not admitted by the coordinator, so its outcome is not
+// probePermit stands in for a throttle permit on an operator's probe:
+// the attempt was not admitted by the throttle, so its outcome is not
 // reported to it either.
 type probePermit struct{}
 
@@ -78,11 +79,11 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		return p.dead(ctx, d, e.Clone(), dest, queue.EventExpired, "max-age: deadline "+e.Deadline.Format(time.RFC3339)+" passed")
 	}
 
-	var permit coordinator.Permit = probePermit{}
+	var permit throttle.Permit = probePermit{}
 	if e.Probe {
 		p.log.Info().Str("msg_id", e.ID).Str("dest", dest).Msg("operator probe (fast-forward): bypassing the coordinator for this attempt")
 	} else {
-		var refusal coordinator.Refusal
+		var refusal throttle.Refusal
 		if permit, refusal = p.admit(ctx, e); permit == nil {
 			return p.refused(ctx, d, dest, refusal)
 		}
@@ -95,7 +96,7 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	// anything. A panic is a fault of ours, not a signal from the
 	// destination; counting it as a failure would let one bug open the
 	// breakers of healthy destinations, and outflow's own signals never
-	// feed the coordinator.
+	// feed the throttle.
 	released := false
 	release := func(results []classify.Result) {
 		if !released {
@@ -395,7 +396,7 @@ func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.E
 	if o.throttled {
 		retryN = next.ThrottleCount
 	}
-	seed := coordinator.NewSeed()
+	seed := backoff.NewSeed()
 	dec := bo.Decide(retryN, p.id, seed, o.lead.RetryAfter)
 	at := dec.At(now)
 	var pacedBy string
@@ -423,10 +424,10 @@ func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.E
 	return false, nil
 }
 
-// refused handles a coordinator refusal: no attempt was made, so neither
+// refused handles a throttle refusal: no attempt was made, so neither
 // the attempt count nor the budget changes; the envelope waits in the lane
 // it came from (fresh mail in the retry lane) until the refusal ends.
-func (p *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string, r coordinator.Refusal) error {
+func (p *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string, r throttle.Refusal) error {
 	e := d.Env
 	lane := d.Lane
 	if lane == queue.LaneWork {
@@ -462,19 +463,19 @@ func (p *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Env
 	return nil
 }
 
-func (p *deliverer) baseRecord(e *queue.Envelope, dest string, r classify.Result) coordinator.Record {
-	return coordinator.Record{
+func (p *deliverer) baseRecord(e *queue.Envelope, dest string, r classify.Result) backoff.Record {
+	return backoff.Record{
 		MsgID: e.ID, Tenant: e.Tenant, Dest: dest, Attempt: e.Attempt + 1, WorkerID: p.id,
 		Class: r.Class.String(), Rule: r.Rule, Code: r.Code, EnhancedCode: r.Enhanced, Reply: r.Text,
 	}
 }
 
 // logRecord writes the decision line. Decision lines are never sampled.
-func (p *deliverer) logRecord(rec coordinator.Record, msg string) {
+func (p *deliverer) logRecord(rec backoff.Record, msg string) {
 	rec.LogOutcome(p.cfg.Logger, msg)
 }
 
-func attemptOf(rec coordinator.Record, at time.Time, rcpts int) queue.Attempt {
+func attemptOf(rec backoff.Record, at time.Time, rcpts int) queue.Attempt {
 	a := queue.Attempt{At: at.UTC(), Attempt: rec.Attempt, Worker: rec.WorkerID, Class: rec.Class, Rule: rec.Rule,
 		Code: rec.Code, Enhanced: rec.EnhancedCode, Reply: rec.Reply, Lane: rec.Lane, DelayMs: rec.DelayMs, Rcpts: rcpts}
 	if rec.JitterSeed != 0 {
@@ -505,7 +506,7 @@ func replyLine(r classify.Result) string {
 
 // mustJSON encodes a decision record for its event. MarshalJSON is called
 // directly: through json.Marshal its output would be parsed once more.
-func mustJSON(rec coordinator.Record) json.RawMessage {
+func mustJSON(rec backoff.Record) json.RawMessage {
 	b, err := rec.MarshalJSON()
 	if err != nil {
 		return json.RawMessage(fmt.Sprintf("{%q:%q}", "error", err.Error()))

@@ -1,6 +1,6 @@
 // Package worker is the delivery loop that ties outflow together: it pulls
 // envelopes from the three lanes (fresh work, retry, rate limit), asks the
-// coordinator whether the destination may be contacted now, fetches the
+// throttle whether the destination may be contacted now, fetches the
 // body, hands the message to the sender, classifies every recipient's reply
 // and records exactly one durable outcome through package queue:
 //
@@ -20,5 +20,5 @@
 //
 // A message whose budget (attempts or age) is spent goes to dead letters
 // with its evidence. Every decision is one JSON log line with the fields of
-// coordinator.Record, never sampled.
+// backoff.Record, never sampled.
 package worker

@@ -9,9 +9,10 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
+	"github.com/outflow/outflow/throttle"
 )
 
 // panickySender panics on its first panics calls, then delegates.
@@ -49,11 +50,11 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 	}
 }
 
-// newThrottle starts a coordinator on e's buckets with defaults as the
+// newThrottle starts a throttle on e's buckets with defaults as the
 // configured limits of every destination.
-func newThrottle(t *testing.T, e *env, defaults coordinator.Limits) *coordinator.Throttle {
+func newThrottle(t *testing.T, e *env, defaults throttle.Limits) *throttle.Throttle {
 	t.Helper()
-	th, err := coordinator.NewThrottle(context.Background(), coordinator.ThrottleConfig{WorkerID: "w-test",
+	th, err := throttle.NewThrottle(context.Background(), throttle.ThrottleConfig{WorkerID: "w-test",
 		State: e.q.DestKV(), Registry: e.q.WorkersKV(), Defaults: defaults})
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +69,7 @@ func newThrottle(t *testing.T, e *env, defaults coordinator.Limits) *coordinator
 // one, the destination would refuse every later attempt).
 func TestPanickingSendIsRedelivered(t *testing.T) {
 	e := newEnv(t, nil)
-	th := newThrottle(t, e, coordinator.Limits{Conns: 1})
+	th := newThrottle(t, e, throttle.Limits{Conns: 1})
 	snd := newPanickySender(e.snd, 1)
 	e.startPool(func(c *Config) {
 		c.Sender, c.Gate = snd, th
@@ -99,7 +100,7 @@ func TestPanickingSendIsRedelivered(t *testing.T) {
 // closed: the worker holding that envelope stands still as if its process
 // had been stopped, with no heartbeat to keep the ack alive.
 type pausingGate struct {
-	coordinator.OpenGate
+	throttle.OpenGate
 	first   atomic.Bool
 	paused  chan struct{} // closed when the first Admit starts waiting
 	resume  chan struct{}
@@ -110,14 +111,14 @@ func newPausingGate() *pausingGate {
 	return &pausingGate{paused: make(chan struct{}), resume: make(chan struct{}), resumed: make(chan struct{})}
 }
 
-func (g *pausingGate) Admit(ctx context.Context, domain string) (coordinator.Permit, coordinator.Refusal) {
+func (g *pausingGate) Admit(ctx context.Context, domain string) (throttle.Permit, throttle.Refusal) {
 	if g.first.CompareAndSwap(false, true) {
 		close(g.paused)
 		defer close(g.resumed)
 		select {
 		case <-g.resume:
 		case <-ctx.Done():
-			return nil, coordinator.Refusal{Until: time.Now(), Reason: "canceled"}
+			return nil, throttle.Refusal{Until: time.Now(), Reason: "canceled"}
 		}
 	}
 	return g.OpenGate.Admit(ctx, domain)
@@ -129,7 +130,7 @@ func (e *env) startSecondPool(id string) {
 	e.t.Helper()
 	q := connect(e.t, e.emb, 2*time.Second)
 	p, err := New(Config{WorkerID: id, Workers: 2, Retry: fastRetry, RateLimit: fastRL,
-		Budget: coordinator.Budget{MaxAttempts: 4, MaxAge: time.Hour}, Queue: q, Sender: e.snd, Logger: zerolog.Nop()})
+		Budget: backoff.Budget{MaxAttempts: 4, MaxAge: time.Hour}, Queue: q, Sender: e.snd, Logger: zerolog.Nop()})
 	if err != nil {
 		e.t.Fatal(err)
 	}

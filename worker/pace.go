@@ -4,26 +4,27 @@ import (
 	"context"
 	"time"
 
-	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/throttle"
 )
 
-// tenantGate is the part of *coordinator.Throttle that admits an envelope
+// tenantGate is the part of *throttle.Throttle that admits an envelope
 // in its tenant's share of the destination (OpenGate and test gates
 // admit by domain only).
 type tenantGate interface {
-	AdmitTenant(ctx context.Context, domain, tenant string) (coordinator.Permit, coordinator.Refusal)
+	AdmitTenant(ctx context.Context, domain, tenant string) (throttle.Permit, throttle.Refusal)
 }
 
-// pacer is the part of *coordinator.Throttle that gives a throttled
+// pacer is the part of *throttle.Throttle that gives a throttled
 // envelope its place in the destination's virtual queue.
 type pacer interface {
 	Pace(domain, tenant string) (at time.Time, by string, ok bool)
 }
 
-// admit asks the coordinator for e, in its tenant's share when the gate
+// admit asks the throttle for e, in its tenant's share when the gate
 // knows tenants.
-func (p *deliverer) admit(ctx context.Context, e *queue.Envelope) (coordinator.Permit, coordinator.Refusal) {
+func (p *deliverer) admit(ctx context.Context, e *queue.Envelope) (throttle.Permit, throttle.Refusal) {
 	if g, ok := p.cfg.Gate.(tenantGate); ok {
 		return g.AdmitTenant(ctx, e.Dest, e.Tenant)
 	}
@@ -36,7 +37,7 @@ func (p *deliverer) admit(ctx context.Context, e *queue.Envelope) (coordinator.P
 // mail back at that rate, oldest first, instead of in waves. A server's
 // own hint ("try again in 90 seconds") is still honoured when later. The
 // draw stays in the record beside paced_by.
-func (p *deliverer) pace(e *queue.Envelope, now time.Time, dec *coordinator.Decision) (time.Time, string, bool) {
+func (p *deliverer) pace(e *queue.Envelope, now time.Time, dec *backoff.Decision) (time.Time, string, bool) {
 	pc, ok := p.cfg.Gate.(pacer)
 	if !ok {
 		return time.Time{}, "", false

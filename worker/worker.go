@@ -12,10 +12,11 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/classify"
-	"github.com/outflow/outflow/coordinator"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
+	"github.com/outflow/outflow/throttle"
 )
 
 // UnknownPolicy says what to do when a message may or may not have been
@@ -51,9 +52,9 @@ type Config struct {
 	// Workers is the number of concurrent deliveries. Default 16.
 	Workers int
 	// Retry and RateLimit are the two lanes' backoff parameters.
-	Retry, RateLimit coordinator.Backoff
+	Retry, RateLimit backoff.Backoff
 	// Budget limits attempts and age; spent budgets go to dead letters.
-	Budget coordinator.Budget
+	Budget backoff.Budget
 	// Unknown is the unknown-outcome policy. Default "retry".
 	Unknown UnknownPolicy
 	// ProgressEvery is how often a long send tells the server it is still
@@ -69,7 +70,7 @@ type Config struct {
 	Classifier *classify.Classifier
 	// Gate decides whether a destination may be contacted now. Default:
 	// always.
-	Gate   coordinator.Gate
+	Gate   throttle.Gate
 	Logger zerolog.Logger
 	// Metrics receives counters; nil disables them.
 	Metrics *Metrics
@@ -106,16 +107,16 @@ func New(cfg Config) (*Pool, error) {
 		cfg.Classifier = classify.Default()
 	}
 	if cfg.Gate == nil {
-		cfg.Gate = coordinator.OpenGate{}
+		cfg.Gate = throttle.OpenGate{}
 	}
-	if cfg.Retry == (coordinator.Backoff{}) {
-		cfg.Retry = coordinator.DefaultRetry()
+	if cfg.Retry == (backoff.Backoff{}) {
+		cfg.Retry = backoff.DefaultRetry()
 	}
-	if cfg.RateLimit == (coordinator.Backoff{}) {
-		cfg.RateLimit = coordinator.DefaultRateLimit()
+	if cfg.RateLimit == (backoff.Backoff{}) {
+		cfg.RateLimit = backoff.DefaultRateLimit()
 	}
-	if cfg.Budget == (coordinator.Budget{}) {
-		cfg.Budget = coordinator.DefaultBudget()
+	if cfg.Budget == (backoff.Budget{}) {
+		cfg.Budget = backoff.DefaultBudget()
 	}
 	return &Pool{cfg: cfg, log: cfg.Logger.With().Str("worker_id", cfg.WorkerID).Logger()}, nil
 }
@@ -187,7 +188,7 @@ func (p *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 // counted event; the envelope is left unacknowledged so the server hands it
 // out again after the ack wait. That holds because handle's own defers run
 // while the panic unwinds: they stop the heartbeat that keeps the ack alive
-// and give the coordinator's permit back (with no results, so the panic
+// and give the throttle's permit back (with no results, so the panic
 // counts for neither the breaker nor the rate).
 func (p *deliverer) safeHandle(ctx context.Context, d *queue.Delivery) {
 	defer func() {

@@ -12,8 +12,8 @@ import (
 	"github.com/emersion/go-smtp"
 	"github.com/rs/zerolog"
 
+	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/classify"
-	"github.com/outflow/outflow/coordinator"
 	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
@@ -22,9 +22,9 @@ import (
 // fast lanes, so a fault matrix runs in seconds; the shape of the
 // computation is the production one.
 var (
-	fastRetry = coordinator.Backoff{Lane: coordinator.LaneRetry, Base: 50 * time.Millisecond, Min: 20 * time.Millisecond,
+	fastRetry = backoff.Backoff{Lane: backoff.LaneRetry, Base: 50 * time.Millisecond, Min: 20 * time.Millisecond,
 		Cap: 200 * time.Millisecond, Multiplier: 2, ContentionWindow: 10 * time.Millisecond}
-	fastRL = coordinator.Backoff{Lane: coordinator.LaneRateLimit, Base: 100 * time.Millisecond, Min: 50 * time.Millisecond,
+	fastRL = backoff.Backoff{Lane: backoff.LaneRateLimit, Base: 100 * time.Millisecond, Min: 50 * time.Millisecond,
 		Cap: 300 * time.Millisecond, Multiplier: 2, ContentionWindow: 10 * time.Millisecond}
 )
 
@@ -84,7 +84,7 @@ func newEnv(t *testing.T, hook fakemx.Hook) *env {
 func (e *env) startPool(mut func(*Config)) {
 	e.t.Helper()
 	cfg := Config{WorkerID: "w-test", Workers: 2, Retry: fastRetry, RateLimit: fastRL,
-		Budget: coordinator.Budget{MaxAttempts: 4, MaxAge: time.Hour}, Queue: e.q, Sender: e.snd, Logger: zerolog.Nop()}
+		Budget: backoff.Budget{MaxAttempts: 4, MaxAge: time.Hour}, Queue: e.q, Sender: e.snd, Logger: zerolog.Nop()}
 	if mut != nil {
 		mut(&cfg)
 	}
@@ -175,7 +175,7 @@ func TestTransientThenSuccess(t *testing.T) {
 		t.Fatalf("events = %v", evs)
 	}
 	hist, _ := e.q.History(context.Background(), id, time.Time{})
-	var rec coordinator.Record
+	var rec backoff.Record
 	for _, ev := range hist {
 		if ev.Type == queue.EventDeferred {
 			if err := rec.UnmarshalJSON(ev.Decision); err != nil {
@@ -244,7 +244,7 @@ func TestThrottledUsesRateLimitLaneAndKeepsBudget(t *testing.T) {
 	hist, _ := e.q.History(context.Background(), id, time.Time{})
 	for _, ev := range hist {
 		if ev.Type == queue.EventThrottled {
-			var rec coordinator.Record
+			var rec backoff.Record
 			_ = rec.UnmarshalJSON(ev.Decision)
 			if rec.Lane != "ratelimit" || rec.Class != "throttled" || rec.DelayMs < fastRL.Min.Milliseconds() {
 				t.Fatalf("throttle record %+v", rec)
@@ -341,7 +341,7 @@ func TestLostAfterFinalDotIsUnknown(t *testing.T) {
 		hist, _ := e.q.History(context.Background(), id, time.Time{})
 		for _, ev := range hist {
 			if ev.Type == queue.EventDeferred {
-				var rec coordinator.Record
+				var rec backoff.Record
 				_ = rec.UnmarshalJSON(ev.Decision)
 				if rec.Class != classify.Unknown.String() {
 					t.Fatalf("class %q, want unknown", rec.Class)
@@ -511,7 +511,7 @@ func TestDeliveredAndDeadInOneAttempt(t *testing.T) {
 	})
 	var logs syncBuf
 	e.startPool(func(c *Config) {
-		c.Budget = coordinator.Budget{MaxAttempts: 1, MaxAge: time.Hour}
+		c.Budget = backoff.Budget{MaxAttempts: 1, MaxAge: time.Hour}
 		c.Logger = zerolog.New(&logs)
 	})
 	id := e.submit("ok@dest.test", "never@dest.test")

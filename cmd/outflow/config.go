@@ -9,8 +9,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/throttle"
 )
 
 // serveConfig is every setting of `outflow serve`. Each flag is also a key
@@ -76,7 +77,7 @@ type serveConfig struct {
 	DKIM            []dkimConfig      `toml:"dkim"`
 	// [throttle], [destinations.X], [[groups]], [[automation]]: see
 	// docs/throttling.md.
-	coordinator.ThrottleFile
+	throttle.ThrottleFile
 }
 
 // dkimConfig is one [[dkim]] section: the key that signs mail whose sender
@@ -121,7 +122,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.DurationVar(&c.SentTTL, "sent-ttl", 72*time.Hour, "how long a delivery's SENT marker is kept, so an envelope whose ack was lost is not delivered twice (at least 1h and 4 × ack-wait)")
 	fs.IntVar(&c.Workers, "workers", 32, "concurrent deliveries in this process")
 	fs.StringVar(&c.WorkerID, "worker-id", "", "worker id for logs and the contention offset (default hostname-pid)")
-	retry, rl, budget := coordinator.DefaultRetry(), coordinator.DefaultRateLimit(), coordinator.DefaultBudget()
+	retry, rl, budget := backoff.DefaultRetry(), backoff.DefaultRateLimit(), backoff.DefaultBudget()
 	fs.DurationVar(&c.RetryBase, "retry-base", retry.Base, "retry lane: base delay (nominal = base * multiplier^attempt)")
 	fs.DurationVar(&c.RetryMin, "retry-min", retry.Min, "retry lane: minimum delay")
 	fs.DurationVar(&c.RetryCap, "retry-cap", retry.Cap, "retry lane: maximum delay")

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
-	"github.com/outflow/outflow/coordinator"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/throttle"
 )
 
 // adminBy names who made an admin change, for the shared state and logs.
@@ -38,7 +38,7 @@ func init() {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				states, err := coordinator.ListStates(ctx, q.DestKV())
+				states, err := throttle.ListStates(ctx, q.DestKV())
 				if err != nil {
 					return err
 				}
@@ -76,7 +76,7 @@ func init() {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				st, err := coordinator.GetState(ctx, q.DestKV(), args[0])
+				st, err := throttle.GetState(ctx, q.DestKV(), args[0])
 				if err != nil {
 					return err
 				}
@@ -149,7 +149,7 @@ func init() {
 			}
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
 				until := time.Now().Add(forDur)
-				if err := coordinator.Suspend(ctx, q.DestKV(), args[0], until, reason, adminBy()); err != nil {
+				if err := throttle.Suspend(ctx, q.DestKV(), args[0], until, reason, adminBy()); err != nil {
 					return err
 				}
 				return report(cmd, a.json, map[string]any{"dest": args[0], "suspended_until": until.UTC()},
@@ -166,7 +166,7 @@ func init() {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				if err := coordinator.Resume(ctx, q.DestKV(), args[0], adminBy()); err != nil {
+				if err := throttle.Resume(ctx, q.DestKV(), args[0], adminBy()); err != nil {
 					return err
 				}
 				return report(cmd, a.json, map[string]any{"dest": args[0], "resumed": true}, "%s: resumed", args[0])
@@ -189,7 +189,7 @@ func init() {
 				if rateFor > 0 {
 					until = time.Now().Add(rateFor)
 				}
-				if err := coordinator.SetRate(ctx, q.DestKV(), args[0], maxRate, until, adminBy()); err != nil {
+				if err := throttle.SetRate(ctx, q.DestKV(), args[0], maxRate, until, adminBy()); err != nil {
 					return err
 				}
 				when := "until changed"
@@ -210,7 +210,7 @@ func init() {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				had, err := coordinator.Forget(ctx, q.DestKV(), args[0], adminBy())
+				had, err := throttle.Forget(ctx, q.DestKV(), args[0], adminBy())
 				if err != nil {
 					return err
 				}
@@ -229,7 +229,7 @@ func init() {
 
 type workerView struct {
 	Worker string `json:"worker_id"`
-	coordinator.DestStatus
+	throttle.DestStatus
 }
 
 // gatherStatus asks every running worker for its view of dest and collects
@@ -262,7 +262,7 @@ func gatherStatus(nc *nats.Conn, dest string, wait time.Duration) ([]workerView,
 }
 
 // learnedShort is a state's learned limits in a few words ("12.5/s, 4 conns").
-func learnedShort(s coordinator.DestState) string {
+func learnedShort(s throttle.DestState) string {
 	var parts []string
 	if s.LearnedRate > 0 {
 		parts = append(parts, fmt.Sprintf("%.2f/s", s.LearnedRate))

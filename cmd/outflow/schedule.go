@@ -14,7 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/backoff"
 )
 
 func init() { rootCmd.AddCommand(newScheduleCmd()) }
@@ -84,7 +84,7 @@ Without --seed a random seed is drawn and printed.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSchedule(cmd, &o) },
 	}
 	f := c.Flags()
-	f.StringVar(&o.lane, "lane", coordinator.LaneRetry, "lane whose defaults fill the parameters not given: retry or ratelimit")
+	f.StringVar(&o.lane, "lane", backoff.LaneRetry, "lane whose defaults fill the parameters not given: retry or ratelimit")
 	f.DurationVar(&o.base, "base", 0, "nominal delay of attempt 0; attempt n's is base*multiplier^n (default: the lane's, 5s retry, 30s ratelimit)")
 	f.DurationVar(&o.min, "min", 0, "floor of the jittered delay (default: the lane's, 1s retry, 15s ratelimit)")
 	f.DurationVar(&o.cap, "cap", 0, "ceiling of the jitter range and of the jittered delay (default: the lane's, 15m retry, 30m ratelimit)")
@@ -102,8 +102,8 @@ Without --seed a random seed is drawn and printed.`,
 
 // policy resolves the lane defaults and the flags given into a validated
 // Backoff.
-func (o *scheduleOpts) policy(cmd *cobra.Command) (coordinator.Backoff, error) {
-	b, err := coordinator.ForLane(o.lane)
+func (o *scheduleOpts) policy(cmd *cobra.Command) (backoff.Backoff, error) {
+	b, err := backoff.ForLane(o.lane)
 	if err != nil {
 		return b, err
 	}
@@ -130,7 +130,7 @@ func (o *scheduleOpts) policy(cmd *cobra.Command) (coordinator.Backoff, error) {
 type timeline struct {
 	run       int
 	seed      uint64
-	decisions []coordinator.Decision
+	decisions []backoff.Decision
 }
 
 func runSchedule(cmd *cobra.Command, o *scheduleOpts) error {
@@ -150,9 +150,9 @@ func runSchedule(cmd *cobra.Command, o *scheduleOpts) error {
 	if o.hint < 0 {
 		return usageError{fmt.Errorf("--hint %v: must be >= 0", o.hint)}
 	}
-	seed := coordinator.NewSeed()
+	seed := backoff.NewSeed()
 	if o.seed != "" {
-		if seed, err = coordinator.ParseSeed(o.seed); err != nil {
+		if seed, err = backoff.ParseSeed(o.seed); err != nil {
 			return usageError{err}
 		}
 	}
@@ -160,7 +160,7 @@ func runSchedule(cmd *cobra.Command, o *scheduleOpts) error {
 	runs := make([]timeline, o.runs)
 	for r := range runs {
 		s := seed + uint64(r) // wraps at 2^64, deliberately
-		runs[r] = timeline{run: r, seed: s, decisions: make([]coordinator.Decision, o.attempts)}
+		runs[r] = timeline{run: r, seed: s, decisions: make([]backoff.Decision, o.attempts)}
 		for a := 1; a <= o.attempts; a++ {
 			runs[r].decisions[a-1] = b.Decide(a, o.worker, s, o.hint)
 		}
@@ -210,17 +210,17 @@ func printScheduleJSON(w io.Writer, runs []timeline) error {
 
 // policyLine describes the parameters in one line, for the headers of the
 // human output and of the plot.
-func policyLine(b coordinator.Backoff, o *scheduleOpts) string {
+func policyLine(b backoff.Backoff, o *scheduleOpts) string {
 	s := fmt.Sprintf("lane %s  base %v  min %v  cap %v  multiplier %g  window %v  worker %q (offset %v)",
 		b.Lane, b.Base, b.Min, b.Cap, b.Multiplier, b.ContentionWindow, o.worker,
-		coordinator.Offset(o.worker, b.ContentionWindow))
+		backoff.Offset(o.worker, b.ContentionWindow))
 	if o.hint > 0 {
 		s += fmt.Sprintf("  hint %v", o.hint)
 	}
 	return s
 }
 
-func printTimelines(w io.Writer, b coordinator.Backoff, o *scheduleOpts, runs []timeline) {
+func printTimelines(w io.Writer, b backoff.Backoff, o *scheduleOpts, runs []timeline) {
 	fmt.Fprintln(w, policyLine(b, o))
 	totals := make([]int64, len(runs))
 	for i, t := range runs {
@@ -247,7 +247,7 @@ func printTimelines(w io.Writer, b coordinator.Backoff, o *scheduleOpts, runs []
 // printSpread prints, per attempt, the spread of the time the attempt
 // happens (since the first failure) over all runs: the table form of the
 // plot.
-func printSpread(w io.Writer, b coordinator.Backoff, o *scheduleOpts, runs []timeline) {
+func printSpread(w io.Writer, b backoff.Backoff, o *scheduleOpts, runs []timeline) {
 	fmt.Fprintln(w, policyLine(b, o))
 	fmt.Fprintf(w, "%d runs, seeds %d..%d\n", len(runs), runs[0].seed, runs[len(runs)-1].seed)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -295,7 +295,7 @@ func fmtMs(ms int64) string {
 	return (time.Duration(ms) * time.Millisecond).String()
 }
 
-func writePlotFile(path string, b coordinator.Backoff, o *scheduleOpts, runs []timeline) (err error) {
+func writePlotFile(path string, b backoff.Backoff, o *scheduleOpts, runs []timeline) (err error) {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("plot: %w", err)

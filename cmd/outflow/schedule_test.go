@@ -17,7 +17,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/outflow/outflow/coordinator"
+	"github.com/outflow/outflow/backoff"
 )
 
 // runScheduleCmd runs a fresh `outflow schedule` in process and returns its
@@ -51,19 +51,19 @@ func parseLines(t *testing.T, out string) []map[string]any {
 // parameters prints the same figures for that attempt.
 func TestScheduleReplaysLoggedDecision(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
-	for i, b := range []coordinator.Backoff{coordinator.DefaultRetry(), coordinator.DefaultRateLimit(),
+	for i, b := range []backoff.Backoff{backoff.DefaultRetry(), backoff.DefaultRateLimit(),
 		{Lane: "custom", Base: 1700 * time.Millisecond, Min: 250 * time.Millisecond, Cap: 11 * time.Minute, Multiplier: 1.7, ContentionWindow: 3500 * time.Millisecond}} {
 		for j := range 20 {
 			attempt := 1 + rng.IntN(15)
 			worker := fmt.Sprintf("mx-%d/%d", i, j)
-			seed := rng.Uint64() // as coordinator.NewSeed would
+			seed := rng.Uint64() // as backoff.NewSeed would
 			hint := time.Duration(0)
 			if j%5 == 0 {
 				hint = time.Duration(rng.IntN(600)) * time.Second
 			}
 			d := b.Decide(attempt, worker, seed, hint)
 			var buf bytes.Buffer
-			coordinator.Record{MsgID: "m", Attempt: attempt + j%3, WorkerID: worker, Lane: b.Lane, Decision: d,
+			backoff.Record{MsgID: "m", Attempt: attempt + j%3, WorkerID: worker, Lane: b.Lane, Decision: d,
 				NextAttemptAt: d.At(time.Now())}.Log(zerolog.New(&buf))
 			var logged map[string]any
 			if err := json.Unmarshal(buf.Bytes(), &logged); err != nil {
@@ -153,7 +153,7 @@ func TestScheduleLaneDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := parseLines(t, out)[0]
-	rl := coordinator.DefaultRateLimit()
+	rl := backoff.DefaultRateLimit()
 	if l["nominal_ms"] != float64(2*rl.Base.Milliseconds()) || l["cap_ms"] != float64(20*time.Minute/time.Millisecond) {
 		t.Errorf("ratelimit line %v", l)
 	}

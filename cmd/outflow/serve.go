@@ -24,11 +24,12 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/classify"
-	"github.com/outflow/outflow/coordinator"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/submission"
+	"github.com/outflow/outflow/throttle"
 	"github.com/outflow/outflow/worker"
 )
 
@@ -286,7 +287,7 @@ func serve(parent context.Context, c *serveConfig) error {
 // config file sections and the --dest-rate/--dest-conns defaults, shares
 // state through the queue's KV buckets, and releases a destination's
 // deferred mail at its rate when it recovers.
-func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, reg prometheus.Registerer, log zerolog.Logger) (*coordinator.Throttle, error) {
+func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, reg prometheus.Registerer, log zerolog.Logger) (*throttle.Throttle, error) {
 	tc, err := c.ThrottleFile.Config()
 	if err != nil {
 		return nil, usageError{fmt.Errorf("config: %w", err)}
@@ -301,7 +302,7 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 	tc.Resolver, tc.Logger, tc.Registerer = net.DefaultResolver, log, reg
 	// OnRecover may run before NewThrottle returns; it reads the throttle
 	// through an atomic pointer.
-	var tp atomic.Pointer[coordinator.Throttle]
+	var tp atomic.Pointer[throttle.Throttle]
 	tc.OnRecover = func(dest string, rate float64) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
 		defer cancel()
@@ -318,12 +319,12 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 	}
 	// Every change of a learned limit is an event, beside its log line,
 	// so that an application or a dashboard can follow what was learned.
-	tc.OnLearned = func(dest, change string, s coordinator.DestState) {
+	tc.OnLearned = func(dest, change string, s throttle.DestState) {
 		b, _ := json.Marshal(s)
 		q.Event(queue.EventLearned, &queue.Event{ID: queue.Token(dest), Dest: dest, Worker: workerID,
 			Reason: change + ": " + s.LearnedReason, State: b})
 	}
-	t, err := coordinator.NewThrottle(ctx, tc)
+	t, err := throttle.NewThrottle(ctx, tc)
 	if err != nil {
 		return nil, err
 	}
@@ -336,14 +337,14 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 const DestStatusSubject = "outflow.admin.dest.status"
 
 // serveDestStatus answers dest status requests (the payload is a domain or
-// group name) with this worker's coordinator.DestStatus as JSON.
-func serveDestStatus(q *queue.Queue, t *coordinator.Throttle, workerID string) (func(), error) {
+// group name) with this worker's throttle.DestStatus as JSON.
+func serveDestStatus(q *queue.Queue, t *throttle.Throttle, workerID string) (func(), error) {
 	sub, err := q.Conn().Subscribe(DestStatusSubject, func(m *nats.Msg) {
 		name := strings.TrimSpace(string(m.Data))
 		st := t.Snapshot(t.Group(name))
 		b, _ := json.Marshal(struct {
 			Worker string `json:"worker_id"`
-			coordinator.DestStatus
+			throttle.DestStatus
 		}{workerID, st})
 		_ = m.Respond(b)
 	})
@@ -399,8 +400,8 @@ func loadUsers(c *serveConfig) (*submission.Users, error) {
 	return u, nil
 }
 
-func backoffFromConfig(c *serveConfig) (coordinator.Backoff, coordinator.Backoff, coordinator.Budget, error) {
-	retry, rl, budget := coordinator.DefaultRetry(), coordinator.DefaultRateLimit(), coordinator.DefaultBudget()
+func backoffFromConfig(c *serveConfig) (backoff.Backoff, backoff.Backoff, backoff.Budget, error) {
+	retry, rl, budget := backoff.DefaultRetry(), backoff.DefaultRateLimit(), backoff.DefaultBudget()
 	set := func(dst *time.Duration, v time.Duration) {
 		if v > 0 {
 			*dst = v

@@ -1,0 +1,264 @@
+package backoff
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Record is the decision record: why a message was deferred and exactly how
+// its next attempt time was computed. It is logged as one JSON line per
+// decision (Log) and stored with the message's events (MarshalJSON), with
+// the same field names in both, so that `outflow queue history` and the
+// logs tell the same story and `outflow schedule` can replay it.
+type Record struct {
+	MsgID  string // message id
+	Tenant string // submitting tenant (the submission AUTH user)
+	Dest   string // destination: recipient domain or provider group
+
+	// Attempt is the message's attempt number as the worker counts it.
+	// When 0, the embedded Decision's Attempt is logged instead. The
+	// Decision's own Attempt (the backoff exponent, which may differ, e.g. on
+	// the rate-limit lane where it is the throttle count) is logged as
+	// backoff_attempt: that is the number to replay.
+	Attempt int
+
+	WorkerID     string // the worker that decided; its offset is in the Decision
+	Class        string // reply class from classify (transient, throttled, unknown …)
+	Rule         string // the classify rule that matched
+	Code         int    // basic SMTP reply code; 0 for transport events
+	EnhancedCode string // enhanced status code, e.g. "4.7.28"; "" when absent
+	Reply        string // the reply text (or event description) as received
+	Lane         string // lane the message goes to: "retry" or "ratelimit"
+
+	Decision
+
+	// PacedBy, when set, says that the delay is the envelope's place in
+	// the destination's virtual queue at this rate ("10.00/s learned"),
+	// not the backoff draw: throttled mail of a destination with a rate
+	// comes back at that rate (Throttle.Pace). Delay and DelayMs are then
+	// the paced delay; the draw's fields are kept for the record.
+	PacedBy string
+
+	// NextAttemptAt is when the attempt is due: the decision time plus
+	// Decision.Delay.
+	NextAttemptAt time.Time
+}
+
+// recordJSON is the wire form of a Record, shared by the log line and the
+// event stream. jitter_seed is a decimal string because JSON numbers lose
+// precision above 2^53 in most readers; `outflow schedule --seed` accepts it
+// as printed.
+type recordJSON struct {
+	MsgID          string  `json:"msg_id"`
+	Tenant         string  `json:"tenant"`
+	Dest           string  `json:"dest"`
+	Attempt        int     `json:"attempt"`
+	BackoffAttempt int     `json:"backoff_attempt"`
+	WorkerID       string  `json:"worker_id"`
+	Class          string  `json:"class"`
+	Rule           string  `json:"rule"`
+	Code           int     `json:"code"`
+	EnhancedCode   string  `json:"enhanced_code"`
+	Reply          string  `json:"reply"`
+	Lane           string  `json:"lane"`
+	BaseMs         int64   `json:"base_ms"`
+	MinMs          int64   `json:"min_ms"`
+	Multiplier     float64 `json:"multiplier"`
+	WindowMs       int64   `json:"window_ms"`
+	NominalMs      int64   `json:"nominal_ms"`
+	CapMs          int64   `json:"cap_ms"`
+	JitterSeed     string  `json:"jitter_seed"`
+	JitterMs       int64   `json:"jitter_ms"`
+	OffsetMs       int64   `json:"offset_ms"`
+	HintMs         int64   `json:"hint_ms"`
+	DelayMs        int64   `json:"delay_ms"`
+	PacedBy        string  `json:"paced_by,omitempty"`
+	NextAttemptAt  string  `json:"next_attempt_at"`
+}
+
+// attempt is the attempt number to record: the record's own, or the
+// decision's when the caller left it at 0.
+func (r Record) attempt() int {
+	if r.Attempt != 0 {
+		return r.Attempt
+	}
+	return r.Decision.Attempt
+}
+
+// nextAt formats NextAttemptAt in UTC with nanoseconds, independent of
+// zerolog's global TimeFieldFormat; "" when unset.
+func (r Record) nextAt() string {
+	if r.NextAttemptAt.IsZero() {
+		return ""
+	}
+	return r.NextAttemptAt.UTC().Format(time.RFC3339Nano)
+}
+
+func (r Record) wire() recordJSON {
+	return recordJSON{
+		MsgID:          r.MsgID,
+		Tenant:         r.Tenant,
+		Dest:           r.Dest,
+		Attempt:        r.attempt(),
+		BackoffAttempt: r.Decision.Attempt,
+		WorkerID:       r.WorkerID,
+		Class:          r.Class,
+		Rule:           r.Rule,
+		Code:           r.Code,
+		EnhancedCode:   r.EnhancedCode,
+		Reply:          r.Reply,
+		Lane:           r.Lane,
+		BaseMs:         r.BaseMs,
+		MinMs:          r.MinMs,
+		Multiplier:     r.Multiplier,
+		WindowMs:       r.WindowMs,
+		NominalMs:      r.NominalMs,
+		CapMs:          r.CapMs,
+		JitterSeed:     strconv.FormatUint(r.JitterSeed, 10),
+		JitterMs:       r.JitterMs,
+		OffsetMs:       r.OffsetMs,
+		HintMs:         r.HintMs,
+		DelayMs:        r.DelayMs,
+		PacedBy:        r.PacedBy,
+		NextAttemptAt:  r.nextAt(),
+	}
+}
+
+// MarshalJSON encodes the record as one flat JSON object with the field
+// names of the log line (msg_id, tenant, dest, attempt, backoff_attempt,
+// worker_id, class, rule, code, enhanced_code, reply, lane, base_ms, min_ms,
+// multiplier, window_ms, nominal_ms, cap_ms, jitter_seed, jitter_ms,
+// offset_ms, hint_ms, delay_ms, next_attempt_at).
+func (r Record) MarshalJSON() ([]byte, error) { return json.Marshal(r.wire()) }
+
+// UnmarshalJSON decodes what MarshalJSON (or Log) wrote. Unknown fields,
+// such as the log line's level, time and message, are ignored.
+func (r *Record) UnmarshalJSON(b []byte) error {
+	var w recordJSON
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	var seed uint64
+	if w.JitterSeed != "" {
+		s, err := ParseSeed(w.JitterSeed)
+		if err != nil {
+			return fmt.Errorf("decision record: %w", err)
+		}
+		seed = s
+	}
+	var next time.Time
+	if w.NextAttemptAt != "" {
+		t, err := time.Parse(time.RFC3339Nano, w.NextAttemptAt)
+		if err != nil {
+			return fmt.Errorf("decision record: next_attempt_at: %w", err)
+		}
+		next = t
+	}
+	*r = Record{
+		MsgID:        w.MsgID,
+		Tenant:       w.Tenant,
+		Dest:         w.Dest,
+		Attempt:      w.Attempt,
+		WorkerID:     w.WorkerID,
+		Class:        w.Class,
+		Rule:         w.Rule,
+		Code:         w.Code,
+		EnhancedCode: w.EnhancedCode,
+		Reply:        w.Reply,
+		Lane:         w.Lane,
+		Decision: Decision{
+			Attempt:    w.BackoffAttempt,
+			BaseMs:     w.BaseMs,
+			MinMs:      w.MinMs,
+			Multiplier: w.Multiplier,
+			WindowMs:   w.WindowMs,
+			NominalMs:  w.NominalMs,
+			CapMs:      w.CapMs,
+			JitterSeed: seed,
+			JitterMs:   w.JitterMs,
+			OffsetMs:   w.OffsetMs,
+			HintMs:     w.HintMs,
+			DelayMs:    w.DelayMs,
+			Delay:      time.Duration(w.DelayMs) * time.Millisecond,
+		},
+		PacedBy:       w.PacedBy,
+		NextAttemptAt: next,
+	}
+	return nil
+}
+
+// MarshalZerologObject writes the record's fields into a zerolog event,
+// with the same names and forms as MarshalJSON.
+func (r Record) MarshalZerologObject(e *zerolog.Event) {
+	w := r.wire()
+	e.Str("msg_id", w.MsgID).
+		Str("tenant", w.Tenant).
+		Str("dest", w.Dest).
+		Int("attempt", w.Attempt).
+		Int("backoff_attempt", w.BackoffAttempt).
+		Str("worker_id", w.WorkerID).
+		Str("class", w.Class).
+		Str("rule", w.Rule).
+		Int("code", w.Code).
+		Str("enhanced_code", w.EnhancedCode).
+		Str("reply", w.Reply).
+		Str("lane", w.Lane).
+		Int64("base_ms", w.BaseMs).
+		Int64("min_ms", w.MinMs).
+		Float64("multiplier", w.Multiplier).
+		Int64("window_ms", w.WindowMs).
+		Int64("nominal_ms", w.NominalMs).
+		Int64("cap_ms", w.CapMs).
+		Str("jitter_seed", w.JitterSeed).
+		Int64("jitter_ms", w.JitterMs).
+		Int64("offset_ms", w.OffsetMs).
+		Int64("hint_ms", w.HintMs).
+		Int64("delay_ms", w.DelayMs)
+	if w.PacedBy != "" {
+		e.Str("paced_by", w.PacedBy)
+	}
+	e.Str("next_attempt_at", w.NextAttemptAt)
+}
+
+// DecisionMessage is the message ("msg") of every decision log line, for
+// filtering the log.
+const DecisionMessage = "backoff decision"
+
+// Log writes the record to l as exactly one JSON line. The line is never
+// sampled and never filtered by the logger's level: it is an audit record a
+// postmortem depends on, so it is written with sampling removed and without
+// a zerolog level, and labelled "level":"info" by hand. Only a logger
+// disabled outright (zerolog.Disabled) drops it.
+func (r Record) Log(l zerolog.Logger) { r.LogOutcome(l, "") }
+
+// LogOutcome is Log with an "outcome" field (delivered, deferred, …)
+// before the record's own, when outcome is not empty.
+func (r Record) LogOutcome(l zerolog.Logger, outcome string) {
+	l = l.Sample(nil)
+	ev := l.Log().Str(zerolog.LevelFieldName, zerolog.LevelInfoValue)
+	if outcome != "" {
+		ev = ev.Str("outcome", outcome)
+	}
+	ev.EmbedObject(r).Msg(DecisionMessage)
+}
+
+// ParseSeed parses a jitter seed as logged (decimal) or written in hex
+// with a 0x prefix. A leading 0 does not mean octal.
+func ParseSeed(s string) (uint64, error) {
+	if len(s) > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X') {
+		v, err := strconv.ParseUint(s[2:], 16, 64)
+		if err != nil {
+			return 0, fmt.Errorf("jitter seed %q: %w", s, err)
+		}
+		return v, nil
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("jitter seed %q: want a decimal or 0x-hex uint64: %w", s, err)
+	}
+	return v, nil
+}

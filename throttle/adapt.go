@@ -1,0 +1,52 @@
+package throttle
+
+import (
+	"math"
+	"time"
+)
+
+// cutFactor is the multiplicative decrease after a throttled reply. The
+// shared write only cuts from the factor this worker saw: if another
+// worker cut it meanwhile, the same overload is not punished twice.
+// d.mu held.
+func (t *Throttle) cutFactor(d *dest, now time.Time) {
+	seen := d.state.RateFactor()
+	fn := func(s *DestState, now time.Time) bool {
+		f := s.RateFactor()
+		if f < seen-1e-9 {
+			return false
+		}
+		s.Factor = math.Max(t.cfg.MinFactor, f*t.cfg.DecreaseFactor)
+		s.FactorUntil = now.Add(t.cfg.DecreaseFor)
+		return true
+	}
+	fn(&d.state, now)
+	d.pending |= pendCut
+	t.enqueue(op{d: d, change: "factor-cut", flag: pendCut, fn: fn, after: func(b, a DestState) {
+		t.transition(d.name, "rate-factor", fmtFactor(b.RateFactor()), fmtFactor(a.RateFactor()),
+			"throttled reply; ramp back from "+a.FactorUntil.Format(time.RFC3339))
+	}})
+}
+
+// rampFactor is one additive step back towards the configured rate. The
+// shared write happens only if no other worker stepped within
+// IncreaseEvery (FactorUntil is the next step's earliest time). Not applied
+// locally first: the watcher brings it back within milliseconds. d.mu held.
+func (t *Throttle) rampFactor(d *dest) {
+	fn := func(s *DestState, now time.Time) bool {
+		f := s.RateFactor()
+		if f >= 1 || now.Before(s.FactorUntil) {
+			return false
+		}
+		if nf := f + t.cfg.IncreaseStep; nf < 1-1e-9 {
+			s.Factor, s.FactorUntil = nf, now.Add(t.cfg.IncreaseEvery)
+		} else {
+			s.Factor, s.FactorUntil = 1, time.Time{}
+		}
+		return true
+	}
+	d.pending |= pendRamp
+	t.enqueue(op{d: d, change: "factor-ramp", flag: pendRamp, fn: fn, after: func(b, a DestState) {
+		t.transition(d.name, "rate-factor", fmtFactor(b.RateFactor()), fmtFactor(a.RateFactor()), "sustained success")
+	}})
+}

@@ -1,0 +1,98 @@
+package throttle
+
+import (
+	"math"
+	"strconv"
+	"time"
+)
+
+// automate applies a fired automation rule's action for its duration.
+// d.mu held.
+func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
+	until := now.Add(r.For)
+	reason := "automation: " + r.Name
+	var fn func(s *DestState, now time.Time) bool
+	var change string
+	var from, to func(s DestState) string
+	switch r.Action {
+	case ActionSuspend:
+		change = "suspend"
+		fn = func(s *DestState, _ time.Time) bool {
+			if !s.SuspendedUntil.Before(until) {
+				return false // already suspended at least as long
+			}
+			s.SuspendedUntil, s.Reason = until, reason
+			return true
+		}
+		from = func(s DestState) string { return fmtUntil(s.SuspendedUntil, now) }
+		to = func(s DestState) string { return "suspended until " + s.SuspendedUntil.Format(time.RFC3339) }
+	case ActionRate:
+		change = "rate-override"
+		fn = func(s *DestState, now time.Time) bool {
+			if ov, ok := s.rateOverride(now); ok && ov <= r.Value && !s.RateUntil.IsZero() && !s.RateUntil.Before(until) {
+				return false
+			}
+			s.RateOverride, s.RateUntil = r.Value, until
+			return true
+		}
+		from = func(s DestState) string { return fmtRate(s.rateOverride(now)) }
+		to = func(s DestState) string {
+			return fmtRate(s.RateOverride, true) + " until " + s.RateUntil.Format(time.RFC3339)
+		}
+	case ActionFactor:
+		change = "factor-cut"
+		fn = func(s *DestState, _ time.Time) bool {
+			if s.RateFactor() <= r.Value && !s.FactorUntil.Before(until) {
+				return false
+			}
+			s.Factor = math.Min(s.RateFactor(), r.Value)
+			if s.FactorUntil.Before(until) {
+				s.FactorUntil = until
+			}
+			return true
+		}
+		from = func(s DestState) string { return fmtFactor(s.RateFactor()) }
+		to = func(s DestState) string { return fmtFactor(s.RateFactor()) }
+	case ActionConns:
+		change = "conns-override"
+		n := int(r.Value)
+		fn = func(s *DestState, now time.Time) bool {
+			if ov, ok := s.connsOverride(now); ok && ov <= n && !s.ConnsUntil.IsZero() && !s.ConnsUntil.Before(until) {
+				return false
+			}
+			s.ConnsOverride, s.ConnsUntil = n, until
+			return true
+		}
+		from = func(s DestState) string {
+			if ov, ok := s.connsOverride(now); ok {
+				return strconv.Itoa(ov)
+			}
+			return "configured"
+		}
+		to = func(s DestState) string {
+			return strconv.Itoa(s.ConnsOverride) + " until " + s.ConnsUntil.Format(time.RFC3339)
+		}
+	default:
+		return // validated at construction
+	}
+	fn(&d.state, now)
+	t.enqueue(op{d: d, change: change, fn: fn, after: func(b, a DestState) {
+		t.transition(d.name, change, from(b), to(a), reason)
+	}})
+}
+
+func fmtFactor(f float64) string { return strconv.FormatFloat(f, 'f', 3, 64) }
+
+func fmtRate(r float64, ok bool) string {
+	if !ok {
+		return "configured"
+	}
+	return strconv.FormatFloat(r, 'f', -1, 64) + "/s"
+}
+
+func fmtUntil(until, now time.Time) string {
+	if now.Before(until) {
+		return "suspended until " + until.Format(time.RFC3339)
+	}
+	return "active"
+}

@@ -1,0 +1,23 @@
+// Package throttle is in charge of whether a destination may be contacted
+// now, for the whole fleet: each destination's configured and learned rates
+// and connection limits, its circuit breaker, operator and automation
+// suspensions and overrides, the provider groups that fold domains into one
+// destination, and the registry of live workers that divides a rate among
+// them.
+//
+// The shared state lives in two JetStream KV buckets: outflow_dest holds one
+// DestState per destination and outflow_workers one heartbeat key per live
+// worker. Every Throttle watches them, so that a throttle, an outage or an
+// operator's command seen by one worker changes what every worker does
+// within a second. The hot path (Gate.Admit and Permit.Done) touches memory
+// only; the buckets are written on state transitions, never per message.
+//
+// Gate is what the delivery loop asks; Throttle implements it and OpenGate
+// admits everything. ThrottleFile is the [throttle], [destinations.X], [[groups]]
+// and [[automation]] part of the config file; Suspend, Resume, SetRate,
+// Forget, GetState and ListStates are the operator's commands on the shared
+// state (`outflow dest …`). docs/throttling.md describes the behaviour.
+//
+// When a deferred message comes back is package backoff's concern, not this
+// one's.
+package throttle

@@ -1,0 +1,131 @@
+package throttle
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+const exampleThrottleTOML = `
+[throttle]
+breaker-failures = 5
+breaker-cooldown = "45s"
+decrease-for = "2m"
+
+[destinations.default]
+rate = 20
+conns = 10
+max-msgs-per-conn = 100
+
+[destinations."gmail.com"]
+rate = 5
+
+[destinations.google]
+rate = 50
+conns = 40
+
+[[groups]]
+name = "mailhost"
+mx-suffixes = [".mx.mailhost.example"]
+
+[[automation]]
+name = "gmail-unusual-rate"
+rule = "gmail-rate"
+threshold = 3
+window = "1m"
+action = "suspend"
+for = "15m"
+
+[[automation]]
+name = "too-many-connections"
+pattern = '(?i)too many (connections|concurrent)'
+class = "transient"
+threshold = 5
+window = "30s"
+action = "conns"
+value = 2
+for = "10m"
+`
+
+func TestThrottleFileConfig(t *testing.T) {
+	var f ThrottleFile
+	md, err := toml.Decode(exampleThrottleTOML, &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		t.Fatalf("undecoded keys: %v", und)
+	}
+	c, err := f.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Defaults != (Limits{Rate: 20, Conns: 10, MaxMsgsPerConn: 100}) {
+		t.Errorf("defaults %+v", c.Defaults)
+	}
+	if got := c.Overrides["gmail.com"]; got != (Limits{Rate: 5, Conns: 10, MaxMsgsPerConn: 100}) {
+		t.Errorf("gmail.com inherits unset keys: %+v", got)
+	}
+	if got := c.Overrides["google"]; got != (Limits{Rate: 50, Conns: 40, MaxMsgsPerConn: 100}) {
+		t.Errorf("google %+v", got)
+	}
+	if !c.GroupByMX || c.Groups[0].Name != "mailhost" || len(c.Groups) != 1+len(DefaultGroups()) {
+		t.Errorf("groups: by MX %v, %+v", c.GroupByMX, c.Groups)
+	}
+	if c.BreakerFailures != 5 || c.BreakerCooldown != 45*time.Second || c.DecreaseFor != 2*time.Minute {
+		t.Errorf("settings: %+v", c)
+	}
+	if len(c.Automation) != 2 || c.Automation[0].Window != time.Minute || c.Automation[0].For != 15*time.Minute || c.Automation[1].Value != 2 {
+		t.Errorf("automation %+v", c.Automation)
+	}
+}
+
+func TestThrottleFileErrors(t *testing.T) {
+	for _, c := range []struct {
+		toml, want string
+	}{
+		{"[[automation]]\nname = \"bad\"\npattern = \"(\"\naction = \"suspend\"\nfor = \"1m\"\n", `automation rule "bad": pattern`},
+		{"[[automation]]\nname = \"odd\"\nrule = \"x\"\naction = \"reboot\"\nfor = \"1m\"\n", `automation rule "odd": unknown action "reboot"`},
+		{"[destinations.\"x.test\"]\nrate = -1\n", `destinations."x.test": rate`},
+		{"[[groups]]\nname = \"g\"\n", `group "g": needs mx-suffixes`},
+		{"[throttle]\ndecrease-factor = 1.5\n", `decrease-factor`},
+	} {
+		var f ThrottleFile
+		if _, err := toml.Decode(c.toml, &f); err != nil {
+			t.Fatalf("%q: %v", c.toml, err)
+		}
+		_, err := f.Config()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want %q", c.toml, err, c.want)
+		}
+	}
+}
+
+// TestDocsExampleParses keeps docs/throttling.md's example valid.
+func TestDocsExampleParses(t *testing.T) {
+	b, err := os.ReadFile("../docs/throttling.md")
+	if err != nil {
+		t.Skip("docs not present:", err)
+	}
+	m := regexp.MustCompile("(?s)```toml\n(.*?)```").FindAllSubmatch(b, -1)
+	if len(m) == 0 {
+		t.Fatal("no toml example in docs/throttling.md")
+	}
+	for _, ex := range m {
+		var f ThrottleFile
+		md, err := toml.Decode(string(ex[1]), &f)
+		if err != nil {
+			t.Fatalf("docs example: %v\n%s", err, ex[1])
+		}
+		if und := md.Undecoded(); len(und) > 0 {
+			t.Fatalf("docs example has unknown keys %v", und)
+		}
+		if _, err := f.Config(); err != nil {
+			t.Fatalf("docs example: %v", err)
+		}
+	}
+}

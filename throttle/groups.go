@@ -1,0 +1,215 @@
+package throttle
+
+import (
+	"context"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// GroupRule names a provider group: every recipient domain whose MX hosts
+// end in one of MXSuffixes (or that is listed in Domains) shares the
+// group's budget and shared state. Used only when ThrottleConfig.GroupByMX
+// is set.
+type GroupRule struct {
+	Name string `toml:"name"` // destination name of the group, e.g. "google"
+	// MXSuffixes are matched, case-insensitively, against the end of each
+	// MX host name (trailing dot ignored), e.g. ".google.com", at a label
+	// boundary: ".google.com" and "google.com" both match
+	// "smtp.google.com" and "google.com", never "notgoogle.com".
+	MXSuffixes []string `toml:"mx-suffixes"`
+	// Domains are recipient domains known to belong to the group; they
+	// skip the MX lookup.
+	Domains []string `toml:"domains"`
+}
+
+// DefaultGroups are the large mailbox providers, by the MX host names they
+// publish (checked against their live MX records):
+//
+//	google     gmail-smtp-in.l.google.com, aspmx.l.google.com, smtp.google.com,
+//	           aspmx2.googlemail.com (legacy Workspace)
+//	microsoft  *.olc.protection.outlook.com (outlook.com, hotmail.com),
+//	           <tenant>.mail.protection.outlook.com (Microsoft 365),
+//	           <tenant>.<x>.mx.microsoft (Microsoft 365, DNSSEC)
+//	yahoo      mta5.am0.yahoodns.net (yahoo.com), mx-aol.mail.gm0.yahoodns.net (aol.com)
+//	apple      mx01.mail.icloud.com (icloud.com, me.com, mac.com)
+//	fastmail   in1-smtp.messagingengine.com
+//	zoho       mx.zoho.com, mx.zoho.eu, mx.zoho.in
+func DefaultGroups() []GroupRule {
+	return []GroupRule{
+		{Name: "google", MXSuffixes: []string{".google.com", ".googlemail.com"},
+			Domains: []string{"gmail.com", "googlemail.com"}},
+		{Name: "microsoft", MXSuffixes: []string{".outlook.com", ".mx.microsoft"},
+			Domains: []string{"outlook.com", "hotmail.com", "live.com", "msn.com"}},
+		{Name: "yahoo", MXSuffixes: []string{".yahoodns.net"},
+			Domains: []string{"yahoo.com", "ymail.com", "aol.com"}},
+		{Name: "apple", MXSuffixes: []string{".mail.icloud.com"},
+			Domains: []string{"icloud.com", "me.com", "mac.com"}},
+		{Name: "fastmail", MXSuffixes: []string{".messagingengine.com"}},
+		{Name: "zoho", MXSuffixes: []string{".zoho.com", ".zoho.eu", ".zoho.in"}},
+	}
+}
+
+// MXResolver looks up MX records; *net.Resolver implements it.
+type MXResolver interface {
+	LookupMX(ctx context.Context, name string) ([]*net.MX, error)
+}
+
+// Lifetimes of cached MX groupings.
+const (
+	mxCacheTTL   = 10 * time.Minute // a successful lookup
+	mxNegTTL     = time.Minute      // a failed lookup (the domain is its own destination meanwhile)
+	mxLookupWait = 5 * time.Second  // bound on one lookup
+)
+
+// grouper maps recipient domains to destinations.
+type grouper struct {
+	byMX      bool
+	overrides map[string]bool   // destinations with their own limits: never grouped
+	domains   map[string]string // domain -> group (GroupRule.Domains)
+	rules     []GroupRule       // suffixes lower-cased
+	res       MXResolver
+
+	mu    sync.Mutex
+	cache map[string]*mxEntry
+}
+
+type mxEntry struct {
+	ready   chan struct{} // closed when group and expires are set
+	group   string
+	expires time.Time
+}
+
+func newGrouper(byMX bool, rules []GroupRule, overrides map[string]Limits, res MXResolver) *grouper {
+	g := &grouper{byMX: byMX, overrides: map[string]bool{}, domains: map[string]string{}, res: res, cache: map[string]*mxEntry{}}
+	for d := range overrides {
+		g.overrides[normalizeDest(d)] = true
+	}
+	for _, r := range rules {
+		nr := GroupRule{Name: r.Name}
+		for _, s := range r.MXSuffixes {
+			s = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(s), "."))
+			if s == "" {
+				continue
+			}
+			if s[0] != '.' {
+				s = "." + s // "google.com" must not match "notgoogle.com"
+			}
+			nr.MXSuffixes = append(nr.MXSuffixes, s)
+		}
+		for _, d := range r.Domains {
+			if d = normalizeDest(d); d != "" {
+				if _, dup := g.domains[d]; !dup {
+					g.domains[d] = r.Name
+				}
+			}
+		}
+		g.rules = append(g.rules, nr)
+	}
+	if g.res == nil {
+		g.res = net.DefaultResolver
+	}
+	return g
+}
+
+// group returns the destination of a recipient domain: the domain itself
+// when grouping is off, when the domain has limits of its own, or when no
+// group's suffix matches its MX hosts (or the lookup fails).
+func (g *grouper) group(ctx context.Context, domain string) string {
+	d := normalizeDest(domain)
+	if !g.byMX || d == "" || g.overrides[d] || len(g.rules) == 0 {
+		return d
+	}
+	if name, ok := g.domains[d]; ok {
+		return name
+	}
+	now := time.Now()
+	g.mu.Lock()
+	e := g.cache[d]
+	if e != nil {
+		select {
+		case <-e.ready:
+			if now.Before(e.expires) {
+				g.mu.Unlock()
+				return e.group
+			}
+			e = nil // expired: look up again
+		default: // a lookup is in flight: wait for it below
+		}
+	}
+	if e != nil {
+		g.mu.Unlock()
+		select {
+		case <-e.ready:
+			return e.group
+		case <-ctx.Done():
+			return d
+		}
+	}
+	e = &mxEntry{ready: make(chan struct{})}
+	g.cache[d] = e
+	g.mu.Unlock()
+
+	group, ok := g.lookup(ctx, d)
+	ttl := mxCacheTTL
+	if !ok {
+		ttl = mxNegTTL
+	}
+	e.group, e.expires = group, time.Now().Add(ttl)
+	close(e.ready)
+	return group
+}
+
+// lookup resolves d's MX hosts and returns the group of the most preferred
+// hosts, or d; ok is false when the lookup failed.
+func (g *grouper) lookup(ctx context.Context, d string) (string, bool) {
+	ctx, cancel := context.WithTimeout(ctx, mxLookupWait)
+	defer cancel()
+	mxs, err := g.res.LookupMX(ctx, d)
+	if err != nil {
+		return d, false
+	}
+	// Only the most preferred hosts count: mail goes there, and a
+	// provider listed as a backup MX does not make the domain its customer.
+	sort.SliceStable(mxs, func(i, j int) bool { return mxs[i].Pref < mxs[j].Pref })
+	for _, mx := range mxs {
+		if mx.Pref != mxs[0].Pref {
+			break
+		}
+		if name := g.matchHost(mx.Host); name != "" {
+			return name, true
+		}
+	}
+	return d, true
+}
+
+// matchHost returns the group whose suffix host ends with, or "".
+func (g *grouper) matchHost(host string) string {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	for _, r := range g.rules {
+		for _, s := range r.MXSuffixes {
+			if strings.HasSuffix(host, s) || host == s[1:] {
+				return r.Name
+			}
+		}
+	}
+	return ""
+}
+
+// prune drops expired cache entries, so the cache holds only the domains
+// seen in the last mxCacheTTL.
+func (g *grouper) prune(now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for d, e := range g.cache {
+		select {
+		case <-e.ready:
+			if !now.Before(e.expires) {
+				delete(g.cache, d)
+			}
+		default:
+		}
+	}
+}

@@ -1,0 +1,102 @@
+package throttle
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+)
+
+// fakeMX resolves from a map and counts lookups.
+type fakeMX struct {
+	mu    sync.Mutex
+	zone  map[string][]string
+	calls map[string]int
+}
+
+func (f *fakeMX) LookupMX(_ context.Context, name string) ([]*net.MX, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls[name]++
+	hosts, ok := f.zone[name]
+	if !ok {
+		return nil, &net.DNSError{Err: "no such host", Name: name, IsNotFound: true}
+	}
+	var out []*net.MX
+	for i := len(hosts) - 1; i >= 0; i-- { // reversed: the code must sort by preference
+		out = append(out, &net.MX{Host: hosts[i], Pref: uint16(10 * (i + 1))})
+	}
+	return out, nil
+}
+
+func (f *fakeMX) count(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[name]
+}
+
+func TestGroupByMX(t *testing.T) {
+	res := &fakeMX{calls: map[string]int{}, zone: map[string][]string{
+		"example.org":    {"aspmx.l.google.com.", "alt1.aspmx.l.google.com."},
+		"workspace.test": {"smtp.google.com."},
+		"legacy.test":    {"aspmx2.googlemail.com."},
+		"corp.test":      {"corp-test.mail.protection.outlook.com."},
+		"new365.test":    {"new365-test.o-v1.mx.microsoft."},
+		"aolish.test":    {"mx-aol.mail.gm0.yahoodns.net."},
+		"apple.test":     {"mx01.mail.icloud.com."},
+		"own.test":       {"mx.own.test."},
+		"tricky.test":    {"mx.notgoogle.com."},
+		"backup.test":    {"mx.backup.test.", "aspmx.l.google.com."}, // own MX preferred
+		"hosted.test":    {"aspmx.l.google.com."},
+	}}
+	g := newGrouper(true, DefaultGroups(), map[string]Limits{"Hosted.Test": {Rate: 1}}, res)
+	ctx := context.Background()
+	for domain, want := range map[string]string{
+		"example.org":    "google",
+		"Example.ORG.":   "google",
+		"workspace.test": "google",
+		"legacy.test":    "google",
+		"gmail.com":      "google", // by name, no lookup
+		"corp.test":      "microsoft",
+		"new365.test":    "microsoft",
+		"hotmail.com":    "microsoft",
+		"aolish.test":    "yahoo",
+		"apple.test":     "apple",
+		"own.test":       "own.test",
+		"tricky.test":    "tricky.test",
+		"backup.test":    "backup.test",
+		"hosted.test":    "hosted.test", // has its own limits
+		"missing.test":   "missing.test",
+	} {
+		if got := g.group(ctx, domain); got != want {
+			t.Errorf("group(%q) = %q, want %q", domain, got, want)
+		}
+	}
+	if n := res.count("example.org"); n != 1 {
+		t.Errorf("example.org looked up %d times, want 1 (cached)", n)
+	}
+	if n := res.count("gmail.com") + res.count("hosted.test"); n != 0 {
+		t.Errorf("%d lookups for domains that need none", n)
+	}
+
+	off := newGrouper(false, DefaultGroups(), nil, res)
+	if got := off.group(ctx, "Example.org"); got != "example.org" {
+		t.Errorf("grouping off: %q", got)
+	}
+}
+
+func TestThrottleGroupsShareOneBudget(t *testing.T) {
+	env := startKV(t)
+	res := &fakeMX{calls: map[string]int{}, zone: map[string][]string{"a.test": {"aspmx.l.google.com."}, "b.test": {"alt2.aspmx.l.google.com."}}}
+	th := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+		c.GroupByMX, c.Groups, c.Resolver = true, DefaultGroups(), res
+		c.Overrides = map[string]Limits{"google": {Rate: 100}}
+	})
+	if g := th.Group("a.test"); g != "google" {
+		t.Fatalf("Group(a.test) = %q", g)
+	}
+	attempt(t, th, "a.test", resThrottled)
+	if s := th.Snapshot("google"); s.FleetRate != 50 {
+		t.Fatalf("google rate %v after a throttle on a.test", s.FleetRate)
+	}
+}

@@ -1,0 +1,298 @@
+package throttle
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// Learned limits.
+//
+// A destination without a configured rate (and without an operator's pin)
+// has nothing for the rate factor to slow down, so it learns a rate
+// instead: the first throttled reply seeds LearnedRate from the fleet's
+// delivered rate to the destination over the last LearnWindow, times
+// DecreaseFactor. From then on the learned rate is the destination's
+// fleet rate, shared through DestState like any other, split into
+// per-worker shares, and refusals take their place in the virtual queue.
+//
+// AIMD, fleet-wide, on the shared state (revision CAS, so concurrent
+// writers settle on one value):
+//   - decrease: a throttled reply cuts the learned rate, at most once per
+//     LearnHold fleet-wide (LearnedHold in the state is the first time the
+//     next cut may happen; a step up does not delay it). The cut is multiplicative, to rate ×
+//     DecreaseFactor, but never below 90% of the rate the fleet was
+//     delivered at over the window: a token bucket that throttles us
+//     accepts exactly its rate, so what was delivered while throttled is
+//     the best estimate of the limit, and halving below it would waste
+//     half the destination's capacity until the climb back;
+//   - increase: after the hold, while attempts are delivered without a
+//     throttle and the rate is what holds the traffic back (this worker
+//     waited for a token or refused for the rate within LearnEvery), the
+//     rate steps up every LearnEvery. From the seed to the first cut it
+//     doubles (a seed taken from the first milliseconds of a burst
+//     underestimates the limit); after a cut it grows by LearnedStep,
+//     LearnStep times the rate the cut set: additive between cuts, and
+//     the same number of steps back to the old rate at any scale.
+//
+// "Too many connections" replies teach a connection limit the same way
+// (seeded from the fleet's deliveries in flight, cut by DecreaseFactor,
+// stepped up by one connection per LearnEvery while the limit binds).
+//
+// A configured rate or connection limit is a ceiling the learned one
+// never exceeds. Both decay back to "unknown" when no throttle has cut
+// them for LearnForget. `outflow dest rate` pins a rate (the override
+// wins over what was learned), `outflow dest forget` clears the learned
+// limits (Forget).
+
+// Defaults of the learning knobs in ThrottleConfig.
+const (
+	DefaultLearnWindow = 2 * time.Second
+	DefaultLearnHold   = 2 * time.Second
+	DefaultLearnEvery  = 2 * time.Second
+	DefaultLearnStep   = 0.1
+	DefaultLearnForget = time.Hour
+	DefaultLearnMin    = 0.1 // msgs/s
+)
+
+// learnMinStep is the smallest additive step, in msgs/s, so that a rate
+// learned near zero (a throttle at first contact) climbs back in minutes,
+// not hours.
+const learnMinStep = 0.5
+
+// learnMinElapsed is the shortest time a delivered rate is measured over:
+// a throttle that comes a few milliseconds into a burst would otherwise
+// seed from a handful of deliveries divided by almost nothing.
+const learnMinElapsed = 200 * time.Millisecond
+
+// learnBinding is the share of the learned rate the fleet must be
+// delivered at for the rate to count as binding (worth raising).
+const learnBinding = 0.8
+
+// learnAccepted is the share of the observed delivered rate a cut keeps
+// at least (see the decrease above).
+const learnAccepted = 0.9
+
+// learnFirstContact is the seed, in msgs/s, when the fleet had delivered
+// nothing to the destination within the window before its first throttle.
+const learnFirstContact = 1.0
+
+// connSignal recognises a reply about concurrent connections rather than
+// message rate: it teaches a connection limit and leaves the rate alone.
+var connSignal = regexp.MustCompile(`(?i)too many (concurrent |simultaneous |open |smtp |parallel )*(connections|sessions|conns)|connection (count |rate )?limit|concurrent (smtp )?connections|max(imum)? (number of )?connections`)
+
+// learnConfig is the part of ThrottleConfig the learning math reads.
+type learnConfig struct {
+	decrease float64
+	hold     time.Duration
+	every    time.Duration
+	step     float64
+	min      float64
+}
+
+func (c *ThrottleConfig) learn() learnConfig {
+	return learnConfig{decrease: c.DecreaseFactor, hold: c.LearnHold, every: c.LearnEvery, step: c.LearnStep, min: c.LearnMin}
+}
+
+// learnsRate reports whether throttles teach dest a rate: learning is on,
+// no rate is configured and none is pinned. With a configured rate the
+// rate factor moves below it instead (see cutFactor).
+func learnsRate(on bool, l Limits, s DestState, now time.Time) bool {
+	_, pinned := s.rateOverride(now)
+	return on && l.Rate <= 0 && !pinned
+}
+
+// stepOf is the additive step for a rate just set by a cut or a seed.
+func (lc learnConfig) stepOf(rate float64) float64 {
+	return math.Max(learnMinStep, lc.step*rate)
+}
+
+// cutRate is the multiplicative decrease of the learned rate on a
+// throttle at now, with observed the fleet's delivered rate (msgs/s) over
+// the learning window. It seeds an unknown rate. It returns false, and
+// leaves s alone, within the hold of the previous cut: one cut per hold,
+// fleet-wide, however many workers saw throttles.
+func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling float64, why string) bool {
+	if s.LearnedRate > 0 && now.Before(s.LearnedHold) {
+		return false
+	}
+	var next float64
+	var reason string
+	if s.LearnedRate <= 0 {
+		if observed > 0 {
+			next = observed * lc.decrease
+			reason = fmt.Sprintf("seeded: fleet delivered %.2f/s just before a throttle (%s), times %.2f", observed, why, lc.decrease)
+		} else {
+			next = learnFirstContact
+			reason = fmt.Sprintf("seeded: throttled (%s) before any delivery in the window", why)
+		}
+		s.LearnedSince = now.UTC()
+		s.LearnedSlowStart = true
+	} else {
+		next = s.LearnedRate * lc.decrease
+		reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, times %.2f", why, s.LearnedRate, lc.decrease)
+		if kept := observed * learnAccepted; kept > next {
+			next = math.Min(kept, s.LearnedRate)
+			reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, to %.0f%% of the %.2f/s the fleet was delivered at", why, s.LearnedRate, learnAccepted*100, observed)
+		}
+		s.LearnedSlowStart = false
+	}
+	if ceiling > 0 && next > ceiling {
+		next = ceiling
+	}
+	next = math.Max(lc.min, next)
+	s.LearnedRate = next
+	s.LearnedStep = lc.stepOf(next)
+	s.LearnedHold = now.Add(lc.hold).UTC()
+	s.LearnedNext = s.LearnedHold
+	s.LearnedCutAt = now.UTC()
+	s.LearnedReason = reason
+	return true
+}
+
+// raiseRate is one additive step up at now. It returns false when there
+// is nothing learned, the hold or the previous step is too recent, or the
+// ceiling is reached.
+func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bool {
+	if s.LearnedRate <= 0 || now.Before(s.LearnedHold) || now.Before(s.LearnedNext) {
+		return false
+	}
+	if ceiling > 0 && s.LearnedRate >= ceiling {
+		return false
+	}
+	step := s.LearnedStep
+	if step <= 0 {
+		step = lc.stepOf(s.LearnedRate)
+	}
+	how := "+" + strconv.FormatFloat(step, 'f', 2, 64) + "/s"
+	if s.LearnedSlowStart {
+		step, how = s.LearnedRate, "doubled (no cut since the seed)"
+	}
+	next := s.LearnedRate + step
+	if ceiling > 0 && next > ceiling {
+		next = ceiling
+	}
+	s.LearnedReason = fmt.Sprintf("probe up: %s after %s without a throttle while the rate was binding", how, lc.every)
+	s.LearnedRate = next
+	// Only the next step waits: a throttle right after a step up cuts at
+	// once, so an overshoot costs milliseconds of throttles, not a hold.
+	s.LearnedNext = now.Add(lc.every).UTC()
+	return true
+}
+
+// cutConns is the multiplicative decrease of the learned connection limit
+// on a "too many connections" reply, seeded from inflight (the fleet's
+// deliveries in progress to the destination when the reply came).
+func (lc learnConfig) cutConns(s *DestState, now time.Time, inflight, ceiling int, why string) bool {
+	if s.LearnedConns > 0 && now.Before(s.LearnedConnsHold) {
+		return false
+	}
+	var next int
+	var reason string
+	if s.LearnedConns <= 0 {
+		next = int(math.Floor(float64(inflight) * lc.decrease))
+		reason = fmt.Sprintf("seeded: %d connections in flight fleet-wide at a connection throttle (%s), times %.2f", inflight, why, lc.decrease)
+		if s.LearnedSince.IsZero() {
+			s.LearnedSince = now.UTC()
+		}
+	} else {
+		next = int(math.Floor(float64(s.LearnedConns) * lc.decrease))
+		reason = fmt.Sprintf("cut: connection throttle (%s) at %d connections, times %.2f", why, s.LearnedConns, lc.decrease)
+	}
+	if ceiling > 0 && next > ceiling {
+		next = ceiling
+	}
+	s.LearnedConns = max(1, next)
+	s.LearnedConnsHold = now.Add(lc.hold).UTC()
+	s.LearnedCutAt = now.UTC()
+	s.LearnedConnsReason = reason
+	return true
+}
+
+// raiseConns is one step of one more connection.
+func (lc learnConfig) raiseConns(s *DestState, now time.Time, ceiling int) bool {
+	if s.LearnedConns <= 0 || now.Before(s.LearnedConnsHold) || ceiling > 0 && s.LearnedConns >= ceiling {
+		return false
+	}
+	s.LearnedConns++
+	s.LearnedConnsHold = now.Add(lc.every).UTC()
+	s.LearnedConnsReason = fmt.Sprintf("probe up: +1 connection after %s without a connection throttle while the limit was binding", lc.every)
+	return true
+}
+
+// forgetLearned clears what was learned; it returns false when nothing was.
+func forgetLearned(s *DestState) bool {
+	if !s.learned() {
+		return false
+	}
+	s.LearnedRate, s.LearnedStep, s.LearnedHold, s.LearnedNext, s.LearnedReason, s.LearnedSlowStart = 0, 0, time.Time{}, time.Time{}, "", false
+	s.LearnedConns, s.LearnedConnsHold, s.LearnedConnsReason = 0, time.Time{}, ""
+	s.LearnedSince, s.LearnedCutAt = time.Time{}, time.Time{}
+	return true
+}
+
+// decayed reports whether learned limits have gone quiet for forget: no
+// throttle has cut them since.
+func (s DestState) decayed(now time.Time, forget time.Duration) bool {
+	return s.learned() && !s.LearnedCutAt.IsZero() && now.Sub(s.LearnedCutAt) >= forget
+}
+
+// learned reports whether s holds a learned rate or connection limit.
+func (s DestState) learned() bool { return s.LearnedRate > 0 || s.LearnedConns > 0 }
+
+// rateWindow counts deliveries to one destination in one-second slots, for
+// the learning seed (the fleet's delivered rate just before a throttle).
+type rateWindow struct {
+	slots [16]struct {
+		sec int64
+		n   int
+	}
+	first time.Time // first delivery counted since the window was last empty
+}
+
+// add counts n deliveries at now. span is the window the rate is read
+// over: a delivery after span of silence starts a new burst.
+func (w *rateWindow) add(now time.Time, n int, span time.Duration) {
+	if w.count(now, span) == 0 {
+		w.first = now
+	}
+	sec := now.Unix()
+	s := &w.slots[sec%int64(len(w.slots))]
+	if s.sec != sec {
+		s.sec, s.n = sec, 0
+	}
+	s.n += n
+}
+
+// count is the deliveries within span before now.
+func (w *rateWindow) count(now time.Time, span time.Duration) int {
+	sec := now.Unix()
+	secs := int64(math.Ceil(span.Seconds()))
+	total := 0
+	for i := range w.slots {
+		if s := w.slots[i]; s.sec > sec-secs && s.sec <= sec {
+			total += s.n
+		}
+	}
+	return total
+}
+
+// rate is the delivered rate over span (msgs/s). When traffic began less
+// than span ago, it is measured over the time since it began (at least
+// learnMinElapsed), so a burst's first throttle sees the burst's rate
+// rather than that rate diluted by idle seconds.
+func (w *rateWindow) rate(now time.Time, span time.Duration) float64 {
+	n := w.count(now, span)
+	if n == 0 {
+		return 0
+	}
+	el := span
+	if !w.first.IsZero() {
+		if since := now.Sub(w.first); since < el {
+			el = max(since, learnMinElapsed)
+		}
+	}
+	return float64(n) / el.Seconds()
+}

@@ -1,0 +1,340 @@
+package throttle
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/outflow/outflow/classify"
+)
+
+// This file applies the learning math of learn.go to a Throttle's
+// destinations: the cuts and steps as shared-state transitions, the
+// fleet's observed rate and concurrency, the per-tenant virtual queue,
+// and pacing of throttled envelopes.
+
+// weight is a tenant's weight in a destination's virtual queue.
+func (t *Throttle) weight(tenant string) float64 {
+	if w, ok := t.cfg.TenantWeights[tenant]; ok {
+		return w
+	}
+	return 1
+}
+
+// slot gives one envelope of tenant its place in d's virtual queue and
+// returns it: at the earliest at, after the tenant's envelopes already
+// waiting. The tenant's end then moves on by one interval of its share of
+// fleet: weight(tenant) over the weights of every tenant with envelopes
+// waiting. Each tenant's queue therefore drains at its fair share, and a
+// tenant that comes to a destination with a long backlog of another
+// tenant's mail waits for its own few envelopes only. d.mu held.
+func (d *dest) slot(tenant string, at, now time.Time, fleet float64, weight func(string) float64, horizon time.Duration) time.Time {
+	if d.vq == nil {
+		d.vq = map[string]vqTail{}
+	}
+	own := weight(tenant)
+	total := own
+	for other, q := range d.vq {
+		if !q.end.After(now) {
+			delete(d.vq, other)
+			continue
+		}
+		if other != tenant {
+			total += weight(other)
+		}
+	}
+	q := d.vq[tenant]
+	until := q.end
+	if until.Before(at) {
+		until = at
+	}
+	if horizon > 0 && until.Sub(now) > d.park.horizon(now, horizon) {
+		return d.park.place(now)
+	}
+	q.every = time.Duration(float64(time.Second) * total / (own * fleet))
+	q.end = until.Add(q.every)
+	d.vq[tenant] = q
+	return until
+}
+
+// parking holds what a virtual queue at a learned rate does not take.
+//
+// A place in the queue is a fixed time, computed at the rate of the
+// moment. A learned rate climbs, so places far ahead would hold mail back
+// long after the rate allows it. A destination whose rate is learned
+// therefore queues only a horizon ahead; an envelope beyond it is parked:
+// told to come back between one and two horizons from now, spread evenly,
+// without taking a place, and asks again then. The horizon starts at
+// parkHorizon and doubles while more than parkBudget envelopes a second
+// are parked (a long backlog), so re-asking costs a bounded number of
+// reschedules whatever the backlog; it halves again when parking is rare.
+type parking struct {
+	h     time.Duration // current horizon; 0 until first used
+	since time.Time     // start of the current count
+	n     int           // parked since then
+	seq   uint64        // spreads the parked over the next horizon
+}
+
+const (
+	parkHorizon    = 5 * time.Second
+	parkMaxHorizon = 10 * time.Minute
+	parkBudget     = 200 // parked envelopes per second before the horizon doubles
+)
+
+// horizon adapts and returns the current horizon (base at least).
+func (p *parking) horizon(now time.Time, base time.Duration) time.Duration {
+	if p.h < base {
+		p.h, p.since, p.n = base, now, 0
+	}
+	if el := now.Sub(p.since); el >= p.h {
+		perSec := float64(p.n) / el.Seconds()
+		switch {
+		case perSec > parkBudget && p.h < parkMaxHorizon:
+			p.h *= 2
+		case perSec < parkBudget/4 && p.h > base:
+			p.h = max(base, p.h/2)
+		}
+		p.since, p.n = now, 0
+	}
+	return p.h
+}
+
+// place parks one envelope: between one and two horizons ahead, spread
+// by the golden ratio so consecutive envelopes do not return together.
+func (p *parking) place(now time.Time) time.Time {
+	p.n++
+	p.seq++
+	frac := float64(p.seq*11400714819323198485>>11) / (1 << 53)
+	return now.Add(p.h + time.Duration(frac*float64(p.h)))
+}
+
+// tenantActive is how long after its last admission a tenant counts as
+// sending to a destination, for the fair share.
+const tenantActive = 2 * time.Second
+
+// seen records that tenant asked for d now; d.mu held.
+func (d *dest) seen(tenant string, now time.Time) {
+	if d.tenants == nil {
+		d.tenants = map[string]time.Time{}
+	}
+	d.tenants[tenant] = now
+	if len(d.tenants) > 64 { // forget the quiet ones now and then
+		for k, at := range d.tenants {
+			if now.Sub(at) > tenantActive {
+				delete(d.tenants, k)
+			}
+		}
+	}
+}
+
+// overShare reports whether tenant's backlog in d's virtual queue reaches
+// further ahead (by more than a second) than that of another tenant
+// sending to d now: it has had more than its share for the moment, and
+// the next token should go to the other. d.mu held.
+func (d *dest) overShare(tenant string, now time.Time) bool {
+	mine := d.ahead(tenant, now)
+	if mine <= time.Second {
+		return false
+	}
+	for other, at := range d.tenants {
+		if other != tenant && now.Sub(at) <= tenantActive && d.ahead(other, now)+time.Second < mine {
+			return true
+		}
+	}
+	return false
+}
+
+// ahead is how far ahead tenant's part of d's virtual queue reaches.
+func (d *dest) ahead(tenant string, now time.Time) time.Duration {
+	if q, ok := d.vq[tenant]; ok && q.end.After(now) {
+		return q.end.Sub(now)
+	}
+	return 0
+}
+
+// vqTail is the end of one tenant's part of a virtual queue, and the
+// interval its last place was given at.
+type vqTail struct {
+	end   time.Time
+	every time.Duration
+}
+
+// waiting estimates the envelopes in d's virtual queue that are not yet
+// due; d.mu held.
+func (d *dest) waiting(now time.Time) int {
+	n := 0.0
+	for _, q := range d.vq {
+		if ahead := q.end.Sub(now); ahead > 0 && q.every > 0 {
+			n += float64(ahead) / float64(q.every)
+		}
+	}
+	return int(n + 0.5)
+}
+
+// Pace gives an envelope that a throttled reply deferred its place in the
+// destination's virtual queue, in its tenant's share, when the destination
+// has a rate (configured, pinned or learned): throttled mail then comes
+// back at the destination's current rate, oldest first, instead of in
+// waves on individual backoff timers. ok is false for a destination
+// without a rate; the caller then uses the rate-limit lane's backoff.
+// by describes the rate for the decision record ("10.00/s learned").
+func (t *Throttle) Pace(domain, tenant string) (at time.Time, by string, ok bool) {
+	d := t.getDest(t.Group(domain))
+	now := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fleet := t.fleetRate(d.limits, d.state, now)
+	if fleet <= 0 {
+		return time.Time{}, "", false
+	}
+	first := now.Add(time.Duration(float64(time.Second) / fleet))
+	by = strconv.FormatFloat(fleet, 'f', 2, 64) + "/s " + t.rateSource(d.limits, d.state, now)
+	return d.slot(tenant, first, now, fleet, t.weight, t.horizon(d, now)), by, true
+}
+
+// horizon is how far ahead d's virtual queue gives places: unbounded for a
+// configured rate (it does not climb), parkHorizon and up for a learned
+// one (see parking). d.mu held.
+func (t *Throttle) horizon(d *dest, now time.Time) time.Duration {
+	if t.rateSource(d.limits, d.state, now) == "learned" {
+		return parkHorizon
+	}
+	return 0
+}
+
+// cutLearnedRate seeds or cuts d's learned rate after a throttled reply,
+// first locally, then in the shared state (where the hold makes it one
+// cut fleet-wide). d.mu held.
+func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result) {
+	lc := t.cfg.learn()
+	observed := t.observedRate(d, now)
+	ceiling := d.limits.Rate
+	reply := learnedWhy(why)
+	fn := func(s *DestState, now time.Time) bool { return lc.cutRate(s, now, observed, ceiling, reply) }
+	if !fn(&d.state, now) {
+		return // within the hold of a cut this worker has seen
+	}
+	d.pending |= pendLearn
+	t.enqueue(op{d: d, change: "learned-rate-cut", flag: pendLearn, fn: fn, after: func(b, a DestState) {
+		t.learnedChanged(d, "learned-rate", fmtLearned(b.LearnedRate), fmtLearned(a.LearnedRate), a.LearnedReason, a)
+	}})
+}
+
+// cutLearnedConns seeds or cuts d's learned connection limit after a "too
+// many connections" reply. d.mu held.
+func (t *Throttle) cutLearnedConns(d *dest, now time.Time, why classify.Result) {
+	lc := t.cfg.learn()
+	inflight := t.fleetInflight(d, now)
+	ceiling := d.limits.Conns
+	reply := learnedWhy(why)
+	fn := func(s *DestState, now time.Time) bool { return lc.cutConns(s, now, inflight, ceiling, reply) }
+	if !fn(&d.state, now) {
+		return
+	}
+	d.pending |= pendLearnConn
+	t.enqueue(op{d: d, change: "learned-conns-cut", flag: pendLearnConn, fn: fn, after: func(b, a DestState) {
+		t.learnedChanged(d, "learned-conns", strconv.Itoa(b.LearnedConns), strconv.Itoa(a.LearnedConns), a.LearnedConnsReason, a)
+	}})
+}
+
+// raiseLearned probes d's learned limits upward after a delivered attempt:
+// one step per LearnEvery fleet-wide (the shared hold), only while the
+// limit is what holds traffic back and no throttle came within LearnEvery.
+// Not applied locally first: the watcher brings it back at once. d.mu held.
+func (t *Throttle) raiseLearned(d *dest, now time.Time) {
+	lc := t.cfg.learn()
+	s := &d.state
+	// The rate binds when the fleet delivers at (nearly) the learned rate,
+	// or an attempt had to wait for its token lately. Paced mail returns on
+	// time and so never waits, though it is the rate that holds it back; a
+	// rate the traffic does not reach is not worth raising.
+	binding := now.Sub(d.lastLimited) <= lc.every ||
+		s.LearnedRate > 0 && t.observedRate(d, now) >= learnBinding*s.LearnedRate
+	if s.LearnedRate > 0 && d.pending&pendLearn == 0 && !now.Before(s.LearnedHold) && !now.Before(s.LearnedNext) &&
+		now.Sub(d.lastThr) >= lc.every && binding {
+		ceiling := d.limits.Rate
+		d.pending |= pendLearn
+		t.enqueue(op{d: d, change: "learned-rate-step", flag: pendLearn,
+			fn: func(s *DestState, now time.Time) bool { return lc.raiseRate(s, now, ceiling) },
+			after: func(b, a DestState) {
+				t.learnedChanged(d, "learned-rate", fmtLearned(b.LearnedRate), fmtLearned(a.LearnedRate), a.LearnedReason, a)
+			}})
+	}
+	if s.LearnedConns > 0 && d.pending&pendLearnConn == 0 && !now.Before(s.LearnedConnsHold) &&
+		now.Sub(d.lastConnThr) >= lc.every && now.Sub(d.lastConnLim) <= lc.every {
+		ceiling := d.limits.Conns
+		d.pending |= pendLearnConn
+		t.enqueue(op{d: d, change: "learned-conns-step", flag: pendLearnConn,
+			fn: func(s *DestState, now time.Time) bool { return lc.raiseConns(s, now, ceiling) },
+			after: func(b, a DestState) {
+				t.learnedChanged(d, "learned-conns", strconv.Itoa(b.LearnedConns), strconv.Itoa(a.LearnedConns), a.LearnedConnsReason, a)
+			}})
+	}
+}
+
+// decayLearned forgets d's learned limits once no throttle has cut them
+// for LearnForget. d.mu held.
+func (t *Throttle) decayLearned(d *dest, now time.Time) {
+	forget := t.cfg.LearnForget
+	if !d.state.decayed(now, forget) || d.pending&pendLearn != 0 {
+		return
+	}
+	d.pending |= pendLearn
+	t.enqueue(op{d: d, change: "learned-forget", flag: pendLearn,
+		fn: func(s *DestState, now time.Time) bool { return s.decayed(now, forget) && forgetLearned(s) },
+		after: func(b, a DestState) {
+			t.learnedChanged(d, "learned-rate", fmtLearned(b.LearnedRate), "unknown",
+				"forgotten: no throttle for "+forget.String(), a)
+		}})
+}
+
+// learnedChanged logs, counts and announces one change of learned limits.
+func (t *Throttle) learnedChanged(d *dest, change, from, to, reason string, a DestState) {
+	t.transition(d.name, change, from, to, reason)
+	t.m.setLearned(d.name, a)
+	if t.cfg.OnLearned != nil {
+		t.cfg.OnLearned(d.name, change, a)
+	}
+}
+
+// observedRate is the fleet's delivered rate to d over the learning window:
+// this worker's, plus what the other live workers last reported in their
+// registry heartbeat. When none of them has reported the destination yet
+// (a burst younger than a heartbeat), this worker's rate times the live
+// workers stands in: the work lanes spread mail evenly over workers.
+func (t *Throttle) observedRate(d *dest, now time.Time) float64 {
+	local := d.delivered.rate(now, t.cfg.LearnWindow)
+	peers, n := t.peerLoad(d.name, now)
+	if n == 0 {
+		return local * float64(t.liveCount())
+	}
+	return local + peers.Rate
+}
+
+// fleetInflight is the fleet's deliveries in progress to d, counting the
+// one whose reply is being handled (done has already taken it off).
+func (t *Throttle) fleetInflight(d *dest, now time.Time) int {
+	local := d.inflight + 1
+	peers, n := t.peerLoad(d.name, now)
+	if n == 0 {
+		return local * t.liveCount()
+	}
+	return local + peers.InFlight
+}
+
+// fmtLearned prints a learned rate for a transition line.
+func fmtLearned(r float64) string {
+	if r <= 0 {
+		return "unknown"
+	}
+	return strconv.FormatFloat(r, 'f', 2, 64) + "/s"
+}
+
+// learnedWhy is the throttled reply behind a change, for its reason: the
+// rule and the reply line, cut to a readable length.
+func learnedWhy(r classify.Result) string {
+	s := r.Rule + ": " + replyText(r)
+	if len(s) > 120 {
+		s = s[:117] + "..."
+	}
+	return s
+}

@@ -1,0 +1,416 @@
+package throttle
+
+import (
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outflow/outflow/classify"
+)
+
+var (
+	t0      = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	lcTest  = learnConfig{decrease: 0.5, hold: 3 * time.Second, every: 5 * time.Second, step: 0.1, min: 0.1}
+	resConn = classify.Result{Class: classify.Throttled, Scope: classify.ScopeDestination, Rule: "rate-signal", Code: 421, Enhanced: "4.7.0", Text: "Too many concurrent SMTP connections from this IP"}
+)
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+func TestLearnSeedFromObservedRate(t *testing.T) {
+	var s DestState
+	if !lcTest.cutRate(&s, t0, 24, 0, "why") {
+		t.Fatal("no seed")
+	}
+	if !near(s.LearnedRate, 12) || !near(s.LearnedStep, 1.2) || !s.LearnedHold.Equal(t0.Add(3*time.Second)) || !s.LearnedSince.Equal(t0) {
+		t.Fatalf("seed: %+v", s)
+	}
+	// Nothing delivered in the window: a first-contact seed, not zero.
+	var first DestState
+	lcTest.cutRate(&first, t0, 0, 0, "why")
+	if first.LearnedRate != learnFirstContact || first.LearnedStep != learnMinStep {
+		t.Fatalf("first contact seed %v step %v", first.LearnedRate, first.LearnedStep)
+	}
+}
+
+func TestLearnOneCutPerHold(t *testing.T) {
+	var s DestState
+	lcTest.cutRate(&s, t0, 40, 0, "why") // 20
+	for i := 1; i <= 10; i++ {           // a burst of throttles within the hold
+		if lcTest.cutRate(&s, t0.Add(time.Duration(i)*250*time.Millisecond), 40, 0, "why") {
+			t.Fatalf("cut again %d×250ms after the seed", i)
+		}
+	}
+	if !near(s.LearnedRate, 20) || !s.LearnedSlowStart {
+		t.Fatalf("rate %v slow start %v after a burst within one hold, want 20 and true", s.LearnedRate, s.LearnedSlowStart)
+	}
+	// After the hold, with little delivered: a multiplicative cut.
+	if !lcTest.cutRate(&s, t0.Add(3*time.Second), 4, 0, "why") || !near(s.LearnedRate, 10) {
+		t.Fatalf("after the hold: rate %v, want 10", s.LearnedRate)
+	}
+	if !near(s.LearnedStep, 1) || s.LearnedSlowStart {
+		t.Fatalf("step %v slow start %v: want 10%% of the rate the cut set, and additive from now on", s.LearnedStep, s.LearnedSlowStart)
+	}
+	// The floor.
+	for i := 2; i < 40; i++ {
+		lcTest.cutRate(&s, t0.Add(time.Duration(i)*3*time.Second), 0, 0, "why")
+	}
+	if s.LearnedRate != lcTest.min {
+		t.Fatalf("rate %v after many cuts, want the floor %v", s.LearnedRate, lcTest.min)
+	}
+}
+
+// TestLearnCutKeepsWhatWasAccepted: a cut never goes below 90% of what the
+// fleet was being delivered at (the limit a throttling token bucket
+// demonstrably accepts), and never rises.
+func TestLearnCutKeepsWhatWasAccepted(t *testing.T) {
+	s := DestState{LearnedRate: 24, LearnedCutAt: t0}
+	lcTest.cutRate(&s, t0.Add(time.Hour), 20, 0, "why")
+	if !near(s.LearnedRate, 18) {
+		t.Fatalf("cut from 24 with 20/s delivered: %v, want 18", s.LearnedRate)
+	}
+	s = DestState{LearnedRate: 10}
+	lcTest.cutRate(&s, t0, 30, 0, "why") // stale report above the rate
+	if !near(s.LearnedRate, 10) {
+		t.Fatalf("a cut rose to %v", s.LearnedRate)
+	}
+}
+
+func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
+	var s DestState
+	lcTest.cutRate(&s, t0, 20, 0, "why") // seed 10, slow start
+	if lcTest.raiseRate(&s, t0.Add(time.Second), 0) {
+		t.Fatal("stepped up within the hold")
+	}
+	at := t0.Add(3 * time.Second)
+	if !lcTest.raiseRate(&s, at, 0) || !near(s.LearnedRate, 20) {
+		t.Fatalf("slow start: %v, want doubled to 20", s.LearnedRate)
+	}
+	at = at.Add(lcTest.every)
+	lcTest.cutRate(&s, at, 0, 0, "why") // 10, additive from now
+	at = at.Add(lcTest.hold)
+	for i := 1; i <= 6; i++ {
+		if !lcTest.raiseRate(&s, at, 0) {
+			t.Fatalf("step %d refused", i)
+		}
+		if lcTest.raiseRate(&s, at.Add(time.Second), 0) {
+			t.Fatalf("step %d: a second step within LearnEvery", i)
+		}
+		at = at.Add(lcTest.every)
+	}
+	if !near(s.LearnedRate, 16) {
+		t.Fatalf("after 6 steps: %v, want 16 (additive, +1 each)", s.LearnedRate)
+	}
+	// A throttle right after a step cuts at once: steps do not hold cuts.
+	if !lcTest.cutRate(&s, at.Add(-lcTest.every+time.Millisecond), 0, 0, "why") {
+		t.Fatal("a throttle just after a step up did not cut")
+	}
+	if s.LearnedReason == "" {
+		t.Fatal("a step without a reason")
+	}
+}
+
+func TestLearnCeiling(t *testing.T) {
+	var s DestState
+	lcTest.cutRate(&s, t0, 100, 30, "why") // 50, capped at 30
+	if s.LearnedRate != 30 {
+		t.Fatalf("seed %v above the ceiling 30", s.LearnedRate)
+	}
+	s.LearnedRate = 29.5
+	lcTest.raiseRate(&s, t0.Add(time.Minute), 30)
+	if s.LearnedRate != 30 || lcTest.raiseRate(&s, t0.Add(2*time.Minute), 30) {
+		t.Fatalf("raised to %v past the ceiling 30", s.LearnedRate)
+	}
+	// A configured rate caps a learned one in the effective fleet rate.
+	th := &Throttle{}
+	if r := th.fleetRate(Limits{Rate: 5}, DestState{LearnedRate: 8}, t0); r != 5 {
+		t.Fatalf("fleet rate %v with 5 configured and 8 learned", r)
+	}
+	if r := th.fleetRate(Limits{}, DestState{LearnedRate: 8}, t0); r != 8 {
+		t.Fatalf("fleet rate %v with nothing configured and 8 learned", r)
+	}
+	if r := th.fleetRate(Limits{}, DestState{LearnedRate: 8, RateOverride: 3}, t0); r != 3 {
+		t.Fatalf("fleet rate %v: a pin must win over what was learned", r)
+	}
+}
+
+func TestLearnDecayAndForget(t *testing.T) {
+	var s DestState
+	lcTest.cutRate(&s, t0, 20, 0, "why")
+	lcTest.cutConns(&s, t0, 8, 0, "why")
+	if s.idle(t0.Add(2 * time.Hour)) {
+		t.Fatal("a state with learned limits reads as idle and would be deleted")
+	}
+	if s.decayed(t0.Add(59*time.Minute), time.Hour) {
+		t.Fatal("decayed before the quiet period")
+	}
+	if !s.decayed(t0.Add(time.Hour), time.Hour) {
+		t.Fatal("not decayed after the quiet period")
+	}
+	if !forgetLearned(&s) || s.learned() || s.LearnedRate != 0 || s.LearnedConns != 0 || !s.LearnedSince.IsZero() {
+		t.Fatalf("forget left %+v", s)
+	}
+	if forgetLearned(&s) {
+		t.Fatal("forgetting nothing reported a change")
+	}
+}
+
+func TestLearnConns(t *testing.T) {
+	var s DestState
+	lcTest.cutConns(&s, t0, 9, 0, "why")
+	if s.LearnedConns != 4 {
+		t.Fatalf("seed from 9 in flight: %d, want 4", s.LearnedConns)
+	}
+	if lcTest.cutConns(&s, t0.Add(time.Second), 9, 0, "why") {
+		t.Fatal("cut within the hold")
+	}
+	lcTest.cutConns(&s, t0.Add(3*time.Second), 9, 0, "why")
+	lcTest.cutConns(&s, t0.Add(6*time.Second), 9, 0, "why")
+	lcTest.cutConns(&s, t0.Add(9*time.Second), 9, 0, "why")
+	if s.LearnedConns != 1 {
+		t.Fatalf("floor: %d, want 1", s.LearnedConns)
+	}
+	if !lcTest.raiseConns(&s, t0.Add(12*time.Second), 0) || s.LearnedConns != 2 {
+		t.Fatalf("step up: %d", s.LearnedConns)
+	}
+	if c := fleetConns(Limits{Conns: 10}, DestState{LearnedConns: 3}, t0); c != 3 {
+		t.Fatalf("fleet conns %d: learned 3 under a configured 10", c)
+	}
+	if c := fleetConns(Limits{Conns: 2}, DestState{LearnedConns: 3}, t0); c != 2 {
+		t.Fatalf("fleet conns %d: a configured 2 caps a learned 3", c)
+	}
+}
+
+func TestRateWindow(t *testing.T) {
+	var w rateWindow
+	span := 5 * time.Second
+	if w.rate(t0, span) != 0 {
+		t.Fatal("empty window has a rate")
+	}
+	// A burst 400 ms old: measured over 400 ms, not diluted by five
+	// seconds; one 10 ms old over at least 200 ms.
+	for i := range 20 {
+		w.add(t0.Add(time.Duration(i)*20*time.Millisecond), 1, span)
+	}
+	if r := w.rate(t0.Add(400*time.Millisecond), span); !near(r, 50) {
+		t.Fatalf("burst rate %v, want 50", r)
+	}
+	var b rateWindow
+	for i := range 4 {
+		b.add(t0.Add(time.Duration(i)*time.Millisecond), 1, span)
+	}
+	if r := b.rate(t0.Add(10*time.Millisecond), span); !near(r, 20) {
+		t.Fatalf("rate of a 10 ms burst %v, want 4 over 200ms = 20", r)
+	}
+	// Steady 10/s for 10 s: the window's 5 s.
+	var s rateWindow
+	for i := range 100 {
+		s.add(t0.Add(time.Duration(i)*100*time.Millisecond), 1, span)
+	}
+	if r := s.rate(t0.Add(10*time.Second-time.Millisecond), span); r < 9 || r > 11 {
+		t.Fatalf("steady rate %v, want about 10", r)
+	}
+	// Silence longer than the slots remember.
+	if r := s.rate(t0.Add(time.Minute), span); r != 0 {
+		t.Fatalf("rate %v after a minute of silence", r)
+	}
+}
+
+func TestSlotSharesTheRateBetweenTenants(t *testing.T) {
+	d := &dest{}
+	one := func(string) float64 { return 1 }
+	// Tenant A's campaign: 1,000 envelopes at 20/s reach 50 s out.
+	var last time.Time
+	for range 1000 {
+		last = d.slot("a", t0, t0, 20, one, 0)
+	}
+	if got := last.Sub(t0); got < 49*time.Second || got > 50*time.Second {
+		t.Fatalf("A's last slot %s ahead, want ~50s", got)
+	}
+	// Tenant B's 20 messages then: B's queue is its own, at half the rate.
+	var bLast time.Time
+	for range 20 {
+		bLast = d.slot("b", t0, t0, 20, one, 0)
+	}
+	if got := bLast.Sub(t0); got > 2*time.Second {
+		t.Fatalf("B's 20th slot %s ahead: behind A's backlog", got)
+	}
+	if n := d.waiting(t0); n < 990 || n > 1030 {
+		t.Fatalf("waiting %d, want about 1020", n)
+	}
+	// Weights: a tenant weighing 3 gets three quarters.
+	w := &dest{}
+	weigh := func(t string) float64 {
+		if t == "vip" {
+			return 3
+		}
+		return 1
+	}
+	w.slot("bulk", t0, t0, 10, weigh, 0)
+	var v time.Time
+	for range 3 {
+		v = w.slot("vip", t0, t0, 10, weigh, 0)
+	}
+	if got := v.Sub(t0); !near(got.Seconds(), 2*4.0/(3*10)) {
+		t.Fatalf("vip's third slot %s ahead, want %.3fs", got, 2*4.0/(3*10))
+	}
+}
+
+// TestLearnedRateIsSharedAndSplit runs the learning through the KV: one
+// worker's throttle seeds a rate for an unconfigured destination that the
+// other worker applies at once, split in shares; a burst of throttles on
+// both workers cuts once; the metric follows; Forget clears it everywhere.
+func TestLearnedRateIsSharedAndSplit(t *testing.T) {
+	env := startKV(t)
+	reg := prometheus.NewRegistry()
+	var mu sync.Mutex
+	var changes []string
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+		c.Registerer = reg
+		c.LearnHold = time.Hour
+		c.OnLearned = func(dest, change string, s DestState) {
+			mu.Lock()
+			defer mu.Unlock()
+			changes = append(changes, change)
+		}
+	})
+	b := newThrottle(t, env, "b", nil)
+	waitLive(t, 2, a, b)
+	if got := a.Snapshot("l.test"); got.FleetRate != 0 || got.RateSource != "unlimited" {
+		t.Fatalf("before: %+v", got)
+	}
+	// A delivers 30 in a burst, then meets a throttle.
+	for range 30 {
+		attempt(t, a, "l.test", resDelivered)
+	}
+	attempt(t, a, "l.test", resThrottled)
+	got := a.Snapshot("l.test")
+	// 30 delivered within 200 ms, times two live workers (B reported
+	// nothing yet), times 0.5.
+	if got.RateSource != "learned" || !near(got.LearnedRate, 150) || !strings.Contains(got.LearnedReason, "seeded") {
+		t.Fatalf("A after the throttle: %+v", got)
+	}
+	learned := got.LearnedRate
+	eventually(t, 2*time.Second, "B applies A's learned rate, split in two", func() bool {
+		s := b.Snapshot("l.test")
+		return s.FleetRate == learned && near(s.WorkerRate, learned/2) && s.RateSource == "learned"
+	})
+	// More throttles on both within the hold: no second cut.
+	attempt(t, b, "l.test", resThrottled)
+	attempt(t, a, "l.test", resThrottled)
+	eventually(t, 2*time.Second, "stored", func() bool {
+		st, err := GetState(ctxT(t), env.state, "l.test")
+		return err == nil && st.LearnedRate == learned && st.LearnedReason != ""
+	})
+	if r := b.Snapshot("l.test").LearnedRate; r != learned {
+		t.Fatalf("B's throttle within the hold cut %v to %v", learned, r)
+	}
+	eventually(t, 2*time.Second, "metric", func() bool {
+		return metricValue(t, a.m.learned.WithLabelValues("l.test")) == learned
+	})
+	mu.Lock()
+	if len(changes) != 1 || changes[0] != "learned-rate" {
+		t.Fatalf("OnLearned calls: %v", changes)
+	}
+	mu.Unlock()
+	if ok, err := Forget(ctxT(t), env.state, "l.test", "ops"); err != nil || !ok {
+		t.Fatalf("Forget: %v %v", ok, err)
+	}
+	for _, th := range []*Throttle{a, b} {
+		eventually(t, 2*time.Second, "forgotten", func() bool {
+			s := th.Snapshot("l.test")
+			return s.FleetRate == 0 && s.LearnedRate == 0 && s.RateSource == "unlimited"
+		})
+	}
+}
+
+// TestLearnedRateClimbsOnlyWhileBinding: steps up need the rate to be what
+// holds traffic back; an idle destination keeps its rate.
+func TestLearnedRateClimbsOnlyWhileBinding(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+		c.LearnHold = 20 * time.Millisecond
+		c.LearnEvery = 40 * time.Millisecond
+		c.MaxWait = time.Hour
+	})
+	attempt(t, a, "c.test", resThrottled) // first contact: 1/s
+	start := a.Snapshot("c.test").LearnedRate
+	if start != learnFirstContact {
+		t.Fatalf("seed %v", start)
+	}
+	// Delivered attempts at the learned rate (each waits for its token,
+	// so the rate binds): it climbs.
+	eventually(t, 10*time.Second, "climbs while binding", func() bool {
+		attempt(t, a, "c.test", resDelivered)
+		return a.Snapshot("c.test").LearnedRate >= start+3*learnMinStep
+	})
+}
+
+// TestConnectionThrottleTeachesConns: "too many connections" teaches a
+// connection limit and does not cut the rate.
+func TestConnectionThrottleTeachesConns(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", nil)
+	var ps []Permit
+	for range 6 {
+		ps = append(ps, mustAdmit(t, a, "k.test"))
+	}
+	ps[0].Done([]classify.Result{resConn})
+	s := a.Snapshot("k.test")
+	if s.LearnedConns != 3 || s.FleetConns != 3 || s.LearnedRate != 0 || s.FleetRate != 0 {
+		t.Fatalf("after a connection throttle with 6 in flight: %+v", s)
+	}
+	for _, p := range ps[1:] {
+		p.Done([]classify.Result{resDelivered})
+	}
+	eventually(t, 2*time.Second, "stored", func() bool {
+		st, err := GetState(ctxT(t), env.state, "k.test")
+		return err == nil && st.LearnedConns == 3
+	})
+}
+
+// TestPaceSpacesThrottledMail: throttled envelopes of a destination with a
+// rate get consecutive places in its virtual queue, not backoff waves.
+func TestPaceSpacesThrottledMail(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 10 })
+	if _, _, ok := newThrottle(t, env, "solo", nil).Pace("none.test", ""); ok {
+		// Nothing configured and nothing learned: no rate to pace at.
+		t.Fatal("paced a destination without a rate")
+	}
+	prev := time.Now()
+	for i := range 20 {
+		at, by, ok := a.Pace("p.test", "t1")
+		if !ok || by != "10.00/s configured" {
+			t.Fatalf("pace with a configured rate: %v %q", ok, by)
+		}
+		if i > 0 && !near(at.Sub(prev).Seconds(), 0.1) {
+			t.Fatalf("slot %d is %s after the previous, want 100ms", i, at.Sub(prev))
+		}
+		prev = at
+	}
+}
+
+// TestOverShare: a tenant whose backlog reaches further ahead than another
+// sending tenant's yields the next token; alone, or level, it does not.
+func TestOverShare(t *testing.T) {
+	d := &dest{}
+	one := func(string) float64 { return 1 }
+	d.seen("a", t0)
+	for range 200 {
+		d.slot("a", t0, t0, 20, one, 0) // 10 s ahead
+	}
+	if d.overShare("a", t0) {
+		t.Fatal("a lone tenant is over its share")
+	}
+	d.seen("b", t0)
+	if !d.overShare("a", t0) || d.overShare("b", t0) {
+		t.Fatalf("with b sending: a over %v, b over %v; want a yields to b", d.overShare("a", t0), d.overShare("b", t0))
+	}
+	if d.overShare("a", t0.Add(tenantActive+time.Second)) {
+		t.Fatal("b stopped sending, yet a still yields to it")
+	}
+}

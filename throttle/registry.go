@@ -1,0 +1,157 @@
+package throttle
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// workerRecord is the value of a registry key.
+type workerRecord struct {
+	Worker  string    `json:"worker"`
+	Started time.Time `json:"started"`
+	At      time.Time `json:"at"`
+	// Load is the worker's traffic per destination with any (delivered
+	// rate over the learning window, deliveries in flight), so that a
+	// learned limit is seeded from the whole fleet's traffic.
+	Load map[string]destLoad `json:"load,omitempty"`
+}
+
+// destLoad is one worker's traffic to one destination.
+type destLoad struct {
+	Rate     float64 `json:"rate"`      // delivered msgs/s over the learning window
+	InFlight int     `json:"in_flight"` // deliveries in progress
+}
+
+// load is this worker's destLoad for every destination with traffic.
+func (t *Throttle) load(now time.Time) map[string]destLoad {
+	t.mu.RLock()
+	ds := make([]*dest, 0, len(t.dests))
+	for _, d := range t.dests {
+		ds = append(ds, d)
+	}
+	t.mu.RUnlock()
+	var m map[string]destLoad
+	for _, d := range ds {
+		d.mu.Lock()
+		l := destLoad{Rate: d.delivered.rate(now, t.cfg.LearnWindow), InFlight: d.inflight}
+		d.mu.Unlock()
+		if l.Rate > 0 || l.InFlight > 0 {
+			if m == nil {
+				m = map[string]destLoad{}
+			}
+			m[d.name] = l
+		}
+	}
+	return m
+}
+
+// peerLoad sums what the other live workers last reported for dest, and
+// how many of them reported it.
+func (t *Throttle) peerLoad(dest string, now time.Time) (destLoad, int) {
+	var sum destLoad
+	n := 0
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	for k, rec := range t.peers {
+		if k == t.regKey || now.Sub(t.workers[k]) > t.workerTTL {
+			continue
+		}
+		if l, ok := rec.Load[dest]; ok {
+			sum.Rate += l.Rate
+			sum.InFlight += l.InFlight
+			n++
+		}
+	}
+	return sum, n
+}
+
+// heartbeat refreshes this worker's registry key.
+func (t *Throttle) heartbeat(ctx context.Context) error {
+	now := time.Now()
+	b, _ := json.Marshal(workerRecord{Worker: t.cfg.WorkerID, Started: t.started, At: now.UTC(), Load: t.load(now)})
+	if _, err := t.cfg.Registry.Put(ctx, t.regKey, b); err != nil {
+		return fmt.Errorf("throttle: register worker %q: %w", t.cfg.WorkerID, err)
+	}
+	return nil
+}
+
+func (t *Throttle) heartbeatLoop() {
+	tk := time.NewTicker(t.cfg.Heartbeat)
+	defer tk.Stop()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-tk.C:
+			ctx, cancel := context.WithTimeout(t.ctx, opTimeout)
+			if err := t.heartbeat(ctx); err != nil && t.ctx.Err() == nil {
+				t.log.Warn().Err(err).Msg("worker heartbeat failed")
+			}
+			cancel()
+		}
+	}
+}
+
+// applyWorker follows one entry of the registry.
+func (t *Throttle) applyWorker(e jetstream.KeyValueEntry, initial bool) {
+	now := time.Now()
+	t.wmu.Lock()
+	switch e.Operation() {
+	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
+		delete(t.workers, e.Key())
+		delete(t.peers, e.Key())
+	default:
+		var rec workerRecord
+		if json.Unmarshal(e.Value(), &rec) == nil {
+			t.peers[e.Key()] = rec
+		}
+		seen := now
+		if initial {
+			// An old entry is as old as the server says, but never so old
+			// that clock skew drops it before its next heartbeat.
+			age := min(max(now.Sub(e.Created()), 0), max(t.workerTTL-t.cfg.Heartbeat, 0))
+			seen = now.Add(-age)
+		}
+		t.workers[e.Key()] = seen
+	}
+	t.recountLocked(now)
+	t.wmu.Unlock()
+}
+
+// pruneWorkers forgets workers whose heartbeat is older than the TTL
+// (their key expired without a delete marker).
+func (t *Throttle) pruneWorkers(now time.Time) {
+	if t.cfg.Registry == nil {
+		return
+	}
+	t.wmu.Lock()
+	for k, seen := range t.workers {
+		if k != t.regKey && now.Sub(seen) > t.workerTTL {
+			delete(t.workers, k)
+			delete(t.peers, k)
+		}
+	}
+	t.recountLocked(now)
+	t.wmu.Unlock()
+}
+
+// recountLocked updates the live count; t.wmu held.
+func (t *Throttle) recountLocked(now time.Time) {
+	n := len(t.workers)
+	if _, ok := t.workers[t.regKey]; !ok {
+		n++ // this worker is live even if its key is not (yet) seen
+	}
+	if old := t.live.Swap(int64(n)); old != int64(n) {
+		ids := make([]string, 0, len(t.workers))
+		for k := range t.workers {
+			ids = append(ids, DestFromKey(k))
+		}
+		sort.Strings(ids)
+		t.log.Info().Int64("from", old).Int("to", n).Strs("workers", ids).Msg("live workers changed; rate shares recomputed")
+	}
+}

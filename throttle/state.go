@@ -1,0 +1,418 @@
+package throttle
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Breaker states, as stored in DestState.Breaker and shown by `outflow dest
+// status`. An empty Breaker reads as closed.
+const (
+	BreakerClosed   = "closed"    // attempts flow normally
+	BreakerOpen     = "open"      // no network attempts until BreakerUntil
+	BreakerHalfOpen = "half-open" // cooling period over: one probe per worker
+)
+
+// SuspendForever is the SuspendedUntil that Suspend stores for a zero
+// until: suspended until someone calls Resume.
+var SuspendForever = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+
+// maxCASTries bounds the read-modify-write loop of one state transition.
+// Conflicts mean another worker changed the same destination at the same
+// moment; a handful of tries always settles it.
+const maxCASTries = 16
+
+// DestState is the shared throttle state of one destination, one JSON value
+// per destination in the outflow_dest bucket (key: StateKey(dest)). Every
+// worker watches the bucket and acts on it within a second; it is written
+// only on transitions (a suspension, a rate cut or step, a breaker change,
+// an admin command), never per message. Zero fields mean "no such
+// restriction".
+type DestState struct {
+	Dest string `json:"dest"` // destination: a domain or a group name
+
+	// SuspendedUntil: no attempts before this time (zero: not suspended).
+	SuspendedUntil time.Time `json:"suspended_until,omitzero"`
+	// Reason says why the destination is suspended (admin text or
+	// "automation: <rule>").
+	Reason string `json:"reason,omitempty"`
+
+	// Factor multiplies the destination's configured rate after throttled
+	// replies, in [MinFactor, 1]; 0 reads as 1 (full rate).
+	Factor float64 `json:"factor,omitempty"`
+	// FactorUntil is when the next additive step of the ramp back to the
+	// full rate may happen: DecreaseFor after a cut, IncreaseEvery after a
+	// step. Zero when the factor is 1.
+	FactorUntil time.Time `json:"factor_until,omitzero"`
+
+	// RateOverride replaces the configured fleet rate (messages per second)
+	// until RateUntil (zero: until changed). 0 means no override.
+	RateOverride float64   `json:"rate_override,omitempty"`
+	RateUntil    time.Time `json:"rate_until,omitzero"` // end of RateOverride; zero: until changed
+
+	// ConnsOverride replaces the configured fleet connection limit until
+	// ConnsUntil (zero: until changed). 0 means no override.
+	ConnsOverride int       `json:"conns_override,omitempty"`
+	ConnsUntil    time.Time `json:"conns_until,omitzero"` // end of ConnsOverride; zero: until changed
+
+	// Breaker is closed, open or half-open ("" reads as closed). An open
+	// breaker whose BreakerUntil has passed is half-open (see BreakerAt).
+	Breaker      string    `json:"breaker,omitempty"`
+	BreakerUntil time.Time `json:"breaker_until,omitzero"` // end of the open breaker's cooling period
+
+	// LearnedRate is the fleet rate (messages per second) learned from
+	// throttled replies for a destination without a configured rate (see
+	// learn.go); 0 means unknown. LearnedStep is its additive step up,
+	// LearnedHold the earliest time of its next cut, LearnedNext that of
+	// its next step up, and LearnedReason why it last changed.
+	LearnedRate   float64   `json:"learned_rate,omitempty"`
+	LearnedStep   float64   `json:"learned_step,omitempty"`
+	LearnedHold   time.Time `json:"learned_hold,omitzero"`
+	LearnedNext   time.Time `json:"learned_next,omitzero"` // earliest next step up
+	LearnedReason string    `json:"learned_reason,omitempty"`
+	// LearnedSlowStart: no cut since the seed, so steps up double.
+	LearnedSlowStart bool `json:"learned_slow_start,omitempty"`
+	// LearnedConns is the fleet connection limit learned from "too many
+	// connections" replies; 0 means unknown. LearnedConnsHold and
+	// LearnedConnsReason are as for the rate.
+	LearnedConns       int       `json:"learned_conns,omitempty"`
+	LearnedConnsHold   time.Time `json:"learned_conns_hold,omitzero"`
+	LearnedConnsReason string    `json:"learned_conns_reason,omitempty"`
+	// LearnedSince is when the destination first learned a limit;
+	// LearnedCutAt the last throttle that cut one. What was learned is
+	// forgotten LearnForget after LearnedCutAt.
+	LearnedSince time.Time `json:"learned_since,omitzero"`
+	LearnedCutAt time.Time `json:"learned_cut_at,omitzero"`
+
+	// Recover is set by Resume: the next worker to clear it (by revision
+	// CAS, so exactly one) calls ThrottleConfig.OnRecover for the
+	// destination.
+	Recover bool `json:"recover,omitempty"`
+
+	UpdatedBy string    `json:"updated_by,omitempty"` // worker id or admin name of the last writer
+	UpdatedAt time.Time `json:"updated_at,omitzero"`  // time of the last write
+}
+
+// Suspended reports whether the destination is suspended at now.
+func (s DestState) Suspended(now time.Time) bool { return now.Before(s.SuspendedUntil) }
+
+// RateFactor is the effective factor: Factor, with 0 read as 1, clamped to
+// (0, 1].
+func (s DestState) RateFactor() float64 {
+	if s.Factor <= 0 || s.Factor > 1 || math.IsNaN(s.Factor) {
+		return 1
+	}
+	return s.Factor
+}
+
+// BreakerAt is the breaker state at now: an open breaker whose cooling
+// period is over is half-open.
+func (s DestState) BreakerAt(now time.Time) string {
+	switch s.Breaker {
+	case BreakerOpen:
+		if now.Before(s.BreakerUntil) {
+			return BreakerOpen
+		}
+		return BreakerHalfOpen
+	case BreakerHalfOpen:
+		return BreakerHalfOpen
+	}
+	return BreakerClosed
+}
+
+// rateOverride is the active fleet rate override at now, if any.
+func (s DestState) rateOverride(now time.Time) (float64, bool) {
+	if s.RateOverride > 0 && (s.RateUntil.IsZero() || now.Before(s.RateUntil)) {
+		return s.RateOverride, true
+	}
+	return 0, false
+}
+
+// connsOverride is the active fleet connection override at now, if any.
+func (s DestState) connsOverride(now time.Time) (int, bool) {
+	if s.ConnsOverride > 0 && (s.ConnsUntil.IsZero() || now.Before(s.ConnsUntil)) {
+		return s.ConnsOverride, true
+	}
+	return 0, false
+}
+
+// idle reports whether nothing in s is in force at now: the state says
+// no more than its absence would, and may be deleted (which also removes
+// its metric series).
+func (s DestState) idle(now time.Time) bool {
+	_, rate := s.rateOverride(now)
+	_, conns := s.connsOverride(now)
+	return s.SuspendedUntil.IsZero() && s.RateFactor() >= 1 && s.BreakerAt(now) == BreakerClosed &&
+		!rate && !conns && !s.Recover && !s.learned()
+}
+
+// normalized fills the read-side defaults (Factor 1, Breaker closed) so
+// that callers printing a state need not know the zero conventions.
+func (s DestState) normalized() DestState {
+	s.Factor = s.RateFactor()
+	if s.Breaker == "" {
+		s.Breaker = BreakerClosed
+	}
+	return s
+}
+
+// StateKey is the KV key of a destination: the destination with every byte
+// outside [-/_.a-zA-Z0-9], and '=' itself, written as "=XX" (hex), and a
+// '.' escaped where NATS would read it as an empty token (first, last, or
+// after another '.'). Ordinary domains and group names are their own key.
+func StateKey(dest string) string {
+	var b strings.Builder
+	for i := 0; i < len(dest); i++ {
+		c := dest[i]
+		plain := c == '-' || c == '/' || c == '_' || c == '.' ||
+			'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+		if c == '.' && (i == 0 || i == len(dest)-1 || dest[i-1] == '.') {
+			plain = false
+		}
+		if plain {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "=%02X", c)
+	}
+	return b.String()
+}
+
+// DestFromKey reverses StateKey. A malformed escape is kept as written.
+func DestFromKey(key string) string {
+	if !strings.Contains(key, "=") {
+		return key
+	}
+	var b strings.Builder
+	for i := 0; i < len(key); i++ {
+		if key[i] == '=' && i+2 < len(key) {
+			if v, err := strconv.ParseUint(key[i+1:i+3], 16, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(key[i])
+	}
+	return b.String()
+}
+
+// normalizeDest lower-cases a domain and drops a trailing dot, so that
+// "Gmail.COM." and "gmail.com" share one budget.
+func normalizeDest(d string) string {
+	d = strings.TrimSuffix(strings.TrimSpace(d), ".")
+	for i := 0; i < len(d); i++ {
+		if 'A' <= d[i] && d[i] <= 'Z' {
+			return strings.ToLower(d)
+		}
+	}
+	return d
+}
+
+// decodeState parses a stored value; dest fills in a missing Dest.
+func decodeState(key string, b []byte) (DestState, error) {
+	var s DestState
+	if err := json.Unmarshal(b, &s); err != nil {
+		return DestState{Dest: DestFromKey(key)}, fmt.Errorf("dest state %q: %w", key, err)
+	}
+	if s.Dest == "" {
+		s.Dest = DestFromKey(key)
+	}
+	return s, nil
+}
+
+// updateState is one read-modify-write transition of dest's state with
+// revision CAS: fn sees the current state (zero if absent) and returns
+// false to write nothing. It retries when another writer got in between.
+// It returns the state before and after, the new revision, and whether it
+// wrote.
+func updateState(ctx context.Context, kv jetstream.KeyValue, dest, by string, fn func(s *DestState, now time.Time) bool) (before, after DestState, rev uint64, wrote bool, err error) {
+	if kv == nil {
+		return before, after, 0, false, errors.New("dest state: no KV bucket")
+	}
+	dest = normalizeDest(dest)
+	if dest == "" {
+		return before, after, 0, false, errors.New("dest state: empty destination")
+	}
+	key := StateKey(dest)
+	for try := 0; try < maxCASTries; try++ {
+		var cur DestState
+		var last uint64
+		e, err := kv.Get(ctx, key)
+		switch {
+		case err == nil:
+			last = e.Revision()
+			cur, _ = decodeState(key, e.Value()) // a corrupt value is overwritten
+		case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+			cur = DestState{Dest: dest}
+		default:
+			return before, after, 0, false, fmt.Errorf("dest state %q: get: %w", dest, err)
+		}
+		cur.Dest = dest
+		next := cur
+		now := time.Now()
+		if !fn(&next, now) {
+			return cur, cur, last, false, nil
+		}
+		next.UpdatedBy, next.UpdatedAt = by, now.UTC()
+		b, err := json.Marshal(next)
+		if err != nil {
+			return cur, cur, last, false, fmt.Errorf("dest state %q: %w", dest, err)
+		}
+		if last == 0 {
+			rev, err = kv.Create(ctx, key, b)
+		} else {
+			rev, err = kv.Update(ctx, key, b, last)
+		}
+		if err == nil {
+			return cur, next, rev, true, nil
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue // someone else wrote in between: read again
+		}
+		return cur, cur, last, false, fmt.Errorf("dest state %q: write: %w", dest, err)
+	}
+	return before, after, 0, false, fmt.Errorf("dest state %q: %d conflicting writers in a row", dest, maxCASTries)
+}
+
+// Suspend stops every worker from contacting dest until until (zero: until
+// Resume). It takes effect fleet-wide within a second. by names who asked
+// (an operator, a script); it is stored as UpdatedBy.
+func Suspend(ctx context.Context, kv jetstream.KeyValue, dest string, until time.Time, reason, by string) error {
+	if until.IsZero() {
+		until = SuspendForever
+	}
+	if !until.After(time.Now()) {
+		return fmt.Errorf("suspend %q: until %s is in the past", dest, until.Format(time.RFC3339))
+	}
+	_, _, _, _, err := updateState(ctx, kv, dest, by, func(s *DestState, _ time.Time) bool {
+		s.SuspendedUntil, s.Reason = until.UTC(), reason
+		return true
+	})
+	return err
+}
+
+// Resume lifts a suspension of dest and closes its breaker, and asks the
+// workers to release its deferred envelopes (one worker calls OnRecover).
+// Resuming a destination that is neither suspended nor broken is a no-op.
+func Resume(ctx context.Context, kv jetstream.KeyValue, dest, by string) error {
+	_, _, _, _, err := updateState(ctx, kv, dest, by, func(s *DestState, now time.Time) bool {
+		if s.SuspendedUntil.IsZero() && s.BreakerAt(now) == BreakerClosed {
+			return false
+		}
+		s.SuspendedUntil, s.Reason = time.Time{}, ""
+		s.Breaker, s.BreakerUntil = BreakerClosed, time.Time{}
+		s.Recover = true
+		return true
+	})
+	return err
+}
+
+// SetRate overrides dest's fleet rate (messages per second) until until
+// (zero: until changed again). rate 0 removes the override: the configured
+// rate applies again. The adaptive factor still multiplies an override.
+func SetRate(ctx context.Context, kv jetstream.KeyValue, dest string, rate float64, until time.Time, by string) error {
+	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
+		return fmt.Errorf("set rate %q: rate %v: want a number >= 0", dest, rate)
+	}
+	_, _, _, _, err := updateState(ctx, kv, dest, by, func(s *DestState, _ time.Time) bool {
+		if rate == 0 {
+			s.RateOverride, s.RateUntil = 0, time.Time{}
+		} else {
+			s.RateOverride, s.RateUntil = rate, until.UTC()
+		}
+		return true
+	})
+	return err
+}
+
+// SetConns overrides dest's fleet connection limit until until (zero: until
+// changed again). conns 0 removes the override.
+func SetConns(ctx context.Context, kv jetstream.KeyValue, dest string, conns int, until time.Time, by string) error {
+	if conns < 0 {
+		return fmt.Errorf("set conns %q: %d: want >= 0", dest, conns)
+	}
+	_, _, _, _, err := updateState(ctx, kv, dest, by, func(s *DestState, _ time.Time) bool {
+		if conns == 0 {
+			s.ConnsOverride, s.ConnsUntil = 0, time.Time{}
+		} else {
+			s.ConnsOverride, s.ConnsUntil = conns, until.UTC()
+		}
+		return true
+	})
+	return err
+}
+
+// Forget clears what dest has learned (its learned rate and connection
+// limit), so that its next throttle seeds them afresh from the traffic of
+// that moment. It reports whether anything was learned. Configured limits,
+// pins, the factor and suspensions are left alone.
+func Forget(ctx context.Context, kv jetstream.KeyValue, dest, by string) (bool, error) {
+	_, _, _, wrote, err := updateState(ctx, kv, dest, by, func(s *DestState, _ time.Time) bool {
+		if !forgetLearned(s) {
+			return false
+		}
+		s.LearnedReason = "forgotten by " + by
+		return true
+	})
+	return wrote, err
+}
+
+// GetState returns dest's shared state, normalized (Factor 1 and Breaker
+// "closed" when unset). A destination with no stored state has the zero
+// state and no error.
+func GetState(ctx context.Context, kv jetstream.KeyValue, dest string) (DestState, error) {
+	dest = normalizeDest(dest)
+	key := StateKey(dest)
+	e, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return DestState{Dest: dest}.normalized(), nil
+	}
+	if err != nil {
+		return DestState{}, fmt.Errorf("dest state %q: %w", dest, err)
+	}
+	s, err := decodeState(key, e.Value())
+	if err != nil {
+		return DestState{}, err
+	}
+	return s.normalized(), nil
+}
+
+// ListStates returns every destination that has shared state, sorted by
+// destination, normalized like GetState.
+func ListStates(ctx context.Context, kv jetstream.KeyValue) ([]DestState, error) {
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("dest states: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []DestState
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("dest states: %w", ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("dest states: watcher closed")
+			}
+			if e == nil { // end of the current values
+				sort.Slice(out, func(i, j int) bool { return out[i].Dest < out[j].Dest })
+				return out, nil
+			}
+			s, err := decodeState(e.Key(), e.Value())
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, s.normalized())
+		}
+	}
+}

@@ -1,0 +1,334 @@
+package throttle
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// getDest returns the live dest for a destination, creating it.
+func (t *Throttle) getDest(name string) *dest {
+	t.mu.RLock()
+	d := t.dests[name]
+	t.mu.RUnlock()
+	if d != nil {
+		return d
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if d = t.dests[name]; d != nil {
+		return d
+	}
+	d = &dest{name: name, limits: t.limitsOf(name), state: DestState{Dest: name}, lastUsed: time.Now()}
+	if len(t.rules) > 0 {
+		d.auto = make([]window, len(t.rules))
+	}
+	t.dests[name] = d
+	return d
+}
+
+// limitsOf is a destination's configured limits.
+func (t *Throttle) limitsOf(name string) Limits {
+	if l, ok := t.cfg.Overrides[name]; ok {
+		return l
+	}
+	return t.cfg.Defaults
+}
+
+// applyState follows one entry of the state bucket.
+func (t *Throttle) applyState(e jetstream.KeyValueEntry, initial bool) {
+	name := DestFromKey(e.Key())
+	d := t.getDest(name)
+	deleted := e.Operation() == jetstream.KeyValueDelete || e.Operation() == jetstream.KeyValuePurge
+	var s DestState
+	if !deleted {
+		var err error
+		if s, err = decodeState(e.Key(), e.Value()); err != nil {
+			t.log.Warn().Err(err).Str("dest", name).Msg("ignoring unreadable dest state")
+			return
+		}
+		s.Dest = name
+	}
+	d.mu.Lock()
+	if e.Revision() <= d.rev {
+		d.mu.Unlock()
+		return // already applied (this worker wrote it)
+	}
+	prev := d.state
+	d.rev = e.Revision()
+	if deleted {
+		d.state, d.hasState = DestState{Dest: name}, false
+	} else {
+		d.state, d.hasState = s, true
+	}
+	d.mu.Unlock()
+
+	t.mu.Lock()
+	if deleted {
+		delete(t.stateful, name)
+	} else {
+		t.stateful[name] = d
+	}
+	t.mu.Unlock()
+	if deleted {
+		t.m.drop(name)
+	}
+	if !initial && s.UpdatedBy != t.cfg.WorkerID {
+		now := time.Now()
+		t.log.Debug().Str("dest", name).Str("by", s.UpdatedBy).
+			Str("breaker", prev.BreakerAt(now)+"->"+s.BreakerAt(now)).
+			Float64("factor_from", prev.RateFactor()).Float64("factor_to", s.RateFactor()).
+			Bool("suspended", s.Suspended(now)).Msg("observed destination state change")
+	}
+}
+
+// applyWritten installs a state this worker just wrote, ahead of the
+// watcher's echo.
+func (t *Throttle) applyWritten(d *dest, s DestState, rev uint64) {
+	d.mu.Lock()
+	if rev > d.rev {
+		d.state, d.rev, d.hasState = s, rev, true
+	}
+	d.mu.Unlock()
+	t.mu.Lock()
+	t.stateful[d.name] = d
+	t.mu.Unlock()
+}
+
+func (t *Throttle) statefulCount() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.stateful)
+}
+
+// enqueue queues a KV transition for the writer; the caller holds d.mu and
+// has set op.flag in d.pending. A full queue drops it (logged).
+func (t *Throttle) enqueue(o op) {
+	select {
+	case t.ops <- o:
+	default:
+		o.d.pending &^= o.flag
+		t.log.Warn().Str("dest", o.d.name).Str("change", o.change).Msg("transition queue full; change kept locally only")
+	}
+}
+
+// writer runs the queued KV transitions one at a time.
+func (t *Throttle) writer() {
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case o := <-t.ops:
+			t.run(o)
+		}
+	}
+}
+
+func (t *Throttle) run(o op) {
+	defer func() {
+		if o.flag != 0 {
+			o.d.mu.Lock()
+			o.d.pending &^= o.flag
+			o.d.mu.Unlock()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(t.ctx, opTimeout)
+	defer cancel()
+	if o.forget != 0 {
+		// Only if nobody wrote since: a revision mismatch means it is in use.
+		err := t.cfg.State.Delete(ctx, StateKey(o.d.name), jetstream.LastRevision(o.forget))
+		if err == nil {
+			t.log.Debug().Str("dest", o.d.name).Msg("idle destination state deleted")
+		}
+		return
+	}
+	before, after, rev, wrote, err := updateState(ctx, t.cfg.State, o.d.name, t.cfg.WorkerID, o.fn)
+	if err != nil {
+		if t.ctx.Err() == nil {
+			t.log.Warn().Err(err).Str("dest", o.d.name).Str("change", o.change).Msg("could not write destination state; change kept locally only")
+		}
+		return
+	}
+	if !wrote {
+		return
+	}
+	t.applyWritten(o.d, after, rev)
+	t.m.transitions.WithLabelValues(o.change).Inc()
+	if o.after != nil {
+		o.after(before, after)
+	}
+}
+
+// transition logs one state change: one line per transition.
+func (t *Throttle) transition(dest, change, from, to, reason string) {
+	t.log.Info().Str("dest", dest).Str("change", change).Str("from", from).Str("to", to).
+		Str("reason", reason).Str("by", t.cfg.WorkerID).Msg("destination state changed")
+}
+
+// recovered calls OnRecover for dest on its own goroutine.
+func (t *Throttle) recovered(d *dest, s DestState, why string) {
+	rate := t.fleetRate(d.limits, s, time.Now())
+	t.log.Info().Str("dest", d.name).Str("reason", why).Float64("rate", rate).Str("by", t.cfg.WorkerID).
+		Msg("destination recovered; releasing deferred envelopes")
+	if t.cfg.OnRecover == nil {
+		return
+	}
+	t.goSafe("on-recover", func() { t.cfg.OnRecover(d.name, rate) })
+}
+
+// fleetRate is the destination's effective fleet rate: configured (or
+// overridden) times the factor; 0 = unlimited.
+//
+// In order: an operator's pin (override) times the factor; a learned rate,
+// capped by the configured one; the configured rate times the factor.
+func (t *Throttle) fleetRate(l Limits, s DestState, now time.Time) float64 {
+	if ov, ok := s.rateOverride(now); ok {
+		return ov * s.RateFactor()
+	}
+	if s.LearnedRate > 0 && !t.cfg.NoLearn {
+		if ceil := l.Rate * s.RateFactor(); l.Rate > 0 && ceil < s.LearnedRate {
+			return ceil
+		}
+		return s.LearnedRate
+	}
+	if l.Rate <= 0 {
+		return 0
+	}
+	return l.Rate * s.RateFactor()
+}
+
+// rateSource names where fleetRate's answer comes from, for dest status.
+func (t *Throttle) rateSource(l Limits, s DestState, now time.Time) string {
+	switch {
+	case func() bool { _, ok := s.rateOverride(now); return ok }():
+		return "pinned"
+	case s.LearnedRate > 0 && !t.cfg.NoLearn && (l.Rate <= 0 || s.LearnedRate <= l.Rate*s.RateFactor()):
+		return "learned"
+	case l.Rate > 0:
+		return "configured"
+	}
+	return "unlimited"
+}
+
+// fleetConns is the destination's effective fleet connection limit: an
+// operator's override, else the learned limit capped by the configured
+// one; 0 = unlimited.
+func fleetConns(l Limits, s DestState, now time.Time) int {
+	if ov, ok := s.connsOverride(now); ok {
+		return ov
+	}
+	if s.LearnedConns > 0 && (l.Conns <= 0 || s.LearnedConns < l.Conns) {
+		return s.LearnedConns
+	}
+	return l.Conns
+}
+
+// shareConns is one worker's share of a fleet connection limit.
+func shareConns(conns, live int) int {
+	if conns <= 0 {
+		return 0
+	}
+	return max(1, (conns+live-1)/live)
+}
+
+// liveCount is the number of live workers, this one included.
+func (t *Throttle) liveCount() int {
+	return max(1, int(t.live.Load()))
+}
+
+// maintain ends suspensions, fires pending recoveries, forgets dead
+// workers and idle destinations, and exports metrics.
+func (t *Throttle) maintain() {
+	tk := time.NewTicker(tickEvery)
+	defer tk.Stop()
+	lastSweep := time.Now()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case now := <-tk.C:
+			t.pruneWorkers(now)
+			t.tickStates(now)
+			if now.Sub(lastSweep) >= time.Minute {
+				lastSweep = now
+				t.groups.prune(now)
+				t.evictIdle(now)
+			}
+		}
+	}
+}
+
+// tickStates handles time-driven transitions of destinations with state.
+func (t *Throttle) tickStates(now time.Time) {
+	t.mu.RLock()
+	ds := make([]*dest, 0, len(t.stateful))
+	for _, d := range t.stateful {
+		ds = append(ds, d)
+	}
+	t.mu.RUnlock()
+	for _, d := range ds {
+		d.mu.Lock()
+		s := d.state
+		if !s.SuspendedUntil.IsZero() && !now.Before(s.SuspendedUntil) && d.pending&pendExpire == 0 {
+			d.pending |= pendExpire
+			t.enqueue(op{d: d, change: "suspension-end", flag: pendExpire,
+				fn: func(s *DestState, now time.Time) bool {
+					if s.SuspendedUntil.IsZero() || now.Before(s.SuspendedUntil) {
+						return false
+					}
+					s.SuspendedUntil, s.Reason = time.Time{}, ""
+					return true
+				},
+				after: func(b, a DestState) {
+					t.transition(d.name, "suspension", "suspended until "+b.SuspendedUntil.Format(time.RFC3339), "active", "suspension ended")
+					if a.BreakerAt(a.UpdatedAt) == BreakerClosed {
+						t.recovered(d, a, "suspension ended")
+					}
+				}})
+		}
+		if s.Recover && d.pending&pendRecover == 0 {
+			d.pending |= pendRecover
+			t.enqueue(op{d: d, change: "resume", flag: pendRecover,
+				fn: func(s *DestState, _ time.Time) bool {
+					if !s.Recover {
+						return false
+					}
+					s.Recover = false
+					return true
+				},
+				after: func(b, a DestState) {
+					if !a.Suspended(a.UpdatedAt) && a.BreakerAt(a.UpdatedAt) == BreakerClosed {
+						t.recovered(d, a, "resumed by "+b.UpdatedBy)
+					}
+				}})
+		}
+		if d.hasState && d.rev != 0 && s.idle(now) && now.Sub(s.UpdatedAt) > t.cfg.stateIdleTTL && d.pending&pendForget == 0 {
+			d.pending |= pendForget
+			t.enqueue(op{d: d, change: "forget", flag: pendForget, forget: d.rev})
+		}
+		if !t.cfg.NoLearn {
+			t.decayLearned(d, now)
+		}
+		has := d.hasState
+		d.mu.Unlock()
+		if has {
+			t.m.set(d.name, s, s.BreakerAt(now), s.Suspended(now))
+		}
+	}
+	t.m.live.Set(float64(t.liveCount()))
+}
+
+// evictIdle forgets destinations with no state and no recent use.
+func (t *Throttle) evictIdle(now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for name, d := range t.dests {
+		d.mu.Lock()
+		if !d.hasState && d.inflight == 0 && d.waiting(now) == 0 && d.pending == 0 && now.Sub(d.lastUsed) > idleEvict {
+			d.evicted = true
+			delete(t.dests, name)
+		}
+		d.mu.Unlock()
+	}
+}

@@ -1,0 +1,723 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/classify"
+)
+
+// Limits are a destination's configured limits, for the whole fleet.
+type Limits struct {
+	// Rate is the most messages per second sent to the destination by all
+	// workers together; 0 means unlimited. Each live worker takes an equal
+	// share.
+	Rate float64 `json:"rate"`
+	// Conns is the most concurrent deliveries (connections) to the
+	// destination by all workers together; 0 means unlimited. Each worker
+	// may hold ceil(Conns/live workers), at least 1.
+	Conns int `json:"conns"`
+	// MaxMsgsPerConn is the most messages the sender should deliver over
+	// one connection before opening another; 0 means no limit. The
+	// Throttle only carries it (see Throttle.LimitsOf).
+	MaxMsgsPerConn int `json:"max_msgs_per_conn"`
+}
+
+// Defaults of ThrottleConfig.
+const (
+	DefaultBreakerFailures = 10
+	DefaultBreakerCooldown = 3 * time.Second
+	DefaultMaxWait         = 2 * time.Second
+	DefaultDecreaseFactor  = 0.5
+	DefaultDecreaseFor     = 60 * time.Second
+	DefaultIncreaseStep    = 0.1
+	DefaultIncreaseEvery   = 10 * time.Second
+	DefaultMinFactor       = 0.05
+	DefaultHeartbeat       = 5 * time.Second
+	DefaultWorkerTTL       = 15 * time.Second
+)
+
+// Timings that are not worth a knob.
+const (
+	connsRetry   = time.Second            // Refusal{Reason: "conns"} comes back after this
+	tickEvery    = 200 * time.Millisecond // maintenance: expiries, dead workers, metrics
+	opTimeout    = 5 * time.Second        // one KV transition
+	idleEvict    = 10 * time.Minute       // a destination with no state and no use is forgotten
+	stateIdleTTL = time.Hour              // a shared state with nothing in force is deleted this long after its last write
+	opsBuffer    = 256                    // queued KV transitions before new ones are dropped (logged)
+	readyTimeout = 10 * time.Second       // initial load of the buckets
+
+	// maxSuspendRefusal caps the Until of a "suspended" refusal, so that
+	// envelopes of a long (or "until resumed") suspension look again
+	// hourly even if no OnRecover release comes (or the end was moved
+	// earlier by a new Suspend).
+	maxSuspendRefusal = time.Hour
+)
+
+// ThrottleConfig configures a Throttle. Zero durations and numbers take
+// the defaults named on each field.
+type ThrottleConfig struct {
+	// Defaults are the limits of every destination without an override.
+	Defaults Limits
+	// Overrides are complete limits by destination (a domain or a group
+	// name; domains lower-case, without the trailing dot). A domain with an
+	// override is never folded into a group.
+	Overrides map[string]Limits
+	// Groups are the provider groups used when GroupByMX is set; usually
+	// DefaultGroups() plus the config's own.
+	Groups []GroupRule
+	// GroupByMX makes a recipient domain's destination the group its MX
+	// hosts belong to (looked up through Resolver, cached 10 minutes; a
+	// failed lookup leaves the domain its own destination for a minute).
+	// Off: every domain is its own destination.
+	GroupByMX bool
+	// Automation rules (see AutoRule).
+	Automation []AutoRule
+
+	// BreakerFailures is the number of consecutive failed attempts (seen
+	// by one worker) that opens the destination's breaker. Default 10.
+	BreakerFailures int
+	// BreakerCooldown is how long an open breaker stays open before one
+	// probe per worker is let through. Default 30s.
+	BreakerCooldown time.Duration
+	// MaxWait is how long Admit may block for a rate token before it
+	// refuses with the token's time instead. Default 2s; negative: never
+	// block.
+	MaxWait time.Duration
+	// DecreaseFactor multiplies the rate factor on a throttled reply
+	// (multiplicative decrease). Default 0.5; must be in (0, 1).
+	DecreaseFactor float64
+	// DecreaseFor is how long a cut holds before the ramp back may begin;
+	// a worker cuts a destination at most once per DecreaseFor. Default 60s.
+	DecreaseFor time.Duration
+	// IncreaseStep is added to the factor per IncreaseEvery of success
+	// without a throttle (additive increase), up to 1. Default 0.1.
+	IncreaseStep float64
+	// IncreaseEvery is the ramp's step interval; at most one KV write per
+	// destination per interval, fleet-wide. Default 10s.
+	IncreaseEvery time.Duration
+	// MinFactor is the floor of the factor. Default 0.05.
+	MinFactor float64
+
+	// NoLearn turns learned limits off: a destination without a
+	// configured rate is then never slowed by throttles (see learn.go).
+	NoLearn bool
+	// LearnWindow is the sliding window of the fleet's delivered rate
+	// that seeds and bounds the cuts of a learned rate. Default 2s.
+	LearnWindow time.Duration
+	// LearnHold is the least time between two cuts of a learned limit,
+	// fleet-wide, and from a cut to the first step up. Default 2s.
+	LearnHold time.Duration
+	// LearnEvery is the interval of the learned limits' steps up.
+	// Default 2s.
+	LearnEvery time.Duration
+	// LearnStep is a learned rate's additive step as a fraction of the
+	// rate its last cut set (at least 0.5 msgs/s). Default 0.1.
+	LearnStep float64
+	// LearnForget is the quiet period (no throttle cut) after which
+	// learned limits are forgotten. Default 1h.
+	LearnForget time.Duration
+	// LearnMin is the floor of a learned rate, msgs/s. Default 0.1.
+	LearnMin float64
+	// TenantWeights weigh tenants' shares of a destination's rate when
+	// several have mail waiting for it; a tenant not listed weighs 1.
+	TenantWeights map[string]float64
+	// OnLearned is called, by the worker that wrote it, after each
+	// change of a destination's learned limits (seeded, cut, stepped up,
+	// forgotten), with the state after it and the change's name. It runs
+	// on the writer goroutine: keep it short (serve publishes an event).
+	OnLearned func(dest, change string, s DestState)
+
+	// WorkerID names this worker in the registry, in UpdatedBy and in
+	// logs. Default hostname-pid.
+	WorkerID string
+	// State is the shared destination state bucket (outflow_dest).
+	// Required.
+	State jetstream.KeyValue
+	// Registry is the live-worker bucket (outflow_workers, with a TTL).
+	// Nil: this worker assumes it is alone.
+	Registry jetstream.KeyValue
+	// Heartbeat is how often this worker refreshes its registry key.
+	// Default 5s.
+	Heartbeat time.Duration
+	// WorkerTTL is how long a worker counts as live after its last
+	// heartbeat. Default: the registry bucket's TTL, else 15s.
+	WorkerTTL time.Duration
+	// Resolver looks up MX records for GroupByMX. Default net.DefaultResolver.
+	Resolver MXResolver
+	// OnRecover is called, by exactly one worker of the fleet, when a
+	// destination's suspension ends (by time or by Resume) or its breaker
+	// closes, with the destination's fleet rate (messages/s, 0 =
+	// unlimited): the deferred envelopes of that destination should be
+	// released at that rate, oldest first. It runs on its own goroutine;
+	// Close waits for it, so a long release should watch its own context.
+	OnRecover func(dest string, rate float64)
+	// Logger receives one line per state transition. It is expected to
+	// carry the worker id already (serve's does), so the Throttle does not
+	// add it again. Default: disabled.
+	Logger zerolog.Logger
+	// Registerer, when set, gets the outflow_dest_* and
+	// outflow_workers_live collectors.
+	Registerer prometheus.Registerer
+
+	// stateIdleTTL replaces the package's stateIdleTTL (tests).
+	stateIdleTTL time.Duration
+}
+
+// withDefaults validates c and fills the defaults.
+func (c ThrottleConfig) withDefaults() (ThrottleConfig, error) {
+	if c.State == nil {
+		return c, errors.New("throttle: no state bucket")
+	}
+	if c.Defaults.Rate < 0 || c.Defaults.Conns < 0 || c.Defaults.MaxMsgsPerConn < 0 {
+		return c, errors.New("throttle: default limits must be >= 0")
+	}
+	ov := make(map[string]Limits, len(c.Overrides))
+	for d, l := range c.Overrides {
+		if l.Rate < 0 || l.Conns < 0 || l.MaxMsgsPerConn < 0 {
+			return c, fmt.Errorf("throttle: limits of %q must be >= 0", d)
+		}
+		ov[normalizeDest(d)] = l
+	}
+	c.Overrides = ov
+	if c.BreakerFailures <= 0 {
+		c.BreakerFailures = DefaultBreakerFailures
+	}
+	if c.BreakerCooldown <= 0 {
+		c.BreakerCooldown = DefaultBreakerCooldown
+	}
+	switch {
+	case c.MaxWait == 0:
+		c.MaxWait = DefaultMaxWait
+	case c.MaxWait < 0:
+		c.MaxWait = 0
+	}
+	if c.DecreaseFactor == 0 {
+		c.DecreaseFactor = DefaultDecreaseFactor
+	}
+	if !(c.DecreaseFactor > 0 && c.DecreaseFactor < 1) {
+		return c, fmt.Errorf("throttle: decrease factor %v: want 0 < f < 1", c.DecreaseFactor)
+	}
+	if c.DecreaseFor <= 0 {
+		c.DecreaseFor = DefaultDecreaseFor
+	}
+	if c.IncreaseStep <= 0 {
+		c.IncreaseStep = DefaultIncreaseStep
+	}
+	if c.IncreaseEvery <= 0 {
+		c.IncreaseEvery = DefaultIncreaseEvery
+	}
+	if c.MinFactor == 0 {
+		c.MinFactor = DefaultMinFactor
+	}
+	if !(c.MinFactor > 0 && c.MinFactor <= 1) {
+		return c, fmt.Errorf("throttle: min factor %v: want 0 < f <= 1", c.MinFactor)
+	}
+	if c.LearnWindow <= 0 {
+		c.LearnWindow = DefaultLearnWindow
+	}
+	if c.LearnHold <= 0 {
+		c.LearnHold = DefaultLearnHold
+	}
+	if c.LearnEvery <= 0 {
+		c.LearnEvery = DefaultLearnEvery
+	}
+	if c.LearnStep <= 0 {
+		c.LearnStep = DefaultLearnStep
+	}
+	if c.LearnForget <= 0 {
+		c.LearnForget = DefaultLearnForget
+	}
+	if c.LearnMin <= 0 {
+		c.LearnMin = DefaultLearnMin
+	}
+	for tenant, w := range c.TenantWeights {
+		if !(w > 0) || math.IsInf(w, 0) {
+			return c, fmt.Errorf("throttle: tenant %q: weight %v: want > 0", tenant, w)
+		}
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.stateIdleTTL <= 0 {
+		c.stateIdleTTL = stateIdleTTL
+	}
+	if c.WorkerID == "" {
+		h, _ := os.Hostname()
+		c.WorkerID = h + "-" + strconv.Itoa(os.Getpid())
+	}
+	return c, nil
+}
+
+// Throttle is the fleet-coordinated Gate: per-destination limits, shared
+// state (suspensions, rate factors, breakers, overrides) watched in the
+// outflow_dest bucket, each live worker's share of the rate (workers
+// register in outflow_workers), adaptive rate, circuit breakers and
+// automation rules. The hot path (Admit, Done) touches only memory; the
+// KV is written on transitions only. Create it with NewThrottle and stop
+// it with Close.
+type Throttle struct {
+	cfg    ThrottleConfig
+	rules  []autoRule
+	groups *grouper
+	log    zerolog.Logger
+	m      *throttleMetrics
+
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	ops     chan op
+	regKey  string
+	started time.Time // for the registry record
+	once    sync.Once
+
+	mu       sync.RWMutex
+	dests    map[string]*dest
+	stateful map[string]*dest // destinations with stored state
+
+	wmu       sync.Mutex
+	workers   map[string]time.Time    // registry key -> last seen
+	peers     map[string]workerRecord // registry key -> its last record
+	live      atomic.Int64
+	workerTTL time.Duration
+}
+
+var _ Gate = (*Throttle)(nil)
+
+// Pending KV transitions of a dest (bits of dest.pending), so that a burst
+// of results queues one write, not one per message.
+const (
+	pendRamp uint8 = 1 << iota
+	pendExpire
+	pendRecover
+	pendBreaker
+	pendCut
+	pendForget
+	pendLearn     // a learned-rate change
+	pendLearnConn // a learned-connections change
+)
+
+// dest is one destination's in-memory state on this worker.
+type dest struct {
+	name   string
+	limits Limits // configured
+
+	mu       sync.Mutex
+	state    DestState // shared state as last seen (or as this worker just wrote)
+	rev      uint64    // its KV revision
+	hasState bool
+	evicted  bool
+
+	bucket bucket
+	// vq is the destination's virtual queue of envelopes deferred for its
+	// rate, one end per tenant with mail waiting: the next envelope of a
+	// tenant is told to come back at its tenant's end, which then moves on
+	// by one interval of that tenant's share of the fleet rate (see slot).
+	vq       map[string]vqTail
+	park     parking
+	tenants  map[string]time.Time // tenant -> last asked for admission
+	inflight int
+	probing  bool // a half-open probe is out
+	failures int  // consecutive failed attempts
+	lastCut  time.Time
+	lastThr  time.Time // last throttled reply
+	lastUsed time.Time
+	pending  uint8
+	auto     []window // by rule index
+
+	// Learning (learn.go).
+	delivered   rateWindow // this worker's deliveries, for the seed
+	lastLimited time.Time  // the rate last made an attempt wait or refused it
+	lastConnLim time.Time  // the connection limit last refused an attempt
+	lastConnThr time.Time  // last "too many connections" reply
+}
+
+// op is one KV transition, run by the writer goroutine.
+type op struct {
+	d      *dest
+	forget uint64 // when set: delete the state if still at this revision
+	change string // "suspend", "factor-cut", "breaker-open", …
+	flag   uint8  // pending bit to clear afterwards
+	fn     func(s *DestState, now time.Time) bool
+	after  func(before, after DestState) // on a successful write
+}
+
+// NewThrottle loads the shared state and the live workers, registers this
+// worker, and starts watching both buckets. ctx bounds the Throttle's
+// life as Close does.
+func NewThrottle(ctx context.Context, cfg ThrottleConfig) (*Throttle, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	rules, err := compileAutoRules(cfg.Automation)
+	if err != nil {
+		return nil, fmt.Errorf("throttle: %w", err)
+	}
+	t := &Throttle{
+		cfg:      cfg,
+		rules:    rules,
+		groups:   newGrouper(cfg.GroupByMX, cfg.Groups, cfg.Overrides, cfg.Resolver),
+		log:      cfg.Logger.With().Str("component", "throttle").Logger(),
+		m:        newThrottleMetrics(cfg.Registerer),
+		ops:      make(chan op, opsBuffer),
+		regKey:   StateKey(cfg.WorkerID),
+		started:  time.Now().UTC(),
+		dests:    map[string]*dest{},
+		stateful: map[string]*dest{},
+		workers:  map[string]time.Time{},
+		peers:    map[string]workerRecord{},
+	}
+	t.live.Store(1)
+	t.ctx, t.cancel = context.WithCancel(ctx)
+	if err := t.start(ctx); err != nil {
+		t.shutdown(false)
+		return nil, err
+	}
+	return t, nil
+}
+
+func (t *Throttle) start(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+
+	sw, err := t.cfg.State.WatchAll(t.ctx)
+	if err != nil {
+		return fmt.Errorf("throttle: watch dest state: %w", err)
+	}
+	ready := make(chan struct{})
+	t.goSafe("state-watch", func() { t.watch(sw, ready, t.applyState) })
+	if err := waitReady(lctx, ready); err != nil {
+		return fmt.Errorf("throttle: load dest state: %w", err)
+	}
+
+	if reg := t.cfg.Registry; reg != nil {
+		t.workerTTL = t.cfg.WorkerTTL
+		if t.workerTTL <= 0 {
+			t.workerTTL = DefaultWorkerTTL
+			if st, err := reg.Status(lctx); err == nil && st.TTL() > 0 {
+				t.workerTTL = st.TTL()
+			}
+		}
+		if err := t.heartbeat(lctx); err != nil {
+			return err
+		}
+		rw, err := reg.WatchAll(t.ctx)
+		if err != nil {
+			return fmt.Errorf("throttle: watch workers: %w", err)
+		}
+		ready := make(chan struct{})
+		t.goSafe("registry-watch", func() { t.watch(rw, ready, t.applyWorker) })
+		if err := waitReady(lctx, ready); err != nil {
+			return fmt.Errorf("throttle: load workers: %w", err)
+		}
+		t.goSafe("heartbeat", t.heartbeatLoop)
+	}
+	t.goSafe("writer", t.writer)
+	t.goSafe("maintenance", t.maintain)
+	t.log.Info().Int64("workers_live", t.live.Load()).Int("dests_with_state", t.statefulCount()).Msg("throttle started")
+	return nil
+}
+
+func waitReady(ctx context.Context, ready <-chan struct{}) error {
+	select {
+	case <-ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close deregisters this worker (its share goes to the others at once) and
+// stops the watchers and background goroutines. It waits for OnRecover
+// calls in progress. Safe to call more than once.
+func (t *Throttle) Close() error {
+	return t.shutdown(true)
+}
+
+// shutdown stops everything; deregister deletes the registry key (a crash
+// leaves it to expire instead).
+func (t *Throttle) shutdown(deregister bool) error {
+	var err error
+	t.once.Do(func() {
+		t.cancel()
+		t.wg.Wait()
+		if deregister && t.cfg.Registry != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if e := t.cfg.Registry.Delete(ctx, t.regKey); e != nil && !errors.Is(e, jetstream.ErrKeyNotFound) {
+				err = fmt.Errorf("throttle: deregister %q: %w", t.cfg.WorkerID, e)
+			}
+		}
+		t.m.unregister()
+		t.log.Info().Msg("throttle stopped")
+	})
+	return err
+}
+
+// goSafe runs fn on an owned goroutine: Close waits for it, and a panic is
+// recovered, logged and counted.
+func (t *Throttle) goSafe(name string, fn func()) {
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		defer func() {
+			if r := recover(); r != nil {
+				t.m.panics.Inc()
+				t.log.Error().Str("goroutine", name).Interface("panic", r).Bytes("stack", debug.Stack()).Msg("throttle goroutine panicked")
+			}
+		}()
+		fn()
+	}()
+}
+
+// watch feeds a KV watcher's entries to apply; ready is closed after the
+// initial values.
+func (t *Throttle) watch(w jetstream.KeyWatcher, ready chan struct{}, apply func(jetstream.KeyValueEntry, bool)) {
+	defer func() { _ = w.Stop() }()
+	initial := true
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				if t.ctx.Err() == nil {
+					t.log.Error().Msg("KV watcher closed; shared state is no longer followed")
+				}
+				return
+			}
+			if e == nil {
+				if initial {
+					initial = false
+					close(ready)
+				}
+				continue
+			}
+			apply(e, initial)
+		}
+	}
+}
+
+// Group maps a recipient domain to its destination: the domain, or with
+// GroupByMX the provider group of its MX hosts.
+func (t *Throttle) Group(domain string) string {
+	return t.groups.group(t.ctx, domain)
+}
+
+// Admit decides whether an attempt to domain's destination may start now.
+// In order: a suspension refuses ("suspended", until its end, at most an
+// hour ahead); an open breaker refuses ("breaker-open", until the cooling
+// period ends); a half-open breaker lets one probe per worker through and
+// refuses the rest ("breaker-half-open", for a cooling period); the
+// connection share refuses ("conns", for a second); and the rate share
+// either grants (after waiting up to MaxWait for its token) or refuses
+// with the time of the token it reserved ("rate"), so deferred envelopes
+// come back spaced at the rate. A context cancelled while waiting refuses
+// with "canceled".
+func (t *Throttle) Admit(ctx context.Context, domain string) (Permit, Refusal) {
+	return t.AdmitTenant(ctx, domain, "")
+}
+
+// AdmitTenant is Admit for one tenant's envelope: a "rate" refusal gives
+// it a place in its tenant's share of the destination's virtual queue, so
+// that one tenant's backlog does not push another tenant's mail back
+// (see slot).
+func (t *Throttle) AdmitTenant(ctx context.Context, domain, tenant string) (Permit, Refusal) {
+	name := t.Group(domain)
+	for {
+		d := t.getDest(name)
+		p, r, again := t.admit(ctx, d, tenant)
+		if !again {
+			return p, r
+		}
+	}
+}
+
+func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, Refusal, bool) {
+	now := time.Now()
+	live := t.liveCount()
+	d.mu.Lock()
+	if d.evicted {
+		d.mu.Unlock()
+		return nil, Refusal{}, true
+	}
+	d.lastUsed = now
+	d.seen(tenant, now)
+	st := &d.state
+	if st.Suspended(now) {
+		until := st.SuspendedUntil
+		if cap := now.Add(maxSuspendRefusal); until.After(cap) {
+			until = cap // look again now and then: the suspension may be shortened
+		}
+		d.mu.Unlock()
+		return nil, Refusal{Until: until, Reason: "suspended"}, false
+	}
+	probe := false
+	switch st.BreakerAt(now) {
+	case BreakerOpen:
+		until := st.BreakerUntil
+		d.mu.Unlock()
+		return nil, Refusal{Until: until, Reason: "breaker-open"}, false
+	case BreakerHalfOpen:
+		if d.probing {
+			d.mu.Unlock()
+			return nil, Refusal{Until: now.Add(t.cfg.BreakerCooldown), Reason: "breaker-half-open"}, false
+		}
+		d.probing, probe = true, true
+	}
+	if c := shareConns(fleetConns(d.limits, *st, now), live); c > 0 && d.inflight >= c {
+		d.lastConnLim = now
+		d.probing = d.probing && !probe
+		d.mu.Unlock()
+		return nil, Refusal{Until: now.Add(connsRetry), Reason: "conns"}, false
+	}
+	var at time.Time
+	if fleet := t.fleetRate(d.limits, *st, now); fleet > 0 {
+		d.bucket.setRate(now, fleet/float64(live))
+		at = d.bucket.reserve(now)
+		if at.After(now) {
+			d.lastLimited = at // the rate holds this attempt back until then
+		}
+		// A tenant with a backlog in the virtual queue does not hold a
+		// delivery slot and a reservation waiting for a token while another
+		// tenant sends to the destination: its envelope takes its own
+		// tenant's next place at once, and the tokens go to whoever is
+		// within its share (see fairShare).
+		if at.Sub(now) > t.cfg.MaxWait || at.After(now) && d.overShare(tenant, now) {
+			// Too long to wait here. The refused envelope goes back to a
+			// lane and may return to any worker, so this worker keeps no
+			// token for it: it hands the token back and gives the envelope
+			// a place in the destination's virtual queue, spaced at the
+			// fleet rate. A backlog then returns at the pace the whole
+			// fleet can send, whichever worker refused it; each return
+			// still takes a real token from the worker that admits it.
+			d.bucket.refund()
+			until := d.slot(tenant, at, now, fleet, t.weight, t.horizon(d, now))
+			d.probing = d.probing && !probe
+			d.mu.Unlock()
+			return nil, Refusal{Until: until, Reason: "rate"}, false
+		}
+	}
+	d.inflight++
+	d.mu.Unlock()
+
+	if wait := time.Until(at); wait > 0 {
+		tm := time.NewTimer(wait)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			d.mu.Lock()
+			d.inflight--
+			if probe {
+				d.probing = false
+			}
+			d.bucket.refund() // the token was not used
+			d.mu.Unlock()
+			return nil, Refusal{Until: time.Now(), Reason: "canceled"}, false
+		}
+	}
+	return &permit{t: t, d: d, probe: probe}, Refusal{}, false
+}
+
+// permit is one admitted attempt.
+type permit struct {
+	t     *Throttle
+	d     *dest
+	probe bool
+	done  atomic.Bool
+}
+
+// Done records the attempt's outcome: in-flight, breaker, adaptive rate
+// and automation. Only the first call counts.
+func (p *permit) Done(results []classify.Result) {
+	if !p.done.CompareAndSwap(false, true) {
+		return
+	}
+	p.t.done(p.d, p.probe, results)
+}
+
+// done is Permit.Done: memory only, plus at most a queued KV transition.
+func (t *Throttle) done(d *dest, probe bool, results []classify.Result) {
+	now := time.Now()
+	o := outcomeOf(results)
+	var fired []int
+	for i := range t.rules {
+		for j := range results {
+			if t.rules[i].match(results[j]) {
+				fired = append(fired, i)
+				break // one match per attempt
+			}
+		}
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.inflight--
+	if probe {
+		d.probing = false
+	}
+	cfg := &t.cfg
+
+	// Circuit breaker.
+	switch {
+	case o.failed:
+		d.failures++
+		br := d.state.BreakerAt(now)
+		if (br == BreakerClosed && d.failures >= cfg.BreakerFailures) || (br == BreakerHalfOpen && probe) {
+			t.openBreaker(d, now, br)
+		}
+	case o.reached:
+		d.failures = 0
+		if probe && d.state.BreakerAt(now) == BreakerHalfOpen {
+			t.closeBreaker(d, now)
+		}
+	}
+
+	// Adaptive rate: the factor below a configured (or pinned) rate, a
+	// learned rate where none is configured (learn.go).
+	if o.delivered {
+		d.delivered.add(now, 1, cfg.LearnWindow)
+	}
+	if o.connThrottled {
+		d.lastConnThr = now
+		t.cutLearnedConns(d, now, o.connWhy)
+	}
+	if o.throttled {
+		d.lastThr = now
+		if learnsRate(!cfg.NoLearn, d.limits, d.state, now) {
+			t.cutLearnedRate(d, now, o.why)
+		} else if d.lastCut.IsZero() || now.Sub(d.lastCut) >= cfg.DecreaseFor {
+			d.lastCut = now
+			t.cutFactor(d, now)
+		}
+	} else if o.delivered {
+		if d.pending&pendRamp == 0 && d.state.RateFactor() < 1 &&
+			!now.Before(d.state.FactorUntil) && now.Sub(d.lastThr) >= cfg.IncreaseEvery {
+			t.rampFactor(d)
+		}
+		t.raiseLearned(d, now)
+	}
+
+	// Automation.
+	for _, i := range fired {
+		r := &t.rules[i]
+		if d.auto[i].add(now, r.Threshold, r.Window) {
+			d.auto[i].activeUntil = now.Add(r.For)
+			t.automate(d, r, now)
+		}
+	}
+}

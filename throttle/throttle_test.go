@@ -1,0 +1,718 @@
+package throttle
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/outflow/outflow/classify"
+)
+
+// kvEnv is an embedded JetStream server with the two buckets, as `serve`
+// creates them.
+type kvEnv struct {
+	js       jetstream.JetStream
+	state    jetstream.KeyValue
+	registry jetstream.KeyValue
+}
+
+func startKV(t testing.TB) *kvEnv {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), Port: -1, Host: "127.0.0.1", NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	state, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "outflow_dest", History: 5, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "outflow_workers", TTL: 15 * time.Second, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kvEnv{js: js, state: state, registry: reg}
+}
+
+// newThrottle starts a worker on env; mod adjusts its config.
+func newThrottle(t testing.TB, env *kvEnv, id string, mod func(*ThrottleConfig)) *Throttle {
+	t.Helper()
+	cfg := ThrottleConfig{WorkerID: id, State: env.state, Registry: env.registry}
+	if mod != nil {
+		mod(&cfg)
+	}
+	th, err := NewThrottle(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("NewThrottle(%s): %v", id, err)
+	}
+	t.Cleanup(func() {
+		if err := th.Close(); err != nil {
+			t.Errorf("close %s: %v", id, err)
+		}
+	})
+	return th
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	poll := time.NewTicker(2 * time.Millisecond)
+	defer poll.Stop()
+	for !cond() {
+		select {
+		case <-deadline.C:
+			t.Fatalf("not within %s: %s", within, what)
+		case <-poll.C:
+		}
+	}
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var (
+	resDelivered = classify.Result{Class: classify.Delivered, Scope: classify.ScopeRecipient, Rule: "accepted", Code: 250}
+	resThrottled = classify.Result{Class: classify.Throttled, Scope: classify.ScopeDestination, Rule: "rate-signal", Code: 421, Enhanced: "4.7.0", Text: "Try again later, too many messages"}
+	resConnFail  = classify.Result{Class: classify.Transient, Scope: classify.ScopeConnection, Rule: "no-rule", Text: "conn-refused"}
+	resLocal     = classify.Result{Class: classify.Transient, Scope: classify.ScopeDestination, Rule: "local", Text: "destination suspended: 4.7.0 too many messages"}
+)
+
+// mustAdmit admits or fails the test.
+func mustAdmit(t testing.TB, th *Throttle, domain string) Permit {
+	t.Helper()
+	p, r := th.Admit(ctxT(t), domain)
+	if p == nil {
+		t.Fatalf("%s: Admit(%s) refused: %+v", th.cfg.WorkerID, domain, r)
+	}
+	return p
+}
+
+func attempt(t testing.TB, th *Throttle, domain string, res ...classify.Result) {
+	t.Helper()
+	mustAdmit(t, th, domain).Done(res)
+}
+
+func waitLive(t testing.TB, n int, ths ...*Throttle) {
+	t.Helper()
+	for _, th := range ths {
+		eventually(t, 5*time.Second, "live workers", func() bool { return th.Live() == n })
+	}
+}
+
+func TestThrottleSeenByOneSlowsEveryWorker(t *testing.T) {
+	env := startKV(t)
+	reg := prometheus.NewRegistry()
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 100; c.Registerer = reg })
+	b := newThrottle(t, env, "b", func(c *ThrottleConfig) { c.Defaults.Rate = 100 })
+	waitLive(t, 2, a, b)
+	if got := b.Snapshot("example.com"); got.FleetRate != 100 || got.WorkerRate != 50 {
+		t.Fatalf("before: fleet %v worker %v, want 100 and 50", got.FleetRate, got.WorkerRate)
+	}
+
+	attempt(t, a, "example.com", resThrottled)
+	if got := a.Snapshot("example.com").FleetRate; got != 50 {
+		t.Fatalf("A's own rate after its throttle = %v, want 50 at once", got)
+	}
+	start := time.Now()
+	eventually(t, time.Second, "B follows A's cut within 1s", func() bool {
+		s := b.Snapshot("example.com")
+		return s.FleetRate == 50 && s.WorkerRate == 25
+	})
+	t.Logf("B saw the cut after %s", time.Since(start))
+
+	// A second throttle within DecreaseFor does not cut again.
+	attempt(t, a, "example.com", resThrottled)
+	attempt(t, b, "example.com", resThrottled) // B saw 0.5 already: its cut is from 0.5
+	eventually(t, 5*time.Second, "one more cut fleet-wide", func() bool {
+		st, err := GetState(ctxT(t), env.state, "example.com")
+		return err == nil && st.Factor == 0.25
+	})
+	eventually(t, 5*time.Second, "metric", func() bool {
+		return metricValue(t, a.m.factor.WithLabelValues("example.com")) == 0.25
+	})
+}
+
+func TestConcurrentCutsDoNotCompound(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 100 })
+	b := newThrottle(t, env, "b", func(c *ThrottleConfig) { c.Defaults.Rate = 100 })
+	waitLive(t, 2, a, b)
+	// Both see the same overload before either sees the other's cut.
+	pa, pb := mustAdmit(t, a, "x.test"), mustAdmit(t, b, "x.test")
+	pa.Done([]classify.Result{resThrottled})
+	pb.Done([]classify.Result{resThrottled})
+	for _, th := range []*Throttle{a, b} {
+		eventually(t, 2*time.Second, "both settle on one cut", func() bool { return th.Snapshot("x.test").Factor == 0.5 })
+	}
+}
+
+func TestSuspendAndResumeFromOutside(t *testing.T) {
+	env := startKV(t)
+	var recovered atomic.Int32
+	onRecover := func(dest string, rate float64) {
+		if dest == "example.com" && rate == 10 {
+			recovered.Add(1)
+		}
+	}
+	mod := func(c *ThrottleConfig) { c.Defaults.Rate = 10; c.OnRecover = onRecover }
+	a := newThrottle(t, env, "a", mod)
+	b := newThrottle(t, env, "b", mod)
+	until := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	if err := Suspend(ctxT(t), env.state, "Example.COM", until, "maintenance", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	for _, th := range []*Throttle{a, b} {
+		eventually(t, 5*time.Second, "suspension seen", func() bool {
+			p, r := th.Admit(ctxT(t), "example.com")
+			if p != nil {
+				p.Done(nil)
+				return false
+			}
+			return r.Reason == "suspended" && r.Until.Equal(until)
+		})
+	}
+	st, err := GetState(ctxT(t), env.state, "example.com")
+	if err != nil || st.Reason != "maintenance" || st.UpdatedBy != "ops" || !st.SuspendedUntil.Equal(until) {
+		t.Fatalf("state = %+v, %v", st, err)
+	}
+
+	if err := Resume(ctxT(t), env.state, "example.com", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	for _, th := range []*Throttle{a, b} {
+		eventually(t, 5*time.Second, "resume seen", func() bool {
+			p, _ := th.Admit(ctxT(t), "example.com")
+			if p != nil {
+				p.Done([]classify.Result{resDelivered})
+			}
+			return p != nil
+		})
+	}
+	eventually(t, 2*time.Second, "OnRecover fired", func() bool { return recovered.Load() >= 1 })
+	eventually(t, 2*time.Second, "recover flag cleared everywhere", func() bool {
+		st, err := GetState(ctxT(t), env.state, "example.com")
+		return err == nil && !st.Recover && !a.Snapshot("example.com").State.Recover && !b.Snapshot("example.com").State.Recover
+	})
+	if n := recovered.Load(); n != 1 {
+		t.Fatalf("OnRecover fired %d times, want once", n)
+	}
+}
+
+func TestSuspensionEndsByTimeAndRecoversOnce(t *testing.T) {
+	env := startKV(t)
+	var recovered atomic.Int32
+	mod := func(c *ThrottleConfig) { c.OnRecover = func(string, float64) { recovered.Add(1) } }
+	a := newThrottle(t, env, "a", mod)
+	b := newThrottle(t, env, "b", mod)
+	if err := Suspend(ctxT(t), env.state, "short.test", time.Now().Add(300*time.Millisecond), "test", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "suspended", func() bool { return a.Snapshot("short.test").Suspended })
+	eventually(t, 3*time.Second, "suspension cleared in KV", func() bool {
+		st, err := GetState(ctxT(t), env.state, "short.test")
+		return err == nil && st.SuspendedUntil.IsZero()
+	})
+	eventually(t, 2*time.Second, "OnRecover", func() bool { return recovered.Load() == 1 })
+	attempt(t, a, "short.test", resDelivered)
+	attempt(t, b, "short.test", resDelivered)
+	eventually(t, 5*time.Second, "both see the end", func() bool {
+		return a.Snapshot("short.test").State.SuspendedUntil.IsZero() && b.Snapshot("short.test").State.SuspendedUntil.IsZero()
+	})
+	if n := recovered.Load(); n != 1 {
+		t.Fatalf("OnRecover fired %d times, want once", n)
+	}
+}
+
+func TestWorkerShareFollowsRegistry(t *testing.T) {
+	env := startKV(t)
+	mod := func(c *ThrottleConfig) {
+		c.Defaults = Limits{Rate: 100, Conns: 3}
+		c.Heartbeat = 100 * time.Millisecond
+		c.WorkerTTL = 600 * time.Millisecond
+	}
+	a := newThrottle(t, env, "a", mod)
+	if s := a.Snapshot("x.test"); s.LiveWorkers != 1 || s.WorkerRate != 100 || s.WorkerConns != 3 {
+		t.Fatalf("alone: %+v", s)
+	}
+	b := newThrottle(t, env, "b", mod)
+	waitLive(t, 2, a, b)
+	if s := a.Snapshot("x.test"); s.WorkerRate != 50 || s.Share != 0.5 || s.WorkerConns != 2 {
+		t.Fatalf("two workers: %+v", s)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "share back after a clean stop", func() bool { return a.Snapshot("x.test").WorkerRate == 100 })
+
+	// A crash leaves the key behind: the worker is dropped when its
+	// heartbeat is older than WorkerTTL.
+	c := newThrottle(t, env, "c", mod)
+	waitLive(t, 2, a)
+	_ = c.shutdown(false)
+	eventually(t, 3*time.Second, "share back after a crash", func() bool { return a.Live() == 1 })
+}
+
+func TestConnsShare(t *testing.T) {
+	env := startKV(t)
+	mod := func(c *ThrottleConfig) { c.Defaults.Conns = 2 }
+	a := newThrottle(t, env, "a", mod)
+	b := newThrottle(t, env, "b", mod)
+	waitLive(t, 2, a, b)
+	p := mustAdmit(t, a, "c.test")
+	if q, r := a.Admit(ctxT(t), "c.test"); q != nil || r.Reason != "conns" {
+		t.Fatalf("second connection on A: %v %+v, want refused for conns", q, r)
+	}
+	attempt(t, b, "c.test", resDelivered) // B has its own share
+	p.Done([]classify.Result{resDelivered})
+	attempt(t, a, "c.test", resDelivered)
+	if n := a.Snapshot("c.test").InFlight; n != 0 {
+		t.Fatalf("in flight = %d after Done", n)
+	}
+
+	if err := SetConns(ctxT(t), env.state, "c.test", 4, time.Now().Add(time.Hour), "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "conns override", func() bool { return a.Snapshot("c.test").WorkerConns == 2 })
+}
+
+func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
+	env := startKV(t)
+	var recovered atomic.Int32
+	mod := func(c *ThrottleConfig) {
+		c.BreakerFailures = 3
+		c.BreakerCooldown = 300 * time.Millisecond
+		c.Defaults.Rate = 1000
+		c.OnRecover = func(dest string, rate float64) {
+			if dest == "down.test" && rate == 1000 {
+				recovered.Add(1)
+			}
+		}
+	}
+	a := newThrottle(t, env, "a", mod)
+	b := newThrottle(t, env, "b", mod)
+
+	// outflow's own signals never count.
+	for range 10 {
+		attempt(t, a, "down.test", resLocal)
+	}
+	for range 2 {
+		attempt(t, a, "down.test", resConnFail)
+	}
+	attempt(t, a, "down.test", resDelivered) // an answer resets the run
+	for range 2 {
+		attempt(t, a, "down.test", resConnFail)
+	}
+	if s := a.Snapshot("down.test"); s.Breaker != BreakerClosed {
+		t.Fatalf("breaker %s before the third consecutive failure", s.Breaker)
+	}
+	attempt(t, a, "down.test", resConnFail)
+	if p, r := a.Admit(ctxT(t), "down.test"); p != nil || r.Reason != "breaker-open" {
+		t.Fatalf("after 3 failures: %v %+v, want breaker-open", p, r)
+	}
+	eventually(t, 5*time.Second, "B sees the open breaker", func() bool {
+		p, r := b.Admit(ctxT(t), "down.test")
+		if p != nil {
+			p.Done(nil)
+		}
+		return p == nil && r.Reason == "breaker-open"
+	})
+
+	// After the cooling period, one probe per worker.
+	var probeA Permit
+	eventually(t, 2*time.Second, "half-open", func() bool {
+		probeA, _ = a.Admit(ctxT(t), "down.test")
+		return probeA != nil
+	})
+	if p, r := a.Admit(ctxT(t), "down.test"); p != nil || r.Reason != "breaker-half-open" {
+		t.Fatalf("second attempt while probing: %v %+v", p, r)
+	}
+	probeB := mustAdmit(t, b, "down.test")
+	if s := b.Snapshot("down.test"); s.Breaker != BreakerHalfOpen {
+		t.Fatalf("B breaker = %s, want half-open", s.Breaker)
+	}
+
+	probeA.Done([]classify.Result{resDelivered})
+	if s := a.Snapshot("down.test"); s.Breaker != BreakerClosed {
+		t.Fatalf("A breaker = %s after a good probe", s.Breaker)
+	}
+	eventually(t, 5*time.Second, "B sees the close", func() bool { return b.Snapshot("down.test").Breaker == BreakerClosed })
+	attempt(t, b, "down.test", resDelivered) // B admits again though its probe is out
+	probeB.Done([]classify.Result{resDelivered})
+	eventually(t, 2*time.Second, "OnRecover", func() bool { return recovered.Load() >= 1 })
+	st, err := GetState(ctxT(t), env.state, "down.test")
+	if err != nil || st.Breaker != BreakerClosed || st.UpdatedBy != "a" {
+		t.Fatalf("state %+v %v", st, err)
+	}
+	if n := recovered.Load(); n != 1 {
+		t.Fatalf("OnRecover fired %d times, want once", n)
+	}
+}
+
+func TestBreakerProbeFailureReopens(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.BreakerFailures = 1; c.BreakerCooldown = 200 * time.Millisecond })
+	attempt(t, a, "down.test", resConnFail)
+	var probe Permit
+	eventually(t, 2*time.Second, "half-open", func() bool {
+		probe, _ = a.Admit(ctxT(t), "down.test")
+		return probe != nil
+	})
+	probe.Done([]classify.Result{resConnFail})
+	if p, r := a.Admit(ctxT(t), "down.test"); p != nil || r.Reason != "breaker-open" || time.Until(r.Until) < 100*time.Millisecond {
+		t.Fatalf("after a failed probe: %v %+v", p, r)
+	}
+}
+
+func TestAutomationSuspendsAndIgnoresLocalSignals(t *testing.T) {
+	env := startKV(t)
+	rule := AutoRule{Name: "too-many", Pattern: `4\.7\.0 .*too many`, Threshold: 3, Window: time.Minute, Action: ActionSuspend, For: time.Hour}
+	mod := func(c *ThrottleConfig) { c.Automation = []AutoRule{rule}; c.DecreaseFor = time.Hour }
+	a := newThrottle(t, env, "a", mod)
+	b := newThrottle(t, env, "b", mod)
+
+	// Local signals that match the pattern never count.
+	for range 10 {
+		attempt(t, a, "local.test", resLocal)
+	}
+	// Nor does a breaker or suspension refusal logged as local-<reason>.
+	for range 5 {
+		attempt(t, a, "local.test", classify.Result{Class: classify.Transient, Rule: "local-suspended", Text: "4.7.0 too many"})
+	}
+	if s := a.Snapshot("local.test"); s.Suspended {
+		t.Fatal("local signals suspended the destination")
+	}
+
+	attempt(t, a, "auto.test", resThrottled)
+	attempt(t, a, "auto.test", resThrottled, resThrottled, resThrottled) // one attempt counts once
+	if s := a.Snapshot("auto.test"); s.Suspended {
+		t.Fatal("suspended after 2 matching attempts, threshold is 3")
+	}
+	attempt(t, a, "auto.test", resThrottled)
+	if p, r := a.Admit(ctxT(t), "auto.test"); p != nil || r.Reason != "suspended" {
+		t.Fatalf("A after 3 matches: %v %+v", p, r)
+	}
+	eventually(t, 5*time.Second, "B suspended too", func() bool {
+		p, r := b.Admit(ctxT(t), "auto.test")
+		if p != nil {
+			p.Done(nil)
+		}
+		return p == nil && r.Reason == "suspended"
+	})
+	st, err := GetState(ctxT(t), env.state, "auto.test")
+	if err != nil || st.Reason != "automation: too-many" || time.Until(st.SuspendedUntil) < 59*time.Minute {
+		t.Fatalf("state %+v %v", st, err)
+	}
+	if _, err := GetState(ctxT(t), env.state, "local.test"); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := env.state.Get(ctxT(t), StateKey("local.test")); err == nil {
+		t.Fatalf("local signals wrote state: %s", e.Value())
+	}
+}
+
+func TestAutomationRateAction(t *testing.T) {
+	env := startKV(t)
+	rule := AutoRule{Name: "slow", Rule: "rate-", Class: "throttled", Threshold: 2, Window: time.Minute, Action: ActionRate, Value: 2, For: time.Hour}
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+		c.Automation = []AutoRule{rule}
+		c.Defaults.Rate = 100
+		c.DecreaseFor = time.Hour
+	})
+	attempt(t, a, "r.test", resThrottled) // cut: 50
+	attempt(t, a, "r.test", resThrottled) // rule fires: override 2 × factor 0.5
+	eventually(t, 5*time.Second, "override applied", func() bool {
+		st, err := GetState(ctxT(t), env.state, "r.test")
+		return err == nil && st.RateOverride == 2 && a.Snapshot("r.test").FleetRate == 1
+	})
+}
+
+func TestAdaptiveRateRampsBack(t *testing.T) {
+	env := startKV(t)
+	reg := prometheus.NewRegistry()
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+		c.Defaults.Rate = 1000
+		c.DecreaseFor = 150 * time.Millisecond
+		c.IncreaseEvery = 50 * time.Millisecond
+		c.IncreaseStep = 0.25
+		c.Registerer = reg
+	})
+	attempt(t, a, "ramp.test", resThrottled)
+	if f := a.Snapshot("ramp.test").Factor; f != 0.5 {
+		t.Fatalf("factor %v after a throttle", f)
+	}
+	attempt(t, a, "ramp.test", resDelivered)
+	if f := a.Snapshot("ramp.test").Factor; f != 0.5 {
+		t.Fatalf("factor %v: ramped before DecreaseFor", f)
+	}
+	eventually(t, 5*time.Second, "ramped back to 1", func() bool {
+		attempt(t, a, "ramp.test", resDelivered)
+		return a.Snapshot("ramp.test").Factor == 1
+	})
+	for range 50 {
+		attempt(t, a, "ramp.test", resDelivered)
+	}
+	if n := metricValue(t, a.m.transitions.WithLabelValues("factor-ramp")); n != 2 {
+		t.Fatalf("%v ramp writes, want 2 (0.5 -> 0.75 -> 1)", n)
+	}
+	if n := metricValue(t, a.m.transitions.WithLabelValues("factor-cut")); n != 1 {
+		t.Fatalf("%v cut writes, want 1", n)
+	}
+}
+
+func TestSetRateFromOutside(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 10 })
+	if err := SetRate(ctxT(t), env.state, "s.test", 40, time.Now().Add(time.Hour), "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "override", func() bool { return a.Snapshot("s.test").FleetRate == 40 })
+	if err := SetRate(ctxT(t), env.state, "s.test", 0, time.Time{}, "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "back to configured", func() bool { return a.Snapshot("s.test").FleetRate == 10 })
+	if err := Suspend(ctxT(t), env.state, "other.test", time.Time{}, "", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "suspended until resumed; refusals look again within the hour", func() bool {
+		p, r := a.Admit(ctxT(t), "other.test")
+		if p != nil {
+			p.Done(nil)
+			return false
+		}
+		return r.Reason == "suspended" && time.Until(r.Until) > 59*time.Minute && time.Until(r.Until) <= time.Hour
+	})
+	list, err := ListStates(ctxT(t), env.state)
+	if err != nil || len(list) != 2 || list[0].Dest != "other.test" || list[1].Dest != "s.test" || !list[0].SuspendedUntil.Equal(SuspendForever) {
+		t.Fatalf("ListStates = %+v, %v", list, err)
+	}
+	if list[1].Factor != 1 || list[1].Breaker != BreakerClosed {
+		t.Fatalf("not normalized: %+v", list[1])
+	}
+	if err := SetRate(ctxT(t), env.state, "s.test", -1, time.Time{}, "ops"); err == nil {
+		t.Fatal("negative rate accepted")
+	}
+}
+
+// TestAggregateRate checks the bucket math across the fleet: two workers
+// admitting as fast as they can grant, together, the configured rate.
+func TestAggregateRate(t *testing.T) {
+	env := startKV(t)
+	const rate = 50.0
+	mod := func(c *ThrottleConfig) { c.Defaults.Rate = rate; c.MaxWait = 10 * time.Second }
+	a := newThrottle(t, env, "a", mod)
+	b := newThrottle(t, env, "b", mod)
+	waitLive(t, 2, a, b)
+
+	const window = 2 * time.Second
+	start := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(window))
+	defer cancel()
+	var granted [2]atomic.Int64
+	var wg sync.WaitGroup
+	for i, th := range []*Throttle{a, b} {
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					p, _ := th.Admit(ctx, "agg.test")
+					if p == nil {
+						continue
+					}
+					if !time.Now().After(start.Add(window)) {
+						granted[i].Add(1)
+					}
+					p.Done([]classify.Result{resDelivered})
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	got := granted[0].Load() + granted[1].Load()
+	// Each worker starts with one token, then earns rate/2 per second.
+	want := rate*window.Seconds() + 2
+	tol := 0.1 * rate * window.Seconds()
+	t.Logf("granted %d (a %d, b %d), want %.0f ± %.0f", got, granted[0].Load(), granted[1].Load(), want, tol)
+	if d := float64(got) - want; d > tol || d < -tol {
+		t.Fatalf("granted %d in %s, want %.0f ± %.0f", got, window, want, tol)
+	}
+	for i := range granted {
+		if n := float64(granted[i].Load()); n < want/2-tol || n > want/2+tol {
+			t.Fatalf("worker %d granted %v, want about half", i, n)
+		}
+	}
+}
+
+// TestRateRefusalsComeBackSpaced: refused envelopes are told to come back
+// one fleet-rate interval apart, and the worker keeps no token for them
+// (they may come back to another worker), so a returning envelope takes
+// an ordinary token.
+func TestRateRefusalsComeBackSpaced(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 10; c.MaxWait = -1 })
+	attempt(t, a, "sp.test", resDelivered) // the first token
+	var untils []time.Time
+	for range 4 {
+		p, r := a.Admit(ctxT(t), "sp.test")
+		if p != nil || r.Reason != "rate" {
+			t.Fatalf("want a rate refusal, got %v %+v", p, r)
+		}
+		untils = append(untils, r.Until)
+	}
+	for i := 1; i < len(untils); i++ {
+		if d := untils[i].Sub(untils[i-1]); d < 99*time.Millisecond || d > 101*time.Millisecond {
+			t.Fatalf("refusals %d and %d are %s apart, want 100ms", i-1, i, d)
+		}
+	}
+	if n := a.Snapshot("sp.test").Deferred; n < 3 || n > 5 {
+		t.Fatalf("deferred = %d, want about 4", n)
+	}
+	// Coming back at its time, an envelope is admitted with a fresh token.
+	eventually(t, 2*time.Second, "first return due", func() bool { return !time.Now().Before(untils[0]) })
+	attempt(t, a, "sp.test", resDelivered)
+}
+
+func TestHotPathWritesNothing(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults = Limits{Rate: 1e6, Conns: 100} })
+	attempt(t, a, "hot.test", resThrottled) // one transition
+	eventually(t, 5*time.Second, "cut written", func() bool {
+		_, err := env.state.Get(ctxT(t), StateKey("hot.test"))
+		return err == nil
+	})
+	info := func() uint64 {
+		s, err := env.js.Stream(ctxT(t), "KV_outflow_dest")
+		if err != nil {
+			t.Fatal(err)
+		}
+		i, err := s.Info(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i.State.LastSeq
+	}
+	before := info()
+	for range 2000 {
+		attempt(t, a, "hot.test", resDelivered)
+		attempt(t, a, "other.test", resDelivered)
+	}
+	if after := info(); after != before {
+		t.Fatalf("hot path wrote %d KV messages", after-before)
+	}
+}
+
+// BenchmarkAdmitDone is the hot path: Admit, then Done with a delivered
+// result, against a real KV (never touched per call).
+func BenchmarkAdmitDone(b *testing.B) {
+	env := startKV(b)
+	for _, bc := range []struct {
+		name   string
+		limits Limits
+	}{
+		{"unlimited", Limits{}},
+		{"limited", Limits{Rate: 1e9, Conns: 1 << 20}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			th := newThrottle(b, env, "bench-"+bc.name, func(c *ThrottleConfig) { c.Defaults = bc.limits })
+			ctx := context.Background()
+			res := []classify.Result{resDelivered}
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					p, r := th.Admit(ctx, "bench.test")
+					if p == nil {
+						b.Errorf("refused: %+v", r)
+						return
+					}
+					p.Done(res)
+				}
+			})
+		})
+	}
+}
+
+// metricValue reads a gauge's or counter's current value.
+func metricValue(t testing.TB, m prometheus.Metric) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case d.Gauge != nil:
+		return d.Gauge.GetValue()
+	case d.Counter != nil:
+		return d.Counter.GetValue()
+	}
+	t.Fatal("not a gauge or counter")
+	return 0
+}
+
+func TestIdleStateIsForgotten(t *testing.T) {
+	env := startKV(t)
+	reg := prometheus.NewRegistry()
+	a := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+		c.Defaults.Rate = 100
+		c.Registerer = reg
+		c.stateIdleTTL = 300 * time.Millisecond
+	})
+	if err := SetRate(ctxT(t), env.state, "idle.test", 5, time.Now().Add(400*time.Millisecond), "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "metric exported", func() bool { return gathered(t, reg, "idle.test") })
+	eventually(t, 5*time.Second, "state deleted after the override ended", func() bool {
+		_, err := env.state.Get(ctxT(t), StateKey("idle.test"))
+		return err != nil
+	})
+	eventually(t, 5*time.Second, "metric series dropped", func() bool { return !gathered(t, reg, "idle.test") })
+	if s := a.Snapshot("idle.test"); s.FleetRate != 100 {
+		t.Fatalf("rate %v", s.FleetRate)
+	}
+}
+
+// gathered reports whether any outflow_dest_* series has dest=dest.
+func gathered(t testing.TB, reg *prometheus.Registry, dest string) bool {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "dest" && l.GetValue() == dest {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
