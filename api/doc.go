@@ -1,0 +1,19 @@
+// Package api is in charge of outflow's HTTP submission API, served on
+// --api-addr: it authenticates requests with per-tenant API keys (of which it
+// stores only SHA-256 hashes, in a JetStream key-value bucket), turns a JSON
+// message (a raw RFC 5322 message, or subject, text, HTML, headers and
+// attachments it builds into MIME with go-message) into a queue.Submission,
+// hands it to the same enqueue path as the SMTP submission listener, and
+// answers what happened to a message from the queue's lanes and events.
+//
+// Failure semantics, as over SMTP: 202 Accepted, with one id per
+// destination, is answered only after Enqueue returned, that is after the
+// envelopes (and the body) are durable; any failure to store is a 503 and
+// nothing of the request may be taken as accepted. An Idempotency-Key makes
+// a retry safe: its record (a hash of the request, then the ids) is kept in
+// a bucket for the queue's deduplication window, the ids are derived from
+// tenant and key (queue.Enqueue), and the message is built identically on
+// every try, so a repeat of an interrupted request stores nothing new.
+// Every error is an RFC 9457 problem document (application/problem+json)
+// whose type names what was wrong. The API is described in docs/openapi.yaml.
+package api

@@ -1,0 +1,326 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/submission"
+)
+
+// Accepted is the 202 answer of POST /v1/messages: one id per destination
+// domain, in the order the domains first appear among the recipients, as
+// the SMTP listener's 250 names them.
+type Accepted struct {
+	IDs []string `json:"ids"`
+}
+
+// maxRequest is the largest request body read for a message of at most
+// maxMessage bytes: base64 attachments grow by a third, JSON escaping
+// adds some more.
+func maxRequest(maxMessage int64) int64 { return maxMessage*3/2 + 1<<20 }
+
+// postMessage is POST /v1/messages.
+func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem {
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return problem(http.StatusUnsupportedMediaType, ProblemMediaType, "unsupported media type", "send the message as Content-Type: application/json")
+	}
+	idemKey := r.Header.Get("Idempotency-Key")
+	if len(idemKey) > maxIdemKey || strings.ContainsAny(idemKey, "\r\n\x00") {
+		return problem(http.StatusBadRequest, ProblemBadIdemKey, "bad Idempotency-Key", fmt.Sprintf("at most %d octets of text", maxIdemKey))
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequest(s.cfg.MaxMessageBytes)))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return tooLarge(s.cfg.MaxMessageBytes)
+		}
+		return problem(http.StatusBadRequest, ProblemBadJSON, "unreadable request", err.Error())
+	}
+	req, p := decodeRequest(body)
+	if p != nil {
+		return p
+	}
+	rcpts, p := s.checkAddresses(req)
+	if p != nil {
+		return p
+	}
+
+	sum := sha256.Sum256(body)
+	reqHash := hex.EncodeToString(sum[:])
+	date := time.Now().UTC().Truncate(time.Second)
+	seed := randomSeed()
+	var c *claim
+	if idemKey != "" {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.EnqueueTimeout)
+		c, err = s.idem.begin(ctx, key.Tenant, idemKey, reqHash, s.cfg.EnqueueTimeout)
+		cancel()
+		switch {
+		case errors.Is(err, errIdemMismatch):
+			return problem(http.StatusUnprocessableEntity, ProblemIdemMismatch, "Idempotency-Key reused",
+				"this key was used with a different request; use a new key for a new message")
+		case errors.Is(err, errIdemBusy):
+			p := problem(http.StatusConflict, ProblemIdemInProgress, "request in progress", "a request with this Idempotency-Key is still being stored")
+			p.RetryAfter = 1
+			return p
+		case err != nil:
+			s.log.Error().Err(err).Msg("idempotency record")
+			return unavailable("the idempotency store cannot be read")
+		}
+		if c.done {
+			w.Header().Set("Idempotent-Replayed", "true")
+			writeJSON(w, http.StatusAccepted, Accepted{IDs: c.rec.IDs})
+			return nil
+		}
+		// Every try of this key builds the same bytes: same Date, same
+		// boundaries and Message-ID.
+		date, seed = c.rec.First, idemEntry(key.Tenant, idemKey)
+	}
+
+	msg, p := s.message(req, date, seed, r.RemoteAddr)
+	if p != nil {
+		if c != nil {
+			s.idem.abandon(context.WithoutCancel(r.Context()), key.Tenant, idemKey, c)
+		}
+		return p
+	}
+	sub := &queue.Submission{
+		Tenant: key.Tenant, From: req.From, Rcpts: rcpts, Body: msg,
+		ReceivedAt: time.Now().UTC(), RemoteAddr: r.RemoteAddr, IdempotencyKey: idemKey,
+	}
+	// The store is not abandoned with the request: a client that hangs up
+	// does not cut an enqueue in half (its retry would find it done).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.EnqueueTimeout)
+	defer cancel()
+	ids, err := s.enqueue(ctx, sub)
+	if err != nil {
+		s.log.Error().Err(err).Str("tenant", key.Tenant).Str("key_id", key.ID).Int("size", len(msg)).Msg("api submission not queued")
+		if c != nil {
+			s.idem.abandon(ctx, key.Tenant, idemKey, c)
+		}
+		return unavailable("the message was not stored; send it again")
+	}
+	if c != nil {
+		if err := s.idem.finish(ctx, key.Tenant, idemKey, c, ids); err != nil {
+			// Stored all the same: a retry re-enqueues under the same
+			// ids, which the work stream's deduplication absorbs.
+			s.log.Warn().Err(err).Strs("ids", ids).Msg("idempotency record not finished")
+		}
+	}
+	s.log.Info().Strs("ids", ids).Str("tenant", key.Tenant).Str("key_id", key.ID).Str("from", req.From).
+		Int("rcpts", len(rcpts)).Int("size", len(msg)).Msg("api submission accepted")
+	writeJSON(w, http.StatusAccepted, Accepted{IDs: ids})
+	return nil
+}
+
+// enqueue calls the queue, turning a panic into an error: a bug there
+// costs one 503, not the process.
+func (s *Server) enqueue(ctx context.Context, sub *queue.Submission) (ids []string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("api: enqueue panicked: %v", p)
+		}
+	}()
+	return s.cfg.Queue.Enqueue(ctx, sub)
+}
+
+func randomSeed() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func tooLarge(limit int64) *Problem {
+	return problem(http.StatusRequestEntityTooLarge, ProblemTooLarge, "message too large", fmt.Sprintf("the limit is %d bytes", limit))
+}
+
+// decodeRequest parses the JSON body strictly: an unknown field is an
+// error, so that a misspelt "subjcet" is not silently dropped.
+func decodeRequest(body []byte) (*MessageRequest, *Problem) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var req MessageRequest
+	err := dec.Decode(&req)
+	if err == nil && dec.More() {
+		err = errors.New("data after the JSON object")
+	}
+	if err != nil {
+		var syn *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		switch {
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			// encoding/json has no error type for this one.
+			name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+			p := problem(http.StatusBadRequest, ProblemUnknownField, "unknown field", fmt.Sprintf("%q is not a field of a message", name))
+			p.Errors = []FieldError{{Field: name, Reason: "unknown field"}}
+			return nil, p
+		case errors.As(err, &syn):
+			return nil, problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", fmt.Sprintf("%v (at byte %d)", syn, syn.Offset))
+		case errors.As(err, &typ):
+			p := problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", fmt.Sprintf("%s: want %s, got %s", typ.Field, typ.Type, typ.Value))
+			p.Errors = []FieldError{{Field: typ.Field, Reason: "want " + typ.Type.String()}}
+			return nil, p
+		default:
+			return nil, problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", err.Error())
+		}
+	}
+	return &req, nil
+}
+
+// checkAddresses validates from and to as the SMTP listener validates MAIL
+// FROM and RCPT TO, and returns the recipients without duplicates.
+func (s *Server) checkAddresses(req *MessageRequest) ([]string, *Problem) {
+	if req.From == "" {
+		return nil, fieldProblem(ProblemMissingField, "missing field", "from", "the sender address is required")
+	}
+	if len(req.To) == 0 {
+		return nil, fieldProblem(ProblemMissingField, "missing field", "to", "at least one recipient is required")
+	}
+	if len(req.To) > s.cfg.MaxRecipients {
+		p := problem(http.StatusUnprocessableEntity, ProblemBadAddress, "too many recipients", fmt.Sprintf("at most %d recipients per message", s.cfg.MaxRecipients))
+		p.Errors = []FieldError{{Field: "to", Reason: "too many recipients"}}
+		return nil, p
+	}
+	var bad []FieldError
+	check := func(field, a string) {
+		if _, err := submission.ParseAddress(a); err != nil {
+			var ae *submission.AddressError
+			reason := err.Error()
+			if errors.As(err, &ae) {
+				reason = ae.Reason
+			}
+			fe := FieldError{Field: field, Reason: reason}
+			if len(a) <= 254 && !strings.ContainsAny(a, "\r\n\x00") {
+				fe.Value = a
+			}
+			bad = append(bad, fe)
+		}
+	}
+	check("from", req.From)
+	seen := make(map[string]bool, len(req.To))
+	rcpts := make([]string, 0, len(req.To))
+	for i, a := range req.To {
+		check(fmt.Sprintf("to[%d]", i), a)
+		if k := strings.ToLower(a); !seen[k] {
+			seen[k] = true
+			rcpts = append(rcpts, a)
+		}
+	}
+	if len(bad) > 0 {
+		p := problem(http.StatusUnprocessableEntity, ProblemBadAddress, "bad address",
+			fmt.Sprintf("%d address(es) cannot be used: %s: %s", len(bad), bad[0].Field, bad[0].Reason))
+		p.Errors = bad
+		return nil, p
+	}
+	return rcpts, nil
+}
+
+// message returns the bytes to queue: the raw message, or the built one,
+// under a Received line (RFC 5321 section 4.4), within the size limit.
+func (s *Server) message(req *MessageRequest, date time.Time, seed, remote string) ([]byte, *Problem) {
+	var msg []byte
+	var err error
+	if req.Raw != "" {
+		if req.Subject != "" || req.Text != "" || req.HTML != "" || len(req.Headers) > 0 || len(req.Attachments) > 0 {
+			return nil, problem(http.StatusBadRequest, ProblemBadMessage, "raw and parts together",
+				"give either raw or subject/text/html/headers/attachments, not both")
+		}
+		msg, err = normalizeRaw(req.Raw)
+	} else {
+		msg, err = build(req, date, s.cfg.Hostname, seed)
+	}
+	if err != nil {
+		var p *Problem
+		if errors.As(err, &p) {
+			return nil, p
+		}
+		s.log.Error().Err(err).Msg("build message")
+		return nil, problem(http.StatusInternalServerError, ProblemInternal, "internal error", "the message could not be built")
+	}
+	if int64(len(msg)) > s.cfg.MaxMessageBytes {
+		return nil, tooLarge(s.cfg.MaxMessageBytes)
+	}
+	host, _, _ := net.SplitHostPort(remote)
+	lit := "unknown"
+	if ip := net.ParseIP(host); ip != nil {
+		if ip.To4() != nil {
+			lit = "[" + ip.String() + "]"
+		} else {
+			lit = "[IPv6:" + ip.String() + "]"
+		}
+	}
+	recv := "Received: from " + lit + "\r\n\tby " + s.cfg.Hostname + " (outflow) with HTTP;\r\n\t" + date.Format(time.RFC1123Z) + "\r\n"
+	return append([]byte(recv), msg...), nil
+}
+
+// MessageStatus is the answer of GET /v1/messages/{id}: where the message
+// is now, and every event recorded for it (what `outflow queue history`
+// shows).
+type MessageStatus struct {
+	ID     string `json:"id"`
+	Tenant string `json:"tenant"`
+	Dest   string `json:"dest,omitempty"`
+	// State is queued, deferred, throttled, unknown or dead while the
+	// message is stored; afterwards the last outcome: delivered, bounced,
+	// dropped.
+	State      string        `json:"state"`
+	NextAt     *time.Time    `json:"next_attempt_at,omitempty"`
+	Recipients []string      `json:"recipients,omitempty"`
+	History    []queue.Event `json:"history"`
+}
+
+// getMessage is GET /v1/messages/{id}. A key sees its tenant's messages
+// only (an admin key every tenant's); another tenant's id is a 404, as if
+// it did not exist.
+func (s *Server) getMessage(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem {
+	id := r.PathValue("id")
+	notFound := problem(http.StatusNotFound, ProblemNotFound, "no such message", "no message "+id+" for this key's tenant")
+	ctx := r.Context()
+	it, err := s.cfg.Queue.Find(ctx, id)
+	if err != nil && !errors.Is(err, queue.ErrNotFound) {
+		s.log.Error().Err(err).Str("msg_id", id).Msg("api find")
+		return unavailable("the queue cannot be read")
+	}
+	hist, herr := s.cfg.Queue.History(ctx, id, time.Time{})
+	if herr != nil && !errors.Is(herr, queue.ErrNotFound) {
+		s.log.Error().Err(herr).Str("msg_id", id).Msg("api history")
+		return unavailable("the events cannot be read")
+	}
+	st := MessageStatus{ID: id, History: hist}
+	if st.History == nil {
+		st.History = []queue.Event{}
+	}
+	switch {
+	case it != nil:
+		st.Tenant, st.Dest, st.State, st.Recipients = it.Env.Tenant, it.Env.Dest, string(it.State), it.Env.Rcpts
+		if !it.NextAt.IsZero() {
+			t := it.NextAt.UTC()
+			st.NextAt = &t
+		}
+	case len(hist) > 0:
+		last := hist[len(hist)-1]
+		st.Tenant, st.Dest, st.State = hist[0].Tenant, hist[0].Dest, last.Type
+		if last.Type == queue.EventQueued || last.Type == queue.EventReplayed {
+			st.State = string(queue.StateQueued) // stored, and being delivered
+		}
+	default:
+		return notFound
+	}
+	if !key.Admin && st.Tenant != key.Tenant {
+		return notFound
+	}
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}

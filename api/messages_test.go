@@ -1,0 +1,360 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-message/mail"
+
+	"github.com/outflow/outflow/queue"
+)
+
+func TestPostBuildsMIMEAndQueuesOneEnvelopePerDomain(t *testing.T) {
+	f := newFixture(t, nil)
+	pdf := []byte("%PDF-1.4 not really\x00\x01\x02")
+	res := f.do(t, "POST", "/v1/messages", f.key, map[string]any{
+		"from":    "news@shop.example",
+		"to":      []string{"ann@one.example", "bob@two.example", "ANN@one.example"},
+		"subject": "Grüße",
+		"text":    "hello\nworld",
+		"html":    "<p>hello</p>",
+		"headers": map[string]string{"Reply-To": "help@shop.example", "X-Campaign": "spring"},
+		"attachments": []map[string]any{
+			{"filename": "invoice.pdf", "content_type": "application/pdf", "content": base64.StdEncoding.EncodeToString(pdf)},
+		},
+	}, nil)
+	ids := res.ids(t)
+	if len(ids) != 2 {
+		t.Fatalf("ids %v: want one per destination (one.example, two.example)", ids)
+	}
+	items := queued(t, f.q)
+	if len(items) != 2 {
+		t.Fatalf("%d envelopes queued, want 2", len(items))
+	}
+	for _, it := range items {
+		if it.Env.Tenant != "acme" || it.Env.From != "news@shop.example" {
+			t.Errorf("envelope %s: tenant %q from %q", it.Env.ID, it.Env.Tenant, it.Env.From)
+		}
+	}
+	b := body(t, f.q, ids[0])
+	if bytes.Contains(bytes.ReplaceAll(b, []byte("\r\n"), nil), []byte("\n")) {
+		t.Fatal("built message has a bare LF")
+	}
+	if !bytes.HasPrefix(b, []byte("Received: from [127.0.0.1]")) {
+		t.Errorf("no Received line first:\n%.200s", b)
+	}
+	mr, err := mail.CreateReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := mr.Header.Subject(); s != "Grüße" {
+		t.Errorf("subject %q", s)
+	}
+	if v := mr.Header.Get("X-Campaign"); v != "spring" {
+		t.Errorf("X-Campaign %q", v)
+	}
+	if id, _ := mr.Header.MessageID(); !strings.HasSuffix(id, "@mta.test") {
+		t.Errorf("Message-ID %q", id)
+	}
+	var texts []string
+	var att []byte
+	for {
+		p, err := mr.NextPart()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(p.Body)
+		switch h := p.Header.(type) {
+		case *mail.InlineHeader:
+			ct, _, _ := h.ContentType()
+			texts = append(texts, ct+":"+string(data))
+		case *mail.AttachmentHeader:
+			if name, _ := h.Filename(); name != "invoice.pdf" {
+				t.Errorf("attachment name %q", name)
+			}
+			att = data
+		}
+	}
+	if want := []string{"text/plain:hello\r\nworld", "text/html:<p>hello</p>"}; !slices.Equal(texts, want) {
+		t.Errorf("inline parts %q, want %q", texts, want)
+	}
+	if !bytes.Equal(att, pdf) {
+		t.Errorf("attachment %q, want %q", att, pdf)
+	}
+
+	got := f.do(t, "GET", "/v1/messages/"+ids[1], f.key, nil, nil)
+	if got.status != 200 || got.json["state"] != "queued" || got.json["tenant"] != "acme" || got.json["dest"] != "two.example" {
+		t.Fatalf("GET: %d %s", got.status, got.raw)
+	}
+}
+
+func TestRawMessageGetsCRLF(t *testing.T) {
+	f := newFixture(t, nil)
+	raw := "From: a@src.example\nTo: b@dst.example\nSubject: raw\n\nline one\nline two\n"
+	ids := f.do(t, "POST", "/v1/messages", f.key, map[string]any{"from": "a@src.example", "to": []string{"b@dst.example"}, "raw": raw}, nil).ids(t)
+	b := body(t, f.q, ids[0])
+	if want := strings.ReplaceAll(raw, "\n", "\r\n"); !strings.HasSuffix(string(b), want) {
+		t.Fatalf("stored %q, want it to end with %q", b, want)
+	}
+}
+
+func TestGetMessageFollowsItsEvents(t *testing.T) {
+	f := newFixture(t, nil)
+	ids := f.do(t, "POST", "/v1/messages", f.key, map[string]any{"from": "a@src.example", "to": []string{"b@dst.example"}, "text": "hi"}, nil).ids(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ch, err := f.q.Messages(ctx, queue.LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d *queue.Delivery
+	select {
+	case d = <-ch:
+	case <-ctx.Done():
+		t.Fatal("no envelope")
+	}
+	if err := d.Delivered(ctx, d.Env.Rcpts, true); err != nil {
+		t.Fatal(err)
+	}
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: d.Env.ID, MsgID: d.Env.MsgID, Tenant: d.Env.Tenant, Dest: d.Env.Dest, Reason: "250 ok"})
+
+	got := f.do(t, "GET", "/v1/messages/"+ids[0], f.key, nil, nil)
+	if got.status != 200 || got.json["state"] != "delivered" {
+		t.Fatalf("GET after delivery: %d %s", got.status, got.raw)
+	}
+	hist, _ := got.json["history"].([]any)
+	if len(hist) != 2 {
+		t.Fatalf("history %s: want queued then delivered", got.raw)
+	}
+
+	// Another tenant's key does not learn the message exists.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	other, _, err := f.srv.Keys().Create(ctx2, "globex", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := f.do(t, "GET", "/v1/messages/"+ids[0], other, nil, nil); r.status != 404 || r.json["type"] != ProblemNotFound {
+		t.Fatalf("other tenant: %d %s", r.status, r.raw)
+	}
+	admin, _, err := f.srv.Keys().Create(ctx2, "ops", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := f.do(t, "GET", "/v1/messages/"+ids[0], admin, nil, nil); r.status != 200 {
+		t.Fatalf("admin key: %d %s", r.status, r.raw)
+	}
+}
+
+func TestIdempotencyKey(t *testing.T) {
+	f := newFixture(t, nil)
+	msg := map[string]any{"from": "a@src.example", "to": []string{"b@one.example", "c@two.example"}, "subject": "once", "text": "hi"}
+	hdr := map[string]string{"Idempotency-Key": "order-42"}
+	first := f.do(t, "POST", "/v1/messages", f.key, msg, hdr).ids(t)
+	firstBody := body(t, f.q, first[0])
+	again := f.do(t, "POST", "/v1/messages", f.key, msg, hdr)
+	if ids := again.ids(t); !slices.Equal(ids, first) {
+		t.Fatalf("repeat gave ids %v, want %v", ids, first)
+	}
+	if again.header.Get("Idempotent-Replayed") != "true" {
+		t.Error("repeat not marked Idempotent-Replayed")
+	}
+	if n := len(queued(t, f.q)); n != 2 {
+		t.Fatalf("%d envelopes after a repeat, want 2", n)
+	}
+	if !bytes.Equal(body(t, f.q, first[0]), firstBody) {
+		t.Fatal("repeat changed the stored body")
+	}
+
+	msg["text"] = "something else"
+	res := f.do(t, "POST", "/v1/messages", f.key, msg, hdr)
+	if res.status != http.StatusUnprocessableEntity || res.json["type"] != ProblemIdemMismatch {
+		t.Fatalf("same key, other request: %d %s", res.status, res.raw)
+	}
+
+	// The key is the tenant's: another tenant may use the same string.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	other, _, err := f.srv.Keys().Create(ctx, "globex", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := f.do(t, "POST", "/v1/messages", other, msg, hdr).ids(t); slices.Equal(ids, first) {
+		t.Fatal("another tenant's request with the same key got the first tenant's ids")
+	}
+}
+
+func TestIdempotencyKeyConcurrentRequests(t *testing.T) {
+	f := newFixture(t, nil)
+	msg := map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "text": "hi"}
+	hdr := map[string]string{"Idempotency-Key": "race"}
+	const n = 6
+	results := make([]response, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { results[i] = f.do(t, "POST", "/v1/messages", f.key, msg, hdr) })
+	}
+	wg.Wait()
+	var want []string
+	for _, r := range results {
+		ids := r.ids(t)
+		if want == nil {
+			want = ids
+		} else if !slices.Equal(ids, want) {
+			t.Fatalf("concurrent requests got ids %v and %v", want, ids)
+		}
+	}
+	if got := len(queued(t, f.q)); got != 1 {
+		t.Fatalf("%d envelopes queued, want 1", got)
+	}
+}
+
+func TestStoreFailureIs503AndTheKeyCanBeRetried(t *testing.T) {
+	f := newFixture(t, nil)
+	msg := map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "text": "hi"}
+	hdr := map[string]string{"Idempotency-Key": "retry-me"}
+	f.fq.fail.Store(true)
+	res := f.do(t, "POST", "/v1/messages", f.key, msg, hdr)
+	if res.status != http.StatusServiceUnavailable || res.json["type"] != ProblemUnavailable || res.header.Get("Retry-After") == "" {
+		t.Fatalf("store down: %d %v %s", res.status, res.header, res.raw)
+	}
+	if n := len(queued(t, f.q)); n != 0 {
+		t.Fatalf("%d envelopes after a 503", n)
+	}
+	f.fq.fail.Store(false)
+	if ids := f.do(t, "POST", "/v1/messages", f.key, msg, hdr).ids(t); len(ids) != 1 {
+		t.Fatalf("retry: ids %v", ids)
+	}
+}
+
+func TestRateLimitPerKey(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.Rate, c.Burst = 0.01, 2 })
+	msg := map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "text": "hi"}
+	for range 2 {
+		f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t)
+	}
+	res := f.do(t, "POST", "/v1/messages", f.key, msg, nil)
+	if res.status != http.StatusTooManyRequests || res.json["type"] != ProblemRateLimited || res.header.Get("Retry-After") == "" {
+		t.Fatalf("third request: %d %v %s", res.status, res.header, res.raw)
+	}
+	// Another key has its own bucket.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	other, _, err := f.srv.Keys().Create(ctx, "acme", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.do(t, "POST", "/v1/messages", other, msg, nil).ids(t)
+}
+
+func TestBadRequestsAreProblemsAndStoreNothing(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.MaxMessageBytes = 64 << 10 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	revokedKey, ri, err := f.srv.Keys().Create(ctx, "acme", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.Keys().Revoke(ctx, ri.ID); err != nil {
+		t.Fatal(err)
+	}
+	ok := func(m map[string]any) map[string]any {
+		base := map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "text": "hi"}
+		for k, v := range m {
+			if v == nil {
+				delete(base, k)
+			} else {
+				base[k] = v
+			}
+		}
+		return base
+	}
+	big := strings.Repeat("x", 100<<10)
+	cases := []struct {
+		name   string
+		method string
+		path   string
+		key    string
+		body   any
+		hdr    map[string]string
+		status int
+		typ    string
+		field  string
+	}{
+		{"malformed JSON", "POST", "/v1/messages", f.key, `{"from": "a@src.example",`, nil, 400, ProblemBadJSON, ""},
+		{"not an object", "POST", "/v1/messages", f.key, `["a"]`, nil, 400, ProblemBadJSON, ""},
+		{"wrong type", "POST", "/v1/messages", f.key, `{"from":"a@src.example","to":"b@one.example","text":"x"}`, nil, 400, ProblemBadJSON, "to"},
+		{"trailing data", "POST", "/v1/messages", f.key, `{"from":"a@src.example","to":["b@one.example"],"text":"x"} {}`, nil, 400, ProblemBadJSON, ""},
+		{"unknown field", "POST", "/v1/messages", f.key, ok(map[string]any{"subjcet": "x"}), nil, 400, ProblemUnknownField, "subjcet"},
+		{"missing from", "POST", "/v1/messages", f.key, ok(map[string]any{"from": nil}), nil, 400, ProblemMissingField, "from"},
+		{"missing to", "POST", "/v1/messages", f.key, ok(map[string]any{"to": nil}), nil, 400, ProblemMissingField, "to"},
+		{"no content", "POST", "/v1/messages", f.key, ok(map[string]any{"text": nil}), nil, 400, ProblemMissingField, "text"},
+		{"bad recipient", "POST", "/v1/messages", f.key, ok(map[string]any{"to": []string{"b@one.example", "not-an-address"}}), nil, 422, ProblemBadAddress, "to[1]"},
+		{"address literal", "POST", "/v1/messages", f.key, ok(map[string]any{"to": []string{"root@[127.0.0.1]"}}), nil, 422, ProblemBadAddress, "to[0]"},
+		{"bad sender", "POST", "/v1/messages", f.key, ok(map[string]any{"from": "a b@src.example"}), nil, 422, ProblemBadAddress, "from"},
+		{"subject injection", "POST", "/v1/messages", f.key, ok(map[string]any{"subject": "hi\r\nBcc: victim@else.example"}), nil, 400, ProblemBadHeader, "subject"},
+		{"header injection", "POST", "/v1/messages", f.key, ok(map[string]any{"headers": map[string]string{"X-A": "1\nBcc: v@else.example"}}), nil, 400, ProblemBadHeader, "headers.X-A"},
+		{"bad header name", "POST", "/v1/messages", f.key, ok(map[string]any{"headers": map[string]string{"X A": "1"}}), nil, 400, ProblemBadHeader, "headers.X A"},
+		{"structural header", "POST", "/v1/messages", f.key, ok(map[string]any{"headers": map[string]string{"content-type": "text/html"}}), nil, 400, ProblemBadHeader, "headers.content-type"},
+		{"bad base64", "POST", "/v1/messages", f.key, ok(map[string]any{"attachments": []map[string]any{{"filename": "a.txt", "content": "!!not base64!!"}}}), nil, 400, ProblemBadAttachment, "attachments[0].content"},
+		{"raw and parts", "POST", "/v1/messages", f.key, ok(map[string]any{"raw": "Subject: x\r\n\r\nhi\r\n"}), nil, 400, ProblemBadMessage, ""},
+		{"raw without header", "POST", "/v1/messages", f.key, ok(map[string]any{"text": nil, "raw": "just text, no header"}), nil, 400, ProblemBadMessage, "raw"},
+		{"built too large", "POST", "/v1/messages", f.key, ok(map[string]any{"text": big}), nil, 413, ProblemTooLarge, ""},
+		{"request too large", "POST", "/v1/messages", f.key, ok(map[string]any{"text": strings.Repeat(big, 12)}), nil, 413, ProblemTooLarge, ""},
+		{"not JSON", "POST", "/v1/messages", f.key, "from=a", map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, 415, ProblemMediaType, ""},
+		{"no key", "POST", "/v1/messages", "", ok(nil), nil, 401, ProblemUnauthorized, ""},
+		{"unknown key", "POST", "/v1/messages", KeyPrefix + "AAAA", ok(nil), nil, 401, ProblemUnauthorized, ""},
+		{"revoked key", "POST", "/v1/messages", revokedKey, ok(nil), nil, 401, ProblemUnauthorized, ""},
+		{"basic auth", "POST", "/v1/messages", "", ok(nil), map[string]string{"Authorization": "Basic YTpi"}, 401, ProblemUnauthorized, ""},
+		{"long idempotency key", "POST", "/v1/messages", f.key, ok(nil), map[string]string{"Idempotency-Key": strings.Repeat("k", 300)}, 400, ProblemBadIdemKey, ""},
+		{"wrong method", "DELETE", "/v1/messages", f.key, nil, nil, 405, ProblemMethod, ""},
+		{"unknown route", "GET", "/v2/nothing", f.key, nil, nil, 404, ProblemNotFound, ""},
+		{"unknown message", "GET", "/v1/messages/nosuchid", f.key, nil, nil, 404, ProblemNotFound, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			res := f.do(t, c.method, c.path, c.key, c.body, c.hdr)
+			if res.status != c.status || res.json["type"] != c.typ {
+				t.Fatalf("got %d %s, want %d %s", res.status, res.raw, c.status, c.typ)
+			}
+			if ct := res.header.Get("Content-Type"); ct != "application/problem+json" {
+				t.Errorf("Content-Type %q", ct)
+			}
+			if res.json["title"] == "" || res.json["status"] != float64(c.status) {
+				t.Errorf("problem without title or status: %s", res.raw)
+			}
+			if c.status == 401 && res.header.Get("WWW-Authenticate") == "" {
+				t.Error("401 without WWW-Authenticate")
+			}
+			if c.field != "" {
+				errs, _ := res.json["errors"].([]any)
+				found := false
+				for _, e := range errs {
+					if m, _ := e.(map[string]any); m["field"] == c.field {
+						found = true
+					}
+				}
+				if !found {
+					t.Errorf("no error for field %q: %s", c.field, res.raw)
+				}
+			}
+		})
+	}
+	if n := len(queued(t, f.q)); n != 0 {
+		t.Fatalf("%d envelopes stored by refused requests", n)
+	}
+	if n := f.fq.calls.Load(); n != 0 {
+		t.Fatalf("refused requests reached Enqueue %d times", n)
+	}
+}

@@ -1,0 +1,308 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"mime"
+	nettextproto "net/textproto"
+	"strings"
+	"time"
+
+	"github.com/emersion/go-message"
+	"github.com/emersion/go-message/mail"
+	"github.com/emersion/go-message/textproto"
+)
+
+// Attachment is one file of a built message.
+type Attachment struct {
+	Filename    string `json:"filename"`
+	ContentType string `json:"content_type,omitempty"` // default application/octet-stream
+	Content     string `json:"content"`                // base64 (RFC 4648 section 4, padding optional)
+	// Inline makes it Content-Disposition: inline with ContentID as its
+	// Content-ID, for images an HTML part refers to as cid:<ContentID>.
+	Inline    bool   `json:"inline,omitempty"`
+	ContentID string `json:"content_id,omitempty"`
+}
+
+// MessageRequest is the body of POST /v1/messages: either Raw, a whole RFC
+// 5322 message, or the parts of one that outflow builds.
+type MessageRequest struct {
+	From        string            `json:"from"`
+	To          []string          `json:"to"`
+	Raw         string            `json:"raw,omitempty"`
+	Subject     string            `json:"subject,omitempty"`
+	Text        string            `json:"text,omitempty"`
+	HTML        string            `json:"html,omitempty"`
+	Headers     map[string]string `json:"headers,omitempty"`
+	Attachments []Attachment      `json:"attachments,omitempty"`
+}
+
+// structural header fields that outflow writes itself when it builds a
+// message: a caller's value would contradict the MIME structure.
+var structural = map[string]bool{
+	"Mime-Version": true, "Content-Type": true, "Content-Transfer-Encoding": true, "Content-Disposition": true,
+	"Received": true, "Return-Path": true, "Bcc": true,
+}
+
+// maxLine is RFC 5322 section 2.1.1's limit on a line, without its CRLF.
+const maxLine = 998
+
+// badHeader reports the fault of a caller's header field, or "".
+func badHeader(name, value string) string {
+	if name == "" {
+		return "empty field name"
+	}
+	// RFC 5322 section 3.6.8: ftext is printable US-ASCII except colon.
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c < 33 || c > 126 || c == ':' {
+			return "field name may hold only printable ASCII other than colon"
+		}
+	}
+	if strings.ContainsAny(value, "\r\n\x00") {
+		return "CR, LF or NUL in the value (header injection)"
+	}
+	if len(name)+2+len(value) > maxLine && !isASCII(value) {
+		return "field longer than 998 octets"
+	}
+	return ""
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+// seeded returns n hex digits derived from seed and label: the boundaries
+// and Message-ID of a built message, so that a retry of an idempotent
+// request builds the same bytes.
+func seeded(seed, label string, n int) string {
+	sum := sha256.Sum256([]byte(seed + "\x00" + label))
+	return hex.EncodeToString(sum[:])[:n]
+}
+
+// build turns the parts of req into a MIME message (CRLF line endings)
+// dated date, with a Message-ID at hostname unless the caller set one.
+// It returns a *Problem for a fault of the request.
+func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, error) {
+	var h mail.Header
+	h.SetDate(date)
+	h.SetAddressList("From", []*mail.Address{{Address: req.From}})
+	to := make([]*mail.Address, len(req.To))
+	for i, a := range req.To {
+		to[i] = &mail.Address{Address: a}
+	}
+	h.SetAddressList("To", to)
+	if req.Subject != "" {
+		if strings.ContainsAny(req.Subject, "\r\n\x00") {
+			return nil, fieldProblem(ProblemBadHeader, "bad header", "subject", "CR, LF or NUL in the subject (header injection)")
+		}
+		h.SetSubject(req.Subject)
+	}
+	h.SetMessageID(seeded(seed, "message-id", 32) + "@" + hostname)
+	for name, v := range req.Headers {
+		if why := badHeader(name, v); why != "" {
+			return nil, fieldProblem(ProblemBadHeader, "bad header", "headers."+name, why)
+		}
+		canon := nettextproto.CanonicalMIMEHeaderKey(name)
+		if structural[canon] {
+			return nil, fieldProblem(ProblemBadHeader, "bad header", "headers."+name, "outflow writes this field itself")
+		}
+		if isASCII(v) {
+			h.Set(canon, v)
+		} else {
+			h.SetText(canon, v) // RFC 2047 encoded words
+		}
+	}
+
+	type part struct {
+		h    message.Header
+		body []byte
+	}
+	var alts []part
+	text := func(typ, s string) part {
+		var ph message.Header
+		ph.SetContentType(typ, map[string]string{"charset": "utf-8"})
+		ph.Set("Content-Transfer-Encoding", "quoted-printable")
+		return part{ph, []byte(s)}
+	}
+	if req.Text != "" {
+		alts = append(alts, text("text/plain", req.Text))
+	}
+	if req.HTML != "" {
+		alts = append(alts, text("text/html", req.HTML))
+	}
+	var files []part
+	for i, a := range req.Attachments {
+		field := fmt.Sprintf("attachments[%d]", i)
+		data, err := decodeBase64(a.Content)
+		if err != nil {
+			return nil, fieldProblem(ProblemBadAttachment, "bad attachment", field+".content", "not base64: "+err.Error())
+		}
+		if a.Filename == "" && !a.Inline {
+			return nil, fieldProblem(ProblemBadAttachment, "bad attachment", field+".filename", "an attachment needs a filename")
+		}
+		if strings.ContainsAny(a.Filename+a.ContentType+a.ContentID, "\r\n\x00") {
+			return nil, fieldProblem(ProblemBadHeader, "bad header", field, "CR, LF or NUL in filename, content_type or content_id (header injection)")
+		}
+		ct := a.ContentType
+		if ct == "" {
+			ct = "application/octet-stream"
+		}
+		mt, params, err := mime.ParseMediaType(ct)
+		if err != nil || strings.HasPrefix(mt, "multipart/") {
+			return nil, fieldProblem(ProblemBadAttachment, "bad attachment", field+".content_type", "not a single-part media type")
+		}
+		delete(params, "boundary")
+		var ph message.Header
+		ph.SetContentType(mt, params)
+		ph.Set("Content-Transfer-Encoding", "base64")
+		disp := "attachment"
+		if a.Inline {
+			disp = "inline"
+		}
+		dp := map[string]string{}
+		if a.Filename != "" {
+			dp["filename"] = a.Filename
+		}
+		ph.SetContentDisposition(disp, dp)
+		if a.ContentID != "" {
+			ph.Set("Content-Id", "<"+strings.Trim(a.ContentID, "<>")+">")
+		}
+		files = append(files, part{ph, data})
+	}
+	if len(alts) == 0 && len(files) == 0 {
+		return nil, fieldProblem(ProblemMissingField, "missing field", "text", "give raw, or at least one of text, html and attachments")
+	}
+
+	var buf bytes.Buffer
+	writeLeaf := func(w *message.Writer, p part) error {
+		pw, err := w.CreatePart(p.h)
+		if err != nil {
+			return err
+		}
+		if _, err := pw.Write(p.body); err != nil {
+			return err
+		}
+		return pw.Close()
+	}
+	writeAlts := func(w *message.Writer) error {
+		for _, p := range alts {
+			if err := writeLeaf(w, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	top := h.Header
+	var err error
+	switch {
+	case len(files) == 0 && len(alts) == 1:
+		for f := alts[0].h.Fields(); f.Next(); {
+			top.Set(f.Key(), f.Value())
+		}
+		var w *message.Writer
+		if w, err = message.CreateWriter(&buf, top); err == nil {
+			if _, err = w.Write(alts[0].body); err == nil {
+				err = w.Close()
+			}
+		}
+	case len(files) == 0:
+		top.SetContentType("multipart/alternative", map[string]string{"boundary": "=_alt_" + seeded(seed, "alt", 24)})
+		var w *message.Writer
+		if w, err = message.CreateWriter(&buf, top); err == nil {
+			if err = writeAlts(w); err == nil {
+				err = w.Close()
+			}
+		}
+	default:
+		top.SetContentType("multipart/mixed", map[string]string{"boundary": "=_mixed_" + seeded(seed, "mixed", 24)})
+		var w *message.Writer
+		if w, err = message.CreateWriter(&buf, top); err != nil {
+			break
+		}
+		switch len(alts) {
+		case 1:
+			err = writeLeaf(w, alts[0])
+		case 2:
+			var ah message.Header
+			ah.SetContentType("multipart/alternative", map[string]string{"boundary": "=_alt_" + seeded(seed, "alt", 24)})
+			var aw *message.Writer
+			if aw, err = w.CreatePart(ah); err == nil {
+				if err = writeAlts(aw); err == nil {
+					err = aw.Close()
+				}
+			}
+		}
+		for _, f := range files {
+			if err != nil {
+				break
+			}
+			err = writeLeaf(w, f)
+		}
+		if err == nil {
+			err = w.Close()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("build message: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// decodeBase64 accepts standard base64 with or without padding, and with
+// the line breaks that encoders often insert.
+func decodeBase64(s string) ([]byte, error) {
+	s = strings.NewReplacer("\r", "", "\n", "", " ", "", "\t", "").Replace(s)
+	if strings.HasSuffix(s, "=") {
+		return base64.StdEncoding.Strict().DecodeString(s)
+	}
+	return base64.RawStdEncoding.Strict().DecodeString(s)
+}
+
+// normalizeRaw checks a raw message and gives it CRLF line endings: JSON
+// clients write "\n", SMTP wants CRLF (RFC 5321 section 2.3.8). It refuses
+// NUL, bare CR, lines over 998 octets and a message without a header.
+func normalizeRaw(raw string) ([]byte, error) {
+	if strings.IndexByte(raw, 0) >= 0 {
+		return nil, fieldProblem(ProblemBadMessage, "bad message", "raw", "NUL in the message")
+	}
+	s := strings.ReplaceAll(raw, "\r\n", "\n")
+	if strings.IndexByte(s, '\r') >= 0 {
+		return nil, fieldProblem(ProblemBadMessage, "bad message", "raw", "CR not followed by LF")
+	}
+	var out bytes.Buffer
+	out.Grow(len(s) + len(s)/32)
+	for line := range strings.Lines(s) {
+		line = strings.TrimSuffix(line, "\n")
+		if len(line) > maxLine {
+			return nil, fieldProblem(ProblemBadMessage, "bad message", "raw", "a line longer than 998 octets (RFC 5322 section 2.1.1)")
+		}
+		out.WriteString(line)
+		out.WriteString("\r\n")
+	}
+	b := out.Bytes()
+	hdr, err := textproto.ReadHeader(bufio.NewReader(bytes.NewReader(b)))
+	if err != nil || hdr.Len() == 0 {
+		return nil, fieldProblem(ProblemBadMessage, "bad message", "raw", "not an RFC 5322 message: it needs header fields, then an empty line, then the body")
+	}
+	return b, nil
+}
+
+// fieldProblem is a 400 (or, for addresses, 422) problem about one field.
+func fieldProblem(typ, title, field, reason string) *Problem {
+	status := 400
+	if typ == ProblemBadAddress {
+		status = 422
+	}
+	p := problem(status, typ, title, field+": "+reason)
+	p.Errors = []FieldError{{Field: field, Reason: reason}}
+	return p
+}

@@ -1,0 +1,88 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// Problem is an RFC 9457 problem details object. Type is one of the
+// Problem* URIs below; a client branches on it, not on Title or Detail.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	// Errors lists the faults of individual fields (an extension member,
+	// RFC 9457 section 3.2), e.g. which recipient is not a valid address.
+	Errors []FieldError `json:"errors,omitempty"`
+	// RetryAfter, in seconds, is also sent as the Retry-After header (429,
+	// 503, and 409 for a request still in progress).
+	RetryAfter int `json:"retry_after,omitempty"`
+}
+
+// FieldError names one faulty field of a request.
+type FieldError struct {
+	Field  string `json:"field"`           // JSON path, e.g. "to[2]"
+	Value  string `json:"value,omitempty"` // the value refused, when it is short and safe to echo
+	Reason string `json:"reason"`          // why
+}
+
+// Problem types. They are URNs rather than links: stable names that need no
+// server to resolve; docs/api.md and docs/openapi.yaml describe each.
+const (
+	typePrefix            = "urn:outflow:problem:"
+	ProblemBadJSON        = typePrefix + "bad-json"
+	ProblemUnknownField   = typePrefix + "unknown-field"
+	ProblemMissingField   = typePrefix + "missing-field"
+	ProblemBadAddress     = typePrefix + "bad-address"
+	ProblemBadHeader      = typePrefix + "bad-header"
+	ProblemBadAttachment  = typePrefix + "bad-attachment"
+	ProblemBadMessage     = typePrefix + "bad-message"
+	ProblemTooLarge       = typePrefix + "too-large"
+	ProblemMediaType      = typePrefix + "unsupported-media-type"
+	ProblemUnauthorized   = typePrefix + "unauthorized"
+	ProblemForbidden      = typePrefix + "forbidden"
+	ProblemRateLimited    = typePrefix + "rate-limited"
+	ProblemIdemMismatch   = typePrefix + "idempotency-key-reused"
+	ProblemIdemInProgress = typePrefix + "idempotency-key-in-progress"
+	ProblemBadIdemKey     = typePrefix + "bad-idempotency-key"
+	ProblemNotFound       = typePrefix + "not-found"
+	ProblemMethod         = typePrefix + "method-not-allowed"
+	ProblemUnavailable    = typePrefix + "store-unavailable"
+	ProblemInternal       = typePrefix + "internal"
+)
+
+// problem builds a Problem of type typ.
+func problem(status int, typ, title, detail string) *Problem {
+	return &Problem{Type: typ, Title: title, Status: status, Detail: detail}
+}
+
+// Error makes a Problem usable as an error inside the handlers.
+func (p *Problem) Error() string { return p.Title + ": " + p.Detail }
+
+// writeProblem sends p as application/problem+json (RFC 9457 section 3).
+func writeProblem(w http.ResponseWriter, p *Problem) {
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	if p.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(p.RetryAfter))
+	}
+	if p.Status == http.StatusUnauthorized {
+		// RFC 6750 section 3.
+		h.Set("WWW-Authenticate", `Bearer realm="outflow"`)
+	}
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// writeJSON sends v as application/json with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,221 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/time/rate"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// Defaults applied by New to zero-valued Config fields. The CLI's flags and
+// docs/configuration.md use these.
+const (
+	DefaultAddr            = "127.0.0.1:8025"
+	DefaultMaxMessageBytes = 25 << 20 // as the SMTP listener's --max-message-size
+	DefaultMaxRecipients   = 1000
+	DefaultRate            = 100.0 // requests per second per key
+	DefaultBurst           = 200
+	DefaultEnqueueTimeout  = 30 * time.Second
+)
+
+// Queue is what the API needs of the queue: *queue.Queue, or a wrapper
+// whose Enqueue fails fast while the store cannot take mail.
+type Queue interface {
+	Enqueue(ctx context.Context, s *queue.Submission) ([]string, error)
+	Find(ctx context.Context, id string) (*queue.Item, error)
+	History(ctx context.Context, id string, since time.Time) ([]queue.Event, error)
+}
+
+// Config configures a Server. Zero values take the documented default.
+type Config struct {
+	Queue   Queue
+	Buckets Bucketer // where keys and idempotency records live (the *queue.Queue)
+	// Hostname is the right-hand side of built Message-IDs and the "by"
+	// of the Received header.
+	Hostname string
+	// MaxMessageBytes is the largest message accepted, raw or built
+	// (413 above). Default DefaultMaxMessageBytes.
+	MaxMessageBytes int64
+	// MaxRecipients is the most recipients of one request (422 above).
+	// Default DefaultMaxRecipients.
+	MaxRecipients int
+	// Rate is each key's sustained request rate per second, Burst the
+	// requests it may make at once (429 beyond). Defaults DefaultRate and
+	// DefaultBurst; a negative Rate turns the limit off.
+	Rate  float64
+	Burst int
+	// IdempotencyTTL is how long an Idempotency-Key is remembered: the
+	// queue's deduplication window (default 24h).
+	IdempotencyTTL time.Duration
+	// EnqueueTimeout bounds one store of a submission (503 past it).
+	// Default DefaultEnqueueTimeout.
+	EnqueueTimeout time.Duration
+	Logger         zerolog.Logger
+}
+
+// Server is the HTTP API. Its Handler serves every route.
+type Server struct {
+	cfg  Config
+	keys *Keys
+	idem *idempotency
+	log  zerolog.Logger
+	mux  *http.ServeMux
+
+	mu       sync.Mutex
+	limiters map[string]*rate.Limiter // by key id
+}
+
+// New opens the key and idempotency buckets and returns the API.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Queue == nil || cfg.Buckets == nil {
+		return nil, errors.New("api: Queue and Buckets are required")
+	}
+	if cfg.Hostname == "" {
+		cfg.Hostname = "localhost"
+	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if cfg.MaxRecipients <= 0 {
+		cfg.MaxRecipients = DefaultMaxRecipients
+	}
+	if cfg.Rate == 0 {
+		cfg.Rate = DefaultRate
+	}
+	if cfg.Burst <= 0 {
+		cfg.Burst = DefaultBurst
+	}
+	if cfg.IdempotencyTTL <= 0 {
+		cfg.IdempotencyTTL = 24 * time.Hour
+	}
+	if cfg.EnqueueTimeout <= 0 {
+		cfg.EnqueueTimeout = DefaultEnqueueTimeout
+	}
+	keys, err := OpenKeys(ctx, cfg.Buckets)
+	if err != nil {
+		return nil, err
+	}
+	idem, err := openIdempotency(ctx, cfg.Buckets, cfg.IdempotencyTTL, 2*cfg.EnqueueTimeout)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, keys: keys, idem: idem, log: cfg.Logger.With().Str("component", "api").Logger(),
+		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{}}
+	s.mux.Handle("/v1/messages", s.route(map[string]handler{http.MethodPost: s.postMessage}))
+	s.mux.Handle("/v1/messages/{id}", s.route(map[string]handler{http.MethodGet: s.getMessage}))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, problem(http.StatusNotFound, ProblemNotFound, "not found", "no such route: "+r.URL.Path))
+	})
+	return s, nil
+}
+
+// Keys returns the server's key store.
+func (s *Server) Keys() *Keys { return s.keys }
+
+// Handler returns the API's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// handler serves one authenticated request.
+type handler func(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem
+
+// route dispatches by method, authenticates, applies the key's rate limit,
+// and writes a returned Problem. A panic in a handler is a 500, logged,
+// not the end of the process.
+func (s *Server) route(methods map[string]handler) http.Handler {
+	allow := make([]string, 0, len(methods))
+	for m := range methods {
+		allow = append(allow, m)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if p := recover(); p != nil {
+				s.log.Error().Str("panic", fmt.Sprint(p)).Str("path", r.URL.Path).Msg("api handler panicked")
+				writeProblem(w, problem(http.StatusInternalServerError, ProblemInternal, "internal error", ""))
+			}
+		}()
+		h, ok := methods[r.Method]
+		if !ok {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeProblem(w, problem(http.StatusMethodNotAllowed, ProblemMethod, "method not allowed", r.Method+" "+r.URL.Path))
+			return
+		}
+		key, p := s.authenticate(r)
+		if p == nil {
+			p = s.limit(key)
+		}
+		if p == nil {
+			p = h(w, r, key)
+		}
+		if p != nil {
+			writeProblem(w, p)
+		}
+	})
+}
+
+// authenticate checks the Bearer key (RFC 6750 section 2.1).
+func (s *Server) authenticate(r *http.Request) (*KeyInfo, *Problem) {
+	auth := r.Header.Get("Authorization")
+	scheme, token, ok := strings.Cut(auth, " ")
+	if auth == "" {
+		return nil, problem(http.StatusUnauthorized, ProblemUnauthorized, "missing API key", "send Authorization: Bearer <key>")
+	}
+	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+		return nil, problem(http.StatusUnauthorized, ProblemUnauthorized, "bad Authorization header", "want the Bearer scheme: Authorization: Bearer <key>")
+	}
+	info, err := s.keys.Lookup(r.Context(), strings.TrimSpace(token))
+	if errors.Is(err, ErrNoKey) {
+		return nil, problem(http.StatusUnauthorized, ProblemUnauthorized, "unknown API key", "the key does not exist or was revoked")
+	}
+	if err != nil {
+		s.log.Error().Err(err).Msg("api key lookup")
+		return nil, unavailable("the key store cannot be read")
+	}
+	return info, nil
+}
+
+// maxLimiters bounds the per-key limiter map; when full it starts again,
+// which at worst grants each key one fresh burst.
+const maxLimiters = 65536
+
+// limit takes one token from key's bucket, or answers 429.
+func (s *Server) limit(key *KeyInfo) *Problem {
+	if s.cfg.Rate < 0 {
+		return nil
+	}
+	s.mu.Lock()
+	lim := s.limiters[key.ID]
+	if lim == nil {
+		if len(s.limiters) >= maxLimiters {
+			s.limiters = map[string]*rate.Limiter{}
+		}
+		lim = rate.NewLimiter(rate.Limit(s.cfg.Rate), s.cfg.Burst)
+		s.limiters[key.ID] = lim
+	}
+	s.mu.Unlock()
+	if lim.Allow() {
+		return nil
+	}
+	res := lim.Reserve()
+	wait := res.Delay()
+	res.Cancel()
+	p := problem(http.StatusTooManyRequests, ProblemRateLimited, "rate limited",
+		fmt.Sprintf("this key may make %g requests per second (bursts of %d)", s.cfg.Rate, s.cfg.Burst))
+	p.RetryAfter = max(1, int(math.Ceil(wait.Seconds())))
+	return p
+}
+
+// unavailable is the 503 for a store that cannot take or answer requests.
+func unavailable(detail string) *Problem {
+	p := problem(http.StatusServiceUnavailable, ProblemUnavailable, "store unavailable", detail)
+	p.RetryAfter = 5
+	return p
+}

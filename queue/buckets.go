@@ -1,0 +1,42 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// KeyValue opens the key-value bucket cfg names, creating or updating it
+// first unless the queue was connected with NoSetup, so that packages above
+// queue (the HTTP API's keys and idempotency records) keep their state in
+// buckets laid out like queue's own: file storage, and the replicas every
+// other stream and bucket has. An admin client (NoSetup) creates a missing
+// bucket all the same: `outflow apikey create` may run before the first
+// `serve` with --api-addr.
+func (q *Queue) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	if q.opts.NoSetup {
+		kv, err := q.js.KeyValue(ctx, cfg.Bucket)
+		if err == nil {
+			return kv, nil
+		}
+		if !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, fmt.Errorf("kv %s: %w", cfg.Bucket, err)
+		}
+	}
+	cfg.Storage = jetstream.FileStorage
+	if cfg.Replicas == 0 {
+		cfg.Replicas = q.opts.Replicas
+	}
+	kv, err := q.js.CreateOrUpdateKeyValue(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kv %s: %w", cfg.Bucket, err)
+	}
+	return kv, nil
+}
+
+// DedupWindow is how long a resubmission with the same idempotency key is
+// recognised (Options.DedupWindow, default 24h).
+func (q *Queue) DedupWindow() time.Duration { return q.opts.DedupWindow }
