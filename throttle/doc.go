@@ -13,7 +13,7 @@
 // only; the buckets are written on state transitions, never per message.
 //
 // Gate is what the delivery loop asks; Throttle implements it and OpenGate
-// admits everything. ThrottleFile is the [throttle], [destinations.X], [[groups]]
+// admits everything. File is the [throttle], [destinations.X], [[groups]]
 // and [[automation]] part of the config file; Suspend, Resume, SetRate,
 // Forget, GetState and ListStates are the operator's commands on the shared
 // state (`outflow dest …`). docs/throttling.md describes the behaviour.

@@ -8,28 +8,28 @@ import (
 	"time"
 )
 
-// ThrottleFile is the throttling part of outflow's TOML config file, in
+// File is the throttling part of outflow's TOML config file, in
 // the shape docs/throttling.md documents:
 //
-//	[throttle]                 # optional knobs (ThrottleSettings)
+//	[throttle]                 # optional knobs (Settings)
 //	[destinations.default]     # limits of every destination
 //	[destinations."gmail.com"] # a domain's (or group's) own limits
 //	[[groups]]                 # provider groups by MX suffix
 //	[[automation]]             # reply -> action rules
 //
 // Decode the file into it with toml.Decode and call Config. The runtime
-// fields of ThrottleConfig (WorkerID, buckets, resolver, callbacks,
+// fields of Config (WorkerID, buckets, resolver, callbacks,
 // logger, registerer) are the caller's to fill.
-type ThrottleFile struct {
-	Throttle     ThrottleSettings      `toml:"throttle"`     // [throttle]: knobs
+type File struct {
+	Throttle     Settings              `toml:"throttle"`     // [throttle]: knobs
 	Destinations map[string]LimitsFile `toml:"destinations"` // [destinations.X]: "default", a domain or a group
 	Groups       []GroupRule           `toml:"groups"`       // [[groups]]
 	Automation   []AutoRule            `toml:"automation"`   // [[automation]]
 }
 
-// ThrottleSettings are the [throttle] knobs; zero values take the
-// ThrottleConfig defaults.
-type ThrottleSettings struct {
+// Settings are the [throttle] knobs; zero values take the
+// Config defaults.
+type Settings struct {
 	// GroupByMX turns provider groups on. Unset: on when the file has
 	// [[groups]], off otherwise.
 	GroupByMX *bool `toml:"group-by-mx"`
@@ -70,10 +70,10 @@ type LimitsFile struct {
 // DefaultDestination is the [destinations.X] name of the defaults.
 const DefaultDestination = "default"
 
-// Config validates the file and returns the ThrottleConfig it describes.
+// Config validates the file and returns the Config it describes.
 // Errors name the destination, group or rule at fault.
-func (f ThrottleFile) Config() (ThrottleConfig, error) {
-	var c ThrottleConfig
+func (f File) Config() (Config, error) {
+	var c Config
 	s := f.Throttle
 	c.BreakerFailures, c.BreakerCooldown, c.MaxWait = s.BreakerFailures, s.BreakerCooldown, s.MaxWait
 	c.DecreaseFactor, c.DecreaseFor = s.DecreaseFactor, s.DecreaseFor

@@ -52,7 +52,7 @@ for = "10m"
 `
 
 func TestThrottleFileConfig(t *testing.T) {
-	var f ThrottleFile
+	var f File
 	md, err := toml.Decode(exampleThrottleTOML, &f)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func TestThrottleFileErrors(t *testing.T) {
 		{"[[groups]]\nname = \"g\"\n", `group "g": needs mx-suffixes`},
 		{"[throttle]\ndecrease-factor = 1.5\n", `decrease-factor`},
 	} {
-		var f ThrottleFile
+		var f File
 		if _, err := toml.Decode(c.toml, &f); err != nil {
 			t.Fatalf("%q: %v", c.toml, err)
 		}
@@ -116,7 +116,7 @@ func TestDocsExampleParses(t *testing.T) {
 		t.Fatal("no toml example in docs/throttling.md")
 	}
 	for _, ex := range m {
-		var f ThrottleFile
+		var f File
 		md, err := toml.Decode(string(ex[1]), &f)
 		if err != nil {
 			t.Fatalf("docs example: %v\n%s", err, ex[1])

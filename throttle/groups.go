@@ -11,7 +11,7 @@ import (
 
 // GroupRule names a provider group: every recipient domain whose MX hosts
 // end in one of MXSuffixes (or that is listed in Domains) shares the
-// group's budget and shared state. Used only when ThrottleConfig.GroupByMX
+// group's budget and shared state. Used only when Config.GroupByMX
 // is set.
 type GroupRule struct {
 	Name string `toml:"name"` // destination name of the group, e.g. "google"

@@ -88,7 +88,7 @@ func TestGroupByMX(t *testing.T) {
 func TestThrottleGroupsShareOneBudget(t *testing.T) {
 	env := startKV(t)
 	res := &fakeMX{calls: map[string]int{}, zone: map[string][]string{"a.test": {"aspmx.l.google.com."}, "b.test": {"alt2.aspmx.l.google.com."}}}
-	th := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+	th := newThrottle(t, env, "a", func(c *Config) {
 		c.GroupByMX, c.Groups, c.Resolver = true, DefaultGroups(), res
 		c.Overrides = map[string]Limits{"google": {Rate: 100}}
 	})

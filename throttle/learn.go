@@ -47,7 +47,7 @@ import (
 // wins over what was learned), `outflow dest forget` clears the learned
 // limits (Forget).
 
-// Defaults of the learning knobs in ThrottleConfig.
+// Defaults of the learning knobs in Config.
 const (
 	DefaultLearnWindow = 2 * time.Second
 	DefaultLearnHold   = 2 * time.Second
@@ -83,7 +83,7 @@ const learnFirstContact = 1.0
 // message rate: it teaches a connection limit and leaves the rate alone.
 var connSignal = regexp.MustCompile(`(?i)too many (concurrent |simultaneous |open |smtp |parallel )*(connections|sessions|conns)|connection (count |rate )?limit|concurrent (smtp )?connections|max(imum)? (number of )?connections`)
 
-// learnConfig is the part of ThrottleConfig the learning math reads.
+// learnConfig is the part of Config the learning math reads.
 type learnConfig struct {
 	decrease float64
 	hold     time.Duration
@@ -92,7 +92,7 @@ type learnConfig struct {
 	min      float64
 }
 
-func (c *ThrottleConfig) learn() learnConfig {
+func (c *Config) learn() learnConfig {
 	return learnConfig{decrease: c.DecreaseFactor, hold: c.LearnHold, every: c.LearnEvery, step: c.LearnStep, min: c.LearnMin}
 }
 

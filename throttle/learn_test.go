@@ -268,7 +268,7 @@ func TestLearnedRateIsSharedAndSplit(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var mu sync.Mutex
 	var changes []string
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+	a := newThrottle(t, env, "a", func(c *Config) {
 		c.Registerer = reg
 		c.LearnHold = time.Hour
 		c.OnLearned = func(dest, change string, s DestState) {
@@ -331,7 +331,7 @@ func TestLearnedRateIsSharedAndSplit(t *testing.T) {
 // holds traffic back; an idle destination keeps its rate.
 func TestLearnedRateClimbsOnlyWhileBinding(t *testing.T) {
 	env := startKV(t)
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+	a := newThrottle(t, env, "a", func(c *Config) {
 		c.LearnHold = 20 * time.Millisecond
 		c.LearnEvery = 40 * time.Millisecond
 		c.MaxWait = time.Hour
@@ -376,7 +376,7 @@ func TestConnectionThrottleTeachesConns(t *testing.T) {
 // rate get consecutive places in its virtual queue, not backoff waves.
 func TestPaceSpacesThrottledMail(t *testing.T) {
 	env := startKV(t)
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 10 })
+	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults.Rate = 10 })
 	if _, _, ok := newThrottle(t, env, "solo", nil).Pace("none.test", ""); ok {
 		// Nothing configured and nothing learned: no rate to pace at.
 		t.Fatal("paced a destination without a rate")

@@ -94,7 +94,7 @@ type DestState struct {
 	LearnedCutAt time.Time `json:"learned_cut_at,omitzero"`
 
 	// Recover is set by Resume: the next worker to clear it (by revision
-	// CAS, so exactly one) calls ThrottleConfig.OnRecover for the
+	// CAS, so exactly one) calls Config.OnRecover for the
 	// destination.
 	Recover bool `json:"recover,omitempty"`
 

@@ -35,7 +35,7 @@ type Limits struct {
 	MaxMsgsPerConn int `json:"max_msgs_per_conn"`
 }
 
-// Defaults of ThrottleConfig.
+// Defaults of Config.
 const (
 	DefaultBreakerFailures = 10
 	DefaultBreakerCooldown = 3 * time.Second
@@ -66,9 +66,9 @@ const (
 	maxSuspendRefusal = time.Hour
 )
 
-// ThrottleConfig configures a Throttle. Zero durations and numbers take
+// Config configures a Throttle. Zero durations and numbers take
 // the defaults named on each field.
-type ThrottleConfig struct {
+type Config struct {
 	// Defaults are the limits of every destination without an override.
 	Defaults Limits
 	// Overrides are complete limits by destination (a domain or a group
@@ -177,7 +177,7 @@ type ThrottleConfig struct {
 }
 
 // withDefaults validates c and fills the defaults.
-func (c ThrottleConfig) withDefaults() (ThrottleConfig, error) {
+func (c Config) withDefaults() (Config, error) {
 	if c.State == nil {
 		return c, errors.New("throttle: no state bucket")
 	}
@@ -266,10 +266,10 @@ func (c ThrottleConfig) withDefaults() (ThrottleConfig, error) {
 // outflow_dest bucket, each live worker's share of the rate (workers
 // register in outflow_workers), adaptive rate, circuit breakers and
 // automation rules. The hot path (Admit, Done) touches only memory; the
-// KV is written on transitions only. Create it with NewThrottle and stop
+// KV is written on transitions only. Create it with New and stop
 // it with Close.
 type Throttle struct {
-	cfg    ThrottleConfig
+	cfg    Config
 	rules  []autoRule
 	groups *grouper
 	log    zerolog.Logger
@@ -354,10 +354,10 @@ type op struct {
 	after  func(before, after DestState) // on a successful write
 }
 
-// NewThrottle loads the shared state and the live workers, registers this
+// New loads the shared state and the live workers, registers this
 // worker, and starts watching both buckets. ctx bounds the Throttle's
 // life as Close does.
-func NewThrottle(ctx context.Context, cfg ThrottleConfig) (*Throttle, error) {
+func New(ctx context.Context, cfg Config) (*Throttle, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err

@@ -58,15 +58,15 @@ func startKV(t testing.TB) *kvEnv {
 }
 
 // newThrottle starts a worker on env; mod adjusts its config.
-func newThrottle(t testing.TB, env *kvEnv, id string, mod func(*ThrottleConfig)) *Throttle {
+func newThrottle(t testing.TB, env *kvEnv, id string, mod func(*Config)) *Throttle {
 	t.Helper()
-	cfg := ThrottleConfig{WorkerID: id, State: env.state, Registry: env.registry}
+	cfg := Config{WorkerID: id, State: env.state, Registry: env.registry}
 	if mod != nil {
 		mod(&cfg)
 	}
-	th, err := NewThrottle(context.Background(), cfg)
+	th, err := New(context.Background(), cfg)
 	if err != nil {
-		t.Fatalf("NewThrottle(%s): %v", id, err)
+		t.Fatalf("New(%s): %v", id, err)
 	}
 	t.Cleanup(func() {
 		if err := th.Close(); err != nil {
@@ -130,8 +130,8 @@ func waitLive(t testing.TB, n int, ths ...*Throttle) {
 func TestThrottleSeenByOneSlowsEveryWorker(t *testing.T) {
 	env := startKV(t)
 	reg := prometheus.NewRegistry()
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 100; c.Registerer = reg })
-	b := newThrottle(t, env, "b", func(c *ThrottleConfig) { c.Defaults.Rate = 100 })
+	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults.Rate = 100; c.Registerer = reg })
+	b := newThrottle(t, env, "b", func(c *Config) { c.Defaults.Rate = 100 })
 	waitLive(t, 2, a, b)
 	if got := b.Snapshot("example.com"); got.FleetRate != 100 || got.WorkerRate != 50 {
 		t.Fatalf("before: fleet %v worker %v, want 100 and 50", got.FleetRate, got.WorkerRate)
@@ -162,8 +162,8 @@ func TestThrottleSeenByOneSlowsEveryWorker(t *testing.T) {
 
 func TestConcurrentCutsDoNotCompound(t *testing.T) {
 	env := startKV(t)
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 100 })
-	b := newThrottle(t, env, "b", func(c *ThrottleConfig) { c.Defaults.Rate = 100 })
+	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults.Rate = 100 })
+	b := newThrottle(t, env, "b", func(c *Config) { c.Defaults.Rate = 100 })
 	waitLive(t, 2, a, b)
 	// Both see the same overload before either sees the other's cut.
 	pa, pb := mustAdmit(t, a, "x.test"), mustAdmit(t, b, "x.test")
@@ -182,7 +182,7 @@ func TestSuspendAndResumeFromOutside(t *testing.T) {
 			recovered.Add(1)
 		}
 	}
-	mod := func(c *ThrottleConfig) { c.Defaults.Rate = 10; c.OnRecover = onRecover }
+	mod := func(c *Config) { c.Defaults.Rate = 10; c.OnRecover = onRecover }
 	a := newThrottle(t, env, "a", mod)
 	b := newThrottle(t, env, "b", mod)
 	until := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
@@ -229,7 +229,7 @@ func TestSuspendAndResumeFromOutside(t *testing.T) {
 func TestSuspensionEndsByTimeAndRecoversOnce(t *testing.T) {
 	env := startKV(t)
 	var recovered atomic.Int32
-	mod := func(c *ThrottleConfig) { c.OnRecover = func(string, float64) { recovered.Add(1) } }
+	mod := func(c *Config) { c.OnRecover = func(string, float64) { recovered.Add(1) } }
 	a := newThrottle(t, env, "a", mod)
 	b := newThrottle(t, env, "b", mod)
 	if err := Suspend(ctxT(t), env.state, "short.test", time.Now().Add(300*time.Millisecond), "test", "ops"); err != nil {
@@ -253,7 +253,7 @@ func TestSuspensionEndsByTimeAndRecoversOnce(t *testing.T) {
 
 func TestWorkerShareFollowsRegistry(t *testing.T) {
 	env := startKV(t)
-	mod := func(c *ThrottleConfig) {
+	mod := func(c *Config) {
 		c.Defaults = Limits{Rate: 100, Conns: 3}
 		c.Heartbeat = 100 * time.Millisecond
 		c.WorkerTTL = 600 * time.Millisecond
@@ -282,7 +282,7 @@ func TestWorkerShareFollowsRegistry(t *testing.T) {
 
 func TestConnsShare(t *testing.T) {
 	env := startKV(t)
-	mod := func(c *ThrottleConfig) { c.Defaults.Conns = 2 }
+	mod := func(c *Config) { c.Defaults.Conns = 2 }
 	a := newThrottle(t, env, "a", mod)
 	b := newThrottle(t, env, "b", mod)
 	waitLive(t, 2, a, b)
@@ -306,7 +306,7 @@ func TestConnsShare(t *testing.T) {
 func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	env := startKV(t)
 	var recovered atomic.Int32
-	mod := func(c *ThrottleConfig) {
+	mod := func(c *Config) {
 		c.BreakerFailures = 3
 		c.BreakerCooldown = 300 * time.Millisecond
 		c.Defaults.Rate = 1000
@@ -378,7 +378,7 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 
 func TestBreakerProbeFailureReopens(t *testing.T) {
 	env := startKV(t)
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.BreakerFailures = 1; c.BreakerCooldown = 200 * time.Millisecond })
+	a := newThrottle(t, env, "a", func(c *Config) { c.BreakerFailures = 1; c.BreakerCooldown = 200 * time.Millisecond })
 	attempt(t, a, "down.test", resConnFail)
 	var probe Permit
 	eventually(t, 2*time.Second, "half-open", func() bool {
@@ -394,7 +394,7 @@ func TestBreakerProbeFailureReopens(t *testing.T) {
 func TestAutomationSuspendsAndIgnoresLocalSignals(t *testing.T) {
 	env := startKV(t)
 	rule := AutoRule{Name: "too-many", Pattern: `4\.7\.0 .*too many`, Threshold: 3, Window: time.Minute, Action: ActionSuspend, For: time.Hour}
-	mod := func(c *ThrottleConfig) { c.Automation = []AutoRule{rule}; c.DecreaseFor = time.Hour }
+	mod := func(c *Config) { c.Automation = []AutoRule{rule}; c.DecreaseFor = time.Hour }
 	a := newThrottle(t, env, "a", mod)
 	b := newThrottle(t, env, "b", mod)
 
@@ -441,7 +441,7 @@ func TestAutomationSuspendsAndIgnoresLocalSignals(t *testing.T) {
 func TestAutomationRateAction(t *testing.T) {
 	env := startKV(t)
 	rule := AutoRule{Name: "slow", Rule: "rate-", Class: "throttled", Threshold: 2, Window: time.Minute, Action: ActionRate, Value: 2, For: time.Hour}
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+	a := newThrottle(t, env, "a", func(c *Config) {
 		c.Automation = []AutoRule{rule}
 		c.Defaults.Rate = 100
 		c.DecreaseFor = time.Hour
@@ -457,7 +457,7 @@ func TestAutomationRateAction(t *testing.T) {
 func TestAdaptiveRateRampsBack(t *testing.T) {
 	env := startKV(t)
 	reg := prometheus.NewRegistry()
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+	a := newThrottle(t, env, "a", func(c *Config) {
 		c.Defaults.Rate = 1000
 		c.DecreaseFor = 150 * time.Millisecond
 		c.IncreaseEvery = 50 * time.Millisecond
@@ -489,7 +489,7 @@ func TestAdaptiveRateRampsBack(t *testing.T) {
 
 func TestSetRateFromOutside(t *testing.T) {
 	env := startKV(t)
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 10 })
+	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults.Rate = 10 })
 	if err := SetRate(ctxT(t), env.state, "s.test", 40, time.Now().Add(time.Hour), "ops"); err != nil {
 		t.Fatal(err)
 	}
@@ -526,7 +526,7 @@ func TestSetRateFromOutside(t *testing.T) {
 func TestAggregateRate(t *testing.T) {
 	env := startKV(t)
 	const rate = 50.0
-	mod := func(c *ThrottleConfig) { c.Defaults.Rate = rate; c.MaxWait = 10 * time.Second }
+	mod := func(c *Config) { c.Defaults.Rate = rate; c.MaxWait = 10 * time.Second }
 	a := newThrottle(t, env, "a", mod)
 	b := newThrottle(t, env, "b", mod)
 	waitLive(t, 2, a, b)
@@ -577,7 +577,7 @@ func TestAggregateRate(t *testing.T) {
 // an ordinary token.
 func TestRateRefusalsComeBackSpaced(t *testing.T) {
 	env := startKV(t)
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults.Rate = 10; c.MaxWait = -1 })
+	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults.Rate = 10; c.MaxWait = -1 })
 	attempt(t, a, "sp.test", resDelivered) // the first token
 	var untils []time.Time
 	for range 4 {
@@ -602,7 +602,7 @@ func TestRateRefusalsComeBackSpaced(t *testing.T) {
 
 func TestHotPathWritesNothing(t *testing.T) {
 	env := startKV(t)
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) { c.Defaults = Limits{Rate: 1e6, Conns: 100} })
+	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults = Limits{Rate: 1e6, Conns: 100} })
 	attempt(t, a, "hot.test", resThrottled) // one transition
 	eventually(t, 5*time.Second, "cut written", func() bool {
 		_, err := env.state.Get(ctxT(t), StateKey("hot.test"))
@@ -641,7 +641,7 @@ func BenchmarkAdmitDone(b *testing.B) {
 		{"limited", Limits{Rate: 1e9, Conns: 1 << 20}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			th := newThrottle(b, env, "bench-"+bc.name, func(c *ThrottleConfig) { c.Defaults = bc.limits })
+			th := newThrottle(b, env, "bench-"+bc.name, func(c *Config) { c.Defaults = bc.limits })
 			ctx := context.Background()
 			res := []classify.Result{resDelivered}
 			b.ReportAllocs()
@@ -679,7 +679,7 @@ func metricValue(t testing.TB, m prometheus.Metric) float64 {
 func TestIdleStateIsForgotten(t *testing.T) {
 	env := startKV(t)
 	reg := prometheus.NewRegistry()
-	a := newThrottle(t, env, "a", func(c *ThrottleConfig) {
+	a := newThrottle(t, env, "a", func(c *Config) {
 		c.Defaults.Rate = 100
 		c.Registerer = reg
 		c.stateIdleTTL = 300 * time.Millisecond

@@ -54,7 +54,7 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 // configured limits of every destination.
 func newThrottle(t *testing.T, e *env, defaults throttle.Limits) *throttle.Throttle {
 	t.Helper()
-	th, err := throttle.NewThrottle(context.Background(), throttle.ThrottleConfig{WorkerID: "w-test",
+	th, err := throttle.New(context.Background(), throttle.Config{WorkerID: "w-test",
 		State: e.q.DestKV(), Registry: e.q.WorkersKV(), Defaults: defaults})
 	if err != nil {
 		t.Fatal(err)

@@ -77,7 +77,7 @@ type serveConfig struct {
 	DKIM            []dkimConfig      `toml:"dkim"`
 	// [throttle], [destinations.X], [[groups]], [[automation]]: see
 	// docs/throttling.md.
-	throttle.ThrottleFile
+	throttle.File
 }
 
 // dkimConfig is one [[dkim]] section: the key that signs mail whose sender

@@ -59,7 +59,7 @@ func TestDocumentedExampleParses(t *testing.T) {
 	if c.RetryBase.Seconds() != 5 {
 		t.Errorf("retry-base = %v, want the default 5s where neither file nor flag set it", c.RetryBase)
 	}
-	tc, err := c.ThrottleFile.Config()
+	tc, err := c.File.Config()
 	if err != nil {
 		t.Fatal(err)
 	}

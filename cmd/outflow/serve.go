@@ -288,7 +288,7 @@ func serve(parent context.Context, c *serveConfig) error {
 // state through the queue's KV buckets, and releases a destination's
 // deferred mail at its rate when it recovers.
 func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, reg prometheus.Registerer, log zerolog.Logger) (*throttle.Throttle, error) {
-	tc, err := c.ThrottleFile.Config()
+	tc, err := c.File.Config()
 	if err != nil {
 		return nil, usageError{fmt.Errorf("config: %w", err)}
 	}
@@ -300,7 +300,7 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 	}
 	tc.WorkerID, tc.State, tc.Registry = workerID, q.DestKV(), q.WorkersKV()
 	tc.Resolver, tc.Logger, tc.Registerer = net.DefaultResolver, log, reg
-	// OnRecover may run before NewThrottle returns; it reads the throttle
+	// OnRecover may run before throttle.New returns; it reads the throttle
 	// through an atomic pointer.
 	var tp atomic.Pointer[throttle.Throttle]
 	tc.OnRecover = func(dest string, rate float64) {
@@ -324,7 +324,7 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 		q.Event(queue.EventLearned, &queue.Event{ID: queue.Token(dest), Dest: dest, Worker: workerID,
 			Reason: change + ": " + s.LearnedReason, State: b})
 	}
-	t, err := throttle.NewThrottle(ctx, tc)
+	t, err := throttle.New(ctx, tc)
 	if err != nil {
 		return nil, err
 	}
