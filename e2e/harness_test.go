@@ -70,6 +70,7 @@ type daemon struct {
 	cmd      *exec.Cmd
 	SMTPAddr string
 	HTTPAddr string
+	APIAddr  string // the HTTP API's listener, from its "HTTP API serving" line
 	Data     string
 	logMu    sync.Mutex
 	logs     bytes.Buffer
@@ -82,7 +83,7 @@ type daemon struct {
 func startDaemon(t *testing.T, data string, args ...string) *daemon {
 	t.Helper()
 	all := append([]string{"serve", "--data", data, "--smtp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-		"--nats-addr", "127.0.0.1:0", "--log-level", "info", "--shutdown-grace", "10s"}, args...)
+		"--api-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0", "--log-level", "info", "--shutdown-grace", "10s"}, args...)
 	cmd := exec.Command(binary, all...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -103,6 +104,14 @@ func startDaemon(t *testing.T, data string, args ...string) *daemon {
 			d.logs.Write(line)
 			d.logs.WriteByte('\n')
 			d.logMu.Unlock()
+			if bytes.Contains(line, []byte(`"HTTP API serving"`)) {
+				var m map[string]any
+				if json.Unmarshal(line, &m) == nil {
+					d.logMu.Lock()
+					d.APIAddr, _ = m["api_addr"].(string)
+					d.logMu.Unlock()
+				}
+			}
 			if bytes.Contains(line, []byte(`"outflow serving"`)) {
 				var m map[string]any
 				if json.Unmarshal(line, &m) == nil {

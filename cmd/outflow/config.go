@@ -78,6 +78,8 @@ type serveConfig struct {
 	// [throttle], [destinations.X], [[groups]], [[automation]]: see
 	// docs/throttling.md.
 	throttle.File
+	// api-addr and the other HTTP API keys: cmd/outflow/api.go.
+	apiConfig
 }
 
 // dkimConfig is one [[dkim]] section: the key that signs mail whose sender
@@ -145,6 +147,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.DurationVar(&c.DataTimeout, "data-timeout", 3*time.Minute, "each block of the message body written to the server (RFC 5321 4.5.3.2.5)")
 	fs.DurationVar(&c.FinalDotTimeout, "final-dot-timeout", 10*time.Minute, "the reply to the final dot; past it the outcome is unknown (RFC 5321 4.5.3.2.6)")
 	fs.StringVar(&c.TLSPolicy, "tls-policy", "opportunistic", "TLS to MX hosts: opportunistic, required or none (per destination: [tls-destinations] in the config)")
+	bindAPIFlags(fs, &c.apiConfig)
 }
 
 // loadConfigFile applies the config file under the flags: it remembers the

@@ -240,6 +240,12 @@ func serve(parent context.Context, c *serveConfig) error {
 		ln.Close()
 		return err
 	}
+	stopAPI, err := startAPI(ctx, c, q, emb, hostname, log)
+	if err != nil {
+		ln.Close()
+		_ = httpSrv.Close()
+		return err
+	}
 
 	workCtx, stopWork := context.WithCancel(ctx)
 	defer stopWork()
@@ -269,6 +275,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	if err := sub.Shutdown(shCtx); err != nil {
 		log.Warn().Err(err).Msg("submission shutdown")
 	}
+	stopAPI(shCtx)
 	stopWork()
 	select {
 	case <-poolDone:

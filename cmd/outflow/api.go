@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/outflow/outflow/api"
+	"github.com/outflow/outflow/queue"
+)
+
+// apiConfig is the HTTP API's part of serveConfig; each field is a flag
+// and a config-file key of the same name.
+type apiConfig struct {
+	APIAddr    string  `toml:"api-addr"`
+	APITLSCert string  `toml:"api-tls-cert"`
+	APITLSKey  string  `toml:"api-tls-key"`
+	APIRate    float64 `toml:"api-rate"`
+	APIBurst   int     `toml:"api-burst"`
+}
+
+// bindAPIFlags registers the HTTP API's flags on fs.
+func bindAPIFlags(fs *pflag.FlagSet, c *apiConfig) {
+	fs.StringVar(&c.APIAddr, "api-addr", api.DefaultAddr, "HTTP submission API listener (\"\" for none)")
+	fs.StringVar(&c.APITLSCert, "api-tls-cert", "", "certificate for HTTPS on --api-addr (default plain HTTP)")
+	fs.StringVar(&c.APITLSKey, "api-tls-key", "", "key for --api-tls-cert")
+	fs.Float64Var(&c.APIRate, "api-rate", api.DefaultRate, "requests per second each API key may make (429 above; negative: no limit)")
+	fs.IntVar(&c.APIBurst, "api-burst", api.DefaultBurst, "requests an API key may make at once above --api-rate")
+}
+
+// apiQueue is the queue as the API sees it: its Enqueue fails at once
+// while the embedded JetStream is down, like the SMTP listener's.
+type apiQueue struct {
+	*queue.Queue
+	enq enqueuer
+}
+
+func (a apiQueue) Enqueue(ctx context.Context, s *queue.Submission) ([]string, error) {
+	return a.enq.Enqueue(ctx, s)
+}
+
+// startAPI serves the HTTP API on --api-addr until the returned stop is
+// called; stop lets requests in progress finish (their enqueue, then their
+// 202 or 503) within ctx. With --api-addr "" it serves nothing.
+func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Embedded, hostname string, log zerolog.Logger) (func(context.Context), error) {
+	if c.APIAddr == "" {
+		return func(context.Context) {}, nil
+	}
+	var tlsConf *tls.Config
+	if c.APITLSCert != "" || c.APITLSKey != "" {
+		cert, err := tls.LoadX509KeyPair(c.APITLSCert, c.APITLSKey)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--api-tls-cert/--api-tls-key: %w", err)}
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	srv, err := api.New(setup, api.Config{
+		Queue: apiQueue{q, enqueuer{q, emb}}, Buckets: q, Hostname: hostname,
+		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients,
+		Rate: c.APIRate, Burst: c.APIBurst, IdempotencyTTL: q.DedupWindow(), Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", c.APIAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--api-addr: %w", err)
+	}
+	if tlsConf != nil {
+		ln = tls.NewListener(ln, tlsConf)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 5 * time.Minute,
+		IdleTimeout: 2 * time.Minute}
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				log.Error().Str("panic", fmt.Sprint(p)).Msg("api listener panicked")
+			}
+		}()
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error().Err(err).Msg("api listener stopped")
+		}
+	}()
+	log.Info().Str("api_addr", ln.Addr().String()).Bool("tls", tlsConf != nil).Msg("HTTP API serving")
+	return func(ctx context.Context) {
+		if err := hs.Shutdown(ctx); err != nil {
+			log.Warn().Err(err).Msg("api shutdown")
+		}
+	}, nil
+}
+
+func init() {
+	a := &adminFlags{}
+	kc := &cobra.Command{Use: "apikey", Short: "create, list and revoke HTTP API keys"}
+	a.bind(kc)
+
+	var tenant string
+	var admin bool
+	create := &cobra.Command{
+		Use:   "create --tenant T [--admin]",
+		Short: "create a key for a tenant and print it (it is shown only now; only its hash is stored)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if tenant == "" {
+				return usageError{errors.New("--tenant is required")}
+			}
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				keys, err := api.OpenKeys(ctx, q)
+				if err != nil {
+					return err
+				}
+				key, info, err := keys.Create(ctx, tenant, admin)
+				if err != nil {
+					return usageError{err}
+				}
+				if a.json {
+					return printJSON(cmd.OutOrStdout(), struct {
+						Key string `json:"key"`
+						*api.KeyInfo
+					}{key, info})
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), key)
+				fmt.Fprintf(os.Stderr, "outflow: key %s for tenant %s created; it is shown only now\n", info.ID, info.Tenant)
+				return nil
+			})
+		},
+	}
+	create.Flags().StringVar(&tenant, "tenant", "", "the tenant the key submits as (as an SMTP AUTH user does)")
+	create.Flags().BoolVar(&admin, "admin", false, "the key may also read every tenant's messages (and sign in to the console)")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "list keys: id, tenant, admin, created (never the key itself)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				keys, err := api.OpenKeys(ctx, q)
+				if err != nil {
+					return err
+				}
+				infos, err := keys.List(ctx)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				if a.json {
+					for _, k := range infos {
+						if err := printJSON(out, struct {
+							ID      string    `json:"id"`
+							Tenant  string    `json:"tenant"`
+							Admin   bool      `json:"admin"`
+							Created time.Time `json:"created"`
+						}{k.ID, k.Tenant, k.Admin, k.Created}); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tTENANT\tADMIN\tCREATED")
+				for _, k := range infos {
+					fmt.Fprintf(tw, "%s\t%s\t%t\t%s\n", k.ID, k.Tenant, k.Admin, k.Created.Format(time.RFC3339))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	revoke := &cobra.Command{
+		Use:   "revoke ID",
+		Short: "revoke a key by the id `apikey list` shows; it is refused from the next request on",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				keys, err := api.OpenKeys(ctx, q)
+				if err != nil {
+					return err
+				}
+				info, err := keys.Revoke(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (tenant %s)\n", info.ID, info.Tenant)
+				return nil
+			})
+		},
+	}
+	kc.AddCommand(create, list, revoke)
+	rootCmd.AddCommand(kc)
+}
