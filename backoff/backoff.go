@@ -10,7 +10,10 @@ import (
 
 // Lane names. A lane is a queue of deferred messages with its own backoff
 // parameters: transient failures go to the retry lane, throttled ones to the
-// slower rate-limit lane.
+// slower rate-limit lane. They are defined here, once: package queue names
+// its lanes (queue.LaneRetry, queue.LaneRateLimit), streams and subjects
+// after them, and backoff, which imports nothing of outflow's, is the one
+// package both it and the callers of ForLane can depend on.
 const (
 	LaneRetry     = "retry"
 	LaneRateLimit = "ratelimit"

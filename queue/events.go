@@ -78,7 +78,7 @@ type Event struct {
 	Reason     string    `json:"reason,omitempty"`
 	Recipients []string  `json:"recipients,omitempty"`
 	// Decision is the full decision record (backoff.Record as JSON) for
-	// attempts; kept raw so queue does not depend on backoff.
+	// attempts; kept raw so that queue stores it without decoding it.
 	Decision json.RawMessage `json:"decision,omitempty"`
 	// State is a destination's shared throttle state after the change
 	// (dest-learned events); kept raw like Decision.

@@ -65,7 +65,7 @@ func (c *DepthCollector) read() []prometheus.Metric {
 	streams := []struct {
 		lane string
 		s    jetstream.Stream
-	}{{"work", c.q.lanes[LaneWork]}, {"retry", c.q.lanes[LaneRetry]}, {"ratelimit", c.q.lanes[LaneRateLimit]}, {"dead", c.q.dead}}
+	}{{string(LaneWork), c.q.lanes[LaneWork]}, {string(LaneRetry), c.q.lanes[LaneRetry]}, {string(LaneRateLimit), c.q.lanes[LaneRateLimit]}, {"dead", c.q.dead}}
 	for _, st := range streams {
 		info, err := st.s.Info(ctx)
 		if err != nil {

@@ -2,6 +2,8 @@ package queue
 
 import (
 	"strings"
+
+	"github.com/outflow/outflow/backoff"
 )
 
 // Subject layout. Every subject outflow uses starts with "outflow.".
@@ -20,17 +22,21 @@ const (
 	subjEvents     = "outflow.events."
 )
 
-// Lane names one of the three queues an envelope can wait in.
+// Lane names one of the three queues an envelope can wait in. The name is
+// also the second token of the lane's subjects.
 type Lane string
 
+// The two deferred lanes take their names from package backoff, which
+// defines them once with each lane's backoff parameters: backoff imports
+// nothing of outflow's, so it cannot take them from here.
 const (
 	// LaneWork is fresh mail, straight from submission or replay.
 	LaneWork Lane = "work"
 	// LaneRetry holds envelopes deferred after a transient failure.
-	LaneRetry Lane = "retry"
+	LaneRetry Lane = backoff.LaneRetry
 	// LaneRateLimit holds envelopes deferred because the destination
 	// throttled us; its consumer is the slow lane.
-	LaneRateLimit Lane = "ratelimit"
+	LaneRateLimit Lane = backoff.LaneRateLimit
 )
 
 func schedSubject(l Lane, dest, id string) string {
