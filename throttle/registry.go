@@ -4,11 +4,27 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// DefaultWorkerID returns the id a process goes by when none is configured:
+// hostname-pid, stable enough for logs and distinct per process on one
+// machine ("outflow-pid" when the hostname is unavailable). The id names
+// the process's registry key, its share of each rate, UpdatedBy in the
+// shared state, its per-worker backoff offset and its log lines, so serve,
+// the delivery loop and Config all take it from here.
+func DefaultWorkerID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "outflow"
+	}
+	return h + "-" + strconv.Itoa(os.Getpid())
+}
 
 // workerRecord is the value of a registry key.
 type workerRecord struct {

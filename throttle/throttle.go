@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"runtime/debug"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,7 +139,7 @@ type Config struct {
 	OnLearned func(dest, change string, s DestState)
 
 	// WorkerID names this worker in the registry, in UpdatedBy and in
-	// logs. Default hostname-pid.
+	// logs. Default: DefaultWorkerID(), hostname-pid.
 	WorkerID string
 	// State is the shared destination state bucket (outflow_dest).
 	// Required.
@@ -255,8 +253,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.stateIdleTTL = stateIdleTTL
 	}
 	if c.WorkerID == "" {
-		h, _ := os.Hostname()
-		c.WorkerID = h + "-" + strconv.Itoa(os.Getpid())
+		c.WorkerID = DefaultWorkerID()
 	}
 	return c, nil
 }

@@ -47,7 +47,7 @@ type Signer interface {
 // Config configures a Pool.
 type Config struct {
 	// WorkerID names this process in logs, decision records and the
-	// contention offset. Default: hostname-pid.
+	// contention offset. Default: throttle.DefaultWorkerID(), hostname-pid.
 	WorkerID string
 	// Workers is the number of concurrent deliveries. Default 16.
 	Workers int
@@ -92,7 +92,7 @@ func New(cfg Config) (*Pool, error) {
 		cfg.Workers = 16
 	}
 	if cfg.WorkerID == "" {
-		cfg.WorkerID = DefaultWorkerID()
+		cfg.WorkerID = throttle.DefaultWorkerID()
 	}
 	if cfg.Unknown == "" {
 		cfg.Unknown = UnknownRetry
@@ -204,10 +204,6 @@ func (p *deliverer) safeHandle(ctx context.Context, d *queue.Delivery) {
 		p.log.Error().Err(err).Str("msg_id", d.Env.ID).Str("dest", d.Env.Dest).Msg("delivery step failed; envelope will be redelivered")
 	}
 }
-
-// DefaultWorkerID is hostname-pid, stable enough for logs and distinct per
-// process on one machine.
-func DefaultWorkerID() string { return defaultWorkerID() }
 
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")

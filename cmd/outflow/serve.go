@@ -88,7 +88,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	}
 	workerID := c.WorkerID
 	if workerID == "" {
-		workerID = worker.DefaultWorkerID()
+		workerID = throttle.DefaultWorkerID()
 	}
 	log = log.With().Str("worker_id", workerID).Logger()
 
