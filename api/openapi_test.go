@@ -1,0 +1,118 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers/legacy"
+)
+
+// TestHandlerMatchesOpenAPI loads docs/openapi.yaml, checks it is a valid
+// OpenAPI document, and checks the real handler's requests and responses
+// against it: every documented status, with valid and invalid requests.
+func TestHandlerMatchesOpenAPI(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	doc, err := openapi3.NewLoader().LoadFromFile("../docs/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := doc.Validate(ctx); err != nil {
+		t.Fatalf("docs/openapi.yaml: %v", err)
+	}
+	router, err := legacy.NewRouter(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, func(c *Config) { c.Rate, c.Burst = 0.001, 13 }) // the 14th authenticated call is the 429
+
+	type call struct {
+		name, method, path string
+		body               any
+		hdr                map[string]string
+		status             int
+		validRequest       bool // the request conforms to the document
+	}
+	good := map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "subject": "s", "text": "hi",
+		"attachments": []map[string]any{{"filename": "a.txt", "content": "aGk="}}}
+	calls := []call{
+		{"accepted", "POST", "/v1/messages", good, nil, 202, true},
+		{"raw", "POST", "/v1/messages", map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "raw": "Subject: x\n\nhi\n"}, nil, 202, true},
+		{"idempotent", "POST", "/v1/messages", good, map[string]string{"Idempotency-Key": "k1"}, 202, true},
+		{"idempotent repeat", "POST", "/v1/messages", good, map[string]string{"Idempotency-Key": "k1"}, 202, true},
+		{"key reused", "POST", "/v1/messages", map[string]any{"from": "a@src.example", "to": []string{"c@one.example"}, "text": "x"}, map[string]string{"Idempotency-Key": "k1"}, 422, true},
+		{"bad address", "POST", "/v1/messages", map[string]any{"from": "a@src.example", "to": []string{"nope"}, "text": "x"}, nil, 422, true},
+		{"bad json", "POST", "/v1/messages", "{", nil, 400, false},
+		{"unknown field", "POST", "/v1/messages", map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "txt": "x"}, nil, 400, false},
+		{"missing to", "POST", "/v1/messages", map[string]any{"from": "a@src.example", "text": "x"}, nil, 400, false},
+		{"media type", "POST", "/v1/messages", "x", map[string]string{"Content-Type": "text/plain"}, 415, false},
+		{"no key", "POST", "/v1/messages", good, map[string]string{"Authorization": ""}, 401, true}, // keys are checked by the handler, not the document
+		{"status", "GET", "/v1/messages/{first}", nil, nil, 200, true},
+		{"unknown id", "GET", "/v1/messages/nosuch", nil, nil, 404, true},
+		{"store down", "POST", "/v1/messages", good, nil, 503, true},
+		{"rate limited", "POST", "/v1/messages", good, nil, 429, true},
+	}
+	var first string
+	for _, c := range calls {
+		t.Run(c.name, func(t *testing.T) {
+			f.fq.fail.Store(c.status == 503)
+			var raw []byte
+			switch b := c.body.(type) {
+			case nil:
+			case string:
+				raw = []byte(b)
+			default:
+				raw, _ = json.Marshal(b)
+			}
+			path := c.path
+			if path == "/v1/messages/{first}" {
+				path = "/v1/messages/" + first
+			}
+			req := httptest.NewRequest(c.method, "http://127.0.0.1:8025"+path, bytes.NewReader(raw))
+			if raw != nil {
+				req.Header.Set("Content-Type", "application/json")
+			}
+			req.Header.Set("Authorization", "Bearer "+f.key)
+			for k, v := range c.hdr {
+				if v == "" {
+					req.Header.Del(k)
+				} else {
+					req.Header.Set(k, v)
+				}
+			}
+			route, params, err := router.FindRoute(req)
+			if err != nil {
+				t.Fatalf("no route in the document: %v", err)
+			}
+			in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route,
+				Options: &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc}}
+			if err := openapi3filter.ValidateRequest(ctx, in); (err == nil) != c.validRequest {
+				t.Fatalf("request valid per document: %v, want %v", err, c.validRequest)
+			}
+			req.Body = io.NopCloser(bytes.NewReader(raw))
+			rec := httptest.NewRecorder()
+			f.srv.Handler().ServeHTTP(rec, req)
+			if rec.Code != c.status {
+				t.Fatalf("status %d, want %d: %s", rec.Code, c.status, rec.Body)
+			}
+			if c.name == "accepted" {
+				var a Accepted
+				_ = json.Unmarshal(rec.Body.Bytes(), &a)
+				first = a.IDs[0]
+			}
+			out := &openapi3filter.ResponseValidationInput{RequestValidationInput: in, Status: rec.Code, Header: rec.Header(),
+				Options: &openapi3filter.Options{IncludeResponseStatus: true}}
+			out.SetBodyBytes(rec.Body.Bytes())
+			if err := openapi3filter.ValidateResponse(ctx, out); err != nil {
+				t.Fatalf("response does not match docs/openapi.yaml: %v\n%s", err, rec.Body)
+			}
+		})
+	}
+}
