@@ -54,11 +54,14 @@ func runbookScript(t *testing.T, httpAddr string) string {
 // runs every command of docs/runbook.md against it, in order.
 func TestRunbookCommands(t *testing.T) {
 	var mu sync.Mutex
-	throttles := 0
+	throttles, learnThrottles := 0, 0
 	mx := fakemx.Start(t, fakemx.Options{Hook: func(stage fakemx.Stage, arg string) *smtp.SMTPError {
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
+		case stage == fakemx.StageRcpt && strings.HasSuffix(arg, "@learned.test") && learnThrottles < 2:
+			learnThrottles++
+			return &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 7, 28}, Message: "Our system has detected an unusual rate of unsolicited mail originating from your IP address. To protect our users from spam, mail sent from your IP address has been temporarily rate limited."}
 		case stage == fakemx.StageRcpt && strings.HasSuffix(arg, "@throttled.test") && throttles < 3:
 			throttles++
 			return &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 7, 28}, Message: "Our system has detected an unusual rate of unsolicited mail originating from your IP address. To protect our users from spam, mail sent from your IP address has been temporarily rate limited."}
@@ -70,12 +73,18 @@ func TestRunbookCommands(t *testing.T) {
 		return nil
 	}})
 	dir := t.TempDir()
-	d := startDaemon(t, filepath.Join(dir, "data"), "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none",
-		"--unknown-policy", "hold", "--max-attempts", "2", "--dest-rate", "20",
+	// throttled.test has a configured rate; learned.test has none and
+	// learns one from its throttles.
+	conf := filepath.Join(dir, "outflow.toml")
+	if err := os.WriteFile(conf, []byte("[destinations.\"throttled.test\"]\nrate = 20\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, filepath.Join(dir, "data"), "--config", conf, "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none",
+		"--unknown-policy", "hold", "--max-attempts", "2",
 		"--retry-base", "50ms", "--retry-min", "50ms", "--retry-cap", "100ms",
 		"--ratelimit-base", "1h", "--ratelimit-min", "1h", "--ratelimit-cap", "2h")
 	cl := dialAuth(t, d.SMTPAddr, testUser, testPassword)
-	for i, rcpt := range []string{"a@throttled.test", "b@throttled.test", "c@throttled.test", "x@broken.test", "y@lost.test"} {
+	for i, rcpt := range []string{"a@throttled.test", "b@throttled.test", "c@throttled.test", "x@broken.test", "y@lost.test", "l@learned.test"} {
 		if err := submit(cl, "app@sender.test", []string{rcpt}, message("rb"+string(rune('0'+i)), "")); err != nil {
 			t.Fatal(err)
 		}
@@ -86,9 +95,9 @@ func TestRunbookCommands(t *testing.T) {
 			t.Logf("queue:\n%s", d.cli(t, "queue", "list"))
 		}
 	}()
-	waitFor(t, 30*time.Second, "the incident: 3 throttled, 1 dead, 1 held", func() bool {
-		return len(d.listIDs(t, "--state", "throttled")) == 3 && len(d.listIDs(t, "--state", "dead")) == 1 &&
-			len(d.listIDs(t, "--state", "unknown")) == 1
+	waitFor(t, 30*time.Second, "the incident: 3 throttled, 1 dead, 1 held, a rate learned", func() bool {
+		return len(d.listIDs(t, "--state", "throttled", "--dest", "throttled.test")) == 3 && len(d.listIDs(t, "--state", "dead")) == 1 &&
+			len(d.listIDs(t, "--state", "unknown")) == 1 && !strings.Contains(d.cli(t, "dest", "status", "learned.test"), "learned:       nothing")
 	})
 	cmd := exec.Command("bash", "-c", runbookScript(t, d.HTTPAddr))
 	cmd.Dir = dir
@@ -98,7 +107,8 @@ func TestRunbookCommands(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("runbook failed: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"throttled.test: at most 5/s", "suspended until", "throttled.test: resumed", "queued again"} {
+	for _, want := range []string{"throttled.test: at most 5/s", "suspended until", "throttled.test: resumed", "queued again",
+		"/s since", "learned.test: learned limits cleared", "outflow_dest_learned_rate{dest=\"learned.test\"}"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("runbook output lacks %q", want)
 		}

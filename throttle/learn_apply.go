@@ -28,31 +28,41 @@ func (t *Throttle) weight(tenant string) float64 {
 // tenant that comes to a destination with a long backlog of another
 // tenant's mail waits for its own few envelopes only. d.mu held.
 func (d *dest) slot(tenant string, at, now time.Time, fleet float64, weight func(string) float64, horizon time.Duration) time.Time {
-	if d.vq == nil {
-		d.vq = map[string]vqTail{}
+	return slotIn(&d.vq, &d.park, tenant, at, now, fleet, weight, horizon)
+}
+
+// slotIn is slot over one virtual queue: its tails by tenant and its
+// parking. at is the earliest place (at least now).
+func slotIn(tails *map[string]vqTail, park *parking, tenant string, at, now time.Time, fleet float64, weight func(string) float64, horizon time.Duration) time.Time {
+	if *tails == nil {
+		*tails = map[string]vqTail{}
 	}
+	vq := *tails
 	own := weight(tenant)
 	total := own
-	for other, q := range d.vq {
+	for other, q := range vq {
 		if !q.end.After(now) {
-			delete(d.vq, other)
+			delete(vq, other)
 			continue
 		}
 		if other != tenant {
 			total += weight(other)
 		}
 	}
-	q := d.vq[tenant]
+	if at.Before(now) {
+		at = now
+	}
+	q := vq[tenant]
 	until := q.end
 	if until.Before(at) {
 		until = at
 	}
-	if horizon > 0 && until.Sub(now) > d.park.horizon(now, horizon) {
-		return d.park.place(now)
+	if horizon > 0 && until.Sub(at) > park.horizon(now, horizon) {
+		return park.place(at)
 	}
 	q.every = time.Duration(float64(time.Second) * total / (own * fleet))
 	q.end = until.Add(q.every)
-	d.vq[tenant] = q
+	vq[tenant] = q
 	return until
 }
 
@@ -98,13 +108,14 @@ func (p *parking) horizon(now time.Time, base time.Duration) time.Duration {
 	return p.h
 }
 
-// place parks one envelope: between one and two horizons ahead, spread
-// by the golden ratio so consecutive envelopes do not return together.
-func (p *parking) place(now time.Time) time.Time {
+// place parks one envelope: between one and two horizons after from,
+// spread by the golden ratio so consecutive envelopes do not return
+// together.
+func (p *parking) place(from time.Time) time.Time {
 	p.n++
 	p.seq++
 	frac := float64(p.seq*11400714819323198485>>11) / (1 << 53)
-	return now.Add(p.h + time.Duration(frac*float64(p.h)))
+	return from.Add(p.h + time.Duration(frac*float64(p.h)))
 }
 
 // tenantActive is how long after its last admission a tenant counts as
@@ -162,22 +173,28 @@ type vqTail struct {
 // due; d.mu held.
 func (d *dest) waiting(now time.Time) int {
 	n := 0.0
-	for _, q := range d.vq {
-		if ahead := q.end.Sub(now); ahead > 0 && q.every > 0 {
-			n += float64(ahead) / float64(q.every)
+	for _, vq := range []map[string]vqTail{d.vq, d.thr} {
+		for _, q := range vq {
+			if ahead := q.end.Sub(now); ahead > 0 && q.every > 0 {
+				n += float64(ahead) / float64(q.every)
+			}
 		}
 	}
 	return int(n + 0.5)
 }
 
 // Pace gives an envelope that a throttled reply deferred its place in the
-// destination's virtual queue, in its tenant's share, when the destination
-// has a rate (configured, pinned or learned): throttled mail then comes
-// back at the destination's current rate, oldest first, instead of in
-// waves on individual backoff timers. ok is false for a destination
-// without a rate; the caller then uses the rate-limit lane's backoff.
-// by describes the rate for the decision record ("10.00/s learned").
-func (t *Throttle) Pace(domain, tenant string) (at time.Time, by string, ok bool) {
+// destination's queue of throttled mail, in its tenant's share, when the
+// destination has a rate (configured, pinned or learned): throttled mail
+// then comes back at the destination's current rate, oldest first, instead
+// of in waves on individual backoff timers. The queue starts no earlier
+// than earliest (the rate-limit lane's minimum delay: throttled mail still
+// waits on the slower lane) and is kept apart from the queue of envelopes
+// refused for the rate, so that fresh mail does not wait behind it. ok is
+// false for a destination without a rate; the caller then uses the lane's
+// backoff. by describes the rate for the decision record ("10.00/s
+// learned").
+func (t *Throttle) Pace(domain, tenant string, earliest time.Time) (at time.Time, by string, ok bool) {
 	d := t.getDest(t.Group(domain))
 	now := time.Now()
 	d.mu.Lock()
@@ -187,8 +204,11 @@ func (t *Throttle) Pace(domain, tenant string) (at time.Time, by string, ok bool
 		return time.Time{}, "", false
 	}
 	first := now.Add(time.Duration(float64(time.Second) / fleet))
+	if first.Before(earliest) {
+		first = earliest
+	}
 	by = strconv.FormatFloat(fleet, 'f', 2, 64) + "/s " + t.rateSource(d.limits, d.state, now)
-	return d.slot(tenant, first, now, fleet, t.weight, t.horizon(d, now)), by, true
+	return slotIn(&d.thr, &d.thrPark, tenant, first, now, fleet, t.weight, t.horizon(d, now)), by, true
 }
 
 // horizon is how far ahead d's virtual queue gives places: unbounded for a

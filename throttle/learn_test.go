@@ -373,24 +373,40 @@ func TestConnectionThrottleTeachesConns(t *testing.T) {
 }
 
 // TestPaceSpacesThrottledMail: throttled envelopes of a destination with a
-// rate get consecutive places in its virtual queue, not backoff waves.
+// rate get consecutive places in its queue of throttled mail from the
+// lane's minimum on, not backoff waves, and fresh mail refused for the rate
+// does not queue behind them.
 func TestPaceSpacesThrottledMail(t *testing.T) {
 	env := startKV(t)
 	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults.Rate = 10 })
-	if _, _, ok := newThrottle(t, env, "solo", nil).Pace("none.test", ""); ok {
+	if _, _, ok := newThrottle(t, env, "solo", nil).Pace("none.test", "", time.Time{}); ok {
 		// Nothing configured and nothing learned: no rate to pace at.
 		t.Fatal("paced a destination without a rate")
 	}
-	prev := time.Now()
+	earliest := time.Now().Add(time.Minute)
+	prev := earliest
 	for i := range 20 {
-		at, by, ok := a.Pace("p.test", "t1")
+		at, by, ok := a.Pace("p.test", "t1", earliest)
 		if !ok || by != "10.00/s configured" {
 			t.Fatalf("pace with a configured rate: %v %q", ok, by)
+		}
+		if i == 0 && !at.Equal(earliest) {
+			t.Fatalf("first slot %s, want the lane's minimum %s", at, earliest)
 		}
 		if i > 0 && !near(at.Sub(prev).Seconds(), 0.1) {
 			t.Fatalf("slot %d is %s after the previous, want 100ms", i, at.Sub(prev))
 		}
 		prev = at
+	}
+	if r := a.Snapshot("p.test"); r.Deferred < 19 {
+		t.Fatalf("deferred %d, want the 20 paced", r.Deferred)
+	}
+	d := a.getDest("p.test")
+	d.mu.Lock()
+	refusal := d.slot("t1", time.Now(), time.Now(), 10, a.weight, 0)
+	d.mu.Unlock()
+	if time.Until(refusal) > time.Second {
+		t.Fatalf("a refusal's place is %s ahead: behind the throttled mail", time.Until(refusal))
 	}
 }
 

@@ -322,8 +322,12 @@ type dest struct {
 	// rate, one end per tenant with mail waiting: the next envelope of a
 	// tenant is told to come back at its tenant's end, which then moves on
 	// by one interval of that tenant's share of the fleet rate (see slot).
-	vq       map[string]vqTail
-	park     parking
+	vq   map[string]vqTail
+	park parking
+	// thr and thrPark are the same for mail deferred by a throttled
+	// reply (Pace), which starts the rate-limit lane's minimum ahead.
+	thr      map[string]vqTail
+	thrPark  parking
 	tenants  map[string]time.Time // tenant -> last asked for admission
 	inflight int
 	probing  bool // a half-open probe is out

@@ -19,7 +19,7 @@ type tenantGate interface {
 // pacer is the part of *throttle.Throttle that gives a throttled
 // envelope its place in the destination's virtual queue.
 type pacer interface {
-	Pace(domain, tenant string) (at time.Time, by string, ok bool)
+	Pace(domain, tenant string, earliest time.Time) (at time.Time, by string, ok bool)
 }
 
 // admit asks the throttle for e, in its tenant's share when the gate
@@ -34,15 +34,16 @@ func (p *deliverer) admit(ctx context.Context, e *queue.Envelope) (throttle.Perm
 // pace replaces a throttled envelope's backoff draw with its place in the
 // destination's virtual queue when the destination has a rate (configured,
 // pinned or learned): the rate-limit lane then gives the destination its
-// mail back at that rate, oldest first, instead of in waves. A server's
-// own hint ("try again in 90 seconds") is still honoured when later. The
-// draw stays in the record beside paced_by.
+// mail back at that rate, oldest first, instead of in waves. The lane's
+// minimum delay (--ratelimit-min) is where that queue starts, and a
+// server's own hint ("try again in 90 seconds") is still honoured when
+// later. The draw stays in the record beside paced_by.
 func (p *deliverer) pace(e *queue.Envelope, now time.Time, dec *backoff.Decision) (time.Time, string, bool) {
 	pc, ok := p.cfg.Gate.(pacer)
 	if !ok {
 		return time.Time{}, "", false
 	}
-	at, by, ok := pc.Pace(e.Dest, e.Tenant)
+	at, by, ok := pc.Pace(e.Dest, e.Tenant, now.Add(time.Duration(dec.MinMs)*time.Millisecond))
 	if !ok {
 		return time.Time{}, "", false
 	}
