@@ -430,3 +430,33 @@ func TestOverShare(t *testing.T) {
 		t.Fatal("b stopped sending, yet a still yields to it")
 	}
 }
+
+// TestLearnedRateSurvivesAndDecays: a worker that starts later (or again)
+// applies what the fleet learned; after the quiet period it is forgotten
+// fleet-wide, and the destination is unlimited again.
+func TestLearnedRateSurvivesAndDecays(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *Config) { c.LearnForget = 300 * time.Millisecond })
+	attempt(t, a, "d.test", resThrottled)
+	if a.Snapshot("d.test").LearnedRate != learnFirstContact {
+		t.Fatalf("not learned: %+v", a.Snapshot("d.test"))
+	}
+	eventually(t, 2*time.Second, "stored", func() bool {
+		st, err := GetState(ctxT(t), env.state, "d.test")
+		return err == nil && st.LearnedRate == learnFirstContact
+	})
+	late := newThrottle(t, env, "late", func(c *Config) { c.LearnForget = 300 * time.Millisecond })
+	if s := late.Snapshot("d.test"); s.LearnedRate != learnFirstContact || s.RateSource != "learned" {
+		t.Fatalf("a worker started after the learning does not apply it: %+v", s)
+	}
+	for _, th := range []*Throttle{a, late} {
+		eventually(t, 5*time.Second, "decayed to unknown", func() bool {
+			s := th.Snapshot("d.test")
+			return s.LearnedRate == 0 && s.RateSource == "unlimited"
+		})
+	}
+	st, err := GetState(ctxT(t), env.state, "d.test")
+	if err != nil || st.learned() {
+		t.Fatalf("stored state after decay: %+v %v", st, err)
+	}
+}
