@@ -200,8 +200,9 @@ func (t *Throttle) fleetRate(l Limits, s DestState, now time.Time) float64 {
 
 // rateSource names where fleetRate's answer comes from, for dest status.
 func (t *Throttle) rateSource(l Limits, s DestState, now time.Time) string {
+	_, pinned := s.rateOverride(now)
 	switch {
-	case func() bool { _, ok := s.rateOverride(now); return ok }():
+	case pinned:
 		return "pinned"
 	case s.LearnedRate > 0 && !t.cfg.NoLearn && (l.Rate <= 0 || s.LearnedRate <= l.Rate*s.RateFactor()):
 		return "learned"
