@@ -12,6 +12,13 @@
 // within a second. The hot path (Gate.Admit and Permit.Done) touches memory
 // only; the buckets are written on state transitions, never per message.
 //
+// A destination without a configured rate learns one from its throttles
+// (learn.go: seeded from the fleet's delivered rate, cut and probed upward
+// fleet-wide, forgotten after a quiet hour), and its virtual queue, one tail
+// per tenant, paces both the envelopes refused for the rate and those a
+// throttle deferred (Throttle.Pace), so that a backlog comes back at the
+// rate, oldest first, and tenants share a busy destination fairly.
+//
 // Gate is what the delivery loop asks; Throttle implements it and OpenGate
 // admits everything. File is the [throttle], [destinations.X], [[groups]]
 // and [[automation]] part of the config file; Suspend, Resume, SetRate,
