@@ -129,6 +129,9 @@ type Config struct {
 	// EnqueueTimeout bounds Enqueuer.Enqueue; past it the client gets 451.
 	// Default 30 seconds.
 	EnqueueTimeout time.Duration
+	// Suppressions, when set, refuses recipients on their tenant's
+	// suppression list at RCPT (550 5.7.1). Default nil: no list.
+	Suppressions Suppressor
 	// Registerer receives the Prometheus collectors (see metrics.go).
 	// Nil: metrics are kept but not registered.
 	Registerer prometheus.Registerer

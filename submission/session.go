@@ -245,6 +245,9 @@ func (s *session) Rcpt(to string, _ *smtp.RcptOptions) error {
 	}
 	// The same mailbox twice is accepted but stored once: domains are
 	// case-insensitive, local parts are not (RFC 5321 section 2.4).
+	if err := s.checkSuppressed(to); err != nil {
+		return err
+	}
 	key := a.Local + "@" + strings.ToLower(a.Domain)
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -1,0 +1,199 @@
+package queue
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// BucketSuppressions is the key-value bucket of the suppression list: one
+// entry per (tenant, address), holding a Suppression. A recipient on the
+// list is refused at submission (SMTP RCPT, the HTTP API) instead of being
+// mailed again: providers count mail to addresses that hard-bounced against
+// the sender's reputation.
+const BucketSuppressions = "outflow_suppressions"
+
+// EventSuppressed is the event of a recipient refused at submission
+// because it is on its tenant's suppression list.
+const EventSuppressed = "suppressed"
+
+// Suppression sources, the Source of a Suppression.
+const (
+	SuppressBounce = "bounce" // added by a permanent recipient-scope bounce
+	SuppressAPI    = "api"    // added over the HTTP API (complaints, unsubscribes)
+	SuppressAdmin  = "admin"  // added by `outflow suppress add`
+)
+
+// ErrNotSuppressed is returned by Suppressions.Remove for an address that
+// is not on the list.
+var ErrNotSuppressed = errors.New("address is not suppressed")
+
+// Suppression is one entry of a tenant's suppression list.
+type Suppression struct {
+	Tenant  string    `json:"tenant"`
+	Address string    `json:"address"` // lower-cased: the list matches addresses case-insensitively
+	Reason  string    `json:"reason,omitempty"`
+	Source  string    `json:"source,omitempty"` // SuppressBounce, SuppressAPI or SuppressAdmin
+	Created time.Time `json:"created"`
+	// Expires is when the entry stops applying; zero means never. Expired
+	// entries are ignored by Suppressed and List and deleted when met.
+	Expires time.Time `json:"expires,omitzero"`
+}
+
+// active reports whether s applies at now.
+func (s *Suppression) active(now time.Time) bool {
+	return s.Expires.IsZero() || now.Before(s.Expires)
+}
+
+// Suppressions is the suppression list, shared by every process through
+// BucketSuppressions. Open it with Queue.Suppressions.
+type Suppressions struct {
+	q  *Queue
+	kv jetstream.KeyValue
+}
+
+// Suppressions opens (creating it if need be) the suppression list.
+func (q *Queue) Suppressions(ctx context.Context) (*Suppressions, error) {
+	kv, err := q.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketSuppressions,
+		Description: "outflow suppression list: tenant, address -> reason", History: 1})
+	if err != nil {
+		return nil, err
+	}
+	return &Suppressions{q: q, kv: kv}, nil
+}
+
+// NormalizeAddress is the form in which the list stores and matches an
+// address: trimmed, without angle brackets, lower-cased. RFC 5321 section
+// 2.4 lets a local part be case-sensitive, but no mailbox provider in use
+// treats it so, and a suppression that a change of case could dodge would
+// not protect the sender's reputation.
+func NormalizeAddress(addr string) string {
+	a := strings.TrimSpace(addr)
+	a = strings.TrimSuffix(strings.TrimPrefix(a, "<"), ">")
+	return strings.ToLower(a)
+}
+
+// suppressTenantKey is the first token of every key of tenant's entries.
+func suppressTenantKey(tenant string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(tenant))
+}
+
+// suppressKey is the bucket key of (tenant, addr): both base64url encoded,
+// so that any tenant and address fit the key alphabet, and the tenant is
+// one token a filter can select.
+func suppressKey(tenant, addr string) string {
+	return suppressTenantKey(tenant) + "." + base64.RawURLEncoding.EncodeToString([]byte(NormalizeAddress(addr)))
+}
+
+// Add puts s on the list, replacing any entry for the same tenant and
+// address. Created defaults to now.
+func (l *Suppressions) Add(ctx context.Context, s Suppression) error {
+	if s.Tenant == "" {
+		return errors.New("suppress: empty tenant")
+	}
+	s.Address = NormalizeAddress(s.Address)
+	if s.Address == "" || !strings.Contains(s.Address, "@") {
+		return fmt.Errorf("suppress: %q is not an address", s.Address)
+	}
+	if s.Created.IsZero() {
+		s.Created = time.Now().UTC().Truncate(time.Second)
+	}
+	b, err := json.Marshal(&s)
+	if err != nil {
+		return err
+	}
+	if _, err := l.kv.Put(ctx, suppressKey(s.Tenant, s.Address), b); err != nil {
+		return fmt.Errorf("suppress %s: %w", s.Address, err)
+	}
+	return nil
+}
+
+// Remove takes addr off tenant's list, or returns ErrNotSuppressed.
+func (l *Suppressions) Remove(ctx context.Context, tenant, addr string) error {
+	key := suppressKey(tenant, addr)
+	if _, err := l.kv.Get(ctx, key); errors.Is(err, jetstream.ErrKeyNotFound) {
+		return ErrNotSuppressed
+	} else if err != nil {
+		return fmt.Errorf("suppression %s: %w", addr, err)
+	}
+	if err := l.kv.Delete(ctx, key); err != nil {
+		return fmt.Errorf("unsuppress %s: %w", addr, err)
+	}
+	return nil
+}
+
+// Suppressed returns tenant's entry for addr if one applies now, or nil.
+func (l *Suppressions) Suppressed(ctx context.Context, tenant, addr string) (*Suppression, error) {
+	key := suppressKey(tenant, addr)
+	e, err := l.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("suppression %s: %w", addr, err)
+	}
+	var s Suppression
+	if err := json.Unmarshal(e.Value(), &s); err != nil {
+		return nil, fmt.Errorf("suppression %s: %w", addr, err)
+	}
+	if !s.active(time.Now()) {
+		// Only this revision: a fresh Add meanwhile must survive.
+		_ = l.kv.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
+		return nil, nil
+	}
+	return &s, nil
+}
+
+// List returns the entries that apply now, of tenant or, with tenant "",
+// of every tenant, sorted by tenant and address.
+func (l *Suppressions) List(ctx context.Context, tenant string) ([]Suppression, error) {
+	filter := ">"
+	if tenant != "" {
+		filter = suppressTenantKey(tenant) + ".*"
+	}
+	w, err := l.kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("list suppressions: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	now := time.Now()
+	var out []Suppression
+	for {
+		var e jetstream.KeyValueEntry
+		select {
+		case e = <-w.Updates():
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if e == nil { // the initial values are all delivered
+			break
+		}
+		var s Suppression
+		if json.Unmarshal(e.Value(), &s) != nil || !s.active(now) {
+			continue
+		}
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Tenant != out[j].Tenant {
+			return out[i].Tenant < out[j].Tenant
+		}
+		return out[i].Address < out[j].Address
+	})
+	return out, nil
+}
+
+// Refused records that a submission to addr was refused because it is
+// suppressed: a suppressed event (via names the way in, "smtp" or "api"),
+// which has an id of its own since no envelope was made.
+func (l *Suppressions) Refused(tenant, addr, via string) {
+	l.q.Event(EventSuppressed, &Event{ID: nuidNext(), Tenant: tenant, Recipients: []string{NormalizeAddress(addr)},
+		Reason: "recipient suppressed (refused at " + via + ")"})
+}

@@ -1,0 +1,108 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestSuppressionsAddCheckListRemove(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := q.Suppressions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Add(ctx, Suppression{Tenant: "acme", Address: "<Bob@Example.COM>", Reason: "550 5.1.1 no such user", Source: SuppressBounce}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Add(ctx, Suppression{Tenant: "other", Address: "carol@example.com", Source: SuppressAdmin}); err != nil {
+		t.Fatal(err)
+	}
+	// Matching ignores case; the list is per tenant.
+	s, err := l.Suppressed(ctx, "acme", "bob@example.com")
+	if err != nil || s == nil || s.Reason != "550 5.1.1 no such user" || s.Source != SuppressBounce {
+		t.Fatalf("Suppressed(acme, bob) = %+v, %v", s, err)
+	}
+	if s, err := l.Suppressed(ctx, "other", "bob@example.com"); err != nil || s != nil {
+		t.Fatalf("another tenant's entry applied: %+v, %v", s, err)
+	}
+	all, err := l.List(ctx, "")
+	if err != nil || len(all) != 2 || all[0].Tenant != "acme" || all[0].Address != "bob@example.com" || all[1].Tenant != "other" {
+		t.Fatalf("List(all) = %+v, %v", all, err)
+	}
+	one, err := l.List(ctx, "other")
+	if err != nil || len(one) != 1 || one[0].Address != "carol@example.com" {
+		t.Fatalf("List(other) = %+v, %v", one, err)
+	}
+	if err := l.Remove(ctx, "acme", "BOB@example.com"); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := l.Suppressed(ctx, "acme", "bob@example.com"); s != nil {
+		t.Fatalf("still suppressed after Remove: %+v", s)
+	}
+	if err := l.Remove(ctx, "acme", "bob@example.com"); !errors.Is(err, ErrNotSuppressed) {
+		t.Fatalf("second Remove = %v, want ErrNotSuppressed", err)
+	}
+	if err := l.Add(ctx, Suppression{Tenant: "acme", Address: "not-an-address"}); err == nil {
+		t.Fatal("Add accepted an address without @")
+	}
+}
+
+func TestSuppressionExpires(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := q.Suppressions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-time.Minute)
+	if err := l.Add(ctx, Suppression{Tenant: "acme", Address: "old@example.com", Expires: past}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Add(ctx, Suppression{Tenant: "acme", Address: "new@example.com", Expires: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := l.Suppressed(ctx, "acme", "old@example.com"); err != nil || s != nil {
+		t.Fatalf("expired entry applied: %+v, %v", s, err)
+	}
+	if s, err := l.Suppressed(ctx, "acme", "new@example.com"); err != nil || s == nil {
+		t.Fatalf("unexpired entry not applied: %+v, %v", s, err)
+	}
+	got, err := l.List(ctx, "acme")
+	if err != nil || len(got) != 1 || got[0].Address != "new@example.com" {
+		t.Fatalf("List = %+v, %v", got, err)
+	}
+}
+
+func TestSuppressionRefusedEvent(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := q.Suppressions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := q.JetStream().OrderedConsumer(ctx, "OUTFLOW_EVENTS", jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjEvents + EventSuppressed + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Refused("acme", "Bob@example.com", "smtp")
+	m, err := c.Next(jetstream.FetchMaxWait(10 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev Event
+	if err := json.Unmarshal(m.Data(), &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Type != EventSuppressed || ev.Tenant != "acme" || len(ev.Recipients) != 1 || ev.Recipients[0] != "bob@example.com" || ev.ID == "" {
+		t.Fatalf("event = %+v", ev)
+	}
+}
