@@ -309,9 +309,29 @@ func (q *Queue) bodyInfo(ctx context.Context, name string) (*jetstream.ObjectInf
 	return &info, nil
 }
 
+// ErrBodyMissing matches, with errors.Is, the error of a body that is not
+// stored: never written, deleted, or not yet seen by the replica that
+// answered (BodyGone asks the leader which). Callers match it instead of
+// nats.go's Object Store and stream sentinels, which it wraps.
+var ErrBodyMissing = errors.New("body not stored")
+
+// missingBody is a not-found error from the body bucket that also matches
+// ErrBodyMissing; its text is the underlying error's.
+type missingBody struct{ err error }
+
+func (m missingBody) Error() string        { return m.err.Error() }
+func (m missingBody) Unwrap() error        { return m.err }
+func (m missingBody) Is(target error) bool { return target == ErrBodyMissing }
+
 // Body fetches an envelope's message body. A body of one chunk takes two
-// direct gets, its digest checked as the Object Store client would.
-func (q *Queue) Body(ctx context.Context, ref string) ([]byte, error) {
+// direct gets, its digest checked as the Object Store client would. A body
+// that is not stored gives an error matching ErrBodyMissing.
+func (q *Queue) Body(ctx context.Context, ref string) (_ []byte, err error) {
+	defer func() {
+		if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, jetstream.ErrMsgNotFound) {
+			err = missingBody{err}
+		}
+	}()
 	if q.bodyStream != nil {
 		info, err := q.bodyInfo(ctx, ref)
 		if err != nil {

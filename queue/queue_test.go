@@ -275,6 +275,11 @@ func TestBodyGone(t *testing.T) {
 	if gone, err := q.BodyGone(ctx, ids[0]); err != nil || !gone {
 		t.Errorf("after delete: BodyGone = %v, %v; want true", gone, err)
 	}
+	for _, ref := range []string{ids[0], "never-stored"} {
+		if _, err := q.Body(ctx, ref); !errors.Is(err, ErrBodyMissing) || !errors.Is(err, jetstream.ErrObjectNotFound) {
+			t.Errorf("Body(%s) = %v; want ErrBodyMissing wrapping jetstream.ErrObjectNotFound", ref, err)
+		}
+	}
 }
 
 // TestClientWithoutDaemonStreams: an admin client pointed at a NATS where no

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/queue"
@@ -109,7 +107,7 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	body, err := p.cfg.Queue.EnvelopeBody(ctx, e)
 	if err != nil {
 		release(nil)
-		if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, jetstream.ErrMsgNotFound) {
+		if errors.Is(err, queue.ErrBodyMissing) {
 			// A missing body cannot heal by itself: park it with the
 			// reason, once the stream's leader confirms it (a lagging
 			// replica answers "not found" for a body just written).
