@@ -78,6 +78,9 @@ func TestLearnsUnannouncedRate(t *testing.T) {
 	if !strings.Contains(d.Logs(), `"change":"learned-rate"`) || !strings.Contains(d.Logs(), `"paced_by"`) {
 		t.Error("no learned-rate transition or paced decision in the log")
 	}
+	if h := d.cli(t, "queue", "history", "dest-limited-test"); !strings.Contains(h, "dest-learned") {
+		t.Errorf("no dest-learned event in the history of dest-limited-test:\n%s", h)
+	}
 	// An operator clears it: the next throttle seeds afresh.
 	if out := d.cli(t, "dest", "forget", "limited.test"); !strings.Contains(out, "learned limits cleared") {
 		t.Fatalf("dest forget: %s", out)

@@ -328,7 +328,7 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 	// so that an application or a dashboard can follow what was learned.
 	tc.OnLearned = func(dest, change string, s throttle.DestState) {
 		b, _ := json.Marshal(s)
-		q.Event(queue.EventLearned, &queue.Event{ID: queue.Token(dest), Dest: dest, Worker: workerID,
+		q.Event(queue.EventLearned, &queue.Event{ID: learnedEventID(dest), Dest: dest, Worker: workerID,
 			Reason: change + ": " + s.LearnedReason, State: b})
 	}
 	t, err := throttle.New(ctx, tc)
@@ -337,6 +337,23 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 	}
 	tp.Store(t)
 	return t, nil
+}
+
+// learnedEventID is the id under which a destination's dest-learned events
+// are kept: "dest-" and the destination with every byte outside
+// [a-zA-Z0-9-] written '-', so `outflow queue history dest-gmail-com`
+// lists what gmail.com learned.
+func learnedEventID(dest string) string {
+	b := []byte("dest-" + dest)
+	for i := 5; i < len(b); i++ {
+		if c := b[i]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	return string(b)
 }
 
 // DestStatusSubject is the request subject on which every running worker
