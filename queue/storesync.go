@@ -121,6 +121,11 @@ type StoreSyncer struct {
 	batches atomic.Uint64 // syncs run
 	waiters atomic.Uint64 // requests released
 	fsyncs  atomic.Uint64 // fsync calls made
+
+	// fsyncDelay is a fault hook for tests (nanoseconds): each fsync
+	// takes this much longer, as on a slow or overloaded disk. Zero in
+	// production; only tests in this package set it.
+	fsyncDelay atomic.Int64
 }
 
 type syncReq struct {
@@ -371,6 +376,9 @@ func (s *StoreSyncer) fsyncPath(path string) error {
 		return err
 	}
 	s.fsyncs.Add(1)
+	if d := s.fsyncDelay.Load(); d > 0 {
+		time.Sleep(time.Duration(d)) // the injected fault: a slow fsync
+	}
 	if err := f.Sync(); err != nil {
 		f.Close()
 		return err
