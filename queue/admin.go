@@ -67,15 +67,15 @@ func (q *Queue) where(s State, dest string) (jetstream.Stream, []string) {
 	}
 	switch s {
 	case StateQueued:
-		return q.lanes[LaneWork], []string{"outflow.work.*." + d + ".*"}
+		return q.lanes[LaneWork], []string{workFilter("*", d, "*")}
 	case StateDeferred:
-		return q.lanes[LaneRetry], []string{"outflow.retry.sched." + d + ".*", "outflow.retry.due." + d + ".*"}
+		return q.lanes[LaneRetry], []string{schedFilter(LaneRetry, d, "*"), dueFilter(LaneRetry, d, "*")}
 	case StateThrottled:
-		return q.lanes[LaneRateLimit], []string{"outflow.ratelimit.sched." + d + ".*", "outflow.ratelimit.due." + d + ".*"}
+		return q.lanes[LaneRateLimit], []string{schedFilter(LaneRateLimit, d, "*"), dueFilter(LaneRateLimit, d, "*")}
 	case StateUnknown:
-		return q.lanes[LaneRetry], []string{"outflow.retry.held." + d + ".*"}
+		return q.lanes[LaneRetry], []string{heldFilter(d, "*")}
 	case StateDead:
-		return q.dead, []string{"outflow.dead.*"}
+		return q.dead, []string{deadSubject("*")}
 	}
 	return nil, nil
 }
@@ -166,13 +166,13 @@ func (q *Queue) Find(ctx context.Context, id string) (*Item, error) {
 		stream jetstream.Stream
 		subj   string
 	}{
-		{StateQueued, q.lanes[LaneWork], "outflow.work.*.*." + id},
-		{StateDeferred, q.lanes[LaneRetry], "outflow.retry.sched.*." + id},
-		{StateDeferred, q.lanes[LaneRetry], "outflow.retry.due.*." + id},
-		{StateUnknown, q.lanes[LaneRetry], "outflow.retry.held.*." + id},
-		{StateThrottled, q.lanes[LaneRateLimit], "outflow.ratelimit.sched.*." + id},
-		{StateThrottled, q.lanes[LaneRateLimit], "outflow.ratelimit.due.*." + id},
-		{StateDead, q.dead, subjDeadPrefix + id},
+		{StateQueued, q.lanes[LaneWork], workFilter("*", "*", id)},
+		{StateDeferred, q.lanes[LaneRetry], schedFilter(LaneRetry, "*", id)},
+		{StateDeferred, q.lanes[LaneRetry], dueFilter(LaneRetry, "*", id)},
+		{StateUnknown, q.lanes[LaneRetry], heldFilter("*", id)},
+		{StateThrottled, q.lanes[LaneRateLimit], schedFilter(LaneRateLimit, "*", id)},
+		{StateThrottled, q.lanes[LaneRateLimit], dueFilter(LaneRateLimit, "*", id)},
+		{StateDead, q.dead, deadSubject(id)},
 	}
 	for _, p := range probes {
 		m, err := p.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(p.subj))

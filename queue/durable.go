@@ -9,12 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// subjSync is the core NATS subject on which the daemon's syncer answers
-// other processes (`outflow submit`, admin verbs): the request names the
-// streams, comma-separated; an empty reply means synced, anything else is
-// the error. It lies outside every stream's subjects.
-const subjSync = "outflow.ctl.sync"
-
 // durable makes the acknowledged writes to streams durable, when this queue
 // has a syncer (see Options.Syncer); the caller reports them done only
 // after it returns nil.

@@ -35,11 +35,6 @@ func eventShard(id string) string {
 	return string([]byte{hex[n>>8&0xf], hex[n>>4&0xf], hex[n&0xf]})
 }
 
-// eventSubject is the subject of id's events of type typ.
-func eventSubject(typ, id string) string {
-	return subjEvents + typ + "." + eventShard(id)
-}
-
 // Event types, the third token of outflow.events.<type>.<shard>.
 const (
 	EventQueued    = "queued"    // accepted and stored

@@ -155,7 +155,7 @@ func (q *Queue) parkMalformed(ctx context.Context, m jetstream.Msg, reason error
 	}
 	q.log.Error().Err(reason).Str("subject", m.Subject()).Uint64("seq", seq).Str("dead_id", id).
 		Msg("malformed envelope parked in dead letters")
-	dm := nats.NewMsg(subjDeadPrefix + id)
+	dm := nats.NewMsg(deadSubject(id))
 	dm.Header.Set("Outflow-Dead-Reason", headerSafe(shorten(reason.Error(), 500)))
 	dm.Header.Set("Outflow-Original-Subject", m.Subject())
 	data := m.Data()
@@ -212,7 +212,7 @@ func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
 	if m, err := d.q.lanes[LaneRetry].GetLastMsgForSubject(ctx, heldSubject(e.Dest, e.ID)); err == nil && m != nil && laterStep(m.Header, e) {
 		return true, nil
 	}
-	if m, err := d.q.dead.GetLastMsgForSubject(ctx, subjDeadPrefix+e.ID); err == nil && m != nil && laterStep(m.Header, e) {
+	if m, err := d.q.dead.GetLastMsgForSubject(ctx, deadSubject(e.ID)); err == nil && m != nil && laterStep(m.Header, e) {
 		return true, nil
 	}
 	return false, nil
@@ -347,7 +347,7 @@ func (d *Delivery) Dead(ctx context.Context, next *Envelope, reason string) erro
 }
 
 func (q *Queue) putDead(ctx context.Context, e *Envelope, reason string) error {
-	m, err := e.Encode(subjDeadPrefix + e.ID)
+	m, err := e.Encode(deadSubject(e.ID))
 	if err != nil {
 		return err
 	}

@@ -274,7 +274,7 @@ func (q *Queue) setup(ctx context.Context) error {
 		return jetstream.StreamConfig{
 			Name:              name,
 			Description:       "outflow " + string(l) + " lane: schedules and due envelopes",
-			Subjects:          []string{"outflow." + string(l) + ".>"},
+			Subjects:          []string{laneSubjects(l)},
 			Retention:         jetstream.WorkQueuePolicy,
 			Storage:           jetstream.FileStorage,
 			Replicas:          o.Replicas,
@@ -289,7 +289,7 @@ func (q *Queue) setup(ctx context.Context) error {
 		{
 			Name:        StreamWork,
 			Description: "outflow fresh mail: one envelope per destination",
-			Subjects:    []string{"outflow.work.>"},
+			Subjects:    []string{laneSubjects(LaneWork)},
 			Retention:   jetstream.WorkQueuePolicy,
 			Storage:     jetstream.FileStorage,
 			Replicas:    o.Replicas,
@@ -302,7 +302,7 @@ func (q *Queue) setup(ctx context.Context) error {
 		{
 			Name:              StreamDead,
 			Description:       "outflow dead letters, one per envelope id",
-			Subjects:          []string{"outflow.dead.>"},
+			Subjects:          []string{deadSubjects},
 			Retention:         jetstream.LimitsPolicy,
 			Storage:           jetstream.FileStorage,
 			Replicas:          o.Replicas,
@@ -313,7 +313,7 @@ func (q *Queue) setup(ctx context.Context) error {
 		{
 			Name:        StreamEvents,
 			Description: "outflow outcomes: delivered, deferred, throttled, bounced, unknown, dead, dropped",
-			Subjects:    []string{"outflow.events.>"},
+			Subjects:    []string{eventsSubjects},
 			Retention:   jetstream.LimitsPolicy,
 			Storage:     jetstream.FileStorage,
 			Replicas:    o.Replicas,
@@ -406,8 +406,8 @@ func (q *Queue) setup(ctx context.Context) error {
 	for _, c := range []struct {
 		stream, name, filter string
 	}{
-		{StreamRetry, consumerRetry, "outflow.retry.due.>"},
-		{StreamRateLimit, consumerRateLimit, "outflow.ratelimit.due.>"},
+		{StreamRetry, consumerRetry, laneDueSubjects(LaneRetry)},
+		{StreamRateLimit, consumerRateLimit, laneDueSubjects(LaneRateLimit)},
 	} {
 		_, err := q.js.CreateOrUpdateConsumer(ctx, c.stream, jetstream.ConsumerConfig{
 			Durable:       c.name,

@@ -16,11 +16,25 @@ import (
 //	outflow.retry.held.<dest>.<id>            unknown outcomes held for an operator (OUTFLOW_RETRY)
 //	outflow.dead.<id>                         dead letters, one per id (OUTFLOW_DEAD)
 //	outflow.events.<type>.<shard>             every outcome (OUTFLOW_EVENTS); shard: 3 hex digits of the id's hash
+//	outflow.ctl.sync                          core NATS: ask the daemon to sync streams (subjSync)
+//	outflow.ctl.tenant                        core NATS: a tenant's work consumer was created (subjTenantKick)
 const (
 	subjWorkPrefix = "outflow.work."
 	subjDeadPrefix = "outflow.dead."
 	subjEvents     = "outflow.events."
 )
+
+// subjSync is the core NATS subject on which the daemon's syncer answers
+// other processes (`outflow submit`, admin verbs): the request names the
+// streams, comma-separated; an empty reply means synced, anything else is
+// the error. It lies outside every stream's subjects.
+const subjSync = "outflow.ctl.sync"
+
+// subjTenantKick is a core NATS subject: whoever creates a tenant's work
+// consumer announces it there, so every worker starts pulling from it at
+// once instead of at its next periodic look (a fresh tenant's first mail
+// would otherwise wait up to that period).
+const subjTenantKick = "outflow.ctl.tenant"
 
 // Lane names one of the three queues an envelope can wait in. The name is
 // also the second token of the lane's subjects.
@@ -39,21 +53,56 @@ const (
 	LaneRateLimit Lane = backoff.LaneRateLimit
 )
 
-func schedSubject(l Lane, dest, id string) string {
-	return "outflow." + string(l) + ".sched." + Token(dest) + "." + id
-}
+// Subject builders. The ones that take a destination or tenant encode it
+// with Token; the *Filter forms take tokens as they are, so that "*" (any one
+// token) and ">" (the rest) can stand in for any of them.
 
-func dueSubject(l Lane, dest, id string) string {
-	return "outflow." + string(l) + ".due." + Token(dest) + "." + id
-}
+func schedSubject(l Lane, dest, id string) string { return schedFilter(l, Token(dest), id) }
 
-func heldSubject(dest, id string) string {
-	return "outflow.retry.held." + Token(dest) + "." + id
-}
+func dueSubject(l Lane, dest, id string) string { return dueFilter(l, Token(dest), id) }
+
+func heldSubject(dest, id string) string { return heldFilter(Token(dest), id) }
 
 func workSubject(tenant, dest, id string) string {
-	return subjWorkPrefix + Token(tenant) + "." + Token(dest) + "." + id
+	return workFilter(Token(tenant), Token(dest), id)
 }
+
+func deadSubject(id string) string { return subjDeadPrefix + id }
+
+// eventSubject is the subject of id's events of type typ.
+func eventSubject(typ, id string) string { return subjEvents + typ + "." + eventShard(id) }
+
+func schedFilter(l Lane, destTok, id string) string {
+	return "outflow." + string(l) + ".sched." + destTok + "." + id
+}
+
+func dueFilter(l Lane, destTok, id string) string {
+	return "outflow." + string(l) + ".due." + destTok + "." + id
+}
+
+// heldFilter: held envelopes live in the retry lane's stream.
+func heldFilter(destTok, id string) string {
+	return "outflow." + string(LaneRetry) + ".held." + destTok + "." + id
+}
+
+func workFilter(tenantTok, destTok, id string) string {
+	return subjWorkPrefix + tenantTok + "." + destTok + "." + id
+}
+
+// laneSubjects is everything a lane's stream holds: outflow.<lane>.>.
+func laneSubjects(l Lane) string { return "outflow." + string(l) + ".>" }
+
+// laneDueSubjects is what a deferred lane's consumer delivers.
+func laneDueSubjects(l Lane) string { return "outflow." + string(l) + ".due.>" }
+
+// tenantWorkSubjects is a tenant's fresh mail, tenantTok already encoded.
+func tenantWorkSubjects(tenantTok string) string { return subjWorkPrefix + tenantTok + ".>" }
+
+// Stream subjects of the dead letters and the events.
+const (
+	deadSubjects   = subjDeadPrefix + ">"
+	eventsSubjects = subjEvents + ">"
+)
 
 // Token encodes s as a single NATS subject token. A domain's dots would
 // split it into several tokens, and '*', '>' and white space are not allowed

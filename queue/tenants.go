@@ -28,12 +28,6 @@ import (
 
 const tenantConsumerPrefix = "work-"
 
-// subjTenantKick is a core NATS subject: whoever creates a tenant's work
-// consumer announces it there, so every worker starts pulling from it at
-// once instead of at its next periodic look (a fresh tenant's first mail
-// would otherwise wait up to that period).
-const subjTenantKick = "outflow.ctl.tenant"
-
 // tenantConsumer names the work consumer of tenant: the subject token when
 // it is a valid consumer name, a hash otherwise.
 func tenantConsumer(tenant string) string {
@@ -69,7 +63,7 @@ func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
 		AckWait:       q.opts.AckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: q.opts.MaxAckPending,
-		FilterSubject: subjWorkPrefix + Token(tenant) + ".>",
+		FilterSubject: tenantWorkSubjects(Token(tenant)),
 		Replicas:      q.opts.Replicas,
 	}
 	if q.opts.NoSetup {
@@ -117,7 +111,7 @@ func (q *Queue) adoptTenants(ctx context.Context) error {
 	if orphans, err := q.workOrphans(ctx); err == nil && !orphans {
 		return nil
 	}
-	info, err := q.lanes[LaneWork].Info(ctx, jetstream.WithSubjectFilter(subjWorkPrefix+">"))
+	info, err := q.lanes[LaneWork].Info(ctx, jetstream.WithSubjectFilter(laneSubjects(LaneWork)))
 	if err != nil {
 		return err
 	}

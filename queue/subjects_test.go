@@ -1,0 +1,29 @@
+package queue
+
+import "testing"
+
+// TestSubjectLayout pins the builders to the layout in subjects.go's
+// comment: stored envelopes and running daemons depend on these strings.
+func TestSubjectLayout(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{workSubject("t.1", "d.example", "ID"), "outflow.work.t_1.d_example.ID"},
+		{schedSubject(LaneRetry, "d.example", "ID"), "outflow.retry.sched.d_example.ID"},
+		{dueSubject(LaneRateLimit, "d.example", "ID"), "outflow.ratelimit.due.d_example.ID"},
+		{heldSubject("d.example", "ID"), "outflow.retry.held.d_example.ID"},
+		{deadSubject("ID"), "outflow.dead.ID"},
+		{workFilter("*", "*", "ID"), "outflow.work.*.*.ID"},
+		{schedFilter(LaneRateLimit, "*", "ID"), "outflow.ratelimit.sched.*.ID"},
+		{dueFilter(LaneRetry, "d_example", "*"), "outflow.retry.due.d_example.*"},
+		{heldFilter("*", "ID"), "outflow.retry.held.*.ID"},
+		{laneSubjects(LaneWork), "outflow.work.>"},
+		{laneSubjects(LaneRetry), "outflow.retry.>"},
+		{laneDueSubjects(LaneRateLimit), "outflow.ratelimit.due.>"},
+		{tenantWorkSubjects("t_1"), "outflow.work.t_1.>"},
+		{deadSubjects, "outflow.dead.>"},
+		{eventsSubjects, "outflow.events.>"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+}
