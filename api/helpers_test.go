@@ -26,12 +26,13 @@ func startQueue(t testing.TB) *queue.Queue {
 	}
 	t.Cleanup(emb.Shutdown)
 	ci := emb.ClientInfo()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	// The in-process handshake can time out on a loaded machine (the
-	// worker tests meet the same): connect again before giving up.
+	// The in-process handshake (2 s in nats.go) can time out on a loaded
+	// machine under -race (the worker tests meet the same): connect again
+	// until ctx ends.
 	var q *queue.Queue
-	for range 3 {
+	for {
 		q, err = queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
 		if err == nil || ctx.Err() != nil {
 			break
@@ -73,12 +74,16 @@ func newFixture(t testing.TB, mod func(*Config)) *fixture {
 	t.Helper()
 	q := startQueue(t)
 	fq := &failingQueue{Queue: q}
-	cfg := Config{Queue: fq, Buckets: q, Hostname: "mta.test", Logger: zerolog.Nop()}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sup, err := q.Suppressions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Queue: fq, Buckets: q, Suppressions: sup, Hostname: "mta.test", Logger: zerolog.Nop()}
 	if mod != nil {
 		mod(&cfg)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	srv, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

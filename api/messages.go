@@ -57,6 +57,9 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	if p != nil {
 		return p
 	}
+	if p := s.checkSuppressed(r.Context(), key.Tenant, rcpts, req.To); p != nil {
+		return p
+	}
 
 	sum := sha256.Sum256(body)
 	reqHash := hex.EncodeToString(sum[:])

@@ -31,7 +31,7 @@ func TestHandlerMatchesOpenAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newFixture(t, func(c *Config) { c.Rate, c.Burst = 0.001, 13 }) // the 14th authenticated call is the 429
+	f := newFixture(t, func(c *Config) { c.Rate, c.Burst = 0.001, 18 }) // the 19th authenticated call is the 429
 
 	type call struct {
 		name, method, path string
@@ -56,6 +56,11 @@ func TestHandlerMatchesOpenAPI(t *testing.T) {
 		{"no key", "POST", "/v1/messages", good, map[string]string{"Authorization": ""}, 401, true}, // keys are checked by the handler, not the document
 		{"status", "GET", "/v1/messages/{first}", nil, nil, 200, true},
 		{"unknown id", "GET", "/v1/messages/nosuch", nil, nil, 404, true},
+		{"suppress", "POST", "/v1/suppressions", map[string]any{"address": "Gone@one.example", "reason": "complaint"}, nil, 201, true},
+		{"suppression list", "GET", "/v1/suppressions", nil, nil, 200, true},
+		{"suppressed recipient", "POST", "/v1/messages", map[string]any{"from": "a@src.example", "to": []string{"b@one.example", "gone@one.example"}, "text": "x"}, nil, 422, true},
+		{"unsuppress", "DELETE", "/v1/suppressions/gone@one.example", nil, nil, 204, true},
+		{"not suppressed", "DELETE", "/v1/suppressions/gone@one.example", nil, nil, 404, true},
 		{"store down", "POST", "/v1/messages", good, nil, 503, true},
 		{"rate limited", "POST", "/v1/messages", good, nil, 429, true},
 	}

@@ -59,7 +59,11 @@ type Config struct {
 	// EnqueueTimeout bounds one store of a submission (503 past it).
 	// Default DefaultEnqueueTimeout.
 	EnqueueTimeout time.Duration
-	Logger         zerolog.Logger
+	// Suppressions is the suppression list: recipients on it are refused
+	// (422), and /v1/suppressions manages it. Nil: no list, and no
+	// /v1/suppressions routes.
+	Suppressions Suppressions
+	Logger       zerolog.Logger
 }
 
 // Server is the HTTP API. Its Handler serves every route.
@@ -112,6 +116,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{}}
 	s.mux.Handle("/v1/messages", s.route(map[string]handler{http.MethodPost: s.postMessage}))
 	s.mux.Handle("/v1/messages/{id}", s.route(map[string]handler{http.MethodGet: s.getMessage}))
+	if cfg.Suppressions != nil {
+		s.mux.Handle("/v1/suppressions", s.route(map[string]handler{http.MethodPost: s.postSuppression, http.MethodGet: s.listSuppressions}))
+		s.mux.Handle("/v1/suppressions/{address}", s.route(map[string]handler{http.MethodDelete: s.deleteSuppression}))
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem(http.StatusNotFound, ProblemNotFound, "not found", "no such route: "+r.URL.Path))
 	})

@@ -292,6 +292,7 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 		p.logRecord(rec, "bounced")
 		q.Event(queue.EventBounced, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: e.Attempt + 1,
 			Worker: p.id, Recipients: []string{b.rcpt}, Reason: b.res.Text, Decision: mustJSON(rec)})
+		p.suppressBounce(ctx, e, b)
 	}
 	if p.cfg.Metrics != nil && len(o.bounced) > 0 {
 		p.cfg.Metrics.Bounced.Add(float64(len(o.bounced)))

@@ -72,6 +72,9 @@ type Config struct {
 	// always.
 	Gate   throttle.Gate
 	Logger zerolog.Logger
+	// Suppressions receives the recipients of permanent recipient-scope
+	// bounces; nil keeps no list.
+	Suppressions Suppressor
 	// Metrics receives counters; nil disables them.
 	Metrics *Metrics
 }

@@ -52,7 +52,7 @@ func (a apiQueue) Enqueue(ctx context.Context, s *queue.Submission) ([]string, e
 // startAPI serves the HTTP API on --api-addr until the returned stop is
 // called; stop lets requests in progress finish (their enqueue, then their
 // 202 or 503) within ctx. With --api-addr "" it serves nothing.
-func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Embedded, hostname string, log zerolog.Logger) (func(context.Context), error) {
+func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Embedded, sup *queue.Suppressions, hostname string, log zerolog.Logger) (func(context.Context), error) {
 	if c.APIAddr == "" {
 		return func(context.Context) {}, nil
 	}
@@ -67,7 +67,7 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Em
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	srv, err := api.New(setup, api.Config{
-		Queue: apiQueue{q, enqueuer{q, emb}}, Buckets: q, Hostname: hostname,
+		Queue: apiQueue{q, enqueuer{q, emb}}, Buckets: q, Suppressions: sup, Hostname: hostname,
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients,
 		Rate: c.APIRate, Burst: c.APIBurst, IdempotencyTTL: q.DedupWindow(), Logger: log,
 	})

@@ -210,11 +210,15 @@ func serve(parent context.Context, c *serveConfig) error {
 		return err
 	}
 	defer stopStatus()
+	suppressions, err := q.Suppressions(ctx)
+	if err != nil {
+		return err
+	}
 
 	pool, err := worker.New(worker.Config{
 		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, Budget: budget, ProgressEvery: c.AckWait / 4,
 		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier, Gate: throttle,
-		Signer: signer, Logger: log, Metrics: worker.NewMetrics(reg),
+		Signer: signer, Logger: log, Metrics: worker.NewMetrics(reg), Suppressions: suppressions,
 	})
 	if err != nil {
 		return usageError{err}
@@ -224,7 +228,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		Addr: c.SMTPAddr, Hostname: hostname, Users: users, TrustedNetworks: trusted, TLSConfig: tlsConf,
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients, MaxConnections: c.MaxConnections,
 		ReadTimeout: c.SMTPReadTimeout, DataTimeout: c.SMTPDataTimeout,
-		Registerer: reg, Logger: log,
+		Suppressions: suppressions, Registerer: reg, Logger: log,
 	}, enqueuer{q, emb})
 	if err != nil {
 		return usageError{err}
@@ -240,7 +244,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		ln.Close()
 		return err
 	}
-	stopAPI, err := startAPI(ctx, c, q, emb, hostname, log)
+	stopAPI, err := startAPI(ctx, c, q, emb, suppressions, hostname, log)
 	if err != nil {
 		ln.Close()
 		_ = httpSrv.Close()

@@ -1,0 +1,200 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"time"
+
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/submission"
+)
+
+// ProblemSuppressed is the 422 of a message with a recipient on the
+// tenant's suppression list; its errors name each such recipient.
+const ProblemSuppressed = typePrefix + "recipient-suppressed"
+
+// Suppressions is the suppression list as the API uses it:
+// *queue.Suppressions.
+type Suppressions interface {
+	submission.Suppressor
+	Add(ctx context.Context, s queue.Suppression) error
+	Remove(ctx context.Context, tenant, addr string) error
+	List(ctx context.Context, tenant string) ([]queue.Suppression, error)
+}
+
+// SuppressionRequest is the body of POST /v1/suppressions.
+type SuppressionRequest struct {
+	Address string `json:"address"`
+	Reason  string `json:"reason,omitempty"`
+	// Tenant defaults to the key's; only an admin key may name another.
+	Tenant string `json:"tenant,omitempty"`
+	// Expires, when set, is when the entry stops applying (RFC 3339).
+	Expires *time.Time `json:"expires,omitempty"`
+}
+
+// SuppressionList is the answer of GET /v1/suppressions.
+type SuppressionList struct {
+	Suppressions []queue.Suppression `json:"suppressions"`
+}
+
+// checkSuppressed refuses a message with any recipient on the tenant's
+// list: 422 naming every one, and a suppressed event each. Nothing is
+// stored, so the client can send again without them; storing the others
+// would make the one 202 mean two things.
+func (s *Server) checkSuppressed(ctx context.Context, tenant string, rcpts, to []string) *Problem {
+	l := s.cfg.Suppressions
+	if l == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.EnqueueTimeout)
+	defer cancel()
+	var bad []FieldError
+	for _, a := range rcpts {
+		sup, err := l.Suppressed(ctx, tenant, a)
+		if err != nil {
+			s.log.Error().Err(err).Msg("suppression look-up")
+			return unavailable("the suppression list cannot be read")
+		}
+		if sup == nil {
+			continue
+		}
+		field := "to"
+		for j, t := range to {
+			if t == a {
+				field = fmt.Sprintf("to[%d]", j)
+				break
+			}
+		}
+		bad = append(bad, FieldError{Field: field, Value: a, Reason: "suppressed"})
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	for _, fe := range bad {
+		l.Refused(tenant, fe.Value, "api")
+	}
+	p := problem(http.StatusUnprocessableEntity, ProblemSuppressed, "recipient suppressed",
+		fmt.Sprintf("%s is on the suppression list; nothing was stored: send again without the suppressed recipient(s)", bad[0].Value))
+	p.Errors = bad
+	return p
+}
+
+// postSuppression is POST /v1/suppressions: 201 with the stored entry.
+func (s *Server) postSuppression(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem {
+	var req SuppressionRequest
+	if p := decodeJSON(w, r, &req); p != nil {
+		return p
+	}
+	tenant, p := s.tenantOf(key, req.Tenant)
+	if p != nil {
+		return p
+	}
+	if req.Address == "" {
+		return fieldProblem(ProblemMissingField, "missing field", "address", "the address to suppress is required")
+	}
+	if _, err := submission.ParseAddress(req.Address); err != nil {
+		p := problem(http.StatusUnprocessableEntity, ProblemBadAddress, "bad address", err.Error())
+		p.Errors = []FieldError{{Field: "address", Reason: err.Error()}}
+		return p
+	}
+	sup := queue.Suppression{Tenant: tenant, Address: req.Address, Reason: req.Reason, Source: queue.SuppressAPI}
+	if req.Expires != nil {
+		sup.Expires = req.Expires.UTC()
+	}
+	if err := s.cfg.Suppressions.Add(r.Context(), sup); err != nil {
+		s.log.Error().Err(err).Msg("add suppression")
+		return unavailable("the suppression list cannot be written")
+	}
+	sup.Address = queue.NormalizeAddress(sup.Address)
+	sup.Created = time.Now().UTC().Truncate(time.Second)
+	writeJSON(w, http.StatusCreated, sup)
+	return nil
+}
+
+// listSuppressions is GET /v1/suppressions[?tenant=T]: the key's tenant's
+// entries (an admin key may name any tenant).
+func (s *Server) listSuppressions(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem {
+	tenant, p := s.tenantOf(key, r.URL.Query().Get("tenant"))
+	if p != nil {
+		return p
+	}
+	list, err := s.cfg.Suppressions.List(r.Context(), tenant)
+	if err != nil {
+		s.log.Error().Err(err).Msg("list suppressions")
+		return unavailable("the suppression list cannot be read")
+	}
+	if list == nil {
+		list = []queue.Suppression{}
+	}
+	writeJSON(w, http.StatusOK, SuppressionList{Suppressions: list})
+	return nil
+}
+
+// deleteSuppression is DELETE /v1/suppressions/{address}[?tenant=T]: 204,
+// or 404 for an address not on the list.
+func (s *Server) deleteSuppression(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem {
+	tenant, p := s.tenantOf(key, r.URL.Query().Get("tenant"))
+	if p != nil {
+		return p
+	}
+	addr := r.PathValue("address")
+	err := s.cfg.Suppressions.Remove(r.Context(), tenant, addr)
+	if errors.Is(err, queue.ErrNotSuppressed) {
+		return problem(http.StatusNotFound, ProblemNotFound, "not suppressed", addr+" is not on the suppression list")
+	}
+	if err != nil {
+		s.log.Error().Err(err).Msg("remove suppression")
+		return unavailable("the suppression list cannot be written")
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// tenantOf is the tenant a request acts for: the key's, or the one it
+// names if the key is an admin key (403 otherwise).
+func (s *Server) tenantOf(key *KeyInfo, named string) (string, *Problem) {
+	if named == "" || named == key.Tenant {
+		return key.Tenant, nil
+	}
+	if !key.Admin {
+		return "", problem(http.StatusForbidden, ProblemForbidden, "forbidden", "only an admin key may act for another tenant")
+	}
+	if !validTenant(named) {
+		return "", fieldProblem(ProblemBadJSON, "bad tenant", "tenant", "want 1 to 64 letters, digits or -_.@+")
+	}
+	return named, nil
+}
+
+// maxSmallRequest bounds the bodies of requests other than messages.
+const maxSmallRequest = 64 << 10
+
+// decodeJSON reads a small JSON request body into v strictly (unknown
+// fields refused), as decodeRequest does for messages.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return problem(http.StatusUnsupportedMediaType, ProblemMediaType, "unsupported media type", "send Content-Type: application/json")
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSmallRequest))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return tooLarge(maxSmallRequest)
+		}
+		return problem(http.StatusBadRequest, ProblemBadJSON, "unreadable request", err.Error())
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil || dec.More() {
+		if err == nil {
+			err = errors.New("data after the JSON object")
+		}
+		return problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", err.Error())
+	}
+	return nil
+}

@@ -1,0 +1,66 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outflow/outflow/queue"
+)
+
+func TestSuppressedRecipientIs422AndNothingStored(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	events, err := f.q.JetStream().OrderedConsumer(ctx, queue.StreamEvents,
+		jetstream.OrderedConsumerConfig{FilterSubjects: []string{"outflow.events." + queue.EventSuppressed + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	r := f.do(t, "POST", "/v1/suppressions", f.key, map[string]any{"address": "Gone@Example.org", "reason": "unsubscribed"}, nil)
+	if r.status != http.StatusCreated || r.json["address"] != "gone@example.org" || r.json["source"] != queue.SuppressAPI {
+		t.Fatalf("POST /v1/suppressions: %d %s", r.status, r.raw)
+	}
+	msg := map[string]any{"from": "app@src.example", "to": []string{"ok@example.net", "gone@example.org"}, "subject": "s", "text": "x"}
+	r = f.do(t, "POST", "/v1/messages", f.key, msg, nil)
+	if r.status != http.StatusUnprocessableEntity || r.json["type"] != ProblemSuppressed || !strings.Contains(string(r.raw), `"to[1]"`) ||
+		!strings.Contains(r.json["detail"].(string), "gone@example.org") {
+		t.Fatalf("message to a suppressed recipient: %d %s", r.status, r.raw)
+	}
+	if q := queued(t, f.q); len(q) != 0 {
+		t.Fatalf("stored %d envelopes for a refused request", len(q))
+	}
+	m, err := events.Next(jetstream.FetchMaxWait(10 * time.Second))
+	if err != nil {
+		t.Fatalf("no suppressed event: %v", err)
+	}
+	if !strings.Contains(string(m.Data()), "gone@example.org") || !strings.Contains(string(m.Data()), `"tenant":"acme"`) {
+		t.Fatalf("event %s", m.Data())
+	}
+
+	// Another tenant's list does not apply.
+	other, _, err := f.srv.Keys().Create(ctx, "other", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.do(t, "POST", "/v1/messages", other, msg, nil).ids(t)
+
+	// A plain key may not act for another tenant; removal lifts it.
+	if r := f.do(t, "GET", "/v1/suppressions?tenant=other", f.key, nil, nil); r.status != http.StatusForbidden {
+		t.Fatalf("other tenant's list: %d %s", r.status, r.raw)
+	}
+	if r := f.do(t, "GET", "/v1/suppressions", f.key, nil, nil); r.status != 200 || !strings.Contains(string(r.raw), "gone@example.org") {
+		t.Fatalf("list: %d %s", r.status, r.raw)
+	}
+	if r := f.do(t, "DELETE", "/v1/suppressions/gone@example.org", f.key, nil, nil); r.status != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", r.status, r.raw)
+	}
+	if ids := f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t); len(ids) != 2 {
+		t.Fatalf("ids after removal %v", ids)
+	}
+}

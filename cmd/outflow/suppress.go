@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// outflow suppress list|add|remove: the per-tenant suppression list
+// (queue.Suppressions), which refuses recipients at submission.
+func init() {
+	a := &adminFlags{}
+	sc := &cobra.Command{Use: "suppress", Short: "list, add and remove suppressed recipient addresses (per tenant)"}
+	a.bind(sc)
+
+	var tenant, reason string
+	var forDur time.Duration
+	withList := func(cmd *cobra.Command, f func(ctx context.Context, l *queue.Suppressions) error) error {
+		return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+			l, err := q.Suppressions(ctx)
+			if err != nil {
+				return err
+			}
+			return f(ctx, l)
+		})
+	}
+	needTenant := func() error {
+		if tenant == "" {
+			return usageError{errors.New("--tenant is required")}
+		}
+		return nil
+	}
+
+	list := &cobra.Command{
+		Use:   "list [--tenant T]",
+		Short: "list the suppressions that apply now: tenant, address, source, reason, created, expires",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withList(cmd, func(ctx context.Context, l *queue.Suppressions) error {
+				all, err := l.List(ctx, tenant)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				if a.json {
+					for _, s := range all {
+						if err := printJSON(out, s); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "TENANT\tADDRESS\tSOURCE\tCREATED\tEXPIRES\tREASON")
+				for _, s := range all {
+					exp := "never"
+					if !s.Expires.IsZero() {
+						exp = s.Expires.Format(time.RFC3339)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Tenant, s.Address, s.Source, s.Created.Format(time.RFC3339), exp, s.Reason)
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	list.Flags().StringVar(&tenant, "tenant", "", "only this tenant's suppressions (default every tenant's)")
+
+	add := &cobra.Command{
+		Use:   "add ADDR --tenant T [--reason R] [--for DUR]",
+		Short: "suppress an address for a tenant: its mail to it is refused at submission",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := needTenant(); err != nil {
+				return err
+			}
+			if forDur < 0 {
+				return usageError{errors.New("--for must not be negative")}
+			}
+			return withList(cmd, func(ctx context.Context, l *queue.Suppressions) error {
+				s := queue.Suppression{Tenant: tenant, Address: args[0], Reason: reason, Source: queue.SuppressAdmin}
+				if forDur > 0 {
+					s.Expires = time.Now().UTC().Add(forDur).Truncate(time.Second)
+				}
+				if err := l.Add(ctx, s); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "suppressed %s for tenant %s\n", queue.NormalizeAddress(args[0]), tenant)
+				return nil
+			})
+		},
+	}
+	add.Flags().StringVar(&tenant, "tenant", "", "the tenant whose mail to ADDR is refused (required)")
+	add.Flags().StringVar(&reason, "reason", "", "why, shown by suppress list")
+	add.Flags().DurationVar(&forDur, "for", 0, "lift the suppression after this long (default never)")
+
+	remove := &cobra.Command{
+		Use:   "remove ADDR --tenant T",
+		Short: "lift a tenant's suppression of an address",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := needTenant(); err != nil {
+				return err
+			}
+			return withList(cmd, func(ctx context.Context, l *queue.Suppressions) error {
+				if err := l.Remove(ctx, tenant, args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "removed %s for tenant %s\n", queue.NormalizeAddress(args[0]), tenant)
+				return nil
+			})
+		},
+	}
+	remove.Flags().StringVar(&tenant, "tenant", "", "the tenant (required)")
+
+	sc.AddCommand(list, add, remove)
+	rootCmd.AddCommand(sc)
+}
