@@ -1,0 +1,380 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/queue"
+)
+
+// EventTest is the type of the event `outflow webhook test` publishes: it
+// goes through the daemon's whole delivery path, to one endpoint only
+// (named in the event's dest).
+const EventTest = "webhook-test"
+
+// Defaults applied by New to zero-valued Config fields; the CLI's flags and
+// docs/configuration.md use these.
+const (
+	DefaultMaxAttempts = 8
+	DefaultTimeout     = 10 * time.Second
+)
+
+// DefaultBackoff is the retry schedule of a failing endpoint: mail's retry
+// lane shape (full jitter, per-worker offset) with a 5 minute cap, so an
+// endpoint back from an outage hears again within minutes.
+func DefaultBackoff() backoff.Backoff {
+	return backoff.Backoff{Lane: "webhook", Base: 2 * time.Second, Min: time.Second, Cap: 5 * time.Minute,
+		Multiplier: 2, ContentionWindow: 2 * time.Second}
+}
+
+// Config configures a Dispatcher. Zero values take the documented default.
+type Config struct {
+	Store *Store
+	JS    jetstream.JetStream
+	// WorkerID names this process in decision lines and the backoff's
+	// contention offset.
+	WorkerID string
+	// Backoff is the retry schedule. Default DefaultBackoff().
+	Backoff backoff.Backoff
+	// MaxAttempts is how many POSTs one event gets before it goes to the
+	// dead letters. Default DefaultMaxAttempts.
+	MaxAttempts int
+	// Timeout bounds one POST, connection included. Default DefaultTimeout.
+	Timeout time.Duration
+	// AllowPrivate lets endpoints resolve to loopback, private and
+	// link-local addresses (webhook-allow-private). Default false.
+	AllowPrivate bool
+	Logger       zerolog.Logger
+}
+
+// Dispatcher delivers events to every enabled endpoint; Run starts it.
+type Dispatcher struct {
+	cfg    Config
+	client *http.Client
+	log    zerolog.Logger
+}
+
+// New returns a Dispatcher for cfg.
+func New(cfg Config) (*Dispatcher, error) {
+	if cfg.Store == nil || cfg.JS == nil {
+		return nil, errors.New("webhook: Store and JS are required")
+	}
+	if cfg.Backoff == (backoff.Backoff{}) {
+		cfg.Backoff = DefaultBackoff()
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	return &Dispatcher{cfg: cfg, client: NewClient(cfg.AllowPrivate, cfg.Timeout),
+		log: cfg.Logger.With().Str("component", "webhook").Logger()}, nil
+}
+
+// NewClient is the HTTP client of deliveries: private addresses refused at
+// dial time unless allowPrivate, no redirects followed (a redirect is the
+// endpoint's answer, not an instruction), timeout per request.
+func NewClient(allowPrivate bool, timeout time.Duration) *http.Client {
+	return &http.Client{
+		Timeout:       timeout,
+		Transport:     &http.Transport{DialContext: dialer(allowPrivate, timeout), MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// runner is one endpoint's delivery goroutine.
+type runner struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Run follows the endpoint bucket until ctx ends: each enabled endpoint has
+// one runner, restarted when its entry changes and stopped when it is
+// disabled or removed.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	w, err := d.cfg.Store.kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watch webhook endpoints: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	runners := map[string]*runner{}
+	replays := map[string]int{}
+	stop := func(id string) {
+		if r := runners[id]; r != nil {
+			r.cancel()
+			<-r.done
+			delete(runners, id)
+		}
+	}
+	defer func() {
+		for id := range runners {
+			stop(id)
+		}
+	}()
+	initial := true
+	for {
+		var e jetstream.KeyValueEntry
+		select {
+		case <-ctx.Done():
+			return nil
+		case e = <-w.Updates():
+		}
+		if e == nil {
+			initial = false
+			continue
+		}
+		id := e.Key()
+		stop(id)
+		if e.Operation() != jetstream.KeyValuePut {
+			delete(replays, id)
+			continue
+		}
+		var ep Endpoint
+		if err := json.Unmarshal(e.Value(), &ep); err != nil {
+			d.log.Warn().Err(err).Str("endpoint", id).Msg("undecodable webhook endpoint")
+			continue
+		}
+		replay := !initial && ep.Replays > replays[id]
+		replays[id] = ep.Replays
+		if ep.Disabled {
+			continue
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		r := &runner{cancel: cancel, done: make(chan struct{})}
+		runners[id] = r
+		go func() {
+			defer close(r.done)
+			defer func() {
+				if p := recover(); p != nil {
+					d.log.Error().Str("panic", fmt.Sprint(p)).Str("endpoint", ep.ID).Msg("webhook runner panicked")
+				}
+			}()
+			d.run(rctx, &ep, replay)
+		}()
+	}
+}
+
+// run delivers ep's dead letters (on a replay), then its events, until
+// ctx ends.
+func (d *Dispatcher) run(ctx context.Context, ep *Endpoint, replay bool) {
+	log := d.log.With().Str("endpoint", ep.ID).Str("tenant", ep.Tenant).Logger()
+	if replay {
+		dead, err := d.cfg.Store.Dead(ctx, ep.ID)
+		if err != nil {
+			log.Warn().Err(err).Msg("read webhook dead letters")
+		}
+		for _, dl := range dead {
+			if d.deliver(ctx, log, ep, dl.ID, dl.Type, dl.Body, nil) {
+				_ = d.cfg.Store.deleteDead(ctx, ep.ID, dl.ID)
+			}
+			if ctx.Err() != nil {
+				return
+			}
+		}
+	}
+	filters := []string{"outflow.events." + EventTest + ".>"}
+	for _, t := range ep.Events {
+		filters = append(filters, "outflow.events."+t+".>")
+	}
+	cons, err := d.cfg.JS.CreateOrUpdateConsumer(ctx, queue.StreamEvents, jetstream.ConsumerConfig{
+		Durable: consumerName(ep.ID), Description: "webhook " + ep.ID + " (" + ep.Tenant + ")",
+		FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy, AckPolicy: jetstream.AckExplicitPolicy,
+		// One event in flight: an endpoint sees its events in order, and
+		// its backlog waits in the stream, not in memory.
+		MaxAckPending: 1, AckWait: time.Minute, MaxDeliver: -1,
+	})
+	if err != nil {
+		log.Error().Err(err).Msg("webhook consumer")
+		return
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		log.Error().Err(err).Msg("webhook consumer")
+		return
+	}
+	go func() { <-ctx.Done(); it.Stop() }()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			return
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			_ = m.Term()
+			continue
+		}
+		var ev queue.Event
+		if err := json.Unmarshal(m.Data(), &ev); err != nil || ev.Tenant != ep.Tenant || (ev.Type == EventTest && ev.Dest != ep.ID) {
+			_ = m.Ack()
+			continue
+		}
+		body, _ := json.Marshal(struct {
+			Type      string          `json:"type"`
+			Timestamp time.Time       `json:"timestamp"`
+			Data      json.RawMessage `json:"data"`
+		}{ev.Type, ev.Time, m.Data()})
+		id := "evt_" + strconv.FormatUint(md.Sequence.Stream, 10)
+		if d.deliver(ctx, log, ep, id, ev.Type, body, m) || ctx.Err() == nil {
+			_ = m.Ack()
+		}
+	}
+}
+
+// deliver POSTs one event until it is taken, refused for good or out of
+// budget; the last two end in the dead letters. It reports whether the
+// endpoint took it. m, when not nil, is told InProgress while waiting.
+func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoint, id, typ string, body []byte, m jetstream.Msg) bool {
+	for attempt := 1; ; attempt++ {
+		status, hint, err := Post(ctx, d.client, ep, id, body)
+		if ctx.Err() != nil {
+			return false
+		}
+		ev := log.Info().Str("webhook_id", id).Str("type", typ).Int("attempt", attempt).Str("worker_id", d.cfg.WorkerID).Int("status", status)
+		if err != nil {
+			ev = ev.Str("error", err.Error())
+		}
+		class := Classify(status, err)
+		switch {
+		case class == "delivered":
+			ev.Str("class", class).Msg("webhook delivered")
+			return true
+		case status == http.StatusGone:
+			ev.Str("class", "gone").Msg("webhook endpoint gone: disabled")
+			d.dead(ctx, log, ep, id, typ, body, "410 Gone: endpoint disabled")
+			if m != nil {
+				// Before the disable stops this runner: the event is in
+				// the dead letters now, not to be delivered again.
+				_ = m.Ack()
+			}
+			if err := d.cfg.Store.disable(context.WithoutCancel(ctx), ep.ID, "410 Gone"); err != nil {
+				log.Warn().Err(err).Msg("disable webhook endpoint")
+			}
+			return false
+		case class == "permanent":
+			ev.Str("class", class).Msg("webhook refused")
+			d.dead(ctx, log, ep, id, typ, body, fmt.Sprintf("refused with %d", status))
+			return false
+		case attempt >= d.cfg.MaxAttempts:
+			ev.Str("class", class).Msg("webhook budget spent")
+			d.dead(ctx, log, ep, id, typ, body, fmt.Sprintf("%d attempts, last %s", attempt, describe(status, err)))
+			return false
+		}
+		seed := backoff.NewSeed()
+		dec := d.cfg.Backoff.Decide(attempt, d.cfg.WorkerID, seed, hint)
+		next := time.Now().Add(dec.Delay)
+		ev.Str("class", class).Str("lane", d.cfg.Backoff.Lane).Int64("nominal_ms", dec.NominalMs).Int64("cap_ms", dec.CapMs).
+			Str("jitter_seed", strconv.FormatUint(seed, 10)).Int64("jitter_ms", dec.JitterMs).Int64("offset_ms", dec.OffsetMs).
+			Int64("hint_ms", dec.HintMs).Int64("delay_ms", dec.DelayMs).Time("next_attempt_at", next).Msg("webhook deferred")
+		if !wait(ctx, dec.Delay, m) {
+			return false
+		}
+	}
+}
+
+// wait sleeps d (or until ctx ends, reporting false), telling m the event
+// is still being worked on so that its ack wait does not run out.
+func wait(ctx context.Context, d time.Duration, m jetstream.Msg) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	tick := time.NewTicker(20 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-tick.C:
+			if m != nil {
+				_ = m.InProgress()
+			}
+		}
+	}
+}
+
+func (d *Dispatcher) dead(ctx context.Context, log zerolog.Logger, ep *Endpoint, id, typ string, body []byte, reason string) {
+	dl := DeadLetter{Endpoint: ep.ID, ID: id, Type: typ, Body: body, Reason: reason, At: time.Now().UTC()}
+	if err := d.cfg.Store.putDead(context.WithoutCancel(ctx), dl); err != nil {
+		log.Error().Err(err).Str("webhook_id", id).Msg("store webhook dead letter")
+	}
+}
+
+func describe(status int, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return strconv.Itoa(status)
+}
+
+// Classify maps one POST's outcome to mail's classes: delivered (2xx),
+// transient (408, 429, 5xx, no answer) or permanent (any other status).
+func Classify(status int, err error) string {
+	switch {
+	case err != nil:
+		var pe *ErrPrivateAddress
+		if errors.As(err, &pe) {
+			return "permanent"
+		}
+		return "transient"
+	case status >= 200 && status < 300:
+		return "delivered"
+	case status == http.StatusRequestTimeout || status == http.StatusTooManyRequests || status >= 500:
+		return "transient"
+	}
+	return "permanent"
+}
+
+// Post sends one signed delivery and returns the status and the
+// Retry-After it asked for (0 if none).
+func Post(ctx context.Context, c *http.Client, ep *Endpoint, id string, body []byte) (int, time.Duration, error) {
+	ts := time.Now()
+	sig, err := Sign(ep.Secret, id, ts, body)
+	if err != nil {
+		return 0, 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(body))
+	if err != nil {
+		return 0, 0, err
+	}
+	h := req.Header
+	h.Set("Content-Type", "application/json")
+	h.Set("User-Agent", "outflow-webhook/1")
+	h.Set("webhook-id", id)
+	h.Set("webhook-timestamp", strconv.FormatInt(ts.Unix(), 10))
+	h.Set("webhook-signature", sig)
+	res, err := c.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer res.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+	return res.StatusCode, retryAfter(res.Header.Get("Retry-After"), time.Now()), nil
+}
+
+// retryAfter parses Retry-After (RFC 9110 section 10.2.3): delay seconds
+// or an HTTP date. Anything else, or a time past, is 0.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(v); err == nil && n > 0 {
+		return time.Duration(min(n, 86400)) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return min(t.Sub(now), 24*time.Hour)
+	}
+	return 0
+}

@@ -1,0 +1,300 @@
+// Package webhook is in charge of event webhooks: the endpoints tenants
+// register (stored in a key-value bucket with their signing secrets), and
+// their delivery, a durable JetStream consumer per endpoint on the events
+// stream, each event POSTed as JSON and signed per the Standard Webhooks
+// specification (headers webhook-id, webhook-timestamp, webhook-signature).
+//
+// Failure semantics follow mail's: 2xx is done; 408, 429, 5xx, connection
+// failures and timeouts are retried with the same full-jitter backoff and
+// per-worker offset (package backoff), honouring Retry-After when it asks
+// for longer; any other 4xx is permanent. A spent budget or a permanent
+// refusal puts the event in the endpoint's dead letters, which `outflow
+// webhook replay` sends again. 410 Gone disables the endpoint (its events
+// wait in its consumer) until it is replayed. Delivery is at least once;
+// the webhook-id of an event never changes, so a receiver can deduplicate.
+// Each endpoint has its own consumer and goroutine, so a slow or dead
+// endpoint delays neither mail nor another endpoint.
+package webhook
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// BucketEndpoints is the key-value bucket of webhook endpoints, one entry
+// per endpoint id, holding an Endpoint (with its secret).
+const BucketEndpoints = "outflow_webhooks"
+
+// BucketDead is the key-value bucket of webhook dead letters: events an
+// endpoint refused for good or whose retry budget ran out, keyed
+// "<endpoint id>.<event sequence>".
+const BucketDead = "outflow_webhook_dead"
+
+// SecretPrefix starts every signing secret (Standard Webhooks).
+const SecretPrefix = "whsec_"
+
+// DefaultEvents are the event types an endpoint receives when it names none.
+var DefaultEvents = []string{queue.EventDelivered, queue.EventBounced, queue.EventDeferred,
+	queue.EventThrottled, queue.EventDead, queue.EventSuppressed}
+
+// ErrNoEndpoint is returned for an endpoint id that does not exist.
+var ErrNoEndpoint = errors.New("no such webhook endpoint")
+
+// Endpoint is one registered webhook.
+type Endpoint struct {
+	ID      string    `json:"id"`
+	Tenant  string    `json:"tenant"`
+	URL     string    `json:"url"`
+	Events  []string  `json:"events"`
+	Secret  string    `json:"secret"` // whsec_<base64 of 24 random bytes>
+	Created time.Time `json:"created"`
+	// Disabled is set by a 410 Gone; Replay clears it.
+	Disabled       bool   `json:"disabled,omitempty"`
+	DisabledReason string `json:"disabled_reason,omitempty"`
+	// Replays counts `webhook replay` requests: the dispatcher sends the
+	// endpoint's dead letters again each time it sees it grow.
+	Replays int `json:"replays,omitempty"`
+}
+
+// consumerName is the durable consumer of endpoint id on the events stream.
+func consumerName(id string) string { return "outflow-webhook-" + id }
+
+// Store holds the endpoints and their dead letters.
+type Store struct {
+	kv   jetstream.KeyValue
+	dead jetstream.KeyValue
+	js   jetstream.JetStream
+}
+
+// Bucketer opens key-value buckets: *queue.Queue.
+type Bucketer interface {
+	KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error)
+	JetStream() jetstream.JetStream
+}
+
+// Open opens (creating them if need be) the endpoint and dead-letter buckets.
+func Open(ctx context.Context, b Bucketer) (*Store, error) {
+	kv, err := b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketEndpoints, Description: "outflow webhook endpoints", History: 1})
+	if err != nil {
+		return nil, err
+	}
+	dead, err := b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketDead, Description: "outflow webhook dead letters", History: 1})
+	if err != nil {
+		return nil, err
+	}
+	return &Store{kv: kv, dead: dead, js: b.JetStream()}, nil
+}
+
+// CheckURL accepts absolute http and https URLs with a host, and nothing
+// else (no credentials in the URL either: they would be logged).
+func CheckURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("webhook URL: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("webhook URL %q: want http or https", raw)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return fmt.Errorf("webhook URL %q: no host", raw)
+	}
+	if u.User != nil {
+		return fmt.Errorf("webhook URL: credentials in the URL are not allowed")
+	}
+	return nil
+}
+
+// Add registers an endpoint for tenant and returns it with its secret,
+// which only this call and the store hold.
+func (s *Store) Add(ctx context.Context, tenant, rawURL string, events []string) (*Endpoint, error) {
+	if tenant == "" {
+		return nil, errors.New("webhook: empty tenant")
+	}
+	if err := CheckURL(rawURL); err != nil {
+		return nil, err
+	}
+	if len(events) == 0 {
+		events = DefaultEvents
+	}
+	for _, e := range events {
+		if !slices.Contains(DefaultEvents, e) && e != queue.EventExpired && e != queue.EventQueued {
+			return nil, fmt.Errorf("webhook: unknown event %q (want some of %s)", e, strings.Join(DefaultEvents, ","))
+		}
+	}
+	var idb [6]byte
+	var sec [24]byte
+	if _, err := rand.Read(idb[:]); err != nil {
+		return nil, err
+	}
+	if _, err := rand.Read(sec[:]); err != nil {
+		return nil, err
+	}
+	ep := &Endpoint{ID: "wh_" + hex.EncodeToString(idb[:]), Tenant: tenant, URL: rawURL, Events: slices.Clone(events),
+		Secret: SecretPrefix + base64.StdEncoding.EncodeToString(sec[:]), Created: time.Now().UTC().Truncate(time.Second)}
+	if err := s.put(ctx, ep, 0); err != nil {
+		return nil, err
+	}
+	return ep, nil
+}
+
+func (s *Store) put(ctx context.Context, ep *Endpoint, rev uint64) error {
+	b, err := json.Marshal(ep)
+	if err != nil {
+		return err
+	}
+	if rev == 0 {
+		_, err = s.kv.Create(ctx, ep.ID, b)
+	} else {
+		_, err = s.kv.Update(ctx, ep.ID, b, rev)
+	}
+	if err != nil {
+		return fmt.Errorf("store webhook %s: %w", ep.ID, err)
+	}
+	return nil
+}
+
+// Get returns endpoint id and its revision.
+func (s *Store) Get(ctx context.Context, id string) (*Endpoint, uint64, error) {
+	e, err := s.kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+		return nil, 0, ErrNoEndpoint
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	var ep Endpoint
+	if err := json.Unmarshal(e.Value(), &ep); err != nil {
+		return nil, 0, err
+	}
+	return &ep, e.Revision(), nil
+}
+
+// update applies f to endpoint id, retrying on a concurrent change.
+func (s *Store) update(ctx context.Context, id string, f func(*Endpoint)) error {
+	for {
+		ep, rev, err := s.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		f(ep)
+		err = s.put(ctx, ep, rev)
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return err
+		}
+	}
+}
+
+// List returns the endpoints of tenant, or of every tenant with "".
+func (s *Store) List(ctx context.Context, tenant string) ([]Endpoint, error) {
+	lister, err := s.kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Endpoint
+	for k := range lister.Keys() {
+		ep, _, err := s.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		if tenant == "" || ep.Tenant == tenant {
+			out = append(out, *ep)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Created.Before(out[j].Created) || out[i].Created.Equal(out[j].Created) && out[i].ID < out[j].ID
+	})
+	return out, nil
+}
+
+// Remove deletes endpoint id, its consumer and its dead letters.
+func (s *Store) Remove(ctx context.Context, id string) error {
+	if _, _, err := s.Get(ctx, id); err != nil {
+		return err
+	}
+	if err := s.kv.Delete(ctx, id); err != nil {
+		return err
+	}
+	if err := s.js.DeleteConsumer(ctx, queue.StreamEvents, consumerName(id)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return err
+	}
+	if keys, err := s.dead.ListKeysFiltered(ctx, id+".*"); err == nil {
+		for k := range keys.Keys() {
+			_ = s.dead.Purge(ctx, k)
+		}
+	}
+	return nil
+}
+
+// Replay asks the daemon to send endpoint id's dead letters again, and
+// enables it if a 410 disabled it.
+func (s *Store) Replay(ctx context.Context, id string) error {
+	return s.update(ctx, id, func(ep *Endpoint) {
+		ep.Replays++
+		ep.Disabled, ep.DisabledReason = false, ""
+	})
+}
+
+// disable marks endpoint id disabled (a 410 Gone).
+func (s *Store) disable(ctx context.Context, id, reason string) error {
+	return s.update(ctx, id, func(ep *Endpoint) { ep.Disabled, ep.DisabledReason = true, reason })
+}
+
+// DeadLetter is one event an endpoint did not take.
+type DeadLetter struct {
+	Endpoint string          `json:"endpoint"`
+	ID       string          `json:"webhook_id"`
+	Type     string          `json:"type"`
+	Body     json.RawMessage `json:"body"`
+	Reason   string          `json:"reason"`
+	At       time.Time       `json:"at"`
+}
+
+// Dead lists endpoint id's dead letters.
+func (s *Store) Dead(ctx context.Context, id string) ([]DeadLetter, error) {
+	keys, err := s.dead.ListKeysFiltered(ctx, id+".*")
+	if err != nil {
+		return nil, err
+	}
+	var out []DeadLetter
+	for k := range keys.Keys() {
+		e, err := s.dead.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var d DeadLetter
+		if json.Unmarshal(e.Value(), &d) == nil {
+			out = append(out, d)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+func deadKey(endpoint, webhookID string) string { return endpoint + "." + webhookID }
+
+func (s *Store) putDead(ctx context.Context, d DeadLetter) error {
+	b, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	_, err = s.dead.Put(ctx, deadKey(d.Endpoint, d.ID), b)
+	return err
+}
+
+func (s *Store) deleteDead(ctx context.Context, endpoint, webhookID string) error {
+	return s.dead.Purge(ctx, deadKey(endpoint, webhookID))
+}

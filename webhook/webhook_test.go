@@ -1,0 +1,277 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/queue"
+)
+
+// The Standard Webhooks reference vector (from the specification's
+// libraries' tests).
+func TestSignMatchesSpecVector(t *testing.T) {
+	sig, err := Sign("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek", time.Unix(1614265330, 0), []byte(`{"test": 2432232314}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="; sig != want {
+		t.Fatalf("signature %s, want %s", sig, want)
+	}
+	now := time.Unix(1614265330, 0)
+	if err := Verify("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek", "1614265330", "v1,bogus "+sig, []byte(`{"test": 2432232314}`), now, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := Verify("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek", "1614265330", sig, []byte(`{"test": 1}`), now, time.Minute); err == nil {
+		t.Fatal("a changed body verified")
+	}
+}
+
+func TestRetryAfterAndClassify(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for v, want := range map[string]time.Duration{"": 0, "7": 7 * time.Second, "-1": 0, "soon": 0,
+		now.Add(90 * time.Second).Format(http.TimeFormat): 90 * time.Second, now.Add(-time.Hour).Format(http.TimeFormat): 0} {
+		if got := retryAfter(v, now); got != want {
+			t.Errorf("retryAfter(%q) = %v, want %v", v, got, want)
+		}
+	}
+	for _, c := range []struct {
+		status int
+		err    error
+		want   string
+	}{{200, nil, "delivered"}, {204, nil, "delivered"}, {408, nil, "transient"}, {429, nil, "transient"}, {503, nil, "transient"},
+		{400, nil, "permanent"}, {404, nil, "permanent"}, {301, nil, "permanent"}, {0, errors.New("refused"), "transient"}} {
+		if got := Classify(c.status, c.err); got != c.want {
+			t.Errorf("Classify(%d, %v) = %s, want %s", c.status, c.err, got, c.want)
+		}
+	}
+}
+
+func TestPrivateAddressRefusedAtDial(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	defer ts.Close()
+	ep := &Endpoint{ID: "wh_x", URL: ts.URL, Secret: "whsec_" + "AAAA"}
+	_, _, err := Post(context.Background(), NewClient(false, 5*time.Second), ep, "evt_1", []byte("{}"))
+	var pe *ErrPrivateAddress
+	if !errors.As(err, &pe) || Classify(0, err) != "permanent" {
+		t.Fatalf("loopback endpoint: %v", err)
+	}
+	if status, _, err := Post(context.Background(), NewClient(true, 5*time.Second), ep, "evt_1", []byte("{}")); err != nil || status != 200 {
+		t.Fatalf("with allow-private: %d %v", status, err)
+	}
+	if err := CheckURL("ftp://example.com/"); err == nil {
+		t.Error("ftp URL accepted")
+	}
+	if err := CheckURL("https://user:pw@example.com/"); err == nil {
+		t.Error("URL with credentials accepted")
+	}
+}
+
+// receiver is a fake webhook endpoint: it answers with the next status of
+// script (the last one repeats) and hands each verified delivery to got.
+type receiver struct {
+	t      *testing.T
+	mu     sync.Mutex
+	secret string
+	script []func(w http.ResponseWriter)
+	got    chan delivery
+}
+
+type delivery struct {
+	id   string
+	body map[string]any
+}
+
+func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, _ := io.ReadAll(req.Body)
+	r.mu.Lock()
+	f := r.script[0]
+	if len(r.script) > 1 {
+		r.script = r.script[1:]
+	}
+	secret := r.secret
+	r.mu.Unlock()
+	if err := Verify(secret, req.Header.Get("webhook-id"), req.Header.Get("webhook-timestamp"), req.Header.Get("webhook-signature"), body, time.Now(), 5*time.Minute); err != nil {
+		r.t.Errorf("delivery does not verify: %v", err)
+	}
+	f(w)
+	var m map[string]any
+	_ = json.Unmarshal(body, &m)
+	r.got <- delivery{req.Header.Get("webhook-id"), m}
+}
+
+func status(code int, hdr ...string) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		for i := 0; i+1 < len(hdr); i += 2 {
+			w.Header().Set(hdr[i], hdr[i+1])
+		}
+		w.WriteHeader(code)
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+type fixture struct {
+	q     *queue.Queue
+	store *Store
+	logs  *syncBuf
+	rc    *receiver
+	ep    *Endpoint
+}
+
+func newFixture(t *testing.T, script ...func(w http.ResponseWriter)) *fixture {
+	t.Helper()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	ci := emb.ClientInfo()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var q *queue.Queue
+	for {
+		q, err = queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	store, err := Open(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &receiver{t: t, script: script, got: make(chan delivery, 16)}
+	ts := httptest.NewServer(rc)
+	t.Cleanup(ts.Close)
+	ep, err := store.Add(ctx, "acme", ts.URL+"/hook", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.secret = ep.Secret
+	logs := &syncBuf{}
+	d, err := New(Config{Store: store, JS: q.JetStream(), WorkerID: "w1", AllowPrivate: true, MaxAttempts: 4,
+		Backoff: backoff.Backoff{Lane: "webhook", Base: 20 * time.Millisecond, Cap: 100 * time.Millisecond, Multiplier: 2, ContentionWindow: 10 * time.Millisecond},
+		Logger:  zerolog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(rctx) }()
+	t.Cleanup(func() { rcancel(); <-done })
+	f := &fixture{q: q, store: store, logs: logs, rc: rc, ep: ep}
+	// The consumer delivers new events only: wait until it exists.
+	waitUntil(t, "the endpoint's consumer", func() bool {
+		_, err := q.JetStream().Consumer(context.Background(), queue.StreamEvents, consumerName(ep.ID))
+		return err == nil
+	})
+	return f
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (f *fixture) next(t *testing.T) delivery {
+	t.Helper()
+	select {
+	case d := <-f.rc.got:
+		return d
+	case <-time.After(30 * time.Second):
+		t.Fatal("no delivery within 30s")
+		return delivery{}
+	}
+}
+
+func TestRetryAfterHonouredThenDelivered(t *testing.T) {
+	f := newFixture(t, status(503, "Retry-After", "1"), status(200))
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "m1", Tenant: "other", Dest: "x.test"}) // another tenant's
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "m2", Tenant: "acme", Dest: "x.test"})
+	first := f.next(t)
+	again := f.next(t)
+	if first.id != again.id || !strings.HasPrefix(first.id, "evt_") {
+		t.Fatalf("webhook-id %q then %q: want one stable id", first.id, again.id)
+	}
+	data, _ := again.body["data"].(map[string]any)
+	if again.body["type"] != queue.EventDelivered || data["id"] != "m2" {
+		t.Fatalf("payload %v", again.body)
+	}
+	if !strings.Contains(f.logs.String(), `"hint_ms":1000`) || !strings.Contains(f.logs.String(), `"delay_ms":1000`) {
+		t.Fatalf("the deferral did not honour Retry-After:\n%s", f.logs.String())
+	}
+	select {
+	case d := <-f.rc.got:
+		t.Fatalf("unexpected delivery %v", d)
+	default:
+	}
+}
+
+func TestGoneDisablesAndReplayDelivers(t *testing.T) {
+	f := newFixture(t, status(410), status(200))
+	f.q.Event(queue.EventBounced, &queue.Event{ID: "m1", Tenant: "acme"})
+	gone := f.next(t)
+	ctx := context.Background()
+	waitUntil(t, "the endpoint disabled and its event in dead letters", func() bool {
+		ep, _, err := f.store.Get(ctx, f.ep.ID)
+		dead, _ := f.store.Dead(ctx, f.ep.ID)
+		return err == nil && ep.Disabled && len(dead) == 1
+	})
+	// Events while disabled wait in the consumer.
+	f.q.Event(queue.EventBounced, &queue.Event{ID: "m2", Tenant: "acme"})
+	if err := f.store.Replay(ctx, f.ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	replayed := f.next(t)
+	if replayed.id != gone.id {
+		t.Fatalf("replayed %q, want the dead letter %q", replayed.id, gone.id)
+	}
+	later := f.next(t)
+	if data, _ := later.body["data"].(map[string]any); data["id"] != "m2" {
+		t.Fatalf("after the replay: %v", later.body)
+	}
+	waitUntil(t, "the dead letters emptied", func() bool {
+		dead, err := f.store.Dead(ctx, f.ep.ID)
+		return err == nil && len(dead) == 0
+	})
+}
+
+func TestBudgetSpentGoesToDeadLetters(t *testing.T) {
+	f := newFixture(t, status(500))
+	f.q.Event(queue.EventDeferred, &queue.Event{ID: "m1", Tenant: "acme"})
+	for range 4 {
+		f.next(t)
+	}
+	ctx := context.Background()
+	waitUntil(t, "the dead letter", func() bool {
+		dead, err := f.store.Dead(ctx, f.ep.ID)
+		return err == nil && len(dead) == 1 && strings.Contains(dead[0].Reason, "4 attempts")
+	})
+}
