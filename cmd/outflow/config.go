@@ -80,6 +80,8 @@ type serveConfig struct {
 	throttle.File
 	// api-addr and the other HTTP API keys: cmd/outflow/api.go.
 	apiConfig
+	// webhook-allow-private and the other webhook keys: cmd/outflow/webhook.go.
+	webhookConfig
 }
 
 // dkimConfig is one [[dkim]] section: the key that signs mail whose sender
@@ -148,6 +150,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.DurationVar(&c.FinalDotTimeout, "final-dot-timeout", 10*time.Minute, "the reply to the final dot; past it the outcome is unknown (RFC 5321 4.5.3.2.6)")
 	fs.StringVar(&c.TLSPolicy, "tls-policy", "opportunistic", "TLS to MX hosts: opportunistic, required or none (per destination: [tls-destinations] in the config)")
 	bindAPIFlags(fs, &c.apiConfig)
+	bindWebhookFlags(fs, &c.webhookConfig)
 }
 
 // loadConfigFile applies the config file under the flags: it remembers the

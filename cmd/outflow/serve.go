@@ -253,6 +253,13 @@ func serve(parent context.Context, c *serveConfig) error {
 
 	workCtx, stopWork := context.WithCancel(ctx)
 	defer stopWork()
+	stopWebhooks, err := startWebhooks(workCtx, c, q, workerID, log)
+	if err != nil {
+		ln.Close()
+		_ = httpSrv.Close()
+		stopAPI(ctx)
+		return err
+	}
 	poolDone := make(chan error, 1)
 	go func() { poolDone <- pool.Run(workCtx, c.ShutdownGrace) }()
 	subDone := make(chan error, 1)
@@ -281,6 +288,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	}
 	stopAPI(shCtx)
 	stopWork()
+	stopWebhooks()
 	select {
 	case <-poolDone:
 	case <-shCtx.Done():

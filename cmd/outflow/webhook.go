@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/webhook"
+)
+
+// webhookConfig is the event webhooks' part of serveConfig; each field is a
+// flag and a config-file key of the same name.
+type webhookConfig struct {
+	WebhookAllowPrivate bool          `toml:"webhook-allow-private"`
+	WebhookMaxAttempts  int           `toml:"webhook-max-attempts"`
+	WebhookTimeout      time.Duration `toml:"webhook-timeout"`
+}
+
+// bindWebhookFlags registers the webhook flags on fs.
+func bindWebhookFlags(fs *pflag.FlagSet, c *webhookConfig) {
+	fs.BoolVar(&c.WebhookAllowPrivate, "webhook-allow-private", false, "let webhook URLs reach loopback, private and link-local addresses")
+	fs.IntVar(&c.WebhookMaxAttempts, "webhook-max-attempts", webhook.DefaultMaxAttempts, "POSTs per event before it goes to the webhook's dead letters")
+	fs.DurationVar(&c.WebhookTimeout, "webhook-timeout", webhook.DefaultTimeout, "bound on one webhook POST, connection included")
+}
+
+// startWebhooks runs the webhook dispatcher until the returned stop is
+// called (it waits for the deliveries in progress to end).
+func startWebhooks(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, log zerolog.Logger) (func(), error) {
+	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	store, err := webhook.Open(setup, q)
+	if err != nil {
+		return nil, err
+	}
+	d, err := webhook.New(webhook.Config{Store: store, JS: q.JetStream(), WorkerID: workerID, MaxAttempts: c.WebhookMaxAttempts,
+		Timeout: c.WebhookTimeout, AllowPrivate: c.WebhookAllowPrivate, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() {
+			if p := recover(); p != nil {
+				log.Error().Str("panic", fmt.Sprint(p)).Msg("webhook dispatcher panicked")
+			}
+		}()
+		if err := d.Run(rctx); err != nil {
+			log.Error().Err(err).Msg("webhook dispatcher stopped")
+		}
+	}()
+	return func() { stop(); <-done }, nil
+}
+
+// outflow webhook add|list|remove|test|replay.
+func init() {
+	a := &adminFlags{}
+	wc := &cobra.Command{Use: "webhook", Short: "add, list, remove, test and replay event webhooks"}
+	a.bind(wc)
+	withStore := func(cmd *cobra.Command, f func(ctx context.Context, q *queue.Queue, s *webhook.Store) error) error {
+		return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+			s, err := webhook.Open(ctx, q)
+			if err != nil {
+				return err
+			}
+			return f(ctx, q, s)
+		})
+	}
+
+	var tenant, rawURL, events string
+	add := &cobra.Command{
+		Use:   "add --tenant T --url URL [--events a,b]",
+		Short: "register an endpoint for a tenant's events and print its signing secret (shown only now)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if tenant == "" || rawURL == "" {
+				return usageError{errors.New("--tenant and --url are required")}
+			}
+			if err := webhook.CheckURL(rawURL); err != nil {
+				return usageError{err}
+			}
+			var evs []string
+			if events != "" {
+				evs = strings.Split(events, ",")
+			}
+			return withStore(cmd, func(ctx context.Context, _ *queue.Queue, s *webhook.Store) error {
+				ep, err := s.Add(ctx, tenant, rawURL, evs)
+				if err != nil {
+					return usageError{err}
+				}
+				if a.json {
+					return printJSON(cmd.OutOrStdout(), ep)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), ep.Secret)
+				fmt.Fprintf(os.Stderr, "outflow: webhook %s for tenant %s created (events %s); the secret is shown only now\n",
+					ep.ID, ep.Tenant, strings.Join(ep.Events, ","))
+				return nil
+			})
+		},
+	}
+	add.Flags().StringVar(&tenant, "tenant", "", "the tenant whose events are sent (required)")
+	add.Flags().StringVar(&rawURL, "url", "", "the http(s) endpoint (required)")
+	add.Flags().StringVar(&events, "events", "", "comma-separated event types (default "+strings.Join(webhook.DefaultEvents, ",")+")")
+
+	list := &cobra.Command{
+		Use:   "list [--tenant T]",
+		Short: "list endpoints: id, tenant, URL, events, state, dead letters (never the secret)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withStore(cmd, func(ctx context.Context, _ *queue.Queue, s *webhook.Store) error {
+				eps, err := s.List(ctx, tenant)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+				if !a.json {
+					fmt.Fprintln(tw, "ID\tTENANT\tURL\tEVENTS\tSTATE\tDEAD")
+				}
+				for _, ep := range eps {
+					dead, _ := s.Dead(ctx, ep.ID)
+					state := "enabled"
+					if ep.Disabled {
+						state = "disabled: " + ep.DisabledReason
+					}
+					if a.json {
+						ep.Secret = ""
+						if err := printJSON(out, struct {
+							webhook.Endpoint
+							State string `json:"state"`
+							Dead  int    `json:"dead"`
+						}{ep, state, len(dead)}); err != nil {
+							return err
+						}
+						continue
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", ep.ID, ep.Tenant, ep.URL, strings.Join(ep.Events, ","), state, len(dead))
+				}
+				if a.json {
+					return nil
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	list.Flags().StringVar(&tenant, "tenant", "", "only this tenant's endpoints")
+
+	remove := &cobra.Command{
+		Use:   "remove ID",
+		Short: "remove an endpoint, its consumer and its dead letters",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withStore(cmd, func(ctx context.Context, _ *queue.Queue, s *webhook.Store) error {
+				if err := s.Remove(ctx, args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", args[0])
+				return nil
+			})
+		},
+	}
+	test := &cobra.Command{
+		Use:   "test ID",
+		Short: "publish a webhook-test event that the daemon delivers to this endpoint only, signed and retried like any other",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withStore(cmd, func(ctx context.Context, q *queue.Queue, s *webhook.Store) error {
+				ep, _, err := s.Get(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				q.Event(webhook.EventTest, &queue.Event{ID: "test" + fmt.Sprint(time.Now().UnixNano()), Tenant: ep.Tenant, Dest: ep.ID,
+					Reason: "sent by outflow webhook test"})
+				select { // the event is published asynchronously
+				case <-q.JetStream().PublishAsyncComplete():
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "test event published for %s\n", ep.ID)
+				return nil
+			})
+		},
+	}
+	replay := &cobra.Command{
+		Use:   "replay ID",
+		Short: "send an endpoint's dead letters again, and enable it if a 410 Gone disabled it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withStore(cmd, func(ctx context.Context, _ *queue.Queue, s *webhook.Store) error {
+				dead, err := s.Dead(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if err := s.Replay(ctx, args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "replaying %d dead letter(s) of %s\n", len(dead), args[0])
+				return nil
+			})
+		},
+	}
+	wc.AddCommand(add, list, remove, test, replay)
+	rootCmd.AddCommand(wc)
+}
