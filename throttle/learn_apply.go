@@ -196,7 +196,7 @@ func (d *dest) waiting(now time.Time) int {
 // learned").
 func (t *Throttle) Pace(domain, tenant string, earliest time.Time) (at time.Time, by string, ok bool) {
 	d := t.getDest(t.Group(domain))
-	now := time.Now()
+	now := t.now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	fleet := t.fleetRate(d.limits, d.state, now)

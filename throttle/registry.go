@@ -88,7 +88,7 @@ func (t *Throttle) peerLoad(dest string, now time.Time) (destLoad, int) {
 
 // heartbeat refreshes this worker's registry key.
 func (t *Throttle) heartbeat(ctx context.Context) error {
-	now := time.Now()
+	now := t.now()
 	b, _ := json.Marshal(workerRecord{Worker: t.cfg.WorkerID, Started: t.started, At: now.UTC(), Load: t.load(now)})
 	if _, err := t.cfg.Registry.Put(ctx, t.regKey, b); err != nil {
 		return fmt.Errorf("throttle: register worker %q: %w", t.cfg.WorkerID, err)
@@ -115,7 +115,7 @@ func (t *Throttle) heartbeatLoop() {
 
 // applyWorker follows one entry of the registry.
 func (t *Throttle) applyWorker(e jetstream.KeyValueEntry, initial bool) {
-	now := time.Now()
+	now := t.now()
 	t.wmu.Lock()
 	switch e.Operation() {
 	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
@@ -125,6 +125,9 @@ func (t *Throttle) applyWorker(e jetstream.KeyValueEntry, initial bool) {
 		var rec workerRecord
 		if json.Unmarshal(e.Value(), &rec) == nil {
 			t.peers[e.Key()] = rec
+			if e.Key() == t.regKey {
+				t.measureOffset(rec.At, e.Created())
+			}
 		}
 		seen := now
 		if initial {

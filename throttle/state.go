@@ -236,6 +236,13 @@ func decodeState(key string, b []byte) (DestState, error) {
 // It returns the state before and after, the new revision, and whether it
 // wrote.
 func updateState(ctx context.Context, kv jetstream.KeyValue, dest, by string, fn func(s *DestState, now time.Time) bool) (before, after DestState, rev uint64, wrote bool, err error) {
+	return updateStateIn(ctx, kv, dest, by, frame{now: time.Now}, fn)
+}
+
+// updateStateIn is updateState on the clock fr: the stored state is moved
+// into fr's frame before fn sees it (so every time in it and fn's now are
+// on one clock), and written in that frame, UpdatedAt included.
+func updateStateIn(ctx context.Context, kv jetstream.KeyValue, dest, by string, fr frame, fn func(s *DestState, now time.Time) bool) (before, after DestState, rev uint64, wrote bool, err error) {
 	if kv == nil {
 		return before, after, 0, false, errors.New("dest state: no KV bucket")
 	}
@@ -252,6 +259,7 @@ func updateState(ctx context.Context, kv jetstream.KeyValue, dest, by string, fn
 		case err == nil:
 			last = e.Revision()
 			cur, _ = decodeState(key, e.Value()) // a corrupt value is overwritten
+			cur = fr.toLocal(cur, e.Created())
 		case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
 			cur = DestState{Dest: dest}
 		default:
@@ -259,7 +267,7 @@ func updateState(ctx context.Context, kv jetstream.KeyValue, dest, by string, fn
 		}
 		cur.Dest = dest
 		next := cur
-		now := time.Now()
+		now := fr.now()
 		if !fn(&next, now) {
 			return cur, cur, last, false, nil
 		}

@@ -20,7 +20,7 @@ func (t *Throttle) getDest(name string) *dest {
 	if d = t.dests[name]; d != nil {
 		return d
 	}
-	d = &dest{name: name, limits: t.limitsOf(name), state: DestState{Dest: name}, lastUsed: time.Now()}
+	d = &dest{name: name, limits: t.limitsOf(name), state: DestState{Dest: name}, lastUsed: t.now()}
 	if len(t.rules) > 0 {
 		d.auto = make([]window, len(t.rules))
 	}
@@ -49,6 +49,7 @@ func (t *Throttle) applyState(e jetstream.KeyValueEntry, initial bool) {
 			return
 		}
 		s.Dest = name
+		s = t.frame().toLocal(s, e.Created())
 	}
 	d.mu.Lock()
 	if e.Revision() <= d.rev {
@@ -75,7 +76,7 @@ func (t *Throttle) applyState(e jetstream.KeyValueEntry, initial bool) {
 		t.m.drop(name)
 	}
 	if !initial && s.UpdatedBy != t.cfg.WorkerID {
-		now := time.Now()
+		now := t.now()
 		t.log.Debug().Str("dest", name).Str("by", s.UpdatedBy).
 			Str("breaker", prev.BreakerAt(now)+"->"+s.BreakerAt(now)).
 			Float64("factor_from", prev.RateFactor()).Float64("factor_to", s.RateFactor()).
@@ -143,7 +144,7 @@ func (t *Throttle) run(o op) {
 		}
 		return
 	}
-	before, after, rev, wrote, err := updateState(ctx, t.cfg.State, o.d.name, t.cfg.WorkerID, o.fn)
+	before, after, rev, wrote, err := updateStateIn(ctx, t.cfg.State, o.d.name, t.cfg.WorkerID, t.frame(), o.fn)
 	if err != nil {
 		if t.ctx.Err() == nil {
 			t.log.Warn().Err(err).Str("dest", o.d.name).Str("change", o.change).Msg("could not write destination state; change kept locally only")
@@ -168,7 +169,7 @@ func (t *Throttle) transition(dest, change, from, to, reason string) {
 
 // recovered calls OnRecover for dest on its own goroutine.
 func (t *Throttle) recovered(d *dest, s DestState, why string) {
-	rate := t.fleetRate(d.limits, s, time.Now())
+	rate := t.fleetRate(d.limits, s, t.now())
 	t.log.Info().Str("dest", d.name).Str("reason", why).Float64("rate", rate).Str("by", t.cfg.WorkerID).
 		Msg("destination recovered; releasing deferred envelopes")
 	if t.cfg.OnRecover == nil {
@@ -243,12 +244,13 @@ func (t *Throttle) liveCount() int {
 func (t *Throttle) maintain() {
 	tk := time.NewTicker(tickEvery)
 	defer tk.Stop()
-	lastSweep := time.Now()
+	lastSweep := t.now()
 	for {
 		select {
 		case <-t.ctx.Done():
 			return
-		case now := <-tk.C:
+		case <-tk.C:
+			now := t.now()
 			t.pruneWorkers(now)
 			t.tickStates(now)
 			if now.Sub(lastSweep) >= time.Minute {

@@ -35,7 +35,7 @@ type DestStatus struct {
 // through Group) as this worker applies it now.
 func (t *Throttle) Snapshot(name string) DestStatus {
 	name = normalizeDest(name)
-	now := time.Now()
+	now := t.now()
 	live := t.liveCount()
 	t.mu.RLock()
 	d := t.dests[name]

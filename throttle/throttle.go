@@ -169,6 +169,10 @@ type Config struct {
 	// Registerer, when set, gets the outflow_dest_* and
 	// outflow_workers_live collectors.
 	Registerer prometheus.Registerer
+	// Now is the worker's wall clock (default time.Now); tests give a
+	// skewed one. See clock.go for how it is reconciled with the times
+	// other workers write.
+	Now func() time.Time
 
 	// stateIdleTTL replaces the package's stateIdleTTL (tests).
 	stateIdleTTL time.Duration
@@ -246,6 +250,9 @@ func (c Config) withDefaults() (Config, error) {
 			return c, fmt.Errorf("throttle: tenant %q: weight %v: want > 0", tenant, w)
 		}
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = DefaultHeartbeat
 	}
@@ -289,6 +296,12 @@ type Throttle struct {
 	peers     map[string]workerRecord // registry key -> its last record
 	live      atomic.Int64
 	workerTTL time.Duration
+
+	// offset is the server's clock minus this worker's, in nanoseconds,
+	// as last measured from the registry heartbeat (clock.go); offsetKnown
+	// says whether it has been.
+	offset      atomic.Int64
+	offsetKnown atomic.Bool
 }
 
 var _ Gate = (*Throttle)(nil)
@@ -375,7 +388,7 @@ func New(ctx context.Context, cfg Config) (*Throttle, error) {
 		m:        newThrottleMetrics(cfg.Registerer),
 		ops:      make(chan op, opsBuffer),
 		regKey:   StateKey(cfg.WorkerID),
-		started:  time.Now().UTC(),
+		started:  cfg.Now().UTC(),
 		dests:    map[string]*dest{},
 		stateful: map[string]*dest{},
 		workers:  map[string]time.Time{},
@@ -548,7 +561,7 @@ func (t *Throttle) AdmitTenant(ctx context.Context, domain, tenant string) (Perm
 }
 
 func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, Refusal, bool) {
-	now := time.Now()
+	now := t.now()
 	live := t.liveCount()
 	d.mu.Lock()
 	if d.evicted {
@@ -628,7 +641,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 			}
 			d.bucket.refund() // the token was not used
 			d.mu.Unlock()
-			return nil, Refusal{Until: time.Now(), Reason: "canceled"}, false
+			return nil, Refusal{Until: t.now(), Reason: "canceled"}, false
 		}
 	}
 	return &permit{t: t, d: d, probe: probe}, Refusal{}, false
@@ -653,7 +666,7 @@ func (p *permit) Done(results []classify.Result) {
 
 // done is Permit.Done: memory only, plus at most a queued KV transition.
 func (t *Throttle) done(d *dest, probe bool, results []classify.Result) {
-	now := time.Now()
+	now := t.now()
 	o := outcomeOf(results)
 	var fired []int
 	for i := range t.rules {

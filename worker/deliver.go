@@ -71,9 +71,9 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		p.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Msg("redelivered envelope was already handled; acknowledging")
 		return d.Skip(ctx)
 	}
-	now := time.Now()
+	now := p.now()
 	dest := p.cfg.Gate.Group(e.Dest)
-	if !e.Deadline.IsZero() && now.After(e.Deadline) {
+	if !e.Deadline.IsZero() && p.expiryNow(d, now).After(e.Deadline) {
 		return p.dead(ctx, d, e.Clone(), dest, queue.EventExpired, "max-age: deadline "+e.Deadline.Format(time.RFC3339)+" passed")
 	}
 
@@ -284,7 +284,7 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 	e := d.Env
 	q := p.cfg.Queue
 	lane := string(d.Lane)
-	now := time.Now()
+	now := p.now()
 
 	for _, b := range o.bounced {
 		p.cfg.Metrics.attempt("permanent", lane)
@@ -311,7 +311,7 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 		next := e.Clone()
 		next.Attempt = e.Attempt + 1
 		if next.FirstAttempt.IsZero() {
-			next.FirstAttempt = started
+			next.FirstAttempt = p.serverTime(started) // on the clock expiryNow compares it with
 		}
 		next.LastClass = o.lead.Class.String()
 		next.LastReply = replyLine(o.lead)
@@ -370,7 +370,7 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 // does, and acked says so.
 func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest string, o *outcome) (acked bool, err error) {
 	e := d.Env
-	now := time.Now()
+	now := p.now()
 	lane, bo, evType, class := queue.LaneRetry, p.cfg.Retry, queue.EventDeferred, o.lead.Class.String()
 	if o.throttled {
 		lane, bo, evType = queue.LaneRateLimit, p.cfg.RateLimit, queue.EventThrottled
@@ -380,7 +380,7 @@ func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.E
 		}
 	}
 	p.cfg.Metrics.attempt(class, string(d.Lane))
-	if over, why := p.cfg.Budget.Exhausted(next.Spent(), next.FirstAttempt, now); over {
+	if over, why := p.cfg.Budget.Exhausted(next.Spent(), next.FirstAttempt, p.expiryNow(d, now)); over {
 		rec := p.baseRecord(e, dest, o.lead)
 		next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
 		ev := queue.EventDead
@@ -415,7 +415,7 @@ func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.E
 		p.cfg.Metrics.RetryDelay.WithLabelValues(string(lane)).Observe(dec.Delay.Seconds())
 	}
 	next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
-	if err := d.Reschedule(ctx, next, lane, at, false); err != nil {
+	if err := d.Reschedule(ctx, next, lane, p.serverTime(at), false); err != nil {
 		return false, err
 	}
 	p.cfg.Queue.Event(evType, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
@@ -434,7 +434,7 @@ func (p *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 	}
 	at := r.Until
 	if at.IsZero() {
-		at = time.Now().Add(time.Second)
+		at = p.now().Add(time.Second)
 	}
 	if p.cfg.Metrics != nil {
 		p.cfg.Metrics.Refusals.WithLabelValues(r.Reason).Inc()
@@ -443,7 +443,7 @@ func (p *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 		Str("class", "local").Str("rule", "local-"+r.Reason).Str("lane", string(lane)).
 		Time("next_attempt_at", at).Msg("coordinator refused; deferred without an attempt")
 	next := e.Clone()
-	return d.Reschedule(ctx, next, lane, at, true)
+	return d.Reschedule(ctx, next, lane, p.serverTime(at), true)
 }
 
 // dead moves the envelope to dead letters with its evidence and reason.

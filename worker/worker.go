@@ -77,6 +77,9 @@ type Config struct {
 	Suppressions Suppressor
 	// Metrics receives counters; nil disables them.
 	Metrics *Metrics
+	// Now is the worker's wall clock (default time.Now); tests give a
+	// skewed one. See clock.go for what it is compared with.
+	Now func() time.Time
 }
 
 // Pool runs Workers delivery goroutines over the three lanes.
@@ -111,6 +114,9 @@ func New(cfg Config) (*Pool, error) {
 	}
 	if cfg.Gate == nil {
 		cfg.Gate = throttle.OpenGate{}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.Retry == (backoff.Backoff{}) {
 		cfg.Retry = backoff.DefaultRetry()
