@@ -265,7 +265,7 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			return false
 		case class == "permanent":
 			ev.Str("class", class).Msg("webhook refused")
-			d.dead(ctx, log, ep, id, typ, body, fmt.Sprintf("refused with %d", status))
+			d.dead(ctx, log, ep, id, typ, body, "refused: "+describe(status, err))
 			return false
 		case attempt >= d.cfg.MaxAttempts:
 			ev.Str("class", class).Msg("webhook budget spent")

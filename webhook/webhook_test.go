@@ -275,3 +275,60 @@ func TestBudgetSpentGoesToDeadLetters(t *testing.T) {
 		return err == nil && len(dead) == 1 && strings.Contains(dead[0].Reason, "4 attempts")
 	})
 }
+
+// A hanging endpoint holds only its own consumer: another endpoint (of
+// another tenant) gets its events meanwhile.
+func TestSlowEndpointDelaysNoOther(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	f := newFixture(t, func(w http.ResponseWriter) { <-release })
+	ctx := context.Background()
+	rc2 := &receiver{t: t, script: []func(http.ResponseWriter){status(204)}, got: make(chan delivery, 4)}
+	ts2 := httptest.NewServer(rc2)
+	defer ts2.Close()
+	ep2, err := f.store.Add(ctx, "beta", ts2.URL, []string{queue.EventDelivered})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc2.mu.Lock()
+	rc2.secret = ep2.Secret
+	rc2.mu.Unlock()
+	waitUntil(t, "the second endpoint's consumer", func() bool {
+		_, err := f.q.JetStream().Consumer(ctx, queue.StreamEvents, consumerName(ep2.ID))
+		return err == nil
+	})
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "slow1", Tenant: "acme"})
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "fast1", Tenant: "beta"})
+	select {
+	case d := <-rc2.got:
+		if data, _ := d.body["data"].(map[string]any); data["id"] != "fast1" {
+			t.Fatalf("second endpoint got %v", d.body)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second endpoint waited for the hanging one")
+	}
+}
+
+// Without AllowPrivate a loopback endpoint is refused at dial time: its
+// event goes straight to the dead letters, never retried.
+func TestPrivateEndpointEventIsDeadLettered(t *testing.T) {
+	f := newFixture(t, status(200))
+	ctx := context.Background()
+	d, err := New(Config{Store: f.store, JS: f.q.JetStream(), WorkerID: "w2", Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := &Endpoint{ID: f.ep.ID, Tenant: "acme", URL: f.ep.URL, Secret: f.ep.Secret}
+	if d.deliver(ctx, zerolog.Nop(), ep, "evt_9", "delivered", []byte(`{}`), nil) {
+		t.Fatal("delivered to a loopback address")
+	}
+	dead, err := f.store.Dead(ctx, ep.ID)
+	if err != nil || len(dead) != 1 || dead[0].ID != "evt_9" || !strings.Contains(dead[0].Reason, "loopback, private or link-local") {
+		t.Fatalf("dead letters %+v, %v", dead, err)
+	}
+	select {
+	case got := <-f.rc.got:
+		t.Fatalf("the receiver was reached: %v", got)
+	default:
+	}
+}
