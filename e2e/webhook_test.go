@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -171,4 +172,19 @@ func TestWebhookRetriesAndRecovers(t *testing.T) {
 		l := try("webhook", "list", "--json")
 		return strings.Contains(l, `"state":"enabled"`) && strings.Contains(l, `"dead":0`)
 	})
+}
+
+// TestWebhookAddRefusesBadURL: a URL that is not http(s), or has no host,
+// is a usage error before anything is stored.
+func TestWebhookAddRefusesBadURL(t *testing.T) {
+	for _, u := range []string{"ftp://hooks.example/x", "file:///etc/passwd", "https://", "https://user:pw@hooks.example/"} {
+		var errb bytes.Buffer
+		cmd := exec.Command(binary, "webhook", "add", "--tenant", "shop", "--url", u, "--data", t.TempDir())
+		cmd.Stderr = &errb
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || !strings.Contains(errb.String(), "webhook URL") {
+			t.Errorf("webhook add --url %s: %v %s", u, err, errb.String())
+		}
+	}
 }
