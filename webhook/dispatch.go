@@ -27,8 +27,9 @@ const EventTest = "webhook-test"
 // Defaults applied by New to zero-valued Config fields; the CLI's flags and
 // docs/configuration.md use these.
 const (
-	DefaultMaxAttempts = 8
-	DefaultTimeout     = 10 * time.Second
+	DefaultMaxAttempts  = 8
+	DefaultTimeout      = 10 * time.Second
+	DefaultBreakerAfter = 3
 )
 
 // DefaultBackoff is the retry schedule of a failing endpoint: mail's retry
@@ -51,6 +52,12 @@ type Config struct {
 	// MaxAttempts is how many POSTs one event gets before it goes to the
 	// dead letters. Default DefaultMaxAttempts.
 	MaxAttempts int
+	// BreakerAfter is how many events in a row may spend their budget
+	// before the endpoint's breaker opens: then its events are held in
+	// the stream and the current one is retried at the backoff's pace,
+	// without a budget, until the endpoint answers 2xx again; they are not
+	// burnt into the dead letters one by one. Default DefaultBreakerAfter.
+	BreakerAfter int
 	// Timeout bounds one POST, connection included. Default DefaultTimeout.
 	Timeout time.Duration
 	// AllowPrivate lets endpoints resolve to loopback, private and
@@ -79,6 +86,9 @@ func New(cfg Config) (*Dispatcher, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.BreakerAfter <= 0 {
+		cfg.BreakerAfter = DefaultBreakerAfter
 	}
 	return &Dispatcher{cfg: cfg, client: NewClient(cfg.AllowPrivate, cfg.Timeout),
 		log: cfg.Logger.With().Str("component", "webhook").Logger()}, nil
@@ -171,13 +181,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // ctx ends.
 func (d *Dispatcher) run(ctx context.Context, ep *Endpoint, replay bool) {
 	log := d.log.With().Str("endpoint", ep.ID).Str("tenant", ep.Tenant).Logger()
+	br := &breaker{}
 	if replay {
 		dead, err := d.cfg.Store.Dead(ctx, ep.ID)
 		if err != nil {
 			log.Warn().Err(err).Msg("read webhook dead letters")
 		}
 		for _, dl := range dead {
-			if d.deliver(ctx, log, ep, dl.ID, dl.Type, dl.Body, nil) {
+			if d.deliver(ctx, log, ep, br, dl.ID, dl.Type, dl.Body, nil) {
 				_ = d.cfg.Store.deleteDead(ctx, ep.ID, dl.ID)
 			}
 			if ctx.Err() != nil {
@@ -227,7 +238,7 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint, replay bool) {
 			Data      json.RawMessage `json:"data"`
 		}{ev.Type, ev.Time, m.Data()})
 		id := "evt_" + strconv.FormatUint(md.Sequence.Stream, 10)
-		if d.deliver(ctx, log, ep, id, ev.Type, body, m) || ctx.Err() == nil {
+		if d.deliver(ctx, log, ep, br, id, ev.Type, body, m) || ctx.Err() == nil {
 			_ = m.Ack()
 		}
 	}
@@ -236,7 +247,7 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint, replay bool) {
 // deliver POSTs one event until it is taken, refused for good or out of
 // budget; the last two end in the dead letters. It reports whether the
 // endpoint took it. m, when not nil, is told InProgress while waiting.
-func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoint, id, typ string, body []byte, m jetstream.Msg) bool {
+func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoint, br *breaker, id, typ string, body []byte, m jetstream.Msg) bool {
 	for attempt := 1; ; attempt++ {
 		status, hint, err := Post(ctx, d.client, ep, id, body)
 		if ctx.Err() != nil {
@@ -250,6 +261,10 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 		switch {
 		case class == "delivered":
 			ev.Str("class", class).Msg("webhook delivered")
+			if br.open {
+				log.Info().Msg("webhook breaker closed")
+			}
+			br.spent, br.open = 0, false
 			return true
 		case status == http.StatusGone:
 			ev.Str("class", "gone").Msg("webhook endpoint gone: disabled")
@@ -267,9 +282,13 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			ev.Str("class", class).Msg("webhook refused")
 			d.dead(ctx, log, ep, id, typ, body, "refused: "+describe(status, err))
 			return false
-		case attempt >= d.cfg.MaxAttempts:
+		case attempt >= d.cfg.MaxAttempts && !br.open:
 			ev.Str("class", class).Msg("webhook budget spent")
 			d.dead(ctx, log, ep, id, typ, body, fmt.Sprintf("%d attempts, last %s", attempt, describe(status, err)))
+			if br.spent++; br.spent >= d.cfg.BreakerAfter {
+				br.open = true
+				log.Warn().Int("spent", br.spent).Msg("webhook breaker open: events held until the endpoint answers")
+			}
 			return false
 		}
 		seed := backoff.NewSeed()
@@ -282,6 +301,12 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			return false
 		}
 	}
+}
+
+// breaker is one endpoint's circuit breaker, owned by its runner.
+type breaker struct {
+	spent int  // events in a row that spent their budget
+	open  bool // set after BreakerAfter of them; the next 2xx clears it
 }
 
 // wait sleeps d (or until ctx ends, reporting false), telling m the event

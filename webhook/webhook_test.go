@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,6 +139,11 @@ type fixture struct {
 
 func newFixture(t *testing.T, script ...func(w http.ResponseWriter)) *fixture {
 	t.Helper()
+	return newFixtureWith(t, nil, script...)
+}
+
+func newFixtureWith(t *testing.T, mod func(*Config), script ...func(w http.ResponseWriter)) *fixture {
+	t.Helper()
 	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -170,9 +176,13 @@ func newFixture(t *testing.T, script ...func(w http.ResponseWriter)) *fixture {
 	}
 	rc.secret = ep.Secret
 	logs := &syncBuf{}
-	d, err := New(Config{Store: store, JS: q.JetStream(), WorkerID: "w1", AllowPrivate: true, MaxAttempts: 4,
+	cfg := Config{Store: store, JS: q.JetStream(), WorkerID: "w1", AllowPrivate: true, MaxAttempts: 4,
 		Backoff: backoff.Backoff{Lane: "webhook", Base: 20 * time.Millisecond, Cap: 100 * time.Millisecond, Multiplier: 2, ContentionWindow: 10 * time.Millisecond},
-		Logger:  zerolog.New(logs)})
+		Logger:  zerolog.New(logs)}
+	if mod != nil {
+		mod(&cfg)
+	}
+	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +329,7 @@ func TestPrivateEndpointEventIsDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	ep := &Endpoint{ID: f.ep.ID, Tenant: "acme", URL: f.ep.URL, Secret: f.ep.Secret}
-	if d.deliver(ctx, zerolog.Nop(), ep, "evt_9", "delivered", []byte(`{}`), nil) {
+	if d.deliver(ctx, zerolog.Nop(), ep, &breaker{}, "evt_9", "delivered", []byte(`{}`), nil) {
 		t.Fatal("delivered to a loopback address")
 	}
 	dead, err := f.store.Dead(ctx, ep.ID)
@@ -330,5 +340,38 @@ func TestPrivateEndpointEventIsDeadLettered(t *testing.T) {
 	case got := <-f.rc.got:
 		t.Fatalf("the receiver was reached: %v", got)
 	default:
+	}
+}
+
+// After BreakerAfter events in a row spent their budget, the next event is
+// held and retried until the endpoint recovers, not dead-lettered.
+func TestBreakerHoldsEventsWhileEndpointIsDown(t *testing.T) {
+	var up atomic.Bool
+	f := newFixtureWith(t, func(c *Config) { c.MaxAttempts, c.BreakerAfter = 2, 2 }, func(w http.ResponseWriter) {
+		if up.Load() {
+			w.WriteHeader(200)
+		} else {
+			w.WriteHeader(500)
+		}
+	})
+	ctx := context.Background()
+	for _, id := range []string{"e1", "e2", "e3"} {
+		f.q.Event(queue.EventDelivered, &queue.Event{ID: id, Tenant: "acme"})
+	}
+	for range 4 { // e1 and e2: two attempts each, then dead letters
+		f.next(t)
+	}
+	waitUntil(t, "the breaker to open", func() bool { return strings.Contains(f.logs.String(), "webhook breaker open") })
+	// e3 is now retried past its budget of 2 instead of going dead.
+	for range 3 {
+		if d := f.next(t); d.body["data"].(map[string]any)["id"] != "e3" {
+			t.Fatalf("while open: %v\n%s", d.body, f.logs.String())
+		}
+	}
+	up.Store(true)
+	waitUntil(t, "the breaker to close", func() bool { return strings.Contains(f.logs.String(), "webhook breaker closed") })
+	dead, err := f.store.Dead(ctx, f.ep.ID)
+	if err != nil || len(dead) != 2 {
+		t.Fatalf("dead letters %+v, %v: want e1 and e2 only", dead, err)
 	}
 }
