@@ -66,7 +66,7 @@ fuzz:
 # bench: micro-benchmarks, then the end-to-end suite against Postfix
 # (docs/benchmarks.md). BENCH_QUICK=1 for a few-minute version.
 bench: deps build
-	$(GO) test -run='^$$' -bench=. -benchmem ./classify ./throttle ./sender ./queue
+	$(GO) test -run='^$$' -bench=. -benchmem ./classify ./throttle ./sender ./queue ./webhook
 	PATH="$$PATH:/usr/sbin" BENCH_QUICK="$(BENCH_QUICK)" ./bench/run.sh
 
 lint:
