@@ -57,9 +57,6 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	if p != nil {
 		return p
 	}
-	if p := s.checkSuppressed(r.Context(), key.Tenant, rcpts, req.To); p != nil {
-		return p
-	}
 
 	sum := sha256.Sum256(body)
 	reqHash := hex.EncodeToString(sum[:])
@@ -92,7 +89,13 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 		date, seed = c.rec.First, idemEntry(key.Tenant, idemKey)
 	}
 
-	msg, p := s.message(req, date, seed, r.RemoteAddr)
+	// After the idempotency check: a retry of a request already stored
+	// gets its ids even if a recipient was suppressed since.
+	p = s.checkSuppressed(r.Context(), key.Tenant, rcpts, req.To)
+	var msg []byte
+	if p == nil {
+		msg, p = s.message(req, date, seed, r.RemoteAddr)
+	}
 	if p != nil {
 		if c != nil {
 			s.idem.abandon(context.WithoutCancel(r.Context()), key.Tenant, idemKey, c)

@@ -64,3 +64,21 @@ func TestSuppressedRecipientIs422AndNothingStored(t *testing.T) {
 		t.Fatalf("ids after removal %v", ids)
 	}
 }
+
+// A retry with the Idempotency-Key of a stored request gets its ids even if
+// a recipient was suppressed in between; a new key is refused.
+func TestIdempotentRetryIgnoresLaterSuppression(t *testing.T) {
+	f := newFixture(t, nil)
+	msg := map[string]any{"from": "app@src.example", "to": []string{"later@example.org"}, "text": "x"}
+	ids := f.do(t, "POST", "/v1/messages", f.key, msg, map[string]string{"Idempotency-Key": "k-1"}).ids(t)
+	if r := f.do(t, "POST", "/v1/suppressions", f.key, map[string]any{"address": "later@example.org"}, nil); r.status != http.StatusCreated {
+		t.Fatalf("suppress: %d %s", r.status, r.raw)
+	}
+	again := f.do(t, "POST", "/v1/messages", f.key, msg, map[string]string{"Idempotency-Key": "k-1"}).ids(t)
+	if strings.Join(again, ",") != strings.Join(ids, ",") {
+		t.Fatalf("retry ids %v, want %v", again, ids)
+	}
+	if r := f.do(t, "POST", "/v1/messages", f.key, msg, map[string]string{"Idempotency-Key": "k-2"}); r.status != http.StatusUnprocessableEntity || r.json["type"] != ProblemSuppressed {
+		t.Fatalf("new key: %d %s", r.status, r.raw)
+	}
+}
