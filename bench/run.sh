@@ -8,6 +8,7 @@
 #   BENCH_RUNS=N         alternating runs per scenario (default 3, quick 1)
 #   BENCH_SCENARIOS=1,2  which scenarios (default all six)
 #   BENCH_RESULTS=FILE   also write the tables (markdown) to FILE
+#   BENCH_NO_ANCHOR=1    scenario 6 without its 30-minute Postfix anchor
 #   BENCH_PROFILE=DIR    instead: CPU, allocation and heap profiles of scenario 1
 #                        (in-process pipeline) into DIR, kept out of the repo
 set -eu

@@ -20,6 +20,8 @@ type config struct {
 	results   string
 	// rates for scenario 2 when scenario 1 is not part of the run
 	rateOutflow, ratePostfix float64
+	// noAnchor skips scenario 6's Postfix anchor (30 minutes).
+	noAnchor bool
 }
 
 func main() {
@@ -34,6 +36,7 @@ func main() {
 	flag.StringVar(&c.results, "results", "", "also write the result tables (markdown) to this file")
 	flag.Float64Var(&c.rateOutflow, "max-rate-outflow", 0, "scenario 2 without scenario 1: outflow's maximum rate (msg/s)")
 	flag.Float64Var(&c.ratePostfix, "max-rate-postfix", 0, "scenario 2 without scenario 1: Postfix's maximum rate (msg/s)")
+	flag.BoolVar(&c.noAnchor, "no-anchor", os.Getenv("BENCH_NO_ANCHOR") == "1", "scenario 6 without its Postfix anchor, which takes 30 minutes (BENCH_NO_ANCHOR=1)")
 	flag.StringVar(&profDir, "profile", "", "instead of the suite: profile scenario 1 in-process and write cpu.pprof, allocs.pprof and heap.pprof here")
 	flag.IntVar(&profMsgs, "profile-msgs", 20000, "messages for -profile")
 	flag.IntVar(&profSize, "profile-size", 2048, "message size for -profile")
