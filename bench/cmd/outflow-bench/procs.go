@@ -305,7 +305,7 @@ type outflowProc struct {
 func startOutflow(bin, data, relay string, extra ...string) (*outflowProc, error) {
 	p := &outflowProc{SMTPAddr: freePort(), HTTPAddr: freePort(), Data: data, done: make(chan struct{}), log: &bytes.Buffer{}}
 	args := append([]string{"serve", "--data", data, "--smtp-addr", p.SMTPAddr, "--http-addr", p.HTTPAddr,
-		"--nats-addr", "127.0.0.1:0", "--relay", relay, "--relay-tls", "none",
+		"--nats-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0", "--relay", relay, "--relay-tls", "none",
 		"--trusted-networks", "127.0.0.0/8", "--log-level", "warn"}, extra...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout = io.Discard
