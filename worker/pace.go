@@ -34,16 +34,24 @@ func (p *deliverer) admit(ctx context.Context, e *queue.Envelope) (throttle.Perm
 // pace replaces a throttled envelope's backoff draw with its place in the
 // destination's virtual queue when the destination has a rate (configured,
 // pinned or learned): the rate-limit lane then gives the destination its
-// mail back at that rate, oldest first, instead of in waves. The lane's
-// minimum delay (--ratelimit-min) is where that queue starts, and a
-// server's own hint ("try again in 90 seconds") is still honoured when
-// later. The draw stays in the record beside paced_by.
+// mail back at that rate, oldest first, instead of in waves. A message's
+// first throttle is most likely its share of an overshoot the rate has
+// just been cut for, so it comes back at its place in the queue; from its
+// second throttle on, the lane's minimum delay (--ratelimit-min) comes
+// first, since a destination that keeps deferring one message is saying
+// more than "slower". A server's own hint ("try again in 90 seconds") is
+// always honoured when later. The draw stays in the record beside
+// paced_by.
 func (p *deliverer) pace(e *queue.Envelope, now time.Time, dec *backoff.Decision) (time.Time, string, bool) {
 	pc, ok := p.cfg.Gate.(pacer)
 	if !ok {
 		return time.Time{}, "", false
 	}
-	at, by, ok := pc.Pace(e.Dest, e.Tenant, now.Add(time.Duration(dec.MinMs)*time.Millisecond))
+	var earliest time.Time
+	if e.ThrottleCount > 0 {
+		earliest = now.Add(time.Duration(dec.MinMs) * time.Millisecond)
+	}
+	at, by, ok := pc.Pace(e.Dest, e.Tenant, earliest)
 	if !ok {
 		return time.Time{}, "", false
 	}
