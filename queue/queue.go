@@ -147,6 +147,9 @@ type Queue struct {
 	syncer Syncer
 }
 
+// connectTimeout bounds the NATS connection handshake.
+const connectTimeout = 10 * time.Second
+
 // Connect connects to NATS and, unless opts.NoSetup, creates or updates
 // every stream, bucket and consumer idempotently.
 func Connect(ctx context.Context, opts Options) (*Queue, error) {
@@ -156,6 +159,11 @@ func Connect(ctx context.Context, opts Options) (*Queue, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.PingInterval(10 * time.Second),
+		// The handshake (INFO, CONNECT, PING/PONG) gets more than nats.go's
+		// 2 s: a daemon starting on a busy machine, or the embedded server
+		// answering while bcrypt or a store recovery holds both cores, is
+		// slow, not gone. A refused connection still fails at once.
+		nats.Timeout(connectTimeout),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				opts.Logger.Warn().Err(err).Msg("nats disconnected")
