@@ -103,15 +103,22 @@ func (s *session) tenant() string {
 	return TrustedTenant
 }
 
+// tenantField adds the tenant to a line of a session without AUTH (a
+// trusted network's); after AUTH the session's logger carries it already.
+func (s *session) tenantField(tenant string) func(*zerolog.Event) {
+	return func(e *zerolog.Event) {
+		if s.user == "" {
+			e.Str("tenant", tenant)
+		}
+	}
+}
+
 // reject logs and counts a refused command and returns its reply. final
 // marks a refusal that ends the transaction (MAIL FROM, DATA).
 func (s *session) reject(e *smtp.SMTPError, reason string, final bool, ev func(*zerolog.Event)) error {
 	s.srv.metrics.reject(reason, e.Code, final)
 	l := s.log.Info().Str("reason", reason).Int("code", e.Code).
 		Str("enhanced_code", fmt.Sprintf("%d.%d.%d", e.EnhancedCode[0], e.EnhancedCode[1], e.EnhancedCode[2]))
-	if s.user != "" {
-		l = l.Str("tenant", s.user)
-	}
 	if ev != nil {
 		ev(l)
 	}
@@ -311,13 +318,13 @@ func (s *session) Data(r io.Reader) error {
 			reply = errQueueTimeout
 		}
 		s.srv.metrics.reject(reasonQueueError, reply.Code, true)
-		s.log.Error().Err(err).Str("tenant", sub.Tenant).Int("size", size).Int("rcpts", len(sub.Rcpts)).
+		s.log.Error().Err(err).Func(s.tenantField(sub.Tenant)).Int("size", size).Int("rcpts", len(sub.Rcpts)).
 			Str("reason", reasonQueueError).Int("code", reply.Code).Msg("submission not queued")
 		return reply
 	}
 	s.srv.metrics.submissions.WithLabelValues(resultAccepted).Inc()
 	s.srv.metrics.acceptedBytes.Add(float64(size))
-	s.log.Info().Strs("ids", ids).Str("tenant", sub.Tenant).Str("from", sub.From).Int("size", size).
+	s.log.Info().Strs("ids", ids).Func(s.tenantField(sub.Tenant)).Str("from", sub.From).Int("size", size).
 		Int("rcpts", len(sub.Rcpts)).Dur("took", time.Since(start)).Msg("submission accepted")
 	return queuedReply(ids)
 }

@@ -70,7 +70,11 @@ type Config struct {
 	Classifier *classify.Classifier
 	// Gate decides whether a destination may be contacted now. Default:
 	// always.
-	Gate   throttle.Gate
+	Gate throttle.Gate
+	// Logger receives the pool's lines (with worker_id added) and the
+	// decision lines (whose worker_id is the deliverer's own,
+	// "<worker-id>/<n>"). It must not carry a worker_id of its own, or
+	// those lines would repeat the key.
 	Logger zerolog.Logger
 	// Suppressions receives the recipients of permanent recipient-scope
 	// bounces; nil keeps no list.

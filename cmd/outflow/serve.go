@@ -90,6 +90,10 @@ func serve(parent context.Context, c *serveConfig) error {
 	if workerID == "" {
 		workerID = throttle.DefaultWorkerID()
 	}
+	// base has no worker_id: the delivery pool adds its own, and its
+	// decision lines carry the deliverer's id ("<worker-id>/<n>"), so a
+	// logger that had one already would repeat the key.
+	base := log
 	log = log.With().Str("worker_id", workerID).Logger()
 
 	classifier, err := classify.New(classify.Options{ExtraRulesFile: c.ClassifyRules})
@@ -218,7 +222,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	pool, err := worker.New(worker.Config{
 		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, Budget: budget, ProgressEvery: c.AckWait / 4,
 		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier, Gate: throttle,
-		Signer: signer, Logger: log, Metrics: worker.NewMetrics(reg), Suppressions: suppressions,
+		Signer: signer, Logger: base, Metrics: worker.NewMetrics(reg), Suppressions: suppressions,
 	})
 	if err != nil {
 		return usageError{err}
