@@ -124,7 +124,10 @@ func startDaemon(t *testing.T, data string, args ...string) *daemon {
 		d.exitErr = cmd.Wait()
 		close(d.exited)
 	}()
-	t.Cleanup(func() { d.Kill() })
+	t.Cleanup(func() {
+		d.Kill()
+		assertNoRepeatedKeys(t, d.Logs()) // every line of every end-to-end run
+	})
 	select {
 	case m := <-ready:
 		d.SMTPAddr, _ = m["smtp_addr"].(string)
@@ -257,3 +260,35 @@ func freeAddr(t *testing.T) string {
 }
 
 var _ = context.Background
+
+// assertNoRepeatedKeys fails for a JSON log line that carries a key twice
+// (a child logger's field added again by the caller).
+func assertNoRepeatedKeys(t *testing.T, logs string) {
+	t.Helper()
+	for _, line := range strings.Split(logs, "\n") {
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		dec := json.NewDecoder(strings.NewReader(line))
+		if _, err := dec.Token(); err != nil {
+			continue
+		}
+		seen := map[string]bool{}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				break
+			}
+			key, _ := tok.(string)
+			if seen[key] {
+				t.Errorf("log line repeats %q: %s", key, line)
+				return
+			}
+			seen[key] = true
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				break
+			}
+		}
+	}
+}

@@ -154,12 +154,16 @@ func (d *dest) overShare(tenant string, now time.Time) bool {
 	return false
 }
 
-// ahead is how far ahead tenant's part of d's virtual queue reaches.
+// ahead is how far ahead tenant's part of d's virtual queues (refused and
+// throttled mail) reaches.
 func (d *dest) ahead(tenant string, now time.Time) time.Duration {
-	if q, ok := d.vq[tenant]; ok && q.end.After(now) {
-		return q.end.Sub(now)
+	var a time.Duration
+	for _, vq := range []map[string]vqTail{d.vq, d.thr} {
+		if q, ok := vq[tenant]; ok && q.end.Sub(now) > a {
+			a = q.end.Sub(now)
+		}
 	}
-	return 0
+	return a
 }
 
 // vqTail is the end of one tenant's part of a virtual queue, and the
