@@ -321,7 +321,11 @@ func (s *suite) scenario6() error {
 		},
 		head: []string{"run", "throttle replies / messages", "drain / ideal", "peak / limit", "drain s"},
 	}
+	part := func(n string) bool { return strings.Contains(","+s.c.learnParts+",", ","+n+",") }
 	for _, daemons := range []int{1, 2} {
+		if !part(fmt.Sprint(daemons)) {
+			continue
+		}
 		var thr, dr, pk, secs []float64
 		for i := 0; i < runs; i++ {
 			r, err := s.learnDrain(daemons, msgs)
@@ -337,7 +341,7 @@ func (s *suite) scenario6() error {
 		}
 		t.rows = append(t.rows, []string{name, fmtMedian(thr, "%.1f%%"), fmtMedian(dr, "%.2fx"), fmtMedian(pk, "%.2fx"), fmtMedian(secs, "%.1f")})
 	}
-	if os.Geteuid() == 0 && !s.c.noAnchor {
+	if os.Geteuid() == 0 && !s.c.noAnchor && part("1") {
 		r, err := s.learnPostfix(msgs, postfixTimeout)
 		if err != nil {
 			t.rows = append(t.rows, []string{"6.1 Postfix (anchor)", err.Error(), "", "", ""})
@@ -346,14 +350,16 @@ func (s *suite) scenario6() error {
 			t.rows = append(t.rows, []string{"6.1 Postfix (anchor), one run", fmt.Sprintf("%.1f%%", 100*r.throttleShare), fmt.Sprintf("%.2fx", r.drainRatio), fmt.Sprintf("%.2fx", r.peakRatio), fmt.Sprintf("%.1f", r.drain.Seconds())})
 		}
 	}
-	s.tables = append(s.tables, t)
+	if len(t.rows) > 0 {
+		s.tables = append(s.tables, t)
+	}
 
 	h := &table{
 		title: "Scenario 6.3: the limit halves (20 → 10 msg/s) and is restored",
 		notes: []string{fmt.Sprintf("A steady supply at 40 msg/s. The limit halves %s after the start (the rate learned by then) and is restored %s later; measured until %s after that. Throttles stop: the start of the first 5 s without a throttle reply after the halving. Climb: the end of the first 2 s window after the restore with arrivals at 80%% of 20 msg/s.", settle, halved, restored)},
 		head:  []string{"run", "throttles stop after s", "throttle replies after the halving", "climb to 80% after s"},
 	}
-	for i := 0; i < runs; i++ {
+	for i := 0; i < runs && part("3"); i++ {
 		quiet, after, climb, err := s.learnHalving(settle, halved, restored)
 		if err != nil {
 			return err
@@ -361,14 +367,16 @@ func (s *suite) scenario6() error {
 		fmt.Printf("  6.3 run %d: quiet after %.1fs, %d throttles, climb %.1fs\n", i+1, quiet.Seconds(), after, climb.Seconds())
 		h.rows = append(h.rows, []string{fmt.Sprint(i + 1), secsOrNever(quiet), fmt.Sprint(after), secsOrNever(climb)})
 	}
-	s.tables = append(s.tables, h)
+	if len(h.rows) > 0 {
+		s.tables = append(s.tables, h)
+	}
 
 	f := &table{
 		title: "Scenario 6.4: tenant fair share",
 		notes: []string{fmt.Sprintf("Tenant A submits %d messages to the limited destination (20 msg/s, learned); then tenant B submits 20 to the same destination. Submission-to-delivery latency of B's messages.", backlog)},
 		head:  []string{"run", "tenant B p50 s", "tenant B p99 s", "A's messages still waiting"},
 	}
-	for i := 0; i < runs; i++ {
+	for i := 0; i < runs && part("4"); i++ {
 		p50, p99, left, err := s.learnTenants(backlog, 20)
 		if err != nil {
 			return err
@@ -376,7 +384,9 @@ func (s *suite) scenario6() error {
 		fmt.Printf("  6.4 run %d: B p50 %.2fs p99 %.2fs, %d of A's waiting\n", i+1, p50.Seconds(), p99.Seconds(), left)
 		f.rows = append(f.rows, []string{fmt.Sprint(i + 1), fmt.Sprintf("%.2f", p50.Seconds()), fmt.Sprintf("%.2f", p99.Seconds()), fmt.Sprint(left)})
 	}
-	s.tables = append(s.tables, f)
+	if len(f.rows) > 0 {
+		s.tables = append(s.tables, f)
+	}
 	return nil
 }
 

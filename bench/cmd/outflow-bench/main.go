@@ -22,6 +22,9 @@ type config struct {
 	rateOutflow, ratePostfix float64
 	// noAnchor skips scenario 6's Postfix anchor (30 minutes).
 	noAnchor bool
+	// learnParts are the parts of scenario 6 to run ("1,2,3,4": 6.1 and
+	// 6.2 share one table).
+	learnParts string
 }
 
 func main() {
@@ -37,6 +40,7 @@ func main() {
 	flag.Float64Var(&c.rateOutflow, "max-rate-outflow", 0, "scenario 2 without scenario 1: outflow's maximum rate (msg/s)")
 	flag.Float64Var(&c.ratePostfix, "max-rate-postfix", 0, "scenario 2 without scenario 1: Postfix's maximum rate (msg/s)")
 	flag.BoolVar(&c.noAnchor, "no-anchor", os.Getenv("BENCH_NO_ANCHOR") == "1", "scenario 6 without its Postfix anchor, which takes 30 minutes (BENCH_NO_ANCHOR=1)")
+	flag.StringVar(&c.learnParts, "learn-parts", "1,2,3,4", "parts of scenario 6 to run (6.1 and 6.2 drain, 6.3 halving, 6.4 tenants)")
 	flag.StringVar(&profDir, "profile", "", "instead of the suite: profile scenario 1 in-process and write cpu.pprof, allocs.pprof and heap.pprof here")
 	flag.IntVar(&profMsgs, "profile-msgs", 20000, "messages for -profile")
 	flag.IntVar(&profSize, "profile-size", 2048, "message size for -profile")
