@@ -210,6 +210,10 @@ func TestStoreSyncerGroupCommits(t *testing.T) {
 	}
 	t.Cleanup(func() { q.Close() })
 	ss := emb.StoreSyncer()
+	// Each fsync takes 300 ms, so that the submissions meet in the
+	// batches however slowly a loaded machine schedules them: without
+	// group commit each would still get a sync of its own.
+	ss.fsyncDelay.Store(int64(300 * time.Millisecond))
 	b0, w0, f0 := ss.Stats()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -239,7 +243,7 @@ func TestStoreSyncerGroupCommits(t *testing.T) {
 	if batches == 0 || fsyncs == 0 {
 		t.Fatal("no sync ran")
 	}
-	if batches >= n/2 {
+	if batches > n/8 {
 		t.Fatalf("%d syncs for %d concurrent submissions: not group-committed", batches, n)
 	}
 	// What the syncs made durable is in the block files.

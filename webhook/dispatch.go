@@ -63,7 +63,7 @@ type Config struct {
 	// AllowPrivate lets endpoints resolve to loopback, private and
 	// link-local addresses (webhook-allow-private). Default false.
 	AllowPrivate bool
-	Logger       zerolog.Logger
+	Logger       zerolog.Logger // carries the worker id already (serve's does); the dispatcher adds component, endpoint and tenant
 }
 
 // Dispatcher delivers events to every enabled endpoint; Run starts it.
@@ -253,7 +253,7 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 		if ctx.Err() != nil {
 			return false
 		}
-		ev := log.Info().Str("webhook_id", id).Str("type", typ).Int("attempt", attempt).Str("worker_id", d.cfg.WorkerID).Int("status", status)
+		ev := log.Info().Str("webhook_id", id).Str("type", typ).Int("attempt", attempt).Int("status", status)
 		if err != nil {
 			ev = ev.Str("error", err.Error())
 		}
