@@ -55,6 +55,21 @@ func (s *suite) learnOutflow(relay, natsURL string) (*outflowProc, func(), error
 	return p, func() { p.Stop(); os.RemoveAll(data) }, nil
 }
 
+// learnPair starts the limited provider and one outflow relaying to it;
+// stop stops both.
+func (s *suite) learnPair() (*ratedmx.Provider, *outflowProc, func(), error) {
+	p, err := ratedmx.New(ratedmx.Options{Rate: learnLimit})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	d, stop, err := s.learnOutflow(p.Addr(), "")
+	if err != nil {
+		p.Close()
+		return nil, nil, nil, err
+	}
+	return p, d, func() { stop(); p.Close() }, nil
+}
+
 // natsURLOf is the client URL, with credentials, of the embedded NATS of
 // the daemon on data.
 func natsURLOf(data string) (string, error) {
@@ -204,12 +219,7 @@ func (s *suite) learnPostfix(msgs int, timeout time.Duration) (learnRun, error) 
 // learnHalving is scenario 6.3: a steady supply at twice the limit; the
 // limit halves after the rate is learned, then is restored.
 func (s *suite) learnHalving(settle, halved, restored time.Duration) (quiet time.Duration, after int, climb time.Duration, err error) {
-	p, err := ratedmx.New(ratedmx.Options{Rate: learnLimit})
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	defer p.Close()
-	d, stop, err := s.learnOutflow(p.Addr(), "")
+	p, d, stop, err := s.learnPair()
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -255,12 +265,7 @@ func (s *suite) learnHalving(settle, halved, restored time.Duration) (quiet time
 // learnTenants is scenario 6.4: tenant A's backlog of a messages to the
 // limited destination, then tenant B's b messages; B's latencies.
 func (s *suite) learnTenants(a, b int) (p50, p99 time.Duration, left int, err error) {
-	p, err := ratedmx.New(ratedmx.Options{Rate: learnLimit})
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	defer p.Close()
-	d, stop, err := s.learnOutflow(p.Addr(), "")
+	p, d, stop, err := s.learnPair()
 	if err != nil {
 		return 0, 0, 0, err
 	}
