@@ -271,10 +271,12 @@ func (t *Throttle) raiseLearned(d *dest, now time.Time) {
 	// or an attempt had to wait for its token lately. Paced mail returns on
 	// time and so never waits, though it is the rate that holds it back; a
 	// rate the traffic does not reach is not worth raising.
-	binding := now.Sub(d.lastLimited) <= lc.every ||
-		s.LearnedRate > 0 && t.observedRate(d, now) >= learnBinding*s.LearnedRate
+	// Checked last: observedRate reads the peers' reports.
+	binding := func() bool {
+		return now.Sub(d.lastLimited) <= lc.every || t.observedRate(d, now) >= learnBinding*s.LearnedRate
+	}
 	if s.LearnedRate > 0 && d.pending&pendLearn == 0 && !now.Before(s.LearnedHold) && !now.Before(s.LearnedNext) &&
-		now.Sub(d.lastThr) >= lc.every && binding {
+		now.Sub(d.lastThr) >= lc.every && binding() {
 		ceiling := d.limits.Rate
 		d.pending |= pendLearn
 		t.enqueue(op{d: d, change: "learned-rate-step", flag: pendLearn,

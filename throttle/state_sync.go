@@ -184,33 +184,33 @@ func (t *Throttle) recovered(d *dest, s DestState, why string) {
 // In order: an operator's pin (override) times the factor; a learned rate,
 // capped by the configured one; the configured rate times the factor.
 func (t *Throttle) fleetRate(l Limits, s DestState, now time.Time) float64 {
-	if ov, ok := s.rateOverride(now); ok {
-		return ov * s.RateFactor()
-	}
-	if s.LearnedRate > 0 && !t.cfg.NoLearn {
-		if ceil := l.Rate * s.RateFactor(); l.Rate > 0 && ceil < s.LearnedRate {
-			return ceil
-		}
-		return s.LearnedRate
-	}
-	if l.Rate <= 0 {
-		return 0
-	}
-	return l.Rate * s.RateFactor()
+	r, _ := t.effectiveRate(l, s, now)
+	return r
 }
 
-// rateSource names where fleetRate's answer comes from, for dest status.
+// rateSource names where fleetRate's answer comes from, for dest status
+// and decision records: pinned, learned, configured or unlimited.
 func (t *Throttle) rateSource(l Limits, s DestState, now time.Time) string {
-	_, pinned := s.rateOverride(now)
-	switch {
-	case pinned:
-		return "pinned"
-	case s.LearnedRate > 0 && !t.cfg.NoLearn && (l.Rate <= 0 || s.LearnedRate <= l.Rate*s.RateFactor()):
-		return "learned"
-	case l.Rate > 0:
-		return "configured"
+	_, src := t.effectiveRate(l, s, now)
+	return src
+}
+
+// effectiveRate is fleetRate with the name of its source.
+func (t *Throttle) effectiveRate(l Limits, s DestState, now time.Time) (float64, string) {
+	if ov, ok := s.rateOverride(now); ok {
+		return ov * s.RateFactor(), "pinned"
 	}
-	return "unlimited"
+	ceil := l.Rate * s.RateFactor()
+	if s.LearnedRate > 0 && !t.cfg.NoLearn {
+		if l.Rate > 0 && ceil < s.LearnedRate {
+			return ceil, "configured"
+		}
+		return s.LearnedRate, "learned"
+	}
+	if l.Rate <= 0 {
+		return 0, "unlimited"
+	}
+	return ceil, "configured"
 }
 
 // fleetConns is the destination's effective fleet connection limit: an
