@@ -10,7 +10,7 @@ PKGS      := ./...
 # unfixed in Go 1.26). FUZZTIME=30s still works for a longer local run.
 FUZZTIME  ?=
 # Debian packages the end-to-end tests and benchmarks drive as real peers.
-DEB_DEPS  := postfix swaks strace
+DEB_DEPS  := postfix swaks strace fuse3 chromium
 
 .PHONY: all build run test test-short test-long fuzz bench lint deps clean
 
@@ -27,12 +27,15 @@ run: build
 
 # deps installs the Debian packages tests and benchmarks use (postfix for
 # smtp-sink/smtp-source, swaks, strace for the durability test's fsync
-# trace), without starting the Postfix daemon.
+# trace, fuse3 for the fault-injecting filesystem, chromium for the
+# console's browser test), without starting the Postfix daemon.
 deps:
 	@missing=""; \
 	command -v smtp-sink >/dev/null 2>&1 || missing="$$missing postfix"; \
 	command -v swaks >/dev/null 2>&1 || missing="$$missing swaks"; \
 	command -v strace >/dev/null 2>&1 || missing="$$missing strace"; \
+	command -v fusermount3 >/dev/null 2>&1 || missing="$$missing fuse3"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections 2>/dev/null || true; \
@@ -41,7 +44,7 @@ deps:
 	    { echo "apt-get install$$missing failed"; exit 1; }; \
 	  service postfix stop >/dev/null 2>&1 || true; \
 	fi; \
-	PATH="$$PATH:/usr/sbin"; command -v smtp-sink >/dev/null && command -v swaks >/dev/null && command -v strace >/dev/null
+	PATH="$$PATH:/usr/sbin"; command -v smtp-sink >/dev/null && command -v swaks >/dev/null && command -v strace >/dev/null && command -v fusermount3 >/dev/null && command -v chromium >/dev/null
 
 test: deps build
 	PATH="$$PATH:/usr/sbin" $(GO) test -race -shuffle=on -timeout 15m $(PKGS)
