@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/internal/plot"
 )
 
 func init() { rootCmd.AddCommand(newScheduleCmd()) }
@@ -280,11 +281,9 @@ func attemptTimes(runs []timeline) [][]int64 {
 	return out
 }
 
-// quantile returns the q-quantile of sorted (nearest rank).
-func quantile(sorted []int64, q float64) int64 {
-	i := int(math.Ceil(q*float64(len(sorted)))) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
-}
+// quantile returns the q-quantile of sorted (nearest rank), as the plot
+// computes it.
+func quantile(sorted []int64, q float64) int64 { return plot.Quantile(sorted, q) }
 
 // fmtMs formats whole milliseconds as a Go duration, and as ">292y" past
 // what a time.Duration can hold (a nominal delay of a very late attempt).
@@ -301,7 +300,8 @@ func writePlotFile(path string, b backoff.Backoff, o *scheduleOpts, runs []timel
 		return fmt.Errorf("plot: %w", err)
 	}
 	defer func() { err = errors.Join(err, f.Close()) }()
-	if err := writePlot(f, policyLine(b, o), attemptTimes(runs)); err != nil {
+	heading := fmt.Sprintf("Retry times per attempt, %d runs (time since the first failure, log scale)", len(runs))
+	if err := plot.Retries(f, heading, policyLine(b, o), attemptTimes(runs)); err != nil {
 		return fmt.Errorf("plot %s: %w", path, err)
 	}
 	return nil

@@ -1,4 +1,9 @@
-package main
+// Package plot draws outflow's retry timelines as SVG: one strip per
+// attempt on a logarithmic time axis since the first failure. Both
+// `outflow schedule --plot` (the spread of many simulated runs) and the
+// operator's console (one message's actual attempts) draw with Retries, so
+// the two pictures read the same way.
+package plot
 
 import (
 	"bufio"
@@ -28,14 +33,15 @@ var plotTicks = []time.Duration{
 	7 * 24 * time.Hour, 30 * 24 * time.Hour,
 }
 
-// writePlot draws the spread of retry times per attempt: one strip per
+// Retries draws the spread of retry times per attempt: one strip per
 // attempt, holding a histogram of the time since the first failure at which
 // the attempt happens across all runs, with the 5th-95th percentile range
 // as a whisker and the median as a red tick. The time axis is logarithmic
 // because exponential backoff spaces attempts by a factor, not a constant;
 // histogram bars, not one dot per run, keep the file small for any number of
-// runs. at[a] holds attempt a+1's sorted times in ms (see attemptTimes).
-func writePlot(w io.Writer, title string, at [][]int64) error {
+// runs. at[a] holds attempt a+1's sorted times in ms since the first
+// failure; heading is the first line (bold) and title the second.
+func Retries(w io.Writer, heading, title string, at [][]int64) error {
 	lo, hi := int64(math.MaxInt64), int64(plotMinSpan)
 	for _, s := range at {
 		if len(s) == 0 {
@@ -62,11 +68,7 @@ func writePlot(w io.Writer, title string, at [][]int64) error {
 	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n",
 		plotWidth, height, plotWidth, height)
 	p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
-	runs := 0
-	if len(at) > 0 {
-		runs = len(at[0])
-	}
-	p(`<text x="%d" y="20" font-size="15" font-weight="bold">Retry times per attempt, %d runs (time since the first failure, log scale)</text>`+"\n", plotLeft, runs)
+	p(`<text x="%d" y="20" font-size="15" font-weight="bold">%s</text>`+"\n", plotLeft, html.EscapeString(heading))
 	p(`<text x="%d" y="40" fill="#444">%s</text>`+"\n", plotLeft, html.EscapeString(title))
 
 	// Grid and axis labels.
@@ -108,7 +110,7 @@ func writePlot(w io.Writer, title string, at [][]int64) error {
 			p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#4682b4" fill-opacity="0.75"><title>%d</title></rect>`+"\n",
 				plotLeft+float64(i)*binW, base-h, binW, h, c)
 		}
-		p5, p50, p95 := quantile(s, 0.05), quantile(s, 0.5), quantile(s, 0.95)
+		p5, p50, p95 := Quantile(s, 0.05), Quantile(s, 0.5), Quantile(s, 0.95)
 		p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#222" stroke-width="1.5"/>`+"\n", xOf(p5), base+2, xOf(p95), base+2)
 		p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%.1f" stroke="#c0392b" stroke-width="2"/>`+"\n", xOf(p50), top+4, xOf(p50), base+3)
 		p(`<text x="%d" y="%d" fill="#444">p50 %s  p95 %s</text>`+"\n", plotWidth-plotRight+8, top+plotRowH/2+4, roundMs(p50), roundMs(p95))
@@ -146,4 +148,10 @@ func roundMs(ms int64) string {
 		d = d.Round(100 * time.Millisecond)
 	}
 	return d.String()
+}
+
+// Quantile returns the q-quantile of sorted (nearest rank).
+func Quantile(sorted []int64, q float64) int64 {
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
 }
