@@ -43,6 +43,7 @@ type client struct {
 
 	tls         bool
 	tlsVerified bool
+	verifyErr   error             // why the certificate did not verify; nil when it did or TLS is off
 	ext         map[string]string // EHLO keywords, upper-cased, → parameters
 	sizeMax     int64             // SIZE fixed maximum; 0 = none declared
 	rcptMax     int               // LIMITS RCPTMAX, or learned from a 452; 0 = unknown
@@ -289,7 +290,7 @@ func dial(ctx context.Context, cfg *Config, log zerolog.Logger, host, addr, key 
 	c.setConn(raw)
 	if implicitTLS {
 		// RFC 8314 3.3: TLS first, then the SMTP greeting.
-		if err := c.handshake(dctx, true); err != nil {
+		if err := c.handshake(dctx, true, nil); err != nil {
 			_ = raw.Close()
 			return nil, err
 		}
@@ -357,8 +358,9 @@ func (c *client) has(ext string) bool {
 
 // startTLS runs STARTTLS and the second EHLO (RFC 3207 4.2: forget what the
 // server said before TLS and ask again). mustVerify makes a certificate
-// that does not verify for c.host a failure.
-func (c *client) startTLS(ctx context.Context, mustVerify bool) error {
+// that does not verify a failure; verify checks it (nil: WebPKI for
+// c.host, against Config.RootCAs).
+func (c *client) startTLS(ctx context.Context, mustVerify bool, verify func(tls.ConnectionState) error) error {
 	if _, err := c.cmd(ctx, classify.StageTLS, c.cfg.CommandTimeout, 220, "STARTTLS"); err != nil {
 		return err
 	}
@@ -372,7 +374,7 @@ func (c *client) startTLS(ctx context.Context, mustVerify bool) error {
 	if err := c.deadline(ctx, c.cfg.CommandTimeout); err != nil {
 		return c.netFail(ctx, classify.StageTLS, "before TLS handshake", err)
 	}
-	if err := c.handshake(ctx, mustVerify); err != nil {
+	if err := c.handshake(ctx, mustVerify, verify); err != nil {
 		return err
 	}
 	return c.hello(ctx)
@@ -380,18 +382,24 @@ func (c *client) startTLS(ctx context.Context, mustVerify bool) error {
 
 // handshake puts TLS on the connection. Verification is done by hand so
 // that opportunistic TLS can encrypt even when the certificate does not
-// check out (and say so), while required TLS refuses it.
-func (c *client) handshake(ctx context.Context, mustVerify bool) error {
-	mustVerify = mustVerify && !c.cfg.InsecureSkipVerify
+// check out (and say so), while required TLS refuses it. verify is the
+// check (nil: WebPKI for c.host); a DANE check is never skipped, since
+// InsecureSkipVerify is about the WebPKI.
+func (c *client) handshake(ctx context.Context, mustVerify bool, verify func(tls.ConnectionState) error) error {
+	if verify == nil {
+		mustVerify = mustVerify && !c.cfg.InsecureSkipVerify
+		verify = func(cs tls.ConnectionState) error { return verifyChain(cs, c.host, c.cfg.RootCAs) }
+	}
 	conf := &tls.Config{
 		ServerName:         c.host,
 		InsecureSkipVerify: true, // verified below, in VerifyConnection
 		MinVersion:         tls.VersionTLS12,
 	}
 	verified := false
+	var verifyErr error
 	conf.VerifyConnection = func(cs tls.ConnectionState) error {
-		err := verifyChain(cs, c.host, c.cfg.RootCAs)
-		verified = err == nil
+		err := verify(cs)
+		verified, verifyErr = err == nil, err
 		if err != nil && mustVerify {
 			return err
 		}
@@ -400,6 +408,7 @@ func (c *client) handshake(ctx context.Context, mustVerify bool) error {
 	tc := tls.Client(c.raw, conf)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		c.broken = true
+		c.verifyErr = verifyErr
 		ev := classify.EventTLSFailure
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			ev = classify.EventTimeout
@@ -407,7 +416,7 @@ func (c *client) handshake(ctx context.Context, mustVerify bool) error {
 		return &stepErr{in: classify.Input{Stage: classify.StageTLS, Event: ev, Text: fmt.Sprintf("%s (%s): TLS handshake: %v", c.host, c.addr, err)}, err: err}
 	}
 	c.setConn(tc)
-	c.tls, c.tlsVerified = true, verified
+	c.tls, c.tlsVerified, c.verifyErr = true, verified, verifyErr
 	return nil
 }
 

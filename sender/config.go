@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/dane"
 )
 
 // TLSPolicy says how hard the sender insists on TLS with a destination.
@@ -106,6 +108,20 @@ type Config struct {
 	// RootCAs verifies server certificates; nil means the system pool.
 	// Tests set it to the fake server's certificate.
 	RootCAs *x509.CertPool
+	// MTASTS, when set, applies recipient domains' MTA-STS policies
+	// (RFC 8461) to direct MX delivery: in enforce mode only listed MX
+	// hosts are used, over STARTTLS with a certificate RootCAs verifies.
+	// nil turns MTA-STS off. A TLS policy of "none" for the destination
+	// turns it off too.
+	MTASTS MTASTSLookup
+	// DANE, when set, looks up each MX host's TLSA records (RFC 7672)
+	// and, when the answer is DNSSEC-authenticated, requires STARTTLS
+	// verified against them; DANE takes precedence over MTA-STS and the
+	// "required" policy. nil turns DANE off.
+	DANE dane.Resolver
+	// TLSReport receives the TLS outcomes of domains with an MTA-STS or
+	// DANE policy, for RFC 8460 reports. nil: none are kept.
+	TLSReport TLSReporter
 
 	// ConnectTimeout bounds the TCP connect (and, for implicit TLS, the
 	// handshake). Default 30s.

@@ -176,11 +176,11 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 		}
 	}
 	info := inspect(m)
-	policy := s.cfg.policyFor(m.Domain)
+	plan := s.planTLS(ctx, log, m.Domain)
 
 	first := true
 	for len(pending) > 0 {
-		c, reused, err := s.acquire(ctx, log, hosts, policy)
+		c, reused, err := s.acquire(ctx, log, hosts, plan)
 		if err != nil {
 			fill(pending, inputOf(err))
 			break
@@ -296,10 +296,17 @@ func (s *Sender) giveBack(c *client, ctx context.Context) {
 // acquire gets a connection to the first host that answers: a pooled one
 // (checked with RSET by deliver) or a new one, trying every address of a
 // host before the next host.
-func (s *Sender) acquire(ctx context.Context, log zerolog.Logger, hosts []string, policy TLSPolicy) (*client, bool, error) {
+func (s *Sender) acquire(ctx context.Context, log zerolog.Logger, hosts []string, plan *tlsPlan) (*client, bool, error) {
 	var last error
 	for _, host := range hosts {
-		c, reused, err := s.acquireHost(ctx, log, host, policy)
+		hp, err := s.hostTLS(ctx, plan, host)
+		if err != nil {
+			// DANE or MTA-STS rules this host out; the next may do.
+			log.Warn().Str("mx", host).Str("error", inputOf(err).Text).Msg("MX host not used")
+			last = err
+			continue
+		}
+		c, reused, err := s.acquireHost(ctx, log, host, plan, hp)
 		if err == nil {
 			return c, reused, nil
 		}
@@ -312,8 +319,8 @@ func (s *Sender) acquire(ctx context.Context, log zerolog.Logger, hosts []string
 	return nil, false, last
 }
 
-func (s *Sender) acquireHost(ctx context.Context, log zerolog.Logger, host string, policy TLSPolicy) (*client, bool, error) {
-	key := "mx:" + host
+func (s *Sender) acquireHost(ctx context.Context, log zerolog.Logger, host string, plan *tlsPlan, hp *hostPlan) (*client, bool, error) {
+	key := "mx:" + host + hp.mode.poolSuffix()
 	if s.cfg.Relay != "" {
 		key = "relay:" + s.cfg.Relay
 	}
@@ -343,7 +350,7 @@ func (s *Sender) acquireHost(ctx context.Context, log zerolog.Logger, host strin
 	}
 	var last error
 	for _, addr := range addrs {
-		c, err := s.open(ctx, log, host, addr, key, policy)
+		c, err := s.open(ctx, log, host, addr, key, plan, hp)
 		if err == nil {
 			return c, false, nil
 		}
@@ -360,7 +367,7 @@ func (s *Sender) acquireHost(ctx context.Context, log zerolog.Logger, host strin
 
 // open dials addr and brings the session up to the point where MAIL may
 // be sent: greeting, EHLO, TLS per policy, AUTH for the relay.
-func (s *Sender) open(ctx context.Context, log zerolog.Logger, host, addr, key string, policy TLSPolicy) (*client, error) {
+func (s *Sender) open(ctx context.Context, log zerolog.Logger, host, addr, key string, plan *tlsPlan, hp *hostPlan) (*client, error) {
 	relay := s.cfg.Relay != ""
 	c, err := dial(ctx, &s.cfg, log, host, addr, key, relay && s.cfg.RelayTLS == RelayImplicitTLS)
 	if err != nil {
@@ -381,7 +388,7 @@ func (s *Sender) open(ctx context.Context, log zerolog.Logger, host, addr, key s
 				return fail(&stepErr{in: classify.Input{Stage: classify.StageTLS, Event: classify.EventTLSFailure,
 					Text: "outflow (synthetic, no server reply): relay " + host + " does not offer STARTTLS and RelayTLS is starttls"}})
 			}
-			if err := c.startTLS(ctx, true); err != nil {
+			if err := c.startTLS(ctx, true, nil); err != nil {
 				return fail(err)
 			}
 		}
@@ -392,39 +399,11 @@ func (s *Sender) open(ctx context.Context, log zerolog.Logger, host, addr, key s
 			}
 		}
 	} else {
-		switch policy {
-		case TLSRequired:
-			if !c.has("STARTTLS") {
-				return fail(&stepErr{in: classify.Input{Stage: classify.StageTLS, Event: classify.EventTLSFailure,
-					Text: "outflow (synthetic, no server reply): " + host + " does not offer STARTTLS and the destination's TLS policy is required"}})
-			}
-			if err := c.startTLS(ctx, true); err != nil {
-				return fail(err)
-			}
-		case TLSOpportunistic:
-			if c.has("STARTTLS") {
-				if err := c.startTLS(ctx, false); err != nil {
-					var se *stepErr
-					if !errors.As(err, &se) || se.in.Stage != classify.StageTLS || ctx.Err() != nil {
-						return fail(err)
-					}
-					if !c.broken && se.in.Code != 0 {
-						// STARTTLS refused with a reply (e.g. 454): the
-						// session goes on in plaintext (RFC 3207 4).
-						log.Warn().Str("mx", host).Str("addr", addr).Int("code", se.in.Code).Str("reply", se.in.Text).
-							Msg("STARTTLS refused; continuing in plaintext as the opportunistic TLS policy allows")
-						break
-					}
-					// The handshake failed; the connection is dead.
-					// Opportunistic policy allows plaintext: redial
-					// without STARTTLS.
-					log.Warn().Str("mx", host).Str("addr", addr).Str("error", se.in.Text).
-						Msg("TLS handshake failed; retrying this host in plaintext as the opportunistic TLS policy allows")
-					c.close()
-					return s.openPlain(ctx, log, host, addr, key)
-				}
-			}
+		sc, err := s.secure(ctx, log, c, plan, hp)
+		if err != nil {
+			return fail(err)
 		}
+		c = sc
 	}
 	log.Debug().Str("mx", host).Str("addr", addr).Bool("tls", c.tls).Bool("tls_verified", c.tlsVerified).Msg("connected")
 	return c, nil

@@ -79,6 +79,10 @@ type Options struct {
 	// CertHosts are extra DNS names for the certificate's SANs; it always
 	// covers "localhost" and 127.0.0.1.
 	CertHosts []string
+	// Certificate, when set, is served instead of the self-signed one
+	// (CertHosts is then ignored and CertPool is nil): a chain from a
+	// test CA, or one a DANE test publishes TLSA records for.
+	Certificate *tls.Certificate
 	// Users enables AUTH PLAIN and LOGIN with these username → password
 	// pairs. AUTH is offered in plaintext too (the tests are loopback
 	// only). A wrong password gets 535 5.7.8.
@@ -188,6 +192,9 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("fakemx: certificate: %w", err)
 		}
 		s.certPool = pool
+		if opts.Certificate != nil {
+			cert, s.certPool = *opts.Certificate, nil
+		}
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 		if opts.BrokenTLS {
 			tlsConf = &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {

@@ -1,0 +1,332 @@
+package sender
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/foxcpp/go-mockdns"
+	"github.com/miekg/dns"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/internal/testpki"
+	"github.com/outflow/outflow/mtasts"
+	"github.com/outflow/outflow/tlsrpt"
+)
+
+type fakeSTS struct{ res mtasts.Result }
+
+func (f *fakeSTS) Lookup(context.Context, string) mtasts.Result { return f.res }
+
+type tlsaAnswer struct {
+	recs []*dns.TLSA
+	ad   bool
+	err  error
+}
+
+type fakeTLSA map[string]tlsaAnswer // "_25._tcp.host" → answer
+
+func (f fakeTLSA) LookupTLSA(_ context.Context, port int, proto, host string) ([]*dns.TLSA, bool, error) {
+	a, ok := f[host]
+	if !ok {
+		return nil, false, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	return a.recs, a.ad, a.err
+}
+
+type reports struct {
+	mu  sync.Mutex
+	evs []tlsrpt.Event
+}
+
+func (r *reports) Record(ev tlsrpt.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.evs = append(r.evs, ev)
+}
+
+func (r *reports) all() []tlsrpt.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]tlsrpt.Event(nil), r.evs...)
+}
+
+// pkiMX is a fake MX whose certificate (for mx.example.test, through an
+// intermediate) comes from a test CA.
+type pkiMX struct {
+	w     *world
+	fake  *fakemx.Server
+	root  *testpki.CA
+	inter *testpki.CA
+	leaf  *testpki.Leaf
+}
+
+func newPKIMX(t *testing.T, opts fakemx.Options) *pkiMX {
+	t.Helper()
+	root, err := testpki.NewRoot("test root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inter, err := root.Intermediate("test intermediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := inter.Issue([]string{"mx.example.test"}, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Certificate = &leaf.TLS
+	w, fake := oneMX(t, opts)
+	return &pkiMX{w: w, fake: fake, root: root, inter: inter, leaf: leaf}
+}
+
+func spkiTLSA(usage uint8, c *x509.Certificate) *dns.TLSA {
+	sum := sha256.Sum256(c.RawSubjectPublicKeyInfo)
+	return &dns.TLSA{Usage: usage, Selector: 1, MatchingType: 1, Certificate: hex.EncodeToString(sum[:])}
+}
+
+func checkTransient(t *testing.T, r Result, want string) {
+	t.Helper()
+	for _, rr := range r.Rcpts {
+		res := classify.Default().Classify(rr.Outcome)
+		if res.Class != classify.Transient || !strings.Contains(rr.Outcome.Text, want) || !strings.HasPrefix(rr.Outcome.Text, "outflow (synthetic") {
+			t.Errorf("%s: outcome %+v classified %s; want a transient synthetic reply containing %q", rr.Rcpt, rr.Outcome, res.Class, want)
+		}
+	}
+}
+
+func lastReport(t *testing.T, rep *reports) tlsrpt.Event {
+	t.Helper()
+	evs := rep.all()
+	if len(evs) == 0 {
+		t.Fatal("nothing reported")
+	}
+	return evs[len(evs)-1]
+}
+
+func TestDANE(t *testing.T) {
+	t.Run("DANE-EE match delivers", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		rep := &reports{}
+		cfg := p.w.config()
+		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(3, p.leaf.Cert)}, ad: true}}
+		cfg.TLSReport = rep
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkDelivered(t, r)
+		if !r.TLS || !r.TLSVerified {
+			t.Errorf("TLS=%v verified=%v", r.TLS, r.TLSVerified)
+		}
+		if ev := lastReport(t, rep); !ev.Success || ev.PolicyType != tlsrpt.PolicyTLSA || ev.Domain != "example.test" || len(ev.Policy) != 1 {
+			t.Errorf("report %+v", ev)
+		}
+	})
+	t.Run("DANE-TA match delivers", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		cfg := p.w.config()
+		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(2, p.inter.Cert)}, ad: true}}
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkDelivered(t, r)
+	})
+	t.Run("mismatch is refused", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		other, _ := p.inter.Issue([]string{"mx.example.test"}, time.Time{}, time.Time{})
+		rep := &reports{}
+		cfg := p.w.config()
+		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(3, other.Cert)}, ad: true}}
+		cfg.TLSReport = rep
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkAll(t, r, classify.StageTLS, 0, classify.EventTLSFailure)
+		checkTransient(t, r, "DANE verification failed")
+		if n := len(p.fake.Messages()); n != 0 {
+			t.Errorf("%d messages delivered", n)
+		}
+		if ev := lastReport(t, rep); ev.Success || ev.Result != tlsrpt.ResultTLSAInvalid || ev.ReceivingIP != "127.0.0.2" {
+			t.Errorf("report %+v", ev)
+		}
+	})
+	t.Run("no STARTTLS is refused, never plaintext", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{})
+		rep := &reports{}
+		cfg := p.w.config()
+		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(3, p.leaf.Cert)}, ad: true}}
+		cfg.TLSReport = rep
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkTransient(t, r, "does not offer STARTTLS and it publishes DANE TLSA records")
+		if n := len(p.fake.Messages()); n != 0 {
+			t.Errorf("%d messages delivered in plaintext", n)
+		}
+		if ev := lastReport(t, rep); ev.Result != tlsrpt.ResultSTARTTLSNotSupported {
+			t.Errorf("report %+v", ev)
+		}
+	})
+	t.Run("answer without AD is ignored", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		other, _ := p.inter.Issue([]string{"mx.example.test"}, time.Time{}, time.Time{})
+		cfg := p.w.config()
+		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(3, other.Cert)}, ad: false}}
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkDelivered(t, r)
+		if !r.TLS || r.TLSVerified {
+			t.Errorf("TLS=%v verified=%v: want opportunistic TLS, unverified", r.TLS, r.TLSVerified)
+		}
+	})
+	t.Run("secure but unusable records make TLS mandatory", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{})
+		cfg := p.w.config()
+		pkixEE := spkiTLSA(1, p.leaf.Cert)
+		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{pkixEE}, ad: true}}
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkTransient(t, r, "does not offer STARTTLS")
+	})
+	t.Run("lookup failure skips the host", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		cfg := p.w.config()
+		cfg.DANE = fakeTLSA{"mx.example.test": {err: errors.New("SERVFAIL")}}
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkAll(t, r, classify.StageDNS, 0, classify.EventDNSServFail)
+		checkTransient(t, r, "DANE status is unknown")
+		if d := p.w.dials(); len(d) != 0 {
+			t.Errorf("dialled %v", d)
+		}
+	})
+	t.Run("takes precedence over MTA-STS", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		cfg := p.w.config()
+		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(3, p.leaf.Cert)}, ad: true}}
+		// An enforce policy that lists another host, and no RootCAs for
+		// the WebPKI: DANE alone decides.
+		cfg.MTASTS = &fakeSTS{mtasts.Result{Policy: &mtasts.Policy{Mode: mtasts.ModeEnforce, MX: []string{"elsewhere.test"}, MaxAge: time.Hour, ID: "1"}}}
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkDelivered(t, r)
+	})
+}
+
+func stsPolicy(mode mtasts.Mode, mx ...string) *fakeSTS {
+	return &fakeSTS{mtasts.Result{Policy: &mtasts.Policy{Mode: mode, MX: mx, MaxAge: time.Hour, ID: "20260301", Fetched: time.Now()}}}
+}
+
+func TestMTASTS(t *testing.T) {
+	t.Run("enforce, listed host with a valid certificate", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		rep := &reports{}
+		cfg := p.w.config()
+		cfg.RootCAs = p.root.Pool()
+		cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "*.example.test")
+		cfg.TLSReport = rep
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkDelivered(t, r)
+		if !r.TLSVerified {
+			t.Error("not verified")
+		}
+		if ev := lastReport(t, rep); !ev.Success || ev.PolicyType != tlsrpt.PolicySTS {
+			t.Errorf("report %+v", ev)
+		}
+	})
+	t.Run("enforce, unlisted host is not used", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		cfg := p.w.config()
+		cfg.RootCAs = p.root.Pool()
+		cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.elsewhere.test")
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkAll(t, r, classify.StageTLS, 0, classify.EventTLSFailure)
+		checkTransient(t, r, "is not listed in the MTA-STS policy of example.test")
+		if d := p.w.dials(); len(d) != 0 {
+			t.Errorf("dialled %v", d)
+		}
+	})
+	t.Run("enforce, untrusted certificate", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		rep := &reports{}
+		cfg := p.w.config() // RootCAs nil: the system pool does not know the test CA
+		cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.example.test")
+		cfg.TLSReport = rep
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkTransient(t, r, "MTA-STS certificate verification failed")
+		if n := len(p.fake.Messages()); n != 0 {
+			t.Errorf("%d messages delivered", n)
+		}
+		if ev := lastReport(t, rep); ev.Result != tlsrpt.ResultNotTrusted {
+			t.Errorf("report %+v", ev)
+		}
+	})
+	t.Run("enforce, no STARTTLS", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{})
+		cfg := p.w.config()
+		cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.example.test")
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkTransient(t, r, "does not offer STARTTLS and the MTA-STS policy of example.test")
+	})
+	t.Run("enforce, the listed second MX is used", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		p.w.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: "bad.example.test.", Pref: 5}, {Host: "mx.example.test.", Pref: 10}}}
+		p.w.host("bad.example.test", "127.0.0.9")
+		cfg := p.w.config()
+		cfg.RootCAs = p.root.Pool()
+		cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.example.test")
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkDelivered(t, r)
+		if d := p.w.dials(); len(d) != 1 || d[0] != "127.0.0.2:25" {
+			t.Errorf("dialled %v", d)
+		}
+	})
+	t.Run("testing only reports", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		rep := &reports{}
+		cfg := p.w.config()
+		cfg.MTASTS = stsPolicy(mtasts.ModeTesting, "mx.elsewhere.test")
+		cfg.TLSReport = rep
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkDelivered(t, r)
+		var results []string
+		for _, ev := range rep.all() {
+			results = append(results, ev.Result)
+		}
+		if strings.Join(results, ",") != "validation-failure,certificate-not-trusted" {
+			t.Errorf("reported %v", results)
+		}
+	})
+	t.Run("none is respected", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{})
+		cfg := p.w.config()
+		cfg.MTASTS = stsPolicy(mtasts.ModeNone)
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkDelivered(t, r)
+	})
+	t.Run("fetch failure delivers as without a policy and reports", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{})
+		rep := &reports{}
+		cfg := p.w.config()
+		cfg.MTASTS = &fakeSTS{mtasts.Result{Failure: mtasts.FailureFetch, Err: errors.New("HTTP 404")}}
+		cfg.TLSReport = rep
+		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkDelivered(t, r)
+		if ev := lastReport(t, rep); ev.Result != tlsrpt.ResultSTSPolicyFetch {
+			t.Errorf("report %+v", ev)
+		}
+	})
+	t.Run("a pooled plaintext connection is not reused under a policy", func(t *testing.T) {
+		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
+		sts := &fakeSTS{}
+		cfg := p.w.config()
+		cfg.TLS = TLSNone
+		cfg.RootCAs = p.root.Pool()
+		cfg.MTASTS = sts
+		s := p.w.sender(cfg)
+		checkDelivered(t, s.Send(ctxT(t), msg("example.test", "bob@example.test")))
+		s.cfg.TLS = TLSOpportunistic
+		sts.res = stsPolicy(mtasts.ModeEnforce, "mx.example.test").res
+		r := s.Send(ctxT(t), msg("example.test", "bob@example.test"))
+		checkDelivered(t, r)
+		if r.Reused || !r.TLSVerified {
+			t.Errorf("reused=%v verified=%v", r.Reused, r.TLSVerified)
+		}
+	})
+}
