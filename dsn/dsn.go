@@ -1,0 +1,465 @@
+package dsn
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"mime"
+	"strings"
+	"time"
+)
+
+// Action is a recipient's Action field (RFC 3464 §2.3.3).
+type Action string
+
+// The actions outflow reports.
+const (
+	// Failed: the message could not be delivered and will not be retried.
+	Failed Action = "failed"
+	// Delayed: not delivered yet; still being retried (a warning).
+	Delayed Action = "delayed"
+	// Delivered: delivered to the recipient (final delivery).
+	Delivered Action = "delivered"
+	// Relayed: handed to a next hop that does not support DSN, so no
+	// further notice will come (RFC 3461 §6.2.2).
+	Relayed Action = "relayed"
+)
+
+// Return is the submitter's RET parameter (RFC 3461 §4.3).
+type Return string
+
+const (
+	// ReturnHeaders returns the original's header only; the default.
+	ReturnHeaders Return = "HDRS"
+	// ReturnFull returns the whole original message.
+	ReturnFull Return = "FULL"
+)
+
+// DefaultMaxFull is the largest original returned whole for RET=FULL, in
+// bytes (1 MiB); a larger one is returned as its header, so that a failed
+// 25 MiB message does not come back as a 25 MiB report.
+const DefaultMaxFull = 1 << 20
+
+// Recipient is one recipient's block of the delivery-status part.
+type Recipient struct {
+	// Final is the address outflow tried (Final-Recipient: rfc822;Final).
+	Final string
+	// Original is the ORCPT the submitter gave, "" when none; OriginalType
+	// is its address type (default "rfc822").
+	Original     string
+	OriginalType string
+	Action       Action
+	// Status is the RFC 3463 code, e.g. "5.1.1". Empty: derived from the
+	// diagnostic's basic code (5.0.0, 4.0.0) or the action.
+	Status string
+	// RemoteMTA is the host name of the server that answered ("" when
+	// none was reached).
+	RemoteMTA string
+	// Diagnostic is the server's reply, "550 5.1.1 no such user" (sent as
+	// Diagnostic-Code: smtp; ...). Empty: no Diagnostic-Code field.
+	Diagnostic string
+	// LastAttempt is when outflow last tried; zero omits the field.
+	LastAttempt time.Time
+	// WillRetryUntil is when outflow gives up (delayed only); zero omits it.
+	WillRetryUntil time.Time
+}
+
+// Report is one notification: one message, one event, every recipient
+// that shared that event.
+type Report struct {
+	// ReportingMTA is outflow's host name (Reporting-MTA: dns;...).
+	ReportingMTA string
+	// From is the report's From address, e.g. MAILER-DAEMON@example.com;
+	// its domain is the one the report is DKIM-signed for.
+	From string
+	// To is the address the report goes to.
+	To string
+	// EnvelopeID is the submitter's ENVID, "" when none.
+	EnvelopeID string
+	// ArrivalDate is when outflow accepted the original.
+	ArrivalDate time.Time
+	// Date is the report's own date; zero means now.
+	Date time.Time
+	// ID makes the report's Message-ID and MIME boundary; the same ID
+	// gives the same report, so a retried generation writes equal bytes.
+	ID string
+	// OriginalMessageID is the original's Message-ID header, for
+	// In-Reply-To and References ("" when it had none).
+	OriginalMessageID string
+	Recipients        []Recipient
+	// Original is the message as submitted; nil omits the third part.
+	Original []byte
+	Return   Return
+	// MaxFull bounds a RET=FULL original; 0 means DefaultMaxFull.
+	MaxFull int
+}
+
+// ErrNoRecipients is returned by Build for a report without recipients.
+var ErrNoRecipients = errors.New("dsn: a report needs at least one recipient")
+
+// Build writes r as a complete message (header and body, CRLF line ends).
+func Build(r *Report) ([]byte, error) {
+	if len(r.Recipients) == 0 {
+		return nil, ErrNoRecipients
+	}
+	if r.ReportingMTA == "" || r.To == "" || r.From == "" {
+		return nil, errors.New("dsn: a report needs ReportingMTA, From and To")
+	}
+	date := r.Date
+	if date.IsZero() {
+		date = time.Now()
+	}
+	original, full := r.returned()
+	boundary := pickBoundary(r.ID, original)
+	action := r.Recipients[0].Action
+
+	var b bytes.Buffer
+	b.Grow(2048 + len(original))
+	hdr := func(k, v string) { b.WriteString(k + ": " + v + "\r\n") }
+	hdr("From", "Mail Delivery System <"+ascii(r.From)+">")
+	hdr("To", "<"+ascii(r.To)+">")
+	hdr("Subject", subject(action))
+	hdr("Date", date.UTC().Format(time.RFC1123Z))
+	hdr("Message-ID", "<dsn."+token(r.ID)+"@"+ascii(r.ReportingMTA)+">")
+	if r.OriginalMessageID != "" {
+		id := ascii(r.OriginalMessageID)
+		hdr("In-Reply-To", id)
+		hdr("References", id)
+	}
+	// RFC 3834: an automatic reply; responders must not answer it.
+	hdr("Auto-Submitted", "auto-replied")
+	hdr("MIME-Version", "1.0")
+	hdr("Content-Type", `multipart/report; report-type=delivery-status; boundary="`+boundary+`"`)
+	b.WriteString("\r\nThis is a MIME-encapsulated delivery status notification (RFC 3464).\r\n")
+
+	// Part 1: for a person.
+	b.WriteString("\r\n--" + boundary + "\r\n")
+	b.WriteString("Content-Type: text/plain; charset=us-ascii\r\n")
+	b.WriteString("Content-Description: Notification\r\n\r\n")
+	b.WriteString(humanText(r))
+
+	// Part 2: for a program.
+	b.WriteString("\r\n--" + boundary + "\r\n")
+	b.WriteString("Content-Type: message/delivery-status\r\n")
+	b.WriteString("Content-Description: Delivery report\r\n\r\n")
+	b.WriteString(statusFields(r))
+
+	// Part 3: the original.
+	if original != nil {
+		b.WriteString("\r\n--" + boundary + "\r\n")
+		ct, desc := "text/rfc822-headers", "Undelivered message header"
+		if full {
+			ct, desc = "message/rfc822", "Undelivered message"
+		}
+		if action != Failed {
+			desc = strings.Replace(desc, "Undelivered", "Original", 1)
+		}
+		b.WriteString("Content-Type: " + ct + "\r\n")
+		b.WriteString("Content-Description: " + desc + "\r\n")
+		if !isASCII(original) {
+			// Only 7bit, 8bit and binary are allowed for message/rfc822
+			// (RFC 2046 §5.2.1); the next hop downgrades if it must.
+			b.WriteString("Content-Transfer-Encoding: 8bit\r\n")
+		}
+		b.WriteString("\r\n")
+		b.Write(original)
+		if !bytes.HasSuffix(original, []byte("\r\n")) {
+			b.WriteString("\r\n")
+		}
+	}
+	b.WriteString("\r\n--" + boundary + "--\r\n")
+	return b.Bytes(), nil
+}
+
+// returned is the original as the third part carries it: the whole
+// message for RET=FULL within MaxFull, else its header block (ending in
+// CRLF, without the empty line).
+func (r *Report) returned() (part []byte, full bool) {
+	if r.Original == nil {
+		return nil, false
+	}
+	max := r.MaxFull
+	if max <= 0 {
+		max = DefaultMaxFull
+	}
+	if r.Return == ReturnFull && len(r.Original) <= max {
+		return crlf(r.Original), true
+	}
+	return headerBlock(r.Original), false
+}
+
+// headerBlock returns msg's header, up to and without the empty line.
+func headerBlock(msg []byte) []byte {
+	msg = crlf(msg)
+	if i := bytes.Index(msg, []byte("\r\n\r\n")); i >= 0 {
+		return msg[:i+2]
+	}
+	return msg
+}
+
+// crlf turns bare LF line ends into CRLF (submitted bodies are CRLF
+// already; this guards bodies from elsewhere).
+func crlf(b []byte) []byte {
+	if !bytes.Contains(b, []byte("\n")) || bytes.Count(b, []byte("\n")) == bytes.Count(b, []byte("\r\n")) {
+		return b
+	}
+	b = bytes.ReplaceAll(b, []byte("\r\n"), []byte("\n"))
+	return bytes.ReplaceAll(b, []byte("\n"), []byte("\r\n"))
+}
+
+func subject(a Action) string {
+	switch a {
+	case Failed:
+		return "Undelivered Mail Returned to Sender"
+	case Delayed:
+		return "Delayed Mail (still being retried)"
+	case Relayed:
+		return "Relayed Mail: no further delivery notice"
+	default:
+		return "Successful Mail Delivery Report"
+	}
+}
+
+func humanText(r *Report) string {
+	var b strings.Builder
+	b.WriteString("This is the mail system at " + ascii(r.ReportingMTA) + ".\r\n\r\n")
+	switch r.Recipients[0].Action {
+	case Failed:
+		b.WriteString("Your message could not be delivered to the recipients below.\r\nIt will not be retried.\r\n")
+	case Delayed:
+		b.WriteString("Your message has not been delivered yet to the recipients below.\r\n" +
+			"It is still being retried; you do not need to send it again.\r\n")
+		if t := r.Recipients[0].WillRetryUntil; !t.IsZero() {
+			b.WriteString("Delivery will be attempted until " + t.UTC().Format(time.RFC1123Z) + ".\r\n")
+		}
+	case Relayed:
+		b.WriteString("Your message was handed to the recipients' mail server below, which does not\r\n" +
+			"send delivery notifications; you will get no further notice.\r\n")
+	default:
+		b.WriteString("Your message was delivered to the recipients below.\r\n")
+	}
+	b.WriteString("\r\n")
+	for _, rc := range r.Recipients {
+		b.WriteString("<" + ascii(rc.Final) + ">")
+		if rc.Diagnostic != "" {
+			b.WriteString(": " + ascii(oneLine(rc.Diagnostic)))
+		}
+		if rc.RemoteMTA != "" {
+			b.WriteString(" (" + ascii(rc.RemoteMTA) + ")")
+		}
+		b.WriteString("\r\n")
+	}
+	return b.String()
+}
+
+// statusFields writes the message/delivery-status body: the per-message
+// group, then one group per recipient, each preceded by an empty line
+// (RFC 3464 §2.1).
+func statusFields(r *Report) string {
+	var b strings.Builder
+	field := func(k, v string) { b.WriteString(k + ": " + v + "\r\n") }
+	field("Reporting-MTA", "dns; "+ascii(r.ReportingMTA))
+	if r.EnvelopeID != "" {
+		// RFC 3464 §2.2.1: the ENVID as given, in xtext.
+		field("Original-Envelope-Id", XText(r.EnvelopeID))
+	}
+	if !r.ArrivalDate.IsZero() {
+		field("Arrival-Date", r.ArrivalDate.UTC().Format(time.RFC1123Z))
+	}
+	for _, rc := range r.Recipients {
+		b.WriteString("\r\n")
+		if rc.Original != "" {
+			typ := rc.OriginalType
+			if typ == "" {
+				typ = "rfc822"
+			}
+			// RFC 3464 §2.3.1: the ORCPT as given, xtext and all.
+			field("Original-Recipient", ascii(typ)+";"+XText(rc.Original))
+		}
+		field("Final-Recipient", "rfc822; "+ascii(rc.Final))
+		field("Action", string(rc.Action))
+		field("Status", status(rc))
+		if rc.RemoteMTA != "" {
+			field("Remote-MTA", "dns; "+ascii(rc.RemoteMTA))
+		}
+		if rc.Diagnostic != "" {
+			field("Diagnostic-Code", "smtp; "+fold(ascii(oneLine(rc.Diagnostic)), len("Diagnostic-Code: smtp; ")))
+		}
+		if !rc.LastAttempt.IsZero() {
+			field("Last-Attempt-Date", rc.LastAttempt.UTC().Format(time.RFC1123Z))
+		}
+		if rc.Action == Delayed && !rc.WillRetryUntil.IsZero() {
+			field("Will-Retry-Until", rc.WillRetryUntil.UTC().Format(time.RFC1123Z))
+		}
+	}
+	return b.String()
+}
+
+// status is the recipient's Status: its own, else the enhanced code in
+// its diagnostic, else the class of the diagnostic's basic code, else the
+// action's generic code.
+func status(rc Recipient) string {
+	if validStatus(rc.Status) {
+		return rc.Status
+	}
+	f := strings.Fields(rc.Diagnostic)
+	if len(f) > 1 && validStatus(f[1]) && f[1][0] == f[0][0] {
+		return f[1]
+	}
+	if len(f) > 0 && len(f[0]) == 3 && (f[0][0] == '4' || f[0][0] == '5') {
+		return f[0][:1] + ".0.0"
+	}
+	switch rc.Action {
+	case Failed:
+		return "5.0.0"
+	case Delayed:
+		return "4.0.0"
+	}
+	return "2.0.0"
+}
+
+// validStatus checks an RFC 3463 code: class.subject.detail with class
+// 2, 4 or 5, subject up to 3 digits and detail up to 3 digits.
+func validStatus(s string) bool {
+	parts := strings.Split(s, ".")
+	if len(parts) != 3 || len(parts[0]) != 1 || !strings.ContainsAny(parts[0], "245") {
+		return false
+	}
+	for _, p := range parts[1:] {
+		if len(p) == 0 || len(p) > 3 || strings.Trim(p, "0123456789") != "" {
+			return false
+		}
+	}
+	return true
+}
+
+// XText encodes s as RFC 3461 §4 xtext: "+" and "=", controls, space and
+// anything outside printable ASCII become "+HH".
+func XText(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '!' || c > '~' || c == '+' || c == '=' {
+			fmt.Fprintf(&b, "+%02X", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+// IsReport reports whether msg is a delivery status notification: its
+// top-level Content-Type is multipart/report with report-type
+// delivery-status (RFC 3464 §2). Only the header is read.
+func IsReport(msg []byte) bool {
+	hdr := headerBlock(msg)
+	if len(hdr) > 64<<10 {
+		hdr = hdr[:64<<10]
+	}
+	v, ok := headerValue(hdr, "content-type")
+	if !ok {
+		return false
+	}
+	mt, params, err := mime.ParseMediaType(v)
+	if err != nil {
+		// A malformed parameter list still names its type.
+		mt = strings.ToLower(strings.TrimSpace(strings.SplitN(v, ";", 2)[0]))
+		return mt == "multipart/report" && strings.Contains(strings.ToLower(v), "delivery-status")
+	}
+	return mt == "multipart/report" && strings.EqualFold(params["report-type"], "delivery-status")
+}
+
+// headerValue finds the first field name in a header block, unfolded.
+func headerValue(hdr []byte, name string) (string, bool) {
+	lines := strings.Split(string(hdr), "\r\n")
+	for i := 0; i < len(lines); i++ {
+		k, v, ok := strings.Cut(lines[i], ":")
+		if !ok || !strings.EqualFold(strings.TrimSpace(k), name) || strings.HasPrefix(lines[i], " ") || strings.HasPrefix(lines[i], "\t") {
+			continue
+		}
+		for i+1 < len(lines) && (strings.HasPrefix(lines[i+1], " ") || strings.HasPrefix(lines[i+1], "\t")) {
+			i++
+			v += " " + strings.TrimSpace(lines[i])
+		}
+		return strings.TrimSpace(v), true
+	}
+	return "", false
+}
+
+// pickBoundary derives a boundary from id that does not occur in the
+// returned content (RFC 2046 §5.1.1).
+func pickBoundary(id string, content []byte) string {
+	seed := id
+	for n := 0; ; n++ {
+		sum := sha256.Sum256([]byte(fmt.Sprintf("%s/%d", seed, n)))
+		b := "=_dsn_" + hex.EncodeToString(sum[:12])
+		if !bytes.Contains(content, []byte(b)) {
+			return b
+		}
+	}
+}
+
+// token keeps the characters of id that are safe in a Message-ID's left
+// side.
+func token(id string) string {
+	var b strings.Builder
+	for _, c := range id {
+		if c < 128 && (c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune(".-_+", c)) {
+			b.WriteRune(c)
+		}
+	}
+	if b.Len() == 0 {
+		return "x"
+	}
+	return b.String()
+}
+
+// ascii replaces what cannot appear in a US-ASCII header field: non-ASCII
+// bytes and controls become "?".
+func ascii(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < ' ' || r > '~' {
+			return '?'
+		}
+		return r
+	}, s)
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// fold breaks a long field value at spaces so that no line exceeds 78
+// characters where it can (RFC 5322 §2.1.1); continuation lines start
+// with a space. start is the length of what precedes v on its first line.
+func fold(v string, start int) string {
+	const width = 76
+	if start+len(v) <= width {
+		return v
+	}
+	var b strings.Builder
+	line := start
+	for i, w := range strings.Split(v, " ") {
+		if i > 0 {
+			if line+1+len(w) > width {
+				b.WriteString("\r\n ")
+				line = 1
+			} else {
+				b.WriteByte(' ')
+				line++
+			}
+		}
+		b.WriteString(w)
+		line += len(w)
+	}
+	return b.String()
+}
+
+func isASCII(b []byte) bool {
+	for _, c := range b {
+		if c >= 0x80 {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,265 @@
+package dsn
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/mail"
+	"net/textproto"
+	"strings"
+	"testing"
+	"time"
+)
+
+var original = []byte("From: App <app@example.com>\r\nTo: gone@dest.test\r\nSubject: hello\r\nMessage-ID: <m1@example.com>\r\n\r\nbody line\r\n.dot line\r\n")
+
+// parsed is a report taken apart the way a mail client would.
+type parsed struct {
+	hdr     mail.Header
+	parts   []*multipart.Part
+	bodies  [][]byte
+	message textproto.MIMEHeader   // the delivery-status per-message group
+	rcpts   []textproto.MIMEHeader // one per recipient
+}
+
+func parse(t *testing.T, msg []byte) *parsed {
+	t.Helper()
+	m, err := mail.ReadMessage(bytes.NewReader(msg))
+	if err != nil {
+		t.Fatalf("read message: %v\n%s", err, msg)
+	}
+	mt, params, err := mime.ParseMediaType(m.Header.Get("Content-Type"))
+	if err != nil || mt != "multipart/report" || params["report-type"] != "delivery-status" {
+		t.Fatalf("Content-Type %q (%v)", m.Header.Get("Content-Type"), err)
+	}
+	p := &parsed{hdr: m.Header}
+	mr := multipart.NewReader(m.Body, params["boundary"])
+	for {
+		part, err := mr.NextRawPart()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("part %d: %v", len(p.parts), err)
+		}
+		b, err := io.ReadAll(part)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.parts = append(p.parts, part)
+		p.bodies = append(p.bodies, b)
+	}
+	if len(p.parts) < 2 {
+		t.Fatalf("%d parts", len(p.parts))
+	}
+	if ct := p.parts[1].Header.Get("Content-Type"); ct != "message/delivery-status" {
+		t.Fatalf("second part is %q", ct)
+	}
+	r := textproto.NewReader(bufio.NewReader(bytes.NewReader(append(p.bodies[1], "\r\n"...))))
+	for {
+		h, err := r.ReadMIMEHeader()
+		if len(h) > 0 {
+			if p.message == nil {
+				p.message = h
+			} else {
+				p.rcpts = append(p.rcpts, h)
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	return p
+}
+
+func failedReport() *Report {
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	return &Report{
+		ReportingMTA: "mx.outflow.test", From: "MAILER-DAEMON@example.com", To: "app@example.com",
+		EnvelopeID: "env 42", ArrivalDate: at, Date: at.Add(time.Minute), ID: "abc.1.failed",
+		OriginalMessageID: "<m1@example.com>", Original: original,
+		Recipients: []Recipient{
+			{Final: "gone@dest.test", Original: "Gone@Dest.test", Action: Failed, RemoteMTA: "mx.dest.test",
+				Diagnostic: "550 5.1.1 no such\r\n user here", LastAttempt: at.Add(30 * time.Second)},
+			{Final: "full@dest.test", Action: Failed, RemoteMTA: "mx.dest.test", Diagnostic: "552 mailbox full", LastAttempt: at},
+		},
+	}
+}
+
+func TestBuildFailed(t *testing.T) {
+	msg, err := Build(failedReport())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := parse(t, msg)
+	if got := p.hdr.Get("Auto-Submitted"); got != "auto-replied" {
+		t.Errorf("Auto-Submitted %q", got)
+	}
+	if got := p.hdr.Get("In-Reply-To"); got != "<m1@example.com>" {
+		t.Errorf("In-Reply-To %q", got)
+	}
+	if from, err := mail.ParseAddress(p.hdr.Get("From")); err != nil || from.Address != "MAILER-DAEMON@example.com" {
+		t.Errorf("From %q (%v)", p.hdr.Get("From"), err)
+	}
+	if len(p.parts) != 3 {
+		t.Fatalf("%d parts, want 3", len(p.parts))
+	}
+	if ct := p.parts[0].Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+		t.Errorf("first part %q", ct)
+	}
+	if !bytes.Contains(p.bodies[0], []byte("<gone@dest.test>: 550 5.1.1 no such user here")) {
+		t.Errorf("human part:\n%s", p.bodies[0])
+	}
+	want := map[string]string{"Reporting-Mta": "dns; mx.outflow.test", "Original-Envelope-Id": "env+2042",
+		"Arrival-Date": "Tue, 01 Dec 2026 10:00:00 +0000"}
+	for k, v := range want {
+		if got := p.message.Get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	if len(p.rcpts) != 2 {
+		t.Fatalf("%d recipient groups, want 2: %q", len(p.rcpts), p.bodies[1])
+	}
+	r0 := p.rcpts[0]
+	for k, v := range map[string]string{
+		"Final-Recipient": "rfc822; gone@dest.test", "Original-Recipient": "rfc822;Gone@Dest.test",
+		"Action": "failed", "Status": "5.1.1", "Remote-Mta": "dns; mx.dest.test",
+		"Diagnostic-Code": "smtp; 550 5.1.1 no such user here", "Last-Attempt-Date": "Tue, 01 Dec 2026 10:00:30 +0000",
+	} {
+		if got := r0.Get(k); got != v {
+			t.Errorf("recipient 1 %s = %q, want %q", k, got, v)
+		}
+	}
+	if r0.Get("Will-Retry-Until") != "" {
+		t.Error("Will-Retry-Until on a failure")
+	}
+	if got := p.rcpts[1].Get("Status"); got != "5.0.0" {
+		t.Errorf("status from a basic code only: %q", got)
+	}
+	if p.rcpts[1].Get("Original-Recipient") != "" {
+		t.Error("Original-Recipient without ORCPT")
+	}
+	if ct := p.parts[2].Header.Get("Content-Type"); ct != "text/rfc822-headers" {
+		t.Errorf("third part %q, want text/rfc822-headers (RET=HDRS by default)", ct)
+	}
+	if !bytes.Contains(p.bodies[2], []byte("Subject: hello")) || bytes.Contains(p.bodies[2], []byte("body line")) {
+		t.Errorf("returned header:\n%s", p.bodies[2])
+	}
+	if !IsReport(msg) {
+		t.Error("IsReport does not recognise a report")
+	}
+	again, _ := Build(failedReport())
+	if !bytes.Equal(msg, again) {
+		t.Error("the same report built twice differs")
+	}
+}
+
+func TestBuildFullAndDelayed(t *testing.T) {
+	r := failedReport()
+	r.Return = ReturnFull
+	r.Recipients = r.Recipients[:1]
+	r.Recipients[0].Action = Delayed
+	r.Recipients[0].Diagnostic = "451 4.7.1 try later"
+	r.Recipients[0].WillRetryUntil = time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	msg, err := Build(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := parse(t, msg)
+	if got := p.rcpts[0].Get("Will-Retry-Until"); got != "Sun, 06 Dec 2026 10:00:00 +0000" {
+		t.Errorf("Will-Retry-Until %q", got)
+	}
+	if got := p.rcpts[0].Get("Status"); got != "4.7.1" {
+		t.Errorf("Status %q", got)
+	}
+	if ct := p.parts[2].Header.Get("Content-Type"); ct != "message/rfc822" {
+		t.Fatalf("RET=FULL third part %q", ct)
+	}
+	inner, err := mail.ReadMessage(bytes.NewReader(p.bodies[2]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(inner.Body)
+	if inner.Header.Get("Subject") != "hello" || !bytes.Contains(body, []byte(".dot line")) {
+		t.Errorf("returned message: %q / %q", inner.Header.Get("Subject"), body)
+	}
+	if !strings.Contains(p.hdr.Get("Subject"), "Delayed") {
+		t.Errorf("Subject %q", p.hdr.Get("Subject"))
+	}
+
+	r.MaxFull = 10
+	msg, _ = Build(r)
+	if ct := parse(t, msg).parts[2].Header.Get("Content-Type"); ct != "text/rfc822-headers" {
+		t.Errorf("RET=FULL over MaxFull: %q, want the header only", ct)
+	}
+}
+
+func TestBuildEdges(t *testing.T) {
+	r := failedReport()
+	r.Recipients = nil
+	if _, err := Build(r); err != ErrNoRecipients {
+		t.Errorf("no recipients: %v", err)
+	}
+
+	// A boundary that occurs in the original is not used.
+	r = failedReport()
+	first := pickBoundary(r.ID, nil)
+	r.Original = append([]byte("X-Trap: "+first+"\r\n"), original...)
+	msg, err := Build(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := parse(t, msg); len(p.parts) != 3 {
+		t.Fatalf("%d parts with a colliding boundary", len(p.parts))
+	}
+
+	// Non-ASCII and long diagnostics stay parseable ASCII fields.
+	r = failedReport()
+	r.Original = nil
+	r.Recipients[0].Diagnostic = "550 5.7.1 " + strings.Repeat("refusé à cause de la politique ", 8)
+	msg, err = Build(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !isASCII(msg) {
+		t.Error("report has non-ASCII bytes")
+	}
+	p := parse(t, msg)
+	if len(p.parts) != 2 {
+		t.Errorf("%d parts without an original, want 2", len(p.parts))
+	}
+	for _, l := range strings.Split(string(p.bodies[1]), "\r\n") {
+		if len(l) > 78 {
+			t.Errorf("line of %d characters: %q", len(l), l)
+		}
+	}
+	if d := p.rcpts[0].Get("Diagnostic-Code"); !strings.HasPrefix(d, "smtp; 550 5.7.1 refus") {
+		t.Errorf("Diagnostic-Code %q", d)
+	}
+}
+
+func TestIsReport(t *testing.T) {
+	for _, c := range []struct {
+		msg  string
+		want bool
+	}{
+		{"Content-Type: multipart/report; report-type=delivery-status; boundary=x\r\n\r\n", true},
+		{"content-type: Multipart/Report;\r\n\treport-type=\"Delivery-Status\"; boundary=x\r\n\r\n", true},
+		{"Content-Type: multipart/report; report-type=disposition-notification; boundary=x\r\n\r\n", false},
+		{"Content-Type: multipart/mixed; boundary=x\r\n\r\nContent-Type: multipart/report; report-type=delivery-status\r\n", false},
+		{"Subject: hi\r\n\r\nbody\r\n", false},
+		{"Content-Type: multipart/report; report-type=delivery-status; =broken\r\n\r\n", true},
+	} {
+		if got := IsReport([]byte(c.msg)); got != c.want {
+			t.Errorf("IsReport(%q) = %v", c.msg, got)
+		}
+	}
+}
+
+func TestXText(t *testing.T) {
+	if got := XText("a+b=c d\x01é"); got != "a+2Bb+3Dc+20d+01+C3+A9" {
+		t.Errorf("XText = %q", got)
+	}
+}
