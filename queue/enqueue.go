@@ -92,6 +92,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			Rcpts: groups[dom], Dest: dom, BodyRef: bodyRef, Size: int64(len(s.Body)),
 			Parts: len(order), SubmittedAt: received.UTC(), MessageID: msgHdrID,
 			Deadline: deadline,
+			Source:   s.Source, DSN: s.DSN.For(groups[dom]), IsReport: s.IsReport,
 		}
 		if inline {
 			env.Body = s.Body

@@ -84,6 +84,13 @@ type Envelope struct {
 	MessageID   string    `json:"message_id,omitempty"` // the Message-ID header, for logs
 	History     []Attempt `json:"history,omitempty"`    // every attempt so far, oldest first
 
+	// Delivery status notifications (see DSNParams). All omitted when
+	// unset, so envelopes written before they existed decode unchanged.
+	Source      string     `json:"source,omitempty"`       // how the message came in: SourceSMTP, SourceAPI, SourceNATS; "" if not recorded
+	DSN         *DSNParams `json:"dsn,omitempty"`          // the submitter's RFC 3461 parameters; nil when it gave none
+	IsReport    bool       `json:"is_dsn,omitempty"`       // this envelope is a notification outflow wrote: never answered with another
+	DelayWarned bool       `json:"delay_warned,omitempty"` // the delay warning for these recipients went out; never a second one
+
 	// Attempt metadata, carried in headers.
 	Attempt       int       `json:"-"`
 	FirstAttempt  time.Time `json:"-"`
@@ -95,6 +102,89 @@ type Envelope struct {
 	Step          int       `json:"-"`
 	Probe         bool      `json:"-"` // set by fast-forward for one attempt
 	NotBefore     time.Time `json:"-"`
+}
+
+// Message sources, Envelope.Source: whether a tenant's default is to get
+// delivery status notifications depends on it (SMTP submitters expect
+// them; API and NATS clients read events and webhooks).
+const (
+	SourceSMTP = "smtp"
+	SourceAPI  = "api"
+	SourceNATS = "nats"
+	SourceDSN  = "dsn" // a notification outflow wrote
+)
+
+// DSNParams are the RFC 3461 parameters of a submission: RET and ENVID
+// from MAIL FROM, NOTIFY and ORCPT from each RCPT TO. They are kept as
+// given (decoded from xtext), passed on to a next hop that offers DSN, and
+// otherwise honoured by outflow itself.
+type DSNParams struct {
+	Ret   string             `json:"ret,omitempty"`   // "FULL" or "HDRS"; "" means HDRS
+	EnvID string             `json:"envid,omitempty"` // the submitter's envelope id
+	Rcpts map[string]RcptDSN `json:"rcpts,omitempty"` // by recipient, exactly as in Rcpts
+}
+
+// RcptDSN is one recipient's NOTIFY and ORCPT.
+type RcptDSN struct {
+	// Notify is "NEVER" alone, or some of "SUCCESS", "FAILURE", "DELAY";
+	// empty means the parameter was not given (RFC 3461 §4.1: then
+	// failures and delays are reported, successes not).
+	Notify    []string `json:"notify,omitempty"`
+	ORcpt     string   `json:"orcpt,omitempty"`      // the original recipient, decoded
+	ORcptType string   `json:"orcpt_type,omitempty"` // its address type, "rfc822" when empty
+}
+
+// Notice kinds, as NOTIFY names them.
+const (
+	NotifyNever   = "NEVER"
+	NotifySuccess = "SUCCESS"
+	NotifyFailure = "FAILURE"
+	NotifyDelay   = "DELAY"
+)
+
+// Rcpt returns rcpt's parameters (the zero value when none were given).
+func (d *DSNParams) Rcpt(rcpt string) RcptDSN {
+	if d == nil {
+		return RcptDSN{}
+	}
+	return d.Rcpts[rcpt]
+}
+
+// Wants reports whether rcpt's NOTIFY asks for a notice of kind
+// (NotifySuccess, NotifyFailure or NotifyDelay). Without NOTIFY, failures
+// and delays are reported and successes are not (RFC 3461 §4.1).
+func (d *DSNParams) Wants(rcpt, kind string) bool {
+	n := d.Rcpt(rcpt).Notify
+	if len(n) == 0 {
+		return kind != NotifySuccess
+	}
+	for _, v := range n {
+		if strings.EqualFold(v, kind) {
+			return true
+		}
+	}
+	return false
+}
+
+// For returns the parameters of rcpts only (a per-destination envelope's
+// share), nil when none of them has any and there is no RET or ENVID.
+func (d *DSNParams) For(rcpts []string) *DSNParams {
+	if d == nil {
+		return nil
+	}
+	out := &DSNParams{Ret: d.Ret, EnvID: d.EnvID}
+	for _, r := range rcpts {
+		if p, ok := d.Rcpts[r]; ok {
+			if out.Rcpts == nil {
+				out.Rcpts = make(map[string]RcptDSN, len(rcpts))
+			}
+			out.Rcpts[r] = p
+		}
+	}
+	if out.Ret == "" && out.EnvID == "" && out.Rcpts == nil {
+		return nil
+	}
+	return out
 }
 
 // Attempt is the compact evidence of one delivery attempt, kept inside the

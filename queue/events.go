@@ -50,6 +50,9 @@ const (
 	EventReplayed  = "replayed"  // moved back to fresh work by an operator
 	EventFastFwd   = "fast-forwarded"
 	EventMalformed = "malformed" // an undecodable envelope was parked
+	// EventDSN: a delivery status notification about this envelope was
+	// queued; Reason names its action, its queue id and its recipient.
+	EventDSN = "dsn"
 	// EventLearned: a destination's learned limits changed (seeded, cut,
 	// stepped up, forgotten). Its id is the destination as a subject token,
 	// its state the destination's shared state after the change.
