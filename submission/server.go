@@ -271,6 +271,9 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 	// SMTPUTF8 (RFC 6531) is not offered: the delivery side does not carry
 	// the flag, so non-ASCII addresses are refused with 553 5.6.7.
 	ss.EnableSMTPUTF8 = false
+	// DSN (RFC 3461): RET, ENVID, NOTIFY and ORCPT are kept with each
+	// envelope and honoured (dsn.go).
+	ss.EnableDSN = true
 	// Never set ss.Debug: it would copy AUTH exchanges into a log.
 	ss.ErrorLog = errorLog{s.log}
 	s.smtp = ss

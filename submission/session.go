@@ -44,6 +44,7 @@ type session struct {
 	from    string
 	rcpts   []string
 	seen    map[string]struct{} // local@lower(domain), to store each recipient once
+	dsn     *queue.DSNParams    // RFC 3461 parameters of MAIL and RCPT, nil if none (dsn.go)
 }
 
 var (
@@ -200,7 +201,7 @@ func (s *session) authFailure(user string) {
 }
 
 // Mail implements smtp.Session: MAIL FROM.
-func (s *session) Mail(from string, _ *smtp.MailOptions) error {
+func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 	if s.srv.closing.Load() {
 		if s.tc != nil {
 			s.tc.hangup("")
@@ -226,14 +227,18 @@ func (s *session) Mail(from string, _ *smtp.MailOptions) error {
 				func(e *zerolog.Event) { e.Str("from", from) })
 		}
 	}
+	dsn, derr := mailDSN(opts)
+	if derr != nil {
+		return s.reject(derr, reasonBadDSN, true, nil)
+	}
 	s.mu.Lock()
-	s.hasFrom, s.from = true, from
+	s.hasFrom, s.from, s.dsn = true, from, dsn
 	s.mu.Unlock()
 	return nil
 }
 
 // Rcpt implements smtp.Session: RCPT TO.
-func (s *session) Rcpt(to string, _ *smtp.RcptOptions) error {
+func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	if !s.authorized() {
 		return s.reject(errAuthRequired, reasonAuthRequired, false, nil)
 	}
@@ -255,6 +260,10 @@ func (s *session) Rcpt(to string, _ *smtp.RcptOptions) error {
 	if err := s.checkSuppressed(to); err != nil {
 		return err
 	}
+	rd, hasDSN, derr := rcptDSN(opts)
+	if derr != nil {
+		return s.reject(derr, reasonBadDSN, false, nil)
+	}
 	key := a.Local + "@" + strings.ToLower(a.Domain)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -266,6 +275,9 @@ func (s *session) Rcpt(to string, _ *smtp.RcptOptions) error {
 	}
 	s.seen[key] = struct{}{}
 	s.rcpts = append(s.rcpts, to)
+	if hasDSN {
+		s.dsn = addRcptDSN(s.dsn, to, rd)
+	}
 	return nil
 }
 
@@ -279,7 +291,7 @@ func (s *session) Data(r io.Reader) error {
 		defer s.tc.endData()
 	}
 	s.mu.Lock()
-	hasFrom, from, rcpts := s.hasFrom, s.from, slices.Clone(s.rcpts)
+	hasFrom, from, rcpts, dsn := s.hasFrom, s.from, slices.Clone(s.rcpts), s.dsn
 	s.mu.Unlock()
 	if !s.authorized() {
 		return s.reject(errAuthRequired, reasonAuthRequired, true, nil)
@@ -308,6 +320,8 @@ func (s *session) Data(r io.Reader) error {
 		Body:       body,
 		ReceivedAt: time.Now().UTC(),
 		RemoteAddr: s.remoteStr,
+		Source:     queue.SourceSMTP,
+		DSN:        dsn,
 	}
 	ctx, cancel := context.WithTimeout(s.srv.baseCtx, s.srv.cfg.EnqueueTimeout)
 	ids, err := s.enqueue(ctx, sub)
@@ -359,7 +373,7 @@ func queuedReply(ids []string) error {
 // Reset implements smtp.Session: RSET, and the end of every transaction.
 func (s *session) Reset() {
 	s.mu.Lock()
-	s.hasFrom, s.from, s.rcpts, s.seen = false, "", nil, nil
+	s.hasFrom, s.from, s.rcpts, s.seen, s.dsn = false, "", nil, nil, nil
 	s.mu.Unlock()
 }
 
