@@ -24,12 +24,19 @@ type Message struct {
 	// connection this message goes out on: the destination's own limit
 	// (coordinator's [destinations.X] max-msgs-per-conn).
 	MaxMsgsPerConn int
+	// DSN holds the submitter's RFC 3461 parameters, passed on to a server
+	// that offers DSN (transaction.go); nil passes none.
+	DSN *DSNParams
 }
 
 // RcptResult is the outcome for one recipient.
 type RcptResult struct {
 	Rcpt    string
 	Outcome classify.Input
+	// DSNRelayed is set when the server that accepted the recipient
+	// offered DSN: notices about it are now that server's to send
+	// (RFC 3461 §6.2.2).
+	DSNRelayed bool
 }
 
 // Result is what one Send did.
@@ -136,6 +143,7 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 	}
 	out := make([]classify.Input, len(m.Rcpts))
 	decided := make([]bool, len(m.Rcpts))
+	var info *msgInfo
 	pending := make([]int, len(m.Rcpts))
 	for i := range pending {
 		pending[i] = i
@@ -151,6 +159,11 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 	defer func() {
 		for i := range res.Rcpts {
 			res.Rcpts[i].Outcome = out[i]
+		}
+		if info != nil {
+			for _, i := range info.dsnRelayed {
+				res.Rcpts[i].DSNRelayed = true
+			}
 		}
 	}()
 	if len(m.Rcpts) == 0 {
@@ -175,7 +188,7 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 			return res
 		}
 	}
-	info := inspect(m)
+	info = inspect(m)
 	plan := s.planTLS(ctx, log, m.Domain)
 
 	first := true

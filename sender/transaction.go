@@ -21,6 +21,9 @@ type msgInfo struct {
 	size      int64  // len(Body), declared with SIZE=
 	eightBit  bool   // the body has octets above 127
 	needsUTF8 bool   // UTF-8 in an envelope address or a header field
+	// dsnRelayed lists the recipients (indexes into Message.Rcpts)
+	// accepted by a server that offers DSN.
+	dsnRelayed []int
 }
 
 func inspect(m *Message) *msgInfo {
@@ -97,6 +100,16 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 	if c.has("SIZE") {
 		mail += " SIZE=" + strconv.FormatInt(info.size, 10) // RFC 1870
 	}
+	dsn := c.has("DSN")
+	if dsn {
+		mail += m.DSN.mailParams()
+	}
+	rcptCmd := func(i int) string {
+		if dsn {
+			return "RCPT TO:<" + m.Rcpts[i] + ">" + m.DSN.rcptParams(i)
+		}
+		return "RCPT TO:<" + m.Rcpts[i] + ">"
+	}
 
 	pipelined := c.has("PIPELINING")
 	// A reused connection starts with RSET: it clears whatever the last
@@ -114,7 +127,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 		}
 		_, _ = c.bw.WriteString(mail + "\r\n")
 		for _, i := range batch {
-			_, _ = c.bw.WriteString("RCPT TO:<" + m.Rcpts[i] + ">\r\n")
+			_, _ = c.bw.WriteString(rcptCmd(i) + "\r\n")
 		}
 		_, _ = c.bw.WriteString("DATA\r\n")
 		if err := c.bw.Flush(); err != nil {
@@ -164,7 +177,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 				carry = append(carry, batch[k:]...)
 				break
 			}
-			r, err = c.cmd(ctx, classify.StageRcpt, c.cfg.CommandTimeout, 0, "RCPT TO:<"+m.Rcpts[i]+">")
+			r, err = c.cmd(ctx, classify.StageRcpt, c.cfg.CommandTimeout, 0, rcptCmd(i))
 		}
 		if err != nil {
 			return nil, err
@@ -237,6 +250,9 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 	in := r.input(classify.StageDataEnd)
 	for _, i := range accepted {
 		out[i], decided[i] = in, true
+	}
+	if dsn && r.code/100 == 2 {
+		info.dsnRelayed = append(info.dsnRelayed, accepted...)
 	}
 	return carry, nil
 }

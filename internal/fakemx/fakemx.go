@@ -6,7 +6,8 @@
 //
 // It can offer STARTTLS or implicit TLS with a self-signed certificate, AUTH
 // PLAIN and LOGIN, a recipient limit (advertised as LIMITS RCPTMAX and
-// enforced with 452 4.5.3), a SIZE limit and SMTPUTF8; it can also mangle its
+// enforced with 452 4.5.3), a SIZE limit, SMTPUTF8 and DSN (recording the
+// parameters it is given); it can also mangle its
 // EHLO reply (lower-case extension keywords, extra or hidden extensions) and
 // answer the greeting with a scripted reply, to imitate receivers in the wild.
 //
@@ -100,6 +101,9 @@ type Options struct {
 	MaxMessageBytes int64
 	// SMTPUTF8 advertises SMTPUTF8 (RFC 6531).
 	SMTPUTF8 bool
+	// DSN advertises DSN (RFC 3461); the parameters a client sends are
+	// recorded in Message.Mail and Message.RcptOpts.
+	DSN bool
 	// LowercaseExtensions spells the EHLO extension keywords in lower
 	// case ("starttls"), as a few receivers do. Only the plaintext part of
 	// the conversation is mangled.
@@ -134,6 +138,12 @@ type Message struct {
 	UTF8     bool  // the client sent SMTPUTF8 on MAIL
 	Size     int64 // the SIZE= the client declared, 0 if none
 	AuthUser string
+	// Ret and EnvID are MAIL FROM's RET and ENVID (with Options.DSN).
+	Ret   smtp.DSNReturn
+	EnvID string
+	// RcptOpts holds each accepted recipient's RCPT options (NOTIFY,
+	// ORCPT), in the order of Rcpts.
+	RcptOpts []smtp.RcptOptions
 }
 
 // Server is a running fake MX. Its methods are safe for concurrent use.
@@ -208,6 +218,7 @@ func New(opts Options) (*Server, error) {
 	srv.MaxRecipients = opts.MaxRecipients
 	srv.MaxMessageBytes = opts.MaxMessageBytes
 	srv.EnableSMTPUTF8 = opts.SMTPUTF8
+	srv.EnableDSN = opts.DSN
 	srv.AllowInsecureAuth = true
 	srv.ErrorLog = log.New(io.Discard, "", 0)
 	// Generous: a test's own deadlines are what should fire, not ours.
@@ -472,6 +483,7 @@ type session struct {
 	from     string
 	mailOpts smtp.MailOptions
 	rcpts    []string
+	rcptOpts []smtp.RcptOptions
 	// afterData is set by Data so that the reset go-smtp runs after every
 	// DATA is not counted as an RSET.
 	afterData bool
@@ -514,7 +526,7 @@ func (se *session) Mail(from string, opts *smtp.MailOptions) error {
 		return e
 	}
 	se.from = from
-	se.rcpts = nil
+	se.rcpts, se.rcptOpts = nil, nil
 	se.mailOpts = smtp.MailOptions{}
 	if opts != nil {
 		se.mailOpts = *opts
@@ -525,7 +537,7 @@ func (se *session) Mail(from string, opts *smtp.MailOptions) error {
 	return nil
 }
 
-func (se *session) Rcpt(to string, _ *smtp.RcptOptions) error {
+func (se *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	if e := se.s.hook(StageRcpt, to); e != nil {
 		if e == Drop {
 			return se.hangUp()
@@ -533,6 +545,11 @@ func (se *session) Rcpt(to string, _ *smtp.RcptOptions) error {
 		return e
 	}
 	se.rcpts = append(se.rcpts, to)
+	var o smtp.RcptOptions
+	if opts != nil {
+		o = *opts
+	}
+	se.rcptOpts = append(se.rcptOpts, o)
 	return nil
 }
 
@@ -565,6 +582,7 @@ func (se *session) Data(r io.Reader) error {
 		From: se.from, Rcpts: append([]string(nil), se.rcpts...), Data: data,
 		Hostname: se.conn.Hostname(), TLS: isTLS, Conn: se.connNum,
 		Body: se.mailOpts.Body, UTF8: se.mailOpts.UTF8, Size: se.mailOpts.Size, AuthUser: se.authUser,
+		Ret: se.mailOpts.Return, EnvID: se.mailOpts.EnvelopeID, RcptOpts: append([]smtp.RcptOptions(nil), se.rcptOpts...),
 	}
 	se.s.mu.Lock()
 	se.s.msgs = append(se.s.msgs, m)
@@ -575,7 +593,7 @@ func (se *session) Data(r io.Reader) error {
 }
 
 func (se *session) Reset() {
-	se.from, se.rcpts = "", nil
+	se.from, se.rcpts, se.rcptOpts = "", nil, nil
 	if se.afterData {
 		se.afterData = false
 		return
