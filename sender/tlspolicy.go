@@ -106,7 +106,7 @@ func (s *Sender) hostTLS(ctx context.Context, p *tlsPlan, host string) (*hostPla
 	if s.cfg.DANE != nil {
 		recs, err := dane.Lookup(ctx, s.cfg.DANE, host, s.cfg.Port)
 		if err != nil {
-			s.report(tlsrpt.Event{Domain: p.domain, PolicyType: tlsrpt.PolicyTLSA, MXHost: host, ReceivingMX: host,
+			s.report(tlsrpt.Event{Domain: strings.ToLower(strings.TrimSuffix(host, ".")), PolicyType: tlsrpt.PolicyTLSA, ReceivingMX: host,
 				Result: tlsrpt.ResultDNSSECInvalid, Detail: err.Error()})
 			return nil, &stepErr{in: classify.Input{Stage: classify.StageDNS, Event: classify.EventDNSServFail,
 				Text: syntheticText(fmt.Sprintf("%s: %v; its DANE status is unknown, so it is not used (RFC 7672 2.2)", host, err))}, err: err}
@@ -236,7 +236,9 @@ func (s *Sender) secure(ctx context.Context, log zerolog.Logger, c *client, p *t
 func (s *Sender) reportHost(p *tlsPlan, hp *hostPlan, c *client, ok bool, result, detail string) {
 	switch {
 	case hp.mode == modeDANE || hp.mode == modeDANEUnusable:
-		s.report(tlsrpt.Event{Domain: p.domain, PolicyType: tlsrpt.PolicyTLSA, Policy: dane.Strings(hp.all), MXHost: c.host,
+		// RFC 8460 3: a DANE policy is the MX host's, and so is its
+		// report.
+		s.report(tlsrpt.Event{Domain: hp.names[0], PolicyType: tlsrpt.PolicyTLSA, Policy: dane.Strings(hp.all),
 			Success: ok, Result: result, ReceivingMX: c.host, ReceivingIP: hostOf(c.addr), Detail: detail})
 	case hp.mode == modeSTS || hp.stsTesting != nil:
 		s.reportSTS(p, c.host, hostOf(c.addr), ok, result, detail)
@@ -244,7 +246,7 @@ func (s *Sender) reportHost(p *tlsPlan, hp *hostPlan, c *client, ok bool, result
 }
 
 func (s *Sender) reportSTS(p *tlsPlan, host, ip string, ok bool, result, detail string) {
-	s.report(tlsrpt.Event{Domain: p.domain, PolicyType: tlsrpt.PolicySTS, Policy: p.sts.Lines(), MXHost: strings.Join(p.sts.MX, ","),
+	s.report(tlsrpt.Event{Domain: p.domain, PolicyType: tlsrpt.PolicySTS, Policy: p.sts.Lines(), MXHosts: p.sts.MX,
 		Success: ok, Result: result, ReceivingMX: host, ReceivingIP: ip, Detail: detail})
 }
 

@@ -124,7 +124,7 @@ func TestDANE(t *testing.T) {
 		if !r.TLS || !r.TLSVerified {
 			t.Errorf("TLS=%v verified=%v", r.TLS, r.TLSVerified)
 		}
-		if ev := lastReport(t, rep); !ev.Success || ev.PolicyType != tlsrpt.PolicyTLSA || ev.Domain != "example.test" || len(ev.Policy) != 1 {
+		if ev := lastReport(t, rep); !ev.Success || ev.PolicyType != tlsrpt.PolicyTLSA || ev.Domain != "mx.example.test" || len(ev.Policy) != 1 {
 			t.Errorf("report %+v", ev)
 		}
 	})

@@ -25,17 +25,17 @@ const (
 // Event is the TLS outcome of one connection attempt (or one policy
 // fetch) for a policy domain.
 type Event struct {
-	// Domain is the policy domain: the recipient domain whose policy
-	// applied.
+	// Domain is the policy domain: the recipient domain for MTA-STS,
+	// the MX host for DANE (RFC 8460 3, 4.4).
 	Domain string
 	// PolicyType is PolicySTS or PolicyTLSA.
 	PolicyType string
 	// Policy is the policy as RFC 8460's "policy-string" wants it: the
 	// MTA-STS policy's lines, or the TLSA records in presentation form.
 	Policy []string
-	// MXHost is the MX host the policy matched against ("mx-host"): the
-	// policy's patterns for STS, the host's TLSA name for DANE. Optional.
-	MXHost string
+	// MXHosts are the MTA-STS policy's MX patterns ("mx-host"); none
+	// for DANE.
+	MXHosts []string
 	// Success is true when the session was established as the policy
 	// asks; otherwise Result says why not.
 	Success bool
