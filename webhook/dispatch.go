@@ -71,6 +71,7 @@ type Dispatcher struct {
 	cfg    Config
 	client *http.Client
 	log    zerolog.Logger
+	br     *breakers // set by Run before any runner starts
 }
 
 // New returns a Dispatcher for cfg.
@@ -115,13 +116,19 @@ type runner struct {
 // one runner, restarted when its entry changes and stopped when it is
 // disabled or removed.
 func (d *Dispatcher) Run(ctx context.Context) error {
+	br, err := watchBreakers(ctx, d.cfg.Store.breakers, func(err error) {
+		d.log.Warn().Err(err).Msg("undecodable webhook breaker")
+	})
+	if err != nil {
+		return fmt.Errorf("watch webhook breakers: %w", err)
+	}
+	d.br = br
 	w, err := d.cfg.Store.kv.WatchAll(ctx)
 	if err != nil {
 		return fmt.Errorf("watch webhook endpoints: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
 	runners := map[string]*runner{}
-	replays := map[string]int{}
 	stop := func(id string) {
 		if r := runners[id]; r != nil {
 			r.cancel()
@@ -134,7 +141,6 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			stop(id)
 		}
 	}()
-	initial := true
 	for {
 		var e jetstream.KeyValueEntry
 		select {
@@ -142,14 +148,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			return nil
 		case e = <-w.Updates():
 		}
-		if e == nil {
-			initial = false
+		if e == nil { // the end of the bucket's current contents
 			continue
 		}
 		id := e.Key()
 		stop(id)
 		if e.Operation() != jetstream.KeyValuePut {
-			delete(replays, id)
 			continue
 		}
 		var ep Endpoint
@@ -157,8 +161,6 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			d.log.Warn().Err(err).Str("endpoint", id).Msg("undecodable webhook endpoint")
 			continue
 		}
-		replay := !initial && ep.Replays > replays[id]
-		replays[id] = ep.Replays
 		if ep.Disabled {
 			continue
 		}
@@ -172,31 +174,16 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 					d.log.Error().Str("panic", fmt.Sprint(p)).Str("endpoint", ep.ID).Msg("webhook runner panicked")
 				}
 			}()
-			d.run(rctx, &ep, replay)
+			d.run(rctx, &ep)
 		}()
 	}
 }
 
-// run delivers ep's dead letters (on a replay), then its events, until
+// run delivers ep's events, and the dead letters replayed to it, until
 // ctx ends.
-func (d *Dispatcher) run(ctx context.Context, ep *Endpoint, replay bool) {
+func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 	log := d.log.With().Str("endpoint", ep.ID).Str("tenant", ep.Tenant).Logger()
-	br := &breaker{}
-	if replay {
-		dead, err := d.cfg.Store.Dead(ctx, ep.ID)
-		if err != nil {
-			log.Warn().Err(err).Msg("read webhook dead letters")
-		}
-		for _, dl := range dead {
-			if d.deliver(ctx, log, ep, br, dl.ID, dl.Type, dl.Body, nil) {
-				_ = d.cfg.Store.deleteDead(ctx, ep.ID, dl.ID)
-			}
-			if ctx.Err() != nil {
-				return
-			}
-		}
-	}
-	filters := []string{"outflow.events." + EventTest + ".>"}
+	filters := []string{"outflow.events." + EventTest + ".>", replaySubject(ep.ID)}
 	for _, t := range ep.Events {
 		filters = append(filters, "outflow.events."+t+".>")
 	}
@@ -227,6 +214,18 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint, replay bool) {
 			_ = m.Term()
 			continue
 		}
+		if m.Subject() == replaySubject(ep.ID) {
+			var dl DeadLetter
+			if err := json.Unmarshal(m.Data(), &dl); err != nil || dl.Endpoint != ep.ID {
+				_ = m.Ack()
+				continue
+			}
+			log.Info().Str("webhook_id", dl.ID).Str("type", dl.Type).Time("dead_at", dl.At).Msg("webhook dead letter replayed")
+			if d.deliver(ctx, log, ep, dl.ID, dl.Type, dl.Body, m) || ctx.Err() == nil {
+				_ = m.Ack()
+			}
+			continue
+		}
 		var ev queue.Event
 		if err := json.Unmarshal(m.Data(), &ev); err != nil || ev.Tenant != ep.Tenant || (ev.Type == EventTest && ev.Dest != ep.ID) {
 			_ = m.Ack()
@@ -238,7 +237,7 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint, replay bool) {
 			Data      json.RawMessage `json:"data"`
 		}{ev.Type, ev.Time, m.Data()})
 		id := "evt_" + strconv.FormatUint(md.Sequence.Stream, 10)
-		if d.deliver(ctx, log, ep, br, id, ev.Type, body, m) || ctx.Err() == nil {
+		if d.deliver(ctx, log, ep, id, ev.Type, body, m) || ctx.Err() == nil {
 			_ = m.Ack()
 		}
 	}
@@ -247,7 +246,7 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint, replay bool) {
 // deliver POSTs one event until it is taken, refused for good or out of
 // budget; the last two end in the dead letters. It reports whether the
 // endpoint took it. m, when not nil, is told InProgress while waiting.
-func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoint, br *breaker, id, typ string, body []byte, m jetstream.Msg) bool {
+func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoint, id, typ string, body []byte, m jetstream.Msg) bool {
 	for attempt := 1; ; attempt++ {
 		status, hint, err := Post(ctx, d.client, ep, id, body)
 		if ctx.Err() != nil {
@@ -261,10 +260,12 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 		switch {
 		case class == "delivered":
 			ev.Str("class", class).Msg("webhook delivered")
-			if br.open {
-				log.Info().Msg("webhook breaker closed")
+			was, err := d.br.reset(context.WithoutCancel(ctx), ep.ID)
+			if err != nil {
+				log.Warn().Err(err).Msg("reset webhook breaker")
+			} else if was.Open {
+				log.Info().Time("open_since", was.Since).Msg("webhook breaker closed")
 			}
-			br.spent, br.open = 0, false
 			return true
 		case status == http.StatusGone:
 			ev.Str("class", "gone").Msg("webhook endpoint gone: disabled")
@@ -282,12 +283,14 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			ev.Str("class", class).Msg("webhook refused")
 			d.dead(ctx, log, ep, id, typ, body, "refused: "+describe(status, err))
 			return false
-		case attempt >= d.cfg.MaxAttempts && !br.open:
+		case attempt >= d.cfg.MaxAttempts && !d.br.get(ep.ID).Open:
 			ev.Str("class", class).Msg("webhook budget spent")
 			d.dead(ctx, log, ep, id, typ, body, fmt.Sprintf("%d attempts, last %s", attempt, describe(status, err)))
-			if br.spent++; br.spent >= d.cfg.BreakerAfter {
-				br.open = true
-				log.Warn().Int("spent", br.spent).Msg("webhook breaker open: events held until the endpoint answers")
+			s, opened, err := d.br.spend(context.WithoutCancel(ctx), ep.ID, d.cfg.WorkerID, d.cfg.BreakerAfter)
+			if err != nil {
+				log.Warn().Err(err).Msg("count webhook breaker")
+			} else if opened {
+				log.Warn().Int("spent", s.Spent).Msg("webhook breaker open: events held until the endpoint answers")
 			}
 			return false
 		}
@@ -301,12 +304,6 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			return false
 		}
 	}
-}
-
-// breaker is one endpoint's circuit breaker, owned by its runner.
-type breaker struct {
-	spent int  // events in a row that spent their budget
-	open  bool // set after BreakerAfter of them; the next 2xx clears it
 }
 
 // wait sleeps d (or until ctx ends, reporting false), telling m the event

@@ -8,10 +8,14 @@
 // failures and timeouts are retried with the same full-jitter backoff and
 // per-worker offset (package backoff), honouring Retry-After when it asks
 // for longer; any other 4xx is permanent. A spent budget or a permanent
-// refusal puts the event in the endpoint's dead letters, which `outflow
-// webhook replay` sends again. 410 Gone disables the endpoint (its events
-// wait in its consumer) until it is replayed. Delivery is at least once;
-// the webhook-id of an event never changes, so a receiver can deduplicate.
+// refusal puts the event in the endpoint's dead letters (kept
+// DefaultDeadMaxAge), which `outflow webhook replay` moves back into the
+// events stream, addressed to that endpoint, so a replay needs NATS only,
+// not a running daemon. 410 Gone disables the endpoint (its events wait in
+// its consumer) until it is replayed. Events that spend their budget in a
+// row open the endpoint's breaker, kept in a bucket so that it outlives a
+// restart and holds for the whole fleet. Delivery is at least once; the
+// webhook-id of an event never changes, so a receiver can deduplicate.
 // Each endpoint has its own consumer and goroutine, so a slow or dead
 // endpoint delays neither mail nor another endpoint.
 package webhook
@@ -41,8 +45,21 @@ const BucketEndpoints = "outflow_webhooks"
 
 // BucketDead is the key-value bucket of webhook dead letters: events an
 // endpoint refused for good or whose retry budget ran out, keyed
-// "<endpoint id>.<event sequence>".
+// "<endpoint id>.<webhook-id>". Each expires DeadMaxAge after it was
+// parked (the bucket's TTL).
 const BucketDead = "outflow_webhook_dead"
+
+// DefaultDeadMaxAge is how long a webhook dead letter is kept, as long as
+// mail's dead letters (queue.Options.DeadMaxAge): 14 days.
+const DefaultDeadMaxAge = 14 * 24 * time.Hour
+
+// EventReplay is the type of a dead letter moved back into the events
+// stream by `webhook replay`: outflow.events.webhook-replay.<endpoint id>,
+// its data a DeadLetter, delivered to that endpoint only with its original
+// webhook-id and body.
+const EventReplay = "webhook-replay"
+
+func replaySubject(endpoint string) string { return "outflow.events." + EventReplay + "." + endpoint }
 
 // SecretPrefix starts every signing secret (Standard Webhooks).
 const SecretPrefix = "whsec_"
@@ -65,19 +82,17 @@ type Endpoint struct {
 	// Disabled is set by a 410 Gone; Replay clears it.
 	Disabled       bool   `json:"disabled,omitempty"`
 	DisabledReason string `json:"disabled_reason,omitempty"`
-	// Replays counts `webhook replay` requests: the dispatcher sends the
-	// endpoint's dead letters again each time it sees it grow.
-	Replays int `json:"replays,omitempty"`
 }
 
 // consumerName is the durable consumer of endpoint id on the events stream.
 func consumerName(id string) string { return "outflow-webhook-" + id }
 
-// Store holds the endpoints and their dead letters.
+// Store holds the endpoints, their dead letters and their breakers.
 type Store struct {
-	kv   jetstream.KeyValue
-	dead jetstream.KeyValue
-	js   jetstream.JetStream
+	kv       jetstream.KeyValue
+	dead     jetstream.KeyValue
+	breakers jetstream.KeyValue
+	js       jetstream.JetStream
 }
 
 // Bucketer opens key-value buckets: *queue.Queue.
@@ -86,17 +101,47 @@ type Bucketer interface {
 	JetStream() jetstream.JetStream
 }
 
-// Open opens (creating them if need be) the endpoint and dead-letter buckets.
+// Open opens (creating them if need be) the endpoint, dead-letter and
+// breaker buckets, dead letters kept DefaultDeadMaxAge.
 func Open(ctx context.Context, b Bucketer) (*Store, error) {
+	return OpenRetention(ctx, b, DefaultDeadMaxAge)
+}
+
+// OpenRetention is Open with dead letters kept deadMaxAge (the daemon's
+// webhook-dead-max-age; it sets the bucket's TTL where b may set up
+// buckets, and an admin connection leaves it as the daemon made it).
+func OpenRetention(ctx context.Context, b Bucketer, deadMaxAge time.Duration) (*Store, error) {
+	if deadMaxAge <= 0 {
+		deadMaxAge = DefaultDeadMaxAge
+	}
 	kv, err := b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketEndpoints, Description: "outflow webhook endpoints", History: 1})
 	if err != nil {
 		return nil, err
 	}
-	dead, err := b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketDead, Description: "outflow webhook dead letters", History: 1})
+	dead, err := b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketDead, Description: "outflow webhook dead letters", History: 1,
+		TTL: deadMaxAge})
 	if err != nil {
 		return nil, err
 	}
-	return &Store{kv: kv, dead: dead, js: b.JetStream()}, nil
+	br, err := b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketBreakers, Description: "outflow webhook breakers", History: 1})
+	if err != nil {
+		return nil, err
+	}
+	return &Store{kv: kv, dead: dead, breakers: br, js: b.JetStream()}, nil
+}
+
+// Breaker returns endpoint id's breaker as the fleet shares it.
+func (s *Store) Breaker(ctx context.Context, id string) (BreakerState, error) {
+	var st BreakerState
+	e, err := s.breakers.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return st, nil
+	}
+	if err != nil {
+		return st, err
+	}
+	err = json.Unmarshal(e.Value(), &st)
+	return st, err
 }
 
 // CheckURL accepts absolute http and https URLs with a host, and nothing
@@ -192,7 +237,7 @@ func (s *Store) update(ctx context.Context, id string, f func(*Endpoint)) error 
 		}
 		f(ep)
 		err = s.put(ctx, ep, rev)
-		if !errors.Is(err, jetstream.ErrKeyExists) {
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return err
 		}
 	}
@@ -220,7 +265,8 @@ func (s *Store) List(ctx context.Context, tenant string) ([]Endpoint, error) {
 	return out, nil
 }
 
-// Remove deletes endpoint id, its consumer and its dead letters.
+// Remove deletes endpoint id, its consumer, its dead letters and its
+// breaker.
 func (s *Store) Remove(ctx context.Context, id string) error {
 	if _, _, err := s.Get(ctx, id); err != nil {
 		return err
@@ -236,16 +282,42 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 			_ = s.dead.Purge(ctx, k)
 		}
 	}
+	if err := s.breakers.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return err
+	}
 	return nil
 }
 
-// Replay asks the daemon to send endpoint id's dead letters again, and
-// enables it if a 410 disabled it.
-func (s *Store) Replay(ctx context.Context, id string) error {
-	return s.update(ctx, id, func(ep *Endpoint) {
-		ep.Replays++
-		ep.Disabled, ep.DisabledReason = false, ""
-	})
+// Replay moves endpoint id's dead letters back into the events stream,
+// addressed to that endpoint, and enables it if a 410 disabled it; it
+// returns how many it moved. It needs JetStream only: the endpoint's
+// durable consumer holds them until a daemon runs it. Each is published
+// (and acknowledged, so it is stored) before its dead letter is removed,
+// and removed only at the revision read, so a dead letter parked again
+// meanwhile stays; a replay interrupted half-way and run again publishes
+// the same message id, which the stream's deduplication absorbs.
+func (s *Store) Replay(ctx context.Context, id string) (int, error) {
+	if _, _, err := s.Get(ctx, id); err != nil {
+		return 0, err
+	}
+	entries, err := s.deadEntries(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		msgID := fmt.Sprintf("webhook-replay.%s.%s.%d", id, e.d.ID, e.d.At.UnixNano())
+		if _, err := s.js.Publish(ctx, replaySubject(id), e.raw, jetstream.WithMsgID(msgID)); err != nil {
+			return 0, fmt.Errorf("replay %s: %w", e.d.ID, err)
+		}
+	}
+	for _, e := range entries {
+		err := s.dead.Purge(ctx, e.key, jetstream.LastRevision(e.rev))
+		if err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return len(entries), fmt.Errorf("remove replayed dead letter %s: %w", e.d.ID, err)
+		}
+	}
+	err = s.update(ctx, id, func(ep *Endpoint) { ep.Disabled, ep.DisabledReason = false, "" })
+	return len(entries), err
 }
 
 // disable marks endpoint id disabled (a 410 Gone).
@@ -263,13 +335,35 @@ type DeadLetter struct {
 	At       time.Time       `json:"at"`
 }
 
-// Dead lists endpoint id's dead letters.
+// Dead lists endpoint id's dead letters, oldest first.
 func (s *Store) Dead(ctx context.Context, id string) ([]DeadLetter, error) {
-	keys, err := s.dead.ListKeysFiltered(ctx, id+".*")
+	entries, err := s.deadEntries(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	var out []DeadLetter
+	out := make([]DeadLetter, len(entries))
+	for i, e := range entries {
+		out[i] = e.d
+	}
+	return out, nil
+}
+
+type deadEntry struct {
+	key string
+	rev uint64
+	raw []byte
+	d   DeadLetter
+}
+
+func (s *Store) deadEntries(ctx context.Context, id string) ([]deadEntry, error) {
+	keys, err := s.dead.ListKeysFiltered(ctx, id+".*")
+	if err != nil {
+		if errors.Is(err, jetstream.ErrNoKeysFound) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var out []deadEntry
 	for k := range keys.Keys() {
 		e, err := s.dead.Get(ctx, k)
 		if err != nil {
@@ -277,10 +371,12 @@ func (s *Store) Dead(ctx context.Context, id string) ([]DeadLetter, error) {
 		}
 		var d DeadLetter
 		if json.Unmarshal(e.Value(), &d) == nil {
-			out = append(out, d)
+			out = append(out, deadEntry{key: k, rev: e.Revision(), raw: e.Value(), d: d})
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].d.At.Before(out[j].d.At) || out[i].d.At.Equal(out[j].d.At) && out[i].d.ID < out[j].d.ID
+	})
 	return out, nil
 }
 
@@ -293,8 +389,4 @@ func (s *Store) putDead(ctx context.Context, d DeadLetter) error {
 	}
 	_, err = s.dead.Put(ctx, deadKey(d.Endpoint, d.ID), b)
 	return err
-}
-
-func (s *Store) deleteDead(ctx context.Context, endpoint, webhookID string) error {
-	return s.dead.Purge(ctx, deadKey(endpoint, webhookID))
 }

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,6 +140,8 @@ type fixture struct {
 	logs  *syncBuf
 	rc    *receiver
 	ep    *Endpoint
+	cfg   Config
+	stop  func() // stops the running dispatcher
 }
 
 func newFixture(t testing.TB, script ...func(w http.ResponseWriter)) *fixture {
@@ -185,6 +189,23 @@ func newFixtureWith(t testing.TB, mod func(*Config), script ...func(w http.Respo
 	if mod != nil {
 		mod(&cfg)
 	}
+	f := &fixture{q: q, store: store, logs: logs, rc: rc, ep: ep, cfg: cfg}
+	f.start(t, nil)
+	// The consumer delivers new events only: wait until it exists.
+	waitUntil(t, "the endpoint's consumer", func() bool {
+		_, err := q.JetStream().Consumer(context.Background(), queue.StreamEvents, consumerName(ep.ID))
+		return err == nil
+	})
+	return f
+}
+
+// start runs a dispatcher with f's config, changed by mod.
+func (f *fixture) start(t testing.TB, mod func(*Config)) {
+	t.Helper()
+	cfg := f.cfg
+	if mod != nil {
+		mod(&cfg)
+	}
 	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -192,14 +213,10 @@ func newFixtureWith(t testing.TB, mod func(*Config), script ...func(w http.Respo
 	rctx, rcancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = d.Run(rctx) }()
-	t.Cleanup(func() { rcancel(); <-done })
-	f := &fixture{q: q, store: store, logs: logs, rc: rc, ep: ep}
-	// The consumer delivers new events only: wait until it exists.
-	waitUntil(t, "the endpoint's consumer", func() bool {
-		_, err := q.JetStream().Consumer(context.Background(), queue.StreamEvents, consumerName(ep.ID))
-		return err == nil
-	})
-	return f
+	var once sync.Once
+	f.stop = func() { once.Do(func() { rcancel(); <-done }) }
+	stop := f.stop
+	t.Cleanup(stop)
 }
 
 func waitUntil(t testing.TB, what string, cond func() bool) {
@@ -259,21 +276,66 @@ func TestGoneDisablesAndReplayDelivers(t *testing.T) {
 	})
 	// Events while disabled wait in the consumer.
 	f.q.Event(queue.EventBounced, &queue.Event{ID: "m2", Tenant: "acme"})
-	if err := f.store.Replay(ctx, f.ep.ID); err != nil {
-		t.Fatal(err)
+	if n, err := f.store.Replay(ctx, f.ep.ID); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
 	}
-	replayed := f.next(t)
-	if replayed.id != gone.id {
-		t.Fatalf("replayed %q, want the dead letter %q", replayed.id, gone.id)
+	// The dead letter is back in the stream: the bucket is empty at once.
+	if dead, err := f.store.Dead(ctx, f.ep.ID); err != nil || len(dead) != 0 {
+		t.Fatalf("dead letters after the replay: %+v, %v", dead, err)
 	}
-	later := f.next(t)
-	if data, _ := later.body["data"].(map[string]any); data["id"] != "m2" {
-		t.Fatalf("after the replay: %v", later.body)
+	got := map[string]string{}
+	for range 2 {
+		d := f.next(t)
+		data, _ := d.body["data"].(map[string]any)
+		got[d.id], _ = data["id"].(string)
 	}
-	waitUntil(t, "the dead letters emptied", func() bool {
-		dead, err := f.store.Dead(ctx, f.ep.ID)
-		return err == nil && len(dead) == 0
+	if got[gone.id] != "m1" || len(got) != 2 || !slices.Contains(slices.Collect(maps.Values(got)), "m2") {
+		t.Fatalf("after the replay got %v, want the dead letter %s (m1) and m2", got, gone.id)
+	}
+}
+
+// A replay needs NATS, not a daemon: with no dispatcher running, the dead
+// letters move into the endpoint's consumer, and the next dispatcher to
+// start delivers them with their webhook-ids.
+func TestReplayWhileNoDispatcherRuns(t *testing.T) {
+	f := newFixture(t, status(400), status(200))
+	f.q.Event(queue.EventBounced, &queue.Event{ID: "m1", Tenant: "acme"})
+	refused := f.next(t)
+	ctx := context.Background()
+	waitUntil(t, "the refused event in dead letters", func() bool {
+		dead, _ := f.store.Dead(ctx, f.ep.ID)
+		return len(dead) == 1
 	})
+	f.stop()
+	if n, err := f.store.Replay(ctx, f.ep.ID); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	f.start(t, nil)
+	again := f.next(t)
+	if again.id != refused.id || again.body["type"] != queue.EventBounced {
+		t.Fatalf("after the restart got %s %v, want the dead letter %s", again.id, again.body, refused.id)
+	}
+}
+
+// Dead letters expire: the bucket's TTL is the retention asked for.
+func TestDeadLettersExpire(t *testing.T) {
+	f := newFixture(t, status(200))
+	ctx := context.Background()
+	for _, c := range []struct {
+		ask, want time.Duration
+	}{{0, DefaultDeadMaxAge}, {36 * time.Hour, 36 * time.Hour}} {
+		if _, err := OpenRetention(ctx, f.q, c.ask); err != nil {
+			t.Fatal(err)
+		}
+		kv, err := f.q.JetStream().KeyValue(ctx, BucketDead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := kv.Status(ctx)
+		if err != nil || st.TTL() != c.want {
+			t.Fatalf("dead-letter TTL %v (%v), want %v", st.TTL(), err, c.want)
+		}
+	}
 }
 
 func TestBudgetSpentGoesToDeadLetters(t *testing.T) {
@@ -331,8 +393,11 @@ func TestPrivateEndpointEventIsDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if d.br, err = watchBreakers(t.Context(), f.store.breakers, func(error) {}); err != nil {
+		t.Fatal(err)
+	}
 	ep := &Endpoint{ID: f.ep.ID, Tenant: "acme", URL: f.ep.URL, Secret: f.ep.Secret}
-	if d.deliver(ctx, zerolog.Nop(), ep, &breaker{}, "evt_9", "delivered", []byte(`{}`), nil) {
+	if d.deliver(ctx, zerolog.Nop(), ep, "evt_9", "delivered", []byte(`{}`), nil) {
 		t.Fatal("delivered to a loopback address")
 	}
 	dead, err := f.store.Dead(ctx, ep.ID)
@@ -377,6 +442,48 @@ func TestBreakerHoldsEventsWhileEndpointIsDown(t *testing.T) {
 	if err != nil || len(dead) != 2 {
 		t.Fatalf("dead letters %+v, %v: want e1 and e2 only", dead, err)
 	}
+	if s, err := f.store.Breaker(ctx, f.ep.ID); err != nil || s != (BreakerState{}) {
+		t.Fatalf("breaker after the recovery: %+v, %v", s, err)
+	}
+}
+
+// The breaker is in the bucket, not in a runner: a dispatcher started
+// after the one that opened it (a restart, or another daemon of the
+// fleet) holds the endpoint's events too, and its 2xx closes it for all.
+func TestBreakerOutlivesTheDispatcher(t *testing.T) {
+	var up atomic.Bool
+	f := newFixtureWith(t, func(c *Config) { c.MaxAttempts, c.BreakerAfter = 2, 1 }, func(w http.ResponseWriter) {
+		if up.Load() {
+			w.WriteHeader(200)
+		} else {
+			w.WriteHeader(500)
+		}
+	})
+	ctx := context.Background()
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "e1", Tenant: "acme"})
+	f.next(t)
+	f.next(t)
+	waitUntil(t, "the breaker open in the bucket", func() bool {
+		s, err := f.store.Breaker(ctx, f.ep.ID)
+		return err == nil && s.Open && s.Spent == 1 && s.Worker == "w1"
+	})
+	f.stop()
+	f.start(t, func(c *Config) { c.WorkerID = "w2" })
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "e2", Tenant: "acme"})
+	// e2 is retried past its budget of 2: w2 read the open breaker.
+	for range 3 {
+		if d := f.next(t); d.body["data"].(map[string]any)["id"] != "e2" {
+			t.Fatalf("while open: %v\n%s", d.body, f.logs.String())
+		}
+	}
+	if dead, _ := f.store.Dead(ctx, f.ep.ID); len(dead) != 1 {
+		t.Fatalf("dead letters %+v: want e1 only", dead)
+	}
+	up.Store(true)
+	waitUntil(t, "the breaker closed in the bucket", func() bool {
+		s, err := f.store.Breaker(ctx, f.ep.ID)
+		return err == nil && s == (BreakerState{})
+	})
 }
 
 // BenchmarkDelivery: events delivered per second to one local endpoint
@@ -394,4 +501,18 @@ func BenchmarkDelivery(b *testing.B) {
 	}
 	waitUntil(b, "every event delivered", func() bool { return n.Load() >= int64(b.N) })
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+}
+
+// BenchmarkSign: the per-delivery signing cost (HMAC-SHA256 of a typical
+// 600-byte event, secret decoded each time as Post does).
+func BenchmarkSign(b *testing.B) {
+	body := bytes.Repeat([]byte("x"), 600)
+	ts := time.Unix(1614265330, 0)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, err := Sign("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "evt_123456", ts, body); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

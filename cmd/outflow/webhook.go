@@ -23,6 +23,8 @@ type webhookConfig struct {
 	WebhookAllowPrivate bool          `toml:"webhook-allow-private"`
 	WebhookMaxAttempts  int           `toml:"webhook-max-attempts"`
 	WebhookTimeout      time.Duration `toml:"webhook-timeout"`
+	WebhookBreakerAfter int           `toml:"webhook-breaker-after"`
+	WebhookDeadMaxAge   time.Duration `toml:"webhook-dead-max-age"`
 }
 
 // bindWebhookFlags registers the webhook flags on fs.
@@ -30,6 +32,8 @@ func bindWebhookFlags(fs *pflag.FlagSet, c *webhookConfig) {
 	fs.BoolVar(&c.WebhookAllowPrivate, "webhook-allow-private", false, "let webhook URLs reach loopback, private and link-local addresses")
 	fs.IntVar(&c.WebhookMaxAttempts, "webhook-max-attempts", webhook.DefaultMaxAttempts, "POSTs per event before it goes to the webhook's dead letters")
 	fs.DurationVar(&c.WebhookTimeout, "webhook-timeout", webhook.DefaultTimeout, "bound on one webhook POST, connection included")
+	fs.IntVar(&c.WebhookBreakerAfter, "webhook-breaker-after", webhook.DefaultBreakerAfter, "events in a row that spend their budget before an endpoint's breaker opens")
+	fs.DurationVar(&c.WebhookDeadMaxAge, "webhook-dead-max-age", webhook.DefaultDeadMaxAge, "how long a webhook dead letter is kept for `webhook replay`")
 }
 
 // startWebhooks runs the webhook dispatcher until the returned stop is
@@ -37,12 +41,12 @@ func bindWebhookFlags(fs *pflag.FlagSet, c *webhookConfig) {
 func startWebhooks(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, log zerolog.Logger) (func(), error) {
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	store, err := webhook.Open(setup, q)
+	store, err := webhook.OpenRetention(setup, q, c.WebhookDeadMaxAge)
 	if err != nil {
 		return nil, err
 	}
 	d, err := webhook.New(webhook.Config{Store: store, JS: q.JetStream(), WorkerID: workerID, MaxAttempts: c.WebhookMaxAttempts,
-		Timeout: c.WebhookTimeout, AllowPrivate: c.WebhookAllowPrivate, Logger: log})
+		BreakerAfter: c.WebhookBreakerAfter, Timeout: c.WebhookTimeout, AllowPrivate: c.WebhookAllowPrivate, Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +118,7 @@ func init() {
 
 	list := &cobra.Command{
 		Use:   "list [--tenant T]",
-		Short: "list endpoints: id, tenant, URL, events, state, dead letters (never the secret)",
+		Short: "list endpoints: id, tenant, URL, events, state, breaker, dead letters (never the secret)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withStore(cmd, func(ctx context.Context, _ *queue.Queue, s *webhook.Store) error {
@@ -125,26 +129,32 @@ func init() {
 				out := cmd.OutOrStdout()
 				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 				if !a.json {
-					fmt.Fprintln(tw, "ID\tTENANT\tURL\tEVENTS\tSTATE\tDEAD")
+					fmt.Fprintln(tw, "ID\tTENANT\tURL\tEVENTS\tSTATE\tBREAKER\tDEAD")
 				}
 				for _, ep := range eps {
 					dead, _ := s.Dead(ctx, ep.ID)
+					br, _ := s.Breaker(ctx, ep.ID)
 					state := "enabled"
 					if ep.Disabled {
 						state = "disabled: " + ep.DisabledReason
+					}
+					breaker := "closed"
+					if br.Open {
+						breaker = "open since " + br.Since.Format(time.RFC3339)
 					}
 					if a.json {
 						ep.Secret = ""
 						if err := printJSON(out, struct {
 							webhook.Endpoint
-							State string `json:"state"`
-							Dead  int    `json:"dead"`
-						}{ep, state, len(dead)}); err != nil {
+							State   string               `json:"state"`
+							Breaker webhook.BreakerState `json:"breaker"`
+							Dead    int                  `json:"dead"`
+						}{ep, state, br, len(dead)}); err != nil {
 							return err
 						}
 						continue
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", ep.ID, ep.Tenant, ep.URL, strings.Join(ep.Events, ","), state, len(dead))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", ep.ID, ep.Tenant, ep.URL, strings.Join(ep.Events, ","), state, breaker, len(dead))
 				}
 				if a.json {
 					return nil
@@ -193,18 +203,15 @@ func init() {
 	}
 	replay := &cobra.Command{
 		Use:   "replay ID",
-		Short: "send an endpoint's dead letters again, and enable it if a 410 Gone disabled it",
+		Short: "move an endpoint's dead letters back to its queue, and enable it if a 410 Gone disabled it (the daemon need not run)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withStore(cmd, func(ctx context.Context, _ *queue.Queue, s *webhook.Store) error {
-				dead, err := s.Dead(ctx, args[0])
+				n, err := s.Replay(ctx, args[0])
 				if err != nil {
 					return err
 				}
-				if err := s.Replay(ctx, args[0]); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "replaying %d dead letter(s) of %s\n", len(dead), args[0])
+				fmt.Fprintf(cmd.OutOrStdout(), "replaying %d dead letter(s) of %s\n", n, args[0])
 				return nil
 			})
 		},
