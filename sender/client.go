@@ -37,9 +37,10 @@ type client struct {
 	nc   net.Conn // raw, or the *tls.Conn on top of it
 	br   *bufio.Reader
 	bw   *bufio.Writer
-	host string // MX host name or relay host: TLS server name, logs
-	addr string // ip:port (or relay host:port) dialled
-	key  string // pool key
+	host string  // MX host name or relay host: TLS server name, logs
+	addr string  // ip:port (or relay host:port) dialled
+	key  string  // pool key
+	src  *Source // egress address, nil for the default
 
 	tls         bool
 	tlsVerified bool
@@ -274,10 +275,11 @@ func verb(line string) string {
 // dial connects to addr and reads the greeting. host is the name the
 // certificate must match (MX host or relay host).
 func dial(ctx context.Context, cfg *Config, log zerolog.Logger, host, addr, key string, implicitTLS bool) (*client, error) {
-	c := &client{cfg: cfg, log: log, host: host, addr: addr, key: key}
+	src := sourceFrom(ctx)
+	c := &client{cfg: cfg, log: log, host: host, addr: addr, key: key, src: src}
 	dctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
-	raw, err := cfg.Dial(dctx, "tcp", addr)
+	raw, err := cfg.dialFrom(dctx, src, addr)
 	if err != nil {
 		ev := classify.EventConnRefused
 		var ne net.Error
@@ -311,11 +313,11 @@ func dial(ctx context.Context, cfg *Config, log zerolog.Logger, host, addr, key 
 func (c *client) hello(ctx context.Context) error {
 	c.ext = map[string]string{}
 	c.sizeMax, c.rcptMax, c.mailMax = 0, 0, 0
-	r, err := c.cmd(ctx, classify.StageEHLO, c.cfg.CommandTimeout, 250, "EHLO "+c.cfg.Hostname)
+	r, err := c.cmd(ctx, classify.StageEHLO, c.cfg.CommandTimeout, 250, "EHLO "+c.ehlo())
 	if err != nil {
 		var se *stepErr
 		if r != nil && errors.As(err, &se) && (r.code == 500 || r.code == 502) {
-			_, err = c.cmd(ctx, classify.StageEHLO, c.cfg.CommandTimeout, 250, "HELO "+c.cfg.Hostname)
+			_, err = c.cmd(ctx, classify.StageEHLO, c.cfg.CommandTimeout, 250, "HELO "+c.ehlo())
 		}
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -105,8 +106,10 @@ type Config struct {
 	// would otherwise stop delivery (policy "required" and the relay).
 	// Opportunistic TLS never stops on a certificate anyway. Default false.
 	InsecureSkipVerify bool
-	// RootCAs verifies server certificates; nil means the system pool.
-	// Tests set it to the fake server's certificate.
+	// RootCAs verifies server certificates (the relay's, MX hosts' and,
+	// for MTA-STS, policy hosts'); nil means the system pool. `outflow
+	// serve` sets it to the system pool plus --tls-ca-file's roots; tests
+	// set it to the fake server's certificate.
 	RootCAs *x509.CertPool
 	// MTASTS, when set, applies recipient domains' MTA-STS policies
 	// (RFC 8461) to direct MX delivery: in enforce mode only listed MX
@@ -167,6 +170,9 @@ type Config struct {
 	// Dial opens connections. Default a net.Dialer. Tests redirect MX
 	// addresses to loopback fake servers with it.
 	Dial DialFunc
+	// DialSource opens connections for a Message with a Source, from
+	// that address. Default a net.Dialer with LocalAddr set.
+	DialSource func(ctx context.Context, source netip.Addr, network, addr string) (net.Conn, error)
 	// Logger receives connection-level events (TLS fallbacks, AUTH
 	// failures, pool activity at debug). Default: no logging.
 	Logger zerolog.Logger
@@ -243,6 +249,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Dial == nil {
 		d := &net.Dialer{}
 		c.Dial = d.DialContext
+	}
+	if c.DialSource == nil {
+		c.DialSource = dialSource
 	}
 	return c, nil
 }

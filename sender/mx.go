@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,11 +69,13 @@ func (s *Sender) mxHosts(ctx context.Context, domain string) ([]string, *classif
 	return names, nil
 }
 
-// hostAddrs returns the ip:port addresses of one MX host, in resolver
-// order; each is tried before the next MX host (RFC 5321 5.1).
-func (s *Sender) hostAddrs(ctx context.Context, host string) ([]string, *classify.Input) {
+// hostAddrs returns the ip:port addresses of one MX host in the order to
+// try them (orderAddrs); each is tried before the next MX host (RFC 5321
+// 5.1). With a source, only addresses of its family can be reached.
+func (s *Sender) hostAddrs(ctx context.Context, host string, src *Source) ([]string, *classify.Input) {
+	port := strconv.Itoa(s.cfg.Port)
 	if ip := net.ParseIP(host); ip != nil {
-		return []string{net.JoinHostPort(host, strconv.Itoa(s.cfg.Port))}, nil
+		return []string{net.JoinHostPort(host, port)}, nil
 	}
 	ips, err := s.cfg.Resolver.LookupIPAddr(ctx, host)
 	if err != nil || len(ips) == 0 {
@@ -86,11 +89,101 @@ func (s *Sender) hostAddrs(ctx context.Context, host string) ([]string, *classif
 			Text: fmt.Sprintf("MX host %s: address lookup: %v", host, err)}
 		return nil, &in
 	}
-	out := make([]string, 0, len(ips))
+	addrs := make([]netip.Addr, 0, len(ips))
 	for _, ip := range ips {
-		out = append(out, net.JoinHostPort(ip.IP.String(), strconv.Itoa(s.cfg.Port)))
+		if a, ok := netip.AddrFromSlice(ip.IP); ok {
+			addrs = append(addrs, a.Unmap())
+		}
+	}
+	var from netip.Addr
+	if src != nil {
+		from = src.Addr
+	}
+	addrs = orderAddrs(addrs, from, reachable)
+	if len(addrs) == 0 {
+		in := classify.Input{Stage: classify.StageDNS, Event: classify.EventDNSServFail,
+			Text: fmt.Sprintf("MX host %s: no address of the family of source %s", host, from)}
+		return nil, &in
+	}
+	out := make([]string, 0, len(addrs))
+	for _, a := range addrs {
+		out = append(out, net.JoinHostPort(a.String(), port))
 	}
 	return out, nil
+}
+
+// orderAddrs sorts a host's addresses the way RFC 6724 6 does in its
+// basics: usable destinations first (rule 1: this host has a route to it,
+// so an IPv6 address comes first only when the host has IPv6
+// connectivity), then by the precedence of the default policy table (rule
+// 6: IPv6 before IPv4), keeping the resolver's order otherwise. Unusable
+// addresses go last rather than away (a route may appear), except that
+// with a source address only its own family is kept, since a socket bound
+// to an IPv4 address cannot reach an IPv6 one.
+func orderAddrs(addrs []netip.Addr, src netip.Addr, usable func(dst, src netip.Addr) bool) []netip.Addr {
+	type cand struct {
+		a      netip.Addr
+		usable bool
+		prec   int
+	}
+	cands := make([]cand, 0, len(addrs))
+	for _, a := range addrs {
+		if src.IsValid() && a.Is4() != src.Is4() {
+			continue
+		}
+		cands = append(cands, cand{a, usable(a, src), precedence(a)})
+	}
+	slices.SortStableFunc(cands, func(x, y cand) int {
+		if x.usable != y.usable {
+			if x.usable {
+				return -1
+			}
+			return 1
+		}
+		return y.prec - x.prec
+	})
+	out := make([]netip.Addr, len(cands))
+	for i, c := range cands {
+		out[i] = c.a
+	}
+	return out
+}
+
+// precedence is the RFC 6724 2.1 default policy table's precedence of a.
+func precedence(a netip.Addr) int {
+	switch {
+	case a.Is4() || a.Is4In6():
+		return 35 // ::ffff:0:0/96
+	case a == netip.IPv6Loopback():
+		return 50 // ::1/128
+	case netip.MustParsePrefix("2002::/16").Contains(a):
+		return 30 // 6to4
+	case netip.MustParsePrefix("2001::/32").Contains(a):
+		return 5 // Teredo
+	case netip.MustParsePrefix("fc00::/7").Contains(a):
+		return 3 // unique local
+	case netip.MustParsePrefix("fec0::/10").Contains(a), netip.MustParsePrefix("3ffe::/16").Contains(a),
+		netip.MustParsePrefix("::/96").Contains(a):
+		return 1 // site-local, 6bone, IPv4-compatible
+	}
+	return 40 // ::/0
+}
+
+// reachable says whether the kernel has a route to dst (from src, when
+// set): connecting a UDP socket picks a route and a source address without
+// sending a packet, as RFC 6724's source selection needs (Go's own
+// resolver does the same).
+func reachable(dst, src netip.Addr) bool {
+	var laddr *net.UDPAddr
+	if src.IsValid() {
+		laddr = net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0))
+	}
+	c, err := net.DialUDP("udp", laddr, net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 9)))
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
 }
 
 func isNotFound(err error) bool {

@@ -27,6 +27,10 @@ type Message struct {
 	// DSN holds the submitter's RFC 3461 parameters, passed on to a server
 	// that offers DSN (transaction.go); nil passes none.
 	DSN *DSNParams
+	// Source, when set, is the egress address to connect from and the
+	// EHLO name to use (Config.Hostname when its EHLO is empty); nil
+	// connects from the address the system picks.
+	Source *Source
 }
 
 // RcptResult is the outcome for one recipient.
@@ -191,6 +195,9 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 	info = inspect(m)
 	plan := s.planTLS(ctx, log, m.Domain)
 
+	// The source rides on ctx down to dial, the pool key and the address
+	// order, so that the steps between need not know about it.
+	ctx = withSource(ctx, m.Source)
 	first := true
 	for len(pending) > 0 {
 		c, reused, err := s.acquire(ctx, log, hosts, plan)
@@ -337,6 +344,7 @@ func (s *Sender) acquireHost(ctx context.Context, log zerolog.Logger, host strin
 	if s.cfg.Relay != "" {
 		key = "relay:" + s.cfg.Relay
 	}
+	key = poolKey(key, sourceFrom(ctx))
 	c, slot, stale, err := s.pool.get(ctx, key)
 	for _, sc := range stale {
 		sc.quit()
@@ -355,7 +363,7 @@ func (s *Sender) acquireHost(ctx context.Context, log zerolog.Logger, host strin
 		addrs = []string{s.cfg.Relay}
 	} else {
 		var dnsOut *classify.Input
-		addrs, dnsOut = s.hostAddrs(ctx, host)
+		addrs, dnsOut = s.hostAddrs(ctx, host, sourceFrom(ctx))
 		if dnsOut != nil {
 			s.pool.release(key)
 			return nil, false, &stepErr{in: *dnsOut}

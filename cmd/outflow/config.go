@@ -82,6 +82,8 @@ type serveConfig struct {
 	apiConfig
 	// webhook-allow-private and the other webhook keys: cmd/outflow/webhook.go.
 	webhookConfig
+	// dns, tls-ca-file and [[egress]]: cmd/outflow/delivery.go.
+	deliveryConfig
 }
 
 // dkimConfig is one [[dkim]] section: the key that signs mail whose sender
@@ -151,6 +153,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.StringVar(&c.TLSPolicy, "tls-policy", "opportunistic", "TLS to MX hosts: opportunistic, required or none (per destination: [tls-destinations] in the config)")
 	bindAPIFlags(fs, &c.apiConfig)
 	bindWebhookFlags(fs, &c.webhookConfig)
+	bindDeliveryFlags(fs, &c.deliveryConfig)
 }
 
 // loadConfigFile applies the config file under the flags: it remembers the

@@ -176,6 +176,14 @@ func serve(parent context.Context, c *serveConfig) error {
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 
+	res, err := newResolver(&c.deliveryConfig, reg)
+	if err != nil {
+		return err
+	}
+	roots, err := rootCAs(c.TLSCAFile)
+	if err != nil {
+		return err
+	}
 	tlsDest := map[string]sender.TLSPolicy{}
 	for d, p := range c.TLSDestinations {
 		tlsDest[strings.ToLower(d)] = sender.TLSPolicy(p)
@@ -185,7 +193,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		RelayTLS: sender.RelayTLS(c.RelayTLS), TLS: sender.TLSPolicy(c.TLSPolicy), TLSPerDestination: tlsDest,
 		ConnectTimeout: c.ConnectTimeout, GreetingTimeout: c.CommandTimeout, CommandTimeout: c.CommandTimeout,
 		DataInitTimeout: c.CommandTimeout, DataBlockTimeout: c.DataTimeout, FinalDotTimeout: c.FinalDotTimeout,
-		Port: c.SMTPPort, Logger: log,
+		Port: c.SMTPPort, Resolver: res, RootCAs: roots, Logger: log,
 	})
 	if err != nil {
 		return usageError{err}
@@ -204,7 +212,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		signer = s
 	}
 
-	throttle, err := startThrottle(ctx, c, q, workerID, reg, log)
+	throttle, err := startThrottle(ctx, c, q, workerID, res, reg, log)
 	if err != nil {
 		return err
 	}
@@ -310,7 +318,7 @@ func serve(parent context.Context, c *serveConfig) error {
 // config file sections and the --dest-rate/--dest-conns defaults, shares
 // state through the queue's KV buckets, and releases a destination's
 // deferred mail at its rate when it recovers.
-func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, reg prometheus.Registerer, log zerolog.Logger) (*throttle.Throttle, error) {
+func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, res throttle.MXResolver, reg prometheus.Registerer, log zerolog.Logger) (*throttle.Throttle, error) {
 	tc, err := c.File.Config()
 	if err != nil {
 		return nil, usageError{fmt.Errorf("config: %w", err)}
@@ -322,7 +330,7 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 		tc.Defaults.Conns = c.DestConns
 	}
 	tc.WorkerID, tc.State, tc.Registry = workerID, q.DestKV(), q.WorkersKV()
-	tc.Resolver, tc.Logger, tc.Registerer = net.DefaultResolver, log, reg
+	tc.Resolver, tc.Logger, tc.Registerer = res, log, reg
 	// OnRecover may run before throttle.New returns; it reads the throttle
 	// through an atomic pointer.
 	var tp atomic.Pointer[throttle.Throttle]

@@ -121,6 +121,14 @@ type Options struct {
 	Greeting string
 	// Hook scripts replies; nil accepts everything.
 	Hook Hook
+	// SourceHook is Hook told the client's IP address too (to script a
+	// receiver that throttles or blocks one sending address); it is asked
+	// first, and Hook only when it returns nil.
+	SourceHook func(source string, stage Stage, arg string) *smtp.SMTPError
+	// Addr is the host:port to listen on. Default "127.0.0.1:0" (a random
+	// port); tests that need MX hosts on several loopback addresses and
+	// one port set it.
+	Addr string
 	// ReadBuffer, when > 0, shrinks each accepted TCP connection's
 	// receive buffer (bytes), so that a stalled body fills up quickly.
 	ReadBuffer int
@@ -144,6 +152,7 @@ type Message struct {
 	// RcptOpts holds each accepted recipient's RCPT options (NOTIFY,
 	// ORCPT), in the order of Rcpts.
 	RcptOpts []smtp.RcptOptions
+	Source   string // the client's IP address
 }
 
 // Server is a running fake MX. Its methods are safe for concurrent use.
@@ -229,7 +238,11 @@ func New(opts Options) (*Server, error) {
 	}
 	s.srv = srv
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr := opts.Addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("fakemx: listen: %w", err)
 	}
@@ -244,7 +257,8 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// Addr is the host:port the server listens on (always 127.0.0.1).
+// Addr is the host:port the server listens on (127.0.0.1 unless
+// Options.Addr says otherwise).
 func (s *Server) Addr() string { return s.addr }
 
 // CertPool holds the server's self-signed certificate, for a client's
@@ -352,6 +366,22 @@ func (s *Server) WaitForMessages(n int, timeout time.Duration) error {
 			return fmt.Errorf("fakemx: closed with %d of %d messages", got, n)
 		}
 	}
+}
+
+// hook asks SourceHook with the client's address, then Hook.
+func (se *session) hook(stage Stage, arg string) *smtp.SMTPError {
+	if h := se.s.opts.SourceHook; h != nil {
+		if e := h(se.source(), stage, arg); e != nil {
+			return e
+		}
+	}
+	return se.s.hook(stage, arg)
+}
+
+// source is the client's IP address.
+func (se *session) source() string {
+	host, _, _ := net.SplitHostPort(se.conn.Conn().RemoteAddr().String())
+	return host
 }
 
 func (s *Server) hook(stage Stage, arg string) *smtp.SMTPError {
@@ -519,7 +549,7 @@ func (se *session) Mail(from string, opts *smtp.MailOptions) error {
 	if se.s.opts.RequireAuth && se.authUser == "" {
 		return smtp.ErrAuthRequired
 	}
-	if e := se.s.hook(StageMail, from); e != nil {
+	if e := se.hook(StageMail, from); e != nil {
 		if e == Drop {
 			return se.hangUp()
 		}
@@ -538,7 +568,7 @@ func (se *session) Mail(from string, opts *smtp.MailOptions) error {
 }
 
 func (se *session) Rcpt(to string, opts *smtp.RcptOptions) error {
-	if e := se.s.hook(StageRcpt, to); e != nil {
+	if e := se.hook(StageRcpt, to); e != nil {
 		if e == Drop {
 			return se.hangUp()
 		}
@@ -555,7 +585,7 @@ func (se *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 
 func (se *session) Data(r io.Reader) error {
 	se.afterData = true
-	if e := se.s.hook(StageBody, ""); e != nil {
+	if e := se.hook(StageBody, ""); e != nil {
 		if e == Drop {
 			return se.hangUp()
 		}
@@ -571,7 +601,7 @@ func (se *session) Data(r io.Reader) error {
 		}
 		return err
 	}
-	if e := se.s.hook(StageDot, strings.Join(se.rcpts, ",")); e != nil {
+	if e := se.hook(StageDot, strings.Join(se.rcpts, ",")); e != nil {
 		if e == Drop {
 			return se.hangUp()
 		}
@@ -583,6 +613,7 @@ func (se *session) Data(r io.Reader) error {
 		Hostname: se.conn.Hostname(), TLS: isTLS, Conn: se.connNum,
 		Body: se.mailOpts.Body, UTF8: se.mailOpts.UTF8, Size: se.mailOpts.Size, AuthUser: se.authUser,
 		Ret: se.mailOpts.Return, EnvID: se.mailOpts.EnvelopeID, RcptOpts: append([]smtp.RcptOptions(nil), se.rcptOpts...),
+		Source: se.source(),
 	}
 	se.s.mu.Lock()
 	se.s.msgs = append(se.s.msgs, m)

@@ -1,0 +1,168 @@
+package sender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync/atomic"
+)
+
+// Source is an egress address: the local address a connection to an MX
+// host (or the relay) is made from, and the name given in EHLO on it,
+// which should be that address's reverse DNS name (Postfix's
+// smtp_bind_address with smtp_helo_name).
+type Source struct {
+	Addr netip.Addr
+	// EHLO is the name in every EHLO on connections from Addr. Default
+	// Config.Hostname.
+	EHLO string
+}
+
+// String is the address, the name a source has in logs, throttle state
+// (throttle.PairName) and `outflow dest status`.
+func (s *Source) String() string {
+	if s == nil {
+		return ""
+	}
+	return s.Addr.String()
+}
+
+// EgressEntry is one [[egress]] entry of the configuration.
+type EgressEntry struct {
+	Source
+	// Pool names the pool the address belongs to; "" is in no named pool
+	// (it is still among the default "all addresses").
+	Pool string
+}
+
+// Egress picks source addresses for a tenant's mail: its pool's addresses
+// (all of them when the tenant has none), in round-robin order. It is
+// safe for concurrent use.
+type Egress struct {
+	all      []Source
+	pools    map[string][]Source
+	byTenant map[string]string
+	next     atomic.Uint64
+}
+
+// NewEgress checks the entries and the tenant → pool assignments: every
+// address parses, appears once and, where it is loopback or unspecified
+// aside, exists on a local interface; every pool a tenant names exists.
+func NewEgress(entries []EgressEntry, tenantPools map[string]string) (*Egress, error) {
+	e := &Egress{pools: map[string][]Source{}, byTenant: map[string]string{}}
+	seen := map[netip.Addr]bool{}
+	for _, en := range entries {
+		if !en.Addr.IsValid() {
+			return nil, errors.New("egress: an entry has no address")
+		}
+		if en.Addr.IsUnspecified() || en.Addr.IsMulticast() {
+			return nil, fmt.Errorf("egress: %s is not a source address", en.Addr)
+		}
+		if seen[en.Addr] {
+			return nil, fmt.Errorf("egress: %s is listed twice", en.Addr)
+		}
+		seen[en.Addr] = true
+		if strings.ContainsAny(en.EHLO, " \r\n\t") {
+			return nil, fmt.Errorf("egress %s: ehlo %q must be a single domain name", en.Addr, en.EHLO)
+		}
+		e.all = append(e.all, en.Source)
+		if en.Pool != "" {
+			e.pools[en.Pool] = append(e.pools[en.Pool], en.Source)
+		}
+	}
+	for tenant, pool := range tenantPools {
+		if pool == "" {
+			continue
+		}
+		if _, ok := e.pools[pool]; !ok {
+			names := make([]string, 0, len(e.pools))
+			for n := range e.pools {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			return nil, fmt.Errorf("egress: tenant %q: pool %q has no [[egress]] address (pools: %s)", tenant, pool, strings.Join(names, ", "))
+		}
+		e.byTenant[tenant] = pool
+	}
+	return e, nil
+}
+
+// Len is the number of configured addresses.
+func (e *Egress) Len() int {
+	if e == nil {
+		return 0
+	}
+	return len(e.all)
+}
+
+// All returns every configured source, in configuration order.
+func (e *Egress) All() []Source { return append([]Source(nil), e.all...) }
+
+// Candidates returns the sources for a tenant's next attempt, starting at
+// the next one in round-robin order and then the rest of its pool, so the
+// caller can move on when the first is blocked or throttled.
+func (e *Egress) Candidates(tenant string) []Source {
+	list := e.all
+	if p, ok := e.byTenant[tenant]; ok {
+		list = e.pools[p]
+	}
+	if len(list) == 0 {
+		return nil
+	}
+	start := int((e.next.Add(1) - 1) % uint64(len(list)))
+	out := make([]Source, 0, len(list))
+	out = append(out, list[start:]...)
+	return append(out, list[:start]...)
+}
+
+// ehlo is the name to give in EHLO on c: its source's, or the host's.
+func (c *client) ehlo() string {
+	if c.src != nil && c.src.EHLO != "" {
+		return c.src.EHLO
+	}
+	return c.cfg.Hostname
+}
+
+// dialFrom opens a connection to addr, from src when it is set.
+func (c *Config) dialFrom(ctx context.Context, src *Source, addr string) (net.Conn, error) {
+	if src == nil {
+		return c.Dial(ctx, "tcp", addr)
+	}
+	return c.DialSource(ctx, src.Addr, "tcp", addr)
+}
+
+// dialSource is the default Config.DialSource: a net.Dialer bound to the
+// source address (any port).
+func dialSource(ctx context.Context, src netip.Addr, network, addr string) (net.Conn, error) {
+	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0))}
+	return d.DialContext(ctx, network, addr)
+}
+
+type sourceKey struct{}
+
+// withSource carries a Send's source to the steps that dial.
+func withSource(ctx context.Context, src *Source) context.Context {
+	if src == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, sourceKey{}, src)
+}
+
+// sourceFrom is the Send's source, nil for none.
+func sourceFrom(ctx context.Context) *Source {
+	src, _ := ctx.Value(sourceKey{}).(*Source)
+	return src
+}
+
+// poolKey is the connection pool's key for host reached from src:
+// connections from different sources are never shared.
+func poolKey(base string, src *Source) string {
+	if src == nil {
+		return base
+	}
+	return base + "|" + src.Addr.String()
+}

@@ -1,0 +1,197 @@
+package sender
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/foxcpp/go-mockdns"
+	"github.com/miekg/dns"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/fakedns"
+	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/resolver"
+)
+
+func addrs(ss ...string) []netip.Addr {
+	out := make([]netip.Addr, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParseAddr(s)
+	}
+	return out
+}
+
+func TestOrderAddrs(t *testing.T) {
+	all := func(netip.Addr, netip.Addr) bool { return true }
+	noV6 := func(dst, _ netip.Addr) bool { return dst.Is4() }
+	in := addrs("192.0.2.1", "2001:db8::1", "192.0.2.2", "::1", "2002:c000:201::1", "fd00::1")
+	cases := []struct {
+		name   string
+		usable func(dst, src netip.Addr) bool
+		src    string
+		want   []string
+	}{
+		{"IPv6 first, by precedence", all, "", []string{"::1", "2001:db8::1", "192.0.2.1", "192.0.2.2", "2002:c000:201::1", "fd00::1"}},
+		{"without IPv6 connectivity, IPv4 first", noV6, "", []string{"192.0.2.1", "192.0.2.2", "::1", "2001:db8::1", "2002:c000:201::1", "fd00::1"}},
+		{"an IPv4 source keeps IPv4 only", all, "127.0.0.2", []string{"192.0.2.1", "192.0.2.2"}},
+		{"an IPv6 source keeps IPv6 only", all, "::1", []string{"::1", "2001:db8::1", "2002:c000:201::1", "fd00::1"}},
+	}
+	for _, c := range cases {
+		var src netip.Addr
+		if c.src != "" {
+			src = netip.MustParseAddr(c.src)
+		}
+		got := orderAddrs(in, src, c.usable)
+		var gs []string
+		for _, a := range got {
+			gs = append(gs, a.String())
+		}
+		if !slices.Equal(gs, c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, gs, c.want)
+		}
+	}
+}
+
+func TestEgressCandidates(t *testing.T) {
+	e, err := NewEgress([]EgressEntry{
+		{Source: Source{Addr: netip.MustParseAddr("127.0.0.2"), EHLO: "o2.test"}, Pool: "bulk"},
+		{Source: Source{Addr: netip.MustParseAddr("127.0.0.3"), EHLO: "o3.test"}, Pool: "bulk"},
+		{Source: Source{Addr: netip.MustParseAddr("127.0.0.4")}, Pool: "vip"},
+	}, map[string]string{"alice": "vip", "bob": "bulk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := func(tenant string) string { return e.Candidates(tenant)[0].Addr.String() }
+	if got := e.Candidates("alice"); len(got) != 1 || got[0].Addr.String() != "127.0.0.4" {
+		t.Errorf("alice's pool: %v", got)
+	}
+	a, b := first("bob"), first("bob")
+	if a == b || !strings.HasPrefix(a, "127.0.0.") || (a != "127.0.0.2" && a != "127.0.0.3") {
+		t.Errorf("bob's pool is not round-robin: %s then %s", a, b)
+	}
+	if got := e.Candidates("bob"); len(got) != 2 || got[0] == got[1] {
+		t.Errorf("the rest of the pool follows the first: %v", got)
+	}
+	if got := e.Candidates("carol"); len(got) != 3 {
+		t.Errorf("a tenant without a pool gets every address: %v", got)
+	}
+	if _, err := NewEgress([]EgressEntry{{Source: Source{Addr: netip.MustParseAddr("127.0.0.2")}}}, map[string]string{"x": "nope"}); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("unknown pool: %v", err)
+	}
+	if _, err := NewEgress([]EgressEntry{{Source: Source{Addr: netip.MustParseAddr("127.0.0.2")}}, {Source: Source{Addr: netip.MustParseAddr("127.0.0.2")}}}, nil); err == nil {
+		t.Error("a duplicate address was accepted")
+	}
+	if _, err := NewEgress([]EgressEntry{{Source: Source{Addr: netip.MustParseAddr("0.0.0.0")}}}, nil); err == nil {
+		t.Error("the unspecified address was accepted")
+	}
+}
+
+// TestSourceBindsAddressAndEHLO dials for real (no dial hook): the fake MX
+// sees each message come from its source address with that source's EHLO
+// name, and connections from two sources are not shared.
+func TestSourceBindsAddressAndEHLO(t *testing.T) {
+	mx := fakemx.Start(t, fakemx.Options{})
+	_, port, _ := net.SplitHostPort(mx.Addr())
+	w := newWorld(t)
+	w.host("mx.example.test", "127.0.0.1")
+	w.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: "mx.example.test.", Pref: 10}}}
+	cfg := w.config()
+	cfg.Dial = nil
+	cfg.Port, _ = strconv.Atoi(port)
+	s := w.sender(cfg)
+	ctx := ctxT(t)
+	for _, src := range []Source{{Addr: netip.MustParseAddr("127.0.0.2"), EHLO: "o2.outflow.test"}, {Addr: netip.MustParseAddr("127.0.0.3")}} {
+		m := msg("example.test", "bob@example.test")
+		m.Source = &src
+		checkDelivered(t, s.Send(ctx, m))
+	}
+	got := mx.Messages()
+	if len(got) != 2 {
+		t.Fatalf("%d messages", len(got))
+	}
+	if got[0].Source != "127.0.0.2" || got[0].Hostname != "o2.outflow.test" {
+		t.Errorf("first: source %s ehlo %s", got[0].Source, got[0].Hostname)
+	}
+	if got[1].Source != "127.0.0.3" || got[1].Hostname != testHostname {
+		t.Errorf("second (no ehlo of its own): source %s ehlo %s", got[1].Source, got[1].Hostname)
+	}
+	if mx.Connections() != 2 {
+		t.Errorf("connections = %d: a pooled connection from one source was used for another", mx.Connections())
+	}
+}
+
+// TestIPv6First gives an MX host an AAAA (::1) and an A: the IPv6 address
+// is dialled first when the machine has ::1, and IPv4 takes over when the
+// IPv6 one refuses.
+func TestIPv6First(t *testing.T) {
+	if ln, err := net.Listen("tcp", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback on this machine (%v): RFC 6724 ordering over [::1] not tested", err)
+	} else {
+		ln.Close()
+	}
+	v6 := fakemx.Start(t, fakemx.Options{Addr: "[::1]:0"})
+	v4 := fakemx.Start(t, fakemx.Options{})
+	w := newWorld(t)
+	w.zones["mx.example.test."] = mockdns.Zone{A: []string{"127.0.0.2"}, AAAA: []string{"::1"}}
+	w.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: "mx.example.test.", Pref: 10}}}
+	w.mu.Lock()
+	w.routes["[::1]:25"] = v6.Addr()
+	w.mu.Unlock()
+	w.route("127.0.0.2", v4)
+	s := w.sender(w.config())
+	checkDelivered(t, s.Send(ctxT(t), msg("example.test", "bob@example.test")))
+	if d := w.dials(); len(d) == 0 || d[0] != "[::1]:25" || len(v6.Messages()) != 1 {
+		t.Fatalf("dialled %v, IPv6 server got %d: want [::1] first", d, len(v6.Messages()))
+	}
+	v6.Close()
+	s.Close()
+	s = w.sender(w.config())
+	checkDelivered(t, s.Send(ctxT(t), msg("example.test", "bob@example.test")))
+	if len(v4.Messages()) != 1 {
+		t.Errorf("IPv4 fallback: %d messages on the IPv4 server", len(v4.Messages()))
+	}
+}
+
+// TestThroughResolver runs the MX rules over package resolver and a real
+// DNS server: preference order with a dead primary, null MX, the implicit
+// MX, NXDOMAIN and a DNS timeout, each classified the way classify needs.
+func TestThroughResolver(t *testing.T) {
+	dnsSrv := fakedns.Start(t)
+	dnsSrv.MustAddZone(t, "pref.test", "@ MX 10 mx1", "@ MX 20 mx2", "mx1 A 127.0.0.2", "mx2 A 127.0.0.3")
+	dnsSrv.MustAddZone(t, "null.test", "@ MX 0 .")
+	dnsSrv.MustAddZone(t, "amx.test", "@ A 127.0.0.4")
+	dnsSrv.MustAddZone(t, "slow.test", "@ MX 10 mx")
+	dnsSrv.Timeout("slow.test")
+	r, err := resolver.New(resolver.Config{Servers: []string{dnsSrv.Addr}, Timeout: 200 * time.Millisecond, Attempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(t)
+	second, implicit := fakemx.Start(t, fakemx.Options{}), fakemx.Start(t, fakemx.Options{})
+	w.route("127.0.0.3", second)
+	w.route("127.0.0.4", implicit)
+	cfg := w.config()
+	cfg.Resolver = r
+	s := w.sender(cfg)
+	ctx := ctxT(t)
+
+	checkDelivered(t, s.Send(ctx, msg("pref.test", "a@pref.test")))
+	if d := w.dials(); len(d) < 2 || d[0] != "127.0.0.2:25" || d[1] != "127.0.0.3:25" || len(second.Messages()) != 1 {
+		t.Errorf("preference: dialled %v", d)
+	}
+	checkAll(t, s.Send(ctx, msg("null.test", "a@null.test")), classify.StageDNS, 0, classify.EventNullMX)
+	checkDelivered(t, s.Send(ctx, msg("amx.test", "a@amx.test")))
+	if len(implicit.Messages()) != 1 {
+		t.Error("implicit MX (A record) not used")
+	}
+	checkAll(t, s.Send(ctx, msg("nope.pref.test", "a@nope.pref.test")), classify.StageDNS, 0, classify.EventDNSNXDomain)
+	checkAll(t, s.Send(ctx, msg("slow.test", "a@slow.test")), classify.StageDNS, 0, classify.EventDNSServFail)
+	if dnsSrv.Queries("slow.test", dns.TypeMX) != 1 {
+		t.Error("timed-out domain not queried")
+	}
+}
