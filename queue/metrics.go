@@ -5,7 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -61,31 +60,21 @@ func (c *DepthCollector) Collect(ch chan<- prometheus.Metric) {
 func (c *DepthCollector) read() []prometheus.Metric {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	stats, _ := c.q.LaneStats(ctx) // a lane that cannot be read is left out
 	var out []prometheus.Metric
-	streams := []struct {
-		lane string
-		s    jetstream.Stream
-	}{{string(LaneWork), c.q.lanes[LaneWork]}, {string(LaneRetry), c.q.lanes[LaneRetry]}, {string(LaneRateLimit), c.q.lanes[LaneRateLimit]}, {"dead", c.q.dead}}
-	for _, st := range streams {
-		info, err := st.s.Info(ctx)
-		if err != nil {
-			continue
+	for _, st := range stats {
+		if st.Lane == LaneHeld {
+			continue // counted in the retry lane's depth
 		}
-		out = append(out, prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(info.State.Msgs), st.lane))
+		out = append(out, prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(st.Depth), st.Lane))
 		age := 0.0
-		if info.State.Msgs > 0 && !info.State.FirstTime.IsZero() {
-			age = time.Since(info.State.FirstTime).Seconds()
+		if !st.Oldest.IsZero() {
+			age = time.Since(st.Oldest).Seconds()
 		}
-		out = append(out, prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age, st.lane))
-		if st.lane == "dead" {
-			continue
+		out = append(out, prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age, st.Lane))
+		if st.Lane != "dead" {
+			out = append(out, prometheus.MustNewConstMetric(c.due, prometheus.GaugeValue, float64(st.Due), st.Lane))
 		}
-		var due uint64
-		lister := st.s.ListConsumers(ctx)
-		for ci := range lister.Info() {
-			due += ci.NumPending + uint64(ci.NumAckPending)
-		}
-		out = append(out, prometheus.MustNewConstMetric(c.due, prometheus.GaugeValue, float64(due), st.lane))
 	}
 	return out
 }

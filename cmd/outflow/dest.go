@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -227,38 +226,10 @@ func init() {
 	rootCmd.AddCommand(dc)
 }
 
-type workerView struct {
-	Worker string `json:"worker_id"`
-	throttle.DestStatus
-}
-
 // gatherStatus asks every running worker for its view of dest and collects
 // the answers that arrive within wait.
-func gatherStatus(nc *nats.Conn, dest string, wait time.Duration) ([]workerView, error) {
-	inbox := nc.NewRespInbox()
-	ch := make(chan *nats.Msg, 64)
-	sub, err := nc.ChanSubscribe(inbox, ch)
-	if err != nil {
-		return nil, err
-	}
-	defer sub.Unsubscribe()
-	if err := nc.PublishRequest(DestStatusSubject, inbox, []byte(strings.ToLower(dest))); err != nil {
-		return nil, err
-	}
-	var out []workerView
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for {
-		select {
-		case m := <-ch:
-			var v workerView
-			if json.Unmarshal(m.Data, &v) == nil {
-				out = append(out, v)
-			}
-		case <-timer.C:
-			return out, nil
-		}
-	}
+func gatherStatus(nc *nats.Conn, dest string, wait time.Duration) ([]throttle.WorkerStatus, error) {
+	return throttle.AskStatus(nc, dest, wait)
 }
 
 // learnedShort is a state's learned limits in a few words ("12.5/s, 4 conns").

@@ -382,7 +382,7 @@ func learnedEventID(dest string) string {
 
 // DestStatusSubject is the request subject on which every running worker
 // answers `outflow dest status` with its view of a destination.
-const DestStatusSubject = "outflow.admin.dest.status"
+const DestStatusSubject = throttle.StatusSubject
 
 // serveDestStatus answers dest status requests (the payload is a domain or
 // group name) with this worker's throttle.DestStatus as JSON.
@@ -390,10 +390,7 @@ func serveDestStatus(q *queue.Queue, t *throttle.Throttle, workerID string) (fun
 	sub, err := q.Conn().Subscribe(DestStatusSubject, func(m *nats.Msg) {
 		name := strings.TrimSpace(string(m.Data))
 		st := t.Snapshot(t.Group(name))
-		b, _ := json.Marshal(struct {
-			Worker string `json:"worker_id"`
-			throttle.DestStatus
-		}{workerID, st})
+		b, _ := json.Marshal(throttle.WorkerStatus{Worker: workerID, DestStatus: st})
 		_ = m.Respond(b)
 	})
 	if err != nil {
