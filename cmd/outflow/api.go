@@ -16,7 +16,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/outflow/outflow/api"
+	"github.com/outflow/outflow/console"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/throttle"
 )
 
 // apiConfig is the HTTP API's part of serveConfig; each field is a flag
@@ -52,7 +54,7 @@ func (a apiQueue) Enqueue(ctx context.Context, s *queue.Submission) ([]string, e
 // startAPI serves the HTTP API on --api-addr until the returned stop is
 // called; stop lets requests in progress finish (their enqueue, then their
 // 202 or 503) within ctx. With --api-addr "" it serves nothing.
-func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Embedded, sup *queue.Suppressions, hostname string, log zerolog.Logger) (func(context.Context), error) {
+func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Embedded, sup *queue.Suppressions, t *throttle.Throttle, hostname string, log zerolog.Logger) (func(context.Context), error) {
 	if c.APIAddr == "" {
 		return func(context.Context) {}, nil
 	}
@@ -74,14 +76,25 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Em
 	if err != nil {
 		return nil, err
 	}
+	// The operator's console shares the listener: /ui/, signed in with
+	// an admin key (docs/console.md).
+	con, err := console.New(ctx, console.Config{Queue: q, Keys: srv.Keys(), Suppressions: sup, Secure: tlsConf != nil,
+		Local: func(dest string) throttle.DestStatus { return t.Snapshot(t.Group(dest)) }, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(console.Prefix, con.Handler())
+	mux.Handle("/", srv.Handler())
 	ln, err := net.Listen("tcp", c.APIAddr)
 	if err != nil {
+		con.Close()
 		return nil, fmt.Errorf("--api-addr: %w", err)
 	}
 	if tlsConf != nil {
 		ln = tls.NewListener(ln, tlsConf)
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 5 * time.Minute,
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 5 * time.Minute,
 		IdleTimeout: 2 * time.Minute}
 	go func() {
 		defer func() {
@@ -98,6 +111,7 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Em
 		if err := hs.Shutdown(ctx); err != nil {
 			log.Warn().Err(err).Msg("api shutdown")
 		}
+		con.Close()
 	}, nil
 }
 

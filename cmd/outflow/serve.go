@@ -256,7 +256,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		ln.Close()
 		return err
 	}
-	stopAPI, err := startAPI(ctx, c, q, emb, suppressions, hostname, log)
+	stopAPI, err := startAPI(ctx, c, q, emb, suppressions, throttle, hostname, log)
 	if err != nil {
 		ln.Close()
 		_ = httpSrv.Close()

@@ -1,0 +1,417 @@
+package console
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/api"
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/throttle"
+)
+
+// The tests share one embedded JetStream (starting one takes seconds on
+// a loaded machine); each test uses its own destinations, tenants and keys.
+var shared struct {
+	once sync.Once
+	q    *queue.Queue
+	emb  *queue.Embedded
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared.q != nil {
+		shared.q.Close()
+		shared.emb.Shutdown()
+	}
+	os.RemoveAll(sharedDir)
+	os.Exit(code)
+}
+
+var sharedDir string
+
+// sharedQueue starts the embedded JetStream once and connects to it.
+func sharedQueue(t testing.TB) *queue.Queue {
+	t.Helper()
+	shared.once.Do(func() {
+		sharedDir, shared.err = os.MkdirTemp("", "outflow-console-")
+		if shared.err != nil {
+			return
+		}
+		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: sharedDir})
+		if err != nil {
+			shared.err = err
+			return
+		}
+		shared.emb = emb
+		ci := emb.ClientInfo()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		for { // the in-process handshake can time out on a loaded machine
+			shared.q, err = queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+		}
+		shared.err = err
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.q
+}
+
+type fixture struct {
+	q        *queue.Queue
+	keys     *api.Keys
+	c        *Console
+	ts       *httptest.Server
+	admin    string // an admin key
+	adminID  string
+	tenant   string // a tenant's (not admin) key
+	sessions *sessions
+}
+
+func newFixture(t *testing.T, mod func(*Config)) *fixture {
+	t.Helper()
+	q := sharedQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	keys, err := api.OpenKeys(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, info, err := keys.Create(ctx, "ops", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant, _, err := keys.Create(ctx, "shop", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup, err := q.Suppressions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Queue: q, Keys: keys, Suppressions: sup, StatusWait: 50 * time.Millisecond, Logger: zerolog.Nop()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	c, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	mux := http.NewServeMux()
+	mux.Handle(Prefix, c.Handler())
+	ts := httptest.NewServer(mux)
+	t.Cleanup(ts.Close)
+	return &fixture{q: q, keys: keys, c: c, ts: ts, admin: admin, adminID: info.ID, tenant: tenant, sessions: c.sessions}
+}
+
+// browser is a client with a cookie jar that does not follow redirects.
+func (f *fixture) browser(t *testing.T) *http.Client {
+	t.Helper()
+	jar, _ := cookiejar.New(nil)
+	return &http.Client{Jar: jar, Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+func get(t *testing.T, cl *http.Client, u string) (*http.Response, string) {
+	t.Helper()
+	res, err := cl.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b)
+}
+
+func post(t *testing.T, cl *http.Client, u string, form url.Values) (*http.Response, string) {
+	t.Helper()
+	res, err := cl.PostForm(u, form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b)
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// signIn signs cl in with key and returns the response to the sign-in POST
+// and the session's CSRF token (from the next page).
+func (f *fixture) signIn(t *testing.T, cl *http.Client, key string) (*http.Response, string) {
+	t.Helper()
+	_, page := get(t, cl, f.ts.URL+"/ui/login")
+	m := csrfField.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no token on the sign-in page:\n%s", page)
+	}
+	res, _ := post(t, cl, f.ts.URL+"/ui/login", url.Values{"csrf": {m[1]}, "key": {key}})
+	if res.StatusCode != http.StatusSeeOther {
+		return res, ""
+	}
+	_, page = get(t, cl, f.ts.URL+"/ui/")
+	m = csrfField.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no CSRF token on the overview:\n%s", page)
+	}
+	return res, m[1]
+}
+
+// TestNothingReadableWithoutSignIn: every page redirects to the sign-in
+// page, a live refresh gets 401, and a POST changes nothing.
+func TestNothingReadableWithoutSignIn(t *testing.T) {
+	f := newFixture(t, nil)
+	cl := f.browser(t)
+	for _, p := range []string{"/ui/", "/ui/dests", "/ui/dests/example.com", "/ui/queue?state=dead", "/ui/messages/abc", "/ui/dead", "/ui/suppressions", "/ui/nope"} {
+		res, body := get(t, cl, f.ts.URL+p)
+		if res.StatusCode != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/ui/login") {
+			t.Errorf("GET %s: %d %q, want 303 to the sign-in page", p, res.StatusCode, res.Header.Get("Location"))
+		}
+		if strings.Contains(body, "<table") {
+			t.Errorf("GET %s shows a table without a session", p)
+		}
+	}
+	if res, _ := get(t, cl, f.ts.URL+"/ui/dests?fragment=1"); res.StatusCode != http.StatusUnauthorized {
+		t.Errorf("live refresh without a session: %d, want 401", res.StatusCode)
+	}
+	res, _ := post(t, cl, f.ts.URL+"/ui/dests/example.com/suspend", url.Values{"for": {"1h"}})
+	if res.StatusCode != http.StatusSeeOther {
+		t.Errorf("POST without a session: %d, want 303", res.StatusCode)
+	}
+	st, err := throttle.GetState(context.Background(), f.q.DestKV(), "example.com")
+	if err != nil || st.Suspended(time.Now()) {
+		t.Errorf("a POST without a session suspended the destination: %+v %v", st, err)
+	}
+	// The stylesheet is not data: the sign-in page needs it.
+	if res, body := get(t, cl, f.ts.URL+"/ui/static/style.css"); res.StatusCode != 200 || !strings.Contains(body, "body") {
+		t.Errorf("stylesheet: %d", res.StatusCode)
+	}
+}
+
+// TestSignIn: only an admin key signs in; the cookie is HttpOnly,
+// SameSite=Strict and Secure under TLS; a revoked key's session ends;
+// sign-out ends it too.
+func TestSignIn(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.Secure = true })
+	for _, k := range []struct {
+		key  string
+		want int
+	}{{"ofk_not-a-key", http.StatusUnauthorized}, {f.tenantKey(), http.StatusForbidden}} {
+		res, _ := f.signIn(t, f.browser(t), k.key)
+		if res.StatusCode != k.want {
+			t.Errorf("sign-in with %.8s…: %d, want %d", k.key, res.StatusCode, k.want)
+		}
+	}
+	// A sign-in form posted without its token (from another site).
+	res, _ := post(t, f.browser(t), f.ts.URL+"/ui/login", url.Values{"key": {f.admin}})
+	if res.StatusCode != http.StatusForbidden {
+		t.Errorf("sign-in without the form's token: %d, want 403", res.StatusCode)
+	}
+
+	cl := f.browser(t)
+	res, csrf := f.signIn(t, cl, f.admin)
+	if res.StatusCode != http.StatusSeeOther || csrf == "" {
+		t.Fatalf("admin sign-in: %d", res.StatusCode)
+	}
+	var sc *http.Cookie
+	for _, c := range res.Cookies() {
+		if c.Name == sessionCookie {
+			sc = c
+		}
+	}
+	if sc == nil || !sc.HttpOnly || !sc.Secure || sc.SameSite != http.SameSiteStrictMode || sc.Path != Prefix {
+		t.Fatalf("session cookie %+v: want HttpOnly, Secure, SameSite=Strict, Path /ui/", sc)
+	}
+	if strings.Contains(sc.Value, f.admin) || strings.Contains(sc.Value, f.admin[4:12]) {
+		t.Error("the cookie carries the key")
+	}
+	if r, body := get(t, cl, f.ts.URL+"/ui/"); r.StatusCode != 200 || !strings.Contains(body, "Lanes") {
+		t.Fatalf("overview after sign-in: %d", r.StatusCode)
+	}
+
+	// Sign-out needs the CSRF token too, then ends the session.
+	if r, _ := post(t, cl, f.ts.URL+"/ui/logout", nil); r.StatusCode != http.StatusForbidden {
+		t.Errorf("sign-out without the token: %d, want 403", r.StatusCode)
+	}
+	post(t, cl, f.ts.URL+"/ui/logout", url.Values{"csrf": {csrf}})
+	if r, _ := get(t, cl, f.ts.URL+"/ui/"); r.StatusCode != http.StatusSeeOther {
+		t.Errorf("after sign-out: %d, want 303", r.StatusCode)
+	}
+
+	// Revoking the key ends its sessions at once.
+	cl = f.browser(t)
+	f.signIn(t, cl, f.admin)
+	if _, err := f.keys.Revoke(context.Background(), f.adminID); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := get(t, cl, f.ts.URL+"/ui/"); r.StatusCode != http.StatusSeeOther {
+		t.Errorf("after the key was revoked: %d, want 303 to the sign-in page", r.StatusCode)
+	}
+}
+
+func (f *fixture) tenantKey() string { return f.tenant }
+
+// TestSessionExpires: a session ends SessionTTL after sign-in.
+func TestSessionExpires(t *testing.T) {
+	now := time.Now()
+	clock := func() time.Time { return now }
+	f := newFixture(t, func(c *Config) { c.Now = func() time.Time { return clock() }; c.SessionTTL = time.Hour })
+	cl := f.browser(t)
+	f.signIn(t, cl, f.admin)
+	now = now.Add(59 * time.Minute)
+	if r, _ := get(t, cl, f.ts.URL+"/ui/dests"); r.StatusCode != 200 {
+		t.Fatalf("within the TTL: %d", r.StatusCode)
+	}
+	now = now.Add(2 * time.Minute)
+	if r, _ := get(t, cl, f.ts.URL+"/ui/dests"); r.StatusCode != http.StatusSeeOther {
+		t.Errorf("past the TTL: %d, want 303", r.StatusCode)
+	}
+}
+
+// TestCSRFRefused: a state-changing POST without the session's token, with
+// a wrong one, or from another site changes nothing; with it, it does.
+func TestCSRFRefused(t *testing.T) {
+	f := newFixture(t, nil)
+	cl := f.browser(t)
+	_, csrf := f.signIn(t, cl, f.admin)
+	u := f.ts.URL + "/ui/dests/example.com/suspend"
+	suspended := func() bool {
+		st, err := throttle.GetState(context.Background(), f.q.DestKV(), "example.com")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Suspended(time.Now())
+	}
+	for name, form := range map[string]url.Values{
+		"no token":    {"for": {"1h"}},
+		"wrong token": {"for": {"1h"}, "csrf": {csrf[:len(csrf)-2] + "xx"}},
+	} {
+		res, body := post(t, cl, u, form)
+		if res.StatusCode != http.StatusForbidden || !strings.Contains(body, "CSRF") {
+			t.Errorf("%s: %d, want 403 naming the CSRF token", name, res.StatusCode)
+		}
+	}
+	req, _ := http.NewRequest("POST", u, strings.NewReader(url.Values{"for": {"1h"}, "csrf": {csrf}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Sec-Fetch-Site", "cross-site")
+	if res, err := cl.Do(req); err != nil || res.StatusCode != http.StatusForbidden {
+		t.Errorf("cross-site POST with the right token: %v %v, want 403", res.StatusCode, err)
+	}
+	if suspended() {
+		t.Fatal("a refused POST suspended the destination")
+	}
+	res, _ := post(t, cl, u, url.Values{"for": {"1h"}, "reason": {"provider incident"}, "csrf": {csrf}})
+	if res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("suspend with the token: %d", res.StatusCode)
+	}
+	if !suspended() {
+		t.Fatal("suspend with the token did not suspend")
+	}
+	st, _ := throttle.GetState(context.Background(), f.q.DestKV(), "example.com")
+	if st.Reason != "provider incident" || !strings.HasPrefix(st.UpdatedBy, "console:"+f.adminID) {
+		t.Errorf("state %+v: want the reason and the console key as author", st)
+	}
+	_, page := get(t, cl, f.ts.URL+"/ui/dests/example.com")
+	if !strings.Contains(page, "example.com suspended until") || !strings.Contains(page, "provider incident") {
+		t.Errorf("destination page after suspend lacks the notice or the reason")
+	}
+	post(t, cl, f.ts.URL+"/ui/dests/example.com/resume", url.Values{"csrf": {csrf}})
+	if suspended() {
+		t.Error("resume did not resume")
+	}
+}
+
+// TestMessagePageEscapesHeaders: hostile header values are shown as text,
+// never as markup, and the body is never shown.
+func TestMessagePageEscapesHeaders(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	body := "Subject: <script>alert('subject')</script>\r\n" +
+		"From: \"x\" <a@b.example>\"><img src=x onerror=alert(1)>\r\n" +
+		"X-Note: </pre><b>bold</b>\r\n\r\nthe secret body <script>alert('body')</script>\r\n"
+	ids, err := f.q.Enqueue(ctx, &queue.Submission{Tenant: "shop", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte(body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := f.browser(t)
+	_, csrf := f.signIn(t, cl, f.admin)
+	res, page := get(t, cl, f.ts.URL+"/ui/messages/"+ids[0])
+	if res.StatusCode != 200 {
+		t.Fatalf("message page: %d\n%s", res.StatusCode, page)
+	}
+	for _, bad := range []string{"<script>alert", "<img src=x", "<b>bold</b>", "secret body"} {
+		if strings.Contains(page, bad) {
+			t.Errorf("message page contains %q", bad)
+		}
+	}
+	if !strings.Contains(page, "Subject: &lt;script&gt;alert(&#39;subject&#39;)&lt;/script&gt;") {
+		t.Errorf("the Subject is not shown escaped:\n%s", page)
+	}
+
+	// Drop asks first, then drops.
+	res, page = post(t, cl, f.ts.URL+"/ui/messages/"+ids[0]+"/drop", url.Values{"csrf": {csrf}})
+	if res.StatusCode != 200 || !strings.Contains(page, `name="confirm" value="yes"`) {
+		t.Fatalf("drop without confirmation: %d, want the confirmation page", res.StatusCode)
+	}
+	if _, err := f.q.Find(ctx, ids[0]); err != nil {
+		t.Fatalf("dropped before confirmation: %v", err)
+	}
+	res, _ = post(t, cl, f.ts.URL+"/ui/messages/"+ids[0]+"/drop", url.Values{"csrf": {csrf}, "confirm": {"yes"}})
+	if res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("confirmed drop: %d", res.StatusCode)
+	}
+	if _, err := f.q.Find(ctx, ids[0]); err == nil {
+		t.Error("confirmed drop left the message")
+	}
+}
+
+// TestPagesRender: every page renders for a signed-in admin, the queue
+// search uses queue list's filters, and the overview counts the lanes.
+func TestPagesRender(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	if _, err := f.q.Enqueue(ctx, &queue.Submission{Tenant: "shop", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: hi\r\n\r\nx\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	cl := f.browser(t)
+	f.signIn(t, cl, f.admin)
+	for p, want := range map[string]string{
+		"/ui/":                         "d.example",
+		"/ui/dests":                    "d.example",
+		"/ui/dests/d.example":          "As each worker applies it",
+		"/ui/queue?tenant=shop":        "d.example",
+		"/ui/queue?tenant=other":       "nothing",
+		"/ui/queue?state=bogus":        "unknown state",
+		"/ui/dead":                     "no dead letters",
+		"/ui/suppressions":             "the list is empty",
+		"/ui/dests?fragment=1":         "d.example",
+		"/ui/messages/nosuchmessage12": "No message",
+	} {
+		res, body := get(t, cl, f.ts.URL+p)
+		if !strings.Contains(body, want) {
+			t.Errorf("GET %s (%d) lacks %q", p, res.StatusCode, want)
+		}
+		if strings.HasSuffix(p, "fragment=1") && strings.Contains(body, "<html") {
+			t.Errorf("GET %s: a fragment is a whole page", p)
+		}
+		if res.Header.Get("Content-Security-Policy") == "" {
+			t.Errorf("GET %s: no Content-Security-Policy", p)
+		}
+	}
+}

@@ -1,0 +1,101 @@
+package console
+
+import (
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// deadPage lists the dead letters, newest first, with replay and drop.
+func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	var errs []string
+	f := queue.Filter{State: queue.StateDead, Dest: strings.TrimSpace(r.URL.Query().Get("dest")),
+		Tenant: strings.TrimSpace(r.URL.Query().Get("tenant")), Limit: 1000}
+	items, err := c.cfg.Queue.List(ctx, f)
+	if err != nil {
+		errs = append(errs, err.Error())
+	}
+	slices.Reverse(items) // List is oldest stored first
+	if len(items) > 200 {
+		items = items[:200]
+	}
+	c.render(w, r, s, http.StatusOK, "dead", "Dead letters", map[string]any{"Filter": f, "Items": rows(items), "Errors": errs})
+}
+
+// suppressionsPage is `outflow suppress list`, with add and remove.
+func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *session) {
+	if c.cfg.Suppressions == nil {
+		c.fail(w, r, s, http.StatusNotFound, "This daemon has no suppression list.")
+		return
+	}
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	tenant := strings.TrimSpace(r.URL.Query().Get("tenant"))
+	var errs []string
+	list, err := c.cfg.Suppressions.List(ctx, tenant)
+	if err != nil {
+		errs = append(errs, err.Error())
+	}
+	total := len(list)
+	if len(list) > 1000 {
+		list = list[:1000]
+	}
+	c.render(w, r, s, http.StatusOK, "suppressions", "Suppressions", map[string]any{"Tenant": tenant, "List": list, "Total": total, "Errors": errs})
+}
+
+func (c *Console) suppressionAction(w http.ResponseWriter, r *http.Request, s *session) {
+	if c.cfg.Suppressions == nil {
+		c.fail(w, r, s, http.StatusNotFound, "This daemon has no suppression list.")
+		return
+	}
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	f := r.PostForm
+	tenant, addr := strings.TrimSpace(f.Get("tenant")), strings.TrimSpace(f.Get("address"))
+	back := Prefix + "suppressions"
+	if tenant == "" || addr == "" {
+		c.fail(w, r, s, http.StatusBadRequest, "Both a tenant and an address are needed.")
+		return
+	}
+	var msg string
+	var err error
+	switch r.PathValue("action") {
+	case "add":
+		sup := queue.Suppression{Tenant: tenant, Address: addr, Reason: short(strings.TrimSpace(f.Get("reason")), 200), Source: queue.SuppressAdmin}
+		if sup.Reason == "" {
+			sup.Reason = "added from the console"
+		}
+		if v := strings.TrimSpace(f.Get("for")); v != "" {
+			d, perr := positiveDuration(v)
+			if perr != nil {
+				c.fail(w, r, s, http.StatusBadRequest, "For: "+perr.Error())
+				return
+			}
+			sup.Expires = c.cfg.Now().Add(d).UTC().Truncate(time.Second)
+		}
+		err = c.cfg.Suppressions.Add(ctx, sup)
+		msg = queue.NormalizeAddress(addr) + " suppressed for tenant " + tenant + "."
+	case "remove":
+		err = c.cfg.Suppressions.Remove(ctx, tenant, addr)
+		msg = queue.NormalizeAddress(addr) + " is no longer suppressed for tenant " + tenant + "."
+	default:
+		c.fail(w, r, s, http.StatusNotFound, "No such action.")
+		return
+	}
+	if err != nil {
+		status := http.StatusBadRequest
+		if errors.Is(err, queue.ErrNotSuppressed) {
+			status = http.StatusNotFound
+		}
+		c.fail(w, r, s, status, err.Error())
+		return
+	}
+	c.log.Info().Str("tenant", tenant).Str("action", r.PathValue("action")).Str("by", author(s)).Msg("console suppression change")
+	c.done(w, r, s, back+"?tenant="+urlQueryEscape(tenant), msg)
+}

@@ -1,0 +1,252 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/internal/plot"
+	"github.com/outflow/outflow/queue"
+)
+
+// itemRow is one envelope in a listing.
+type itemRow struct {
+	ID, State, Tenant, Dest, LastClass, LastReply, Reason string
+	Rcpts, Attempt                                      int
+	Due                                                 bool
+	Next, Submitted, Stored                             time.Time
+}
+
+func rows(items []queue.Item) []itemRow {
+	out := make([]itemRow, len(items))
+	for i, it := range items {
+		out[i] = itemRow{ID: it.Env.ID, State: string(it.State), Tenant: it.Env.Tenant, Dest: it.Env.Dest, LastClass: it.Env.LastClass,
+			LastReply: it.Env.LastReply, Reason: it.DeadReason, Rcpts: len(it.Env.Rcpts), Attempt: it.Env.Attempt, Due: it.Due,
+			Next: it.NextAt, Submitted: it.Env.SubmittedAt, Stored: it.Stored}
+	}
+	return out
+}
+
+// queuePage is `outflow queue list` with its filters (and a look-up by id).
+func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, s *session) {
+	q := r.URL.Query()
+	if id := strings.TrimSpace(q.Get("id")); id != "" {
+		http.Redirect(w, r, Prefix+"messages/"+url.PathEscape(id), http.StatusSeeOther)
+		return
+	}
+	f := queue.Filter{State: queue.State(q.Get("state")), Dest: strings.TrimSpace(q.Get("dest")), Tenant: strings.TrimSpace(q.Get("tenant"))}
+	f.Limit, _ = strconv.Atoi(q.Get("limit"))
+	if f.Limit <= 0 || f.Limit > 1000 {
+		f.Limit = 100
+	}
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	var errs []string
+	items, err := c.cfg.Queue.List(ctx, f)
+	if err != nil {
+		errs = append(errs, err.Error())
+	}
+	c.render(w, r, s, http.StatusOK, "queue", "Queue", map[string]any{
+		"Filter": f, "States": queue.States, "Items": rows(items), "Errors": errs,
+	})
+}
+
+// attemptRow is one event of a message's history with its decision.
+type attemptRow struct {
+	Time    time.Time
+	Type    string
+	Attempt int
+	Worker  string
+	Reason  string
+	Rec     *backoff.Record
+	Seed    string
+}
+
+// maxHeaderLines bounds the header lines shown (as `queue inspect`).
+const maxHeaderLines = 60
+
+func (c *Console) messagePage(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	var errs []string
+	it, ferr := c.cfg.Queue.Find(ctx, id)
+	if ferr != nil && !errors.Is(ferr, queue.ErrNotFound) {
+		errs = append(errs, ferr.Error())
+	}
+	evs, herr := c.cfg.Queue.History(ctx, id, time.Time{})
+	if herr != nil && !errors.Is(herr, queue.ErrNotFound) {
+		errs = append(errs, herr.Error())
+	}
+	if it == nil && len(evs) == 0 {
+		c.fail(w, r, s, http.StatusNotFound, "No message "+id+" in any lane, in dead letters or in the events stream.")
+		return
+	}
+	var headers []string
+	if it != nil && it.Env.BodyRef != "-" {
+		if body, err := c.cfg.Queue.EnvelopeBody(ctx, it.Env); err == nil {
+			headers = headerLines(body, maxHeaderLines)
+		} else {
+			errs = append(errs, "headers: "+err.Error())
+		}
+	}
+	var attempts []attemptRow
+	for _, ev := range evs {
+		a := attemptRow{Time: ev.Time, Type: ev.Type, Attempt: ev.Attempt, Worker: ev.Worker, Reason: ev.Reason}
+		if len(ev.Decision) > 0 {
+			var rec backoff.Record
+			if json.Unmarshal(ev.Decision, &rec) == nil {
+				a.Rec = &rec
+				if rec.JitterSeed != 0 {
+					a.Seed = strconv.FormatUint(rec.JitterSeed, 10)
+				}
+			}
+		}
+		attempts = append(attempts, a)
+	}
+	var meta [][2]string
+	if it != nil {
+		for _, k := range []string{"Outflow-Attempt", "Outflow-Throttle-Count", "Outflow-First-Attempt", "Outflow-Deadline", "Outflow-Last-Class", "Outflow-Replays", "Nats-Schedule"} {
+			if v := it.Header.Get(k); v != "" {
+				meta = append(meta, [2]string{k, v})
+			}
+		}
+	}
+	c.render(w, r, s, http.StatusOK, "message", "Message "+id, map[string]any{
+		"ID": id, "Item": it, "Headers": headers, "Meta": meta, "Attempts": attempts,
+		"Timeline": timeline(id, it, evs), "Errors": errs,
+	})
+}
+
+// headerLines returns up to max header lines of an RFC 5322 message, with
+// folded lines kept as they are; never the body.
+func headerLines(body []byte, max int) []string {
+	head := body
+	if i := bytes.Index(head, []byte("\r\n\r\n")); i >= 0 {
+		head = head[:i]
+	} else if i := bytes.Index(head, []byte("\n\n")); i >= 0 {
+		head = head[:i]
+	} else {
+		head = head[:min(len(head), 16<<10)]
+	}
+	lines := strings.Split(strings.ReplaceAll(string(head), "\r\n", "\n"), "\n")
+	if len(lines) > max {
+		lines = append(lines[:max], "…")
+	}
+	return lines
+}
+
+// attemptEvents are the events that record a delivery attempt.
+var attemptEvents = map[string]bool{queue.EventDelivered: true, queue.EventDeferred: true, queue.EventThrottled: true,
+	queue.EventBounced: true, queue.EventUnknown: true, queue.EventHeld: true, queue.EventDead: true, queue.EventExpired: true}
+
+// timeline draws the message's retries with the code of `outflow schedule
+// --plot`: one strip per retry at its time since the first failure, the
+// attempts made (from the events) and the one scheduled next. Nil when
+// there is no retry to draw.
+func timeline(id string, it *queue.Item, evs []queue.Event) template.HTML {
+	var first, last time.Time
+	var at [][]int64
+	for _, ev := range evs {
+		// One attempt can end in several events (some recipients
+		// delivered, others bounced), published together.
+		if !attemptEvents[ev.Type] || ev.Time.Sub(last) < 50*time.Millisecond {
+			continue
+		}
+		last = ev.Time
+		if first.IsZero() {
+			first = ev.Time
+			continue
+		}
+		at = append(at, []int64{ev.Time.Sub(first).Milliseconds()})
+	}
+	next := ""
+	if it != nil && !it.NextAt.IsZero() && !first.IsZero() {
+		at = append(at, []int64{it.NextAt.Sub(first).Milliseconds()})
+		next = fmt.Sprintf(", the last strip the attempt scheduled for %s", it.NextAt.UTC().Format(time.RFC3339))
+	}
+	if len(at) == 0 {
+		return ""
+	}
+	var b bytes.Buffer
+	heading := "Retry timeline (time since the first failure, log scale)"
+	title := fmt.Sprintf("message %s: first failure %s%s", id, first.UTC().Format(time.RFC3339), next)
+	if err := plot.Retries(&b, heading, title, at); err != nil {
+		return ""
+	}
+	// plot.Retries escapes the only text it is given (the title); the
+	// rest is numbers and fixed words.
+	return template.HTML(b.String())
+}
+
+// messageAction runs fast-forward, replay or drop after a confirmation
+// page: the first POST shows what will happen, the second (confirm=yes)
+// does it.
+func (c *Console) messageAction(w http.ResponseWriter, r *http.Request, s *session) {
+	id, action := r.PathValue("id"), r.PathValue("action")
+	f := r.PostForm
+	labels := map[string]string{"fast-forward": "Fast-forward", "replay": "Replay", "drop": "Drop"}
+	if labels[action] == "" {
+		c.fail(w, r, s, http.StatusNotFound, "No such action.")
+		return
+	}
+	edits := strings.ReplaceAll(f.Get("edits"), "\r\n", "\n")
+	if f.Get("confirm") != "yes" {
+		c.render(w, r, s, http.StatusOK, "confirm", labels[action]+" "+id+"?", map[string]any{
+			"ID": id, "Action": action, "Label": labels[action], "Edits": edits, "Back": f.Get("back"),
+		})
+		return
+	}
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	back := Prefix + "messages/" + url.PathEscape(id)
+	var msg string
+	var err error
+	switch action {
+	case "fast-forward":
+		var it *queue.Item
+		if it, err = c.cfg.Queue.FastForward(ctx, id); err == nil {
+			msg = id + ": due now (was " + string(it.State) + "); its next attempt bypasses the destination's throttle."
+			if it.Due {
+				msg = id + ": already due, waiting for a worker."
+			}
+		}
+	case "replay":
+		var e *queue.Envelope
+		var eb []byte
+		if strings.TrimSpace(edits) != "" {
+			eb = []byte(strings.ReplaceAll(strings.TrimRight(edits, "\n")+"\n", "\n", "\r\n"))
+		}
+		if e, err = c.cfg.Queue.Replay(ctx, id, eb); err == nil {
+			msg = fmt.Sprintf("%s: queued again for %d recipient(s) (replay %d).", e.ID, len(e.Rcpts), e.Replays)
+		}
+	case "drop":
+		var it *queue.Item
+		if it, err = c.cfg.Queue.Drop(ctx, id); err == nil {
+			msg = id + ": dropped (was " + string(it.State) + ")."
+			if b := f.Get("back"); safeNext(b) {
+				back = b
+			}
+		}
+	}
+	if err != nil {
+		status := http.StatusBadGateway
+		if errors.Is(err, queue.ErrNotFound) {
+			status = http.StatusNotFound
+		} else if errors.Is(err, queue.ErrWrongState) {
+			status = http.StatusConflict
+		}
+		c.fail(w, r, s, status, labels[action]+" failed: "+err.Error())
+		return
+	}
+	c.log.Info().Str("msg_id", id).Str("action", action).Str("by", author(s)).Msg("console message action")
+	c.done(w, r, s, back, msg)
+}
