@@ -20,9 +20,9 @@ import (
 // itemRow is one envelope in a listing.
 type itemRow struct {
 	ID, State, Tenant, Dest, LastClass, LastReply, Reason string
-	Rcpts, Attempt                                      int
-	Due                                                 bool
-	Next, Submitted, Stored                             time.Time
+	Rcpts, Attempt                                        int
+	Due                                                   bool
+	Next, Submitted, Stored                               time.Time
 }
 
 func rows(items []queue.Item) []itemRow {
