@@ -6,7 +6,7 @@
 #
 #   BENCH_QUICK=1        a few minutes instead of ~30: fewer messages, 1 run
 #   BENCH_RUNS=N         alternating runs per scenario (default 3, quick 1)
-#   BENCH_SCENARIOS=1,2  which scenarios (default all six)
+#   BENCH_SCENARIOS=1,2  which scenarios (default all seven)
 #   BENCH_RESULTS=FILE   also write the tables (markdown) to FILE
 #   BENCH_NO_ANCHOR=1    scenario 6 without its 30-minute Postfix anchor
 #   BENCH_PROFILE=DIR    instead: CPU, allocation and heap profiles of scenario 1

@@ -35,7 +35,7 @@ func main() {
 	flag.StringVar(&c.outflow, "outflow", "bin/outflow", "outflow binary")
 	flag.BoolVar(&c.quick, "quick", os.Getenv("BENCH_QUICK") == "1", "quick mode: fewer messages and runs (BENCH_QUICK=1)")
 	flag.IntVar(&c.runs, "runs", 0, "alternating runs per scenario (default 3, quick 1)")
-	flag.StringVar(&scen, "scenarios", "1,2,3,4,5,6", "comma-separated scenarios to run")
+	flag.StringVar(&scen, "scenarios", "1,2,3,4,5,6,7", "comma-separated scenarios to run")
 	flag.StringVar(&c.results, "results", "", "also write the result tables (markdown) to this file")
 	flag.Float64Var(&c.rateOutflow, "max-rate-outflow", 0, "scenario 2 without scenario 1: outflow's maximum rate (msg/s)")
 	flag.Float64Var(&c.ratePostfix, "max-rate-postfix", 0, "scenario 2 without scenario 1: Postfix's maximum rate (msg/s)")

@@ -128,6 +128,7 @@ func runSuite(c *config) error {
 		{"4", s.scenario4},
 		{"5", s.scenario5},
 		{"6", s.scenario6},
+		{"7", s.scenario7},
 	}
 	for _, st := range steps {
 		if !c.scenarios[st.id] {
