@@ -27,6 +27,11 @@ type Options struct {
 	// 1): a fifth of a second's worth, so that what a sender gets in any
 	// one second stays within 1.2 times the rate.
 	Burst float64
+	// Limited picks the recipients (RCPT arguments) the limit applies to,
+	// so that one server can be a throttling provider for one domain and
+	// a plain MX for the rest. Nil: every recipient. The others are
+	// accepted as they come and not recorded as arrivals.
+	Limited func(rcpt string) bool
 }
 
 // Arrival is one accepted recipient.
@@ -43,6 +48,7 @@ type Provider struct {
 	mu        sync.Mutex
 	rate      float64
 	burst     float64
+	limited   func(rcpt string) bool
 	tokens    float64
 	last      time.Time
 	arrivals  []Arrival
@@ -75,9 +81,9 @@ func New(opts Options) (*Provider, error) {
 func newProvider(opts Options) *Provider {
 	burst := opts.Burst
 	if burst <= 0 {
-		burst = max(1, opts.Rate/5)
+		burst = defaultBurst(opts.Rate)
 	}
-	return &Provider{rate: opts.Rate, burst: burst, tokens: burst}
+	return &Provider{rate: opts.Rate, burst: burst, tokens: burst, limited: opts.Limited}
 }
 
 // SetRate changes the limit from now on (the bucket keeps its tokens, up
@@ -88,6 +94,19 @@ func (p *Provider) SetRate(rate float64) {
 	p.refill(time.Now())
 	p.rate = rate
 }
+
+// SetLimit changes the rate and the burst from now on; the bucket keeps
+// its tokens up to the new burst.
+func (p *Provider) SetLimit(rate, burst float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refill(time.Now())
+	p.rate, p.burst = rate, burst
+	p.tokens = min(p.tokens, burst)
+}
+
+// defaultBurst is Options.Burst's default for rate.
+func defaultBurst(rate float64) float64 { return max(1, rate/5) }
 
 // refill adds the tokens earned since last; p.mu held.
 func (p *Provider) refill(now time.Time) {
@@ -101,7 +120,7 @@ func (p *Provider) refill(now time.Time) {
 }
 
 func (p *Provider) hook(stage fakemx.Stage, arg string) *smtp.SMTPError {
-	if stage != fakemx.StageRcpt {
+	if stage != fakemx.StageRcpt || (p.limited != nil && !p.limited(arg)) {
 		return nil
 	}
 	p.mu.Lock()
