@@ -20,11 +20,42 @@ import (
 
 // natsNode is one nats-server process of a test cluster.
 type natsNode struct {
-	name       string
-	clientAddr string
-	cmd        *exec.Cmd
-	exited     chan struct{}
-	log        *os.File
+	name        string
+	clientAddr  string
+	monitorAddr string // the monitoring endpoint, when clusterSetup.monitor
+	cmd         *exec.Cmd
+	exited      chan struct{}
+	log         *os.File
+}
+
+// start runs the node's server with its config file, on its store.
+func (n *natsNode) start(bin, conf string) error {
+	cmd := exec.Command(bin, "-c", conf)
+	cmd.Stdout, cmd.Stderr = n.log, n.log
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	n.cmd, n.exited = cmd, exited
+	go func() { _ = cmd.Wait(); close(exited) }()
+	return nil
+}
+
+// restart kills the node with SIGKILL and starts it again on the same
+// config and store, then waits until it listens for clients.
+func (n *natsNode) restart(t *testing.T) {
+	t.Helper()
+	n.kill()
+	if err := n.start(n.cmd.Path, n.cmd.Args[len(n.cmd.Args)-1]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "nats-server "+n.name+" listening again", func() bool {
+		c, err := net.DialTimeout("tcp", n.clientAddr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
 }
 
 func (n *natsNode) kill() {
@@ -54,6 +85,28 @@ func buildNATSServer(t *testing.T, dir string) string {
 // JetStream answers.
 func startNATSCluster(t *testing.T, user, password string) []*natsNode {
 	t.Helper()
+	return startNATSClusterWith(t, user, password, clusterSetup{})
+}
+
+// clusterSetup changes how startNATSClusterWith wires the nodes.
+type clusterSetup struct {
+	// routeVia, when set, returns the address node from dials to reach
+	// node to's route listener at addr (a proxy the test controls). Each
+	// node then lists only the other two, and advertises a route address
+	// that refuses every connection, so that no node learns a way around
+	// the proxies from the cluster's gossip. Nil: every node lists the
+	// three route listeners themselves.
+	routeVia func(from, to int, addr string) string
+	// monitor serves each node's monitoring endpoint (natsNode.monitorAddr).
+	monitor bool
+	// routePing, when set, is the routes' ping interval (cluster
+	// ping_interval, with ping_max 2), instead of nats-server's 2 minutes.
+	routePing time.Duration
+}
+
+// startNATSClusterWith is startNATSCluster wired as setup says.
+func startNATSClusterWith(t *testing.T, user, password string, setup clusterSetup) []*natsNode {
+	t.Helper()
 	dir := t.TempDir()
 	bin := buildNATSServer(t, dir)
 	clientPorts := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
@@ -65,16 +118,34 @@ func startNATSCluster(t *testing.T, user, password string) []*natsNode {
 	nodes := make([]*natsNode, 3)
 	for i := range 3 {
 		name := fmt.Sprintf("n%d", i+1)
+		nodeRoutes, extra := routes, ""
+		if setup.routeVia != nil {
+			nodeRoutes = nil
+			for j, r := range routePorts {
+				if j != i {
+					nodeRoutes = append(nodeRoutes, "nats-route://"+setup.routeVia(i, j, r))
+				}
+			}
+			extra = "  advertise: " + refusingAddr(t) + "\n"
+		}
+		if setup.routePing > 0 {
+			extra += fmt.Sprintf("  ping_interval: %q\n  ping_max: 2\n", setup.routePing.String())
+		}
+		var monitorAddr, monitor string
+		if setup.monitor {
+			monitorAddr = freeAddr(t)
+			monitor = "http: " + monitorAddr + "\n"
+		}
 		conf := fmt.Sprintf(`server_name: %s
 listen: %s
-jetstream { store_dir: %q, max_file_store: 1G, max_memory_store: 64M }
+%sjetstream { store_dir: %q, max_file_store: 1G, max_memory_store: 64M }
 cluster {
   name: outflow-test
   listen: %s
   routes: [%s]
-}
+%s}
 authorization { user: %q, password: %q }
-`, name, clientPorts[i], filepath.Join(dir, name), routePorts[i], strings.Join(routes, ", "), user, password)
+`, name, clientPorts[i], monitor, filepath.Join(dir, name), routePorts[i], strings.Join(nodeRoutes, ", "), extra, user, password)
 		cf := filepath.Join(dir, name+".conf")
 		if err := os.WriteFile(cf, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)
@@ -83,13 +154,10 @@ authorization { user: %q, password: %q }
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(bin, "-c", cf)
-		cmd.Stdout, cmd.Stderr = lf, lf
-		if err := cmd.Start(); err != nil {
+		n := &natsNode{name: name, clientAddr: clientPorts[i], monitorAddr: monitorAddr, log: lf}
+		if err := n.start(bin, cf); err != nil {
 			t.Fatal(err)
 		}
-		n := &natsNode{name: name, clientAddr: clientPorts[i], cmd: cmd, exited: make(chan struct{}), log: lf}
-		go func() { _ = cmd.Wait(); close(n.exited) }()
 		t.Cleanup(func() { n.kill(); lf.Close() })
 		nodes[i] = n
 	}
@@ -119,6 +187,27 @@ authorization { user: %q, password: %q }
 		return err == nil
 	})
 	return nodes
+}
+
+// refusingAddr is a loopback address the test holds and whose every
+// connection is closed at once.
+func refusingAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 func clusterURL(nodes []*natsNode, user, password string) string {

@@ -194,12 +194,51 @@ type load struct {
 	stop     chan struct{}
 	wg       sync.WaitGroup
 	pace     time.Duration
+	tokens   chan struct{} // when set, one per submission (startRatedLoad)
 }
 
 func startLoad(t *testing.T, prefix, addr string, conns int, pace time.Duration) *load {
 	l := &load{t: t, prefix: prefix, accepted: map[string]bool{}, stop: make(chan struct{}), pace: pace,
 		rcpt: func(n int) string { return fmt.Sprintf("r%d@dest.test", n%7) }}
 	l.addr.Store(addr)
+	for c := range conns {
+		l.wg.Add(1)
+		go l.run(c)
+	}
+	t.Cleanup(l.Stop)
+	return l
+}
+
+// startRatedLoad is a load of rate submissions per second in all, from
+// conns connections, with rcpt choosing the recipient of message n. Time
+// lost (a daemon down, slow replies) is not made up later: the load never
+// runs faster than rate, beyond a burst of a tenth of a second's worth.
+func startRatedLoad(t *testing.T, prefix, addr string, conns int, rate float64, rcpt func(n int) string) *load {
+	burst := max(1, int(rate/10))
+	l := &load{t: t, prefix: prefix, accepted: map[string]bool{}, stop: make(chan struct{}), rcpt: rcpt,
+		tokens: make(chan struct{}, burst)}
+	l.addr.Store(addr)
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		const tick = 10 * time.Millisecond
+		tk := time.NewTicker(tick)
+		defer tk.Stop()
+		var due float64
+		for {
+			select {
+			case <-l.stop:
+				return
+			case <-tk.C:
+			}
+			for due += rate * tick.Seconds(); due >= 1; due-- {
+				select {
+				case l.tokens <- struct{}{}:
+				default: // the submitters are behind: the token is dropped
+				}
+			}
+		}
+	}()
 	for c := range conns {
 		l.wg.Add(1)
 		go l.run(c)
@@ -280,6 +319,13 @@ func (l *load) run(c int) {
 				case <-time.After(100 * time.Millisecond): // the daemon is restarting: poll
 				}
 				continue
+			}
+		}
+		if l.tokens != nil {
+			select {
+			case <-l.stop:
+				return
+			case <-l.tokens:
 			}
 		}
 		n := int(l.seq.Add(1))
