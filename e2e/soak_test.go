@@ -29,11 +29,11 @@ import (
 // goes down and comes back every tenth of the run, each worker is killed
 // once with SIGKILL and restarted on its data dir, a NATS node is killed
 // and restarted on its store, and a tenth of the mail goes to a provider
-// that throttles above twice that share (421 4.7.28). Every interval (a minute, or a thirtieth of
-// a shorter run) it samples each worker's RSS, goroutines (its /metrics)
-// and open file descriptors (/proc/PID/fd), and JetStream's storage
-// (account info, and the queue's streams apart from the events and SENT
-// markers that are kept by design).
+// that throttles above twice that share (421 4.7.28). Every interval (a
+// minute, or a thirtieth of a shorter run) it samples each worker's RSS,
+// goroutines (its /metrics) and open file descriptors (/proc/PID/fd), and
+// JetStream's storage (account info, and the queue's streams apart from
+// the events and SENT markers, which are kept by design).
 //
 // Pass means nothing accepted with 250 is lost; duplicates stay within
 // what can have been in flight at the faults (computed below); and,
