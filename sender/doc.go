@@ -1,12 +1,14 @@
 // Package sender is in charge of handing messages to the mail servers of
 // their recipients, the way a trusted MTA does: it finds the destination's
 // MX hosts (RFC 5321 5.1, with the implicit MX and RFC 7505 null MX), or
-// uses a configured smarthost with SASL AUTH; it negotiates STARTTLS per
-// destination policy; it bounds every step of the conversation with the RFC
-// 5321 4.5.3.2 timeouts and the caller's context; it keeps a pool of
-// connections per host and reuses them (RSET between transactions); it
-// splits recipients by the server's limit; and it reports one raw outcome
-// per recipient.
+// uses a configured smarthost with SASL AUTH; it secures each MX session
+// as DANE (RFC 7672, package dane), then MTA-STS (RFC 8461, package mtasts),
+// then the destination's configured TLS policy require (tlspolicy.go), and
+// hands the TLS outcomes to RFC 8460 reporting (package tlsrpt); it bounds
+// every step of the conversation with the RFC 5321 4.5.3.2 timeouts and
+// the caller's context; it keeps a pool of connections per host and reuses
+// them (RSET between transactions); it splits recipients by the server's
+// limit; and it reports one raw outcome per recipient.
 //
 // Failure semantics. Send never classifies and never retries a message on
 // its own (only a failed RSET on a pooled connection is retried on a new
@@ -14,7 +16,7 @@
 // classify.Input: the reply to its RCPT when refused there; the reply to
 // the final dot when accepted there; otherwise the outcome that ended the
 // attempt for everyone still waiting (DNS failure, connect failure, greeting
-// or EHLO refusal, TLS failure under a "required" policy, AUTH refusal,
+// or EHLO refusal, TLS failure under a "required" policy, DANE or MTA-STS, AUTH refusal,
 // MAIL or DATA refusal, timeout or lost connection). A timeout or lost
 // connection after the final dot was sent is reported at StageDataEnd: the
 // message may have been delivered, which package classify calls "unknown".

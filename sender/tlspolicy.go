@@ -177,12 +177,12 @@ func (s *Sender) secure(ctx context.Context, log zerolog.Logger, c *client, p *t
 			var se *stepErr
 			if hp.mode != modeRequired && errors.As(err, &se) && se.in.Stage == classify.StageTLS && c.verifyErr != nil {
 				s.reportHost(p, hp, c, false, resultOf(c.verifyErr), errText(c.verifyErr))
-				kind := "DANE verification"
+				why := c.verifyErr.Error() // a *dane.Error says "DANE: …" itself
 				if hp.mode == modeSTS {
-					kind = "MTA-STS certificate verification"
+					why = "MTA-STS certificate verification failed: " + why
 				}
 				return nil, &stepErr{in: classify.Input{Stage: classify.StageTLS, Event: classify.EventTLSFailure,
-					Text: syntheticText(fmt.Sprintf("%s (%s): %s failed: %v; not delivering without it", host, addr, kind, c.verifyErr))}, err: err}
+					Text: syntheticText(fmt.Sprintf("%s (%s): %s; not delivering without it", host, addr, why))}, err: err}
 			}
 			if hp.mode != modeRequired && errors.As(err, &se) && se.in.Stage == classify.StageTLS {
 				s.reportHost(p, hp, c, false, tlsrpt.ResultValidationFailure, se.in.Text)

@@ -144,7 +144,7 @@ func TestDANE(t *testing.T) {
 		cfg.TLSReport = rep
 		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
 		checkAll(t, r, classify.StageTLS, 0, classify.EventTLSFailure)
-		checkTransient(t, r, "DANE verification failed")
+		checkTransient(t, r, "DANE: no TLSA record matches the certificate of mx.example.test")
 		if n := len(p.fake.Messages()); n != 0 {
 			t.Errorf("%d messages delivered", n)
 		}

@@ -84,6 +84,8 @@ type serveConfig struct {
 	webhookConfig
 	// dns, tls-ca-file and [[egress]]: cmd/outflow/delivery.go.
 	deliveryConfig
+	// mta-sts, dane and tls-report-*: cmd/outflow/tlspolicy.go.
+	tlsPolicyConfig
 }
 
 // dkimConfig is one [[dkim]] section: the key that signs mail whose sender
@@ -154,6 +156,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	bindAPIFlags(fs, &c.apiConfig)
 	bindWebhookFlags(fs, &c.webhookConfig)
 	bindDeliveryFlags(fs, &c.deliveryConfig)
+	bindTLSPolicyFlags(fs, &c.tlsPolicyConfig)
 }
 
 // loadConfigFile applies the config file under the flags: it remembers the

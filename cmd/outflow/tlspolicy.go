@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"path/filepath"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/pflag"
+
+	"github.com/outflow/outflow/dane"
+	"github.com/outflow/outflow/mtasts"
+	"github.com/outflow/outflow/sender"
+	"github.com/outflow/outflow/tlsrpt"
+)
+
+// tlsPolicyConfig is the MTA-STS, DANE and TLS-report part of
+// serveConfig; each field is a flag and a config-file key of the same
+// name. docs/delivery.md describes what they do.
+type tlsPolicyConfig struct {
+	MTASTS           bool   `toml:"mta-sts"`
+	MTASTSPolicyAddr string `toml:"mta-sts-policy-addr"`
+	DANE             bool   `toml:"dane"`
+	TLSReportDir     string `toml:"tls-report-dir"`
+	TLSReportPost    bool   `toml:"tls-report-post"`
+	TLSReportOrg     string `toml:"tls-report-org"`
+	TLSReportContact string `toml:"tls-report-contact"`
+}
+
+func bindTLSPolicyFlags(fs *pflag.FlagSet, c *tlsPolicyConfig) {
+	fs.BoolVar(&c.MTASTS, "mta-sts", true, "apply recipient domains' MTA-STS policies (RFC 8461) to MX delivery")
+	fs.StringVar(&c.MTASTSPolicyAddr, "mta-sts-policy-addr", "", "for tests and labs: fetch every MTA-STS policy from this HOST:PORT (the certificate is still checked for mta-sts.<domain>)")
+	fs.BoolVar(&c.DANE, "dane", true, "apply DNSSEC-authenticated TLSA records (DANE, RFC 7672) to MX delivery; needs a validating resolver (--dns)")
+	fs.StringVar(&c.TLSReportDir, "tls-report-dir", "", "write the daily TLS reports (RFC 8460 JSON) under this directory, one file per policy domain")
+	fs.BoolVar(&c.TLSReportPost, "tls-report-post", false, "POST the daily TLS reports to the https rua addresses of each domain's _smtp._tls TXT record")
+	fs.StringVar(&c.TLSReportOrg, "tls-report-org", "", "organization-name in TLS reports (default: the hostname)")
+	fs.StringVar(&c.TLSReportContact, "tls-report-contact", "", "contact-info in TLS reports (default: postmaster@<hostname>)")
+}
+
+// tlsResolver is what MTA-STS, DANE and the reports look up.
+type tlsResolver interface {
+	mtasts.Resolver
+	dane.Resolver
+}
+
+// tlsPolicies builds the MTA-STS client, the DANE resolver and the TLS
+// report aggregator for the sender, and returns a function that runs the
+// aggregator until ctx ends (nil when there are no reports to keep).
+func tlsPolicies(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname string, log zerolog.Logger) (
+	sts sender.MTASTSLookup, tlsa dane.Resolver, rep sender.TLSReporter, run func(context.Context), err error) {
+	t := &c.tlsPolicyConfig
+	if t.MTASTS {
+		cl, err := mtasts.New(mtasts.Config{Resolver: res, RootCAs: roots, PolicyAddr: t.MTASTSPolicyAddr})
+		if err != nil {
+			return nil, nil, nil, nil, usageError{err}
+		}
+		sts = cl
+	}
+	if t.DANE {
+		tlsa = res
+	}
+	if t.TLSReportDir == "" && !t.TLSReportPost {
+		return sts, tlsa, nil, nil, nil
+	}
+	org, contact := t.TLSReportOrg, t.TLSReportContact
+	if org == "" {
+		org = hostname
+	}
+	if contact == "" {
+		contact = "postmaster@" + hostname
+	}
+	agg, err := tlsrpt.New(tlsrpt.Config{Dir: t.TLSReportDir, Post: t.TLSReportPost, Resolver: res, RootCAs: roots,
+		OrgName: org, Contact: contact, StateFile: filepath.Join(c.Data, "tlsrpt-state.json"),
+		Logger: log.With().Str("component", "tlsrpt").Logger()})
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	return sts, tlsa, agg, agg.Run, nil
+}
