@@ -184,6 +184,18 @@ func serve(parent context.Context, c *serveConfig) error {
 	if err != nil {
 		return err
 	}
+	sts, tlsa, tlsReport, runReports, err := tlsPolicies(c, res, roots, hostname, log)
+	if err != nil {
+		return err
+	}
+	if runReports != nil {
+		// The report loop saves the day's counts when it stops; serve
+		// waits for that before it returns.
+		rctx, stopReports := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); runReports(rctx) }()
+		defer func() { stopReports(); <-done }()
+	}
 	tlsDest := map[string]sender.TLSPolicy{}
 	for d, p := range c.TLSDestinations {
 		tlsDest[strings.ToLower(d)] = sender.TLSPolicy(p)
@@ -193,7 +205,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		RelayTLS: sender.RelayTLS(c.RelayTLS), TLS: sender.TLSPolicy(c.TLSPolicy), TLSPerDestination: tlsDest,
 		ConnectTimeout: c.ConnectTimeout, GreetingTimeout: c.CommandTimeout, CommandTimeout: c.CommandTimeout,
 		DataInitTimeout: c.CommandTimeout, DataBlockTimeout: c.DataTimeout, FinalDotTimeout: c.FinalDotTimeout,
-		Port: c.SMTPPort, Resolver: res, RootCAs: roots, Logger: log,
+		Port: c.SMTPPort, Resolver: res, RootCAs: roots, MTASTS: sts, DANE: tlsa, TLSReport: tlsReport, Logger: log,
 	})
 	if err != nil {
 		return usageError{err}
