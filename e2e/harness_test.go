@@ -82,6 +82,18 @@ type daemon struct {
 // waits (up to 60s) for its "outflow serving" log line.
 func startDaemon(t *testing.T, data string, args ...string) *daemon {
 	t.Helper()
+	d, err := tryStartDaemon(t, data, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// tryStartDaemon is startDaemon returning an error (with the daemon's log)
+// when the daemon exits or does not serve within 60s, so that a test can
+// start it again.
+func tryStartDaemon(t *testing.T, data string, args ...string) (*daemon, error) {
+	t.Helper()
 	all := append([]string{"serve", "--data", data, "--smtp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--api-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0", "--log-level", "info", "--shutdown-grace", "10s"}, args...)
 	cmd := exec.Command(binary, all...)
@@ -133,11 +145,12 @@ func startDaemon(t *testing.T, data string, args ...string) *daemon {
 		d.SMTPAddr, _ = m["smtp_addr"].(string)
 		d.HTTPAddr, _ = m["http_addr"].(string)
 	case <-d.exited:
-		t.Fatalf("outflow exited before serving: %v\n%s", d.exitErr, d.Logs())
+		return nil, fmt.Errorf("outflow exited before serving: %v\n%s", d.exitErr, d.Logs())
 	case <-time.After(60 * time.Second):
-		t.Fatalf("outflow not serving after 60s\n%s", d.Logs())
+		d.Kill()
+		return nil, fmt.Errorf("outflow not serving after 60s\n%s", d.Logs())
 	}
-	return d
+	return d, nil
 }
 
 // Logs returns everything the daemon wrote to stderr so far.

@@ -76,12 +76,15 @@ func Mount(backing, mountpoint string, opts Options) (*FS, error) {
 	data := &fs.LoopbackRoot{Path: backing, Dev: uint64(st.Dev)}
 	root := &node{LoopbackNode: &fs.LoopbackNode{RootData: data}, fs: f}
 	data.RootNode = root // paths are computed from the wrapping root
-	zero := time.Duration(0)
+	// The kernel may cache names and attributes for a second: every
+	// change goes through this mount, which keeps those caches right, and
+	// a store's recovery does many lookups. Only Crash changes the backing
+	// dir behind the kernel's back, and nothing may use the mount after it.
+	cache := time.Second
 	srv, err := fs.Mount(mountpoint, root, &fs.Options{
-		// No kernel caching of names and attributes: every lookup and
-		// stat comes here, so what the daemon sees is the backing dir.
-		EntryTimeout: &zero,
-		AttrTimeout:  &zero,
+		EntryTimeout:    &cache,
+		AttrTimeout:     &cache,
+		NegativeTimeout: &cache,
 		MountOptions: fuse.MountOptions{
 			FsName: "faultfs",
 			Name:   "faultfs",
