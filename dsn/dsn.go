@@ -60,6 +60,9 @@ type Recipient struct {
 	// Diagnostic is the server's reply, "550 5.1.1 no such user" (sent as
 	// Diagnostic-Code: smtp; ...). Empty: no Diagnostic-Code field.
 	Diagnostic string
+	// DiagnosticType is the diagnostic's type; default "smtp". Another
+	// (e.g. "x-outflow") says the reason was not an SMTP reply.
+	DiagnosticType string
 	// LastAttempt is when outflow last tried; zero omits the field.
 	LastAttempt time.Time
 	// WillRetryUntil is when outflow gives up (delayed only); zero omits it.
@@ -285,7 +288,12 @@ func statusFields(r *Report) string {
 			field("Remote-MTA", "dns; "+ascii(rc.RemoteMTA))
 		}
 		if rc.Diagnostic != "" {
-			field("Diagnostic-Code", "smtp; "+fold(ascii(oneLine(rc.Diagnostic)), len("Diagnostic-Code: smtp; ")))
+			typ := rc.DiagnosticType
+			if typ == "" {
+				typ = "smtp"
+			}
+			typ = ascii(typ)
+			field("Diagnostic-Code", typ+"; "+fold(ascii(oneLine(rc.Diagnostic)), len("Diagnostic-Code: ; ")+len(typ)))
 		}
 		if !rc.LastAttempt.IsZero() {
 			field("Last-Attempt-Date", rc.LastAttempt.UTC().Format(time.RFC1123Z))
@@ -305,6 +313,9 @@ func status(rc Recipient) string {
 		return rc.Status
 	}
 	f := strings.Fields(rc.Diagnostic)
+	if rc.DiagnosticType != "" && rc.DiagnosticType != "smtp" {
+		f = nil
+	}
 	if len(f) > 1 && validStatus(f[1]) && f[1][0] == f[0][0] {
 		return f[1]
 	}

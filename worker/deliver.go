@@ -50,6 +50,11 @@ type outcome struct {
 	// throttle if any, else the first non-delivered result.
 	lead    classify.Result
 	results []classify.Result
+	// For delivery status notifications (dsn.go): the server that
+	// answered, the body sent, the recipients a DSN-capable server took.
+	host       string
+	body       []byte
+	dsnRelayed map[string]bool
 }
 
 type rcptResult struct {
@@ -142,7 +147,7 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		}
 	}
 
-	msg := &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body}
+	msg := &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body, DSN: messageDSN(e)}
 	if l, ok := p.cfg.Gate.(limiter); ok {
 		msg.MaxMsgsPerConn = l.LimitsOf(dest).MaxMsgsPerConn
 	}
@@ -155,6 +160,7 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	stop()
 
 	o := p.sort(e, res)
+	o.noteDSN(res, body)
 	release(o.results)
 	return p.record(ctx, d, dest, o, now)
 }
@@ -294,6 +300,9 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 			Worker: p.id, Recipients: []string{b.rcpt}, Reason: b.res.Text, Decision: mustJSON(rec)})
 		p.suppressBounce(ctx, e, b)
 	}
+	if err := p.bounceNotice(ctx, e, o); err != nil {
+		return err
+	}
 	if p.cfg.Metrics != nil && len(o.bounced) > 0 {
 		p.cfg.Metrics.Bounced.Add(float64(len(o.bounced)))
 	}
@@ -344,6 +353,9 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 			rec = p.baseRecord(e, dest, *r)
 		}
 		p.logRecord(rec, "delivered")
+		if err := p.successNotice(ctx, e, o); err != nil {
+			return err
+		}
 		if err := d.Delivered(ctx, o.delivered, remaining == 0); err != nil {
 			return err
 		}
@@ -415,6 +427,9 @@ func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.E
 		p.cfg.Metrics.RetryDelay.WithLabelValues(string(lane)).Observe(dec.Delay.Seconds())
 	}
 	next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
+	if err := p.delayNotice(ctx, e, next, o); err != nil {
+		return false, err
+	}
 	if err := d.Reschedule(ctx, next, lane, p.serverTime(at), false); err != nil {
 		return false, err
 	}
@@ -451,6 +466,9 @@ func (p *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Env
 	e := d.Env
 	p.log.Warn().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", next.Attempt).
 		Str("reason", reason).Msg("moved to dead letters")
+	if err := p.deadNotice(ctx, e, next, reason); err != nil {
+		return err
+	}
 	if err := d.Dead(ctx, next, reason); err != nil {
 		return err
 	}

@@ -79,6 +79,9 @@ type Config struct {
 	// Suppressions receives the recipients of permanent recipient-scope
 	// bounces; nil keeps no list.
 	Suppressions Suppressor
+	// DSN turns on delivery status notifications (dsn.go); nil sends
+	// none.
+	DSN *DSNConfig
 	// Metrics receives counters; nil disables them.
 	Metrics *Metrics
 	// Now is the worker's wall clock (default time.Now); tests give a
@@ -89,6 +92,7 @@ type Config struct {
 // Pool runs Workers delivery goroutines over the three lanes.
 type Pool struct {
 	cfg Config
+	dsn *dsnState // nil without Config.DSN
 	log zerolog.Logger
 	wg  sync.WaitGroup
 }
@@ -131,7 +135,7 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.Budget == (backoff.Budget{}) {
 		cfg.Budget = backoff.DefaultBudget()
 	}
-	return &Pool{cfg: cfg, log: cfg.Logger.With().Str("worker_id", cfg.WorkerID).Logger()}, nil
+	return &Pool{cfg: cfg, dsn: newDSNState(cfg.DSN), log: cfg.Logger.With().Str("worker_id", cfg.WorkerID).Logger()}, nil
 }
 
 // Run pulls and delivers until ctx ends, then waits for the deliveries in

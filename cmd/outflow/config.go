@@ -86,6 +86,9 @@ type serveConfig struct {
 	deliveryConfig
 	// mta-sts, dane and tls-report-*: cmd/outflow/tlspolicy.go.
 	tlsPolicyConfig
+	// dsn, dsn-delay-warning, dsn-sender-rate and [tenants.NAME]:
+	// cmd/outflow/dsn.go.
+	dsnConfig
 }
 
 // dkimConfig is one [[dkim]] section: the key that signs mail whose sender
@@ -157,6 +160,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	bindWebhookFlags(fs, &c.webhookConfig)
 	bindDeliveryFlags(fs, &c.deliveryConfig)
 	bindTLSPolicyFlags(fs, &c.tlsPolicyConfig)
+	bindDSNFlags(fs, &c.dsnConfig)
 }
 
 // loadConfigFile applies the config file under the flags: it remembers the

@@ -160,3 +160,35 @@ func TestHistorySinceMustBePositive(t *testing.T) {
 		t.Fatalf("error %v, want a --since usage error", err)
 	}
 }
+
+// TestTenantDSNConfig: the documented [tenants.NAME] section reaches the
+// worker, and a bad dsn-address is refused.
+func TestTenantDSNConfig(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "outflow.toml")
+	if err := os.WriteFile(p, []byte(docExample(t)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseWith(t, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.workerDSN("mta1.example.com", nil, nil)
+	if err != nil || w == nil {
+		t.Fatalf("workerDSN: %v %v", w, err)
+	}
+	b := w.Tenants["billing"]
+	if b.Enabled == nil || !*b.Enabled || b.Address != "bounces@example.com" || b.DelayWarning == nil || *b.DelayWarning != 0 {
+		t.Fatalf("tenant billing = %+v", b)
+	}
+	if w.DelayWarning.Hours() != 4 || w.SenderRate != 60 {
+		t.Errorf("defaults: delay warning %v, sender rate %v", w.DelayWarning, w.SenderRate)
+	}
+	c.Tenants["billing"] = tenantConfig{DSNAddress: "not an address"}
+	if _, err := c.workerDSN("h", nil, nil); err == nil {
+		t.Error("a bad dsn-address was accepted")
+	}
+	c.DSN = false
+	if w, err := c.workerDSN("h", nil, nil); w != nil || err != nil {
+		t.Errorf("dsn = false: %v %v", w, err)
+	}
+}

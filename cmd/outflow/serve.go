@@ -239,10 +239,14 @@ func serve(parent context.Context, c *serveConfig) error {
 		return err
 	}
 
+	dsnCfg, err := c.workerDSN(hostname, suppressions, worker.NewDSNMetrics(reg))
+	if err != nil {
+		return usageError{err}
+	}
 	pool, err := worker.New(worker.Config{
 		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, Budget: budget, ProgressEvery: c.AckWait / 4,
 		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier, Gate: throttle,
-		Signer: signer, Logger: base, Metrics: worker.NewMetrics(reg), Suppressions: suppressions,
+		Signer: signer, Logger: base, Metrics: worker.NewMetrics(reg), Suppressions: suppressions, DSN: dsnCfg,
 	})
 	if err != nil {
 		return usageError{err}

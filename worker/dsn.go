@@ -1,0 +1,483 @@
+package worker
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/dsn"
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/sender"
+)
+
+// Delivery status notifications (RFC 3464 reports, RFC 3461 parameters).
+//
+// When a recipient ends permanent, or its envelope's budget is spent (dead
+// letters), a "failed" notice goes to the envelope sender; when an envelope
+// has been queued longer than DSNConfig.DelayWarning, one "delayed" notice
+// per envelope goes for the recipients still deferred; a recipient whose
+// NOTIFY asks for SUCCESS gets a "relayed" notice when the server that
+// accepted it does not offer DSN (RFC 3461 §6.2.2; one that does received
+// NOTIFY and owes the notice itself). One notice per envelope and event
+// lists every recipient that shared the event.
+//
+// A notice is a new message queued through outflow itself: null reverse
+// path, one recipient, the original's tenant (so it is DKIM-signed for the
+// domain of its From, MAILER-DAEMON@<the original sender's domain>, when
+// a key exists), flagged as a report so nothing ever answers it.
+//
+// Durability: the notice is enqueued (and acknowledged by JetStream)
+// before the original's durable step (its SENT marker, reschedule, dead
+// letter or final ack). Its queue id is derived from the envelope id, its
+// step and the action, and the work stream's deduplication window (24 h)
+// absorbs the second copy when a crash between the two steps makes the
+// attempt run again. A failed enqueue fails the attempt's durable step, so
+// the original comes back and the notice is tried again with it.
+//
+// Never a loop, never backscatter: no notice for a null reverse path, for
+// an envelope that is itself a report or whose body is one (multipart/
+// report; report-type=delivery-status), to an address on the tenant's
+// suppression list, for NOTIFY=NEVER, or past DSNConfig.SenderRate notices
+// per hour to one address. A hard bounce puts its recipient on the
+// suppression list (suppress.go) from the same result that lists it in the
+// notice, so the tenant hears about it once: its next message to that
+// recipient is refused at submission.
+
+// Defaults of DSNConfig.
+const (
+	// DefaultDelayWarning is Postfix's delay_warning_time when enabled.
+	DefaultDelayWarning = 4 * time.Hour
+	// DefaultDSNSenderRate is notices per hour to one address.
+	DefaultDSNSenderRate = 60
+)
+
+// DSNConfig turns on delivery status notifications (Config.DSN).
+type DSNConfig struct {
+	// ReportingMTA is the host name in Reporting-MTA and in the notices'
+	// Message-ID. Required.
+	ReportingMTA string
+	// DelayWarning is how long an envelope waits in the queue before its
+	// still deferred recipients get a delayed notice. Default
+	// DefaultDelayWarning (4 h); negative turns warnings off.
+	DelayWarning time.Duration
+	// SenderRate is the most notices per hour to one address (per
+	// process); past it notices are skipped and counted. Default
+	// DefaultDSNSenderRate; negative means no limit.
+	SenderRate float64
+	// Tenants holds per-tenant settings; a tenant not listed gets the
+	// defaults.
+	Tenants map[string]TenantDSN
+	// Suppressions is checked for the notice's recipient; nil checks
+	// nothing.
+	Suppressions SuppressionChecker
+	// Metrics counts notices; nil counts nothing.
+	Metrics *DSNMetrics
+}
+
+// TenantDSN is one tenant's notification settings ([tenants.NAME] in the
+// config file).
+type TenantDSN struct {
+	// Enabled turns notices on or off for the tenant. Nil: on for mail
+	// submitted over SMTP (whose clients expect RFC 5321 §6.1 bounces),
+	// off for mail from the HTTP API and NATS (whose clients read events
+	// and webhooks) and for envelopes that predate the source field.
+	Enabled *bool
+	// Address receives the tenant's notices instead of the envelope
+	// sender; "" sends them to the envelope sender.
+	Address string
+	// DelayWarning overrides DSNConfig.DelayWarning; 0 (or negative)
+	// turns delay warnings off for the tenant; nil keeps the default.
+	DelayWarning *time.Duration
+}
+
+// SuppressionChecker answers whether a tenant's notices to addr are
+// suppressed; *queue.Suppressions implements it.
+type SuppressionChecker interface {
+	Suppressed(ctx context.Context, tenant, addr string) (*queue.Suppression, error)
+}
+
+// DSNMetrics counts notifications.
+type DSNMetrics struct {
+	Sent    *prometheus.CounterVec // outflow_dsn_total{action}
+	Skipped *prometheus.CounterVec // outflow_dsn_skipped_total{reason}
+}
+
+// NewDSNMetrics creates and registers the notification counters on reg.
+func NewDSNMetrics(reg prometheus.Registerer) *DSNMetrics {
+	m := &DSNMetrics{
+		Sent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outflow_dsn_total", Help: "Delivery status notifications queued, by action (failed, delayed, relayed).",
+		}, []string{"action"}),
+		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outflow_dsn_skipped_total", Help: "Notifications not sent, by reason (null-sender, report, tenant-off, notify, suppressed, rate-limited).",
+		}, []string{"reason"}),
+	}
+	reg.MustRegister(m.Sent, m.Skipped)
+	return m
+}
+
+// Reasons a notice is not sent (outflow_dsn_skipped_total{reason}).
+const (
+	skipNullSender = "null-sender"
+	skipReport     = "report"
+	skipTenantOff  = "tenant-off"
+	skipNotify     = "notify"
+	skipSuppressed = "suppressed"
+	skipRate       = "rate-limited"
+	skipError      = "error"
+)
+
+// dsnState is the pool's notification state.
+type dsnState struct {
+	cfg  *DSNConfig
+	rate senderRate
+}
+
+func newDSNState(c *DSNConfig) *dsnState {
+	if c == nil {
+		return nil
+	}
+	cfg := *c
+	if cfg.DelayWarning == 0 {
+		cfg.DelayWarning = DefaultDelayWarning
+	}
+	if cfg.SenderRate == 0 {
+		cfg.SenderRate = DefaultDSNSenderRate
+	}
+	return &dsnState{cfg: &cfg, rate: senderRate{perHour: cfg.SenderRate}}
+}
+
+// noticeInput is one event's worth of recipients.
+type noticeInput struct {
+	action dsn.Action
+	kind   string // the NOTIFY keyword that asks for it
+	key    string // idempotency key: names the notice's queue id
+	rcpts  []dsn.Recipient
+	body   []byte // the original as sent; nil to fetch it
+}
+
+// tenantOn reports whether e's tenant gets notices.
+func (s *dsnState) tenantOn(e *queue.Envelope) bool {
+	if t, ok := s.cfg.Tenants[e.Tenant]; ok && t.Enabled != nil {
+		return *t.Enabled
+	}
+	return e.Source == queue.SourceSMTP
+}
+
+// delayWarning is e's tenant's delay-warning time, 0 when off.
+func (s *dsnState) delayWarning(e *queue.Envelope) time.Duration {
+	d := s.cfg.DelayWarning
+	if t, ok := s.cfg.Tenants[e.Tenant]; ok && t.DelayWarning != nil {
+		d = *t.DelayWarning
+	}
+	return max(d, 0)
+}
+
+func (s *dsnState) skip(reason string) {
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.Skipped.WithLabelValues(reason).Inc()
+	}
+}
+
+// notice queues one notification about e, unless a rule says not to. It
+// returns an error only when the enqueue itself failed: the caller's
+// durable step must then fail too, so the attempt (and the notice) runs
+// again.
+func (p *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput) error {
+	s := p.dsn
+	if s == nil {
+		return nil
+	}
+	switch {
+	case e.From == "":
+		s.skip(skipNullSender) // RFC 5321 §6.1, RFC 3461 §6.2
+		return nil
+	case e.IsReport:
+		s.skip(skipReport)
+		return nil
+	case !s.tenantOn(e):
+		s.skip(skipTenantOff)
+		return nil
+	}
+	rcpts := n.rcpts[:0:0]
+	for _, r := range n.rcpts {
+		if e.DSN.Wants(r.Final, n.kind) {
+			rcpts = append(rcpts, r)
+		}
+	}
+	if len(rcpts) == 0 {
+		s.skip(skipNotify)
+		return nil
+	}
+	to := e.From
+	if t := s.cfg.Tenants[e.Tenant]; t.Address != "" {
+		to = t.Address
+	}
+	log := p.log.With().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("action", string(n.action)).Logger()
+	if s.cfg.Suppressions != nil {
+		sup, err := s.cfg.Suppressions.Suppressed(ctx, e.Tenant, to)
+		if err != nil {
+			// Unknown is not suppressed: a notice owed is sent.
+			log.Warn().Err(err).Msg("suppression list unreadable for a notification; sending it")
+		} else if sup != nil {
+			s.skip(skipSuppressed)
+			log.Info().Str("to", to).Msg("notification not sent: its recipient is suppressed")
+			return nil
+		}
+	}
+	body := n.body
+	if body == nil {
+		b, err := p.cfg.Queue.EnvelopeBody(ctx, e)
+		if err != nil {
+			log.Warn().Err(err).Msg("original body unavailable; the notification carries no copy of it")
+		}
+		body = b
+	}
+	if body != nil && dsn.IsReport(body) {
+		s.skip(skipReport)
+		return nil
+	}
+	if !s.rate.allow(to, p.now()) {
+		s.skip(skipRate)
+		log.Warn().Str("to", to).Float64("per_hour", s.cfg.SenderRate).Msg("notification not sent: too many to this address")
+		return nil
+	}
+	for i := range rcpts {
+		if p := e.DSN.Rcpt(rcpts[i].Final); p.ORcpt != "" {
+			rcpts[i].Original, rcpts[i].OriginalType = p.ORcpt, p.ORcptType
+		}
+	}
+	ret := dsn.ReturnHeaders
+	if e.DSN != nil && strings.EqualFold(e.DSN.Ret, "FULL") {
+		ret = dsn.ReturnFull
+	}
+	envID := ""
+	if e.DSN != nil {
+		envID = e.DSN.EnvID
+	}
+	now := p.now()
+	msg, err := dsn.Build(&dsn.Report{
+		ReportingMTA: s.cfg.ReportingMTA, From: "MAILER-DAEMON@" + queue.Domain(e.From), To: to,
+		EnvelopeID: envID, ArrivalDate: e.SubmittedAt, Date: now, ID: n.key,
+		OriginalMessageID: e.MessageID, Recipients: rcpts, Original: body, Return: ret,
+	})
+	if err != nil {
+		s.skip(skipError)
+		log.Error().Err(err).Msg("notification not built")
+		return nil
+	}
+	ids, err := p.cfg.Queue.Enqueue(ctx, &queue.Submission{
+		Tenant: e.Tenant, From: "", Rcpts: []string{to}, Body: msg, ReceivedAt: now.UTC(),
+		IdempotencyKey: n.key, Source: queue.SourceDSN, IsReport: true,
+	})
+	if err != nil {
+		return err
+	}
+	final := make([]string, len(rcpts))
+	for i, r := range rcpts {
+		final[i] = r.Final
+	}
+	id := strings.Join(ids, ",")
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.Sent.WithLabelValues(string(n.action)).Inc()
+	}
+	log.Info().Str("dsn_id", id).Str("to", to).Strs("rcpts", final).Msg("delivery status notification queued")
+	p.cfg.Queue.Event(queue.EventDSN, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest,
+		Worker: p.id, Recipients: final, Reason: string(n.action) + " notice " + id + " to " + to})
+	return nil
+}
+
+// noticeKey names a notice: one per envelope, step and event. A delay
+// warning has no step: there is one per envelope, ever. An attempt can
+// both bounce some recipients and send the rest to dead letters, so the
+// two failures have events of their own ("bounced", "dead").
+func noticeKey(e *queue.Envelope, event string) string {
+	if event == "delayed" {
+		return "dsn." + e.ID + ".delayed"
+	}
+	return "dsn." + e.ID + "." + strconv.Itoa(e.Step) + "." + event
+}
+
+// noteDSN keeps what the notices of this attempt need from its result.
+func (o *outcome) noteDSN(res sender.Result, body []byte) {
+	o.host, o.body = res.Host, body
+	for _, r := range res.Rcpts {
+		if r.DSNRelayed {
+			if o.dsnRelayed == nil {
+				o.dsnRelayed = map[string]bool{}
+			}
+			o.dsnRelayed[r.Rcpt] = true
+		}
+	}
+}
+
+// bounceNotice reports the recipients an attempt bounced.
+func (p *deliverer) bounceNotice(ctx context.Context, e *queue.Envelope, o *outcome) error {
+	if p.dsn == nil || len(o.bounced) == 0 {
+		return nil
+	}
+	at := p.now()
+	rcpts := make([]dsn.Recipient, 0, len(o.bounced))
+	for _, b := range o.bounced {
+		rcpts = append(rcpts, rcptReport(b.rcpt, dsn.Failed, b.res, o.host, at))
+	}
+	return p.notice(ctx, e, noticeInput{action: dsn.Failed, kind: queue.NotifyFailure, key: noticeKey(e, "bounced"), rcpts: rcpts, body: o.body})
+}
+
+// deadNotice reports the recipients of an envelope going to dead letters
+// (budget spent, max age passed, body lost), with its last reply.
+func (p *deliverer) deadNotice(ctx context.Context, e, next *queue.Envelope, reason string) error {
+	if p.dsn == nil {
+		return nil
+	}
+	var last classify.Result
+	at := p.now()
+	if n := len(next.History); n > 0 {
+		h := next.History[n-1]
+		last = classify.Result{Code: h.Code, Enhanced: h.Enhanced, Text: h.Reply}
+		at = h.At
+	}
+	if last.Text == "" {
+		last.Text = reason
+	}
+	rcpts := make([]dsn.Recipient, 0, len(next.Rcpts))
+	for _, r := range next.Rcpts {
+		rc := rcptReport(r, dsn.Failed, last, "", at)
+		if last.Code/100 == 4 {
+			// The last reply was temporary; the failure is outflow giving
+			// up: RFC 3463 4.4.7, delivery time expired.
+			rc.Status = "5.4.7"
+		}
+		rcpts = append(rcpts, rc)
+	}
+	return p.notice(ctx, e, noticeInput{action: dsn.Failed, kind: queue.NotifyFailure, key: noticeKey(e, "dead"), rcpts: rcpts})
+}
+
+// delayNotice sends the one delay warning of an envelope being deferred
+// once it has waited DelayWarning, and marks next so that it never sends
+// another. The decision is made once, sent or not (NOTIFY without DELAY,
+// a tenant without notices).
+func (p *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o *outcome) error {
+	if p.dsn == nil || e.DelayWarned {
+		return nil
+	}
+	warn := p.dsn.delayWarning(e)
+	if warn <= 0 || e.SubmittedAt.IsZero() || p.now().Sub(e.SubmittedAt) < warn {
+		return nil
+	}
+	at := p.now()
+	rcpts := make([]dsn.Recipient, 0, len(next.Rcpts))
+	for _, r := range next.Rcpts {
+		rc := rcptReport(r, dsn.Delayed, o.lead, o.host, at)
+		rc.WillRetryUntil = e.Deadline
+		if rc.Status == "" || rc.Status[0] != '4' {
+			rc.Status = "4.0.0" // RFC 3464 §2.3.4: a delay is a 4.x.x
+		}
+		rcpts = append(rcpts, rc)
+	}
+	if err := p.notice(ctx, e, noticeInput{action: dsn.Delayed, kind: queue.NotifyDelay, key: noticeKey(e, "delayed"), rcpts: rcpts, body: o.body}); err != nil {
+		return err
+	}
+	next.DelayWarned = true
+	return nil
+}
+
+// successNotice sends a relayed notice for delivered recipients whose
+// NOTIFY asks for SUCCESS, when the accepting server did not take the
+// DSN parameters (RFC 3461 §6.2.2); one that did owes the notice itself.
+func (p *deliverer) successNotice(ctx context.Context, e *queue.Envelope, o *outcome) error {
+	if p.dsn == nil || e.DSN == nil {
+		return nil
+	}
+	at := p.now()
+	var rcpts []dsn.Recipient
+	for _, r := range o.delivered {
+		if o.dsnRelayed[r] || !e.DSN.Wants(r, queue.NotifySuccess) {
+			continue
+		}
+		res := classify.Result{Code: 250, Text: "accepted"}
+		if d := firstDelivered(o); d != nil {
+			res = *d
+		}
+		rcpts = append(rcpts, rcptReport(r, dsn.Relayed, res, o.host, at))
+	}
+	if len(rcpts) == 0 {
+		return nil
+	}
+	return p.notice(ctx, e, noticeInput{action: dsn.Relayed, kind: queue.NotifySuccess, key: noticeKey(e, "relayed"), rcpts: rcpts, body: o.body})
+}
+
+// rcptReport is one recipient's block from a classified reply.
+func rcptReport(rcpt string, a dsn.Action, r classify.Result, host string, at time.Time) dsn.Recipient {
+	rc := dsn.Recipient{Final: rcpt, Action: a, Status: r.Enhanced, RemoteMTA: host, LastAttempt: at}
+	if r.Code != 0 {
+		rc.Diagnostic = replyLine(r)
+	} else if r.Text != "" {
+		// Not an SMTP reply (DNS, a connection failure): said as what it is.
+		rc.DiagnosticType, rc.Diagnostic = "x-outflow", oneLine(r.Text)
+	}
+	return rc
+}
+
+// messageDSN is e's parameters as the sender passes them on.
+func messageDSN(e *queue.Envelope) *sender.DSNParams {
+	if e.DSN == nil {
+		return nil
+	}
+	d := &sender.DSNParams{Ret: e.DSN.Ret, EnvID: e.DSN.EnvID}
+	if len(e.DSN.Rcpts) > 0 {
+		d.Rcpts = make([]sender.RcptDSN, len(e.Rcpts))
+		for i, r := range e.Rcpts {
+			p := e.DSN.Rcpts[r]
+			d.Rcpts[i] = sender.RcptDSN{Notify: p.Notify, ORcpt: p.ORcpt, ORcptType: p.ORcptType}
+		}
+	}
+	return d
+}
+
+// senderRate limits notices per address: a token bucket per lower-cased
+// address holding an hour's allowance, refilled continuously. Per process:
+// a storm is slowed on every worker, and a fleet of N sends at most N
+// times the rate. Bounded: past maxTracked addresses the map starts
+// again from empty (everyone gets a fresh allowance, never fewer).
+type senderRate struct {
+	perHour float64
+	mu      sync.Mutex
+	buckets map[string]*rateBucket
+}
+
+type rateBucket struct {
+	tokens float64
+	at     time.Time
+}
+
+const maxTracked = 100_000
+
+func (r *senderRate) allow(addr string, now time.Time) bool {
+	if r.perHour < 0 {
+		return true
+	}
+	addr = strings.ToLower(addr)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.buckets == nil || len(r.buckets) >= maxTracked {
+		r.buckets = map[string]*rateBucket{}
+	}
+	b, ok := r.buckets[addr]
+	if !ok {
+		b = &rateBucket{tokens: r.perHour, at: now}
+		r.buckets[addr] = b
+	}
+	b.tokens = min(r.perHour, b.tokens+now.Sub(b.at).Hours()*r.perHour)
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}

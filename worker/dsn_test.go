@@ -1,0 +1,206 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"mime"
+	"net/mail"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/queue"
+)
+
+func bounceGone(stage fakemx.Stage, arg string) *smtp.SMTPError {
+	if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "gone@") {
+		return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
+	}
+	return nil
+}
+
+func (e *env) submitSMTP(from string, dsnp *queue.DSNParams, rcpts ...string) string {
+	e.t.Helper()
+	ids, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t1", From: from, Rcpts: rcpts, Source: queue.SourceSMTP,
+		DSN: dsnp, Body: []byte("Subject: hi\r\nFrom: app@src.test\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ids[0]
+}
+
+// reports returns the messages the MX received with a null reverse path.
+func reports(mx *fakemx.Server) []fakemx.Message {
+	var out []fakemx.Message
+	for _, m := range mx.Messages() {
+		if m.From == "" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func dsnConfig(m *DSNMetrics) *DSNConfig {
+	return &DSNConfig{ReportingMTA: "outflow.test", Metrics: m}
+}
+
+// TestBounceSendsDSN: a 550 for one recipient sends one failure report,
+// with a null reverse path, to the envelope sender, through the queue;
+// the original's history names it.
+func TestBounceSendsDSN(t *testing.T) {
+	e := newEnv(t, bounceGone)
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	e.startPool(func(c *Config) { c.DSN = dsnConfig(m) })
+	id := e.submitSMTP("app@src.test", nil, "gone@dest.test", "ok@dest.test")
+	evs := e.waitEvent(id, queue.EventDSN)
+	var reason string
+	for _, ev := range evs {
+		if ev.Type == queue.EventDSN {
+			reason = ev.Reason
+		}
+	}
+	if !strings.HasPrefix(reason, "failed notice k") || !strings.HasSuffix(reason, " to app@src.test") {
+		t.Fatalf("dsn event reason %q", reason)
+	}
+	waitUntil(t, "the report at the MX", func() bool { return len(reports(e.mx)) == 1 })
+	r := reports(e.mx)[0]
+	if strings.Join(r.Rcpts, ",") != "app@src.test" {
+		t.Fatalf("report went to %v", r.Rcpts)
+	}
+	msg, err := mail.ReadMessage(bytes.NewReader(r.Data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mt, params, _ := mime.ParseMediaType(msg.Header.Get("Content-Type"))
+	if mt != "multipart/report" || params["report-type"] != "delivery-status" {
+		t.Fatalf("Content-Type %q", msg.Header.Get("Content-Type"))
+	}
+	for _, want := range []string{"Final-Recipient: rfc822; gone@dest.test", "Action: failed", "Status: 5.1.1",
+		"Diagnostic-Code: smtp; 550 5.1.1 no such user", "Subject: hi"} {
+		if !bytes.Contains(r.Data, []byte(want)) {
+			t.Errorf("report lacks %q:\n%s", want, r.Data)
+		}
+	}
+	if bytes.Contains(r.Data, []byte("ok@dest.test")) {
+		t.Error("the delivered recipient is in the failure report")
+	}
+	if got := counterValue(m.Sent.WithLabelValues("failed")); got != 1 {
+		t.Errorf("outflow_dsn_total{action=failed} = %v", got)
+	}
+}
+
+// TestDSNSkipped: no report for a null reverse path, for NOTIFY=NEVER, for
+// a tenant turned off, or to a suppressed sender.
+func TestDSNSkipped(t *testing.T) {
+	e := newEnv(t, bounceGone)
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	off := false
+	e.startPool(func(c *Config) {
+		c.DSN = dsnConfig(m)
+		c.DSN.Tenants = map[string]TenantDSN{"t2": {Enabled: &off}}
+		c.DSN.Suppressions = fixedSuppressions{"t1/blocked@src.test": true}
+	})
+	skipped := func(reason string) float64 { return counterValue(m.Skipped.WithLabelValues(reason)) }
+
+	e.submitSMTP("", nil, "gone@dest.test")
+	waitUntil(t, "the null sender's report skipped", func() bool { return skipped(skipNullSender) == 1 })
+	e.submitSMTP("app@src.test", &queue.DSNParams{Rcpts: map[string]queue.RcptDSN{"gone@dest.test": {Notify: []string{"NEVER"}}}}, "gone@dest.test")
+	waitUntil(t, "NOTIFY=NEVER skipped", func() bool { return skipped(skipNotify) == 1 })
+	e.submitSMTP("blocked@src.test", nil, "gone@dest.test")
+	waitUntil(t, "a suppressed sender skipped", func() bool { return skipped(skipSuppressed) == 1 })
+	ids, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t2", From: "app@src.test", Rcpts: []string{"gone@dest.test"},
+		Source: queue.SourceSMTP, Body: []byte("Subject: x\r\n\r\nx\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "a tenant turned off skipped", func() bool { return skipped(skipTenantOff) == 1 })
+	// An API submission gets none by default.
+	if _, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: []string{"gone@dest.test"},
+		Source: queue.SourceAPI, Body: []byte("Subject: x\r\n\r\nx\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "an API submission skipped", func() bool { return skipped(skipTenantOff) == 2 })
+	e.waitEvent(ids[0], queue.EventBounced)
+	if n := len(reports(e.mx)); n != 0 || counterValue(m.Sent.WithLabelValues("failed")) != 0 {
+		t.Fatalf("%d reports sent", n)
+	}
+}
+
+// TestDSNOnceAcrossRetries: the same notice generated twice (an attempt
+// run again after a crash before its ack) is queued once.
+func TestDSNOnceAcrossRetries(t *testing.T) {
+	e := newEnv(t, nil)
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	p, err := New(Config{WorkerID: "w", Queue: e.q, Sender: e.snd, Logger: zerolog.Nop(), DSN: dsnConfig(m)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &deliverer{Pool: p, id: "w/0"}
+	env := &queue.Envelope{ID: "abc", MsgID: "abc", Tenant: "t1", From: "app@src.test", Rcpts: []string{"gone@dest.test"},
+		Dest: "dest.test", Body: []byte("Subject: hi\r\n\r\nx\r\n"), Source: queue.SourceSMTP, Step: 3, SubmittedAt: time.Now()}
+	o := &outcome{bounced: []rcptResult{{"gone@dest.test", classify.Result{Class: classify.Permanent, Code: 550, Enhanced: "5.1.1", Text: "no"}}},
+		host: "mx.dest.test", body: env.Body}
+	for range 2 {
+		if err := d.bounceNotice(context.Background(), env, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	items, err := e.q.List(context.Background(), queue.Filter{State: queue.StateQueued})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) != 1 {
+		t.Fatalf("%d envelopes queued for one notice generated twice", len(items))
+	}
+	e.startPool(nil)
+	waitUntil(t, "the report at the MX", func() bool { return len(reports(e.mx)) == 1 })
+}
+
+func TestSenderRate(t *testing.T) {
+	r := senderRate{perHour: 2}
+	now := time.Now()
+	if !r.allow("A@x", now) || !r.allow("a@x", now) || r.allow("a@X", now) {
+		t.Fatal("want two, then refused (case-insensitive)")
+	}
+	if !r.allow("b@x", now) {
+		t.Fatal("another address has its own allowance")
+	}
+	if !r.allow("a@x", now.Add(31*time.Minute)) || r.allow("a@x", now.Add(31*time.Minute)) {
+		t.Fatal("half an hour refills one of two per hour")
+	}
+}
+
+type fixedSuppressions map[string]bool
+
+func (f fixedSuppressions) Suppressed(_ context.Context, tenant, addr string) (*queue.Suppression, error) {
+	if f[tenant+"/"+addr] {
+		return &queue.Suppression{Tenant: tenant, Address: addr}, nil
+	}
+	return nil, nil
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}
