@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"text/template"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -57,7 +58,7 @@ func sharedQueue(t testing.TB) *queue.Queue {
 		}
 		shared.emb = emb
 		ci := emb.ClientInfo()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		for { // the in-process handshake can time out on a loaded machine
 			shared.q, err = queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
@@ -412,6 +413,41 @@ func TestPagesRender(t *testing.T) {
 		}
 		if res.Header.Get("Content-Security-Policy") == "" {
 			t.Errorf("GET %s: no Content-Security-Policy", p)
+		}
+	}
+}
+
+// TestAlertsLinkConsolePages: every alert in docs/alerts.yaml carries a
+// console annotation, and each, with its labels filled in, is a page the
+// console serves.
+func TestAlertsLinkConsolePages(t *testing.T) {
+	b, err := os.ReadFile("../docs/alerts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	alerts := regexp.MustCompile(`(?m)^\s*- alert: (\S+)`).FindAllStringSubmatch(string(b), -1)
+	links := regexp.MustCompile(`(?m)^\s*console: "http://127\.0\.0\.1:8025(/ui/(?:[^"\\]|\\.)*)"$`).FindAllStringSubmatch(string(b), -1)
+	if len(alerts) < 10 || len(links) != len(alerts) {
+		t.Fatalf("%d alerts, %d console annotations: want one per alert", len(alerts), len(links))
+	}
+	f := newFixture(t, nil)
+	cl := f.browser(t)
+	f.signIn(t, cl, f.admin)
+	for _, lane := range []string{"retry", "ratelimit"} {
+		for _, l := range links {
+			// Prometheus renders annotations as Go templates with $labels.
+			tm, err := template.New("a").Parse(`{{$labels := .Labels}}` + strings.ReplaceAll(l[1], `\"`, `"`))
+			if err != nil {
+				t.Fatalf("%s: %v", l[1], err)
+			}
+			var u strings.Builder
+			if err := tm.Execute(&u, map[string]any{"Labels": map[string]string{"dest": "storm.example", "lane": lane}}); err != nil {
+				t.Fatal(err)
+			}
+			res, body := get(t, cl, f.ts.URL+u.String())
+			if res.StatusCode != http.StatusOK || strings.Contains(body, `class="error"`) {
+				t.Errorf("%s: %d\n%s", u.String(), res.StatusCode, body)
+			}
 		}
 	}
 }

@@ -98,6 +98,10 @@ func TestMetricsAfterScenario(t *testing.T) {
 		`outflow_dead_letters_total`:                      0,
 		`outflow_workers_live`:                            1,
 		`outflow_queue_depth{lane="dead"}`:                0,
+		// Per destination, for the bounce-storm alert.
+		`outflow_dest_attempts_total{class="delivered",dest="dest.test"}`: 1,
+		`outflow_dest_attempts_total{class="permanent",dest="dest.test"}`: 1,
+		`outflow_dest_attempts_total{class="transient",dest="dest.test"}`: 1,
 	}
 	for k, v := range want {
 		if got, ok := m[k]; !ok || got != v {

@@ -293,7 +293,7 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 	now := p.now()
 
 	for _, b := range o.bounced {
-		p.cfg.Metrics.attempt("permanent", lane)
+		p.cfg.Metrics.attempt("permanent", lane, dest)
 		rec := p.baseRecord(e, dest, b.res)
 		p.logRecord(rec, "bounced")
 		q.Event(queue.EventBounced, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: e.Attempt + 1,
@@ -326,7 +326,7 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 		next.LastReply = replyLine(o.lead)
 		if len(o.held) > 0 {
 			next.Rcpts = append(append([]string(nil), o.held...), o.again...)
-			p.cfg.Metrics.attempt("unknown", lane)
+			p.cfg.Metrics.attempt("unknown", lane, dest)
 			rec := p.baseRecord(e, dest, o.lead)
 			p.logRecord(rec, "held for an operator (unknown-policy hold)")
 			next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
@@ -346,7 +346,7 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 	}
 
 	if len(o.delivered) > 0 {
-		p.cfg.Metrics.attempt("delivered", lane)
+		p.cfg.Metrics.attempt("delivered", lane, dest)
 		p.cfg.Metrics.delivered(len(o.delivered), e.SubmittedAt)
 		rec := p.baseRecord(e, dest, classify.Result{Class: classify.Delivered, Rule: "delivered"})
 		if r := firstDelivered(o); r != nil {
@@ -391,7 +391,7 @@ func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.E
 			p.cfg.Metrics.Throttles.WithLabelValues(dest).Inc()
 		}
 	}
-	p.cfg.Metrics.attempt(class, string(d.Lane))
+	p.cfg.Metrics.attempt(class, string(d.Lane), dest)
 	if over, why := p.cfg.Budget.Exhausted(next.Spent(), next.FirstAttempt, p.expiryNow(d, now)); over {
 		rec := p.baseRecord(e, dest, o.lead)
 		next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))

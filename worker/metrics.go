@@ -16,6 +16,7 @@ type Metrics struct {
 	DeadLetters     prometheus.Counter       // outflow_dead_letters_total
 	Unknown         prometheus.Counter       // outflow_unknown_outcomes_total
 	Throttles       *prometheus.CounterVec   // outflow_throttle_events_total{dest}
+	DestAttempts    *prometheus.CounterVec   // outflow_dest_attempts_total{dest,class}
 	DeliveryLatency prometheus.Histogram     // outflow_delivery_latency_seconds (submission to delivery)
 	RetryDelay      *prometheus.HistogramVec // outflow_retry_delay_seconds{lane}
 	Panics          prometheus.Counter       // outflow_worker_panics_total
@@ -35,6 +36,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Throttles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outflow_throttle_events_total", Help: "Throttled replies by destination.",
 		}, []string{"dest"}),
+		// Per destination, so that an alert can see one destination's
+		// share of permanent outcomes jump (a block or a broken list).
+		DestAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outflow_dest_attempts_total", Help: "Delivery attempt outcomes by destination and reply class.",
+		}, []string{"dest", "class"}),
 		DeliveryLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "outflow_delivery_latency_seconds", Help: "Time from submission to delivery.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600},
@@ -48,7 +54,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outflow_gate_refusals_total", Help: "Envelopes deferred by the coordinator without an attempt, by reason.",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.Attempts, m.Delivered, m.Bounced, m.DeadLetters, m.Unknown, m.Throttles,
+	reg.MustRegister(m.Attempts, m.Delivered, m.Bounced, m.DeadLetters, m.Unknown, m.Throttles, m.DestAttempts,
 		m.DeliveryLatency, m.RetryDelay, m.Panics, m.Refusals)
 	return m
 }
@@ -59,9 +65,10 @@ func (m *Metrics) panic() {
 	}
 }
 
-func (m *Metrics) attempt(class, lane string) {
+func (m *Metrics) attempt(class, lane, dest string) {
 	if m != nil {
 		m.Attempts.WithLabelValues(class, lane).Inc()
+		m.DestAttempts.WithLabelValues(dest, class).Inc()
 	}
 }
 
