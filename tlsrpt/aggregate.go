@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -47,6 +48,8 @@ type Config struct {
 	Resolver Resolver
 	// RootCAs verifies the report endpoints; nil means the system pool.
 	RootCAs *x509.CertPool
+	// Dial opens the POSTs' connections; default a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// OrgName and Contact fill organization-name and contact-info.
 	OrgName string
 	Contact string
@@ -101,7 +104,7 @@ func New(cfg Config) (*Aggregator, error) {
 	a := &Aggregator{cfg: cfg, days: map[string]map[string]*domainStats{},
 		http: &http.Client{
 			Timeout:   DefaultPostTimeout,
-			Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12}},
+			Transport: &http.Transport{DialContext: cfg.Dial, TLSClientConfig: &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12}},
 			// RFC 8460 5.3 does not ask for redirects; a report goes
 			// where the domain's record says, nowhere else.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

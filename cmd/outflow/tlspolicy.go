@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"net"
 	"path/filepath"
 
 	"github.com/rs/zerolog"
@@ -41,6 +42,33 @@ func bindTLSPolicyFlags(fs *pflag.FlagSet, c *tlsPolicyConfig) {
 type tlsResolver interface {
 	mtasts.Resolver
 	dane.Resolver
+	LookupIPAddr(ctx context.Context, host string) ([]net.IPAddr, error)
+}
+
+// dialVia connects to host:port at the addresses res finds for host, so
+// that MTA-STS policy hosts resolve through --dns like everything else of
+// delivery.
+func dialVia(res tlsResolver) mtasts.DialFunc {
+	var d net.Dialer
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		ips, err := res.LookupIPAddr(ctx, host)
+		if err != nil {
+			return nil, err
+		}
+		var last error = &net.DNSError{Err: "no addresses", Name: host, IsNotFound: true}
+		for _, ip := range ips {
+			c, err := d.DialContext(ctx, network, net.JoinHostPort(ip.IP.String(), port))
+			if err == nil {
+				return c, nil
+			}
+			last = err
+		}
+		return nil, last
+	}
 }
 
 // tlsPolicies builds the MTA-STS client, the DANE resolver and the TLS
@@ -50,7 +78,7 @@ func tlsPolicies(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname
 	sts sender.MTASTSLookup, tlsa dane.Resolver, rep sender.TLSReporter, run func(context.Context), err error) {
 	t := &c.tlsPolicyConfig
 	if t.MTASTS {
-		cl, err := mtasts.New(mtasts.Config{Resolver: res, RootCAs: roots, PolicyAddr: t.MTASTSPolicyAddr})
+		cl, err := mtasts.New(mtasts.Config{Resolver: res, RootCAs: roots, PolicyAddr: t.MTASTSPolicyAddr, Dial: dialVia(res)})
 		if err != nil {
 			return nil, nil, nil, nil, usageError{err}
 		}
@@ -69,7 +97,7 @@ func tlsPolicies(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname
 	if contact == "" {
 		contact = "postmaster@" + hostname
 	}
-	agg, err := tlsrpt.New(tlsrpt.Config{Dir: t.TLSReportDir, Post: t.TLSReportPost, Resolver: res, RootCAs: roots,
+	agg, err := tlsrpt.New(tlsrpt.Config{Dir: t.TLSReportDir, Post: t.TLSReportPost, Resolver: res, RootCAs: roots, Dial: dialVia(res),
 		OrgName: org, Contact: contact, StateFile: filepath.Join(c.Data, "tlsrpt-state.json"),
 		Logger: log.With().Str("component", "tlsrpt").Logger()})
 	if err != nil {
