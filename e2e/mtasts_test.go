@@ -56,28 +56,30 @@ func writeCA(t *testing.T, dir string, ca *testpki.CA) string {
 	return p
 }
 
-// lastReplyOf waits until the message to domain is deferred and returns its
-// last reply.
+// lastReplyOf waits (up to 2 minutes: each cli call starts a process, and
+// the machine may be loaded) until the message to domain is deferred and
+// returns its last reply.
 func lastReplyOf(t *testing.T, d *daemon, domain string) string {
 	t.Helper()
-	var reply string
-	waitFor(t, 60*time.Second, "a deferred message to "+domain, func() bool {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
 		out, err := d.cliErr("queue", "list", "--json", "--state", "deferred", "--dest", domain)
-		if err != nil {
-			return false
-		}
-		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-			var r struct {
-				LastReply string `json:"last_reply"`
-			}
-			if json.Unmarshal([]byte(line), &r) == nil && r.LastReply != "" {
-				reply = r.LastReply
-				return true
+		if err == nil {
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				var r struct {
+					LastReply string `json:"last_reply"`
+				}
+				if json.Unmarshal([]byte(line), &r) == nil && r.LastReply != "" {
+					return r.LastReply
+				}
 			}
 		}
-		return false
-	})
-	return reply
+		if time.Now().After(deadline) {
+			all, _ := d.cliErr("queue", "list", "--json")
+			t.Fatalf("no deferred message to %s; queue:\n%s\nlogs:\n%s", domain, all, d.Logs())
+		}
+		time.Sleep(200 * time.Millisecond) // polling interval
+	}
 }
 
 // TestMTASTSEnforce: a domain in enforce mode, its policy served by a local

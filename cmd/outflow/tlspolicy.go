@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
 
@@ -71,12 +72,39 @@ func dialVia(res tlsResolver) mtasts.DialFunc {
 	}
 }
 
+// tlsSessions counts DANE and MTA-STS outcomes in
+// outflow_tls_policy_sessions_total and hands them on to the report
+// aggregator, if any.
+type tlsSessions struct {
+	c    *prometheus.CounterVec
+	next sender.TLSReporter
+}
+
+func (m *tlsSessions) Record(ev tlsrpt.Event) {
+	result := ev.Result
+	if ev.Success {
+		result = "success"
+	}
+	m.c.WithLabelValues(ev.PolicyType, result).Inc()
+	if m.next != nil {
+		m.next.Record(ev)
+	}
+}
+
 // tlsPolicies builds the MTA-STS client, the DANE resolver and the TLS
-// report aggregator for the sender, and returns a function that runs the
-// aggregator until ctx ends (nil when there are no reports to keep).
-func tlsPolicies(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname string, log zerolog.Logger) (
+// outcome reporter (metrics, and the report aggregator when reports are
+// kept) for the sender, and returns a function that runs the aggregator
+// until ctx ends (nil when there are no reports to keep).
+func tlsPolicies(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname string, reg prometheus.Registerer, log zerolog.Logger) (
 	sts sender.MTASTSLookup, tlsa dane.Resolver, rep sender.TLSReporter, run func(context.Context), err error) {
 	t := &c.tlsPolicyConfig
+	sessions := &tlsSessions{c: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outflow_tls_policy_sessions_total",
+		Help: "MX sessions (and MTA-STS policy fetches) under a DANE or MTA-STS policy, by policy type (sts, tlsa) and result (success or the RFC 8460 result type).",
+	}, []string{"policy", "result"})}
+	if err := reg.Register(sessions.c); err != nil {
+		return nil, nil, nil, nil, err
+	}
 	if t.MTASTS {
 		cl, err := mtasts.New(mtasts.Config{Resolver: res, RootCAs: roots, PolicyAddr: t.MTASTSPolicyAddr, Dial: dialVia(res)})
 		if err != nil {
@@ -88,7 +116,7 @@ func tlsPolicies(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname
 		tlsa = res
 	}
 	if t.TLSReportDir == "" && !t.TLSReportPost {
-		return sts, tlsa, nil, nil, nil
+		return sts, tlsa, sessions, nil, nil
 	}
 	org, contact := t.TLSReportOrg, t.TLSReportContact
 	if org == "" {
@@ -103,5 +131,6 @@ func tlsPolicies(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	return sts, tlsa, agg, agg.Run, nil
+	sessions.next = agg
+	return sts, tlsa, sessions, agg.Run, nil
 }
