@@ -247,8 +247,10 @@ func TestFsyncDelayIsObserved(t *testing.T) {
 		go func() { defer wg.Done(); _ = g.Sync() }()
 	}
 	wg.Wait()
-	if took := time.Since(start); took < delay || took > 3*delay {
-		t.Errorf("4 parallel fsyncs took %v, want between %v and %v", took, delay, 3*delay)
+	// One after another they would take 4 delays; the slack is for a
+	// loaded machine.
+	if took := time.Since(start); took < delay || took >= 4*delay {
+		t.Errorf("4 parallel fsyncs took %v, want between %v and %v", took, delay, 4*delay)
 	}
 	ffs.SetFsyncDelay(0)
 	if took := timed("fsync without delay", f.Sync); took >= delay {
