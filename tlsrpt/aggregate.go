@@ -53,6 +53,10 @@ type Config struct {
 	// OrgName and Contact fill organization-name and contact-info.
 	OrgName string
 	Contact string
+	// Instance names this process in report-ids, so that the reports of
+	// several workers for one domain and day stay distinct (each process
+	// reports the sessions it made).
+	Instance string
 	// StateFile keeps the counts across restarts; "" keeps them in
 	// memory only.
 	StateFile string
@@ -200,7 +204,7 @@ func (a *Aggregator) reportsLocked(day string) []Report {
 	for dom, ds := range a.days[day] {
 		r := Report{OrganizationName: a.cfg.OrgName, ContactInfo: a.cfg.Contact,
 			DateRange: DateRange{Start: start, End: start.Add(24*time.Hour - time.Second)},
-			ReportID:  fmt.Sprintf("%s_%s@%s", day, dom, cmp.Or(a.cfg.OrgName, "outflow"))}
+			ReportID:  fmt.Sprintf("%s_%s_%s@%s", day, dom, cmp.Or(a.cfg.Instance, "0"), cmp.Or(a.cfg.OrgName, "outflow"))}
 		for _, p := range ds.Policies {
 			pr := PolicyResult{Policy: p.Desc, Summary: Summary{Successful: p.Success, Failed: p.Failed}}
 			if pr.Policy.String == nil {

@@ -184,7 +184,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	if err != nil {
 		return err
 	}
-	sts, tlsa, tlsReport, runReports, err := tlsPolicies(c, res, roots, hostname, reg, log)
+	sts, tlsa, tlsReport, runReports, err := tlsPolicies(c, res, roots, hostname, workerID, reg, log)
 	if err != nil {
 		return err
 	}

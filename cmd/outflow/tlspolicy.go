@@ -95,7 +95,7 @@ func (m *tlsSessions) Record(ev tlsrpt.Event) {
 // outcome reporter (metrics, and the report aggregator when reports are
 // kept) for the sender, and returns a function that runs the aggregator
 // until ctx ends (nil when there are no reports to keep).
-func tlsPolicies(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname string, reg prometheus.Registerer, log zerolog.Logger) (
+func tlsPolicies(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname, workerID string, reg prometheus.Registerer, log zerolog.Logger) (
 	sts sender.MTASTSLookup, tlsa dane.Resolver, rep sender.TLSReporter, run func(context.Context), err error) {
 	t := &c.tlsPolicyConfig
 	sessions := &tlsSessions{c: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -126,7 +126,7 @@ func tlsPolicies(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname
 		contact = "postmaster@" + hostname
 	}
 	agg, err := tlsrpt.New(tlsrpt.Config{Dir: t.TLSReportDir, Post: t.TLSReportPost, Resolver: res, RootCAs: roots, Dial: dialVia(res),
-		OrgName: org, Contact: contact, StateFile: filepath.Join(c.Data, "tlsrpt-state.json"),
+		OrgName: org, Contact: contact, Instance: workerID, StateFile: filepath.Join(c.Data, "tlsrpt-state.json"),
 		Logger: log.With().Str("component", "tlsrpt").Logger()})
 	if err != nil {
 		return nil, nil, nil, nil, err
