@@ -123,11 +123,13 @@ func TestSoakWithFaults(t *testing.T) {
 		t.Fatalf("measured maximum %.0f msg/s (accepted %.0f/s, delivered %.0f/s): too slow a machine to soak", maxRate, acceptRate, deliverRate)
 	}
 	// A tenth of the load goes to limited.test, which takes twice that
-	// share, with a burst of a fifth of a second's worth (at least one):
-	// deliveries close together, and the catch-ups after each fault, meet
-	// its limit.
+	// share with a burst of a second's worth (at least 3): the catch-ups
+	// after each fault meet its limit. With a burst of a fifth of a
+	// second's worth (1.2 messages at 5.8/s), outflow's learned rate
+	// settled at a quarter of the limit, below the share, and the
+	// backlog grew for as long as the load lasted (docs/reliability.md).
 	limitedRate := 2 * rate / 10
-	mx.SetLimit(limitedRate, max(1, limitedRate/5))
+	mx.SetLimit(limitedRate, max(3, limitedRate))
 	t.Logf("maximum rate %.0f msg/s (accepted %.0f/s, delivered %.0f/s); soaking %v at %.0f msg/s, limited.test throttled above %.0f/s",
 		maxRate, acceptRate, deliverRate, dur, rate, limitedRate)
 
