@@ -23,7 +23,9 @@
 // admits everything. File is the [throttle], [destinations.X], [[groups]]
 // and [[automation]] part of the config file; Suspend, Resume, SetRate,
 // Forget, GetState and ListStates are the operator's commands on the shared
-// state (`outflow dest …`). docs/throttling.md describes the behaviour.
+// state (`outflow dest …` and the console), ListWorkers reads the registry,
+// and AskStatus asks every running worker for its view of a destination.
+// docs/throttling.md describes the behaviour.
 //
 // When a deferred message comes back is package backoff's concern, not this
 // one's.
