@@ -8,7 +8,7 @@
 //	transient  schedule on the retry lane after the backoff delay, attempt+1
 //	throttled  schedule on the rate-limit lane after its slower delay; the
 //	           destination slows down for every worker; budget not spent
-//	permanent  "bounced" event with the reply, ack
+//	permanent  "bounced" event with the reply, a failure DSN, ack
 //	unknown    policy "retry" (default: a duplicate beats a loss, RFC 5321
 //	           6.1) or "hold" for an operator
 //
@@ -19,6 +19,9 @@
 // are bounded by the envelopes this worker held in flight.
 //
 // A message whose budget (attempts or age) is spent goes to dead letters
-// with its evidence. Every decision is one JSON log line with the fields of
+// with its evidence. Delivery status notifications (RFC 3464 failures,
+// delay warnings, relayed notices for NOTIFY=SUCCESS) are queued through
+// outflow itself before the original's durable step; dsn.go says when,
+// for whom, and what is never answered. Every decision is one JSON log line with the fields of
 // backoff.Record, never sampled.
 package worker
