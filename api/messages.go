@@ -104,7 +104,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	}
 	sub := &queue.Submission{
 		Tenant: key.Tenant, From: req.From, Rcpts: rcpts, Body: msg,
-		ReceivedAt: time.Now().UTC(), RemoteAddr: r.RemoteAddr, IdempotencyKey: idemKey,
+		ReceivedAt: time.Now().UTC(), RemoteAddr: r.RemoteAddr, IdempotencyKey: idemKey, Source: queue.SourceAPI,
 	}
 	// The store is not abandoned with the request: a client that hangs up
 	// does not cut an enqueue in half (its retry would find it done).

@@ -49,7 +49,7 @@ func init() {
 			body = toCRLF(body)
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
 				ids, err := q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: from, Rcpts: to, Body: body,
-					ReceivedAt: time.Now(), IdempotencyKey: key})
+					ReceivedAt: time.Now(), IdempotencyKey: key, Source: queue.SourceNATS})
 				if err != nil {
 					return err
 				}
