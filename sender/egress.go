@@ -50,8 +50,9 @@ type Egress struct {
 }
 
 // NewEgress checks the entries and the tenant → pool assignments: every
-// address parses, appears once and, where it is loopback or unspecified
-// aside, exists on a local interface; every pool a tenant names exists.
+// entry has a unicast address, listed once, and every pool a tenant names
+// has addresses. (Whether an address is on a local interface shows when
+// binding it; `outflow serve` tries that at start.)
 func NewEgress(entries []EgressEntry, tenantPools map[string]string) (*Egress, error) {
 	e := &Egress{pools: map[string][]Source{}, byTenant: map[string]string{}}
 	seen := map[netip.Addr]bool{}

@@ -199,7 +199,11 @@ func (d *dest) waiting(now time.Time) int {
 // backoff. by describes the rate for the decision record ("10.00/s
 // learned").
 func (t *Throttle) Pace(domain, tenant string, earliest time.Time) (at time.Time, by string, ok bool) {
-	d := t.getDest(t.Group(domain))
+	return t.paceDest(t.getDest(t.Group(domain)), tenant, earliest)
+}
+
+// paceDest is Pace for the destination (or pair) d.
+func (t *Throttle) paceDest(d *dest, tenant string, earliest time.Time) (at time.Time, by string, ok bool) {
 	now := t.now()
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -28,9 +28,10 @@ func (t *Throttle) getDest(name string) *dest {
 	return d
 }
 
-// limitsOf is a destination's configured limits.
+// limitsOf is a destination's configured limits; a (destination, source)
+// pair has its destination's.
 func (t *Throttle) limitsOf(name string) Limits {
-	if l, ok := t.cfg.Overrides[name]; ok {
+	if l, ok := t.cfg.Overrides[baseDest(name)]; ok {
 		return l
 	}
 	return t.cfg.Defaults

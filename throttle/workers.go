@@ -66,6 +66,10 @@ const StatusSubject = "outflow.admin.dest.status"
 type WorkerStatus struct {
 	Worker string `json:"worker_id"`
 	DestStatus
+	// Sources is the destination per egress address (PairName), when the
+	// worker has [[egress]] addresses and was asked for the destination
+	// without one.
+	Sources []DestStatus `json:"sources,omitempty"`
 }
 
 // AskStatus asks every running worker for its view of dest and collects

@@ -45,6 +45,7 @@ type outcome struct {
 	again     []string // transient, throttled or unknown (retry policy)
 	held      []string // unknown under the hold policy
 	throttled bool     // any recipient throttled: the rest go to the rate-limit lane
+	source    string   // the egress address the attempt went out from, "" for none
 	unknown   bool
 	// lead is the result that decides the lane and the record: the
 	// throttle if any, else the first non-delivered result.
@@ -83,11 +84,13 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	}
 
 	var permit throttle.Permit = probePermit{}
+	var src *sender.Source // egress address; nil without [[egress]]
 	if e.Probe {
 		p.log.Info().Str("msg_id", e.ID).Str("dest", dest).Msg("operator probe (fast-forward): bypassing the coordinator for this attempt")
+		src = p.probeSource(e)
 	} else {
 		var refusal throttle.Refusal
-		if permit, refusal = p.admit(ctx, e); permit == nil {
+		if permit, refusal, src = p.admitFrom(ctx, e); permit == nil {
 			return p.refused(ctx, d, dest, refusal)
 		}
 	}
@@ -147,7 +150,7 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		}
 	}
 
-	msg := &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body, DSN: messageDSN(e)}
+	msg := &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body, DSN: messageDSN(e), Source: src}
 	if l, ok := p.cfg.Gate.(limiter); ok {
 		msg.MaxMsgsPerConn = l.LimitsOf(dest).MaxMsgsPerConn
 	}
@@ -161,6 +164,7 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 
 	o := p.sort(e, res)
 	o.noteDSN(res, body)
+	o.source = src.String()
 	release(o.results)
 	return p.record(ctx, d, dest, o, now)
 }
@@ -412,7 +416,7 @@ func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.E
 	at := dec.At(now)
 	var pacedBy string
 	if o.throttled {
-		if pat, by, ok := p.pace(e, now, &dec); ok {
+		if pat, by, ok := p.pace(e, o.source, now, &dec); ok {
 			at, pacedBy = pat, by
 		}
 	}

@@ -41,8 +41,9 @@ func (p *deliverer) admit(ctx context.Context, e *queue.Envelope) (throttle.Perm
 // first, since a destination that keeps deferring one message is saying
 // more than "slower". A server's own hint ("try again in 90 seconds") is
 // always honoured when later. The draw stays in the record beside
-// paced_by.
-func (p *deliverer) pace(e *queue.Envelope, now time.Time, dec *backoff.Decision) (time.Time, string, bool) {
+// paced_by. With egress addresses, the place is in the queue of the
+// (destination, source) pair the attempt went out from.
+func (p *deliverer) pace(e *queue.Envelope, source string, now time.Time, dec *backoff.Decision) (time.Time, string, bool) {
 	pc, ok := p.cfg.Gate.(pacer)
 	if !ok {
 		return time.Time{}, "", false
@@ -51,7 +52,14 @@ func (p *deliverer) pace(e *queue.Envelope, now time.Time, dec *backoff.Decision
 	if e.ThrottleCount > 0 {
 		earliest = now.Add(time.Duration(dec.MinMs) * time.Millisecond)
 	}
-	at, by, ok := pc.Pace(e.Dest, e.Tenant, earliest)
+	pace := pc.Pace
+	if sg, ok := p.cfg.Gate.(sourceGate); ok && source != "" {
+		// Throttled on one address: its place in that address's queue.
+		pace = func(domain, tenant string, earliest time.Time) (time.Time, string, bool) {
+			return sg.PaceSource(domain, tenant, source, earliest)
+		}
+	}
+	at, by, ok := pace(e.Dest, e.Tenant, earliest)
 	if !ok {
 		return time.Time{}, "", false
 	}

@@ -71,6 +71,10 @@ type Config struct {
 	// Gate decides whether a destination may be contacted now. Default:
 	// always.
 	Gate throttle.Gate
+	// Egress, when it has addresses, picks each attempt's source address
+	// (per tenant, round-robin) and the Gate is asked per (destination,
+	// source) pair; nil or empty sends from the system's choice.
+	Egress *sender.Egress
 	// Logger receives the pool's lines (with worker_id added) and the
 	// decision lines (whose worker_id is the deliverer's own,
 	// "<worker-id>/<n>"). It must not carry a worker_id of its own, or

@@ -3,12 +3,19 @@ package main
 import (
 	"crypto/x509"
 	"fmt"
+	"io"
+	"net"
+	"net/netip"
 	"os"
+	"text/tabwriter"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
 	"github.com/outflow/outflow/resolver"
+	"github.com/outflow/outflow/sender"
+	"github.com/outflow/outflow/throttle"
 )
 
 // deliveryConfig is the DNS and trust-root part of serveConfig; each field
@@ -16,6 +23,18 @@ import (
 type deliveryConfig struct {
 	DNS       []string `toml:"dns"`
 	TLSCAFile string   `toml:"tls-ca-file"`
+
+	// Config-file-only: [[egress]], the source addresses. A tenant's pool
+	// is its [tenants.NAME] egress-pool (tenantConfig, cmd/outflow/dsn.go).
+	Egress []egressConfig `toml:"egress"`
+}
+
+// egressConfig is one [[egress]] entry: a source address to send from and
+// the EHLO name that goes with it (its reverse DNS name).
+type egressConfig struct {
+	Address string `toml:"address"`
+	EHLO    string `toml:"ehlo"` // default: hostname
+	Pool    string `toml:"pool"` // optional pool name, for [tenants.NAME] egress-pool
 }
 
 // bindDeliveryFlags registers the resolver and trust-root flags on fs.
@@ -59,4 +78,81 @@ func rootCAs(file string) (*x509.CertPool, error) {
 		return nil, usageError{fmt.Errorf("--tls-ca-file %s: no PEM certificate in it", file)}
 	}
 	return pool, nil
+}
+
+// newEgress builds the source addresses from [[egress]] and the tenants'
+// pools; nil without entries. Each address must be one this host can bind
+// (it is on a local interface), checked now rather than at the first
+// delivery.
+func newEgress(c *deliveryConfig, tenants map[string]tenantConfig) (*sender.Egress, error) {
+	if len(c.Egress) == 0 {
+		for name, tc := range tenants {
+			if tc.EgressPool != "" {
+				return nil, usageError{fmt.Errorf("[tenants.%s] egress-pool %q: there are no [[egress]] entries", name, tc.EgressPool)}
+			}
+		}
+		return nil, nil
+	}
+	entries := make([]sender.EgressEntry, 0, len(c.Egress))
+	for i, e := range c.Egress {
+		a, err := netip.ParseAddr(e.Address)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("[[egress]] entry %d: address %q: %w", i+1, e.Address, err)}
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(a.String(), "0"))
+		if err != nil {
+			return nil, usageError{fmt.Errorf("[[egress]] %s: cannot bind it (is it on a local interface?): %w", a, err)}
+		}
+		_ = ln.Close()
+		entries = append(entries, sender.EgressEntry{Source: sender.Source{Addr: a, EHLO: e.EHLO}, Pool: e.Pool})
+	}
+	pools := map[string]string{}
+	for name, tc := range tenants {
+		pools[name] = tc.EgressPool
+	}
+	eg, err := sender.NewEgress(entries, pools)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return eg, nil
+}
+
+// sourceStatus is dest's state per egress address, for `dest status` of a
+// destination asked without a source; nil without egress addresses.
+func sourceStatus(t *throttle.Throttle, egress *sender.Egress, dest, source string) []throttle.DestStatus {
+	if egress.Len() == 0 || source != "" {
+		return nil
+	}
+	var out []throttle.DestStatus
+	for _, src := range egress.All() {
+		out = append(out, t.Snapshot(throttle.PairName(dest, src.String())))
+	}
+	return out
+}
+
+// printSources is `dest status`'s table of the destination per egress
+// address, as each worker applies it; nothing without [[egress]].
+func printSources(out io.Writer, views []throttle.WorkerStatus) error {
+	any := false
+	for _, v := range views {
+		any = any || len(v.Sources) > 0
+	}
+	if !any {
+		return nil
+	}
+	fmt.Fprintln(out, "per source address (dest status DEST@SOURCE for one):")
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKER\tSOURCE\tSUSPENDED\tFLEET RATE\tFROM\tFACTOR\tLEARNED\tIN FLIGHT\tBREAKER")
+	for _, v := range views {
+		for _, s := range v.Sources {
+			_, src := throttle.SplitPair(s.Dest)
+			susp := "no"
+			if s.Suspended {
+				susp = "until " + s.SuspendedTill.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%d\t%s\n", v.Worker, src, susp, rate(s.FleetRate), dash(s.RateSource),
+				s.Factor, learnedShort(s.State), s.InFlight, s.Breaker)
+		}
+	}
+	return tw.Flush()
 }

@@ -131,7 +131,10 @@ func init() {
 				if len(views) == 0 {
 					fmt.Fprintln(tw, "(no running worker answered)")
 				}
-				return tw.Flush()
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				return printSources(out, views)
 			})
 		},
 	}

@@ -33,6 +33,9 @@ type tenantConfig struct {
 	// DSNDelayWarning overrides dsn-delay-warning for the tenant; "0s"
 	// turns its delay warnings off.
 	DSNDelayWarning *duration `toml:"dsn-delay-warning"`
+	// EgressPool is the [[egress]] pool the tenant's mail leaves from;
+	// default every egress address (cmd/outflow/delivery.go).
+	EgressPool string `toml:"egress-pool"`
 }
 
 // duration decodes a TOML string such as "4h" (BurntSushi/toml decodes a

@@ -196,6 +196,10 @@ func serve(parent context.Context, c *serveConfig) error {
 		go func() { defer close(done); runReports(rctx) }()
 		defer func() { stopReports(); <-done }()
 	}
+	egress, err := newEgress(&c.deliveryConfig, c.Tenants)
+	if err != nil {
+		return err
+	}
 	tlsDest := map[string]sender.TLSPolicy{}
 	for d, p := range c.TLSDestinations {
 		tlsDest[strings.ToLower(d)] = sender.TLSPolicy(p)
@@ -229,7 +233,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		return err
 	}
 	defer throttle.Close()
-	stopStatus, err := serveDestStatus(q, throttle, workerID)
+	stopStatus, err := serveDestStatus(q, throttle, workerID, egress)
 	if err != nil {
 		return err
 	}
@@ -246,7 +250,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	pool, err := worker.New(worker.Config{
 		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, Budget: budget, ProgressEvery: c.AckWait / 4,
 		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier, Gate: throttle,
-		Signer: signer, Logger: base, Metrics: worker.NewMetrics(reg), Suppressions: suppressions, DSN: dsnCfg,
+		Signer: signer, Egress: egress, Logger: base, Metrics: worker.NewMetrics(reg), Suppressions: suppressions, DSN: dsnCfg,
 	})
 	if err != nil {
 		return usageError{err}
@@ -356,6 +360,7 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 		// A plain domain is found through the lane subjects; a provider
 		// group by asking, for each deferred envelope, which group its
 		// domain belongs to.
+		dest, _ = throttle.SplitPair(dest) // one egress address recovered: release the destination's mail
 		domain, match := dest, (func(string) bool)(nil)
 		if t := tp.Load(); tc.GroupByMX && t != nil {
 			domain, match = "", func(d string) bool { return t.Group(d) == dest }
@@ -402,11 +407,12 @@ const DestStatusSubject = throttle.StatusSubject
 
 // serveDestStatus answers dest status requests (the payload is a domain or
 // group name) with this worker's throttle.DestStatus as JSON.
-func serveDestStatus(q *queue.Queue, t *throttle.Throttle, workerID string) (func(), error) {
+func serveDestStatus(q *queue.Queue, t *throttle.Throttle, workerID string, egress *sender.Egress) (func(), error) {
 	sub, err := q.Conn().Subscribe(DestStatusSubject, func(m *nats.Msg) {
-		name := strings.TrimSpace(string(m.Data))
-		st := t.Snapshot(t.Group(name))
-		b, _ := json.Marshal(throttle.WorkerStatus{Worker: workerID, DestStatus: st})
+		name, source := throttle.SplitPair(strings.TrimSpace(string(m.Data)))
+		name = t.Group(name)
+		st := t.Snapshot(throttle.PairName(name, source))
+		b, _ := json.Marshal(throttle.WorkerStatus{Worker: workerID, DestStatus: st, Sources: sourceStatus(t, egress, name, source)})
 		_ = m.Respond(b)
 	})
 	if err != nil {

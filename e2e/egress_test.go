@@ -1,0 +1,164 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+
+	"github.com/outflow/outflow/internal/fakedns"
+	"github.com/outflow/outflow/internal/fakemx"
+)
+
+// sourcesOf counts the messages an MX received per client address and
+// fails on a message whose EHLO is not its address's.
+func sourcesOf(t *testing.T, ms []fakemx.Message, ehlo map[string]string) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, m := range ms {
+		out[m.Source]++
+		if want := ehlo[m.Source]; m.Hostname != want {
+			t.Errorf("message from %s came with EHLO %q, want %q", m.Source, m.Hostname, want)
+		}
+	}
+	return out
+}
+
+// destSources is `dest status --json`'s per-source state of every worker.
+func destSources(t *testing.T, d *daemon, dest string) map[string]map[string]any {
+	t.Helper()
+	var st struct {
+		Workers []struct {
+			Sources []map[string]any `json:"sources"`
+		} `json:"workers"`
+	}
+	out := d.cli(t, "dest", "status", dest, "--json")
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("dest status --json: %v\n%s", err, out)
+	}
+	res := map[string]map[string]any{}
+	for _, w := range st.Workers {
+		for _, s := range w.Sources {
+			name, _ := s["dest"].(string)
+			res[name] = s
+		}
+	}
+	return res
+}
+
+// TestEgressAddresses sends from two egress addresses, 127.0.0.2 and
+// 127.0.0.3, through DNS to a fake MX on 127.0.0.30. The MX sees each
+// message from one of them with that address's EHLO name; an operator's
+// block of one address (dest suspend DEST@SOURCE) and the MX throttling one
+// address (421 4.7.28) each leave the other one sending everything.
+func TestEgressAddresses(t *testing.T) {
+	var throttleTwo atomic.Bool
+	var throttled atomic.Int32
+	mxs, port := mxFleet(t, fakemx.Options{SourceHook: func(source string, stage fakemx.Stage, _ string) *smtp.SMTPError {
+		if stage == fakemx.StageMail && source == "127.0.0.2" && throttleTwo.Load() {
+			throttled.Add(1)
+			return &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 7, 28},
+				Message: "Gmail has detected an unusual rate of email from your IP address"}
+		}
+		return nil
+	}}, "127.0.0.30")
+	mx := mxs[0]
+	ns := fakedns.Start(t)
+	ns.MustAddZone(t, "eg.test", "@ MX 10 mx", "mx A 127.0.0.30")
+
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "outflow.toml")
+	if err := os.WriteFile(conf, []byte(`
+[[egress]]
+address = "127.0.0.2"
+ehlo = "o2.outflow.test"
+pool = "bulk"
+
+[[egress]]
+address = "127.0.0.3"
+ehlo = "o3.outflow.test"
+pool = "bulk"
+
+[tenants.app]
+egress-pool = "bulk"
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, dir+"/data", "--config", conf, "--users", writeUsers(t, dir), "--dns", ns.Addr, "--smtp-port", port,
+		"--ratelimit-base", "500ms", "--ratelimit-min", "200ms", "--ratelimit-cap", "2s", "--retry-base", "500ms", "--retry-cap", "2s")
+	ehlo := map[string]string{"127.0.0.2": "o2.outflow.test", "127.0.0.3": "o3.outflow.test"}
+	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+	defer c.Close()
+	send := func(prefix string, n int) {
+		t.Helper()
+		for i := range n {
+			id := prefix + string(rune('a'+i))
+			if err := submit(c, "app@sender.test", []string{id + "@eg.test"}, message(id, "")); err != nil {
+				t.Fatalf("submit %s: %v", id, err)
+			}
+		}
+	}
+
+	// Both addresses in turn.
+	send("both", 4)
+	if err := mx.WaitForMessages(4, 60*time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, d.Logs())
+	}
+	if got := sourcesOf(t, mx.Messages(), ehlo); got["127.0.0.2"] == 0 || got["127.0.0.3"] == 0 || len(got) != 2 {
+		t.Fatalf("sources seen %v: want both egress addresses and nothing else", got)
+	}
+
+	// An operator blocks 127.0.0.2 for this destination.
+	d.cli(t, "dest", "suspend", "eg.test@127.0.0.2", "--for", "1h", "--reason", "provider blocks this address")
+	waitFor(t, 30*time.Second, "the block seen by the worker", func() bool {
+		s := destSources(t, d, "eg.test")["eg.test@127.0.0.2"]
+		return s != nil && s["suspended"] == true
+	})
+	before := len(mx.Messages())
+	send("block", 4)
+	if err := mx.WaitForMessages(before+4, 60*time.Second); err != nil {
+		t.Fatalf("while 127.0.0.2 is blocked: %v\n%s", err, d.Logs())
+	}
+	if got := sourcesOf(t, mx.Messages()[before:], ehlo); got["127.0.0.3"] != 4 {
+		t.Fatalf("while 127.0.0.2 is blocked, sources %v: want all 4 from 127.0.0.3", got)
+	}
+	if st := d.cli(t, "dest", "status", "eg.test"); !strings.Contains(st, "127.0.0.2") || !strings.Contains(st, "until ") {
+		t.Errorf("dest status does not show the blocked source:\n%s", st)
+	}
+
+	// The MX throttles 127.0.0.2 (Gmail's 421 4.7.28): the other address
+	// carries the mail, and only the throttled pair learns a limit.
+	d.cli(t, "dest", "resume", "eg.test@127.0.0.2")
+	waitFor(t, 30*time.Second, "the resume seen by the worker", func() bool {
+		s := destSources(t, d, "eg.test")["eg.test@127.0.0.2"]
+		return s != nil && s["suspended"] == false
+	})
+	throttleTwo.Store(true)
+	before = len(mx.Messages())
+	send("thr", 6)
+	if err := mx.WaitForMessages(before+6, 90*time.Second); err != nil {
+		t.Fatalf("while 127.0.0.2 is throttled: %v\n%s", err, d.Logs())
+	}
+	if got := sourcesOf(t, mx.Messages()[before:], ehlo); got["127.0.0.3"] != 6 {
+		t.Fatalf("while 127.0.0.2 is throttled, sources %v: want all 6 from 127.0.0.3", got)
+	}
+	if throttled.Load() == 0 {
+		t.Fatal("127.0.0.2 was never tried after the resume: the throttle part tested nothing")
+	}
+	srcs := destSources(t, d, "eg.test")
+	two, three := srcs["eg.test@127.0.0.2"], srcs["eg.test@127.0.0.3"]
+	if two == nil || three == nil {
+		t.Fatalf("dest status per source: %v", srcs)
+	}
+	if lr, _ := two["learned_rate"].(float64); lr <= 0 {
+		t.Errorf("the throttled address learned no rate: %v", two)
+	}
+	if lr, _ := three["learned_rate"].(float64); lr != 0 {
+		t.Errorf("the other address learned a rate it was never throttled to: %v", three)
+	}
+}

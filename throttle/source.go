@@ -1,0 +1,81 @@
+package throttle
+
+import (
+	"context"
+	"strings"
+	"time"
+)
+
+// Per-source state. Providers limit, throttle and block per sending IP
+// address, so with egress addresses configured every limit and every piece
+// of state of a destination (configured and learned rates and connections,
+// the breaker, suspensions, the virtual queue) is kept per (destination,
+// source) pair, under the name PairName gives it: "gmail.com@192.0.2.10".
+// The pair has the destination's configured limits (each address may
+// send at the configured rate), its own DestState in the outflow_dest
+// bucket, and its own metrics label. An operator addresses one source as
+// `dest suspend gmail.com@192.0.2.10`; a suspension of the destination
+// itself (`dest suspend gmail.com`) still holds for every source. Without
+// egress addresses no name carries a source and nothing here is used.
+
+// PairName is the throttle's name for dest reached from source; just dest
+// when source is empty.
+func PairName(dest, source string) string {
+	if source == "" {
+		return dest
+	}
+	return dest + "@" + source
+}
+
+// SplitPair undoes PairName: the destination and the source ("" when name
+// carries none). Domain and group names never hold "@".
+func SplitPair(name string) (dest, source string) {
+	if i := strings.LastIndexByte(name, '@'); i >= 0 {
+		return name[:i], name[i+1:]
+	}
+	return name, ""
+}
+
+// baseDest is the destination part of a name, for its configured limits.
+func baseDest(name string) string {
+	d, _ := SplitPair(name)
+	return d
+}
+
+// AdmitSource is AdmitTenant for an attempt from one egress address: it
+// decides on the (destination, source) pair's state, after checking that
+// the destination as a whole is not suspended. source "" is AdmitTenant.
+func (t *Throttle) AdmitSource(ctx context.Context, domain, tenant, source string) (Permit, Refusal) {
+	if source == "" {
+		return t.AdmitTenant(ctx, domain, tenant)
+	}
+	dest := t.Group(domain)
+	now := t.now()
+	t.mu.RLock()
+	whole := t.dests[dest]
+	t.mu.RUnlock()
+	if whole != nil {
+		whole.mu.Lock()
+		suspended, until := whole.state.Suspended(now), whole.state.SuspendedUntil
+		whole.mu.Unlock()
+		if suspended {
+			if cap := now.Add(maxSuspendRefusal); until.After(cap) {
+				until = cap
+			}
+			return nil, Refusal{Until: until, Reason: "suspended"}
+		}
+	}
+	name := PairName(dest, source)
+	for {
+		p, r, again := t.admit(ctx, t.getDest(name), tenant)
+		if !again {
+			return p, r
+		}
+	}
+}
+
+// PaceSource is Pace for mail throttled on one egress address: its place
+// in that pair's virtual queue. source "" is Pace.
+func (t *Throttle) PaceSource(domain, tenant, source string, earliest time.Time) (at time.Time, by string, ok bool) {
+	return t.paceDest(t.getDest(PairName(t.Group(domain), source)), tenant, earliest)
+}

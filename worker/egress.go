@@ -1,0 +1,71 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/sender"
+	"github.com/outflow/outflow/throttle"
+)
+
+// sourceGate is the part of *throttle.Throttle that keeps state per
+// (destination, egress address).
+type sourceGate interface {
+	AdmitSource(ctx context.Context, domain, tenant, source string) (throttle.Permit, throttle.Refusal)
+	PaceSource(domain, tenant, source string, earliest time.Time) (at time.Time, by string, ok bool)
+}
+
+// movesOn says whether a refusal is about the address rather than the
+// destination's pace: a suspended pair, an open breaker or no free
+// connection on one address sends the attempt to the next address. A
+// "rate" refusal does not: it has given the envelope a place in that
+// address's virtual queue, and the round-robin spreads the load anyway.
+func movesOn(r throttle.Refusal) bool {
+	switch r.Reason {
+	case "suspended", "breaker-open", "breaker-half-open", "conns":
+		return true
+	}
+	return false
+}
+
+// admitFrom asks the throttle for e. Without egress addresses it is admit.
+// With them, it tries the tenant's addresses from the next one in
+// round-robin order and returns the first admitted with its permit; when
+// every address refuses, the refusal that ends soonest (or the first
+// "rate" refusal, which holds the envelope's place).
+func (p *deliverer) admitFrom(ctx context.Context, e *queue.Envelope) (throttle.Permit, throttle.Refusal, *sender.Source) {
+	if p.cfg.Egress.Len() == 0 {
+		permit, r := p.admit(ctx, e)
+		return permit, r, nil
+	}
+	cands := p.cfg.Egress.Candidates(e.Tenant)
+	g, ok := p.cfg.Gate.(sourceGate)
+	if !ok {
+		permit, r := p.admit(ctx, e)
+		return permit, r, &cands[0]
+	}
+	var best throttle.Refusal
+	for i := range cands {
+		permit, r := g.AdmitSource(ctx, e.Dest, e.Tenant, cands[i].String())
+		if permit != nil {
+			return permit, throttle.Refusal{}, &cands[i]
+		}
+		if !movesOn(r) {
+			return nil, r, nil
+		}
+		if best.Until.IsZero() || r.Until.Before(best.Until) {
+			best = r
+		}
+	}
+	return nil, best, nil
+}
+
+// probeSource is the address an operator's probe goes out from: the next
+// of the tenant's, or none without egress addresses.
+func (p *deliverer) probeSource(e *queue.Envelope) *sender.Source {
+	if p.cfg.Egress.Len() == 0 {
+		return nil
+	}
+	return &p.cfg.Egress.Candidates(e.Tenant)[0]
+}
