@@ -29,7 +29,9 @@ func sourcesOf(t *testing.T, ms []fakemx.Message, ehlo map[string]string) map[st
 	return out
 }
 
-// destSources is `dest status --json`'s per-source state of every worker.
+// destSources is `dest status --json`'s per-source state of every worker,
+// or nil when the CLI could not reach the daemon this time (a loaded
+// machine can make its NATS connect time out; callers poll).
 func destSources(t *testing.T, d *daemon, dest string) map[string]map[string]any {
 	t.Helper()
 	var st struct {
@@ -37,7 +39,11 @@ func destSources(t *testing.T, d *daemon, dest string) map[string]map[string]any
 			Sources []map[string]any `json:"sources"`
 		} `json:"workers"`
 	}
-	out := d.cli(t, "dest", "status", dest, "--json")
+	out, err := d.cliErr("dest", "status", dest, "--json")
+	if err != nil {
+		t.Logf("dest status --json: %v (polling again)", err)
+		return nil
+	}
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("dest status --json: %v\n%s", err, out)
 	}
@@ -114,7 +120,10 @@ egress-pool = "bulk"
 	}
 
 	// An operator blocks 127.0.0.2 for this destination.
-	d.cli(t, "dest", "suspend", "eg.test@127.0.0.2", "--for", "1h", "--reason", "provider blocks this address")
+	waitFor(t, 60*time.Second, "dest suspend", func() bool {
+		_, err := d.cliErr("dest", "suspend", "eg.test@127.0.0.2", "--for", "1h", "--reason", "provider blocks this address")
+		return err == nil
+	})
 	waitFor(t, 30*time.Second, "the block seen by the worker", func() bool {
 		s := destSources(t, d, "eg.test")["eg.test@127.0.0.2"]
 		return s != nil && s["suspended"] == true
@@ -127,13 +136,22 @@ egress-pool = "bulk"
 	if got := sourcesOf(t, mx.Messages()[before:], ehlo); got["127.0.0.3"] != 4 {
 		t.Fatalf("while 127.0.0.2 is blocked, sources %v: want all 4 from 127.0.0.3", got)
 	}
-	if st := d.cli(t, "dest", "status", "eg.test"); !strings.Contains(st, "127.0.0.2") || !strings.Contains(st, "until ") {
+	var st string
+	waitFor(t, 60*time.Second, "dest status", func() bool {
+		var err error
+		st, err = d.cliErr("dest", "status", "eg.test")
+		return err == nil
+	})
+	if !strings.Contains(st, "per source address") || !strings.Contains(st, "127.0.0.2") || !strings.Contains(st, "until ") {
 		t.Errorf("dest status does not show the blocked source:\n%s", st)
 	}
 
 	// The MX throttles 127.0.0.2 (Gmail's 421 4.7.28): the other address
 	// carries the mail, and only the throttled pair learns a limit.
-	d.cli(t, "dest", "resume", "eg.test@127.0.0.2")
+	waitFor(t, 60*time.Second, "dest resume", func() bool {
+		_, err := d.cliErr("dest", "resume", "eg.test@127.0.0.2")
+		return err == nil
+	})
 	waitFor(t, 30*time.Second, "the resume seen by the worker", func() bool {
 		s := destSources(t, d, "eg.test")["eg.test@127.0.0.2"]
 		return s != nil && s["suspended"] == false
@@ -150,11 +168,12 @@ egress-pool = "bulk"
 	if throttled.Load() == 0 {
 		t.Fatal("127.0.0.2 was never tried after the resume: the throttle part tested nothing")
 	}
-	srcs := destSources(t, d, "eg.test")
-	two, three := srcs["eg.test@127.0.0.2"], srcs["eg.test@127.0.0.3"]
-	if two == nil || three == nil {
-		t.Fatalf("dest status per source: %v", srcs)
-	}
+	var two, three map[string]any
+	waitFor(t, 60*time.Second, "dest status per source", func() bool {
+		srcs := destSources(t, d, "eg.test")
+		two, three = srcs["eg.test@127.0.0.2"], srcs["eg.test@127.0.0.3"]
+		return two != nil && three != nil
+	})
 	if lr, _ := two["learned_rate"].(float64); lr <= 0 {
 		t.Errorf("the throttled address learned no rate: %v", two)
 	}
