@@ -280,4 +280,17 @@ func TestConsoleInBrowser(t *testing.T) {
 	if !delivered {
 		t.Fatal("the console shows the message delivered but the MX has not received it")
 	}
+
+	// On a phone (390×844, the viewport meta honoured): no page is wider
+	// than the screen; wide tables scroll inside their own box.
+	run(t, ctx, "phone", chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile))
+	for _, p := range []string{"/ui/", "/ui/dests", "/ui/dests/throttled.example", "/ui/messages/" + id, "/ui/queue", "/ui/dead", "/ui/suppressions"} {
+		run(t, ctx, "phone "+p, chromedp.Navigate(base+p), chromedp.WaitReady(chromedp.CSS("main")))
+		if w := val(t, ctx, "width", chromedp.Evaluate[int](`document.documentElement.scrollWidth - 390`)); w > 2 {
+			t.Errorf("%s on a phone is %d px wider than the screen", p, w)
+		}
+		if p == "/ui/" {
+			screenshot(t, ctx, "overview-phone")
+		}
+	}
 }
