@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -27,13 +26,7 @@ func TestHTTPAPISubmission(t *testing.T) {
 	}
 	cli := func(args ...string) string {
 		t.Helper()
-		var out, errb bytes.Buffer
-		cmd := exec.Command(binary, append(args, "--data", d.Data)...)
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("outflow %v: %v\n%s%s", args, err, out.String(), errb.String())
-		}
-		return strings.TrimSpace(out.String())
+		return adminCLI(t, d.Data, args...)
 	}
 	key := cli("apikey", "create", "--tenant", "shop")
 	if !strings.HasPrefix(key, "ofk_") {

@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"bytes"
 	"errors"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -29,13 +27,7 @@ func TestHardBounceSuppresses(t *testing.T) {
 	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none")
 	cli := func(args ...string) string {
 		t.Helper()
-		var out, errb bytes.Buffer
-		cmd := exec.Command(binary, append(args, "--data", d.Data)...)
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("outflow %v: %v\n%s%s", args, err, out.String(), errb.String())
-		}
-		return strings.TrimSpace(out.String())
+		return adminCLI(t, d.Data, args...)
 	}
 
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
