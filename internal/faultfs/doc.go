@@ -14,9 +14,9 @@
 // Options.FsyncDelay (default 0) is added to every fsync and fdatasync of
 // a file and every fsync of a directory, before the real fsync of the
 // backing file: each call blocks its caller that long, as on a slow or
-// overloaded disk. Calls on different files (or the same one) proceed in
-// parallel, each with its own delay, like a queueing device would not;
-// the point is the latency each caller sees.
+// overloaded disk. Fsyncs of different files run in parallel, each with
+// its own delay (the kernel serialises fsyncs of one file); the point is
+// the latency each caller sees, not a model of a device's queue.
 //
 // # Power loss
 //
