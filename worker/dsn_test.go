@@ -204,3 +204,27 @@ func counterValue(c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestDeadLetterSendsDSN: a recipient deferred until its attempt budget is
+// spent gets a failure report with 5.4.7 (RFC 3463: delivery time
+// expired) and the last temporary reply as its diagnostic.
+func TestDeadLetterSendsDSN(t *testing.T) {
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "later@") {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try later"}
+		}
+		return nil
+	})
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	e.startPool(func(c *Config) { c.DSN = dsnConfig(m) })
+	id := e.submitSMTP("app@src.test", nil, "later@dest.test")
+	e.waitEvent(id, queue.EventDead)
+	waitUntil(t, "the report at the MX", func() bool { return len(reports(e.mx)) == 1 })
+	r := reports(e.mx)[0].Data
+	for _, want := range []string{"Final-Recipient: rfc822; later@dest.test", "Action: failed", "Status: 5.4.7",
+		"Diagnostic-Code: smtp; 451 4.3.0 try later"} {
+		if !bytes.Contains(r, []byte(want)) {
+			t.Errorf("report lacks %q:\n%s", want, r)
+		}
+	}
+}
