@@ -94,9 +94,26 @@ func startDaemon(t *testing.T, data string, args ...string) *daemon {
 // start it again.
 func tryStartDaemon(t *testing.T, data string, args ...string) (*daemon, error) {
 	t.Helper()
+	return tryStartDaemonBinary(t, binary, data, args...)
+}
+
+// startDaemonBinary is startDaemon with another build of outflow, bin (the
+// soak measures a build without the race detector, whose shadow memory
+// grows with every goroutine the daemon ever started).
+func startDaemonBinary(t *testing.T, bin, data string, args ...string) *daemon {
+	t.Helper()
+	d, err := tryStartDaemonBinary(t, bin, data, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func tryStartDaemonBinary(t *testing.T, bin, data string, args ...string) (*daemon, error) {
+	t.Helper()
 	all := append([]string{"serve", "--data", data, "--smtp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--api-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0", "--log-level", "info", "--shutdown-grace", "10s"}, args...)
-	cmd := exec.Command(binary, all...)
+	cmd := exec.Command(bin, all...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
