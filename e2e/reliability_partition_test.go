@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,7 +40,8 @@ import (
 // real MX does, so that deliveries are in progress at the cut.
 //
 // Pass means nothing accepted with 250 is lost; w2 accepts and delivers
-// during the cut (the majority side goes on); w1 stays up, waits out the
+// during the cut (the majority side goes on: its load, or probes on new
+// connections from 5 s into the cut); w1 stays up, waits out the
 // cut (or moves to another node) and delivers again after the heal; and
 // the duplicates stay within what can have been in flight at the cut:
 // the envelopes w1 held (its deliveries in progress plus those pulled and
@@ -126,6 +128,12 @@ func TestNATSPartition(t *testing.T) {
 	})
 
 	var figures []string
+	var probes struct {
+		mu       sync.Mutex
+		accepted map[string]time.Duration // Message-ID -> when, into its cut
+		wg       sync.WaitGroup
+	}
+	probes.accepted = map[string]time.Duration{}
 	for ci, mode := range modes {
 		if n := connectedTo(nodes, "outflow w1"); n >= 0 {
 			k = n // w1 may have moved in an earlier cut: cut the node it is on now
@@ -138,14 +146,57 @@ func TestNATSPartition(t *testing.T) {
 		began := time.Now()
 		setAll(k, mode)
 		// The cut is the fault itself: hold it for its length, while the
-		// majority side must accept and deliver new mail.
-		waitFor(t, cut+10*time.Second, "the end of the cut", func() bool { return time.Since(began) >= cut })
+		// majority side must accept and deliver new mail. The load's
+		// submissions that were in flight when the stream's leader was cut
+		// off wait out the 30 s enqueue timeout (a publish is not sent
+		// again within it), so the majority side is also probed with a
+		// new message on a new connection every 2 s from 5 s into the cut.
+		var probeFirst time.Duration
+		probeSeq := 0
+		for time.Since(began) < cut {
+			if d := time.Since(began); d >= 5*time.Second && d >= time.Duration(probeSeq)*2*time.Second+5*time.Second {
+				probeSeq++
+				id := fmt.Sprintf("<probe-%d-%d@e2e.test>", ci+1, probeSeq)
+				probes.wg.Add(1)
+				go func() {
+					defer probes.wg.Done()
+					cl, _, err := dialAuthNoFatal(w2.SMTPAddr)
+					if err != nil {
+						return
+					}
+					defer cl.Close()
+					body := []byte("From: app@sender.test\r\nTo: p@dest.test\r\nSubject: probe\r\nMessage-ID: " + id + "\r\n\r\nprobe\r\n")
+					if submit(cl, "app@sender.test", []string{"p@dest.test"}, body) == nil {
+						probes.mu.Lock()
+						probes.accepted[id] = time.Since(began)
+						probes.mu.Unlock()
+					}
+				}()
+			}
+			time.Sleep(100 * time.Millisecond) // the cut's clock: probes are due at fixed times
+		}
 		in1, in2, del1, del2 := l1.NumAccepted()-acc1, l2.NumAccepted()-acc2, deliveredBy("w1.test")-by1, deliveredBy("w2.test")-by2
+		probesIn, probesOut := 0, 0
+		got := sinkCounts(mx)
+		probes.mu.Lock()
+		for id, at := range probes.accepted {
+			if strings.HasPrefix(id, fmt.Sprintf("<probe-%d-", ci+1)) {
+				probesIn++
+				if probeFirst == 0 || at < probeFirst {
+					probeFirst = at
+				}
+				if got[id] > 0 {
+					probesOut++
+				}
+			}
+		}
+		probes.mu.Unlock()
 		setAll(k, tcpproxy.Forward)
 		healed := time.Now()
-		t.Logf("cut %d healed: during it w1 accepted %d and delivered %d, w2 accepted %d and delivered %d", ci+1, in1, del1, in2, del2)
-		if in2 < 10 || del2 < 10 {
-			t.Errorf("cut %d: the majority side went on too little: w2 accepted %d and delivered %d in %v", ci+1, in2, del2, cut)
+		t.Logf("cut %d healed: during it w1 accepted %d and delivered %d, w2 accepted %d and delivered %d; %d of %d probes accepted (the first %v into the cut), %d delivered",
+			ci+1, in1, del1, in2, del2, probesIn, probeSeq, probeFirst.Round(100*time.Millisecond), probesOut)
+		if (in2 < 10 || del2 < 10) && (probesIn == 0 || probesOut == 0) {
+			t.Errorf("cut %d: the majority side stopped: w2 accepted %d and delivered %d in %v, and %d probes were accepted, %d delivered", ci+1, in2, del2, cut, probesIn, probesOut)
 		}
 		if !w1.alive() {
 			t.Fatalf("w1 exited in the cut\n%s", tail(w1.Logs(), 40))
@@ -155,13 +206,17 @@ func TestNATSPartition(t *testing.T) {
 		waitFor(t, 120*time.Second, "w1 to accept and deliver after the heal", func() bool {
 			return l1.NumAccepted() >= acc1+10 && deliveredBy("w1.test") >= by1+10
 		})
-		figures = append(figures, fmt.Sprintf("cut%d=%s(node=%s w1_accepted=%d w1_delivered=%d w2_accepted=%d w2_delivered=%d w1_back_after=%v)",
-			ci+1, mode, nodes[k].name, in1, del1, in2, del2, time.Since(healed).Round(100*time.Millisecond)))
+		figures = append(figures, fmt.Sprintf("cut%d=%s(node=%s w1_accepted=%d w1_delivered=%d w2_accepted=%d w2_delivered=%d probes_accepted=%d/%d first_probe=%v probes_delivered=%d w1_back_after=%v)",
+			ci+1, mode, nodes[k].name, in1, del1, in2, del2, probesIn, probeSeq, probeFirst.Round(100*time.Millisecond), probesOut, time.Since(healed).Round(100*time.Millisecond)))
 	}
 	l1.Stop()
 	l2.Stop()
+	probes.wg.Wait()
 	all := l1.Accepted()
 	for id := range l2.Accepted() {
+		all[id] = true
+	}
+	for id := range probes.accepted {
 		all[id] = true
 	}
 	waitAllDelivered(t, all, mx, 180*time.Second, func() string { return w1.Logs() + w2.Logs() })
