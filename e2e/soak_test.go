@@ -369,7 +369,10 @@ type jsUse struct {
 }
 
 func jetStreamUse(js jetstream.JetStream) jsUse {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// Short: a sample holds up the faults that fall due meanwhile (one
+	// outage lasted 68 s instead of 20 while another test loaded the
+	// machine and the sampling waited).
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	u := jsUse{total: -1, queue: -1, events: -1, sent: -1}
 	if ai, err := js.AccountInfo(ctx); err == nil {
@@ -408,7 +411,7 @@ func fdCount(pid int) int {
 // goroutines reads go_goroutines from the daemon's /metrics (0 if
 // unreadable).
 func goroutines(d *daemon) int {
-	c := http.Client{Timeout: 10 * time.Second}
+	c := http.Client{Timeout: 3 * time.Second}
 	resp, err := c.Get("http://" + d.HTTPAddr + "/metrics")
 	if err != nil {
 		return 0
