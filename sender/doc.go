@@ -1,7 +1,10 @@
 // Package sender is in charge of handing messages to the mail servers of
 // their recipients, the way a trusted MTA does: it finds the destination's
 // MX hosts (RFC 5321 5.1, with the implicit MX and RFC 7505 null MX), or
-// uses a configured smarthost with SASL AUTH; it secures each MX session
+// uses a configured smarthost with SASL AUTH; it tries a host's addresses
+// in RFC 6724 order (IPv6 first where the machine has a route, IPv4 as the
+// fallback); it connects from the message's egress address (Source, with
+// its EHLO name) when one is given; it secures each MX session
 // as DANE (RFC 7672, package dane), then MTA-STS (RFC 8461, package mtasts),
 // then the destination's configured TLS policy require (tlspolicy.go), and
 // hands the TLS outcomes to RFC 8460 reporting (package tlsrpt); it bounds

@@ -19,6 +19,12 @@
 // throttle deferred (Throttle.Pace), so that a backlog comes back at the
 // rate, oldest first, and tenants share a busy destination fairly.
 //
+// With egress addresses, every piece of that state is kept per
+// (destination, source address) pair instead, named "DEST@SOURCE"
+// (source.go: PairName, AdmitSource, PaceSource), since providers limit and
+// block per sending IP; a suspension of the destination itself still holds
+// for every source.
+//
 // Gate is what the delivery loop asks; Throttle implements it and OpenGate
 // admits everything. File is the [throttle], [destinations.X], [[groups]]
 // and [[automation]] part of the config file; Suspend, Resume, SetRate,
