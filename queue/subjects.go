@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"encoding/base64"
 	"strings"
 
 	"github.com/outflow/outflow/backoff"
@@ -176,3 +177,17 @@ func unhex(c byte) byte {
 	}
 	return 0
 }
+
+// The body bucket's subjects, in the Object Store's own layout (ADR-20), so
+// that bodies.go's direct reads and writes stay readable by every Object
+// Store client: chunks on $O.<bucket>.C.<nuid>, an object's info as the
+// last message on $O.<bucket>.M.<base64url(name)>.
+func bodyMetaSubject(name string) string {
+	return "$O." + BucketBodies + ".M." + base64.URLEncoding.EncodeToString([]byte(name))
+}
+
+func bodyChunkSubject(nuid string) string { return "$O." + BucketBodies + ".C." + nuid }
+
+// bodyLeaderGetSubject is the JetStream API's message get on the body
+// stream: unlike a direct get, only the stream's leader answers it.
+const bodyLeaderGetSubject = "$JS.API.STREAM.MSG.GET." + bodyStreamName

@@ -1,0 +1,81 @@
+package queue
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestBodyFastPathRoundTrip: bodies.go writes and reads the Object Store's
+// own format, so what its fast path stores reads back through nats.go's
+// Object Store API, what nats.go stores reads back through the fast path,
+// and a delete by either is seen by the other.
+func TestBodyFastPathRoundTrip(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	obs, err := q.js.ObjectStore(ctx, BucketBodies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := []byte("Subject: one chunk\r\n\r\nhello\r\n")
+	big := bytes.Repeat([]byte("0123456789abcdef"), bodyChunkSize/16*2+3) // three chunks
+
+	// Fast path → nats.go.
+	if err := q.putNewBody(ctx, "fast", one); err != nil {
+		t.Fatal(err)
+	}
+	got, err := obs.GetBytes(ctx, "fast")
+	if err != nil || !bytes.Equal(got, one) {
+		t.Fatalf("nats.go GetBytes(fast) = %q, %v; want %q", got, err, one)
+	}
+	info, err := obs.GetInfo(ctx, "fast")
+	if err != nil || info.Size != uint64(len(one)) || info.Chunks != 1 {
+		t.Fatalf("nats.go GetInfo(fast) = %+v, %v; want size %d in one chunk", info, err, len(one))
+	}
+
+	// nats.go → fast path, for one chunk and for several (the fast path
+	// hands those to nats.go, and must still read them).
+	for name, body := range map[string][]byte{"lib-one": one, "lib-big": big} {
+		if _, err := obs.PutBytes(ctx, name, body); err != nil {
+			t.Fatal(err)
+		}
+		got, err := q.Body(ctx, name)
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("Body(%s) = %d bytes, %v; want the %d bytes nats.go stored", name, len(got), err, len(body))
+		}
+	}
+
+	// A delete by the fast path hides the object from nats.go, and the
+	// other way round.
+	if err := q.deleteBody(ctx, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := obs.GetBytes(ctx, "fast"); !errors.Is(err, jetstream.ErrObjectNotFound) {
+		t.Errorf("nats.go GetBytes after the fast path's delete = %v; want ErrObjectNotFound", err)
+	}
+	if err := obs.Delete(ctx, "lib-one"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Body(ctx, "lib-one"); !errors.Is(err, ErrBodyMissing) {
+		t.Errorf("Body after nats.go's delete = %v; want ErrBodyMissing", err)
+	}
+	// The fast path's delete leaves no chunk behind.
+	if err := q.deleteBody(ctx, "lib-big"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := q.bodyStream.Info(ctx, jetstream.WithSubjectFilter(bodyChunkSubject(">")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for subj := range st.State.Subjects {
+		if strings.HasPrefix(subj, bodyChunkSubject("")) {
+			t.Errorf("chunk %s left after every body was deleted", subj)
+		}
+	}
+}
