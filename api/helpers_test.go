@@ -12,13 +12,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 )
 
 // startQueue starts an embedded JetStream in a temp dir and connects to it.
 func startQueue(t testing.TB) *queue.Queue {
+	t.Helper()
+	q, _ := startQueueJS(t)
+	return q
+}
+
+// startQueueJS is startQueue, with a JetStream client of the same server
+// for looking at its streams from outside the queue.
+func startQueueJS(t testing.TB) (*queue.Queue, jetstream.JetStream) {
 	t.Helper()
 	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir()})
 	if err != nil {
@@ -42,7 +52,7 @@ func startQueue(t testing.TB) *queue.Queue {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { q.Close() })
-	return q
+	return q, testutil.JetStream(t, emb.Server(), ci.User, ci.Password)
 }
 
 // failingQueue is a queue whose Enqueue fails while fail is set, as the
@@ -64,6 +74,7 @@ func (f *failingQueue) Enqueue(ctx context.Context, s *queue.Submission) ([]stri
 // fixture is an API server on a fresh queue, with one key for tenant "acme".
 type fixture struct {
 	q   *queue.Queue
+	js  jetstream.JetStream
 	fq  *failingQueue
 	srv *Server
 	ts  *httptest.Server
@@ -72,7 +83,7 @@ type fixture struct {
 
 func newFixture(t testing.TB, mod func(*Config)) *fixture {
 	t.Helper()
-	q := startQueue(t)
+	q, js := startQueueJS(t)
 	fq := &failingQueue{Queue: q}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -94,7 +105,7 @@ func newFixture(t testing.TB, mod func(*Config)) *fixture {
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	return &fixture{q: q, fq: fq, srv: srv, ts: ts, key: key}
+	return &fixture{q: q, js: js, fq: fq, srv: srv, ts: ts, key: key}
 }
 
 // response is one answer, its JSON body decoded into a map.

@@ -16,8 +16,8 @@ func TestSuppressedRecipientIs422AndNothingStored(t *testing.T) {
 	f := newFixture(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	events, err := f.q.JetStream().OrderedConsumer(ctx, queue.StreamEvents,
-		jetstream.OrderedConsumerConfig{FilterSubjects: []string{"outflow.events." + queue.EventSuppressed + ".>"}})
+	events, err := f.js.OrderedConsumer(ctx, queue.StreamEvents,
+		jetstream.OrderedConsumerConfig{FilterSubjects: []string{queue.EventTypeFilter(queue.EventSuppressed)}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/api"
@@ -67,6 +68,8 @@ var staticFS embed.FS
 type Console struct {
 	cfg      Config
 	log      zerolog.Logger
+	state    jetstream.KeyValue // the throttle's shared destination state
+	registry jetstream.KeyValue // the throttle's live workers
 	pages    map[string]*template.Template
 	sessions *sessions
 	rates    *rates
@@ -99,6 +102,12 @@ func New(ctx context.Context, cfg Config) (*Console, error) {
 	}
 	c := &Console{cfg: cfg, log: cfg.Logger.With().Str("component", "console").Logger(), pages: pages,
 		sessions: newSessions(cfg.SessionTTL, cfg.Now), mux: http.NewServeMux()}
+	if c.state, err = throttle.OpenState(ctx, cfg.Queue); err != nil {
+		return nil, err
+	}
+	if c.registry, err = throttle.OpenRegistry(ctx, cfg.Queue); err != nil {
+		return nil, err
+	}
 	c.rates = newRates(cfg.Now)
 	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	c.stop = stop

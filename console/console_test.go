@@ -195,7 +195,7 @@ func TestNothingReadableWithoutSignIn(t *testing.T) {
 	if res.StatusCode != http.StatusSeeOther {
 		t.Errorf("POST without a session: %d, want 303", res.StatusCode)
 	}
-	st, err := throttle.GetState(context.Background(), f.q.DestKV(), "example.com")
+	st, err := throttle.GetState(context.Background(), f.c.state, "example.com")
 	if err != nil || st.Suspended(time.Now()) {
 		t.Errorf("a POST without a session suspended the destination: %+v %v", st, err)
 	}
@@ -293,7 +293,7 @@ func TestCSRFRefused(t *testing.T) {
 	_, csrf := f.signIn(t, cl, f.admin)
 	u := f.ts.URL + "/ui/dests/example.com/suspend"
 	suspended := func() bool {
-		st, err := throttle.GetState(context.Background(), f.q.DestKV(), "example.com")
+		st, err := throttle.GetState(context.Background(), f.c.state, "example.com")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -324,7 +324,7 @@ func TestCSRFRefused(t *testing.T) {
 	if !suspended() {
 		t.Fatal("suspend with the token did not suspend")
 	}
-	st, _ := throttle.GetState(context.Background(), f.q.DestKV(), "example.com")
+	st, _ := throttle.GetState(context.Background(), f.c.state, "example.com")
 	if st.Reason != "provider incident" || !strings.HasPrefix(st.UpdatedBy, "console:"+f.adminID) {
 		t.Errorf("state %+v: want the reason and the console key as author", st)
 	}

@@ -38,12 +38,12 @@ func (c *Console) destPage(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := c.ctx(r)
 	defer cancel()
 	var errs []string
-	st, err := throttle.GetState(ctx, c.cfg.Queue.DestKV(), dest)
+	st, err := throttle.GetState(ctx, c.state, dest)
 	if err != nil {
 		errs = append(errs, err.Error())
 	}
 	now := c.cfg.Now()
-	views, err := throttle.AskStatus(c.cfg.Queue.Conn(), dest, c.cfg.StatusWait)
+	views, err := throttle.AskStatus(c.cfg.Queue, dest, c.cfg.StatusWait)
 	if err != nil {
 		errs = append(errs, err.Error())
 	}
@@ -75,7 +75,7 @@ func (c *Console) destAction(w http.ResponseWriter, r *http.Request, s *session)
 	}
 	ctx, cancel := c.ctx(r)
 	defer cancel()
-	kv := c.cfg.Queue.DestKV()
+	kv := c.state
 	back := Prefix + "dests/" + url.PathEscape(dest)
 	f := r.PostForm
 	var msg string

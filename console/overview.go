@@ -78,7 +78,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		charts[i] = chart{Type: t, Total: total, SVG: minuteChart(t, series[i])}
 	}
-	workers, err := throttle.ListWorkers(ctx, c.cfg.Queue.WorkersKV())
+	workers, err := throttle.ListWorkers(ctx, c.registry)
 	if err != nil {
 		errs = append(errs, err.Error())
 	}
@@ -103,7 +103,7 @@ func (c *Console) destRows(r *http.Request, limit int) ([]destRow, []string) {
 	ctx, cancel := c.ctx(r)
 	defer cancel()
 	var errs []string
-	states, err := throttle.ListStates(ctx, c.cfg.Queue.DestKV())
+	states, err := throttle.ListStates(ctx, c.state)
 	if err != nil {
 		errs = append(errs, err.Error())
 	}

@@ -148,7 +148,7 @@ func (r *rates) follow(ctx context.Context, q *queue.Queue, log zerolog.Logger) 
 }
 
 func (r *rates) consume(ctx context.Context, q *queue.Queue, filters []string, start time.Time) error {
-	cons, err := q.JetStream().OrderedConsumer(ctx, queue.StreamEvents, jetstream.OrderedConsumerConfig{
+	cons, err := q.EventReader(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: filters, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start,
 	})
 	if err != nil {

@@ -148,7 +148,7 @@ func itemOf(m *jetstream.RawStreamMsg) (Item, bool) {
 	}
 	it.Env = env
 	it.DeadReason = m.Header.Get("Outflow-Dead-Reason")
-	if strings.Contains(m.Subject, ".due.") {
+	if isDueSubject(m.Subject) {
 		it.Due = true
 	} else if sch := m.Header.Get("Nats-Schedule"); strings.HasPrefix(sch, "@at ") {
 		it.NextAt, _ = time.Parse(time.RFC3339Nano, sch[4:])

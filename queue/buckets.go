@@ -11,9 +11,11 @@ import (
 
 // KeyValue opens the key-value bucket cfg names, creating or updating it
 // first unless the queue was connected with NoSetup, so that packages above
-// queue (the HTTP API's keys and idempotency records) keep their state in
-// buckets laid out like queue's own: file storage, and the replicas every
-// other stream and bucket has. An admin client (NoSetup) creates a missing
+// queue (the throttle's destination state and worker registry, the HTTP
+// API's keys and idempotency records, the webhook endpoints) keep their
+// state in buckets laid out like queue's own: the replicas every other
+// stream and bucket has, never fewer than the bucket has already (see
+// checkReplicas), and file storage unless cfg asks for memory. An admin client (NoSetup) creates a missing
 // bucket all the same: `outflow apikey create` may run before the first
 // `serve` with --api-addr.
 func (q *Queue) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
@@ -26,9 +28,13 @@ func (q *Queue) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jet
 			return nil, fmt.Errorf("kv %s: %w", cfg.Bucket, err)
 		}
 	}
-	cfg.Storage = jetstream.FileStorage
 	if cfg.Replicas == 0 {
 		cfg.Replicas = q.opts.Replicas
+	}
+	if !q.opts.NoSetup {
+		if err := q.checkReplicas(ctx, []string{"KV_" + cfg.Bucket}); err != nil {
+			return nil, err
+		}
 	}
 	kv, err := q.js.CreateOrUpdateKeyValue(ctx, cfg)
 	if err != nil {

@@ -18,5 +18,10 @@
 // are ordinary stored messages (JetStream message schedules), never
 // NAK-with-delay, so ack-pending holds only what is really in flight.
 //
-// queue knows JetStream and nothing of SMTP.
+// queue knows JetStream and nothing of SMTP. It owns the layout: every
+// subject is built in subjects.go, every stream and consumer is configured
+// here, and the packages above reach NATS only through Queue's methods
+// (control.go for the few that are not about envelopes), never through the
+// connection itself. Packages that keep state of their own (throttle, api,
+// webhook) open their buckets through KeyValue, laid out like queue's.
 package queue

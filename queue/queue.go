@@ -27,8 +27,6 @@ const (
 	// Object Store's stream OBJ_<bucket>).
 	bodyStreamName = "OBJ_" + BucketBodies
 	BucketSent     = "outflow_sent"
-	BucketDest     = "outflow_dest"
-	BucketWorkers  = "outflow_workers"
 
 	consumerRetry     = "outflow-retry"
 	consumerRateLimit = "outflow-ratelimit"
@@ -135,8 +133,6 @@ type Queue struct {
 	bodyStream jetstream.Stream
 	bodyInfos  infoCache
 	sent       jetstream.KeyValue
-	dest       jetstream.KeyValue
-	work       jetstream.KeyValue
 	lanes      map[Lane]jetstream.Stream
 	dead       jetstream.Stream
 	events     jetstream.Stream
@@ -218,13 +214,6 @@ func Connect(ctx context.Context, opts Options) (*Queue, error) {
 	}
 	return q, nil
 }
-
-// Conn returns the NATS connection (for publishing raw events in tests and
-// for the throttle's KV watches).
-func (q *Queue) Conn() *nats.Conn { return q.nc }
-
-// JetStream returns the JetStream context.
-func (q *Queue) JetStream() jetstream.JetStream { return q.js }
 
 // Close waits (up to 5 s) for this process's asynchronous publishes, the
 // events, to be stored, then drains the connection: subscriptions end
@@ -330,7 +319,7 @@ func (q *Queue) setup(ctx context.Context) error {
 		},
 	}
 	if !o.NoSetup {
-		names := []string{bodyStreamName, "KV_" + BucketSent, "KV_" + BucketDest, "KV_" + BucketWorkers}
+		names := []string{bodyStreamName, "KV_" + BucketSent}
 		for _, c := range cfgs {
 			names = append(names, c.Name)
 		}
@@ -388,8 +377,6 @@ func (q *Queue) setup(ctx context.Context) error {
 		cfg jetstream.KeyValueConfig
 	}{
 		{&q.sent, jetstream.KeyValueConfig{Bucket: BucketSent, Description: "delivered envelope attempts", TTL: o.SentTTL, Storage: jetstream.FileStorage, Replicas: o.Replicas}},
-		{&q.dest, jetstream.KeyValueConfig{Bucket: BucketDest, Description: "shared destination throttle state", History: 5, Storage: jetstream.FileStorage, Replicas: o.Replicas}},
-		{&q.work, jetstream.KeyValueConfig{Bucket: BucketWorkers, Description: "live workers", TTL: 15 * time.Second, Storage: jetstream.MemoryStorage, Replicas: o.Replicas}},
 	}
 	for _, k := range kvs {
 		var kv jetstream.KeyValue
@@ -433,12 +420,6 @@ func (q *Queue) setup(ctx context.Context) error {
 	}
 	return nil
 }
-
-// DestKV is the shared destination-state bucket, watched by every worker.
-func (q *Queue) DestKV() jetstream.KeyValue { return q.dest }
-
-// WorkersKV is the live-worker registry (entries expire after 15s).
-func (q *Queue) WorkersKV() jetstream.KeyValue { return q.work }
 
 // redact removes user:password@ from each URL of a comma-separated list,
 // so credentials never reach a log line or an error message.

@@ -191,3 +191,27 @@ func bodyChunkSubject(nuid string) string { return "$O." + BucketBodies + ".C." 
 // bodyLeaderGetSubject is the JetStream API's message get on the body
 // stream: unlike a direct get, only the stream's leader answers it.
 const bodyLeaderGetSubject = "$JS.API.STREAM.MSG.GET." + bodyStreamName
+
+// EventTypeFilter is the subject filter of every event of type typ, for a
+// consumer on StreamEvents (the webhook dispatcher's).
+func EventTypeFilter(typ string) string { return subjEvents + typ + ".>" }
+
+// subjDestStatus is the core NATS subject on which every running worker
+// answers `outflow dest status` with its view of a destination.
+const subjDestStatus = "outflow.admin.dest.status"
+
+// isDueSubject reports whether subj is a deferred lane's due subject
+// (outflow.<lane>.due.<dest>.<id>): an envelope that has come due.
+func isDueSubject(subj string) bool {
+	for _, l := range []Lane{LaneRetry, LaneRateLimit} {
+		if strings.HasPrefix(subj, "outflow."+string(l)+".due.") {
+			return true
+		}
+	}
+	return false
+}
+
+// EventKeySubject is the subject of an event of type typ filed under key
+// (one subject token) instead of an envelope id's shard: the webhook
+// replays, one subject per endpoint.
+func EventKeySubject(typ, key string) string { return subjEvents + typ + "." + key }

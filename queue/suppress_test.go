@@ -89,7 +89,7 @@ func TestSuppressionRefusedEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := q.JetStream().OrderedConsumer(ctx, "OUTFLOW_EVENTS", jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjEvents + EventSuppressed + ".>"}})
+	c, err := q.js.OrderedConsumer(ctx, "OUTFLOW_EVENTS", jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjEvents + EventSuppressed + ".>"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,8 @@
 // destination, and the registry of live workers that divides a rate among
 // them.
 //
-// The shared state lives in two JetStream KV buckets: outflow_dest holds one
+// The shared state lives in two JetStream KV buckets, opened through the
+// queue (OpenState, OpenRegistry in buckets.go): outflow_dest holds one
 // DestState per destination and outflow_workers one heartbeat key per live
 // worker. Every Throttle watches them, so that a throttle, an outage or an
 // operator's command seen by one worker changes what every worker does

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -57,12 +56,8 @@ func ListWorkers(ctx context.Context, registry jetstream.KeyValue) ([]Worker, er
 	return out, nil
 }
 
-// StatusSubject is the core NATS request subject on which every running
-// worker answers with its view of a destination (the payload is a domain
-// or group name): a WorkerStatus as JSON.
-const StatusSubject = "outflow.admin.dest.status"
-
-// WorkerStatus is one worker's answer on StatusSubject.
+// WorkerStatus is one worker's view of a destination, as it answers a
+// status request (queue.ServeDestStatus) and AskStatus collects it.
 type WorkerStatus struct {
 	Worker string `json:"worker_id"`
 	DestStatus
@@ -72,33 +67,27 @@ type WorkerStatus struct {
 	Sources []DestStatus `json:"sources,omitempty"`
 }
 
+// StatusAsker sends a status request to every running worker and returns
+// the answers that arrive within wait: *queue.Queue.
+type StatusAsker interface {
+	GatherDestStatus(dest string, wait time.Duration) ([][]byte, error)
+}
+
 // AskStatus asks every running worker for its view of dest and collects
 // the answers that arrive within wait (`outflow dest status` and the
 // console use it).
-func AskStatus(nc *nats.Conn, dest string, wait time.Duration) ([]WorkerStatus, error) {
-	inbox := nc.NewRespInbox()
-	ch := make(chan *nats.Msg, 64)
-	sub, err := nc.ChanSubscribe(inbox, ch)
+func AskStatus(q StatusAsker, dest string, wait time.Duration) ([]WorkerStatus, error) {
+	answers, err := q.GatherDestStatus(strings.ToLower(dest), wait)
 	if err != nil {
 		return nil, err
 	}
-	defer sub.Unsubscribe()
-	if err := nc.PublishRequest(StatusSubject, inbox, []byte(strings.ToLower(dest))); err != nil {
-		return nil, err
-	}
 	var out []WorkerStatus
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for {
-		select {
-		case m := <-ch:
-			var v WorkerStatus
-			if json.Unmarshal(m.Data, &v) == nil {
-				out = append(out, v)
-			}
-		case <-timer.C:
-			sort.Slice(out, func(i, j int) bool { return out[i].Worker < out[j].Worker })
-			return out, nil
+	for _, b := range answers {
+		var v WorkerStatus
+		if json.Unmarshal(b, &v) == nil {
+			out = append(out, v)
 		}
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Worker < out[j].Worker })
+	return out, nil
 }

@@ -43,7 +43,9 @@ func DefaultBackoff() backoff.Backoff {
 // Config configures a Dispatcher. Zero values take the documented default.
 type Config struct {
 	Store *Store
-	JS    jetstream.JetStream
+	// Events creates each endpoint's consumer on the events stream:
+	// *queue.Queue. Required.
+	Events EventStream
 	// WorkerID names this process in decision lines and the backoff's
 	// contention offset.
 	WorkerID string
@@ -76,8 +78,8 @@ type Dispatcher struct {
 
 // New returns a Dispatcher for cfg.
 func New(cfg Config) (*Dispatcher, error) {
-	if cfg.Store == nil || cfg.JS == nil {
-		return nil, errors.New("webhook: Store and JS are required")
+	if cfg.Store == nil || cfg.Events == nil {
+		return nil, errors.New("webhook: Store and Events are required")
 	}
 	if cfg.Backoff == (backoff.Backoff{}) {
 		cfg.Backoff = DefaultBackoff()
@@ -183,11 +185,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // ctx ends.
 func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 	log := d.log.With().Str("endpoint", ep.ID).Str("tenant", ep.Tenant).Logger()
-	filters := []string{"outflow.events." + EventTest + ".>", replaySubject(ep.ID)}
+	filters := []string{queue.EventTypeFilter(EventTest), replaySubject(ep.ID)}
 	for _, t := range ep.Events {
-		filters = append(filters, "outflow.events."+t+".>")
+		filters = append(filters, queue.EventTypeFilter(t))
 	}
-	cons, err := d.cfg.JS.CreateOrUpdateConsumer(ctx, queue.StreamEvents, jetstream.ConsumerConfig{
+	cons, err := d.cfg.Events.EventConsumer(ctx, jetstream.ConsumerConfig{
 		Durable: consumerName(ep.ID), Description: "webhook " + ep.ID + " (" + ep.Tenant + ")",
 		FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy, AckPolicy: jetstream.AckExplicitPolicy,
 		// One event in flight: an endpoint sees its events in order, and

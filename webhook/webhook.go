@@ -59,7 +59,8 @@ const DefaultDeadMaxAge = 14 * 24 * time.Hour
 // webhook-id and body.
 const EventReplay = "webhook-replay"
 
-func replaySubject(endpoint string) string { return "outflow.events." + EventReplay + "." + endpoint }
+// replaySubject is where endpoint's replays wait in the events stream.
+func replaySubject(endpoint string) string { return queue.EventKeySubject(EventReplay, endpoint) }
 
 // SecretPrefix starts every signing secret (Standard Webhooks).
 const SecretPrefix = "whsec_"
@@ -92,13 +93,22 @@ type Store struct {
 	kv       jetstream.KeyValue
 	dead     jetstream.KeyValue
 	breakers jetstream.KeyValue
-	js       jetstream.JetStream
+	events   EventStream
 }
 
-// Bucketer opens key-value buckets: *queue.Queue.
+// EventStream is what webhooks need of the events stream: each endpoint's
+// durable consumer, and the replays published back into it. *queue.Queue.
+type EventStream interface {
+	EventConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error)
+	DeleteEventConsumer(ctx context.Context, name string) error
+	PublishKeyedEvent(ctx context.Context, typ, key string, data []byte, msgID string) error
+}
+
+// Bucketer opens key-value buckets and reaches the events stream:
+// *queue.Queue.
 type Bucketer interface {
 	KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error)
-	JetStream() jetstream.JetStream
+	EventStream
 }
 
 // Open opens (creating them if need be) the endpoint, dead-letter and
@@ -127,7 +137,7 @@ func OpenRetention(ctx context.Context, b Bucketer, deadMaxAge time.Duration) (*
 	if err != nil {
 		return nil, err
 	}
-	return &Store{kv: kv, dead: dead, breakers: br, js: b.JetStream()}, nil
+	return &Store{kv: kv, dead: dead, breakers: br, events: b}, nil
 }
 
 // Breaker returns endpoint id's breaker as the fleet shares it.
@@ -274,7 +284,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	if err := s.kv.Delete(ctx, id); err != nil {
 		return err
 	}
-	if err := s.js.DeleteConsumer(ctx, queue.StreamEvents, consumerName(id)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if err := s.events.DeleteEventConsumer(ctx, consumerName(id)); err != nil {
 		return err
 	}
 	if keys, err := s.dead.ListKeysFiltered(ctx, id+".*"); err == nil {
@@ -306,7 +316,7 @@ func (s *Store) Replay(ctx context.Context, id string) (int, error) {
 	}
 	for _, e := range entries {
 		msgID := fmt.Sprintf("webhook-replay.%s.%s.%d", id, e.d.ID, e.d.At.UnixNano())
-		if _, err := s.js.Publish(ctx, replaySubject(id), e.raw, jetstream.WithMsgID(msgID)); err != nil {
+		if err := s.events.PublishKeyedEvent(ctx, EventReplay, id, e.raw, msgID); err != nil {
 			return 0, fmt.Errorf("replay %s: %w", e.d.ID, err)
 		}
 	}

@@ -17,9 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -136,6 +138,7 @@ func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(
 
 type fixture struct {
 	q     *queue.Queue
+	js    jetstream.JetStream // the server seen from outside the queue
 	store *Store
 	logs  *syncBuf
 	rc    *receiver
@@ -183,17 +186,17 @@ func newFixtureWith(t testing.TB, mod func(*Config), script ...func(w http.Respo
 	}
 	rc.secret = ep.Secret
 	logs := &syncBuf{}
-	cfg := Config{Store: store, JS: q.JetStream(), WorkerID: "w1", AllowPrivate: true, MaxAttempts: 4,
+	cfg := Config{Store: store, Events: q, WorkerID: "w1", AllowPrivate: true, MaxAttempts: 4,
 		Backoff: backoff.Backoff{Lane: "webhook", Base: 20 * time.Millisecond, Cap: 100 * time.Millisecond, Multiplier: 2, ContentionWindow: 10 * time.Millisecond},
 		Logger:  zerolog.New(logs)}
 	if mod != nil {
 		mod(&cfg)
 	}
-	f := &fixture{q: q, store: store, logs: logs, rc: rc, ep: ep, cfg: cfg}
+	f := &fixture{q: q, js: testutil.JetStream(t, emb.Server(), ci.User, ci.Password), store: store, logs: logs, rc: rc, ep: ep, cfg: cfg}
 	f.start(t, nil)
 	// The consumer delivers new events only: wait until it exists.
 	waitUntil(t, "the endpoint's consumer", func() bool {
-		_, err := q.JetStream().Consumer(context.Background(), queue.StreamEvents, consumerName(ep.ID))
+		_, err := f.js.Consumer(context.Background(), queue.StreamEvents, consumerName(ep.ID))
 		return err == nil
 	})
 	return f
@@ -327,7 +330,7 @@ func TestDeadLettersExpire(t *testing.T) {
 		if _, err := OpenRetention(ctx, f.q, c.ask); err != nil {
 			t.Fatal(err)
 		}
-		kv, err := f.q.JetStream().KeyValue(ctx, BucketDead)
+		kv, err := f.js.KeyValue(ctx, BucketDead)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -369,7 +372,7 @@ func TestSlowEndpointDelaysNoOther(t *testing.T) {
 	rc2.secret = ep2.Secret
 	rc2.mu.Unlock()
 	waitUntil(t, "the second endpoint's consumer", func() bool {
-		_, err := f.q.JetStream().Consumer(ctx, queue.StreamEvents, consumerName(ep2.ID))
+		_, err := f.js.Consumer(ctx, queue.StreamEvents, consumerName(ep2.ID))
 		return err == nil
 	})
 	f.q.Event(queue.EventDelivered, &queue.Event{ID: "slow1", Tenant: "acme"})
@@ -389,7 +392,7 @@ func TestSlowEndpointDelaysNoOther(t *testing.T) {
 func TestPrivateEndpointEventIsDeadLettered(t *testing.T) {
 	f := newFixture(t, status(200))
 	ctx := context.Background()
-	d, err := New(Config{Store: f.store, JS: f.q.JetStream(), WorkerID: "w2", Logger: zerolog.Nop()})
+	d, err := New(Config{Store: f.store, Events: f.q, WorkerID: "w2", Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/backoff"
@@ -50,12 +51,29 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 	}
 }
 
+// throttleBuckets opens the throttle's shared state and registry on e's
+// queue.
+func throttleBuckets(t *testing.T, e *env) (state, registry jetstream.KeyValue) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	state, err := throttle.OpenState(ctx, e.q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if registry, err = throttle.OpenRegistry(ctx, e.q); err != nil {
+		t.Fatal(err)
+	}
+	return state, registry
+}
+
 // newThrottle starts a throttle on e's buckets with defaults as the
 // configured limits of every destination.
 func newThrottle(t *testing.T, e *env, defaults throttle.Limits) *throttle.Throttle {
 	t.Helper()
+	state, registry := throttleBuckets(t, e)
 	th, err := throttle.New(context.Background(), throttle.Config{WorkerID: "w-test",
-		State: e.q.DestKV(), Registry: e.q.WorkersKV(), Defaults: defaults})
+		State: state, Registry: registry, Defaults: defaults})
 	if err != nil {
 		t.Fatal(err)
 	}

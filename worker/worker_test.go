@@ -395,7 +395,7 @@ func TestCrashAfterSentMarkerDeliversOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel()
-	q1.Conn().Close() // the process is gone; its envelope is unacknowledged
+	q1.Close() // the process is gone; its envelope is unacknowledged
 	// Worker 2 gets it after the ack wait and must recognise it.
 	e.startPool(nil)
 	deadline := time.Now().Add(30 * time.Second)

@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/outflow/outflow/queue"
@@ -36,8 +36,8 @@ func init() {
 		Short: "destinations with shared throttle state (suspensions, rate factors, breakers, overrides)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				states, err := throttle.ListStates(ctx, q.DestKV())
+			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
+				states, err := throttle.ListStates(ctx, kv)
 				if err != nil {
 					return err
 				}
@@ -74,12 +74,12 @@ func init() {
 		Short: "one destination as every running worker applies it: limits, effective rate, shares, breaker",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				st, err := throttle.GetState(ctx, q.DestKV(), args[0])
+			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
+				st, err := throttle.GetState(ctx, kv, args[0])
 				if err != nil {
 					return err
 				}
-				views, err := gatherStatus(q.Conn(), args[0], 500*time.Millisecond)
+				views, err := gatherStatus(q, args[0], 500*time.Millisecond)
 				if err != nil {
 					return err
 				}
@@ -149,9 +149,9 @@ func init() {
 			if forDur <= 0 {
 				return usageError{errors.New("--for is required (e.g. --for 30m)")}
 			}
-			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
 				until := time.Now().Add(forDur)
-				if err := throttle.Suspend(ctx, q.DestKV(), args[0], until, reason, adminBy()); err != nil {
+				if err := throttle.Suspend(ctx, kv, args[0], until, reason, adminBy()); err != nil {
 					return err
 				}
 				return report(cmd, a.json, map[string]any{"dest": args[0], "suspended_until": until.UTC()},
@@ -167,8 +167,8 @@ func init() {
 		Short: "end a suspension now; deferred mail for DEST is released at its rate, oldest first",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				if err := throttle.Resume(ctx, q.DestKV(), args[0], adminBy()); err != nil {
+			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
+				if err := throttle.Resume(ctx, kv, args[0], adminBy()); err != nil {
 					return err
 				}
 				return report(cmd, a.json, map[string]any{"dest": args[0], "resumed": true}, "%s: resumed", args[0])
@@ -186,12 +186,12 @@ func init() {
 			if maxRate <= 0 {
 				return usageError{errors.New("--max must be > 0 messages per second")}
 			}
-			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
 				var until time.Time
 				if rateFor > 0 {
 					until = time.Now().Add(rateFor)
 				}
-				if err := throttle.SetRate(ctx, q.DestKV(), args[0], maxRate, until, adminBy()); err != nil {
+				if err := throttle.SetRate(ctx, kv, args[0], maxRate, until, adminBy()); err != nil {
 					return err
 				}
 				when := "until changed"
@@ -211,8 +211,8 @@ func init() {
 		Short: "clear the rate and connection limit DEST has learned from throttles; its next throttle seeds them afresh",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				had, err := throttle.Forget(ctx, q.DestKV(), args[0], adminBy())
+			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
+				had, err := throttle.Forget(ctx, kv, args[0], adminBy())
 				if err != nil {
 					return err
 				}
@@ -231,8 +231,19 @@ func init() {
 
 // gatherStatus asks every running worker for its view of dest and collects
 // the answers that arrive within wait.
-func gatherStatus(nc *nats.Conn, dest string, wait time.Duration) ([]throttle.WorkerStatus, error) {
-	return throttle.AskStatus(nc, dest, wait)
+func gatherStatus(q *queue.Queue, dest string, wait time.Duration) ([]throttle.WorkerStatus, error) {
+	return throttle.AskStatus(q, dest, wait)
+}
+
+// runState is a.run with the shared destination state bucket opened.
+func (a *adminFlags) runState(cmd *cobra.Command, fn func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error) error {
+	return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+		kv, err := throttle.OpenState(ctx, q)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, q, kv)
+	})
 }
 
 // learnedShort is a state's learned limits in a few words ("12.5/s, 4 conns").

@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -349,7 +348,13 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 	if c.DestConns > 0 {
 		tc.Defaults.Conns = c.DestConns
 	}
-	tc.WorkerID, tc.State, tc.Registry = workerID, q.DestKV(), q.WorkersKV()
+	if tc.State, err = throttle.OpenState(ctx, q); err != nil {
+		return nil, err
+	}
+	if tc.Registry, err = throttle.OpenRegistry(ctx, q); err != nil {
+		return nil, err
+	}
+	tc.WorkerID = workerID
 	tc.Resolver, tc.Logger, tc.Registerer = res, log, reg
 	// OnRecover may run before throttle.New returns; it reads the throttle
 	// through an atomic pointer.
@@ -401,24 +406,16 @@ func learnedEventID(dest string) string {
 	return string(b)
 }
 
-// DestStatusSubject is the request subject on which every running worker
-// answers `outflow dest status` with its view of a destination.
-const DestStatusSubject = throttle.StatusSubject
-
 // serveDestStatus answers dest status requests (the payload is a domain or
-// group name) with this worker's throttle.DestStatus as JSON.
+// group name, or DEST@SOURCE) with this worker's throttle.WorkerStatus as JSON.
 func serveDestStatus(q *queue.Queue, t *throttle.Throttle, workerID string, egress *sender.Egress) (func(), error) {
-	sub, err := q.Conn().Subscribe(DestStatusSubject, func(m *nats.Msg) {
-		name, source := throttle.SplitPair(strings.TrimSpace(string(m.Data)))
+	return q.ServeDestStatus(func(dest string) []byte {
+		name, source := throttle.SplitPair(strings.TrimSpace(dest))
 		name = t.Group(name)
 		st := t.Snapshot(throttle.PairName(name, source))
 		b, _ := json.Marshal(throttle.WorkerStatus{Worker: workerID, DestStatus: st, Sources: sourceStatus(t, egress, name, source)})
-		_ = m.Respond(b)
+		return b
 	})
-	if err != nil {
-		return nil, fmt.Errorf("dest status responder: %w", err)
-	}
-	return func() { _ = sub.Unsubscribe() }, nil
 }
 
 // enqueuer hands submissions to the queue, failing at once while the
@@ -441,7 +438,7 @@ func (e enqueuer) Enqueue(ctx context.Context, s *queue.Submission) ([]string, e
 // waitClosed waits for a drained connection to finish closing.
 func waitClosed(q *queue.Queue, max time.Duration) {
 	deadline := time.Now().Add(max)
-	for !q.Conn().IsClosed() && time.Now().Before(deadline) {
+	for !q.Closed() && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
@@ -508,7 +505,7 @@ func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *que
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready.Load() || !q.Conn().IsConnected() {
+		if !ready.Load() || !q.Connected() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}

@@ -45,7 +45,7 @@ func startWebhooks(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 	if err != nil {
 		return nil, err
 	}
-	d, err := webhook.New(webhook.Config{Store: store, JS: q.JetStream(), WorkerID: workerID, MaxAttempts: c.WebhookMaxAttempts,
+	d, err := webhook.New(webhook.Config{Store: store, Events: q, WorkerID: workerID, MaxAttempts: c.WebhookMaxAttempts,
 		BreakerAfter: c.WebhookBreakerAfter, Timeout: c.WebhookTimeout, AllowPrivate: c.WebhookAllowPrivate, Logger: log})
 	if err != nil {
 		return nil, err
@@ -191,10 +191,8 @@ func init() {
 				}
 				q.Event(webhook.EventTest, &queue.Event{ID: "test" + fmt.Sprint(time.Now().UnixNano()), Tenant: ep.Tenant, Dest: ep.ID,
 					Reason: "sent by outflow webhook test"})
-				select { // the event is published asynchronously
-				case <-q.JetStream().PublishAsyncComplete():
-				case <-ctx.Done():
-					return ctx.Err()
+				if err := q.Flush(ctx); err != nil { // the event is published asynchronously
+					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "test event published for %s\n", ep.ID)
 				return nil

@@ -150,19 +150,15 @@ func writeProfile(path, name string) error {
 func waitAcked(ctx context.Context, q *queue.Queue, within time.Duration) error {
 	deadline := time.Now().Add(within)
 	for {
-		s, err := q.JetStream().Stream(ctx, queue.StreamWork)
+		n, err := q.Depth(ctx, queue.LaneWork)
 		if err != nil {
 			return err
 		}
-		info, err := s.Info(ctx)
-		if err != nil {
-			return err
-		}
-		if info.State.Msgs == 0 {
+		if n == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d envelopes still unacknowledged after %v", info.State.Msgs, within)
+			return fmt.Errorf("%d envelopes still unacknowledged after %v", n, within)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
