@@ -21,8 +21,13 @@ type Gate interface {
 // Permit is one admitted attempt. Done reports its outcome (one result per
 // recipient; nil when no attempt was made after all) so the throttle can
 // adapt rates, trip breakers and run automation rules.
+//
+// Limits are the destination's configured limits that apply to the
+// attempt itself (the sender's messages per connection); the zero Limits
+// when the gate has none.
 type Permit interface {
 	Done(results []classify.Result)
+	Limits() Limits
 }
 
 // Refusal, when Until is non-zero, means "not now": come back at Until.
@@ -43,3 +48,4 @@ func (OpenGate) Group(d string) string { return d }
 type nopPermit struct{}
 
 func (nopPermit) Done([]classify.Result) {}
+func (nopPermit) Limits() Limits         { return Limits{} }

@@ -664,6 +664,9 @@ func (p *permit) Done(results []classify.Result) {
 	p.t.done(p.d, p.probe, results)
 }
 
+// Limits are the admitted destination's configured limits.
+func (p *permit) Limits() Limits { return p.t.limitsOf(p.d.name) }
+
 // done is Permit.Done: memory only, plus at most a queued KV transition.
 func (t *Throttle) done(d *dest, probe bool, results []classify.Result) {
 	now := t.now()

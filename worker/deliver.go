@@ -25,18 +25,13 @@ type deliverer struct {
 	id string
 }
 
-// limiter is the part of the throttle that knows a destination's
-// configured limits (*throttle.Throttle has it; OpenGate does not).
-type limiter interface {
-	LimitsOf(dest string) throttle.Limits
-}
-
 // probePermit stands in for a throttle permit on an operator's probe:
 // the attempt was not admitted by the throttle, so its outcome is not
 // reported to it either.
 type probePermit struct{}
 
-func (probePermit) Done([]classify.Result) {}
+func (probePermit) Done([]classify.Result)  {}
+func (probePermit) Limits() throttle.Limits { return throttle.Limits{} }
 
 // outcome groups one attempt's recipients by what happens to them next.
 type outcome struct {
@@ -66,7 +61,7 @@ type rcptResult struct {
 // handle delivers one envelope and records exactly one durable outcome. An
 // error means the durable step could not be written; the envelope stays
 // unacknowledged and comes back.
-func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
+func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	e := d.Env
 	checked := time.Now()
 	done, err := d.AlreadyHandled(ctx)
@@ -74,24 +69,28 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		return err
 	}
 	if done {
-		p.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Msg("redelivered envelope was already handled; acknowledging")
+		w.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Msg("redelivered envelope was already handled; acknowledging")
 		return d.Skip(ctx)
 	}
-	now := p.now()
-	dest := p.cfg.Gate.Group(e.Dest)
-	if !e.Deadline.IsZero() && p.expiryNow(d, now).After(e.Deadline) {
-		return p.dead(ctx, d, e.Clone(), dest, queue.EventExpired, "max-age: deadline "+e.Deadline.Format(time.RFC3339)+" passed")
+	now := w.now()
+	dest := w.cfg.Gate.Group(e.Dest)
+	// The first of the two max-age limits: the deadline, counted from
+	// submission by the process that accepted the message
+	// (queue.Options.MaxAge). The second, Budget.MaxAge counted from the
+	// first attempt, is deferRest's.
+	if !e.Deadline.IsZero() && w.expiryNow(d, now).After(e.Deadline) {
+		return w.dead(ctx, d, e.Clone(), dest, queue.EventExpired, "max-age: deadline "+e.Deadline.Format(time.RFC3339)+" passed")
 	}
 
 	var permit throttle.Permit = probePermit{}
 	var src *sender.Source // egress address; nil without [[egress]]
 	if e.Probe {
-		p.log.Info().Str("msg_id", e.ID).Str("dest", dest).Msg("operator probe (fast-forward): bypassing the coordinator for this attempt")
-		src = p.probeSource(e)
+		w.log.Info().Str("msg_id", e.ID).Str("dest", dest).Msg("operator probe (fast-forward): bypassing the coordinator for this attempt")
+		src = w.probeSource(e)
 	} else {
 		var refusal throttle.Refusal
-		if permit, refusal, src = p.admitFrom(ctx, e); permit == nil {
-			return p.refused(ctx, d, dest, refusal)
+		if permit, refusal, src = w.admitFrom(ctx, e); permit == nil {
+			return w.refused(ctx, d, dest, refusal)
 		}
 	}
 	// From here on the permit is given back exactly once, whatever happens:
@@ -112,19 +111,19 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	}
 	defer release(nil)
 
-	body, err := p.cfg.Queue.EnvelopeBody(ctx, e)
+	body, err := w.cfg.Queue.EnvelopeBody(ctx, e)
 	if err != nil {
 		release(nil)
 		if errors.Is(err, queue.ErrBodyMissing) {
 			// A missing body cannot heal by itself: park it with the
 			// reason, once the stream's leader confirms it (a lagging
 			// replica answers "not found" for a body just written).
-			gone, gerr := p.cfg.Queue.BodyGone(ctx, e.BodyRef)
+			gone, gerr := w.cfg.Queue.BodyGone(ctx, e.BodyRef)
 			if gerr != nil {
 				return fmt.Errorf("body %s not found by a replica; %w", e.BodyRef, gerr)
 			}
 			if gone {
-				return p.dead(ctx, d, e.Clone(), dest, queue.EventDead, "body missing: "+err.Error())
+				return w.dead(ctx, d, e.Clone(), dest, queue.EventDead, "body missing: "+err.Error())
 			}
 			return fmt.Errorf("body %s not found by a replica but stored at the leader; leaving it for redelivery: %w", e.BodyRef, err)
 		}
@@ -133,8 +132,8 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		return err
 	}
 
-	if p.cfg.Signer != nil && !e.Signed {
-		if body, err = p.sign(ctx, e, body); err != nil {
+	if w.cfg.Signer != nil && !e.Signed {
+		if body, err = w.sign(ctx, e, body); err != nil {
 			return err
 		}
 	}
@@ -144,38 +143,36 @@ func (p *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 			return err
 		} else if done {
 			release(nil)
-			p.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Dur("since_check", time.Since(checked)).
+			w.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Dur("since_check", time.Since(checked)).
 				Msg("another worker finished the envelope while this one waited; acknowledging without sending")
 			return d.Skip(ctx)
 		}
 	}
 
-	msg := &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body, DSN: messageDSN(e), Source: src}
-	if l, ok := p.cfg.Gate.(limiter); ok {
-		msg.MaxMsgsPerConn = l.LimitsOf(dest).MaxMsgsPerConn
-	}
+	msg := &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body, DSN: messageDSN(e), Source: src,
+		MaxMsgsPerConn: permit.Limits().MaxMsgsPerConn}
 	// Keep the ack alive while the SMTP conversation runs. The deferred
 	// stop matters when Send panics: a heartbeat left running would keep
 	// the envelope from ever being handed out again.
-	stop := p.keepAlive(d)
+	stop := w.keepAlive(d)
 	defer stop()
-	res := p.cfg.Sender.Send(ctx, msg)
+	res := w.cfg.Sender.Send(ctx, msg)
 	stop()
 
-	o := p.sort(e, res)
+	o := w.outcomeOf(e, res)
 	o.noteDSN(res, body)
 	o.source = src.String()
 	release(o.results)
-	return p.record(ctx, d, dest, o, now)
+	return w.record(ctx, d, dest, o, now)
 }
 
 // keepAlive tells the server every ProgressEvery that d is still being
 // worked on, until the returned stop is called (any number of times).
-func (p *deliverer) keepAlive(d *queue.Delivery) (stop func()) {
+func (w *deliverer) keepAlive(d *queue.Delivery) (stop func()) {
 	done := make(chan struct{})
 	var once sync.Once
 	go func() {
-		t := time.NewTicker(p.cfg.ProgressEvery)
+		t := time.NewTicker(w.cfg.ProgressEvery)
 		defer t.Stop()
 		for {
 			select {
@@ -212,10 +209,10 @@ func finishedElsewhere(ctx context.Context, d *queue.Delivery) (bool, error) {
 // signed bytes, so every retry sends exactly the same ones. e (the working
 // copy every next state is cloned from) then carries the signed body
 // inline, or names a signed copy stored in the Object Store.
-func (p *deliverer) sign(ctx context.Context, e *queue.Envelope, body []byte) ([]byte, error) {
-	signed, err := p.cfg.Signer.Sign(e.From, body)
+func (w *deliverer) sign(ctx context.Context, e *queue.Envelope, body []byte) ([]byte, error) {
+	signed, err := w.cfg.Signer.Sign(e.From, body)
 	if err != nil {
-		p.log.Warn().Err(err).Str("msg_id", e.ID).Msg("DKIM signing failed; sending unsigned")
+		w.log.Warn().Err(err).Str("msg_id", e.ID).Msg("DKIM signing failed; sending unsigned")
 		return body, nil
 	}
 	if len(signed) == len(body) {
@@ -229,15 +226,16 @@ func (p *deliverer) sign(ctx context.Context, e *queue.Envelope, body []byte) ([
 		return signed, nil
 	}
 	ref := e.MsgID + ".dkim." + e.ID
-	if err := p.cfg.Queue.PutBody(ctx, ref, signed); err != nil {
+	if err := w.cfg.Queue.PutBody(ctx, ref, signed); err != nil {
 		return nil, err
 	}
 	e.BodyRef, e.Body, e.Signed, e.SigLen, e.Size = ref, nil, true, 0, int64(len(signed))
 	return signed, nil
 }
 
-// sort classifies each recipient's outcome and groups the recipients.
-func (p *deliverer) sort(e *queue.Envelope, res sender.Result) *outcome {
+// outcomeOf classifies each recipient's reply and groups the recipients by
+// what happens to them next.
+func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result) *outcome {
 	o := &outcome{}
 	byRcpt := make(map[string]classify.Input, len(res.Rcpts))
 	for _, r := range res.Rcpts {
@@ -250,7 +248,7 @@ func (p *deliverer) sort(e *queue.Envelope, res sender.Result) *outcome {
 			// an unanswered attempt, never as delivered.
 			in = classify.Input{Stage: classify.StageUnknown, Event: classify.EventConnLost}
 		}
-		r := p.cfg.Classifier.Classify(in)
+		r := w.cfg.Classifier.Classify(in)
 		if r.Class == classify.Permanent && in.Stage == classify.StageAuth {
 			// The smarthost refused our credentials: a configuration
 			// problem, not the message's. Defer rather than bounce (as
@@ -267,7 +265,7 @@ func (p *deliverer) sort(e *queue.Envelope, res sender.Result) *outcome {
 			o.bounced = append(o.bounced, rcptResult{rcpt, r})
 		case classify.Unknown:
 			o.unknown = true
-			if p.cfg.Unknown == UnknownHold {
+			if w.cfg.Unknown == UnknownHold {
 				o.held = append(o.held, rcpt)
 			} else {
 				o.again = append(o.again, rcpt)
@@ -290,30 +288,24 @@ func (p *deliverer) sort(e *queue.Envelope, res sender.Result) *outcome {
 // SENT marker, and the acknowledgement comes last, so a crash at any point
 // leaves either the original (redelivered and recognised by
 // AlreadyHandled) or the next state, never neither.
-func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, o *outcome, started time.Time) error {
+func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, o *outcome, started time.Time) error {
 	e := d.Env
-	q := p.cfg.Queue
 	lane := string(d.Lane)
-	now := p.now()
+	now := w.now()
 
 	for _, b := range o.bounced {
-		p.cfg.Metrics.attempt("permanent", lane, dest)
-		rec := p.baseRecord(e, dest, b.res)
-		p.logRecord(rec, "bounced")
-		q.Event(queue.EventBounced, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: e.Attempt + 1,
-			Worker: p.id, Recipients: []string{b.rcpt}, Reason: b.res.Text, Decision: mustJSON(rec)})
-		p.suppressBounce(ctx, e, b)
+		w.cfg.Metrics.attempt("permanent", lane, dest)
+		rec := w.baseRecord(e, dest, b.res)
+		w.logRecord(rec, "bounced")
+		w.event(queue.EventBounced, e, e.Attempt+1, []string{b.rcpt}, b.res.Text, &rec)
+		w.suppressBounce(ctx, e, b)
 	}
-	if err := p.bounceNotice(ctx, e, o); err != nil {
+	if err := w.bounceNotice(ctx, e, o); err != nil {
 		return err
 	}
-	if p.cfg.Metrics != nil && len(o.bounced) > 0 {
-		p.cfg.Metrics.Bounced.Add(float64(len(o.bounced)))
-	}
+	w.cfg.Metrics.bounced(len(o.bounced))
 	if o.unknown {
-		if p.cfg.Metrics != nil {
-			p.cfg.Metrics.Unknown.Inc()
-		}
+		w.cfg.Metrics.unknown()
 	}
 
 	remaining := len(o.again) + len(o.held)
@@ -324,47 +316,45 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 		next := e.Clone()
 		next.Attempt = e.Attempt + 1
 		if next.FirstAttempt.IsZero() {
-			next.FirstAttempt = p.serverTime(started) // on the clock expiryNow compares it with
+			next.FirstAttempt = w.serverTime(started) // on the clock expiryNow compares it with
 		}
 		next.LastClass = o.lead.Class.String()
 		next.LastReply = replyLine(o.lead)
 		if len(o.held) > 0 {
 			next.Rcpts = append(append([]string(nil), o.held...), o.again...)
-			p.cfg.Metrics.attempt("unknown", lane, dest)
-			rec := p.baseRecord(e, dest, o.lead)
-			p.logRecord(rec, "held for an operator (unknown-policy hold)")
+			w.cfg.Metrics.attempt("unknown", lane, dest)
+			rec := w.baseRecord(e, dest, o.lead)
+			w.logRecord(rec, "held for an operator (unknown-policy hold)")
 			next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
 			if err := d.Hold(ctx, next); err != nil {
 				return err
 			}
 			acked = true
-			q.Event(queue.EventHeld, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
-				Worker: p.id, Recipients: next.Rcpts, Reason: o.lead.Text, Decision: mustJSON(rec)})
+			w.event(queue.EventHeld, e, next.Attempt, next.Rcpts, o.lead.Text, &rec)
 		} else {
 			next.Rcpts = o.again
 			var err error
-			if acked, err = p.defer_(ctx, d, next, dest, o); err != nil {
+			if acked, err = w.deferRest(ctx, d, next, dest, o); err != nil {
 				return err
 			}
 		}
 	}
 
 	if len(o.delivered) > 0 {
-		p.cfg.Metrics.attempt("delivered", lane, dest)
-		p.cfg.Metrics.delivered(len(o.delivered), e.SubmittedAt)
-		rec := p.baseRecord(e, dest, classify.Result{Class: classify.Delivered, Rule: "delivered"})
+		w.cfg.Metrics.attempt("delivered", lane, dest)
+		w.cfg.Metrics.delivered(len(o.delivered), e.SubmittedAt)
+		rec := w.baseRecord(e, dest, classify.Result{Class: classify.Delivered, Rule: "delivered"})
 		if r := firstDelivered(o); r != nil {
-			rec = p.baseRecord(e, dest, *r)
+			rec = w.baseRecord(e, dest, *r)
 		}
-		p.logRecord(rec, "delivered")
-		if err := p.successNotice(ctx, e, o); err != nil {
+		w.logRecord(rec, "delivered")
+		if err := w.successNotice(ctx, e, o); err != nil {
 			return err
 		}
 		if err := d.Delivered(ctx, o.delivered, remaining == 0); err != nil {
 			return err
 		}
-		q.Event(queue.EventDelivered, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: e.Attempt + 1,
-			Worker: p.id, Recipients: o.delivered, Decision: mustJSON(rec)})
+		w.event(queue.EventDelivered, e, e.Attempt+1, o.delivered, "", &rec)
 		if remaining > 0 && !acked {
 			return d.Skip(ctx)
 		}
@@ -380,30 +370,30 @@ func (p *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 	return d.Done(ctx)
 }
 
-// defer_ schedules the remaining recipients on the retry or rate-limit lane,
+// deferRest schedules the remaining recipients on the retry or rate-limit lane,
 // or sends them to dead letters when the budget is spent. A schedule does
 // not acknowledge the original (record does that last); a dead letter
 // does, and acked says so.
-func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest string, o *outcome) (acked bool, err error) {
+func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest string, o *outcome) (acked bool, err error) {
 	e := d.Env
-	now := p.now()
-	lane, bo, evType, class := queue.LaneRetry, p.cfg.Retry, queue.EventDeferred, o.lead.Class.String()
+	now := w.now()
+	lane, bo, evType, class := queue.LaneRetry, w.cfg.Retry, queue.EventDeferred, o.lead.Class.String()
 	if o.throttled {
-		lane, bo, evType = queue.LaneRateLimit, p.cfg.RateLimit, queue.EventThrottled
+		lane, bo, evType = queue.LaneRateLimit, w.cfg.RateLimit, queue.EventThrottled
 		next.ThrottleCount = e.ThrottleCount + 1
-		if p.cfg.Metrics != nil {
-			p.cfg.Metrics.Throttles.WithLabelValues(dest).Inc()
-		}
+		w.cfg.Metrics.throttled(dest)
 	}
-	p.cfg.Metrics.attempt(class, string(d.Lane), dest)
-	if over, why := p.cfg.Budget.Exhausted(next.Spent(), next.FirstAttempt, p.expiryNow(d, now)); over {
-		rec := p.baseRecord(e, dest, o.lead)
+	w.cfg.Metrics.attempt(class, string(d.Lane), dest)
+	// The attempt budget: Budget.MaxAttempts, and Budget.MaxAge counted
+	// from the first attempt (the deadline from submission was handle's).
+	if over, why := w.cfg.Budget.Exhausted(next.Spent(), next.FirstAttempt, w.expiryNow(d, now)); over {
+		rec := w.baseRecord(e, dest, o.lead)
 		next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
 		ev := queue.EventDead
 		if why == "max-age" {
 			ev = queue.EventExpired
 		}
-		return true, p.dead(ctx, d, next, dest, ev, why+": "+replyLine(o.lead))
+		return true, w.dead(ctx, d, next, dest, ev, why+": "+replyLine(o.lead))
 	}
 	// The retry number is the exponent: the first retry after the first
 	// failure is 1. Throttled attempts use the rate-limit lane's own count.
@@ -412,40 +402,37 @@ func (p *deliverer) defer_(ctx context.Context, d *queue.Delivery, next *queue.E
 		retryN = next.ThrottleCount
 	}
 	seed := backoff.NewSeed()
-	dec := bo.Decide(retryN, p.id, seed, o.lead.RetryAfter)
+	dec := bo.Decide(retryN, w.id, seed, o.lead.RetryAfter)
 	at := dec.At(now)
 	var pacedBy string
 	if o.throttled {
-		if pat, by, ok := p.pace(e, o.source, now, &dec); ok {
+		if pat, by, ok := w.pace(e, o.source, now, &dec); ok {
 			at, pacedBy = pat, by
 		}
 	}
-	rec := p.baseRecord(e, dest, o.lead)
+	rec := w.baseRecord(e, dest, o.lead)
 	rec.Lane = string(lane)
 	rec.Attempt = next.Attempt
 	rec.Decision = dec
 	rec.PacedBy = pacedBy
 	rec.NextAttemptAt = at
-	p.logRecord(rec, "deferred")
-	if p.cfg.Metrics != nil {
-		p.cfg.Metrics.RetryDelay.WithLabelValues(string(lane)).Observe(dec.Delay.Seconds())
-	}
+	w.logRecord(rec, "deferred")
+	w.cfg.Metrics.retryDelay(string(lane), dec.Delay)
 	next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
-	if err := p.delayNotice(ctx, e, next, o); err != nil {
+	if err := w.delayNotice(ctx, e, next, o); err != nil {
 		return false, err
 	}
-	if err := d.Reschedule(ctx, next, lane, p.serverTime(at), false); err != nil {
+	if err := d.Reschedule(ctx, next, lane, w.serverTime(at), false); err != nil {
 		return false, err
 	}
-	p.cfg.Queue.Event(evType, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
-		Worker: p.id, Recipients: next.Rcpts, Reason: o.lead.Text, Decision: mustJSON(rec)})
+	w.event(evType, e, next.Attempt, next.Rcpts, o.lead.Text, &rec)
 	return false, nil
 }
 
 // refused handles a throttle refusal: no attempt was made, so neither
 // the attempt count nor the budget changes; the envelope waits in the lane
 // it came from (fresh mail in the retry lane) until the refusal ends.
-func (p *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string, r throttle.Refusal) error {
+func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string, r throttle.Refusal) error {
 	e := d.Env
 	lane := d.Lane
 	if lane == queue.LaneWork {
@@ -453,47 +440,42 @@ func (p *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 	}
 	at := r.Until
 	if at.IsZero() {
-		at = p.now().Add(time.Second)
+		at = w.now().Add(time.Second)
 	}
-	if p.cfg.Metrics != nil {
-		p.cfg.Metrics.Refusals.WithLabelValues(r.Reason).Inc()
-	}
-	p.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", e.Attempt).
+	w.cfg.Metrics.refusal(r.Reason)
+	w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", e.Attempt).
 		Str("class", "local").Str("rule", "local-"+r.Reason).Str("lane", string(lane)).
 		Time("next_attempt_at", at).Msg("coordinator refused; deferred without an attempt")
 	next := e.Clone()
-	return d.Reschedule(ctx, next, lane, p.serverTime(at), true)
+	return d.Reschedule(ctx, next, lane, w.serverTime(at), true)
 }
 
 // dead moves the envelope to dead letters with its evidence and reason.
-func (p *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest, evType, reason string) error {
+func (w *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest, evType, reason string) error {
 	e := d.Env
-	p.log.Warn().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", next.Attempt).
+	w.log.Warn().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", next.Attempt).
 		Str("reason", reason).Msg("moved to dead letters")
-	if err := p.deadNotice(ctx, e, next, reason); err != nil {
+	if err := w.deadNotice(ctx, e, next, reason); err != nil {
 		return err
 	}
 	if err := d.Dead(ctx, next, reason); err != nil {
 		return err
 	}
-	if p.cfg.Metrics != nil {
-		p.cfg.Metrics.DeadLetters.Inc()
-	}
-	p.cfg.Queue.Event(evType, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: next.Attempt,
-		Worker: p.id, Recipients: next.Rcpts, Reason: reason})
+	w.cfg.Metrics.deadLetter()
+	w.event(evType, e, next.Attempt, next.Rcpts, reason, nil)
 	return nil
 }
 
-func (p *deliverer) baseRecord(e *queue.Envelope, dest string, r classify.Result) backoff.Record {
+func (w *deliverer) baseRecord(e *queue.Envelope, dest string, r classify.Result) backoff.Record {
 	return backoff.Record{
-		MsgID: e.ID, Tenant: e.Tenant, Dest: dest, Attempt: e.Attempt + 1, WorkerID: p.id,
+		MsgID: e.ID, Tenant: e.Tenant, Dest: dest, Attempt: e.Attempt + 1, WorkerID: w.id,
 		Class: r.Class.String(), Rule: r.Rule, Code: r.Code, EnhancedCode: r.Enhanced, Reply: r.Text,
 	}
 }
 
 // logRecord writes the decision line. Decision lines are never sampled.
-func (p *deliverer) logRecord(rec backoff.Record, msg string) {
-	rec.LogOutcome(p.cfg.Logger, msg)
+func (w *deliverer) logRecord(rec backoff.Record, msg string) {
+	rec.LogOutcome(w.cfg.Logger, msg)
 }
 
 func attemptOf(rec backoff.Record, at time.Time, rcpts int) queue.Attempt {
@@ -525,9 +507,22 @@ func replyLine(r classify.Result) string {
 	return s
 }
 
-// mustJSON encodes a decision record for its event. MarshalJSON is called
-// directly: through json.Marshal its output would be parsed once more.
-func mustJSON(rec backoff.Record) json.RawMessage {
+// event publishes one of e's outcomes: typ, for rcpts, at attempt, with
+// the reply or reason and, when rec is not nil, the decision record.
+func (w *deliverer) event(typ string, e *queue.Envelope, attempt int, rcpts []string, reason string, rec *backoff.Record) {
+	ev := &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: attempt,
+		Worker: w.id, Recipients: rcpts, Reason: reason}
+	if rec != nil {
+		ev.Decision = recordJSON(*rec)
+	}
+	w.cfg.Queue.Event(typ, ev)
+}
+
+// recordJSON encodes a decision record for its event; a record that cannot
+// be encoded becomes an object naming the error, so the event still goes
+// out. MarshalJSON is called directly: through json.Marshal its output
+// would be parsed once more.
+func recordJSON(rec backoff.Record) json.RawMessage {
 	b, err := rec.MarshalJSON()
 	if err != nil {
 		return json.RawMessage(fmt.Sprintf("{%q:%q}", "error", err.Error()))

@@ -188,8 +188,8 @@ func (s *dsnState) skip(reason string) {
 // returns an error only when the enqueue itself failed: the caller's
 // durable step must then fail too, so the attempt (and the notice) runs
 // again.
-func (p *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput) error {
-	s := p.dsn
+func (w *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput) error {
+	s := w.dsn
 	if s == nil {
 		return nil
 	}
@@ -218,7 +218,7 @@ func (p *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput
 	if t := s.cfg.Tenants[e.Tenant]; t.Address != "" {
 		to = t.Address
 	}
-	log := p.log.With().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("action", string(n.action)).Logger()
+	log := w.log.With().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("action", string(n.action)).Logger()
 	if s.cfg.Suppressions != nil {
 		sup, err := s.cfg.Suppressions.Suppressed(ctx, e.Tenant, to)
 		if err != nil {
@@ -232,7 +232,7 @@ func (p *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput
 	}
 	body := n.body
 	if body == nil {
-		b, err := p.cfg.Queue.EnvelopeBody(ctx, e)
+		b, err := w.cfg.Queue.EnvelopeBody(ctx, e)
 		if err != nil {
 			log.Warn().Err(err).Msg("original body unavailable; the notification carries no copy of it")
 		}
@@ -242,7 +242,7 @@ func (p *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput
 		s.skip(skipReport)
 		return nil
 	}
-	if !s.rate.allow(to, p.now()) {
+	if !s.rate.allow(to, w.now()) {
 		s.skip(skipRate)
 		log.Warn().Str("to", to).Float64("per_hour", s.cfg.SenderRate).Msg("notification not sent: too many to this address")
 		return nil
@@ -260,7 +260,7 @@ func (p *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput
 	if e.DSN != nil {
 		envID = e.DSN.EnvID
 	}
-	now := p.now()
+	now := w.now()
 	msg, err := dsn.Build(&dsn.Report{
 		ReportingMTA: s.cfg.ReportingMTA, From: "MAILER-DAEMON@" + queue.Domain(e.From), To: to,
 		EnvelopeID: envID, ArrivalDate: e.SubmittedAt, Date: now, ID: n.key,
@@ -271,7 +271,7 @@ func (p *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput
 		log.Error().Err(err).Msg("notification not built")
 		return nil
 	}
-	ids, err := p.cfg.Queue.Enqueue(ctx, &queue.Submission{
+	ids, err := w.cfg.Queue.Enqueue(ctx, &queue.Submission{
 		Tenant: e.Tenant, From: "", Rcpts: []string{to}, Body: msg, ReceivedAt: now.UTC(),
 		IdempotencyKey: n.key, Source: queue.SourceDSN, IsReport: true,
 	})
@@ -287,8 +287,7 @@ func (p *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput
 		s.cfg.Metrics.Sent.WithLabelValues(string(n.action)).Inc()
 	}
 	log.Info().Str("dsn_id", id).Str("to", to).Strs("rcpts", final).Msg("delivery status notification queued")
-	p.cfg.Queue.Event(queue.EventDSN, &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest,
-		Worker: p.id, Recipients: final, Reason: string(n.action) + " notice " + id + " to " + to})
+	w.event(queue.EventDSN, e, 0, final, string(n.action)+" notice "+id+" to "+to, nil)
 	return nil
 }
 
@@ -317,26 +316,26 @@ func (o *outcome) noteDSN(res sender.Result, body []byte) {
 }
 
 // bounceNotice reports the recipients an attempt bounced.
-func (p *deliverer) bounceNotice(ctx context.Context, e *queue.Envelope, o *outcome) error {
-	if p.dsn == nil || len(o.bounced) == 0 {
+func (w *deliverer) bounceNotice(ctx context.Context, e *queue.Envelope, o *outcome) error {
+	if w.dsn == nil || len(o.bounced) == 0 {
 		return nil
 	}
-	at := p.now()
+	at := w.now()
 	rcpts := make([]dsn.Recipient, 0, len(o.bounced))
 	for _, b := range o.bounced {
 		rcpts = append(rcpts, rcptReport(b.rcpt, dsn.Failed, b.res, o.host, at))
 	}
-	return p.notice(ctx, e, noticeInput{action: dsn.Failed, kind: queue.NotifyFailure, key: noticeKey(e, "bounced"), rcpts: rcpts, body: o.body})
+	return w.notice(ctx, e, noticeInput{action: dsn.Failed, kind: queue.NotifyFailure, key: noticeKey(e, "bounced"), rcpts: rcpts, body: o.body})
 }
 
 // deadNotice reports the recipients of an envelope going to dead letters
 // (budget spent, max age passed, body lost), with its last reply.
-func (p *deliverer) deadNotice(ctx context.Context, e, next *queue.Envelope, reason string) error {
-	if p.dsn == nil {
+func (w *deliverer) deadNotice(ctx context.Context, e, next *queue.Envelope, reason string) error {
+	if w.dsn == nil {
 		return nil
 	}
 	var last classify.Result
-	at := p.now()
+	at := w.now()
 	if n := len(next.History); n > 0 {
 		h := next.History[n-1]
 		last = classify.Result{Code: h.Code, Enhanced: h.Enhanced, Text: h.Reply}
@@ -355,22 +354,22 @@ func (p *deliverer) deadNotice(ctx context.Context, e, next *queue.Envelope, rea
 		}
 		rcpts = append(rcpts, rc)
 	}
-	return p.notice(ctx, e, noticeInput{action: dsn.Failed, kind: queue.NotifyFailure, key: noticeKey(e, "dead"), rcpts: rcpts})
+	return w.notice(ctx, e, noticeInput{action: dsn.Failed, kind: queue.NotifyFailure, key: noticeKey(e, "dead"), rcpts: rcpts})
 }
 
 // delayNotice sends the one delay warning of an envelope being deferred
 // once it has waited DelayWarning, and marks next so that it never sends
 // another. The decision is made once, sent or not (NOTIFY without DELAY,
 // a tenant without notices).
-func (p *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o *outcome) error {
-	if p.dsn == nil || e.DelayWarned {
+func (w *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o *outcome) error {
+	if w.dsn == nil || e.DelayWarned {
 		return nil
 	}
-	warn := p.dsn.delayWarning(e)
-	if warn <= 0 || e.SubmittedAt.IsZero() || p.now().Sub(e.SubmittedAt) < warn {
+	warn := w.dsn.delayWarning(e)
+	if warn <= 0 || e.SubmittedAt.IsZero() || w.now().Sub(e.SubmittedAt) < warn {
 		return nil
 	}
-	at := p.now()
+	at := w.now()
 	rcpts := make([]dsn.Recipient, 0, len(next.Rcpts))
 	for _, r := range next.Rcpts {
 		rc := rcptReport(r, dsn.Delayed, o.lead, o.host, at)
@@ -380,7 +379,7 @@ func (p *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o 
 		}
 		rcpts = append(rcpts, rc)
 	}
-	if err := p.notice(ctx, e, noticeInput{action: dsn.Delayed, kind: queue.NotifyDelay, key: noticeKey(e, "delayed"), rcpts: rcpts, body: o.body}); err != nil {
+	if err := w.notice(ctx, e, noticeInput{action: dsn.Delayed, kind: queue.NotifyDelay, key: noticeKey(e, "delayed"), rcpts: rcpts, body: o.body}); err != nil {
 		return err
 	}
 	next.DelayWarned = true
@@ -390,11 +389,11 @@ func (p *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o 
 // successNotice sends a relayed notice for delivered recipients whose
 // NOTIFY asks for SUCCESS, when the accepting server did not take the
 // DSN parameters (RFC 3461 §6.2.2); one that did owes the notice itself.
-func (p *deliverer) successNotice(ctx context.Context, e *queue.Envelope, o *outcome) error {
-	if p.dsn == nil || e.DSN == nil {
+func (w *deliverer) successNotice(ctx context.Context, e *queue.Envelope, o *outcome) error {
+	if w.dsn == nil || e.DSN == nil {
 		return nil
 	}
-	at := p.now()
+	at := w.now()
 	var rcpts []dsn.Recipient
 	for _, r := range o.delivered {
 		if o.dsnRelayed[r] || !e.DSN.Wants(r, queue.NotifySuccess) {
@@ -409,7 +408,7 @@ func (p *deliverer) successNotice(ctx context.Context, e *queue.Envelope, o *out
 	if len(rcpts) == 0 {
 		return nil
 	}
-	return p.notice(ctx, e, noticeInput{action: dsn.Relayed, kind: queue.NotifySuccess, key: noticeKey(e, "relayed"), rcpts: rcpts, body: o.body})
+	return w.notice(ctx, e, noticeInput{action: dsn.Relayed, kind: queue.NotifySuccess, key: noticeKey(e, "relayed"), rcpts: rcpts, body: o.body})
 }
 
 // rcptReport is one recipient's block from a classified reply.

@@ -34,15 +34,15 @@ func movesOn(r throttle.Refusal) bool {
 // round-robin order and returns the first admitted with its permit; when
 // every address refuses, the refusal that ends soonest (or the first
 // "rate" refusal, which holds the envelope's place).
-func (p *deliverer) admitFrom(ctx context.Context, e *queue.Envelope) (throttle.Permit, throttle.Refusal, *sender.Source) {
-	if p.cfg.Egress.Len() == 0 {
-		permit, r := p.admit(ctx, e)
+func (w *deliverer) admitFrom(ctx context.Context, e *queue.Envelope) (throttle.Permit, throttle.Refusal, *sender.Source) {
+	if w.cfg.Egress.Len() == 0 {
+		permit, r := w.admit(ctx, e)
 		return permit, r, nil
 	}
-	cands := p.cfg.Egress.Candidates(e.Tenant)
-	g, ok := p.cfg.Gate.(sourceGate)
+	cands := w.cfg.Egress.Candidates(e.Tenant)
+	g, ok := w.cfg.Gate.(sourceGate)
 	if !ok {
-		permit, r := p.admit(ctx, e)
+		permit, r := w.admit(ctx, e)
 		return permit, r, &cands[0]
 	}
 	var best throttle.Refusal
@@ -63,9 +63,9 @@ func (p *deliverer) admitFrom(ctx context.Context, e *queue.Envelope) (throttle.
 
 // probeSource is the address an operator's probe goes out from: the next
 // of the tenant's, or none without egress addresses.
-func (p *deliverer) probeSource(e *queue.Envelope) *sender.Source {
-	if p.cfg.Egress.Len() == 0 {
+func (w *deliverer) probeSource(e *queue.Envelope) *sender.Source {
+	if w.cfg.Egress.Len() == 0 {
 		return nil
 	}
-	return &p.cfg.Egress.Candidates(e.Tenant)[0]
+	return &w.cfg.Egress.Candidates(e.Tenant)[0]
 }

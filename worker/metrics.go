@@ -59,6 +59,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// The methods below are the only way the worker touches its metrics: each
+// is a no-op on a nil *Metrics (a Pool without Config.Metrics).
+
 func (m *Metrics) panic() {
 	if m != nil {
 		m.Panics.Inc()
@@ -76,5 +79,41 @@ func (m *Metrics) delivered(n int, submitted time.Time) {
 	if m != nil && n > 0 {
 		m.Delivered.Add(float64(n))
 		m.DeliveryLatency.Observe(time.Since(submitted).Seconds())
+	}
+}
+
+func (m *Metrics) bounced(n int) {
+	if m != nil && n > 0 {
+		m.Bounced.Add(float64(n))
+	}
+}
+
+func (m *Metrics) unknown() {
+	if m != nil {
+		m.Unknown.Inc()
+	}
+}
+
+func (m *Metrics) throttled(dest string) {
+	if m != nil {
+		m.Throttles.WithLabelValues(dest).Inc()
+	}
+}
+
+func (m *Metrics) retryDelay(lane string, d time.Duration) {
+	if m != nil {
+		m.RetryDelay.WithLabelValues(lane).Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) refusal(reason string) {
+	if m != nil {
+		m.Refusals.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) deadLetter() {
+	if m != nil {
+		m.DeadLetters.Inc()
 	}
 }

@@ -24,11 +24,11 @@ type pacer interface {
 
 // admit asks the throttle for e, in its tenant's share when the gate
 // knows tenants.
-func (p *deliverer) admit(ctx context.Context, e *queue.Envelope) (throttle.Permit, throttle.Refusal) {
-	if g, ok := p.cfg.Gate.(tenantGate); ok {
+func (w *deliverer) admit(ctx context.Context, e *queue.Envelope) (throttle.Permit, throttle.Refusal) {
+	if g, ok := w.cfg.Gate.(tenantGate); ok {
 		return g.AdmitTenant(ctx, e.Dest, e.Tenant)
 	}
-	return p.cfg.Gate.Admit(ctx, e.Dest)
+	return w.cfg.Gate.Admit(ctx, e.Dest)
 }
 
 // pace replaces a throttled envelope's backoff draw with its place in the
@@ -43,8 +43,8 @@ func (p *deliverer) admit(ctx context.Context, e *queue.Envelope) (throttle.Perm
 // always honoured when later. The draw stays in the record beside
 // paced_by. With egress addresses, the place is in the queue of the
 // (destination, source) pair the attempt went out from.
-func (p *deliverer) pace(e *queue.Envelope, source string, now time.Time, dec *backoff.Decision) (time.Time, string, bool) {
-	pc, ok := p.cfg.Gate.(pacer)
+func (w *deliverer) pace(e *queue.Envelope, source string, now time.Time, dec *backoff.Decision) (time.Time, string, bool) {
+	pc, ok := w.cfg.Gate.(pacer)
 	if !ok {
 		return time.Time{}, "", false
 	}
@@ -53,7 +53,7 @@ func (p *deliverer) pace(e *queue.Envelope, source string, now time.Time, dec *b
 		earliest = now.Add(time.Duration(dec.MinMs) * time.Millisecond)
 	}
 	pace := pc.Pace
-	if sg, ok := p.cfg.Gate.(sourceGate); ok && source != "" {
+	if sg, ok := w.cfg.Gate.(sourceGate); ok && source != "" {
 		// Throttled on one address: its place in that address's queue.
 		pace = func(domain, tenant string, earliest time.Time) (time.Time, string, bool) {
 			return sg.PaceSource(domain, tenant, source, earliest)

@@ -20,8 +20,8 @@ type Suppressor interface {
 // block of the message or the sender says nothing about the address. A
 // failed write is logged, not retried: the bounce itself is recorded all the
 // same, and the next bounce adds the address again.
-func (p *deliverer) suppressBounce(ctx context.Context, e *queue.Envelope, b rcptResult) {
-	l := p.cfg.Suppressions
+func (w *deliverer) suppressBounce(ctx context.Context, e *queue.Envelope, b rcptResult) {
+	l := w.cfg.Suppressions
 	if l == nil || b.res.Scope != classify.ScopeRecipient {
 		return
 	}
@@ -31,6 +31,6 @@ func (p *deliverer) suppressBounce(ctx context.Context, e *queue.Envelope, b rcp
 	}
 	err := l.Add(ctx, queue.Suppression{Tenant: e.Tenant, Address: b.rcpt, Reason: reason, Source: queue.SuppressBounce})
 	if err != nil {
-		p.log.Warn().Err(err).Str("msg_id", e.ID).Str("rcpt", b.rcpt).Msg("hard bounce not added to the suppression list")
+		w.log.Warn().Err(err).Str("msg_id", e.ID).Str("rcpt", b.rcpt).Msg("hard bounce not added to the suppression list")
 	}
 }

@@ -184,7 +184,7 @@ func (p *Pool) Run(ctx context.Context, grace time.Duration) error {
 // select picks uniformly among ready cases, so no lane can starve another;
 // the work lane never waits behind deferred mail because deferred mail is
 // not in any lane until it is due.
-func (p *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *queue.Delivery) {
+func (w *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *queue.Delivery) {
 	for {
 		var d *queue.Delivery
 		var ok bool
@@ -201,7 +201,7 @@ func (p *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 			}
 			continue
 		}
-		p.safeHandle(workCtx, d)
+		w.safeHandle(workCtx, d)
 	}
 }
 
@@ -211,18 +211,18 @@ func (p *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 // while the panic unwinds: they stop the heartbeat that keeps the ack alive
 // and give the throttle's permit back (with no results, so the panic
 // counts for neither the breaker nor the rate).
-func (p *deliverer) safeHandle(ctx context.Context, d *queue.Delivery) {
+func (w *deliverer) safeHandle(ctx context.Context, d *queue.Delivery) {
 	defer func() {
 		if r := recover(); r != nil {
-			p.log.Error().Str("msg_id", d.Env.ID).Interface("panic", r).Bytes("stack", debug.Stack()).Msg("delivery panicked")
-			p.cfg.Metrics.panic()
+			w.log.Error().Str("msg_id", d.Env.ID).Interface("panic", r).Bytes("stack", debug.Stack()).Msg("delivery panicked")
+			w.cfg.Metrics.panic()
 		}
 	}()
-	if err := p.handle(ctx, d); err != nil {
+	if err := w.handle(ctx, d); err != nil {
 		// The durable step failed (NATS unavailable): leave the envelope
 		// unacknowledged; the server redelivers it after the ack wait and
 		// AlreadyHandled sorts out what was done.
-		p.log.Error().Err(err).Str("msg_id", d.Env.ID).Str("dest", d.Env.Dest).Msg("delivery step failed; envelope will be redelivered")
+		w.log.Error().Err(err).Str("msg_id", d.Env.ID).Str("dest", d.Env.Dest).Msg("delivery step failed; envelope will be redelivered")
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -179,34 +181,23 @@ func init() {
 				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "TIME\tEVENT\tATTEMPT\tWORKER\tCLASS\tRULE\tDELAY\tSEED\tOFFSET\tREPLY")
 				for _, ev := range evs {
-					var d struct {
-						Class      string `json:"class"`
-						Rule       string `json:"rule"`
-						Reply      string `json:"reply"`
-						Code       int    `json:"code"`
-						Enhanced   string `json:"enhanced_code"`
-						DelayMs    int64  `json:"delay_ms"`
-						OffsetMs   int64  `json:"offset_ms"`
-						JitterSeed string `json:"jitter_seed"`
-					}
+					var d backoff.Record
 					_ = json.Unmarshal(ev.Decision, &d)
 					reply := ev.Reason
 					if d.Code != 0 {
-						reply = strings.TrimSpace(fmt.Sprintf("%d %s %s", d.Code, d.Enhanced, d.Reply))
+						reply = strings.TrimSpace(fmt.Sprintf("%d %s %s", d.Code, d.EnhancedCode, d.Reply))
 					}
 					delay := "-"
 					if d.DelayMs > 0 {
 						delay = (time.Duration(d.DelayMs) * time.Millisecond).String()
 					}
-					if d.JitterSeed == "0" {
-						d.JitterSeed = "" // final outcomes draw no delay
-					}
-					offset := "-"
-					if d.JitterSeed != "" {
+					seed, offset := "", "-" // final outcomes draw no delay
+					if d.JitterSeed != 0 {
+						seed = strconv.FormatUint(d.JitterSeed, 10)
 						offset = (time.Duration(d.OffsetMs) * time.Millisecond).String()
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ev.Time.Format(time.RFC3339Nano), ev.Type, ev.Attempt,
-						dash(ev.Worker), dash(d.Class), dash(d.Rule), delay, dash(d.JitterSeed), offset, dash(short(reply, 70)))
+						dash(ev.Worker), dash(d.Class), dash(d.Rule), delay, dash(seed), offset, dash(short(reply, 70)))
 				}
 				return tw.Flush()
 			})
