@@ -40,9 +40,10 @@ func TestOutagesRecover(t *testing.T) {
 	front.greet = "421 4.3.2 Service not available, closing transmission channel\r\n"
 	dir := t.TempDir()
 	// The destination's circuit breaker opens after consecutive connection
-	// failures and stays open for its cooldown (30 s by default), which
-	// bounds how fast delivery resumes after a connection-level outage; the
-	// default run shortens it, the long run keeps the default.
+	// failures and stays open for its cooldown, which bounds how fast
+	// delivery resumes after a connection-level outage: the default run
+	// uses the default cooldown (throttle.DefaultBreakerCooldown), the long
+	// run a ten times longer one.
 	cooldown := 3 * time.Second
 	if longMode() {
 		cooldown = 30 * time.Second

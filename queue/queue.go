@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/backoff"
 )
 
 // Stream, bucket and consumer names. They are part of outflow's on-disk
@@ -49,25 +51,30 @@ type Options struct {
 	// a cluster. 0 means 1.
 	Replicas int
 	// SentTTL is how long SENT markers are kept: longer than any redelivery
-	// can take. Default 72h.
+	// can take. Default DefaultSentTTL.
 	SentTTL time.Duration
-	// EventsMaxAge is how long the events stream keeps outcomes. Default 7 days.
+	// EventsMaxAge is how long the events stream keeps outcomes. Default
+	// DefaultEventsMaxAge.
 	EventsMaxAge time.Duration
-	// DeadMaxAge is how long dead letters (and bodies) are kept. Default 14 days.
+	// DeadMaxAge is how long dead letters (and bodies) are kept. Default
+	// DefaultDeadMaxAge.
 	DeadMaxAge time.Duration
 	// DedupWindow is the publish deduplication window of the work stream,
 	// which bounds how late an `outflow submit --idempotency-key` retry is
-	// still recognised. Default 24h.
+	// still recognised. Default DefaultDedupWindow.
 	DedupWindow time.Duration
 	// AckWait is how long a worker holds an envelope before the server
-	// redelivers it, unless the worker reports progress. Default 60s.
+	// redelivers it, unless the worker reports progress. Default
+	// DefaultAckWait.
 	AckWait time.Duration
 	// MaxAckPending bounds envelopes in flight per lane across all workers.
-	// Default 4096.
+	// Default DefaultMaxAckPending.
 	MaxAckPending int
-	// MaxAge is the wall-clock budget of a message from submission; the
-	// envelope's deadline is stamped from it at enqueue time. Default 5 days
-	// (Postfix's maximal_queue_lifetime).
+	// MaxAge is the wall-clock budget of a message from submission: the
+	// envelope's Deadline is stamped from it at enqueue and at replay. The
+	// worker's backoff.Budget.MaxAge is the other budget, counted from the
+	// first attempt. Default backoff.DefaultBudget().MaxAge, the same as the
+	// worker's, so `outflow submit` and `queue replay` stamp what serve would.
 	MaxAge time.Duration
 	// InlineBodyMax is the largest body of one destination that travels
 	// inside its envelope; larger ones go to the Object Store. Default and
@@ -91,30 +98,41 @@ type Options struct {
 	Logger     zerolog.Logger
 }
 
+// Defaults of Options, which the CLI's flags and docs/configuration.md
+// take from here.
+const (
+	DefaultSentTTL       = 72 * time.Hour
+	DefaultEventsMaxAge  = 7 * 24 * time.Hour
+	DefaultDeadMaxAge    = 14 * 24 * time.Hour
+	DefaultDedupWindow   = 24 * time.Hour
+	DefaultAckWait       = 60 * time.Second
+	DefaultMaxAckPending = 4096
+)
+
 func (o *Options) defaults() {
 	if o.Replicas <= 0 {
 		o.Replicas = 1
 	}
 	if o.SentTTL <= 0 {
-		o.SentTTL = 72 * time.Hour
+		o.SentTTL = DefaultSentTTL
 	}
 	if o.EventsMaxAge <= 0 {
-		o.EventsMaxAge = 7 * 24 * time.Hour
+		o.EventsMaxAge = DefaultEventsMaxAge
 	}
 	if o.DeadMaxAge <= 0 {
-		o.DeadMaxAge = 14 * 24 * time.Hour
+		o.DeadMaxAge = DefaultDeadMaxAge
 	}
 	if o.DedupWindow <= 0 {
-		o.DedupWindow = 24 * time.Hour
+		o.DedupWindow = DefaultDedupWindow
 	}
 	if o.MaxAge <= 0 {
-		o.MaxAge = 5 * 24 * time.Hour
+		o.MaxAge = backoff.DefaultBudget().MaxAge
 	}
 	if o.AckWait <= 0 {
-		o.AckWait = 60 * time.Second
+		o.AckWait = DefaultAckWait
 	}
 	if o.MaxAckPending <= 0 {
-		o.MaxAckPending = 4096
+		o.MaxAckPending = DefaultMaxAckPending
 	}
 	if o.InlineBodyMax == 0 || o.InlineBodyMax > InlineBodyMax {
 		o.InlineBodyMax = InlineBodyMax

@@ -2,7 +2,6 @@ package throttle
 
 import (
 	"context"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -18,11 +17,6 @@ const (
 	BucketRegistry = "outflow_workers"
 )
 
-// RegistryTTL is how long a worker's registry key outlives its last
-// heartbeat: a worker silent that long no longer takes a share of any
-// destination's rate.
-const RegistryTTL = 15 * time.Second
-
 // Bucketer opens key-value buckets laid out like the queue's own streams
 // (the replicas every other stream has): *queue.Queue.
 type Bucketer interface {
@@ -37,8 +31,9 @@ func OpenState(ctx context.Context, b Bucketer) (jetstream.KeyValue, error) {
 }
 
 // OpenRegistry opens (creating it if need be) the live-worker registry. It
-// is kept in memory: a heartbeat is worth nothing after RegistryTTL, so a
-// restart that loses it loses nothing.
+// is kept in memory, its keys expiring DefaultWorkerTTL after a worker's
+// last heartbeat: a heartbeat is worth nothing by then, so a restart that
+// loses it loses nothing.
 func OpenRegistry(ctx context.Context, b Bucketer) (jetstream.KeyValue, error) {
-	return b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketRegistry, Description: "live workers", TTL: RegistryTTL, Storage: jetstream.MemoryStorage})
+	return b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketRegistry, Description: "live workers", TTL: DefaultWorkerTTL, Storage: jetstream.MemoryStorage})
 }

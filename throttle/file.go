@@ -37,7 +37,7 @@ type Settings struct {
 	// file group with the same name replaces the built-in one). Default true.
 	DefaultGroups   *bool         `toml:"default-groups"`
 	BreakerFailures int           `toml:"breaker-failures"` // default 10
-	BreakerCooldown time.Duration `toml:"breaker-cooldown"` // default 3s
+	BreakerCooldown time.Duration `toml:"breaker-cooldown"` // default DefaultBreakerCooldown
 	MaxWait         time.Duration `toml:"max-wait"`         // default 2s
 	DecreaseFactor  float64       `toml:"decrease-factor"`  // default 0.5
 	DecreaseFor     time.Duration `toml:"decrease-for"`     // default 60s

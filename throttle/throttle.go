@@ -29,7 +29,7 @@ type Limits struct {
 	Conns int `json:"conns"`
 	// MaxMsgsPerConn is the most messages the sender should deliver over
 	// one connection before opening another; 0 means no limit. The
-	// Throttle only carries it (see Throttle.LimitsOf).
+	// Throttle only carries it, to the sender (Permit.Limits).
 	MaxMsgsPerConn int `json:"max_msgs_per_conn"`
 }
 
@@ -85,10 +85,11 @@ type Config struct {
 	Automation []AutoRule
 
 	// BreakerFailures is the number of consecutive failed attempts (seen
-	// by one worker) that opens the destination's breaker. Default 10.
+	// by one worker) that opens the destination's breaker. Default
+	// DefaultBreakerFailures.
 	BreakerFailures int
 	// BreakerCooldown is how long an open breaker stays open before one
-	// probe per worker is let through. Default 30s.
+	// probe per worker is let through. Default DefaultBreakerCooldown.
 	BreakerCooldown time.Duration
 	// MaxWait is how long Admit may block for a rate token before it
 	// refuses with the token's time instead. Default 2s; negative: never

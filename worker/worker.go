@@ -44,12 +44,18 @@ type Signer interface {
 	Sign(from string, body []byte) ([]byte, error)
 }
 
+// DefaultWorkers is Config.Workers's default: concurrent deliveries per
+// process. A delivery spends most of its time waiting on the network, so
+// there are many more than cores.
+const DefaultWorkers = 32
+
 // Config configures a Pool.
 type Config struct {
 	// WorkerID names this process in logs, decision records and the
 	// contention offset. Default: throttle.DefaultWorkerID(), hostname-pid.
 	WorkerID string
-	// Workers is the number of concurrent deliveries. Default 16.
+	// Workers is the number of concurrent deliveries. Default
+	// DefaultWorkers.
 	Workers int
 	// Retry and RateLimit are the two lanes' backoff parameters.
 	Retry, RateLimit backoff.Backoff
@@ -107,7 +113,7 @@ func New(cfg Config) (*Pool, error) {
 		return nil, errors.New("worker: queue and sender are required")
 	}
 	if cfg.Workers <= 0 {
-		cfg.Workers = 16
+		cfg.Workers = DefaultWorkers
 	}
 	if cfg.WorkerID == "" {
 		cfg.WorkerID = throttle.DefaultWorkerID()

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -190,5 +191,61 @@ func TestTenantDSNConfig(t *testing.T) {
 	c.DSN = false
 	if w, err := c.workerDSN("h", nil, nil); w != nil || err != nil {
 		t.Errorf("dsn = false: %v %v", w, err)
+	}
+}
+
+// TestServeFlagDefaultsDocumented: the default docs/configuration.md gives
+// each serve flag is the flag's own, which the flags take from the library
+// packages' Default constants. A row whose default is prose (the host
+// name, `disk` on the embedded server …) or computed at start is left to
+// the reader.
+func TestServeFlagDefaultsDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, _ := strings.Cut(string(b), "## Flags and keys of `outflow serve`")
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	documented := map[string]string{} // flag name → documented default
+	for _, line := range strings.Split(sec, "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`") {
+			continue
+		}
+		def := strings.TrimSpace(cells[2])
+		if !strings.HasPrefix(def, "`") {
+			continue
+		}
+		val, rest, ok := strings.Cut(def[1:], "`")
+		if !ok || rest != "" && !strings.HasPrefix(rest, " (") {
+			continue
+		}
+		for _, name := range strings.Split(cells[1], ",") {
+			documented[strings.Trim(strings.TrimSpace(name), "`")] = val
+		}
+	}
+	cmd := &cobra.Command{Use: "serve"}
+	bindServeFlags(cmd.Flags(), &serveConfig{})
+	checked := 0
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		doc, ok := documented[f.Name]
+		if !ok || f.DefValue == "" { // "": computed at start (DATA/users, hostname-pid)
+			return
+		}
+		checked++
+		if f.Value.Type() == "duration" {
+			dd, err1 := time.ParseDuration(doc)
+			fd, err2 := time.ParseDuration(f.DefValue)
+			if err1 != nil || err2 != nil || dd != fd {
+				t.Errorf("--%s: docs/configuration.md says %s, the flag's default is %s", f.Name, doc, f.DefValue)
+			}
+			return
+		}
+		if doc != f.DefValue {
+			t.Errorf("--%s: docs/configuration.md says %s, the flag's default is %s", f.Name, doc, f.DefValue)
+		}
+	})
+	if checked < 40 {
+		t.Errorf("only %d documented defaults compared; has the table's layout changed?", checked)
 	}
 }
