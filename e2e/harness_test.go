@@ -20,6 +20,7 @@ import (
 	"github.com/emersion/go-sasl"
 	"github.com/emersion/go-smtp"
 
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/submission"
 )
 
@@ -208,24 +209,9 @@ func (d *daemon) Kill() {
 	<-d.exited
 }
 
-// submit sends one message over SMTP AUTH PLAIN on an existing client.
+// submit sends one message on an existing (authenticated) client.
 func submit(c *smtp.Client, from string, to []string, body []byte) error {
-	if err := c.Mail(from, nil); err != nil {
-		return err
-	}
-	for _, r := range to {
-		if err := c.Rcpt(r, nil); err != nil {
-			return err
-		}
-	}
-	w, err := c.Data()
-	if err != nil {
-		return err
-	}
-	if _, err := w.Write(body); err != nil {
-		return err
-	}
-	return w.Close()
+	return testutil.Send(c, from, to, body)
 }
 
 // dialAuth connects to the submission port and authenticates.

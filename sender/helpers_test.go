@@ -1,7 +1,6 @@
 package sender
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 const testHostname = "out.outflow.test"
@@ -130,23 +130,8 @@ func (w *world) sender(cfg Config) *Sender {
 	return s
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+// syncBuffer is the shared goroutine-safe log sink.
+type syncBuffer = testutil.SyncBuffer
 
 func testBody(subject string) []byte {
 	return []byte("From: Alice <alice@sender.test>\r\nTo: bob@example.test\r\nSubject: " + subject +

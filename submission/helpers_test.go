@@ -2,7 +2,6 @@ package submission
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -21,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -70,23 +70,8 @@ func (f *fakeQueue) got() []*queue.Submission {
 	return append([]*queue.Submission(nil), f.subs...)
 }
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is the shared goroutine-safe log sink.
+type syncBuffer = testutil.SyncBuffer
 
 // testUsers returns a Users with testUser at bcrypt's minimum cost.
 func testUsers(t *testing.T) *Users {
@@ -227,22 +212,7 @@ func wantCode(t *testing.T, err error, code int, ec smtp.EnhancedCode) *smtp.SMT
 // send runs one transaction on c and returns the error of the first step
 // that failed.
 func send(c *smtp.Client, from string, to []string, body string) error {
-	if err := c.Mail(from, nil); err != nil {
-		return err
-	}
-	for _, r := range to {
-		if err := c.Rcpt(r, nil); err != nil {
-			return err
-		}
-	}
-	w, err := c.Data()
-	if err != nil {
-		return err
-	}
-	if _, err := io.WriteString(w, body); err != nil {
-		return err
-	}
-	return w.Close()
+	return testutil.Send(c, from, to, []byte(body))
 }
 
 // raw is a hand-driven SMTP dialogue, for what a well-behaved client

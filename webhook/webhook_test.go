@@ -128,13 +128,8 @@ func status(code int, hdr ...string) func(w http.ResponseWriter) {
 	}
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+// syncBuf is the shared goroutine-safe log sink.
+type syncBuf = testutil.SyncBuffer
 
 type fixture struct {
 	q     *queue.Queue

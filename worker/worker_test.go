@@ -15,6 +15,7 @@ import (
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 )
@@ -481,23 +482,8 @@ func TestRelayAuthFailureDefersNotBounces(t *testing.T) {
 	}
 }
 
-// syncBuf is a goroutine-safe log sink.
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuf is the shared goroutine-safe log sink.
+type syncBuf = testutil.SyncBuffer
 
 // TestDeliveredAndDeadInOneAttempt: one recipient accepted, the other's
 // budget spent in the same attempt. The dead letter's step acknowledges the

@@ -14,9 +14,17 @@ import (
 // queue does not hand out. The connection closes with the test.
 func JetStream(t testing.TB, srv *server.Server, user, password string) jetstream.JetStream {
 	t.Helper()
-	// 10 s for the handshake, as the queue gives it: a loaded machine
-	// under -race is slow to answer in process.
-	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.UserInfo(user, password), nats.Timeout(10*time.Second))
+	// The in-process handshake checks a bcrypt password, which a loaded
+	// machine under -race can take longer than nats.go's timeout for:
+	// connect again until a minute has passed.
+	var nc *nats.Conn
+	var err error
+	for deadline := time.Now().Add(time.Minute); ; {
+		nc, err = nats.Connect("", nats.InProcessServer(srv), nats.UserInfo(user, password), nats.Timeout(10*time.Second))
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
