@@ -218,10 +218,6 @@ type Decision struct {
 // At returns the time the attempt is due when the decision is taken at now.
 func (d Decision) At(now time.Time) time.Time { return now.Add(d.Delay) }
 
-// Hinted reports whether the server's retry hint, not the backoff, set the
-// delay.
-func (d Decision) Hinted() bool { return d.HintMs > 0 && d.HintMs > d.JitterMs+d.OffsetMs }
-
 // Decide computes the delay before attempt number attempt (1 = the first
 // retry after the first failure; values below 1 are treated as 1), for the
 // worker workerID, from the random seed seed and the server's retry hint

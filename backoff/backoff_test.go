@@ -167,11 +167,12 @@ func TestHint(t *testing.T) {
 	b := DefaultRetry()
 	short := b.Decide(1, "w", 9, time.Millisecond)
 	plain := b.Decide(1, "w", 9, 0)
-	if short.DelayMs != plain.DelayMs || short.Hinted() {
+	hinted := func(d Decision) bool { return d.HintMs > 0 && d.HintMs > d.JitterMs+d.OffsetMs }
+	if short.DelayMs != plain.DelayMs || hinted(short) {
 		t.Errorf("a shorter hint changed the delay: %+v vs %+v", short, plain)
 	}
 	long := b.Decide(1, "w", 9, 92*time.Second+time.Microsecond)
-	if long.DelayMs != 92001 || long.Delay != 92001*time.Millisecond || !long.Hinted() || long.JitterMs != plain.JitterMs {
+	if long.DelayMs != 92001 || long.Delay != 92001*time.Millisecond || !hinted(long) || long.JitterMs != plain.JitterMs {
 		t.Errorf("a longer hint did not win (rounded up to ms): %+v", long)
 	}
 	// A hint beyond the cap still wins: the server knows better.
@@ -370,7 +371,7 @@ func TestRecordLogReplay(t *testing.T) {
 		t.Fatal("the sampler did not let its first line through")
 	}
 	buf.Reset()
-	rec.Log(l)
+	rec.LogOutcome(l, "")
 
 	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
 	if len(lines) != 1 {

@@ -228,15 +228,13 @@ func (r Record) MarshalZerologObject(e *zerolog.Event) {
 // filtering the log.
 const DecisionMessage = "backoff decision"
 
-// Log writes the record to l as exactly one JSON line. The line is never
-// sampled and never filtered by the logger's level: it is an audit record a
-// postmortem depends on, so it is written with sampling removed and without
-// a zerolog level, and labelled "level":"info" by hand. Only a logger
-// disabled outright (zerolog.Disabled) drops it.
-func (r Record) Log(l zerolog.Logger) { r.LogOutcome(l, "") }
-
-// LogOutcome is Log with an "outcome" field (delivered, deferred, …)
-// before the record's own, when outcome is not empty.
+// LogOutcome writes the record to l as exactly one JSON line, with an
+// "outcome" field (delivered, deferred, …) before the record's own when
+// outcome is not empty. The line is never sampled and never filtered by the
+// logger's level: it is an audit record a postmortem depends on, so it is
+// written with sampling removed and without a zerolog level, and labelled
+// "level":"info" by hand. Only a logger disabled outright (zerolog.Disabled)
+// drops it.
 func (r Record) LogOutcome(l zerolog.Logger, outcome string) {
 	l = l.Sample(nil)
 	ev := l.Log().Str(zerolog.LevelFieldName, zerolog.LevelInfoValue)

@@ -102,7 +102,6 @@ func TestDeadReplayAndDrop(t *testing.T) {
 	if _, err := q.Find(ctx, n.ID); err != nil {
 		t.Fatalf("replayed envelope should be queued: %v", err)
 	}
-	r.Release()
 	if _, err := q.Drop(ctx, n.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -91,11 +91,10 @@ var pullWait = 5 * time.Second
 // caller's pause starts small again).
 //
 // It fetches rather than keeping one long-lived iterator (Consumer.Messages):
-// in the cluster failover test, the iterators of both workers went silent
-// for good after a NATS server was killed (no pull request left at the
-// server, no error, no heartbeat error) with hundreds of envelopes pending.
-// A fetch is one pull request with an expiry that the client enforces too,
-// so a lost request costs at most one pullWait.
+// when a cluster's server is killed, an iterator can go silent for good (no
+// pull request left at the server, no error, no heartbeat error) with
+// envelopes pending. A fetch is one pull request with an expiry that the
+// client enforces too, so a lost request costs at most one pullWait.
 func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) (got bool) {
 	for ctx.Err() == nil {
 		batch, err := cons.Fetch(buffer, jetstream.FetchMaxWait(pullWait))
@@ -377,7 +376,3 @@ func (d *Delivery) ack(ctx context.Context) error {
 	}
 	return nil
 }
-
-// Release hands an envelope back to the server at once, without spending an
-// attempt (shutdown with work not started).
-func (d *Delivery) Release() { _ = d.msg.Nak() }

@@ -78,7 +78,7 @@ type Enqueuer interface {
 
 // Config configures a Server. Zero values take the documented default.
 type Config struct {
-	// Addr is the TCP address ListenAndServe and Listen bind.
+	// Addr is the TCP address Listen binds.
 	// Default "127.0.0.1:2525".
 	Addr string
 	// Hostname is the name in the greeting and in the Received header.
@@ -293,15 +293,6 @@ func (s *Server) Listen() (net.Listener, error) {
 	}
 	s.mu.Unlock()
 	return l, nil
-}
-
-// ListenAndServe binds Config.Addr and serves on it until Shutdown.
-func (s *Server) ListenAndServe() error {
-	l, err := s.Listen()
-	if err != nil {
-		return err
-	}
-	return s.Serve(l)
 }
 
 // Serve accepts connections on l until Shutdown, then returns nil. It

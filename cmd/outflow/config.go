@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -176,7 +177,7 @@ func loadConfigFile(cmd *cobra.Command, c *serveConfig) error {
 	given := map[string]string{}
 	cmd.Flags().Visit(func(f *pflag.Flag) {
 		if sv, ok := f.Value.(pflag.SliceValue); ok {
-			given[f.Name] = joinCSV(sv.GetSlice())
+			given[f.Name] = strings.Join(sv.GetSlice(), ",")
 			return
 		}
 		given[f.Name] = f.Value.String()
@@ -194,7 +195,11 @@ func loadConfigFile(cmd *cobra.Command, c *serveConfig) error {
 	}
 	for name, v := range given {
 		if sv, ok := cmd.Flags().Lookup(name).Value.(pflag.SliceValue); ok {
-			if err := sv.Replace(splitCSV(v)); err != nil {
+			var vals []string
+			if v != "" {
+				vals = strings.Split(v, ",")
+			}
+			if err := sv.Replace(vals); err != nil {
 				return err
 			}
 			continue
@@ -204,32 +209,6 @@ func loadConfigFile(cmd *cobra.Command, c *serveConfig) error {
 		}
 	}
 	return nil
-}
-
-func joinCSV(s []string) string {
-	out := ""
-	for i, v := range s {
-		if i > 0 {
-			out += ","
-		}
-		out += v
-	}
-	return out
-}
-
-func splitCSV(s string) []string {
-	if s == "" {
-		return nil
-	}
-	var out []string
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == ',' {
-			out = append(out, s[start:i])
-			start = i + 1
-		}
-	}
-	return out
 }
 
 // durability resolves --durability: the flag, else the deprecated
