@@ -195,8 +195,8 @@ func (q *Queue) Find(ctx context.Context, id string) (*Item, error) {
 // The id's shard holds its events among those of ~1/4,096 of all ids; a
 // throwaway consumer reads the shard and the id's events are kept. The
 // server finds a shard's messages by walking its file blocks, so a look-up
-// costs time in proportion to the events stored after since (about 150 ns
-// each: docs/benchmarks.md), which is what since is for.
+// costs time in proportion to the events stored after since (measured in
+// docs/benchmarks.md), which is what since is for.
 func (q *Queue) History(ctx context.Context, id string, since time.Time) ([]Event, error) {
 	if !validID(id) {
 		return nil, fmt.Errorf("%w: %q is not a message id", ErrNotFound, id)

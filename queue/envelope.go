@@ -36,9 +36,9 @@ const MaxEnvelopeBytes = 256 << 10
 // InlineBodyMax is the largest body that travels inside its envelope's
 // message (after the JSON, its length in HdrInlineBody) instead of in the
 // Object Store: a body of one destination up to the Object Store's chunk
-// size. Storing, reading and deleting it separately cost six JetStream
-// operations per message, a quarter of the daemon's time and half its
-// allocation at 2 KiB (docs/benchmarks.md). A body shared by several
+// size. Storing, reading and deleting it separately costs six JetStream
+// operations per message, a large share of the daemon's time and
+// allocation for small messages (docs/benchmarks.md). A body shared by several
 // destinations, or a larger one, is stored once in the Object Store.
 const InlineBodyMax = 128 << 10
 

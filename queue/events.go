@@ -13,10 +13,9 @@ import (
 // the HdrEventID header and the JSON.
 //
 // Not outflow.events.<type>.<id>: nats-server indexes every subject of a
-// stream in memory (about 60 bytes each, measured), so a subject per
-// message made the events stream cost ~120 bytes of server memory per
-// delivered message for as long as events are kept, 3.6 GB for a week at
-// 50 messages per second. With shards the stream has at most 4,096
+// stream in memory, so a subject per message would make the events stream
+// cost server memory per delivered message for as long as events are kept
+// (docs/benchmarks.md, "Memory that stays behind delivered mail"). With shards the stream has at most 4,096
 // subjects per type whatever the volume; `queue history <id>` receives one
 // shard's events, 1/4,096 of the stream, and keeps those that carry the id
 // (the server walks the stream to find them: see History).

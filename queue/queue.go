@@ -253,9 +253,9 @@ func (q *Queue) Close() error {
 // worker repeating a publish whose answer it lost (seconds later) or from
 // the worker the envelope was redelivered to after ackWait: twice the ack
 // wait covers both, with two minutes (the server's default) as the floor.
-// The window is memory: the server holds every id in it, about 100 bytes
-// each, so a mass deferral (a provider throttling everything) costs that per
-// envelope deferred within the window, not for as long as the backlog lasts.
+// The window is memory: the server holds every id in it, so a mass deferral
+// (a provider throttling everything) costs an id per envelope deferred
+// within the window, not for as long as the backlog lasts.
 func laneDedupWindow(ackWait time.Duration) time.Duration {
 	return max(2*time.Minute, 2*ackWait)
 }
@@ -411,8 +411,9 @@ func (q *Queue) setup(ctx context.Context) error {
 	if o.NoSetup {
 		return nil
 	}
-	// Before per-tenant consumers, one unfiltered consumer read the work
-	// stream; a work-queue stream refuses overlapping consumers, so it goes.
+	// The work stream is read by one consumer per tenant (tenants.go); a
+	// work-queue stream refuses overlapping consumers, so an unfiltered
+	// "outflow-work" consumer left by an older daemon is removed.
 	if err := q.js.DeleteConsumer(ctx, StreamWork, "outflow-work"); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("remove old work consumer: %w", err)
 	}

@@ -23,5 +23,10 @@
 // delay warnings, relayed notices for NOTIFY=SUCCESS) are queued through
 // outflow itself before the original's durable step; dsn.go says when,
 // for whom, and what is never answered. Every decision is one JSON log line with the fields of
-// backoff.Record, never sampled.
+// backoff.Record, never sampled, and every outcome one event (deliverer.event).
+//
+// worker is in charge of that loop and nothing below it: it reaches
+// JetStream only through queue (which translates NATS errors into its own
+// sentinels, such as queue.ErrBodyMissing), and a destination's limits come
+// with the throttle's permit.
 package worker

@@ -72,9 +72,8 @@ func serve(parent context.Context, c *serveConfig) error {
 
 	// Most of a busy daemon's heap is long-lived JetStream state (the
 	// embedded server's per-subject index of deferred mail), so the Go
-	// default of 100% headroom mostly buys idle memory: at 50 a million
-	// deferred envelopes cost 917 bytes each instead of 1,308
-	// (docs/benchmarks.md, scenario 3).
+	// default of 100% headroom mostly buys idle memory (--gc-percent 50 by
+	// default; the figures are in docs/benchmarks.md, scenario 3).
 	if os.Getenv("GOGC") == "" && c.GCPercent > 0 {
 		debug.SetGCPercent(c.GCPercent)
 	}
