@@ -438,12 +438,6 @@ func parsed(in Input) Input {
 	return p
 }
 
-// ClassifyReply parses raw (a reply as received, or a log line holding one)
-// and classifies it as a reply at stage.
-func (c *Classifier) ClassifyReply(raw string, stage Stage) Result {
-	return c.Classify(Input{Raw: raw, Stage: stage})
-}
-
 // replyFields is a reply as the rules test it: the basic code (0 when none
 // is readable), a valid enhanced code or "" with its three parts, and the
 // text on one line.
