@@ -1,5 +1,5 @@
 // Package testutil is in charge of the helpers that tests of several
 // packages share: a goroutine-safe log buffer, an SMTP send, and a direct
 // JetStream client for looking at streams and consumers from outside the
-// queue. Only tests import it.
+// queue. Tests and the benchmark tool import it, nothing that ships.
 package testutil

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/emersion/go-smtp"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // stampHeader carries the submission time (Unix nanoseconds) from the
@@ -143,7 +145,7 @@ func pacedSend(addr string, rate float64, d time.Duration, sessions, size int) (
 				fmt.Fprintf(&b, "From: bench@source.test\r\nTo: rcpt@example.com\r\nSubject: latency %d\r\nMessage-ID: <lat%d.%d@bench.test>\r\n%s%d\r\n\r\n", i, i, stamp, stampHeader, stamp)
 				b.Write(pad[:max(0, size-b.Len())])
 				t0 := time.Now()
-				err := sendOne(c, b.Bytes())
+				err := testutil.Send(c, "bench@source.test", []string{"rcpt@example.com"}, b.Bytes())
 				submitMu.Lock()
 				submitMs = append(submitMs, float64(time.Since(t0).Microseconds())/1000)
 				submitMu.Unlock()
@@ -183,21 +185,4 @@ func submitPercentiles() (p50, p99 float64) {
 	submitMs = nil
 	sort.Float64s(s)
 	return percentile(s, 50), percentile(s, 99)
-}
-
-func sendOne(c *smtp.Client, body []byte) error {
-	if err := c.Mail("bench@source.test", nil); err != nil {
-		return err
-	}
-	if err := c.Rcpt("rcpt@example.com", nil); err != nil {
-		return err
-	}
-	w, err := c.Data()
-	if err != nil {
-		return err
-	}
-	if _, err := w.Write(body); err != nil {
-		return err
-	}
-	return w.Close()
 }
