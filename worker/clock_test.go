@@ -104,9 +104,9 @@ func (a *attemptTimes) times() []time.Time {
 // difference from its registry heartbeat.
 func skewedGate(t *testing.T, e *env, skew time.Duration) *throttle.Throttle {
 	t.Helper()
-	state, registry := throttleBuckets(t, e)
-	th, err := throttle.New(context.Background(), throttle.Config{WorkerID: "w-test",
-		State: state, Registry: registry, Now: skewedBy(skew)})
+	c := throttleConfig(t, e)
+	c.Now = skewedBy(skew)
+	th, err := throttle.New(context.Background(), c)
 	if err != nil {
 		t.Fatal(err)
 	}

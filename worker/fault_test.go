@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/backoff"
@@ -51,29 +50,30 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 	}
 }
 
-// throttleBuckets opens the throttle's shared state and registry on e's
-// queue.
-func throttleBuckets(t *testing.T, e *env) (state, registry jetstream.KeyValue) {
+// throttleConfig is a throttle config for worker w-test on e's queue: its
+// shared state and registry buckets opened.
+func throttleConfig(t *testing.T, e *env) throttle.Config {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	state, err := throttle.OpenState(ctx, e.q)
-	if err != nil {
+	c := throttle.Config{WorkerID: "w-test"}
+	var err error
+	if c.State, err = throttle.OpenState(ctx, e.q); err != nil {
 		t.Fatal(err)
 	}
-	if registry, err = throttle.OpenRegistry(ctx, e.q); err != nil {
+	if c.Registry, err = throttle.OpenRegistry(ctx, e.q); err != nil {
 		t.Fatal(err)
 	}
-	return state, registry
+	return c
 }
 
 // newThrottle starts a throttle on e's buckets with defaults as the
 // configured limits of every destination.
 func newThrottle(t *testing.T, e *env, defaults throttle.Limits) *throttle.Throttle {
 	t.Helper()
-	state, registry := throttleBuckets(t, e)
-	th, err := throttle.New(context.Background(), throttle.Config{WorkerID: "w-test",
-		State: state, Registry: registry, Defaults: defaults})
+	c := throttleConfig(t, e)
+	c.Defaults = defaults
+	th, err := throttle.New(context.Background(), c)
 	if err != nil {
 		t.Fatal(err)
 	}
