@@ -116,7 +116,7 @@ func TestDSNFailureReport(t *testing.T) {
 		return nil
 	}})
 	dir := t.TempDir()
-	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none", "--hostname", "mta.outflow.test")
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none", "--dsn=true", "--hostname", "mta.outflow.test")
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()
 	id := submitDSN(t, c, "app@sender.test", &smtp.MailOptions{EnvelopeID: "order-77", Return: smtp.DSNReturnHeaders},
@@ -188,7 +188,7 @@ func TestDSNNotifyAndNullSender(t *testing.T) {
 		return nil
 	}})
 	dir := t.TempDir()
-	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none")
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none", "--dsn=true")
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()
 
@@ -227,7 +227,7 @@ func TestDSNNotifyAndNullSender(t *testing.T) {
 func TestDSNPassedToNextHop(t *testing.T) {
 	mx := fakemx.Start(t, fakemx.Options{DSN: true})
 	dir := t.TempDir()
-	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none")
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none", "--dsn=true")
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()
 	submitDSN(t, c, "app@sender.test", &smtp.MailOptions{Return: smtp.DSNReturnFull, EnvelopeID: "env+1"},
@@ -267,7 +267,7 @@ func TestDSNDelayWarningOnce(t *testing.T) {
 		return nil
 	}})
 	dir := t.TempDir()
-	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none",
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none", "--dsn=true",
 		"--dsn-delay-warning", "2s", "--retry-base", "300ms", "--retry-min", "300ms", "--retry-cap", "600ms")
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()
