@@ -88,6 +88,11 @@ func TestPowerLossKeepsEvery250(t *testing.T) {
 		lostMeta := strings.Count(logs, "checksums do not match") + strings.Count(logs, "Error unmarshalling consumer metafile")
 		t.Logf("cut %d: serving again in %v (%d starts timed out); the server found %d stream or consumer metadata files damaged",
 			k+1, time.Since(restart).Round(time.Millisecond), retries, lostMeta)
+		for _, line := range strings.Split(logs, "\n") {
+			if strings.Contains(line, "checksums do not match") || strings.Contains(line, "Error unmarshalling consumer metafile") {
+				t.Logf("cut %d: %s", k+1, line)
+			}
+		}
 	}
 	if rolledBack == 0 {
 		t.Errorf("no file had unsynced changes at %d cuts: the power loss tested nothing", cuts)

@@ -40,6 +40,7 @@ func (q *Queue) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jet
 	if err != nil {
 		return nil, fmt.Errorf("kv %s: %w", cfg.Bucket, err)
 	}
+	q.durableMeta("KV_"+cfg.Bucket, "")
 	return kv, nil
 }
 

@@ -53,6 +53,9 @@ func (q *Queue) EventConsumer(ctx context.Context, cfg jetstream.ConsumerConfig)
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s on %s: %w", cfg.Durable, StreamEvents, err)
 	}
+	if cfg.Durable != "" {
+		q.durableMeta(StreamEvents, cfg.Durable)
+	}
 	return c, nil
 }
 

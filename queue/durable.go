@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 )
@@ -20,6 +21,36 @@ func (q *Queue) durable(ctx context.Context, streams ...string) error {
 		return fmt.Errorf("durable: %w", err)
 	}
 	return nil
+}
+
+// durableMeta makes the metadata of a stream (or of one consumer on it)
+// created after setup durable, when this queue syncs the store in
+// process. A failure is logged, not returned: the bucket or consumer
+// works, and the server rewrites its metadata on the next update. A lost
+// consumer costs no mail either way: adoptTenants recreates the consumer
+// of every tenant with mail in the work stream, and lost ack state costs
+// duplicates. The buckets (suppressions, keys, webhooks) are what this
+// protects.
+func (q *Queue) durableMeta(stream, consumer string) {
+	ms, ok := q.syncer.(interface {
+		SyncMeta(stream, consumer string) error
+	})
+	if !ok {
+		return
+	}
+	// Concurrent first submissions of a new tenant each write the
+	// consumer's metadata; they share syncs. A sync that starts after this
+	// write covers it. The first round may join one that started before,
+	// so the second is sure to start after.
+	key := stream + "/" + consumer
+	run := func() error { return ms.SyncMeta(stream, consumer) }
+	err := q.metaSyncs.do(key, run)
+	if err == nil {
+		err = q.metaSyncs.do(key, run)
+	}
+	if err != nil {
+		q.log.Warn().Err(err).Str("stream", stream).Str("consumer", consumer).Msg("sync the store's metadata")
+	}
 }
 
 // serveSync answers RemoteSync requests with this queue's syncer.
@@ -62,4 +93,37 @@ func (r remoteSyncer) Sync(ctx context.Context, streams ...string) error {
 		return fmt.Errorf("sync at the daemon: %s", m.Data)
 	}
 	return nil
+}
+
+// flights runs one call per key at a time; callers that arrive while one
+// runs wait for it and share its result.
+type flights struct {
+	mu sync.Mutex
+	m  map[string]*flight
+}
+
+type flight struct {
+	done chan struct{}
+	err  error
+}
+
+func (f *flights) do(key string, fn func() error) error {
+	f.mu.Lock()
+	if c, ok := f.m[key]; ok {
+		f.mu.Unlock()
+		<-c.done
+		return c.err
+	}
+	if f.m == nil {
+		f.m = map[string]*flight{}
+	}
+	c := &flight{done: make(chan struct{})}
+	f.m[key] = c
+	f.mu.Unlock()
+	c.err = fn()
+	f.mu.Lock()
+	delete(f.m, key)
+	f.mu.Unlock()
+	close(c.done)
+	return c.err
 }

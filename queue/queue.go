@@ -159,6 +159,8 @@ type Queue struct {
 	// syncer makes writes durable before they are reported done (nil:
 	// the server's acknowledgement is enough). See storesync.go.
 	syncer Syncer
+	// metaSyncs collapses concurrent metadata syncs (durableMeta).
+	metaSyncs flights
 }
 
 // connectTimeout bounds the NATS connection handshake.

@@ -386,6 +386,49 @@ func (s *StoreSyncer) fsyncPath(path string) error {
 	return f.Close()
 }
 
+// SyncMeta fsyncs a directory tree of one stream's store, the whole
+// stream's (consumer "") or one consumer's, and the directories above it.
+// A KV bucket or a consumer created after setup calls it: the server
+// writes their metadata without an fsync, and a power loss would leave
+// the files empty.
+func (s *StoreSyncer) SyncMeta(stream, consumer string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	jsc := s.srv.JetStreamConfig()
+	if jsc == nil {
+		return ErrUnavailable
+	}
+	root := filepath.Join(jsc.StoreDir, server.DEFAULT_GLOBAL_ACCOUNT)
+	dir := filepath.Join(root, "streams", stream)
+	parents := []string{filepath.Join(root, "streams"), root}
+	if consumer != "" {
+		parents = append([]string{filepath.Join(dir, "obs"), dir}, parents...)
+		dir = filepath.Join(dir, "obs", consumer)
+	}
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.fsyncPath(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("sync %s: %w", path, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	// The new directory's entry lives in its parents.
+	for _, p := range parents {
+		if err := s.fsyncPath(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("sync %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
 // SyncAll fsyncs every file and directory under the streams' store (stream
 // and consumer metadata included). Setup calls it once after creating or
 // updating streams and consumers, whose metadata the server writes without

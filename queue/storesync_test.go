@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"github.com/nats-io/nats.go/jetstream"
 	"os"
 	"path/filepath"
 	"slices"
@@ -294,5 +295,41 @@ func TestParseDurability(t *testing.T) {
 	}
 	if _, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Durability: DurabilityReplicas}); err == nil {
 		t.Error("embedded server accepted durability replicas")
+	}
+}
+
+// TestMetadataCreatedAfterSetupIsSynced: a KV bucket and a tenant's
+// consumer made after setup get their metadata fsynced, which the server
+// itself does not do.
+func TestMetadataCreatedAfterSetupIsSynced(t *testing.T) {
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), SyncWindow: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	q, err := connectTo(emb, Options{Syncer: emb.Syncer()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	ss := emb.StoreSyncer()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	_, _, f0 := ss.Stats()
+	if _, err := q.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: "meta_test"}); err != nil {
+		t.Fatal(err)
+	}
+	_, _, f1 := ss.Stats()
+	// At least the bucket's directory, its meta.inf and the two parents.
+	if f1-f0 < 4 {
+		t.Fatalf("creating a bucket made %d fsyncs, want its metadata synced", f1-f0)
+	}
+	if err := q.ensureTenant(ctx, "meta-tenant"); err != nil {
+		t.Fatal(err)
+	}
+	_, _, f2 := ss.Stats()
+	if f2-f1 < 4 {
+		t.Fatalf("creating a tenant's consumer made %d fsyncs, want its metadata synced", f2-f1)
 	}
 }

@@ -84,6 +84,7 @@ func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
 	} else if _, err := q.js.CreateOrUpdateConsumer(ctx, StreamWork, cfg); err != nil {
 		return err
 	}
+	q.durableMeta(StreamWork, name)
 	_ = q.nc.Publish(subjTenantKick, []byte(name))
 	q.tenants.mu.Lock()
 	if q.tenants.seen == nil {
