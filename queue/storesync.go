@@ -394,30 +394,17 @@ func (s *StoreSyncer) fsyncPath(path string) error {
 func (s *StoreSyncer) SyncMeta(stream, consumer string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	jsc := s.srv.JetStreamConfig()
-	if jsc == nil {
-		return ErrUnavailable
+	root, err := s.accountDir()
+	if err != nil {
+		return err
 	}
-	root := filepath.Join(jsc.StoreDir, server.DEFAULT_GLOBAL_ACCOUNT)
 	dir := filepath.Join(root, "streams", stream)
 	parents := []string{filepath.Join(root, "streams"), root}
 	if consumer != "" {
 		parents = append([]string{filepath.Join(dir, "obs"), dir}, parents...)
 		dir = filepath.Join(dir, "obs", consumer)
 	}
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if err := s.fsyncPath(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("sync %s: %w", path, err)
-		}
-		return nil
-	})
-	if err != nil {
+	if err := s.fsyncTree(dir); err != nil {
 		return err
 	}
 	// The new directory's entry lives in its parents.
@@ -436,12 +423,26 @@ func (s *StoreSyncer) SyncMeta(stream, consumer string) error {
 func (s *StoreSyncer) SyncAll() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	root, err := s.accountDir()
+	if err != nil {
+		return err
+	}
+	return s.fsyncTree(root)
+}
+
+// accountDir is the store directory of the account outflow's streams live in.
+func (s *StoreSyncer) accountDir() (string, error) {
 	jsc := s.srv.JetStreamConfig()
 	if jsc == nil {
-		return ErrUnavailable
+		return "", ErrUnavailable
 	}
-	root := filepath.Join(jsc.StoreDir, server.DEFAULT_GLOBAL_ACCOUNT)
-	return filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+	return filepath.Join(jsc.StoreDir, server.DEFAULT_GLOBAL_ACCOUNT), nil
+}
+
+// fsyncTree fsyncs every file and directory under dir; what vanishes
+// meanwhile is skipped.
+func (s *StoreSyncer) fsyncTree(dir string) error {
+	return filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
