@@ -35,7 +35,7 @@ func startQueueJS(t testing.TB) (*queue.Queue, jetstream.JetStream) {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Shutdown)
-	ci := emb.ClientInfo()
+	ci := emb.InProcessInfo()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// The in-process handshake (2 s in nats.go) can time out on a loaded

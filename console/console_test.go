@@ -57,7 +57,7 @@ func sharedQueue(t testing.TB) *queue.Queue {
 			return
 		}
 		shared.emb = emb
-		ci := emb.ClientInfo()
+		ci := emb.InProcessInfo()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		for { // the in-process handshake can time out on a loaded machine

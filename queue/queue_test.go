@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"github.com/nats-io/nats.go"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func startQueueWith(t testing.TB, o Options) (*Queue, *Embedded) {
 
 // connectTo connects to emb with o, its connection fields filled in.
 func connectTo(emb *Embedded, o Options) (*Queue, error) {
-	ci := emb.ClientInfo()
+	ci := emb.InProcessInfo()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	o.InProcess, o.User, o.Password, o.Logger = emb.Server(), ci.User, ci.Password, zerolog.Nop()
@@ -294,4 +295,33 @@ func TestClientWithoutDaemonStreams(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no outflow serve has run against this NATS") {
 		t.Fatalf("connect without streams: %v", err)
 	}
+}
+
+// TestInProcessUserOnlyInProcess: the daemon's own user (a plain password,
+// so no bcrypt in the handshake) connects in process, and the client
+// listener refuses it; the listener's user still connects there.
+func TestInProcessUserOnlyInProcess(t *testing.T) {
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), ListenAddr: "127.0.0.1:0", Durability: DurabilityNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	in, ci := emb.InProcessInfo(), emb.ClientInfo()
+	if in.User == ci.User || in.Password == "" {
+		t.Fatalf("in-process user %q is not a user of its own", in.User)
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(emb.Server()), nats.UserInfo(in.User, in.Password), nats.Timeout(20*time.Second))
+	if err != nil {
+		t.Fatalf("in process: %v", err)
+	}
+	nc.Close()
+	if nc, err := nats.Connect(ci.URL, nats.UserInfo(in.User, in.Password), nats.Timeout(20*time.Second)); err == nil {
+		nc.Close()
+		t.Fatal("the listener accepted the in-process user")
+	}
+	nc, err = nats.Connect(ci.URL, nats.UserInfo(ci.User, ci.Password), nats.Timeout(20*time.Second))
+	if err != nil {
+		t.Fatalf("listener user: %v", err)
+	}
+	nc.Close()
 }

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
@@ -65,6 +66,7 @@ type EmbeddedConfig struct {
 type Embedded struct {
 	srv        *server.Server
 	info       ClientInfo
+	inProcess  ClientInfo // the in-process user: plain password, in memory only
 	storeDir   string
 	jsConfig   server.JetStreamConfig // as started, to start it again the same way
 	writeErr   *atomic.Bool           // a stream reported a sticky write error
@@ -99,13 +101,25 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
+	// In-process connections (the daemon's own) sign in as a second user
+	// that the server accepts only for in-process connections. Its
+	// password is made for this start and never written down, so it can
+	// be compared in plain (constant time) rather than with bcrypt, which
+	// on a machine whose cores are busy can take longer than the handshake.
+	inProcess, err := newCreds("outflow-in-process")
+	if err != nil {
+		return nil, err
+	}
 	opts := &server.Options{
-		ServerName:            "outflow-embedded",
-		JetStream:             true,
-		StoreDir:              filepath.Join(cfg.DataDir, "jetstream"),
-		JetStreamMaxStore:     cfg.MaxStore,
-		Username:              info.User,
-		Password:              string(hash),
+		ServerName:        "outflow-embedded",
+		JetStream:         true,
+		StoreDir:          filepath.Join(cfg.DataDir, "jetstream"),
+		JetStreamMaxStore: cfg.MaxStore,
+		Users: []*server.User{
+			{Username: info.User, Password: string(hash)},
+			{Username: inProcess.User, Password: inProcess.Password,
+				AllowedConnectionTypes: map[string]struct{}{jwt.ConnectionTypeInProcess: {}}},
+		},
 		NoSigs:                true,
 		NoLog:                 true,
 		MaxPayload:            8 << 20,
@@ -151,7 +165,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	// The running config names <StoreDir>/jetstream; EnableJetStream adds
 	// that suffix again, so a restart must be given the configured dir.
 	jsc.StoreDir = opts.StoreDir
-	e := &Embedded{srv: srv, info: info, storeDir: opts.StoreDir, jsConfig: jsc, writeErr: writeErr}
+	e := &Embedded{srv: srv, info: info, inProcess: inProcess, storeDir: opts.StoreDir, jsConfig: jsc, writeErr: writeErr}
 	if !opts.DontListen {
 		e.info.URL = srv.ClientURL()
 	} else {
@@ -201,6 +215,10 @@ func (e *Embedded) Server() *server.Server { return e.srv }
 // ClientInfo returns the listener URL (may be empty) and credentials.
 func (e *Embedded) ClientInfo() ClientInfo { return e.info }
 
+// InProcessInfo returns the credentials for in-process connections
+// (Options.InProcess with Server()); the listener refuses them.
+func (e *Embedded) InProcessInfo() ClientInfo { return e.inProcess }
+
 // Shutdown stops the server and waits for it to finish writing.
 func (e *Embedded) Shutdown() {
 	if e.stopSync != nil {
@@ -232,12 +250,20 @@ func loadOrCreateCreds(path string) (ClientInfo, error) {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return ci, fmt.Errorf("embedded nats: %w", err)
 	}
+	ci, err := newCreds("outflow")
+	if err != nil {
+		return ci, err
+	}
+	return ci, writeJSON0600(path, ci)
+}
+
+// newCreds makes user a random password (24 bytes, hex).
+func newCreds(user string) (ClientInfo, error) {
 	buf := make([]byte, 24)
 	if _, err := rand.Read(buf); err != nil {
-		return ci, fmt.Errorf("embedded nats: generate credentials: %w", err)
+		return ClientInfo{}, fmt.Errorf("embedded nats: generate credentials: %w", err)
 	}
-	ci = ClientInfo{User: "outflow", Password: hex.EncodeToString(buf)}
-	return ci, writeJSON0600(path, ci)
+	return ClientInfo{User: user, Password: hex.EncodeToString(buf)}, nil
 }
 
 func writeJSON0600(path string, v any) error {

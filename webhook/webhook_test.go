@@ -154,7 +154,7 @@ func newFixtureWith(t testing.TB, mod func(*Config), script ...func(w http.Respo
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Shutdown)
-	ci := emb.ClientInfo()
+	ci := emb.InProcessInfo()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var q *queue.Queue

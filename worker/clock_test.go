@@ -48,7 +48,7 @@ func TestSlowClockStillExpires(t *testing.T) {
 	e := newEnv(t, nil)
 	// The accepting process gives its messages a max-age of 1 ns: the
 	// deadline has passed by the time the server stores the envelope.
-	ci := e.emb.ClientInfo()
+	ci := e.emb.InProcessInfo()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var acc *queue.Queue

@@ -42,7 +42,7 @@ type env struct {
 
 func connect(t *testing.T, emb *queue.Embedded, ackWait time.Duration) *queue.Queue {
 	t.Helper()
-	ci := emb.ClientInfo()
+	ci := emb.InProcessInfo()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	// nats.go gives the connection handshake 2 s; on a loaded machine under

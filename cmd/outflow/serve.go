@@ -141,10 +141,10 @@ func serve(parent context.Context, c *serveConfig) error {
 		}
 		defer emb.Shutdown()
 		go emb.Supervise(ctx, log, time.Second)
-		ci := emb.ClientInfo()
+		ci := emb.InProcessInfo()
 		qopts.InProcess, qopts.User, qopts.Password = emb.Server(), ci.User, ci.Password
 		qopts.Syncer = emb.Syncer()
-		log.Info().Str("store", c.Data).Str("client_url", ci.URL).Str("durability", string(durability)).Msg("embedded NATS JetStream started")
+		log.Info().Str("store", c.Data).Str("client_url", emb.ClientInfo().URL).Str("durability", string(durability)).Msg("embedded NATS JetStream started")
 	} else {
 		qopts.URL, qopts.CredsFile = c.NATSURL, c.NATSCreds
 	}

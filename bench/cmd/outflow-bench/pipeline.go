@@ -49,7 +49,7 @@ func runProfile(outDir string, msgs, size, workers, backlog int) error {
 		return err
 	}
 	defer emb.Shutdown()
-	ci := emb.ClientInfo()
+	ci := emb.InProcessInfo()
 	q, err := queue.Connect(ctx, queue.Options{Name: "outflow-bench", InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: log})
 	if err != nil {
 		return err
