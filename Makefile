@@ -47,7 +47,7 @@ deps:
 	PATH="$$PATH:/usr/sbin"; command -v smtp-sink >/dev/null && command -v swaks >/dev/null && command -v strace >/dev/null && command -v fusermount3 >/dev/null && command -v chromium >/dev/null
 
 test: deps build
-	PATH="$$PATH:/usr/sbin" $(GO) test -race -shuffle=on -timeout 15m $(PKGS)
+	PATH="$$PATH:/usr/sbin" $(GO) test -race -shuffle=on -timeout 20m $(PKGS)
 	$(MAKE) fuzz
 
 test-short: build
