@@ -200,16 +200,7 @@ func TestRescheduleAndDeadSyncBeforeAck(t *testing.T) {
 // every submission is released by a sync, and far fewer syncs run than
 // submissions.
 func TestStoreSyncerGroupCommits(t *testing.T) {
-	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), SyncWindow: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
-	q, err := connectTo(emb, Options{Syncer: emb.Syncer()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { q.Close() })
+	q, emb := syncedQueue(t)
 	ss := emb.StoreSyncer()
 	// Each fsync takes 300 ms, so that the submissions meet in the
 	// batches however slowly a loaded machine schedules them: without
@@ -302,16 +293,7 @@ func TestParseDurability(t *testing.T) {
 // consumer made after setup get their metadata fsynced, which the server
 // itself does not do.
 func TestMetadataCreatedAfterSetupIsSynced(t *testing.T) {
-	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), SyncWindow: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
-	q, err := connectTo(emb, Options{Syncer: emb.Syncer()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { q.Close() })
+	q, emb := syncedQueue(t)
 	ss := emb.StoreSyncer()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -332,4 +314,21 @@ func TestMetadataCreatedAfterSetupIsSynced(t *testing.T) {
 	if f2-f1 < 4 {
 		t.Fatalf("creating a tenant's consumer made %d fsyncs, want its metadata synced", f2-f1)
 	}
+}
+
+// syncedQueue starts an embedded server with the store syncer (5 ms
+// window) and connects a queue that syncs through it.
+func syncedQueue(t *testing.T) (*Queue, *Embedded) {
+	t.Helper()
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), SyncWindow: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	q, err := connectTo(emb, Options{Syncer: emb.Syncer()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return q, emb
 }

@@ -4,10 +4,10 @@ package tools
 
 import (
 	_ "github.com/BurntSushi/toml"
+	_ "github.com/chromedp/chromedp"
 	_ "github.com/emersion/go-msgauth/dkim"
 	_ "github.com/emersion/go-sasl"
 	_ "github.com/emersion/go-smtp"
-	_ "github.com/chromedp/chromedp"
 	_ "github.com/foxcpp/go-mockdns"
 	_ "github.com/hanwen/go-fuse/v2/fs"
 	_ "github.com/miekg/dns"
