@@ -28,34 +28,15 @@ type CA struct {
 }
 
 // NewRoot makes a self-signed root CA named name.
-func NewRoot(name string) (*CA, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, err
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	return &CA{Cert: cert, Key: key, root: cert}, nil
-}
+func NewRoot(name string) (*CA, error) { return newCA(name, nil) }
 
 // Intermediate makes a CA signed by ca; servers using its leaves send it
 // in their chain.
-func (ca *CA) Intermediate(name string) (*CA, error) {
+func (ca *CA) Intermediate(name string) (*CA, error) { return newCA(name, ca) }
+
+// newCA makes a CA named name, signed by parent, or self-signed when
+// parent is nil.
+func newCA(name string, parent *CA) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -69,7 +50,11 @@ func (ca *CA) Intermediate(name string) (*CA, error) {
 		BasicConstraintsValid: true,
 		IsCA:                  true,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	signer, signerKey := tmpl, any(key)
+	if parent != nil {
+		signer, signerKey = parent.Cert, parent.Key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
 	if err != nil {
 		return nil, err
 	}
@@ -77,8 +62,11 @@ func (ca *CA) Intermediate(name string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
-	chain := append([][]byte{der}, ca.chain...)
-	return &CA{Cert: cert, Key: key, chain: chain, root: ca.root}, nil
+	if parent == nil {
+		return &CA{Cert: cert, Key: key, root: cert}, nil
+	}
+	chain := append([][]byte{der}, parent.chain...)
+	return &CA{Cert: cert, Key: key, chain: chain, root: parent.root}, nil
 }
 
 // Leaf is a server certificate with its chain (leaf first, then the
