@@ -58,6 +58,8 @@ func (q *Queue) putNewBody(ctx context.Context, name string, body []byte) error 
 	// stream stores them in order, so the info never names a missing
 	// chunk.
 	stream := jetstream.WithExpectStream(bodyStreamName)
+	q.count(OpPublishBody)
+	q.count(OpPublishBody)
 	fc, err := q.js.PublishMsgAsync(&nats.Msg{Subject: bodyChunkSubject(id), Data: body}, stream)
 	if err != nil {
 		return err
@@ -79,6 +81,7 @@ func (q *Queue) putNewBody(ctx context.Context, name string, body []byte) error 
 // putBody stores body under name through nats.go's Object Store, which
 // replaces an existing object of that name.
 func (q *Queue) putBody(ctx context.Context, name string, body []byte) error {
+	q.count(OpPublishBody)
 	_, err := q.bodies.PutBytes(ctx, name, body)
 	return err
 }
@@ -99,6 +102,7 @@ func waitAcks(ctx context.Context, fs ...jetstream.PubAckFuture) error {
 
 // bodyInfo reads an object's info with a direct get (no consumer).
 func (q *Queue) bodyInfo(ctx context.Context, name string) (*jetstream.ObjectInfo, error) {
+	q.count(OpDirectGet)
 	m, err := q.bodyStream.GetLastMsgForSubject(ctx, bodyMetaSubject(name))
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -145,6 +149,7 @@ func (q *Queue) Body(ctx context.Context, ref string) (_ []byte, err error) {
 			return nil, fmt.Errorf("body %s: %w", ref, err)
 		}
 		if info.Chunks == 1 {
+			q.count(OpDirectGet)
 			m, err := q.bodyStream.GetLastMsgForSubject(ctx, bodyChunkSubject(info.NUID))
 			if err != nil {
 				return nil, fmt.Errorf("body %s: chunk: %w", ref, err)
@@ -231,6 +236,7 @@ func partsKey(msgID string) string { return "parts." + msgID }
 func (q *Queue) lastPart(ctx context.Context, msgID string) bool {
 	key := partsKey(msgID)
 	for range 8 {
+		q.count(OpSentGet)
 		ent, err := q.sent.Get(ctx, key)
 		if err != nil {
 			return false
@@ -243,6 +249,7 @@ func (q *Queue) lastPart(ctx context.Context, msgID string) bool {
 			_ = q.sent.Delete(ctx, key)
 			return true
 		}
+		q.count(OpSentPut)
 		_, err = q.sent.Update(ctx, key, []byte(strconv.Itoa(n-1)), ent.Revision())
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			// Counted, or failed in a way that may have counted (a
@@ -277,6 +284,7 @@ func (q *Queue) deleteBody(ctx context.Context, name string) error {
 		return err
 	}
 	mm := &nats.Msg{Subject: bodyMetaSubject(name), Header: nats.Header{jetstream.MsgRollup: []string{jetstream.MsgRollupSubject}}, Data: meta}
+	q.count(OpPublishBody)
 	f, err := q.js.PublishMsgAsync(mm, jetstream.WithExpectStream(bodyStreamName))
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ func (q *Queue) durable(ctx context.Context, streams ...string) error {
 	if q.syncer == nil {
 		return nil
 	}
+	q.count(OpSync)
 	if err := q.syncer.Sync(ctx, streams...); err != nil {
 		return fmt.Errorf("durable: %w", err)
 	}

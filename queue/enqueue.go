@@ -70,6 +70,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		// Several envelopes share the body: count them, so that the last
 		// one to finish can delete it (releaseBody). Written before any
 		// envelope exists, so no part can finish uncounted.
+		q.count(OpSentPut)
 		if _, err := q.sent.Put(ctx, partsKey(msgID), []byte(strconv.Itoa(len(order)))); err != nil {
 			return nil, fmt.Errorf("count body references: %w", err)
 		}
@@ -105,6 +106,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			// cost server memory per message for that long, for nothing.
 			opts = append(opts, jetstream.WithMsgID(id))
 		}
+		q.count(OpPublishWork)
 		f, err := q.js.PublishMsgAsync(m, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("queue envelope: %w", err)

@@ -99,6 +99,7 @@ func (q *Queue) Event(typ string, ev *Event) {
 	if validID(ev.ID) { // an undecodable envelope's id may be anything; the JSON escapes it
 		m.Header = nats.Header{HdrEventID: []string{ev.ID}}
 	}
+	q.count(OpPublishEvent)
 	if _, err := q.js.PublishMsgAsync(m); err != nil {
 		q.log.Warn().Err(err).Str("event", typ).Str("msg_id", ev.ID).Msg("publish event")
 	}

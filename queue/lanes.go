@@ -97,6 +97,7 @@ var pullWait = 5 * time.Second
 // client enforces too, so a lost request costs at most one pullWait.
 func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) (got bool) {
 	for ctx.Err() == nil {
+		q.count(OpFetch)
 		batch, err := cons.Fetch(buffer, jetstream.FetchMaxWait(pullWait))
 		if err != nil {
 			if ctx.Err() == nil {
@@ -106,6 +107,7 @@ func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane
 		}
 		for m := range batch.Messages() {
 			got = true
+			q.count(OpFetched)
 			if ctx.Err() != nil {
 				// Not started: let the server hand it out again at once.
 				_ = m.Nak()
@@ -189,6 +191,7 @@ func (d *Delivery) InProgress() { _ = d.msg.InProgress() }
 // dies between the two.
 func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
 	e := d.Env
+	d.q.count(OpSentGet)
 	if _, err := d.q.sent.Get(ctx, e.SentKey()); err == nil {
 		return true, nil
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -202,15 +205,18 @@ func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
 			if subj == d.msg.Subject() {
 				continue
 			}
+			d.q.count(OpDirectGet)
 			m, err := d.q.lanes[l].GetLastMsgForSubject(ctx, subj)
 			if err == nil && m != nil && laterStep(m.Header, e) {
 				return true, nil
 			}
 		}
 	}
+	d.q.count(OpDirectGet)
 	if m, err := d.q.lanes[LaneRetry].GetLastMsgForSubject(ctx, heldSubject(e.Dest, e.ID)); err == nil && m != nil && laterStep(m.Header, e) {
 		return true, nil
 	}
+	d.q.count(OpDirectGet)
 	if m, err := d.q.dead.GetLastMsgForSubject(ctx, deadSubject(e.ID)); err == nil && m != nil && laterStep(m.Header, e) {
 		return true, nil
 	}
@@ -237,6 +243,7 @@ func (d *Delivery) Skip(ctx context.Context) error {
 // rescheduled the rest.
 func (d *Delivery) Delivered(ctx context.Context, rcpts []string, done bool) error {
 	err := retryStep(ctx, func(ctx context.Context) error {
+		d.q.count(OpSentPut)
 		_, err := d.q.sent.Put(ctx, d.Env.SentKey(), []byte(strings.Join(rcpts, ",")))
 		return err
 	})
@@ -289,7 +296,7 @@ func (q *Queue) schedule(ctx context.Context, next *Envelope, lane Lane, at time
 	if err != nil {
 		return err
 	}
-	if err := retryStep(ctx, func(ctx context.Context) error { _, err := q.js.PublishMsg(ctx, m); return err }); err != nil {
+	if err := retryStep(ctx, func(ctx context.Context) error { q.count(OpPublishLane); _, err := q.js.PublishMsg(ctx, m); return err }); err != nil {
 		return fmt.Errorf("schedule %s on %s lane: %w", next.ID, lane, err)
 	}
 	// On disk before the original's ack: the ack may be lost (a
@@ -325,7 +332,11 @@ func (d *Delivery) Hold(ctx context.Context, next *Envelope) error {
 		return err
 	}
 	m.Header.Set(jetstream.MsgIDHeader, "held."+next.ID+"."+itoa(next.Step))
-	if err := retryStep(ctx, func(ctx context.Context) error { _, err := d.q.js.PublishMsg(ctx, m); return err }); err != nil {
+	if err := retryStep(ctx, func(ctx context.Context) error {
+		d.q.count(OpPublishLane)
+		_, err := d.q.js.PublishMsg(ctx, m)
+		return err
+	}); err != nil {
 		return fmt.Errorf("hold %s: %w", next.ID, err)
 	}
 	if err := d.q.durable(ctx, StreamRetry); err != nil {
@@ -352,7 +363,7 @@ func (q *Queue) putDead(ctx context.Context, e *Envelope, reason string) error {
 	}
 	m.Header.Set("Outflow-Dead-Reason", headerSafe(shorten(reason, 500)))
 	m.Header.Set("Outflow-Dead-At", time.Now().UTC().Format(time.RFC3339Nano))
-	if err := retryStep(ctx, func(ctx context.Context) error { _, err := q.js.PublishMsg(ctx, m); return err }); err != nil {
+	if err := retryStep(ctx, func(ctx context.Context) error { q.count(OpPublishDead); _, err := q.js.PublishMsg(ctx, m); return err }); err != nil {
 		return fmt.Errorf("dead letter %s: %w", e.ID, err)
 	}
 	if err := q.durable(ctx, StreamDead); err != nil {
@@ -365,6 +376,7 @@ func (q *Queue) putDead(ctx context.Context, e *Envelope, reason string) error {
 // cannot hand the envelope to another worker after its next state is stored.
 func (d *Delivery) ack(ctx context.Context) error {
 	err := retryStep(ctx, func(ctx context.Context) error {
+		d.q.count(OpAck)
 		err := d.msg.DoubleAck(ctx)
 		if errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 			return nil // an earlier try got through; only its answer was lost

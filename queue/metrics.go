@@ -16,6 +16,9 @@ import (
 //	outflow_queue_depth{lane="work|retry|ratelimit|dead"}  stored messages
 //	outflow_queue_due{lane="work|retry|ratelimit"}         ready for a worker (pending + in flight)
 //	outflow_queue_oldest_seconds{lane}                     age of the oldest stored message (0 when empty)
+//
+// and, read from counters at every scrape, outflow_jetstream_ops_total{op}
+// (ops.go).
 type DepthCollector struct {
 	q      *Queue
 	depth  *prometheus.Desc
@@ -42,6 +45,7 @@ func (c *DepthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.depth
 	ch <- c.due
 	ch <- c.oldest
+	ch <- opsDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -55,6 +59,7 @@ func (c *DepthCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range c.last {
 		ch <- m
 	}
+	c.q.collectOps(ch)
 }
 
 func (c *DepthCollector) read() []prometheus.Metric {

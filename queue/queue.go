@@ -161,6 +161,8 @@ type Queue struct {
 	syncer Syncer
 	// metaSyncs collapses concurrent metadata syncs (durableMeta).
 	metaSyncs flights
+	// ops counts JetStream operations by kind (ops.go).
+	ops opCounts
 }
 
 // connectTimeout bounds the NATS connection handshake.

@@ -132,6 +132,7 @@ func (l *Suppressions) Remove(ctx context.Context, tenant, addr string) error {
 // Suppressed returns tenant's entry for addr if one applies now, or nil.
 func (l *Suppressions) Suppressed(ctx context.Context, tenant, addr string) (*Suppression, error) {
 	key := suppressKey(tenant, addr)
+	l.q.count(OpSuppressGet)
 	e, err := l.kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, nil

@@ -32,6 +32,7 @@ func main() {
 	var scen string
 	var profDir string
 	var profMsgs, profSize, profWorkers, profBacklog int
+	var profDurability string
 	flag.StringVar(&c.outflow, "outflow", "bin/outflow", "outflow binary")
 	flag.BoolVar(&c.quick, "quick", os.Getenv("BENCH_QUICK") == "1", "quick mode: fewer messages and runs (BENCH_QUICK=1)")
 	flag.IntVar(&c.runs, "runs", 0, "alternating runs per scenario (default 3, quick 1)")
@@ -45,10 +46,11 @@ func main() {
 	flag.IntVar(&profMsgs, "profile-msgs", 20000, "messages for -profile")
 	flag.IntVar(&profSize, "profile-size", 2048, "message size for -profile")
 	flag.IntVar(&profWorkers, "profile-workers", 32, "delivery workers for -profile (serve's default)")
+	flag.StringVar(&profDurability, "profile-durability", "disk", "for -profile: --durability of the pipeline (disk, serve's default, or none)")
 	flag.IntVar(&profBacklog, "profile-backlog", 0, "for -profile: first defer this many envelopes (due in 7 days) and let them settle, as in scenario 3")
 	flag.Parse()
 	if profDir != "" {
-		if err := runProfile(profDir, profMsgs, profSize, profWorkers, profBacklog); err != nil {
+		if err := runProfile(profDir, profMsgs, profSize, profWorkers, profBacklog, profDurability); err != nil {
 			fmt.Fprintln(os.Stderr, "outflow-bench:", err)
 			os.Exit(1)
 		}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"sort"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,8 +28,12 @@ import (
 // has no pprof endpoint; the profile covers exactly outflow's code. With
 // backlog > 0 it first defers that many envelopes, as scenario 3 does, and
 // waits for the seed's transient server state to expire.
-func runProfile(outDir string, msgs, size, workers, backlog int) error {
-	if err := os.MkdirAll(outDir, 0o755); err != nil {
+func runProfile(outDir string, msgs, size, workers, backlog int, durability string) error {
+	dur, err := queue.ParseDurability(durability)
+	if err != nil {
+		return err
+	}
+	if err = os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
 	data, err := os.MkdirTemp("", "outflow-bench-profile-")
@@ -44,13 +50,13 @@ func runProfile(outDir string, msgs, size, workers, backlog int) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := zerolog.New(os.Stderr).Level(zerolog.WarnLevel)
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data})
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Durability: dur})
 	if err != nil {
 		return err
 	}
 	defer emb.Shutdown()
 	ci := emb.InProcessInfo()
-	q, err := queue.Connect(ctx, queue.Options{Name: "outflow-bench", InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: log})
+	q, err := queue.Connect(ctx, queue.Options{Name: "outflow-bench", InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: log, Syncer: emb.Syncer()})
 	if err != nil {
 		return err
 	}
@@ -73,9 +79,14 @@ func runProfile(outDir string, msgs, size, workers, backlog int) error {
 	if err != nil {
 		return err
 	}
+	// serve checks every recipient against the suppression list.
+	supp, err := q.Suppressions(ctx)
+	if err != nil {
+		return err
+	}
 	smtpAddr := freePort()
 	sub, err := submission.New(submission.Config{Addr: smtpAddr, Hostname: "bench.localdomain",
-		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Registerer: reg, Logger: log}, q)
+		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Suppressions: supp, Registerer: reg, Logger: log}, q)
 	if err != nil {
 		return err
 	}
@@ -103,6 +114,12 @@ func runProfile(outDir string, msgs, size, workers, backlog int) error {
 		return err
 	}
 	start := time.Now()
+	cpuStart := processCPU()
+	opsStart := q.Ops()
+	var syncStart [3]uint64
+	if ss := emb.StoreSyncer(); ss != nil {
+		syncStart[0], syncStart[1], syncStart[2] = ss.Stats()
+	}
 	base := sk.Count()
 	if _, err := smtpSource(ctx, smtpAddr, 20, msgs, size); err != nil {
 		return err
@@ -113,8 +130,16 @@ func runProfile(outDir string, msgs, size, workers, backlog int) error {
 	if err != nil {
 		return err
 	}
+	cpuUsed := processCPU() - cpuStart
 	el := end.Sub(start)
-	fmt.Printf("in-process pipeline: %d messages of %d bytes in %v: %.0f msg/s\n", msgs, size, el.Round(time.Millisecond), float64(msgs)/el.Seconds())
+	fmt.Printf("in-process pipeline (durability %s): %d messages of %d bytes in %v: %.0f msg/s\n", dur, msgs, size, el.Round(time.Millisecond), float64(msgs)/el.Seconds())
+	fmt.Printf("CPU (user+system of this process, smtp-source and smtp-sink excluded): %.2f s, %.0f µs/msg\n", cpuUsed.Seconds(), float64(cpuUsed.Microseconds())/float64(msgs))
+	printOps(q.Ops(), opsStart, msgs)
+	if ss := emb.StoreSyncer(); ss != nil {
+		b, w, f := ss.Stats()
+		fmt.Printf("group commits: %.3f batches/msg, %.3f waiters/msg, %.3f fsyncs/msg\n",
+			float64(b-syncStart[0])/float64(msgs), float64(w-syncStart[1])/float64(msgs), float64(f-syncStart[2])/float64(msgs))
+	}
 	// The heap once the last acknowledgements are in: what delivered mail
 	// leaves behind (the SENT markers' and events' per-subject index), beside
 	// the block caches the streams hold for a while.
@@ -130,6 +155,38 @@ func runProfile(outDir string, msgs, size, workers, backlog int) error {
 	}
 	fmt.Printf("profiles: %s/cpu.pprof %s/allocs.pprof %s/heap.pprof (go tool pprof -top ...)\n", outDir, outDir, outDir)
 	return nil
+}
+
+// processCPU is the user and system CPU time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// printOps prints the JetStream operations made since before, per message,
+// by kind.
+func printOps(now, before map[string]uint64, msgs int) {
+	names := make([]string, 0, len(now))
+	for k := range now {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var total float64
+	fmt.Print("JetStream ops/msg:")
+	for _, k := range names {
+		n := float64(now[k]-before[k]) / float64(msgs)
+		if n == 0 {
+			continue
+		}
+		if k != "fetched" && k != "sync" {
+			total += n
+		}
+		fmt.Printf(" %s %.3f", k, n)
+	}
+	fmt.Printf("; total %.3f (without fetched and sync)\n", total)
 }
 
 // writeProfile writes the runtime profile name to path.
