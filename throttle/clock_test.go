@@ -65,7 +65,7 @@ func TestSkewedClocksKeepSharedEnds(t *testing.T) {
 			var r Refusal
 			eventually(t, 5*time.Second, th.cfg.WorkerID+" refuses "+c.dest+" ("+c.reason+")", func() bool {
 				var p Permit
-				p, r = th.Admit(ctx, c.dest)
+				p, r = th.Admit(ctx, c.dest, "", "")
 				if p != nil {
 					p.Done(nil)
 				}
@@ -92,7 +92,7 @@ func TestSkewedClocksKeepSharedEnds(t *testing.T) {
 	if s.SuspendedUntil.IsZero() {
 		t.Fatalf("the worker two hours ahead ended the suspension in the shared state (last written by %s)", s.UpdatedBy)
 	}
-	if p, r := w.Admit(ctx, "susp.test"); p != nil || r.Reason != "suspended" {
+	if p, r := w.Admit(ctx, "susp.test", "", ""); p != nil || r.Reason != "suspended" {
 		t.Fatalf("writer: %v %+v after the worker ahead's tick, want suspended", p, r)
 	}
 }

@@ -17,21 +17,25 @@
 // (learn.go: seeded from the fleet's delivered rate, cut and probed upward
 // fleet-wide, forgotten after a quiet hour), and its virtual queue, one tail
 // per tenant, paces both the envelopes refused for the rate and those a
-// throttle deferred (Throttle.Pace), so that a backlog comes back at the
+// throttle deferred (Gate.Pace), so that a backlog comes back at the
 // rate, oldest first, and tenants share a busy destination fairly.
 //
 // With egress addresses, every piece of that state is kept per
 // (destination, source address) pair instead, named "DEST@SOURCE"
-// (source.go: PairName, AdmitSource, PaceSource), since providers limit and
-// block per sending IP; a suspension of the destination itself still holds
-// for every source.
+// (source.go, PairName), since providers limit and block per sending IP; a
+// suspension of the destination itself still holds for every source.
 //
-// Gate is what the delivery loop asks; Throttle implements it and OpenGate
-// admits everything. File is the [throttle], [destinations.X], [[groups]]
-// and [[automation]] part of the config file; Suspend, Resume, SetRate,
-// Forget, GetState and ListStates are the operator's commands on the shared
-// state (`outflow dest …` and the console), ListWorkers reads the registry,
-// and AskStatus asks every running worker for its view of a destination.
+// Gate (gate.go) is everything the delivery loop gets from the throttle:
+// the destination's group, admission in a tenant's share and from an
+// egress address, the attempt's limits on the Permit, the pace of
+// throttled mail and the clock offset to the NATS server. Throttle
+// implements it and OpenGate admits everything.
+//
+// File is the [throttle], [destinations.X], [[groups]] and [[automation]]
+// part of the config file; Suspend, Resume, SetRate, Forget, GetState and
+// ListStates are the operator's commands on the shared state (`outflow
+// dest …` and the console), ListWorkers reads the registry, and AskStatus
+// asks every running worker for its view of a destination.
 // docs/throttling.md describes the behaviour.
 //
 // When a deferred message comes back is package backoff's concern, not this

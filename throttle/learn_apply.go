@@ -191,15 +191,16 @@ func (d *dest) waiting(now time.Time) int {
 // destination's queue of throttled mail, in its tenant's share, when the
 // destination has a rate (configured, pinned or learned): throttled mail
 // then comes back at the destination's current rate, oldest first, instead
-// of in waves on individual backoff timers. The queue starts no earlier
-// than earliest (the rate-limit lane's minimum delay: throttled mail still
+// of in waves on individual backoff timers. With a source, the queue is
+// the (destination, source) pair's. The queue starts no earlier than
+// earliest (the rate-limit lane's minimum delay: throttled mail still
 // waits on the slower lane) and is kept apart from the queue of envelopes
 // refused for the rate, so that fresh mail does not wait behind it. ok is
 // false for a destination without a rate; the caller then uses the lane's
 // backoff. by describes the rate for the decision record ("10.00/s
 // learned").
-func (t *Throttle) Pace(domain, tenant string, earliest time.Time) (at time.Time, by string, ok bool) {
-	return t.paceDest(t.getDest(t.Group(domain)), tenant, earliest)
+func (t *Throttle) Pace(domain, tenant, source string, earliest time.Time) (at time.Time, by string, ok bool) {
+	return t.paceDest(t.getDest(PairName(t.Group(domain), source)), tenant, earliest)
 }
 
 // paceDest is Pace for the destination (or pair) d.

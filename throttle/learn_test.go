@@ -379,14 +379,14 @@ func TestConnectionThrottleTeachesConns(t *testing.T) {
 func TestPaceSpacesThrottledMail(t *testing.T) {
 	env := startKV(t)
 	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults.Rate = 10 })
-	if _, _, ok := newThrottle(t, env, "solo", nil).Pace("none.test", "", time.Time{}); ok {
+	if _, _, ok := newThrottle(t, env, "solo", nil).Pace("none.test", "", "", time.Time{}); ok {
 		// Nothing configured and nothing learned: no rate to pace at.
 		t.Fatal("paced a destination without a rate")
 	}
 	earliest := time.Now().Add(time.Minute)
 	prev := earliest
 	for i := range 20 {
-		at, by, ok := a.Pace("p.test", "t1", earliest)
+		at, by, ok := a.Pace("p.test", "t1", "", earliest)
 		if !ok || by != "10.00/s configured" {
 			t.Fatalf("pace with a configured rate: %v %q", ok, by)
 		}

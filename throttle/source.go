@@ -1,10 +1,6 @@
 package throttle
 
-import (
-	"context"
-	"strings"
-	"time"
-)
+import "strings"
 
 // Per-source state. Providers limit, throttle and block per sending IP
 // address, so with egress addresses configured every limit and every piece
@@ -42,40 +38,21 @@ func baseDest(name string) string {
 	return d
 }
 
-// AdmitSource is AdmitTenant for an attempt from one egress address: it
-// decides on the (destination, source) pair's state, after checking that
-// the destination as a whole is not suspended. source "" is AdmitTenant.
-func (t *Throttle) AdmitSource(ctx context.Context, domain, tenant, source string) (Permit, Refusal) {
-	if source == "" {
-		return t.AdmitTenant(ctx, domain, tenant)
-	}
-	dest := t.Group(domain)
+// wholeSuspended is the refusal of an attempt from one source when the
+// destination as a whole (not only the pair) is suspended.
+func (t *Throttle) wholeSuspended(dest string) (Refusal, bool) {
 	now := t.now()
 	t.mu.RLock()
 	whole := t.dests[dest]
 	t.mu.RUnlock()
-	if whole != nil {
-		whole.mu.Lock()
-		suspended, until := whole.state.Suspended(now), whole.state.SuspendedUntil
-		whole.mu.Unlock()
-		if suspended {
-			if cap := now.Add(maxSuspendRefusal); until.After(cap) {
-				until = cap
-			}
-			return nil, Refusal{Until: until, Reason: "suspended"}
-		}
+	if whole == nil {
+		return Refusal{}, false
 	}
-	name := PairName(dest, source)
-	for {
-		p, r, again := t.admit(ctx, t.getDest(name), tenant)
-		if !again {
-			return p, r
-		}
+	whole.mu.Lock()
+	suspended, until := whole.state.Suspended(now), whole.state.SuspendedUntil
+	whole.mu.Unlock()
+	if !suspended {
+		return Refusal{}, false
 	}
-}
-
-// PaceSource is Pace for mail throttled on one egress address: its place
-// in that pair's virtual queue. source "" is Pace.
-func (t *Throttle) PaceSource(domain, tenant, source string, earliest time.Time) (at time.Time, by string, ok bool) {
-	return t.paceDest(t.getDest(PairName(t.Group(domain), source)), tenant, earliest)
+	return suspendedRefusal(until, now), true
 }

@@ -30,7 +30,7 @@ func TestPairName(t *testing.T) {
 // gives the permit back with res.
 func admitted(t *testing.T, th *Throttle, domain, source string, res ...classify.Result) (bool, Refusal) {
 	t.Helper()
-	p, r := th.AdmitSource(ctxT(t), domain, "", source)
+	p, r := th.Admit(ctxT(t), domain, "", source)
 	if p == nil {
 		return false, r
 	}
@@ -100,7 +100,7 @@ func TestThrottlePerSource(t *testing.T) {
 	if ok, r := admitted(t, a, "example.com", "127.0.0.3", resDelivered); !ok {
 		t.Errorf("the other source was refused: %+v", r)
 	}
-	at, _, ok := a.PaceSource("example.com", "", "127.0.0.2", time.Time{})
+	at, _, ok := a.Pace("example.com", "", "127.0.0.2", time.Time{})
 	if !ok || at.IsZero() {
 		t.Error("PaceSource gave no place for a pair with a rate")
 	}

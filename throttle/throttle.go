@@ -532,33 +532,43 @@ func (t *Throttle) Group(domain string) string {
 	return t.groups.group(t.ctx, domain)
 }
 
-// Admit decides whether an attempt to domain's destination may start now.
-// In order: a suspension refuses ("suspended", until its end, at most an
-// hour ahead); an open breaker refuses ("breaker-open", until the cooling
-// period ends); a half-open breaker lets one probe per worker through and
-// refuses the rest ("breaker-half-open", for a cooling period); the
-// connection share refuses ("conns", for a second); and the rate share
-// either grants (after waiting up to MaxWait for its token) or refuses
-// with the time of the token it reserved ("rate"), so deferred envelopes
-// come back spaced at the rate. A context cancelled while waiting refuses
-// with "canceled".
-func (t *Throttle) Admit(ctx context.Context, domain string) (Permit, Refusal) {
-	return t.AdmitTenant(ctx, domain, "")
-}
-
-// AdmitTenant is Admit for one tenant's envelope: a "rate" refusal gives
-// it a place in its tenant's share of the destination's virtual queue, so
-// that one tenant's backlog does not push another tenant's mail back
-// (see slot).
-func (t *Throttle) AdmitTenant(ctx context.Context, domain, tenant string) (Permit, Refusal) {
+// Admit decides whether an attempt to domain's destination, for tenant's
+// envelope and from the egress address source, may start now. In order: a
+// suspension refuses ("suspended", until its end, at most an hour ahead;
+// with a source, a suspension of the destination as a whole comes first,
+// then the pair's own); an open breaker refuses ("breaker-open", until the
+// cooling period ends); a half-open breaker lets one probe per worker
+// through and refuses the rest ("breaker-half-open", for a cooling
+// period); the connection share refuses ("conns", for a second); and the
+// rate share either grants (after waiting up to MaxWait for its token) or
+// refuses with the time of the token it reserved ("rate"), so deferred
+// envelopes come back spaced at the rate, in the tenant's share of the
+// destination's virtual queue (see slot). A context cancelled while
+// waiting refuses with "canceled".
+func (t *Throttle) Admit(ctx context.Context, domain, tenant, source string) (Permit, Refusal) {
 	name := t.Group(domain)
+	if source != "" {
+		if r, suspended := t.wholeSuspended(name); suspended {
+			return nil, r
+		}
+		name = PairName(name, source)
+	}
 	for {
-		d := t.getDest(name)
-		p, r, again := t.admit(ctx, d, tenant)
+		p, r, again := t.admit(ctx, t.getDest(name), tenant)
 		if !again {
 			return p, r
 		}
 	}
+}
+
+// suspendedRefusal refuses an attempt to a destination suspended until
+// until, capped at maxSuspendRefusal ahead: look again now and then, the
+// suspension may be shortened.
+func suspendedRefusal(until, now time.Time) Refusal {
+	if cap := now.Add(maxSuspendRefusal); until.After(cap) {
+		until = cap
+	}
+	return Refusal{Until: until, Reason: "suspended"}
 }
 
 func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, Refusal, bool) {
@@ -574,11 +584,8 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 	st := &d.state
 	if st.Suspended(now) {
 		until := st.SuspendedUntil
-		if cap := now.Add(maxSuspendRefusal); until.After(cap) {
-			until = cap // look again now and then: the suspension may be shortened
-		}
 		d.mu.Unlock()
-		return nil, Refusal{Until: until, Reason: "suspended"}, false
+		return nil, suspendedRefusal(until, now), false
 	}
 	probe := false
 	switch st.BreakerAt(now) {

@@ -108,7 +108,7 @@ var (
 // mustAdmit admits or fails the test.
 func mustAdmit(t testing.TB, th *Throttle, domain string) Permit {
 	t.Helper()
-	p, r := th.Admit(ctxT(t), domain)
+	p, r := th.Admit(ctxT(t), domain, "", "")
 	if p == nil {
 		t.Fatalf("%s: Admit(%s) refused: %+v", th.cfg.WorkerID, domain, r)
 	}
@@ -191,7 +191,7 @@ func TestSuspendAndResumeFromOutside(t *testing.T) {
 	}
 	for _, th := range []*Throttle{a, b} {
 		eventually(t, 5*time.Second, "suspension seen", func() bool {
-			p, r := th.Admit(ctxT(t), "example.com")
+			p, r := th.Admit(ctxT(t), "example.com", "", "")
 			if p != nil {
 				p.Done(nil)
 				return false
@@ -209,7 +209,7 @@ func TestSuspendAndResumeFromOutside(t *testing.T) {
 	}
 	for _, th := range []*Throttle{a, b} {
 		eventually(t, 5*time.Second, "resume seen", func() bool {
-			p, _ := th.Admit(ctxT(t), "example.com")
+			p, _ := th.Admit(ctxT(t), "example.com", "", "")
 			if p != nil {
 				p.Done([]classify.Result{resDelivered})
 			}
@@ -287,7 +287,7 @@ func TestConnsShare(t *testing.T) {
 	b := newThrottle(t, env, "b", mod)
 	waitLive(t, 2, a, b)
 	p := mustAdmit(t, a, "c.test")
-	if q, r := a.Admit(ctxT(t), "c.test"); q != nil || r.Reason != "conns" {
+	if q, r := a.Admit(ctxT(t), "c.test", "", ""); q != nil || r.Reason != "conns" {
 		t.Fatalf("second connection on A: %v %+v, want refused for conns", q, r)
 	}
 	attempt(t, b, "c.test", resDelivered) // B has its own share
@@ -334,11 +334,11 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 		t.Fatalf("breaker %s before the third consecutive failure", s.Breaker)
 	}
 	attempt(t, a, "down.test", resConnFail)
-	if p, r := a.Admit(ctxT(t), "down.test"); p != nil || r.Reason != "breaker-open" {
+	if p, r := a.Admit(ctxT(t), "down.test", "", ""); p != nil || r.Reason != "breaker-open" {
 		t.Fatalf("after 3 failures: %v %+v, want breaker-open", p, r)
 	}
 	eventually(t, 5*time.Second, "B sees the open breaker", func() bool {
-		p, r := b.Admit(ctxT(t), "down.test")
+		p, r := b.Admit(ctxT(t), "down.test", "", "")
 		if p != nil {
 			p.Done(nil)
 		}
@@ -348,10 +348,10 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	// After the cooling period, one probe per worker.
 	var probeA Permit
 	eventually(t, 2*time.Second, "half-open", func() bool {
-		probeA, _ = a.Admit(ctxT(t), "down.test")
+		probeA, _ = a.Admit(ctxT(t), "down.test", "", "")
 		return probeA != nil
 	})
-	if p, r := a.Admit(ctxT(t), "down.test"); p != nil || r.Reason != "breaker-half-open" {
+	if p, r := a.Admit(ctxT(t), "down.test", "", ""); p != nil || r.Reason != "breaker-half-open" {
 		t.Fatalf("second attempt while probing: %v %+v", p, r)
 	}
 	probeB := mustAdmit(t, b, "down.test")
@@ -382,11 +382,11 @@ func TestBreakerProbeFailureReopens(t *testing.T) {
 	attempt(t, a, "down.test", resConnFail)
 	var probe Permit
 	eventually(t, 2*time.Second, "half-open", func() bool {
-		probe, _ = a.Admit(ctxT(t), "down.test")
+		probe, _ = a.Admit(ctxT(t), "down.test", "", "")
 		return probe != nil
 	})
 	probe.Done([]classify.Result{resConnFail})
-	if p, r := a.Admit(ctxT(t), "down.test"); p != nil || r.Reason != "breaker-open" || time.Until(r.Until) < 100*time.Millisecond {
+	if p, r := a.Admit(ctxT(t), "down.test", "", ""); p != nil || r.Reason != "breaker-open" || time.Until(r.Until) < 100*time.Millisecond {
 		t.Fatalf("after a failed probe: %v %+v", p, r)
 	}
 }
@@ -416,11 +416,11 @@ func TestAutomationSuspendsAndIgnoresLocalSignals(t *testing.T) {
 		t.Fatal("suspended after 2 matching attempts, threshold is 3")
 	}
 	attempt(t, a, "auto.test", resThrottled)
-	if p, r := a.Admit(ctxT(t), "auto.test"); p != nil || r.Reason != "suspended" {
+	if p, r := a.Admit(ctxT(t), "auto.test", "", ""); p != nil || r.Reason != "suspended" {
 		t.Fatalf("A after 3 matches: %v %+v", p, r)
 	}
 	eventually(t, 5*time.Second, "B suspended too", func() bool {
-		p, r := b.Admit(ctxT(t), "auto.test")
+		p, r := b.Admit(ctxT(t), "auto.test", "", "")
 		if p != nil {
 			p.Done(nil)
 		}
@@ -502,7 +502,7 @@ func TestSetRateFromOutside(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "suspended until resumed; refusals look again within the hour", func() bool {
-		p, r := a.Admit(ctxT(t), "other.test")
+		p, r := a.Admit(ctxT(t), "other.test", "", "")
 		if p != nil {
 			p.Done(nil)
 			return false
@@ -543,7 +543,7 @@ func TestAggregateRate(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for ctx.Err() == nil {
-					p, _ := th.Admit(ctx, "agg.test")
+					p, _ := th.Admit(ctx, "agg.test", "", "")
 					if p == nil {
 						continue
 					}
@@ -581,7 +581,7 @@ func TestRateRefusalsComeBackSpaced(t *testing.T) {
 	attempt(t, a, "sp.test", resDelivered) // the first token
 	var untils []time.Time
 	for range 4 {
-		p, r := a.Admit(ctxT(t), "sp.test")
+		p, r := a.Admit(ctxT(t), "sp.test", "", "")
 		if p != nil || r.Reason != "rate" {
 			t.Fatalf("want a rate refusal, got %v %+v", p, r)
 		}
@@ -647,7 +647,7 @@ func BenchmarkAdmitDone(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					p, r := th.Admit(ctx, "bench.test")
+					p, r := th.Admit(ctx, "bench.test", "", "")
 					if p == nil {
 						b.Errorf("refused: %+v", r)
 						return

@@ -33,12 +33,6 @@ import (
 // stamp. A worker ahead by any amount can expire mail at most this early.
 const clockTolerance = time.Minute
 
-// skewed is a gate that knows how far the server's clock is from this
-// worker's (server minus local; *throttle.Throttle).
-type skewed interface {
-	ClockOffset() (offset time.Duration, known bool)
-}
-
 // now is this worker's wall clock.
 func (p *Pool) now() time.Time { return p.cfg.Now() }
 
@@ -69,10 +63,8 @@ func boundByStored(now, stored time.Time) time.Time {
 // serverTime moves a schedule time from this worker's clock to the NATS
 // server's, which fires it, when the gate has measured the difference.
 func (p *Pool) serverTime(at time.Time) time.Time {
-	if s, ok := p.cfg.Gate.(skewed); ok {
-		if off, known := s.ClockOffset(); known {
-			return at.Add(off)
-		}
+	if off, known := p.cfg.Gate.ClockOffset(); known {
+		return at.Add(off)
 	}
 	return at
 }

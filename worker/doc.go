@@ -27,6 +27,7 @@
 //
 // worker is in charge of that loop and nothing below it: it reaches
 // JetStream only through queue (which translates NATS errors into its own
-// sentinels, such as queue.ErrBodyMissing), and a destination's limits come
-// with the throttle's permit.
+// sentinels, such as queue.ErrBodyMissing), and everything it gets from
+// the throttle is on the throttle.Gate interface: admission, the attempt's
+// limits on the permit, pacing and the clock offset.
 package worker

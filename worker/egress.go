@@ -2,19 +2,11 @@ package worker
 
 import (
 	"context"
-	"time"
 
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/throttle"
 )
-
-// sourceGate is the part of *throttle.Throttle that keeps state per
-// (destination, egress address).
-type sourceGate interface {
-	AdmitSource(ctx context.Context, domain, tenant, source string) (throttle.Permit, throttle.Refusal)
-	PaceSource(domain, tenant, source string, earliest time.Time) (at time.Time, by string, ok bool)
-}
 
 // movesOn says whether a refusal is about the address rather than the
 // destination's pace: a suspended pair, an open breaker or no free
@@ -29,25 +21,20 @@ func movesOn(r throttle.Refusal) bool {
 	return false
 }
 
-// admitFrom asks the throttle for e. Without egress addresses it is admit.
-// With them, it tries the tenant's addresses from the next one in
-// round-robin order and returns the first admitted with its permit; when
-// every address refuses, the refusal that ends soonest (or the first
-// "rate" refusal, which holds the envelope's place).
+// admitFrom asks the throttle for e. Without egress addresses it asks for
+// the destination as a whole. With them, it tries the tenant's addresses
+// from the next one in round-robin order and returns the first admitted
+// with its permit; when every address refuses, the refusal that ends
+// soonest (or the first "rate" refusal, which holds the envelope's place).
 func (w *deliverer) admitFrom(ctx context.Context, e *queue.Envelope) (throttle.Permit, throttle.Refusal, *sender.Source) {
 	if w.cfg.Egress.Len() == 0 {
-		permit, r := w.admit(ctx, e)
+		permit, r := w.cfg.Gate.Admit(ctx, e.Dest, e.Tenant, "")
 		return permit, r, nil
 	}
 	cands := w.cfg.Egress.Candidates(e.Tenant)
-	g, ok := w.cfg.Gate.(sourceGate)
-	if !ok {
-		permit, r := w.admit(ctx, e)
-		return permit, r, &cands[0]
-	}
 	var best throttle.Refusal
 	for i := range cands {
-		permit, r := g.AdmitSource(ctx, e.Dest, e.Tenant, cands[i].String())
+		permit, r := w.cfg.Gate.Admit(ctx, e.Dest, e.Tenant, cands[i].String())
 		if permit != nil {
 			return permit, throttle.Refusal{}, &cands[i]
 		}

@@ -129,7 +129,7 @@ func newPausingGate() *pausingGate {
 	return &pausingGate{paused: make(chan struct{}), resume: make(chan struct{}), resumed: make(chan struct{})}
 }
 
-func (g *pausingGate) Admit(ctx context.Context, domain string) (throttle.Permit, throttle.Refusal) {
+func (g *pausingGate) Admit(ctx context.Context, domain, tenant, source string) (throttle.Permit, throttle.Refusal) {
 	if g.first.CompareAndSwap(false, true) {
 		close(g.paused)
 		defer close(g.resumed)
@@ -139,7 +139,7 @@ func (g *pausingGate) Admit(ctx context.Context, domain string) (throttle.Permit
 			return nil, throttle.Refusal{Until: time.Now(), Reason: "canceled"}
 		}
 	}
-	return g.OpenGate.Admit(ctx, domain)
+	return g.OpenGate.Admit(ctx, domain, tenant, source)
 }
 
 // startSecondPool runs another worker process's pool on its own connection

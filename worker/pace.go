@@ -1,35 +1,11 @@
 package worker
 
 import (
-	"context"
 	"time"
 
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/queue"
-	"github.com/outflow/outflow/throttle"
 )
-
-// tenantGate is the part of *throttle.Throttle that admits an envelope
-// in its tenant's share of the destination (OpenGate and test gates
-// admit by domain only).
-type tenantGate interface {
-	AdmitTenant(ctx context.Context, domain, tenant string) (throttle.Permit, throttle.Refusal)
-}
-
-// pacer is the part of *throttle.Throttle that gives a throttled
-// envelope its place in the destination's virtual queue.
-type pacer interface {
-	Pace(domain, tenant string, earliest time.Time) (at time.Time, by string, ok bool)
-}
-
-// admit asks the throttle for e, in its tenant's share when the gate
-// knows tenants.
-func (w *deliverer) admit(ctx context.Context, e *queue.Envelope) (throttle.Permit, throttle.Refusal) {
-	if g, ok := w.cfg.Gate.(tenantGate); ok {
-		return g.AdmitTenant(ctx, e.Dest, e.Tenant)
-	}
-	return w.cfg.Gate.Admit(ctx, e.Dest)
-}
 
 // pace replaces a throttled envelope's backoff draw with its place in the
 // destination's virtual queue when the destination has a rate (configured,
@@ -44,22 +20,11 @@ func (w *deliverer) admit(ctx context.Context, e *queue.Envelope) (throttle.Perm
 // paced_by. With egress addresses, the place is in the queue of the
 // (destination, source) pair the attempt went out from.
 func (w *deliverer) pace(e *queue.Envelope, source string, now time.Time, dec *backoff.Decision) (time.Time, string, bool) {
-	pc, ok := w.cfg.Gate.(pacer)
-	if !ok {
-		return time.Time{}, "", false
-	}
 	var earliest time.Time
 	if e.ThrottleCount > 0 {
 		earliest = now.Add(time.Duration(dec.MinMs) * time.Millisecond)
 	}
-	pace := pc.Pace
-	if sg, ok := w.cfg.Gate.(sourceGate); ok && source != "" {
-		// Throttled on one address: its place in that address's queue.
-		pace = func(domain, tenant string, earliest time.Time) (time.Time, string, bool) {
-			return sg.PaceSource(domain, tenant, source, earliest)
-		}
-	}
-	at, by, ok := pace(e.Dest, e.Tenant, earliest)
+	at, by, ok := w.cfg.Gate.Pace(e.Dest, e.Tenant, source, earliest)
 	if !ok {
 		return time.Time{}, "", false
 	}

@@ -74,8 +74,10 @@ type Config struct {
 	Queue      *queue.Queue
 	Sender     Sender
 	Classifier *classify.Classifier
-	// Gate decides whether a destination may be contacted now. Default:
-	// always.
+	// Gate is everything the pool gets from the throttle (throttle.Gate:
+	// admission per tenant and egress address, the attempt's limits on
+	// the permit, the pace of throttled mail, the clock offset to the
+	// server). Default throttle.OpenGate: always admitted, never paced.
 	Gate throttle.Gate
 	// Egress, when it has addresses, picks each attempt's source address
 	// (per tenant, round-robin) and the Gate is asked per (destination,
