@@ -76,6 +76,57 @@ func (q *Queue) serveSync() error {
 	return nil
 }
 
+// watchFirings syncs a deferred lane's stream whenever the server stores a
+// due message in it (a schedule fired), learned from the stream's
+// republish on firedSubjects. Nobody waits on these syncs; they close the
+// window in which a firing is only in the server's write buffer. Requests
+// coalesce: while one sync runs, the firings that arrive meanwhile wait
+// for one more, which starts after all of them.
+func (q *Queue) watchFirings() error {
+	var (
+		mu      sync.Mutex
+		pending = map[string]bool{}
+		running bool
+	)
+	run := func() {
+		for {
+			mu.Lock()
+			if len(pending) == 0 {
+				running = false
+				mu.Unlock()
+				return
+			}
+			streams := make([]string, 0, len(pending))
+			for s := range pending {
+				streams = append(streams, s)
+			}
+			clear(pending)
+			mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), durableStepWindow)
+			err := q.syncer.Sync(ctx, streams...)
+			cancel()
+			if err != nil && !errors.Is(err, ErrSyncerStopped) {
+				q.log.Warn().Err(err).Strs("streams", streams).Msg("sync fired schedules; the lanes' sweep retries")
+			}
+		}
+	}
+	for l, stream := range map[Lane]string{LaneRetry: StreamRetry, LaneRateLimit: StreamRateLimit} {
+		_, err := q.nc.Subscribe(firedSubjects(l), func(*nats.Msg) {
+			mu.Lock()
+			defer mu.Unlock()
+			pending[stream] = true
+			if !running {
+				running = true
+				go run()
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", firedSubjects(l), err)
+		}
+	}
+	return nil
+}
+
 // remoteSyncer asks the daemon's syncer over NATS.
 type remoteSyncer struct{ nc *nats.Conn }
 

@@ -233,6 +233,12 @@ func Connect(ctx context.Context, opts Options) (*Queue, error) {
 			nc.Close()
 			return nil, err
 		}
+		if _, inProcess := opts.Syncer.(interface{ SyncAll() error }); inProcess {
+			if err := q.watchFirings(); err != nil {
+				nc.Close()
+				return nil, err
+			}
+		}
 	}
 	return q, nil
 }
@@ -302,6 +308,7 @@ func (q *Queue) setup(ctx context.Context) error {
 			AllowRollup:       true,
 			AllowDirect:       true,
 			MaxMsgSize:        MaxMsgBytes,
+			RePublish:         &jetstream.RePublish{Source: laneDueSubjects(l), Destination: firedSubjects(l), HeadersOnly: true},
 		}
 	}
 	cfgs := []jetstream.StreamConfig{

@@ -50,6 +50,9 @@ type EmbeddedConfig struct {
 	// SyncWindow is the StoreSyncer's batch window; 0 means
 	// DefaultSyncWindow, negative none (see NewStoreSyncer).
 	SyncWindow time.Duration
+	// SweepEvery is how often the StoreSyncer syncs the deferred lanes on
+	// its own; 0 means DefaultSweepEvery, negative never (tests).
+	SweepEvery time.Duration
 	// SyncAlways makes the server itself fsync every write before
 	// acknowledging it (about 6.7 fsyncs per submitted message, one at a
 	// time; docs/benchmarks.md). Kept to measure against; Durability disk
@@ -177,6 +180,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	if cfg.Durability == DurabilityDisk {
 		e.syncer = NewStoreSyncer(srv, cfg.SyncWindow)
+		if cfg.SweepEvery != 0 {
+			e.syncer.sweepEvery = max(cfg.SweepEvery, 0)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		e.stopSync = cancel
 		go e.runSyncer(ctx, cfg.Logger)

@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Group commit on the embedded server.
@@ -43,6 +44,17 @@ import (
 // batch is released after that one sync. A request that arrives while a
 // sync runs waits for the next one, so every acknowledged write of a
 // waiter is in a sync that started after it.
+//
+// A schedule that fires is written by the server itself: the due message
+// and the schedule's removal, both in the lane's stream, with no client
+// waiting for a sync. Two things sync them. Every due message is
+// republished (headers only) on outflow.ctl.fired.<lane>, and the queue
+// asks for a sync of that lane on each (durable.go, watchFirings); the
+// firing is on disk within the batch window plus an fsync. And the syncer
+// sweeps the lanes every SweepEvery, fsyncing only the blocks that changed
+// since the last sync, for a firing whose republish was lost or came
+// before the queue subscribed (overdue schedules fire as the server
+// starts).
 //
 // Only the message blocks are synced: they are what the server rebuilds a
 // stream from after a crash. The stream's index (index.db) and the
@@ -80,6 +92,11 @@ func ParseDurability(s string) (Durability, error) {
 // first of a batch before it syncs: the most group commit adds to a
 // submission's latency, besides the fsync itself.
 const DefaultSyncWindow = 2 * time.Millisecond
+
+// DefaultSweepEvery is how often StoreSyncer syncs the deferred lanes'
+// streams on its own: the longest a schedule's firing can stay unsynced if
+// its republish is lost.
+const DefaultSweepEvery = time.Second
 
 // Syncer makes acknowledged writes to streams durable before the caller
 // reports them done. Queue calls it when Options.Syncer is set.
@@ -122,6 +139,15 @@ type StoreSyncer struct {
 	waiters atomic.Uint64 // requests released
 	fsyncs  atomic.Uint64 // fsync calls made
 
+	// sweep are the streams synced every sweepEvery whether asked or
+	// not (the deferred lanes, where the server writes firings).
+	sweep      []string
+	sweepEvery time.Duration
+
+	batchSize prometheus.Histogram // requests released per sync
+	wait      prometheus.Histogram // request to release, seconds
+	descs     storeSyncDescs
+
 	// fsyncDelay is a fault hook for tests (nanoseconds): each fsync
 	// takes this much longer, as on a slow or overloaded disk. Zero in
 	// production; only tests in this package set it.
@@ -130,8 +156,11 @@ type StoreSyncer struct {
 
 type syncReq struct {
 	streams []string
+	at      time.Time
 	err     chan error // buffered, 1
 }
+
+type storeSyncDescs struct{ syncs, waiters, fsyncs *prometheus.Desc }
 
 // blockStates are a stream's block files as last synced, by file name.
 type blockStates map[string]blockState
@@ -149,8 +178,39 @@ func NewStoreSyncer(srv *server.Server, window time.Duration) *StoreSyncer {
 	if window == 0 {
 		window = DefaultSyncWindow
 	}
+	batchSize := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outflow_store_sync_batch_requests",
+		Help:    "Requests (submissions, deferrals, dead letters, firings, sweeps) released by one group commit.",
+		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}})
+	wait := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outflow_store_sync_wait_seconds",
+		Help:    "Time from a sync request to its release: the batch window, the wait for a sync already running, and the fsyncs.",
+		Buckets: []float64{.001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1.024}})
 	return &StoreSyncer{srv: srv, window: max(window, 0), reqs: make(chan *syncReq, 1024), done: make(chan struct{}),
-		known: map[string]blockStates{}}
+		known: map[string]blockStates{}, sweep: []string{StreamRetry, StreamRateLimit}, sweepEvery: DefaultSweepEvery,
+		batchSize: batchSize, wait: wait,
+		descs: storeSyncDescs{
+			syncs:   prometheus.NewDesc("outflow_store_syncs_total", "Group commits run (each fsyncs what its batch of requests wrote).", nil, nil),
+			waiters: prometheus.NewDesc("outflow_store_sync_requests_total", "Sync requests released (each a write reported done only after it).", nil, nil),
+			fsyncs:  prometheus.NewDesc("outflow_store_fsyncs_total", "fsync calls the store syncer made (block files, directories, metadata).", nil, nil),
+		}}
+}
+
+// Describe implements prometheus.Collector.
+func (s *StoreSyncer) Describe(ch chan<- *prometheus.Desc) {
+	ch <- s.descs.syncs
+	ch <- s.descs.waiters
+	ch <- s.descs.fsyncs
+	s.batchSize.Describe(ch)
+	s.wait.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (s *StoreSyncer) Collect(ch chan<- prometheus.Metric) {
+	b, w, f := s.Stats()
+	ch <- prometheus.MustNewConstMetric(s.descs.syncs, prometheus.CounterValue, float64(b))
+	ch <- prometheus.MustNewConstMetric(s.descs.waiters, prometheus.CounterValue, float64(w))
+	ch <- prometheus.MustNewConstMetric(s.descs.fsyncs, prometheus.CounterValue, float64(f))
+	s.batchSize.Collect(ch)
+	s.wait.Collect(ch)
 }
 
 // Sync implements Syncer.
@@ -158,7 +218,7 @@ func (s *StoreSyncer) Sync(ctx context.Context, streams ...string) error {
 	if len(streams) == 0 {
 		return nil
 	}
-	r := &syncReq{streams: streams, err: make(chan error, 1)}
+	r := &syncReq{streams: streams, at: time.Now(), err: make(chan error, 1)}
 	select {
 	case s.reqs <- r:
 	case <-s.done:
@@ -197,6 +257,9 @@ func (s *StoreSyncer) Stats() (batches, waiters, fsyncs uint64) {
 // logging a panic; every waiter then fails with ErrSyncerStopped.
 func (s *StoreSyncer) Run(ctx context.Context) {
 	defer close(s.done)
+	if s.sweepEvery > 0 && len(s.sweep) > 0 {
+		go s.sweepLanes(ctx)
+	}
 	var timer *time.Timer
 	for {
 		var first *syncReq
@@ -238,6 +301,23 @@ func (s *StoreSyncer) Run(ctx context.Context) {
 	}
 }
 
+// sweepLanes syncs s.sweep every s.sweepEvery until ctx ends. A stream
+// whose blocks did not change since its last sync costs a directory read,
+// no fsync. Errors are left to the next sweep: a lane that does not exist
+// yet (before setup) is not one.
+func (s *StoreSyncer) sweepLanes(ctx context.Context) {
+	t := time.NewTicker(s.sweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_ = s.Sync(ctx, s.sweep...)
+	}
+}
+
 // syncBatch syncs every stream the batch names, once, and answers each
 // request with the first error among its own streams.
 func (s *StoreSyncer) syncBatch(batch []*syncReq) {
@@ -276,7 +356,10 @@ func (s *StoreSyncer) syncBatch(batch []*syncReq) {
 	wg.Wait()
 	s.mu.Unlock()
 	s.batches.Add(1)
+	s.batchSize.Observe(float64(len(batch)))
+	now := time.Now()
 	for _, r := range batch {
+		s.wait.Observe(now.Sub(r.at).Seconds())
 		var err error
 		for _, n := range r.streams {
 			if err = names[n]; err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // gateSyncer is a Syncer that records each request and holds it until the
@@ -200,7 +201,7 @@ func TestRescheduleAndDeadSyncBeforeAck(t *testing.T) {
 // every submission is released by a sync, and far fewer syncs run than
 // submissions.
 func TestStoreSyncerGroupCommits(t *testing.T) {
-	q, emb := syncedQueue(t)
+	q, emb := syncedQueueWith(t, EmbeddedConfig{SweepEvery: -1}) // only the submissions' syncs
 	ss := emb.StoreSyncer()
 	// Each fsync takes 300 ms, so that the submissions meet in the
 	// batches however slowly a loaded machine schedules them: without
@@ -249,6 +250,53 @@ func TestStoreSyncerGroupCommits(t *testing.T) {
 	}
 	if size < n*50 {
 		t.Fatalf("work blocks hold %d bytes after %d synced submissions", size, n)
+	}
+}
+
+// TestStoreSyncerMetrics: the counters and histograms on /metrics are the
+// syncer's own counts.
+func TestStoreSyncerMetrics(t *testing.T) {
+	q, emb := syncedQueue(t)
+	ss := emb.StoreSyncer()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for range 3 {
+		if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(ss)
+	// The sweep may add a sync between the reads: read the stats on both
+	// sides and accept what lies between.
+	b0, w0, f0 := ss.Stats()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1, w1, f1 := ss.Stats()
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		m := mf.GetMetric()[0]
+		switch {
+		case m.GetCounter() != nil:
+			got[mf.GetName()] = m.GetCounter().GetValue()
+		case m.GetHistogram() != nil:
+			got[mf.GetName()] = float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	within := func(name string, lo, hi uint64) {
+		if v := got[name]; v < float64(lo) || v > float64(hi) {
+			t.Errorf("%s = %v, want %d..%d", name, v, lo, hi)
+		}
+	}
+	within("outflow_store_syncs_total", b0, b1)
+	within("outflow_store_sync_requests_total", w0, w1)
+	within("outflow_store_fsyncs_total", f0, f1)
+	within("outflow_store_sync_batch_requests", b0, b1) // one observation per sync
+	within("outflow_store_sync_wait_seconds", w0, w1)   // one per request
+	if w0 < 3 || f0 == 0 {
+		t.Fatalf("3 submissions: %d requests, %d fsyncs", w0, f0)
 	}
 }
 
@@ -316,11 +364,102 @@ func TestMetadataCreatedAfterSetupIsSynced(t *testing.T) {
 	}
 }
 
+// TestFiredScheduleIsSynced: a schedule that fires is written by the
+// server, with no client waiting for a sync. With the lanes' sweep off,
+// the republish of the due message alone must get the retry lane's blocks
+// fsynced as they are after the firing.
+func TestFiredScheduleIsSynced(t *testing.T) {
+	q, emb := syncedQueueWith(t, EmbeddedConfig{SweepEvery: -1})
+	d := deferOne(t, q, LaneRetry, time.Now().Add(300*time.Millisecond))
+	waitDue(t, q, d)
+	waitLaneSynced(t, emb, StreamRetry)
+}
+
+// TestLaneSweepSyncsUnaskedWrites: a write to a lane that no caller syncs
+// (as a firing whose republish was lost) is fsynced by the sweep.
+func TestLaneSweepSyncsUnaskedWrites(t *testing.T) {
+	q, emb := syncedQueueWith(t, EmbeddedConfig{SweepEvery: 100 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A held envelope's subject: not a due one, so nothing republishes it.
+	if _, err := q.js.Publish(ctx, heldSubject("d.example", "sweep-1"), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	waitLaneSynced(t, emb, StreamRetry)
+}
+
+// waitDue waits until e's schedule has fired into the retry lane's due
+// subject.
+func waitDue(t *testing.T, q *Queue, e *Envelope) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for {
+		if m, err := q.lanes[LaneRetry].GetLastMsgForSubject(ctx, dueSubject(LaneRetry, e.Dest, e.ID)); err == nil && m != nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the schedule did not fire within 15s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitLaneSynced waits until laneSynced holds.
+func waitLaneSynced(t *testing.T, emb *Embedded, stream string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !laneSynced(emb, stream) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the blocks written since the last sync were not fsynced within 5s", stream)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// laneSynced writes out the stream's buffer (no fsync) and reports
+// whether every block file, as it now is on disk, is as the syncer last
+// fsynced it: then every write stored so far is in an fsync.
+func laneSynced(emb *Embedded, stream string) bool {
+	ss := emb.StoreSyncer()
+	mset, err := natsLookupStream(emb.Server().GlobalAccount(), stream)
+	if err != nil || mset == nil {
+		return false
+	}
+	if err := natsStreamStore(mset).FlushAllPending(); err != nil {
+		return false
+	}
+	dir := filepath.Join(emb.Server().JetStreamConfig().StoreDir, server.DEFAULT_GLOBAL_ACCOUNT, "streams", stream, "msgs")
+	blks, _ := filepath.Glob(filepath.Join(dir, "*.blk"))
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	known := ss.known[stream]
+	for _, p := range blks {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return false
+		}
+		k, ok := known[filepath.Base(p)]
+		if !ok || k.size != fi.Size() || !k.mtime.Equal(fi.ModTime()) {
+			return false
+		}
+	}
+	return len(blks) > 0
+}
+
 // syncedQueue starts an embedded server with the store syncer (5 ms
 // window) and connects a queue that syncs through it.
 func syncedQueue(t *testing.T) (*Queue, *Embedded) {
 	t.Helper()
-	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), SyncWindow: 5 * time.Millisecond})
+	return syncedQueueWith(t, EmbeddedConfig{})
+}
+
+// syncedQueueWith is syncedQueue with cfg's settings (its data dir and
+// window are filled in).
+func syncedQueueWith(t *testing.T, cfg EmbeddedConfig) (*Queue, *Embedded) {
+	t.Helper()
+	cfg.DataDir, cfg.SyncWindow = t.TempDir(), 5*time.Millisecond
+	emb, err := StartEmbedded(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

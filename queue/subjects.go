@@ -19,6 +19,7 @@ import (
 //	outflow.events.<type>.<shard>             every outcome (OUTFLOW_EVENTS); shard: 3 hex digits of the id's hash
 //	outflow.ctl.sync                          core NATS: ask the daemon to sync streams (subjSync)
 //	outflow.ctl.tenant                        core NATS: a tenant's work consumer was created (subjTenantKick)
+//	outflow.ctl.fired.<lane>.<dest>.<id>      core NATS: the lane's stream republishes each due message's headers (firedSubjects)
 const (
 	subjWorkPrefix = "outflow.work."
 	subjDeadPrefix = "outflow.dead."
@@ -36,6 +37,13 @@ const subjSync = "outflow.ctl.sync"
 // once instead of at its next periodic look (a fresh tenant's first mail
 // would otherwise wait up to that period).
 const subjTenantKick = "outflow.ctl.tenant"
+
+// firedSubjects is where a deferred lane's stream republishes the headers
+// of every message stored on its due subjects: a schedule that fired (or a
+// release, a fast-forward). The daemon's syncer listens, so that a firing,
+// which the server writes without a client waiting on it, is fsynced at
+// once (storesync.go). It lies outside every stream's subjects.
+func firedSubjects(l Lane) string { return "outflow.ctl.fired." + string(l) + ".>" }
 
 // Lane names one of the three queues an envelope can wait in. The name is
 // also the second token of the lane's subjects.

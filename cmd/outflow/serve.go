@@ -160,6 +160,9 @@ func serve(parent context.Context, c *serveConfig) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	reg.MustRegister(queue.NewDepthCollector(q))
+	if emb != nil && emb.StoreSyncer() != nil {
+		reg.MustRegister(emb.StoreSyncer()) // outflow_store_*: group commits and fsyncs
+	}
 
 	users, err := loadUsers(c)
 	if err != nil {
