@@ -18,6 +18,13 @@
 // are ordinary stored messages (JetStream message schedules), never
 // NAK-with-delay, so ack-pending holds only what is really in flight.
 //
+// Besides SENT markers, the SENT bucket holds small compare-and-set records
+// that several envelopes or processes share (notices.go, bodies.go): the
+// count of a multi-part submission's envelopes still holding its body, the
+// first-pass record through which those envelopes send one delivery status
+// notification per message (RecordPass), and the fleet-wide allowance of
+// notifications per address (TakeAllowance).
+//
 // queue knows JetStream and nothing of SMTP. It owns the layout: every
 // subject is built in subjects.go, every stream and consumer is configured
 // here, and the packages above reach NATS only through Queue's methods

@@ -90,6 +90,7 @@ type Envelope struct {
 	DSN         *DSNParams `json:"dsn,omitempty"`          // the submitter's RFC 3461 parameters; nil when it gave none
 	IsReport    bool       `json:"is_dsn,omitempty"`       // this envelope is a notification outflow wrote: never answered with another
 	DelayWarned bool       `json:"delay_warned,omitempty"` // the delay warning for these recipients went out; never a second one
+	PassNoted   bool       `json:"dsn_pass,omitempty"`     // this part's first pass is in its submission's pass record (RecordPass); later notices are its own
 
 	// Attempt metadata, carried in headers.
 	Attempt       int       `json:"-"`

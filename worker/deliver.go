@@ -51,6 +51,7 @@ type outcome struct {
 	host       string
 	body       []byte
 	dsnRelayed map[string]bool
+	passed     bool // the notices went into the submission's pass record
 }
 
 type rcptResult struct {
@@ -300,7 +301,7 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 		w.event(queue.EventBounced, e, e.Attempt+1, []string{b.rcpt}, b.res.Text, &rec)
 		w.suppressBounce(ctx, e, b)
 	}
-	if err := w.bounceNotice(ctx, e, o); err != nil {
+	if err := w.attemptNotices(ctx, e, o); err != nil {
 		return err
 	}
 	w.cfg.Metrics.bounced(len(o.bounced))
@@ -446,6 +447,9 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 	w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", e.Attempt).
 		Str("class", "local").Str("rule", "local-"+r.Reason).Str("lane", string(lane)).
 		Time("next_attempt_at", at).Msg("coordinator refused; deferred without an attempt")
+	if err := w.passDeferred(ctx, e); err != nil {
+		return err
+	}
 	next := e.Clone()
 	return d.Reschedule(ctx, next, lane, w.serverTime(at), true)
 }

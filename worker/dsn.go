@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,8 +24,9 @@ import (
 // per envelope goes for the recipients still deferred; a recipient whose
 // NOTIFY asks for SUCCESS gets a "relayed" notice when the server that
 // accepted it does not offer DSN (RFC 3461 §6.2.2; one that does received
-// NOTIFY and owes the notice itself). One notice per envelope and event
-// lists every recipient that shared the event.
+// NOTIFY and owes the notice itself). One notice per message and event
+// lists every recipient that shared the event: the parts of a message split
+// by destination share theirs through a pass record (see recordPass).
 //
 // A notice is a new message queued through outflow itself: null reverse
 // path, one recipient, the original's tenant (so it is DKIM-signed for the
@@ -43,7 +45,7 @@ import (
 // an envelope that is itself a report or whose body is one (multipart/
 // report; report-type=delivery-status), to an address on the tenant's
 // suppression list, for NOTIFY=NEVER, or past DSNConfig.SenderRate notices
-// per hour to one address. A hard bounce puts its recipient on the
+// per hour to one address across the fleet (allowNotice). A hard bounce puts its recipient on the
 // suppression list (suppress.go) from the same result that lists it in the
 // notice, so the tenant hears about it once: its next message to that
 // recipient is refused at submission.
@@ -65,9 +67,9 @@ type DSNConfig struct {
 	// still deferred recipients get a delayed notice. Default
 	// DefaultDelayWarning (4 h); negative turns warnings off.
 	DelayWarning time.Duration
-	// SenderRate is the most notices per hour to one address (per
-	// process); past it notices are skipped and counted. Default
-	// DefaultDSNSenderRate; negative means no limit.
+	// SenderRate is the most notices per hour to one address, across
+	// every process sharing the JetStream; past it notices are skipped and
+	// counted. Default DefaultDSNSenderRate; negative means no limit.
 	SenderRate float64
 	// Tenants holds per-tenant settings; a tenant not listed gets the
 	// defaults.
@@ -189,31 +191,67 @@ func (s *dsnState) skip(reason string) {
 // durable step must then fail too, so the attempt (and the notice) runs
 // again.
 func (w *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput) error {
-	s := w.dsn
-	if s == nil {
+	if w.dsn == nil || !w.dsn.eligible(e) {
 		return nil
 	}
+	rcpts := w.dsn.wanted(e, n.kind, n.rcpts)
+	if len(rcpts) == 0 {
+		return nil
+	}
+	n.rcpts = rcpts
+	return w.sendNotice(ctx, e, n)
+}
+
+// eligible reports whether e's sender may get notices at all, counting
+// the reason when not. Every part of a submission gets the same answer.
+func (s *dsnState) eligible(e *queue.Envelope) bool {
+	if why := s.ineligible(e); why != "" {
+		s.skip(why)
+		return false
+	}
+	return true
+}
+
+// ineligible is eligible's reason, "" when e's sender may get notices.
+func (s *dsnState) ineligible(e *queue.Envelope) string {
 	switch {
 	case e.From == "":
-		s.skip(skipNullSender) // RFC 5321 §6.1, RFC 3461 §6.2
-		return nil
+		return skipNullSender // RFC 5321 §6.1, RFC 3461 §6.2
 	case e.IsReport:
-		s.skip(skipReport)
-		return nil
+		return skipReport
 	case !s.tenantOn(e):
-		s.skip(skipTenantOff)
-		return nil
+		return skipTenantOff
 	}
-	rcpts := n.rcpts[:0:0]
-	for _, r := range n.rcpts {
-		if e.DSN.Wants(r.Final, n.kind) {
-			rcpts = append(rcpts, r)
-		}
-	}
+	return ""
+}
+
+// wanted returns the recipients of rcpts whose NOTIFY asks for kind, with
+// the ORCPT each was submitted with (counting a skip when none is left).
+func (s *dsnState) wanted(e *queue.Envelope, kind string, rcpts []dsn.Recipient) []dsn.Recipient {
 	if len(rcpts) == 0 {
-		s.skip(skipNotify)
 		return nil
 	}
+	out := rcpts[:0:0]
+	for _, r := range rcpts {
+		if !e.DSN.Wants(r.Final, kind) {
+			continue
+		}
+		if p := e.DSN.Rcpt(r.Final); p.ORcpt != "" {
+			r.Original, r.OriginalType = p.ORcpt, p.ORcptType
+		}
+		out = append(out, r)
+	}
+	if len(out) == 0 {
+		s.skip(skipNotify)
+	}
+	return out
+}
+
+// sendNotice builds and queues the notice n about e: its recipients are
+// chosen (n.rcpts), the sender is eligible.
+func (w *deliverer) sendNotice(ctx context.Context, e *queue.Envelope, n noticeInput) error {
+	s := w.dsn
+	rcpts := n.rcpts
 	to := e.From
 	if t := s.cfg.Tenants[e.Tenant]; t.Address != "" {
 		to = t.Address
@@ -242,15 +280,10 @@ func (w *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput
 		s.skip(skipReport)
 		return nil
 	}
-	if !s.rate.allow(to, w.now()) {
+	if !w.allowNotice(ctx, to) {
 		s.skip(skipRate)
 		log.Warn().Str("to", to).Float64("per_hour", s.cfg.SenderRate).Msg("notification not sent: too many to this address")
 		return nil
-	}
-	for i := range rcpts {
-		if p := e.DSN.Rcpt(rcpts[i].Final); p.ORcpt != "" {
-			rcpts[i].Original, rcpts[i].OriginalType = p.ORcpt, p.ORcptType
-		}
 	}
 	ret := dsn.ReturnHeaders
 	if e.DSN != nil && strings.EqualFold(e.DSN.Ret, "FULL") {
@@ -315,17 +348,45 @@ func (o *outcome) noteDSN(res sender.Result, body []byte) {
 	}
 }
 
+// attemptNotices sends the notices an attempt's results owe: failed for
+// its bounces, relayed for its delivered NOTIFY=SUCCESS recipients
+// (successNotice). In the first pass of a multi-part submission both go
+// into the pass record instead, and the part that completes the pass
+// sends them for every part (recordPass).
+func (w *deliverer) attemptNotices(ctx context.Context, e *queue.Envelope, o *outcome) error {
+	if !w.inPass(e) {
+		return w.bounceNotice(ctx, e, o)
+	}
+	if !w.dsn.eligible(e) {
+		return nil
+	}
+	note := passNote{
+		Failed:  w.dsn.wanted(e, queue.NotifyFailure, w.bounceReports(o)),
+		Relayed: w.dsn.wanted(e, queue.NotifySuccess, w.relayedReports(e, o)),
+	}
+	if err := w.recordPass(ctx, e, note, o.body); err != nil {
+		return err
+	}
+	o.passed = true
+	return nil
+}
+
 // bounceNotice reports the recipients an attempt bounced.
 func (w *deliverer) bounceNotice(ctx context.Context, e *queue.Envelope, o *outcome) error {
 	if w.dsn == nil || len(o.bounced) == 0 {
 		return nil
 	}
+	return w.notice(ctx, e, noticeInput{action: dsn.Failed, kind: queue.NotifyFailure, key: noticeKey(e, "bounced"), rcpts: w.bounceReports(o), body: o.body})
+}
+
+// bounceReports is the failed block of each recipient an attempt bounced.
+func (w *deliverer) bounceReports(o *outcome) []dsn.Recipient {
 	at := w.now()
 	rcpts := make([]dsn.Recipient, 0, len(o.bounced))
 	for _, b := range o.bounced {
 		rcpts = append(rcpts, rcptReport(b.rcpt, dsn.Failed, b.res, o.host, at))
 	}
-	return w.notice(ctx, e, noticeInput{action: dsn.Failed, kind: queue.NotifyFailure, key: noticeKey(e, "bounced"), rcpts: rcpts, body: o.body})
+	return rcpts
 }
 
 // deadNotice reports the recipients of an envelope going to dead letters
@@ -353,6 +414,18 @@ func (w *deliverer) deadNotice(ctx context.Context, e, next *queue.Envelope, rea
 			rc.Status = "5.4.7"
 		}
 		rcpts = append(rcpts, rc)
+	}
+	if w.inPass(e) {
+		// Dead before any attempt (max age, body lost): the part's first
+		// pass ends here.
+		if !w.dsn.eligible(e) {
+			return nil
+		}
+		if err := w.recordPass(ctx, e, passNote{Failed: w.dsn.wanted(e, queue.NotifyFailure, rcpts)}, nil); err != nil {
+			return err
+		}
+		next.PassNoted = true
+		return nil
 	}
 	return w.notice(ctx, e, noticeInput{action: dsn.Failed, kind: queue.NotifyFailure, key: noticeKey(e, "dead"), rcpts: rcpts})
 }
@@ -389,8 +462,22 @@ func (w *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o 
 // successNotice sends a relayed notice for delivered recipients whose
 // NOTIFY asks for SUCCESS, when the accepting server did not take the
 // DSN parameters (RFC 3461 §6.2.2); one that did owes the notice itself.
+// In a submission's first pass attemptNotices recorded them already.
 func (w *deliverer) successNotice(ctx context.Context, e *queue.Envelope, o *outcome) error {
-	if w.dsn == nil || e.DSN == nil {
+	if w.dsn == nil || e.DSN == nil || o.passed {
+		return nil
+	}
+	rcpts := w.relayedReports(e, o)
+	if len(rcpts) == 0 {
+		return nil
+	}
+	return w.notice(ctx, e, noticeInput{action: dsn.Relayed, kind: queue.NotifySuccess, key: noticeKey(e, "relayed"), rcpts: rcpts, body: o.body})
+}
+
+// relayedReports is the relayed block of each delivered recipient that
+// asked for SUCCESS from a server that did not take its NOTIFY.
+func (w *deliverer) relayedReports(e *queue.Envelope, o *outcome) []dsn.Recipient {
+	if e.DSN == nil {
 		return nil
 	}
 	at := w.now()
@@ -405,10 +492,102 @@ func (w *deliverer) successNotice(ctx context.Context, e *queue.Envelope, o *out
 		}
 		rcpts = append(rcpts, rcptReport(r, dsn.Relayed, res, o.host, at))
 	}
-	if len(rcpts) == 0 {
+	return rcpts
+}
+
+// A multi-part submission's first pass (queue.RecordPass). Its parts may
+// be delivered by different processes; each records, once, the notices its
+// first pass owes, and the part whose record completes the pass sends one
+// failed notice (and one relayed notice) for all of them. A part's first
+// pass ends at its first durable outcome: delivered, bounced or dead (all
+// final), deferred, held or refused by the coordinator (its first
+// deferral). So a deferred part does not hold back its siblings' failures
+// longer than its own first attempt; what fails after its pass (a later
+// bounce, the budget spent) is a notice of its own, as for a message of one
+// destination. Delay warnings are always per part.
+//
+// Exactly one report: the report's queue id is derived from the
+// submission id and the action, so every sender of a complete pass (the
+// part that completed it, and any part run again after a crash between
+// its record and its durable step) queues the same id, and the work
+// stream's deduplication absorbs the copies. A record written before a
+// crash is found again by the part's next run, which counts once.
+
+// passNote is one part's share of its submission's first pass.
+type passNote struct {
+	Failed  []dsn.Recipient `json:"failed,omitempty"`
+	Relayed []dsn.Recipient `json:"relayed,omitempty"`
+}
+
+// inPass reports whether e's notices go into its submission's pass
+// record: it is one of several parts, and has not recorded its pass yet.
+func (w *deliverer) inPass(e *queue.Envelope) bool {
+	return w.dsn != nil && e.Parts > 1 && !e.PassNoted
+}
+
+// recordPass records note as e's first pass and, when that completes the
+// submission's pass, sends its notices. It marks e (and so the envelope
+// its durable step writes, a clone of e) as having recorded its pass.
+func (w *deliverer) recordPass(ctx context.Context, e *queue.Envelope, note passNote, body []byte) error {
+	var raw json.RawMessage
+	if len(note.Failed)+len(note.Relayed) > 0 {
+		b, err := json.Marshal(&note)
+		if err != nil {
+			return err
+		}
+		raw = b
+	}
+	p, err := w.cfg.Queue.RecordPass(ctx, e, raw)
+	if err != nil {
+		return err
+	}
+	if p.Alone {
+		// Not in the record (too large to share it): reported on its own.
+		if err := w.passNotices(ctx, e, note, body, noticeKey(e, "pass")); err != nil {
+			return err
+		}
+	}
+	if p.Complete {
+		var all passNote
+		for _, n := range p.Notes {
+			var pn passNote
+			if err := json.Unmarshal(n, &pn); err != nil {
+				w.log.Error().Err(err).Str("msg_id", e.ID).Msg("a part's note in the pass record is unreadable; reporting the others")
+				continue
+			}
+			all.Failed = append(all.Failed, pn.Failed...)
+			all.Relayed = append(all.Relayed, pn.Relayed...)
+		}
+		if err := w.passNotices(ctx, e, all, body, "dsn."+e.MsgID+".pass"); err != nil {
+			return err
+		}
+	}
+	e.PassNoted = true
+	return nil
+}
+
+// passNotices sends note's failed and relayed notices, named key.failed
+// and key.relayed.
+func (w *deliverer) passNotices(ctx context.Context, e *queue.Envelope, note passNote, body []byte, key string) error {
+	if len(note.Failed) > 0 {
+		if err := w.sendNotice(ctx, e, noticeInput{action: dsn.Failed, key: key + ".failed", rcpts: note.Failed, body: body}); err != nil {
+			return err
+		}
+	}
+	if len(note.Relayed) > 0 {
+		return w.sendNotice(ctx, e, noticeInput{action: dsn.Relayed, key: key + ".relayed", rcpts: note.Relayed, body: body})
+	}
+	return nil
+}
+
+// passDeferred ends e's first pass with nothing to report when the
+// coordinator refuses it: a part waiting for its destination does not
+// hold back its siblings' report.
+func (w *deliverer) passDeferred(ctx context.Context, e *queue.Envelope) error {
+	if !w.inPass(e) || w.dsn.ineligible(e) != "" {
 		return nil
 	}
-	return w.notice(ctx, e, noticeInput{action: dsn.Relayed, kind: queue.NotifySuccess, key: noticeKey(e, "relayed"), rcpts: rcpts, body: o.body})
+	return w.recordPass(ctx, e, passNote{}, nil)
 }
 
 // rcptReport is one recipient's block from a classified reply.
@@ -439,11 +618,31 @@ func messageDSN(e *queue.Envelope) *sender.DSNParams {
 	return d
 }
 
-// senderRate limits notices per address: a token bucket per lower-cased
-// address holding an hour's allowance, refilled continuously. Per process:
-// a storm is slowed on every worker, and a fleet of N sends at most N
-// times the rate. Bounded: past maxTracked addresses the map starts
-// again from empty (everyone gets a fresh allowance, never fewer).
+// allowNotice takes one from the allowance of notices to addr
+// (DSNConfig.SenderRate per hour), shared by every process on the queue's
+// JetStream (queue.TakeAllowance), so a fleet sends at most the rate, not
+// the rate times its size. When the shared allowance cannot be read this
+// process's own bucket decides: a storm is still slowed, and a notice
+// owed is not lost to a NATS hiccup.
+func (w *deliverer) allowNotice(ctx context.Context, addr string) bool {
+	s := w.dsn
+	if s.cfg.SenderRate < 0 {
+		return true
+	}
+	addr = strings.ToLower(addr)
+	now := w.now()
+	ok, err := w.cfg.Queue.TakeAllowance(ctx, "dsn:"+addr, s.cfg.SenderRate, now)
+	if err != nil {
+		w.log.Warn().Err(err).Msg("shared notification allowance unreadable; this process's own limit applies")
+		return s.rate.allow(addr, now)
+	}
+	return ok
+}
+
+// senderRate is allowNotice's fallback: a token bucket per lower-cased
+// address holding an hour's allowance, refilled continuously, in this
+// process only. Bounded: past maxTracked addresses the map starts again
+// from empty (everyone gets a fresh allowance, never fewer).
 type senderRate struct {
 	perHour float64
 	mu      sync.Mutex

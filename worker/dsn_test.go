@@ -12,7 +12,6 @@ import (
 	"github.com/emersion/go-smtp"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/fakemx"
@@ -138,11 +137,7 @@ func TestDSNSkipped(t *testing.T) {
 func TestDSNOnceAcrossRetries(t *testing.T) {
 	e := newEnv(t, nil)
 	m := NewDSNMetrics(prometheus.NewRegistry())
-	p, err := New(Config{WorkerID: "w", Queue: e.q, Sender: e.snd, Logger: zerolog.Nop(), DSN: dsnConfig(m)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &deliverer{Pool: p, id: "w/0"}
+	d := noticeDeliverer(t, e.q, e.snd, dsnConfig(m))
 	env := &queue.Envelope{ID: "abc", MsgID: "abc", Tenant: "t1", From: "app@src.test", Rcpts: []string{"gone@dest.test"},
 		Dest: "dest.test", Body: []byte("Subject: hi\r\n\r\nx\r\n"), Source: queue.SourceSMTP, Step: 3, SubmittedAt: time.Now()}
 	o := &outcome{bounced: []rcptResult{{"gone@dest.test", classify.Result{Class: classify.Permanent, Code: 550, Enhanced: "5.1.1", Text: "no"}}},

@@ -54,7 +54,7 @@ func (d *duration) UnmarshalText(b []byte) error {
 func bindDSNFlags(fs *pflag.FlagSet, c *dsnConfig) {
 	fs.BoolVar(&c.DSN, "dsn", true, "send delivery status notifications (RFC 3464) to envelope senders; per tenant: [tenants.NAME] dsn")
 	fs.DurationVar(&c.DSNDelayWarning, "dsn-delay-warning", worker.DefaultDelayWarning, "time in the queue after which still deferred recipients get one delay warning (0 = never)")
-	fs.Float64Var(&c.DSNSenderRate, "dsn-sender-rate", worker.DefaultDSNSenderRate, "most notifications per hour to one address, per process (0 = no limit)")
+	fs.Float64Var(&c.DSNSenderRate, "dsn-sender-rate", worker.DefaultDSNSenderRate, "most notifications per hour to one address, across the fleet (0 = no limit)")
 }
 
 // workerDSN turns the settings into the worker's, nil when notifications

@@ -1,0 +1,186 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/queue"
+)
+
+// submitParts submits one SMTP message and returns every part's id.
+func (e *env) submitParts(rcpts ...string) []string {
+	e.t.Helper()
+	ids, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: rcpts, Source: queue.SourceSMTP,
+		Body: []byte("Subject: hi\r\nFrom: app@src.test\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ids
+}
+
+// noticeDeliverer is a deliverer of a pool that is not running, for
+// tests that generate notices directly.
+func noticeDeliverer(t *testing.T, q *queue.Queue, snd Sender, cfg *DSNConfig) *deliverer {
+	t.Helper()
+	p, err := New(Config{WorkerID: "w", Queue: q, Sender: snd, Logger: zerolog.Nop(), DSN: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &deliverer{Pool: p, id: "w/0"}
+}
+
+// finalRcpts returns the Final-Recipient addresses a report lists.
+func finalRcpts(report []byte) []string {
+	var out []string
+	for _, l := range strings.Split(string(report), "\r\n") {
+		if a, ok := strings.CutPrefix(l, "Final-Recipient: rfc822; "); ok {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// TestMultiPartFailuresShareOneDSN: a message to two domains whose
+// recipients both get 550 is two envelopes, and one report listing both.
+func TestMultiPartFailuresShareOneDSN(t *testing.T) {
+	e := newEnv(t, bounceGone)
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	e.startPool(func(c *Config) { c.DSN = dsnConfig(m) })
+	ids := e.submitParts("gone@dest.test", "gone@other.test")
+	if len(ids) != 2 {
+		t.Fatalf("want two parts, got %v", ids)
+	}
+	for _, id := range ids {
+		e.waitEvent(id, queue.EventBounced)
+	}
+	waitUntil(t, "the report at the MX", func() bool { return len(reports(e.mx)) == 1 })
+	waitUntil(t, "the queue empty", func() bool {
+		items, err := e.q.List(context.Background(), queue.Filter{State: queue.StateQueued})
+		return err == nil && len(items) == 0
+	})
+	if got := finalRcpts(reports(e.mx)[0].Data); strings.Join(got, ",") != "gone@dest.test,gone@other.test" {
+		t.Fatalf("report lists %v", got)
+	}
+	if n := counterValue(m.Sent.WithLabelValues("failed")); n != 1 || len(reports(e.mx)) != 1 {
+		t.Fatalf("%v failed notices queued, %d reports at the MX; want one", n, len(reports(e.mx)))
+	}
+}
+
+// TestDeferredPartDoesNotHoldTheReport: one part bounces, the other is
+// deferred; the bounce is reported at the other's first deferral, and the
+// deferred recipient's later failure is a report of its own.
+func TestDeferredPartDoesNotHoldTheReport(t *testing.T) {
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "later@") {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try later"}
+		}
+		return bounceGone(stage, arg)
+	})
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	e.startPool(func(c *Config) { c.DSN = dsnConfig(m) })
+	ids := e.submitParts("gone@dest.test", "later@other.test")
+	e.waitEvent(ids[1], queue.EventDead)
+	waitUntil(t, "two reports at the MX", func() bool { return len(reports(e.mx)) == 2 })
+	rs := reports(e.mx)
+	first, second := finalRcpts(rs[0].Data), finalRcpts(rs[1].Data)
+	if strings.Join(first, ",") != "gone@dest.test" || strings.Join(second, ",") != "later@other.test" {
+		t.Fatalf("reports list %v then %v", first, second)
+	}
+	if !bytes.Contains(rs[1].Data, []byte("Status: 5.4.7")) {
+		t.Fatalf("the dead part's report:\n%s", rs[1].Data)
+	}
+}
+
+// TestPassReportOnceAcrossCrash: the part completing a pass, run again
+// after a crash before its durable step, queues the one report again under
+// the same id: one report, listing both parts' recipients.
+func TestPassReportOnceAcrossCrash(t *testing.T) {
+	e := newEnv(t, nil)
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	d := noticeDeliverer(t, e.q, e.snd, dsnConfig(m))
+	part := func(n, rcpt string) (*queue.Envelope, *outcome) {
+		env := &queue.Envelope{ID: "m-" + n, MsgID: "m", Parts: 2, Tenant: "t1", From: "app@src.test", Rcpts: []string{rcpt},
+			Dest: queue.Domain(rcpt), Body: []byte("Subject: hi\r\n\r\nx\r\n"), Source: queue.SourceSMTP, SubmittedAt: time.Now()}
+		o := &outcome{bounced: []rcptResult{{rcpt, classify.Result{Class: classify.Permanent, Code: 550, Enhanced: "5.1.1", Text: "no"}}},
+			host: "mx." + env.Dest, body: env.Body}
+		return env, o
+	}
+	ctx := context.Background()
+	env1, o1 := part("1", "gone@dest.test")
+	if err := d.attemptNotices(ctx, env1, o1); err != nil {
+		t.Fatal(err)
+	}
+	if !env1.PassNoted || counterValue(m.Sent.WithLabelValues("failed")) != 0 {
+		t.Fatal("the first part must record its pass and send nothing")
+	}
+	for range 2 { // the second part, then the same part run again
+		env2, o2 := part("2", "gone@other.test")
+		if err := d.attemptNotices(ctx, env2, o2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	items, err := e.q.List(ctx, queue.Filter{State: queue.StateQueued})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) != 1 {
+		t.Fatalf("%d envelopes queued for one pass report", len(items))
+	}
+	e.startPool(nil)
+	waitUntil(t, "the report at the MX", func() bool { return len(reports(e.mx)) == 1 })
+	if got := finalRcpts(reports(e.mx)[0].Data); strings.Join(got, ",") != "gone@dest.test,gone@other.test" {
+		t.Fatalf("report lists %v", got)
+	}
+}
+
+// TestSenderRateAcrossFleet: two worker pools on two connections to one
+// JetStream share each address's allowance; together they queue at most
+// the rate.
+func TestSenderRateAcrossFleet(t *testing.T) {
+	e := newEnv(t, nil)
+	const rate, each = 3, 4
+	var ds []*deliverer
+	var ms []*DSNMetrics
+	for _, q := range []*queue.Queue{e.q, connect(t, e.emb, 2*time.Second)} {
+		m := NewDSNMetrics(prometheus.NewRegistry())
+		cfg := dsnConfig(m)
+		cfg.SenderRate = rate
+		ds, ms = append(ds, noticeDeliverer(t, q, e.snd, cfg)), append(ms, m)
+	}
+	ctx := context.Background()
+	for i := range each {
+		for j, d := range ds {
+			id := string(rune('a'+j)) + string(rune('0'+i))
+			env := &queue.Envelope{ID: id, MsgID: id, Tenant: "t1", From: "App@src.test", Rcpts: []string{"gone@dest.test"},
+				Dest: "dest.test", Body: []byte("Subject: hi\r\n\r\nx\r\n"), Source: queue.SourceSMTP, SubmittedAt: time.Now()}
+			o := &outcome{bounced: []rcptResult{{"gone@dest.test", classify.Result{Class: classify.Permanent, Code: 550, Text: "no"}}}, body: env.Body}
+			if err := d.bounceNotice(ctx, env, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sent, limited := 0.0, 0.0
+	for _, m := range ms {
+		sent += counterValue(m.Sent.WithLabelValues("failed"))
+		limited += counterValue(m.Skipped.WithLabelValues(skipRate))
+	}
+	if sent != rate || limited != 2*each-rate {
+		t.Fatalf("fleet queued %v notices and limited %v; want %d and %d", sent, limited, rate, 2*each-rate)
+	}
+	items, err := e.q.List(ctx, queue.Filter{State: queue.StateQueued})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) != rate {
+		t.Fatalf("%d notices in the queue; want %d", len(items), rate)
+	}
+}
