@@ -10,11 +10,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/emersion/go-smtp"
 
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/submission"
@@ -54,6 +58,10 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 		return p
 	}
 	rcpts, p := s.checkAddresses(req)
+	if p != nil {
+		return p
+	}
+	dsnp, p := checkDSN(req.DSN, rcpts)
 	if p != nil {
 		return p
 	}
@@ -104,7 +112,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	}
 	sub := &queue.Submission{
 		Tenant: key.Tenant, From: req.From, Rcpts: rcpts, Body: msg,
-		ReceivedAt: time.Now().UTC(), RemoteAddr: r.RemoteAddr, IdempotencyKey: idemKey, Source: queue.SourceAPI,
+		ReceivedAt: time.Now().UTC(), RemoteAddr: r.RemoteAddr, IdempotencyKey: idemKey, Source: queue.SourceAPI, DSN: dsnp,
 	}
 	// The store is not abandoned with the request: a client that hangs up
 	// does not cut an enqueue in half (its retry would find it done).
@@ -231,6 +239,65 @@ func (s *Server) checkAddresses(req *MessageRequest) ([]string, *Problem) {
 		return nil, p
 	}
 	return rcpts, nil
+}
+
+// checkDSN checks the request's DSN parameters with the SMTP listener's
+// rules (submission.MessageDSN, submission.RecipientDSN) and returns them
+// as stored, keyed by the recipients' spelling in rcpts.
+func checkDSN(d *DSNRequest, rcpts []string) (*queue.DSNParams, *Problem) {
+	if d == nil {
+		return nil, nil
+	}
+	bad := func(field, value string, err *smtp.SMTPError) *Problem {
+		p := problem(http.StatusBadRequest, ProblemBadDSN, "bad DSN parameter", field+": "+err.Message)
+		fe := FieldError{Field: field, Reason: err.Message}
+		if len(value) <= 254 && !strings.ContainsAny(value, "\r\n\x00") {
+			fe.Value = value
+		}
+		p.Errors = []FieldError{fe}
+		return p
+	}
+	out, err := submission.MessageDSN(d.Ret, d.EnvID)
+	if err != nil {
+		// Each of the listener's replies begins with the parameter's name.
+		field, value := "dsn.ret", d.Ret
+		if !strings.HasPrefix(err.Message, "RET") {
+			field, value = "dsn.envid", d.EnvID
+		}
+		return nil, bad(field, value, err)
+	}
+	byLower := make(map[string]string, len(rcpts))
+	for _, r := range rcpts {
+		byLower[strings.ToLower(r)] = r
+	}
+	for _, addr := range slices.Sorted(maps.Keys(d.Recipients)) {
+		rd := d.Recipients[addr]
+		field := "dsn.recipients[" + addr + "]"
+		rcpt, ok := byLower[strings.ToLower(addr)]
+		if !ok {
+			p := problem(http.StatusBadRequest, ProblemBadDSN, "bad DSN parameter", field+": not a recipient in \"to\"")
+			p.Errors = []FieldError{{Field: field, Reason: "not a recipient in \"to\""}}
+			return nil, p
+		}
+		var typ, orcpt string
+		if rd.ORcpt != "" {
+			if typ, orcpt, err = submission.ParseORcpt(rd.ORcpt); err != nil {
+				return nil, bad(field+".orcpt", rd.ORcpt, err)
+			}
+		}
+		rp, given, err := submission.RecipientDSN(rd.Notify, typ, orcpt)
+		if err != nil {
+			if strings.HasPrefix(err.Message, "NOTIFY") {
+				return nil, bad(field+".notify", strings.Join(rd.Notify, ","), err)
+			}
+			return nil, bad(field+".orcpt", rd.ORcpt, err)
+		}
+		if !given {
+			continue
+		}
+		out = submission.AddRcptDSN(out, rcpt, rp)
+	}
+	return out, nil
 }
 
 // message returns the bytes to queue: the raw message, or the built one,

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"io"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -308,6 +309,12 @@ func TestBadRequestsAreProblemsAndStoreNothing(t *testing.T) {
 		{"bad header name", "POST", "/v1/messages", f.key, ok(map[string]any{"headers": map[string]string{"X A": "1"}}), nil, 400, ProblemBadHeader, "headers.X A"},
 		{"structural header", "POST", "/v1/messages", f.key, ok(map[string]any{"headers": map[string]string{"content-type": "text/html"}}), nil, 400, ProblemBadHeader, "headers.content-type"},
 		{"bad base64", "POST", "/v1/messages", f.key, ok(map[string]any{"attachments": []map[string]any{{"filename": "a.txt", "content": "!!not base64!!"}}}), nil, 400, ProblemBadAttachment, "attachments[0].content"},
+		{"bad RET", "POST", "/v1/messages", f.key, ok(map[string]any{"dsn": map[string]any{"ret": "ALL"}}), nil, 400, ProblemBadDSN, "dsn.ret"},
+		{"long ENVID", "POST", "/v1/messages", f.key, ok(map[string]any{"dsn": map[string]any{"envid": strings.Repeat("e", 101)}}), nil, 400, ProblemBadDSN, "dsn.envid"},
+		{"NOTIFY=NEVER with another", "POST", "/v1/messages", f.key, ok(map[string]any{"dsn": map[string]any{"recipients": map[string]any{"b@one.example": map[string]any{"notify": []string{"NEVER", "FAILURE"}}}}}), nil, 400, ProblemBadDSN, "dsn.recipients[b@one.example].notify"},
+		{"unknown NOTIFY", "POST", "/v1/messages", f.key, ok(map[string]any{"dsn": map[string]any{"recipients": map[string]any{"b@one.example": map[string]any{"notify": []string{"ALWAYS"}}}}}), nil, 400, ProblemBadDSN, "dsn.recipients[b@one.example].notify"},
+		{"ORCPT without a type", "POST", "/v1/messages", f.key, ok(map[string]any{"dsn": map[string]any{"recipients": map[string]any{"b@one.example": map[string]any{"orcpt": "b@old.example"}}}}), nil, 400, ProblemBadDSN, "dsn.recipients[b@one.example].orcpt"},
+		{"DSN for another recipient", "POST", "/v1/messages", f.key, ok(map[string]any{"dsn": map[string]any{"recipients": map[string]any{"c@one.example": map[string]any{"notify": []string{"NEVER"}}}}}), nil, 400, ProblemBadDSN, "dsn.recipients[c@one.example]"},
 		{"raw and parts", "POST", "/v1/messages", f.key, ok(map[string]any{"raw": "Subject: x\r\n\r\nhi\r\n"}), nil, 400, ProblemBadMessage, ""},
 		{"raw without header", "POST", "/v1/messages", f.key, ok(map[string]any{"text": nil, "raw": "just text, no header"}), nil, 400, ProblemBadMessage, "raw"},
 		{"built too large", "POST", "/v1/messages", f.key, ok(map[string]any{"text": big}), nil, 413, ProblemTooLarge, ""},
@@ -356,5 +363,33 @@ func TestBadRequestsAreProblemsAndStoreNothing(t *testing.T) {
 	}
 	if n := f.fq.calls.Load(); n != 0 {
 		t.Fatalf("refused requests reached Enqueue %d times", n)
+	}
+}
+
+// TestDSNParametersStoredAsSMTPStoresThem: dsn's RET, ENVID, NOTIFY and
+// ORCPT reach each destination's envelope in the SMTP listener's form:
+// upper-cased keywords, the recipient's spelling in "to", rfc822 implied.
+func TestDSNParametersStoredAsSMTPStoresThem(t *testing.T) {
+	f := newFixture(t, nil)
+	ids := f.do(t, "POST", "/v1/messages", f.key, map[string]any{
+		"from": "a@src.example", "to": []string{"Ann@one.example", "bob@two.example"}, "text": "hi",
+		"dsn": map[string]any{"ret": "full", "envid": "order 42", "recipients": map[string]any{
+			"ann@one.example": map[string]any{"notify": []string{"success", "FAILURE"}, "orcpt": "rfc822;ann@old.example"},
+			"bob@two.example": map[string]any{"notify": []string{"NEVER"}, "orcpt": "x-local;bob"},
+		}},
+	}, nil).ids(t)
+	if len(ids) != 2 {
+		t.Fatalf("ids %v", ids)
+	}
+	want := map[string]*queue.DSNParams{
+		"one.example": {Ret: "FULL", EnvID: "order 42", Rcpts: map[string]queue.RcptDSN{
+			"Ann@one.example": {Notify: []string{"SUCCESS", "FAILURE"}, ORcpt: "ann@old.example"}}},
+		"two.example": {Ret: "FULL", EnvID: "order 42", Rcpts: map[string]queue.RcptDSN{
+			"bob@two.example": {Notify: []string{"NEVER"}, ORcpt: "bob", ORcptType: "x-local"}}},
+	}
+	for _, it := range queued(t, f.q) {
+		if got := it.Env.DSN; !reflect.DeepEqual(got, want[it.Env.Dest]) {
+			t.Errorf("%s: DSN %+v, want %+v", it.Env.Dest, got, want[it.Env.Dest])
+		}
 	}
 }

@@ -39,6 +39,28 @@ type MessageRequest struct {
 	HTML        string            `json:"html,omitempty"`
 	Headers     map[string]string `json:"headers,omitempty"`
 	Attachments []Attachment      `json:"attachments,omitempty"`
+	// DSN holds the RFC 3461 parameters SMTP carries on MAIL FROM and
+	// RCPT TO; nil gives none (see DSNRequest).
+	DSN *DSNRequest `json:"dsn,omitempty"`
+}
+
+// DSNRequest is a message's delivery status notification parameters, as
+// the SMTP listener takes them (RFC 3461) and with the same checks:
+// notifications themselves are per tenant ([tenants.NAME] dsn; off by
+// default for API tenants, which have webhooks), and these say what a
+// notification reports and whether the next hop is asked for one.
+type DSNRequest struct {
+	Ret   string `json:"ret,omitempty"`   // FULL or HDRS (default): what of the message a notification returns
+	EnvID string `json:"envid,omitempty"` // the client's id of the message, returned in notifications; printable ASCII, at most 100
+	// Recipients holds NOTIFY and ORCPT by recipient address; each key is
+	// one of "to" (compared case-insensitively).
+	Recipients map[string]RcptDSNRequest `json:"recipients,omitempty"`
+}
+
+// RcptDSNRequest is one recipient's NOTIFY and ORCPT.
+type RcptDSNRequest struct {
+	Notify []string `json:"notify,omitempty"` // ["NEVER"], or some of SUCCESS, FAILURE, DELAY; omitted: failures and delays
+	ORcpt  string   `json:"orcpt,omitempty"`  // addr-type;address, e.g. "rfc822;bob@example.org", not xtext-encoded
 }
 
 // structural header fields that outflow writes itself when it builds a

@@ -39,6 +39,7 @@ const (
 	ProblemBadHeader      = typePrefix + "bad-header"
 	ProblemBadAttachment  = typePrefix + "bad-attachment"
 	ProblemBadMessage     = typePrefix + "bad-message"
+	ProblemBadDSN         = typePrefix + "bad-dsn"
 	ProblemTooLarge       = typePrefix + "too-large"
 	ProblemMediaType      = typePrefix + "unsupported-media-type"
 	ProblemUnauthorized   = typePrefix + "unauthorized"

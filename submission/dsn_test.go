@@ -83,3 +83,49 @@ func TestDSNParameters(t *testing.T) {
 		t.Fatalf("second submission carries DSN parameters: %+v", subs[len(subs)-1].DSN)
 	}
 }
+
+// TestDSNChecks: the one check of DSN parameters, shared with the HTTP API
+// and `outflow submit`, stores what the listener stores and names each
+// fault.
+func TestDSNChecks(t *testing.T) {
+	d, err := MessageDSN("full", "e1")
+	if err != nil || d.Ret != "FULL" || d.EnvID != "e1" {
+		t.Fatalf("MessageDSN(full, e1) = %+v, %v", d, err)
+	}
+	if d, err := MessageDSN("", ""); d != nil || err != nil {
+		t.Fatalf("no parameters: %+v, %v", d, err)
+	}
+	for _, c := range []struct{ ret, envID string }{{"ALL", ""}, {"", strings.Repeat("x", 101)}, {"", "a\x01b"}} {
+		if _, err := MessageDSN(c.ret, c.envID); err == nil || err.Code != 501 {
+			t.Errorf("MessageDSN(%q, %q) accepted", c.ret, c.envID)
+		}
+	}
+	p, ok, err := RecipientDSN([]string{"success", "Delay"}, "RFC822", "Orig@example.org")
+	if err != nil || !ok || !reflect.DeepEqual(p, queue.RcptDSN{Notify: []string{"SUCCESS", "DELAY"}, ORcpt: "Orig@example.org"}) {
+		t.Fatalf("RecipientDSN = %+v %v %v", p, ok, err)
+	}
+	if _, ok, err := RecipientDSN(nil, "", ""); ok || err != nil {
+		t.Fatal("no parameters must give none")
+	}
+	for _, c := range []struct {
+		notify      []string
+		typ, orcpt  string
+		wantMessage string
+	}{
+		{[]string{"NEVER", "FAILURE"}, "", "", errNotifyNever.Message},
+		{[]string{"SOMETIMES"}, "", "", errNotifyValue.Message},
+		{[]string{"FAILURE", "failure"}, "", "", errNotifyTwice.Message},
+		{nil, "rfc 822", "a@b", errORcptForm.Message},
+		{nil, "rfc822", strings.Repeat("a", 501), errORcptTooLong.Message},
+	} {
+		if _, _, err := RecipientDSN(c.notify, c.typ, c.orcpt); err == nil || err.Message != c.wantMessage {
+			t.Errorf("RecipientDSN(%v, %q, %q) = %v, want %q", c.notify, c.typ, c.orcpt, err, c.wantMessage)
+		}
+	}
+	if typ, addr, err := ParseORcpt("rfc822;a@b"); err != nil || typ != "rfc822" || addr != "a@b" {
+		t.Fatalf("ParseORcpt = %q %q %v", typ, addr, err)
+	}
+	if _, _, err := ParseORcpt("a@b"); err == nil {
+		t.Fatal("ParseORcpt without a type accepted")
+	}
+}

@@ -276,7 +276,7 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	s.seen[key] = struct{}{}
 	s.rcpts = append(s.rcpts, to)
 	if hasDSN {
-		s.dsn = addRcptDSN(s.dsn, to, rd)
+		s.dsn = AddRcptDSN(s.dsn, to, rd)
 	}
 	return nil
 }

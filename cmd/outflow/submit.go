@@ -16,10 +16,10 @@ import (
 
 func init() {
 	a := &adminFlags{}
-	var from, tenant, key string
-	var to []string
+	var from, tenant, key, ret, envID string
+	var to, notify, orcpt []string
 	cmd := &cobra.Command{
-		Use:   "submit --from A --to B [--to C] [--idempotency-key K] < message.eml",
+		Use:   "submit --from A --to B [--to C] [--idempotency-key K] [--ret FULL|HDRS] [--envid ID] [--notify B=LIST] [--orcpt B=TYPE;ADDR] < message.eml",
 		Short: "submit a message through NATS (the second submission path) and print its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -36,6 +36,10 @@ func init() {
 					return usageError{fmt.Errorf("--to %q: %w", r, err)}
 				}
 			}
+			dsnp, err := submitDSN(ret, envID, notify, orcpt, to)
+			if err != nil {
+				return usageError{err}
+			}
 			body, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), 64<<20+1))
 			if err != nil {
 				return fmt.Errorf("read message: %w", err)
@@ -49,7 +53,7 @@ func init() {
 			body = toCRLF(body)
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
 				ids, err := q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: from, Rcpts: to, Body: body,
-					ReceivedAt: time.Now(), IdempotencyKey: key, Source: queue.SourceNATS})
+					ReceivedAt: time.Now(), IdempotencyKey: key, Source: queue.SourceNATS, DSN: dsnp})
 				if err != nil {
 					return err
 				}
@@ -66,7 +70,73 @@ func init() {
 	cmd.Flags().StringArrayVar(&to, "to", nil, "recipient (repeat for more)")
 	cmd.Flags().StringVar(&tenant, "tenant", "nats", "tenant the message is accounted to")
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "resubmitting with the same key within 24h creates no duplicate")
+	cmd.Flags().StringVar(&ret, "ret", "", "DSN RET: FULL or HDRS, what of the message a notification returns (RFC 3461)")
+	cmd.Flags().StringVar(&envID, "envid", "", "DSN ENVID: your id of the message, returned in notifications (RFC 3461)")
+	cmd.Flags().StringArrayVar(&notify, "notify", nil, "DSN NOTIFY of one recipient, RCPT=NEVER or RCPT=SUCCESS,FAILURE,DELAY (repeat per recipient)")
+	cmd.Flags().StringArrayVar(&orcpt, "orcpt", nil, "DSN ORCPT of one recipient, RCPT=TYPE;ADDRESS, e.g. b@x=rfc822;b@old.example (repeat per recipient)")
 	rootCmd.AddCommand(cmd)
+}
+
+// submitDSN checks the DSN flags with the SMTP listener's rules
+// (submission.MessageDSN, submission.RecipientDSN) and returns them as an
+// SMTP submission stores them. A --notify or --orcpt value starts with one
+// of the --to recipients and "=".
+func submitDSN(ret, envID string, notify, orcpt, to []string) (*queue.DSNParams, error) {
+	d, serr := submission.MessageDSN(ret, envID)
+	if serr != nil {
+		return nil, errors.New(serr.Message)
+	}
+	type given struct {
+		notify []string
+		orcpt  string
+	}
+	per := map[string]*given{}
+	split := func(flag, v string) (string, string, error) {
+		for _, r := range to {
+			if rest, ok := strings.CutPrefix(v, r+"="); ok {
+				if per[r] == nil {
+					per[r] = &given{}
+				}
+				return r, rest, nil
+			}
+		}
+		return "", "", fmt.Errorf("--%s %q: want RCPT=VALUE with RCPT one of --to", flag, v)
+	}
+	for _, v := range notify {
+		r, list, err := split("notify", v)
+		if err != nil {
+			return nil, err
+		}
+		per[r].notify = strings.Split(list, ",")
+	}
+	for _, v := range orcpt {
+		r, o, err := split("orcpt", v)
+		if err != nil {
+			return nil, err
+		}
+		per[r].orcpt = o
+	}
+	for _, r := range to {
+		g := per[r]
+		if g == nil {
+			continue
+		}
+		var typ, addr string
+		if g.orcpt != "" {
+			if typ, addr, serr = submission.ParseORcpt(g.orcpt); serr != nil {
+				return nil, fmt.Errorf("--orcpt for %s: %s", r, serr.Message)
+			}
+		}
+		p, ok, serr := submission.RecipientDSN(g.notify, typ, addr)
+		if serr != nil {
+			return nil, fmt.Errorf("--notify/--orcpt for %s: %s", r, serr.Message)
+		}
+		if !ok {
+			continue
+		}
+		d = submission.AddRcptDSN(d, r, p)
+	}
+	return d, nil
 }
 
 // toCRLF turns bare LF line ends into CRLF, the form SMTP sends and stores

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// TestSubmitDSN: --ret, --envid, --notify and --orcpt become the envelope's
+// DSN parameters in the SMTP listener's form, and a bad value is refused
+// with the listener's reason.
+func TestSubmitDSN(t *testing.T) {
+	to := []string{"ann@one.example", "b=x@two.example"}
+	d, err := submitDSN("hdrs", "order 42", []string{"ann@one.example=success,failure", "b=x@two.example=NEVER"},
+		[]string{"ann@one.example=rfc822;ann@old.example"}, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &queue.DSNParams{Ret: "HDRS", EnvID: "order 42", Rcpts: map[string]queue.RcptDSN{
+		"ann@one.example": {Notify: []string{"SUCCESS", "FAILURE"}, ORcpt: "ann@old.example"},
+		"b=x@two.example": {Notify: []string{"NEVER"}},
+	}}
+	if !reflect.DeepEqual(d, want) {
+		t.Fatalf("got %+v, want %+v", d, want)
+	}
+	if d, err := submitDSN("", "", nil, nil, to); d != nil || err != nil {
+		t.Fatalf("no flags: %+v, %v", d, err)
+	}
+	for _, c := range []struct {
+		ret, envID    string
+		notify, orcpt []string
+		wantInMessage string
+	}{
+		{"ALL", "", nil, nil, "RET must be FULL or HDRS"},
+		{"", strings.Repeat("e", 101), nil, nil, "ENVID longer than 100"},
+		{"", "", []string{"ann@one.example=NEVER,DELAY"}, nil, "NOTIFY=NEVER cannot be combined"},
+		{"", "", []string{"ann@one.example=SOMETIMES"}, nil, "NOTIFY must be NEVER"},
+		{"", "", []string{"carl@one.example=NEVER"}, nil, "RCPT one of --to"},
+		{"", "", nil, []string{"ann@one.example=ann@old.example"}, "ORCPT must be addr-type;address"},
+	} {
+		if _, err := submitDSN(c.ret, c.envID, c.notify, c.orcpt, to); err == nil || !strings.Contains(err.Error(), c.wantInMessage) {
+			t.Errorf("submitDSN(%q, %q, %v, %v) = %v, want %q", c.ret, c.envID, c.notify, c.orcpt, err, c.wantInMessage)
+		}
+	}
+}
