@@ -107,7 +107,8 @@ func notify(n ...smtp.DSNNotify) *smtp.RcptOptions { return &smtp.RcptOptions{No
 // report to the envelope sender at the MX, with a null reverse path, that
 // Python's email package reads as multipart/report; report-type=
 // delivery-status with the fields RFC 3464 asks for; the original's
-// history names the report's queue id, and outflow_dsn_total counts it.
+// history names the report's queue id, and outflow_dsn_total counts it. A
+// message to two domains that both refuse gets one report for both.
 func TestDSNFailureReport(t *testing.T) {
 	mx := fakemx.Start(t, fakemx.Options{Hook: func(stage fakemx.Stage, arg string) *smtp.SMTPError {
 		if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "gone@") {
@@ -174,6 +175,28 @@ func TestDSNFailureReport(t *testing.T) {
 	out, err := runCLI(t, "suppress", "list", "--tenant", testUser, "--data", d.Data)
 	if err != nil || !strings.Contains(out, "gone@dest.test") {
 		t.Errorf("suppress list: %v\n%s", err, out)
+	}
+
+	// One message to two domains, both refusing: two envelopes, delivered
+	// apart, and one report listing both recipients.
+	submitDSN(t, c, "multi@sender.test", nil, nil, []string{"gone@one.test", "gone@two.test"}, message("fail2", ""))
+	waitFor(t, 60*time.Second, "both parts bounced", func() bool {
+		return d.scrape(t)[`outflow_bounced_recipients_total`] == 3
+	})
+	waitFor(t, 60*time.Second, "the report for both at the MX", func() bool { return len(reportsTo(mx, "multi@sender.test")) == 1 })
+	if got := d.scrape(t)[`outflow_dsn_total{action="failed"}`]; got != 2 {
+		t.Errorf("outflow_dsn_total{action=failed} = %v, want one more for the two-domain message", got)
+	}
+	r = parseWithPython(t, reportsTo(mx, "multi@sender.test")[0].Data)
+	var finals []string
+	for _, g := range r.Groups[1:] {
+		if g["Action"] != "failed" || g["Status"] != "5.1.1" {
+			t.Errorf("recipient group %v", g)
+		}
+		finals = append(finals, g["Final-Recipient"])
+	}
+	if r.Type != "multipart/report" || strings.Join(finals, ",") != "rfc822; gone@one.test,rfc822; gone@two.test" {
+		t.Fatalf("the two-domain report is %q listing %v", r.Type, finals)
 	}
 }
 
