@@ -73,6 +73,38 @@ func (a *adminFlags) run(cmd *cobra.Command, fn func(ctx context.Context, q *que
 	return fn(ctx, q)
 }
 
+// runWith is a.run with something opened from the queue first (a KV
+// bucket, a store), handed to fn beside the queue.
+func runWith[T any](a *adminFlags, cmd *cobra.Command, open func(context.Context, *queue.Queue) (T, error),
+	fn func(ctx context.Context, q *queue.Queue, v T) error) error {
+	return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+		v, err := open(ctx, q)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, q, v)
+	})
+}
+
+// printList prints rows as one JSON object a line with --json, else as a
+// table: header, then line's tab-separated columns for each row.
+func printList[T any](out io.Writer, asJSON bool, rows []T, header string, line func(T) string) error {
+	if asJSON {
+		for _, r := range rows {
+			if err := printJSON(out, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, line(r))
+	}
+	return tw.Flush()
+}
+
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
@@ -105,22 +137,14 @@ func init() {
 					}
 					return nil
 				}
-				if a.json {
-					for _, it := range items {
-						if err := printJSON(out, listRow(it)); err != nil {
-							return err
-						}
-					}
-					return nil
+				rows := make([]row, len(items))
+				for i, it := range items {
+					rows[i] = listRow(it)
 				}
-				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tSTATE\tTENANT\tDEST\tRCPTS\tATTEMPT\tLAST CLASS\tNEXT ATTEMPT\tLAST REPLY")
-				for _, it := range items {
-					r := listRow(it)
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.ID, r.State, r.Tenant, r.Dest, r.Rcpts, r.Attempt,
+				return printList(out, a.json, rows, "ID\tSTATE\tTENANT\tDEST\tRCPTS\tATTEMPT\tLAST CLASS\tNEXT ATTEMPT\tLAST REPLY", func(r row) string {
+					return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s", r.ID, r.State, r.Tenant, r.Dest, r.Rcpts, r.Attempt,
 						dash(r.LastClass), dash(r.Next), dash(short(r.LastReply, 60)))
-				}
-				return tw.Flush()
+				})
 			})
 		},
 	}
@@ -169,37 +193,7 @@ func init() {
 				if err != nil {
 					return err
 				}
-				out := cmd.OutOrStdout()
-				if a.json {
-					for _, ev := range evs {
-						if err := printJSON(out, ev); err != nil {
-							return err
-						}
-					}
-					return nil
-				}
-				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "TIME\tEVENT\tATTEMPT\tWORKER\tCLASS\tRULE\tDELAY\tSEED\tOFFSET\tREPLY")
-				for _, ev := range evs {
-					var d backoff.Record
-					_ = json.Unmarshal(ev.Decision, &d)
-					reply := ev.Reason
-					if d.Code != 0 {
-						reply = strings.TrimSpace(fmt.Sprintf("%d %s %s", d.Code, d.EnhancedCode, d.Reply))
-					}
-					delay := "-"
-					if d.DelayMs > 0 {
-						delay = (time.Duration(d.DelayMs) * time.Millisecond).String()
-					}
-					seed, offset := "", "-" // final outcomes draw no delay
-					if d.JitterSeed != 0 {
-						seed = strconv.FormatUint(d.JitterSeed, 10)
-						offset = (time.Duration(d.OffsetMs) * time.Millisecond).String()
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ev.Time.Format(time.RFC3339Nano), ev.Type, ev.Attempt,
-						dash(ev.Worker), dash(d.Class), dash(d.Rule), delay, dash(seed), offset, dash(short(reply, 70)))
-				}
-				return tw.Flush()
+				return printList(cmd.OutOrStdout(), a.json, evs, "TIME\tEVENT\tATTEMPT\tWORKER\tCLASS\tRULE\tDELAY\tSEED\tOFFSET\tREPLY", historyLine)
 			})
 		},
 	}
@@ -268,6 +262,28 @@ func init() {
 	}
 	qc.AddCommand(list, inspect, history, ff, replay, drop)
 	rootCmd.AddCommand(qc)
+}
+
+// historyLine is one event of `queue history` as table columns: its
+// decision record's class, rule, delay and draw beside the event.
+func historyLine(ev queue.Event) string {
+	var d backoff.Record
+	_ = json.Unmarshal(ev.Decision, &d)
+	reply := ev.Reason
+	if d.Code != 0 {
+		reply = strings.TrimSpace(fmt.Sprintf("%d %s %s", d.Code, d.EnhancedCode, d.Reply))
+	}
+	delay := "-"
+	if d.DelayMs > 0 {
+		delay = (time.Duration(d.DelayMs) * time.Millisecond).String()
+	}
+	seed, offset := "", "-" // final outcomes draw no delay
+	if d.JitterSeed != 0 {
+		seed = strconv.FormatUint(d.JitterSeed, 10)
+		offset = (time.Duration(d.OffsetMs) * time.Millisecond).String()
+	}
+	return fmt.Sprintf("%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s", ev.Time.Format(time.RFC3339Nano), ev.Type, ev.Attempt,
+		dash(ev.Worker), dash(d.Class), dash(d.Rule), delay, dash(seed), offset, dash(short(reply, 70)))
 }
 
 type row struct {

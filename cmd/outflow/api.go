@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"text/tabwriter"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -115,10 +114,23 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Em
 	}, nil
 }
 
+// keyRow is one key as `apikey list` shows it: never the key itself.
+type keyRow struct {
+	ID      string    `json:"id"`
+	Tenant  string    `json:"tenant"`
+	Admin   bool      `json:"admin"`
+	Created time.Time `json:"created"`
+}
+
 func init() {
 	a := &adminFlags{}
 	kc := &cobra.Command{Use: "apikey", Short: "create, list and revoke HTTP API keys"}
 	a.bind(kc)
+
+	withKeys := func(cmd *cobra.Command, f func(ctx context.Context, keys *api.Keys) error) error {
+		return runWith(a, cmd, func(ctx context.Context, q *queue.Queue) (*api.Keys, error) { return api.OpenKeys(ctx, q) },
+			func(ctx context.Context, _ *queue.Queue, keys *api.Keys) error { return f(ctx, keys) })
+	}
 
 	var tenant string
 	var admin bool
@@ -130,11 +142,7 @@ func init() {
 			if tenant == "" {
 				return usageError{errors.New("--tenant is required")}
 			}
-			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				keys, err := api.OpenKeys(ctx, q)
-				if err != nil {
-					return err
-				}
+			return withKeys(cmd, func(ctx context.Context, keys *api.Keys) error {
 				key, info, err := keys.Create(ctx, tenant, admin)
 				if err != nil {
 					return usageError{err}
@@ -159,35 +167,18 @@ func init() {
 		Short: "list keys: id, tenant, admin, created (never the key itself)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				keys, err := api.OpenKeys(ctx, q)
-				if err != nil {
-					return err
-				}
+			return withKeys(cmd, func(ctx context.Context, keys *api.Keys) error {
 				infos, err := keys.List(ctx)
 				if err != nil {
 					return err
 				}
-				out := cmd.OutOrStdout()
-				if a.json {
-					for _, k := range infos {
-						if err := printJSON(out, struct {
-							ID      string    `json:"id"`
-							Tenant  string    `json:"tenant"`
-							Admin   bool      `json:"admin"`
-							Created time.Time `json:"created"`
-						}{k.ID, k.Tenant, k.Admin, k.Created}); err != nil {
-							return err
-						}
-					}
-					return nil
+				rows := make([]keyRow, len(infos))
+				for i, k := range infos {
+					rows[i] = keyRow{k.ID, k.Tenant, k.Admin, k.Created}
 				}
-				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tTENANT\tADMIN\tCREATED")
-				for _, k := range infos {
-					fmt.Fprintf(tw, "%s\t%s\t%t\t%s\n", k.ID, k.Tenant, k.Admin, k.Created.Format(time.RFC3339))
-				}
-				return tw.Flush()
+				return printList(cmd.OutOrStdout(), a.json, rows, "ID\tTENANT\tADMIN\tCREATED", func(k keyRow) string {
+					return fmt.Sprintf("%s\t%s\t%t\t%s", k.ID, k.Tenant, k.Admin, k.Created.Format(time.RFC3339))
+				})
 			})
 		},
 	}
@@ -196,11 +187,7 @@ func init() {
 		Short: "revoke a key by the id `apikey list` shows; it is refused from the next request on",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				keys, err := api.OpenKeys(ctx, q)
-				if err != nil {
-					return err
-				}
+			return withKeys(cmd, func(ctx context.Context, keys *api.Keys) error {
 				info, err := keys.Revoke(ctx, args[0])
 				if err != nil {
 					return err

@@ -41,19 +41,8 @@ func init() {
 				if err != nil {
 					return err
 				}
-				out := cmd.OutOrStdout()
-				if a.json {
-					for _, s := range states {
-						if err := printJSON(out, s); err != nil {
-							return err
-						}
-					}
-					return nil
-				}
 				now := time.Now()
-				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "DEST\tSUSPENDED UNTIL\tRATE FACTOR\tRATE OVERRIDE\tLEARNED\tBREAKER\tREASON\tUPDATED BY")
-				for _, s := range states {
+				return printList(cmd.OutOrStdout(), a.json, states, "DEST\tSUSPENDED UNTIL\tRATE FACTOR\tRATE OVERRIDE\tLEARNED\tBREAKER\tREASON\tUPDATED BY", func(s throttle.DestState) string {
 					susp := "-"
 					if s.Suspended(now) {
 						susp = s.SuspendedUntil.UTC().Format(time.RFC3339)
@@ -62,9 +51,8 @@ func init() {
 					if s.RateOverride > 0 {
 						over = fmt.Sprintf("%g/s", s.RateOverride)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\n", s.Dest, susp, s.RateFactor(), over, learnedShort(s), s.BreakerAt(now), dash(s.Reason), dash(s.UpdatedBy))
-				}
-				return tw.Flush()
+					return fmt.Sprintf("%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s", s.Dest, susp, s.RateFactor(), over, learnedShort(s), s.BreakerAt(now), dash(s.Reason), dash(s.UpdatedBy))
+				})
 			})
 		},
 	}
@@ -237,13 +225,9 @@ func gatherStatus(q *queue.Queue, dest string, wait time.Duration) ([]throttle.W
 
 // runState is a.run with the shared destination state bucket opened.
 func (a *adminFlags) runState(cmd *cobra.Command, fn func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error) error {
-	return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-		kv, err := throttle.OpenState(ctx, q)
-		if err != nil {
-			return err
-		}
-		return fn(ctx, q, kv)
-	})
+	return runWith(a, cmd, func(ctx context.Context, q *queue.Queue) (jetstream.KeyValue, error) {
+		return throttle.OpenState(ctx, q)
+	}, fn)
 }
 
 // learnedShort is a state's learned limits in a few words ("12.5/s, 4 conns").

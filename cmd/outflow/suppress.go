@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -22,13 +21,8 @@ func init() {
 	var tenant, reason string
 	var forDur time.Duration
 	withList := func(cmd *cobra.Command, f func(ctx context.Context, l *queue.Suppressions) error) error {
-		return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-			l, err := q.Suppressions(ctx)
-			if err != nil {
-				return err
-			}
-			return f(ctx, l)
-		})
+		return runWith(a, cmd, func(ctx context.Context, q *queue.Queue) (*queue.Suppressions, error) { return q.Suppressions(ctx) },
+			func(ctx context.Context, _ *queue.Queue, l *queue.Suppressions) error { return f(ctx, l) })
 	}
 	needTenant := func() error {
 		if tenant == "" {
@@ -47,25 +41,13 @@ func init() {
 				if err != nil {
 					return err
 				}
-				out := cmd.OutOrStdout()
-				if a.json {
-					for _, s := range all {
-						if err := printJSON(out, s); err != nil {
-							return err
-						}
-					}
-					return nil
-				}
-				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "TENANT\tADDRESS\tSOURCE\tCREATED\tEXPIRES\tREASON")
-				for _, s := range all {
+				return printList(cmd.OutOrStdout(), a.json, all, "TENANT\tADDRESS\tSOURCE\tCREATED\tEXPIRES\tREASON", func(s queue.Suppression) string {
 					exp := "never"
 					if !s.Expires.IsZero() {
 						exp = s.Expires.Format(time.RFC3339)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Tenant, s.Address, s.Source, s.Created.Format(time.RFC3339), exp, s.Reason)
-				}
-				return tw.Flush()
+					return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", s.Tenant, s.Address, s.Source, s.Created.Format(time.RFC3339), exp, s.Reason)
+				})
 			})
 		},
 	}

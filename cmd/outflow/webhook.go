@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -66,19 +65,21 @@ func startWebhooks(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 	return func() { stop(); <-done }, nil
 }
 
+// endpointRow is one endpoint as `webhook list` shows it: never its secret.
+type endpointRow struct {
+	webhook.Endpoint
+	State   string               `json:"state"`
+	Breaker webhook.BreakerState `json:"breaker"`
+	Dead    int                  `json:"dead"`
+}
+
 // outflow webhook add|list|remove|test|replay.
 func init() {
 	a := &adminFlags{}
 	wc := &cobra.Command{Use: "webhook", Short: "add, list, remove, test and replay event webhooks"}
 	a.bind(wc)
 	withStore := func(cmd *cobra.Command, f func(ctx context.Context, q *queue.Queue, s *webhook.Store) error) error {
-		return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-			s, err := webhook.Open(ctx, q)
-			if err != nil {
-				return err
-			}
-			return f(ctx, q, s)
-		})
+		return runWith(a, cmd, func(ctx context.Context, q *queue.Queue) (*webhook.Store, error) { return webhook.Open(ctx, q) }, f)
 	}
 
 	var tenant, rawURL, events string
@@ -126,40 +127,24 @@ func init() {
 				if err != nil {
 					return err
 				}
-				out := cmd.OutOrStdout()
-				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-				if !a.json {
-					fmt.Fprintln(tw, "ID\tTENANT\tURL\tEVENTS\tSTATE\tBREAKER\tDEAD")
-				}
-				for _, ep := range eps {
+				rows := make([]endpointRow, len(eps))
+				for i, ep := range eps {
 					dead, _ := s.Dead(ctx, ep.ID)
 					br, _ := s.Breaker(ctx, ep.ID)
 					state := "enabled"
 					if ep.Disabled {
 						state = "disabled: " + ep.DisabledReason
 					}
+					ep.Secret = ""
+					rows[i] = endpointRow{ep, state, br, len(dead)}
+				}
+				return printList(cmd.OutOrStdout(), a.json, rows, "ID\tTENANT\tURL\tEVENTS\tSTATE\tBREAKER\tDEAD", func(r endpointRow) string {
 					breaker := "closed"
-					if br.Open {
-						breaker = "open since " + br.Since.Format(time.RFC3339)
+					if r.Breaker.Open {
+						breaker = "open since " + r.Breaker.Since.Format(time.RFC3339)
 					}
-					if a.json {
-						ep.Secret = ""
-						if err := printJSON(out, struct {
-							webhook.Endpoint
-							State   string               `json:"state"`
-							Breaker webhook.BreakerState `json:"breaker"`
-							Dead    int                  `json:"dead"`
-						}{ep, state, br, len(dead)}); err != nil {
-							return err
-						}
-						continue
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", ep.ID, ep.Tenant, ep.URL, strings.Join(ep.Events, ","), state, breaker, len(dead))
-				}
-				if a.json {
-					return nil
-				}
-				return tw.Flush()
+					return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%d", r.ID, r.Tenant, r.URL, strings.Join(r.Events, ","), r.State, breaker, r.Dead)
+				})
 			})
 		},
 	}
