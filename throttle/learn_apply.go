@@ -230,6 +230,34 @@ func (t *Throttle) horizon(d *dest, now time.Time) time.Duration {
 	return 0
 }
 
+// learnedLimit is one of a destination's learned limits (the rate or the
+// connection limit) as the cuts and steps that change it name it.
+type learnedLimit struct {
+	name string                              // "learned-rate": the change's name in logs and metrics
+	flag uint8                               // its pending bit
+	show func(DestState) (value, why string) // the limit as logged, and why it last changed
+}
+
+var (
+	learnedRate = learnedLimit{"learned-rate", pendLearn, func(s DestState) (string, string) {
+		return fmtLearned(s.LearnedRate), s.LearnedReason
+	}}
+	learnedConns = learnedLimit{"learned-conns", pendLearnConn, func(s DestState) (string, string) {
+		return strconv.Itoa(s.LearnedConns), s.LearnedConnsReason
+	}}
+)
+
+// changeLearned queues fn, a "cut" or a "step" of l, for the shared state
+// and reports the change once it is written. d.mu held.
+func (t *Throttle) changeLearned(d *dest, l learnedLimit, kind string, fn func(*DestState, time.Time) bool) {
+	d.pending |= l.flag
+	t.enqueue(op{d: d, change: l.name + "-" + kind, flag: l.flag, fn: fn, after: func(b, a DestState) {
+		before, _ := l.show(b)
+		after, why := l.show(a)
+		t.learnedChanged(d, l.name, before, after, why, a)
+	}})
+}
+
 // cutLearnedRate seeds or cuts d's learned rate after a throttled reply,
 // first locally, then in the shared state (where the hold makes it one
 // cut fleet-wide). d.mu held.
@@ -242,10 +270,7 @@ func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result) {
 	if !fn(&d.state, now) {
 		return // within the hold of a cut this worker has seen
 	}
-	d.pending |= pendLearn
-	t.enqueue(op{d: d, change: "learned-rate-cut", flag: pendLearn, fn: fn, after: func(b, a DestState) {
-		t.learnedChanged(d, "learned-rate", fmtLearned(b.LearnedRate), fmtLearned(a.LearnedRate), a.LearnedReason, a)
-	}})
+	t.changeLearned(d, learnedRate, "cut", fn)
 }
 
 // cutLearnedConns seeds or cuts d's learned connection limit after a "too
@@ -259,10 +284,7 @@ func (t *Throttle) cutLearnedConns(d *dest, now time.Time, why classify.Result) 
 	if !fn(&d.state, now) {
 		return
 	}
-	d.pending |= pendLearnConn
-	t.enqueue(op{d: d, change: "learned-conns-cut", flag: pendLearnConn, fn: fn, after: func(b, a DestState) {
-		t.learnedChanged(d, "learned-conns", strconv.Itoa(b.LearnedConns), strconv.Itoa(a.LearnedConns), a.LearnedConnsReason, a)
-	}})
+	t.changeLearned(d, learnedConns, "cut", fn)
 }
 
 // raiseLearned probes d's learned limits upward after a delivered attempt:
@@ -283,22 +305,12 @@ func (t *Throttle) raiseLearned(d *dest, now time.Time) {
 	if s.LearnedRate > 0 && d.pending&pendLearn == 0 && !now.Before(s.LearnedHold) && !now.Before(s.LearnedNext) &&
 		now.Sub(d.lastThr) >= lc.every && binding() {
 		ceiling := d.limits.Rate
-		d.pending |= pendLearn
-		t.enqueue(op{d: d, change: "learned-rate-step", flag: pendLearn,
-			fn: func(s *DestState, now time.Time) bool { return lc.raiseRate(s, now, ceiling) },
-			after: func(b, a DestState) {
-				t.learnedChanged(d, "learned-rate", fmtLearned(b.LearnedRate), fmtLearned(a.LearnedRate), a.LearnedReason, a)
-			}})
+		t.changeLearned(d, learnedRate, "step", func(s *DestState, now time.Time) bool { return lc.raiseRate(s, now, ceiling) })
 	}
 	if s.LearnedConns > 0 && d.pending&pendLearnConn == 0 && !now.Before(s.LearnedConnsHold) &&
 		now.Sub(d.lastConnThr) >= lc.every && now.Sub(d.lastConnLim) <= lc.every {
 		ceiling := d.limits.Conns
-		d.pending |= pendLearnConn
-		t.enqueue(op{d: d, change: "learned-conns-step", flag: pendLearnConn,
-			fn: func(s *DestState, now time.Time) bool { return lc.raiseConns(s, now, ceiling) },
-			after: func(b, a DestState) {
-				t.learnedChanged(d, "learned-conns", strconv.Itoa(b.LearnedConns), strconv.Itoa(a.LearnedConns), a.LearnedConnsReason, a)
-			}})
+		t.changeLearned(d, learnedConns, "step", func(s *DestState, now time.Time) bool { return lc.raiseConns(s, now, ceiling) })
 	}
 }
 

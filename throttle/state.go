@@ -332,15 +332,7 @@ func SetRate(ctx context.Context, kv jetstream.KeyValue, dest string, rate float
 	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
 		return fmt.Errorf("set rate %q: rate %v: want a number >= 0", dest, rate)
 	}
-	_, _, _, _, err := updateState(ctx, kv, dest, by, func(s *DestState, _ time.Time) bool {
-		if rate == 0 {
-			s.RateOverride, s.RateUntil = 0, time.Time{}
-		} else {
-			s.RateOverride, s.RateUntil = rate, until.UTC()
-		}
-		return true
-	})
-	return err
+	return setOverride(ctx, kv, dest, by, rate, until, func(s *DestState) (*float64, *time.Time) { return &s.RateOverride, &s.RateUntil })
 }
 
 // SetConns overrides dest's fleet connection limit until until (zero: until
@@ -349,11 +341,19 @@ func SetConns(ctx context.Context, kv jetstream.KeyValue, dest string, conns int
 	if conns < 0 {
 		return fmt.Errorf("set conns %q: %d: want >= 0", dest, conns)
 	}
+	return setOverride(ctx, kv, dest, by, conns, until, func(s *DestState) (*int, *time.Time) { return &s.ConnsOverride, &s.ConnsUntil })
+}
+
+// setOverride writes one of dest's overrides, v until until, or removes it
+// when v is 0; field picks the override and its end in the state.
+func setOverride[T int | float64](ctx context.Context, kv jetstream.KeyValue, dest, by string, v T, until time.Time,
+	field func(*DestState) (*T, *time.Time)) error {
 	_, _, _, _, err := updateState(ctx, kv, dest, by, func(s *DestState, _ time.Time) bool {
-		if conns == 0 {
-			s.ConnsOverride, s.ConnsUntil = 0, time.Time{}
+		val, end := field(s)
+		if v == 0 {
+			*val, *end = 0, time.Time{}
 		} else {
-			s.ConnsOverride, s.ConnsUntil = conns, until.UTC()
+			*val, *end = v, until.UTC()
 		}
 		return true
 	})

@@ -179,6 +179,13 @@ type Config struct {
 	stateIdleTTL time.Duration
 }
 
+// orDefault sets *v to d when it is not positive (unset).
+func orDefault[T int | float64 | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
+}
+
 // withDefaults validates c and fills the defaults.
 func (c Config) withDefaults() (Config, error) {
 	if c.State == nil {
@@ -195,12 +202,8 @@ func (c Config) withDefaults() (Config, error) {
 		ov[normalizeDest(d)] = l
 	}
 	c.Overrides = ov
-	if c.BreakerFailures <= 0 {
-		c.BreakerFailures = DefaultBreakerFailures
-	}
-	if c.BreakerCooldown <= 0 {
-		c.BreakerCooldown = DefaultBreakerCooldown
-	}
+	orDefault(&c.BreakerFailures, DefaultBreakerFailures)
+	orDefault(&c.BreakerCooldown, DefaultBreakerCooldown)
 	switch {
 	case c.MaxWait == 0:
 		c.MaxWait = DefaultMaxWait
@@ -213,39 +216,21 @@ func (c Config) withDefaults() (Config, error) {
 	if !(c.DecreaseFactor > 0 && c.DecreaseFactor < 1) {
 		return c, fmt.Errorf("throttle: decrease factor %v: want 0 < f < 1", c.DecreaseFactor)
 	}
-	if c.DecreaseFor <= 0 {
-		c.DecreaseFor = DefaultDecreaseFor
-	}
-	if c.IncreaseStep <= 0 {
-		c.IncreaseStep = DefaultIncreaseStep
-	}
-	if c.IncreaseEvery <= 0 {
-		c.IncreaseEvery = DefaultIncreaseEvery
-	}
+	orDefault(&c.DecreaseFor, DefaultDecreaseFor)
+	orDefault(&c.IncreaseStep, DefaultIncreaseStep)
+	orDefault(&c.IncreaseEvery, DefaultIncreaseEvery)
 	if c.MinFactor == 0 {
 		c.MinFactor = DefaultMinFactor
 	}
 	if !(c.MinFactor > 0 && c.MinFactor <= 1) {
 		return c, fmt.Errorf("throttle: min factor %v: want 0 < f <= 1", c.MinFactor)
 	}
-	if c.LearnWindow <= 0 {
-		c.LearnWindow = DefaultLearnWindow
-	}
-	if c.LearnHold <= 0 {
-		c.LearnHold = DefaultLearnHold
-	}
-	if c.LearnEvery <= 0 {
-		c.LearnEvery = DefaultLearnEvery
-	}
-	if c.LearnStep <= 0 {
-		c.LearnStep = DefaultLearnStep
-	}
-	if c.LearnForget <= 0 {
-		c.LearnForget = DefaultLearnForget
-	}
-	if c.LearnMin <= 0 {
-		c.LearnMin = DefaultLearnMin
-	}
+	orDefault(&c.LearnWindow, DefaultLearnWindow)
+	orDefault(&c.LearnHold, DefaultLearnHold)
+	orDefault(&c.LearnEvery, DefaultLearnEvery)
+	orDefault(&c.LearnStep, DefaultLearnStep)
+	orDefault(&c.LearnForget, DefaultLearnForget)
+	orDefault(&c.LearnMin, DefaultLearnMin)
 	for tenant, w := range c.TenantWeights {
 		if !(w > 0) || math.IsInf(w, 0) {
 			return c, fmt.Errorf("throttle: tenant %q: weight %v: want > 0", tenant, w)
@@ -254,12 +239,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	if c.Heartbeat <= 0 {
-		c.Heartbeat = DefaultHeartbeat
-	}
-	if c.stateIdleTTL <= 0 {
-		c.stateIdleTTL = stateIdleTTL
-	}
+	orDefault(&c.Heartbeat, DefaultHeartbeat)
+	orDefault(&c.stateIdleTTL, stateIdleTTL)
 	if c.WorkerID == "" {
 		c.WorkerID = DefaultWorkerID()
 	}
