@@ -21,18 +21,20 @@ func (c *Console) destList(w http.ResponseWriter, r *http.Request, s *session) {
 	c.render(w, r, s, http.StatusOK, "dests", "Destinations", map[string]any{"Dests": rows, "Errors": errs})
 }
 
-func destParam(r *http.Request) (string, error) {
+// destParam is the request's {dest}; when it is not a destination name it
+// answers 400 itself and returns false.
+func (c *Console) destParam(w http.ResponseWriter, r *http.Request, s *session) (string, bool) {
 	d := strings.ToLower(strings.TrimSpace(r.PathValue("dest")))
 	if d == "" || len(d) > maxDestName || strings.ContainsAny(d, " \t\r\n*>/") {
-		return "", fmt.Errorf("%q is not a destination", d)
+		c.fail(w, r, s, http.StatusBadRequest, fmt.Sprintf("%q is not a destination", d))
+		return "", false
 	}
-	return d, nil
+	return d, true
 }
 
 func (c *Console) destPage(w http.ResponseWriter, r *http.Request, s *session) {
-	dest, err := destParam(r)
-	if err != nil {
-		c.fail(w, r, s, http.StatusBadRequest, err.Error())
+	dest, ok := c.destParam(w, r, s)
+	if !ok {
 		return
 	}
 	ctx, cancel := c.ctx(r)
@@ -68,9 +70,8 @@ func (c *Console) destPage(w http.ResponseWriter, r *http.Request, s *session) {
 
 // destAction runs one of `outflow dest suspend|resume|rate|forget`.
 func (c *Console) destAction(w http.ResponseWriter, r *http.Request, s *session) {
-	dest, err := destParam(r)
-	if err != nil {
-		c.fail(w, r, s, http.StatusBadRequest, err.Error())
+	dest, ok := c.destParam(w, r, s)
+	if !ok {
 		return
 	}
 	ctx, cancel := c.ctx(r)
@@ -79,6 +80,7 @@ func (c *Console) destAction(w http.ResponseWriter, r *http.Request, s *session)
 	back := Prefix + "dests/" + url.PathEscape(dest)
 	f := r.PostForm
 	var msg string
+	var err error
 	switch r.PathValue("action") {
 	case "suspend":
 		d, perr := positiveDuration(f.Get("for"))

@@ -28,10 +28,19 @@ func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, s *session) {
 	c.render(w, r, s, http.StatusOK, "dead", "Dead letters", map[string]any{"Filter": f, "Items": rows(items), "Errors": errs})
 }
 
-// suppressionsPage is `outflow suppress list`, with add and remove.
-func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *session) {
+// haveSuppressions says whether this daemon keeps a suppression list, and
+// answers 404 itself when it does not.
+func (c *Console) haveSuppressions(w http.ResponseWriter, r *http.Request, s *session) bool {
 	if c.cfg.Suppressions == nil {
 		c.fail(w, r, s, http.StatusNotFound, "This daemon has no suppression list.")
+		return false
+	}
+	return true
+}
+
+// suppressionsPage is `outflow suppress list`, with add and remove.
+func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *session) {
+	if !c.haveSuppressions(w, r, s) {
 		return
 	}
 	ctx, cancel := c.ctx(r)
@@ -50,8 +59,7 @@ func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *se
 }
 
 func (c *Console) suppressionAction(w http.ResponseWriter, r *http.Request, s *session) {
-	if c.cfg.Suppressions == nil {
-		c.fail(w, r, s, http.StatusNotFound, "This daemon has no suppression list.")
+	if !c.haveSuppressions(w, r, s) {
 		return
 	}
 	ctx, cancel := c.ctx(r)
