@@ -64,27 +64,34 @@ func lookup[T ~uint8](names []string, s, what string) (T, error) {
 	return 0, fmt.Errorf("unknown %s %q", what, s)
 }
 
+// marshalName is v's name, an error for a value without one (out of
+// range, or the unset zero of Class and Scope).
+func marshalName[T ~uint8](names []string, v T, what string) ([]byte, error) {
+	if int(v) >= len(names) || names[v] == "" {
+		return nil, fmt.Errorf("classify: invalid %s %d", what, uint8(v))
+	}
+	return []byte(names[v]), nil
+}
+
+// unmarshalName sets *v to the value named b.
+func unmarshalName[T ~uint8](names []string, b []byte, what string, v *T) error {
+	x, err := lookup[T](names, string(b), what)
+	if err != nil {
+		return err
+	}
+	*v = x
+	return nil
+}
+
 // String returns the class name used in rules files and JSON ("throttled").
 func (c Class) String() string { return name(classNames[:], c) }
 
 // MarshalText encodes the class by its name, so JSON and logs show
 // "throttled" rather than 3.
-func (c Class) MarshalText() ([]byte, error) {
-	if c == 0 || int(c) >= len(classNames) {
-		return nil, fmt.Errorf("classify: invalid class %d", uint8(c))
-	}
-	return []byte(classNames[c]), nil
-}
+func (c Class) MarshalText() ([]byte, error) { return marshalName(classNames[:], c, "class") }
 
 // UnmarshalText decodes a class name as written by MarshalText.
-func (c *Class) UnmarshalText(b []byte) error {
-	v, err := ParseClass(string(b))
-	if err != nil {
-		return err
-	}
-	*c = v
-	return nil
-}
+func (c *Class) UnmarshalText(b []byte) error { return unmarshalName(classNames[:], b, "class", c) }
 
 // ParseClass returns the Class with the given name ("transient").
 func ParseClass(s string) (Class, error) { return lookup[Class](classNames[:], s, "class") }
@@ -93,22 +100,10 @@ func ParseClass(s string) (Class, error) { return lookup[Class](classNames[:], s
 func (s Scope) String() string { return name(scopeNames[:], s) }
 
 // MarshalText encodes the scope by its name.
-func (s Scope) MarshalText() ([]byte, error) {
-	if s == 0 || int(s) >= len(scopeNames) {
-		return nil, fmt.Errorf("classify: invalid scope %d", uint8(s))
-	}
-	return []byte(scopeNames[s]), nil
-}
+func (s Scope) MarshalText() ([]byte, error) { return marshalName(scopeNames[:], s, "scope") }
 
 // UnmarshalText decodes a scope name as written by MarshalText.
-func (s *Scope) UnmarshalText(b []byte) error {
-	v, err := ParseScope(string(b))
-	if err != nil {
-		return err
-	}
-	*s = v
-	return nil
-}
+func (s *Scope) UnmarshalText(b []byte) error { return unmarshalName(scopeNames[:], b, "scope", s) }
 
 // ParseScope returns the Scope with the given name ("recipient").
 func ParseScope(s string) (Scope, error) { return lookup[Scope](scopeNames[:], s, "scope") }
@@ -117,22 +112,10 @@ func ParseScope(s string) (Scope, error) { return lookup[Scope](scopeNames[:], s
 func (s Stage) String() string { return name(stageNames[:], s) }
 
 // MarshalText encodes the stage by its name.
-func (s Stage) MarshalText() ([]byte, error) {
-	if int(s) >= len(stageNames) {
-		return nil, fmt.Errorf("classify: invalid stage %d", uint8(s))
-	}
-	return []byte(stageNames[s]), nil
-}
+func (s Stage) MarshalText() ([]byte, error) { return marshalName(stageNames[:], s, "stage") }
 
 // UnmarshalText decodes a stage name as written by MarshalText.
-func (s *Stage) UnmarshalText(b []byte) error {
-	v, err := ParseStage(string(b))
-	if err != nil {
-		return err
-	}
-	*s = v
-	return nil
-}
+func (s *Stage) UnmarshalText(b []byte) error { return unmarshalName(stageNames[:], b, "stage", s) }
 
 // ParseStage returns the Stage with the given name ("rcpt", "data-end").
 func ParseStage(s string) (Stage, error) { return lookup[Stage](stageNames[:], s, "stage") }
@@ -141,22 +124,10 @@ func ParseStage(s string) (Stage, error) { return lookup[Stage](stageNames[:], s
 func (e Event) String() string { return name(eventNames[:], e) }
 
 // MarshalText encodes the event by its name.
-func (e Event) MarshalText() ([]byte, error) {
-	if int(e) >= len(eventNames) {
-		return nil, fmt.Errorf("classify: invalid event %d", uint8(e))
-	}
-	return []byte(eventNames[e]), nil
-}
+func (e Event) MarshalText() ([]byte, error) { return marshalName(eventNames[:], e, "event") }
 
 // UnmarshalText decodes an event name as written by MarshalText.
-func (e *Event) UnmarshalText(b []byte) error {
-	v, err := ParseEvent(string(b))
-	if err != nil {
-		return err
-	}
-	*e = v
-	return nil
-}
+func (e *Event) UnmarshalText(b []byte) error { return unmarshalName(eventNames[:], b, "event", e) }
 
 // ParseEvent returns the Event with the given name ("timeout").
 func ParseEvent(s string) (Event, error) { return lookup[Event](eventNames[:], s, "event") }
