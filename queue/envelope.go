@@ -345,32 +345,44 @@ func DecodeEnvelope(data []byte, h nats.Header) (*Envelope, error) {
 	if e.MsgID == "" {
 		e.MsgID = e.ID
 	}
-	var err error
-	if e.Attempt, err = intHeader(h, HdrAttempt); err != nil {
-		return nil, err
-	}
-	if e.ThrottleCount, err = intHeader(h, HdrThrottleCount); err != nil {
-		return nil, err
-	}
-	if e.Replays, err = intHeader(h, HdrReplays); err != nil {
-		return nil, err
-	}
-	if e.Step, err = intHeader(h, HdrStep); err != nil {
-		return nil, err
-	}
-	if e.FirstAttempt, err = timeHeader(h, HdrFirstAttempt); err != nil {
-		return nil, err
-	}
-	if e.Deadline, err = timeHeader(h, HdrDeadline); err != nil {
-		return nil, err
-	}
-	if e.NotBefore, err = timeHeader(h, HdrNotBefore); err != nil {
-		return nil, err
+	r := headerReader{h: h}
+	e.Attempt = r.int(HdrAttempt)
+	e.ThrottleCount = r.int(HdrThrottleCount)
+	e.Replays = r.int(HdrReplays)
+	e.Step = r.int(HdrStep)
+	e.FirstAttempt = r.time(HdrFirstAttempt)
+	e.Deadline = r.time(HdrDeadline)
+	e.NotBefore = r.time(HdrNotBefore)
+	if r.err != nil {
+		return nil, r.err
 	}
 	e.Probe = h.Get(HdrProbe) == "1"
 	e.LastClass = h.Get(HdrLastClass)
 	e.LastReply = h.Get(HdrLastReply)
 	return &e, nil
+}
+
+// headerReader reads typed headers in a row and keeps the first error,
+// for the decoder to check once.
+type headerReader struct {
+	h   nats.Header
+	err error
+}
+
+func (r *headerReader) int(k string) int {
+	n, err := intHeader(r.h, k)
+	if r.err == nil {
+		r.err = err
+	}
+	return n
+}
+
+func (r *headerReader) time(k string) time.Time {
+	t, err := timeHeader(r.h, k)
+	if r.err == nil {
+		r.err = err
+	}
+	return t
 }
 
 func intHeader(h nats.Header, k string) (int, error) {
