@@ -50,6 +50,11 @@ type metrics struct {
 	acceptedBytes prometheus.Counter
 }
 
+// counter is a counter without labels.
+func counter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+}
+
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		submissions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -60,26 +65,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "outflow_submission_rejections_total",
 			Help: "SMTP submission commands refused, by reason.",
 		}, []string{"reason"}),
-		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outflow_submission_auth_failures_total",
-			Help: "Failed SMTP AUTH attempts (wrong credentials or malformed exchanges).",
-		}),
-		authBlocked: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outflow_submission_auth_blocked_total",
-			Help: "SMTP AUTH attempts refused because the client address had too many recent failures.",
-		}),
+		authFailures: counter("outflow_submission_auth_failures_total",
+			"Failed SMTP AUTH attempts (wrong credentials or malformed exchanges)."),
+		authBlocked: counter("outflow_submission_auth_blocked_total",
+			"SMTP AUTH attempts refused because the client address had too many recent failures."),
 		connections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outflow_submission_connections",
 			Help: "Open SMTP submission client connections.",
 		}),
-		connRejected: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outflow_submission_connections_refused_total",
-			Help: "SMTP submission connections refused with 421 because MaxConnections were open.",
-		}),
-		acceptedBytes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outflow_submission_accepted_bytes_total",
-			Help: "Bytes of message bodies accepted (as sent by clients).",
-		}),
+		connRejected: counter("outflow_submission_connections_refused_total",
+			"SMTP submission connections refused with 421 because MaxConnections were open."),
+		acceptedBytes: counter("outflow_submission_accepted_bytes_total",
+			"Bytes of message bodies accepted (as sent by clients)."),
 	}
 	for _, r := range []string{resultAccepted, resultRejected, resultTempfail} {
 		m.submissions.WithLabelValues(r)

@@ -23,24 +23,19 @@ type throttleMetrics struct {
 	collectors  []prometheus.Collector // what this Throttle registered
 }
 
+// destGauge is a gauge with one series per destination.
+func destGauge(name, help string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"dest"})
+}
+
 func newThrottleMetrics(reg prometheus.Registerer) *throttleMetrics {
 	m := &throttleMetrics{
-		reg: reg,
-		suspended: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "outflow_dest_suspended", Help: "1 while the destination is suspended.",
-		}, []string{"dest"}),
-		factor: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "outflow_dest_rate_factor", Help: "Adaptive rate factor of the destination (1 = configured rate).",
-		}, []string{"dest"}),
-		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "outflow_dest_breaker_state", Help: "Circuit breaker of the destination: 0 closed, 1 half-open, 2 open.",
-		}, []string{"dest"}),
-		learned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "outflow_dest_learned_rate", Help: "Fleet rate (msgs/s) learned from throttled replies; 0 = unknown.",
-		}, []string{"dest"}),
-		learnedConn: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "outflow_dest_learned_conns", Help: "Fleet connection limit learned from too-many-connections replies; 0 = unknown.",
-		}, []string{"dest"}),
+		reg:         reg,
+		suspended:   destGauge("outflow_dest_suspended", "1 while the destination is suspended."),
+		factor:      destGauge("outflow_dest_rate_factor", "Adaptive rate factor of the destination (1 = configured rate)."),
+		breaker:     destGauge("outflow_dest_breaker_state", "Circuit breaker of the destination: 0 closed, 1 half-open, 2 open."),
+		learned:     destGauge("outflow_dest_learned_rate", "Fleet rate (msgs/s) learned from throttled replies; 0 = unknown."),
+		learnedConn: destGauge("outflow_dest_learned_conns", "Fleet connection limit learned from too-many-connections replies; 0 = unknown."),
 		live: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outflow_workers_live", Help: "Workers registered and alive, as this worker sees them.",
 		}),
