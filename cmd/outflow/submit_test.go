@@ -1,9 +1,14 @@
 package main
 
 import (
+	"context"
+	"io"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/queue"
 )
@@ -43,5 +48,42 @@ func TestSubmitDSN(t *testing.T) {
 		if _, err := submitDSN(c.ret, c.envID, c.notify, c.orcpt, to); err == nil || !strings.Contains(err.Error(), c.wantInMessage) {
 			t.Errorf("submitDSN(%q, %q, %v, %v) = %v, want %q", c.ret, c.envID, c.notify, c.orcpt, err, c.wantInMessage)
 		}
+	}
+}
+
+// TestSubmitStoresDSN: `outflow submit` against a running queue stores
+// its DSN flags on the envelope.
+func TestSubmitStoresDSN(t *testing.T) {
+	dir := t.TempDir()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, ListenAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	ci := emb.InProcessInfo()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q, err := queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+
+	rootCmd.SetArgs([]string{"submit", "--data", dir, "--from", "app@src.example", "--to", "ann@one.example",
+		"--ret", "full", "--envid", "e-1", "--notify", "ann@one.example=SUCCESS", "--orcpt", "ann@one.example=rfc822;ann@old.example"})
+	rootCmd.SetIn(strings.NewReader("Subject: hi\n\nhello\n"))
+	rootCmd.SetOut(io.Discard)
+	defer rootCmd.SetArgs(nil)
+	if err := rootCmd.ExecuteContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	items, err := q.List(ctx, queue.Filter{State: queue.StateQueued})
+	if err != nil || len(items) != 1 {
+		t.Fatalf("queued %d, %v", len(items), err)
+	}
+	want := &queue.DSNParams{Ret: "FULL", EnvID: "e-1", Rcpts: map[string]queue.RcptDSN{
+		"ann@one.example": {Notify: []string{"SUCCESS"}, ORcpt: "ann@old.example"}}}
+	if got := items[0].Env.DSN; !reflect.DeepEqual(got, want) {
+		t.Fatalf("stored DSN %+v, want %+v", got, want)
 	}
 }
