@@ -388,6 +388,14 @@ func TestLaneSweepSyncsUnaskedWrites(t *testing.T) {
 	waitLaneSynced(t, emb, StreamRetry)
 }
 
+// plainSyncer hides StoreSyncer's other methods, and with them what
+// Connect does only for the in-process syncer: the watch of firings.
+type plainSyncer struct{ s *StoreSyncer }
+
+func (p plainSyncer) Sync(ctx context.Context, streams ...string) error {
+	return p.s.Sync(ctx, streams...)
+}
+
 // waitDue waits until e's schedule has fired into the retry lane's due
 // subject.
 func waitDue(t *testing.T, q *Queue, e *Envelope) {
@@ -470,4 +478,83 @@ func syncedQueueWith(t *testing.T, cfg EmbeddedConfig) (*Queue, *Embedded) {
 	}
 	t.Cleanup(func() { q.Close() })
 	return q, emb
+}
+
+// BenchmarkFiringSyncs measures what syncing fired schedules costs:
+// b.N envelopes deferred on the retry lane to fire together or spread
+// evenly over 2 s, then the fsyncs the syncer makes while they fire and
+// until the lane is synced, per firing. Sub-benchmarks: the default
+// (republish watch and the 1 s sweep) and the sweep alone.
+//
+//	go test -run '^$' -bench FiringSyncs -benchtime 2000x ./queue
+func BenchmarkFiringSyncs(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		watch  bool
+		spread time.Duration
+	}{{"together/watch+sweep", true, 0}, {"together/sweep", false, 0},
+		{"spread2s/watch+sweep", true, 2 * time.Second}, {"spread2s/sweep", false, 2 * time.Second}} {
+		b.Run(bc.name, func(b *testing.B) {
+			emb, err := StartEmbedded(EmbeddedConfig{DataDir: b.TempDir()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer emb.Shutdown()
+			var sy Syncer = emb.StoreSyncer()
+			if !bc.watch {
+				sy = plainSyncer{emb.StoreSyncer()}
+			}
+			q, err := connectTo(emb, Options{Syncer: sy})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer q.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
+			for i := range b.N {
+				if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r" + itoa(i) + "@d.example"},
+					Body: []byte("x\r\n")}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			work, err := q.Messages(ctx, LaneWork, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			at := time.Now().Add(3 * time.Second)
+			var wg sync.WaitGroup
+			for i := range b.N {
+				d := <-work
+				fire := at.Add(bc.spread * time.Duration(i) / time.Duration(b.N))
+				wg.Go(func() {
+					if err := d.Reschedule(ctx, d.Env.Clone(), LaneRetry, fire, true); err != nil {
+						b.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			time.Sleep(time.Until(at) - 200*time.Millisecond)
+			ss := emb.StoreSyncer()
+			_, _, f0 := ss.Stats()
+			b.ResetTimer()
+			deadline := time.Now().Add(time.Minute)
+			for {
+				due := uint64(0)
+				if c, err := q.lanes[LaneRetry].Consumer(ctx, consumerRetry); err == nil {
+					if ci, err := c.Info(ctx); err == nil {
+						due = ci.NumPending
+					}
+				}
+				if due >= uint64(b.N) && laneSynced(emb, StreamRetry) {
+					break
+				}
+				if time.Now().After(deadline) {
+					b.Fatal("the firings were not synced within a minute")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			_, _, f1 := ss.Stats()
+			b.ReportMetric(float64(f1-f0)/float64(b.N), "fsyncs/firing")
+		})
+	}
 }

@@ -518,12 +518,22 @@ func (p *postfixInst) countFiles(queues ...string) int {
 // spread over processes that share most of their pages, so a sum of VmRSS
 // would count the libraries once per process.
 func (p *postfixInst) PSSKiB() int64 {
+	var total int64
+	for _, pid := range p.Pids() {
+		total += pssKiB(pid)
+	}
+	return total
+}
+
+// Pids are the instance's master and its children (smtpd, cleanup, qmgr,
+// smtp, ...), master first; none if its pid file cannot be read.
+func (p *postfixInst) Pids() []int {
 	b, err := os.ReadFile(filepath.Join(p.dir, "queue", "pid", "master.pid"))
 	if err != nil {
-		return 0
+		return nil
 	}
 	master, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	total := pssKiB(master)
+	pids := []int{master}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -538,10 +548,10 @@ func (p *postfixInst) PSSKiB() int64 {
 		// its closing parenthesis.
 		rest := string(st[bytes.LastIndexByte(st, ')')+1:])
 		if f := strings.Fields(rest); len(f) > 1 && f[1] == strconv.Itoa(master) {
-			total += pssKiB(pid)
+			pids = append(pids, pid)
 		}
 	}
-	return total
+	return pids
 }
 
 // Stop stops the instance's master and removes its directories.

@@ -162,6 +162,11 @@ type e2eRun struct {
 	total     time.Duration
 	msgs      int
 	cpu       cpuSplit
+	// fsyncs per message counted by the system itself during the run
+	// (outflow_store_fsyncs_total); fsyncsOK is false when it has no
+	// such count (Postfix, direct, outflow without a group commit).
+	fsyncs   float64
+	fsyncsOK bool
 }
 
 // cpuSplit is where the machine's CPU went during one run, from the start
@@ -204,9 +209,14 @@ func medianOf(runs []e2eRun, f func(e2eRun) float64) float64 {
 type system struct {
 	name  string
 	start func(sinkAddr string) (addr string, stop func(), err error)
+	// pids, if set, are the processes of the instance started last (for
+	// strace); fsyncs, if set, reads its own fsync counter.
+	pids   func() []int
+	fsyncs func() (float64, bool)
 }
 
 func (s *suite) outflowSystem(name string, extra ...string) system {
+	var cur *outflowProc
 	return system{name: name, start: func(sinkAddr string) (string, func(), error) {
 		data, err := os.MkdirTemp("", "outflow-bench-data-")
 		if err != nil {
@@ -217,19 +227,25 @@ func (s *suite) outflowSystem(name string, extra ...string) system {
 			os.RemoveAll(data)
 			return "", nil, err
 		}
-		s.last = p
+		s.last, cur = p, p
 		return p.SMTPAddr, func() { p.Stop(); os.RemoveAll(data) }, nil
-	}}
+	}, pids: func() []int { return []int{cur.Pid()} },
+		fsyncs: func() (float64, bool) {
+			v, ok, err := metricValue(cur.HTTPAddr, "outflow_store_fsyncs_total")
+			return v, ok && err == nil
+		}}
 }
 
 func postfixSystem(extra map[string]string) system {
+	var cur *postfixInst
 	return system{name: "Postfix", start: func(sinkAddr string) (string, func(), error) {
 		p, err := startPostfix(sinkAddr, extra)
 		if err != nil {
 			return "", nil, err
 		}
+		cur = p
 		return p.Addr, p.Stop, nil
-	}}
+	}, pids: func() []int { return cur.Pids() }}
 }
 
 // directSystem is no system at all: smtp-source talks to smtp-sink
@@ -254,6 +270,11 @@ func runE2E(sys system, msgs, size int) (e2eRun, error) {
 	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	var fs0 float64
+	var fsOK bool
+	if sys.fsyncs != nil {
+		fs0, fsOK = sys.fsyncs()
+	}
 	busy0, self0 := machineBusy(), selfCPU()
 	start := time.Now()
 	srcCPU, err := smtpSource(ctx, addr, 20, msgs, size)
@@ -266,40 +287,69 @@ func runE2E(sys system, msgs, size int) (e2eRun, error) {
 		return e2eRun{}, fmt.Errorf("%s: %w", sys.name, err)
 	}
 	busy, self := machineBusy()-busy0, selfCPU()-self0
+	r := e2eRun{msgs: msgs}
+	if fsOK {
+		fs1, ok := sys.fsyncs()
+		r.fsyncs, r.fsyncsOK = (fs1-fs0)/float64(msgs), ok
+	}
 	sk.Stop() // for its CPU time; the system is idle by now
-	total := end.Sub(start)
-	return e2eRun{rate: float64(msgs) / total.Seconds(), submitted: sub, total: total, msgs: msgs,
-		cpu: cpuSplit{busy: busy, source: srcCPU, sink: sk.CPU(), harness: self}}, nil
+	r.total = end.Sub(start)
+	r.rate, r.submitted = float64(msgs)/r.total.Seconds(), sub
+	r.cpu = cpuSplit{busy: busy, source: srcCPU, sink: sk.CPU(), harness: self}
+	return r, nil
 }
 
 // compare alternates runs of a and b (a first on odd runs, b first on
 // even ones) and returns each side's runs.
 func (s *suite) compare(a, b system, msgs, size int) (ra, rb []e2eRun, err error) {
+	runs, err := s.compareAll([]system{a, b}, msgs, size)
+	if err != nil {
+		return nil, nil, err
+	}
+	return runs[0], runs[1], nil
+}
+
+// compareAll runs each system once per run, the order rotating by one
+// system per run (a, b, c; b, c, a; ...), and returns the runs by system.
+func (s *suite) compareAll(systems []system, msgs, size int) ([][]e2eRun, error) {
+	out := make([][]e2eRun, len(systems))
 	for i := 0; i < s.c.runs; i++ {
-		order := []system{a, b}
-		if i%2 == 1 {
-			order = []system{b, a}
-		}
-		for _, sys := range order {
-			r, err := runE2E(sys, msgs, size)
+		for k := range systems {
+			j := (i + k) % len(systems)
+			r, err := runE2E(systems[j], msgs, size)
 			if err != nil {
-				return nil, nil, err
+				return nil, err
 			}
-			printRun(i+1, sys.name, size, r)
-			if sys.name == a.name {
-				ra = append(ra, r)
-			} else {
-				rb = append(rb, r)
-			}
+			printRun(i+1, systems[j].name, size, r)
+			out[j] = append(out[j], r)
 		}
 	}
-	return ra, rb, nil
+	return out, nil
 }
 
 func printRun(i int, name string, size int, r e2eRun) {
-	fmt.Printf("  run %d %-22s %6d x %6d B: %7.0f msg/s (submission %v, last arrival %v; CPU µs/msg: source %.0f, sink %.0f, rest %.0f; %.2f cores busy)\n",
+	fs := ""
+	if r.fsyncsOK {
+		fs = fmt.Sprintf("; %.2f fsyncs/msg", r.fsyncs)
+	}
+	fmt.Printf("  run %d %-22s %6d x %6d B: %7.0f msg/s (submission %v, last arrival %v; CPU µs/msg: source %.0f, sink %.0f, rest %.0f; %.2f cores busy%s)\n",
 		i, name, r.msgs, size, r.rate, r.submitted.Round(time.Millisecond), r.total.Round(time.Millisecond),
-		r.perMsg(r.cpu.source), r.perMsg(r.cpu.sink), r.perMsg(r.cpu.relay()), r.cpu.busy.Seconds()/r.total.Seconds())
+		r.perMsg(r.cpu.source), r.perMsg(r.cpu.sink), r.perMsg(r.cpu.relay()), r.cpu.busy.Seconds()/r.total.Seconds(), fs)
+}
+
+// medianFsyncs is the median of the runs' own fsync counts per message,
+// formatted, or "–" when the system has none.
+func medianFsyncs(runs []e2eRun) string {
+	var xs []float64
+	for _, r := range runs {
+		if r.fsyncsOK {
+			xs = append(xs, r.fsyncs)
+		}
+	}
+	if len(xs) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", median(xs))
 }
 
 func (s *suite) e2eMsgs() int {
@@ -320,8 +370,9 @@ func (s *suite) scenario1() error {
 	cpu := &table{
 		title: "Scenario 1: where the CPU went",
 		notes: []string{fmt.Sprintf("The same runs. CPU microseconds per message, medians: smtp-source's and smtp-sink's from their own rusage; the relay's is the rest of the machine's busy time (/proc/stat, %d cores) less the load tools and this harness, the same measure for outflow's one process and Postfix's several; on the direct row, with no relay, it is what else the machine did (its noise floor). Busy cores: the machine's busy time over the run's wall time.", runtime.NumCPU())},
-		head:  []string{"size", "system", "msg/s", "busy cores", "smtp-source µs/msg", "smtp-sink µs/msg", "relay µs/msg"},
+		head:  []string{"size", "system", "msg/s", "busy cores", "smtp-source µs/msg", "smtp-sink µs/msg", "relay µs/msg", "fsyncs/msg"},
 	}
+	cpu.notes = append(cpu.notes, "", "fsyncs/msg: outflow's group commit (`--durability disk`, the default), the increase of `outflow_store_fsyncs_total` over the run per message, median; the server's own fsyncs are not in it. Postfix's, and outflow's counted with strace, are in scenario 5.")
 	for _, size := range []int{2048, 100 << 10} {
 		fmt.Printf("scenario 1: %d messages of %d bytes\n", n, size)
 		ro, rp, err := s.compare(s.outflowSystem("outflow"), postfixSystem(nil), n, size)
@@ -356,7 +407,7 @@ func (s *suite) scenario1() error {
 				fmt.Sprintf("%.2f", medianOf(sr.runs, func(r e2eRun) float64 { return r.cpu.busy.Seconds() / r.total.Seconds() })),
 				fmt.Sprintf("%.0f", medianOf(sr.runs, func(r e2eRun) float64 { return r.perMsg(r.cpu.source) })),
 				fmt.Sprintf("%.0f", medianOf(sr.runs, func(r e2eRun) float64 { return r.perMsg(r.cpu.sink) })),
-				relay})
+				relay, medianFsyncs(sr.runs)})
 		}
 		cpu.notes = append(cpu.notes, "", newRelayBudget(runtime.NumCPU(), mp, ro, rd).note(size, runtime.NumCPU()))
 	}
@@ -401,27 +452,6 @@ func (b relayBudget) note(size, cores int) string {
 	}
 	return fmt.Sprintf("%s: at 10 times Postfix (%.0f msg/s) the %d cores give %.0f µs of CPU per message. With outflow in between, smtp-source and smtp-sink took %.0f and %.0f µs of it, which leaves a relay %s per message to receive, store and send it; outflow took %.0f. smtp-sink alone spends %.0f µs receiving a message from smtp-source (the direct row), storing and sending nothing.",
 		sizeName(size), b.target, cores, b.perMsg, b.source, b.sink, left, b.spent, b.inbound)
-}
-
-func (s *suite) scenario5() error {
-	n := s.e2eMsgs()
-	t := &table{
-		title: "Scenario 5: durability cost (`--jetstream-sync always` against the default)",
-		notes: []string{fmt.Sprintf("Scenario 1 (%d messages, 20 sessions) through outflow twice: default JetStream sync (fsync every 2 minutes) and `--jetstream-sync always` (fsync before every acknowledgement). Runs alternate; median of %d. Postfix fsyncs every queue file before its 250, so `always` is the like-for-like comparison.", n, s.c.runs)},
-		head:  []string{"size", "default msg/s (runs)", "always msg/s (runs)", "always/default"},
-	}
-	for _, size := range []int{2048, 100 << 10} {
-		fmt.Printf("scenario 5: %d messages of %d bytes\n", n, size)
-		rd, ra, err := s.compare(s.outflowSystem("outflow"), s.outflowSystem("outflow sync=always", "--jetstream-sync", "always"), n, size)
-		if err != nil {
-			return err
-		}
-		md, ma := median(rates(rd)), median(rates(ra))
-		t.rows = append(t.rows, []string{sizeName(size), fmt.Sprintf("**%.0f** (%s)", md, fmtRuns(rates(rd), "")),
-			fmt.Sprintf("**%.0f** (%s)", ma, fmtRuns(rates(ra), "")), fmt.Sprintf("**%.2f**", ma/md)})
-	}
-	s.tables = append(s.tables, t)
-	return nil
 }
 
 func sizeName(n int) string {

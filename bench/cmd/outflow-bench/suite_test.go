@@ -60,3 +60,35 @@ func TestProcParsers(t *testing.T) {
 		}
 	}
 }
+
+func TestParseMetric(t *testing.T) {
+	page := `# HELP outflow_store_fsyncs_total fsync calls.
+# TYPE outflow_store_fsyncs_total counter
+outflow_store_fsyncs_total 1234
+outflow_store_fsyncs_totalx 7
+outflow_submissions_total{result="accepted"} 10
+outflow_submissions_total{result="rejected"} 2.5
+`
+	if v, ok := parseMetric(strings.NewReader(page), "outflow_store_fsyncs_total"); !ok || v != 1234 {
+		t.Errorf("fsyncs = %v, %v; want 1234", v, ok)
+	}
+	if v, ok := parseMetric(strings.NewReader(page), "outflow_submissions_total"); !ok || v != 12.5 {
+		t.Errorf("submissions = %v, %v; want 12.5 (labels summed)", v, ok)
+	}
+	if _, ok := parseMetric(strings.NewReader(page), "outflow_store_syncs_total"); ok {
+		t.Error("a metric not on the page was found")
+	}
+}
+
+func TestStraceCalls(t *testing.T) {
+	summary := `% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 91.20    0.120000          60      2000           fsync
+  8.80    0.011000          11      1000         3 fdatasync
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.131000          43      3000         3 total
+`
+	if n := straceCalls([]byte(summary)); n != 3000 {
+		t.Errorf("calls = %d, want 3000", n)
+	}
+}
