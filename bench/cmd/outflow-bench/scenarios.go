@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -19,11 +20,11 @@ func (s *suite) scenario2() error {
 		d = 10 * time.Second
 	}
 	rates := map[string]float64{"outflow": s.maxRate["outflow"] / 2, "Postfix": s.maxRate["Postfix"] / 2}
-	if rates["outflow"] == 0 {
-		rates["outflow"] = max(s.c.rateOutflow, 1200) / 2
-	}
-	if rates["Postfix"] == 0 {
-		rates["Postfix"] = max(s.c.ratePostfix, 400) / 2
+	// Without scenario 1: the rates given, or these.
+	for name, r := range map[string]float64{"outflow": cmp.Or(s.c.rateOutflow, 1200), "Postfix": cmp.Or(s.c.ratePostfix, 400)} {
+		if rates[name] == 0 {
+			rates[name] = r / 2
+		}
 	}
 	// outflow none runs at the default's rate: the same load, without the
 	// group commit's wait before each 250.
