@@ -119,6 +119,12 @@ func TestMetricsAfterScenario(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", k, got, ok, v)
 		}
 	}
+	// The group commit (--durability disk, the default) released the two
+	// 250s and the deferral, and fsynced.
+	if m["outflow_store_sync_requests_total"] < 3 || m["outflow_store_fsyncs_total"] == 0 || m["outflow_store_syncs_total"] == 0 {
+		t.Errorf("store syncer: %v requests, %v syncs, %v fsyncs; want at least 3 requests and some syncs and fsyncs",
+			m["outflow_store_sync_requests_total"], m["outflow_store_syncs_total"], m["outflow_store_fsyncs_total"])
+	}
 	bad := regexp.MustCompile(`@|[A-Za-z0-9]{22}`)
 	for k := range m {
 		if i := strings.IndexByte(k, '{'); i >= 0 && bad.MatchString(k[i:]) {
