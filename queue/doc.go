@@ -18,6 +18,12 @@
 // are ordinary stored messages (JetStream message schedules), never
 // NAK-with-delay, so ack-pending holds only what is really in flight.
 //
+// "Acknowledged by JetStream" is not "on disk" on a single server: with
+// --durability disk, each of those writes also waits for a group-committed
+// fsync of its stream before the step reports done (storesync.go,
+// durable.go), and a schedule the server fires is fsynced within a group
+// commit of its republish, or by the lanes' one-second sweep.
+//
 // Besides SENT markers, the SENT bucket holds small compare-and-set records
 // that several envelopes or processes share (notices.go, bodies.go): the
 // count of a multi-part submission's envelopes still holding its body, the
