@@ -258,33 +258,27 @@ func (t *Throttle) changeLearned(d *dest, l learnedLimit, kind string, fn func(*
 	}})
 }
 
-// cutLearnedRate seeds or cuts d's learned rate after a throttled reply,
-// first locally, then in the shared state (where the hold makes it one
-// cut fleet-wide). d.mu held.
+// cutLearnedRate seeds or cuts d's learned rate after a throttled reply.
+// d.mu held.
 func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result) {
-	lc := t.cfg.learn()
-	observed := t.observedRate(d, now)
-	ceiling := d.limits.Rate
-	reply := learnedWhy(why)
-	fn := func(s *DestState, now time.Time) bool { return lc.cutRate(s, now, observed, ceiling, reply) }
-	if !fn(&d.state, now) {
-		return // within the hold of a cut this worker has seen
-	}
-	t.changeLearned(d, learnedRate, "cut", fn)
+	lc, observed, ceiling, reply := t.cfg.learn(), t.observedRate(d, now), d.limits.Rate, learnedWhy(why)
+	t.cutLearned(d, now, learnedRate, func(s *DestState, now time.Time) bool { return lc.cutRate(s, now, observed, ceiling, reply) })
 }
 
 // cutLearnedConns seeds or cuts d's learned connection limit after a "too
 // many connections" reply. d.mu held.
 func (t *Throttle) cutLearnedConns(d *dest, now time.Time, why classify.Result) {
-	lc := t.cfg.learn()
-	inflight := t.fleetInflight(d, now)
-	ceiling := d.limits.Conns
-	reply := learnedWhy(why)
-	fn := func(s *DestState, now time.Time) bool { return lc.cutConns(s, now, inflight, ceiling, reply) }
+	lc, inflight, ceiling, reply := t.cfg.learn(), t.fleetInflight(d, now), d.limits.Conns, learnedWhy(why)
+	t.cutLearned(d, now, learnedConns, func(s *DestState, now time.Time) bool { return lc.cutConns(s, now, inflight, ceiling, reply) })
+}
+
+// cutLearned applies the cut fn of l first locally, then in the shared
+// state (where the hold makes it one cut fleet-wide). d.mu held.
+func (t *Throttle) cutLearned(d *dest, now time.Time, l learnedLimit, fn func(*DestState, time.Time) bool) {
 	if !fn(&d.state, now) {
-		return
+		return // within the hold of a cut this worker has seen
 	}
-	t.changeLearned(d, learnedConns, "cut", fn)
+	t.changeLearned(d, l, "cut", fn)
 }
 
 // raiseLearned probes d's learned limits upward after a delivered attempt:

@@ -389,14 +389,8 @@ func (t *Throttle) start(ctx context.Context) error {
 	lctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 
-	sw, err := t.cfg.State.WatchAll(t.ctx)
-	if err != nil {
-		return fmt.Errorf("throttle: watch dest state: %w", err)
-	}
-	ready := make(chan struct{})
-	t.goSafe("state-watch", func() { t.watch(sw, ready, t.applyState) })
-	if err := waitReady(lctx, ready); err != nil {
-		return fmt.Errorf("throttle: load dest state: %w", err)
+	if err := t.follow(lctx, t.cfg.State, "state-watch", "dest state", t.applyState); err != nil {
+		return err
 	}
 
 	if reg := t.cfg.Registry; reg != nil {
@@ -410,14 +404,8 @@ func (t *Throttle) start(ctx context.Context) error {
 		if err := t.heartbeat(lctx); err != nil {
 			return err
 		}
-		rw, err := reg.WatchAll(t.ctx)
-		if err != nil {
-			return fmt.Errorf("throttle: watch workers: %w", err)
-		}
-		ready := make(chan struct{})
-		t.goSafe("registry-watch", func() { t.watch(rw, ready, t.applyWorker) })
-		if err := waitReady(lctx, ready); err != nil {
-			return fmt.Errorf("throttle: load workers: %w", err)
+		if err := t.follow(lctx, reg, "registry-watch", "workers", t.applyWorker); err != nil {
+			return err
 		}
 		t.goSafe("heartbeat", t.heartbeatLoop)
 	}
@@ -477,6 +465,21 @@ func (t *Throttle) goSafe(name string, fn func()) {
 		}()
 		fn()
 	}()
+}
+
+// follow watches kv in a goroutine called name and waits, within lctx,
+// until its initial values (what, for errors) are applied.
+func (t *Throttle) follow(lctx context.Context, kv jetstream.KeyValue, name, what string, apply func(jetstream.KeyValueEntry, bool)) error {
+	w, err := kv.WatchAll(t.ctx)
+	if err != nil {
+		return fmt.Errorf("throttle: watch %s: %w", what, err)
+	}
+	ready := make(chan struct{})
+	t.goSafe(name, func() { t.watch(w, ready, apply) })
+	if err := waitReady(lctx, ready); err != nil {
+		return fmt.Errorf("throttle: load %s: %w", what, err)
+	}
+	return nil
 }
 
 // watch feeds a KV watcher's entries to apply; ready is closed after the
