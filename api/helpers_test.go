@@ -35,23 +35,8 @@ func startQueueJS(t testing.TB) (*queue.Queue, jetstream.JetStream) {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Shutdown)
+	q := testutil.Queue(t, emb, queue.Options{})
 	ci := emb.InProcessInfo()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	// The in-process handshake (2 s in nats.go) can time out on a loaded
-	// machine under -race (the worker tests meet the same): connect again
-	// until ctx ends.
-	var q *queue.Queue
-	for {
-		q, err = queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
-		if err == nil || ctx.Err() != nil {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { q.Close() })
 	return q, testutil.JetStream(t, emb.Server(), ci.User, ci.Password)
 }
 

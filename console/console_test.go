@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/api"
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/throttle"
 )
@@ -57,16 +58,9 @@ func sharedQueue(t testing.TB) *queue.Queue {
 			return
 		}
 		shared.emb = emb
-		ci := emb.InProcessInfo()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		for { // the in-process handshake can time out on a loaded machine
-			shared.q, err = queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
-			if err == nil || ctx.Err() != nil {
-				break
-			}
-		}
-		shared.err = err
+		shared.q, shared.err = testutil.ConnectInProcess(ctx, emb, queue.Options{})
 	})
 	if shared.err != nil {
 		t.Fatal(shared.err)

@@ -155,19 +155,9 @@ func newFixtureWith(t testing.TB, mod func(*Config), script ...func(w http.Respo
 	}
 	t.Cleanup(emb.Shutdown)
 	ci := emb.InProcessInfo()
+	q := testutil.Queue(t, emb, queue.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var q *queue.Queue
-	for {
-		q, err = queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
-		if err == nil || ctx.Err() != nil {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { q.Close() })
 	store, err := Open(ctx, q)
 	if err != nil {
 		t.Fatal(err)
@@ -409,17 +399,23 @@ func TestPrivateEndpointEventIsDeadLettered(t *testing.T) {
 	}
 }
 
-// After BreakerAfter events in a row spent their budget, the next event is
-// held and retried until the endpoint recovers, not dead-lettered.
-func TestBreakerHoldsEventsWhileEndpointIsDown(t *testing.T) {
-	var up atomic.Bool
-	f := newFixtureWith(t, func(c *Config) { c.MaxAttempts, c.BreakerAfter = 2, 2 }, func(w http.ResponseWriter) {
+// whileUp is an endpoint that answers 200 while up is set and 500 while
+// it is not.
+func whileUp(up *atomic.Bool) func(http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
 		if up.Load() {
 			w.WriteHeader(200)
 		} else {
 			w.WriteHeader(500)
 		}
-	})
+	}
+}
+
+// After BreakerAfter events in a row spent their budget, the next event is
+// held and retried until the endpoint recovers, not dead-lettered.
+func TestBreakerHoldsEventsWhileEndpointIsDown(t *testing.T) {
+	var up atomic.Bool
+	f := newFixtureWith(t, func(c *Config) { c.MaxAttempts, c.BreakerAfter = 2, 2 }, whileUp(&up))
 	ctx := context.Background()
 	for _, id := range []string{"e1", "e2", "e3"} {
 		f.q.Event(queue.EventDelivered, &queue.Event{ID: id, Tenant: "acme"})
@@ -450,13 +446,7 @@ func TestBreakerHoldsEventsWhileEndpointIsDown(t *testing.T) {
 // fleet) holds the endpoint's events too, and its 2xx closes it for all.
 func TestBreakerOutlivesTheDispatcher(t *testing.T) {
 	var up atomic.Bool
-	f := newFixtureWith(t, func(c *Config) { c.MaxAttempts, c.BreakerAfter = 2, 1 }, func(w http.ResponseWriter) {
-		if up.Load() {
-			w.WriteHeader(200)
-		} else {
-			w.WriteHeader(500)
-		}
-	})
+	f := newFixtureWith(t, func(c *Config) { c.MaxAttempts, c.BreakerAfter = 2, 1 }, whileUp(&up))
 	ctx := context.Background()
 	f.q.Event(queue.EventDelivered, &queue.Event{ID: "e1", Tenant: "acme"})
 	f.next(t)

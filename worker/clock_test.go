@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/emersion/go-smtp"
-	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/throttle"
 )
@@ -48,19 +48,9 @@ func TestSlowClockStillExpires(t *testing.T) {
 	e := newEnv(t, nil)
 	// The accepting process gives its messages a max-age of 1 ns: the
 	// deadline has passed by the time the server stores the envelope.
-	ci := e.emb.InProcessInfo()
+	acc := testutil.Queue(t, e.emb, queue.Options{MaxAge: time.Nanosecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var acc *queue.Queue
-	for acc == nil {
-		q, err := queue.Connect(ctx, queue.Options{InProcess: e.emb.Server(), User: ci.User, Password: ci.Password,
-			MaxAge: time.Nanosecond, Logger: zerolog.Nop()})
-		if err != nil && (ctx.Err() != nil || !strings.Contains(err.Error(), "i/o timeout")) {
-			t.Fatal(err)
-		}
-		acc = q
-	}
-	t.Cleanup(func() { acc.Close() })
 	ids, err := acc.Enqueue(ctx, &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: []string{"r@dest.test"},
 		Body: []byte("Subject: hi\r\n\r\nhello\r\n")})
 	if err != nil {

@@ -40,23 +40,16 @@ type env struct {
 	done chan struct{}
 }
 
+// connect is a queue on emb with the given ack wait; the caller closes it.
 func connect(t *testing.T, emb *queue.Embedded, ackWait time.Duration) *queue.Queue {
 	t.Helper()
-	ci := emb.InProcessInfo()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	// nats.go gives the connection handshake 2 s; on a loaded machine under
-	// -race the in-process one can take longer, so try again within ctx.
-	for {
-		q, err := queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password,
-			AckWait: ackWait, Logger: zerolog.Nop()})
-		if err == nil {
-			return q
-		}
-		if ctx.Err() != nil || !strings.Contains(err.Error(), "i/o timeout") {
-			t.Fatal(err)
-		}
+	q, err := testutil.ConnectInProcess(ctx, emb, queue.Options{AckWait: ackWait})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return q
 }
 
 // newEnv starts an embedded server, a fake MX with hook, and a sender

@@ -1,0 +1,41 @@
+package testutil
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// ConnectInProcess connects a silent queue to emb in process, as the
+// daemon does, with opts' other settings (InProcess, User, Password and
+// Logger are filled in). nats.go gives the handshake a few seconds, which
+// a loaded machine under -race can exceed: it connects again until ctx
+// ends.
+func ConnectInProcess(ctx context.Context, emb *queue.Embedded, opts queue.Options) (*queue.Queue, error) {
+	ci := emb.InProcessInfo()
+	opts.InProcess, opts.User, opts.Password, opts.Logger = emb.Server(), ci.User, ci.Password, zerolog.Nop()
+	for {
+		q, err := queue.Connect(ctx, opts)
+		if err == nil || ctx.Err() != nil {
+			return q, err
+		}
+	}
+}
+
+// Queue is ConnectInProcess for a test: within a minute, fatal when it
+// fails, and closed when the test ends.
+func Queue(t testing.TB, emb *queue.Embedded, opts queue.Options) *queue.Queue {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q, err := ConnectInProcess(ctx, emb, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return q
+}
