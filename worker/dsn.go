@@ -199,7 +199,11 @@ func (w *deliverer) notice(ctx context.Context, e *queue.Envelope, n noticeInput
 		return nil
 	}
 	n.rcpts = rcpts
-	return w.sendNotice(ctx, e, n)
+	reason, err := w.sendNotice(ctx, e, n)
+	if reason != "" {
+		w.event(queue.EventDSN, e, 0, finals(rcpts), reason, nil)
+	}
+	return err
 }
 
 // eligible reports whether e's sender may get notices at all, counting
@@ -248,8 +252,10 @@ func (s *dsnState) wanted(e *queue.Envelope, kind string, rcpts []dsn.Recipient)
 }
 
 // sendNotice builds and queues the notice n about e: its recipients are
-// chosen (n.rcpts), the sender is eligible.
-func (w *deliverer) sendNotice(ctx context.Context, e *queue.Envelope, n noticeInput) error {
+// chosen (n.rcpts), the sender is eligible. It returns the reason of the
+// dsn event the caller publishes ("<action> notice <id> to <address>"), ""
+// when a rule stopped the notice.
+func (w *deliverer) sendNotice(ctx context.Context, e *queue.Envelope, n noticeInput) (string, error) {
 	s := w.dsn
 	rcpts := n.rcpts
 	to := e.From
@@ -265,7 +271,7 @@ func (w *deliverer) sendNotice(ctx context.Context, e *queue.Envelope, n noticeI
 		} else if sup != nil {
 			s.skip(skipSuppressed)
 			log.Info().Str("to", to).Msg("notification not sent: its recipient is suppressed")
-			return nil
+			return "", nil
 		}
 	}
 	body := n.body
@@ -278,12 +284,12 @@ func (w *deliverer) sendNotice(ctx context.Context, e *queue.Envelope, n noticeI
 	}
 	if body != nil && dsn.IsReport(body) {
 		s.skip(skipReport)
-		return nil
+		return "", nil
 	}
 	if !w.allowNotice(ctx, to) {
 		s.skip(skipRate)
 		log.Warn().Str("to", to).Float64("per_hour", s.cfg.SenderRate).Msg("notification not sent: too many to this address")
-		return nil
+		return "", nil
 	}
 	ret := dsn.ReturnHeaders
 	if e.DSN != nil && strings.EqualFold(e.DSN.Ret, "FULL") {
@@ -302,26 +308,31 @@ func (w *deliverer) sendNotice(ctx context.Context, e *queue.Envelope, n noticeI
 	if err != nil {
 		s.skip(skipError)
 		log.Error().Err(err).Msg("notification not built")
-		return nil
+		return "", nil
 	}
 	ids, err := w.cfg.Queue.Enqueue(ctx, &queue.Submission{
 		Tenant: e.Tenant, From: "", Rcpts: []string{to}, Body: msg, ReceivedAt: now.UTC(),
 		IdempotencyKey: n.key, Source: queue.SourceDSN, IsReport: true,
 	})
 	if err != nil {
-		return err
+		return "", err
 	}
-	final := make([]string, len(rcpts))
-	for i, r := range rcpts {
-		final[i] = r.Final
-	}
+	final := finals(rcpts)
 	id := strings.Join(ids, ",")
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.Sent.WithLabelValues(string(n.action)).Inc()
 	}
 	log.Info().Str("dsn_id", id).Str("to", to).Strs("rcpts", final).Msg("delivery status notification queued")
-	w.event(queue.EventDSN, e, 0, final, string(n.action)+" notice "+id+" to "+to, nil)
-	return nil
+	return string(n.action) + " notice " + id + " to " + to, nil
+}
+
+// finals returns the recipients' Final-Recipient addresses.
+func finals(rcpts []dsn.Recipient) []string {
+	out := make([]string, len(rcpts))
+	for i, r := range rcpts {
+		out[i] = r.Final
+	}
+	return out
 }
 
 // noticeKey names a notice: one per envelope, step and event. A delay
@@ -515,6 +526,8 @@ func (w *deliverer) relayedReports(e *queue.Envelope, o *outcome) []dsn.Recipien
 
 // passNote is one part's share of its submission's first pass.
 type passNote struct {
+	ID      string          `json:"id"`   // the part's envelope id, whose history names the report
+	Dest    string          `json:"dest"` // and its destination
 	Failed  []dsn.Recipient `json:"failed,omitempty"`
 	Relayed []dsn.Recipient `json:"relayed,omitempty"`
 }
@@ -530,6 +543,7 @@ func (w *deliverer) inPass(e *queue.Envelope) bool {
 // its durable step writes, a clone of e) as having recorded its pass.
 func (w *deliverer) recordPass(ctx context.Context, e *queue.Envelope, note passNote, body []byte) error {
 	var raw json.RawMessage
+	note.ID, note.Dest = e.ID, e.Dest
 	if len(note.Failed)+len(note.Relayed) > 0 {
 		b, err := json.Marshal(&note)
 		if err != nil {
@@ -543,22 +557,21 @@ func (w *deliverer) recordPass(ctx context.Context, e *queue.Envelope, note pass
 	}
 	if p.Alone {
 		// Not in the record (too large to share it): reported on its own.
-		if err := w.passNotices(ctx, e, note, body, noticeKey(e, "pass")); err != nil {
+		if err := w.passNotices(ctx, e, []passNote{note}, body, noticeKey(e, "pass")); err != nil {
 			return err
 		}
 	}
 	if p.Complete {
-		var all passNote
+		parts := make([]passNote, 0, len(p.Notes))
 		for _, n := range p.Notes {
 			var pn passNote
 			if err := json.Unmarshal(n, &pn); err != nil {
 				w.log.Error().Err(err).Str("msg_id", e.ID).Msg("a part's note in the pass record is unreadable; reporting the others")
 				continue
 			}
-			all.Failed = append(all.Failed, pn.Failed...)
-			all.Relayed = append(all.Relayed, pn.Relayed...)
+			parts = append(parts, pn)
 		}
-		if err := w.passNotices(ctx, e, all, body, "dsn."+e.MsgID+".pass"); err != nil {
+		if err := w.passNotices(ctx, e, parts, body, "dsn."+e.MsgID+".pass"); err != nil {
 			return err
 		}
 	}
@@ -566,16 +579,37 @@ func (w *deliverer) recordPass(ctx context.Context, e *queue.Envelope, note pass
 	return nil
 }
 
-// passNotices sends note's failed and relayed notices, named key.failed
-// and key.relayed.
-func (w *deliverer) passNotices(ctx context.Context, e *queue.Envelope, note passNote, body []byte, key string) error {
-	if len(note.Failed) > 0 {
-		if err := w.sendNotice(ctx, e, noticeInput{action: dsn.Failed, key: key + ".failed", rcpts: note.Failed, body: body}); err != nil {
+// passNotices sends one failed and one relayed notice for the parts'
+// recipients, named key.failed and key.relayed, and names each in the
+// history of every part it lists, with that part's recipients.
+func (w *deliverer) passNotices(ctx context.Context, e *queue.Envelope, parts []passNote, body []byte, key string) error {
+	for _, a := range []struct {
+		action dsn.Action
+		of     func(passNote) []dsn.Recipient
+	}{
+		{dsn.Failed, func(p passNote) []dsn.Recipient { return p.Failed }},
+		{dsn.Relayed, func(p passNote) []dsn.Recipient { return p.Relayed }},
+	} {
+		var rcpts []dsn.Recipient
+		for _, p := range parts {
+			rcpts = append(rcpts, a.of(p)...)
+		}
+		if len(rcpts) == 0 {
+			continue
+		}
+		reason, err := w.sendNotice(ctx, e, noticeInput{action: a.action, key: key + "." + string(a.action), rcpts: rcpts, body: body})
+		if err != nil {
 			return err
 		}
-	}
-	if len(note.Relayed) > 0 {
-		return w.sendNotice(ctx, e, noticeInput{action: dsn.Relayed, key: key + ".relayed", rcpts: note.Relayed, body: body})
+		for _, p := range parts {
+			if reason == "" {
+				break // not sent: no history names it
+			}
+			if len(a.of(p)) > 0 {
+				part := &queue.Envelope{ID: p.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: p.Dest}
+				w.event(queue.EventDSN, part, 0, finals(a.of(p)), reason, nil)
+			}
+		}
 	}
 	return nil
 }

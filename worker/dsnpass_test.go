@@ -73,6 +73,21 @@ func TestMultiPartFailuresShareOneDSN(t *testing.T) {
 	if n := counterValue(m.Sent.WithLabelValues("failed")); n != 1 || len(reports(e.mx)) != 1 {
 		t.Fatalf("%v failed notices queued, %d reports at the MX; want one", n, len(reports(e.mx)))
 	}
+	// Each part's history names the one report, with its own recipient.
+	var reasons []string
+	for i, id := range ids {
+		for _, ev := range e.waitEvent(id, queue.EventDSN) {
+			if ev.Type == queue.EventDSN {
+				if want := []string{"gone@dest.test", "gone@other.test"}[i]; strings.Join(ev.Recipients, ",") != want {
+					t.Errorf("%s: dsn event for %v, want %s", id, ev.Recipients, want)
+				}
+				reasons = append(reasons, ev.Reason)
+			}
+		}
+	}
+	if len(reasons) != 2 || reasons[0] != reasons[1] || !strings.HasPrefix(reasons[0], "failed notice k") {
+		t.Fatalf("dsn events %q", reasons)
+	}
 }
 
 // TestDeferredPartDoesNotHoldTheReport: one part bounces, the other is
