@@ -36,7 +36,8 @@ import (
 // Durability: the notice is enqueued (and acknowledged by JetStream)
 // before the original's durable step (its SENT marker, reschedule, dead
 // letter or final ack). Its queue id is derived from the envelope id, its
-// step and the action, and the work stream's deduplication window (24 h)
+// step and the action (a message's pass report: the message id and the
+// action), and the work stream's deduplication window (24 h)
 // absorbs the second copy when a crash between the two steps makes the
 // attempt run again. A failed enqueue fails the attempt's durable step, so
 // the original comes back and the notice is tried again with it.
