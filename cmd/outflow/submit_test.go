@@ -8,8 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -60,14 +59,9 @@ func TestSubmitStoresDSN(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Shutdown)
-	ci := emb.InProcessInfo()
+	q := testutil.Queue(t, emb, queue.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	q, err := queue.Connect(ctx, queue.Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { q.Close() })
 
 	rootCmd.SetArgs([]string{"submit", "--data", dir, "--from", "app@src.example", "--to", "ann@one.example",
 		"--ret", "full", "--envid", "e-1", "--notify", "ann@one.example=SUCCESS", "--orcpt", "ann@one.example=rfc822;ann@old.example"})
