@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/internal/testutil"
+	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -35,7 +36,7 @@ func startQueueJS(t testing.TB) (*queue.Queue, jetstream.JetStream) {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Shutdown)
-	q := testutil.Queue(t, emb, queue.Options{})
+	q := testqueue.Connect(t, emb, queue.Options{})
 	ci := emb.InProcessInfo()
 	return q, testutil.JetStream(t, emb.Server(), ci.User, ci.Password)
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/api"
-	"github.com/outflow/outflow/internal/testutil"
+	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/throttle"
 )
@@ -60,7 +60,7 @@ func sharedQueue(t testing.TB) *queue.Queue {
 		shared.emb = emb
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		shared.q, shared.err = testutil.ConnectInProcess(ctx, emb, queue.Options{})
+		shared.q, shared.err = testqueue.ConnectInProcess(ctx, emb, queue.Options{})
 	})
 	if shared.err != nil {
 		t.Fatal(shared.err)

@@ -10,12 +10,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/internal/faultfs"
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/submission"
 )
 
@@ -104,27 +104,8 @@ func TestSlowFsyncSubmissionsStayBounded(t *testing.T) {
 	fs0 := ffs.Stats().Fsyncs
 
 	// Sample goroutines and RSS while the sessions run.
-	var maxG, maxRSS atomic.Int64
-	stopSampling := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tk := time.NewTicker(100 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			if g, ok := scrapeNoFatal(d)["go_goroutines"]; ok && int64(g) > maxG.Load() {
-				maxG.Store(int64(g))
-			}
-			if r := int64(d.rssKiB()); r > maxRSS.Load() {
-				maxRSS.Store(r)
-			}
-			select {
-			case <-stopSampling:
-				return
-			case <-tk.C:
-			}
-		}
-	}()
+	stopG := testutil.Peak(100*time.Millisecond, func() int64 { return int64(scrapeNoFatal(d)["go_goroutines"]) })
+	stopRSS := testutil.Peak(100*time.Millisecond, func() int64 { return int64(d.rssKiB()) })
 
 	var (
 		mu        sync.Mutex
@@ -168,8 +149,7 @@ func TestSlowFsyncSubmissionsStayBounded(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	close(stopSampling)
-	<-sampled
+	maxG, maxRSS := stopG(), stopRSS()
 	fsyncs := ffs.Stats().Fsyncs - fs0
 
 	for _, f := range failures {
@@ -193,13 +173,13 @@ func TestSlowFsyncSubmissionsStayBounded(t *testing.T) {
 	}
 	// Bounded: each session holds a few goroutines (the connection, its
 	// enqueue waiting for the group commit); the rest is the baseline.
-	if g := maxG.Load(); float64(g) > g0+4*float64(conns) {
+	if g := maxG; float64(g) > g0+4*float64(conns) {
 		t.Errorf("goroutines peaked at %d with %d sessions (baseline %.0f): more than 4 per session", g, conns, g0)
 	}
 	// The race detector's shadow memory makes RSS several times the heap;
 	// 256 MiB over the baseline is far above what 40-150 sessions of small
 	// messages should cost, and far below a pile-up of waiting writes.
-	if r := maxRSS.Load(); r > int64(rss0)+256<<10 {
+	if r := maxRSS; r > int64(rss0)+256<<10 {
 		t.Errorf("RSS peaked at %d KiB, baseline %d KiB: grew more than 256 MiB", r, rss0)
 	}
 
@@ -220,7 +200,7 @@ func TestSlowFsyncSubmissionsStayBounded(t *testing.T) {
 	t.Logf("FIGURES slowfs: delay=%v sessions=%d submitted=%d accepted=%d failed=%d in %v; 250 latency min=%v p50=%v max=%v; fsyncs=%d (%.2f per message); goroutines base=%.0f peak=%d end=%.0f; RSS base=%d KiB peak=%d KiB; starts timed out=%d; %s",
 		delay, conns, conns*each, len(accepted), len(failures), elapsed.Round(time.Millisecond), lo.Round(time.Millisecond),
 		p50.Round(time.Millisecond), hi.Round(time.Millisecond), fsyncs, float64(fsyncs)/float64(len(latencies)),
-		g0, maxG.Load(), gEnd, rss0, maxRSS.Load(), retries, r)
+		g0, maxG, gEnd, rss0, maxRSS, retries, r)
 	requireNoPanic(t, d.Logs())
 	ffs.SetFsyncDelay(0) // a quick clean stop
 	d.Stop()

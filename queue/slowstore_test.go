@@ -8,9 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // submissionTimeout is what the submission server gives one Enqueue
@@ -58,24 +59,7 @@ func TestSlowStoreSubmissionsStayBounded(t *testing.T) {
 	b0, _, f0 := ss.Stats()
 
 	// Sample the goroutine count while the submissions run.
-	var maxG atomic.Int64
-	stopSampling := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tk := time.NewTicker(20 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			if n := int64(runtime.NumGoroutine()); n > maxG.Load() {
-				maxG.Store(n)
-			}
-			select {
-			case <-stopSampling:
-				return
-			case <-tk.C:
-			}
-		}
-	}()
+	stopSampling := testutil.Peak(20*time.Millisecond, func() int64 { return int64(runtime.NumGoroutine()) })
 
 	var (
 		mu        sync.Mutex
@@ -109,8 +93,7 @@ func TestSlowStoreSubmissionsStayBounded(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	close(stopSampling)
-	<-sampled
+	maxG := stopSampling()
 	runtime.GC()
 	var m1 runtime.MemStats
 	runtime.ReadMemStats(&m1)
@@ -124,7 +107,7 @@ func TestSlowStoreSubmissionsStayBounded(t *testing.T) {
 	growth := int64(m1.HeapInuse) - int64(m0.HeapInuse)
 	t.Logf("%d submissions by %d callers, fsync +%v: %v in all; latency p50 %v, p99 %v, max %v; %d syncs, %d fsyncs; goroutines %d before, %d at most, %d after; heap in use %+.1f MiB",
 		callers*each, callers, delay, elapsed.Round(time.Millisecond), p50.Round(time.Millisecond), p99.Round(time.Millisecond),
-		worst.Round(time.Millisecond), b1-b0, f1-f0, g0, maxG.Load(), runtime.NumGoroutine(), float64(growth)/(1<<20))
+		worst.Round(time.Millisecond), b1-b0, f1-f0, g0, maxG, runtime.NumGoroutine(), float64(growth)/(1<<20))
 
 	if early > 0 {
 		t.Fatalf("%d submissions were answered before a sync finished after their call", early)
@@ -140,7 +123,7 @@ func TestSlowStoreSubmissionsStayBounded(t *testing.T) {
 	// Each caller holds one goroutine; the queue may add a few per caller
 	// waiting (a publish, a sync request), never one per sync or per
 	// submission made.
-	if extra := maxG.Load() - int64(g0); extra > 3*callers+50 {
+	if extra := maxG - int64(g0); extra > 3*callers+50 {
 		t.Fatalf("goroutines grew by %d for %d callers", extra, callers)
 	}
 	if after := runtime.NumGoroutine(); after > g0+20 {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/internal/testutil"
+	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -155,7 +156,7 @@ func newFixtureWith(t testing.TB, mod func(*Config), script ...func(w http.Respo
 	}
 	t.Cleanup(emb.Shutdown)
 	ci := emb.InProcessInfo()
-	q := testutil.Queue(t, emb, queue.Options{})
+	q := testqueue.Connect(t, emb, queue.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	store, err := Open(ctx, q)

@@ -16,6 +16,7 @@ import (
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/internal/testutil"
+	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 )
@@ -45,7 +46,7 @@ func connect(t *testing.T, emb *queue.Embedded, ackWait time.Duration) *queue.Qu
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	q, err := testutil.ConnectInProcess(ctx, emb, queue.Options{AckWait: ackWait})
+	q, err := testqueue.ConnectInProcess(ctx, emb, queue.Options{AckWait: ackWait})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,7 @@
-package testutil
+// Package testqueue is in charge of connecting a test to an embedded
+// queue in process, as the daemon does. It is apart from testutil, which
+// the queue's own tests import.
+package testqueue
 
 import (
 	"context"
@@ -26,9 +29,9 @@ func ConnectInProcess(ctx context.Context, emb *queue.Embedded, opts queue.Optio
 	}
 }
 
-// Queue is ConnectInProcess for a test: within a minute, fatal when it
+// Connect is ConnectInProcess for a test: within a minute, fatal when it
 // fails, and closed when the test ends.
-func Queue(t testing.TB, emb *queue.Embedded, opts queue.Options) *queue.Queue {
+func Connect(t testing.TB, emb *queue.Embedded, opts queue.Options) *queue.Queue {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
