@@ -112,100 +112,119 @@ func lastReport(t *testing.T, rep *reports) tlsrpt.Event {
 	return evs[len(evs)-1]
 }
 
+// tlsCase is one delivery to a pkiMX under a TLS policy: setup sets the
+// policy on the sender's config (whose TLS reports go to rep), check looks
+// at the result.
+type tlsCase struct {
+	name     string
+	starttls bool // the fake MX offers STARTTLS
+	setup    func(p *pkiMX, cfg *Config)
+	check    func(t *testing.T, p *pkiMX, r Result, rep *reports)
+}
+
+func runTLSCases(t *testing.T, cases []tlsCase) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := newPKIMX(t, fakemx.Options{STARTTLS: c.starttls})
+			rep := &reports{}
+			cfg := p.w.config()
+			cfg.TLSReport = rep
+			c.setup(p, &cfg)
+			c.check(t, p, p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test")), rep)
+		})
+	}
+}
+
+// tlsa is a secure (ad) or insecure answer for mx.example.test.
+func tlsa(ad bool, recs ...*dns.TLSA) fakeTLSA {
+	return fakeTLSA{"mx.example.test": {recs: recs, ad: ad}}
+}
+
+// otherLeaf is a certificate for mx.example.test that the MX does not use.
+func otherLeaf(p *pkiMX) *x509.Certificate {
+	other, _ := p.inter.Issue([]string{"mx.example.test"}, time.Time{}, time.Time{})
+	return other.Cert
+}
+
+func noDelivery(t *testing.T, p *pkiMX) {
+	t.Helper()
+	if n := len(p.fake.Messages()); n != 0 {
+		t.Errorf("%d messages delivered", n)
+	}
+}
+
+func noDial(t *testing.T, p *pkiMX) {
+	t.Helper()
+	if d := p.w.dials(); len(d) != 0 {
+		t.Errorf("dialled %v", d)
+	}
+}
+
 func TestDANE(t *testing.T) {
-	t.Run("DANE-EE match delivers", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
-		rep := &reports{}
-		cfg := p.w.config()
-		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(3, p.leaf.Cert)}, ad: true}}
-		cfg.TLSReport = rep
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkDelivered(t, r)
-		if !r.TLS || !r.TLSVerified {
-			t.Errorf("TLS=%v verified=%v", r.TLS, r.TLSVerified)
-		}
-		if ev := lastReport(t, rep); !ev.Success || ev.PolicyType != tlsrpt.PolicyTLSA || ev.Domain != "mx.example.test" || len(ev.Policy) != 1 {
-			t.Errorf("report %+v", ev)
-		}
-	})
-	t.Run("DANE-TA match delivers", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
-		cfg := p.w.config()
-		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(2, p.inter.Cert)}, ad: true}}
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkDelivered(t, r)
-	})
-	t.Run("mismatch is refused", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
-		other, _ := p.inter.Issue([]string{"mx.example.test"}, time.Time{}, time.Time{})
-		rep := &reports{}
-		cfg := p.w.config()
-		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(3, other.Cert)}, ad: true}}
-		cfg.TLSReport = rep
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkAll(t, r, classify.StageTLS, 0, classify.EventTLSFailure)
-		checkTransient(t, r, "DANE: no TLSA record matches the certificate of mx.example.test")
-		if n := len(p.fake.Messages()); n != 0 {
-			t.Errorf("%d messages delivered", n)
-		}
-		if ev := lastReport(t, rep); ev.Success || ev.Result != tlsrpt.ResultTLSAInvalid || ev.ReceivingIP != "127.0.0.2" {
-			t.Errorf("report %+v", ev)
-		}
-	})
-	t.Run("no STARTTLS is refused, never plaintext", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{})
-		rep := &reports{}
-		cfg := p.w.config()
-		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(3, p.leaf.Cert)}, ad: true}}
-		cfg.TLSReport = rep
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkTransient(t, r, "does not offer STARTTLS and it publishes DANE TLSA records")
-		if n := len(p.fake.Messages()); n != 0 {
-			t.Errorf("%d messages delivered in plaintext", n)
-		}
-		if ev := lastReport(t, rep); ev.Result != tlsrpt.ResultSTARTTLSNotSupported {
-			t.Errorf("report %+v", ev)
-		}
-	})
-	t.Run("answer without AD is ignored", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
-		other, _ := p.inter.Issue([]string{"mx.example.test"}, time.Time{}, time.Time{})
-		cfg := p.w.config()
-		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(3, other.Cert)}, ad: false}}
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkDelivered(t, r)
-		if !r.TLS || r.TLSVerified {
-			t.Errorf("TLS=%v verified=%v: want opportunistic TLS, unverified", r.TLS, r.TLSVerified)
-		}
-	})
-	t.Run("secure but unusable records make TLS mandatory", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{})
-		cfg := p.w.config()
-		pkixEE := spkiTLSA(1, p.leaf.Cert)
-		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{pkixEE}, ad: true}}
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkTransient(t, r, "does not offer STARTTLS")
-	})
-	t.Run("lookup failure skips the host", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
-		cfg := p.w.config()
-		cfg.DANE = fakeTLSA{"mx.example.test": {err: errors.New("SERVFAIL")}}
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkAll(t, r, classify.StageDNS, 0, classify.EventDNSServFail)
-		checkTransient(t, r, "DANE status is unknown")
-		if d := p.w.dials(); len(d) != 0 {
-			t.Errorf("dialled %v", d)
-		}
-	})
-	t.Run("takes precedence over MTA-STS", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
-		cfg := p.w.config()
-		cfg.DANE = fakeTLSA{"mx.example.test": {recs: []*dns.TLSA{spkiTLSA(3, p.leaf.Cert)}, ad: true}}
-		// An enforce policy that lists another host, and no RootCAs for
-		// the WebPKI: DANE alone decides.
-		cfg.MTASTS = &fakeSTS{mtasts.Result{Policy: &mtasts.Policy{Mode: mtasts.ModeEnforce, MX: []string{"elsewhere.test"}, MaxAge: time.Hour, ID: "1"}}}
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkDelivered(t, r)
+	runTLSCases(t, []tlsCase{
+		{"DANE-EE match delivers", true, func(p *pkiMX, cfg *Config) {
+			cfg.DANE = tlsa(true, spkiTLSA(3, p.leaf.Cert))
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+			if !r.TLS || !r.TLSVerified {
+				t.Errorf("TLS=%v verified=%v", r.TLS, r.TLSVerified)
+			}
+			if ev := lastReport(t, rep); !ev.Success || ev.PolicyType != tlsrpt.PolicyTLSA || ev.Domain != "mx.example.test" || len(ev.Policy) != 1 {
+				t.Errorf("report %+v", ev)
+			}
+		}},
+		{"DANE-TA match delivers", true, func(p *pkiMX, cfg *Config) {
+			cfg.DANE = tlsa(true, spkiTLSA(2, p.inter.Cert))
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+		}},
+		{"mismatch is refused", true, func(p *pkiMX, cfg *Config) {
+			cfg.DANE = tlsa(true, spkiTLSA(3, otherLeaf(p)))
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkAll(t, r, classify.StageTLS, 0, classify.EventTLSFailure)
+			checkTransient(t, r, "DANE: no TLSA record matches the certificate of mx.example.test")
+			noDelivery(t, p)
+			if ev := lastReport(t, rep); ev.Success || ev.Result != tlsrpt.ResultTLSAInvalid || ev.ReceivingIP != "127.0.0.2" {
+				t.Errorf("report %+v", ev)
+			}
+		}},
+		{"no STARTTLS is refused, never plaintext", false, func(p *pkiMX, cfg *Config) {
+			cfg.DANE = tlsa(true, spkiTLSA(3, p.leaf.Cert))
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkTransient(t, r, "does not offer STARTTLS and it publishes DANE TLSA records")
+			noDelivery(t, p)
+			if ev := lastReport(t, rep); ev.Result != tlsrpt.ResultSTARTTLSNotSupported {
+				t.Errorf("report %+v", ev)
+			}
+		}},
+		{"answer without AD is ignored", true, func(p *pkiMX, cfg *Config) {
+			cfg.DANE = tlsa(false, spkiTLSA(3, otherLeaf(p)))
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+			if !r.TLS || r.TLSVerified {
+				t.Errorf("TLS=%v verified=%v: want opportunistic TLS, unverified", r.TLS, r.TLSVerified)
+			}
+		}},
+		{"secure but unusable records make TLS mandatory", false, func(p *pkiMX, cfg *Config) {
+			cfg.DANE = tlsa(true, spkiTLSA(1, p.leaf.Cert)) // PKIX-EE
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkTransient(t, r, "does not offer STARTTLS")
+		}},
+		{"lookup failure skips the host", true, func(p *pkiMX, cfg *Config) {
+			cfg.DANE = fakeTLSA{"mx.example.test": {err: errors.New("SERVFAIL")}}
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkAll(t, r, classify.StageDNS, 0, classify.EventDNSServFail)
+			checkTransient(t, r, "DANE status is unknown")
+			noDial(t, p)
+		}},
+		{"takes precedence over MTA-STS", true, func(p *pkiMX, cfg *Config) {
+			cfg.DANE = tlsa(true, spkiTLSA(3, p.leaf.Cert))
+			// An enforce policy that lists another host, and no RootCAs
+			// for the WebPKI: DANE alone decides.
+			cfg.MTASTS = &fakeSTS{mtasts.Result{Policy: &mtasts.Policy{Mode: mtasts.ModeEnforce, MX: []string{"elsewhere.test"}, MaxAge: time.Hour, ID: "1"}}}
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+		}},
 	})
 }
 
@@ -214,103 +233,78 @@ func stsPolicy(mode mtasts.Mode, mx ...string) *fakeSTS {
 }
 
 func TestMTASTS(t *testing.T) {
-	t.Run("enforce, listed host with a valid certificate", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
-		rep := &reports{}
-		cfg := p.w.config()
-		cfg.RootCAs = p.root.Pool()
-		cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "*.example.test")
-		cfg.TLSReport = rep
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkDelivered(t, r)
-		if !r.TLSVerified {
-			t.Error("not verified")
-		}
-		if ev := lastReport(t, rep); !ev.Success || ev.PolicyType != tlsrpt.PolicySTS {
-			t.Errorf("report %+v", ev)
-		}
-	})
-	t.Run("enforce, unlisted host is not used", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
-		cfg := p.w.config()
-		cfg.RootCAs = p.root.Pool()
-		cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.elsewhere.test")
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkAll(t, r, classify.StageTLS, 0, classify.EventTLSFailure)
-		checkTransient(t, r, "is not listed in the MTA-STS policy of example.test")
-		if d := p.w.dials(); len(d) != 0 {
-			t.Errorf("dialled %v", d)
-		}
-	})
-	t.Run("enforce, untrusted certificate", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
-		rep := &reports{}
-		cfg := p.w.config() // RootCAs nil: the system pool does not know the test CA
-		cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.example.test")
-		cfg.TLSReport = rep
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkTransient(t, r, "MTA-STS certificate verification failed")
-		if n := len(p.fake.Messages()); n != 0 {
-			t.Errorf("%d messages delivered", n)
-		}
-		if ev := lastReport(t, rep); ev.Result != tlsrpt.ResultNotTrusted {
-			t.Errorf("report %+v", ev)
-		}
-	})
-	t.Run("enforce, no STARTTLS", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{})
-		cfg := p.w.config()
-		cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.example.test")
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkTransient(t, r, "does not offer STARTTLS and the MTA-STS policy of example.test")
-	})
-	t.Run("enforce, the listed second MX is used", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
-		p.w.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: "bad.example.test.", Pref: 5}, {Host: "mx.example.test.", Pref: 10}}}
-		p.w.host("bad.example.test", "127.0.0.9")
-		cfg := p.w.config()
-		cfg.RootCAs = p.root.Pool()
-		cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.example.test")
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkDelivered(t, r)
-		if d := p.w.dials(); len(d) != 1 || d[0] != "127.0.0.2:25" {
-			t.Errorf("dialled %v", d)
-		}
-	})
-	t.Run("testing only reports", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
-		rep := &reports{}
-		cfg := p.w.config()
-		cfg.MTASTS = stsPolicy(mtasts.ModeTesting, "mx.elsewhere.test")
-		cfg.TLSReport = rep
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkDelivered(t, r)
-		var results []string
-		for _, ev := range rep.all() {
-			results = append(results, ev.Result)
-		}
-		if strings.Join(results, ",") != "validation-failure,certificate-not-trusted" {
-			t.Errorf("reported %v", results)
-		}
-	})
-	t.Run("none is respected", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{})
-		cfg := p.w.config()
-		cfg.MTASTS = stsPolicy(mtasts.ModeNone)
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkDelivered(t, r)
-	})
-	t.Run("fetch failure delivers as without a policy and reports", func(t *testing.T) {
-		p := newPKIMX(t, fakemx.Options{})
-		rep := &reports{}
-		cfg := p.w.config()
-		cfg.MTASTS = &fakeSTS{mtasts.Result{Failure: mtasts.FailureFetch, Err: errors.New("HTTP 404")}}
-		cfg.TLSReport = rep
-		r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
-		checkDelivered(t, r)
-		if ev := lastReport(t, rep); ev.Result != tlsrpt.ResultSTSPolicyFetch {
-			t.Errorf("report %+v", ev)
-		}
+	runTLSCases(t, []tlsCase{
+		{"enforce, listed host with a valid certificate", true, func(p *pkiMX, cfg *Config) {
+			cfg.RootCAs = p.root.Pool()
+			cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "*.example.test")
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+			if !r.TLSVerified {
+				t.Error("not verified")
+			}
+			if ev := lastReport(t, rep); !ev.Success || ev.PolicyType != tlsrpt.PolicySTS {
+				t.Errorf("report %+v", ev)
+			}
+		}},
+		{"enforce, unlisted host is not used", true, func(p *pkiMX, cfg *Config) {
+			cfg.RootCAs = p.root.Pool()
+			cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.elsewhere.test")
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkAll(t, r, classify.StageTLS, 0, classify.EventTLSFailure)
+			checkTransient(t, r, "is not listed in the MTA-STS policy of example.test")
+			noDial(t, p)
+		}},
+		{"enforce, untrusted certificate", true, func(p *pkiMX, cfg *Config) {
+			// RootCAs nil: the system pool does not know the test CA.
+			cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.example.test")
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkTransient(t, r, "MTA-STS certificate verification failed")
+			noDelivery(t, p)
+			if ev := lastReport(t, rep); ev.Result != tlsrpt.ResultNotTrusted {
+				t.Errorf("report %+v", ev)
+			}
+		}},
+		{"enforce, no STARTTLS", false, func(p *pkiMX, cfg *Config) {
+			cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.example.test")
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkTransient(t, r, "does not offer STARTTLS and the MTA-STS policy of example.test")
+		}},
+		{"enforce, the listed second MX is used", true, func(p *pkiMX, cfg *Config) {
+			p.w.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: "bad.example.test.", Pref: 5}, {Host: "mx.example.test.", Pref: 10}}}
+			p.w.host("bad.example.test", "127.0.0.9")
+			cfg.RootCAs = p.root.Pool()
+			cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.example.test")
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+			if d := p.w.dials(); len(d) != 1 || d[0] != "127.0.0.2:25" {
+				t.Errorf("dialled %v", d)
+			}
+		}},
+		{"testing only reports", true, func(p *pkiMX, cfg *Config) {
+			cfg.MTASTS = stsPolicy(mtasts.ModeTesting, "mx.elsewhere.test")
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+			var results []string
+			for _, ev := range rep.all() {
+				results = append(results, ev.Result)
+			}
+			if strings.Join(results, ",") != "validation-failure,certificate-not-trusted" {
+				t.Errorf("reported %v", results)
+			}
+		}},
+		{"none is respected", false, func(p *pkiMX, cfg *Config) {
+			cfg.MTASTS = stsPolicy(mtasts.ModeNone)
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+		}},
+		{"fetch failure delivers as without a policy and reports", false, func(p *pkiMX, cfg *Config) {
+			cfg.MTASTS = &fakeSTS{mtasts.Result{Failure: mtasts.FailureFetch, Err: errors.New("HTTP 404")}}
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+			if ev := lastReport(t, rep); ev.Result != tlsrpt.ResultSTSPolicyFetch {
+				t.Errorf("report %+v", ev)
+			}
+		}},
 	})
 	t.Run("a pooled plaintext connection is not reused under a policy", func(t *testing.T) {
 		p := newPKIMX(t, fakemx.Options{STARTTLS: true})
