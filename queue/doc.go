@@ -29,7 +29,8 @@
 // count of a multi-part submission's envelopes still holding its body, the
 // first-pass record through which those envelopes send one delivery status
 // notification per message (RecordPass), and the fleet-wide allowance of
-// notifications per address (TakeAllowance).
+// notifications per address (TakeAllowance). The per-tenant suppression
+// list that submission checks is a bucket of queue's too (suppress.go).
 //
 // queue knows JetStream and nothing of SMTP. It owns the layout: every
 // subject is built in subjects.go, every stream and consumer is configured

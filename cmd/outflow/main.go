@@ -1,7 +1,7 @@
 // Command outflow is the one binary of the outflow mail sender: the daemon
 // (serve), the submission client (submit), the reply classifier (classify),
-// the retry calculator (schedule), the admin verbs (queue, dest) and
-// helpers (passwd, version).
+// the retry calculator (schedule), the admin verbs (queue, dest, suppress,
+// webhook, apikey) and helpers (passwd, version).
 //
 // Each subcommand lives in its own file and registers itself on rootCmd from
 // an init function, so adding a verb never touches this file.

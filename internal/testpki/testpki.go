@@ -1,7 +1,3 @@
-// Package testpki makes throw-away certificate authorities and server
-// certificates for tests: a root, optionally an intermediate, and leaf
-// certificates for given host names, all ECDSA P-256, valid from an hour
-// ago for a day unless the test asks otherwise.
 package testpki
 
 import (

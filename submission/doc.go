@@ -1,0 +1,20 @@
+// Package submission is in charge of the authenticated SMTP submission
+// listener: it accepts mail from applications over SMTP (RFC 5321, RFC 6409),
+// authenticates them with AUTH PLAIN or LOGIN (RFC 4954) against a users file
+// of bcrypt hashes, enforces the limits and input rules that keep bad input
+// out of the queue (size, recipients, line length, bare LF and CR, NUL,
+// malformed addresses, slow clients, connection count, AUTH brute force), and
+// hands every accepted message to the queue through an Enqueuer.
+//
+// Failure semantics: a message is acknowledged with 250 only after
+// Enqueuer.Enqueue returned nil, which means JetStream stored it. Every other
+// outcome is an explicit SMTP error: 4xx when retrying may succeed (the queue
+// was unavailable, a timeout, shutdown), 5xx when it will not (the message or
+// an address is malformed, too big, or the client is not authorised). There
+// is never an open relay: a client must AUTH, or connect from one of the
+// configured trusted networks, before MAIL FROM is accepted.
+//
+// The listener is built on go-smtp v0.25.1. Some of its behaviour is relied
+// on, and some is worked around, on purpose; each place says which.
+// docs/submission.md lists every configuration field and every reply code.
+package submission
