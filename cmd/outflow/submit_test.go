@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outflow/outflow/internal/testutil"
+	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -59,7 +59,7 @@ func TestSubmitStoresDSN(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Shutdown)
-	q := testutil.Queue(t, emb, queue.Options{})
+	q := testqueue.Connect(t, emb, queue.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
