@@ -90,10 +90,13 @@ func (q *Queue) Event(typ string, ev *Event) {
 	if ev.Time.IsZero() {
 		ev.Time = time.Now().UTC()
 	}
-	b, err := json.Marshal(ev)
-	if err != nil {
-		q.log.Error().Err(err).Msg("encode event")
-		return
+	b, ok := ev.appendJSON(make([]byte, 0, 512))
+	if !ok {
+		var err error
+		if b, err = json.Marshal(ev); err != nil {
+			q.log.Error().Err(err).Msg("encode event")
+			return
+		}
 	}
 	m := &nats.Msg{Subject: eventSubject(typ, ev.ID), Data: b}
 	if validID(ev.ID) { // an undecodable envelope's id may be anything; the JSON escapes it

@@ -1,0 +1,84 @@
+package queue
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+func sampleEvents() []*Event {
+	at := time.Date(2026, 12, 2, 5, 6, 7, 123456789, time.UTC)
+	return []*Event{
+		{Type: EventQueued, Time: at, ID: "abc", MsgID: "abc", Tenant: "t1", Dest: "one.example", Rcpts: 1, Size: 2048},
+		{Type: EventDelivered, Time: at.In(time.FixedZone("x", 3600)), ID: "abc-2", Attempt: 3, Worker: "w/1",
+			Recipients: []string{"a@one.example", "b@one.example"}, Decision: json.RawMessage(`{"class":"delivered","reply":"250 \u003cok\u003e"}`)},
+		{Type: EventBounced, ID: "x", Reason: "550 5.1.1 <user@example> \"quoted\" \\ back\r\n\ttab \x00\x1f & > \u2028\u2029 ü 日本 \xff\xfe end"},
+		{Type: EventLearned, ID: "dest", State: json.RawMessage(`{"rate":1.5}`)},
+		{},
+	}
+}
+
+// The hand-written encoder writes exactly what json.Marshal writes.
+func TestEventJSONMatchesMarshal(t *testing.T) {
+	for _, ev := range sampleEvents() {
+		want, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := ev.appendJSON(nil)
+		if !ok || !bytes.Equal(got, want) {
+			t.Errorf("appendJSON = %s, %v\nwant         %s", got, ok, want)
+		}
+	}
+	bad := &Event{Type: "x", Decision: json.RawMessage(`{"unterminated"`)}
+	if _, ok := bad.appendJSON(nil); ok {
+		t.Error("invalid Decision encoded")
+	}
+}
+
+func FuzzEventJSON(f *testing.F) {
+	f.Add("delivered", "id", "550 <a@b> & \"x\"", "a@b.example", int64(3), `{"a":1}`)
+	f.Add("\xff", "\u2028", "\x00\n\t", "", int64(-1), `[`)
+	f.Fuzz(func(t *testing.T, typ, id, reason, rcpt string, n int64, raw string) {
+		ev := &Event{Type: typ, ID: id, Reason: reason, Recipients: []string{rcpt}, Size: n, Attempt: int(n), Decision: json.RawMessage(raw)}
+		if raw == "" {
+			ev.Decision = nil
+		}
+		want, err := json.Marshal(ev)
+		got, ok := ev.appendJSON(nil)
+		if err != nil {
+			if ok {
+				t.Fatalf("json.Marshal refused (%v) but appendJSON wrote %s", err, got)
+			}
+			return
+		}
+		if !ok {
+			t.Fatalf("appendJSON refused what json.Marshal wrote: %s", want)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("appendJSON = %s\nwant         %s", got, want)
+		}
+	})
+}
+
+// go test -run '^$' -bench EventEncode -benchmem ./queue
+func BenchmarkEventEncode(b *testing.B) {
+	ev := sampleEvents()[1]
+	b.Run("appendJSON", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, ok := ev.appendJSON(make([]byte, 0, 512)); !ok {
+				b.Fatal("refused")
+			}
+		}
+	})
+	b.Run("json.Marshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := json.Marshal(ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
