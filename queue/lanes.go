@@ -192,10 +192,10 @@ func (d *Delivery) InProgress() { _ = d.msg.InProgress() }
 func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
 	e := d.Env
 	d.q.count(OpSentGet)
-	if _, err := d.q.sent.Get(ctx, e.SentKey()); err == nil {
-		return true, nil
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if _, _, found, err := d.q.lastMsg(ctx, sentStreamName, sentSubject(e.SentKey())); err != nil {
 		return false, fmt.Errorf("SENT lookup: %w", err)
+	} else if found {
+		return true, nil
 	}
 	if !d.Redelivered {
 		return false, nil
@@ -259,6 +259,12 @@ func (d *Delivery) Delivered(ctx context.Context, rcpts []string, done bool) err
 	d.q.releaseBody(ctx, d.Env)
 	return nil
 }
+
+// sentStreamName is the SENT bucket's stream, and sentSubject a key's
+// subject in it (nats.go's key-value layout).
+const sentStreamName = "KV_" + BucketSent
+
+func sentSubject(key string) string { return "$KV." + BucketSent + "." + key }
 
 // Done acknowledges an envelope that has reached its end without a SENT
 // marker (every recipient bounced) and releases its body.

@@ -1,0 +1,52 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// lastMsg reads the last message stored on subject in stream with one
+// direct get, the request nats.go's KeyValue.Get makes, without what it
+// adds on the way: a JSON request body the direct get ignores, its
+// encoding, and an entry built around the reply. found is false when no
+// message is stored, or when the last one is a key-value delete or purge
+// marker (what KeyValue.Get reports as ErrKeyNotFound). seq is the
+// message's stream sequence (a key's revision). Every stream it reads
+// allows direct gets (setup).
+func (q *Queue) lastMsg(ctx context.Context, stream, subject string) (data []byte, seq uint64, found bool, err error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, directGetTimeout)
+		defer cancel()
+	}
+	resp, err := q.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+stream+"."+subject, nil)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	if len(resp.Data) == 0 {
+		switch st := resp.Header.Get("Status"); st {
+		case "":
+		case "404":
+			return nil, 0, false, nil
+		default:
+			return nil, 0, false, fmt.Errorf("direct get %s: %s %s", subject, st, resp.Header.Get("Description"))
+		}
+	}
+	switch resp.Header.Get("KV-Operation") {
+	case "DEL", "PURGE":
+		return nil, 0, false, nil
+	}
+	seq, err = strconv.ParseUint(resp.Header.Get(nats.JSSequence), 10, 64)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("direct get %s: sequence: %w", subject, err)
+	}
+	return resp.Data, seq, true, nil
+}
+
+// directGetTimeout bounds a direct get whose context has no deadline, as
+// nats.go's default API timeout does.
+const directGetTimeout = 5 * time.Second
