@@ -67,6 +67,7 @@ func BenchmarkEventEncode(b *testing.B) {
 	ev := sampleEvents()[1]
 	b.Run("appendJSON", func(b *testing.B) {
 		b.ReportAllocs()
+		defer reportCPU(b)()
 		for b.Loop() {
 			if _, ok := ev.appendJSON(make([]byte, 0, 512)); !ok {
 				b.Fatal("refused")
@@ -75,6 +76,7 @@ func BenchmarkEventEncode(b *testing.B) {
 	})
 	b.Run("json.Marshal", func(b *testing.B) {
 		b.ReportAllocs()
+		defer reportCPU(b)()
 		for b.Loop() {
 			if _, err := json.Marshal(ev); err != nil {
 				b.Fatal(err)
