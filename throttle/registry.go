@@ -165,6 +165,15 @@ func (t *Throttle) recountLocked(now time.Time) {
 	if _, ok := t.workers[t.regKey]; !ok {
 		n++ // this worker is live even if its key is not (yet) seen
 	}
+	keys := make([]string, 0, n)
+	for k := range t.workers {
+		keys = append(keys, k)
+	}
+	if _, ok := t.workers[t.regKey]; !ok {
+		keys = append(keys, t.regKey)
+	}
+	sort.Strings(keys)
+	t.rank.Store(int64(sort.SearchStrings(keys, t.regKey)))
 	if old := t.live.Swap(int64(n)); old != int64(n) {
 		ids := make([]string, 0, len(t.workers))
 		for k := range t.workers {

@@ -277,6 +277,7 @@ type Throttle struct {
 	workers   map[string]time.Time    // registry key -> last seen
 	peers     map[string]workerRecord // registry key -> its last record
 	live      atomic.Int64
+	rank      atomic.Int64 // this worker's place among the live ones, sorted by key (slots)
 	workerTTL time.Duration
 
 	// offset is the server's clock minus this worker's, in nanoseconds,
@@ -593,16 +594,20 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 	var at time.Time
 	if fleet := t.fleetRate(d.limits, *st, now); fleet > 0 {
 		d.bucket.setRate(now, fleet/float64(live))
-		at = d.bucket.reserve(now)
-		if at.After(now) {
-			d.lastLimited = at // the rate holds this attempt back until then
+		due := d.bucket.reserve(now)
+		if due.After(now) {
+			d.lastLimited = due // the rate holds this attempt back until then
 		}
+		// Sent in this worker's next slot of the fleet's grid (slotAt),
+		// so that the workers' shares interleave instead of colliding.
+		off, _ := t.ClockOffset()
+		at = slotAt(due, fleet, live, int(t.rank.Load())%live, off)
 		// A tenant with a backlog in the virtual queue does not hold a
 		// delivery slot and a reservation waiting for a token while another
 		// tenant sends to the destination: its envelope takes its own
 		// tenant's next place at once, and the tokens go to whoever is
 		// within its share (see fairShare).
-		if at.Sub(now) > t.cfg.MaxWait || at.After(now) && d.overShare(tenant, now) {
+		if at.Sub(now) > t.cfg.MaxWait || due.After(now) && d.overShare(tenant, now) {
 			// Too long to wait here. The refused envelope goes back to a
 			// lane and may return to any worker, so this worker keeps no
 			// token for it: it hands the token back and gives the envelope
