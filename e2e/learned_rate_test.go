@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outflow/outflow/internal/ratedmx"
+	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/submission"
 )
 
@@ -239,4 +240,48 @@ func grepLines(logs, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestLearnedRateTwoWorkersOneMessageBurst: two daemons on one NATS share
+// a provider that allows 6/s with a burst of 1.2 messages, so that any
+// two sends within about 130 ms of each other meet a throttle. Each
+// daemon paced its half on its own phase; phases that fell together made
+// pairs on every turn, each pair a throttle, each throttle a cut, and the
+// soak's two workers settled at a quarter of such a limit with a growing
+// backlog (docs/reliability.md). On the fleet's shared grid of slots
+// their turns interleave and the rate learned stays near the limit.
+func TestLearnedRateTwoWorkersOneMessageBurst(t *testing.T) {
+	if !longMode() {
+		t.Skip("a minute of traffic; OUTFLOW_LONG=1 (make test-long)")
+	}
+	const limit, total = 6.0, 240
+	p := ratedmx.Start(t, ratedmx.Options{Rate: limit, Burst: 1.2})
+	dir := t.TempDir()
+	users := writeUsers(t, dir)
+	a := startDaemon(t, dir+"/a", append(learnedArgs(users, p.Addr()), "--worker-id", "A")...)
+	ci, err := queue.ReadClientInfo(dir + "/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := strings.Replace(ci.URL, "nats://", "nats://"+ci.User+":"+ci.Password+"@", 1)
+	b := startDaemon(t, dir+"/b", append(learnedArgs(users, p.Addr()), "--worker-id", "B", "--nats-url", url)...)
+	waitFor(t, 15*time.Second, "both workers registered", func() bool {
+		return a.scrape(t)["outflow_workers_live"] == 2 && b.scrape(t)["outflow_workers_live"] == 2
+	})
+	start := time.Now()
+	submitThrough(t, []*daemon{a, b}, total, "g", "r@limited.test")
+	ideal := time.Duration(float64(total) / limit * float64(time.Second))
+	if err := p.WaitForMessages(total, 4*ideal); err != nil {
+		t.Fatalf("%v; %s; learned %.2f/s", err, measure(p, total, start), a.scrape(t)[`outflow_dest_learned_rate{dest="limited.test"}`])
+	}
+	r := measure(p, total, start)
+	learned := a.scrape(t)[`outflow_dest_learned_rate{dest="limited.test"}`]
+	t.Logf("%s (ideal %v); learned %.2f/s", r, ideal, learned)
+	t.Logf("learned-rate changes:\n%s", grepLines(a.Logs()+b.Logs(), `"change":"learned-rate"`))
+	if r.drain > 2*ideal {
+		t.Errorf("drained in %v, over twice the ideal %v", r.drain, ideal)
+	}
+	if r.throttles > total/5 {
+		t.Errorf("%d throttle replies for %d messages", r.throttles, total)
+	}
 }

@@ -1,7 +1,6 @@
 package throttle
 
 import (
-	"math"
 	"time"
 )
 
@@ -66,40 +65,4 @@ func (b *bucket) refund() {
 	if b.tokens > bucketBurst {
 		b.tokens = bucketBurst
 	}
-}
-
-// Slots. Each live worker paces its share of a destination's rate with its
-// own bucket, and two buckets know nothing of each other's phase: two
-// workers whose turns fall a few milliseconds apart send two messages at
-// once on every turn, whatever the rate. A provider whose burst is about
-// one message throttles each such pair, every throttle cuts the learned
-// rate, and a cut changes both workers' periods alike, so the pairs stay
-// paired down to a fraction of the real limit.
-//
-// So the fleet shares one grid of send slots per destination, on the NATS
-// server's clock (the one clock every worker measures itself against,
-// clock.go): slot k falls at k periods of 1/rate after the Unix epoch, and
-// the worker ranked r among the n live ones (registry keys in sorted
-// order) takes the slots with k mod n = r. The fleet's sends then come
-// evenly spaced, interleaved worker by worker, as one sender's would. A
-// worker's bucket still decides how many it may take; the grid only says
-// when.
-
-// minSlot is the shortest slot worth aligning to: below it, timers and
-// the network scatter sends by more than the grid would order them.
-const minSlot = 2 * time.Millisecond
-
-// slotAt is the first of this worker's slots at or after at (a local wall
-// clock time): the fleet's rate is rate, live workers n, this worker's
-// rank r, and the server's clock is offset ahead of the local one.
-func slotAt(at time.Time, rate float64, n, r int, offset time.Duration) time.Time {
-	if n <= 1 || rate <= 0 || rate > float64(time.Second/minSlot) {
-		return at
-	}
-	// In whole nanoseconds, so that every worker computes the same grid.
-	period := int64(math.Round(float64(time.Second) / rate))
-	server := at.Add(offset).UnixNano()
-	k := (server + period - 1) / period
-	k += (int64(r) - k%int64(n) + int64(n)) % int64(n)
-	return time.Unix(0, k*period).Add(-offset)
 }

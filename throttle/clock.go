@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"slices"
 	"time"
 )
 
@@ -54,6 +55,12 @@ func (f frame) toLocal(s DestState, created time.Time) DestState {
 		&s.LearnedHold, &s.LearnedNext, &s.LearnedConnsHold, &s.LearnedSince, &s.LearnedCutAt, &s.UpdatedAt} {
 		if !p.IsZero() && !p.Equal(SuspendForever) {
 			*p = p.Add(shift).UTC()
+		}
+	}
+	if len(s.Grid) > 0 {
+		s.Grid = slices.Clone(s.Grid) // shared with the state it came from
+		for i := range s.Grid {
+			s.Grid[i].From = s.Grid[i].From.Add(shift).UTC()
 		}
 	}
 	return s

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -114,7 +115,7 @@ func TestToLocalMovesEveryEnd(t *testing.T) {
 		t.Fatalf("an unending suspension moved to %v", got.SuspendedUntil)
 	}
 	s.UpdatedAt = server.Add(300 * time.Millisecond)
-	if got := (frame{}).toLocal(s, server); got != s {
+	if got := (frame{}).toLocal(s, server); !reflect.DeepEqual(got, s) {
 		t.Fatalf("a 300 ms difference moved the state: %+v", got)
 	}
 }

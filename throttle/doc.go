@@ -20,6 +20,12 @@
 // throttle deferred (Gate.Pace), so that a backlog comes back at the
 // rate, oldest first, and tenants share a busy destination fairly.
 //
+// With more than one live worker, the workers take turns: each send waits
+// for its worker's next slot on a grid the fleet shares per destination
+// (slots.go), so that the fleet's sends arrive spaced as one sender's
+// would; the learned rate's grid is kept in the shared state, in segments
+// that carry the turns across each change of the rate.
+//
 // With egress addresses, every piece of that state is kept per
 // (destination, source address) pair instead, named "DEST@SOURCE"
 // (source.go, PairName), since providers limit and block per sending IP; a

@@ -90,10 +90,11 @@ type learnConfig struct {
 	every    time.Duration
 	step     float64
 	min      float64
+	ahead    time.Duration // how far ahead a change of the rate starts its grid segment (slots.go)
 }
 
 func (c *Config) learn() learnConfig {
-	return learnConfig{decrease: c.DecreaseFactor, hold: c.LearnHold, every: c.LearnEvery, step: c.LearnStep, min: c.LearnMin}
+	return learnConfig{decrease: c.DecreaseFactor, hold: c.LearnHold, every: c.LearnEvery, step: c.LearnStep, min: c.LearnMin, ahead: c.MaxWait + gridReach}
 }
 
 // learnsRate reports whether throttles teach dest a rate: learning is on,
@@ -143,6 +144,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 		next = ceiling
 	}
 	next = math.Max(lc.min, next)
+	s.regrid(now, lc.ahead, next)
 	s.LearnedRate = next
 	s.LearnedStep = lc.stepOf(next)
 	s.LearnedHold = now.Add(lc.hold).UTC()
@@ -175,6 +177,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 		next = ceiling
 	}
 	s.LearnedReason = fmt.Sprintf("probe up: %s after %s without a throttle while the rate was binding", how, lc.every)
+	s.regrid(now, lc.ahead, next)
 	s.LearnedRate = next
 	// Only the next step waits: a throttle right after a step up cuts at
 	// once, so an overshoot costs milliseconds of throttles, not a hold.
@@ -230,6 +233,7 @@ func forgetLearned(s *DestState) bool {
 	s.LearnedRate, s.LearnedStep, s.LearnedHold, s.LearnedNext, s.LearnedReason, s.LearnedSlowStart = 0, 0, time.Time{}, time.Time{}, "", false
 	s.LearnedConns, s.LearnedConnsHold, s.LearnedConnsReason = 0, time.Time{}, ""
 	s.LearnedSince, s.LearnedCutAt = time.Time{}, time.Time{}
+	s.Grid = nil
 	return true
 }
 

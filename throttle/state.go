@@ -92,6 +92,10 @@ type DestState struct {
 	// forgotten LearnForget after LearnedCutAt.
 	LearnedSince time.Time `json:"learned_since,omitzero"`
 	LearnedCutAt time.Time `json:"learned_cut_at,omitzero"`
+	// Grid is the learned rate's grid of send slots, in segments (one
+	// per recent change of the rate; slots.go), so that the fleet's turns
+	// go on across a change without two of them falling together.
+	Grid []GridSegment `json:"grid,omitempty"`
 
 	// Recover is set by Resume: the next worker to clear it (by revision
 	// CAS, so exactly one) calls Config.OnRecover for the

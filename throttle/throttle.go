@@ -313,7 +313,8 @@ type dest struct {
 	hasState bool
 	evicted  bool
 
-	bucket bucket
+	bucket   bucket
+	lastTurn time.Time // the latest turn on the grid given to an admission (slots.go)
 	// vq is the destination's virtual queue of envelopes deferred for its
 	// rate, one end per tenant with mail waiting: the next envelope of a
 	// tenant is told to come back at its tenant's end, which then moves on
@@ -598,10 +599,9 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		if due.After(now) {
 			d.lastLimited = due // the rate holds this attempt back until then
 		}
-		// Sent in this worker's next slot of the fleet's grid (slotAt),
-		// so that the workers' shares interleave instead of colliding.
-		off, _ := t.ClockOffset()
-		at = slotAt(due, fleet, live, int(t.rank.Load())%live, off)
+		// Sent on this worker's next turn of the fleet's grid (slots.go),
+		// never one it already gave out.
+		at = t.turnOf(d, fleet, live, now).next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
 		// A tenant with a backlog in the virtual queue does not hold a
 		// delivery slot and a reservation waiting for a token while another
 		// tenant sends to the destination: its envelope takes its own
@@ -621,6 +621,9 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 			d.mu.Unlock()
 			return nil, Refusal{Until: until, Reason: "rate"}, false
 		}
+	}
+	if at.After(d.lastTurn) {
+		d.lastTurn = at
 	}
 	d.inflight++
 	d.mu.Unlock()
