@@ -125,7 +125,7 @@ func TestFleetSendsInterleave(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for ctx.Err() == nil {
-					p, _ := th.Admit(ctx, "grid.test")
+					p, _ := th.Admit(ctx, "grid.test", "", "")
 					if p == nil {
 						continue
 					}
