@@ -25,19 +25,7 @@ func TestHTTPAPIErrors(t *testing.T) {
 		"--max-message-size", "100000", "--api-rate", "0.001", "--api-burst", "40")
 	cli := func(args ...string) string {
 		t.Helper()
-		for try := 1; ; try++ {
-			var out, errb bytes.Buffer
-			cmd := exec.Command(binary, append(args, "--data", d.Data)...)
-			cmd.Stdout, cmd.Stderr = &out, &errb
-			err := cmd.Run()
-			if err == nil {
-				return strings.TrimSpace(out.String())
-			}
-			if try < 3 && strings.Contains(errb.String(), "i/o timeout") {
-				continue
-			}
-			t.Fatalf("outflow %v: %v\n%s%s", args, err, out.String(), errb.String())
-		}
+		return adminCLI(t, d.Data, args...)
 	}
 	key := cli("apikey", "create", "--tenant", "shop")
 	spare := cli("apikey", "create", "--tenant", "other")

@@ -157,13 +157,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		"--ratelimit-base", "30m", "--ratelimit-min", "20m", "--ratelimit-cap", "2h")
 	cli := func(args ...string) string {
 		t.Helper()
-		var out, errb bytes.Buffer
-		cmd := exec.Command(binary, append(args, "--data", d.Data)...)
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("outflow %v: %v\n%s%s", args, err, out.String(), errb.String())
-		}
-		return strings.TrimSpace(out.String())
+		return adminCLI(t, d.Data, args...)
 	}
 	key := cli("apikey", "create", "--tenant", "ops", "--admin")
 

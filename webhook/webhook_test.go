@@ -210,13 +210,7 @@ func (f *fixture) start(t testing.TB, mod func(*Config)) {
 
 func waitUntil(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 30*time.Second, what, cond)
 }
 
 func (f *fixture) next(t *testing.T) delivery {

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/throttle"
@@ -36,18 +37,6 @@ func (p *panickySender) Send(ctx context.Context, m *sender.Message) sender.Resu
 		panic("sender bug")
 	}
 	return p.Sender.Send(ctx, m)
-}
-
-// waitFor polls cond every 10 ms until it holds or within passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // throttleConfig is a throttle config for worker w-test on e's queue: its
@@ -106,7 +95,7 @@ func TestPanickingSendIsRedelivered(t *testing.T) {
 	if n := len(e.mx.Messages()); n != 1 {
 		t.Fatalf("%d messages delivered, want 1", n)
 	}
-	waitFor(t, 10*time.Second, "in-flight count back to zero", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "in-flight count back to zero", func() bool {
 		return th.Snapshot("dest.test").InFlight == 0
 	})
 	if st := th.Snapshot("dest.test"); st.Breaker != "closed" {
@@ -186,7 +175,7 @@ func TestResumedWorkerDoesNotResend(t *testing.T) {
 	e.waitEvent(id, queue.EventDelivered)
 	close(gate.resume)
 	<-gate.resumed
-	waitFor(t, 30*time.Second, "the resumed worker acknowledges (or sends)", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "the resumed worker acknowledges (or sends)", func() bool {
 		return strings.Contains(logs.String(), "another worker finished the envelope") || e.mx.Transactions() > 1
 	})
 	if n := e.mx.Transactions(); n != 1 {
