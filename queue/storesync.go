@@ -89,9 +89,13 @@ func ParseDurability(s string) (Durability, error) {
 }
 
 // DefaultSyncWindow is how long StoreSyncer collects requests after the
-// first of a batch before it syncs: the most group commit adds to a
-// submission's latency, besides the fsync itself.
-const DefaultSyncWindow = 2 * time.Millisecond
+// first of a batch before it syncs: none. A batch is what arrived while
+// the previous sync ran, so an idle syncer adds nothing to a submission
+// but its fsync, and a busy one batches as many as came during the last
+// fsync (the group commit of databases whose commit delay defaults to
+// zero). A window of 2 ms measured no faster and twice the latency
+// (docs/benchmarks.md, "Durability").
+const DefaultSyncWindow = 0
 
 // DefaultSweepEvery is how often StoreSyncer syncs the deferred lanes'
 // streams on its own: the longest a schedule's firing can stay unsynced if
@@ -172,12 +176,10 @@ type blockState struct {
 }
 
 // NewStoreSyncer returns a syncer for srv's streams in the global account.
-// window 0 means DefaultSyncWindow; negative means no window (a batch is
-// whatever arrived while the previous sync ran). Run must be started.
+// window is how long a batch collects requests after its first; 0 (the
+// default) or negative: no window, a batch is whatever arrived while the
+// previous sync ran. Run must be started.
 func NewStoreSyncer(srv *server.Server, window time.Duration) *StoreSyncer {
-	if window == 0 {
-		window = DefaultSyncWindow
-	}
 	batchSize := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outflow_store_sync_batch_requests",
 		Help:    "Requests (submissions, deferrals, dead letters, firings, sweeps) released by one group commit.",
 		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}})

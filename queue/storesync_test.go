@@ -197,11 +197,20 @@ func TestRescheduleAndDeadSyncBeforeAck(t *testing.T) {
 	}
 }
 
-// TestStoreSyncerGroupCommits submits concurrently through the real syncer:
-// every submission is released by a sync, and far fewer syncs run than
-// submissions.
+// TestStoreSyncerGroupCommits submits concurrently through the real syncer,
+// with a window and without one (the default): every submission is
+// released by a sync, and far fewer syncs run than submissions.
 func TestStoreSyncerGroupCommits(t *testing.T) {
-	q, emb := syncedQueueWith(t, EmbeddedConfig{SweepEvery: -1}) // only the submissions' syncs
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+	}{{"5ms window", 5 * time.Millisecond}, {"no window", -1}} {
+		t.Run(tc.name, func(t *testing.T) { testGroupCommits(t, tc.window) })
+	}
+}
+
+func testGroupCommits(t *testing.T, window time.Duration) {
+	q, emb := syncedQueueWith(t, EmbeddedConfig{SweepEvery: -1, SyncWindow: window}) // only the submissions' syncs
 	ss := emb.StoreSyncer()
 	// Each fsync takes 300 ms, so that the submissions meet in the
 	// batches however slowly a loaded machine schedules them: without
@@ -462,11 +471,14 @@ func syncedQueue(t *testing.T) (*Queue, *Embedded) {
 	return syncedQueueWith(t, EmbeddedConfig{})
 }
 
-// syncedQueueWith is syncedQueue with cfg's settings (its data dir and
-// window are filled in).
+// syncedQueueWith is syncedQueue with cfg's settings (its data dir is
+// filled in, and its window when unset).
 func syncedQueueWith(t *testing.T, cfg EmbeddedConfig) (*Queue, *Embedded) {
 	t.Helper()
-	cfg.DataDir, cfg.SyncWindow = t.TempDir(), 5*time.Millisecond
+	cfg.DataDir = t.TempDir()
+	if cfg.SyncWindow == 0 {
+		cfg.SyncWindow = 5 * time.Millisecond // negative: none, the default
+	}
 	emb, err := StartEmbedded(cfg)
 	if err != nil {
 		t.Fatal(err)
