@@ -6,8 +6,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/outflow/outflow/classify"
 )
 
 // TestTurnOnEpochGrid: a worker's slots are the grid's slots of its rank, on the
@@ -118,26 +116,11 @@ func TestFleetSendsInterleave(t *testing.T) {
 	var sends []send
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	for i, th := range []*Throttle{a, b} {
-		for range 3 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					p, _ := th.Admit(ctx, "grid.test", "", "")
-					if p == nil {
-						continue
-					}
-					mu.Lock()
-					sends = append(sends, send{time.Now(), i})
-					mu.Unlock()
-					p.Done([]classify.Result{resDelivered})
-				}
-			}()
-		}
-	}
-	wg.Wait()
+	admitUntilDone(ctx, "grid.test", 3, []*Throttle{a, b}, func(i int, at time.Time) {
+		mu.Lock()
+		sends = append(sends, send{at, i})
+		mu.Unlock()
+	})
 	slices.SortFunc(sends, func(x, y send) int { return x.at.Compare(y.at) })
 	if len(sends) < 15 {
 		t.Fatalf("%d sends in 2 s at %v/s", len(sends), rate)

@@ -536,26 +536,11 @@ func TestAggregateRate(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(window))
 	defer cancel()
 	var granted [2]atomic.Int64
-	var wg sync.WaitGroup
-	for i, th := range []*Throttle{a, b} {
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					p, _ := th.Admit(ctx, "agg.test", "", "")
-					if p == nil {
-						continue
-					}
-					if !time.Now().After(start.Add(window)) {
-						granted[i].Add(1)
-					}
-					p.Done([]classify.Result{resDelivered})
-				}
-			}()
+	admitUntilDone(ctx, "agg.test", 4, []*Throttle{a, b}, func(i int, at time.Time) {
+		if !at.After(start.Add(window)) {
+			granted[i].Add(1)
 		}
-	}
-	wg.Wait()
+	})
 	got := granted[0].Load() + granted[1].Load()
 	// Each worker starts with one token, then earns rate/2 per second.
 	want := rate*window.Seconds() + 2
@@ -715,4 +700,26 @@ func gathered(t testing.TB, reg *prometheus.Registry, dest string) bool {
 		}
 	}
 	return false
+}
+
+// admitUntilDone runs per goroutines for each of ths, admitting to domain
+// and delivering until ctx ends; granted is called with the index of the
+// throttle and the time of each grant.
+func admitUntilDone(ctx context.Context, domain string, per int, ths []*Throttle, granted func(i int, at time.Time)) {
+	var wg sync.WaitGroup
+	for i, th := range ths {
+		for range per {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					p, _ := th.Admit(ctx, domain, "", "")
+					if p == nil {
+						continue
+					}
+					granted(i, time.Now())
+					p.Done([]classify.Result{resDelivered})
+				}
+			})
+		}
+	}
+	wg.Wait()
 }
