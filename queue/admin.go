@@ -144,7 +144,7 @@ func itemOf(m *jetstream.RawStreamMsg) (Item, bool) {
 	it := Item{Subject: m.Subject, Seq: m.Sequence, Stored: m.Time, Header: m.Header}
 	if err != nil {
 		// Parked malformed messages have no envelope; show what there is.
-		env = &Envelope{ID: strings.TrimPrefix(m.Subject, subjDeadPrefix), Dest: "?", BodyRef: "-"}
+		env = &Envelope{ID: deadID(m.Subject), Dest: "?", BodyRef: "-"}
 	}
 	it.Env = env
 	it.DeadReason = m.Header.Get("Outflow-Dead-Reason")

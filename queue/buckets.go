@@ -32,7 +32,7 @@ func (q *Queue) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jet
 		cfg.Replicas = q.opts.Replicas
 	}
 	if !q.opts.NoSetup {
-		if err := q.checkReplicas(ctx, []string{"KV_" + cfg.Bucket}); err != nil {
+		if err := q.checkReplicas(ctx, []string{kvStream(cfg.Bucket)}); err != nil {
 			return nil, err
 		}
 	}
@@ -40,7 +40,7 @@ func (q *Queue) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jet
 	if err != nil {
 		return nil, fmt.Errorf("kv %s: %w", cfg.Bucket, err)
 	}
-	q.durableMeta("KV_"+cfg.Bucket, "")
+	q.durableMeta(kvStream(cfg.Bucket), "")
 	return kv, nil
 }
 

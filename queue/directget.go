@@ -23,7 +23,7 @@ func (q *Queue) lastMsg(ctx context.Context, stream, subject string) (data []byt
 		ctx, cancel = context.WithTimeout(ctx, directGetTimeout)
 		defer cancel()
 	}
-	resp, err := q.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+stream+"."+subject, nil)
+	resp, err := q.nc.RequestWithContext(ctx, directGetSubject(stream, subject), nil)
 	if err != nil {
 		return nil, 0, false, err
 	}

@@ -261,10 +261,10 @@ func (d *Delivery) Delivered(ctx context.Context, rcpts []string, done bool) err
 }
 
 // sentStreamName is the SENT bucket's stream, and sentSubject a key's
-// subject in it (nats.go's key-value layout).
-const sentStreamName = "KV_" + BucketSent
+// subject in it.
+var sentStreamName = kvStream(BucketSent)
 
-func sentSubject(key string) string { return "$KV." + BucketSent + "." + key }
+func sentSubject(key string) string { return kvSubject(BucketSent, key) }
 
 // Done acknowledges an envelope that has reached its end without a SENT
 // marker (every recipient bounced) and releases its body.

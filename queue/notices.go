@@ -106,7 +106,7 @@ func (q *Queue) RecordPass(ctx context.Context, e *Envelope, note json.RawMessag
 	if wrote {
 		// The record decides whether notices are owed: it must outlive a
 		// power loss like the envelope whose step follows it.
-		if err := q.durable(ctx, "KV_"+BucketSent); err != nil {
+		if err := q.durable(ctx, kvStream(BucketSent)); err != nil {
 			return Pass{}, err
 		}
 	}

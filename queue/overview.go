@@ -152,7 +152,3 @@ func (q *Queue) WaitingByDest(ctx context.Context) ([]Waiting, error) {
 	})
 	return out, nil
 }
-
-// EventFilter is the subject filter of every event of type typ (one of the
-// Event* constants) in the events stream, StreamEvents.
-func EventFilter(typ string) string { return subjEvents + typ + ".*" }

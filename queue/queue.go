@@ -348,7 +348,7 @@ func (q *Queue) setup(ctx context.Context) error {
 		},
 	}
 	if !o.NoSetup {
-		names := []string{bodyStreamName, "KV_" + BucketSent}
+		names := []string{bodyStreamName, kvStream(BucketSent)}
 		for _, c := range cfgs {
 			names = append(names, c.Name)
 		}

@@ -204,6 +204,32 @@ const bodyLeaderGetSubject = "$JS.API.STREAM.MSG.GET." + bodyStreamName
 // consumer on StreamEvents (the webhook dispatcher's).
 func EventTypeFilter(typ string) string { return subjEvents + typ + ".>" }
 
+// EventFilter is the subject filter of every event of type typ (one of the
+// Event* constants) filed under an envelope id's shard in the events
+// stream, StreamEvents; keyed events (EventKeySubject) fall outside it.
+func EventFilter(typ string) string { return subjEvents + typ + ".*" }
+
+// The subjects of the key-value buckets, in nats.go's key-value layout
+// (ADR-8): bucket B is stream KV_B, and key K is stored on $KV.B.K.
+func kvStream(bucket string) string { return "KV_" + bucket }
+
+func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
+
+// directGetSubject is the JetStream API's direct get of the last message
+// on subject in stream: any replica answers it.
+func directGetSubject(stream, subject string) string {
+	return "$JS.API.DIRECT.GET." + stream + "." + subject
+}
+
+// deadID is the envelope id a dead letter's subject (deadSubject) names.
+func deadID(subj string) string { return strings.TrimPrefix(subj, subjDeadPrefix) }
+
+// workTenant is the tenant token of a work subject (workSubject).
+func workTenant(subj string) string {
+	tok, _, _ := strings.Cut(strings.TrimPrefix(subj, subjWorkPrefix), ".")
+	return tok
+}
+
 // subjDestStatus is the core NATS subject on which every running worker
 // answers `outflow dest status` with its view of a destination.
 const subjDestStatus = "outflow.admin.dest.status"

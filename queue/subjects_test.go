@@ -21,6 +21,12 @@ func TestSubjectLayout(t *testing.T) {
 		{tenantWorkSubjects("t_1"), "outflow.work.t_1.>"},
 		{deadSubjects, "outflow.dead.>"},
 		{eventsSubjects, "outflow.events.>"},
+		{EventFilter(EventDelivered), "outflow.events.delivered.*"},
+		{kvStream(BucketSent), "KV_outflow_sent"},
+		{kvSubject(BucketSent, "ID.0"), "$KV.outflow_sent.ID.0"},
+		{directGetSubject("KV_outflow_sent", "$KV.outflow_sent.ID.0"), "$JS.API.DIRECT.GET.KV_outflow_sent.$KV.outflow_sent.ID.0"},
+		{deadID(deadSubject("ID")), "ID"},
+		{workTenant(workSubject("t.1", "d.example", "ID")), "t_1"},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)

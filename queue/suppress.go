@@ -135,7 +135,7 @@ func (l *Suppressions) Suppressed(ctx context.Context, tenant, addr string) (*Su
 	l.q.count(OpSuppressGet)
 	// One direct get (lastMsg), as KeyValue.Get makes but cheaper: it is
 	// made for every recipient submitted.
-	value, rev, found, err := l.q.lastMsg(ctx, "KV_"+BucketSuppressions, "$KV."+BucketSuppressions+"."+key)
+	value, rev, found, err := l.q.lastMsg(ctx, kvStream(BucketSuppressions), kvSubject(BucketSuppressions, key))
 	if err != nil {
 		return nil, fmt.Errorf("suppression %s: %w", addr, err)
 	}

@@ -117,9 +117,7 @@ func (q *Queue) adoptTenants(ctx context.Context) error {
 		return err
 	}
 	for subj := range info.State.Subjects {
-		rest := strings.TrimPrefix(subj, subjWorkPrefix)
-		tok, _, _ := strings.Cut(rest, ".")
-		if err := q.ensureTenant(ctx, Untoken(tok)); err != nil {
+		if err := q.ensureTenant(ctx, Untoken(workTenant(subj))); err != nil {
 			return err
 		}
 	}
