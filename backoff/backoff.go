@@ -353,7 +353,8 @@ type Budget struct {
 	MaxAttempts int
 
 	// MaxAge is how long after its first attempt a message is given up,
-	// by the wall clock. 0 means no limit.
+	// by the wall clock. 0 means no limit. The deadline counted from
+	// submission is the other wall-clock limit (queue.Options.DeadlineAfter).
 	MaxAge time.Duration
 }
 

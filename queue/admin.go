@@ -374,7 +374,7 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 	e.Step++
 	e.Attempt, e.ThrottleCount = 0, 0
 	e.FirstAttempt, e.NotBefore = time.Time{}, time.Time{}
-	e.Deadline = time.Now().Add(q.opts.MaxAge)
+	e.Deadline = time.Now().Add(q.opts.DeadlineAfter)
 	e.LastClass, e.LastReply = "", ""
 	m, err := e.Encode(workSubject(e.Tenant, e.Dest, e.ID))
 	if err != nil {

@@ -31,7 +31,7 @@ func (q *Queue) SeedDeferred(ctx context.Context, n int, dest string, at time.Ti
 		id := prefix + strconv.Itoa(i)
 		e := &Envelope{
 			ID: id, MsgID: id, Tenant: "bench", From: "seed@bench.test", Rcpts: []string{"rcpt" + strconv.Itoa(i) + "@" + dest},
-			Dest: dest, BodyRef: id, Size: 2048, Parts: 1, SubmittedAt: now, Deadline: now.Add(q.opts.MaxAge),
+			Dest: dest, BodyRef: id, Size: 2048, Parts: 1, SubmittedAt: now, Deadline: now.Add(q.opts.DeadlineAfter),
 			Attempt: 1, FirstAttempt: now, LastClass: "transient", LastReply: "421 4.3.0 seeded", Step: 1,
 		}
 		m, err := scheduleMsg(e, LaneRetry, at)

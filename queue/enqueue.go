@@ -76,7 +76,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		}
 	}
 	msgHdrID := headerMessageID(s.Body)
-	deadline := received.Add(q.opts.MaxAge)
+	deadline := received.Add(q.opts.DeadlineAfter)
 	ids := make([]string, 0, len(order))
 	futures := make([]jetstream.PubAckFuture, 0, len(order))
 	for i, dom := range order {

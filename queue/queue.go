@@ -70,12 +70,13 @@ type Options struct {
 	// MaxAckPending bounds envelopes in flight per lane across all workers.
 	// Default DefaultMaxAckPending.
 	MaxAckPending int
-	// MaxAge is the wall-clock budget of a message from submission: the
-	// envelope's Deadline is stamped from it at enqueue and at replay. The
-	// worker's backoff.Budget.MaxAge is the other budget, counted from the
-	// first attempt. Default backoff.DefaultBudget().MaxAge, the same as the
-	// worker's, so `outflow submit` and `queue replay` stamp what serve would.
-	MaxAge time.Duration
+	// DeadlineAfter is the wall-clock budget of a message counted from
+	// submission: the envelope's Deadline, stamped at enqueue and at replay,
+	// is this long after. It is not the worker's backoff.Budget.MaxAge,
+	// which counts from the first attempt; serve sets both from --max-age.
+	// Default backoff.DefaultBudget().MaxAge, the same as the worker's, so
+	// `outflow submit` and `queue replay` stamp what serve would.
+	DeadlineAfter time.Duration
 	// InlineBodyMax is the largest body of one destination that travels
 	// inside its envelope; larger ones go to the Object Store. Default and
 	// maximum InlineBodyMax; negative: every body goes to the Object Store.
@@ -125,8 +126,8 @@ func (o *Options) defaults() {
 	if o.DedupWindow <= 0 {
 		o.DedupWindow = DefaultDedupWindow
 	}
-	if o.MaxAge <= 0 {
-		o.MaxAge = backoff.DefaultBudget().MaxAge
+	if o.DeadlineAfter <= 0 {
+		o.DeadlineAfter = backoff.DefaultBudget().MaxAge
 	}
 	if o.AckWait <= 0 {
 		o.AckWait = DefaultAckWait

@@ -48,7 +48,7 @@ func TestSlowClockStillExpires(t *testing.T) {
 	e := newEnv(t, nil)
 	// The accepting process gives its messages a max-age of 1 ns: the
 	// deadline has passed by the time the server stores the envelope.
-	acc := testqueue.Connect(t, e.emb, queue.Options{MaxAge: time.Nanosecond})
+	acc := testqueue.Connect(t, e.emb, queue.Options{DeadlineAfter: time.Nanosecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	ids, err := acc.Enqueue(ctx, &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: []string{"r@dest.test"},

@@ -77,7 +77,7 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	dest := w.cfg.Gate.Group(e.Dest)
 	// The first of the two max-age limits: the deadline, counted from
 	// submission by the process that accepted the message
-	// (queue.Options.MaxAge). The second, Budget.MaxAge counted from the
+	// (queue.Options.DeadlineAfter). The second, Budget.MaxAge counted from the
 	// first attempt, is deferRest's.
 	if !e.Deadline.IsZero() && w.expiryNow(d, now).After(e.Deadline) {
 		return w.dead(ctx, d, e.Clone(), dest, queue.EventExpired, "max-age: deadline "+e.Deadline.Format(time.RFC3339)+" passed")

@@ -130,7 +130,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	}
 
 	// NATS: the embedded server unless --nats-url names another.
-	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, MaxAge: budget.MaxAge, AckWait: c.AckWait,
+	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, DeadlineAfter: budget.MaxAge, AckWait: c.AckWait,
 		EventsMaxAge: c.EventsMaxAge, SentTTL: c.SentTTL, Logger: log}
 	var emb *queue.Embedded
 	if c.NATSURL == "" {
