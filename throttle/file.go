@@ -28,7 +28,8 @@ type File struct {
 }
 
 // Settings are the [throttle] knobs; zero values take the
-// Config defaults.
+// Config defaults, the Default constants, which docs/configuration.md
+// gives (TestThrottleKeyDefaultsDocumented holds it to them).
 type Settings struct {
 	// GroupByMX turns provider groups on. Unset: on when the file has
 	// [[groups]], off otherwise.
@@ -36,24 +37,24 @@ type Settings struct {
 	// DefaultGroups adds DefaultGroups() after the file's own groups (a
 	// file group with the same name replaces the built-in one). Default true.
 	DefaultGroups   *bool         `toml:"default-groups"`
-	BreakerFailures int           `toml:"breaker-failures"` // default 10
+	BreakerFailures int           `toml:"breaker-failures"` // default DefaultBreakerFailures
 	BreakerCooldown time.Duration `toml:"breaker-cooldown"` // default DefaultBreakerCooldown
-	MaxWait         time.Duration `toml:"max-wait"`         // default 2s
-	DecreaseFactor  float64       `toml:"decrease-factor"`  // default 0.5
-	DecreaseFor     time.Duration `toml:"decrease-for"`     // default 60s
-	IncreaseStep    float64       `toml:"increase-step"`    // default 0.1
-	IncreaseEvery   time.Duration `toml:"increase-every"`   // default 10s
-	MinFactor       float64       `toml:"min-factor"`       // default 0.05
+	MaxWait         time.Duration `toml:"max-wait"`         // default DefaultMaxWait
+	DecreaseFactor  float64       `toml:"decrease-factor"`  // default DefaultDecreaseFactor
+	DecreaseFor     time.Duration `toml:"decrease-for"`     // default DefaultDecreaseFor
+	IncreaseStep    float64       `toml:"increase-step"`    // default DefaultIncreaseStep
+	IncreaseEvery   time.Duration `toml:"increase-every"`   // default DefaultIncreaseEvery
+	MinFactor       float64       `toml:"min-factor"`       // default DefaultMinFactor
 
 	// Learn turns learned limits on for destinations without a
 	// configured rate. Default true.
 	Learn       *bool         `toml:"learn"`
-	LearnWindow time.Duration `toml:"learn-window"` // default 2s
-	LearnHold   time.Duration `toml:"learn-hold"`   // default 2s
-	LearnEvery  time.Duration `toml:"learn-every"`  // default 2s
-	LearnStep   float64       `toml:"learn-step"`   // default 0.1
-	LearnForget time.Duration `toml:"learn-forget"` // default 1h
-	LearnMin    float64       `toml:"learn-min"`    // default 0.1 msgs/s
+	LearnWindow time.Duration `toml:"learn-window"` // default DefaultLearnWindow
+	LearnHold   time.Duration `toml:"learn-hold"`   // default DefaultLearnHold
+	LearnEvery  time.Duration `toml:"learn-every"`  // default DefaultLearnEvery
+	LearnStep   float64       `toml:"learn-step"`   // default DefaultLearnStep
+	LearnForget time.Duration `toml:"learn-forget"` // default DefaultLearnForget
+	LearnMin    float64       `toml:"learn-min"`    // default DefaultLearnMin (msgs/s)
 	// TenantWeights weigh tenants' shares of a busy destination's rate;
 	// unlisted tenants weigh 1.
 	TenantWeights map[string]float64 `toml:"tenant-weights"`

@@ -2,12 +2,14 @@ package throttle
 
 import (
 	"os"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 const exampleThrottleTOML = `
@@ -128,4 +130,58 @@ func TestDocsExampleParses(t *testing.T) {
 			t.Fatalf("docs example: %v", err)
 		}
 	}
+}
+
+// TestThrottleKeyDefaultsDocumented: every `key = value` that
+// docs/configuration.md gives as a [throttle] key's default is the
+// default: a file that sets it to that value configures exactly what a
+// file without it does.
+func TestThrottleKeyDefaultsDocumented(t *testing.T) {
+	b, err := os.ReadFile("../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "`[throttle]` keys and defaults:")
+	if !ok {
+		t.Fatal("docs/configuration.md has no \"`[throttle]` keys and defaults:\"")
+	}
+	sec, _, _ = strings.Cut(sec, "\n\n")
+	withDefaults := func(toml string) Config {
+		t.Helper()
+		f := decodeFile(t, toml)
+		c, err := f.Config()
+		if err != nil {
+			t.Fatalf("%q: %v", toml, err)
+		}
+		c.State = struct{ jetstream.KeyValue }{} // withDefaults wants a bucket; none is used
+		if c, err = c.withDefaults(); err != nil {
+			t.Fatalf("%q: %v", toml, err)
+		}
+		c.Now = nil
+		return c
+	}
+	unset := withDefaults("")
+	pairs := regexp.MustCompile("`([a-z-]+) =\\s+([^`{]+)`").FindAllStringSubmatch(sec, -1)
+	for _, p := range pairs {
+		set := "[throttle]\n" + p[1] + " = " + strings.TrimSpace(p[2]) + "\n"
+		if got := withDefaults(set); !reflect.DeepEqual(got, unset) {
+			t.Errorf("docs/configuration.md: %s = %s is not the default", p[1], p[2])
+		}
+	}
+	if len(pairs) < 15 {
+		t.Errorf("only %d documented [throttle] defaults compared; has the paragraph's layout changed?", len(pairs))
+	}
+}
+
+func decodeFile(t *testing.T, s string) File {
+	t.Helper()
+	var f File
+	md, err := toml.Decode(s, &f)
+	if err != nil {
+		t.Fatalf("%q: %v", s, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		t.Fatalf("%q: unknown keys %v", s, und)
+	}
+	return f
 }

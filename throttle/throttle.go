@@ -92,43 +92,50 @@ type Config struct {
 	// probe per worker is let through. Default DefaultBreakerCooldown.
 	BreakerCooldown time.Duration
 	// MaxWait is how long Admit may block for a rate token before it
-	// refuses with the token's time instead. Default 2s; negative: never
-	// block.
+	// refuses with the token's time instead. Default DefaultMaxWait;
+	// negative: never block.
 	MaxWait time.Duration
 	// DecreaseFactor multiplies the rate factor on a throttled reply
-	// (multiplicative decrease). Default 0.5; must be in (0, 1).
+	// (multiplicative decrease). Default DefaultDecreaseFactor; must be in
+	// (0, 1).
 	DecreaseFactor float64
 	// DecreaseFor is how long a cut holds before the ramp back may begin;
-	// a worker cuts a destination at most once per DecreaseFor. Default 60s.
+	// a worker cuts a destination at most once per DecreaseFor. Default
+	// DefaultDecreaseFor.
 	DecreaseFor time.Duration
 	// IncreaseStep is added to the factor per IncreaseEvery of success
-	// without a throttle (additive increase), up to 1. Default 0.1.
+	// without a throttle (additive increase), up to 1. Default
+	// DefaultIncreaseStep.
 	IncreaseStep float64
 	// IncreaseEvery is the ramp's step interval; at most one KV write per
-	// destination per interval, fleet-wide. Default 10s.
+	// destination per interval, fleet-wide. Default DefaultIncreaseEvery.
 	IncreaseEvery time.Duration
-	// MinFactor is the floor of the factor. Default 0.05.
+	// MinFactor is the floor of the factor. Default DefaultMinFactor.
 	MinFactor float64
 
 	// NoLearn turns learned limits off: a destination without a
 	// configured rate is then never slowed by throttles (see learn.go).
 	NoLearn bool
 	// LearnWindow is the sliding window of the fleet's delivered rate
-	// that seeds and bounds the cuts of a learned rate. Default 2s.
+	// that seeds and bounds the cuts of a learned rate. Default
+	// DefaultLearnWindow.
 	LearnWindow time.Duration
 	// LearnHold is the least time between two cuts of a learned limit,
-	// fleet-wide, and from a cut to the first step up. Default 2s.
+	// fleet-wide, and from a cut to the first step up. Default
+	// DefaultLearnHold.
 	LearnHold time.Duration
 	// LearnEvery is the interval of the learned limits' steps up.
-	// Default 2s.
+	// Default DefaultLearnEvery.
 	LearnEvery time.Duration
 	// LearnStep is a learned rate's additive step as a fraction of the
-	// rate its last cut set (at least 0.5 msgs/s). Default 0.1.
+	// rate its last cut set (at least 0.5 msgs/s). Default
+	// DefaultLearnStep.
 	LearnStep float64
 	// LearnForget is the quiet period (no throttle cut) after which
-	// learned limits are forgotten. Default 1h.
+	// learned limits are forgotten. Default DefaultLearnForget.
 	LearnForget time.Duration
-	// LearnMin is the floor of a learned rate, msgs/s. Default 0.1.
+	// LearnMin is the floor of a learned rate, msgs/s. Default
+	// DefaultLearnMin.
 	LearnMin float64
 	// TenantWeights weigh tenants' shares of a destination's rate when
 	// several have mail waiting for it; a tenant not listed weighs 1.
@@ -149,10 +156,10 @@ type Config struct {
 	// Nil: this worker assumes it is alone.
 	Registry jetstream.KeyValue
 	// Heartbeat is how often this worker refreshes its registry key.
-	// Default 5s.
+	// Default DefaultHeartbeat.
 	Heartbeat time.Duration
 	// WorkerTTL is how long a worker counts as live after its last
-	// heartbeat. Default: the registry bucket's TTL, else 15s.
+	// heartbeat. Default: the registry bucket's TTL, else DefaultWorkerTTL.
 	WorkerTTL time.Duration
 	// Resolver looks up MX records for GroupByMX. Default net.DefaultResolver.
 	Resolver MXResolver
