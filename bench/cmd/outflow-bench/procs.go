@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // freePort returns a loopback address nothing listens on right now.
@@ -296,20 +298,19 @@ type outflowProc struct {
 	HTTPAddr string
 	Data     string
 	done     chan struct{}
-	log      *bytes.Buffer
-	logMu    sync.Mutex
+	log      testutil.SyncBuffer // the daemon's stderr
 }
 
 // startOutflow starts bin serve on data, relaying to relay, and waits for
 // /readyz.
 func startOutflow(bin, data, relay string, extra ...string) (*outflowProc, error) {
-	p := &outflowProc{SMTPAddr: freePort(), HTTPAddr: freePort(), Data: data, done: make(chan struct{}), log: &bytes.Buffer{}}
+	p := &outflowProc{SMTPAddr: freePort(), HTTPAddr: freePort(), Data: data, done: make(chan struct{})}
 	args := append([]string{"serve", "--data", data, "--smtp-addr", p.SMTPAddr, "--http-addr", p.HTTPAddr,
 		"--nats-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0", "--relay", relay, "--relay-tls", "none",
 		"--trusted-networks", "127.0.0.0/8", "--log-level", "warn"}, extra...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout = io.Discard
-	p.cmd.Stderr = &lockedWriter{mu: &p.logMu, w: p.log}
+	p.cmd.Stderr = &p.log
 	if err := p.cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -337,20 +338,8 @@ func startOutflow(bin, data, relay string, extra ...string) (*outflowProc, error
 	return p, waitListening(p.SMTPAddr, 10*time.Second)
 }
 
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(b)
-}
-
+// Logs is the end of the daemon's stderr so far.
 func (p *outflowProc) Logs() string {
-	p.logMu.Lock()
-	defer p.logMu.Unlock()
 	s := p.log.String()
 	if len(s) > 4000 {
 		s = "…" + s[len(s)-4000:]
