@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/time/rate"
 
+	"github.com/outflow/outflow/internal/defaults"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -86,24 +87,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Hostname == "" {
 		cfg.Hostname = "localhost"
 	}
-	if cfg.MaxMessageBytes <= 0 {
-		cfg.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	if cfg.MaxRecipients <= 0 {
-		cfg.MaxRecipients = DefaultMaxRecipients
-	}
+	defaults.Set(&cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+	defaults.Set(&cfg.MaxRecipients, DefaultMaxRecipients)
 	if cfg.Rate == 0 {
 		cfg.Rate = DefaultRate
 	}
-	if cfg.Burst <= 0 {
-		cfg.Burst = DefaultBurst
-	}
-	if cfg.IdempotencyTTL <= 0 {
-		cfg.IdempotencyTTL = 24 * time.Hour
-	}
-	if cfg.EnqueueTimeout <= 0 {
-		cfg.EnqueueTimeout = DefaultEnqueueTimeout
-	}
+	defaults.Set(&cfg.Burst, DefaultBurst)
+	defaults.Set(&cfg.IdempotencyTTL, 24*time.Hour)
+	defaults.Set(&cfg.EnqueueTimeout, DefaultEnqueueTimeout)
 	keys, err := OpenKeys(ctx, cfg.Buckets)
 	if err != nil {
 		return nil, err

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/api"
+	"github.com/outflow/outflow/internal/defaults"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/throttle"
 )
@@ -84,15 +85,9 @@ func New(ctx context.Context, cfg Config) (*Console, error) {
 	if cfg.Queue == nil || cfg.Keys == nil {
 		return nil, errors.New("console: Queue and Keys are required")
 	}
-	if cfg.SessionTTL <= 0 {
-		cfg.SessionTTL = DefaultSessionTTL
-	}
-	if cfg.StatusWait <= 0 {
-		cfg.StatusWait = 500 * time.Millisecond
-	}
-	if cfg.Refresh <= 0 {
-		cfg.Refresh = 5 * time.Second
-	}
+	defaults.Set(&cfg.SessionTTL, DefaultSessionTTL)
+	defaults.Set(&cfg.StatusWait, 500*time.Millisecond)
+	defaults.Set(&cfg.Refresh, 5*time.Second)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

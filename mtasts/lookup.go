@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/outflow/outflow/internal/defaults"
 )
 
 // Resolver is the DNS the policy discovery needs.
@@ -104,15 +106,9 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Resolver == nil {
 		return nil, errors.New("mtasts: no Resolver")
 	}
-	if cfg.FetchTimeout <= 0 {
-		cfg.FetchTimeout = DefaultFetchTimeout
-	}
-	if cfg.FailureHold <= 0 {
-		cfg.FailureHold = DefaultFailureHold
-	}
-	if cfg.MaxEntries <= 0 {
-		cfg.MaxEntries = DefaultMaxEntries
-	}
+	defaults.Set(&cfg.FetchTimeout, DefaultFetchTimeout)
+	defaults.Set(&cfg.FailureHold, DefaultFailureHold)
+	defaults.Set(&cfg.MaxEntries, DefaultMaxEntries)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

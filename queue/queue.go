@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/internal/defaults"
 )
 
 // Stream, bucket and consumer names. They are part of outflow's on-disk
@@ -111,30 +112,14 @@ const (
 )
 
 func (o *Options) defaults() {
-	if o.Replicas <= 0 {
-		o.Replicas = 1
-	}
-	if o.SentTTL <= 0 {
-		o.SentTTL = DefaultSentTTL
-	}
-	if o.EventsMaxAge <= 0 {
-		o.EventsMaxAge = DefaultEventsMaxAge
-	}
-	if o.DeadMaxAge <= 0 {
-		o.DeadMaxAge = DefaultDeadMaxAge
-	}
-	if o.DedupWindow <= 0 {
-		o.DedupWindow = DefaultDedupWindow
-	}
-	if o.DeadlineAfter <= 0 {
-		o.DeadlineAfter = backoff.DefaultBudget().MaxAge
-	}
-	if o.AckWait <= 0 {
-		o.AckWait = DefaultAckWait
-	}
-	if o.MaxAckPending <= 0 {
-		o.MaxAckPending = DefaultMaxAckPending
-	}
+	defaults.Set(&o.Replicas, 1)
+	defaults.Set(&o.SentTTL, DefaultSentTTL)
+	defaults.Set(&o.EventsMaxAge, DefaultEventsMaxAge)
+	defaults.Set(&o.DeadMaxAge, DefaultDeadMaxAge)
+	defaults.Set(&o.DedupWindow, DefaultDedupWindow)
+	defaults.Set(&o.DeadlineAfter, backoff.DefaultBudget().MaxAge)
+	defaults.Set(&o.AckWait, DefaultAckWait)
+	defaults.Set(&o.MaxAckPending, DefaultMaxAckPending)
 	if o.InlineBodyMax == 0 || o.InlineBodyMax > InlineBodyMax {
 		o.InlineBodyMax = InlineBodyMax
 	}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outflow/outflow/internal/defaults"
 )
 
 // Defaults for Config's zero values.
@@ -66,18 +68,12 @@ type Resolver struct {
 
 // New makes a Resolver, reading ResolvConf when no servers are given.
 func New(cfg Config) (*Resolver, error) {
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.Attempts <= 0 {
-		cfg.Attempts = DefaultAttempts
-	}
+	defaults.Set(&cfg.Timeout, DefaultTimeout)
+	defaults.Set(&cfg.Attempts, DefaultAttempts)
 	if cfg.CacheSize == 0 {
 		cfg.CacheSize = DefaultCacheSize
 	}
-	if cfg.MaxTTL <= 0 {
-		cfg.MaxTTL = DefaultMaxTTL
-	}
+	defaults.Set(&cfg.MaxTTL, DefaultMaxTTL)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

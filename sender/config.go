@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/dane"
+	"github.com/outflow/outflow/internal/defaults"
 )
 
 // TLSPolicy says how hard the sender insists on TLS with a destination.
@@ -219,30 +220,21 @@ func (c Config) withDefaults() (Config, error) {
 		per[strings.ToLower(strings.TrimSuffix(d, "."))] = p
 	}
 	c.TLSPerDestination = per
-	setDur := func(d *time.Duration, def time.Duration) {
-		if *d <= 0 {
-			*d = def
-		}
-	}
-	setDur(&c.ConnectTimeout, DefaultConnectTimeout)
-	setDur(&c.GreetingTimeout, DefaultGreetingTimeout)
-	setDur(&c.CommandTimeout, DefaultCommandTimeout)
-	setDur(&c.DataInitTimeout, DefaultDataInitTimeout)
-	setDur(&c.DataBlockTimeout, DefaultDataBlockTimeout)
-	setDur(&c.FinalDotTimeout, DefaultFinalDotTimeout)
-	setDur(&c.IdleTimeout, DefaultIdleTimeout)
+	defaults.Set(&c.ConnectTimeout, DefaultConnectTimeout)
+	defaults.Set(&c.GreetingTimeout, DefaultGreetingTimeout)
+	defaults.Set(&c.CommandTimeout, DefaultCommandTimeout)
+	defaults.Set(&c.DataInitTimeout, DefaultDataInitTimeout)
+	defaults.Set(&c.DataBlockTimeout, DefaultDataBlockTimeout)
+	defaults.Set(&c.FinalDotTimeout, DefaultFinalDotTimeout)
+	defaults.Set(&c.IdleTimeout, DefaultIdleTimeout)
 	if c.AuthFailureHold == 0 {
 		c.AuthFailureHold = DefaultAuthFailureHold
 	}
-	if c.MaxMsgsPerConn <= 0 {
-		c.MaxMsgsPerConn = DefaultMaxMsgsPerConn
-	}
+	defaults.Set(&c.MaxMsgsPerConn, DefaultMaxMsgsPerConn)
 	if c.MaxConnsPerHost < 0 {
 		c.MaxConnsPerHost = 0
 	}
-	if c.Port <= 0 {
-		c.Port = DefaultPort
-	}
+	defaults.Set(&c.Port, DefaultPort)
 	if c.Resolver == nil {
 		c.Resolver = net.DefaultResolver
 	}

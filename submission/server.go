@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/outflow/outflow/internal/defaults"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -172,36 +173,16 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 		}
 		cfg.Hostname = h
 	}
-	if cfg.MaxMessageBytes <= 0 {
-		cfg.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	if cfg.MaxRecipients <= 0 {
-		cfg.MaxRecipients = DefaultMaxRecipients
-	}
-	if cfg.MaxConnections <= 0 {
-		cfg.MaxConnections = DefaultMaxConnections
-	}
-	if cfg.MaxLineLength <= 0 {
-		cfg.MaxLineLength = DefaultMaxLineLength
-	}
-	if cfg.ReadTimeout <= 0 {
-		cfg.ReadTimeout = DefaultReadTimeout
-	}
-	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = DefaultWriteTimeout
-	}
-	if cfg.DataTimeout <= 0 {
-		cfg.DataTimeout = DefaultDataTimeout
-	}
-	if cfg.AuthFailLimit <= 0 {
-		cfg.AuthFailLimit = DefaultAuthFailLimit
-	}
-	if cfg.AuthFailWindow <= 0 {
-		cfg.AuthFailWindow = DefaultAuthFailWindow
-	}
-	if cfg.EnqueueTimeout <= 0 {
-		cfg.EnqueueTimeout = DefaultEnqueueTimeout
-	}
+	defaults.Set(&cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+	defaults.Set(&cfg.MaxRecipients, DefaultMaxRecipients)
+	defaults.Set(&cfg.MaxConnections, DefaultMaxConnections)
+	defaults.Set(&cfg.MaxLineLength, DefaultMaxLineLength)
+	defaults.Set(&cfg.ReadTimeout, DefaultReadTimeout)
+	defaults.Set(&cfg.WriteTimeout, DefaultWriteTimeout)
+	defaults.Set(&cfg.DataTimeout, DefaultDataTimeout)
+	defaults.Set(&cfg.AuthFailLimit, DefaultAuthFailLimit)
+	defaults.Set(&cfg.AuthFailWindow, DefaultAuthFailWindow)
+	defaults.Set(&cfg.EnqueueTimeout, DefaultEnqueueTimeout)
 	trusted := make([]netip.Prefix, 0, len(cfg.TrustedNetworks))
 	for i, p := range cfg.TrustedNetworks {
 		if !p.IsValid() {

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/defaults"
 )
 
 // Limits are a destination's configured limits, for the whole fleet.
@@ -186,13 +187,6 @@ type Config struct {
 	stateIdleTTL time.Duration
 }
 
-// orDefault sets *v to d when it is not positive (unset).
-func orDefault[T int | float64 | time.Duration](v *T, d T) {
-	if *v <= 0 {
-		*v = d
-	}
-}
-
 // withDefaults validates c and fills the defaults.
 func (c Config) withDefaults() (Config, error) {
 	if c.State == nil {
@@ -209,8 +203,8 @@ func (c Config) withDefaults() (Config, error) {
 		ov[normalizeDest(d)] = l
 	}
 	c.Overrides = ov
-	orDefault(&c.BreakerFailures, DefaultBreakerFailures)
-	orDefault(&c.BreakerCooldown, DefaultBreakerCooldown)
+	defaults.Set(&c.BreakerFailures, DefaultBreakerFailures)
+	defaults.Set(&c.BreakerCooldown, DefaultBreakerCooldown)
 	switch {
 	case c.MaxWait == 0:
 		c.MaxWait = DefaultMaxWait
@@ -223,21 +217,21 @@ func (c Config) withDefaults() (Config, error) {
 	if !(c.DecreaseFactor > 0 && c.DecreaseFactor < 1) {
 		return c, fmt.Errorf("throttle: decrease factor %v: want 0 < f < 1", c.DecreaseFactor)
 	}
-	orDefault(&c.DecreaseFor, DefaultDecreaseFor)
-	orDefault(&c.IncreaseStep, DefaultIncreaseStep)
-	orDefault(&c.IncreaseEvery, DefaultIncreaseEvery)
+	defaults.Set(&c.DecreaseFor, DefaultDecreaseFor)
+	defaults.Set(&c.IncreaseStep, DefaultIncreaseStep)
+	defaults.Set(&c.IncreaseEvery, DefaultIncreaseEvery)
 	if c.MinFactor == 0 {
 		c.MinFactor = DefaultMinFactor
 	}
 	if !(c.MinFactor > 0 && c.MinFactor <= 1) {
 		return c, fmt.Errorf("throttle: min factor %v: want 0 < f <= 1", c.MinFactor)
 	}
-	orDefault(&c.LearnWindow, DefaultLearnWindow)
-	orDefault(&c.LearnHold, DefaultLearnHold)
-	orDefault(&c.LearnEvery, DefaultLearnEvery)
-	orDefault(&c.LearnStep, DefaultLearnStep)
-	orDefault(&c.LearnForget, DefaultLearnForget)
-	orDefault(&c.LearnMin, DefaultLearnMin)
+	defaults.Set(&c.LearnWindow, DefaultLearnWindow)
+	defaults.Set(&c.LearnHold, DefaultLearnHold)
+	defaults.Set(&c.LearnEvery, DefaultLearnEvery)
+	defaults.Set(&c.LearnStep, DefaultLearnStep)
+	defaults.Set(&c.LearnForget, DefaultLearnForget)
+	defaults.Set(&c.LearnMin, DefaultLearnMin)
 	for tenant, w := range c.TenantWeights {
 		if !(w > 0) || math.IsInf(w, 0) {
 			return c, fmt.Errorf("throttle: tenant %q: weight %v: want > 0", tenant, w)
@@ -246,8 +240,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	orDefault(&c.Heartbeat, DefaultHeartbeat)
-	orDefault(&c.stateIdleTTL, stateIdleTTL)
+	defaults.Set(&c.Heartbeat, DefaultHeartbeat)
+	defaults.Set(&c.stateIdleTTL, stateIdleTTL)
 	if c.WorkerID == "" {
 		c.WorkerID = DefaultWorkerID()
 	}

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/internal/defaults"
 )
 
 // Resolver looks up the "_smtp._tls" TXT records.
@@ -96,12 +98,8 @@ func New(cfg Config) (*Aggregator, error) {
 	if cfg.Post && cfg.Resolver == nil {
 		return nil, errors.New("tlsrpt: Post needs a Resolver")
 	}
-	if cfg.MaxDomains <= 0 {
-		cfg.MaxDomains = DefaultMaxDomains
-	}
-	if cfg.MaxFailures <= 0 {
-		cfg.MaxFailures = DefaultMaxFailures
-	}
+	defaults.Set(&cfg.MaxDomains, DefaultMaxDomains)
+	defaults.Set(&cfg.MaxFailures, DefaultMaxFailures)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/internal/defaults"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -84,15 +85,9 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Backoff == (backoff.Backoff{}) {
 		cfg.Backoff = DefaultBackoff()
 	}
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = DefaultMaxAttempts
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.BreakerAfter <= 0 {
-		cfg.BreakerAfter = DefaultBreakerAfter
-	}
+	defaults.Set(&cfg.MaxAttempts, DefaultMaxAttempts)
+	defaults.Set(&cfg.Timeout, DefaultTimeout)
+	defaults.Set(&cfg.BreakerAfter, DefaultBreakerAfter)
 	return &Dispatcher{cfg: cfg, client: NewClient(cfg.AllowPrivate, cfg.Timeout),
 		log: cfg.Logger.With().Str("component", "webhook").Logger()}, nil
 }

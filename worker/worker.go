@@ -14,6 +14,7 @@ import (
 
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/defaults"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/throttle"
@@ -114,9 +115,7 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.Queue == nil || cfg.Sender == nil {
 		return nil, errors.New("worker: queue and sender are required")
 	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = DefaultWorkers
-	}
+	defaults.Set(&cfg.Workers, DefaultWorkers)
 	if cfg.WorkerID == "" {
 		cfg.WorkerID = throttle.DefaultWorkerID()
 	}
@@ -126,9 +125,7 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.Unknown != UnknownRetry && cfg.Unknown != UnknownHold {
 		return nil, fmt.Errorf("worker: unknown policy %q (want retry or hold)", cfg.Unknown)
 	}
-	if cfg.ProgressEvery <= 0 {
-		cfg.ProgressEvery = 15 * time.Second
-	}
+	defaults.Set(&cfg.ProgressEvery, 15*time.Second)
 	if cfg.Classifier == nil {
 		cfg.Classifier = classify.Default()
 	}
