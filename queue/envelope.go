@@ -91,6 +91,7 @@ type Envelope struct {
 	IsReport    bool       `json:"is_dsn,omitempty"`       // this envelope is a notification outflow wrote: never answered with another
 	DelayWarned bool       `json:"delay_warned,omitempty"` // the delay warning for these recipients went out; never a second one
 	PassNoted   bool       `json:"dsn_pass,omitempty"`     // this part's first pass is in its submission's pass record (RecordPass); later notices are its own
+	DelayNoted  int        `json:"delay_noted,omitempty"`  // how many of these recipients this part's note in its message's delay record lists (NoteDelay); 0: none
 
 	// Attempt metadata, carried in headers.
 	Attempt       int       `json:"-"`

@@ -23,12 +23,15 @@ import (
 // The record is a SENT-bucket key, "pass.<msg id>" (no envelope id is
 // "pass", so it never collides with a SENT marker), holding each part's
 // note by envelope id. Updates are compare-and-set on the key's revision.
-// A part's note replaces an earlier one of its own while the pass is
-// incomplete (an attempt run again after a crash reports its own result);
-// once every part has a note, the record no longer changes, so every
-// reader of a complete pass gets the same notes. The key expires with the
-// bucket's TTL (Options.SentTTL): a part run again after a crash must still
-// find it.
+// A part's note replaces an earlier one of its own while the pass is open
+// (an attempt run again after a crash reports its own result). The pass
+// closes when every part has a note, or when ClosePass ends it at its
+// deadline with the notes it holds (a part that is never pulled, its
+// destination paused or behind a backlog, must not hold the others'
+// failures back for ever); a closed record no longer changes, so every
+// reader gets the same notes, and a part that reaches its pass afterwards
+// reports on its own (Pass.Alone). The key expires with the bucket's TTL
+// (Options.SentTTL): a part run again after a crash must still find it.
 
 // passMaxBytes bounds a pass record. A note that would make it larger is
 // not stored (the part counts as reached, and reports on its own).
@@ -36,22 +39,28 @@ const passMaxBytes = 256 << 10
 
 // passRecord is the stored value of a pass.
 type passRecord struct {
-	Parts int                        `json:"parts"`
-	Notes map[string]json.RawMessage `json:"notes"` // by envelope id; "null": reached, nothing stored
+	Parts  int   `json:"parts"`
+	Notes  notes `json:"notes"`            // by envelope id; "null": reached, nothing stored
+	Closed bool  `json:"closed,omitempty"` // ended by ClosePass before every part had a note
 }
 
-func (r *passRecord) complete() bool { return len(r.Notes) >= r.Parts }
+// complete: no note is added any more, every part's or by the deadline.
+func (r *passRecord) complete() bool { return r.Closed || len(r.Notes) >= r.Parts }
+
+// notes are the parts' notes in a per-message record, by envelope id.
+type notes map[string]json.RawMessage
 
 // Pass is what RecordPass answers.
 type Pass struct {
-	// Complete: every part has reached the end of its first pass. Notes
-	// then holds each part's note (envelope id order, parts that stored
-	// none left out); it is the same for every caller.
+	// Complete: the pass is complete (every part reached it, or it was
+	// closed at its deadline) and this part is in it; the caller sends its
+	// report. Notes then holds each part's note (envelope id order, parts
+	// that stored none left out); it is the same for every caller.
 	Complete bool
 	Notes    []json.RawMessage
 	// Alone: this part's note was not stored (it would have made the
-	// record larger than passMaxBytes, or the pass was complete without
-	// it); the part reports it on its own.
+	// record larger than passMaxBytes, or the pass was complete, or
+	// closed, without it); the part reports it on its own.
 	Alone bool
 }
 
@@ -78,13 +87,18 @@ func (q *Queue) RecordPass(ctx context.Context, e *Envelope, note json.RawMessag
 		}
 		if rec.complete() {
 			// Complete before this call: a part run again after a crash,
-			// whose note is in, or (Parts disagreeing) one that is not.
-			_, in := rec.Notes[e.ID]
-			p = Pass{Complete: true, Notes: rec.sorted(), Alone: !in}
+			// whose note is in (it sends the report again, under the same
+			// id), or one that is not (reached after the deadline, or
+			// Parts disagreeing), which reports on its own.
+			if _, in := rec.Notes[e.ID]; !in {
+				p = Pass{Alone: true}
+			} else {
+				p = Pass{Complete: true, Notes: rec.Notes.sorted("")}
+			}
 			return nil, nil
 		}
 		if rec.Notes == nil {
-			rec.Notes = map[string]json.RawMessage{}
+			rec.Notes = notes{}
 		}
 		p = Pass{}
 		rec.Notes[e.ID] = note
@@ -95,7 +109,7 @@ func (q *Queue) RecordPass(ctx context.Context, e *Envelope, note json.RawMessag
 			val, err = json.Marshal(&rec)
 		}
 		if p.Complete = rec.complete(); p.Complete {
-			p.Notes = rec.sorted()
+			p.Notes = rec.Notes.sorted("")
 		}
 		wrote = true
 		return val, err
@@ -104,13 +118,161 @@ func (q *Queue) RecordPass(ctx context.Context, e *Envelope, note json.RawMessag
 		return Pass{}, fmt.Errorf("pass record: %w", err)
 	}
 	if wrote {
-		// The record decides whether notices are owed: it must outlive a
-		// power loss like the envelope whose step follows it.
-		if err := q.durable(ctx, kvStream(BucketSent)); err != nil {
+		if err := q.recordDurable(ctx); err != nil {
 			return Pass{}, err
 		}
 	}
 	return p, nil
+}
+
+// ClosePass ends msgID's first pass at its deadline, whatever parts have
+// not reached it, and returns the notes the record holds (envelope id
+// order) when the caller owes the report: the pass was open and this call
+// closed it, or an earlier ClosePass did (the report of a closed pass has
+// one queue id, so sending it again is absorbed). It returns nil, false
+// when there is nothing to report: no record, or every part reached the
+// pass, whose completer sent the report.
+func (q *Queue) ClosePass(ctx context.Context, msgID string) ([]json.RawMessage, bool, error) {
+	var out []json.RawMessage
+	owed, wrote := false, false
+	err := q.updateKey(ctx, passKey(msgID), func(old []byte) ([]byte, error) {
+		if old == nil {
+			return nil, nil
+		}
+		var rec passRecord
+		if err := json.Unmarshal(old, &rec); err != nil {
+			return nil, err
+		}
+		if len(rec.Notes) >= rec.Parts {
+			owed = false
+			return nil, nil
+		}
+		out, owed = rec.Notes.sorted(""), true
+		if rec.Closed {
+			return nil, nil
+		}
+		rec.Closed, wrote = true, true
+		return json.Marshal(&rec)
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("pass record: %w", err)
+	}
+	if wrote {
+		if err := q.recordDurable(ctx); err != nil {
+			return nil, false, err
+		}
+	}
+	return out, owed, nil
+}
+
+// recordDurable syncs a per-message record just written: the record
+// decides whether a notice is owed, so it must outlive a power loss like
+// the envelope whose step follows it.
+func (q *Queue) recordDurable(ctx context.Context) error {
+	return q.durable(ctx, kvStream(BucketSent))
+}
+
+// A multi-part submission's delay warning. RFC 3464 notices are per
+// message, so the parts of one message, delivered independently, share one
+// "delayed" notice through a second record, "delay.<msg id>" in the SENT
+// bucket, updated like the pass record. A part that is deferred notes its
+// recipients still waiting (worker/dsn.go writes the note); one that ends
+// (delivered, bounced, dead) takes its note out. The first part deferred
+// past the delay-warning time claims the warning, which lists its own
+// recipients and every note the record holds then; the claim freezes the
+// record, so a part run again after a crash between its claim and its
+// durable step reads the same notes and queues the same notice, and every
+// later reader learns whether its recipients were listed.
+//
+// Only parts that are deferred read or write it, and only while their
+// tenant has delay warnings on: a message that is delivered, or bounced,
+// at its first attempt never touches it, nor does a message of one
+// destination, whose one envelope warns on its own.
+
+// delayRecord is the stored value of a message's delay warning.
+type delayRecord struct {
+	Notes    notes  `json:"notes,omitempty"`     // by envelope id: the part's deferred recipients
+	WarnedBy string `json:"warned_by,omitempty"` // the part that claimed the warning; frozen from then on
+}
+
+func delayKey(msgID string) string { return "delay." + msgID }
+
+// Delay is what NoteDelay answers.
+type Delay struct {
+	// Warned: the message's warning is claimed, by this part or another.
+	Warned bool
+	// Mine: this part claimed it and sends it; Notes then holds the other
+	// parts' notes at the claim (envelope id order), the same on every
+	// call.
+	Mine  bool
+	Notes []json.RawMessage
+	// Listed: the warning lists this part's recipients (it claimed it,
+	// or its note was in the record at the claim). A part deferred only
+	// after the claim is not listed, and warns on its own.
+	Listed bool
+}
+
+// NoteDelay updates e's part of its message's delay record: note is the
+// part's recipients still deferred (nil takes its note out: it has
+// ended), and claim asks for the message's warning. A note that would make
+// the record larger than passMaxBytes is not stored (the part is then not
+// listed, and warns on its own). An error means nothing may be assumed
+// stored.
+func (q *Queue) NoteDelay(ctx context.Context, e *Envelope, note json.RawMessage, claim bool) (Delay, error) {
+	var d Delay
+	wrote := false
+	err := q.updateKey(ctx, delayKey(e.MsgID), func(old []byte) ([]byte, error) {
+		var rec delayRecord
+		if old != nil {
+			if err := json.Unmarshal(old, &rec); err != nil {
+				return nil, err
+			}
+		}
+		d, wrote = Delay{}, false
+		if rec.WarnedBy != "" {
+			_, in := rec.Notes[e.ID]
+			d = Delay{Warned: true, Mine: rec.WarnedBy == e.ID, Listed: rec.WarnedBy == e.ID || in}
+			if d.Mine {
+				d.Notes = rec.Notes.sorted(e.ID)
+			}
+			return nil, nil
+		}
+		_, had := rec.Notes[e.ID]
+		if claim {
+			rec.WarnedBy = e.ID
+			d = Delay{Warned: true, Mine: true, Listed: true, Notes: rec.Notes.sorted(e.ID)}
+			delete(rec.Notes, e.ID) // the claimer lists its recipients of the attempt
+		} else if note == nil {
+			if !had {
+				return nil, nil
+			}
+			delete(rec.Notes, e.ID)
+		} else {
+			if rec.Notes == nil {
+				rec.Notes = notes{}
+			}
+			rec.Notes[e.ID] = note
+		}
+		val, err := json.Marshal(&rec)
+		if err == nil && len(val) > passMaxBytes && note != nil && !claim {
+			delete(rec.Notes, e.ID)
+			if !had {
+				return nil, nil
+			}
+			val, err = json.Marshal(&rec)
+		}
+		wrote = true
+		return val, err
+	})
+	if err != nil {
+		return Delay{}, fmt.Errorf("delay record: %w", err)
+	}
+	if wrote {
+		if err := q.recordDurable(ctx); err != nil {
+			return Delay{}, err
+		}
+	}
+	return d, nil
 }
 
 // updateKey changes key's value in the SENT bucket by compare-and-set on
@@ -121,6 +283,7 @@ func (q *Queue) updateKey(ctx context.Context, key string, change func(old []byt
 	for range 64 {
 		var old []byte
 		var rev uint64
+		q.count(OpSentGet)
 		ent, err := q.sent.Get(ctx, key)
 		switch {
 		case err == nil:
@@ -136,6 +299,7 @@ func (q *Queue) updateKey(ctx context.Context, key string, change func(old []byt
 		if val == nil {
 			return nil
 		}
+		q.count(OpSentPut)
 		if rev == 0 {
 			_, err = q.sent.Create(ctx, key, val)
 		} else {
@@ -152,18 +316,19 @@ func (q *Queue) updateKey(ctx context.Context, key string, change func(old []byt
 	return fmt.Errorf("%s: too many concurrent updates", key)
 }
 
-// sorted returns the stored notes in envelope id order.
-func (r *passRecord) sorted() []json.RawMessage {
-	ids := make([]string, 0, len(r.Notes))
-	for id, n := range r.Notes {
-		if string(n) != "null" {
+// sorted returns the stored notes in envelope id order, but that of
+// except.
+func (n notes) sorted(except string) []json.RawMessage {
+	ids := make([]string, 0, len(n))
+	for id, v := range n {
+		if string(v) != "null" && id != except {
 			ids = append(ids, id)
 		}
 	}
 	sort.Strings(ids)
 	out := make([]json.RawMessage, len(ids))
 	for i, id := range ids {
-		out[i] = r.Notes[id]
+		out[i] = n[id]
 	}
 	return out
 }

@@ -84,3 +84,116 @@ func TestTakeAllowance(t *testing.T) {
 		t.Fatal("half an hour refills one of two per hour")
 	}
 }
+
+// TestClosePassAtDeadline: a pass closed before every part reached it
+// gives the notes it holds, the same on every call; a part reaching it
+// afterwards is alone, and a complete pass or none owes nothing.
+func TestClosePassAtDeadline(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx := context.Background()
+	part := func(msg string, i int) *Envelope {
+		return &Envelope{ID: msg + "-" + strconv.Itoa(i), MsgID: msg, Parts: 3}
+	}
+	if _, err := q.RecordPass(ctx, part("m", 1), json.RawMessage(`{"n":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.RecordPass(ctx, part("m", 2), nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		notes, owed, err := q.ClosePass(ctx, "m")
+		if err != nil || !owed || len(notes) != 1 || string(notes[0]) != `{"n":1}` {
+			t.Fatalf("close: %s %v %v", notes, owed, err)
+		}
+	}
+	late, err := q.RecordPass(ctx, part("m", 3), json.RawMessage(`{"n":3}`))
+	if err != nil || late.Complete || !late.Alone {
+		t.Fatalf("a part after the close: %+v %v", late, err)
+	}
+	again, err := q.RecordPass(ctx, part("m", 1), json.RawMessage(`{"n":"changed"}`))
+	if err != nil || !again.Complete || again.Alone || len(again.Notes) != 1 || string(again.Notes[0]) != `{"n":1}` {
+		t.Fatalf("a noted part run again after the close: %+v %v", again, err)
+	}
+	for i := 1; i <= 3; i++ {
+		if _, err := q.RecordPass(ctx, part("full", i), json.RawMessage(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, msg := range []string{"full", "none"} {
+		if notes, owed, err := q.ClosePass(ctx, msg); err != nil || owed || notes != nil {
+			t.Fatalf("%s: %s %v %v", msg, notes, owed, err)
+		}
+	}
+}
+
+// TestNoteDelayOneClaim: the first claim of a message's warning gets the
+// other parts' notes (an ended part's taken out) and keeps them across a
+// rerun; later parts learn whether the warning listed them.
+func TestNoteDelayOneClaim(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx := context.Background()
+	part := func(i int) *Envelope { return &Envelope{ID: "m-" + strconv.Itoa(i), MsgID: "m", Parts: 4} }
+	note := func(e *Envelope, n json.RawMessage, claim bool) Delay {
+		t.Helper()
+		d, err := q.NoteDelay(ctx, e, n, claim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := note(part(1), json.RawMessage(`{"n":1}`), false); d.Warned {
+		t.Fatalf("a note before any claim: %+v", d)
+	}
+	note(part(1), json.RawMessage(`{"n":"1b"}`), false) // replaces its own
+	note(part(2), json.RawMessage(`{"n":2}`), false)
+	note(part(2), nil, false) // ended
+	for range 2 {             // the claim, then the claimer run again
+		d := note(part(3), nil, true)
+		if !d.Mine || !d.Listed || len(d.Notes) != 1 || string(d.Notes[0]) != `{"n":"1b"}` {
+			t.Fatalf("claim: %+v %s", d, d.Notes)
+		}
+	}
+	if d := note(part(1), nil, true); !d.Warned || d.Mine || !d.Listed {
+		t.Fatalf("a listed part claiming later: %+v", d)
+	}
+	if d := note(part(4), json.RawMessage(`{"n":4}`), true); !d.Warned || d.Mine || d.Listed {
+		t.Fatalf("a part deferred after the claim: %+v", d)
+	}
+}
+
+// BenchmarkRecordPass is what a multi-part message's first pass costs per
+// part in the KV store: each iteration is one part's record, half of them
+// opening a two-part pass and half completing it (a message of one
+// destination makes none). sent-ops/op is SENT-bucket reads and writes;
+// each record is synced to disk, as in a daemon at the durable default.
+//
+// go test -run '^$' -bench RecordPass -benchmem ./queue
+func BenchmarkRecordPass(b *testing.B) {
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(emb.Shutdown)
+	q, err := connectTo(emb, Options{Syncer: emb.Syncer()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { q.Close() })
+	ctx := context.Background()
+	note := json.RawMessage(`{"id":"x","dest":"d.example","failed":[{"final":"a@d.example","action":"failed","status":"5.1.1"}]}`)
+	b.ReportAllocs()
+	before := q.Ops()
+	defer reportCPU(b)()
+	i := 0
+	for b.Loop() {
+		msg := "m" + strconv.Itoa(i/2)
+		e := &Envelope{ID: msg + "-" + strconv.Itoa(i%2+1), MsgID: msg, Parts: 2}
+		if _, err := q.RecordPass(ctx, e, note); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	after := q.Ops()
+	kv := after["sent_get"] + after["sent_put"] - before["sent_get"] - before["sent_put"]
+	b.ReportMetric(float64(kv)/float64(b.N), "sent-ops/op")
+}

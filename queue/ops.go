@@ -22,8 +22,8 @@ const (
 	OpPublishLane            // a schedule or held envelope on OUTFLOW_RETRY / OUTFLOW_RATELIMIT
 	OpPublishDead            // a dead letter
 	OpPublishEvent           // an event on OUTFLOW_EVENTS
-	OpSentGet                // a SENT-bucket read (the AlreadyHandled check, a parts count)
-	OpSentPut                // a SENT-bucket write (the SENT marker, a parts count)
+	OpSentGet                // a SENT-bucket read (the AlreadyHandled check, a parts count, a per-message record)
+	OpSentPut                // a SENT-bucket write (the SENT marker, a parts count, a per-message record)
 	OpDirectGet              // a direct get of a lane, dead-letter or body message
 	OpAck                    // a confirmed acknowledgement of a work or lane message
 	OpFetch                  // a pull request for a batch of envelopes

@@ -341,6 +341,9 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 		}
 	}
 
+	if remaining == 0 {
+		w.endDelay(ctx, e)
+	}
 	if len(o.delivered) > 0 {
 		w.cfg.Metrics.attempt("delivered", lane, dest)
 		w.cfg.Metrics.delivered(len(o.delivered), e.SubmittedAt)
@@ -462,6 +465,7 @@ func (w *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Env
 	if err := w.deadNotice(ctx, e, next, reason); err != nil {
 		return err
 	}
+	w.endDelay(ctx, e)
 	if err := d.Dead(ctx, next, reason); err != nil {
 		return err
 	}

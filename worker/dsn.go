@@ -19,14 +19,15 @@ import (
 // Delivery status notifications (RFC 3464 reports, RFC 3461 parameters).
 //
 // When a recipient ends permanent, or its envelope's budget is spent (dead
-// letters), a "failed" notice goes to the envelope sender; when an envelope
+// letters), a "failed" notice goes to the envelope sender; when a message
 // has been queued longer than DSNConfig.DelayWarning, one "delayed" notice
-// per envelope goes for the recipients still deferred; a recipient whose
-// NOTIFY asks for SUCCESS gets a "relayed" notice when the server that
-// accepted it does not offer DSN (RFC 3461 §6.2.2; one that does received
-// NOTIFY and owes the notice itself). One notice per message and event
-// lists every recipient that shared the event: the parts of a message split
-// by destination share theirs through a pass record (see recordPass).
+// goes for the recipients still deferred; a recipient whose NOTIFY asks for
+// SUCCESS gets a "relayed" notice when the server that accepted it does not
+// offer DSN (RFC 3461 §6.2.2; one that does received NOTIFY and owes the
+// notice itself). One notice per message and event lists every recipient
+// that shared the event: the parts of a message split by destination share
+// their first pass through a pass record (see recordPass) and their delay
+// warning through a delay record (see delayNotice).
 //
 // A notice is a new message queued through outflow itself: null reverse
 // path, one recipient, the original's tenant (so it is DKIM-signed for the
@@ -57,6 +58,13 @@ const (
 	DefaultDelayWarning = 4 * time.Hour
 	// DefaultDSNSenderRate is notices per hour to one address.
 	DefaultDSNSenderRate = 60
+	// DefaultPassTimeout is how long a multi-part message's first-pass
+	// report waits for parts that have not reached their pass. A healthy
+	// pass takes seconds; a few minutes cover a slow server's greeting
+	// (the sender waits 5 min for it) and a short backlog, and a sender
+	// still hears of a hard failure within minutes, as from Postfix,
+	// rather than when a paused destination resumes.
+	DefaultPassTimeout = 5 * time.Minute
 )
 
 // DSNConfig turns on delivery status notifications (Config.DSN).
@@ -72,6 +80,11 @@ type DSNConfig struct {
 	// every process sharing the JetStream; past it notices are skipped and
 	// counted. Default DefaultDSNSenderRate; negative means no limit.
 	SenderRate float64
+	// PassTimeout is how long a multi-part message's first-pass report
+	// waits for its parts: past it the report goes out with the parts
+	// that reached their pass, and the others report on their own. Default
+	// DefaultPassTimeout; negative waits for every part.
+	PassTimeout time.Duration
 	// Tenants holds per-tenant settings; a tenant not listed gets the
 	// defaults.
 	Tenants map[string]TenantDSN
@@ -137,8 +150,9 @@ const (
 
 // dsnState is the pool's notification state.
 type dsnState struct {
-	cfg  *DSNConfig
-	rate senderRate
+	cfg    *DSNConfig
+	rate   senderRate
+	passes passWaits
 }
 
 func newDSNState(c *DSNConfig) *dsnState {
@@ -151,6 +165,9 @@ func newDSNState(c *DSNConfig) *dsnState {
 	}
 	if cfg.SenderRate == 0 {
 		cfg.SenderRate = DefaultDSNSenderRate
+	}
+	if cfg.PassTimeout == 0 {
+		cfg.PassTimeout = DefaultPassTimeout
 	}
 	return &dsnState{cfg: &cfg, rate: senderRate{perHour: cfg.SenderRate}}
 }
@@ -236,6 +253,16 @@ func (s *dsnState) wanted(e *queue.Envelope, kind string, rcpts []dsn.Recipient)
 	if len(rcpts) == 0 {
 		return nil
 	}
+	out := pick(e, kind, rcpts)
+	if len(out) == 0 {
+		s.skip(skipNotify)
+	}
+	return out
+}
+
+// pick is wanted without the count: a part's delay note is written at
+// deferrals that send nothing.
+func pick(e *queue.Envelope, kind string, rcpts []dsn.Recipient) []dsn.Recipient {
 	out := rcpts[:0:0]
 	for _, r := range rcpts {
 		if !e.DSN.Wants(r.Final, kind) {
@@ -245,9 +272,6 @@ func (s *dsnState) wanted(e *queue.Envelope, kind string, rcpts []dsn.Recipient)
 			r.Original, r.OriginalType = p.ORcpt, p.ORcptType
 		}
 		out = append(out, r)
-	}
-	if len(out) == 0 {
-		s.skip(skipNotify)
 	}
 	return out
 }
@@ -442,18 +466,77 @@ func (w *deliverer) deadNotice(ctx context.Context, e, next *queue.Envelope, rea
 	return w.notice(ctx, e, noticeInput{action: dsn.Failed, kind: queue.NotifyFailure, key: noticeKey(e, "dead"), rcpts: rcpts})
 }
 
-// delayNotice sends the one delay warning of an envelope being deferred
+// delayNotice sends the one delay warning of a message being deferred
 // once it has waited DelayWarning, and marks next so that it never sends
 // another. The decision is made once, sent or not (NOTIFY without DELAY,
 // a tenant without notices).
+//
+// A message of one destination decides on its own. The parts of a
+// multi-part message share one warning through the message's delay record
+// (queue.NoteDelay), so that the sender hears once about every recipient
+// still deferred, whichever process delivers each part: a part deferred
+// before the warning time notes its recipients still deferred (again only
+// when their number changed, so a part retried for hours writes once), and
+// one that ends takes them out (endDelay); the first part deferred past the
+// warning time claims the warning and sends it for its own recipients and
+// every note in the record, under a queue id derived from the message id
+// (a claimer run again after a crash reads the frozen record and queues
+// the same id). A part deferred later reads the claim and sends nothing,
+// unless the warning did not list it (it was deferred for the first time
+// after the claim, or its note did not fit the record): then it warns for
+// its own recipients, so no recipient gets two warnings and none is left
+// without one.
 func (w *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o *outcome) error {
 	if w.dsn == nil || e.DelayWarned {
 		return nil
 	}
 	warn := w.dsn.delayWarning(e)
-	if warn <= 0 || e.SubmittedAt.IsZero() || w.now().Sub(e.SubmittedAt) < warn {
+	if warn <= 0 || e.SubmittedAt.IsZero() {
 		return nil
 	}
+	due := w.now().Sub(e.SubmittedAt) >= warn
+	if e.Parts <= 1 || w.dsn.ineligible(e) != "" {
+		if !due {
+			return nil
+		}
+		if err := w.notice(ctx, e, noticeInput{action: dsn.Delayed, kind: queue.NotifyDelay, key: noticeKey(e, "delayed"), rcpts: w.delayReports(e, next, o), body: o.body}); err != nil {
+			return err
+		}
+		next.DelayWarned = true
+		return nil
+	}
+	rcpts := pick(e, queue.NotifyDelay, w.delayReports(e, next, o))
+	if !due {
+		w.noteDelay(ctx, e, next, rcpts)
+		return nil
+	}
+	d, err := w.cfg.Queue.NoteDelay(ctx, e, nil, true)
+	if err != nil {
+		return err
+	}
+	var parts []passNote
+	key := "dsn." + e.ID // not listed: its own warning, noticeKey's name
+	switch {
+	case d.Mine:
+		parts, key = w.readNotes(e, d.Notes), "dsn."+e.MsgID
+	case d.Listed:
+		next.DelayWarned = true
+		return nil
+	}
+	if len(rcpts) > 0 {
+		parts = append(parts, passNote{ID: e.ID, Dest: e.Dest, Delayed: rcpts})
+	}
+	if len(parts) == 0 {
+		w.dsn.skip(skipNotify)
+	} else if err := w.passNotices(ctx, e, parts, o.body, key); err != nil {
+		return err
+	}
+	next.DelayWarned = true
+	return nil
+}
+
+// delayReports is the delayed block of each recipient still deferred.
+func (w *deliverer) delayReports(e, next *queue.Envelope, o *outcome) []dsn.Recipient {
 	at := w.now()
 	rcpts := make([]dsn.Recipient, 0, len(next.Rcpts))
 	for _, r := range next.Rcpts {
@@ -464,11 +547,58 @@ func (w *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o 
 		}
 		rcpts = append(rcpts, rc)
 	}
-	if err := w.notice(ctx, e, noticeInput{action: dsn.Delayed, kind: queue.NotifyDelay, key: noticeKey(e, "delayed"), rcpts: rcpts, body: o.body}); err != nil {
-		return err
+	return rcpts
+}
+
+// noteDelay writes a deferred part's recipients still deferred (those
+// whose NOTIFY asks for DELAY) into its message's delay record, when their
+// number changed since its last note: recipients only ever leave a part,
+// so the same number is the same set. A failure is logged, not returned:
+// failing the attempt's durable step would send its delivered recipients
+// again, and a missing note only leaves them out of a sibling's warning
+// (this part then warns on its own).
+func (w *deliverer) noteDelay(ctx context.Context, e, next *queue.Envelope, rcpts []dsn.Recipient) {
+	if len(rcpts) == e.DelayNoted {
+		return
 	}
-	next.DelayWarned = true
-	return nil
+	var raw json.RawMessage
+	if len(rcpts) > 0 {
+		b, err := json.Marshal(&passNote{ID: e.ID, Dest: e.Dest, Delayed: rcpts})
+		if err != nil {
+			return
+		}
+		raw = b
+	}
+	if _, err := w.cfg.Queue.NoteDelay(ctx, e, raw, false); err != nil {
+		w.log.Warn().Err(err).Str("msg_id", e.ID).Msg("delay record not updated; a sibling's delay warning may not list this part")
+		return
+	}
+	next.DelayNoted = len(rcpts)
+}
+
+// endDelay takes an ended part (delivered, bounced or dead) out of its
+// message's delay record, so that a sibling's warning does not list
+// recipients no longer waiting. Only a part that noted recipients pays it.
+func (w *deliverer) endDelay(ctx context.Context, e *queue.Envelope) {
+	if w.dsn == nil || e.DelayNoted == 0 || e.DelayWarned {
+		return
+	}
+	w.noteDelay(ctx, e, e.Clone(), nil)
+}
+
+// readNotes decodes the parts' notes of a per-message record, leaving out
+// (and logging) one that cannot be read.
+func (w *deliverer) readNotes(e *queue.Envelope, raw []json.RawMessage) []passNote {
+	parts := make([]passNote, 0, len(raw)+1)
+	for _, n := range raw {
+		var pn passNote
+		if err := json.Unmarshal(n, &pn); err != nil {
+			w.log.Error().Err(err).Str("msg_id", e.ID).Msg("a part's note in a message's record is unreadable; reporting the others")
+			continue
+		}
+		parts = append(parts, pn)
+	}
+	return parts
 }
 
 // successNotice sends a relayed notice for delivered recipients whose
@@ -516,21 +646,26 @@ func (w *deliverer) relayedReports(e *queue.Envelope, o *outcome) []dsn.Recipien
 // deferral). So a deferred part does not hold back its siblings' failures
 // longer than its own first attempt; what fails after its pass (a later
 // bounce, the budget spent) is a notice of its own, as for a message of one
-// destination. Delay warnings are always per part.
+// destination. A part that is not attempted at all (its destination
+// paused, a backlog) holds the report back at most DSNConfig.PassTimeout:
+// see passWaits for who sends it then.
 //
 // Exactly one report: the report's queue id is derived from the
 // submission id and the action, so every sender of a complete pass (the
-// part that completed it, and any part run again after a crash between
-// its record and its durable step) queues the same id, and the work
-// stream's deduplication absorbs the copies. A record written before a
-// crash is found again by the part's next run, which counts once.
+// part that completed it, a process at the pass's deadline, and any part
+// run again after a crash between its record and its durable step) queues
+// the same id, and the work stream's deduplication absorbs the copies. A
+// record written before a crash is found again by the part's next run,
+// which counts once.
 
-// passNote is one part's share of its submission's first pass.
+// passNote is one part's share of its submission's first pass, or of its
+// message's delay warning (Delayed).
 type passNote struct {
 	ID      string          `json:"id"`   // the part's envelope id, whose history names the report
 	Dest    string          `json:"dest"` // and its destination
 	Failed  []dsn.Recipient `json:"failed,omitempty"`
 	Relayed []dsn.Recipient `json:"relayed,omitempty"`
+	Delayed []dsn.Recipient `json:"delayed,omitempty"`
 }
 
 // inPass reports whether e's notices go into its submission's pass
@@ -562,27 +697,30 @@ func (w *deliverer) recordPass(ctx context.Context, e *queue.Envelope, note pass
 			return err
 		}
 	}
-	if p.Complete {
-		parts := make([]passNote, 0, len(p.Notes))
-		for _, n := range p.Notes {
-			var pn passNote
-			if err := json.Unmarshal(n, &pn); err != nil {
-				w.log.Error().Err(err).Str("msg_id", e.ID).Msg("a part's note in the pass record is unreadable; reporting the others")
-				continue
-			}
-			parts = append(parts, pn)
-		}
-		if err := w.passNotices(ctx, e, parts, body, "dsn."+e.MsgID+".pass"); err != nil {
+	switch {
+	case p.Complete:
+		w.dsn.passes.done(e.MsgID)
+		if err := w.passNotices(ctx, e, w.readNotes(e, p.Notes), body, passReportKey(e.MsgID)); err != nil {
 			return err
 		}
+	case raw != nil && !p.Alone && w.dsn.cfg.PassTimeout > 0:
+		// The others may never come: this process sends the report at
+		// the pass's deadline if nobody completed it by then.
+		w.dsn.passes.wait(e, body, w.now().Add(w.dsn.cfg.PassTimeout))
 	}
 	e.PassNoted = true
 	return nil
 }
 
-// passNotices sends one failed and one relayed notice for the parts'
-// recipients, named key.failed and key.relayed, and names each in the
-// history of every part it lists, with that part's recipients.
+// passReportKey names the report of a message's pass (key.failed,
+// key.relayed), whoever sends it: the part that completed the pass, or
+// a process at its deadline.
+func passReportKey(msgID string) string { return "dsn." + msgID + ".pass" }
+
+// passNotices sends one failed, one relayed and one delayed notice for the
+// parts' recipients, named key.failed, key.relayed and key.delayed (each
+// only when it lists someone), and names each in the history of every part
+// it lists, with that part's recipients.
 func (w *deliverer) passNotices(ctx context.Context, e *queue.Envelope, parts []passNote, body []byte, key string) error {
 	for _, a := range []struct {
 		action dsn.Action
@@ -590,6 +728,7 @@ func (w *deliverer) passNotices(ctx context.Context, e *queue.Envelope, parts []
 	}{
 		{dsn.Failed, func(p passNote) []dsn.Recipient { return p.Failed }},
 		{dsn.Relayed, func(p passNote) []dsn.Recipient { return p.Relayed }},
+		{dsn.Delayed, func(p passNote) []dsn.Recipient { return p.Delayed }},
 	} {
 		var rcpts []dsn.Recipient
 		for _, p := range parts {

@@ -172,6 +172,13 @@ func (p *Pool) Run(ctx context.Context, grace time.Duration) error {
 			w.loop(ctx, workCtx, chans[0], chans[1], chans[2])
 		}()
 	}
+	if p.dsn != nil && p.dsn.cfg.PassTimeout > 0 {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.sweepPasses(ctx)
+		}()
+	}
 	<-ctx.Done()
 	done := make(chan struct{})
 	go func() { p.wg.Wait(); close(done) }()

@@ -90,8 +90,8 @@ type serveConfig struct {
 	deliveryConfig
 	// mta-sts, dane and tls-report-*: cmd/outflow/tlspolicy.go.
 	tlsPolicyConfig
-	// dsn, dsn-delay-warning, dsn-sender-rate and [tenants.NAME]:
-	// cmd/outflow/dsn.go.
+	// dsn, dsn-delay-warning, dsn-sender-rate, dsn-pass-timeout and
+	// [tenants.NAME]: cmd/outflow/dsn.go.
 	dsnConfig
 }
 

@@ -181,8 +181,8 @@ func TestTenantDSNConfig(t *testing.T) {
 	if b.Enabled == nil || !*b.Enabled || b.Address != "bounces@example.com" || b.DelayWarning == nil || *b.DelayWarning != 0 {
 		t.Fatalf("tenant billing = %+v", b)
 	}
-	if w.DelayWarning.Hours() != 4 || w.SenderRate != 60 {
-		t.Errorf("defaults: delay warning %v, sender rate %v", w.DelayWarning, w.SenderRate)
+	if w.DelayWarning.Hours() != 4 || w.SenderRate != 60 || w.PassTimeout != 5*time.Minute {
+		t.Errorf("defaults: delay warning %v, sender rate %v, pass timeout %v", w.DelayWarning, w.SenderRate, w.PassTimeout)
 	}
 	c.Tenants["billing"] = tenantConfig{DSNAddress: "not an address"}
 	if _, err := c.workerDSN("h", nil, nil); err == nil {

@@ -18,6 +18,7 @@ type dsnConfig struct {
 	DSN             bool                    `toml:"dsn"`
 	DSNDelayWarning time.Duration           `toml:"dsn-delay-warning"`
 	DSNSenderRate   float64                 `toml:"dsn-sender-rate"`
+	DSNPassTimeout  time.Duration           `toml:"dsn-pass-timeout"`
 	Tenants         map[string]tenantConfig `toml:"tenants"`
 }
 
@@ -55,6 +56,7 @@ func bindDSNFlags(fs *pflag.FlagSet, c *dsnConfig) {
 	fs.BoolVar(&c.DSN, "dsn", true, "send delivery status notifications (RFC 3464) to envelope senders; per tenant: [tenants.NAME] dsn")
 	fs.DurationVar(&c.DSNDelayWarning, "dsn-delay-warning", worker.DefaultDelayWarning, "time in the queue after which still deferred recipients get one delay warning (0 = never)")
 	fs.Float64Var(&c.DSNSenderRate, "dsn-sender-rate", worker.DefaultDSNSenderRate, "most notifications per hour to one address, across the fleet (0 = no limit)")
+	fs.DurationVar(&c.DSNPassTimeout, "dsn-pass-timeout", worker.DefaultPassTimeout, "how long a message's failure report waits for its other destinations' first attempts (0 = until every one)")
 }
 
 // workerDSN turns the settings into the worker's, nil when notifications
@@ -63,16 +65,19 @@ func (c *dsnConfig) workerDSN(hostname string, sup worker.SuppressionChecker, m 
 	if !c.DSN {
 		return nil, nil
 	}
-	if c.DSNDelayWarning < 0 || c.DSNSenderRate < 0 {
-		return nil, fmt.Errorf("dsn-delay-warning and dsn-sender-rate must not be negative")
+	if c.DSNDelayWarning < 0 || c.DSNSenderRate < 0 || c.DSNPassTimeout < 0 {
+		return nil, fmt.Errorf("dsn-delay-warning, dsn-sender-rate and dsn-pass-timeout must not be negative")
 	}
 	w := &worker.DSNConfig{ReportingMTA: hostname, DelayWarning: c.DSNDelayWarning, SenderRate: c.DSNSenderRate,
-		Suppressions: sup, Metrics: m, Tenants: map[string]worker.TenantDSN{}}
+		PassTimeout: c.DSNPassTimeout, Suppressions: sup, Metrics: m, Tenants: map[string]worker.TenantDSN{}}
 	if w.DelayWarning == 0 {
 		w.DelayWarning = -1 // the worker's "off"; its zero is the default
 	}
 	if w.SenderRate == 0 {
 		w.SenderRate = -1
+	}
+	if w.PassTimeout == 0 {
+		w.PassTimeout = -1
 	}
 	for name, t := range c.Tenants {
 		td := worker.TenantDSN{Enabled: t.DSN, Address: strings.TrimSpace(t.DSNAddress)}
