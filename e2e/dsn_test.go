@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -276,9 +277,9 @@ func TestDSNPassedToNextHop(t *testing.T) {
 	}
 }
 
-// TestDSNDelayWarningOnce: a recipient deferred past dsn-delay-warning
-// gets one "delayed" notice, whatever the number of deferrals after it,
-// and is then delivered.
+// TestDSNDelayWarningOnce: a message to two domains, both deferred past
+// dsn-delay-warning, gets one "delayed" notice listing both recipients,
+// whatever the number of deferrals after it, and is then delivered.
 func TestDSNDelayWarningOnce(t *testing.T) {
 	var open atomic.Bool
 	var deferrals atomic.Int32
@@ -294,25 +295,35 @@ func TestDSNDelayWarningOnce(t *testing.T) {
 		"--dsn-delay-warning", "2s", "--retry-base", "300ms", "--retry-min", "300ms", "--retry-cap", "600ms")
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()
-	submitDSN(t, c, "app@sender.test", nil, nil, []string{"slow@dest.test"}, message("slow", ""))
+	submitDSN(t, c, "app@sender.test", nil, nil, []string{"slow@dest.test", "slow@other.test"}, message("slow", ""))
 
 	waitFor(t, 60*time.Second, "the delay warning", func() bool { return len(reportsTo(mx, "app@sender.test")) == 1 })
 	r := parseWithPython(t, reportsTo(mx, "app@sender.test")[0].Data)
-	if r.Type != "multipart/report" || len(r.Groups) != 2 || r.Groups[1]["Action"] != "delayed" ||
-		r.Groups[1]["Will-Retry-Until"] == "" || r.Groups[1]["Status"] != "4.3.0" ||
-		r.Groups[1]["Diagnostic-Code"] != "smtp; 451 4.3.0 try again later" {
+	if r.Type != "multipart/report" || len(r.Groups) != 3 {
 		t.Fatalf("delay warning %+v", r)
+	}
+	var listed []string
+	for _, g := range r.Groups[1:] {
+		if g["Action"] != "delayed" || g["Will-Retry-Until"] == "" || g["Status"] != "4.3.0" ||
+			g["Diagnostic-Code"] != "smtp; 451 4.3.0 try again later" {
+			t.Fatalf("delay warning %+v", r)
+		}
+		listed = append(listed, g["Final-Recipient"])
+	}
+	if !slices.Contains(listed, "rfc822; slow@dest.test") || !slices.Contains(listed, "rfc822; slow@other.test") {
+		t.Fatalf("delay warning lists %v", listed)
 	}
 	after := deferrals.Load()
 	waitFor(t, 60*time.Second, "three more deferrals after the warning", func() bool { return deferrals.Load() >= after+3 })
 	open.Store(true)
-	waitFor(t, 60*time.Second, "the delivery", func() bool {
+	waitFor(t, 60*time.Second, "the deliveries", func() bool {
+		n := 0
 		for _, m := range mx.Messages() {
 			if m.From == "app@sender.test" {
-				return true
+				n++
 			}
 		}
-		return false
+		return n == 2
 	})
 	if n := len(reportsTo(mx, "app@sender.test")); n != 1 {
 		t.Fatalf("%d delay warnings, want 1", n)
