@@ -27,9 +27,10 @@
 // Besides SENT markers, the SENT bucket holds small compare-and-set records
 // that several envelopes or processes share (notices.go, bodies.go): the
 // count of a multi-part submission's envelopes still holding its body, the
-// first-pass record through which those envelopes send one delivery status
-// notification per message (RecordPass), and the fleet-wide allowance of
-// notifications per address (TakeAllowance). The per-tenant suppression
+// first-pass and delay records through which those envelopes send one
+// delivery status notification per message and event (RecordPass,
+// ClosePass, NoteDelay), and the fleet-wide allowance of notifications per
+// address (TakeAllowance). The per-tenant suppression
 // list that submission checks is a bucket of queue's too (suppress.go).
 //
 // queue knows JetStream and nothing of SMTP. It owns the layout: every
