@@ -77,8 +77,7 @@ func (q *Queue) RecordPass(ctx context.Context, e *Envelope, note json.RawMessag
 		note = json.RawMessage("null")
 	}
 	var p Pass
-	wrote := false
-	err := q.updateKey(ctx, key, func(old []byte) ([]byte, error) {
+	err := q.updateRecord(ctx, key, func(old []byte) ([]byte, error) {
 		rec := passRecord{Parts: e.Parts}
 		if old != nil {
 			if err := json.Unmarshal(old, &rec); err != nil {
@@ -111,16 +110,10 @@ func (q *Queue) RecordPass(ctx context.Context, e *Envelope, note json.RawMessag
 		if p.Complete = rec.complete(); p.Complete {
 			p.Notes = rec.Notes.sorted("")
 		}
-		wrote = true
 		return val, err
 	})
 	if err != nil {
 		return Pass{}, fmt.Errorf("pass record: %w", err)
-	}
-	if wrote {
-		if err := q.recordDurable(ctx); err != nil {
-			return Pass{}, err
-		}
 	}
 	return p, nil
 }
@@ -134,8 +127,8 @@ func (q *Queue) RecordPass(ctx context.Context, e *Envelope, note json.RawMessag
 // pass, whose completer sent the report.
 func (q *Queue) ClosePass(ctx context.Context, msgID string) ([]json.RawMessage, bool, error) {
 	var out []json.RawMessage
-	owed, wrote := false, false
-	err := q.updateKey(ctx, passKey(msgID), func(old []byte) ([]byte, error) {
+	owed := false
+	err := q.updateRecord(ctx, passKey(msgID), func(old []byte) ([]byte, error) {
 		if old == nil {
 			return nil, nil
 		}
@@ -151,24 +144,23 @@ func (q *Queue) ClosePass(ctx context.Context, msgID string) ([]json.RawMessage,
 		if rec.Closed {
 			return nil, nil
 		}
-		rec.Closed, wrote = true, true
+		rec.Closed = true
 		return json.Marshal(&rec)
 	})
 	if err != nil {
 		return nil, false, fmt.Errorf("pass record: %w", err)
 	}
-	if wrote {
-		if err := q.recordDurable(ctx); err != nil {
-			return nil, false, err
-		}
-	}
 	return out, owed, nil
 }
 
-// recordDurable syncs a per-message record just written: the record
-// decides whether a notice is owed, so it must outlive a power loss like
-// the envelope whose step follows it.
-func (q *Queue) recordDurable(ctx context.Context) error {
+// updateRecord is updateKey for a per-message record, synced when written:
+// the record decides whether a notice is owed, so it must outlive a power
+// loss like the envelope whose step follows it.
+func (q *Queue) updateRecord(ctx context.Context, key string, change func(old []byte) ([]byte, error)) error {
+	wrote, err := q.updateKey(ctx, key, change)
+	if err != nil || !wrote {
+		return err
+	}
 	return q.durable(ctx, kvStream(BucketSent))
 }
 
@@ -220,15 +212,14 @@ type Delay struct {
 // stored.
 func (q *Queue) NoteDelay(ctx context.Context, e *Envelope, note json.RawMessage, claim bool) (Delay, error) {
 	var d Delay
-	wrote := false
-	err := q.updateKey(ctx, delayKey(e.MsgID), func(old []byte) ([]byte, error) {
+	err := q.updateRecord(ctx, delayKey(e.MsgID), func(old []byte) ([]byte, error) {
 		var rec delayRecord
 		if old != nil {
 			if err := json.Unmarshal(old, &rec); err != nil {
 				return nil, err
 			}
 		}
-		d, wrote = Delay{}, false
+		d = Delay{}
 		if rec.WarnedBy != "" {
 			_, in := rec.Notes[e.ID]
 			d = Delay{Warned: true, Mine: rec.WarnedBy == e.ID, Listed: rec.WarnedBy == e.ID || in}
@@ -261,16 +252,10 @@ func (q *Queue) NoteDelay(ctx context.Context, e *Envelope, note json.RawMessage
 			}
 			val, err = json.Marshal(&rec)
 		}
-		wrote = true
 		return val, err
 	})
 	if err != nil {
 		return Delay{}, fmt.Errorf("delay record: %w", err)
-	}
-	if wrote {
-		if err := q.recordDurable(ctx); err != nil {
-			return Delay{}, err
-		}
 	}
 	return d, nil
 }
@@ -278,8 +263,9 @@ func (q *Queue) NoteDelay(ctx context.Context, e *Envelope, note json.RawMessage
 // updateKey changes key's value in the SENT bucket by compare-and-set on
 // its revision: change gets the current value (nil when there is none) and
 // returns the new one, or nil to write nothing; when another writer came
-// first it is called again with that writer's value.
-func (q *Queue) updateKey(ctx context.Context, key string, change func(old []byte) ([]byte, error)) error {
+// first it is called again with that writer's value. It reports whether it
+// wrote.
+func (q *Queue) updateKey(ctx context.Context, key string, change func(old []byte) ([]byte, error)) (bool, error) {
 	for range 64 {
 		var old []byte
 		var rev uint64
@@ -290,14 +276,14 @@ func (q *Queue) updateKey(ctx context.Context, key string, change func(old []byt
 			old, rev = ent.Value(), ent.Revision()
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		default:
-			return fmt.Errorf("%s: %w", key, err)
+			return false, fmt.Errorf("%s: %w", key, err)
 		}
 		val, err := change(old)
 		if err != nil {
-			return fmt.Errorf("%s: %w", key, err)
+			return false, fmt.Errorf("%s: %w", key, err)
 		}
 		if val == nil {
-			return nil
+			return false, nil
 		}
 		q.count(OpSentPut)
 		if rev == 0 {
@@ -309,11 +295,11 @@ func (q *Queue) updateKey(ctx context.Context, key string, change func(old []byt
 			continue // another writer came first: read again
 		}
 		if err != nil {
-			return fmt.Errorf("%s: %w", key, err)
+			return false, fmt.Errorf("%s: %w", key, err)
 		}
-		return nil
+		return true, nil
 	}
-	return fmt.Errorf("%s: too many concurrent updates", key)
+	return false, fmt.Errorf("%s: too many concurrent updates", key)
 }
 
 // sorted returns the stored notes in envelope id order, but that of
@@ -353,7 +339,7 @@ type rateBucket struct {
 // allowance expires with the bucket's TTL, which refills it anyway.
 func (q *Queue) TakeAllowance(ctx context.Context, name string, perHour float64, now time.Time) (bool, error) {
 	ok := false
-	err := q.updateKey(ctx, rateKey(name), func(old []byte) ([]byte, error) {
+	_, err := q.updateKey(ctx, rateKey(name), func(old []byte) ([]byte, error) {
 		b := rateBucket{Tokens: perHour, At: now.UnixNano()}
 		if old != nil && json.Unmarshal(old, &b) != nil {
 			b = rateBucket{Tokens: perHour, At: now.UnixNano()} // unreadable: start again

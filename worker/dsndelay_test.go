@@ -21,6 +21,18 @@ func (c *fakeClock) now() time.Time        { return time.Unix(0, c.ns.Load()) }
 func (c *fakeClock) add(d time.Duration)   { c.ns.Add(int64(d)) }
 func newFakeClock(at time.Time) *fakeClock { c := &fakeClock{}; c.ns.Store(at.UnixNano()); return c }
 
+// clockSetup is a queue, notice counters, a clock at t0 and a deliverer
+// on it, with the DSN configuration mut gives.
+func clockSetup(t *testing.T, mut func(*DSNConfig)) (e *env, m *DSNMetrics, cfg *DSNConfig, clock *fakeClock, d *deliverer, t0 time.Time) {
+	e = newEnv(t, nil)
+	m = NewDSNMetrics(prometheus.NewRegistry())
+	cfg = dsnConfig(m)
+	mut(cfg)
+	t0 = time.Now()
+	clock = newFakeClock(t0)
+	return e, m, cfg, clock, clockDeliverer(t, e, cfg, clock), t0
+}
+
 // clockDeliverer is noticeDeliverer on clock.
 func clockDeliverer(t *testing.T, e *env, cfg *DSNConfig, clock *fakeClock) *deliverer {
 	t.Helper()
@@ -56,13 +68,7 @@ func deferPart(t *testing.T, d *deliverer, env *queue.Envelope) *queue.Envelope 
 // send none, the claimer run again queues the same one, and a part first
 // deferred after the warning, which it could not list, warns on its own.
 func TestMultiPartDelayWarningOnce(t *testing.T) {
-	e := newEnv(t, nil)
-	m := NewDSNMetrics(prometheus.NewRegistry())
-	cfg := dsnConfig(m)
-	cfg.DelayWarning = time.Hour
-	t0 := time.Now()
-	clock := newFakeClock(t0)
-	d := clockDeliverer(t, e, cfg, clock)
+	e, m, _, clock, d, t0 := clockSetup(t, func(c *DSNConfig) { c.DelayWarning = time.Hour })
 	ctx := context.Background()
 	a, b, c, late := partOf("m", 1, 4, "a@one.test", t0), partOf("m", 2, 4, "b@two.test", t0), partOf("m", 3, 4, "c@three.test", t0), partOf("m", 4, 4, "d@four.test", t0)
 
@@ -114,13 +120,7 @@ func TestMultiPartDelayWarningOnce(t *testing.T) {
 // TestSinglePartDelayNoRecord: a message of one destination warns on its
 // own and reads or writes no record for it.
 func TestSinglePartDelayNoRecord(t *testing.T) {
-	e := newEnv(t, nil)
-	m := NewDSNMetrics(prometheus.NewRegistry())
-	cfg := dsnConfig(m)
-	cfg.DelayWarning = time.Hour
-	t0 := time.Now()
-	clock := newFakeClock(t0)
-	d := clockDeliverer(t, e, cfg, clock)
+	e, m, _, clock, d, t0 := clockSetup(t, func(c *DSNConfig) { c.DelayWarning = time.Hour })
 	one := partOf("s", 1, 1, "a@one.test", t0)
 	one.ID = "s"
 	before := e.q.Ops()
@@ -144,13 +144,7 @@ func TestSinglePartDelayNoRecord(t *testing.T) {
 // what the record held, and the late part reports on its own. A pass
 // completed in time owes nothing at its deadline.
 func TestPassReportAtDeadline(t *testing.T) {
-	e := newEnv(t, nil)
-	m := NewDSNMetrics(prometheus.NewRegistry())
-	cfg := dsnConfig(m)
-	cfg.PassTimeout = time.Minute
-	t0 := time.Now()
-	clock := newFakeClock(t0)
-	d := clockDeliverer(t, e, cfg, clock)
+	e, m, cfg, clock, d, t0 := clockSetup(t, func(c *DSNConfig) { c.PassTimeout = time.Minute })
 	ctx := context.Background()
 	bounce := func(env *queue.Envelope) {
 		t.Helper()
