@@ -397,10 +397,14 @@ func TestPagesRender(t *testing.T) {
 		"/ui/suppressions":             "the list is empty",
 		"/ui/dests?fragment=1":         "d.example",
 		"/ui/messages/nosuchmessage12": "No message",
+		"/ui/dests/a%3Eb":              "is not a destination",
 	} {
 		res, body := get(t, cl, f.ts.URL+p)
 		if !strings.Contains(body, want) {
 			t.Errorf("GET %s (%d) lacks %q", p, res.StatusCode, want)
+		}
+		if want == "is not a destination" && res.StatusCode != http.StatusBadRequest {
+			t.Errorf("GET %s: %d, want 400", p, res.StatusCode)
 		}
 		if strings.HasSuffix(p, "fragment=1") && strings.Contains(body, "<html") {
 			t.Errorf("GET %s: a fragment is a whole page", p)

@@ -21,22 +21,20 @@ func (c *Console) destList(w http.ResponseWriter, r *http.Request, s *session) {
 	c.render(w, r, s, http.StatusOK, "dests", "Destinations", map[string]any{"Dests": rows, "Errors": errs})
 }
 
-// destParam is the request's {dest}; when it is not a destination name it
-// answers 400 itself and returns false.
-func (c *Console) destParam(w http.ResponseWriter, r *http.Request, s *session) (string, bool) {
-	d := strings.ToLower(strings.TrimSpace(r.PathValue("dest")))
-	if d == "" || len(d) > maxDestName || strings.ContainsAny(d, " \t\r\n*>/") {
-		c.fail(w, r, s, http.StatusBadRequest, fmt.Sprintf("%q is not a destination", d))
-		return "", false
+// forDest is h for the request's {dest}, lower-cased; a {dest} that is
+// not a destination name is answered 400 without calling h.
+func (c *Console) forDest(h func(w http.ResponseWriter, r *http.Request, s *session, dest string)) func(http.ResponseWriter, *http.Request, *session) {
+	return func(w http.ResponseWriter, r *http.Request, s *session) {
+		d := strings.ToLower(strings.TrimSpace(r.PathValue("dest")))
+		if d == "" || len(d) > maxDestName || strings.ContainsAny(d, " \t\r\n*>/") {
+			c.fail(w, r, s, http.StatusBadRequest, fmt.Sprintf("%q is not a destination", d))
+			return
+		}
+		h(w, r, s, d)
 	}
-	return d, true
 }
 
-func (c *Console) destPage(w http.ResponseWriter, r *http.Request, s *session) {
-	dest, ok := c.destParam(w, r, s)
-	if !ok {
-		return
-	}
+func (c *Console) destPage(w http.ResponseWriter, r *http.Request, s *session, dest string) {
 	ctx, cancel := c.ctx(r)
 	defer cancel()
 	var errs []string
@@ -69,11 +67,7 @@ func (c *Console) destPage(w http.ResponseWriter, r *http.Request, s *session) {
 }
 
 // destAction runs one of `outflow dest suspend|resume|rate|forget`.
-func (c *Console) destAction(w http.ResponseWriter, r *http.Request, s *session) {
-	dest, ok := c.destParam(w, r, s)
-	if !ok {
-		return
-	}
+func (c *Console) destAction(w http.ResponseWriter, r *http.Request, s *session, dest string) {
 	ctx, cancel := c.ctx(r)
 	defer cancel()
 	kv := c.state
