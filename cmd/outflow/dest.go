@@ -67,7 +67,7 @@ func init() {
 				if err != nil {
 					return err
 				}
-				views, err := gatherStatus(q, args[0], 500*time.Millisecond)
+				views, err := throttle.AskStatus(q, args[0], 500*time.Millisecond)
 				if err != nil {
 					return err
 				}
@@ -215,12 +215,6 @@ func init() {
 
 	dc.AddCommand(list, status, suspend, resume, rateCmd, forget)
 	rootCmd.AddCommand(dc)
-}
-
-// gatherStatus asks every running worker for its view of dest and collects
-// the answers that arrive within wait.
-func gatherStatus(q *queue.Queue, dest string, wait time.Duration) ([]throttle.WorkerStatus, error) {
-	return throttle.AskStatus(q, dest, wait)
 }
 
 // runState is a.run with the shared destination state bucket opened.
