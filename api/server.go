@@ -55,7 +55,8 @@ type Config struct {
 	Rate  float64
 	Burst int
 	// IdempotencyTTL is how long an Idempotency-Key is remembered: the
-	// queue's deduplication window (default 24h).
+	// queue's deduplication window (serve passes Queue.DedupWindow).
+	// Default queue.DefaultDedupWindow.
 	IdempotencyTTL time.Duration
 	// EnqueueTimeout bounds one store of a submission (503 past it).
 	// Default DefaultEnqueueTimeout.
@@ -93,7 +94,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.Rate = DefaultRate
 	}
 	defaults.Set(&cfg.Burst, DefaultBurst)
-	defaults.Set(&cfg.IdempotencyTTL, 24*time.Hour)
+	defaults.Set(&cfg.IdempotencyTTL, queue.DefaultDedupWindow)
 	defaults.Set(&cfg.EnqueueTimeout, DefaultEnqueueTimeout)
 	keys, err := OpenKeys(ctx, cfg.Buckets)
 	if err != nil {

@@ -57,12 +57,12 @@ type Config struct {
 	// Dial opens the fetch's connections. Default a net.Dialer (which
 	// resolves "mta-sts.<domain>" with the system resolver).
 	Dial DialFunc
-	// FetchTimeout bounds one policy fetch. Default 1m.
+	// FetchTimeout bounds one policy fetch. Default DefaultFetchTimeout.
 	FetchTimeout time.Duration
 	// FailureHold is how long a failed fetch is remembered for the TXT
-	// id it was made for. Default 5m.
+	// id it was made for. Default DefaultFailureHold.
 	FailureHold time.Duration
-	// MaxEntries bounds the cache (domains). Default 10000.
+	// MaxEntries bounds the cache (domains). Default DefaultMaxEntries.
 	MaxEntries int
 	// Now is the clock; default time.Now. Tests move it.
 	Now func() time.Time

@@ -45,5 +45,5 @@ func (q *Queue) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jet
 }
 
 // DedupWindow is how long a resubmission with the same idempotency key is
-// recognised (Options.DedupWindow, default 24h).
+// recognised (Options.DedupWindow, default DefaultDedupWindow).
 func (q *Queue) DedupWindow() time.Duration { return q.opts.DedupWindow }

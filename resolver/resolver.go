@@ -35,17 +35,18 @@ type Config struct {
 	// ResolvConf is the file read when Servers is empty. Default
 	// /etc/resolv.conf.
 	ResolvConf string
-	// Timeout bounds one try at one server. Default 2s (or resolv.conf's
-	// timeout option).
+	// Timeout bounds one try at one server. Default DefaultTimeout (or
+	// resolv.conf's timeout option).
 	Timeout time.Duration
 	// Attempts is how many rounds over the servers one query makes before
-	// it fails. Default 2 (or resolv.conf's attempts option).
+	// it fails. Default DefaultAttempts (or resolv.conf's attempts
+	// option).
 	Attempts int
 	// CacheSize bounds the cache in entries (one per name and type).
-	// Default 10000; negative disables caching.
+	// Default DefaultCacheSize; negative disables caching.
 	CacheSize int
 	// MaxTTL caps how long an answer is cached, whatever its TTL.
-	// Default 1h.
+	// Default DefaultMaxTTL.
 	MaxTTL time.Duration
 	// Registerer, when set, receives the cache metrics
 	// (outflow_dns_cache_hits_total, outflow_dns_cache_misses_total,

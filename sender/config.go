@@ -128,42 +128,47 @@ type Config struct {
 	TLSReport TLSReporter
 
 	// ConnectTimeout bounds the TCP connect (and, for implicit TLS, the
-	// handshake). Default 30s.
+	// handshake). Default DefaultConnectTimeout.
 	ConnectTimeout time.Duration
-	// GreetingTimeout bounds the wait for the 220 banner. Default 5m.
+	// GreetingTimeout bounds the wait for the 220 banner. Default
+	// DefaultGreetingTimeout.
 	GreetingTimeout time.Duration
 	// CommandTimeout bounds each command's reply: EHLO, STARTTLS and its
-	// handshake, AUTH, MAIL, RCPT, RSET, QUIT. Default 5m.
+	// handshake, AUTH, MAIL, RCPT, RSET, QUIT. Default DefaultCommandTimeout.
 	CommandTimeout time.Duration
-	// DataInitTimeout bounds the wait for the 354 after DATA. Default 2m.
+	// DataInitTimeout bounds the wait for the 354 after DATA. Default
+	// DefaultDataInitTimeout.
 	DataInitTimeout time.Duration
 	// DataBlockTimeout bounds each write of a block (up to 64 KiB) of the
-	// message body; a server that stops reading trips it. Default 3m.
+	// message body; a server that stops reading trips it. Default
+	// DefaultDataBlockTimeout.
 	DataBlockTimeout time.Duration
 	// FinalDotTimeout bounds the wait for the reply to the final dot.
 	// When it fires the message may or may not have been delivered.
-	// Default 10m.
+	// Default DefaultFinalDotTimeout.
 	FinalDotTimeout time.Duration
 
 	// MaxMsgsPerConn is how many transactions one connection carries
 	// before it is closed; a server's LIMITS MAILMAX lowers it.
-	// Default 100.
+	// Default DefaultMaxMsgsPerConn.
 	MaxMsgsPerConn int
 	// IdleTimeout is how long an idle pooled connection is kept; it must
 	// stay well below a server's own 5 minute timeout (RFC 5321
-	// 4.5.3.2.7). Default 30s.
+	// 4.5.3.2.7). Default DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// MaxConnsPerHost caps the open connections (busy and idle) to one
 	// MX host or relay; Send waits for a free one. 0 means no cap here
-	// (the coordinator limits connections per destination).
+	// (package throttle limits connections per destination).
 	MaxConnsPerHost int
 	// AuthFailureHold is how long, after the relay refuses our
 	// credentials with a 5xx, Send answers every message with that same
 	// outcome without connecting, so that a bad password does not cost a
-	// login attempt per message. Default 5m; negative disables.
+	// login attempt per message. Default DefaultAuthFailureHold; negative
+	// disables.
 	AuthFailureHold time.Duration
 
-	// Port is the SMTP port for MX hosts. Default 25. Tests set it.
+	// Port is the SMTP port for MX hosts. Default DefaultPort. Tests set
+	// it.
 	Port int
 	// Resolver looks up MX and address records. Default
 	// net.DefaultResolver.

@@ -22,7 +22,7 @@ type Message struct {
 	Body   []byte   // the exact bytes to send, CRLF line ends, already DKIM-signed
 	// MaxMsgsPerConn, when > 0, lowers Config.MaxMsgsPerConn for the
 	// connection this message goes out on: the destination's own limit
-	// (coordinator's [destinations.X] max-msgs-per-conn).
+	// (the throttle file's [destinations.X] max-msgs-per-conn).
 	MaxMsgsPerConn int
 	// DSN holds the submitter's RFC 3461 parameters, passed on to a server
 	// that offers DSN (transaction.go); nil passes none.

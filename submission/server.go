@@ -78,38 +78,39 @@ type Config struct {
 	TLSConfig *tls.Config
 	// MaxMessageBytes is the largest message body accepted, in bytes, as
 	// sent by the client (the Received header we add is not counted).
-	// Advertised with SIZE (RFC 1870). Default 25 MiB.
+	// Advertised with SIZE (RFC 1870). Default DefaultMaxMessageBytes.
 	MaxMessageBytes int64
 	// MaxRecipients is the most RCPT TO accepted per message; RFC 5321
-	// section 4.5.3.1.8 asks for at least 100. Default 1000.
+	// section 4.5.3.1.8 asks for at least 100. Default DefaultMaxRecipients.
 	MaxRecipients int
 	// MaxConnections is the most simultaneous client connections; the next
-	// one is told 421 and closed. Default 1000.
+	// one is told 421 and closed. Default DefaultMaxConnections.
 	MaxConnections int
 	// MaxLineLength is the longest message line accepted, in octets
-	// including the CRLF. Default 1000 (RFC 5321 section 4.5.3.1.6).
+	// including the CRLF. Default DefaultMaxLineLength (RFC 5321 section
+	// 4.5.3.1.6).
 	// Command lines, and body lines longer than twice this, close the
 	// connection (go-smtp's own limit, set to twice this value).
 	MaxLineLength int
 	// ReadTimeout is how long the server waits for each command line, and
-	// for each read of the message body. Default 5 minutes.
+	// for each read of the message body. Default DefaultReadTimeout.
 	ReadTimeout time.Duration
-	// WriteTimeout bounds each reply write. Default 1 minute.
+	// WriteTimeout bounds each reply write. Default DefaultWriteTimeout.
 	WriteTimeout time.Duration
 	// DataTimeout bounds the whole message body after DATA, so a client
-	// that trickles bytes cannot hold a connection forever. Default 10
-	// minutes.
+	// that trickles bytes cannot hold a connection forever. Default
+	// DefaultDataTimeout.
 	DataTimeout time.Duration
 	// AuthFailLimit is how many failed AUTH attempts one client address
 	// (an IPv4 address or an IPv6 /64) may make within AuthFailWindow;
 	// after that every AUTH from it gets 421 4.7.0 and its connection is
-	// closed until the window ends. Default 5.
+	// closed until the window ends. Default DefaultAuthFailLimit.
 	AuthFailLimit int
 	// AuthFailWindow is the period over which AUTH failures are counted,
-	// from the first failure. Default 10 minutes.
+	// from the first failure. Default DefaultAuthFailWindow.
 	AuthFailWindow time.Duration
 	// EnqueueTimeout bounds Enqueuer.Enqueue; past it the client gets 451.
-	// Default 30 seconds.
+	// Default DefaultEnqueueTimeout.
 	EnqueueTimeout time.Duration
 	// Suppressions, when set, refuses recipients on their tenant's
 	// suppression list at RCPT (550 5.7.1). Default nil: no list.

@@ -62,9 +62,10 @@ type Config struct {
 	// StateFile keeps the counts across restarts; "" keeps them in
 	// memory only.
 	StateFile string
-	// MaxDomains bounds the domains counted per day (default 10000) and
-	// MaxFailures the failure rows per policy (default 100; further
-	// failures are counted in the summary only).
+	// MaxDomains bounds the domains counted per day (default
+	// DefaultMaxDomains) and MaxFailures the failure rows per policy
+	// (default DefaultMaxFailures; further failures are counted in the
+	// summary only).
 	MaxDomains  int
 	MaxFailures int
 	// Now is the clock; default time.Now.
