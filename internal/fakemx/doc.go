@@ -4,7 +4,7 @@
 // transactions and RSETs it saw, and that lets a test script its replies per
 // stage and per recipient (reject, defer, stall, drop the connection).
 //
-// It can offer STARTTLS or implicit TLS with a self-signed certificate, AUTH
+// It can offer STARTTLS or implicit TLS with a throw-away certificate, AUTH
 // PLAIN and LOGIN, a recipient limit (advertised as LIMITS RCPTMAX and
 // enforced with 452 4.5.3), a SIZE limit, SMTPUTF8 and DSN (recording the
 // parameters it is given); it can also mangle its

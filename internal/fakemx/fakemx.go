@@ -53,8 +53,8 @@ type Hook func(stage Stage, arg string) *smtp.SMTPError
 type Options struct {
 	// Domain is the name in the greeting. Default "fakemx.test".
 	Domain string
-	// STARTTLS offers STARTTLS with a self-signed certificate (see
-	// Server.CertPool).
+	// STARTTLS offers STARTTLS with a throw-away certificate from a root
+	// of the server's own (see Server.CertPool).
 	STARTTLS bool
 	// ImplicitTLS wraps the listener in TLS (port-465 style) with the same
 	// certificate.
@@ -65,7 +65,7 @@ type Options struct {
 	// CertHosts are extra DNS names for the certificate's SANs; it always
 	// covers "localhost" and 127.0.0.1.
 	CertHosts []string
-	// Certificate, when set, is served instead of the self-signed one
+	// Certificate, when set, is served instead of the throw-away one
 	// (CertHosts is then ignored and CertPool is nil): a chain from a
 	// test CA, or one a DANE test publishes TLSA records for.
 	Certificate *tls.Certificate
@@ -191,7 +191,7 @@ func New(opts Options) (*Server, error) {
 	}
 	var tlsConf *tls.Config
 	if opts.STARTTLS || opts.ImplicitTLS || opts.BrokenTLS {
-		cert, pool, err := selfSigned(append([]string{"localhost", opts.Domain}, opts.CertHosts...))
+		cert, pool, err := throwAwayCert(append([]string{"localhost", opts.Domain}, opts.CertHosts...))
 		if err != nil {
 			return nil, fmt.Errorf("fakemx: certificate: %w", err)
 		}
@@ -246,8 +246,8 @@ func New(opts Options) (*Server, error) {
 // Options.Addr says otherwise).
 func (s *Server) Addr() string { return s.addr }
 
-// CertPool holds the server's self-signed certificate, for a client's
-// RootCAs. Nil when the server has no TLS.
+// CertPool holds the root of the server's throw-away certificate, for a
+// client's RootCAs. Nil when the server has no TLS.
 func (s *Server) CertPool() *x509.CertPool { return s.certPool }
 
 // Done is closed when Close starts; blocking hooks should select on it.
