@@ -72,9 +72,10 @@ type DSNConfig struct {
 	// ReportingMTA is the host name in Reporting-MTA and in the notices'
 	// Message-ID. Required.
 	ReportingMTA string
-	// DelayWarning is how long an envelope waits in the queue before its
-	// still deferred recipients get a delayed notice. Default
-	// DefaultDelayWarning (4 h); negative turns warnings off.
+	// DelayWarning is how long a message waits in the queue before its
+	// still deferred recipients get a delayed notice, one per message
+	// (delayNotice). Default DefaultDelayWarning (4 h); negative turns
+	// warnings off.
 	DelayWarning time.Duration
 	// SenderRate is the most notices per hour to one address, across
 	// every process sharing the JetStream; past it notices are skipped and

@@ -3,15 +3,19 @@ package worker
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/emersion/go-smtp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/sender"
 )
 
 // fakeClock is a settable wall clock for a deliverer.
@@ -188,5 +192,59 @@ func TestPassReportAtDeadline(t *testing.T) {
 		if !strings.Contains(joined, want) {
 			t.Fatalf("reports list %q; want k's two recipients, then m's one and one", lists)
 		}
+	}
+}
+
+// TestPassDeadlineInRunningPool: a running pool sends a pass's report at
+// its deadline while a sibling's attempt is still in flight (a stalled
+// server); the sibling's own failure comes as a report of its own.
+func TestPassDeadlineInRunningPool(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "stall@") {
+			<-release
+			return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
+		}
+		return bounceGone(stage, arg)
+	})
+	// A sender that waits for the stalled reply longer than the test: the
+	// stalled part does not reach its pass until it is released.
+	patient, err := sender.New(sender.Config{Hostname: "outflow.test", Relay: e.mx.Addr(), RelayTLS: "none", CommandTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { patient.Close() })
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	e.startPool(func(c *Config) {
+		c.Sender = patient
+		c.DSN = dsnConfig(m)
+		c.DSN.PassTimeout = 300 * time.Millisecond
+	})
+	e.submitParts("gone@dest.test", "stall@other.test")
+	waitUntil(t, "the report at the deadline", func() bool { return len(reports(e.mx)) == 1 })
+	if got := finalRcpts(reports(e.mx)[0].Data); strings.Join(got, ",") != "gone@dest.test" {
+		t.Fatalf("the deadline's report lists %v", got)
+	}
+	free()
+	waitUntil(t, "the stalled part's own report", func() bool { return len(reports(e.mx)) == 2 })
+	if got := finalRcpts(reports(e.mx)[1].Data); strings.Join(got, ",") != "stall@other.test" {
+		t.Fatalf("the late part's report lists %v", got)
+	}
+}
+
+// TestPassWaitKeepsLittle: a pass waited on keeps at most passWaitBody of
+// the original, in a copy, and returns a trimmed one as its header only.
+func TestPassWaitKeepsLittle(t *testing.T) {
+	var p passWaits
+	env := partOf("m", 1, 2, "a@one.test", time.Now())
+	env.DSN = &queue.DSNParams{Ret: "FULL"}
+	body := []byte("Subject: big\r\n\r\n" + strings.Repeat("x", 2*passWaitBody))
+	p.wait(env, body, time.Now())
+	w := p.take(time.Now())
+	if len(w) != 1 || len(w[0].body) != passWaitBody || cap(w[0].body) > 2*passWaitBody || w[0].e.DSN.Ret != "HDRS" || env.DSN.Ret != "FULL" {
+		t.Fatalf("kept %d bytes (cap %d), RET %s; the part's RET %s", len(w[0].body), cap(w[0].body), w[0].e.DSN.Ret, env.DSN.Ret)
 	}
 }

@@ -73,7 +73,8 @@ func (p *passWaits) wait(e *queue.Envelope, body []byte, due time.Time) {
 		body = e.Body
 	}
 	if len(body) > passWaitBody {
-		body = body[:passWaitBody]
+		// A copy: a slice of the attempt's body would keep all of it.
+		body = append([]byte(nil), body[:passWaitBody]...)
 		if c.DSN != nil {
 			d := *c.DSN
 			d.Ret = "HDRS"
@@ -90,7 +91,7 @@ func (p *passWaits) done(msgID string) {
 	p.mu.Unlock()
 }
 
-// due takes out the passes whose deadline is not after now.
+// take removes and returns the passes whose deadline is not after now.
 func (p *passWaits) take(now time.Time) []*passWait {
 	p.mu.Lock()
 	defer p.mu.Unlock()
