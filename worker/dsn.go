@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/dsn"
 	"github.com/outflow/outflow/queue"
@@ -118,26 +116,6 @@ type SuppressionChecker interface {
 	Suppressed(ctx context.Context, tenant, addr string) (*queue.Suppression, error)
 }
 
-// DSNMetrics counts notifications.
-type DSNMetrics struct {
-	Sent    *prometheus.CounterVec // outflow_dsn_total{action}
-	Skipped *prometheus.CounterVec // outflow_dsn_skipped_total{reason}
-}
-
-// NewDSNMetrics creates and registers the notification counters on reg.
-func NewDSNMetrics(reg prometheus.Registerer) *DSNMetrics {
-	m := &DSNMetrics{
-		Sent: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "outflow_dsn_total", Help: "Delivery status notifications queued, by action (failed, delayed, relayed).",
-		}, []string{"action"}),
-		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "outflow_dsn_skipped_total", Help: "Notifications not sent, by reason (null-sender, report, tenant-off, notify, suppressed, rate-limited).",
-		}, []string{"reason"}),
-	}
-	reg.MustRegister(m.Sent, m.Skipped)
-	return m
-}
-
 // Reasons a notice is not sent (outflow_dsn_skipped_total{reason}).
 const (
 	skipNullSender = "null-sender"
@@ -200,9 +178,7 @@ func (s *dsnState) delayWarning(e *queue.Envelope) time.Duration {
 }
 
 func (s *dsnState) skip(reason string) {
-	if s.cfg.Metrics != nil {
-		s.cfg.Metrics.Skipped.WithLabelValues(reason).Inc()
-	}
+	s.cfg.Metrics.skipped(reason)
 }
 
 // notice queues one notification about e, unless a rule says not to. It
@@ -345,9 +321,7 @@ func (w *deliverer) sendNotice(ctx context.Context, e *queue.Envelope, n noticeI
 	}
 	final := finals(rcpts)
 	id := strings.Join(ids, ",")
-	if s.cfg.Metrics != nil {
-		s.cfg.Metrics.Sent.WithLabelValues(string(n.action)).Inc()
-	}
+	s.cfg.Metrics.sent(string(n.action))
 	log.Info().Str("dsn_id", id).Str("to", to).Strs("rcpts", final).Msg("delivery status notification queued")
 	return string(n.action) + " notice " + id + " to " + to, nil
 }

@@ -117,3 +117,38 @@ func (m *Metrics) deadLetter() {
 		m.DeadLetters.Inc()
 	}
 }
+
+// DSNMetrics counts notifications.
+type DSNMetrics struct {
+	Sent    *prometheus.CounterVec // outflow_dsn_total{action}
+	Skipped *prometheus.CounterVec // outflow_dsn_skipped_total{reason}
+}
+
+// NewDSNMetrics creates and registers the notification counters on reg.
+func NewDSNMetrics(reg prometheus.Registerer) *DSNMetrics {
+	m := &DSNMetrics{
+		Sent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outflow_dsn_total", Help: "Delivery status notifications queued, by action (failed, delayed, relayed).",
+		}, []string{"action"}),
+		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outflow_dsn_skipped_total", Help: "Notifications not sent, by reason (null-sender, report, tenant-off, notify, suppressed, rate-limited).",
+		}, []string{"reason"}),
+	}
+	reg.MustRegister(m.Sent, m.Skipped)
+	return m
+}
+
+// sent and skipped count a notice; like Metrics's methods, each is a no-op
+// on a nil *DSNMetrics (a DSNConfig without Metrics).
+
+func (m *DSNMetrics) sent(action string) {
+	if m != nil {
+		m.Sent.WithLabelValues(action).Inc()
+	}
+}
+
+func (m *DSNMetrics) skipped(reason string) {
+	if m != nil {
+		m.Skipped.WithLabelValues(reason).Inc()
+	}
+}
