@@ -369,9 +369,9 @@ type jsUse struct {
 }
 
 func jetStreamUse(js jetstream.JetStream) jsUse {
-	// Short: a sample holds up the faults that fall due meanwhile (one
-	// outage lasted 68 s instead of 20 while another test loaded the
-	// machine and the sampling waited).
+	// Short: a sample holds up the faults that fall due meanwhile, so a
+	// slow one on a loaded machine would stretch an outage well past its
+	// planned length.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	u := jsUse{total: -1, queue: -1, events: -1, sent: -1}
