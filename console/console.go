@@ -49,7 +49,8 @@ type Config struct {
 	// DefaultSessionTTL.
 	SessionTTL time.Duration
 	// StatusWait is how long a destination's page waits for the workers'
-	// status answers. Default 500ms, as `outflow dest status`.
+	// status answers. Default throttle.DefaultStatusWait, as `outflow dest
+	// status`.
 	StatusWait time.Duration
 	// Refresh is how often the live tables poll. Default 5s.
 	Refresh time.Duration
@@ -86,7 +87,7 @@ func New(ctx context.Context, cfg Config) (*Console, error) {
 		return nil, errors.New("console: Queue and Keys are required")
 	}
 	defaults.Set(&cfg.SessionTTL, DefaultSessionTTL)
-	defaults.Set(&cfg.StatusWait, 500*time.Millisecond)
+	defaults.Set(&cfg.StatusWait, throttle.DefaultStatusWait)
 	defaults.Set(&cfg.Refresh, 5*time.Second)
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -49,7 +49,7 @@ type Options struct {
 	// Name is the connection name shown by the server (e.g. the worker id).
 	Name string
 	// Replicas for every stream and bucket: 1 on the embedded server, 3 on
-	// a cluster. 0 means 1.
+	// a cluster. Default DefaultReplicas.
 	Replicas int
 	// SentTTL is how long SENT markers are kept: longer than any redelivery
 	// can take. Default DefaultSentTTL.
@@ -103,6 +103,7 @@ type Options struct {
 // Defaults of Options, which the CLI's flags and docs/configuration.md
 // take from here.
 const (
+	DefaultReplicas      = 1
 	DefaultSentTTL       = 72 * time.Hour
 	DefaultEventsMaxAge  = 7 * 24 * time.Hour
 	DefaultDeadMaxAge    = 14 * 24 * time.Hour
@@ -112,7 +113,7 @@ const (
 )
 
 func (o *Options) defaults() {
-	defaults.Set(&o.Replicas, 1)
+	defaults.Set(&o.Replicas, DefaultReplicas)
 	defaults.Set(&o.SentTTL, DefaultSentTTL)
 	defaults.Set(&o.EventsMaxAge, DefaultEventsMaxAge)
 	defaults.Set(&o.DeadMaxAge, DefaultDeadMaxAge)

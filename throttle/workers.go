@@ -73,9 +73,15 @@ type StatusAsker interface {
 	GatherDestStatus(dest string, wait time.Duration) ([][]byte, error)
 }
 
+// DefaultStatusWait is how long `outflow dest status` and the console wait
+// for the workers' answers to AskStatus: long enough for every worker of a
+// fleet on one network, short enough for a page or a command to feel
+// immediate.
+const DefaultStatusWait = 500 * time.Millisecond
+
 // AskStatus asks every running worker for its view of dest and collects
 // the answers that arrive within wait (`outflow dest status` and the
-// console use it).
+// console use it, with DefaultStatusWait).
 func AskStatus(q StatusAsker, dest string, wait time.Duration) ([]WorkerStatus, error) {
 	answers, err := q.GatherDestStatus(strings.ToLower(dest), wait)
 	if err != nil {

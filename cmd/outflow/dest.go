@@ -67,7 +67,7 @@ func init() {
 				if err != nil {
 					return err
 				}
-				views, err := throttle.AskStatus(q, args[0], 500*time.Millisecond)
+				views, err := throttle.AskStatus(q, args[0], throttle.DefaultStatusWait)
 				if err != nil {
 					return err
 				}
