@@ -10,6 +10,8 @@ import (
 
 	"github.com/BurntSushi/toml"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 const exampleThrottleTOML = `
@@ -137,15 +139,7 @@ func TestDocsExampleParses(t *testing.T) {
 // default: a file that sets it to that value configures exactly what a
 // file without it does.
 func TestThrottleKeyDefaultsDocumented(t *testing.T) {
-	b, err := os.ReadFile("../docs/configuration.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, sec, ok := strings.Cut(string(b), "`[throttle]` keys and defaults:")
-	if !ok {
-		t.Fatal("docs/configuration.md has no \"`[throttle]` keys and defaults:\"")
-	}
-	sec, _, _ = strings.Cut(sec, "\n\n")
+	sec := testutil.DocSection(t, "../docs/configuration.md", "`[throttle]` keys and defaults:", "\n\n")
 	withDefaults := func(toml string) Config {
 		t.Helper()
 		f := decodeFile(t, toml)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // docExample returns the ```toml block of docs/configuration.md.
@@ -120,15 +122,7 @@ func TestEveryServeFlagDocumented(t *testing.T) {
 // TestEveryCommandFlagDocumented: each flag of the other commands has its
 // row in docs/configuration.md's "Flags of the other commands".
 func TestEveryCommandFlagDocumented(t *testing.T) {
-	b, err := os.ReadFile("../../docs/configuration.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, sec, ok := strings.Cut(string(b), "## Flags of the other commands")
-	if !ok {
-		t.Fatal("docs/configuration.md has no \"Flags of the other commands\"")
-	}
-	sec, _, _ = strings.Cut(sec, "\n## ")
+	sec := testutil.DocSection(t, "../../docs/configuration.md", "## Flags of the other commands", "\n## ")
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
 		if c.Name() == "serve" || c.Name() == "help" || c.Name() == "completion" {
@@ -200,12 +194,7 @@ func TestTenantDSNConfig(t *testing.T) {
 // name, `disk` on the embedded server …) or computed at start is left to
 // the reader.
 func TestServeFlagDefaultsDocumented(t *testing.T) {
-	b, err := os.ReadFile("../../docs/configuration.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, sec, _ := strings.Cut(string(b), "## Flags and keys of `outflow serve`")
-	sec, _, _ = strings.Cut(sec, "\n## ")
+	sec := testutil.DocSection(t, "../../docs/configuration.md", "## Flags and keys of `outflow serve`", "\n## ")
 	documented := map[string]string{} // flag name → documented default
 	for _, line := range strings.Split(sec, "\n") {
 		cells := strings.Split(line, "|")
