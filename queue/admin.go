@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -190,7 +191,10 @@ func (q *Queue) Find(ctx context.Context, id string) (*Item, error) {
 }
 
 // History returns every event recorded for id since since (the zero time:
-// all the stream keeps), oldest first.
+// all the stream keeps), oldest first by event time. Stream order is not
+// that order: the queued (or replayed) event is written after the
+// envelope's fsync, and a worker may have delivered the envelope, and
+// written its event, by then.
 //
 // The id's shard holds its events among those of ~1/4,096 of all ids; a
 // throwaway consumer reads the shard and the id's events are kept. The
@@ -253,6 +257,7 @@ func (q *Queue) History(ctx context.Context, id string, since time.Time) ([]Even
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%w: no events for %s", ErrNotFound, id)
 	}
+	slices.SortStableFunc(out, func(a, b Event) int { return a.Time.Compare(b.Time) })
 	return out, nil
 }
 
@@ -380,6 +385,9 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 	if err != nil {
 		return nil, err
 	}
+	// Stamped before the publish, as Enqueue's queued event: a worker may
+	// deliver the replayed envelope before its replayed event is written.
+	replayed := time.Now().UTC()
 	if _, err := q.js.PublishMsg(ctx, m, jetstream.WithMsgID("replay."+e.ID+"."+itoa(e.Replays))); err != nil {
 		return nil, fmt.Errorf("replay %s: %w", id, err)
 	}
@@ -391,7 +399,7 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 	if err := q.deleteItem(ctx, it); err != nil {
 		return nil, err
 	}
-	q.Event(EventReplayed, &Event{ID: id, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Worker: "admin", Recipients: e.Rcpts})
+	q.Event(EventReplayed, &Event{Time: replayed, ID: id, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Worker: "admin", Recipients: e.Rcpts})
 	if oldCopy != "" {
 		if err := q.deleteBody(ctx, oldCopy); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 			q.log.Warn().Err(err).Str("msg_id", e.MsgID).Str("body", oldCopy).Msg("replay: delete the replaced signed copy")

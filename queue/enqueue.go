@@ -79,6 +79,10 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	deadline := received.Add(q.opts.DeadlineAfter)
 	ids := make([]string, 0, len(order))
 	futures := make([]jetstream.PubAckFuture, 0, len(order))
+	// The queued events carry the time before the envelopes are published:
+	// a worker can deliver an envelope before the fsync below returns, and
+	// its event must not read as older than the message's queued one.
+	stored := time.Now().UTC()
 	for i, dom := range order {
 		id := msgID
 		if len(order) > 1 {
@@ -133,7 +137,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		return nil, fmt.Errorf("queue envelope: %w", err)
 	}
 	for i, id := range ids {
-		q.Event(EventQueued, &Event{ID: id, MsgID: msgID, Tenant: s.Tenant, Dest: order[i], Rcpts: len(groups[order[i]]), Size: int64(len(s.Body))})
+		q.Event(EventQueued, &Event{Time: stored, ID: id, MsgID: msgID, Tenant: s.Tenant, Dest: order[i], Rcpts: len(groups[order[i]]), Size: int64(len(s.Body))})
 	}
 	return ids, nil
 }

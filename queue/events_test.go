@@ -105,3 +105,43 @@ func BenchmarkHistory(b *testing.B) {
 		}
 	}
 }
+
+// TestHistoryOrdersByEventTime: a worker can deliver an envelope before
+// Enqueue's fsync returns, so the delivered event may be stored before the
+// queued one. The queued event is stamped no later than the envelope was
+// stored (the earliest a worker could have taken it), and History orders by
+// event time, so the history (and the API's state, its last event) reads
+// queued, delivered.
+func TestHistoryOrdersByEventTime(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@x.example", Rcpts: []string{"b@d.example"},
+		Body: []byte("Subject: s\r\n\r\nx\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, err := q.js.Stream(ctx, StreamWork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := work.GetLastMsgForSubject(ctx, workSubject("t", "d.example", ids[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.Event(EventDelivered, &Event{ID: ids[0], Dest: "d.example", Time: env.Time})
+	// Published out of time order: History puts the earlier first.
+	q.Event(EventDeferred, &Event{ID: ids[0], Dest: "d.example", Time: env.Time.Add(2 * time.Second)})
+	q.Event(EventBounced, &Event{ID: ids[0], Dest: "d.example", Time: env.Time.Add(time.Second)})
+	hist, err := q.History(ctx, ids[0], time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, ev := range hist {
+		types = append(types, ev.Type)
+	}
+	if want := []string{EventQueued, EventDelivered, EventBounced, EventDeferred}; !slices.Equal(types, want) {
+		t.Fatalf("history = %v, want %v (queued at %v, envelope stored at %v)", types, want, hist[0].Time, env.Time)
+	}
+}
