@@ -158,6 +158,12 @@ const connectTimeout = 10 * time.Second
 // Connect connects to NATS and, unless opts.NoSetup, creates or updates
 // every stream, bucket and consumer idempotently.
 func Connect(ctx context.Context, opts Options) (*Queue, error) {
+	return connect(ctx, opts, streamConfigs)
+}
+
+// connect is Connect with the streams laid out by layout: streamConfigs,
+// or in a test an earlier release's layout to upgrade from.
+func connect(ctx context.Context, opts Options, layout func(Options) []jetstream.StreamConfig) (*Queue, error) {
 	opts.defaults()
 	nopts := []nats.Option{
 		nats.Name(opts.Name),
@@ -204,7 +210,7 @@ func Connect(ctx context.Context, opts Options) (*Queue, error) {
 	if q.syncer == nil && opts.RemoteSync {
 		q.syncer = remoteSyncer{nc}
 	}
-	if err := q.setup(ctx); err != nil {
+	if err := q.setup(ctx, layout); err != nil {
 		nc.Close()
 		return nil, err
 	}
@@ -280,8 +286,11 @@ func (q *Queue) checkReplicas(ctx context.Context, streams []string) error {
 	return nil
 }
 
-func (q *Queue) setup(ctx context.Context) error {
-	o := q.opts
+// streamConfigs is the layout of outflow's streams for o: what setup
+// creates, or updates existing streams to. Setup's update is the upgrade
+// path, so a field added here must be one the server lets an existing
+// stream take (TestUpgradeFromPreviousLayout).
+func streamConfigs(o Options) []jetstream.StreamConfig {
 	lane := func(name string, l Lane) jetstream.StreamConfig {
 		return jetstream.StreamConfig{
 			Name:              name,
@@ -298,7 +307,7 @@ func (q *Queue) setup(ctx context.Context) error {
 			RePublish:         &jetstream.RePublish{Source: laneDueSubjects(l), Destination: firedSubjects(l), HeadersOnly: true},
 		}
 	}
-	cfgs := []jetstream.StreamConfig{
+	return []jetstream.StreamConfig{
 		{
 			Name:        StreamWork,
 			Description: "outflow fresh mail: one envelope per destination",
@@ -334,6 +343,13 @@ func (q *Queue) setup(ctx context.Context) error {
 			AllowDirect: true,
 		},
 	}
+}
+
+// setup creates or updates the streams (as layout lays them out for the
+// options), buckets and consumers, or with NoSetup only looks them up.
+func (q *Queue) setup(ctx context.Context, layout func(Options) []jetstream.StreamConfig) error {
+	o := q.opts
+	cfgs := layout(o)
 	if !o.NoSetup {
 		names := []string{bodyStreamName, kvStream(BucketSent)}
 		for _, c := range cfgs {

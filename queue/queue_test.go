@@ -36,11 +36,16 @@ func startQueueWith(t testing.TB, o Options) (*Queue, *Embedded) {
 
 // connectTo connects to emb with o, its connection fields filled in.
 func connectTo(emb *Embedded, o Options) (*Queue, error) {
+	return connectLayout(emb, o, streamConfigs)
+}
+
+// connectLayout is connectTo with the streams laid out by layout.
+func connectLayout(emb *Embedded, o Options, layout func(Options) []jetstream.StreamConfig) (*Queue, error) {
 	ci := emb.InProcessInfo()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	o.InProcess, o.User, o.Password, o.Logger = emb.Server(), ci.User, ci.Password, zerolog.Nop()
-	return Connect(ctx, o)
+	return connect(ctx, o, layout)
 }
 
 func next(t *testing.T, ch <-chan *Delivery) *Delivery {
@@ -165,7 +170,7 @@ func TestPullSurvivesConsumerLoss(t *testing.T) {
 	if err := q.js.DeleteConsumer(ctx, StreamRetry, consumerRetry); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.setup(ctx); err != nil { // recreates it, as a restarted store would
+	if err := q.setup(ctx, streamConfigs); err != nil { // recreates it, as a restarted store would
 		t.Fatal(err)
 	}
 	e := deferOne(t, q, LaneRetry, time.Now())
