@@ -276,6 +276,12 @@ func historyLine(ev queue.Event) string {
 	delay := "-"
 	if d.DelayMs > 0 {
 		delay = (time.Duration(d.DelayMs) * time.Millisecond).String()
+		if d.PacedBy != "" {
+			// The delay is the envelope's place at the destination's rate,
+			// not the backoff draw that SEED and OFFSET (and `outflow
+			// schedule`) reproduce.
+			delay += " paced"
+		}
 	}
 	seed, offset := "", "-" // final outcomes draw no delay
 	if d.JitterSeed != 0 {

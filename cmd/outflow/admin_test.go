@@ -1,0 +1,25 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// TestHistoryLineMarksPacedDelays: a throttled envelope of a destination
+// with a rate waits for its place at that rate, not for its backoff draw, so
+// `queue history` says so beside the delay; `outflow schedule` with the
+// line's SEED and WORKER reproduces the draw only.
+func TestHistoryLineMarksPacedDelays(t *testing.T) {
+	const rec = `{"class":"throttled","rule":"gmail-rate-4.7.28","code":421,"enhanced_code":"4.7.28","reply":"slow down",` +
+		`"jitter_seed":"18242577662325950712","jitter_ms":15000,"offset_ms":27792,"delay_ms":1001%s}`
+	paced := historyLine(queue.Event{Type: queue.EventThrottled, Attempt: 1, Decision: []byte(strings.Replace(rec, "%s", `,"paced_by":"1.00/s learned"`, 1))})
+	if cols := strings.Split(paced, "\t"); cols[6] != "1.001s paced" || cols[8] != "27.792s" {
+		t.Errorf("paced decision: delay %q offset %q, want \"1.001s paced\" and 27.792s", cols[6], cols[8])
+	}
+	drawn := historyLine(queue.Event{Type: queue.EventThrottled, Attempt: 1, Decision: []byte(strings.Replace(rec, "%s", "", 1))})
+	if cols := strings.Split(drawn, "\t"); cols[6] != "1.001s" {
+		t.Errorf("backoff decision: delay %q, want 1.001s", cols[6])
+	}
+}
