@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // startQueue starts an embedded server in a temp dir and connects to it.
@@ -329,4 +331,22 @@ func TestInProcessUserOnlyInProcess(t *testing.T) {
 		t.Fatalf("listener user: %v", err)
 	}
 	nc.Close()
+}
+
+// TestEmbeddedStartsWithoutWarnings: a clean start of the embedded server
+// logs no warning, so an operator's first look at the log is not a false
+// alarm (nats-server warns of the in-process user's plain password, which
+// is plain on purpose).
+func TestEmbeddedStartsWithoutWarnings(t *testing.T) {
+	var logs testutil.SyncBuffer
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), ListenAddr: "127.0.0.1:0", Logger: zerolog.New(&logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emb.Shutdown()
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`) {
+			t.Errorf("start logged %s", line)
+		}
+	}
 }
