@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"slices"
 	"sort"
@@ -151,6 +152,24 @@ func CheckURL(raw string) error {
 		return fmt.Errorf("webhook URL: credentials in the URL are not allowed")
 	}
 	return nil
+}
+
+// LiteralPrivate reports whether a checked URL names, as an IP literal or
+// as localhost, an address the daemon refuses without
+// webhook-allow-private; `webhook add` says so at once rather than the
+// endpoint's first event going to dead letters. A name that resolves to
+// such an address is only found at dial time.
+func LiteralPrivate(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return false
+	}
+	h := u.Hostname()
+	if a, err := netip.ParseAddr(h); err == nil {
+		return private(a)
+	}
+	h = strings.ToLower(strings.TrimSuffix(h, "."))
+	return h == "localhost" || strings.HasSuffix(h, ".localhost")
 }
 
 // Add registers an endpoint for tenant and returns it with its secret,

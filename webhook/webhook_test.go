@@ -65,6 +65,21 @@ func TestRetryAfterAndClassify(t *testing.T) {
 	}
 }
 
+// TestLiteralPrivate: the URLs `webhook add` warns about are those the
+// dialer refuses by their literal host; a public literal or a name is left
+// to the dial-time check.
+func TestLiteralPrivate(t *testing.T) {
+	for raw, want := range map[string]bool{
+		"http://127.0.0.1:8099/hooks": true, "http://[::1]/h": true, "https://10.1.2.3/h": true,
+		"http://169.254.169.254/latest": true, "http://LocalHost:80/h": true, "http://app.localhost/h": true,
+		"https://192.0.2.10/h": false, "https://shop.example/hooks/mail": false, "https://[2001:db8::1]/h": false,
+	} {
+		if got := LiteralPrivate(raw); got != want {
+			t.Errorf("LiteralPrivate(%q) = %v, want %v", raw, got, want)
+		}
+	}
+}
+
 func TestPrivateAddressRefusedAtDial(t *testing.T) {
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
 	defer ts.Close()

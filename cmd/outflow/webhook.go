@@ -109,6 +109,9 @@ func init() {
 				fmt.Fprintln(cmd.OutOrStdout(), ep.Secret)
 				fmt.Fprintf(os.Stderr, "outflow: webhook %s for tenant %s created (events %s); the secret is shown only now\n",
 					ep.ID, ep.Tenant, strings.Join(ep.Events, ","))
+				if webhook.LiteralPrivate(rawURL) {
+					fmt.Fprintln(os.Stderr, "outflow: note: the URL names a loopback or private address; the daemon delivers to it only with webhook-allow-private (otherwise its events go to the endpoint's dead letters)")
+				}
 				return nil
 			})
 		},
