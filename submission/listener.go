@@ -96,7 +96,57 @@ type trackedConn struct {
 	hangupMsg string // one reply line to send before that, plaintext only
 	tls       bool   // STARTTLS happened: never write plaintext any more
 
+	// pending holds the continuation lines of a multi-line reply not yet
+	// written (see Write). Only go-smtp's connection goroutine writes and
+	// reads, so it needs no lock.
+	pending []byte
+
 	closeOnce sync.Once
+}
+
+// Write joins the lines of a multi-line reply into one write(2). go-smtp
+// flushes every reply line on its own (textproto's PrintfLine), so an EHLO
+// answer of ten lines was ten writes, each a loopback segment and a wakeup
+// of the client: a continuation line ("250-...") is held here and goes out
+// with the reply's last line, which go-smtp always writes in the same call.
+// Only plaintext lines are held: a TLS record starts with a content type
+// below 0x20, never with a digit, and after STARTTLS nothing is held at all.
+func (c *trackedConn) Write(b []byte) (int, error) {
+	if isContinuationLine(b) && !c.isTLS() {
+		c.pending = append(c.pending, b...)
+		return len(b), nil
+	}
+	if len(c.pending) == 0 {
+		return c.Conn.Write(b)
+	}
+	return c.writePending(b)
+}
+
+// writePending writes the held lines and then b in one write, reporting
+// only b's part as written.
+func (c *trackedConn) writePending(b []byte) (int, error) {
+	held := len(c.pending)
+	c.pending = append(c.pending, b...)
+	n, err := c.Conn.Write(c.pending)
+	c.pending = c.pending[:0]
+	if n -= held; n < 0 {
+		n = 0
+	}
+	return n, err
+}
+
+// isContinuationLine reports whether b is one whole reply line that another
+// line of the same reply follows: three digits, a hyphen, CRLF at the end.
+func isContinuationLine(b []byte) bool {
+	return len(b) >= 6 && b[3] == '-' &&
+		b[0] >= '0' && b[0] <= '9' && b[1] >= '0' && b[1] <= '9' && b[2] >= '0' && b[2] <= '9' &&
+		b[len(b)-2] == '\r' && b[len(b)-1] == '\n'
+}
+
+func (c *trackedConn) isTLS() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tls
 }
 
 // idleTimeoutReply ends a connection whose command read timed out.
@@ -104,6 +154,12 @@ const idleTimeoutReply = "421 4.4.2 Idle timeout, closing connection\r\n"
 
 // Read passes reads through unless the connection has been hung up.
 func (c *trackedConn) Read(b []byte) (int, error) {
+	if len(c.pending) > 0 {
+		// Never wait for the client with part of a reply held back.
+		if _, err := c.writePending(nil); err != nil {
+			return 0, err
+		}
+	}
 	if msg, stop := c.stopped(); stop {
 		c.sendHangup(msg)
 		return 0, io.EOF
