@@ -253,10 +253,26 @@ func (d *Delivery) Delivered(ctx context.Context, rcpts []string, done bool) err
 	if !done {
 		return nil
 	}
-	if err := d.ack(ctx); err != nil {
+	if err := d.ackMarked(); err != nil {
 		return err
 	}
 	d.q.releaseBody(ctx, d.Env)
+	return nil
+}
+
+// ackMarked acknowledges an envelope whose SENT marker is stored, without
+// waiting for the server's confirmation. The marker is what makes a lost
+// ack harmless: the envelope comes back after the ack wait (or after a
+// crash that kept the marker but not the consumer's state, which is not
+// synced either), AlreadyHandled finds the marker, and it is acknowledged
+// without a second send. The confirmation would only say sooner what the
+// marker already covers; it cost a reply from the server and a request on
+// the client per delivered message.
+func (d *Delivery) ackMarked() error {
+	d.q.count(OpAck)
+	if err := d.msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		return fmt.Errorf("ack %s: %w", d.Env.ID, err)
+	}
 	return nil
 }
 

@@ -25,7 +25,7 @@ const (
 	OpSentGet                // a SENT-bucket read (the AlreadyHandled check, a parts count, a per-message record)
 	OpSentPut                // a SENT-bucket write (the SENT marker, a parts count, a per-message record)
 	OpDirectGet              // a direct get of a lane, dead-letter or body message
-	OpAck                    // a confirmed acknowledgement of a work or lane message
+	OpAck                    // an acknowledgement of a work or lane message (confirmed, except after a SENT marker)
 	OpFetch                  // a pull request for a batch of envelopes
 	OpFetched                // an envelope received by a pull
 	OpSync                   // a wait for the group commit of acknowledged writes
