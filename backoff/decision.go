@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/internal/jsonenc"
 )
 
 // Record is the decision record: why a message was deferred and exactly how
@@ -133,7 +135,66 @@ func (r Record) wire() recordJSON {
 // worker_id, class, rule, code, enhanced_code, reply, lane, base_ms, min_ms,
 // multiplier, window_ms, nominal_ms, cap_ms, jitter_seed, jitter_ms,
 // offset_ms, hint_ms, delay_ms, next_attempt_at).
-func (r Record) MarshalJSON() ([]byte, error) { return json.Marshal(r.wire()) }
+func (r Record) MarshalJSON() ([]byte, error) {
+	if b, ok := r.AppendJSON(make([]byte, 0, 1024)); ok {
+		return b, nil
+	}
+	return json.Marshal(r.wire()) // for its error
+}
+
+// AppendJSON appends what MarshalJSON writes, byte for byte what
+// json.Marshal writes for the wire form, without reflection: every
+// delivery's event carries its record, and json.Marshal was the larger part
+// of encoding the event. The output is compact and valid JSON with
+// encoding/json's escaping. ok is false when json.Marshal would fail (a
+// Multiplier that is NaN or infinite).
+func (r Record) AppendJSON(b []byte) (_ []byte, ok bool) {
+	start := len(b)
+	str := func(name, v string) {
+		b = append(append(append(b, ',', '"'), name...), '"', ':')
+		b = jsonenc.AppendString(b, v)
+	}
+	num := func(name string, v int64) {
+		b = append(append(append(b, ',', '"'), name...), '"', ':')
+		b = strconv.AppendInt(b, v, 10)
+	}
+	b = append(b, `{"msg_id":`...)
+	b = jsonenc.AppendString(b, r.MsgID)
+	str("tenant", r.Tenant)
+	str("dest", r.Dest)
+	num("attempt", int64(r.attempt()))
+	num("backoff_attempt", int64(r.Decision.Attempt))
+	str("worker_id", r.WorkerID)
+	str("class", r.Class)
+	str("rule", r.Rule)
+	num("code", int64(r.Code))
+	str("enhanced_code", r.EnhancedCode)
+	str("reply", r.Reply)
+	str("lane", r.Lane)
+	num("base_ms", r.BaseMs)
+	num("min_ms", r.MinMs)
+	b = append(b, `,"multiplier":`...)
+	if b, ok = jsonenc.AppendFloat(b, r.Multiplier); !ok {
+		return b[:start], false
+	}
+	num("window_ms", r.WindowMs)
+	num("nominal_ms", r.NominalMs)
+	num("cap_ms", r.CapMs)
+	b = append(b, `,"jitter_seed":"`...)
+	b = append(strconv.AppendUint(b, r.JitterSeed, 10), '"')
+	num("jitter_ms", r.JitterMs)
+	num("offset_ms", r.OffsetMs)
+	num("hint_ms", r.HintMs)
+	num("delay_ms", r.DelayMs)
+	if r.PacedBy != "" {
+		str("paced_by", r.PacedBy)
+	}
+	b = append(b, `,"next_attempt_at":"`...)
+	if !r.NextAttemptAt.IsZero() {
+		b = r.NextAttemptAt.UTC().AppendFormat(b, time.RFC3339Nano)
+	}
+	return append(b, '"', '}'), true
+}
 
 // UnmarshalJSON decodes what MarshalJSON (or Log) wrote. Unknown fields,
 // such as the log line's level, time and message, are ignored.

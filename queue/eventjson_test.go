@@ -7,6 +7,13 @@ import (
 	"time"
 )
 
+// sampleDecision is a delivered message's decision record as
+// backoff.Record's MarshalJSON writes it.
+const sampleDecision = `{"msg_id":"01JABCDEF","tenant":"billing","dest":"one.example","attempt":1,"backoff_attempt":0,` +
+	`"worker_id":"w/1","class":"delivered","rule":"2xx","code":250,"enhanced_code":"2.0.0","reply":"Ok: queued as \u003cX\u003e",` +
+	`"lane":"","base_ms":0,"min_ms":0,"multiplier":0,"window_ms":0,"nominal_ms":0,"cap_ms":0,"jitter_seed":"0",` +
+	`"jitter_ms":0,"offset_ms":0,"hint_ms":0,"delay_ms":0,"next_attempt_at":""}`
+
 func sampleEvents() []*Event {
 	at := time.Date(2026, 12, 2, 5, 6, 7, 123456789, time.UTC)
 	return []*Event{
@@ -16,6 +23,8 @@ func sampleEvents() []*Event {
 		{Type: EventBounced, ID: "x", Reason: "550 5.1.1 <user@example> \"quoted\" \\ back\r\n\ttab \x00\x1f & > \u2028\u2029 ü 日本 \xff\xfe end"},
 		{Type: EventLearned, ID: "dest", State: json.RawMessage(`{"rate":1.5}`)},
 		{},
+		{Type: EventDelivered, Time: at, ID: "abc-3", Attempt: 1, Worker: "w/1", Recipients: []string{"a@one.example"},
+			Decision: json.RawMessage(sampleDecision), DecisionMarshaled: true},
 	}
 }
 
@@ -65,6 +74,25 @@ func FuzzEventJSON(f *testing.F) {
 // go test -run '^$' -bench EventEncode -benchmem ./queue
 func BenchmarkEventEncode(b *testing.B) {
 	ev := sampleEvents()[1]
+	// A delivered event with its whole decision record, as the worker
+	// publishes it: checked and compacted, or marked as json.Marshal's.
+	for _, marked := range []bool{false, true} {
+		name := "delivered/decision-checked"
+		if marked {
+			name = "delivered/decision-marshaled"
+		}
+		dev := *sampleEvents()[5]
+		dev.DecisionMarshaled = marked
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			defer reportCPU(b)()
+			for b.Loop() {
+				if _, ok := dev.appendJSON(make([]byte, 0, 1024)); !ok {
+					b.Fatal("refused")
+				}
+			}
+		})
+	}
 	b.Run("appendJSON", func(b *testing.B) {
 		b.ReportAllocs()
 		defer reportCPU(b)()

@@ -77,6 +77,11 @@ type Event struct {
 	// Decision is the full decision record (backoff.Record as JSON) for
 	// attempts; kept raw so that queue stores it without decoding it.
 	Decision json.RawMessage `json:"decision,omitempty"`
+	// DecisionMarshaled says Decision is what json.Marshal wrote (compact,
+	// valid, escaped as encoding/json escapes), as backoff.Record's
+	// MarshalJSON writes it: the event is then encoded without parsing
+	// Decision again. Not part of the event.
+	DecisionMarshaled bool `json:"-"`
 	// State is a destination's shared throttle state after the change
 	// (dest-learned events); kept raw like Decision.
 	State json.RawMessage `json:"state,omitempty"`

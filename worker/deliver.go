@@ -521,19 +521,21 @@ func (w *deliverer) event(typ string, e *queue.Envelope, attempt int, rcpts []st
 	ev := &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: attempt,
 		Worker: w.id, Recipients: rcpts, Reason: reason}
 	if rec != nil {
-		ev.Decision = recordJSON(*rec)
+		ev.Decision, ev.DecisionMarshaled = recordJSON(*rec)
 	}
 	w.cfg.Queue.Event(typ, ev)
 }
 
 // recordJSON encodes a decision record for its event; a record that cannot
 // be encoded becomes an object naming the error, so the event still goes
-// out. MarshalJSON is called directly: through json.Marshal its output
-// would be parsed once more.
-func recordJSON(rec backoff.Record) json.RawMessage {
+// out. marshaled says the record was encoded (json.Marshal's bytes, which
+// the event encoder copies without checking them again). MarshalJSON is
+// called directly: through json.Marshal its output would be parsed once
+// more.
+func recordJSON(rec backoff.Record) (_ json.RawMessage, marshaled bool) {
 	b, err := rec.MarshalJSON()
 	if err != nil {
-		return json.RawMessage(fmt.Sprintf("{%q:%q}", "error", err.Error()))
+		return json.RawMessage(fmt.Sprintf("{%q:%q}", "error", err.Error())), false
 	}
-	return b
+	return b, true
 }
