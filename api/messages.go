@@ -300,8 +300,8 @@ func checkDSN(d *DSNRequest, rcpts []string) (*queue.DSNParams, *Problem) {
 	return out, nil
 }
 
-// message returns the bytes to queue: the raw message, or the built one,
-// under a Received line (RFC 5321 section 4.4), within the size limit.
+// message returns the bytes to queue: the raw message (with a Date and a
+// Message-ID if it had none), or the built one, under a Received line (RFC 5321 section 4.4), within the size limit.
 func (s *Server) message(req *MessageRequest, date time.Time, seed, remote string) ([]byte, *Problem) {
 	var msg []byte
 	var err error
@@ -311,6 +311,9 @@ func (s *Server) message(req *MessageRequest, date time.Time, seed, remote strin
 				"give either raw or subject/text/html/headers/attachments, not both")
 		}
 		msg, err = normalizeRaw(req.Raw)
+		if err == nil {
+			msg = submission.CompleteHeaders(msg, 0, s.cfg.Hostname, seed, date)
+		}
 	} else {
 		msg, err = build(req, date, s.cfg.Hostname, seed)
 	}

@@ -108,6 +108,34 @@ func TestRawMessageGetsCRLF(t *testing.T) {
 	if want := strings.ReplaceAll(raw, "\n", "\r\n"); !strings.HasSuffix(string(b), want) {
 		t.Fatalf("stored %q, want it to end with %q", b, want)
 	}
+	// It lacked a Date and a Message-ID: both are added, once.
+	if strings.Count(string(b), "\r\nDate: ") != 1 || strings.Count(string(b), "\r\nMessage-ID: <") != 1 {
+		t.Fatalf("stored %q, want one added Date and Message-ID", b)
+	}
+}
+
+// A raw message sent again with its Idempotency-Key stores the same bytes:
+// the Message-ID outflow adds is derived from the key.
+func TestRawMessageIdempotentMessageID(t *testing.T) {
+	f := newFixture(t, nil)
+	msg := map[string]any{"from": "a@src.example", "to": []string{"b@dst.example"}, "raw": "Subject: raw\n\nhi\n"}
+	first := f.do(t, "POST", "/v1/messages", f.key, msg, map[string]string{"Idempotency-Key": "k-1"}).ids(t)
+	other := f.do(t, "POST", "/v1/messages", f.key, msg, map[string]string{"Idempotency-Key": "k-2"}).ids(t)
+	a, b := body(t, f.q, first[0]), body(t, f.q, other[0])
+	id := func(b []byte) string {
+		_, rest, _ := strings.Cut(string(b), "Message-ID: ")
+		v, _, _ := strings.Cut(rest, "\r\n")
+		return v
+	}
+	if id(a) == "" || id(a) == id(b) {
+		t.Fatalf("Message-IDs %q and %q: want two different ones", id(a), id(b))
+	}
+	if again := f.do(t, "POST", "/v1/messages", f.key, msg, map[string]string{"Idempotency-Key": "k-1"}).ids(t); !slices.Equal(again, first) {
+		t.Fatalf("retry ids %v, want %v", again, first)
+	}
+	if !bytes.Equal(body(t, f.q, first[0]), a) {
+		t.Fatal("a retry changed the stored bytes")
+	}
 }
 
 func TestGetMessageFollowsItsEvents(t *testing.T) {

@@ -467,7 +467,7 @@ func TestBDAT(t *testing.T) {
 	ts := startServer(t, Config{Users: testUsers(t), MaxLineLength: 100}, q)
 	rc := ts.raw(t)
 	rc.login()
-	body := "Subject: chunked\r\n\r\nhello\r\n"
+	body := "Date: Tue, 01 Dec 2026 10:00:00 +0000\r\nMessage-ID: <chunked@example.com>\r\nSubject: chunked\r\n\r\nhello\r\n"
 	rc.cmd("MAIL FROM:<app@example.com>", 250)
 	rc.cmd("RCPT TO:<rcpt@example.org>", 250)
 	rc.write("BDAT 10\r\n" + body[:10])

@@ -16,7 +16,11 @@ import (
 	"github.com/outflow/outflow/queue"
 )
 
-const testMessage = "From: app@example.com\r\n" +
+// testMessage has every field the listener would otherwise add
+// (CompleteHeaders), so the stored body is the sent one, byte for byte.
+const testMessage = "Date: Tue, 01 Dec 2026 10:00:00 +0000\r\n" +
+	"Message-ID: <test-1@example.com>\r\n" +
+	"From: app@example.com\r\n" +
 	"To: rcpt@example.org\r\n" +
 	"Subject: hello\r\n" +
 	"\r\n" +

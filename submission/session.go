@@ -312,6 +312,7 @@ func (s *session) Data(r io.Reader) error {
 		return s.reject(rerr, reason, true, func(e *zerolog.Event) { e.Int("rcpts", len(rcpts)) })
 	}
 	size := len(body) - len(hdr)
+	body = CompleteHeaders(body, len(hdr), s.srv.cfg.Hostname, "", start)
 
 	sub := &queue.Submission{
 		Tenant:     s.tenant(),

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -51,6 +52,15 @@ func init() {
 				return usageError{errors.New("empty message on stdin")}
 			}
 			body = toCRLF(body)
+			host, _ := os.Hostname()
+			if host == "" {
+				host = "localhost"
+			}
+			seed := ""
+			if key != "" {
+				seed = tenant + "\x00" + key
+			}
+			body = submission.CompleteHeaders(body, 0, host, seed, time.Now())
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
 				ids, err := q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: from, Rcpts: to, Body: body,
 					ReceivedAt: time.Now(), IdempotencyKey: key, Source: queue.SourceNATS, DSN: dsnp})

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"net/mail"
 	"reflect"
 	"strings"
 	"testing"
@@ -79,5 +81,21 @@ func TestSubmitStoresDSN(t *testing.T) {
 		"ann@one.example": {Notify: []string{"SUCCESS"}, ORcpt: "ann@old.example"}}}
 	if got := items[0].Env.DSN; !reflect.DeepEqual(got, want) {
 		t.Fatalf("stored DSN %+v, want %+v", got, want)
+	}
+	// The bare message is stored with the Date and Message-ID it lacked.
+	it, err := q.Find(ctx, items[0].Env.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := q.EnvelopeBody(ctx, it.Env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := mail.ReadMessage(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("%v: %q", err, b)
+	}
+	if _, err := m.Header.Date(); err != nil || m.Header.Get("Message-ID") == "" || m.Header.Get("Subject") != "hi" {
+		t.Fatalf("stored header %v (date: %v)", m.Header, err)
 	}
 }

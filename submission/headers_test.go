@@ -1,0 +1,127 @@
+package submission
+
+import (
+	"net/mail"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestCompleteHeaders(t *testing.T) {
+	now := time.Date(2026, 12, 2, 9, 30, 0, 0, time.UTC)
+	const trace = "Received: from x\r\n\tby y; date\r\n"
+	cases := []struct {
+		name, msg        string
+		skip             int
+		wantDate, wantID bool // the field is added
+		unchanged        bool
+	}{
+		{name: "both missing", msg: "Subject: hi\r\n\r\nbody\r\n", wantDate: true, wantID: true},
+		{name: "both present, any case", msg: "DATE: Tue, 1 Dec 2026 10:00:00 +0000\r\nmessage-id: <a@b>\r\n\r\nbody\r\n", unchanged: true},
+		{name: "date missing", msg: "Message-ID: <a@b>\r\nSubject: hi\r\n\r\n", wantDate: true},
+		{name: "id missing, folded subject", msg: "Subject: a\r\n Date: not a field\r\nDate: Tue, 1 Dec 2026 10:00:00 +0000\r\n\r\n", wantID: true},
+		{name: "field in the body does not count", msg: "Subject: hi\r\n\r\nDate: x\r\nMessage-ID: <y@z>\r\n", wantDate: true, wantID: true},
+		{name: "under the trace field", msg: trace + "Subject: hi\r\n\r\nbody\r\n", skip: len(trace), wantDate: true, wantID: true},
+		{name: "no header section", msg: "\r\njust a body\r\n", unchanged: true},
+		{name: "mbox From line", msg: "From sender Tue Dec  1 10:00:00 2026\r\nSubject: hi\r\n\r\n", unchanged: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := string(CompleteHeaders([]byte(c.msg), c.skip, "relay.example", "", now))
+			if c.unchanged {
+				if got != c.msg {
+					t.Fatalf("changed: %q", got)
+				}
+				return
+			}
+			if !strings.HasPrefix(got, c.msg[:c.skip]) || !strings.HasSuffix(got, c.msg[c.skip:]) {
+				t.Fatalf("fields not inserted after the first %d octets: %q", c.skip, got)
+			}
+			m, err := mail.ReadMessage(strings.NewReader(got[c.skip:]))
+			if err != nil {
+				t.Fatalf("not a message: %v: %q", err, got)
+			}
+			added := got[c.skip : len(got)-len(c.msg)+c.skip]
+			if strings.Contains(added, "Date:") != c.wantDate || strings.Contains(added, "Message-ID:") != c.wantID {
+				t.Fatalf("added %q, want Date %v, Message-ID %v", added, c.wantDate, c.wantID)
+			}
+			if c.wantDate {
+				d, err := m.Header.Date()
+				if err != nil || !d.Equal(now) {
+					t.Fatalf("Date %q: %v %v", m.Header.Get("Date"), d, err)
+				}
+			}
+			if c.wantID {
+				id := m.Header.Get("Message-ID")
+				if !strings.HasPrefix(id, "<") || !strings.HasSuffix(id, "@relay.example>") || len(id) != len("<@relay.example>")+32 {
+					t.Fatalf("Message-ID %q", id)
+				}
+			}
+		})
+	}
+}
+
+func TestCompleteHeadersMessageIDs(t *testing.T) {
+	msg := []byte("Subject: hi\r\n\r\n")
+	now := time.Now()
+	a := string(CompleteHeaders(msg, 0, "h", "", now))
+	b := string(CompleteHeaders(msg, 0, "h", "", now))
+	if a == b {
+		t.Fatal("two random Message-IDs are the same")
+	}
+	s1 := string(CompleteHeaders(msg, 0, "h", "tenant\x00key", now))
+	s2 := string(CompleteHeaders(msg, 0, "h", "tenant\x00key", now))
+	s3 := string(CompleteHeaders(msg, 0, "h", "other\x00key", now))
+	if s1 != s2 || s1 == s3 {
+		t.Fatalf("seeded ids: same seed %v, other seed differs %v", s1 == s2, s1 != s3)
+	}
+}
+
+// A bare message submitted over SMTP is stored with a Date and a
+// Message-ID under the Received field; a complete one is stored as sent
+// (TestSubmitAuthenticated).
+func TestSubmissionCompletesBareMessage(t *testing.T) {
+	q := &fakeQueue{}
+	ts := startServer(t, Config{Users: testUsers(t), Hostname: "mx.test"}, q)
+	c := ts.dialAuth(t)
+	if err := c.SendMail("app@example.com", []string{"rcpt@example.org"}, strings.NewReader("Subject: bare\r\n\r\nhi\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	subs := q.got()
+	if len(subs) != 1 {
+		t.Fatalf("%d submissions", len(subs))
+	}
+	_, rest := storedMessage(t, subs[0].Body)
+	m, err := mail.ReadMessage(strings.NewReader(rest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Header.Date(); err != nil {
+		t.Errorf("no usable Date: %v: %q", err, rest)
+	}
+	if id := m.Header.Get("Message-ID"); !strings.HasSuffix(id, "@mx.test>") {
+		t.Errorf("Message-ID %q: %q", id, rest)
+	}
+	if m.Header.Get("Subject") != "bare" {
+		t.Errorf("lost the sender's fields: %q", rest)
+	}
+}
+
+// FuzzCompleteHeaders: whatever the input, the message is kept whole
+// behind the added fields, and a second pass adds nothing.
+func FuzzCompleteHeaders(f *testing.F) {
+	f.Add([]byte("Subject: hi\r\n\r\nbody\r\n"))
+	f.Add([]byte("Date: x\r\n\r\n"))
+	f.Add([]byte("message-id:<a@b>\r\n \r\n"))
+	f.Add([]byte("\r\n"))
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		now := time.Unix(1_800_000_000, 0)
+		once := CompleteHeaders(msg, 0, "h", "s", now)
+		if !strings.HasSuffix(string(once), string(msg)) {
+			t.Fatalf("%q lost bytes: %q", msg, once)
+		}
+		if twice := CompleteHeaders(once, 0, "h", "s", now); string(twice) != string(once) {
+			t.Fatalf("second pass changed %q to %q", once, twice)
+		}
+	})
+}
