@@ -350,11 +350,29 @@ type MessageStatus struct {
 	Dest   string `json:"dest,omitempty"`
 	// State is queued, deferred, throttled, unknown or dead while the
 	// message is stored; afterwards the last outcome: delivered, bounced,
-	// dropped.
+	// dropped, or dead and expired once a dead letter is purged.
 	State      string        `json:"state"`
 	NextAt     *time.Time    `json:"next_attempt_at,omitempty"`
 	Recipients []string      `json:"recipients,omitempty"`
 	History    []queue.Event `json:"history"`
+}
+
+// lastOutcome is the state of a message no longer stored: its last event
+// that is an outcome. A notification about it (dsn) comes after the outcome
+// it reports, and says nothing new of the message. A last queued or
+// replayed event means stored and being delivered: queued.
+func lastOutcome(hist []queue.Event) string {
+	for i := len(hist) - 1; i >= 0; i-- {
+		switch t := hist[i].Type; t {
+		case queue.EventDSN:
+			continue
+		case queue.EventQueued, queue.EventReplayed:
+			return string(queue.StateQueued)
+		default:
+			return t
+		}
+	}
+	return string(queue.StateQueued)
 }
 
 // getMessage is GET /v1/messages/{id}. A key sees its tenant's messages
@@ -386,11 +404,7 @@ func (s *Server) getMessage(w http.ResponseWriter, r *http.Request, key *KeyInfo
 			st.NextAt = &t
 		}
 	case len(hist) > 0:
-		last := hist[len(hist)-1]
-		st.Tenant, st.Dest, st.State = hist[0].Tenant, hist[0].Dest, last.Type
-		if last.Type == queue.EventQueued || last.Type == queue.EventReplayed {
-			st.State = string(queue.StateQueued) // stored, and being delivered
-		}
+		st.Tenant, st.Dest, st.State = hist[0].Tenant, hist[0].Dest, lastOutcome(hist)
 	default:
 		return notFound
 	}

@@ -166,6 +166,22 @@ func TestGetMessageFollowsItsEvents(t *testing.T) {
 	if len(hist) != 2 {
 		t.Fatalf("history %s: want queued then delivered", got.raw)
 	}
+	// A notice about the delivery (NOTIFY=SUCCESS) comes after it in the
+	// history; the state is still the delivery's.
+	f.q.Event(queue.EventDSN, &queue.Event{ID: d.Env.ID, MsgID: d.Env.MsgID, Tenant: d.Env.Tenant, Dest: d.Env.Dest, Reason: "delivered dsn-1 b@dst.example"})
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		got = f.do(t, "GET", "/v1/messages/"+ids[0], f.key, nil, nil)
+		if hist, _ := got.json["history"].([]any); len(hist) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("history %s: want the dsn event third", got.raw)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got.json["state"] != "delivered" {
+		t.Fatalf("state after a dsn event: %s", got.raw)
+	}
 
 	// Another tenant's key does not learn the message exists.
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
