@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -21,5 +22,22 @@ func TestHistoryLineMarksPacedDelays(t *testing.T) {
 	drawn := historyLine(queue.Event{Type: queue.EventThrottled, Attempt: 1, Decision: []byte(strings.Replace(rec, "%s", "", 1))})
 	if cols := strings.Split(drawn, "\t"); cols[6] != "1.001s" {
 		t.Errorf("backoff decision: delay %q, want 1.001s", cols[6])
+	}
+}
+
+// TestListRowAttempts: the list's ATTEMPT cell says how many attempts were
+// throttled, which do not spend the budget; --json carries the count.
+func TestListRowAttempts(t *testing.T) {
+	it := queue.Item{Env: &queue.Envelope{ID: "a", Attempt: 7, ThrottleCount: 6}, State: queue.StateThrottled}
+	r := listRow(it)
+	if got := r.attempts(); got != "7 (6 throttled)" {
+		t.Fatalf("ATTEMPT cell %q", got)
+	}
+	if b, _ := json.Marshal(r); !strings.Contains(string(b), `"attempt":7,"throttle_count":6`) {
+		t.Fatalf("json %s", b)
+	}
+	it.Env.ThrottleCount = 0
+	if got := listRow(it).attempts(); got != "7" {
+		t.Fatalf("ATTEMPT cell without throttles %q", got)
 	}
 }
