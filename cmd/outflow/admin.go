@@ -32,7 +32,7 @@ func (a *adminFlags) bind(cmd *cobra.Command) {
 	f.StringVar(&a.data, "data", "./data", "data dir of the running `outflow serve` (its NATS address and credentials)")
 	f.StringVar(&a.natsURL, "nats-url", "", "NATS server or cluster to reach instead of the one recorded in --data")
 	f.StringVar(&a.creds, "nats-creds", "", "NATS credentials file for --nats-url")
-	f.BoolVar(&a.json, "json", false, "print JSON instead of a table")
+	f.BoolVar(&a.json, "json", false, "print JSON instead of a table or a sentence (a list: one object a line)")
 	f.DurationVar(&a.timeout, "timeout", 15*time.Second, "give up on the daemon after this long")
 }
 
@@ -376,6 +376,9 @@ func messageHeaders(body []byte, max int) []string {
 	return lines
 }
 
+// report is how a verb that changes something says what it did: with
+// --json, v as one JSON object on one line; else the sentence format makes
+// of args, which scripts may parse, so it stays as it is.
 func report(cmd *cobra.Command, asJSON bool, v any, format string, args ...any) error {
 	if asJSON {
 		return printJSON(cmd.OutOrStdout(), v)

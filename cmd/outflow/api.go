@@ -192,8 +192,8 @@ func init() {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (tenant %s)\n", info.ID, info.Tenant)
-				return nil
+				return report(cmd, a.json, map[string]any{"id": info.ID, "tenant": info.Tenant, "revoked": true},
+					"revoked %s (tenant %s)", info.ID, info.Tenant)
 			})
 		},
 	}

@@ -65,15 +65,19 @@ func init() {
 				return usageError{errors.New("--for must not be negative")}
 			}
 			return withList(cmd, func(ctx context.Context, l *queue.Suppressions) error {
-				s := queue.Suppression{Tenant: tenant, Address: args[0], Reason: reason, Source: queue.SuppressAdmin}
+				// Address and Created as Add stores them, so that --json
+				// prints the entry itself (as suppress list and POST
+				// /v1/suppressions do).
+				now := time.Now().UTC()
+				s := queue.Suppression{Tenant: tenant, Address: queue.NormalizeAddress(args[0]), Reason: reason,
+					Source: queue.SuppressAdmin, Created: now.Truncate(time.Second)}
 				if forDur > 0 {
-					s.Expires = time.Now().UTC().Add(forDur).Truncate(time.Second)
+					s.Expires = now.Add(forDur).Truncate(time.Second)
 				}
 				if err := l.Add(ctx, s); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "suppressed %s for tenant %s\n", queue.NormalizeAddress(args[0]), tenant)
-				return nil
+				return report(cmd, a.json, s, "suppressed %s for tenant %s", s.Address, tenant)
 			})
 		},
 	}
@@ -93,8 +97,9 @@ func init() {
 				if err := l.Remove(ctx, tenant, args[0]); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "removed %s for tenant %s\n", queue.NormalizeAddress(args[0]), tenant)
-				return nil
+				addr := queue.NormalizeAddress(args[0])
+				return report(cmd, a.json, map[string]any{"tenant": tenant, "address": addr, "removed": true},
+					"removed %s for tenant %s", addr, tenant)
 			})
 		},
 	}

@@ -104,15 +104,17 @@ func init() {
 					return usageError{err}
 				}
 				if a.json {
-					return printJSON(cmd.OutOrStdout(), ep)
+					err = printJSON(cmd.OutOrStdout(), ep)
+				} else {
+					fmt.Fprintln(cmd.OutOrStdout(), ep.Secret)
+					fmt.Fprintf(os.Stderr, "outflow: webhook %s for tenant %s created (events %s); the secret is shown only now\n",
+						ep.ID, ep.Tenant, strings.Join(ep.Events, ","))
 				}
-				fmt.Fprintln(cmd.OutOrStdout(), ep.Secret)
-				fmt.Fprintf(os.Stderr, "outflow: webhook %s for tenant %s created (events %s); the secret is shown only now\n",
-					ep.ID, ep.Tenant, strings.Join(ep.Events, ","))
+				// With --json too: it warns of events that will not arrive.
 				if webhook.LiteralPrivate(rawURL) {
 					fmt.Fprintln(os.Stderr, "outflow: note: the URL names a loopback or private address; the daemon delivers to it only with webhook-allow-private (otherwise its events go to the endpoint's dead letters)")
 				}
-				return nil
+				return err
 			})
 		},
 	}
@@ -162,8 +164,7 @@ func init() {
 				if err := s.Remove(ctx, args[0]); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", args[0])
-				return nil
+				return report(cmd, a.json, map[string]any{"id": args[0], "removed": true}, "removed %s", args[0])
 			})
 		},
 	}
@@ -182,8 +183,8 @@ func init() {
 				if err := q.Flush(ctx); err != nil { // the event is published asynchronously
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "test event published for %s\n", ep.ID)
-				return nil
+				return report(cmd, a.json, map[string]any{"id": ep.ID, "tenant": ep.Tenant, "type": webhook.EventTest, "published": true},
+					"test event published for %s", ep.ID)
 			})
 		},
 	}
@@ -197,8 +198,8 @@ func init() {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "replaying %d dead letter(s) of %s\n", n, args[0])
-				return nil
+				return report(cmd, a.json, map[string]any{"id": args[0], "replayed": n},
+					"replaying %d dead letter(s) of %s", n, args[0])
 			})
 		},
 	}
