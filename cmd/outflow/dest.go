@@ -182,12 +182,13 @@ func init() {
 				if err := throttle.SetRate(ctx, kv, args[0], maxRate, until, adminBy()); err != nil {
 					return err
 				}
+				v := map[string]any{"dest": args[0], "rate": maxRate} // no "until": until changed
 				when := "until changed"
 				if !until.IsZero() {
+					v["until"] = until.UTC()
 					when = "until " + until.UTC().Format(time.RFC3339)
 				}
-				return report(cmd, a.json, map[string]any{"dest": args[0], "rate": maxRate, "until": until},
-					"%s: at most %g/s %s", args[0], maxRate, when)
+				return report(cmd, a.json, v, "%s: at most %g/s %s", args[0], maxRate, when)
 			})
 		},
 	}

@@ -156,6 +156,19 @@ func TestChangeVerbsHonourJSON(t *testing.T) {
 		text("removed "+eps[1].ID+"\n", "webhook", "remove", eps[1].ID)
 	})
 
+	t.Run("dest rate", func(t *testing.T) {
+		capped := oneObject(t, run(true, "dest", "rate", "slow.test", "--max", "5", "--for", "1h"))
+		fields("dest rate", capped, map[string]any{"dest": "slow.test", "rate": 5.0})
+		if until, err := time.Parse(time.RFC3339, capped["until"].(string)); err != nil || time.Until(until) <= 0 {
+			t.Errorf("until %v (%v), want a time to come", capped["until"], err)
+		}
+		// Until changed: no time to print (not the zero time).
+		if open := oneObject(t, run(true, "dest", "rate", "slow.test", "--max", "5", "--for", "0s")); len(open) != 2 {
+			t.Errorf("dest rate without --for: %v, want dest and rate only", open)
+		}
+		text("slow.test: at most 5/s until changed\n", "dest", "rate", "slow.test", "--max", "5", "--for", "0s")
+	})
+
 	t.Run("apikey", func(t *testing.T) {
 		keys, err := api.OpenKeys(ctx, q)
 		if err != nil {
