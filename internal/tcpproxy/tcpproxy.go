@@ -37,6 +37,25 @@ func (m Mode) String() string {
 // dialTimeout bounds the dial to the target of a new connection.
 const dialTimeout = 5 * time.Second
 
+// The accept loop waits after an error other than the listener's closing
+// (EMFILE, ENFILE, ECONNABORTED ...) before it tries again, so that a
+// lasting one does not spin a core: from acceptBackoffMin, doubling up to
+// acceptBackoffMax, back to the start at the next accepted connection, as
+// net/http's Server.Serve does.
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// nextAcceptDelay is the wait after an accept error that followed a wait
+// of d (0: the first error since a connection was accepted).
+func nextAcceptDelay(d time.Duration) time.Duration {
+	if d <= 0 {
+		return acceptBackoffMin
+	}
+	return min(2*d, acceptBackoffMax)
+}
+
 // Proxy forwards connections from its listener to one target address. Its
 // methods are safe for concurrent use.
 type Proxy struct {
@@ -48,6 +67,7 @@ type Proxy struct {
 	changed chan struct{} // closed and replaced at every mode change
 	conns   map[net.Conn]struct{}
 	closed  bool
+	done    chan struct{} // closed by Close: ends the accept loop's wait
 	wg      sync.WaitGroup
 }
 
@@ -57,10 +77,15 @@ func New(listen, target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, changed: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	return serveOn(ln, target), nil
+}
+
+// serveOn starts a proxy that accepts on ln and forwards to target.
+func serveOn(ln net.Listener, target string) *Proxy {
+	p := &Proxy{ln: ln, target: target, changed: make(chan struct{}), conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
-	return p, nil
+	return p
 }
 
 // Addr is the address the proxy listens on.
@@ -115,6 +140,7 @@ func (p *Proxy) Close() error {
 		return nil
 	}
 	p.closed = true
+	close(p.done)
 	close(p.changed)
 	p.changed = make(chan struct{})
 	err := p.ln.Close()
@@ -173,14 +199,24 @@ func (p *Proxy) waitForward() bool {
 
 func (p *Proxy) accept() {
 	defer p.wg.Done()
+	var delay time.Duration
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			delay = nextAcceptDelay(delay)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-p.done:
+				t.Stop()
+				return
+			}
 			continue
 		}
+		delay = 0
 		if !p.track(c) {
 			continue
 		}

@@ -4,10 +4,17 @@ import (
 	"bufio"
 	"errors"
 	"io"
+	"math"
 	"net"
+	"os"
+	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // echo starts a line echo server and returns its address.
@@ -154,5 +161,89 @@ func TestCloseEndsEverything(t *testing.T) {
 	}
 	if _, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
 		t.Fatal("the listener accepts after Close")
+	}
+}
+
+// flakyListener is a real listener whose first fails Accept calls return
+// EMFILE, as a process out of file descriptors sees, without taking a
+// connection from the backlog.
+type flakyListener struct {
+	net.Listener
+	mu    sync.Mutex
+	fails int
+	calls int
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	l.calls++
+	fail := l.calls <= l.fails
+	l.mu.Unlock()
+	if fail {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Addr: l.Addr(), Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// An accept error that lasts is waited out, and the proxy forwards again
+// once accepting works: the connection dialled meanwhile is served.
+func TestAcceptRecoversAfterErrors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const fails = 6
+	fl := &flakyListener{Listener: ln, fails: fails}
+	p := serveOn(fl, echo(t))
+	t.Cleanup(func() { p.Close() })
+	c := dial(t, p)
+	if got, err := c.roundTrip("after the errors", 10*time.Second); err != nil || got != "after the errors" {
+		t.Fatalf("round trip: %q, %v", got, err)
+	}
+	fl.mu.Lock()
+	calls := fl.calls
+	fl.mu.Unlock()
+	if calls != fails+1 && calls != fails+2 { // the loop may be in its next Accept already
+		t.Fatalf("Accept called %d times, want %d errors then a connection", calls, fails)
+	}
+}
+
+// The wait doubles from 5 ms to at most 1 s.
+func TestAcceptBackoffDoubles(t *testing.T) {
+	var got []time.Duration
+	for d := time.Duration(0); len(got) < 10; {
+		d = nextAcceptDelay(d)
+		got = append(got, d)
+	}
+	ms := time.Millisecond
+	want := []time.Duration{5 * ms, 10 * ms, 20 * ms, 40 * ms, 80 * ms, 160 * ms, 320 * ms, 640 * ms, time.Second, time.Second}
+	if !slices.Equal(got, want) {
+		t.Fatalf("delays %v, want %v", got, want)
+	}
+}
+
+// Close ends the accept loop while it waits after an error, even from a
+// listener that never reports itself closed.
+func TestCloseDuringAcceptBackoff(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &flakyListener{Listener: ln, fails: math.MaxInt}
+	p := serveOn(fl, echo(t))
+	testutil.WaitFor(t, 10*time.Second, "accept errors", func() bool {
+		fl.mu.Lock()
+		defer fl.mu.Unlock()
+		return fl.calls >= 3
+	})
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return: the accept loop kept retrying")
 	}
 }
