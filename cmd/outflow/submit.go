@@ -60,10 +60,16 @@ func init() {
 			if key != "" {
 				seed = tenant + "\x00" + key
 			}
-			body = submission.CompleteHeaders(body, 0, host, seed, time.Now())
+			now := time.Now()
+			// The trace field of a local submission, as sendmail(1)
+			// pickups write one: the machine and user that handed the
+			// message over, and when.
+			recv := fmt.Sprintf("Received: by %s (outflow submit, from userid %d);\r\n\t%s\r\n",
+				host, os.Getuid(), now.Format(time.RFC1123Z))
+			body = submission.CompleteHeaders(append([]byte(recv), body...), len(recv), host, seed, now)
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
 				ids, err := q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: from, Rcpts: to, Body: body,
-					ReceivedAt: time.Now(), IdempotencyKey: key, Source: queue.SourceNATS, DSN: dsnp})
+					ReceivedAt: now, IdempotencyKey: key, Source: queue.SourceNATS, DSN: dsnp})
 				if err != nil {
 					return err
 				}

@@ -82,7 +82,8 @@ func TestSubmitStoresDSN(t *testing.T) {
 	if got := items[0].Env.DSN; !reflect.DeepEqual(got, want) {
 		t.Fatalf("stored DSN %+v, want %+v", got, want)
 	}
-	// The bare message is stored with the Date and Message-ID it lacked.
+	// The bare message is stored under a trace field, with the Date and
+	// Message-ID it lacked.
 	it, err := q.Find(ctx, items[0].Env.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -90,6 +91,9 @@ func TestSubmitStoresDSN(t *testing.T) {
 	b, err := q.EnvelopeBody(ctx, it.Env)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(b, []byte("Received: by ")) || !bytes.Contains(b, []byte("(outflow submit, from userid ")) {
+		t.Fatalf("no Received field on top: %q", b)
 	}
 	m, err := mail.ReadMessage(bytes.NewReader(b))
 	if err != nil {
