@@ -1,0 +1,187 @@
+package submission
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// nullQueue accepts every submission at once: the sessions' cost without
+// the store's.
+type nullQueue struct{ ids []string }
+
+func (q nullQueue) Enqueue(context.Context, *queue.Submission) ([]string, error) { return q.ids, nil }
+
+// benchBody is a 2 KiB message of 76-octet lines, the size of the
+// end-to-end benchmark's, ending with the DATA terminator.
+var benchBody = func() []byte {
+	var b strings.Builder
+	b.WriteString("From: a@example.com\r\nTo: b@example.com\r\nSubject: benchmark\r\n\r\n")
+	for b.Len() < 2048-78 {
+		b.WriteString(strings.Repeat("x", 74) + "\r\n")
+	}
+	b.WriteString(".\r\n")
+	return []byte(b.String())
+}()
+
+// The client's commands, as bytes: a string written to a net.Conn is
+// copied first, which would count against the server.
+var (
+	benchHELO = []byte("HELO client.example.com\r\n")
+	benchEHLO = []byte("EHLO client.example.com\r\n")
+	benchMail = []byte("MAIL FROM:<sender@example.com>\r\n")
+	benchRcpt = []byte("RCPT TO:<rcpt@example.net>\r\n")
+	benchData = []byte("DATA\r\n")
+	benchQuit = []byte("QUIT\r\n")
+)
+
+// benchClient drives raw SMTP dialogues the way smtp-source does: one
+// command, then wait for its whole reply.
+type benchClient struct {
+	b    *testing.B
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+func (bc *benchClient) dial(addr *net.TCPAddr) {
+	c, err := net.DialTCP("tcp", nil, addr)
+	if err != nil {
+		bc.b.Fatal(err)
+	}
+	bc.conn = c
+	if bc.r == nil {
+		bc.r = bufio.NewReader(c)
+	} else {
+		bc.r.Reset(c)
+	}
+	bc.expect('2')
+}
+
+// expect reads one reply, whose code must start with class.
+func (bc *benchClient) expect(class byte) {
+	for {
+		line, err := bc.r.ReadSlice('\n')
+		if err != nil {
+			bc.b.Fatalf("reading reply: %v", err)
+		}
+		if len(line) < 4 || line[0] != class {
+			bc.b.Fatalf("unexpected reply %q", line)
+		}
+		if line[3] == ' ' {
+			return
+		}
+	}
+}
+
+func (bc *benchClient) cmd(line []byte, class byte) {
+	if _, err := bc.conn.Write(line); err != nil {
+		bc.b.Fatal(err)
+	}
+	bc.expect(class)
+}
+
+func (bc *benchClient) message() {
+	bc.cmd(benchMail, '2')
+	bc.cmd(benchRcpt, '2')
+	bc.cmd(benchData, '3')
+	bc.cmd(benchBody, '2')
+}
+
+func (bc *benchClient) quit() {
+	bc.cmd(benchQuit, '2')
+	if err := bc.conn.Close(); err != nil {
+		bc.b.Fatal(err)
+	}
+}
+
+// BenchmarkSMTPSession runs whole SMTP dialogues over loopback against the
+// listener with a queue that accepts everything: connect, HELO (as
+// smtp-source says) or EHLO, MAIL, RCPT, DATA of 2 KiB, QUIT. An
+// iteration is one message: OnePerConn* opens a connection per message
+// like smtp-source, TenPerConn sends ten per connection. The client runs in
+// the same process, so cpu-ns/op (the process's CPU time per message, from
+// getrusage) includes its share; it is the same for every build of the
+// server. The logger is serve's default (info, with timestamps) writing
+// nowhere.
+func BenchmarkSMTPSession(b *testing.B) {
+	log := zerolog.New(io.Discard).Level(zerolog.InfoLevel).With().Timestamp().Logger()
+	srv, err := New(Config{
+		Hostname:        "bench.localdomain",
+		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		Logger:          log,
+	}, nullQueue{ids: []string{"0123456789abcdef"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	l, err := srv.Listen()
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testWait)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil && !errors.Is(err, ErrServerClosed) {
+			b.Errorf("shutdown: %v", err)
+		}
+		if err := <-done; err != nil {
+			b.Errorf("serve: %v", err)
+		}
+	})
+	addr := l.Addr().(*net.TCPAddr)
+
+	for _, tc := range []struct {
+		name    string
+		hello   []byte
+		perConn int
+	}{
+		{"OnePerConn", benchHELO, 1},
+		{"OnePerConnEHLO", benchEHLO, 1},
+		{"TenPerConn", benchHELO, 10},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			bc := &benchClient{b: b}
+			b.ReportAllocs()
+			b.SetBytes(int64(len(benchBody)))
+			start := benchCPU()
+			i := 0
+			for b.Loop() {
+				if i%tc.perConn == 0 {
+					bc.dial(addr)
+					bc.cmd(tc.hello, '2')
+				}
+				bc.message()
+				i++
+				if i%tc.perConn == 0 {
+					bc.quit()
+				}
+			}
+			if i%tc.perConn != 0 {
+				bc.quit()
+			}
+			b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// benchCPU is the process's CPU time, user and system: on a shared
+// machine wall-clock ns/op measures the neighbours.
+func benchCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
