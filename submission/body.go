@@ -16,18 +16,29 @@ import (
 // bodyChunk is the read size for message bodies.
 const bodyChunk = 32 << 10
 
-// readBufs recycles the bodyChunk-sized read buffers: one per message was
-// a tenth of the daemon's allocations in the end-to-end benchmark. The
-// body itself never aliases a read buffer (it is appended to).
-var readBufs = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return &b }}
+// bodyBuf is a message's scratch space while its body is read: the read
+// buffer and the Received header.
+type bodyBuf struct {
+	read []byte // bodyChunk octets
+	hdr  []byte
+}
+
+// bodyBufs recycles bodyBufs: a read buffer per message was a tenth of the
+// daemon's allocations in the end-to-end benchmark. The body never aliases
+// a bodyBuf (it is copied).
+var bodyBufs = sync.Pool{New: func() any { return &bodyBuf{read: make([]byte, bodyChunk)} }}
 
 // readBody reads the whole body from r (go-smtp's dot-unstuffing reader for
-// DATA, a pipe for BDAT) onto prefix and validates it. It always reads to
-// the end of the body, even after finding a fault, so the connection stays
-// in step and the client gets its reply; only a timeout, a read error or
-// go-smtp's size limit stop it early. On a fault it returns the reason label
-// and the reply.
-func (s *session) readBody(r io.Reader, prefix []byte, start time.Time) ([]byte, string, *smtp.SMTPError) {
+// DATA, a pipe for BDAT) and validates it, and returns it after a copy of
+// prefix, in a slice of its own; buf is the read buffer. The body is
+// allocated at the first read, with room for that read: for a body of up to
+// len(buf) octets that is its exact size and the one allocation (go-smtp's
+// DATA reader fills a read to the end of the body or of the buffer). It
+// always reads to the end of the body, even after finding a fault, so the
+// connection stays in step and the client gets its reply; only a timeout, a
+// read error or go-smtp's size limit stop it early. On a fault it returns
+// the reason label and the reply.
+func (s *session) readBody(r io.Reader, buf, prefix []byte, start time.Time) ([]byte, string, *smtp.SMTPError) {
 	// For DATA the session owns the socket's read deadline: go-smtp set it
 	// once, at the DATA command, which would make the whole body fit into
 	// one ReadTimeout. Each read gets ReadTimeout instead, and the body as a
@@ -37,11 +48,8 @@ func (s *session) readBody(r io.Reader, prefix []byte, start time.Time) ([]byte,
 	hard := start.Add(s.srv.cfg.DataTimeout)
 	nc := s.conn.Conn()
 
-	body := prefix
+	var body []byte // nil until the first octets are stored
 	v := bodyValidator{maxLine: s.srv.cfg.MaxLineLength, lineTooLong: s.srv.errLineTooLong}
-	bufp := readBufs.Get().(*[]byte)
-	defer readBufs.Put(bufp)
-	buf := *bufp
 	for {
 		if !chunked {
 			_ = nc.SetReadDeadline(minTime(time.Now().Add(s.srv.cfg.ReadTimeout), hard))
@@ -50,6 +58,10 @@ func (s *session) readBody(r io.Reader, prefix []byte, start time.Time) ([]byte,
 		if n > 0 && v.err == nil {
 			v.scan(buf[:n])
 			if v.err == nil {
+				if body == nil {
+					body = make([]byte, 0, len(prefix)+n)
+					body = append(body, prefix...)
+				}
 				body = append(body, buf[:n]...)
 			} else {
 				body = nil // keep draining, stop storing
@@ -89,6 +101,9 @@ func (s *session) readBody(r io.Reader, prefix []byte, start time.Time) ([]byte,
 	v.finish()
 	if v.err != nil {
 		return nil, v.reason, v.err
+	}
+	if body == nil { // an empty body
+		body = append([]byte(nil), prefix...)
 	}
 	return body, "", nil
 }
@@ -205,7 +220,7 @@ func (v *bodyValidator) finish() {
 	}
 }
 
-// receivedHeader is the trace line of RFC 5321 section 4.4:
+// appendReceived appends the trace line of RFC 5321 section 4.4 to dst:
 //
 //	Received: from <helo> (<address-literal>)
 //		by <hostname> (outflow) with <protocol>;
@@ -215,61 +230,61 @@ func (v *bodyValidator) finish() {
 // for AUTH). The "for" clause is left out: it would disclose the other
 // recipients of the message. The client's HELO name is untrusted input and
 // is reduced to safe characters.
-func receivedHeader(helo string, remote netip.Addr, hostname string, isTLS, auth bool, t time.Time) string {
-	proto := "ESMTP"
+func appendReceived(dst []byte, helo string, remote netip.Addr, hostname string, isTLS, auth bool, t time.Time) []byte {
+	dst = append(dst, "Received: from "...)
+	dst = appendTraceToken(dst, helo)
+	dst = append(dst, " ("...)
+	switch {
+	case !remote.IsValid():
+		dst = append(dst, "unknown"...)
+	case remote.Is4():
+		// RFC 5321 section 4.1.3 address literals.
+		dst = append(dst, '[')
+		dst = remote.AppendTo(dst)
+		dst = append(dst, ']')
+	default:
+		dst = append(dst, "[IPv6:"...)
+		dst = remote.AppendTo(dst)
+		dst = append(dst, ']')
+	}
+	dst = append(dst, ")\r\n\tby "...)
+	dst = appendTraceToken(dst, hostname)
+	dst = append(dst, " (outflow) with ESMTP"...)
 	if isTLS {
-		proto += "S"
+		dst = append(dst, 'S')
 	}
 	if auth {
-		proto += "A"
+		dst = append(dst, 'A')
 	}
-	lit := "unknown"
-	if remote.IsValid() {
-		// RFC 5321 section 4.1.3 address literals.
-		if remote.Is4() {
-			lit = "[" + remote.String() + "]"
-		} else {
-			lit = "[IPv6:" + remote.String() + "]"
-		}
-	}
-	var b strings.Builder
-	b.WriteString("Received: from ")
-	b.WriteString(traceToken(helo))
-	b.WriteString(" (")
-	b.WriteString(lit)
-	b.WriteString(")\r\n\tby ")
-	b.WriteString(traceToken(hostname))
-	b.WriteString(" (outflow) with ")
-	b.WriteString(proto)
-	b.WriteString(";\r\n\t")
+	dst = append(dst, ";\r\n\t"...)
 	// RFC 5322 section 3.3 date-time.
-	b.WriteString(t.Format(time.RFC1123Z))
-	b.WriteString("\r\n")
-	return b.String()
+	dst = t.AppendFormat(dst, time.RFC1123Z)
+	return append(dst, "\r\n"...)
 }
 
 // maxTraceToken bounds a name in the Received header (a domain is at most
 // 255 octets, RFC 5321 section 4.5.3.1.2).
 const maxTraceToken = 255
 
-// traceToken keeps a name to letters, digits and ".-:[]_", replacing
-// anything else with "_", so a hostile HELO cannot add header lines or
-// comments.
-func traceToken(s string) string {
+// appendTraceToken appends s kept to letters, digits and ".-:[]_",
+// replacing anything else with "_", so a hostile HELO cannot add header
+// lines or comments; "unknown" if s is empty.
+func appendTraceToken(dst []byte, s string) []byte {
 	if s == "" {
-		return "unknown"
+		return append(dst, "unknown"...)
 	}
 	if len(s) > maxTraceToken {
 		s = s[:maxTraceToken]
 	}
-	b := []byte(s)
-	for i, c := range b {
-		switch {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+			dst = append(dst, c)
 		case strings.IndexByte(".-:[]_", c) >= 0:
+			dst = append(dst, c)
 		default:
-			b[i] = '_'
+			dst = append(dst, '_')
 		}
 	}
-	return string(b)
+	return dst
 }

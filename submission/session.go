@@ -306,13 +306,16 @@ func (s *session) Data(r io.Reader) error {
 	start := time.Now()
 	// RFC 5321 section 4.4: an SMTP server adds a Received line at the top
 	// of the message it accepts.
-	hdr := receivedHeader(s.conn.Hostname(), s.remote, s.srv.cfg.Hostname, s.tls, s.user != "", start)
-	body, reason, rerr := s.readBody(r, []byte(hdr), start)
+	bb := bodyBufs.Get().(*bodyBuf)
+	bb.hdr = appendReceived(bb.hdr[:0], s.conn.Hostname(), s.remote, s.srv.cfg.Hostname, s.tls, s.user != "", start)
+	hdrLen := len(bb.hdr)
+	body, reason, rerr := s.readBody(r, bb.read, bb.hdr, start)
+	bodyBufs.Put(bb)
 	if rerr != nil {
 		return s.reject(rerr, reason, true, func(e *zerolog.Event) { e.Int("rcpts", len(rcpts)) })
 	}
-	size := len(body) - len(hdr)
-	body = CompleteHeaders(body, len(hdr), s.srv.cfg.Hostname, "", start)
+	size := len(body) - hdrLen
+	body = CompleteHeaders(body, hdrLen, s.srv.cfg.Hostname, "", start)
 
 	sub := &queue.Submission{
 		Tenant:     s.tenant(),

@@ -2,6 +2,7 @@ package submission
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emersion/go-smtp"
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/queue"
@@ -184,4 +186,86 @@ func benchCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// captureBackend hands the server's sessions out and keeps the go-smtp
+// connection of the first one.
+type captureBackend struct {
+	backend
+	conns chan *smtp.Conn
+}
+
+func (b captureBackend) NewSession(c *smtp.Conn) (smtp.Session, error) {
+	select {
+	case b.conns <- c:
+	default:
+	}
+	return b.backend.NewSession(c)
+}
+
+// BenchmarkSessionMessage is submission's own share of a message, without
+// go-smtp's parsing and the sockets: on a connection go-smtp has accepted
+// (over loopback, as in BenchmarkSMTPSession), each iteration calls what
+// go-smtp calls for one message on a connection of its own: the session's
+// creation at HELO, Mail, Rcpt, Data with the 2 KiB body (as go-smtp's
+// DATA reader hands it over, without the terminator), Reset, Logout.
+func BenchmarkSessionMessage(b *testing.B) {
+	log := zerolog.New(io.Discard).Level(zerolog.InfoLevel).With().Timestamp().Logger()
+	srv, err := New(Config{
+		Hostname:        "bench.localdomain",
+		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		Logger:          log,
+	}, nullQueue{ids: []string{"0123456789abcdef"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cb := captureBackend{backend: backend{srv}, conns: make(chan *smtp.Conn, 1)}
+	srv.smtp.Backend = cb
+	l, err := srv.Listen()
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testWait)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil && !errors.Is(err, ErrServerClosed) {
+			b.Errorf("shutdown: %v", err)
+		}
+		if err := <-done; err != nil {
+			b.Errorf("serve: %v", err)
+		}
+	})
+	bc := &benchClient{b: b}
+	bc.dial(l.Addr().(*net.TCPAddr))
+	bc.cmd(benchHELO, '2')
+	var c *smtp.Conn
+	select {
+	case c = <-cb.conns:
+	case <-time.After(testWait):
+		b.Fatal("no session")
+	}
+	body := benchBody[:len(benchBody)-len(".\r\n")]
+	rd := bytes.NewReader(nil)
+	b.ReportAllocs()
+	start := benchCPU()
+	for b.Loop() {
+		s := srv.newSession(c)
+		if err := s.Mail("sender@example.com", &smtp.MailOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Rcpt("rcpt@example.net", &smtp.RcptOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		rd.Reset(body)
+		var se *smtp.SMTPError
+		if err := s.Data(rd); !errors.As(err, &se) || se.Code != 250 {
+			b.Fatal(err)
+		}
+		s.Reset()
+		_ = s.Logout()
+	}
+	b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
+	bc.quit()
 }
