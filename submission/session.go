@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -32,7 +33,6 @@ type session struct {
 	remoteStr string
 	tls       bool
 	trusted   bool
-	log       zerolog.Logger
 
 	user string // authenticated user, "" before AUTH
 
@@ -62,11 +62,7 @@ func (s *Server) newSession(c *smtp.Conn) *session {
 	if tc != nil && isTLS {
 		tc.setTLS()
 	}
-	remoteStr := c.Conn().RemoteAddr().String()
-	var remote netip.Addr
-	if ap, err := netip.ParseAddrPort(remoteStr); err == nil {
-		remote = ap.Addr().Unmap()
-	}
+	remoteStr, remote := remoteAddr(c.Conn().RemoteAddr())
 	trusted := false
 	for _, p := range s.cfg.TrustedNetworks {
 		if remote.IsValid() && p.Contains(remote) {
@@ -82,10 +78,44 @@ func (s *Server) newSession(c *smtp.Conn) *session {
 		remoteStr: remoteStr,
 		tls:       isTLS,
 		trusted:   trusted,
-		log:       s.log.With().Str("remote", remoteStr).Bool("tls", isTLS).Logger(),
 	}
-	ss.log.Debug().Str("helo", c.Hostname()).Bool("trusted", trusted).Msg("session started")
+	ss.logLine(s.log.Debug()).Str("helo", c.Hostname()).Bool("trusted", trusted).Msg("session started")
 	return ss
+}
+
+// remoteAddr returns a client's address as a.String() spells it, and its
+// IP address, unmapped (invalid if a is not an IP address and port).
+// For TCP it formats the address itself: String and a parse of its result
+// were three allocations per connection.
+func remoteAddr(a net.Addr) (string, netip.Addr) {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		if ip := ap.Addr().Unmap(); ip.IsValid() {
+			return netip.AddrPortFrom(ip, ap.Port()).String(), ip
+		}
+	}
+	str := a.String()
+	ap, err := netip.ParseAddrPort(str)
+	if err != nil {
+		return str, netip.Addr{}
+	}
+	return str, ap.Addr().Unmap()
+}
+
+// logLine adds the session's fields to e, a line of the server's logger:
+// the client's address, whether the connection uses TLS, and the tenant
+// once authenticated. They are added per line rather than kept in a
+// logger of the session's own: zerolog's With copies the server logger's
+// fields into a new 500-octet buffer, once per connection.
+func (s *session) logLine(e *zerolog.Event) *zerolog.Event {
+	if e == nil { // level disabled
+		return nil
+	}
+	e = e.Str("remote", s.remoteStr).Bool("tls", s.tls)
+	if s.user != "" {
+		e = e.Str("tenant", s.user)
+	}
+	return e
 }
 
 // plainAuthOK applies plaintextAuthAllowed to this connection.
@@ -105,7 +135,7 @@ func (s *session) tenant() string {
 }
 
 // tenantField adds the tenant to a line of a session without AUTH (a
-// trusted network's); after AUTH the session's logger carries it already.
+// trusted network's); after AUTH logLine adds it already.
 func (s *session) tenantField(tenant string) func(*zerolog.Event) {
 	return func(e *zerolog.Event) {
 		if s.user == "" {
@@ -118,7 +148,7 @@ func (s *session) tenantField(tenant string) func(*zerolog.Event) {
 // marks a refusal that ends the transaction (MAIL FROM, DATA).
 func (s *session) reject(e *smtp.SMTPError, reason string, final bool, ev func(*zerolog.Event)) error {
 	s.srv.metrics.reject(reason, e.Code, final)
-	l := s.log.Info().Str("reason", reason).Int("code", e.Code).
+	l := s.logLine(s.srv.log.Info()).Str("reason", reason).Int("code", e.Code).
 		Str("enhanced_code", fmt.Sprintf("%d.%d.%d", e.EnhancedCode[0], e.EnhancedCode[1], e.EnhancedCode[2]))
 	if ev != nil {
 		ev(l)
@@ -142,7 +172,7 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 		return nil, smtp.ErrAuthUnsupported
 	}
 	if !s.plainAuthOK() {
-		s.log.Info().Str("reason", "encryption_required").Msg("auth refused")
+		s.logLine(s.srv.log.Info()).Str("reason", "encryption_required").Msg("auth refused")
 		return nil, errEncryptionRequired
 	}
 	if s.hasFrom {
@@ -150,7 +180,7 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 	}
 	if s.srv.limiter.blocked(s.remote) {
 		s.srv.metrics.authBlocked.Inc()
-		s.log.Warn().Str("reason", "auth_rate_limited").Int("limit", s.srv.cfg.AuthFailLimit).
+		s.logLine(s.srv.log.Warn()).Str("reason", "auth_rate_limited").Int("limit", s.srv.cfg.AuthFailLimit).
 			Dur("window", s.srv.cfg.AuthFailWindow).Msg("auth refused, closing connection")
 		if s.tc != nil {
 			s.tc.hangup("")
@@ -183,8 +213,7 @@ func (s *session) authenticate(identity, user, password string) error {
 		return authFailed
 	}
 	s.user = user
-	s.log = s.log.With().Str("tenant", user).Logger()
-	s.log.Info().Msg("authenticated")
+	s.logLine(s.srv.log.Info()).Msg("authenticated")
 	return nil
 }
 
@@ -193,7 +222,7 @@ func (s *session) authMalformed() { s.authFailure("") }
 func (s *session) authFailure(user string) {
 	blocked := s.srv.limiter.fail(s.remote)
 	s.srv.metrics.authFailures.Inc()
-	ev := s.log.Warn().Bool("user_known", s.srv.cfg.Users.Has(user)).Bool("now_blocked", blocked)
+	ev := s.logLine(s.srv.log.Warn()).Bool("user_known", s.srv.cfg.Users.Has(user)).Bool("now_blocked", blocked)
 	if s.srv.cfg.Users.Has(user) {
 		ev = ev.Str("user", user)
 	}
@@ -336,13 +365,13 @@ func (s *session) Data(r io.Reader) error {
 			reply = errQueueTimeout
 		}
 		s.srv.metrics.reject(reasonQueueError, reply.Code, true)
-		s.log.Error().Err(err).Func(s.tenantField(sub.Tenant)).Int("size", size).Int("rcpts", len(sub.Rcpts)).
+		s.logLine(s.srv.log.Error()).Err(err).Func(s.tenantField(sub.Tenant)).Int("size", size).Int("rcpts", len(sub.Rcpts)).
 			Str("reason", reasonQueueError).Int("code", reply.Code).Msg("submission not queued")
 		return reply
 	}
 	s.srv.metrics.submissions.WithLabelValues(resultAccepted).Inc()
 	s.srv.metrics.acceptedBytes.Add(float64(size))
-	s.log.Info().Strs("ids", ids).Func(s.tenantField(sub.Tenant)).Str("from", sub.From).Int("size", size).
+	s.logLine(s.srv.log.Info()).Strs("ids", ids).Func(s.tenantField(sub.Tenant)).Str("from", sub.From).Int("size", size).
 		Int("rcpts", len(sub.Rcpts)).Dur("took", time.Since(start)).Msg("submission accepted")
 	return queuedReply(ids)
 }
@@ -383,6 +412,6 @@ func (s *session) Reset() {
 
 // Logout implements smtp.Session: the connection closed or STARTTLS began.
 func (s *session) Logout() error {
-	s.log.Debug().Msg("session ended")
+	s.logLine(s.srv.log.Debug()).Msg("session ended")
 	return nil
 }

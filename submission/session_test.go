@@ -1,6 +1,8 @@
 package submission
 
 import (
+	"encoding/json"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -40,6 +42,69 @@ func TestStoredBodyIsExact(t *testing.T) {
 		}
 		if !strings.Contains(hdr, "from client.test ([127.0.0.1])") {
 			t.Errorf("message %d: Received header %q", i, hdr)
+		}
+	}
+}
+
+// TestRemoteAddr checks remoteAddr against what it replaces: the
+// address's String, and the IP address parsed back from it and unmapped.
+func TestRemoteAddr(t *testing.T) {
+	for _, a := range []net.Addr{
+		&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 2525}, // 16-octet form
+		&net.TCPAddr{IP: net.IP{192, 0, 2, 7}, Port: 1},      // 4-octet form
+		&net.TCPAddr{IP: net.ParseIP("::1"), Port: 65535},
+		&net.TCPAddr{IP: net.ParseIP("2001:db8::1:0:0:1"), Port: 25},
+		&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 25, Zone: "eth0"},
+		&net.TCPAddr{Port: 25}, // no IP
+		&net.UnixAddr{Name: "/run/x.sock", Net: "unix"},
+	} {
+		wantStr := a.String()
+		var wantIP netip.Addr
+		if ap, err := netip.ParseAddrPort(wantStr); err == nil {
+			wantIP = ap.Addr().Unmap()
+		}
+		if str, ip := remoteAddr(a); str != wantStr || ip != wantIP {
+			t.Errorf("remoteAddr(%v) = %q, %v; want %q, %v", a, str, ip, wantStr, wantIP)
+		}
+	}
+}
+
+// TestSessionLogFields checks that every line of a session names the
+// client's address and TLS, and the tenant once it is known: none before
+// AUTH, the account after it.
+func TestSessionLogFields(t *testing.T) {
+	q := &fakeQueue{}
+	ts := startServer(t, Config{Users: testUsers(t)}, q)
+	c := ts.dial(t)
+	if err := send(c, "a@example.com", []string{"b@example.org"}, "Subject: x\r\n\r\nx\r\n"); err == nil {
+		t.Fatal("sent without AUTH")
+	}
+	rc := ts.raw(t)
+	rc.login()
+	rc.cmd("MAIL FROM:<a@example.com>", 250)
+	rc.cmd("RCPT TO:<b@example.org>", 250)
+	rc.cmd("DATA", 354)
+	rc.write("Subject: x\r\n\r\nx\r\n.\r\n")
+	rc.expect(250)
+
+	lines := map[string]map[string]any{}
+	for _, l := range strings.Split(strings.TrimSpace(ts.logs.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		lines[m["message"].(string)] = m
+	}
+	for msg, tenant := range map[string]any{
+		"submission rejected": nil, "authenticated": testUser, "submission accepted": testUser,
+	} {
+		m, ok := lines[msg]
+		if !ok {
+			t.Fatalf("no %q line in %s", msg, ts.logs)
+		}
+		if r, _ := m["remote"].(string); !strings.HasPrefix(r, "127.0.0.1:") || m["tls"] != false ||
+			m["tenant"] != tenant || m["component"] != "submission" {
+			t.Errorf("%q line: %v", msg, m)
 		}
 	}
 }
