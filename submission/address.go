@@ -111,8 +111,8 @@ func checkDomain(d string) error {
 	if len(d) > maxDomain {
 		return &AddressError{Reason: "domain longer than 255 octets"}
 	}
-	labels := strings.Split(d, ".")
-	for _, l := range labels {
+	for rest := d; ; {
+		l, tail, more := strings.Cut(rest, ".")
 		if l == "" {
 			return &AddressError{Reason: "domain has an empty label"}
 		}
@@ -128,10 +128,12 @@ func checkDomain(d string) error {
 				return &AddressError{Reason: "domain contains a character other than letters, digits, hyphen and dot"}
 			}
 		}
+		if !more {
+			if strings.Trim(l, "0123456789") == "" {
+				return &AddressError{Reason: "domain ends in a numeric label (an IP address is not a domain)"}
+			}
+			return nil
+		}
+		rest = tail
 	}
-	last := labels[len(labels)-1]
-	if strings.Trim(last, "0123456789") == "" {
-		return &AddressError{Reason: "domain ends in a numeric label (an IP address is not a domain)"}
-	}
-	return nil
 }

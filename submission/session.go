@@ -43,7 +43,7 @@ type session struct {
 	hasFrom bool
 	from    string
 	rcpts   []string
-	seen    map[string]struct{} // local@lower(domain), to store each recipient once
+	seen    map[string]struct{} // local@lower(domain) of rcpts from rcptMapMin on (storedRcpt)
 	dsn     *queue.DSNParams    // RFC 3461 parameters of MAIL and RCPT, nil if none (dsn.go)
 }
 
@@ -293,22 +293,57 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	if derr != nil {
 		return s.reject(derr, reasonBadDSN, false, nil)
 	}
-	key := a.Local + "@" + strings.ToLower(a.Domain)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.seen == nil {
-		s.seen = make(map[string]struct{})
-	}
-	if _, dup := s.seen[key]; dup {
+	if s.storedRcpt(a) {
 		return nil
 	}
-	s.seen[key] = struct{}{}
 	s.rcpts = append(s.rcpts, to)
 	if hasDSN {
 		s.dsn = AddRcptDSN(s.dsn, to, rd)
 	}
 	return nil
 }
+
+// rcptMapMin is the number of stored recipients from which storedRcpt
+// keeps them in a map; below it, a scan of the list is cheaper than
+// building one.
+const rcptMapMin = 16
+
+// storedRcpt reports whether the transaction stores a recipient already
+// that is the same mailbox as a, and if not counts a as stored (the caller
+// appends it to rcpts). Domains are compared case-insensitively, local
+// parts exactly (RFC 5321 section 2.4); the addresses passed ParseAddress,
+// so they are ASCII. Called with mu held.
+func (s *session) storedRcpt(a Address) bool {
+	if len(s.rcpts) < rcptMapMin {
+		for _, r := range s.rcpts {
+			at := strings.LastIndexByte(r, '@')
+			if r[:at] == a.Local && strings.EqualFold(r[at+1:], a.Domain) {
+				return true
+			}
+		}
+		if len(s.rcpts)+1 < rcptMapMin {
+			return false
+		}
+	}
+	if s.seen == nil {
+		s.seen = make(map[string]struct{}, 2*rcptMapMin)
+		for _, r := range s.rcpts {
+			at := strings.LastIndexByte(r, '@')
+			s.seen[mailboxKey(r[:at], r[at+1:])] = struct{}{}
+		}
+	}
+	key := mailboxKey(a.Local, a.Domain)
+	if _, dup := s.seen[key]; dup {
+		return true
+	}
+	s.seen[key] = struct{}{}
+	return false
+}
+
+// mailboxKey is storedRcpt's map key for a mailbox.
+func mailboxKey(local, domain string) string { return local + "@" + strings.ToLower(domain) }
 
 // Data implements smtp.Session: the message body, after DATA or BDAT. The
 // body is read to its end whatever happens, so the connection stays in

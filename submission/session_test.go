@@ -108,3 +108,37 @@ func TestSessionLogFields(t *testing.T) {
 		}
 	}
 }
+
+// TestStoredRcptDeduplicates compares storedRcpt, below and past
+// rcptMapMin, with a map of local@lower(domain): the same mailbox is
+// stored once, whatever the case of its domain; local parts differing in
+// case are different mailboxes.
+func TestStoredRcptDeduplicates(t *testing.T) {
+	var in []string
+	for i := range 3 * rcptMapMin {
+		in = append(in, "u"+itoa(i%(rcptMapMin+5))+"@Example.ORG", "U"+itoa(i%7)+"@example.org",
+			"u"+itoa(i)+"@EXAMPLE.org", "x@a.example")
+	}
+	s := &session{}
+	ref := map[string]bool{}
+	var want []string
+	for _, to := range in {
+		a, err := ParseAddress(to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if key := a.Local + "@" + strings.ToLower(a.Domain); !ref[key] {
+			ref[key] = true
+			want = append(want, to)
+		}
+		if !s.storedRcpt(a) {
+			s.rcpts = append(s.rcpts, to)
+		}
+	}
+	if strings.Join(s.rcpts, ",") != strings.Join(want, ",") {
+		t.Errorf("stored %d recipients:\n%v\nwant %d:\n%v", len(s.rcpts), s.rcpts, len(want), want)
+	}
+	if len(want) <= rcptMapMin {
+		t.Fatalf("only %d distinct recipients: the map is not exercised", len(want))
+	}
+}
