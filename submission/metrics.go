@@ -48,6 +48,8 @@ type metrics struct {
 	connections   prometheus.Gauge
 	connRejected  prometheus.Counter
 	acceptedBytes prometheus.Counter
+
+	accepted prometheus.Counter // submissions{result="accepted"}, looked up once
 }
 
 // counter is a counter without labels.
@@ -82,6 +84,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.submissions.WithLabelValues(r)
 	}
 	if reg == nil {
+		m.accepted = m.submissions.WithLabelValues(resultAccepted)
 		return m, nil
 	}
 	var err error
@@ -95,6 +98,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.accepted = m.submissions.WithLabelValues(resultAccepted)
 	return m, nil
 }
 

@@ -404,7 +404,7 @@ func (s *session) Data(r io.Reader) error {
 			Str("reason", reasonQueueError).Int("code", reply.Code).Msg("submission not queued")
 		return reply
 	}
-	s.srv.metrics.submissions.WithLabelValues(resultAccepted).Inc()
+	s.srv.metrics.accepted.Inc()
 	s.srv.metrics.acceptedBytes.Add(float64(size))
 	s.logLine(s.srv.log.Info()).Strs("ids", ids).Func(s.tenantField(sub.Tenant)).Str("from", sub.From).Int("size", size).
 		Int("rcpts", len(sub.Rcpts)).Dur("took", time.Since(start)).Msg("submission accepted")
