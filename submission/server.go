@@ -245,8 +245,15 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 
 // Listen binds Config.Addr. Pass the listener to Serve; Addr reports it from
 // now on.
+//
+// Its connections have no TCP keep-alive, which Go's default listener turns
+// on with four setsockopt(2) calls per accepted connection (smtp-source and
+// many applications open one connection per message): a client that
+// vanishes is found by ReadTimeout and WriteTimeout, which no connection
+// outlives, where keep-alive would need 15 s of idleness and then 9 probes.
 func (s *Server) Listen() (net.Listener, error) {
-	l, err := net.Listen("tcp", s.cfg.Addr)
+	lc := net.ListenConfig{KeepAlive: -1}
+	l, err := lc.Listen(context.Background(), "tcp", s.cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("submission: listen %s: %w", s.cfg.Addr, err)
 	}

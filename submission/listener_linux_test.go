@@ -1,0 +1,58 @@
+package submission
+
+import (
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+)
+
+// TestListenNoKeepAlive checks that a connection accepted by Listen's
+// listener has TCP keep-alive off and TCP_NODELAY on.
+func TestListenNoKeepAlive(t *testing.T) {
+	srv, err := New(Config{Addr: "127.0.0.1:0",
+		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, &fakeQueue{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := srv.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	cc, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c := <-accepted
+	if c == nil {
+		return
+	}
+	defer c.Close()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keepAlive, noDelay int
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		if keepAlive, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_KEEPALIVE); serr != nil {
+			return
+		}
+		noDelay, serr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_NODELAY)
+	}); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	if keepAlive != 0 || noDelay == 0 {
+		t.Errorf("SO_KEEPALIVE %d, TCP_NODELAY %d; want 0 and on", keepAlive, noDelay)
+	}
+}
