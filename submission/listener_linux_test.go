@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestListenNoKeepAlive checks that a connection accepted by Listen's
@@ -55,4 +56,29 @@ func TestListenNoKeepAlive(t *testing.T) {
 	if keepAlive != 0 || noDelay == 0 {
 		t.Errorf("SO_KEEPALIVE %d, TCP_NODELAY %d; want 0 and on", keepAlive, noDelay)
 	}
+}
+
+// BenchmarkKeepAliveSetup is what Go's default listener does for keep-alive
+// at every accepted connection, and Listen's does not: the four
+// setsockopt(2) calls of SetKeepAliveConfig with the default 15 s.
+func BenchmarkKeepAliveSetup(b *testing.B) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	tc := c.(*net.TCPConn)
+	cfg := net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second}
+	start := benchCPU()
+	for b.Loop() {
+		if err := tc.SetKeepAliveConfig(cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
 }
