@@ -46,6 +46,11 @@ type client struct {
 	tlsVerified bool
 	verifyErr   error             // why the certificate did not verify; nil when it did or TLS is off
 	ext         map[string]string // EHLO keywords, upper-cased, → parameters
+	rbuf        []byte            // readReply's scratch: the reply's lines
+	rends       []int             // readReply's scratch: where each line ends in rbuf
+	wbuf        []byte            // transaction's scratch: the pipelined commands
+	seen        [4]string         // the last short replies, for replyString
+	seenNext    int               // where replyString puts the next one
 	sizeMax     int64             // SIZE fixed maximum; 0 = none declared
 	rcptMax     int               // LIMITS RCPTMAX, or learned from a 452; 0 = unknown
 	mailMax     int               // LIMITS MAILMAX; 0 = unknown
@@ -94,6 +99,8 @@ const (
 	maxReplyLine = 4096
 	// maxReplyLines bounds a multi-line reply (an EHLO lists ~20).
 	maxReplyLines = 200
+	// maxSeenReply is the longest reply replyString remembers.
+	maxSeenReply = 128
 	// dataBlock is the size of one body write; each has its own
 	// DataBlockTimeout (RFC 5321 4.5.3.2.5 times each "TCP SEND" of a
 	// block).
@@ -143,38 +150,46 @@ func (c *client) setConn(nc net.Conn) {
 	c.bw = bufio.NewWriterSize(nc, 4096)
 }
 
-// readReply reads one possibly multi-line reply (RFC 5321 4.2.1).
-func (c *client) readReply() (*reply, error) {
-	var r reply
-	var texts, raws []string
+// readReply reads one possibly multi-line reply (RFC 5321 4.2.1). The
+// lines are gathered in the client's scratch buffer and become one string,
+// raw; code, enhanced code and, for a one-line reply, text are parts of it.
+func (c *client) readReply() (reply, error) {
+	buf, ends := c.rbuf[:0], c.rends[:0]
+	code := 0
 	for n := 0; ; n++ {
 		if n == maxReplyLines {
-			return nil, fmt.Errorf("%w: more than %d lines", errMalformed, maxReplyLines)
+			return reply{}, fmt.Errorf("%w: more than %d lines", errMalformed, maxReplyLines)
 		}
 		line, err := c.br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) || len(line) > maxReplyLine {
-			return nil, fmt.Errorf("%w: line longer than %d bytes", errMalformed, maxReplyLine)
+			return reply{}, fmt.Errorf("%w: line longer than %d bytes", errMalformed, maxReplyLine)
 		}
 		if err != nil {
-			return nil, err
+			return reply{}, err
 		}
-		s := strings.TrimRight(string(line), "\r\n")
-		raws = append(raws, s)
-		if len(s) < 3 {
-			return nil, fmt.Errorf("%w: %q", errMalformed, strings.Join(raws, "\r\n"))
+		line = bytes.TrimRight(line, "\r\n")
+		if n > 0 {
+			buf = append(buf, '\r', '\n')
 		}
-		code, err := strconv.Atoi(s[:3])
-		if err != nil || code < 200 || code > 599 || (r.code != 0 && code != r.code) {
-			return nil, fmt.Errorf("%w: %q", errMalformed, strings.Join(raws, "\r\n"))
+		buf = append(buf, line...)
+		ends = append(ends, len(buf))
+		lc, ok := replyCode(line)
+		if !ok || (code != 0 && lc != code) || (len(line) > 3 && line[3] != '-' && line[3] != ' ') {
+			return reply{}, fmt.Errorf("%w: %q", errMalformed, buf)
 		}
-		r.code = code
-		more := len(s) > 3 && s[3] == '-'
-		if len(s) > 3 && s[3] != '-' && s[3] != ' ' {
-			return nil, fmt.Errorf("%w: %q", errMalformed, strings.Join(raws, "\r\n"))
+		code = lc
+		if len(line) == 3 || line[3] != '-' {
+			break
 		}
+	}
+	c.rbuf, c.rends = buf, ends
+	r := reply{code: code, raw: c.replyString(buf)}
+	var texts strings.Builder
+	start := 0
+	for n, end := range ends {
 		text := ""
-		if len(s) > 4 {
-			text = s[4:]
+		if end-start > 4 {
+			text = r.raw[start+4 : end]
 		}
 		// RFC 2034 3: the enhanced code prefixes every line of the reply.
 		if n == 0 {
@@ -183,14 +198,54 @@ func (c *client) readReply() (*reply, error) {
 		if r.enhanced != "" {
 			text = strings.TrimPrefix(strings.TrimPrefix(text, r.enhanced), " ")
 		}
-		texts = append(texts, text)
-		if !more {
-			break
+		switch {
+		case len(ends) == 1:
+			r.text = text
+		case n > 0:
+			texts.WriteByte('\n')
+			fallthrough
+		default:
+			texts.WriteString(text)
+		}
+		start = end + 2
+	}
+	if len(ends) > 1 {
+		r.text = texts.String()
+	}
+	return r, nil
+}
+
+// replyString returns raw as a string, the same string as the last time
+// when a server repeats a short reply: most replies in a transaction
+// (RSET, MAIL, RCPT, DATA) are the same words every time.
+func (c *client) replyString(raw []byte) string {
+	if len(raw) > maxSeenReply {
+		return string(raw)
+	}
+	for _, s := range c.seen {
+		if s == string(raw) { // compared without a copy
+			return s
 		}
 	}
-	r.text = strings.Join(texts, "\n")
-	r.raw = strings.Join(raws, "\r\n")
-	return &r, nil
+	s := string(raw)
+	c.seen[c.seenNext] = s
+	c.seenNext = (c.seenNext + 1) % len(c.seen)
+	return s
+}
+
+// replyCode reads a reply line's code: three digits from 200 to 599.
+func replyCode(line []byte) (int, bool) {
+	if len(line) < 3 {
+		return 0, false
+	}
+	code := 0
+	for _, ch := range line[:3] {
+		if ch < '0' || ch > '9' {
+			return 0, false
+		}
+		code = code*10 + int(ch-'0')
+	}
+	return code, code >= 200 && code <= 599
 }
 
 // enhancedPrefix returns the RFC 3463 status code starting text (class
@@ -198,45 +253,52 @@ func (c *client) readReply() (*reply, error) {
 // the basic code's first digit, else "".
 func enhancedPrefix(code int, text string) string {
 	tok, _, _ := strings.Cut(text, " ")
-	parts := strings.Split(tok, ".")
-	if len(parts) != 3 || parts[0] != strconv.Itoa(code/100) {
+	if len(tok) < 2 || int(tok[0]) != '0'+code/100 || tok[1] != '.' {
 		return ""
 	}
-	for _, p := range parts[1:] {
-		if p == "" || len(p) > 3 {
-			return ""
-		}
-		for _, ch := range p {
-			if ch < '0' || ch > '9' {
-				return ""
-			}
-		}
+	subject, detail, ok := strings.Cut(tok[2:], ".")
+	if !ok || !statusDigits(subject) || !statusDigits(detail) {
+		return ""
 	}
 	return tok
+}
+
+// statusDigits says whether p is the 1-3 digits of an enhanced status
+// code's subject or detail.
+func statusDigits(p string) bool {
+	if p == "" || len(p) > 3 {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		if p[i] < '0' || p[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // cmd writes one command line and reads its reply within timeout. A reply
 // whose code does not match want (see codeIs) is returned together with a
 // stepErr carrying it.
-func (c *client) cmd(ctx context.Context, stage classify.Stage, timeout time.Duration, want int, line string) (*reply, error) {
+func (c *client) cmd(ctx context.Context, stage classify.Stage, timeout time.Duration, want int, line string) (reply, error) {
 	if err := c.deadline(ctx, timeout); err != nil {
-		return nil, c.netFail(ctx, stage, "before "+verb(line), err)
+		return reply{}, c.netFail(ctx, stage, "before "+verb(line), err)
 	}
 	if _, err := c.bw.WriteString(line + "\r\n"); err != nil {
-		return nil, c.netFail(ctx, stage, "writing "+verb(line), err)
+		return reply{}, c.netFail(ctx, stage, "writing "+verb(line), err)
 	}
 	if err := c.bw.Flush(); err != nil {
-		return nil, c.netFail(ctx, stage, "writing "+verb(line), err)
+		return reply{}, c.netFail(ctx, stage, "writing "+verb(line), err)
 	}
 	return c.expect(ctx, stage, want, verb(line))
 }
 
 // expect reads one reply (the caller has set the deadline) and checks its
 // code against want.
-func (c *client) expect(ctx context.Context, stage classify.Stage, want int, what string) (*reply, error) {
+func (c *client) expect(ctx context.Context, stage classify.Stage, want int, what string) (reply, error) {
 	r, err := c.readReply()
 	if err != nil {
-		return nil, c.netFail(ctx, stage, "reading reply to "+what, err)
+		return reply{}, c.netFail(ctx, stage, "reading reply to "+what, err)
 	}
 	if r.code == 421 {
 		// RFC 5321 3.8: 421 means the server is closing the channel.
@@ -316,7 +378,7 @@ func (c *client) hello(ctx context.Context) error {
 	r, err := c.cmd(ctx, classify.StageEHLO, c.cfg.CommandTimeout, 250, "EHLO "+c.ehlo())
 	if err != nil {
 		var se *stepErr
-		if r != nil && errors.As(err, &se) && (r.code == 500 || r.code == 502) {
+		if r.code != 0 && errors.As(err, &se) && (r.code == 500 || r.code == 502) {
 			_, err = c.cmd(ctx, classify.StageEHLO, c.cfg.CommandTimeout, 250, "HELO "+c.ehlo())
 		}
 		return err

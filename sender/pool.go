@@ -24,8 +24,9 @@ type pool struct {
 type hostPool struct {
 	idle []*client // most recently used last
 	open int       // idle + busy + being dialled
-	// changed is closed and replaced whenever a connection or a slot is
-	// given back, waking everyone waiting for one.
+	// changed is made by the first caller to wait for a connection or a
+	// slot, and closed (and cleared) when one is given back, waking
+	// everyone waiting; nil while nobody waits.
 	changed chan struct{}
 }
 
@@ -36,15 +37,17 @@ func newPool(maxPerHost int, idleFor time.Duration) *pool {
 func (p *pool) host(key string) *hostPool {
 	hp := p.hosts[key]
 	if hp == nil {
-		hp = &hostPool{changed: make(chan struct{})}
+		hp = &hostPool{}
 		p.hosts[key] = hp
 	}
 	return hp
 }
 
 func (hp *hostPool) signal() {
-	close(hp.changed)
-	hp.changed = make(chan struct{})
+	if hp.changed != nil {
+		close(hp.changed)
+		hp.changed = nil
+	}
 }
 
 // get returns an idle connection for key (most recently used first), or
@@ -74,6 +77,9 @@ func (p *pool) get(ctx context.Context, key string) (c *client, slot bool, stale
 			hp.open++
 			p.mu.Unlock()
 			return nil, true, stale, nil
+		}
+		if hp.changed == nil {
+			hp.changed = make(chan struct{})
 		}
 		ch := hp.changed
 		p.mu.Unlock()

@@ -1,12 +1,14 @@
 package sender
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -741,8 +743,8 @@ func TestReplyParsing(t *testing.T) {
 			continue
 		}
 		want.raw = strings.TrimSuffix(strings.ReplaceAll(raw, "\r\n", "\r\n"), "\r\n")
-		if *got != want {
-			t.Errorf("%q: got %+v, want %+v", raw, *got, want)
+		if got != want {
+			t.Errorf("%q: got %+v, want %+v", raw, got, want)
 		}
 	}
 	for _, bad := range []string{"hello\r\n", "25\r\n", "250-a\r\n251 b\r\n", "2500 x\r\n"} {
@@ -809,4 +811,90 @@ func BenchmarkInspect(b *testing.B) {
 			b.Fatal("8-bit")
 		}
 	}
+}
+
+// replyByLines is the line-by-line definition of readReply: every line
+// parsed on its own, the texts and raw lines joined afterwards.
+func replyByLines(br *bufio.Reader) (*reply, error) {
+	var r reply
+	var texts, raws []string
+	for n := 0; ; n++ {
+		if n == maxReplyLines {
+			return nil, errMalformed
+		}
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) || len(line) > maxReplyLine {
+			return nil, errMalformed
+		}
+		if err != nil {
+			return nil, err
+		}
+		s := strings.TrimRight(string(line), "\r\n")
+		raws = append(raws, s)
+		if len(s) < 3 {
+			return nil, errMalformed
+		}
+		code, err := strconv.Atoi(s[:3])
+		if err != nil || code < 200 || code > 599 || (r.code != 0 && code != r.code) {
+			return nil, errMalformed
+		}
+		r.code = code
+		more := len(s) > 3 && s[3] == '-'
+		if len(s) > 3 && s[3] != '-' && s[3] != ' ' {
+			return nil, errMalformed
+		}
+		text := ""
+		if len(s) > 4 {
+			text = s[4:]
+		}
+		if n == 0 {
+			tok, _, _ := strings.Cut(text, " ")
+			parts := strings.Split(tok, ".")
+			ok := len(parts) == 3 && parts[0] == strconv.Itoa(code/100)
+			for _, p := range parts[1:] {
+				ok = ok && p != "" && len(p) <= 3 && strings.Trim(p, "0123456789") == ""
+			}
+			if ok {
+				r.enhanced = tok
+			}
+		}
+		if r.enhanced != "" {
+			text = strings.TrimPrefix(strings.TrimPrefix(text, r.enhanced), " ")
+		}
+		texts = append(texts, text)
+		if !more {
+			break
+		}
+	}
+	r.text = strings.Join(texts, "\n")
+	r.raw = strings.Join(raws, "\r\n")
+	return &r, nil
+}
+
+// FuzzReplyParsing checks readReply, which parses within one buffer,
+// against replyByLines, reply after reply on the same input.
+func FuzzReplyParsing(f *testing.F) {
+	for _, s := range []string{"250 ok\r\n", "550 5.1.1 no such user\r\n", "421-4.7.0 slow\r\n421 4.7.0 down\r\n",
+		"250-a\r\n251 b\r\n", "2500 x\r\n", "25\r\n", "250\r\n354 go\r\n", "550 5.1.1x\r\n", "452-4.5.3 a\r\n452-4.5.3\r\n452 b\r\n",
+		"250 2.0.0 Ok\r\r\n250-x\n250 y\r\n", "550 5.1.12345 long\r\n", "250 2..1 x\r\n", "+25 x\r\n", "250-\r\n250 \r\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		c := &client{}
+		c.setConn(&readOnlyConn{r: strings.NewReader(string(in))})
+		ref := bufio.NewReaderSize(bytes.NewReader(in), 4096)
+		for range 10 {
+			got, err := c.readReply()
+			want, wantErr := replyByLines(ref)
+			if (err != nil) != (wantErr != nil) || (errors.Is(err, errMalformed) != errors.Is(wantErr, errMalformed)) {
+				t.Fatalf("%q: error %v, want %v", in, err, wantErr)
+			}
+			if err != nil {
+				return
+			}
+			if got != *want {
+				t.Fatalf("%q: got %+v, want %+v", in, got, *want)
+			}
+		}
+	})
 }

@@ -64,7 +64,7 @@ func isASCII(b []byte) bool {
 // after at least one recipient of this transaction was accepted, with no
 // enhanced code or 4.5.3 ("too many recipients", RFC 3463). The recipient
 // then goes into the next transaction.
-func tooManyRcpts(r *reply, acceptedSoFar int) bool {
+func tooManyRcpts(r reply, acceptedSoFar int) bool {
 	return r.code == 452 && acceptedSoFar > 0 && (r.enhanced == "" || r.enhanced == "4.5.3")
 }
 
@@ -90,25 +90,30 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 		return nil, &stepErr{in: synthetic(classify.StageMail, 552, "5.3.4",
 			fmt.Sprintf("message of %d bytes exceeds %s's SIZE limit of %d bytes", info.size, c.host, c.sizeMax))}
 	}
-	mail := "MAIL FROM:<" + m.From + ">"
-	if info.eightBit && c.has("8BITMIME") {
-		mail += " BODY=8BITMIME" // RFC 6152
-	}
-	if info.needsUTF8 {
-		mail += " SMTPUTF8" // RFC 6531 3.4
-	}
-	if c.has("SIZE") {
-		mail += " SIZE=" + strconv.FormatInt(info.size, 10) // RFC 1870
-	}
 	dsn := c.has("DSN")
-	if dsn {
-		mail += m.DSN.mailParams()
-	}
-	rcptCmd := func(i int) string {
-		if dsn {
-			return "RCPT TO:<" + m.Rcpts[i] + ">" + m.DSN.rcptParams(i)
+	// mailCmd and rcptCmd append a command line, without its CRLF.
+	mailCmd := func(b []byte) []byte {
+		b = append(append(append(b, "MAIL FROM:<"...), m.From...), '>')
+		if info.eightBit && c.has("8BITMIME") {
+			b = append(b, " BODY=8BITMIME"...) // RFC 6152
 		}
-		return "RCPT TO:<" + m.Rcpts[i] + ">"
+		if info.needsUTF8 {
+			b = append(b, " SMTPUTF8"...) // RFC 6531 3.4
+		}
+		if c.has("SIZE") {
+			b = strconv.AppendInt(append(b, " SIZE="...), info.size, 10) // RFC 1870
+		}
+		if dsn {
+			b = append(b, m.DSN.mailParams()...)
+		}
+		return b
+	}
+	rcptCmd := func(b []byte, i int) []byte {
+		b = append(append(append(b, "RCPT TO:<"...), m.Rcpts[i]...), '>')
+		if dsn {
+			b = append(b, m.DSN.rcptParams(i)...)
+		}
+		return b
 	}
 
 	pipelined := c.has("PIPELINING")
@@ -122,14 +127,17 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 		if err := c.deadline(ctx, c.cfg.CommandTimeout); err != nil {
 			return nil, c.netFail(ctx, classify.StageMail, "before MAIL", err)
 		}
+		b := c.wbuf[:0]
 		if resetFirst {
-			_, _ = c.bw.WriteString("RSET\r\n")
+			b = append(b, "RSET\r\n"...)
 		}
-		_, _ = c.bw.WriteString(mail + "\r\n")
+		b = append(mailCmd(b), "\r\n"...)
 		for _, i := range batch {
-			_, _ = c.bw.WriteString(rcptCmd(i) + "\r\n")
+			b = append(rcptCmd(b, i), "\r\n"...)
 		}
-		_, _ = c.bw.WriteString("DATA\r\n")
+		b = append(b, "DATA\r\n"...)
+		c.wbuf = b
+		_, _ = c.bw.Write(b)
 		if err := c.bw.Flush(); err != nil {
 			if resetFirst {
 				c.broken = true
@@ -157,7 +165,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 	if pipelined {
 		mailErr = c.readStep(ctx, classify.StageMail, c.cfg.CommandTimeout, 2, "MAIL")
 	} else {
-		_, mailErr = c.cmd(ctx, classify.StageMail, c.cfg.CommandTimeout, 2, mail)
+		_, mailErr = c.cmd(ctx, classify.StageMail, c.cfg.CommandTimeout, 2, string(mailCmd(nil)))
 	}
 	if mailErr != nil && (c.broken || !pipelined) {
 		return nil, mailErr
@@ -166,7 +174,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 	// RCPT, one reply per recipient.
 	var accepted []int
 	for k, i := range batch {
-		var r *reply
+		var r reply
 		var err error
 		if pipelined {
 			r, err = c.readReplyStep(ctx, classify.StageRcpt, c.cfg.CommandTimeout, "RCPT")
@@ -177,7 +185,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 				carry = append(carry, batch[k:]...)
 				break
 			}
-			r, err = c.cmd(ctx, classify.StageRcpt, c.cfg.CommandTimeout, 0, rcptCmd(i))
+			r, err = c.cmd(ctx, classify.StageRcpt, c.cfg.CommandTimeout, 0, string(rcptCmd(nil, i)))
 		}
 		if err != nil {
 			return nil, err
@@ -199,7 +207,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 	}
 
 	// DATA
-	var dataReply *reply
+	var dataReply reply
 	if pipelined {
 		r, err := c.readReplyStep(ctx, classify.StageData, c.cfg.DataInitTimeout, "DATA")
 		if err != nil {
@@ -259,13 +267,13 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 
 // readReplyStep reads one reply within timeout; transport failures become
 // step errors, any reply code is returned to the caller.
-func (c *client) readReplyStep(ctx context.Context, stage classify.Stage, timeout time.Duration, what string) (*reply, error) {
+func (c *client) readReplyStep(ctx context.Context, stage classify.Stage, timeout time.Duration, what string) (reply, error) {
 	if err := c.deadline(ctx, timeout); err != nil {
-		return nil, c.netFail(ctx, stage, "before reply to "+what, err)
+		return reply{}, c.netFail(ctx, stage, "before reply to "+what, err)
 	}
 	r, err := c.readReply()
 	if err != nil {
-		return nil, c.netFail(ctx, stage, "reading reply to "+what, err)
+		return reply{}, c.netFail(ctx, stage, "reading reply to "+what, err)
 	}
 	if r.code == 421 {
 		// RFC 5321 3.8: 421 means the server is closing the channel.
