@@ -12,6 +12,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/emersion/go-sasl"
@@ -607,32 +608,46 @@ func (c *client) quit() {
 func (c *client) close() { _ = c.nc.Close() }
 
 // writeBody writes the dot-stuffed body and the final dot. The end of the
-// body leaves together with the dot, in one write through the write buffer:
-// a body that fits the buffer (about 4 KiB) goes out whole in one write, and
-// a larger one in blocks whose last one carries the dot. A failure before
-// all of the body has left means the server cannot have accepted the
-// message (StageData); once the body has left, a failure might not (part of
-// the dot may be out), so it is reported at StageDataEnd.
+// body leaves together with the dot, in one write: a body of up to 64 KiB
+// (dataBlock, with the dot) goes out whole in one write, and a larger one
+// in 64 KiB blocks whose last one carries the dot. What fits the write
+// buffer (about 4 KiB) is copied there; a larger last block is copied with
+// the dot into a pooled block buffer. A failure before all of the body has
+// left means the server cannot have accepted the message (StageData); once
+// the body has left, a failure might not (part of the dot may be out), so it
+// is reported at StageDataEnd.
 func (c *client) writeBody(ctx context.Context, wire []byte) error {
 	if err := c.bw.Flush(); err != nil {
 		return c.netFail(ctx, classify.StageData, "writing body", err)
 	}
-	// What the buffer cannot hold beside the dot goes out directly.
-	for len(wire)+len(finalDot) > c.bw.Available() {
-		n := min(len(wire)+len(finalDot)-c.bw.Available(), dataBlock)
+	// Whole blocks that cannot carry the dot go out directly.
+	for len(wire)+len(finalDot) > dataBlock {
 		if err := c.deadline(ctx, c.cfg.DataBlockTimeout); err != nil {
 			return c.netFail(ctx, classify.StageData, "writing body", err)
 		}
-		if _, err := c.nc.Write(wire[:n]); err != nil {
+		if _, err := c.nc.Write(wire[:dataBlock]); err != nil {
 			return c.netFail(ctx, classify.StageData, "writing body", err)
 		}
-		wire = wire[n:]
+		wire = wire[dataBlock:]
 	}
 	if err := c.deadline(ctx, c.cfg.DataBlockTimeout); err != nil {
 		return c.netFail(ctx, classify.StageData, "writing body", err)
 	}
+	if len(wire)+len(finalDot) > c.bw.Available() {
+		bp := blockPool.Get().(*[]byte)
+		defer blockPool.Put(bp)
+		last := append(append((*bp)[:0], wire...), finalDot...)
+		n, err := c.nc.Write(last)
+		if err != nil {
+			if n < len(wire) {
+				return c.netFail(ctx, classify.StageData, "writing body", err)
+			}
+			return c.netFail(ctx, classify.StageDataEnd, "writing final dot", err)
+		}
+		return nil
+	}
 	_, _ = c.bw.Write(wire)     // fits: no write, no error
-	_, _ = c.bw.Write(finalDot) // (a write error would have stopped the loop)
+	_, _ = c.bw.Write(finalDot) // (the buffer was flushed above)
 	queued := c.bw.Buffered()
 	if err := c.bw.Flush(); err != nil {
 		if queued-c.bw.Buffered() < len(wire) {
@@ -642,6 +657,10 @@ func (c *client) writeBody(ctx context.Context, wire []byte) error {
 	}
 	return nil
 }
+
+// blockPool holds the buffers writeBody copies a body's last block and the
+// final dot into when they do not fit the write buffer.
+var blockPool = sync.Pool{New: func() any { b := make([]byte, 0, dataBlock); return &b }}
 
 // dotStuff returns body made transparent (RFC 5321 4.5.2: a line starting
 // with "." gets another one) and ending in CRLF, ready for the final dot.

@@ -393,8 +393,8 @@ func TestFinalDotLeavesWithBody(t *testing.T) {
 			ends = append(ends, wr)
 		}
 	}
-	if len(ends) != 2 || !strings.Contains(ends[0], "Subject: test\r\n") || len(ends[1]) > 4096 {
-		t.Errorf("writes ending in the final dot: %d (want 2, the first the whole small body, the second at most 4 KiB)", len(ends))
+	if len(ends) != 2 || !strings.Contains(ends[0], "Subject: test\r\n") || len(ends[1]) > dataBlock {
+		t.Errorf("writes ending in the final dot: %d (want 2, the first the whole small body, the second at most 64 KiB)", len(ends))
 	}
 	if got := len(fake.Messages()); got != 2 {
 		t.Fatalf("%d messages arrived", got)
@@ -408,30 +408,35 @@ func TestFinalDotLeavesWithBody(t *testing.T) {
 // (the server cannot have the message); one that fails after is at the
 // final dot, where the message may have been delivered.
 func TestBodyWriteFailureStage(t *testing.T) {
-	body := []byte("Subject: x\r\n\r\nhello\r\n")
-	for _, tc := range []struct {
-		room  int
-		stage classify.Stage
-	}{
-		{0, classify.StageData},
-		{len(body) - 1, classify.StageData},
-		{len(body), classify.StageDataEnd},
-		{len(body) + 2, classify.StageDataEnd},
-	} {
-		fc := &failingConn{room: tc.room}
+	small := []byte("Subject: x\r\n\r\nhello\r\n")
+	// medium does not fit the 4 KiB write buffer: it goes out from the
+	// block buffer, still in one write with the dot.
+	medium := append([]byte("Subject: y\r\n\r\n"), bytes.Repeat([]byte("0123456789abcdef\r\n"), 600)...)
+	for _, body := range [][]byte{small, medium} {
+		for _, tc := range []struct {
+			room  int
+			stage classify.Stage
+		}{
+			{0, classify.StageData},
+			{len(body) - 1, classify.StageData},
+			{len(body), classify.StageDataEnd},
+			{len(body) + 2, classify.StageDataEnd},
+		} {
+			fc := &failingConn{room: tc.room}
+			c := &client{cfg: &Config{DataBlockTimeout: time.Second}, raw: fc}
+			c.setConn(fc)
+			err := c.writeBody(context.Background(), body)
+			var se *stepErr
+			if !errors.As(err, &se) || se.in.Stage != tc.stage || se.in.Event != classify.EventConnLost {
+				t.Errorf("%d bytes, room %d: %v, want a lost connection at %v", len(body), tc.room, err, tc.stage)
+			}
+		}
+		fc := &failingConn{room: 1 << 20}
 		c := &client{cfg: &Config{DataBlockTimeout: time.Second}, raw: fc}
 		c.setConn(fc)
-		err := c.writeBody(context.Background(), body)
-		var se *stepErr
-		if !errors.As(err, &se) || se.in.Stage != tc.stage || se.in.Event != classify.EventConnLost {
-			t.Errorf("room %d: %v, want a lost connection at %v", tc.room, err, tc.stage)
+		if err := c.writeBody(context.Background(), body); err != nil || fc.writes != 1 || string(fc.got) != string(body)+".\r\n" {
+			t.Errorf("%d bytes: err %v, %d writes of %d bytes; want one write of the body and the dot", len(body), err, fc.writes, len(fc.got))
 		}
-	}
-	fc := &failingConn{room: 1 << 20}
-	c := &client{cfg: &Config{DataBlockTimeout: time.Second}, raw: fc}
-	c.setConn(fc)
-	if err := c.writeBody(context.Background(), body); err != nil || fc.writes != 1 || string(fc.got) != string(body)+".\r\n" {
-		t.Errorf("err %v, %d writes of %q; want one write of the body and the dot", err, fc.writes, fc.got)
 	}
 }
 
