@@ -665,13 +665,20 @@ var blockPool = sync.Pool{New: func() any { b := make([]byte, 0, dataBlock); ret
 // dotStuff returns body made transparent (RFC 5321 4.5.2: a line starting
 // with "." gets another one) and ending in CRLF, ready for the final dot.
 // It copies only when it has to.
-func dotStuff(body []byte) []byte {
+func dotStuff(body []byte) []byte { return dotStuffTo(nil, body) }
+
+// dotStuffTo is dotStuff that, when it has to copy, appends the copy to
+// dst[:0] (dst's array reused when it is large enough).
+func dotStuffTo(dst, body []byte) []byte {
 	leading := len(body) > 0 && body[0] == '.'
 	i := bytes.Index(body, lfDot) // the next line that starts with a dot
 	if !leading && i < 0 && (len(body) == 0 || bytes.HasSuffix(body, crlf)) {
 		return body
 	}
-	out := make([]byte, 0, len(body)+len(body)/64+3)
+	out := dst[:0]
+	if need := len(body) + len(body)/64 + 3; cap(out) < need {
+		out = make([]byte, 0, need)
+	}
 	if leading {
 		out = append(out, '.')
 	}

@@ -168,6 +168,7 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 			for _, i := range info.dsnRelayed {
 				res.Rcpts[i].DSNRelayed = true
 			}
+			info.release()
 		}
 	}()
 	if len(m.Rcpts) == 0 {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/outflow/outflow/classify"
@@ -24,10 +25,40 @@ type msgInfo struct {
 	// dsnRelayed lists the recipients (indexes into Message.Rcpts)
 	// accepted by a server that offers DSN.
 	dsnRelayed []int
+	// pooled is the wirePool buffer a dot-stuffed copy of a body of up
+	// to maxPooledWire octets goes into; release gives it back.
+	pooled *[]byte
+	copied bool // wire is a copy, not Message.Body
+}
+
+// maxPooledWire is the largest body whose dot-stuffed copy is made in a
+// pooled buffer rather than allocated per Send.
+const maxPooledWire = 64 << 10
+
+var wirePool = sync.Pool{New: func() any { return new([]byte) }}
+
+// release gives the pooled buffer back once nothing reads info.wire any
+// more (Send has returned from every write).
+func (info *msgInfo) release() {
+	if info.pooled == nil {
+		return
+	}
+	if info.copied && cap(info.wire) <= 2*maxPooledWire {
+		*info.pooled = info.wire[:0] // keep the array, perhaps grown
+	}
+	wirePool.Put(info.pooled)
+	info.pooled, info.wire = nil, nil
 }
 
 func inspect(m *Message) *msgInfo {
-	info := &msgInfo{wire: dotStuff(m.Body), size: int64(len(m.Body))}
+	info := &msgInfo{size: int64(len(m.Body))}
+	if len(m.Body) <= maxPooledWire {
+		info.pooled = wirePool.Get().(*[]byte)
+		info.wire = dotStuffTo(*info.pooled, m.Body)
+		info.copied = len(m.Body) > 0 && &info.wire[0] != &m.Body[0]
+	} else {
+		info.wire = dotStuff(m.Body)
+	}
 	info.eightBit = !isASCII(m.Body)
 	hdrEnd := bytes.Index(m.Body, []byte("\r\n\r\n"))
 	if hdrEnd < 0 {
