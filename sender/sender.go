@@ -152,7 +152,7 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 	for i := range pending {
 		pending[i] = i
 	}
-	log := s.log.With().Str("msg_id", m.ID).Str("dest", m.Domain).Logger()
+	log := &msgLog{base: &s.log, id: m.ID, dest: m.Domain}
 	fill := func(idx []int, in classify.Input) {
 		for _, i := range idx {
 			if !decided[i] {
@@ -317,7 +317,7 @@ func (s *Sender) giveBack(c *client, ctx context.Context) {
 // acquire gets a connection to the first host that answers: a pooled one
 // (checked with RSET by deliver) or a new one, trying every address of a
 // host before the next host.
-func (s *Sender) acquire(ctx context.Context, log zerolog.Logger, hosts []string, plan *tlsPlan) (*client, bool, error) {
+func (s *Sender) acquire(ctx context.Context, log *msgLog, hosts []string, plan *tlsPlan) (*client, bool, error) {
 	var last error
 	for _, host := range hosts {
 		hp, err := s.hostTLS(ctx, plan, host)
@@ -340,7 +340,7 @@ func (s *Sender) acquire(ctx context.Context, log zerolog.Logger, hosts []string
 	return nil, false, last
 }
 
-func (s *Sender) acquireHost(ctx context.Context, log zerolog.Logger, host string, plan *tlsPlan, hp *hostPlan) (*client, bool, error) {
+func (s *Sender) acquireHost(ctx context.Context, log *msgLog, host string, plan *tlsPlan, hp *hostPlan) (*client, bool, error) {
 	key := "mx:" + host + hp.mode.poolSuffix()
 	if s.cfg.Relay != "" {
 		key = "relay:" + s.cfg.Relay
@@ -389,9 +389,9 @@ func (s *Sender) acquireHost(ctx context.Context, log zerolog.Logger, host strin
 
 // open dials addr and brings the session up to the point where MAIL may
 // be sent: greeting, EHLO, TLS per policy, AUTH for the relay.
-func (s *Sender) open(ctx context.Context, log zerolog.Logger, host, addr, key string, plan *tlsPlan, hp *hostPlan) (*client, error) {
+func (s *Sender) open(ctx context.Context, log *msgLog, host, addr, key string, plan *tlsPlan, hp *hostPlan) (*client, error) {
 	relay := s.cfg.Relay != ""
-	c, err := dial(ctx, &s.cfg, log, host, addr, key, relay && s.cfg.RelayTLS == RelayImplicitTLS)
+	c, err := dial(ctx, &s.cfg, log.logger(), host, addr, key, relay && s.cfg.RelayTLS == RelayImplicitTLS)
 	if err != nil {
 		return nil, err
 	}
@@ -432,8 +432,8 @@ func (s *Sender) open(ctx context.Context, log zerolog.Logger, host, addr, key s
 }
 
 // openPlain opens a session that never tries STARTTLS.
-func (s *Sender) openPlain(ctx context.Context, log zerolog.Logger, host, addr, key string) (*client, error) {
-	c, err := dial(ctx, &s.cfg, log, host, addr, key, false)
+func (s *Sender) openPlain(ctx context.Context, log *msgLog, host, addr, key string) (*client, error) {
+	c, err := dial(ctx, &s.cfg, log.logger(), host, addr, key, false)
 	if err != nil {
 		return nil, err
 	}
@@ -449,7 +449,7 @@ func (s *Sender) openPlain(ctx context.Context, log zerolog.Logger, host, addr, 
 // noteAuthFailure remembers a permanent AUTH refusal from the relay so
 // that the next AuthFailureHold of Sends fail at once instead of each
 // presenting the same bad credentials again.
-func (s *Sender) noteAuthFailure(log zerolog.Logger, host string, err error) {
+func (s *Sender) noteAuthFailure(log *msgLog, host string, err error) {
 	var se *stepErr
 	if !errors.As(err, &se) {
 		return
@@ -478,6 +478,41 @@ func (s *Sender) authHeld() (classify.Input, bool) {
 	}
 	return classify.Input{}, false
 }
+
+// msgLog is the logger of one Send, with the message's id and destination.
+// At the usual levels a Send logs nothing, so the logger with those fields
+// (a 500-octet buffer in zerolog) is made on first use only.
+type msgLog struct {
+	base     *zerolog.Logger
+	id, dest string
+	l        *zerolog.Logger
+}
+
+func (ml *msgLog) logger() zerolog.Logger {
+	if ml.l == nil {
+		l := ml.base.With().Str("msg_id", ml.id).Str("dest", ml.dest).Logger()
+		ml.l = &l
+	}
+	return *ml.l
+}
+
+// enabled says whether an event at level would be written: when not,
+// zerolog's own check fails too and the event would be nil.
+func (ml *msgLog) enabled(level zerolog.Level) bool {
+	return level >= ml.base.GetLevel() && level >= zerolog.GlobalLevel()
+}
+
+func (ml *msgLog) event(level zerolog.Level) *zerolog.Event {
+	if !ml.enabled(level) {
+		return nil
+	}
+	l := ml.logger()
+	return l.WithLevel(level)
+}
+
+func (ml *msgLog) Debug() *zerolog.Event { return ml.event(zerolog.DebugLevel) }
+func (ml *msgLog) Warn() *zerolog.Event  { return ml.event(zerolog.WarnLevel) }
+func (ml *msgLog) Error() *zerolog.Event { return ml.event(zerolog.ErrorLevel) }
 
 // inputOf extracts the outcome from an error of this package.
 func inputOf(err error) classify.Input {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/emersion/go-smtp"
 	"github.com/foxcpp/go-mockdns"
+	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/fakemx"
@@ -51,6 +52,27 @@ func TestSendDelivers(t *testing.T) {
 	}
 	if got[0].From != m.From || !slices.Equal(got[0].Rcpts, m.Rcpts) || got[0].Hostname != testHostname {
 		t.Errorf("fake saw %+v", got[0])
+	}
+}
+
+// A Send's log lines carry the message's id and destination, and nothing
+// is logged at a level the logger leaves out.
+func TestSendLogFields(t *testing.T) {
+	w, _ := oneMX(t, fakemx.Options{})
+	s := w.sender(w.config())
+	checkDelivered(t, s.Send(ctxT(t), msg("example.test", "bob@example.test")))
+	logs := w.logBuf.String()
+	for _, want := range []string{`"component":"sender","msg_id":"m1","dest":"example.test"`, `"message":"connected"`, `"message":"send finished"`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("log lacks %s:\n%s", want, logs)
+		}
+	}
+	var quiet syncBuffer
+	cfg := w.config()
+	cfg.Logger = zerolog.New(&quiet).Level(zerolog.InfoLevel)
+	checkDelivered(t, w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test")))
+	if quiet.String() != "" {
+		t.Errorf("logged at info level:\n%s", quiet.String())
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/miekg/dns"
-	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/dane"
@@ -69,7 +68,7 @@ type hostPlan struct {
 }
 
 // planTLS looks up the destination's MTA-STS policy, once per Send.
-func (s *Sender) planTLS(ctx context.Context, log zerolog.Logger, domain string) *tlsPlan {
+func (s *Sender) planTLS(ctx context.Context, log *msgLog, domain string) *tlsPlan {
 	p := &tlsPlan{domain: strings.ToLower(strings.TrimSuffix(domain, ".")), policy: s.cfg.policyFor(domain)}
 	if s.cfg.Relay != "" || p.policy == TLSNone || s.cfg.MTASTS == nil {
 		return p
@@ -149,7 +148,7 @@ func (s *Sender) hostTLS(ctx context.Context, p *tlsPlan, host string) (*hostPla
 // secure runs the TLS part of a new MX session per hp. It returns the
 // client to use, which for an opportunistic fallback is a new plaintext
 // one.
-func (s *Sender) secure(ctx context.Context, log zerolog.Logger, c *client, p *tlsPlan, hp *hostPlan) (*client, error) {
+func (s *Sender) secure(ctx context.Context, log *msgLog, c *client, p *tlsPlan, hp *hostPlan) (*client, error) {
 	host, addr := c.host, c.addr
 	switch hp.mode {
 	case modeNone:
