@@ -107,16 +107,11 @@ func (bc *benchClient) quit() {
 	}
 }
 
-// BenchmarkSMTPSession runs whole SMTP dialogues over loopback against the
-// listener with a queue that accepts everything: connect, HELO (as
-// smtp-source says) or EHLO, MAIL, RCPT, DATA of 2 KiB, QUIT. An
-// iteration is one message: OnePerConn* opens a connection per message
-// like smtp-source, TenPerConn sends ten per connection. The client runs in
-// the same process, so cpu-ns/op (the process's CPU time per message, from
-// getrusage) includes its share; it is the same for every build of the
-// server. The logger is serve's default (info, with timestamps) writing
-// nowhere.
-func BenchmarkSMTPSession(b *testing.B) {
+// benchServer starts a listener for the benchmarks: trusted loopback
+// clients, serve's default logger (info, with timestamps) writing nowhere,
+// and a queue that accepts everything. tweak, if not nil, runs before it
+// serves.
+func benchServer(b *testing.B, tweak func(*Server)) (*Server, *net.TCPAddr) {
 	log := zerolog.New(io.Discard).Level(zerolog.InfoLevel).With().Timestamp().Logger()
 	srv, err := New(Config{
 		Hostname:        "bench.localdomain",
@@ -125,6 +120,9 @@ func BenchmarkSMTPSession(b *testing.B) {
 	}, nullQueue{ids: []string{"0123456789abcdef"}})
 	if err != nil {
 		b.Fatal(err)
+	}
+	if tweak != nil {
+		tweak(srv)
 	}
 	l, err := srv.Listen()
 	if err != nil {
@@ -142,7 +140,20 @@ func BenchmarkSMTPSession(b *testing.B) {
 			b.Errorf("serve: %v", err)
 		}
 	})
-	addr := l.Addr().(*net.TCPAddr)
+	return srv, l.Addr().(*net.TCPAddr)
+}
+
+// BenchmarkSMTPSession runs whole SMTP dialogues over loopback against the
+// listener with a queue that accepts everything: connect, HELO (as
+// smtp-source says) or EHLO, MAIL, RCPT, DATA of 2 KiB, QUIT. An
+// iteration is one message: OnePerConn* opens a connection per message
+// like smtp-source, TenPerConn sends ten per connection. The client runs in
+// the same process, so cpu-ns/op (the process's CPU time per message, from
+// getrusage) includes its share; it is the same for every build of the
+// server. The logger is serve's default (info, with timestamps) writing
+// nowhere.
+func BenchmarkSMTPSession(b *testing.B) {
+	_, addr := benchServer(b, nil)
 
 	for _, tc := range []struct {
 		name    string
@@ -210,35 +221,13 @@ func (b captureBackend) NewSession(c *smtp.Conn) (smtp.Session, error) {
 // creation at HELO, Mail, Rcpt, Data with the 2 KiB body (as go-smtp's
 // DATA reader hands it over, without the terminator), Reset, Logout.
 func BenchmarkSessionMessage(b *testing.B) {
-	log := zerolog.New(io.Discard).Level(zerolog.InfoLevel).With().Timestamp().Logger()
-	srv, err := New(Config{
-		Hostname:        "bench.localdomain",
-		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
-		Logger:          log,
-	}, nullQueue{ids: []string{"0123456789abcdef"}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	cb := captureBackend{backend: backend{srv}, conns: make(chan *smtp.Conn, 1)}
-	srv.smtp.Backend = cb
-	l, err := srv.Listen()
-	if err != nil {
-		b.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(l) }()
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), testWait)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil && !errors.Is(err, ErrServerClosed) {
-			b.Errorf("shutdown: %v", err)
-		}
-		if err := <-done; err != nil {
-			b.Errorf("serve: %v", err)
-		}
+	cb := captureBackend{conns: make(chan *smtp.Conn, 1)}
+	srv, addr := benchServer(b, func(srv *Server) {
+		cb.backend = backend{srv}
+		srv.smtp.Backend = cb
 	})
 	bc := &benchClient{b: b}
-	bc.dial(l.Addr().(*net.TCPAddr))
+	bc.dial(addr)
 	bc.cmd(benchHELO, '2')
 	var c *smtp.Conn
 	select {

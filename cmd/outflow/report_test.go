@@ -84,12 +84,7 @@ func documented(t *testing.T, verb string, got map[string]any) {
 // sentence scripts already parse, byte for byte.
 func TestChangeVerbsHonourJSON(t *testing.T) {
 	dir := t.TempDir()
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, ListenAddr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
-	q := testqueue.Connect(t, emb, queue.Options{})
+	q := testqueue.Connect(t, testqueue.Listening(t, dir), queue.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	run := func(asJSON bool, args ...string) string { t.Helper(); return runAdmin(t, ctx, dir, asJSON, args...) }

@@ -56,12 +56,7 @@ func TestSubmitDSN(t *testing.T) {
 // its DSN flags on the envelope.
 func TestSubmitStoresDSN(t *testing.T) {
 	dir := t.TempDir()
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, ListenAddr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
-	q := testqueue.Connect(t, emb, queue.Options{})
+	q := testqueue.Connect(t, testqueue.Listening(t, dir), queue.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 

@@ -39,3 +39,16 @@ func Connect(t testing.TB, emb *queue.Embedded, opts queue.Options) *queue.Queue
 	t.Cleanup(func() { q.Close() })
 	return q
 }
+
+// Listening starts an embedded server on dir with a client listener on a
+// free loopback port (for the admin commands, which connect by URL), shut
+// down when the test ends.
+func Listening(t testing.TB, dir string) *queue.Embedded {
+	t.Helper()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, ListenAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	return emb
+}
