@@ -102,21 +102,29 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		opts := []jetstream.PublishOpt{jetstream.WithExpectStream(StreamWork)}
+		m.Header.Set(jetstream.ExpectedStreamHeader, StreamWork)
 		if s.IdempotencyKey != "" {
 			// Only a keyed id can come again. The server keeps every
 			// deduplication id in memory for the whole window
 			// (DedupWindow), so giving each nuid-named envelope one would
 			// cost server memory per message for that long, for nothing.
-			opts = append(opts, jetstream.WithMsgID(id))
+			m.Header.Set(jetstream.MsgIDHeader, id)
 		}
 		q.count(OpPublishWork)
-		f, err := q.js.PublishMsgAsync(m, opts...)
+		ids = append(ids, id)
+		if len(order) == 1 {
+			// One envelope: one request, its PubAck read without
+			// nats.go's future and JSON decode (pubAckErr).
+			if err := q.publishConfirmed(ctx, m, StreamWork); err != nil {
+				return nil, fmt.Errorf("queue envelope: %w", err)
+			}
+			continue
+		}
+		f, err := q.js.PublishMsgAsync(m)
 		if err != nil {
 			return nil, fmt.Errorf("queue envelope: %w", err)
 		}
 		futures = append(futures, f)
-		ids = append(ids, id)
 	}
 	for _, f := range futures {
 		select {

@@ -244,8 +244,7 @@ func (d *Delivery) Skip(ctx context.Context) error {
 func (d *Delivery) Delivered(ctx context.Context, rcpts []string, done bool) error {
 	err := retryStep(ctx, func(ctx context.Context) error {
 		d.q.count(OpSentPut)
-		_, err := d.q.sent.Put(ctx, d.Env.SentKey(), []byte(strings.Join(rcpts, ",")))
-		return err
+		return d.q.putSent(ctx, d.Env.SentKey(), []byte(strings.Join(rcpts, ",")))
 	})
 	if err != nil {
 		return fmt.Errorf("SENT marker: %w", err)
