@@ -218,10 +218,8 @@ func (q *Queue) History(ctx context.Context, id string, since time.Time) ([]Even
 	}
 	// Events are published asynchronously: wait for this process's own
 	// to be stored, so a drop or replay shows in the history read next.
-	select {
-	case <-q.js.PublishAsyncComplete():
-	case <-ctx.Done():
-		return nil, fmt.Errorf("history %s: %w", id, ctx.Err())
+	if err := q.asyncStored(ctx); err != nil {
+		return nil, fmt.Errorf("history %s: %w", id, err)
 	}
 	cons, err := q.events.CreateConsumer(ctx, cfg)
 	if err != nil {

@@ -24,12 +24,7 @@ func (q *Queue) Closed() bool { return q.nc.IsClosed() }
 // Flush waits until JetStream has stored this process's asynchronous
 // publishes (its events), or ctx ends.
 func (q *Queue) Flush(ctx context.Context) error {
-	select {
-	case <-q.js.PublishAsyncComplete():
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return q.asyncStored(ctx)
 }
 
 // Depth is the number of messages stored in a lane's stream: envelopes

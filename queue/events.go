@@ -108,7 +108,7 @@ func (q *Queue) Event(typ string, ev *Event) {
 		m.Header = nats.Header{HdrEventID: []string{ev.ID}}
 	}
 	q.count(OpPublishEvent)
-	if _, err := q.js.PublishMsgAsync(m); err != nil {
+	if err := q.ev.publish(m); err != nil {
 		q.log.Warn().Err(err).Str("event", typ).Str("msg_id", ev.ID).Msg("publish event")
 	}
 }

@@ -11,15 +11,21 @@ import (
 )
 
 // publishEvents publishes one event of typ for each id and waits for all
-// of them to be stored.
+// of them to be stored. It waits after every 2,048: a publisher with
+// eventMaxPending events unacknowledged waits at most eventStallWait for
+// room and then drops the event, which a loop of publishes can outrun on
+// a loaded machine.
 func publishEvents(ctx context.Context, tb testing.TB, q *Queue, typ string, ids []string) {
 	tb.Helper()
-	for _, id := range ids {
+	for i, id := range ids {
 		q.Event(typ, &Event{ID: id, Dest: "d.example"})
+		if (i+1)%2048 == 0 {
+			if err := q.asyncStored(ctx); err != nil {
+				tb.Fatal("events not stored")
+			}
+		}
 	}
-	select {
-	case <-q.js.PublishAsyncComplete():
-	case <-ctx.Done():
+	if err := q.asyncStored(ctx); err != nil {
 		tb.Fatal("events not stored")
 	}
 }

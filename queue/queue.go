@@ -138,6 +138,7 @@ type Queue struct {
 	bodyStream jetstream.Stream
 	bodyInfos  infoCache
 	sent       jetstream.KeyValue
+	ev         *eventPublisher
 	lanes      map[Lane]jetstream.Stream
 	dead       jetstream.Stream
 	events     jetstream.Stream
@@ -207,6 +208,10 @@ func connect(ctx context.Context, opts Options, layout func(Options) []jetstream
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	q := &Queue{nc: nc, js: js, opts: opts, log: opts.Logger, lanes: map[Lane]jetstream.Stream{}, syncer: opts.Syncer}
+	if q.ev, err = newEventPublisher(nc, opts.Logger); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("events: %w", err)
+	}
 	if q.syncer == nil && opts.RemoteSync {
 		q.syncer = remoteSyncer{nc}
 	}
@@ -244,11 +249,24 @@ func (q *Queue) Close() error {
 	if q.nc.IsClosed() {
 		return nil
 	}
-	select {
-	case <-q.js.PublishAsyncComplete():
-	case <-time.After(5 * time.Second):
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = q.asyncStored(ctx)
 	return q.nc.Drain()
+}
+
+// asyncStored waits until the server has acknowledged this process's
+// asynchronous publishes (envelopes and bodies through nats.go, events
+// through q.ev), or ctx ends.
+func (q *Queue) asyncStored(ctx context.Context) error {
+	for _, c := range []<-chan struct{}{q.js.PublishAsyncComplete(), q.ev.complete()} {
+		select {
+		case <-c:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // laneDedupWindow is how long a lane remembers a schedule's deduplication

@@ -1,0 +1,212 @@
+package queue
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// eventPublisher publishes events without waiting for them, as
+// jetstream.PublishMsgAsync did, and with its rules: at most
+// eventMaxPending unacknowledged (a publisher that finds no room waits up
+// to eventStallWait, then the event is dropped with a warning), a "no
+// responders" answer (a stream without a leader for a moment) published
+// again up to twice, 250 ms apart, and the pending ones forgotten when the
+// connection is lost. What it does not do is nats.go's work per
+// acknowledgement that an event has no use for: a future, a random reply
+// token and a JSON decode of every PubAck. Each event's reply subject is
+// one subscription's prefix and a counter, and a PubAck is read by
+// pubAckErr.
+//
+// A failed store (an error in the PubAck, a publish given up) is logged,
+// at most one line a second with the number of events lost since the last
+// line: nats.go's futures held the error where nobody read it.
+type eventPublisher struct {
+	nc     *nats.Conn
+	log    zerolog.Logger
+	prefix string
+	sub    *nats.Subscription
+
+	mu      sync.Mutex
+	next    uint64
+	pending map[uint64]*pendingEvent
+	room    chan struct{}   // closed when pending has room again; nil when nobody waits
+	idle    []chan struct{} // closed when nothing is pending
+	lost    int             // failures not yet logged
+	lastLog time.Time
+}
+
+type pendingEvent struct {
+	m       *nats.Msg
+	retries int
+}
+
+const (
+	eventMaxPending = 4096
+	eventStallWait  = 200 * time.Millisecond
+	eventRetries    = 2
+	eventRetryWait  = 250 * time.Millisecond
+)
+
+var errEventStalled = errors.New("too many events waiting for their acknowledgement")
+
+func newEventPublisher(nc *nats.Conn, log zerolog.Logger) (*eventPublisher, error) {
+	p := &eventPublisher{nc: nc, log: log, prefix: nc.NewInbox() + ".", pending: map[uint64]*pendingEvent{}}
+	sub, err := nc.Subscribe(p.prefix+"*", p.handle)
+	if err != nil {
+		return nil, err
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		return nil, err
+	}
+	p.sub = sub
+	go p.forgetOnReconnect(nc.StatusChanged(nats.RECONNECTING, nats.CLOSED))
+	return p, nil
+}
+
+// publish sends m with a reply subject of its own and returns; the
+// acknowledgement comes to handle.
+func (p *eventPublisher) publish(m *nats.Msg) error {
+	p.mu.Lock()
+	var timer *time.Timer
+	for len(p.pending) >= eventMaxPending {
+		if p.room == nil {
+			p.room = make(chan struct{})
+		}
+		room := p.room
+		p.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(eventStallWait)
+			defer timer.Stop()
+		}
+		select {
+		case <-room:
+		case <-timer.C:
+			return errEventStalled
+		}
+		p.mu.Lock()
+	}
+	id := p.next
+	p.next++
+	p.pending[id] = &pendingEvent{m: m}
+	p.mu.Unlock()
+	m.Reply = p.prefix + strconv.FormatUint(id, 36)
+	if err := p.nc.PublishMsg(m); err != nil {
+		p.mu.Lock()
+		p.remove(id)
+		p.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// handle reads one event's acknowledgement.
+func (p *eventPublisher) handle(r *nats.Msg) {
+	if len(r.Subject) <= len(p.prefix) {
+		return
+	}
+	id, err := strconv.ParseUint(r.Subject[len(p.prefix):], 36, 64)
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	pe := p.pending[id]
+	if pe == nil {
+		p.mu.Unlock()
+		return
+	}
+	err = pubAckErr(r, StreamEvents)
+	if errors.Is(err, jetstream.ErrNoStreamResponse) && pe.retries < eventRetries {
+		pe.retries++
+		p.mu.Unlock()
+		time.AfterFunc(eventRetryWait, func() { p.retry(id, pe) })
+		return
+	}
+	p.remove(id)
+	if err != nil {
+		p.failedLocked(err, pe.m.Subject, 1)
+	}
+	p.mu.Unlock()
+}
+
+// retry publishes a pending event again under its own reply subject.
+func (p *eventPublisher) retry(id uint64, pe *pendingEvent) {
+	p.mu.Lock()
+	if p.pending[id] != pe {
+		p.mu.Unlock()
+		return // forgotten meanwhile
+	}
+	p.mu.Unlock()
+	if err := p.nc.PublishMsg(pe.m); err != nil {
+		p.mu.Lock()
+		if p.pending[id] == pe {
+			p.remove(id)
+			p.failedLocked(err, pe.m.Subject, 1)
+		}
+		p.mu.Unlock()
+	}
+}
+
+// remove forgets a pending event and wakes whoever waits for room or for
+// nothing to be pending. mu is held.
+func (p *eventPublisher) remove(id uint64) {
+	delete(p.pending, id)
+	if p.room != nil && len(p.pending) < eventMaxPending {
+		close(p.room)
+		p.room = nil
+	}
+	if len(p.pending) == 0 {
+		for _, c := range p.idle {
+			close(c)
+		}
+		p.idle = nil
+	}
+}
+
+// failedLocked logs events that were not stored: the first at once, then
+// at most a line a second with how many more. mu is held.
+func (p *eventPublisher) failedLocked(err error, subject string, n int) {
+	p.lost += n
+	if now := time.Now(); now.Sub(p.lastLog) >= time.Second {
+		p.log.Warn().Err(err).Str("subject", subject).Int("events", p.lost).Msg("events not confirmed as stored")
+		p.lost, p.lastLog = 0, now
+	}
+}
+
+// forgetOnReconnect drops the pending events when the connection is lost,
+// as nats.go's async publisher fails their futures: their
+// acknowledgements will not come.
+func (p *eventPublisher) forgetOnReconnect(status <-chan nats.Status) {
+	for st := range status {
+		p.mu.Lock()
+		if n := len(p.pending); n > 0 {
+			for id := range p.pending {
+				p.remove(id)
+			}
+			p.failedLocked(nats.ErrDisconnected, "", n)
+		}
+		p.mu.Unlock()
+		if st == nats.CLOSED {
+			return
+		}
+	}
+}
+
+// complete returns a channel closed when no event waits for its
+// acknowledgement.
+func (p *eventPublisher) complete() <-chan struct{} {
+	c := make(chan struct{})
+	p.mu.Lock()
+	if len(p.pending) == 0 {
+		close(c)
+	} else {
+		p.idle = append(p.idle, c)
+	}
+	p.mu.Unlock()
+	return c
+}
