@@ -17,7 +17,8 @@ import (
 // to eventStallWait, then the event is dropped with a warning), a "no
 // responders" answer (a stream without a leader for a moment) published
 // again up to twice, 250 ms apart, and the pending ones forgotten when the
-// connection is lost. What it does not do is nats.go's work per
+// connection is lost. Unlike nats.go's, it gives an acknowledgement
+// eventAckTimeout, not forever. What it does not do is nats.go's work per
 // acknowledgement that an event has no use for: a future, a random reply
 // token and a JSON decode of every PubAck. Each event's reply subject is
 // one subscription's prefix and a counter, and a PubAck is read by
@@ -44,6 +45,7 @@ type eventPublisher struct {
 type pendingEvent struct {
 	m       *nats.Msg
 	retries int
+	at      time.Time // last sent
 }
 
 const (
@@ -51,6 +53,12 @@ const (
 	eventStallWait  = 200 * time.Millisecond
 	eventRetries    = 2
 	eventRetryWait  = 250 * time.Millisecond
+	// eventAckTimeout: an event unacknowledged this long is counted as not
+	// stored and forgotten. A request a cluster's stream leader took and
+	// then died with gets no answer and no disconnect; without a limit
+	// each such loss would hold one of the eventMaxPending places for
+	// good.
+	eventAckTimeout = 30 * time.Second
 )
 
 var errEventStalled = errors.New("too many events waiting for their acknowledgement")
@@ -65,7 +73,7 @@ func newEventPublisher(nc *nats.Conn, log zerolog.Logger) (*eventPublisher, erro
 		return nil, err
 	}
 	p.sub = sub
-	go p.forgetOnReconnect(nc.StatusChanged(nats.RECONNECTING, nats.CLOSED))
+	go p.forget(nc.StatusChanged(nats.RECONNECTING, nats.CLOSED))
 	return p, nil
 }
 
@@ -93,7 +101,7 @@ func (p *eventPublisher) publish(m *nats.Msg) error {
 	}
 	id := p.next
 	p.next++
-	p.pending[id] = &pendingEvent{m: m}
+	p.pending[id] = &pendingEvent{m: m, at: time.Now()}
 	p.mu.Unlock()
 	m.Reply = p.prefix + strconv.FormatUint(id, 36)
 	if err := p.nc.PublishMsg(m); err != nil {
@@ -127,10 +135,12 @@ func (p *eventPublisher) handle(r *nats.Msg) {
 		time.AfterFunc(eventRetryWait, func() { p.retry(id, pe) })
 		return
 	}
-	p.remove(id)
 	if err != nil {
+		// Logged before remove wakes a Flush, so what it waited for
+		// is on record when it returns.
 		p.failedLocked(err, pe.m.Subject, 1)
 	}
+	p.remove(id)
 	p.mu.Unlock()
 }
 
@@ -141,12 +151,13 @@ func (p *eventPublisher) retry(id uint64, pe *pendingEvent) {
 		p.mu.Unlock()
 		return // forgotten meanwhile
 	}
+	pe.at = time.Now()
 	p.mu.Unlock()
 	if err := p.nc.PublishMsg(pe.m); err != nil {
 		p.mu.Lock()
 		if p.pending[id] == pe {
-			p.remove(id)
 			p.failedLocked(err, pe.m.Subject, 1)
+			p.remove(id)
 		}
 		p.mu.Unlock()
 	}
@@ -156,6 +167,12 @@ func (p *eventPublisher) retry(id uint64, pe *pendingEvent) {
 // nothing to be pending. mu is held.
 func (p *eventPublisher) remove(id uint64) {
 	delete(p.pending, id)
+	p.wake()
+}
+
+// wake wakes whoever waits for room, or for nothing to be pending, if the
+// wait is over. mu is held.
+func (p *eventPublisher) wake() {
 	if p.room != nil && len(p.pending) < eventMaxPending {
 		close(p.room)
 		p.room = nil
@@ -178,22 +195,48 @@ func (p *eventPublisher) failedLocked(err error, subject string, n int) {
 	}
 }
 
-// forgetOnReconnect drops the pending events when the connection is lost,
-// as nats.go's async publisher fails their futures: their
-// acknowledgements will not come.
-func (p *eventPublisher) forgetOnReconnect(status <-chan nats.Status) {
-	for st := range status {
-		p.mu.Lock()
-		if n := len(p.pending); n > 0 {
-			for id := range p.pending {
-				p.remove(id)
+// forget drops the pending events when the connection is lost, as
+// nats.go's async publisher fails their futures (their acknowledgements
+// will not come), and every eventAckTimeout/3 those waiting longer than
+// eventAckTimeout. It returns when the connection is closed.
+func (p *eventPublisher) forget(status <-chan nats.Status) {
+	tick := time.NewTicker(eventAckTimeout / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case st, ok := <-status:
+			p.mu.Lock()
+			if n := len(p.pending); n > 0 {
+				p.failedLocked(nats.ErrDisconnected, "", n)
+				for id := range p.pending {
+					p.remove(id)
+				}
 			}
-			p.failedLocked(nats.ErrDisconnected, "", n)
+			p.mu.Unlock()
+			if !ok || st == nats.CLOSED {
+				return
+			}
+		case now := <-tick.C:
+			p.expire(now)
 		}
-		p.mu.Unlock()
-		if st == nats.CLOSED {
-			return
+	}
+}
+
+// expire forgets the events sent before now less eventAckTimeout, as not
+// stored.
+func (p *eventPublisher) expire(now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for id, pe := range p.pending {
+		if now.Sub(pe.at) >= eventAckTimeout {
+			n++
+			delete(p.pending, id)
 		}
+	}
+	if n > 0 {
+		p.failedLocked(nats.ErrTimeout, "", n)
+		p.wake()
 	}
 }
 

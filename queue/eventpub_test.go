@@ -1,16 +1,16 @@
 package queue
 
 import (
-	"bytes"
 	"context"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // Events are stored, Flush waits for their acknowledgements, and a refused
@@ -44,27 +44,10 @@ func TestEventPublisherStoresAndCompletes(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // An event the server does not store (here: larger than the stream's
 // limit) is logged, and no longer counts as pending.
 func TestEventNotStoredIsLogged(t *testing.T) {
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	q, _ := startQueue(t)
 	q.ev.log = zerolog.New(&logs) // connectTo gives the queue a Nop logger
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -118,4 +101,34 @@ func BenchmarkEventPublish(b *testing.B) {
 		run(b, func(m *nats.Msg) error { _, err := q.js.PublishMsgAsync(m); return err })
 	})
 	b.Run("eventPublisher", func(b *testing.B) { run(b, q.ev.publish) })
+}
+
+// An event whose acknowledgement never comes (a stream leader that took
+// the request and died) is counted as not stored after eventAckTimeout,
+// and stops holding its place: a Flush waiting for it returns.
+func TestEventWithoutAckExpires(t *testing.T) {
+	var logs testutil.SyncBuffer
+	q, _ := startQueue(t)
+	p := q.ev
+	p.log = zerolog.New(&logs)
+	sent := time.Now()
+	p.mu.Lock()
+	p.pending[1<<60] = &pendingEvent{m: &nats.Msg{Subject: "outflow.events.queued.x"}, at: sent}
+	p.mu.Unlock()
+	done := p.complete()
+	p.expire(sent.Add(eventAckTimeout - time.Millisecond))
+	select {
+	case <-done:
+		t.Fatal("expired before eventAckTimeout")
+	default:
+	}
+	p.expire(sent.Add(eventAckTimeout))
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a Flush would still wait for the unacknowledged event")
+	}
+	if out := logs.String(); !strings.Contains(out, "events not confirmed as stored") || !strings.Contains(out, `"events":1`) {
+		t.Fatalf("log: %s", out)
+	}
 }
