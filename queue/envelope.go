@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -252,18 +251,26 @@ func (e *Envelope) Unsigned() []byte {
 	return e.Body
 }
 
-// data is the envelope's message payload: its JSON, then an inline body.
+// data is the envelope's message payload: its JSON, then an inline body
+// after a newline (as json.Encoder ended the JSON when it wrote it).
 func (e *Envelope) data() ([]byte, error) {
-	if !e.Inline() {
-		return json.Marshal(e)
+	n := e.jsonSizeHint()
+	if e.Inline() {
+		n += 1 + len(e.Body)
 	}
-	var b bytes.Buffer
-	b.Grow(512 + len(e.Body))
-	if err := json.NewEncoder(&b).Encode(e); err != nil {
+	b, ok := e.appendJSON(make([]byte, 0, n))
+	if !ok {
+		// json.Marshal refuses it too; its error names the reason.
+		_, err := json.Marshal(e)
+		if err == nil {
+			err = errors.New("a time outside RFC 3339")
+		}
 		return nil, err
 	}
-	b.Write(e.Body)
-	return b.Bytes(), nil
+	if e.Inline() {
+		b = append(append(b, '\n'), e.Body...)
+	}
+	return b, nil
 }
 
 // Encode turns the envelope into a NATS message for subject.

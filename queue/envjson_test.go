@@ -1,0 +1,198 @@
+package queue
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+func sampleEnvelopes() []*Envelope {
+	at := time.Date(2026, 12, 2, 5, 6, 7, 123456789, time.UTC)
+	body := bytes.Repeat([]byte("0123456789abcdef"), 128) // 2 KiB
+	weird := "550 5.1.1 <user@example> \"quoted\" \\ back\r\n\ttab \x00\x1f & > \u2028\u2029 ü 日本 \xff\xfe end"
+	return []*Envelope{
+		// A fresh submission's envelope, body inline, as Enqueue writes it.
+		{ID: "01JABCDEFGHIJKLMNOPQRS", MsgID: "01JABCDEFGHIJKLMNOPQRS", Tenant: "billing", From: "bounce@billing.example",
+			Rcpts: []string{"a@one.example"}, Dest: "one.example", Body: body, Size: int64(len(body)), Parts: 1,
+			SubmittedAt: at, MessageID: "<x.1@billing.example>", Source: SourceSMTP},
+		// Object Store body, history, DSN, every flag.
+		{ID: "abc-2", MsgID: "abc", Tenant: "t", From: "", Rcpts: []string{"a@b", "c@b", weird}, Dest: "b", BodyRef: "abc",
+			Signed: true, SigLen: 812, Size: 1 << 40, Parts: 3, SubmittedAt: at.In(time.FixedZone("x", -(5*3600 + 30*60))),
+			History: []Attempt{
+				{At: at, Attempt: 1, Worker: "w/1", Class: "tempfail", Rule: "4xx", Code: 451, Enhanced: "4.7.1",
+					Reply: weird, Lane: "retry-5m", DelayMs: 300000, JitterSeed: "17", Rcpts: 2},
+				{At: at.Add(time.Minute).Truncate(time.Second), Attempt: 2, Worker: "w/2", Class: "throttled", Code: -1},
+				{},
+			},
+			Source: SourceAPI, IsReport: true, DelayWarned: true, PassNoted: true, DelayNoted: 2,
+			DSN: &DSNParams{Ret: "FULL", EnvID: "e<1>", Rcpts: map[string]RcptDSN{
+				"c@b":  {Notify: []string{NotifySuccess, NotifyDelay}, ORcpt: "C@b", ORcptType: "rfc822"},
+				"a@b":  {ORcptType: "utf-8"},
+				weird:  {},
+				"\xff": {Notify: []string{}},
+				"B@b":  {Notify: []string{NotifyNever}},
+			}}},
+		// Empty and nil collections: json.Marshal writes [] for an empty
+		// slice without omitempty, null for a nil one, {} for an empty DSN.
+		{ID: "x", Rcpts: []string{}, History: []Attempt{}, DSN: &DSNParams{Rcpts: map[string]RcptDSN{}}},
+		{},
+		{DSN: &DSNParams{EnvID: "only"}, SigLen: -3, Parts: -1, Size: -9, DelayNoted: -1, Body: []byte{}},
+		// Header-only fields do not appear in the JSON.
+		{ID: "h", Rcpts: []string{"a@b"}, Dest: "b", BodyRef: "h", Attempt: 4, FirstAttempt: at, Deadline: at,
+			LastClass: "c", LastReply: "r", ThrottleCount: 1, Replays: 2, Step: 3, Probe: true, NotBefore: at},
+	}
+}
+
+// The hand-written encoder writes exactly what json.Marshal writes, and
+// data what the json.Encoder that wrote it before did.
+func TestEnvelopeJSONMatchesMarshal(t *testing.T) {
+	for i, e := range sampleEnvelopes() {
+		want, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := e.appendJSON(nil)
+		if !ok || !bytes.Equal(got, want) {
+			t.Errorf("%d: appendJSON = %s, %v\nwant           %s", i, got, ok, want)
+		}
+		data, err := e.data()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if old := oldEnvelopeData(t, e); !bytes.Equal(data, old) {
+			t.Errorf("%d: data = %q\nwant     %q", i, data, old)
+		}
+	}
+}
+
+// oldEnvelopeData is the payload as data wrote it with encoding/json.
+func oldEnvelopeData(t testing.TB, e *Envelope) []byte {
+	if !e.Inline() {
+		b, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	var b bytes.Buffer
+	b.Grow(512 + len(e.Body))
+	if err := json.NewEncoder(&b).Encode(e); err != nil {
+		t.Fatal(err)
+	}
+	b.Write(e.Body)
+	return b.Bytes()
+}
+
+// Times json.Marshal refuses are refused, with json.Marshal's error.
+func TestEnvelopeJSONRefusesWhatMarshalRefuses(t *testing.T) {
+	for _, at := range []time.Time{
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("far", 24*3600)),
+		time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("farther", 100*3600)),
+	} {
+		for _, e := range []*Envelope{{SubmittedAt: at}, {History: []Attempt{{At: at}}}} {
+			_, merr := json.Marshal(e)
+			if merr == nil {
+				t.Fatalf("json.Marshal accepted %v", at)
+			}
+			if b, ok := e.appendJSON(nil); ok {
+				t.Errorf("appendJSON wrote %s for %v", b, at)
+			}
+			if _, err := e.data(); err == nil || err.Error() != merr.Error() {
+				t.Errorf("data error %v, want %v", err, merr)
+			}
+		}
+	}
+	ok := &Envelope{SubmittedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("edge", -(23*3600+59*60)))}
+	want, _ := json.Marshal(ok)
+	if got, _ := ok.appendJSON(nil); !bytes.Equal(got, want) {
+		t.Errorf("appendJSON = %s, want %s", got, want)
+	}
+}
+
+func FuzzEnvelopeJSON(f *testing.F) {
+	f.Add("abc", "a@b.example", "550 <a@b> & \"x\"", "FULL", "c@b", int64(1764651967), int64(123456789), int32(3600), int64(3), uint8(0xff))
+	f.Add("\xff", "\u2028", "\x00\n\t", "", "\xfe", int64(-62135596800), int64(0), int32(-86399), int64(-1), uint8(0))
+	f.Add("", "", "", "", "", int64(253402300800), int64(1), int32(86400), int64(0), uint8(0x55))
+	f.Fuzz(func(t *testing.T, id, rcpt, text, ret, key string, sec, nsec int64, zone int32, n int64, flags uint8) {
+		at := time.Unix(sec, nsec).In(time.FixedZone("z", int(zone)))
+		bit := func(i uint) bool { return flags&(1<<i) != 0 }
+		e := &Envelope{ID: id, MsgID: text, Tenant: key, From: rcpt, Rcpts: []string{rcpt, text}, Dest: key, BodyRef: ret,
+			Signed: bit(0), SigLen: int(n), Size: n, Parts: int(n >> 3), SubmittedAt: at, MessageID: text, Source: ret,
+			IsReport: bit(1), DelayWarned: bit(2), PassNoted: bit(3), DelayNoted: int(n)}
+		if bit(4) {
+			e.Rcpts = nil
+		}
+		if bit(5) {
+			e.History = []Attempt{{At: at, Attempt: int(n), Worker: id, Class: key, Rule: text, Code: int(n), Enhanced: ret,
+				Reply: text, Lane: rcpt, DelayMs: n, JitterSeed: id, Rcpts: int(n)}, {Reply: key}}
+		}
+		if bit(6) {
+			e.DSN = &DSNParams{Ret: ret, EnvID: text}
+			if bit(7) {
+				e.DSN.Rcpts = map[string]RcptDSN{
+					key:  {Notify: []string{text, ret}, ORcpt: rcpt},
+					rcpt: {ORcptType: key},
+					text: {},
+					id:   {Notify: strings.Fields(text)},
+				}
+			}
+		}
+		if bit(7) && !bit(6) {
+			e.Body = []byte(text)
+		}
+		want, err := json.Marshal(e)
+		got, ok := e.appendJSON(nil)
+		if err != nil {
+			if ok {
+				t.Fatalf("json.Marshal refused (%v) but appendJSON wrote %s", err, got)
+			}
+			return
+		}
+		if !ok {
+			t.Fatalf("appendJSON refused what json.Marshal wrote: %s", want)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("appendJSON = %s\nwant           %s", got, want)
+		}
+		data, err := e.data()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if old := oldEnvelopeData(t, e); !bytes.Equal(data, old) {
+			t.Fatalf("data = %q\nwant     %q", data, old)
+		}
+	})
+}
+
+// go test -run '^$' -bench EnvelopeEncode -benchmem ./queue
+//
+// data is the payload as Encode writes it now; json.Encoder is the same
+// payload as encoding/json wrote it before (the JSON by a json.Encoder
+// into a bytes.Buffer, then the inline body).
+func BenchmarkEnvelopeEncode(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		e    *Envelope
+	}{{"fresh-inline", sampleEnvelopes()[0]}, {"history-dsn", sampleEnvelopes()[1]}} {
+		b.Run(c.name+"/data", func(b *testing.B) {
+			b.ReportAllocs()
+			defer reportCPU(b)()
+			for b.Loop() {
+				if _, err := c.e.data(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(c.name+"/json.Encoder", func(b *testing.B) {
+			b.ReportAllocs()
+			defer reportCPU(b)()
+			for b.Loop() {
+				oldEnvelopeData(b, c.e)
+			}
+		})
+	}
+}
