@@ -332,7 +332,7 @@ func DecodeEnvelope(data []byte, h nats.Header) (*Envelope, error) {
 		return nil, fmt.Errorf("%w: %d bytes exceeds the %d-byte limit", ErrMalformed, len(data), MaxEnvelopeBytes)
 	}
 	var e Envelope
-	if err := json.Unmarshal(data, &e); err != nil {
+	if err := unmarshalEnvelope(data, &e); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	e.Body = body
@@ -368,6 +368,17 @@ func DecodeEnvelope(data []byte, h nats.Header) (*Envelope, error) {
 	e.LastClass = h.Get(HdrLastClass)
 	e.LastReply = h.Get(HdrLastReply)
 	return &e, nil
+}
+
+// unmarshalEnvelope is json.Unmarshal(data, e) for a zero e, by
+// decodeJSONFast for the envelopes outflow writes and by json.Unmarshal
+// for anything else.
+func unmarshalEnvelope(data []byte, e *Envelope) error {
+	if e.decodeJSONFast(data) {
+		return nil
+	}
+	*e = Envelope{}
+	return json.Unmarshal(data, e)
 }
 
 // headerReader reads typed headers in a row and keeps the first error,

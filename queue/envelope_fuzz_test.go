@@ -23,6 +23,8 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		if inline != "" {
 			h.Set(HdrInlineBody, inline)
 		}
+		// The JSON decode is json.Unmarshal's, error or envelope.
+		checkUnmarshalEnvelope(t, data)
 		e, err := DecodeEnvelope(data, h)
 		if err != nil {
 			return

@@ -3,6 +3,7 @@ package queue
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -195,4 +196,63 @@ func BenchmarkEnvelopeEncode(b *testing.B) {
 			}
 		})
 	}
+}
+
+// unmarshalEnvelope gives json.Unmarshal's result on any input: the same
+// envelope, or the same error.
+func checkUnmarshalEnvelope(t *testing.T, data []byte) (fast bool) {
+	t.Helper()
+	var want, got Envelope
+	werr := json.Unmarshal(data, &want)
+	gerr := unmarshalEnvelope(data, &got)
+	if (werr == nil) != (gerr == nil) || werr != nil && werr.Error() != gerr.Error() {
+		t.Fatalf("unmarshalEnvelope(%q) error %v, json.Unmarshal %v", data, gerr, werr)
+	}
+	if werr == nil && !reflect.DeepEqual(got, want) {
+		t.Fatalf("unmarshalEnvelope(%q) =\n%#v\njson.Unmarshal:\n%#v", data, got, want)
+	}
+	var f Envelope
+	return f.decodeJSONFast(data)
+}
+
+func TestUnmarshalEnvelopeMatchesUnmarshal(t *testing.T) {
+	for i, e := range sampleEnvelopes() {
+		b, ok := e.appendJSON(nil)
+		if !ok {
+			t.Fatal("refused")
+		}
+		for _, data := range [][]byte{b, append(b, '\n'), []byte(strings.ReplaceAll(string(b), ",", " ,\r\n\t"))} {
+			// rcpts:null (no recipients: malformed anyway) is left to json.Unmarshal.
+			if !checkUnmarshalEnvelope(t, data) && e.Rcpts != nil {
+				t.Errorf("%d: fast decoder declined %s", i, data)
+			}
+		}
+	}
+	for _, s := range []string{
+		`{}`, ` {} `, `[]`, `null`, ``, `{`, `{"id":"a"}x`, `{"id":"a","id":"b"}`, `{"ID":"a"}`, `{"id":null}`,
+		`{"rcpts":null}`, `{"rcpts":[]}`, `{"history":[]}`, `{"history":[{}]}`, `{"dsn":{}}`, `{"dsn":null}`,
+		`{"dsn":{"rcpts":{}}}`, `{"dsn":{"rcpts":{"a":{},"a":{"orcpt":"x"}}}}`, `{"dsn":{"rcpts":{"a":{"notify":[]}}}}`,
+		`{"size":01}`, `{"size":-0}`, `{"size":1.0}`, `{"size":1e3}`, `{"size":-}`, `{"size":9223372036854775808}`,
+		`{"sig_len":-9223372036854775808}`, `{"signed":tru}`, `{"signed":truex}`, `{"signed":"true"}`,
+		`{"id":"a\u0000\u00e9\u2028\/\b\f\n\r\t\"\\"}`, `{"id":"\ud83d\ude00"}`, `{"id":"\ud800"}`, `{"id":"\x"}`,
+		"{\"id\":\"\xff\"}", "{\"id\":\"\x01\"}", "{\"id\":\"日本\"}", `{"id":"\u00zz"}`, `{"unknown":1}`,
+		`{"submitted_at":"2026-12-02T05:06:07.123456789+01:00"}`, `{"submitted_at":"2026-12-02"}`,
+		`{"submitted_at":"2026-12-02T05:06:07\u005a"}`, `{"submitted_at":null}`, `{"submitted_at":5}`,
+		`{"history":[{"at":"2026-12-02T05:06:07Z","attempt":1,"worker":"w","class":"c","code":451,"delay_ms":5,"rcpts":2}]}`,
+		`{"history":[{"attempt":1,"attempt":2}]}`, `{"id":"a",}`, `{"id":"a" "b":1}`, `{"rcpts":["a",]}`,
+	} {
+		checkUnmarshalEnvelope(t, []byte(s))
+	}
+}
+
+func FuzzUnmarshalEnvelope(f *testing.F) {
+	for _, e := range sampleEnvelopes() {
+		b, _ := e.appendJSON(nil)
+		f.Add(b)
+	}
+	f.Add([]byte(`{"id":"a\u0000\u00e9\u2028\/\b\f\n\r\t\"\\","dsn":{"rcpts":{"a":{"notify":[]}}},"size":-0}`))
+	f.Add([]byte(`{"id":"\ud83d\ude00","history":[{"at":"2026-12-02T05:06:07Z","attempt":1}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkUnmarshalEnvelope(t, data)
+	})
 }
