@@ -256,3 +256,75 @@ func FuzzUnmarshalEnvelope(f *testing.F) {
 		checkUnmarshalEnvelope(t, data)
 	})
 }
+
+// The samples set every field the JSON carries, of the envelope and of the
+// types inside it, so a field added to one of them (which the hand-written
+// encoder and decoder would not know) fails here until a sample sets it
+// and TestEnvelopeJSONMatchesMarshal then compares it.
+func TestEnvelopeSamplesCoverEveryField(t *testing.T) {
+	seen := map[string]bool{}
+	var walk func(prefix string, v any)
+	walk = func(prefix string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				seen[prefix+k] = true
+				walk(prefix+k+".", x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(prefix, x)
+			}
+		}
+	}
+	for _, e := range sampleEnvelopes() {
+		b, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		walk("", m)
+	}
+	var want func(prefix string, typ reflect.Type)
+	want = func(prefix string, typ reflect.Type) {
+		for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice {
+			typ = typ.Elem()
+		}
+		if typ.Kind() != reflect.Struct || typ == reflect.TypeOf(time.Time{}) {
+			return
+		}
+		for i := 0; i < typ.NumField(); i++ {
+			f := typ.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "-" || !f.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			if !seen[prefix+name] {
+				t.Errorf("no sample sets %s%s (%s)", prefix, name, f.Type)
+			}
+			ft := f.Type
+			if ft.Kind() == reflect.Map {
+				// Map values sit under their keys: fold the keys the
+				// samples use into one, "*", and check the values' fields
+				// there.
+				for k := range seen {
+					if rest, ok := strings.CutPrefix(k, prefix+name+"."); ok {
+						if _, field, ok := strings.Cut(rest, "."); ok {
+							seen[prefix+name+".*."+field] = true
+						}
+					}
+				}
+				want(prefix+name+".*.", ft.Elem())
+				continue
+			}
+			want(prefix+name+".", ft)
+		}
+	}
+	want("", reflect.TypeOf(Envelope{}))
+}
