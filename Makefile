@@ -66,7 +66,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzBodyValidator -fuzztime=$(or $(FUZZTIME),150000x) ./submission
 	$(GO) test -run='^$$' -fuzz=FuzzDotStuff -fuzztime=$(or $(FUZZTIME),150000x) ./sender
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeEnvelope -fuzztime=$(or $(FUZZTIME),75000x) ./queue
-	$(GO) test -run='^$$' -fuzz=FuzzEnvelopeJSON -fuzztime=$(or $(FUZZTIME),50000x) ./queue
+	$(GO) test -run='^$$' -fuzz=FuzzEnvelopeJSON -fuzztime=$(or $(FUZZTIME),20000x) ./queue
 
 # bench: micro-benchmarks, then the end-to-end suite against Postfix
 # (docs/benchmarks.md). BENCH_QUICK=1 for a few-minute version.
