@@ -399,6 +399,13 @@ func (s *Server) getMessage(w http.ResponseWriter, r *http.Request, key *KeyInfo
 	switch {
 	case it != nil:
 		st.Tenant, st.Dest, st.State, st.Recipients = it.Env.Tenant, it.Env.Dest, string(it.State), it.Env.Rcpts
+		// A delivered envelope's acknowledgement is not waited for (the
+		// SENT marker makes a lost one harmless), so for a moment it is
+		// still on the work lane behind its outcome: the outcome is the
+		// state.
+		if out := lastOutcome(hist); it.State == queue.StateQueued && (out == queue.EventDelivered || out == queue.EventBounced) {
+			st.State = out
+		}
 		if !it.NextAt.IsZero() {
 			t := it.NextAt.UTC()
 			st.NextAt = &t
