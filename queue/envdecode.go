@@ -17,10 +17,8 @@ import (
 // (TestUnmarshalEnvelopeMatchesUnmarshal, FuzzUnmarshalEnvelope).
 func (e *Envelope) decodeJSONFast(data []byte) bool {
 	d := fastDec{b: data}
-	var seen uint32
-	ok := d.object(func(key []byte) bool {
-		var bit uint32
-		ok := true
+	ok := d.fields(func(key []byte) (bit uint32, ok bool) {
+		ok = true
 		switch string(key) {
 		case "id":
 			bit = 1 << 0
@@ -94,13 +92,9 @@ func (e *Envelope) decodeJSONFast(data []byte) bool {
 			bit = 1 << 19
 			e.DelayNoted, ok = d.int()
 		default:
-			return false
+			return 0, false
 		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-		return true
+		return bit, ok
 	})
 	if !ok {
 		return false
@@ -110,10 +104,8 @@ func (e *Envelope) decodeJSONFast(data []byte) bool {
 }
 
 func (d *fastDec) attempt(a *Attempt) bool {
-	var seen uint32
-	return d.object(func(key []byte) bool {
-		var bit uint32
-		ok := true
+	return d.fields(func(key []byte) (bit uint32, ok bool) {
+		ok = true
 		switch string(key) {
 		case "at":
 			bit = 1 << 0
@@ -152,8 +144,19 @@ func (d *fastDec) attempt(a *Attempt) bool {
 			bit = 1 << 11
 			a.Rcpts, ok = d.int()
 		default:
-			return false
+			return 0, false
 		}
+		return bit, ok
+	})
+}
+
+// fields decodes an object whose keys field reads, each at most once:
+// field decodes the value of key and returns the key's bit, and false for
+// a key it does not know or a value it cannot read.
+func (d *fastDec) fields(field func(key []byte) (bit uint32, ok bool)) bool {
+	var seen uint32
+	return d.object(func(key []byte) bool {
+		bit, ok := field(key)
 		if !ok || seen&bit != 0 {
 			return false
 		}
@@ -163,10 +166,8 @@ func (d *fastDec) attempt(a *Attempt) bool {
 }
 
 func (d *fastDec) dsn(p *DSNParams) bool {
-	var seen uint32
-	return d.object(func(key []byte) bool {
-		var bit uint32
-		ok := true
+	return d.fields(func(key []byte) (bit uint32, ok bool) {
+		ok = true
 		switch string(key) {
 		case "ret":
 			bit = 1 << 0
@@ -190,21 +191,15 @@ func (d *fastDec) dsn(p *DSNParams) bool {
 				return true
 			})
 		default:
-			return false
+			return 0, false
 		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-		return true
+		return bit, ok
 	})
 }
 
 func (d *fastDec) rcptDSN(r *RcptDSN) bool {
-	var seen uint32
-	return d.object(func(key []byte) bool {
-		var bit uint32
-		ok := true
+	return d.fields(func(key []byte) (bit uint32, ok bool) {
+		ok = true
 		switch string(key) {
 		case "notify":
 			bit = 1 << 0
@@ -216,13 +211,9 @@ func (d *fastDec) rcptDSN(r *RcptDSN) bool {
 			bit = 1 << 2
 			r.ORcptType, ok = d.str()
 		default:
-			return false
+			return 0, false
 		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-		return true
+		return bit, ok
 	})
 }
 
