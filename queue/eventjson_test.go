@@ -54,20 +54,7 @@ func FuzzEventJSON(f *testing.F) {
 		if raw == "" {
 			ev.Decision = nil
 		}
-		want, err := json.Marshal(ev)
-		got, ok := ev.appendJSON(nil)
-		if err != nil {
-			if ok {
-				t.Fatalf("json.Marshal refused (%v) but appendJSON wrote %s", err, got)
-			}
-			return
-		}
-		if !ok {
-			t.Fatalf("appendJSON refused what json.Marshal wrote: %s", want)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("appendJSON = %s\nwant         %s", got, want)
-		}
+		matchesMarshal(t, ev, ev.appendJSON)
 	})
 }
 
@@ -111,4 +98,25 @@ func BenchmarkEventEncode(b *testing.B) {
 			}
 		}
 	})
+}
+
+// matchesMarshal fails t unless appendJSON writes what json.Marshal writes
+// of v, and refuses what it refuses; it reports whether v was encoded.
+func matchesMarshal(t *testing.T, v any, appendJSON func([]byte) ([]byte, bool)) bool {
+	t.Helper()
+	want, err := json.Marshal(v)
+	got, ok := appendJSON(nil)
+	if err != nil {
+		if ok {
+			t.Fatalf("json.Marshal refused (%v) but appendJSON wrote %s", err, got)
+		}
+		return false
+	}
+	if !ok {
+		t.Fatalf("appendJSON refused what json.Marshal wrote: %s", want)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("appendJSON = %s\nwant           %s", got, want)
+	}
+	return true
 }
