@@ -64,6 +64,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParseReply -fuzztime=$(or $(FUZZTIME),300000x) ./classify
 	$(GO) test -run='^$$' -fuzz=FuzzParseAddress -fuzztime=$(or $(FUZZTIME),150000x) ./submission
 	$(GO) test -run='^$$' -fuzz=FuzzBodyValidator -fuzztime=$(or $(FUZZTIME),150000x) ./submission
+	$(GO) test -run='^$$' -fuzz=FuzzDotReader -fuzztime=$(or $(FUZZTIME),100000x) ./submission
 	$(GO) test -run='^$$' -fuzz=FuzzDotStuff -fuzztime=$(or $(FUZZTIME),150000x) ./sender
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeEnvelope -fuzztime=$(or $(FUZZTIME),75000x) ./queue
 	$(GO) test -run='^$$' -fuzz=FuzzEnvelopeJSON -fuzztime=$(or $(FUZZTIME),20000x) ./queue

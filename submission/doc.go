@@ -15,6 +15,9 @@
 // configured trusted networks, before MAIL FROM is accepted.
 //
 // The listener is built on go-smtp v0.25.1. Some of its behaviour is relied
-// on, and some is worked around, on purpose; each place says which.
+// on, and some is worked around, on purpose; each place says which. DATA
+// bodies are read by dotReader (dotreader.go), which does go-smtp's
+// dot-unstuffing and line counting a buffer at a time instead of an octet
+// at a time, through go-smtp's private fields at their checked layout.
 // docs/submission.md lists every configuration field and every reply code.
 package submission

@@ -153,6 +153,10 @@ type Server struct {
 	conns    map[*trackedConn]struct{}
 
 	closing atomic.Bool // fast path for sessions; mirrors draining
+
+	// plainData reads DATA bodies through go-smtp's own reader instead of
+	// dotReader; tests set it to compare the two.
+	plainData bool
 }
 
 // New checks cfg, applies defaults and returns a Server that hands accepted

@@ -373,6 +373,12 @@ func (s *session) Data(r io.Reader) error {
 	bb := bodyBufs.Get().(*bodyBuf)
 	bb.hdr = appendReceived(bb.hdr[:0], s.conn.Hostname(), s.remote, s.srv.cfg.Hostname, s.tls, s.user != "", start)
 	hdrLen := len(bb.hdr)
+	if !s.srv.plainData {
+		if d := newDotReader(r, s.conn); d != nil {
+			defer d.release() // before go-smtp reads on
+			r = d
+		}
+	}
 	body, reason, rerr := s.readBody(r, bb.read, bb.hdr, start)
 	bodyBufs.Put(bb)
 	if rerr != nil {

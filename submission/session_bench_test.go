@@ -54,6 +54,7 @@ type benchClient struct {
 	b    *testing.B
 	conn net.Conn
 	r    *bufio.Reader
+	body []byte // with the terminator; benchBody if nil
 }
 
 func (bc *benchClient) dial(addr *net.TCPAddr) {
@@ -97,7 +98,11 @@ func (bc *benchClient) message() {
 	bc.cmd(benchMail, '2')
 	bc.cmd(benchRcpt, '2')
 	bc.cmd(benchData, '3')
-	bc.cmd(benchBody, '2')
+	if bc.body != nil {
+		bc.cmd(bc.body, '2')
+	} else {
+		bc.cmd(benchBody, '2')
+	}
 }
 
 func (bc *benchClient) quit() {
@@ -186,6 +191,46 @@ func BenchmarkSMTPSession(b *testing.B) {
 			}
 			b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
 		})
+	}
+}
+
+// BenchmarkDataBody is BenchmarkSMTPSession's TenPerConn with 2 KiB and
+// 100 KiB bodies, read through dotReader and through go-smtp's own DATA
+// reader (plainData): the difference is the octet loop dotReader replaces.
+func BenchmarkDataBody(b *testing.B) {
+	big := []byte(strings.Repeat(strings.Repeat("y", 74)+"\r\n", 100<<10/76) + ".\r\n")
+	for _, size := range []struct {
+		name string
+		body []byte
+	}{{"2KiB", benchBody}, {"100KiB", big}} {
+		for _, plain := range []bool{false, true} {
+			name := size.name + "/dotReader"
+			if plain {
+				name = size.name + "/go-smtp"
+			}
+			b.Run(name, func(b *testing.B) {
+				_, addr := benchServer(b, func(s *Server) { s.plainData = plain })
+				bc := &benchClient{b: b, body: size.body}
+				b.ReportAllocs()
+				b.SetBytes(int64(len(size.body)))
+				start := benchCPU()
+				i := 0
+				for b.Loop() {
+					if i%10 == 0 {
+						bc.dial(addr)
+						bc.cmd(benchHELO, '2')
+					}
+					bc.message()
+					if i++; i%10 == 0 {
+						bc.quit()
+					}
+				}
+				if i%10 != 0 {
+					bc.quit()
+				}
+				b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
+			})
+		}
 	}
 }
 
