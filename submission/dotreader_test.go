@@ -191,12 +191,12 @@ func TestDotReader(t *testing.T) {
 		".\r\n",
 		"hello\r\n.\r\nQUIT\r\n",
 		"..one\r\n.two\r\n...\r\n.\r\n",
-		"a\r\n.\rX\r\n.\r\n",          // ".\r" then not LF: both dropped, as go-smtp does
-		"a\r\r\n.\r\nb\r\n.\r\n",      // "\r\r\n" does not end a line for go-smtp
-		"a\n.\r\nb\r\n.\r\n",          // nor does a bare LF
-		"\r\n.\r\n",                   // an empty line, then the end
-		"x\r\n.",                      // cut off
-		"x\r\n.\r",                    // cut off in ".\r"
+		"a\r\n.\rX\r\n.\r\n",                  // ".\r" then not LF: both dropped, as go-smtp does
+		"a\r\r\n.\r\nb\r\n.\r\n",              // "\r\r\n" does not end a line for go-smtp
+		"a\n.\r\nb\r\n.\r\n",                  // nor does a bare LF
+		"\r\n.\r\n",                           // an empty line, then the end
+		"x\r\n.",                              // cut off
+		"x\r\n.\r",                            // cut off in ".\r"
 		strings.Repeat("y", 40) + "\r\n.\r\n", // a line over the test's limit
 	} {
 		for _, bsize := range []int{1, 3, 7, 32 << 10} {
