@@ -17,9 +17,10 @@ import (
 const bodyChunk = 32 << 10
 
 // bodyBuf is a message's scratch space while its body is read: the read
-// buffer and the Received header.
+// chunks and the Received header.
 type bodyBuf struct {
-	read []byte // bodyChunk octets
+	read []byte    // the first bodyChunk octets of the body
+	more []*[]byte // further chunks, from bodyChunks, for a larger body
 	hdr  []byte
 }
 
@@ -28,17 +29,29 @@ type bodyBuf struct {
 // a bodyBuf (it is copied).
 var bodyBufs = sync.Pool{New: func() any { return &bodyBuf{read: make([]byte, bodyChunk)} }}
 
-// readBody reads the whole body from r (go-smtp's dot-unstuffing reader for
+// bodyChunks recycles the chunks of bodies over bodyChunk octets.
+var bodyChunks = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return &b }}
+
+// putBodyBuf returns bb and its extra chunks to their pools.
+func putBodyBuf(bb *bodyBuf) {
+	for i, c := range bb.more {
+		bodyChunks.Put(c)
+		bb.more[i] = nil
+	}
+	bb.more = bb.more[:0]
+	bodyBufs.Put(bb)
+}
+
+// readBody reads the whole body from r (dotReader or go-smtp's reader for
 // DATA, a pipe for BDAT) and validates it, and returns it after a copy of
-// prefix, in a slice of its own; buf is the read buffer. The body is
-// allocated at the first read, with room for that read: for a body of up to
-// len(buf) octets that is its exact size and the one allocation (go-smtp's
-// DATA reader fills a read to the end of the body or of the buffer). It
-// always reads to the end of the body, even after finding a fault, so the
-// connection stays in step and the client gets its reply; only a timeout, a
-// read error or go-smtp's size limit stop it early. On a fault it returns
-// the reason label and the reply.
-func (s *session) readBody(r io.Reader, buf, prefix []byte, start time.Time) ([]byte, string, *smtp.SMTPError) {
+// prefix, in a slice of its own allocated once at its size: the body is
+// read into bb's chunks (the first is bb.read, further ones come from a
+// pool) and copied out at the end, so a large body is not regrown and
+// copied as it arrives. It always reads to the end of the body, even after
+// finding a fault, so the connection stays in step and the client gets its
+// reply; only a timeout, a read error or go-smtp's size limit stop it
+// early. On a fault it returns the reason label and the reply.
+func (s *session) readBody(r io.Reader, bb *bodyBuf, prefix []byte, start time.Time) ([]byte, string, *smtp.SMTPError) {
 	// For DATA the session owns the socket's read deadline: go-smtp set it
 	// once, at the DATA command, which would make the whole body fit into
 	// one ReadTimeout. Each read gets ReadTimeout instead, and the body as a
@@ -48,25 +61,25 @@ func (s *session) readBody(r io.Reader, buf, prefix []byte, start time.Time) ([]
 	hard := start.Add(s.srv.cfg.DataTimeout)
 	nc := s.conn.Conn()
 
-	var body []byte // nil until the first octets are stored
 	v := bodyValidator{maxLine: s.srv.cfg.MaxLineLength, lineTooLong: s.srv.errLineTooLong}
+	cur, filled, total := bb.read, 0, 0 // the chunk being filled; octets stored
 	for {
 		if !chunked {
 			_ = nc.SetReadDeadline(minTime(time.Now().Add(s.srv.cfg.ReadTimeout), hard))
 		}
-		n, err := r.Read(buf)
+		n, err := r.Read(cur[filled:])
 		if n > 0 && v.err == nil {
-			v.scan(buf[:n])
-			if v.err == nil {
-				if body == nil {
-					body = make([]byte, 0, len(prefix)+n)
-					body = append(body, prefix...)
-				}
-				body = append(body, buf[:n]...)
-			} else {
-				body = nil // keep draining, stop storing
-			}
+			v.scan(cur[filled : filled+n])
 		}
+		if v.err == nil {
+			filled += n
+			total += n
+			if filled == len(cur) {
+				c := bodyChunks.Get().(*[]byte)
+				bb.more = append(bb.more, c)
+				cur, filled = *c, 0
+			}
+		} // else keep draining into the same octets, storing nothing
 		if err == nil {
 			continue
 		}
@@ -102,8 +115,11 @@ func (s *session) readBody(r io.Reader, buf, prefix []byte, start time.Time) ([]
 	if v.err != nil {
 		return nil, v.reason, v.err
 	}
-	if body == nil { // an empty body
-		body = append([]byte(nil), prefix...)
+	body := make([]byte, len(prefix)+total)
+	at := copy(body, prefix)
+	at += copy(body[at:], bb.read)
+	for _, c := range bb.more {
+		at += copy(body[at:], *c)
 	}
 	return body, "", nil
 }

@@ -143,6 +143,10 @@ func newDotReader(r io.Reader, c *smtp.Conn) *dotReader {
 		return nil
 	}
 	t := reflect.TypeOf(r)
+	if t.Kind() != reflect.Pointer || t.Elem().Name() != "dataReader" ||
+		t.Elem().PkgPath() != reflect.TypeFor[smtp.Conn]().PkgPath() {
+		return nil // BDAT's pipe, or a test's reader: not go-smtp's DATA reader
+	}
 	layoutOnce.Do(func() { layoutKnown = learnLayout(t) })
 	l := layoutKnown
 	if l == nil || t != l.dataReader {

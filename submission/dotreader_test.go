@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -225,6 +226,17 @@ func FuzzDotReader(f *testing.F) {
 // stops being used (Data reads through go-smtp's reader, correct but
 // slow) and this test says so.
 func TestGoSMTPLayoutKnown(t *testing.T) {
+	// Learnt afresh, after other readers were offered first (a BDAT
+	// message's pipe can be a process's first body): they must not
+	// settle the layout.
+	layoutOnce, layoutKnown = sync.Once{}, nil
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	for _, r := range []io.Reader{pr, strings.NewReader("x\r\n.\r\n")} {
+		if newDotReader(r, &smtp.Conn{}) != nil {
+			t.Fatalf("dotReader in place of a %T", r)
+		}
+	}
 	got := make(chan string, 1)
 	srv := smtp.NewServer(layoutBackend{got})
 	srv.Domain = "mx.test"

@@ -379,8 +379,8 @@ func (s *session) Data(r io.Reader) error {
 			r = d
 		}
 	}
-	body, reason, rerr := s.readBody(r, bb.read, bb.hdr, start)
-	bodyBufs.Put(bb)
+	body, reason, rerr := s.readBody(r, bb, bb.hdr, start)
+	putBodyBuf(bb)
 	if rerr != nil {
 		return s.reject(rerr, reason, true, func(e *zerolog.Event) { e.Int("rcpts", len(rcpts)) })
 	}

@@ -26,6 +26,20 @@ func TestStoredBodyIsExact(t *testing.T) {
 			body = "Date: Tue, 01 Dec 2026 10:00:00 +0000\r\nMessage-ID: <n@example.com>\r\nSubject: n\r\n\r\n" + strings.Repeat(line, n-1)
 		}
 		bodies = append(bodies, body)
+	}
+	// And bodies around the read chunk's size, the last octet of a chunk
+	// and the first of the next among them.
+	for _, size := range []int{bodyChunk - 1, bodyChunk, bodyChunk + 1, 2 * bodyChunk, 3*bodyChunk + 7} {
+		hdr := "Date: Tue, 01 Dec 2026 10:00:00 +0000\r\nMessage-ID: <s@example.com>\r\nSubject: s\r\n\r\n"
+		body := hdr + strings.Repeat(line, (size-len(hdr))/len(line)-1)
+		pad := size - len(body) // 72 to 143: one line
+		body += strings.Repeat("p", pad-2) + "\r\n"
+		if len(body) != size {
+			t.Fatalf("built %d octets, want %d", len(body), size)
+		}
+		bodies = append(bodies, body)
+	}
+	for _, body := range bodies {
 		rc.cmd("MAIL FROM:<a@example.com>", 250)
 		rc.cmd("RCPT TO:<b@example.org>", 250)
 		rc.cmd("DATA", 354)
