@@ -17,7 +17,16 @@ import (
 // marker (what KeyValue.Get reports as ErrKeyNotFound). seq is the
 // message's stream sequence (a key's revision). Every stream it reads
 // allows direct gets (setup).
-func (q *Queue) lastMsg(ctx context.Context, stream, subject string) (data []byte, seq uint64, found bool, err error) {
+//
+// On the embedded server a subject with nothing stored is answered in
+// process (localStore), counted as OpLocalGet; a direct get is counted as
+// op.
+func (q *Queue) lastMsg(ctx context.Context, op Op, stream, subject string) (data []byte, seq uint64, found bool, err error) {
+	if q.local != nil && q.local.absent(stream, subject) {
+		q.count(OpLocalGet)
+		return nil, 0, false, nil
+	}
+	q.count(op)
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, directGetTimeout)

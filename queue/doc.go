@@ -24,6 +24,12 @@
 // durable.go), and a schedule the server fires is fsynced within a group
 // commit of its republish, or by the lanes' one-second sweep.
 //
+// The same in-process access answers the two look-ups every message makes,
+// the suppression check at RCPT and the SENT check before a send, when
+// they find nothing, as they nearly always do: the embedded server's store
+// is asked directly, without a request through the server (instore.go).
+// Anything found, and every look-up over a socket, is a direct get.
+//
 // Besides SENT markers, the SENT bucket holds small compare-and-set records
 // that several envelopes or processes share (notices.go, bodies.go): the
 // count of a multi-part submission's envelopes still holding its body, the

@@ -191,8 +191,7 @@ func (d *Delivery) InProgress() { _ = d.msg.InProgress() }
 // dies between the two.
 func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
 	e := d.Env
-	d.q.count(OpSentGet)
-	if _, _, found, err := d.q.lastMsg(ctx, sentStreamName, sentSubject(e.SentKey())); err != nil {
+	if _, _, found, err := d.q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject(e.SentKey())); err != nil {
 		return false, fmt.Errorf("SENT lookup: %w", err)
 	} else if found {
 		return true, nil

@@ -30,6 +30,7 @@ const (
 	OpFetched                // an envelope received by a pull
 	OpSync                   // a wait for the group commit of acknowledged writes
 	OpSuppressGet            // a suppression-list read (one per recipient at submission)
+	OpLocalGet               // a SENT or suppression look-up answered "nothing stored" by the embedded server's store in process, no round trip (instore.go)
 	numOps
 )
 
@@ -37,7 +38,7 @@ var opNames = [numOps]string{
 	OpPublishWork: "publish_work", OpPublishBody: "publish_body", OpPublishLane: "publish_lane",
 	OpPublishDead: "publish_dead", OpPublishEvent: "publish_event", OpSentGet: "sent_get", OpSentPut: "sent_put",
 	OpDirectGet: "direct_get", OpAck: "ack", OpFetch: "fetch", OpFetched: "fetched", OpSync: "sync",
-	OpSuppressGet: "suppress_get",
+	OpSuppressGet: "suppress_get", OpLocalGet: "local_get",
 }
 
 // String is the op's label value.
@@ -61,7 +62,7 @@ func (q *Queue) Ops() map[string]uint64 {
 
 // opsDesc describes outflow_jetstream_ops_total; DepthCollector reports it.
 var opsDesc = prometheus.NewDesc("outflow_jetstream_ops_total",
-	"JetStream operations made by this process's queue on the delivery path, by kind (a publish per stream, SENT-bucket reads and writes, direct gets, acks, pull requests, envelopes pulled, group-commit waits).",
+	"JetStream operations made by this process's queue on the delivery path, by kind (a publish per stream, SENT-bucket reads and writes, direct gets, acks, pull requests, envelopes pulled, group-commit waits; local_get: a look-up the embedded server's store answered in process, without a round trip).",
 	[]string{"op"}, nil)
 
 // collectOps sends the current counts to ch.

@@ -34,7 +34,7 @@ func TestOpsCountOneDelivery(t *testing.T) {
 		t.Fatalf("SENT marker after Delivered: %v", err)
 	}
 	got := q.Ops()
-	for op, want := range map[string]uint64{"publish_work": 1, "publish_event": 1, "sent_get": 1, "sent_put": 1, "ack": 1, "fetched": 1, "publish_body": 0} {
+	for op, want := range map[string]uint64{"publish_work": 1, "publish_event": 1, "sent_get": 0, "local_get": 1, "sent_put": 1, "ack": 1, "fetched": 1, "publish_body": 0} {
 		if got[op] != want {
 			t.Errorf("%s = %d, want %d (all: %v)", op, got[op], want, got)
 		}
@@ -67,21 +67,21 @@ func TestLastMsgReadsLikeKeyValueGet(t *testing.T) {
 	q, _ := startQueue(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, _, found, err := q.lastMsg(ctx, sentStreamName, sentSubject("absent.0")); err != nil || found {
+	if _, _, found, err := q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject("absent.0")); err != nil || found {
 		t.Fatalf("absent key: found %v, %v", found, err)
 	}
 	rev, err := q.sent.Put(ctx, "k1.0", []byte("a@b.example"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, seq, found, err := q.lastMsg(ctx, sentStreamName, sentSubject("k1.0"))
+	data, seq, found, err := q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject("k1.0"))
 	if err != nil || !found || string(data) != "a@b.example" || seq != rev {
 		t.Fatalf("lastMsg = %q, %d, %v, %v; want the value at revision %d", data, seq, found, err, rev)
 	}
 	if err := q.sent.Delete(ctx, "k1.0"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, found, err := q.lastMsg(ctx, sentStreamName, sentSubject("k1.0")); err != nil || found {
+	if _, _, found, err := q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject("k1.0")); err != nil || found {
 		t.Fatalf("deleted key: found %v, %v", found, err)
 	}
 }
@@ -97,7 +97,7 @@ func BenchmarkSentLookup(b *testing.B) {
 		b.ReportAllocs()
 		defer reportCPU(b)()
 		for b.Loop() {
-			if _, _, found, err := q.lastMsg(ctx, sentStreamName, sentSubject("k1.0")); err != nil || !found {
+			if _, _, found, err := q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject("k1.0")); err != nil || !found {
 				b.Fatal(found, err)
 			}
 		}

@@ -151,6 +151,9 @@ type Queue struct {
 	metaSyncs flights
 	// ops counts JetStream operations by kind (ops.go).
 	ops opCounts
+	// local answers look-ups that find nothing from the embedded
+	// server's store in process (instore.go); nil over a socket.
+	local *localStore
 }
 
 // connectTimeout bounds the NATS connection handshake.
@@ -207,7 +210,8 @@ func connect(ctx context.Context, opts Options, layout func(Options) []jetstream
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	q := &Queue{nc: nc, js: js, opts: opts, log: opts.Logger, lanes: map[Lane]jetstream.Stream{}, syncer: opts.Syncer}
+	q := &Queue{nc: nc, js: js, opts: opts, log: opts.Logger, lanes: map[Lane]jetstream.Stream{}, syncer: opts.Syncer,
+		local: newLocalStore(opts.InProcess)}
 	if q.ev, err = newEventPublisher(nc, opts.Logger); err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("events: %w", err)

@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
@@ -113,21 +112,6 @@ type Syncer interface {
 
 // ErrSyncerStopped is returned by Sync after the syncer's context ended.
 var ErrSyncerStopped = errors.New("store syncer stopped")
-
-// Reaching a stream's store in process. nats-server exports the store's
-// interface (StreamStore, with FlushAllPending) and the stream's Store
-// method, but not a way to find a stream by name, and its stream type is
-// unexported; these two links are the whole dependency on its internals.
-// The build fails if a nats-server upgrade renames either, and
-// TestStoreSyncerFindsStreams checks what they return. Upstream, an
-// exported Account.LookupStream (or a Server.JetStreamSyncStream) would
-// replace them.
-
-//go:linkname natsLookupStream github.com/nats-io/nats-server/v2/server.(*Account).lookupStream
-func natsLookupStream(a *server.Account, name string) (unsafe.Pointer, error)
-
-//go:linkname natsStreamStore github.com/nats-io/nats-server/v2/server.(*stream).Store
-func natsStreamStore(mset unsafe.Pointer) server.StreamStore
 
 // StoreSyncer is the group-commit syncer of an embedded server's streams.
 type StoreSyncer struct {
@@ -376,20 +360,9 @@ func (s *StoreSyncer) syncBatch(batch []*syncReq) {
 // syncStream writes out the stream's buffered messages and fsyncs the
 // block files that changed since prev, returning the files as now synced.
 func (s *StoreSyncer) syncStream(name string, prev blockStates) (blockStates, error) {
-	acc := s.srv.GlobalAccount()
-	if acc == nil {
-		return nil, fmt.Errorf("sync %s: %w: no account", name, ErrUnavailable)
-	}
-	mset, err := natsLookupStream(acc, name)
+	store, err := streamStore(s.srv, name)
 	if err != nil {
-		return nil, fmt.Errorf("sync %s: %w", name, err)
-	}
-	if mset == nil {
-		return nil, fmt.Errorf("sync %s: stream not found", name)
-	}
-	store := natsStreamStore(mset)
-	if store == nil {
-		return nil, fmt.Errorf("sync %s: stream has no store", name)
+		return nil, fmt.Errorf("sync: %w", err)
 	}
 	if store.Type() != server.FileStorage {
 		return prev, nil // a memory stream has nothing to sync

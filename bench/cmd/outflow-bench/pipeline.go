@@ -181,12 +181,12 @@ func printOps(now, before map[string]uint64, msgs int) {
 		if n == 0 {
 			continue
 		}
-		if k != "fetched" && k != "sync" {
+		if k != "fetched" && k != "sync" && k != "local_get" {
 			total += n
 		}
 		fmt.Printf(" %s %.3f", k, n)
 	}
-	fmt.Printf("; total %.3f (without fetched and sync)\n", total)
+	fmt.Printf("; total %.3f round trips (without fetched, sync and local_get)\n", total)
 }
 
 // writeProfile writes the runtime profile name to path.
