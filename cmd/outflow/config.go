@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/internal/gcpolicy"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/submission"
@@ -64,6 +65,7 @@ type serveConfig struct {
 	LogLevel        string        `toml:"log-level"`
 	ShutdownGrace   time.Duration `toml:"shutdown-grace"`
 	GCPercent       int           `toml:"gc-percent"`
+	GCMinHeap       int64         `toml:"gc-min-heap"`
 	SMTPPort        int           `toml:"smtp-port"`
 	TLSPolicy       string        `toml:"tls-policy"`
 	SMTPReadTimeout time.Duration `toml:"smtp-read-timeout"`
@@ -153,7 +155,8 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.StringVar(&c.ClassifyRules, "classify-rules", "", "extra reply-classification rules (TOML), tried first")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long deliveries in progress may take to finish at shutdown")
-	fs.IntVar(&c.GCPercent, "gc-percent", 50, "Go GC target (GOGC); the environment's GOGC wins when set")
+	fs.IntVar(&c.GCPercent, "gc-percent", gcpolicy.DefaultPercent, "Go GC target (GOGC); the environment's GOGC wins when set")
+	fs.Int64Var(&c.GCMinHeap, "gc-min-heap", gcpolicy.DefaultMinHeap, "bytes the heap may grow to before the Go GC runs a cycle, however small the live heap; 0 = none")
 	fs.IntVar(&c.SMTPPort, "smtp-port", sender.DefaultPort, "port of MX hosts (tests use another)")
 	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", sender.DefaultConnectTimeout, "TCP connect to an MX or the relay")
 	fs.DurationVar(&c.CommandTimeout, "command-timeout", sender.DefaultCommandTimeout, "each SMTP command's reply, including the greeting (RFC 5321 4.5.3.2)")

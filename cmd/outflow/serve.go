@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/gcpolicy"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/submission"
@@ -70,13 +70,11 @@ func serve(parent context.Context, c *serveConfig) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	// Most of a busy daemon's heap is long-lived JetStream state (the
-	// embedded server's per-subject index of deferred mail), so the Go
-	// default of 100% headroom mostly buys idle memory (--gc-percent 50 by
-	// default; the figures are in docs/benchmarks.md, scenario 3).
-	if os.Getenv("GOGC") == "" && c.GCPercent > 0 {
-		debug.SetGCPercent(c.GCPercent)
-	}
+	// Most of a busy daemon's heap with a backlog is long-lived JetStream
+	// state, so Go's 100% headroom mostly buys idle memory; without one,
+	// the floor keeps a small heap from collecting every few MiB
+	// (internal/gcpolicy; figures in docs/benchmarks.md).
+	gcpolicy.Apply(c.GCPercent, c.GCMinHeap)
 	if err := os.MkdirAll(c.Data, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}

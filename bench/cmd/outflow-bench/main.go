@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/outflow/outflow/internal/gcpolicy"
 )
 
 type config struct {
@@ -33,6 +35,8 @@ func main() {
 	var profDir string
 	var profMsgs, profSize, profWorkers, profBacklog int
 	var profDurability string
+	var profGCPercent int
+	var profGCMinHeap int64
 	flag.StringVar(&c.outflow, "outflow", "bin/outflow", "outflow binary")
 	flag.BoolVar(&c.quick, "quick", os.Getenv("BENCH_QUICK") == "1", "quick mode: fewer messages and runs (BENCH_QUICK=1)")
 	flag.IntVar(&c.runs, "runs", 0, "alternating runs per scenario (default 3, quick 1)")
@@ -48,8 +52,11 @@ func main() {
 	flag.IntVar(&profWorkers, "profile-workers", 32, "delivery workers for -profile (serve's default)")
 	flag.StringVar(&profDurability, "profile-durability", "disk", "for -profile: --durability of the pipeline (disk, serve's default, or none)")
 	flag.IntVar(&profBacklog, "profile-backlog", 0, "for -profile: first defer this many envelopes (due in 7 days) and let them settle, as in scenario 3")
+	flag.IntVar(&profGCPercent, "profile-gc-percent", gcpolicy.DefaultPercent, "for -profile: serve's --gc-percent (GOGC in the environment wins)")
+	flag.Int64Var(&profGCMinHeap, "profile-gc-min-heap", gcpolicy.DefaultMinHeap, "for -profile: serve's --gc-min-heap (0: none)")
 	flag.Parse()
 	if profDir != "" {
+		gcpolicy.Apply(profGCPercent, profGCMinHeap)
 		if err := runProfile(profDir, profMsgs, profSize, profWorkers, profBacklog, profDurability); err != nil {
 			fmt.Fprintln(os.Stderr, "outflow-bench:", err)
 			os.Exit(1)
