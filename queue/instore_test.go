@@ -131,25 +131,21 @@ func TestNoLocalReaderOverSocket(t *testing.T) {
 func BenchmarkLocalAbsent(b *testing.B) {
 	q, _ := startQueueWith(b, Options{})
 	ctx := context.Background()
-	b.Run("local", func(b *testing.B) {
-		b.ReportAllocs()
-		defer reportCPU(b)()
-		for b.Loop() {
-			if _, _, found, err := q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject("absent.0")); err != nil || found {
-				b.Fatal(found, err)
-			}
-		}
-	})
 	local := q.local
-	q.local = nil
 	defer func() { q.local = local }()
-	b.Run("direct-get", func(b *testing.B) {
-		b.ReportAllocs()
-		defer reportCPU(b)()
-		for b.Loop() {
-			if _, _, found, err := q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject("absent.0")); err != nil || found {
-				b.Fatal(found, err)
+	for _, bc := range []struct {
+		name  string
+		local *localStore
+	}{{"local", local}, {"direct-get", nil}} {
+		q.local = bc.local
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			defer reportCPU(b)()
+			for b.Loop() {
+				if _, _, found, err := q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject("absent.0")); err != nil || found {
+					b.Fatal(found, err)
+				}
 			}
-		}
-	})
+		})
+	}
 }
