@@ -124,3 +124,20 @@ func TestTargetFor(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAdjust is what the hook costs the finalizer goroutine once per
+// collection: a read of the live heap and, when it changed the target,
+// a call into the collector's pacer.
+//
+//	go test -run '^$' -bench Adjust -benchmem ./internal/gcpolicy
+func BenchmarkAdjust(b *testing.B) {
+	defer debug.SetGCPercent(gogc())
+	f := &floor{percent: 50, min: DefaultMinHeap, set: 50}
+	b.ReportAllocs()
+	for b.Loop() {
+		mu.Lock()
+		f.set = 0 // force the pacer call: the dearer path
+		f.adjust()
+		mu.Unlock()
+	}
+}
