@@ -50,6 +50,9 @@ func Apply(percent int, minHeap int64) int {
 	mu.Lock()
 	defer mu.Unlock()
 	if cur != nil {
+		// Back to the target the replaced policy started from, so that
+		// what is read below is a configured target, not one it raised.
+		debug.SetGCPercent(cur.percent)
 		cur.stopped = true
 		cur = nil
 	}
@@ -82,6 +85,9 @@ func onCycle(*sentinel) {
 // min). Called with mu held.
 func (f *floor) adjust() {
 	metrics.Read(liveHeap)
+	if liveHeap[0].Value.Kind() != metrics.KindUint64 {
+		return // a runtime without the metric: the target stays as set
+	}
 	want := targetFor(f.percent, f.min, liveHeap[0].Value.Uint64())
 	if want != f.set {
 		debug.SetGCPercent(want)

@@ -89,6 +89,23 @@ func TestFloor(t *testing.T) {
 // retained is the test's live heap, reachable from a package variable.
 var retained [][]byte
 
+// A second Apply starts from the configured target, not from the one the
+// first one's floor raised.
+func TestReapply(t *testing.T) {
+	t.Setenv("GOGC", "200")
+	restore(t)
+	debug.SetGCPercent(200)
+	retained = make([][]byte, 1)
+	retained[0] = make([]byte, 4<<20)
+	if got := Apply(50, 256<<20); got <= 200 {
+		t.Fatalf("Apply with a floor far above a small heap = %d, want above GOGC's 200", got)
+	}
+	if got := Apply(50, 0); got != 200 {
+		t.Fatalf("Apply without a floor after one with it = %d, want GOGC's 200", got)
+	}
+	retained = nil
+}
+
 // GOGC in the environment wins over the configured target, and off means
 // no floor either.
 func TestEnvironmentWins(t *testing.T) {
