@@ -5,12 +5,16 @@ import (
 	"time"
 )
 
-// cutFactor is the multiplicative decrease after a throttled reply. The
-// shared write only cuts from the factor this worker saw: if another
-// worker cut it meanwhile, the same overload is not punished twice.
-// d.mu held.
-func (t *Throttle) cutFactor(d *dest, now time.Time) {
-	seen := d.state.RateFactor()
+// cutFactor is the multiplicative decrease after a throttled reply to an
+// attempt admitted at factor admitted. It cuts only from that factor: if
+// the factor is already below it, locally or in the shared state, another
+// worker (or this one) cut it since the attempt went out, for the same
+// overload, which is not punished twice. The reply's own admission is
+// what counts, not what this worker has seen by the time the reply came:
+// another worker's cut that arrives while the attempt is in flight would
+// otherwise be taken as the base of a second one. d.mu held.
+func (t *Throttle) cutFactor(d *dest, now time.Time, admitted float64) {
+	seen := admitted
 	fn := func(s *DestState, now time.Time) bool {
 		f := s.RateFactor()
 		if f < seen-1e-9 {

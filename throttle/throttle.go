@@ -627,6 +627,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		d.lastTurn = at
 	}
 	d.inflight++
+	factor := d.state.RateFactor()
 	d.mu.Unlock()
 
 	if wait := time.Until(at); wait > 0 {
@@ -645,7 +646,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 			return nil, Refusal{Until: t.now(), Reason: "canceled"}, false
 		}
 	}
-	return &permit{t: t, d: d, probe: probe}, Refusal{}, false
+	return &permit{t: t, d: d, probe: probe, factor: factor}, Refusal{}, false
 }
 
 // permit is one admitted attempt.
@@ -653,7 +654,10 @@ type permit struct {
 	t     *Throttle
 	d     *dest
 	probe bool
-	done  atomic.Bool
+	// factor is the destination's rate factor when the attempt was
+	// admitted: a throttled reply to it cuts from there (cutFactor).
+	factor float64
+	done   atomic.Bool
 }
 
 // Done records the attempt's outcome: in-flight, breaker, adaptive rate
@@ -662,14 +666,14 @@ func (p *permit) Done(results []classify.Result) {
 	if !p.done.CompareAndSwap(false, true) {
 		return
 	}
-	p.t.done(p.d, p.probe, results)
+	p.t.done(p.d, p.probe, p.factor, results)
 }
 
 // Limits are the admitted destination's configured limits.
 func (p *permit) Limits() Limits { return p.t.limitsOf(p.d.name) }
 
 // done is Permit.Done: memory only, plus at most a queued KV transition.
-func (t *Throttle) done(d *dest, probe bool, results []classify.Result) {
+func (t *Throttle) done(d *dest, probe bool, admitted float64, results []classify.Result) {
 	now := t.now()
 	o := outcomeOf(results)
 	var fired []int
@@ -720,7 +724,7 @@ func (t *Throttle) done(d *dest, probe bool, results []classify.Result) {
 			t.cutLearnedRate(d, now, o.why)
 		} else if d.lastCut.IsZero() || now.Sub(d.lastCut) >= cfg.DecreaseFor {
 			d.lastCut = now
-			t.cutFactor(d, now)
+			t.cutFactor(d, now, admitted)
 		}
 	} else if o.delivered {
 		if d.pending&pendRamp == 0 && d.state.RateFactor() < 1 &&

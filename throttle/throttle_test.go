@@ -169,8 +169,14 @@ func TestConcurrentCutsDoNotCompound(t *testing.T) {
 	pa, pb := mustAdmit(t, a, "x.test"), mustAdmit(t, b, "x.test")
 	pa.Done([]classify.Result{resThrottled})
 	pb.Done([]classify.Result{resThrottled})
-	for _, th := range []*Throttle{a, b} {
-		eventually(t, 2*time.Second, "both settle on one cut", func() bool { return th.Snapshot("x.test").Factor == 0.5 })
+	deadline := time.Now().Add(2 * time.Second)
+	for a.Snapshot("x.test").Factor != 0.5 || b.Snapshot("x.test").Factor != 0.5 {
+		if time.Now().After(deadline) {
+			st, err := GetState(ctxT(t), env.state, "x.test")
+			t.Fatalf("not within 2s: both settle on one cut; a %v, b %v, stored %+v (%v)",
+				a.Snapshot("x.test").Factor, b.Snapshot("x.test").Factor, st, err)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }
 
