@@ -14,10 +14,9 @@ import (
 // another worker's cut that arrives while the attempt is in flight would
 // otherwise be taken as the base of a second one. d.mu held.
 func (t *Throttle) cutFactor(d *dest, now time.Time, admitted float64) {
-	seen := admitted
 	fn := func(s *DestState, now time.Time) bool {
 		f := s.RateFactor()
-		if f < seen-1e-9 {
+		if f < admitted-1e-9 {
 			return false
 		}
 		s.Factor = math.Max(t.cfg.MinFactor, f*t.cfg.DecreaseFactor)

@@ -180,6 +180,28 @@ func TestConcurrentCutsDoNotCompound(t *testing.T) {
 	}
 }
 
+// A throttled reply to an attempt that went out before another worker's
+// cut reached this one does not cut again: the reply belongs to the
+// overload that cut already answered. Deterministic form of the race
+// TestConcurrentCutsDoNotCompound catches under load.
+func TestCutArrivingInFlightIsNotCutAgain(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults.Rate = 100 })
+	b := newThrottle(t, env, "b", func(c *Config) { c.Defaults.Rate = 100 })
+	waitLive(t, 2, a, b)
+	pa := mustAdmit(t, a, "x.test") // sent at the full rate
+	attempt(t, b, "x.test", resThrottled)
+	eventually(t, 2*time.Second, "a sees b's cut", func() bool { return a.Snapshot("x.test").Factor == 0.5 })
+	pa.Done([]classify.Result{resThrottled})
+	if got := a.Snapshot("x.test").Factor; got != 0.5 {
+		t.Fatalf("a's factor after its in-flight attempt was throttled: %v, want 0.5 (cut once)", got)
+	}
+	st, err := GetState(ctxT(t), env.state, "x.test")
+	if err != nil || st.Factor != 0.5 {
+		t.Fatalf("stored factor %v (%v), want 0.5", st.Factor, err)
+	}
+}
+
 func TestSuspendAndResumeFromOutside(t *testing.T) {
 	env := startKV(t)
 	var recovered atomic.Int32

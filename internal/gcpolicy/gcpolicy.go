@@ -32,13 +32,13 @@ type floor struct {
 	percent int    // the configured target
 	min     uint64 // the floor under the goal, bytes
 	set     int    // the target last set
-	stopped bool
 }
 
 // sentinel is allocated for the collector to find unreachable: its
-// finalizer runs once per cycle. It holds a pointer so that it is not
-// batched by the tiny allocator, whose objects may never be finalized.
-type sentinel struct{ _ *floor }
+// finalizer runs once per cycle. It names the policy that armed it, so a
+// replaced policy's hook stops; holding a pointer also keeps it out of
+// the tiny allocator, whose objects may never be finalized.
+type sentinel struct{ f *floor }
 
 // Apply sets the collector's target to percent and keeps minHeap bytes as
 // the floor under its heap goal. GOGC in the environment wins over
@@ -53,7 +53,6 @@ func Apply(percent int, minHeap int64) int {
 		// Back to the target the replaced policy started from, so that
 		// what is read below is a configured target, not one it raised.
 		debug.SetGCPercent(cur.percent)
-		cur.stopped = true
 		cur = nil
 	}
 	if os.Getenv("GOGC") == "" && percent > 0 {
@@ -65,20 +64,20 @@ func Apply(percent int, minHeap int64) int {
 	}
 	cur = &floor{percent: base, min: uint64(minHeap), set: base}
 	cur.adjust()
-	runtime.SetFinalizer(&sentinel{}, onCycle)
+	runtime.SetFinalizer(&sentinel{cur}, onCycle)
 	return cur.set
 }
 
 // onCycle runs after each collection: it sets the next cycle's target and
 // arms itself for the one after, until Apply replaces the policy.
-func onCycle(*sentinel) {
+func onCycle(s *sentinel) {
 	mu.Lock()
 	defer mu.Unlock()
-	if cur == nil || cur.stopped {
+	if s.f != cur {
 		return
 	}
 	cur.adjust()
-	runtime.SetFinalizer(&sentinel{}, onCycle)
+	runtime.SetFinalizer(&sentinel{cur}, onCycle)
 }
 
 // adjust sets the target so the goal is max(live × (1 + percent/100),
