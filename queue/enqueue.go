@@ -96,7 +96,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			Source:   s.Source, DSN: s.DSN.For(groups[dom]), IsReport: s.IsReport,
 		}
 		if inline {
-			env.Body = s.Body
+			env.Body, env.frame = s.Body, s.Frame
 		}
 		m, err := env.Encode(workSubject(s.Tenant, dom, id))
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -71,6 +72,10 @@ type Envelope struct {
 	// envelope's message, after the JSON, on every lane and into dead
 	// letters. Nil when the body is in the Object Store.
 	Body []byte `json:"-"`
+	// frame is the buffer an inline Body was read into, with free octets
+	// in front of it (Submission.Frame); nil otherwise. data encodes the
+	// envelope there instead of copying Body.
+	frame []byte
 	// Signed is set once the body carries outflow's DKIM signature.
 	// Retries send the signed bytes unchanged. In the Object Store the
 	// signed copy has its own name and the unsigned original stays under
@@ -254,6 +259,9 @@ func (e *Envelope) Unsigned() []byte {
 // data is the envelope's message payload: its JSON, then an inline body
 // after a newline (as json.Encoder ended the JSON when it wrote it).
 func (e *Envelope) data() ([]byte, error) {
+	if b, ok := e.dataInFrame(); ok {
+		return b, nil
+	}
 	n := e.jsonSizeHint()
 	if e.Inline() {
 		n += 1 + len(e.Body)
@@ -272,6 +280,41 @@ func (e *Envelope) data() ([]byte, error) {
 	}
 	return b, nil
 }
+
+// dataInFrame is data written in place: the JSON and its newline go into
+// the free octets in front of an inline body read into a frame
+// (Submission.Frame), so the body is not copied. ok is false, and nothing
+// is written, when there is no frame, the body is not its tail, the
+// octets are too few, or the JSON cannot be written (data's copying path
+// then reports why).
+func (e *Envelope) dataInFrame() (_ []byte, ok bool) {
+	head := len(e.frame) - len(e.Body)
+	if !e.Inline() || len(e.Body) == 0 || head <= 0 || &e.frame[head] != &e.Body[0] {
+		return nil, false
+	}
+	sp := jsonScratch.Get().(*[]byte)
+	defer func() {
+		if cap(*sp) <= maxScratch {
+			jsonScratch.Put(sp)
+		}
+	}()
+	j, ok := e.appendJSON((*sp)[:0])
+	*sp = j[:0]
+	if !ok || len(j)+1 > head {
+		return nil, false
+	}
+	at := head - len(j) - 1
+	copy(e.frame[at:], j)
+	e.frame[head-1] = '\n'
+	return e.frame[at:], true
+}
+
+// jsonScratch holds the buffers dataInFrame encodes an envelope's JSON
+// into before placing it in front of the body; one larger than maxScratch
+// (a long History) is left to the collector.
+var jsonScratch = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+const maxScratch = 16 << 10
 
 // Encode turns the envelope into a NATS message for subject.
 func (e *Envelope) Encode(subject string) (*nats.Msg, error) {

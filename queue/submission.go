@@ -15,4 +15,26 @@ type Submission struct {
 	Source         string     // SourceSMTP, SourceAPI, SourceNATS or SourceDSN; decides the tenant's default for notifications
 	DSN            *DSNParams // RFC 3461 parameters given with the submission, nil if none
 	IsReport       bool       // a delivery status notification outflow wrote (never answered with another)
+
+	// Frame, when not nil, is the buffer Body was read into: Body is its
+	// tail, and the octets in front of Body are free. Enqueue writes an
+	// inline envelope's JSON into them instead of copying the body after
+	// it (see FrameHeadroom for how many to leave); it falls back to the
+	// copy when they are too few. The caller must not use them afterwards.
+	Frame []byte
+}
+
+// FrameHeadroom is how many free octets to leave in front of a body read
+// into a Submission.Frame, for an envelope from from to rcpts (with DSN
+// parameters when dsn): the size of its JSON with room for a long
+// Message-ID and tenant. Too few costs only the copy the frame saves.
+func FrameHeadroom(from string, rcpts []string, dsn bool) int {
+	n := 640 + len(from)
+	for _, r := range rcpts {
+		n += len(r) + 3
+		if dsn {
+			n += 80 + 2*len(r)
+		}
+	}
+	return n
 }

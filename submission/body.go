@@ -47,11 +47,13 @@ func putBodyBuf(bb *bodyBuf) {
 // prefix, in a slice of its own allocated once at its size: the body is
 // read into bb's chunks (the first is bb.read, further ones come from a
 // pool) and copied out at the end, so a large body is not regrown and
-// copied as it arrives. It always reads to the end of the body, even after
-// finding a fault, so the connection stays in step and the client gets its
-// reply; only a timeout, a read error or go-smtp's size limit stop it
-// early. On a fault it returns the reason label and the reply.
-func (s *session) readBody(r io.Reader, bb *bodyBuf, prefix []byte, start time.Time) ([]byte, string, *smtp.SMTPError) {
+// copied as it arrives. The slice is the tail of frame, whose first
+// headroom octets are left free for the envelope (queue.Submission.Frame).
+// It always reads to the end of the body, even after finding a fault, so
+// the connection stays in step and the client gets its reply; only a
+// timeout, a read error or go-smtp's size limit stop it early. On a fault
+// it returns the reason label and the reply.
+func (s *session) readBody(r io.Reader, bb *bodyBuf, prefix []byte, headroom int, start time.Time) (frame, body []byte, reason string, rerr *smtp.SMTPError) {
 	// For DATA the session owns the socket's read deadline: go-smtp set it
 	// once, at the DATA command, which would make the whole body fit into
 	// one ReadTimeout. Each read gets ReadTimeout instead, and the body as a
@@ -97,31 +99,32 @@ func (s *session) readBody(r io.Reader, bb *bodyBuf, prefix []byte, start time.T
 			if !chunked {
 				_ = nc.SetReadDeadline(hard)
 			}
-			return nil, reasonTooBig, smtp.ErrDataTooLarge
+			return nil, nil, reasonTooBig, smtp.ErrDataTooLarge
 		case errors.Is(err, smtp.ErrTooLongLine):
 			// Past go-smtp's hard limit (twice MaxLineLength): it closes
 			// the connection after this reply.
-			return nil, reasonLineTooLong, s.srv.errLineTooLong
+			return nil, nil, reasonLineTooLong, s.srv.errLineTooLong
 		case errors.As(err, &ne) && ne.Timeout():
 			if s.tc != nil {
 				s.tc.hangup("")
 			}
-			return nil, reasonTimeout, errDataTimeout
+			return nil, nil, reasonTimeout, errDataTimeout
 		default:
-			return nil, reasonAborted, errDataAborted
+			return nil, nil, reasonAborted, errDataAborted
 		}
 	}
 	v.finish()
 	if v.err != nil {
-		return nil, v.reason, v.err
+		return nil, nil, v.reason, v.err
 	}
-	body := make([]byte, len(prefix)+total)
+	frame = make([]byte, headroom+len(prefix)+total)
+	body = frame[headroom:]
 	at := copy(body, prefix)
 	at += copy(body[at:], bb.read)
 	for _, c := range bb.more {
 		at += copy(body[at:], *c)
 	}
-	return body, "", nil
+	return frame, body, "", nil
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -22,9 +22,48 @@ import (
 // msg is returned unchanged, not copied, when both fields are present or
 // when it has no header section to complete.
 func CompleteHeaders(msg []byte, skip int, hostname, seed string, now time.Time) []byte {
+	add := missingFields(msg, skip, hostname, seed, now)
+	if add == nil {
+		return msg
+	}
+	out := make([]byte, 0, len(msg)+len(add))
+	out = append(out, msg[:skip]...)
+	out = append(out, add...)
+	return append(out, msg[skip:]...)
+}
+
+// maxAddedHeaders is the room CompleteHeaders' fields take with a
+// hostname of up to 150 octets, what a submission leaves for them in front
+// of its body (completeHeadersInFrame).
+const maxAddedHeaders = 256
+
+// completeHeadersInFrame is CompleteHeaders (no seed) for a body that is
+// the tail of frame (queue.Submission.Frame): the fields go into the free
+// octets in front of the body, the first skip octets moving forward to
+// make room, so that the body is not copied. The body is still frame's
+// tail afterwards. With too few free octets it copies, as CompleteHeaders.
+func completeHeadersInFrame(frame, body []byte, skip int, hostname string, now time.Time) []byte {
+	add := missingFields(body, skip, hostname, "", now)
+	if add == nil {
+		return body
+	}
+	head := len(frame) - len(body)
+	if len(body) == 0 || head < len(add) || &frame[head] != &body[0] {
+		return CompleteHeaders(body, skip, hostname, "", now)
+	}
+	at := head - len(add)
+	copy(frame[at:], body[:skip]) // overlapping: copy moves
+	copy(frame[at+skip:], add)
+	return frame[at:]
+}
+
+// missingFields returns the Date and Message-ID fields msg lacks, to go
+// after its first skip octets; nil when it lacks neither or has no header
+// section.
+func missingFields(msg []byte, skip int, hostname, seed string, now time.Time) []byte {
 	hasDate, hasID, ok := scanHeader(msg[skip:])
 	if !ok || (hasDate && hasID) {
-		return msg
+		return nil
 	}
 	var add []byte
 	if !hasDate {
@@ -39,10 +78,7 @@ func CompleteHeaders(msg []byte, skip int, hostname, seed string, now time.Time)
 		add = append(add, hostname...)
 		add = append(add, ">\r\n"...)
 	}
-	out := make([]byte, 0, len(msg)+len(add))
-	out = append(out, msg[:skip]...)
-	out = append(out, add...)
-	return append(out, msg[skip:]...)
+	return add
 }
 
 // scanHeader reports whether the header section of msg has a Date and a

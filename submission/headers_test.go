@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outflow/outflow/queue"
 )
 
 func TestCompleteHeaders(t *testing.T) {
@@ -124,4 +126,63 @@ func FuzzCompleteHeaders(f *testing.F) {
 			t.Fatalf("second pass changed %q to %q", once, twice)
 		}
 	})
+}
+
+// completeHeadersInFrame writes what CompleteHeaders writes, in the free
+// octets in front of the body, which stays the frame's tail; with too few
+// it copies as CompleteHeaders does.
+func TestCompleteHeadersInFrame(t *testing.T) {
+	now := time.Date(2026, 12, 3, 9, 30, 0, 0, time.UTC)
+	const trace = "Received: from x\r\n\tby y; date\r\n"
+	for _, c := range []struct {
+		msg    string
+		random bool // a Message-ID is added: random, so compared by length
+	}{
+		{trace + "Message-ID: <a@b>\r\nSubject: hi\r\n\r\nbody\r\n", false}, // Date missing
+		{trace + "Date: x\r\nMessage-ID: <a@b>\r\n\r\nbody\r\n", false},     // nothing missing
+		{trace + "Subject: hi\r\n\r\nbody\r\n", true},                       // both missing
+	} {
+		for _, head := range []int{maxAddedHeaders, 0} {
+			frame := make([]byte, head+len(c.msg))
+			body := frame[head:]
+			copy(body, c.msg)
+			got := completeHeadersInFrame(frame, body, len(trace), "relay.example", now)
+			want := CompleteHeaders([]byte(c.msg), len(trace), "relay.example", "", now)
+			if len(got) != len(want) || !strings.HasPrefix(string(got), trace) || !strings.HasSuffix(string(got), c.msg[len(trace):]) ||
+				!c.random && string(got) != string(want) {
+				t.Fatalf("head %d: got %q\nwant %q", head, got, want)
+			}
+			tail := &got[len(got)-1] == &frame[len(frame)-1]
+			if wantTail := head > 0 || len(got) == len(c.msg); tail != wantTail {
+				t.Fatalf("head %d: body is the frame's tail: %v, want %v", head, tail, wantTail)
+			}
+		}
+	}
+}
+
+// The listener hands the queue each body as the tail of a frame with room
+// in front for the envelope (queue.Submission.Frame), a bare message's
+// added fields included, so the body is not copied again to be stored.
+func TestSubmissionBodyInFrame(t *testing.T) {
+	q := &fakeQueue{}
+	ts := startServer(t, Config{Users: testUsers(t), Hostname: "mx.test"}, q)
+	c := ts.dialAuth(t)
+	for _, msg := range []string{"Subject: bare\r\n\r\nhi\r\n", "Date: Thu, 3 Dec 2026 09:00:00 +0000\r\nMessage-ID: <a@b>\r\n\r\nhi\r\n"} {
+		if err := c.SendMail("app@example.com", []string{"rcpt@example.org"}, strings.NewReader(msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	subs := q.got()
+	if len(subs) != 2 {
+		t.Fatalf("%d submissions", len(subs))
+	}
+	for _, s := range subs {
+		head := len(s.Frame) - len(s.Body)
+		if len(s.Body) == 0 || head <= 0 || &s.Frame[head] != &s.Body[0] {
+			t.Fatalf("body is not the tail of a frame (frame %d octets, body %d)", len(s.Frame), len(s.Body))
+		}
+		if need := queue.FrameHeadroom(s.From, s.Rcpts, s.DSN != nil); head < need {
+			t.Fatalf("%d free octets in front of the body, FrameHeadroom asks %d", head, need)
+		}
+	}
 }

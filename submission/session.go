@@ -379,19 +379,20 @@ func (s *session) Data(r io.Reader) error {
 			r = d
 		}
 	}
-	body, reason, rerr := s.readBody(r, bb, bb.hdr, start)
+	frame, body, reason, rerr := s.readBody(r, bb, bb.hdr, queue.FrameHeadroom(from, rcpts, dsn != nil)+maxAddedHeaders, start)
 	putBodyBuf(bb)
 	if rerr != nil {
 		return s.reject(rerr, reason, true, func(e *zerolog.Event) { e.Int("rcpts", len(rcpts)) })
 	}
 	size := len(body) - hdrLen
-	body = CompleteHeaders(body, hdrLen, s.srv.cfg.Hostname, "", start)
+	body = completeHeadersInFrame(frame, body, hdrLen, s.srv.cfg.Hostname, start)
 
 	sub := &queue.Submission{
 		Tenant:     s.tenant(),
 		From:       from,
 		Rcpts:      rcpts,
 		Body:       body,
+		Frame:      frame,
 		ReceivedAt: time.Now().UTC(),
 		RemoteAddr: s.remoteStr,
 		Source:     queue.SourceSMTP,
