@@ -141,3 +141,46 @@ func TestEnqueueFromFrame(t *testing.T) {
 		}
 	}
 }
+
+// Once Enqueue has returned nil, nothing it started still reads the
+// submission's body or frame (the contract the SMTP listener relies on to
+// reuse the buffer): overwriting them afterwards changes nothing stored,
+// whichever way the body went (inline, the Object Store, shared by two
+// destinations, under an idempotency key).
+func TestEnqueueKeepsNoBody(t *testing.T) {
+	q, _ := startQueueWith(t, Options{InlineBodyMax: 64})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	small := []byte("Subject: small\r\n\r\nhi\r\n")
+	large := []byte("Subject: large\r\n\r\n" + strings.Repeat("x", 80) + "\r\n")
+	for _, c := range []struct {
+		name  string
+		body  []byte
+		rcpts []string
+		key   string
+	}{
+		{"inline", small, []string{"r@d.example"}, ""},
+		{"Object Store", large, []string{"r@d.example"}, ""},
+		{"two destinations", small, []string{"r@d.example", "s@e.example"}, ""},
+		{"idempotency key", large, []string{"r@d.example"}, "key-1"},
+	} {
+		frame, tail := inFrame(c.body, FrameHeadroom("a@b.example", c.rcpts, false))
+		ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: c.rcpts, Body: tail, Frame: frame, IdempotencyKey: c.key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range frame {
+			frame[i] = '!'
+		}
+		for _, id := range ids {
+			it, err := q.Find(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := q.EnvelopeBody(ctx, it.Env)
+			if err != nil || !bytes.Equal(got, c.body) {
+				t.Fatalf("%s: %s stored %q, %v; want %q", c.name, id, got, err, c.body)
+			}
+		}
+	}
+}

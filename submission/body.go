@@ -42,6 +42,45 @@ func putBodyBuf(bb *bodyBuf) {
 	bodyBufs.Put(bb)
 }
 
+// frameClasses are the capacities of the frames readBody reads bodies
+// into, each class with a pool: after a successful Enqueue nothing holds
+// a frame (the Enqueuer contract), so the session gives it back for a
+// later message, and a body is not allocated (and zeroed) anew each time.
+// A frame over the largest class is left to the collector.
+var frameClasses = [...]int{4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10}
+
+var framePools [len(frameClasses)]sync.Pool
+
+// getFrame returns a frame of n octets, from the pool of the smallest
+// class that holds n when it has one. Its octets are not zeroed: readBody
+// writes all of the body, and the queue writes the envelope into the end
+// of the free octets in front of it and uses nothing before that.
+func getFrame(n int) []byte {
+	for i, c := range frameClasses {
+		if n <= c {
+			if p, ok := framePools[i].Get().(*[]byte); ok {
+				return (*p)[:n]
+			}
+			return make([]byte, n, c)
+		}
+	}
+	return make([]byte, n)
+}
+
+// recycleFrame is putFrame; a test replaces it to see which frames come back.
+var recycleFrame = putFrame
+
+// putFrame gives a frame back to its class's pool. Only a frame nothing
+// refers to any more may be given back.
+func putFrame(b []byte) {
+	for i, c := range frameClasses {
+		if cap(b) == c {
+			framePools[i].Put(&b)
+			return
+		}
+	}
+}
+
 // readBody reads the whole body from r (dotReader or go-smtp's reader for
 // DATA, a pipe for BDAT) and validates it, and returns it after a copy of
 // prefix, in a slice of its own allocated once at its size: the body is
@@ -117,7 +156,7 @@ func (s *session) readBody(r io.Reader, bb *bodyBuf, prefix []byte, headroom int
 	if v.err != nil {
 		return nil, nil, v.reason, v.err
 	}
-	frame = make([]byte, headroom+len(prefix)+total)
+	frame = getFrame(headroom + len(prefix) + total)
 	body = frame[headroom:]
 	at := copy(body, prefix)
 	at += copy(body[at:], bb.read)

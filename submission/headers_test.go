@@ -1,8 +1,10 @@
 package submission
 
 import (
+	"errors"
 	"net/mail"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,17 +174,70 @@ func TestSubmissionBodyInFrame(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	subs := q.got()
+	subs, heads := q.got(), q.frameHeads()
 	if len(subs) != 2 {
 		t.Fatalf("%d submissions", len(subs))
 	}
-	for _, s := range subs {
-		head := len(s.Frame) - len(s.Body)
-		if len(s.Body) == 0 || head <= 0 || &s.Frame[head] != &s.Body[0] {
-			t.Fatalf("body is not the tail of a frame (frame %d octets, body %d)", len(s.Frame), len(s.Body))
+	for i, s := range subs {
+		if heads[i] < 0 {
+			t.Fatal("body is not the tail of a frame")
 		}
-		if need := queue.FrameHeadroom(s.From, s.Rcpts, s.DSN != nil); head < need {
-			t.Fatalf("%d free octets in front of the body, FrameHeadroom asks %d", head, need)
+		if need := queue.FrameHeadroom(s.From, s.Rcpts, s.DSN != nil); heads[i] < need {
+			t.Fatalf("%d free octets in front of the body, FrameHeadroom asks %d", heads[i], need)
+		}
+	}
+}
+
+// A frame is reused only after its message was stored: a failed enqueue
+// (a timeout may leave a publish that still reads the body) leaves it to
+// the collector. Frames come from the pool of the smallest class that
+// holds them.
+func TestFrameRecycledOnlyAfterStore(t *testing.T) {
+	var mu sync.Mutex
+	var back int
+	recycleFrame = func(b []byte) {
+		mu.Lock()
+		back++
+		mu.Unlock()
+		putFrame(b)
+	}
+	t.Cleanup(func() { recycleFrame = putFrame })
+	recycled := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return back
+	}
+
+	q := &fakeQueue{}
+	ts := startServer(t, Config{Users: testUsers(t), Hostname: "mx.test"}, q)
+	c := ts.dialAuth(t)
+	if err := c.SendMail("app@example.com", []string{"rcpt@example.org"}, strings.NewReader("Subject: a\r\n\r\nhi\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if n := recycled(); n != 1 {
+		t.Fatalf("%d frames back after a stored message, want 1", n)
+	}
+	q.mu.Lock()
+	q.err = errors.New("store down")
+	q.mu.Unlock()
+	if err := c.SendMail("app@example.com", []string{"rcpt@example.org"}, strings.NewReader("Subject: b\r\n\r\nhi\r\n")); err == nil {
+		t.Fatal("a failed enqueue was accepted")
+	}
+	if n := recycled(); n != 1 {
+		t.Fatalf("%d frames back after a failed enqueue, want still 1", n)
+	}
+
+	for _, n := range []int{1, 4 << 10, 4<<10 + 1, 256 << 10, 256<<10 + 1} {
+		f := getFrame(n)
+		want := n
+		for _, c := range frameClasses {
+			if n <= c {
+				want = c
+				break
+			}
+		}
+		if len(f) != n || cap(f) != want {
+			t.Fatalf("getFrame(%d): len %d cap %d, want cap %d", n, len(f), cap(f), want)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package submission
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -36,7 +37,8 @@ const (
 // block, when set, makes Enqueue wait for it (after signalling entered).
 type fakeQueue struct {
 	mu      sync.Mutex
-	subs    []*queue.Submission
+	subs    []*queue.Submission // copies: the listener reuses the body's buffer
+	heads   []int               // free octets in front of each body in its frame, -1 for none
 	err     error
 	block   chan struct{}
 	entered chan struct{}
@@ -60,8 +62,24 @@ func (f *fakeQueue) Enqueue(ctx context.Context, s *queue.Submission) ([]string,
 		return nil, f.err
 	}
 	f.n++
-	f.subs = append(f.subs, s)
+	// The listener reuses the body's buffer once Enqueue returns: keep a
+	// copy, as the real queue keeps what it stored.
+	c := *s
+	c.Body, c.Frame = bytes.Clone(s.Body), nil
+	f.subs = append(f.subs, &c)
+	head := len(s.Frame) - len(s.Body)
+	if len(s.Body) == 0 || head <= 0 || &s.Frame[head] != &s.Body[0] {
+		head = -1 // the body is not the tail of its frame
+	}
+	f.heads = append(f.heads, head)
 	return []string{fmt.Sprintf("id%d", f.n)}, nil
+}
+
+// frameHeads returns heads.
+func (f *fakeQueue) frameHeads() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int(nil), f.heads...)
 }
 
 func (f *fakeQueue) got() []*queue.Submission {

@@ -53,7 +53,9 @@ var ErrServerClosed = errors.New("submission: server closed")
 // Enqueuer stores an accepted submission. Enqueue returns nil only once the
 // submission is durably stored (JetStream acknowledged it); the listener
 // answers 250 only then, and 451 on any error. The context carries
-// Config.EnqueueTimeout.
+// Config.EnqueueTimeout. Once Enqueue has returned nil, nothing it started
+// may still refer to s.Body or s.Frame: the listener reuses that buffer
+// for a later message.
 type Enqueuer interface {
 	Enqueue(ctx context.Context, s *queue.Submission) (ids []string, err error)
 }

@@ -401,6 +401,13 @@ func (s *session) Data(r io.Reader) error {
 	ctx, cancel := context.WithTimeout(s.srv.baseCtx, s.srv.cfg.EnqueueTimeout)
 	ids, err := s.enqueue(ctx, sub)
 	cancel()
+	if err == nil {
+		// Stored, and nothing holds the body any more (the Enqueuer
+		// contract); after a failure a publish may still be pending
+		// (a timeout), so the frame is left to the collector then.
+		recycleFrame(frame)
+		sub.Body, sub.Frame = nil, nil
+	}
 	if err != nil {
 		reply := errQueueFailed
 		if errors.Is(err, context.DeadlineExceeded) {
