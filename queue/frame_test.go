@@ -2,10 +2,8 @@ package queue
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
-	"time"
 )
 
 // inFrame returns a copy of body as the tail of a frame with head free
@@ -113,46 +111,13 @@ func TestFrameHeadroomFits(t *testing.T) {
 	}
 }
 
-// A submission whose body is the tail of a frame is stored as one without:
-// the envelope and the body read back whole, for an inline body (encoded
-// in the frame) and for one the Object Store takes (the frame unused).
-func TestEnqueueFromFrame(t *testing.T) {
-	q, _ := startQueueWith(t, Options{InlineBodyMax: 64})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for _, body := range [][]byte{
-		[]byte("Subject: small\r\n\r\nhi\r\n"),
-		[]byte("Subject: large\r\n\r\n" + strings.Repeat("x", 80) + "\r\n"),
-	} {
-		rcpts := []string{"r@d.example"}
-		frame, tail := inFrame(body, FrameHeadroom("a@b.example", rcpts, false))
-		ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: rcpts, Body: tail, Frame: frame})
-		if err != nil {
-			t.Fatal(err)
-		}
-		it, err := q.Find(ctx, ids[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := q.EnvelopeBody(ctx, it.Env)
-		if err != nil || !bytes.Equal(got, body) || it.Env.Size != int64(len(body)) || it.Env.From != "a@b.example" ||
-			len(it.Env.Rcpts) != 1 || it.Env.Rcpts[0] != rcpts[0] {
-			t.Fatalf("stored %+v, body %q, %v", it.Env, got, err)
-		}
-	}
-}
-
 // Once Enqueue has returned nil, nothing it started still reads the
 // submission's body or frame (the contract the SMTP listener relies on to
 // reuse the buffer): overwriting them afterwards changes nothing stored,
 // whichever way the body went (inline, the Object Store, shared by two
 // destinations, under an idempotency key).
 func TestEnqueueKeepsNoBody(t *testing.T) {
-	q, _ := startQueueWith(t, Options{InlineBodyMax: 64})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	small := []byte("Subject: small\r\n\r\nhi\r\n")
-	large := []byte("Subject: large\r\n\r\n" + strings.Repeat("x", 80) + "\r\n")
+	q, ctx, small, large := inlineLimitQueue(t)
 	for _, c := range []struct {
 		name  string
 		body  []byte
@@ -178,8 +143,8 @@ func TestEnqueueKeepsNoBody(t *testing.T) {
 				t.Fatal(err)
 			}
 			got, err := q.EnvelopeBody(ctx, it.Env)
-			if err != nil || !bytes.Equal(got, c.body) {
-				t.Fatalf("%s: %s stored %q, %v; want %q", c.name, id, got, err, c.body)
+			if err != nil || !bytes.Equal(got, c.body) || it.Env.Size != int64(len(c.body)) || it.Env.From != "a@b.example" {
+				t.Fatalf("%s: %s stored %+v, body %q, %v; want %q", c.name, id, it.Env, got, err, c.body)
 			}
 		}
 	}

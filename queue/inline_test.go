@@ -7,15 +7,21 @@ import (
 	"time"
 )
 
+// inlineLimitQueue starts a queue that keeps bodies of up to 64 octets
+// inline, with a context for the test, a body under the limit and one over.
+func inlineLimitQueue(t *testing.T) (q *Queue, ctx context.Context, small, large []byte) {
+	t.Helper()
+	q, _ = startQueueWith(t, Options{InlineBodyMax: 64})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return q, ctx, []byte("Subject: small\r\n\r\nhi\r\n"), []byte("Subject: large\r\n\r\n" + strings.Repeat("x", 80) + "\r\n")
+}
+
 // A body of one destination up to the inline limit travels inside its
 // envelope, through the retry lane and into dead letters; a larger one, or
 // one shared by several destinations, is stored once in the Object Store.
 func TestInlineBodies(t *testing.T) {
-	q, _ := startQueueWith(t, Options{InlineBodyMax: 64})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	small := []byte("Subject: small\r\n\r\nhi\r\n")
-	large := []byte("Subject: large\r\n\r\n" + strings.Repeat("x", 80) + "\r\n")
+	q, ctx, small, large := inlineLimitQueue(t)
 	for _, c := range []struct {
 		name   string
 		body   []byte
