@@ -19,5 +19,9 @@
 // bodies are read by dotReader (dotreader.go), which does go-smtp's
 // dot-unstuffing and line counting a buffer at a time instead of an octet
 // at a time, through go-smtp's private fields at their checked layout.
+// Each body is read into a pooled buffer with room in front of it, where
+// the queue writes the envelope instead of copying the body
+// (queue.Submission.Frame); the buffer goes back to its pool once Enqueue
+// has returned nil, after which the Enqueuer holds nothing of it (body.go).
 // docs/submission.md lists every configuration field and every reply code.
 package submission
