@@ -33,6 +33,8 @@ type latencySink struct {
 	lat   []float64 // milliseconds
 	since int64     // only messages stamped at or after this (Unix ns) count
 	n     atomic.Int64
+	slow  int64 // the stamp of the slowest message counted, to find it in a daemon's log (BENCH_LOGS)
+	slowL float64
 }
 
 func startLatencySink() (*latencySink, error) {
@@ -57,9 +59,16 @@ func (ls *latencySink) NewSession(*smtp.Conn) (smtp.Session, error) { return &si
 // stamped before now (the warm-up's stragglers).
 func (ls *latencySink) reset() {
 	ls.mu.Lock()
-	ls.lat = nil
+	ls.lat, ls.slow, ls.slowL = nil, 0, 0
 	ls.since = time.Now().UnixNano()
 	ls.mu.Unlock()
+}
+
+// slowest returns when the slowest message counted was stamped.
+func (ls *latencySink) slowest() time.Time {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return time.Unix(0, ls.slow).UTC()
 }
 
 func (ls *latencySink) latencies() []float64 {
@@ -95,7 +104,11 @@ func (s *sinkSession) Data(r io.Reader) error {
 	if sent > 0 {
 		s.ls.mu.Lock()
 		if sent >= s.ls.since {
-			s.ls.lat = append(s.ls.lat, float64(now-sent)/1e6)
+			l := float64(now-sent) / 1e6
+			s.ls.lat = append(s.ls.lat, l)
+			if l > s.ls.slowL {
+				s.ls.slow, s.ls.slowL = sent, l
+			}
 		}
 		s.ls.mu.Unlock()
 	}

@@ -349,13 +349,21 @@ func (p *outflowProc) Logs() string {
 
 func (p *outflowProc) Pid() int { return p.cmd.Process.Pid }
 
-// Stop sends SIGTERM and waits up to a minute.
+// Stop sends SIGTERM and waits up to a minute. With BENCH_LOGS set to a
+// directory, the daemon's stderr (warnings and every decision line) is
+// kept there, one file per data directory, for a look at a run's outliers.
 func (p *outflowProc) Stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
 	case <-time.After(60 * time.Second):
 		p.Kill()
+	}
+	if dir := os.Getenv("BENCH_LOGS"); dir != "" {
+		name := filepath.Join(dir, filepath.Base(p.Data)+".log")
+		if err := os.WriteFile(name, []byte(p.log.String()), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "outflow-bench: keep the daemon's log:", err)
+		}
 	}
 }
 

@@ -95,8 +95,8 @@ func (s *suite) scenario2() error {
 			r.p99 = append(r.p99, percentile(lat, 99))
 			r.max = append(r.max, lat[len(lat)-1])
 			r.sp50, r.sp99 = append(r.sp50, sp50), append(r.sp99, sp99)
-			fmt.Printf("  run %d %-12s %5.0f msg/s: %d/%d arrived, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", i+1, name, rates[name],
-				len(lat), sent, percentile(lat, 50), percentile(lat, 99), lat[len(lat)-1])
+			fmt.Printf("  run %d %-12s %5.0f msg/s: %d/%d arrived, p50 %.1f ms, p99 %.1f ms, max %.1f ms (stamped %s)\n", i+1, name, rates[name],
+				len(lat), sent, percentile(lat, 50), percentile(lat, 99), lat[len(lat)-1], ls.slowest().Format("15:04:05.000"))
 		}
 	}
 	for _, name := range names {
