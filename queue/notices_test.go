@@ -74,8 +74,9 @@ func TestTakeAllowance(t *testing.T) {
 		}
 		return ok
 	}
-	if !take("a", now) || !take("a", now) || take("a", now) {
-		t.Fatal("want two, then refused")
+	first, second, third := take("a", now), take("a", now), take("a", now)
+	if !first || !second || third {
+		t.Fatalf("allowance of two: took %v, %v, %v; want true, true, false", first, second, third)
 	}
 	if !take("b", now) {
 		t.Fatal("another name has its own allowance")

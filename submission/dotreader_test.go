@@ -21,13 +21,13 @@ import (
 // applied to each octet as it is read. It reads in reads of size bsize
 // until an error and returns the octets, the error, the octets of in
 // consumed and the final state.
-func modelDot(in []byte, bsize int, max int64, hard int) (out []byte, err error, used, state int) {
+func modelDot(in []byte, bsize int, max int64, hard int) (out []byte, used, state int, err error) {
 	remain, line := max, 1
 	for {
 		b := make([]byte, bsize)
 		if max > 0 {
 			if remain <= 0 {
-				return out, smtp.ErrDataTooLarge, used, state
+				return out, used, state, smtp.ErrDataTooLarge
 			}
 			if int64(len(b)) > remain {
 				b = b[:remain]
@@ -46,7 +46,7 @@ func modelDot(in []byte, bsize int, max int64, hard int) (out []byte, err error,
 					line = 0
 				}
 				if line++; line > hard {
-					return out, smtp.ErrTooLongLine, used, state
+					return out, used, state, smtp.ErrTooLongLine
 				}
 			}
 			keep := true
@@ -91,10 +91,10 @@ func modelDot(in []byte, bsize int, max int64, hard int) (out []byte, err error,
 		out = append(out, b[:n]...)
 		remain -= int64(n)
 		if err != nil {
-			return out, err, used, state
+			return out, used, state, err
 		}
 		if state == dotEOF {
-			return out, io.EOF, used, state
+			return out, used, state, io.EOF
 		}
 	}
 }
@@ -124,7 +124,7 @@ func (p *pieces) Read(b []byte) (int, error) {
 // readDot reads in through a dotReader the way readBody does, over a
 // 16-octet bufio.Reader fed in pieces, and reports as modelDot does; state
 // is what dotReader left in go-smtp's state field.
-func readDot(in, sizes []byte, bsize int, max int64, hard int) (out []byte, err error, used, state int, limit, cur int) {
+func readDot(in, sizes []byte, bsize int, max int64, hard int) (out []byte, used, state, limit, cur int, err error) {
 	br := bufio.NewReaderSize(&pieces{data: in, sizes: sizes}, 16)
 	d := &dotReader{br: br, sync: &state, limited: max > 0, remain: max}
 	if hard > 0 {
@@ -138,13 +138,13 @@ func readDot(in, sizes []byte, bsize int, max int64, hard int) (out []byte, err 
 	}
 	d.release()
 	rest, _ := io.ReadAll(br)
-	return out, err, len(in) - len(rest), state, limit, cur
+	return out, len(in) - len(rest), state, limit, cur, err
 }
 
 func checkDot(t *testing.T, in, sizes []byte, bsize int, max int64, hard int) {
 	t.Helper()
-	wantOut, wantErr, wantUsed, wantState := modelDot(in, bsize, max, hard)
-	out, err, used, state, limit, cur := readDot(in, sizes, bsize, max, hard)
+	wantOut, wantUsed, wantState, wantErr := modelDot(in, bsize, max, hard)
+	out, used, state, limit, cur, err := readDot(in, sizes, bsize, max, hard)
 	if !errors.Is(err, wantErr) && !errors.Is(err, smtp.ErrTooLongLine) {
 		t.Fatalf("%q (read %d, max %d, hard %d): error %v, model %v", in, bsize, max, hard, err, wantErr)
 	}

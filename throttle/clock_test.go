@@ -44,8 +44,8 @@ func TestSkewedClocksKeepSharedEnds(t *testing.T) {
 	ahead := newThrottle(t, env, "ahead", mod(2*time.Hour))
 	behind := newThrottle(t, env, "behind", mod(-2*time.Hour))
 	for _, th := range []*Throttle{ahead, behind} {
-		if off, known := th.ClockOffset(); !known || (off-(-th.now().Sub(time.Now()))).Abs() > time.Second {
-			t.Fatalf("%s: measured offset %v (known %v), want about %v", th.cfg.WorkerID, off, known, time.Now().Sub(th.now()))
+		if off, known := th.ClockOffset(); !known || (off+time.Until(th.now())).Abs() > time.Second {
+			t.Fatalf("%s: measured offset %v (known %v), want about %v", th.cfg.WorkerID, off, known, time.Since(th.now()))
 		}
 	}
 
