@@ -200,11 +200,23 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 		log.Error().Err(err).Msg("webhook consumer")
 		return
 	}
-	go func() { <-ctx.Done(); it.Stop() }()
+	// Stopping the iterator only asks it to end: its unsubscribe follows
+	// on another goroutine, and until the server has it, the pull request
+	// this runner left there can still be handed the endpoint's next
+	// event, which would then wait out the ack wait (a minute) before the
+	// runner that replaces this one (an update of the endpoint) saw it.
+	// So the runner returns only once the subscription is gone, and an
+	// event it took but did not finish goes back at once (Nak).
+	go func() { <-ctx.Done(); it.Drain() }()
+	defer awaitClosed(it)
 	for {
 		m, err := it.Next()
 		if err != nil {
 			return
+		}
+		if ctx.Err() != nil {
+			_ = m.Nak()
+			continue
 		}
 		md, err := m.Metadata()
 		if err != nil {
@@ -218,9 +230,7 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 				continue
 			}
 			log.Info().Str("webhook_id", dl.ID).Str("type", dl.Type).Time("dead_at", dl.At).Msg("webhook dead letter replayed")
-			if d.deliver(ctx, log, ep, dl.ID, dl.Type, dl.Body, m) || ctx.Err() == nil {
-				_ = m.Ack()
-			}
+			settle(ctx, m, d.deliver(ctx, log, ep, dl.ID, dl.Type, dl.Body, m))
 			continue
 		}
 		var ev queue.Event
@@ -234,11 +244,41 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 			Data      json.RawMessage `json:"data"`
 		}{ev.Type, ev.Time, m.Data()})
 		id := "evt_" + strconv.FormatUint(md.Sequence.Stream, 10)
-		if d.deliver(ctx, log, ep, id, ev.Type, body, m) || ctx.Err() == nil {
-			_ = m.Ack()
-		}
+		settle(ctx, m, d.deliver(ctx, log, ep, id, ev.Type, body, m))
 	}
 }
+
+// settle acknowledges an event the endpoint took, or that deliver
+// finished with otherwise (a dead letter); one deliver gave up on because
+// the runner is stopping goes back to the stream for the next runner.
+func settle(ctx context.Context, m jetstream.Msg, taken bool) {
+	if taken || ctx.Err() == nil {
+		_ = m.Ack()
+		return
+	}
+	_ = m.Nak()
+}
+
+// awaitClosed stops it and waits (up to closeWait) until its subscription
+// is gone, so that nothing sent on the connection afterwards can overtake
+// the unsubscribe.
+func awaitClosed(it jetstream.MessagesContext) {
+	it.Drain()
+	c, ok := it.(interface{ Closed() <-chan struct{} })
+	if !ok {
+		return
+	}
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case <-c.Closed():
+	case <-t.C:
+	}
+}
+
+// closeWait bounds awaitClosed: the unsubscribe is one protocol line on a
+// live connection, so this only matters when the connection is gone.
+const closeWait = 5 * time.Second
 
 // deliver POSTs one event until it is taken, refused for good or out of
 // budget; the last two end in the dead letters. It reports whether the

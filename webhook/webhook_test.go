@@ -514,3 +514,35 @@ func BenchmarkSign(b *testing.B) {
 		}
 	}
 }
+
+// A dispatcher stopped while its endpoint holds a delivery gives the event
+// back to the stream: the one started next delivers it at once, not after
+// the consumer's ack wait (a minute), which is longer than this test waits.
+func TestStoppedDispatcherGivesTheEventBack(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	f := newFixtureWith(t, nil, func(w http.ResponseWriter) {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-release // the endpoint hangs on the first delivery
+		}
+		w.WriteHeader(200)
+	})
+	t.Cleanup(func() { close(release) }) // before the fixture's server closes, which waits for its handlers
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "e1", Tenant: "acme"})
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no delivery within 30s")
+	}
+	f.stop() // while the endpoint holds e1
+	f.start(t, func(c *Config) { c.WorkerID = "w2" })
+	select {
+	case d := <-f.rc.got:
+		if d.body["data"].(map[string]any)["id"] != "e1" {
+			t.Fatalf("delivered %v, want e1 again", d.body)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("e1 not delivered again within 20s: the stopped dispatcher kept it until the ack wait")
+	}
+}
