@@ -248,11 +248,11 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 	}
 }
 
-// settle acknowledges an event the endpoint took, or that deliver
-// finished with otherwise (a dead letter); one deliver gave up on because
-// the runner is stopping goes back to the stream for the next runner.
-func settle(ctx context.Context, m jetstream.Msg, taken bool) {
-	if taken || ctx.Err() == nil {
+// settle acknowledges an event deliver finished with (the endpoint took
+// it, or it is in the dead letters); one deliver gave up on because the
+// runner is stopping goes back to the stream for the next runner.
+func settle(ctx context.Context, m jetstream.Msg, finished bool) {
+	if finished || ctx.Err() == nil {
 		_ = m.Ack()
 		return
 	}
@@ -281,8 +281,10 @@ func awaitClosed(it jetstream.MessagesContext) {
 const closeWait = 5 * time.Second
 
 // deliver POSTs one event until it is taken, refused for good or out of
-// budget; the last two end in the dead letters. It reports whether the
-// endpoint took it. m, when not nil, is told InProgress while waiting.
+// budget; the last two end in the dead letters. It reports whether it
+// finished with the event, false only when ctx ended first: a runner
+// stopped just after a dead letter must not hand that event on again.
+// m, when not nil, is told InProgress while waiting.
 func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoint, id, typ string, body []byte, m jetstream.Msg) bool {
 	for attempt := 1; ; attempt++ {
 		status, hint, err := Post(ctx, d.client, ep, id, body)
@@ -315,11 +317,11 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			if err := d.cfg.Store.disable(context.WithoutCancel(ctx), ep.ID, "410 Gone"); err != nil {
 				log.Warn().Err(err).Msg("disable webhook endpoint")
 			}
-			return false
+			return true
 		case class == "permanent":
 			ev.Str("class", class).Msg("webhook refused")
 			d.dead(ctx, log, ep, id, typ, body, "refused: "+describe(status, err))
-			return false
+			return true
 		case attempt >= d.cfg.MaxAttempts && !d.br.get(ep.ID).Open:
 			ev.Str("class", class).Msg("webhook budget spent")
 			d.dead(ctx, log, ep, id, typ, body, fmt.Sprintf("%d attempts, last %s", attempt, describe(status, err)))
@@ -329,7 +331,7 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			} else if opened {
 				log.Warn().Int("spent", s.Spent).Msg("webhook breaker open: events held until the endpoint answers")
 			}
-			return false
+			return true
 		}
 		seed := backoff.NewSeed()
 		dec := d.cfg.Backoff.Decide(attempt, d.cfg.WorkerID, seed, hint)

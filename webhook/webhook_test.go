@@ -395,8 +395,8 @@ func TestPrivateEndpointEventIsDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	ep := &Endpoint{ID: f.ep.ID, Tenant: "acme", URL: f.ep.URL, Secret: f.ep.Secret}
-	if d.deliver(ctx, zerolog.Nop(), ep, "evt_9", "delivered", []byte(`{}`), nil) {
-		t.Fatal("delivered to a loopback address")
+	if !d.deliver(ctx, zerolog.Nop(), ep, "evt_9", "delivered", []byte(`{}`), nil) {
+		t.Fatal("deliver reports the refused event unfinished")
 	}
 	dead, err := f.store.Dead(ctx, ep.ID)
 	if err != nil || len(dead) != 1 || dead[0].ID != "evt_9" || !strings.Contains(dead[0].Reason, "loopback, private or link-local") {
@@ -546,3 +546,51 @@ func TestStoppedDispatcherGivesTheEventBack(t *testing.T) {
 		t.Fatal("e1 not delivered again within 20s: the stopped dispatcher kept it until the ack wait")
 	}
 }
+
+// An event that ends in the dead letters (its budget spent, or refused)
+// is finished: deliver says so, and a runner stopped right after it acks
+// it rather than handing it to its successor, which would post it again.
+// (TestBreakerOutlivesTheDispatcher caught the stop landing there.)
+func TestDeadLetteredEventIsFinished(t *testing.T) {
+	f := newFixtureWith(t, func(c *Config) { c.MaxAttempts = 1 }, status(500), status(403))
+	f.stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d, err := New(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.br, err = watchBreakers(ctx, f.store.breakers, func(error) {}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"evt_spent", "evt_refused"} {
+		if !d.deliver(ctx, zerolog.Nop(), f.ep, id, queue.EventDelivered, []byte(`{}`), nil) {
+			t.Fatalf("%s: deliver reports a dead-lettered event unfinished", id)
+		}
+	}
+	if dead, err := f.store.Dead(ctx, f.ep.ID); err != nil || len(dead) != 2 {
+		t.Fatalf("dead letters %+v, %v", dead, err)
+	}
+	// Stopped: only an event deliver gave up on goes back.
+	stopped, stop := context.WithCancel(ctx)
+	stop()
+	for _, c := range []struct {
+		finished bool
+		want     string
+	}{{true, "ack"}, {false, "nak"}} {
+		m := &settled{}
+		settle(stopped, m, c.finished)
+		if m.did != c.want {
+			t.Fatalf("settle(stopped, finished=%v) did %q, want %q", c.finished, m.did, c.want)
+		}
+	}
+}
+
+// settled is a jetstream.Msg that records whether it was acked or nacked.
+type settled struct {
+	jetstream.Msg
+	did string
+}
+
+func (m *settled) Ack() error { m.did = "ack"; return nil }
+func (m *settled) Nak() error { m.did = "nak"; return nil }
