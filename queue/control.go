@@ -28,11 +28,19 @@ func (q *Queue) Flush(ctx context.Context) error {
 }
 
 // Depth is the number of messages stored in a lane's stream: envelopes
-// waiting, in flight, and (on the deferred lanes) schedules not yet due.
+// waiting, in flight, and (on the deferred lanes) schedules not yet due;
+// the work stream's keeper is not counted.
 func (q *Queue) Depth(ctx context.Context, l Lane) (uint64, error) {
 	s, ok := q.lanes[l]
 	if !ok {
 		return 0, fmt.Errorf("queue: no lane %q", l)
+	}
+	if l == LaneWork {
+		n, _, err := q.workState(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("lane %s: %w", l, err)
+		}
+		return n, nil
 	}
 	info, err := s.Info(ctx)
 	if err != nil {

@@ -22,7 +22,11 @@
 // --durability disk, each of those writes also waits for a group-committed
 // fsync of its stream before the step reports done (storesync.go,
 // durable.go), and a schedule the server fires is fsynced within a group
-// commit of its republish, or by the lanes' one-second sweep.
+// commit of its republish, or by the lanes' one-second sweep. With that
+// syncer, the work stream also holds one message that is not an envelope,
+// the keeper, so that the stream draining does not make the file store
+// replace its last block file each time (keeper.go); every count of the
+// work lane leaves it out.
 //
 // The same in-process access answers the two look-ups every message makes,
 // the suppression check at RCPT and the SENT check before a send, when

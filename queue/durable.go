@@ -21,6 +21,7 @@ func (q *Queue) durable(ctx context.Context, streams ...string) error {
 	if err := q.syncer.Sync(ctx, streams...); err != nil {
 		return fmt.Errorf("durable: %w", err)
 	}
+	q.keepWorkBlock()
 	return nil
 }
 

@@ -17,20 +17,21 @@ type Op int
 // sync is one request for a group commit (queue/storesync.go), not an
 // fsync.
 const (
-	OpPublishWork  Op = iota // an envelope on OUTFLOW_WORK (submission, replay)
-	OpPublishBody            // a body chunk or info on the Object Store
-	OpPublishLane            // a schedule or held envelope on OUTFLOW_RETRY / OUTFLOW_RATELIMIT
-	OpPublishDead            // a dead letter
-	OpPublishEvent           // an event on OUTFLOW_EVENTS
-	OpSentGet                // a SENT-bucket read (the AlreadyHandled check, a parts count, a per-message record)
-	OpSentPut                // a SENT-bucket write (the SENT marker, a parts count, a per-message record)
-	OpDirectGet              // a direct get of a lane, dead-letter or body message
-	OpAck                    // an acknowledgement of a work or lane message (confirmed, except after a SENT marker)
-	OpFetch                  // a pull request for a batch of envelopes
-	OpFetched                // an envelope received by a pull
-	OpSync                   // a wait for the group commit of acknowledged writes
-	OpSuppressGet            // a suppression-list read (one per recipient at submission)
-	OpLocalGet               // a SENT or suppression look-up answered "nothing stored" by the embedded server's store in process, no round trip (instore.go)
+	OpPublishWork   Op = iota // an envelope on OUTFLOW_WORK (submission, replay)
+	OpPublishBody             // a body chunk or info on the Object Store
+	OpPublishLane             // a schedule or held envelope on OUTFLOW_RETRY / OUTFLOW_RATELIMIT
+	OpPublishDead             // a dead letter
+	OpPublishEvent            // an event on OUTFLOW_EVENTS
+	OpSentGet                 // a SENT-bucket read (the AlreadyHandled check, a parts count, a per-message record)
+	OpSentPut                 // a SENT-bucket write (the SENT marker, a parts count, a per-message record)
+	OpDirectGet               // a direct get of a lane, dead-letter or body message
+	OpAck                     // an acknowledgement of a work or lane message (confirmed, except after a SENT marker)
+	OpFetch                   // a pull request for a batch of envelopes
+	OpFetched                 // an envelope received by a pull
+	OpSync                    // a wait for the group commit of acknowledged writes
+	OpSuppressGet             // a suppression-list read (one per recipient at submission)
+	OpLocalGet                // a SENT or suppression look-up answered "nothing stored" by the embedded server's store in process, no round trip (instore.go)
+	OpPublishKeeper           // the work stream's block keeper, once per new block file (keeper.go)
 	numOps
 )
 
@@ -38,7 +39,7 @@ var opNames = [numOps]string{
 	OpPublishWork: "publish_work", OpPublishBody: "publish_body", OpPublishLane: "publish_lane",
 	OpPublishDead: "publish_dead", OpPublishEvent: "publish_event", OpSentGet: "sent_get", OpSentPut: "sent_put",
 	OpDirectGet: "direct_get", OpAck: "ack", OpFetch: "fetch", OpFetched: "fetched", OpSync: "sync",
-	OpSuppressGet: "suppress_get", OpLocalGet: "local_get",
+	OpSuppressGet: "suppress_get", OpLocalGet: "local_get", OpPublishKeeper: "publish_keeper",
 }
 
 // String is the op's label value.

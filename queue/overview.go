@@ -51,6 +51,12 @@ func (q *Queue) LaneStats(ctx context.Context) ([]LaneStat, error) {
 		if info.State.Msgs > 0 {
 			ls.Oldest = info.State.FirstTime
 		}
+		if st.lane == string(LaneWork) {
+			if ls.Depth, ls.Oldest, err = q.workState(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("lane %s: %w", st.lane, err))
+				continue
+			}
+		}
 		if st.lane != "dead" {
 			lister := st.s.ListConsumers(ctx)
 			for ci := range lister.Info() {

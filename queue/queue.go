@@ -154,6 +154,8 @@ type Queue struct {
 	// local answers look-ups that find nothing from the embedded
 	// server's store in process (instore.go); nil over a socket.
 	local *localStore
+	// keeper keeps the work stream's last block file (keeper.go).
+	keeper keeper
 }
 
 // connectTimeout bounds the NATS connection handshake.
@@ -215,6 +217,9 @@ func connect(ctx context.Context, opts Options, layout func(Options) []jetstream
 	if q.ev, err = newEventPublisher(nc, opts.Logger); err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("events: %w", err)
+	}
+	if b, ok := opts.Syncer.(interface{ WorkBlocks() uint64 }); ok {
+		q.keeper.blocks = b
 	}
 	if q.syncer == nil && opts.RemoteSync {
 		q.syncer = remoteSyncer{nc}
@@ -339,6 +344,7 @@ func streamConfigs(o Options) []jetstream.StreamConfig {
 			Replicas:    o.Replicas,
 			Duplicates:  o.DedupWindow,
 			AllowDirect: true,
+			AllowRollup: true, // the keeper's (keeper.go)
 			MaxMsgSize:  MaxMsgBytes,
 		},
 		lane(StreamRetry, LaneRetry),

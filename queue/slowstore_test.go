@@ -133,11 +133,11 @@ func TestSlowStoreSubmissionsStayBounded(t *testing.T) {
 		t.Fatalf("heap in use grew by %d MiB", growth>>20)
 	}
 	// Everything answered is in the work stream's block files.
-	info, err := q.lanes[LaneWork].Info(context.Background())
+	got, err := q.Depth(context.Background(), LaneWork)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := info.State.Msgs, uint64(callers*each+1); got != want {
+	if want := uint64(callers*each + 1); got != want {
 		t.Fatalf("work stream holds %d envelopes, want %d", got, want)
 	}
 	if _, err := os.Stat(emb.Server().JetStreamConfig().StoreDir); err != nil {

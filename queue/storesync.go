@@ -127,6 +127,11 @@ type StoreSyncer struct {
 	waiters atomic.Uint64 // requests released
 	fsyncs  atomic.Uint64 // fsync calls made
 
+	// workBlocks counts the block files of the work stream that a sync
+	// found new or replaced; the queue keeps its keeper in the newest
+	// (keeper.go).
+	workBlocks atomic.Uint64
+
 	// sweep are the streams synced every sweepEvery whether asked or
 	// not (the deferred lanes, where the server writes firings).
 	sweep      []string
@@ -375,17 +380,25 @@ func (s *StoreSyncer) syncStream(name string, prev blockStates) (blockStates, er
 		return nil, fmt.Errorf("sync %s: %w", name, ErrUnavailable)
 	}
 	dir := filepath.Join(jsc.StoreDir, server.DEFAULT_GLOBAL_ACCOUNT, "streams", name, "msgs")
-	return s.syncBlocks(dir, prev)
+	next, newBlock, err := s.syncBlocks(dir, prev)
+	if newBlock && name == StreamWork {
+		s.workBlocks.Add(1)
+	}
+	return next, err
 }
+
+// WorkBlocks counts the work stream's block files that syncs found new or
+// replaced (a block started, or rewritten by a compaction), since start.
+func (s *StoreSyncer) WorkBlocks() uint64 { return s.workBlocks.Load() }
 
 // syncBlocks fsyncs each *.blk file of dir that is new or differs (size,
 // modification time, inode) from prev, and dir itself when a file is new or
 // replaced: a block created or rewritten by rename is only durable once its
-// directory entry is.
-func (s *StoreSyncer) syncBlocks(dir string, prev blockStates) (blockStates, error) {
+// directory entry is. It reports whether it synced dir.
+func (s *StoreSyncer) syncBlocks(dir string, prev blockStates) (blockStates, bool, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("sync %s: %w", dir, err)
+		return nil, false, fmt.Errorf("sync %s: %w", dir, err)
 	}
 	next := make(blockStates, len(ents))
 	syncDir := false
@@ -398,7 +411,7 @@ func (s *StoreSyncer) syncBlocks(dir string, prev blockStates) (blockStates, err
 			continue // removed meanwhile (compacted away, purged)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("sync %s: %w", dir, err)
+			return nil, false, fmt.Errorf("sync %s: %w", dir, err)
 		}
 		st := blockState{size: fi.Size(), mtime: fi.ModTime()}
 		if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
@@ -416,16 +429,16 @@ func (s *StoreSyncer) syncBlocks(dir string, prev blockStates) (blockStates, err
 		if err := s.fsyncPath(path); errors.Is(err, os.ErrNotExist) {
 			continue
 		} else if err != nil {
-			return nil, fmt.Errorf("sync %s: %w", path, err)
+			return nil, false, fmt.Errorf("sync %s: %w", path, err)
 		}
 		next[de.Name()] = st
 	}
 	if syncDir {
 		if err := s.fsyncPath(dir); err != nil {
-			return nil, fmt.Errorf("sync %s: %w", dir, err)
+			return nil, false, fmt.Errorf("sync %s: %w", dir, err)
 		}
 	}
-	return next, nil
+	return next, syncDir, nil
 }
 
 func (s *StoreSyncer) fsyncPath(path string) error {

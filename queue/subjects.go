@@ -10,6 +10,7 @@ import (
 // Subject layout. Every subject outflow uses starts with "outflow.".
 //
 //	outflow.work.<tenant>.<dest>.<id>         fresh envelopes (OUTFLOW_WORK)
+//	outflow.work.~keep                        the work stream's block keeper, no envelope (keeper.go)
 //	outflow.retry.sched.<dest>.<id>           retry-lane schedules (OUTFLOW_RETRY)
 //	outflow.retry.due.<dest>.<id>             retry-lane envelopes that are due
 //	outflow.ratelimit.sched.<dest>.<id>       rate-limit lane schedules (OUTFLOW_RATELIMIT)
@@ -22,6 +23,9 @@ import (
 //	outflow.ctl.fired.<lane>.<dest>.<id>      core NATS: the lane's stream republishes each due message's headers (firedSubjects)
 const (
 	subjWorkPrefix = "outflow.work."
+	// subjWorkKeeper: three tokens, where an envelope has five, and "~",
+	// which Token never writes: no tenant's consumer filter matches it.
+	subjWorkKeeper = "outflow.work.~keep"
 	subjDeadPrefix = "outflow.dead."
 	subjEvents     = "outflow.events."
 )

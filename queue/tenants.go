@@ -102,8 +102,9 @@ func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
 // Listing the stream's subjects finds them, but costs time in proportion to
 // the backlog (0.55 s for 200,000 fresh envelopes), and this runs every
 // tenantRefresh. So it first checks whether any mail is orphaned at all: the
-// work stream has work-queue retention, so every message in it is pending
-// or awaiting its ack on exactly one consumer, and only when the stream
+// work stream has work-queue retention, so every message in it but the
+// keeper (keeper.go) is pending or awaiting its ack on exactly one
+// consumer, and only when the stream
 // holds more messages than its consumers account for is there a tenant
 // without one. (A message acknowledged between the two reads, or a consumer
 // whose pending count has not yet caught up with a fresh store, makes the
@@ -117,6 +118,9 @@ func (q *Queue) adoptTenants(ctx context.Context) error {
 		return err
 	}
 	for subj := range info.State.Subjects {
+		if subj == subjWorkKeeper {
+			continue
+		}
 		if err := q.ensureTenant(ctx, Untoken(workTenant(subj))); err != nil {
 			return err
 		}
@@ -127,11 +131,11 @@ func (q *Queue) adoptTenants(ctx context.Context) error {
 // workOrphans reports whether the work stream may hold messages that no
 // consumer covers.
 func (q *Queue) workOrphans(ctx context.Context) (bool, error) {
-	st, err := q.lanes[LaneWork].Info(ctx)
+	msgs, _, err := q.workState(ctx)
 	if err != nil {
 		return true, err
 	}
-	if st.State.Msgs == 0 {
+	if msgs == 0 {
 		return false, nil
 	}
 	var covered uint64
@@ -142,7 +146,7 @@ func (q *Queue) workOrphans(ctx context.Context) (bool, error) {
 	if err := l.Err(); err != nil {
 		return true, err
 	}
-	return st.State.Msgs > covered, nil
+	return msgs > covered, nil
 }
 
 // workMessages runs one pull loop per tenant consumer, discovering new
