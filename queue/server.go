@@ -47,9 +47,9 @@ type EmbeddedConfig struct {
 	// the streams written. DurabilityNone relies on the server's sync
 	// every two minutes. DurabilityReplicas needs a cluster and is refused.
 	Durability Durability
-	// SyncWindow is the StoreSyncer's batch window; 0 (the default):
-	// none, a batch is what arrived during the previous sync (see
-	// NewStoreSyncer).
+	// SyncWindow is the StoreSyncer's batch window while the store is
+	// busy (serve's default: DefaultSyncWindow); 0: none, a batch is what
+	// arrived during the previous sync (see NewStoreSyncer).
 	SyncWindow time.Duration
 	// SweepEvery is how often the StoreSyncer syncs the deferred lanes on
 	// its own; 0 means DefaultSweepEvery, negative never (tests).

@@ -262,6 +262,74 @@ func testGroupCommits(t *testing.T, window time.Duration) {
 	}
 }
 
+// The window applies only while the store is busy: a submission after a
+// batch that had company waits for it, an isolated one is synced at once.
+func TestSyncWindowOnlyWhenBusy(t *testing.T) {
+	const window = 3 * time.Second
+	q, emb := syncedQueueWith(t, EmbeddedConfig{SweepEvery: -1, SyncWindow: window})
+	ss := emb.StoreSyncer()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	enqueue := func(i int) error {
+		_, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"},
+			Body: []byte("Subject: " + itoa(i) + "\r\n\r\nx\r\n")})
+		return err
+	}
+	timed := func(i int) time.Duration {
+		t.Helper()
+		start := time.Now()
+		if err := enqueue(i); err != nil {
+			t.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	// Isolated: no window.
+	if d := timed(0); d >= window {
+		t.Fatalf("an isolated submission took %v: it waited for the %v window", d, window)
+	}
+	// Busy: slow fsyncs make the next submissions queue behind a sync, so
+	// the last batch of these has more than one.
+	ss.fsyncDelay.Store(int64(500 * time.Millisecond))
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Go(func() {
+			if err := enqueue(1 + i); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	ss.fsyncDelay.Store(0)
+	// The last of those batches had company; the next one collects for the
+	// window.
+	if d := timed(10); d < window {
+		t.Fatalf("a submission after a busy batch took %v, less than the %v window", d, window)
+	}
+	// That batch had only itself: idle again.
+	if d := timed(11); d >= window {
+		t.Fatalf("a submission after a batch of one took %v: it waited for the %v window", d, window)
+	}
+}
+
+func TestUseWindow(t *testing.T) {
+	for _, c := range []struct {
+		window  time.Duration
+		busy    bool
+		waiting int
+		want    bool
+	}{
+		{time.Millisecond, false, 0, false}, // isolated
+		{time.Millisecond, true, 0, true},   // the previous batch had company
+		{time.Millisecond, false, 3, true},  // others already waiting
+		{0, true, 3, false},                 // no window configured
+		{-1, true, 3, false},
+	} {
+		if got := useWindow(c.window, c.busy, c.waiting); got != c.want {
+			t.Errorf("useWindow(%v, %v, %d) = %v, want %v", c.window, c.busy, c.waiting, got, c.want)
+		}
+	}
+}
+
 // TestStoreSyncerMetrics: the counters and histograms on /metrics are the
 // syncer's own counts.
 func TestStoreSyncerMetrics(t *testing.T) {

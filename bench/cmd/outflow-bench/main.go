@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/outflow/outflow/internal/gcpolicy"
+	"github.com/outflow/outflow/queue"
 )
 
 type config struct {
@@ -52,6 +53,7 @@ func main() {
 	flag.IntVar(&profWorkers, "profile-workers", 32, "delivery workers for -profile (serve's default)")
 	flag.StringVar(&profDurability, "profile-durability", "disk", "for -profile: --durability of the pipeline (disk, serve's default, or none)")
 	flag.IntVar(&profBacklog, "profile-backlog", 0, "for -profile: first defer this many envelopes (due in 7 days) and let them settle, as in scenario 3")
+	flag.DurationVar(&profSyncWindow, "profile-sync-window", queue.DefaultSyncWindow, "for -profile: serve's --sync-window (durability disk)")
 	flag.IntVar(&profGCPercent, "profile-gc-percent", gcpolicy.DefaultPercent, "for -profile: serve's --gc-percent (GOGC in the environment wins)")
 	flag.Int64Var(&profGCMinHeap, "profile-gc-min-heap", gcpolicy.DefaultMinHeap, "for -profile: serve's --gc-min-heap (0: none)")
 	flag.Parse()

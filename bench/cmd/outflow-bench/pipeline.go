@@ -28,6 +28,9 @@ import (
 // has no pprof endpoint; the profile covers exactly outflow's code. With
 // backlog > 0 it first defers that many envelopes, as scenario 3 does, and
 // waits for the seed's transient server state to expire.
+// profSyncWindow is serve's --sync-window for runProfile (-profile-sync-window).
+var profSyncWindow time.Duration
+
 func runProfile(outDir string, msgs, size, workers, backlog int, durability string) error {
 	dur, err := queue.ParseDurability(durability)
 	if err != nil {
@@ -50,7 +53,7 @@ func runProfile(outDir string, msgs, size, workers, backlog int, durability stri
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := zerolog.New(os.Stderr).Level(zerolog.WarnLevel)
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Durability: dur})
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Durability: dur, SyncWindow: profSyncWindow})
 	if err != nil {
 		return err
 	}
