@@ -400,21 +400,23 @@ func (s *StoreSyncer) syncStream(name string, prev blockStates) (blockStates, er
 	return next, err
 }
 
-// WorkBlocks counts the work stream's block files that syncs found new or
-// replaced (a block started, or rewritten by a compaction), since start.
+// WorkBlocks counts the work stream's block files that syncs found under a
+// new name (a block started; the first sync after start finds them all),
+// since start. A block rewritten in place by a compaction is not counted.
 func (s *StoreSyncer) WorkBlocks() uint64 { return s.workBlocks.Load() }
 
 // syncBlocks fsyncs each *.blk file of dir that is new or differs (size,
 // modification time, inode) from prev, and dir itself when a file is new or
 // replaced: a block created or rewritten by rename is only durable once its
-// directory entry is. It reports whether it synced dir.
+// directory entry is. It reports whether a block file had a name prev does
+// not know.
 func (s *StoreSyncer) syncBlocks(dir string, prev blockStates) (blockStates, bool, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, false, fmt.Errorf("sync %s: %w", dir, err)
 	}
 	next := make(blockStates, len(ents))
-	syncDir := false
+	syncDir, newName := false, false
 	for _, de := range ents {
 		if !strings.HasSuffix(de.Name(), ".blk") {
 			continue
@@ -438,6 +440,7 @@ func (s *StoreSyncer) syncBlocks(dir string, prev blockStates) (blockStates, boo
 		if !seen || old.ino != st.ino {
 			syncDir = true
 		}
+		newName = newName || !seen
 		path := filepath.Join(dir, de.Name())
 		if err := s.fsyncPath(path); errors.Is(err, os.ErrNotExist) {
 			continue
@@ -451,7 +454,7 @@ func (s *StoreSyncer) syncBlocks(dir string, prev blockStates) (blockStates, boo
 			return nil, false, fmt.Errorf("sync %s: %w", dir, err)
 		}
 	}
-	return next, syncDir, nil
+	return next, newName, nil
 }
 
 func (s *StoreSyncer) fsyncPath(path string) error {
