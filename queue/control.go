@@ -36,7 +36,7 @@ func (q *Queue) Depth(ctx context.Context, l Lane) (uint64, error) {
 		return 0, fmt.Errorf("queue: no lane %q", l)
 	}
 	if l == LaneWork {
-		n, _, err := q.workState(ctx)
+		n, _, err := q.workState(ctx, false)
 		if err != nil {
 			return 0, fmt.Errorf("lane %s: %w", l, err)
 		}

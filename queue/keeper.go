@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -77,27 +78,38 @@ func (q *Queue) publishKeeper() error {
 	return err
 }
 
-// workState is the work stream's envelope count and the time its oldest
-// envelope was stored, the keeper left out.
-func (q *Queue) workState(ctx context.Context) (msgs uint64, oldest time.Time, err error) {
+// workState is the work stream's envelope count and, with oldest, the
+// time its oldest envelope was stored, the keeper left out.
+func (q *Queue) workState(ctx context.Context, withOldest bool) (msgs uint64, oldest time.Time, err error) {
 	s := q.lanes[LaneWork]
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subjWorkKeeper))
-	if err != nil {
-		return 0, time.Time{}, err
+	for try := 0; ; try++ {
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(subjWorkKeeper))
+		if err != nil {
+			return 0, time.Time{}, err
+		}
+		st := info.State
+		kept := st.Subjects[subjWorkKeeper]
+		if st.Msgs <= kept {
+			return 0, time.Time{}, nil
+		}
+		msgs = st.Msgs - kept
+		if !withOldest {
+			return msgs, time.Time{}, nil
+		}
+		if kept == 0 {
+			return msgs, st.FirstTime, nil
+		}
+		// The first message may be the keeper: read the first envelope.
+		m, err := s.GetMsg(ctx, st.FirstSeq, jetstream.WithGetMsgSubject(workFilter("*", "*", "*")))
+		switch {
+		case err == nil:
+			return msgs, m.Time, nil
+		case errors.Is(err, jetstream.ErrMsgNotFound) && try < 2:
+			// Acknowledged since the count: count again.
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			return msgs, time.Time{}, nil
+		default:
+			return msgs, time.Time{}, fmt.Errorf("oldest envelope: %w", err)
+		}
 	}
-	st := info.State
-	kept := st.Subjects[subjWorkKeeper]
-	if st.Msgs <= kept {
-		return 0, time.Time{}, nil
-	}
-	msgs = st.Msgs - kept
-	if kept == 0 {
-		return msgs, st.FirstTime, nil
-	}
-	// The first message may be the keeper: read the first envelope.
-	m, err := s.GetMsg(ctx, st.FirstSeq, jetstream.WithGetMsgSubject(workFilter("*", "*", "*")))
-	if err != nil {
-		return msgs, time.Time{}, fmt.Errorf("oldest envelope: %w", err)
-	}
-	return msgs, m.Time, nil
 }

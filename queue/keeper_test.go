@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // workBlocks lists the work stream's block files by name and inode: a
@@ -139,6 +141,18 @@ func TestKeeperKeepsTheLastBlock(t *testing.T) {
 		}
 	}
 	deliverAll(t, ctx, q, ch, 1)
+
+	// With the keeper alone, the first-envelope read that LaneStats makes
+	// after an envelope is acknowledged between its count and the read
+	// finds nothing, as jetstream.ErrMsgNotFound, which workState counts
+	// again on (CI caught that race once).
+	info0, err := q.lanes[LaneWork].Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.lanes[LaneWork].GetMsg(ctx, info0.State.FirstSeq, jetstream.WithGetMsgSubject(workFilter("*", "*", "*"))); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("first envelope behind the keeper alone: %v, want ErrMsgNotFound", err)
+	}
 
 	// A second keeper replaces the first: the stream holds one.
 	if err := q.publishKeeper(); err != nil {

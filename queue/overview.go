@@ -52,7 +52,7 @@ func (q *Queue) LaneStats(ctx context.Context) ([]LaneStat, error) {
 			ls.Oldest = info.State.FirstTime
 		}
 		if st.lane == string(LaneWork) {
-			if ls.Depth, ls.Oldest, err = q.workState(ctx); err != nil {
+			if ls.Depth, ls.Oldest, err = q.workState(ctx, true); err != nil {
 				errs = append(errs, fmt.Errorf("lane %s: %w", st.lane, err))
 				continue
 			}

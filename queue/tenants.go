@@ -131,7 +131,7 @@ func (q *Queue) adoptTenants(ctx context.Context) error {
 // workOrphans reports whether the work stream may hold messages that no
 // consumer covers.
 func (q *Queue) workOrphans(ctx context.Context) (bool, error) {
-	msgs, _, err := q.workState(ctx)
+	msgs, _, err := q.workState(ctx, false)
 	if err != nil {
 		return true, err
 	}
