@@ -42,20 +42,16 @@ func (q *Queue) LaneStats(ctx context.Context) ([]LaneStat, error) {
 	}{{string(LaneWork), q.lanes[LaneWork]}, {string(LaneRetry), q.lanes[LaneRetry]}, {string(LaneRateLimit), q.lanes[LaneRateLimit]}, {"dead", q.dead}}
 	var errs []error
 	for _, st := range streams {
-		info, err := st.s.Info(ctx)
+		ls := LaneStat{Lane: st.lane}
+		var err error
+		if st.lane == string(LaneWork) {
+			ls.Depth, ls.Oldest, err = q.workState(ctx, true) // the keeper left out
+		} else {
+			ls.Depth, ls.Oldest, err = streamState(ctx, st.s)
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("lane %s: %w", st.lane, err))
 			continue
-		}
-		ls := LaneStat{Lane: st.lane, Depth: info.State.Msgs}
-		if info.State.Msgs > 0 {
-			ls.Oldest = info.State.FirstTime
-		}
-		if st.lane == string(LaneWork) {
-			if ls.Depth, ls.Oldest, err = q.workState(ctx, true); err != nil {
-				errs = append(errs, fmt.Errorf("lane %s: %w", st.lane, err))
-				continue
-			}
 		}
 		if st.lane != "dead" {
 			lister := st.s.ListConsumers(ctx)
@@ -74,6 +70,19 @@ func (q *Queue) LaneStats(ctx context.Context) ([]LaneStat, error) {
 		}
 	}
 	return out, errors.Join(errs...)
+}
+
+// streamState is a stream's message count and the time of its oldest
+// message (zero when it holds none).
+func streamState(ctx context.Context, s jetstream.Stream) (uint64, time.Time, error) {
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	if info.State.Msgs == 0 {
+		return 0, time.Time{}, nil
+	}
+	return info.State.Msgs, info.State.FirstTime, nil
 }
 
 // heldStat counts the held envelopes: the retry stream's held subjects,

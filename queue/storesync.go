@@ -36,8 +36,7 @@ import (
 // letter before the work message's ack) first waits for JetStream's ack,
 // then calls Sync with the streams it wrote. One goroutine collects the
 // requests of a batch (see DefaultSyncWindow), then, per stream involved
-// (in parallel),
-// has the store write out its buffer (StreamStore.FlushAllPending: the
+// (in parallel), has the store write out its buffer (StreamStore.FlushAllPending: the
 // pending bytes reach the kernel, in order, under the block's lock) and
 // fsyncs each block file that changed since the last sync, and the
 // directory when a block file appeared or was replaced. Every waiter of the
@@ -95,8 +94,8 @@ func ParseDurability(s string) (Durability, error) {
 // synced at once, so an idle daemon adds nothing to a submission but its
 // fsync. Without a window a busy syncer batches only what came during
 // the previous fsync: under 20 sessions about 3.5 submissions a batch,
-// against 6.5 with 1 ms, which took a third of the fsyncs and 7 to 18 % of
-// the CPU per message off the pipeline (docs/benchmarks.md, "Changes
+// against 6.5 with 1 ms, which took about 40 % of the fsyncs and 7 to 18 %
+// of the CPU per message off the pipeline (docs/benchmarks.md, "Changes
 // kept").
 const DefaultSyncWindow = time.Millisecond
 
@@ -132,7 +131,7 @@ type StoreSyncer struct {
 	fsyncs  atomic.Uint64 // fsync calls made
 
 	// workBlocks counts the block files of the work stream that a sync
-	// found new or replaced; the queue keeps its keeper in the newest
+	// found under a new name; the queue keeps its keeper in the newest
 	// (keeper.go).
 	workBlocks atomic.Uint64
 
