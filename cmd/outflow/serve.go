@@ -70,9 +70,9 @@ func serve(parent context.Context, c *serveConfig) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	// Most of a busy daemon's heap with a backlog is long-lived JetStream
-	// state, so Go's 100% headroom mostly buys idle memory; without one,
-	// the floor keeps a small heap from collecting every few MiB
+	// The collector's target paces how often a deferred backlog's
+	// long-lived JetStream state is marked again; without a backlog, the
+	// floor keeps a small heap from collecting every few MiB
 	// (internal/gcpolicy; figures in docs/benchmarks.md).
 	gcpolicy.Apply(c.GCPercent, c.GCMinHeap)
 	if err := os.MkdirAll(c.Data, 0o700); err != nil {

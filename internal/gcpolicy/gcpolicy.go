@@ -11,7 +11,7 @@ import (
 
 // Defaults of serve's --gc-percent and --gc-min-heap.
 const (
-	DefaultPercent = 50
+	DefaultPercent = 100
 	DefaultMinHeap = 48 << 20
 )
 
