@@ -36,13 +36,14 @@ import (
 // letter before the work message's ack) first waits for JetStream's ack,
 // then calls Sync with the streams it wrote. One goroutine collects the
 // requests of a batch (see DefaultSyncWindow), then, per stream involved
-// (in parallel), has the store write out its buffer (StreamStore.FlushAllPending: the
-// pending bytes reach the kernel, in order, under the block's lock) and
-// fsyncs each block file that changed since the last sync, and the
-// directory when a block file appeared or was replaced. Every waiter of the
-// batch is released after that one sync. A request that arrives while a
-// sync runs waits for the next one, so every acknowledged write of a
-// waiter is in a sync that started after it.
+// (in parallel), has the store write out its buffer
+// (StreamStore.FlushAllPending: the pending bytes reach the kernel, in
+// order, under the block's lock) and fsyncs each block file that changed
+// since the last sync, and the directory when a block file appeared or
+// was replaced. Every waiter of the batch is released after that one
+// sync. A request that arrives while a sync runs waits for the next one,
+// so every acknowledged write of a waiter is in a sync that started after
+// it.
 //
 // A schedule that fires is written by the server itself: the due message
 // and the schedule's removal, both in the lane's stream, with no client

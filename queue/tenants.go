@@ -105,9 +105,10 @@ func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
 // work stream has work-queue retention, so every message in it but the
 // keeper (keeper.go) is pending or awaiting its ack on exactly one
 // consumer, and only when the stream holds more messages than its
-// consumers account for is there a tenant without one. (A message acknowledged between the two reads, or a consumer
-// whose pending count has not yet caught up with a fresh store, makes the
-// check answer "maybe", which only costs the listing.)
+// consumers account for is there a tenant without one. (A message
+// acknowledged between the two reads, or a consumer whose pending count
+// has not yet caught up with a fresh store, makes the check answer
+// "maybe", which only costs the listing.)
 func (q *Queue) adoptTenants(ctx context.Context) error {
 	if orphans, err := q.workOrphans(ctx); err == nil && !orphans {
 		return nil

@@ -220,8 +220,8 @@ func (v *bodyValidator) scan(p []byte) {
 	}
 }
 
-// cr is the octet cleanChunk counts.
-var cr = []byte{'\r'}
+// crOctet is what cleanChunk counts.
+var crOctet = []byte{'\r'}
 
 // cleanChunk is scan's fast path for a read with no fault in it, the
 // common case: one byte search per line (for its LF), where the line-at-
@@ -262,7 +262,7 @@ func (v *bodyValidator) cleanChunk(p []byte) bool {
 	if last {
 		crs++
 	}
-	if bytes.Count(p, cr) != crs {
+	if bytes.Count(p, crOctet) != crs {
 		return false // a bare CR
 	}
 	v.lineLen, v.prevCR = lineLen, last
