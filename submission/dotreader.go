@@ -16,8 +16,9 @@ import (
 // with 100 KiB bodies that octet loop was 45 % of the daemon's CPU
 // (docs/benchmarks.md, "The DATA reader"). dotReader does the same work
 // on the same buffered connection a buffer at a time: bytes.IndexByte
-// finds the next CR, everything before it is copied in one go, and only
-// the octets around line ends go through the state machine.
+// finds the next dot (or, where dots are thick in the middle of lines,
+// the next CR), everything before it is copied in one go, and only the
+// octets around it go through the state machine.
 //
 // go-smtp keeps the reader's fields private, so dotReader reaches them
 // through their reflected layout, checked once: the struct must have
@@ -184,21 +185,33 @@ func (d *dotReader) release() {
 }
 
 // countLines counts p, one read of the connection, as go-smtp's line
-// limit would, and reports whether every line stayed within it.
+// limit would, and reports whether every line stayed within it. It jumps
+// from line feed to line feed as far as the limit lets a line reach,
+// to the last line feed in that stretch: any line feed before it ends a
+// shorter line, so one backward search covers many lines.
 func (d *dotReader) countLines(p []byte) bool {
-	for {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
+	for len(p) > 0 {
+		// A line feed at p[i] keeps its line within the limit iff i < w.
+		w := min(len(p), d.hard-d.line+1)
+		if i := bytes.LastIndexByte(p[:w], '\n'); i >= 0 {
+			d.line = 1 // a line feed starts the count again, itself included
+			p = p[i+1:]
+			continue
+		}
+		if w == len(p) {
 			d.line += len(p)
 			return d.line <= d.hard
 		}
-		if d.line+i > d.hard {
-			d.line += i // past the limit: go-smtp's count stays there
-			return false
+		// No line feed within reach: past the limit. go-smtp's count
+		// stays where it failed, at the next line feed or the read's end.
+		if i := bytes.IndexByte(p, '\n'); i >= 0 {
+			d.line += i
+		} else {
+			d.line += len(p)
 		}
-		d.line = 1 // a line feed starts the count again, itself included
-		p = p[i+1:]
+		return false
 	}
+	return d.line <= d.hard
 }
 
 // Read fills b with body octets, dot-stuffing undone, until b is full or
@@ -253,11 +266,14 @@ func (d *dotReader) Read(b []byte) (n int, err error) {
 // on, and returns the new n and how much of buf it used. It stops when b
 // is full, buf is used up, or the end-of-data line has been read.
 func (d *dotReader) scan(b []byte, n int, buf []byte) (int, int) {
-	i := 0
+	i, misses := 0, 0 // misses: dots found in the middle of a line
+	byLine := false   // searching for CRs for the rest of buf
 	for i < len(buf) && n < len(b) && d.state != dotEOF {
-		if d.state == dotData {
-			// Only CR leaves the middle of a line: copy up to and
-			// including the next one.
+		if d.state == dotData && byLine {
+			// Dots in the middle of lines thicker than one in 64
+			// octets (prose): a search per line costs less than one
+			// per dot. Only CR leaves the middle of a line: copy up to
+			// and including the next one.
 			end := min(len(buf), i+len(b)-n)
 			j := bytes.IndexByte(buf[i:end], '\r')
 			if j < 0 {
@@ -269,6 +285,33 @@ func (d *dotReader) scan(b []byte, n int, buf []byte) (int, int) {
 			i += j + 1
 			d.state = dotCR
 			continue
+		}
+		if d.state == dotData {
+			// Octets are dropped only by a dot at a line's start, so a
+			// stretch without a dot is body as it stands, and after any
+			// octet in it that is not CR or LF the state is dotData
+			// again. Copy up to the next dot, or to the end, short of
+			// the CRs and LFs just before it: those and the dot go
+			// through the state machine below. One search covers a
+			// base64 part's whole buffer.
+			end := min(len(buf), i+len(b)-n)
+			stop := end
+			if k := bytes.IndexByte(buf[i:end], '.'); k >= 0 {
+				stop = i + k
+				if stop == 0 || buf[stop-1] != '\n' {
+					misses++
+					byLine = misses > 4+i>>6
+				}
+			}
+			t := stop
+			for t > i && (buf[t-1] == '\r' || buf[t-1] == '\n') {
+				t--
+			}
+			if t > i {
+				n += copy(b[n:], buf[i:t])
+				i = t
+				continue
+			}
 		}
 		c := buf[i]
 		i++
@@ -300,6 +343,10 @@ func (d *dotReader) scan(b []byte, n int, buf []byte) (int, int) {
 				d.state = dotBeginLine
 			} else {
 				d.state = dotData
+			}
+		case dotData:
+			if c == '\r' {
+				d.state = dotCR
 			}
 		}
 		if keep {

@@ -210,12 +210,49 @@ func TestDotReader(t *testing.T) {
 	}
 }
 
+// TestDotReaderWholeBuffers reads bodies through a connection buffer of
+// serve's size, which holds many lines at once, so that dotReader's
+// searches cover many lines in one go: dots at line starts (a search per
+// dot), none (one search a buffer), and dots thick in the middle of lines
+// (the change to a search per line), each against the model.
+func TestDotReaderWholeBuffers(t *testing.T) {
+	for _, body := range []string{
+		strings.Repeat("QUJDRA==\r\n..x\r\n", 300),
+		strings.Repeat("It was late. The lanes were quiet.\r\n.Then a dot.\r\n", 150),
+		strings.Repeat("a.b.c.d.e.f.g.h\r\n", 200) + "..\r\n\r\r\n.\r\n",
+	} {
+		in := []byte(body + ".\r\nQUIT\r\n")
+		want, wantUsed, _, wantErr := modelDot(in, 32<<10, 0, 2000)
+		br := bufio.NewReaderSize(bytes.NewReader(in), 4096)
+		var state, limit, cur int
+		d := &dotReader{br: br, sync: &state}
+		d.limit, d.cur, d.hard, d.line = &limit, &cur, 2000, 1
+		var got []byte
+		var err error
+		for err == nil {
+			b := make([]byte, 32<<10)
+			var n int
+			n, err = d.Read(b)
+			got = append(got, b[:n]...)
+		}
+		d.release()
+		rest, _ := io.ReadAll(br)
+		if err != wantErr || !bytes.Equal(got, want) || len(in)-len(rest) != wantUsed {
+			t.Fatalf("%.40q…: got %d octets (%v), used %d; model %d octets (%v), used %d",
+				body, len(got), err, len(in)-len(rest), len(want), wantErr, wantUsed)
+		}
+	}
+}
+
 // FuzzDotReader checks dotReader against the octet-at-a-time model for
 // any input, read size, size limit, line limit and piece sizes.
 func FuzzDotReader(f *testing.F) {
 	f.Add([]byte("a\r\n..b\r\n.\r\nNOOP\r\n"), []byte{3, 0}, uint16(5), uint16(0), uint8(0))
 	f.Add([]byte(".\rx\r\n\r\r\n.\n.\r\n.\r\n"), []byte{1}, uint16(2), uint16(9), uint8(6))
 	f.Add([]byte(strings.Repeat("long line ", 20)+"\r\n.\r\n"), []byte{15, 2}, uint16(64), uint16(0), uint8(40))
+	// A read that fills a line to one octet past the limit, with no
+	// line feed: the line limit's jump must still fail it.
+	f.Add([]byte("0"), []byte("0"), uint16(43), uint16(76), uint8(1))
 	f.Fuzz(func(t *testing.T, in, sizes []byte, bsize, max uint16, hard uint8) {
 		checkDot(t, in, sizes, int(bsize%200)+1, int64(max), int(hard))
 	})
@@ -372,5 +409,51 @@ func TestDotReaderMatchesGoSMTP(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkDotReader is dotReader alone on a 100 KiB DATA body held in
+// memory, read as readBody reads it (a 4 KiB connection buffer, 32 KiB
+// reads) with serve's line limit: base64 lines (no dots), prose (a dot a
+// sentence) and a line in eight stuffed with a leading dot.
+func BenchmarkDotReader(b *testing.B) {
+	lines := map[string][]string{
+		"base64": {strings.Repeat("QUJD", 19) + "\r\n"},
+		"prose":  {"It was late. The queue had drained, and the lanes were quiet. Nobody\r\n"},
+		"dots": {"..a line that starts with a dot, stuffed on the wire as two of them\r\n",
+			"x\r\n", "y\r\n", "z\r\n", "w\r\n", "v\r\n", "u\r\n", "t\r\n"},
+	}
+	for _, kind := range []string{"base64", "prose", "dots"} {
+		b.Run(kind, func(b *testing.B) {
+			var in []byte
+			for len(in) < 100<<10 {
+				for _, l := range lines[kind] {
+					in = append(in, l...)
+				}
+			}
+			in = append(in, ".\r\n"...)
+			src := bytes.NewReader(in)
+			br := bufio.NewReaderSize(src, 4096)
+			out := make([]byte, 32<<10)
+			var state, limit, cur int
+			b.SetBytes(int64(len(in)))
+			for b.Loop() {
+				src.Reset(in)
+				br.Reset(src)
+				state = dotBeginLine
+				d := &dotReader{br: br, sync: &state}
+				d.limit, d.cur, d.hard, d.line = &limit, &cur, 2*DefaultMaxLineLength, 1
+				for {
+					_, err := d.Read(out)
+					if err == io.EOF {
+						break
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				d.release()
+			}
+		})
 	}
 }
