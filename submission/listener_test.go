@@ -1,8 +1,14 @@
 package submission
 
 import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
 	"net"
 	"net/textproto"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -138,4 +144,141 @@ func BenchmarkEHLOReplyWrite(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(nc.writes)/float64(b.N), "writes/op")
+}
+
+// scriptConn is a socket whose reads return the octets of in, at most
+// chunk at a time, and then err; it records the size of each read.
+type scriptConn struct {
+	net.Conn
+	in    []byte
+	chunk int
+	err   error
+	sizes []int // each read's size, unless count
+	count bool  // count reads in reads only
+	reads int
+}
+
+func (c *scriptConn) Read(b []byte) (int, error) {
+	c.reads++
+	if !c.count {
+		c.sizes = append(c.sizes, len(b))
+	}
+	if len(c.in) == 0 {
+		return 0, c.err
+	}
+	n := copy(b, c.in[:min(len(c.in), c.chunk)])
+	c.in = c.in[n:]
+	if len(c.in) == 0 && c.err != io.EOF {
+		return n, c.err // the last octets and the error in one read
+	}
+	return n, nil
+}
+
+// A body is read from the socket up to 64 KiB at a time, and what the
+// caller's buffer had no room for reaches it, in order, on the next reads,
+// whatever the state then: the octets after a body (the next command, or
+// TLS after STARTTLS) are never skipped or reordered. Commands are read
+// with the caller's buffer as before.
+func TestReadAheadKeepsTheStream(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 200 {
+		in := make([]byte, rng.IntN(300<<10))
+		for i := range in {
+			in[i] = byte(rng.IntN(256))
+		}
+		endErr := io.EOF
+		if round%3 == 0 {
+			endErr = errors.New("connection reset")
+		}
+		sc := &scriptConn{in: bytes.Clone(in), chunk: 1 + rng.IntN(readAheadSize+1000), err: endErr}
+		tc := &trackedConn{Conn: sc, srv: &Server{}}
+		var out []byte
+		var err error
+		for {
+			tc.inData = rng.IntN(4) != 0
+			before := len(sc.sizes)
+			b := make([]byte, 1+rng.IntN(8<<10))
+			var n int
+			n, err = tc.Read(b)
+			out = append(out, b[:n]...)
+			if !tc.inData && len(sc.sizes) > before && sc.sizes[len(sc.sizes)-1] != len(b) {
+				t.Fatalf("round %d: a command read of %d octets asked the socket for %d", round, len(b), sc.sizes[len(sc.sizes)-1])
+			}
+			if err != nil {
+				break
+			}
+		}
+		if err != endErr {
+			t.Fatalf("round %d: read ended with %v, want %v", round, err, endErr)
+		}
+		if !bytes.Equal(out, in) {
+			t.Fatalf("round %d: %d octets read, %d sent, first difference at %d", round, len(out), len(in), firstDiff(out, in))
+		}
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// A 100 KiB body that the client has already written takes four reads of
+// the socket, not one per 4 KiB of go-smtp's buffer.
+func TestReadAheadTakesTheBodyAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		size  int
+		sizes []int
+	}{
+		{100 << 10, []int{readAheadSize, readAheadSize, readAheadSize, readAheadSize, readAheadSize}},
+		{2 << 10, []int{readAheadSize, readAheadSize}},
+	} {
+		body := bytes.Repeat([]byte(strings.Repeat("x", 78)+"\r\n"), tc.size/80)
+		sc := &scriptConn{in: bytes.Clone(body), chunk: readAheadSize, err: io.EOF}
+		conn := &trackedConn{Conn: sc, srv: &Server{}, inData: true}
+		got, err := io.ReadAll(bufio.NewReaderSize(conn, 4096))
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("read %d octets (%v), want the %d sent", len(got), err, len(body))
+		}
+		// The last read is the one that finds the end of the stream.
+		if !slices.Equal(sc.sizes, tc.sizes) {
+			t.Errorf("a %d-octet body read from the socket as %v, want %v", len(body), sc.sizes, tc.sizes)
+		}
+	}
+}
+
+// BenchmarkBodyRead is go-smtp's 4 KiB buffer reading a 100 KiB body
+// through trackedConn from a socket that holds all of it, read ahead (as a
+// body is) and passed through (as commands are); reads/op is the read(2)
+// calls it costs, which the fake socket does not charge for.
+func BenchmarkBodyRead(b *testing.B) {
+	body := bytes.Repeat([]byte(strings.Repeat("x", 78)+"\r\n"), 100<<10/80)
+	for _, ahead := range []bool{true, false} {
+		name := "ahead"
+		if !ahead {
+			name = "through"
+		}
+		b.Run(name, func(b *testing.B) {
+			sc := &scriptConn{chunk: 1 << 20, err: io.EOF, count: true}
+			tc := &trackedConn{Conn: sc, srv: &Server{}, inData: ahead}
+			br := bufio.NewReaderSize(tc, 4096)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				sc.in = body
+				br.Reset(tc)
+				// As dotReader reads: a fill of the buffer, then all of it.
+				for {
+					if _, err := br.Peek(1); err != nil {
+						break
+					}
+					_, _ = br.Discard(br.Buffered())
+				}
+			}
+			b.ReportMetric(float64(sc.reads)/float64(b.N), "reads/op")
+		})
+	}
 }
