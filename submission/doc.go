@@ -18,7 +18,9 @@
 // on, and some is worked around, on purpose; each place says which. DATA
 // bodies are read by dotReader (dotreader.go), which does go-smtp's
 // dot-unstuffing and line counting a buffer at a time instead of an octet
-// at a time, through go-smtp's private fields at their checked layout.
+// at a time, through go-smtp's private fields at their checked layout;
+// under go-smtp's 4 KiB buffer the tracked connection reads a body from
+// the socket up to 32 KiB at a time (listener.go, readConn).
 // Each body is read into a pooled buffer with room in front of it, where
 // the queue writes the envelope instead of copying the body
 // (queue.Submission.Frame); the buffer goes back to its pool once Enqueue
