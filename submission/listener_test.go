@@ -174,7 +174,7 @@ func (c *scriptConn) Read(b []byte) (int, error) {
 	return n, nil
 }
 
-// A body is read from the socket up to 64 KiB at a time, and what the
+// A body is read from the socket up to 32 KiB at a time, and what the
 // caller's buffer had no room for reaches it, in order, on the next reads,
 // whatever the state then: the octets after a body (the next command, or
 // TLS after STARTTLS) are never skipped or reordered. Commands are read
