@@ -46,6 +46,59 @@ type pendingEvent struct {
 	m       *nats.Msg
 	retries int
 	at      time.Time // last sent
+	out     *outEvent // the pooled event m belongs to; nil for others
+}
+
+// outEvent is an event on its way: the message, its encoding and its
+// header, and its place among the pending, taken from outEvents for each
+// event and put back when the server has answered its store (handle).
+// Every delivered message publishes two events; their buffers, header
+// maps and pending entries were about 6 % of the bytes the pipeline
+// allocated per message (docs/benchmarks.md). Only handle puts one back:
+// the answer cannot come before nats.go has copied the message into its
+// write buffer, so nothing reads it afterwards. An event forgotten
+// otherwise (a lost connection, a publish that failed, an answer that
+// never came) is left to the collector, since a retry's publish may
+// still be copying it.
+type outEvent struct {
+	msg nats.Msg
+	hdr nats.Header // {HdrEventID: ids[:]}, set as msg.Header for an event with an id
+	ids [1]string
+	pe  pendingEvent
+}
+
+// eventBufSize is the encoding buffer a pooled event starts with: a
+// delivered event with its decision record takes about 900 bytes.
+const eventBufSize = 1024
+
+// eventBufMax is the largest buffer the pool keeps.
+const eventBufMax = 16 << 10
+
+var outEvents = sync.Pool{New: func() any {
+	o := &outEvent{}
+	o.hdr = nats.Header{HdrEventID: o.ids[:]}
+	o.msg.Data = make([]byte, 0, eventBufSize)
+	return o
+}}
+
+// newOutEvent returns a pooled event with an empty buffer and no subject,
+// reply or header.
+func newOutEvent() *outEvent {
+	o := outEvents.Get().(*outEvent)
+	o.msg.Subject, o.msg.Reply, o.msg.Header, o.msg.Data = "", "", nil, o.msg.Data[:0]
+	o.pe = pendingEvent{}
+	return o
+}
+
+// release puts o back for another event; a buffer grown past
+// eventBufMax by an unusual event is left to the collector.
+func (o *outEvent) release() {
+	o.ids[0] = ""
+	o.pe = pendingEvent{}
+	if cap(o.msg.Data) > eventBufMax {
+		o.msg.Data = make([]byte, 0, eventBufSize)
+	}
+	outEvents.Put(o)
 }
 
 const (
@@ -80,6 +133,19 @@ func newEventPublisher(nc *nats.Conn, log zerolog.Logger) (*eventPublisher, erro
 // publish sends m with a reply subject of its own and returns; the
 // acknowledgement comes to handle.
 func (p *eventPublisher) publish(m *nats.Msg) error {
+	return p.send(&pendingEvent{m: m})
+}
+
+// publishOut publishes a pooled event, which goes back to the pool once
+// the server has answered its store.
+func (p *eventPublisher) publishOut(o *outEvent) error {
+	o.pe = pendingEvent{m: &o.msg, out: o}
+	return p.send(&o.pe)
+}
+
+// send publishes pe.m and holds pe among the pending until its answer.
+func (p *eventPublisher) send(pe *pendingEvent) error {
+	m := pe.m
 	p.mu.Lock()
 	var timer *time.Timer
 	for len(p.pending) >= eventMaxPending {
@@ -101,7 +167,8 @@ func (p *eventPublisher) publish(m *nats.Msg) error {
 	}
 	id := p.next
 	p.next++
-	p.pending[id] = &pendingEvent{m: m, at: time.Now()}
+	pe.at = time.Now()
+	p.pending[id] = pe
 	p.mu.Unlock()
 	m.Reply = p.prefix + strconv.FormatUint(id, 36)
 	if err := p.nc.PublishMsg(m); err != nil {
@@ -142,6 +209,9 @@ func (p *eventPublisher) handle(r *nats.Msg) {
 	}
 	p.remove(id)
 	p.mu.Unlock()
+	if pe.out != nil {
+		pe.out.release()
+	}
 }
 
 // retry publishes a pending event again under its own reply subject.

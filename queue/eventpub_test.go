@@ -2,12 +2,15 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/internal/testutil"
@@ -79,12 +82,12 @@ func BenchmarkEventPublish(b *testing.B) {
 		return &nats.Msg{Subject: eventSubject(ev.Type, ev.ID), Data: data, Header: nats.Header{HdrEventID: []string{ev.ID}}}
 	}
 	ctx := context.Background()
-	run := func(b *testing.B, publish func(*nats.Msg) error) {
+	run := func(b *testing.B, publish func() error) {
 		b.ReportAllocs()
 		defer reportCPU(b)()
 		i := 0
 		for b.Loop() {
-			if err := publish(msg()); err != nil {
+			if err := publish(); err != nil {
 				b.Fatal(err)
 			}
 			if i++; i%256 == 0 {
@@ -97,10 +100,20 @@ func BenchmarkEventPublish(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	// A message already encoded, through nats.go's publisher and through
+	// the queue's own.
 	b.Run("PublishMsgAsync", func(b *testing.B) {
-		run(b, func(m *nats.Msg) error { _, err := q.js.PublishMsgAsync(m); return err })
+		run(b, func() error { _, err := q.js.PublishMsgAsync(msg()); return err })
 	})
-	b.Run("eventPublisher", func(b *testing.B) { run(b, q.ev.publish) })
+	b.Run("eventPublisher", func(b *testing.B) { run(b, func() error { return q.ev.publish(msg()) }) })
+	// Queue.Event: the encoding, a pooled message and the publish.
+	b.Run("Event", func(b *testing.B) {
+		run(b, func() error {
+			e := *ev
+			q.Event(EventDelivered, &e)
+			return nil
+		})
+	})
 }
 
 // An event whose acknowledgement never comes (a stream leader that took
@@ -130,5 +143,59 @@ func TestEventWithoutAckExpires(t *testing.T) {
 	}
 	if out := logs.String(); !strings.Contains(out, "events not confirmed as stored") || !strings.Contains(out, `"events":1`) {
 		t.Fatalf("log: %s", out)
+	}
+}
+
+// Pooled events go back to the pool once stored and are reused at once:
+// many publishers at a time, each event of its own length, must each be
+// stored with its own id, header and content.
+func TestPooledEventsKeepTheirContent(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const publishers, each = 8, 300
+	reason := func(id string) string { return strings.Repeat(id+";", 1+len(id)%7*40) }
+	var wg sync.WaitGroup
+	for p := range publishers {
+		wg.Go(func() {
+			for i := range each {
+				id := "pool" + strconv.Itoa(p) + "x" + strconv.Itoa(i)
+				q.Event(EventDeferred, &Event{ID: id, Tenant: "t1", Reason: reason(id)})
+			}
+		})
+	}
+	wg.Wait()
+	if err := q.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := q.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for len(seen) < publishers*each {
+		batch, err := c.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			var ev Event
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				t.Fatalf("stored event %q: %v", m.Data(), err)
+			}
+			if h := m.Headers().Get(HdrEventID); h != ev.ID || m.Subject() != eventSubject(EventDeferred, ev.ID) ||
+				ev.Reason != reason(ev.ID) || ev.Type != EventDeferred {
+				t.Fatalf("stored event %s on %s with header %q: %+v", ev.ID, m.Subject(), h, ev)
+			}
+			if seen[ev.ID] {
+				t.Fatalf("event %s stored twice", ev.ID)
+			}
+			seen[ev.ID] = true
+		}
+		if n == 0 {
+			t.Fatalf("%d of %d events stored", len(seen), publishers*each)
+		}
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"hash/fnv"
 	"time"
-
-	"github.com/nats-io/nats.go"
 )
 
 // Event subjects: outflow.events.<type>.<shard>, where shard is three hex
@@ -95,20 +93,23 @@ func (q *Queue) Event(typ string, ev *Event) {
 	if ev.Time.IsZero() {
 		ev.Time = time.Now().UTC()
 	}
-	b, ok := ev.appendJSON(make([]byte, 0, 512))
+	o := newOutEvent()
+	b, ok := ev.appendJSON(o.msg.Data)
 	if !ok {
 		var err error
 		if b, err = json.Marshal(ev); err != nil {
+			o.release()
 			q.log.Error().Err(err).Msg("encode event")
 			return
 		}
 	}
-	m := &nats.Msg{Subject: eventSubject(typ, ev.ID), Data: b}
+	o.msg.Subject, o.msg.Data = eventSubject(typ, ev.ID), b
 	if validID(ev.ID) { // an undecodable envelope's id may be anything; the JSON escapes it
-		m.Header = nats.Header{HdrEventID: []string{ev.ID}}
+		o.ids[0] = ev.ID
+		o.msg.Header = o.hdr
 	}
 	q.count(OpPublishEvent)
-	if err := q.ev.publish(m); err != nil {
+	if err := q.ev.publishOut(o); err != nil {
 		q.log.Warn().Err(err).Str("event", typ).Str("msg_id", ev.ID).Msg("publish event")
 	}
 }
