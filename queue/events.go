@@ -87,7 +87,9 @@ type Event struct {
 
 // Event publishes ev asynchronously. Events are the record, not the state:
 // losing one in a crash loses a history line, never mail, so the publisher
-// does not wait for the acknowledgement.
+// does not wait for the acknowledgement. ev is encoded before Event
+// returns and not kept: the caller may reuse what it points to (the
+// worker reuses the buffer of Decision).
 func (q *Queue) Event(typ string, ev *Event) {
 	ev.Type = typ
 	if ev.Time.IsZero() {

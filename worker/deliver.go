@@ -520,11 +520,33 @@ func replyLine(r classify.Result) string {
 func (w *deliverer) event(typ string, e *queue.Envelope, attempt int, rcpts []string, reason string, rec *backoff.Record) {
 	ev := &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: attempt,
 		Worker: w.id, Recipients: rcpts, Reason: reason}
-	if rec != nil {
+	if rec == nil {
+		w.cfg.Queue.Event(typ, ev)
+		return
+	}
+	// The record is encoded into a pooled buffer: Queue.Event copies it
+	// into the event's own encoding before it returns.
+	bp := recordBufs.Get().(*[]byte)
+	b, ok := rec.AppendJSON((*bp)[:0])
+	if ok {
+		ev.Decision, ev.DecisionMarshaled = b, true
+	} else {
 		ev.Decision, ev.DecisionMarshaled = recordJSON(*rec)
 	}
 	w.cfg.Queue.Event(typ, ev)
+	ev.Decision = nil
+	if cap(b) <= recordBufMax {
+		*bp = b[:0]
+		recordBufs.Put(bp)
+	}
 }
+
+// recordBufs holds the buffers decision records are encoded into for
+// their events: every delivery's event carries one, about 800 bytes.
+var recordBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// recordBufMax is the largest record buffer the pool keeps.
+const recordBufMax = 16 << 10
 
 // recordJSON encodes a decision record for its event; a record that cannot
 // be encoded becomes an object naming the error, so the event still goes
