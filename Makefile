@@ -72,7 +72,7 @@ fuzz:
 # bench: micro-benchmarks, then the end-to-end suite against Postfix
 # (docs/benchmarks.md). BENCH_QUICK=1 for a few-minute version.
 bench: deps build
-	$(GO) test -run='^$$' -bench=. -benchmem ./classify ./throttle ./sender ./submission ./queue ./webhook ./internal/gcpolicy
+	$(GO) test -run='^$$' -bench=. -benchmem ./classify ./throttle ./sender ./submission ./queue ./worker ./webhook ./internal/gcpolicy
 	PATH="$$PATH:/usr/sbin" BENCH_QUICK="$(BENCH_QUICK)" ./bench/run.sh
 
 lint:
