@@ -534,7 +534,6 @@ func (w *deliverer) event(typ string, e *queue.Envelope, attempt int, rcpts []st
 		ev.Decision, ev.DecisionMarshaled = recordJSON(*rec)
 	}
 	w.cfg.Queue.Event(typ, ev)
-	ev.Decision = nil
 	if cap(b) <= recordBufMax {
 		*bp = b[:0]
 		recordBufs.Put(bp)
