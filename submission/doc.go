@@ -20,7 +20,11 @@
 // dot-unstuffing and line counting a buffer at a time instead of an octet
 // at a time, through go-smtp's private fields at their checked layout;
 // under go-smtp's 4 KiB buffer the tracked connection reads a body from
-// the socket up to 32 KiB at a time (listener.go, readConn).
+// the socket up to 32 KiB at a time (listener.go, readConn). On a
+// plaintext connection it also joins go-smtp's replies, which go-smtp
+// writes a line at a time: a multi-line reply's lines, and the replies to
+// a PIPELINING client's group of commands, leave in one write (listener.go,
+// Write).
 // Each body is read into a pooled buffer with room in front of it, where
 // the queue writes the envelope instead of copying the body
 // (queue.Submission.Frame); the buffer goes back to its pool once Enqueue

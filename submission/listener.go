@@ -1,11 +1,17 @@
 package submission
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"net"
+	"net/textproto"
+	"reflect"
 	"sync"
 	"time"
+	"unsafe"
+
+	"github.com/emersion/go-smtp"
 )
 
 // go-smtp v0.25.1 has no connection limit and no way to end an idle
@@ -96,9 +102,16 @@ type trackedConn struct {
 	hangupMsg string // one reply line to send before that, plaintext only
 	tls       bool   // STARTTLS happened: never write plaintext any more
 
-	// pending holds the continuation lines of a multi-line reply not yet
-	// written (see Write). Only go-smtp's connection goroutine writes and
-	// reads, so it needs no lock.
+	// cmdIn is go-smtp's buffered reader of this connection's commands,
+	// once a session has found it (commandReader); nil before, or when
+	// go-smtp's layout is not the known one. Write looks at what it holds.
+	cmdIn *bufio.Reader
+
+	// wmu guards pending. go-smtp's connection goroutine is the only one
+	// that writes and reads, but go-smtp's Close (a shutdown that ran out
+	// of time) may close the connection from another.
+	wmu sync.Mutex
+	// pending holds reply lines not yet written (see Write).
 	pending []byte
 	// ahead holds octets of a body read from the socket and not yet passed
 	// up (see readConn); the same goroutine alone uses it.
@@ -107,15 +120,32 @@ type trackedConn struct {
 	closeOnce sync.Once
 }
 
-// Write joins the lines of a multi-line reply into one write(2). go-smtp
-// flushes every reply line on its own (textproto's PrintfLine), so an EHLO
-// answer of ten lines was ten writes, each a loopback segment and a wakeup
-// of the client: a continuation line ("250-...") is held here and goes out
-// with the reply's last line, which go-smtp always writes in the same call.
+// maxHeld bounds the reply octets Write holds back: replies to one
+// buffer of pipelined commands stay well under it.
+const maxHeld = 4 << 10
+
+// Write holds plaintext reply lines back so that one write(2) carries
+// several. go-smtp writes and flushes every reply line on its own
+// (textproto's PrintfLine), and each write on a loopback or LAN socket is
+// a segment and a wakeup of the client:
+//
+//   - a continuation line ("250-...") goes out with its reply's last line,
+//     which go-smtp always writes in the same call: an EHLO answer of ten
+//     lines is one write, not ten;
+//   - a reply's last line is held too while go-smtp's buffer holds more
+//     of the client's commands, which only a client using PIPELINING
+//     sends (RFC 2920): the replies to MAIL, RCPT and DATA of one group
+//     leave together, as Postfix's smtpd sends them, once the buffer is
+//     used up. Read writes whatever is held before it waits for the
+//     client, and Close before it closes, so a reply is only ever delayed
+//     by the commands that were already there.
+//
 // Only plaintext lines are held: a TLS record starts with a content type
 // below 0x20, never with a digit, and after STARTTLS nothing is held at all.
 func (c *trackedConn) Write(b []byte) (int, error) {
-	if isContinuationLine(b) && !c.isTLS() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.holds(b) {
 		c.pending = append(c.pending, b...)
 		return len(b), nil
 	}
@@ -125,8 +155,28 @@ func (c *trackedConn) Write(b []byte) (int, error) {
 	return c.writePending(b)
 }
 
+// holds reports whether Write keeps b back. Called with wmu held.
+func (c *trackedConn) holds(b []byte) bool {
+	last, ok := replyLine(b)
+	if !ok || len(c.pending)+len(b) > maxHeld || c.isTLS() {
+		return false
+	}
+	return !last || (c.cmdIn != nil && c.cmdIn.Buffered() > 0)
+}
+
+// flushHeld writes what Write holds back, if anything.
+func (c *trackedConn) flushHeld() error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if len(c.pending) == 0 {
+		return nil
+	}
+	_, err := c.writePending(nil)
+	return err
+}
+
 // writePending writes the held lines and then b in one write, reporting
-// only b's part as written.
+// only b's part as written. Called with wmu held.
 func (c *trackedConn) writePending(b []byte) (int, error) {
 	held := len(c.pending)
 	c.pending = append(c.pending, b...)
@@ -138,12 +188,54 @@ func (c *trackedConn) writePending(b []byte) (int, error) {
 	return n, err
 }
 
-// isContinuationLine reports whether b is one whole reply line that another
-// line of the same reply follows: three digits, a hyphen, CRLF at the end.
-func isContinuationLine(b []byte) bool {
-	return len(b) >= 6 && b[3] == '-' &&
-		b[0] >= '0' && b[0] <= '9' && b[1] >= '0' && b[1] <= '9' && b[2] >= '0' && b[2] <= '9' &&
-		b[len(b)-2] == '\r' && b[len(b)-1] == '\n'
+// replyLine reports whether b is one whole reply line (three digits, a
+// hyphen or a space, CRLF at the end) and whether it is its reply's last.
+func replyLine(b []byte) (last, ok bool) {
+	if len(b) < 5 || b[0] < '0' || b[0] > '9' || b[1] < '0' || b[1] > '9' || b[2] < '0' || b[2] > '9' ||
+		b[len(b)-2] != '\r' || b[len(b)-1] != '\n' {
+		return false, false
+	}
+	switch {
+	case b[3] == '-' && len(b) >= 6:
+		return false, true
+	case b[3] == ' ' || len(b) == 5: // "250\r\n" is a last line too
+		return true, true
+	}
+	return false, false
+}
+
+// commandReader returns go-smtp's buffered reader of c's commands (the
+// reader of its private textproto.Conn), or nil when go-smtp's Conn does
+// not have that field at the pinned release's type. The field is found
+// once, by name and type, as dotReader finds its own (dotreader.go).
+func commandReader(c *smtp.Conn) *bufio.Reader {
+	textOnce.Do(func() {
+		f, ok := reflect.TypeFor[smtp.Conn]().FieldByName("text")
+		if ok && len(f.Index) == 1 && f.Type == reflect.TypeFor[*textproto.Conn]() {
+			textOffset, textKnown = f.Offset, true
+		}
+	})
+	if !textKnown || c == nil {
+		return nil
+	}
+	tp := *(**textproto.Conn)(unsafe.Add(unsafe.Pointer(c), textOffset))
+	if tp == nil {
+		return nil
+	}
+	return tp.R
+}
+
+var (
+	textOnce   sync.Once
+	textOffset uintptr
+	textKnown  bool
+)
+
+// setCommandReader lets Write see the client's pipelined commands.
+func (c *trackedConn) setCommandReader(r *bufio.Reader) {
+	c.wmu.Lock()
+	c.cmdIn = r
+	c.wmu.Unlock()
 }
 
 func (c *trackedConn) isTLS() bool {
@@ -157,11 +249,9 @@ const idleTimeoutReply = "421 4.4.2 Idle timeout, closing connection\r\n"
 
 // Read passes reads through unless the connection has been hung up.
 func (c *trackedConn) Read(b []byte) (int, error) {
-	if len(c.pending) > 0 {
-		// Never wait for the client with part of a reply held back.
-		if _, err := c.writePending(nil); err != nil {
-			return 0, err
-		}
+	// Never wait for the client with a reply held back.
+	if err := c.flushHeld(); err != nil {
+		return 0, err
 	}
 	msg, stop, body := c.readState()
 	if stop {
@@ -349,7 +439,16 @@ func (c *trackedConn) endData() {
 }
 
 // Close closes the connection and releases its slot, once.
+// Replies held back are written first, unless a write is under way on
+// the connection goroutine (go-smtp's Close from another, at a shutdown
+// that ran out of time): the connection is being cut then anyway.
 func (c *trackedConn) Close() error {
+	if c.wmu.TryLock() {
+		if len(c.pending) > 0 {
+			_, _ = c.writePending(nil)
+		}
+		c.wmu.Unlock()
+	}
 	err := c.Conn.Close()
 	c.closeOnce.Do(func() { c.srv.release(c) })
 	return err

@@ -7,11 +7,13 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"net/textproto"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // writeCounter counts the writes that reach a connection.
@@ -55,20 +57,7 @@ func (l *countingListener) Accept() (net.Conn, error) {
 // receive path's system time.
 func TestMultiLineReplyIsOneWrite(t *testing.T) {
 	ts := startServer(t, Config{Users: testUsers(t)}, &fakeQueue{})
-	// A second listener of the same server, counting writes.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl := &countingListener{Listener: l, conns: make(chan *writeCounter, 1)}
-	go func() { _ = ts.srv.Serve(cl) }()
-
-	nc, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	wc := <-cl.conns
+	nc, wc := dialCounted(t, ts)
 	tp := textproto.NewConn(nc)
 	if _, _, err := tp.ReadResponse(220); err != nil {
 		t.Fatal(err)
@@ -98,21 +87,108 @@ func TestMultiLineReplyIsOneWrite(t *testing.T) {
 	}
 }
 
-func TestIsContinuationLine(t *testing.T) {
+// dialCounted connects to a second listener of ts's server whose
+// connections count the writes that reach the socket.
+func dialCounted(t *testing.T, ts *testServer) (net.Conn, *writeCounter) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &countingListener{Listener: l, conns: make(chan *writeCounter, 1)}
+	go func() { _ = ts.srv.Serve(cl) }()
+	nc, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	if err := nc.SetDeadline(time.Now().Add(testWait)); err != nil {
+		t.Fatal(err)
+	}
+	return nc, <-cl.conns
+}
+
+// A PIPELINING client's group of commands (RFC 2920) is answered in one
+// write: the replies to MAIL, RCPT and DATA wait while go-smtp's buffer
+// still holds the group's next command. No reply waits for the client: a
+// group that does not end in DATA is answered once the buffer is used up,
+// and a reply held when go-smtp closes the connection is written first.
+func TestPipelinedRepliesAreOneWrite(t *testing.T) {
+	q := &fakeQueue{}
+	ts := startServer(t, Config{TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, q)
+	nc, wc := dialCounted(t, ts)
+	tp := textproto.NewConn(nc)
+	if _, _, err := tp.ReadResponse(220); err != nil {
+		t.Fatal(err)
+	}
+	if err := tp.PrintfLine("EHLO client.test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ehlo, err := tp.ReadResponse(250); err != nil || !strings.Contains(ehlo, "PIPELINING") {
+		t.Fatalf("EHLO: %v %q, want PIPELINING advertised", err, ehlo)
+	}
+	// send writes a group of commands in one write and reads the replies,
+	// returning the writes that carried them.
+	send := func(group string, codes ...int) []string {
+		t.Helper()
+		before := len(wc.got())
+		if _, err := io.WriteString(nc, group); err != nil {
+			t.Fatal(err)
+		}
+		for _, code := range codes {
+			if _, _, err := tp.ReadResponse(code); err != nil {
+				t.Fatalf("after %q: %v", group, err)
+			}
+		}
+		return wc.got()[before:]
+	}
+
+	w := send("MAIL FROM:<a@example.com>\r\nRCPT TO:<b@example.net>\r\nRCPT TO:<c@example.net>\r\nDATA\r\n", 250, 250, 250, 354)
+	if len(w) != 1 || strings.Count(w[0], "250 ") != 3 || !strings.HasPrefix(w[0], "250 ") || !strings.Contains(w[0], "\r\n354 ") {
+		t.Fatalf("the group's replies came in %d writes, want one with 250, 250, 250, 354: %q", len(w), w)
+	}
+	if w := send("Subject: pipelined\r\n\r\nhello\r\n.\r\n", 250); len(w) != 1 {
+		t.Errorf("end of data answered in %d writes: %q", len(w), w)
+	}
+	if n := len(q.got()); n != 1 {
+		t.Fatalf("%d messages queued, want 1", n)
+	}
+	// Without DATA at the end the client waits for both replies: they go
+	// out when the buffer is used up, together.
+	if w := send("MAIL FROM:<a@example.com>\r\nRCPT TO:<d@example.net>\r\n", 250, 250); len(w) != 1 {
+		t.Errorf("MAIL and RCPT answered in %d writes, want 1: %q", len(w), w)
+	}
+	// QUIT with more behind it: go-smtp closes the connection while the
+	// 221 is held, and the close writes it.
+	w = send("RSET\r\nQUIT\r\nNOOP\r\n", 250, 221)
+	if len(w) != 1 || !strings.Contains(w[0], "\r\n221 ") {
+		t.Errorf("RSET and QUIT answered in writes %q, want one with 250 and 221", w)
+	}
+	if _, err := tp.ReadLine(); err != io.EOF {
+		t.Errorf("after QUIT: %v, want the connection closed", err)
+	}
+}
+
+func TestReplyLine(t *testing.T) {
 	for _, tc := range []struct {
-		in   string
-		want bool
+		in       string
+		last, ok bool
 	}{
-		{"250-PIPELINING\r\n", true},
-		{"250-\r\n", true},
-		{"250 SIZE\r\n", false},
-		{"250-PIPELINING", false},        // not a whole line
-		{"25a-X\r\n", false},             // not a code
-		{"\x17\x03\x03\x2d-\r\n", false}, // a TLS record header
-		{"", false},
+		{"250-PIPELINING\r\n", false, true},
+		{"250-\r\n", false, true},
+		{"250 SIZE\r\n", true, true},
+		{"354 Go ahead\r\n", true, true},
+		{"250\r\n", true, true},
+		{"250-PIPELINING", false, false},        // not a whole line
+		{"250 OK\n", false, false},              // not CRLF
+		{"25a-X\r\n", false, false},             // not a code
+		{"250xOK\r\n", false, false},            // no separator
+		{"\x17\x03\x03\x2d-\r\n", false, false}, // a TLS record header
+		{"\x17\x03\x03 \r\n", false, false},
+		{"", false, false},
 	} {
-		if got := isContinuationLine([]byte(tc.in)); got != tc.want {
-			t.Errorf("isContinuationLine(%q) = %v, want %v", tc.in, got, tc.want)
+		if last, ok := replyLine([]byte(tc.in)); last != tc.last || ok != tc.ok {
+			t.Errorf("replyLine(%q) = %v, %v; want %v, %v", tc.in, last, ok, tc.last, tc.ok)
 		}
 	}
 }

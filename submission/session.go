@@ -62,6 +62,9 @@ func (s *Server) newSession(c *smtp.Conn) *session {
 	if tc != nil && isTLS {
 		tc.setTLS()
 	}
+	if tc != nil && !isTLS {
+		tc.setCommandReader(commandReader(c))
+	}
 	remoteStr, remote := remoteAddr(c.Conn().RemoteAddr())
 	trusted := false
 	for _, p := range s.cfg.TrustedNetworks {
