@@ -24,7 +24,8 @@
 // plaintext connection it also joins go-smtp's replies, which go-smtp
 // writes a line at a time: a multi-line reply's lines, and the replies to
 // a PIPELINING client's group of commands, leave in one write (listener.go,
-// Write).
+// Write); under TLS a writer under go-smtp's does the same with fewer
+// replies held (listener.go, tlsReplies).
 // Each body is read into a pooled buffer with room in front of it, where
 // the queue writes the envelope instead of copying the body
 // (queue.Submission.Frame); the buffer goes back to its pool once Enqueue

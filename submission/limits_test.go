@@ -394,7 +394,7 @@ func TestShutdownLetsDataFinish(t *testing.T) {
 
 // selfSigned returns a server certificate for 127.0.0.1 and a pool
 // trusting it.
-func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
+func selfSigned(t testing.TB) (tls.Certificate, *x509.CertPool) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

@@ -2,6 +2,8 @@ package submission
 
 import (
 	"bufio"
+	"bytes"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -204,11 +206,11 @@ func replyLine(b []byte) (last, ok bool) {
 	return false, false
 }
 
-// commandReader returns go-smtp's buffered reader of c's commands (the
-// reader of its private textproto.Conn), or nil when go-smtp's Conn does
+// textConn returns go-smtp's private textproto.Conn of c, through which
+// it reads commands and writes replies, or nil when go-smtp's Conn does
 // not have that field at the pinned release's type. The field is found
 // once, by name and type, as dotReader finds its own (dotreader.go).
-func commandReader(c *smtp.Conn) *bufio.Reader {
+func textConn(c *smtp.Conn) *textproto.Conn {
 	textOnce.Do(func() {
 		f, ok := reflect.TypeFor[smtp.Conn]().FieldByName("text")
 		if ok && len(f.Index) == 1 && f.Type == reflect.TypeFor[*textproto.Conn]() {
@@ -218,11 +220,15 @@ func commandReader(c *smtp.Conn) *bufio.Reader {
 	if !textKnown || c == nil {
 		return nil
 	}
-	tp := *(**textproto.Conn)(unsafe.Add(unsafe.Pointer(c), textOffset))
-	if tp == nil {
-		return nil
+	return *(**textproto.Conn)(unsafe.Add(unsafe.Pointer(c), textOffset))
+}
+
+// commandReader returns go-smtp's buffered reader of c's commands, or nil.
+func commandReader(c *smtp.Conn) *bufio.Reader {
+	if tp := textConn(c); tp != nil {
+		return tp.R
 	}
-	return tp.R
+	return nil
 }
 
 var (
@@ -230,6 +236,65 @@ var (
 	textOffset uintptr
 	textKnown  bool
 )
+
+// joinTLSReplies puts a tlsReplies under go-smtp's replies on c, a TLS
+// connection, so they too leave in fewer writes, each a TLS record. It
+// leaves c alone if go-smtp's writer is not of the known layout or holds
+// unwritten octets (go-smtp flushes every line, so it never does).
+func joinTLSReplies(c *smtp.Conn) {
+	tp := textConn(c)
+	if tp == nil || tp.R == nil || tp.W == nil || tp.W.Buffered() > 0 {
+		return
+	}
+	if _, ok := c.Conn().(*tls.Conn); !ok {
+		return
+	}
+	tp.W.Reset(&tlsReplies{w: c.Conn(), cmdIn: tp.R})
+}
+
+// tlsReplies joins reply lines above TLS, where trackedConn sees records.
+// It holds less than trackedConn does, because it cannot write what it
+// holds when go-smtp closes the TLS connection or waits for the client:
+// a continuation line, which go-smtp always follows with its reply's last
+// line in the same call; and a 250 while go-smtp's buffer holds a whole
+// next command of a pipelining client, which go-smtp then reads from the
+// buffer and answers, with no wait and no close in between. Every other
+// reply (354, 334, a 221 or an error before a close) writes what is held
+// with it.
+type tlsReplies struct {
+	w       io.Writer // the *tls.Conn
+	cmdIn   *bufio.Reader
+	pending []byte
+}
+
+func (t *tlsReplies) Write(b []byte) (int, error) {
+	last, ok := replyLine(b)
+	if ok && len(t.pending)+len(b) <= maxHeld && (!last || (string(b[:4]) == "250 " && hasCommand(t.cmdIn))) {
+		t.pending = append(t.pending, b...)
+		return len(b), nil
+	}
+	if len(t.pending) == 0 {
+		return t.w.Write(b)
+	}
+	held := len(t.pending)
+	t.pending = append(t.pending, b...)
+	n, err := t.w.Write(t.pending)
+	t.pending = t.pending[:0]
+	if n -= held; n < 0 {
+		n = 0
+	}
+	return n, err
+}
+
+// hasCommand reports whether r holds a whole line, read and not yet used.
+func hasCommand(r *bufio.Reader) bool {
+	n := r.Buffered()
+	if n == 0 {
+		return false
+	}
+	buf, _ := r.Peek(n) // never reads: n octets are buffered
+	return bytes.IndexByte(buf, '\n') >= 0
+}
 
 // setCommandReader lets Write see the client's pipelined commands.
 func (c *trackedConn) setCommandReader(r *bufio.Reader) {

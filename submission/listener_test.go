@@ -3,6 +3,7 @@ package submission
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -163,6 +164,72 @@ func TestPipelinedRepliesAreOneWrite(t *testing.T) {
 	w = send("RSET\r\nQUIT\r\nNOOP\r\n", 250, 221)
 	if len(w) != 1 || !strings.Contains(w[0], "\r\n221 ") {
 		t.Errorf("RSET and QUIT answered in writes %q, want one with 250 and 221", w)
+	}
+	if _, err := tp.ReadLine(); err != io.EOF {
+		t.Errorf("after QUIT: %v, want the connection closed", err)
+	}
+}
+
+// Under TLS the same groups are answered in one record each: the EHLO
+// answer, and the 250s of a group with the reply that ends it. Only 250s
+// are held there (see tlsReplies), so a QUIT behind an RSET still gets its
+// 221 before go-smtp closes the connection.
+func TestPipelinedRepliesUnderTLS(t *testing.T) {
+	cert, pool := selfSigned(t)
+	q := &fakeQueue{}
+	ts := startServer(t, Config{TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}},
+		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, q)
+	nc, wc := dialCounted(t, ts)
+	tp := textproto.NewConn(nc)
+	if _, _, err := tp.ReadResponse(220); err != nil {
+		t.Fatal(err)
+	}
+	if err := tp.PrintfLine("EHLO client.test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tp.ReadResponse(250); err != nil {
+		t.Fatal(err)
+	}
+	if err := tp.PrintfLine("STARTTLS"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tp.ReadResponse(220); err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(nc, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	tp = textproto.NewConn(tc)
+	// send writes a group in one write and reads its replies, returning
+	// how many writes reached the socket meanwhile.
+	send := func(group string, codes ...int) int {
+		t.Helper()
+		before := len(wc.got())
+		if _, err := io.WriteString(tc, group); err != nil {
+			t.Fatal(err)
+		}
+		for _, code := range codes {
+			if _, _, err := tp.ReadResponse(code); err != nil {
+				t.Fatalf("after %q: %v", group, err)
+			}
+		}
+		return len(wc.got()) - before
+	}
+	if n := send("EHLO client.test\r\n", 250); n != 1 {
+		t.Errorf("EHLO under TLS answered in %d writes, want 1", n)
+	}
+	if n := send("MAIL FROM:<a@example.com>\r\nRCPT TO:<b@example.net>\r\nRCPT TO:<c@example.net>\r\nDATA\r\n", 250, 250, 250, 354); n != 1 {
+		t.Errorf("the group's replies under TLS came in %d writes, want 1", n)
+	}
+	if n := send("Subject: pipelined\r\n\r\nhello\r\n.\r\n", 250); n != 1 {
+		t.Errorf("end of data answered in %d writes", n)
+	}
+	if n := len(q.got()); n != 1 {
+		t.Fatalf("%d messages queued, want 1", n)
+	}
+	if n := send("RSET\r\nQUIT\r\nNOOP\r\n", 250, 221); n < 1 {
+		t.Errorf("RSET and QUIT answered in %d writes", n)
 	}
 	if _, err := tp.ReadLine(); err != io.EOF {
 		t.Errorf("after QUIT: %v, want the connection closed", err)

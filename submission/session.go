@@ -65,6 +65,9 @@ func (s *Server) newSession(c *smtp.Conn) *session {
 	if tc != nil && !isTLS {
 		tc.setCommandReader(commandReader(c))
 	}
+	if isTLS {
+		joinTLSReplies(c)
+	}
 	remoteStr, remote := remoteAddr(c.Conn().RemoteAddr())
 	trusted := false
 	for _, p := range s.cfg.TrustedNetworks {

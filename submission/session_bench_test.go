@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -209,6 +210,58 @@ func BenchmarkSMTPSession(b *testing.B) {
 				}
 			}
 			if i%tc.perConn != 0 {
+				bc.quit()
+			}
+			b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+var benchSTARTTLS = []byte("STARTTLS\r\n")
+
+// BenchmarkSMTPSessionTLS is BenchmarkSMTPSession's TenPerConn under TLS:
+// EHLO, STARTTLS, EHLO again, ten messages, QUIT, with each message's
+// MAIL, RCPT and DATA one command at a time (OneByOne) or in one write
+// (Pipelined). An iteration is one message and a tenth of a TLS handshake.
+func BenchmarkSMTPSessionTLS(b *testing.B) {
+	cert, pool := selfSigned(b)
+	srvTLS := &tls.Config{Certificates: []tls.Certificate{cert}}
+	cliTLS := &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}
+	_, addr := benchServer(b, func(s *Server) { s.cfg.TLSConfig, s.smtp.TLSConfig = srvTLS, srvTLS })
+	for _, pipelined := range []bool{false, true} {
+		name := "OneByOne"
+		if pipelined {
+			name = "Pipelined"
+		}
+		b.Run(name, func(b *testing.B) {
+			bc := &benchClient{b: b}
+			b.ReportAllocs()
+			b.SetBytes(int64(len(benchBody)))
+			start := benchCPU()
+			i := 0
+			for b.Loop() {
+				if i%10 == 0 {
+					bc.dial(addr)
+					bc.cmd(benchEHLO, '2')
+					bc.cmd(benchSTARTTLS, '2')
+					tc := tls.Client(bc.conn, cliTLS)
+					if err := tc.Handshake(); err != nil {
+						b.Fatal(err)
+					}
+					bc.conn = tc
+					bc.r.Reset(tc)
+					bc.cmd(benchEHLO, '2')
+				}
+				if pipelined {
+					bc.pipelinedMessage()
+				} else {
+					bc.message()
+				}
+				if i++; i%10 == 0 {
+					bc.quit()
+				}
+			}
+			if i%10 != 0 {
 				bc.quit()
 			}
 			b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
