@@ -59,10 +59,11 @@ func (s *Server) newSession(c *smtp.Conn) *session {
 		nc = t.NetConn()
 	}
 	tc, _ := nc.(*trackedConn)
-	if tc != nil && isTLS {
+	switch {
+	case tc != nil && isTLS:
 		tc.setTLS()
-	}
-	if tc != nil && !isTLS {
+		tc.setCommandReader(nil) // the plaintext reader go-smtp dropped at STARTTLS
+	case tc != nil:
 		tc.setCommandReader(commandReader(c))
 	}
 	if isTLS {
