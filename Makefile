@@ -10,7 +10,7 @@ PKGS      := ./...
 # unfixed in Go 1.26). FUZZTIME=30s still works for a longer local run.
 FUZZTIME  ?=
 # Debian packages the end-to-end tests and benchmarks drive as real peers.
-DEB_DEPS  := postfix swaks strace fuse3 chromium
+DEB_DEPS  := postfix swaks libnet-ssleay-perl strace fuse3 chromium
 
 .PHONY: all build run test test-short test-long fuzz bench lint deps clean
 
@@ -26,13 +26,14 @@ run: build
 	$(BIN) serve --data ./data $(ARGS)
 
 # deps installs the Debian packages tests and benchmarks use (postfix for
-# smtp-sink/smtp-source, swaks, strace for the durability test's fsync
+# smtp-sink/smtp-source, swaks with Net::SSLeay for its STARTTLS, strace for the durability test's fsync
 # trace, fuse3 for the fault-injecting filesystem, chromium for the
 # console's browser test), without starting the Postfix daemon.
 deps:
 	@missing=""; \
 	command -v smtp-sink >/dev/null 2>&1 || missing="$$missing postfix"; \
 	command -v swaks >/dev/null 2>&1 || missing="$$missing swaks"; \
+	perl -MNet::SSLeay -e1 >/dev/null 2>&1 || missing="$$missing libnet-ssleay-perl"; \
 	command -v strace >/dev/null 2>&1 || missing="$$missing strace"; \
 	command -v fusermount3 >/dev/null 2>&1 || missing="$$missing fuse3"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
@@ -44,7 +45,7 @@ deps:
 	    { echo "apt-get install$$missing failed"; exit 1; }; \
 	  service postfix stop >/dev/null 2>&1 || true; \
 	fi; \
-	PATH="$$PATH:/usr/sbin"; command -v smtp-sink >/dev/null && command -v swaks >/dev/null && command -v strace >/dev/null && command -v fusermount3 >/dev/null && command -v chromium >/dev/null
+	PATH="$$PATH:/usr/sbin"; command -v smtp-sink >/dev/null && command -v swaks >/dev/null && perl -MNet::SSLeay -e1 && command -v strace >/dev/null && command -v fusermount3 >/dev/null && command -v chromium >/dev/null
 
 test: deps build
 	PATH="$$PATH:/usr/sbin" $(GO) test -race -shuffle=on -timeout 20m $(PKGS)

@@ -159,6 +159,12 @@ func TestPipelinedRepliesAreOneWrite(t *testing.T) {
 	if w := send("MAIL FROM:<a@example.com>\r\nRCPT TO:<d@example.net>\r\n", 250, 250); len(w) != 1 {
 		t.Errorf("MAIL and RCPT answered in %d writes, want 1: %q", len(w), w)
 	}
+	// A group whose last command has only partly arrived: the reply to
+	// the first is held while its end is buffered, and written when
+	// go-smtp has to wait for the rest, before the client sends it.
+	send("RSET\r\n", 250)
+	send("MAIL FROM:<a@example.com>\r\nRCPT TO:<e@exa", 250)
+	send("mple.net>\r\n", 250)
 	// QUIT with more behind it: go-smtp closes the connection while the
 	// 221 is held, and the close writes it.
 	w = send("RSET\r\nQUIT\r\nNOOP\r\n", 250, 221)
