@@ -180,11 +180,17 @@ func (c *trackedConn) flushHeld() error {
 // writePending writes the held lines and then b in one write, reporting
 // only b's part as written. Called with wmu held.
 func (c *trackedConn) writePending(b []byte) (int, error) {
-	held := len(c.pending)
-	c.pending = append(c.pending, b...)
-	n, err := c.Conn.Write(c.pending)
-	c.pending = c.pending[:0]
-	if n -= held; n < 0 {
+	return writeHeld(c.Conn, &c.pending, b)
+}
+
+// writeHeld writes *held and then b to w in one write, empties *held and
+// reports only b's part as written.
+func writeHeld(w io.Writer, held *[]byte, b []byte) (int, error) {
+	before := len(*held)
+	*held = append(*held, b...)
+	n, err := w.Write(*held)
+	*held = (*held)[:0]
+	if n -= before; n < 0 {
 		n = 0
 	}
 	return n, err
@@ -276,14 +282,7 @@ func (t *tlsReplies) Write(b []byte) (int, error) {
 	if len(t.pending) == 0 {
 		return t.w.Write(b)
 	}
-	held := len(t.pending)
-	t.pending = append(t.pending, b...)
-	n, err := t.w.Write(t.pending)
-	t.pending = t.pending[:0]
-	if n -= held; n < 0 {
-		n = 0
-	}
-	return n, err
+	return writeHeld(t.w, &t.pending, b)
 }
 
 // hasCommand reports whether r holds a whole line, read and not yet used.

@@ -60,16 +60,7 @@ func TestMultiLineReplyIsOneWrite(t *testing.T) {
 	ts := startServer(t, Config{Users: testUsers(t)}, &fakeQueue{})
 	nc, wc := dialCounted(t, ts)
 	tp := textproto.NewConn(nc)
-	if _, _, err := tp.ReadResponse(220); err != nil {
-		t.Fatal(err)
-	}
-	if err := tp.PrintfLine("EHLO client.test"); err != nil {
-		t.Fatal(err)
-	}
-	_, ehlo, err := tp.ReadResponse(250)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ehlo := greet(t, tp)
 	if lines := strings.Count(ehlo, "\n") + 1; lines < 4 {
 		t.Fatalf("EHLO reply of %d lines, want several: %q", lines, ehlo)
 	}
@@ -109,6 +100,39 @@ func dialCounted(t *testing.T, ts *testServer) (net.Conn, *writeCounter) {
 	return nc, <-cl.conns
 }
 
+// greet reads the greeting, says EHLO and returns the EHLO reply's text.
+func greet(t *testing.T, tp *textproto.Conn) string {
+	t.Helper()
+	if _, _, err := tp.ReadResponse(220); err != nil {
+		t.Fatal(err)
+	}
+	if err := tp.PrintfLine("EHLO client.test"); err != nil {
+		t.Fatal(err)
+	}
+	_, ehlo, err := tp.ReadResponse(250)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ehlo
+}
+
+// sendGroup writes a group of commands to w in one write, reads the
+// replies with codes from tp, and returns the writes that reached the
+// server's socket meanwhile (under TLS, records).
+func sendGroup(t *testing.T, w io.Writer, tp *textproto.Conn, wc *writeCounter, group string, codes ...int) []string {
+	t.Helper()
+	before := len(wc.got())
+	if _, err := io.WriteString(w, group); err != nil {
+		t.Fatal(err)
+	}
+	for _, code := range codes {
+		if _, _, err := tp.ReadResponse(code); err != nil {
+			t.Fatalf("after %q: %v", group, err)
+		}
+	}
+	return wc.got()[before:]
+}
+
 // A PIPELINING client's group of commands (RFC 2920) is answered in one
 // write: the replies to MAIL, RCPT and DATA wait while go-smtp's buffer
 // still holds the group's next command. No reply waits for the client: a
@@ -119,29 +143,12 @@ func TestPipelinedRepliesAreOneWrite(t *testing.T) {
 	ts := startServer(t, Config{TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, q)
 	nc, wc := dialCounted(t, ts)
 	tp := textproto.NewConn(nc)
-	if _, _, err := tp.ReadResponse(220); err != nil {
-		t.Fatal(err)
+	if ehlo := greet(t, tp); !strings.Contains(ehlo, "PIPELINING") {
+		t.Fatalf("EHLO %q, want PIPELINING advertised", ehlo)
 	}
-	if err := tp.PrintfLine("EHLO client.test"); err != nil {
-		t.Fatal(err)
-	}
-	if _, ehlo, err := tp.ReadResponse(250); err != nil || !strings.Contains(ehlo, "PIPELINING") {
-		t.Fatalf("EHLO: %v %q, want PIPELINING advertised", err, ehlo)
-	}
-	// send writes a group of commands in one write and reads the replies,
-	// returning the writes that carried them.
 	send := func(group string, codes ...int) []string {
 		t.Helper()
-		before := len(wc.got())
-		if _, err := io.WriteString(nc, group); err != nil {
-			t.Fatal(err)
-		}
-		for _, code := range codes {
-			if _, _, err := tp.ReadResponse(code); err != nil {
-				t.Fatalf("after %q: %v", group, err)
-			}
-		}
-		return wc.got()[before:]
+		return sendGroup(t, nc, tp, wc, group, codes...)
 	}
 
 	w := send("MAIL FROM:<a@example.com>\r\nRCPT TO:<b@example.net>\r\nRCPT TO:<c@example.net>\r\nDATA\r\n", 250, 250, 250, 354)
@@ -187,15 +194,7 @@ func TestPipelinedRepliesUnderTLS(t *testing.T) {
 		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, q)
 	nc, wc := dialCounted(t, ts)
 	tp := textproto.NewConn(nc)
-	if _, _, err := tp.ReadResponse(220); err != nil {
-		t.Fatal(err)
-	}
-	if err := tp.PrintfLine("EHLO client.test"); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := tp.ReadResponse(250); err != nil {
-		t.Fatal(err)
-	}
+	greet(t, tp)
 	if err := tp.PrintfLine("STARTTLS"); err != nil {
 		t.Fatal(err)
 	}
@@ -207,20 +206,9 @@ func TestPipelinedRepliesUnderTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	tp = textproto.NewConn(tc)
-	// send writes a group in one write and reads its replies, returning
-	// how many writes reached the socket meanwhile.
 	send := func(group string, codes ...int) int {
 		t.Helper()
-		before := len(wc.got())
-		if _, err := io.WriteString(tc, group); err != nil {
-			t.Fatal(err)
-		}
-		for _, code := range codes {
-			if _, _, err := tp.ReadResponse(code); err != nil {
-				t.Fatalf("after %q: %v", group, err)
-			}
-		}
-		return len(wc.got()) - before
+		return len(sendGroup(t, tc, tp, wc, group, codes...))
 	}
 	if n := send("EHLO client.test\r\n", 250); n != 1 {
 		t.Errorf("EHLO under TLS answered in %d writes, want 1", n)

@@ -127,6 +127,29 @@ func (bc *benchClient) quit() {
 	}
 }
 
+// run is a benchmark's loop of messages, perConn to a connection: open
+// starts a connection, send sends one message. It reports the process's
+// CPU time per message as cpu-ns/op.
+func (bc *benchClient) run(perConn int, open, send func()) {
+	b := bc.b
+	b.ReportAllocs()
+	start := benchCPU()
+	i := 0
+	for b.Loop() {
+		if i%perConn == 0 {
+			open()
+		}
+		send()
+		if i++; i%perConn == 0 {
+			bc.quit()
+		}
+	}
+	if i%perConn != 0 {
+		bc.quit()
+	}
+	b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
+}
+
 // benchServer starts a listener for the benchmarks: trusted loopback
 // clients, serve's default logger (info, with timestamps) writing nowhere,
 // and a queue that accepts everything. tweak, if not nil, runs before it
@@ -190,29 +213,15 @@ func BenchmarkSMTPSession(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			bc := &benchClient{b: b}
-			b.ReportAllocs()
 			b.SetBytes(int64(len(benchBody)))
-			start := benchCPU()
-			i := 0
-			for b.Loop() {
-				if i%tc.perConn == 0 {
-					bc.dial(addr)
-					bc.cmd(tc.hello, '2')
-				}
-				if tc.pipelined {
-					bc.pipelinedMessage()
-				} else {
-					bc.message()
-				}
-				i++
-				if i%tc.perConn == 0 {
-					bc.quit()
-				}
+			send := bc.message
+			if tc.pipelined {
+				send = bc.pipelinedMessage
 			}
-			if i%tc.perConn != 0 {
-				bc.quit()
-			}
-			b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
+			bc.run(tc.perConn, func() {
+				bc.dial(addr)
+				bc.cmd(tc.hello, '2')
+			}, send)
 		})
 	}
 }
@@ -235,36 +244,23 @@ func BenchmarkSMTPSessionTLS(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			bc := &benchClient{b: b}
-			b.ReportAllocs()
 			b.SetBytes(int64(len(benchBody)))
-			start := benchCPU()
-			i := 0
-			for b.Loop() {
-				if i%10 == 0 {
-					bc.dial(addr)
-					bc.cmd(benchEHLO, '2')
-					bc.cmd(benchSTARTTLS, '2')
-					tc := tls.Client(bc.conn, cliTLS)
-					if err := tc.Handshake(); err != nil {
-						b.Fatal(err)
-					}
-					bc.conn = tc
-					bc.r.Reset(tc)
-					bc.cmd(benchEHLO, '2')
-				}
-				if pipelined {
-					bc.pipelinedMessage()
-				} else {
-					bc.message()
-				}
-				if i++; i%10 == 0 {
-					bc.quit()
-				}
+			send := bc.message
+			if pipelined {
+				send = bc.pipelinedMessage
 			}
-			if i%10 != 0 {
-				bc.quit()
-			}
-			b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
+			bc.run(10, func() {
+				bc.dial(addr)
+				bc.cmd(benchEHLO, '2')
+				bc.cmd(benchSTARTTLS, '2')
+				tc := tls.Client(bc.conn, cliTLS)
+				if err := tc.Handshake(); err != nil {
+					b.Fatal(err)
+				}
+				bc.conn = tc
+				bc.r.Reset(tc)
+				bc.cmd(benchEHLO, '2')
+			}, send)
 		})
 	}
 }
@@ -286,24 +282,11 @@ func BenchmarkDataBody(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				_, addr := benchServer(b, func(s *Server) { s.plainData = plain })
 				bc := &benchClient{b: b, body: size.body}
-				b.ReportAllocs()
 				b.SetBytes(int64(len(size.body)))
-				start := benchCPU()
-				i := 0
-				for b.Loop() {
-					if i%10 == 0 {
-						bc.dial(addr)
-						bc.cmd(benchHELO, '2')
-					}
-					bc.message()
-					if i++; i%10 == 0 {
-						bc.quit()
-					}
-				}
-				if i%10 != 0 {
-					bc.quit()
-				}
-				b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
+				bc.run(10, func() {
+					bc.dial(addr)
+					bc.cmd(benchHELO, '2')
+				}, bc.message)
 			})
 		}
 	}
