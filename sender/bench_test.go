@@ -28,30 +28,53 @@ import (
 // counts too; "smtp-sink" talks to Postfix's smtp-sink (skipped when it is
 // not installed: make deps), another process, so cpu-ns/op is the sender's
 // alone, as in the pipeline's send stage.
+//
+// fakemx offers CHUNKING, so each message is one BDAT chunk in the write
+// that carries RSET, MAIL and RCPT; "fakemx-DATA" hides it and "NoChunking"
+// turns it off in the sender, for DATA's two round trips a message. The
+// "rtt-2ms" variants put a 2 ms round trip between the two (the server's
+// octets reach the sender 2 ms after they left): msgs/s is then set by
+// the round trips a message waits for.
 func BenchmarkSendPooled(b *testing.B) {
-	b.Run("fakemx", func(b *testing.B) {
-		w, fake := oneMX(b, fakemx.Options{})
-		benchSend(b, w)
-		if c := fake.Connections(); c != 1 {
-			b.Errorf("%d connections, want 1", c)
-		}
-	})
+	for _, v := range []struct {
+		name  string
+		hide  []string
+		noBD  bool
+		delay time.Duration
+	}{
+		{"fakemx", nil, false, 0},
+		{"fakemx-DATA", []string{"CHUNKING"}, false, 0},
+		{"fakemx-rtt-2ms", nil, false, 2 * time.Millisecond},
+		{"fakemx-rtt-2ms-NoChunking", nil, true, 2 * time.Millisecond},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			w, fake := oneMX(b, fakemx.Options{HideExtensions: v.hide})
+			w.rtt = v.delay
+			benchSend(b, w, func(c *Config) { c.NoChunking = v.noBD })
+			if c := fake.Connections(); c != 1 {
+				b.Errorf("%d connections, want 1", c)
+			}
+		})
+	}
 	b.Run("smtp-sink", func(b *testing.B) {
 		w := newWorld(b)
 		w.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: "mx.example.test.", Pref: 10}}}
 		w.host("mx.example.test", "127.0.0.2")
 		w.routes["127.0.0.2:25"] = startSink(b)
-		benchSend(b, w)
+		benchSend(b, w, nil)
 		if d := len(w.dials()); d != 1 {
 			b.Errorf("%d connections, want 1", d)
 		}
 	})
 }
 
-func benchSend(b *testing.B, w *world) {
+func benchSend(b *testing.B, w *world, tweak func(*Config)) {
 	cfg := w.config()
 	cfg.Logger = zerolog.Nop()
 	cfg.MaxMsgsPerConn = math.MaxInt // measure one connection
+	if tweak != nil {
+		tweak(&cfg)
+	}
 	s := w.sender(cfg)
 	m := msg("example.test", "bob@example.test")
 	m.Body = append(testBody("bench"), bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrs\r\n"), 60)...)

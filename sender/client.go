@@ -57,6 +57,7 @@ type client struct {
 	mailMax     int               // LIMITS MAILMAX; 0 = unknown
 	limit       int               // lowest destination max-msgs-per-conn seen on it; 0 = none
 	txs         int               // transactions started on this connection
+	chunkSent   bool              // a BDAT chunk of the transaction has left (readReplyStep)
 	idleSince   time.Time
 	broken      bool // the conversation is out of step; never reuse
 }
@@ -654,6 +655,42 @@ func (c *client) writeBody(ctx context.Context, wire []byte) error {
 			return c.netFail(ctx, classify.StageData, "writing body", err)
 		}
 		return c.netFail(ctx, classify.StageDataEnd, "writing final dot", err)
+	}
+	return nil
+}
+
+// writeChunk writes head, commands ending in a BDAT line, and chunk, the
+// octets that line announces. Together up to dataBlock they are one write,
+// through a pooled block buffer; a larger chunk follows the head in blocks
+// of dataBlock. A failure means the chunk did not all leave, so the server
+// cannot have taken the message (StageData).
+func (c *client) writeChunk(ctx context.Context, head, chunk []byte) error {
+	if err := c.bw.Flush(); err != nil {
+		return c.netFail(ctx, classify.StageData, "writing BDAT", err)
+	}
+	if err := c.deadline(ctx, c.cfg.DataBlockTimeout); err != nil {
+		return c.netFail(ctx, classify.StageData, "writing BDAT", err)
+	}
+	if len(head)+len(chunk) <= dataBlock {
+		bp := blockPool.Get().(*[]byte)
+		defer blockPool.Put(bp)
+		if _, err := c.nc.Write(append(append((*bp)[:0], head...), chunk...)); err != nil {
+			return c.netFail(ctx, classify.StageData, "writing BDAT chunk", err)
+		}
+		return nil
+	}
+	if _, err := c.nc.Write(head); err != nil {
+		return c.netFail(ctx, classify.StageData, "writing BDAT", err)
+	}
+	for len(chunk) > 0 {
+		n := min(len(chunk), dataBlock)
+		if err := c.deadline(ctx, c.cfg.DataBlockTimeout); err != nil {
+			return c.netFail(ctx, classify.StageData, "writing BDAT chunk", err)
+		}
+		if _, err := c.nc.Write(chunk[:n]); err != nil {
+			return c.netFail(ctx, classify.StageData, "writing BDAT chunk", err)
+		}
+		chunk = chunk[n:]
 	}
 	return nil
 }

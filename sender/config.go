@@ -148,6 +148,12 @@ type Config struct {
 	// Default DefaultFinalDotTimeout.
 	FinalDotTimeout time.Duration
 
+	// NoChunking keeps to DATA when a server offers CHUNKING. By default
+	// the sender uses BDAT there (RFC 3030): with PIPELINING a message
+	// then costs one round trip instead of two. For a receiver whose BDAT
+	// is broken.
+	NoChunking bool
+
 	// MaxMsgsPerConn is how many transactions one connection carries
 	// before it is closed; a server's LIMITS MAILMAX lowers it.
 	// Default DefaultMaxMsgsPerConn.

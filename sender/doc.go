@@ -10,19 +10,24 @@
 // hands the TLS outcomes to RFC 8460 reporting (package tlsrpt); it bounds
 // every step of the conversation with the RFC 5321 4.5.3.2 timeouts and
 // the caller's context; it keeps a pool of connections per host and reuses
-// them (RSET between transactions); it splits recipients by the server's
-// limit; and it reports one raw outcome per recipient.
+// them (RSET between transactions); it pipelines each transaction's
+// commands (RFC 2920) and, where the server offers CHUNKING, sends the
+// message as one BDAT chunk in the same write (RFC 3030), one round trip a
+// message; it splits recipients by the server's limit; and it reports one
+// raw outcome per recipient.
 //
 // Failure semantics. Send never classifies and never retries a message on
 // its own (only a failed RSET on a pooled connection is retried on a new
-// one, since nothing was sent yet). Each recipient gets exactly one
-// classify.Input: the reply to its RCPT when refused there; the reply to
-// the final dot when accepted there; otherwise the outcome that ended the
+// one, when the server closed it or said 421, so that it took nothing).
+// Each recipient gets exactly one classify.Input: the reply to its RCPT
+// when refused there; the reply to the final dot, or to the BDAT chunk,
+// when accepted there; otherwise the outcome that ended the
 // attempt for everyone still waiting (DNS failure, connect failure, greeting
 // or EHLO refusal, TLS failure under a "required" policy, DANE or MTA-STS, AUTH refusal,
 // MAIL or DATA refusal, timeout or lost connection). A timeout or lost
-// connection after the final dot was sent is reported at StageDataEnd: the
-// message may have been delivered, which package classify calls "unknown".
+// connection after the final dot (or the whole BDAT chunk) was sent is
+// reported at StageDataEnd: the message may have been delivered, which
+// package classify calls "unknown".
 // Outcomes that outflow invents itself (SMTPUTF8 not offered, SIZE exceeded,
 // AUTH not offered, a cached relay AUTH refusal) say so in their Text.
 //

@@ -2,6 +2,7 @@ package sender
 
 import (
 	"context"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -35,6 +36,9 @@ type world struct {
 	recordWrites bool
 	writes       []string
 	logBuf       syncBuffer
+	// rtt, when > 0, hands the server's octets to the client that long
+	// after they arrived: a link with that round trip (benchmarks only).
+	rtt time.Duration
 }
 
 func newWorld(t testing.TB) *world {
@@ -75,7 +79,59 @@ func (w *world) dial(ctx context.Context, network, addr string) (net.Conn, error
 	if rec {
 		return &recordingConn{Conn: c, w: w}, nil
 	}
+	if w.rtt > 0 {
+		return newLateConn(c, w.rtt), nil
+	}
 	return c, nil
+}
+
+// lateConn delivers what the server sends d after it arrived, so every
+// wait for a reply costs a round trip of d, however many replies arrive
+// together. A goroutine reads the socket; deadlines apply to its reads.
+type lateConn struct {
+	net.Conn
+	in  chan lateChunk
+	cur []byte
+	err error
+}
+
+type lateChunk struct {
+	at  time.Time
+	b   []byte
+	err error
+}
+
+func newLateConn(c net.Conn, d time.Duration) *lateConn {
+	lc := &lateConn{Conn: c, in: make(chan lateChunk, 1024)}
+	go func() {
+		defer close(lc.in)
+		for {
+			buf := make([]byte, 32<<10)
+			n, err := c.Read(buf)
+			lc.in <- lateChunk{at: time.Now().Add(d), b: buf[:n], err: err}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return lc
+}
+
+func (c *lateConn) Read(p []byte) (int, error) {
+	for len(c.cur) == 0 {
+		if c.err != nil {
+			return 0, c.err
+		}
+		ch, ok := <-c.in
+		if !ok {
+			return 0, io.EOF
+		}
+		time.Sleep(time.Until(ch.at))
+		c.cur, c.err = ch.b, ch.err
+	}
+	n := copy(p, c.cur)
+	c.cur = c.cur[n:]
+	return n, nil
 }
 
 // recordingConn keeps the bytes of every Write, one entry per call, so a

@@ -265,7 +265,7 @@ func (s *Sender) deliver(ctx context.Context, c *client, m *Message, info *msgIn
 			if ctx.Err() != nil {
 				return pending, c.netFail(ctx, classify.StageMail, "RSET", ctx.Err())
 			}
-			return pending, nil // nothing was sent: a fresh connection
+			return pending, nil // nothing was taken: a fresh connection
 		}
 		if err != nil {
 			return undecided(pending, decided), err
@@ -275,8 +275,9 @@ func (s *Sender) deliver(ctx context.Context, c *client, m *Message, info *msgIn
 	return pending, nil
 }
 
-// errStale says a reused connection did not answer its leading RSET, so
-// nothing of the transaction reached the server.
+// errStale says a reused connection did not answer its leading RSET: it
+// was closed, or said 421, or (without BDAT, the message not yet sent)
+// answered something else, so the server took nothing of the transaction.
 var errStale = errors.New("pooled connection is stale")
 
 func undecided(idx []int, decided []bool) []int {

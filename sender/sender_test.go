@@ -355,7 +355,7 @@ func TestConnectionReuseAndRSET(t *testing.T) {
 // With PIPELINING, the RSET that starts a reused connection's transaction
 // goes out in one write with MAIL, RCPT and DATA: no round trip of its own.
 func TestRSETPipelinedWithMail(t *testing.T) {
-	w, fake := oneMX(t, fakemx.Options{})
+	w, fake := oneMX(t, fakemx.Options{HideExtensions: []string{"CHUNKING"}})
 	w.recordWrites = true
 	s := w.sender(w.config())
 	for i := range 3 {
@@ -373,6 +373,96 @@ func TestRSETPipelinedWithMail(t *testing.T) {
 	if grouped != 2 || fake.Resets() != 2 || fake.Connections() != 1 {
 		t.Errorf("RSET+MAIL+RCPT+DATA writes=%d resets=%d connections=%d; want 2, 2, 1", grouped, fake.Resets(), fake.Connections())
 	}
+}
+
+// With CHUNKING and PIPELINING a message is one write: the RSET of a
+// reused connection, MAIL, RCPT, "BDAT n LAST" and the message itself, not
+// dot-stuffed; it arrives octet for octet, a line starting with a dot and
+// a body larger than one 64 KiB block included. NoChunking keeps to DATA,
+// and without PIPELINING the chunk follows the RCPT replies.
+func TestBDAT(t *testing.T) {
+	dotted := msg("example.test", "dots@example.test")
+	dotted.Body = append(testBody("dots"), ".leading dot\r\n..two\r\n.\r\nend\r\n"...)
+	large := msg("example.test", "large@example.test")
+	large.Body = append(testBody("large"), bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstu\r\n"), 1500)...)
+	send := func(t *testing.T, opts fakemx.Options, cfg func(*Config)) (writes []string, fake *fakemx.Server) {
+		t.Helper()
+		w, fake := oneMX(t, opts)
+		w.recordWrites = true
+		c := w.config()
+		if cfg != nil {
+			cfg(&c)
+		}
+		s := w.sender(c)
+		for _, m := range []*Message{msg("example.test", "a@example.test"), dotted, large} {
+			checkDelivered(t, s.Send(ctxT(t), m))
+		}
+		got := fake.Messages()
+		if len(got) != 3 || !bytes.Equal(got[1].Data, dotted.Body) || !bytes.Equal(got[2].Data, large.Body) {
+			t.Fatalf("%d messages arrived, or not as sent", len(got))
+		}
+		if fake.Connections() != 1 {
+			t.Errorf("%d connections, want 1", fake.Connections())
+		}
+		return w.writesSeen(), fake
+	}
+	bdatWrites := func(writes []string) (n int) {
+		for _, wr := range writes {
+			if strings.Contains(wr, "BDAT ") {
+				n++
+			}
+			if strings.HasSuffix(wr, "DATA\r\n") || strings.HasSuffix(wr, "\r\n.\r\n") {
+				t.Errorf("DATA or a final dot written with CHUNKING offered: %q", wr)
+			}
+		}
+		return n
+	}
+
+	t.Run("pipelined", func(t *testing.T) {
+		writes, _ := send(t, fakemx.Options{}, nil)
+		var whole []string
+		for _, wr := range writes {
+			if strings.Contains(wr, "MAIL FROM:<") && strings.Contains(wr, " LAST\r\n") && strings.HasSuffix(wr, "\r\n") {
+				whole = append(whole, wr)
+			}
+		}
+		// The two small messages are one write each, commands and
+		// message; the large one's commands are a write of their own,
+		// before its 64 KiB blocks.
+		if len(whole) != 3 || !strings.HasPrefix(whole[1], "RSET\r\nMAIL FROM:<") || !strings.HasSuffix(whole[1], "\r\nend\r\n") ||
+			!strings.Contains(whole[1], "\r\n.leading dot\r\n..two\r\n.\r\n") {
+			t.Errorf("writes carrying MAIL and the BDAT line: %q", whole)
+		}
+		if n := bdatWrites(writes); n != 3 {
+			t.Errorf("%d writes with BDAT, want 3", n)
+		}
+	})
+	t.Run("without pipelining", func(t *testing.T) {
+		writes, _ := send(t, fakemx.Options{HideExtensions: []string{"PIPELINING"}}, nil)
+		if n := bdatWrites(writes); n != 3 {
+			t.Errorf("%d writes with BDAT, want 3", n)
+		}
+		for _, wr := range writes {
+			if strings.HasPrefix(wr, "MAIL FROM:<") && strings.Contains(wr, "BDAT ") {
+				t.Errorf("BDAT sent before the RCPT replies without PIPELINING: %q", wr)
+			}
+		}
+	})
+	t.Run("NoChunking", func(t *testing.T) {
+		writes, _ := send(t, fakemx.Options{}, func(c *Config) { c.NoChunking = true })
+		data := 0
+		for _, wr := range writes {
+			if strings.Contains(wr, "BDAT ") {
+				t.Errorf("BDAT with NoChunking: %q", wr)
+			}
+			if strings.HasSuffix(wr, "DATA\r\n") {
+				data++
+			}
+		}
+		if data != 3 {
+			t.Errorf("%d writes ending in DATA, want 3", data)
+		}
+	})
 }
 
 // Without PIPELINING, RSET is its own command and its reply is awaited.
@@ -397,7 +487,7 @@ func TestRSETWithoutPipelining(t *testing.T) {
 // The end of the body leaves in one write with the final dot: a small body
 // and its dot together, a large one in blocks whose last carries the dot.
 func TestFinalDotLeavesWithBody(t *testing.T) {
-	w, fake := oneMX(t, fakemx.Options{})
+	w, fake := oneMX(t, fakemx.Options{HideExtensions: []string{"CHUNKING"}})
 	w.recordWrites = true
 	s := w.sender(w.config())
 	small := msg("example.test", "small@example.test")
@@ -521,6 +611,28 @@ func TestDeadPooledConnectionIsReplaced(t *testing.T) {
 	checkDelivered(t, r)
 	if fake.Connections() != 2 || len(fake.Messages()) != 2 {
 		t.Errorf("connections=%d messages=%d", fake.Connections(), len(fake.Messages()))
+	}
+}
+
+// A pooled connection the server closed while it was idle: with BDAT the
+// next message has left with the RSET before the sender can know, and the
+// closed connection (not a timeout) is what lets it try a fresh one, the
+// message delivered once.
+func TestServerClosedPooledConnection(t *testing.T) {
+	for _, chunking := range []bool{true, false} {
+		t.Run(fmt.Sprint("chunking=", chunking), func(t *testing.T) {
+			w, fake := oneMX(t, fakemx.Options{})
+			cfg := w.config()
+			cfg.NoChunking = !chunking
+			s := w.sender(cfg)
+			checkDelivered(t, s.Send(ctxT(t), msg("example.test", "a@example.test")))
+			fake.DropConnections()
+			checkDelivered(t, s.Send(ctxT(t), msg("example.test", "b@example.test")))
+			got := fake.Messages()
+			if len(got) != 2 || fake.Connections() != 2 || !slices.Equal(got[1].Rcpts, []string{"b@example.test"}) {
+				t.Errorf("messages=%d connections=%d; want each message once, on two connections", len(got), fake.Connections())
+			}
+		})
 	}
 }
 

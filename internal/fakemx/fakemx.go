@@ -304,6 +304,20 @@ func (s *Server) EHLONames() []string {
 }
 
 // Connections is the number of TCP connections accepted so far.
+// DropConnections closes every open connection from the server's side, as
+// a server does with an idle client; the listener keeps accepting.
+func (s *Server) DropConnections() {
+	s.mu.Lock()
+	conns := make([]net.Conn, 0, len(s.live))
+	for c := range s.live {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
 func (s *Server) Connections() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
