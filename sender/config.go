@@ -153,6 +153,10 @@ type Config struct {
 	// then costs one round trip instead of two. For a receiver whose BDAT
 	// is broken.
 	NoChunking bool
+	// NoChunkingFor are destination domains (lower case, the
+	// Message.Domain) sent DATA even when their servers offer CHUNKING:
+	// NoChunking for one receiver.
+	NoChunkingFor map[string]bool
 
 	// MaxMsgsPerConn is how many transactions one connection carries
 	// before it is closed; a server's LIMITS MAILMAX lowers it.
@@ -257,6 +261,12 @@ func (c Config) withDefaults() (Config, error) {
 		c.DialSource = dialSource
 	}
 	return c, nil
+}
+
+// chunkingFor reports whether BDAT may be used for a destination domain
+// whose server offers CHUNKING.
+func (c *Config) chunkingFor(domain string) bool {
+	return !c.NoChunking && !c.NoChunkingFor[strings.ToLower(strings.TrimSuffix(domain, "."))]
 }
 
 // policyFor is the TLS policy for a destination domain.

@@ -448,21 +448,32 @@ func TestBDAT(t *testing.T) {
 			}
 		}
 	})
-	t.Run("NoChunking", func(t *testing.T) {
-		writes, _ := send(t, fakemx.Options{}, func(c *Config) { c.NoChunking = true })
-		data := 0
-		for _, wr := range writes {
-			if strings.Contains(wr, "BDAT ") {
-				t.Errorf("BDAT with NoChunking: %q", wr)
-			}
-			if strings.HasSuffix(wr, "DATA\r\n") {
-				data++
-			}
-		}
-		if data != 3 {
-			t.Errorf("%d writes ending in DATA, want 3", data)
+	t.Run("NoChunkingFor another domain", func(t *testing.T) {
+		writes, _ := send(t, fakemx.Options{}, func(c *Config) { c.NoChunkingFor = map[string]bool{"other.test": true} })
+		if n := bdatWrites(writes); n != 3 {
+			t.Errorf("%d writes with BDAT, want 3", n)
 		}
 	})
+	for name, cfg := range map[string]func(*Config){
+		"NoChunking":                func(c *Config) { c.NoChunking = true },
+		"NoChunkingFor this domain": func(c *Config) { c.NoChunkingFor = map[string]bool{"example.test": true} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			writes, _ := send(t, fakemx.Options{}, cfg)
+			data := 0
+			for _, wr := range writes {
+				if strings.Contains(wr, "BDAT ") {
+					t.Errorf("BDAT with NoChunking: %q", wr)
+				}
+				if strings.HasSuffix(wr, "DATA\r\n") {
+					data++
+				}
+			}
+			if data != 3 {
+				t.Errorf("%d writes ending in DATA, want 3", data)
+			}
+		})
+	}
 }
 
 // Without PIPELINING, RSET is its own command and its reply is awaited.

@@ -178,7 +178,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 	}
 
 	pipelined := c.has("PIPELINING")
-	chunking := c.has("CHUNKING") && !c.cfg.NoChunking
+	chunking := c.has("CHUNKING") && c.cfg.chunkingFor(m.Domain)
 	var chunk []byte // the whole message for BDAT: the body ending in CRLF
 	if chunking {
 		chunk = info.chunk(m.Body)

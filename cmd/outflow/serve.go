@@ -203,11 +203,16 @@ func serve(parent context.Context, c *serveConfig) error {
 	for d, p := range c.TLSDestinations {
 		tlsDest[strings.ToLower(d)] = sender.TLSPolicy(p)
 	}
+	noChunking := map[string]bool{}
+	for _, d := range c.NoChunkingFor {
+		noChunking[strings.ToLower(strings.TrimSuffix(strings.TrimSpace(d), "."))] = true
+	}
 	snd, err := sender.New(sender.Config{
 		Hostname: hostname, Relay: c.Relay, RelayUsername: c.RelayUser, RelayPassword: c.RelayPassword,
 		RelayTLS: sender.RelayTLS(c.RelayTLS), TLS: sender.TLSPolicy(c.TLSPolicy), TLSPerDestination: tlsDest,
 		ConnectTimeout: c.ConnectTimeout, GreetingTimeout: c.CommandTimeout, CommandTimeout: c.CommandTimeout,
-		DataInitTimeout: c.CommandTimeout, DataBlockTimeout: c.DataTimeout, FinalDotTimeout: c.FinalDotTimeout, NoChunking: !c.SMTPChunking,
+		DataInitTimeout: c.CommandTimeout, DataBlockTimeout: c.DataTimeout, FinalDotTimeout: c.FinalDotTimeout,
+		NoChunking: !c.SMTPChunking, NoChunkingFor: noChunking,
 		Port: c.SMTPPort, Resolver: res, RootCAs: roots, MTASTS: sts, DANE: tlsa, TLSReport: tlsReport, Logger: log,
 	})
 	if err != nil {
