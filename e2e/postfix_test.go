@@ -8,9 +8,10 @@ import (
 	"os/user"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // TestRelayToPostfixBDAT: outflow relays to a real Postfix smtpd, which
@@ -69,25 +70,7 @@ func TestRelayToPostfixBDAT(t *testing.T) {
 // on. The system's Postfix daemon is never started.
 type postfix struct {
 	dir, conf, addr string
-	log             *syncBuffer
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer process and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	log             *testutil.SyncBuffer
 }
 
 func startPostfix(t *testing.T) *postfix {
@@ -110,7 +93,7 @@ func startPostfix(t *testing.T) *postfix {
 			t.Fatal(err)
 		}
 	}
-	pf := &postfix{dir: dir, conf: filepath.Join(dir, "conf"), addr: freeAddr(t), log: &syncBuffer{}}
+	pf := &postfix{dir: dir, conf: filepath.Join(dir, "conf"), addr: freeAddr(t), log: &testutil.SyncBuffer{}}
 	data := filepath.Join(dir, "data")
 	for _, p := range []string{pf.conf, data, filepath.Join(dir, "queue")} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
