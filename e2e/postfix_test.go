@@ -20,7 +20,8 @@ import (
 // holds what it accepts (a header check), and the test reads it back with
 // postcat: every message arrives octet for octet, lines that start with a
 // dot included (BDAT sends no dot-stuffing), over one connection, and
-// Postfix's own count of the session's commands shows BDAT, not DATA.
+// Postfix's own count of the session's commands shows BDAT, not DATA. A
+// second daemon with --smtp-chunking-off for the destination sends DATA.
 func TestRelayToPostfixBDAT(t *testing.T) {
 	pf := startPostfix(t)
 	dir := t.TempDir()
@@ -62,6 +63,18 @@ func TestRelayToPostfixBDAT(t *testing.T) {
 	if !strings.Contains(line, " mail=3 rcpt=3 bdat=3 rset=2 ") || strings.Contains(line, " data=") {
 		t.Errorf("Postfix's session summary %q, want three MAIL, RCPT and BDAT and two RSET on one connection, no DATA", line)
 	}
+
+	// --smtp-chunking-off keeps a destination on DATA (in any case).
+	d = startDaemon(t, filepath.Join(dir, "data2"), "--users", writeUsers(t, dir), "--relay", pf.addr, "--relay-tls", "none",
+		"--smtp-chunking-off", "Dest.Test")
+	c = dialAuth(t, d.SMTPAddr, testUser, testPassword)
+	if err := submit(c, "app@sender.test", []string{"r@dest.test"}, message("data-0", ".dot line\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Quit()
+	pf.waitHeld(t, 4)
+	d.Stop()
+	pf.waitLog(t, "mail=1 rcpt=1 data=1 ")
 }
 
 // postfix is a private Postfix instance: its own configuration, queue and

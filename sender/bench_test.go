@@ -37,10 +37,10 @@ import (
 // the round trips a message waits for.
 func BenchmarkSendPooled(b *testing.B) {
 	for _, v := range []struct {
-		name  string
-		hide  []string
-		noBD  bool
-		delay time.Duration
+		name       string
+		hide       []string
+		noChunking bool
+		delay      time.Duration
 	}{
 		{"fakemx", nil, false, 0},
 		{"fakemx-DATA", []string{"CHUNKING"}, false, 0},
@@ -50,7 +50,7 @@ func BenchmarkSendPooled(b *testing.B) {
 		b.Run(v.name, func(b *testing.B) {
 			w, fake := oneMX(b, fakemx.Options{HideExtensions: v.hide})
 			w.rtt = v.delay
-			benchSend(b, w, func(c *Config) { c.NoChunking = v.noBD })
+			benchSend(b, w, func(c *Config) { c.NoChunking = v.noChunking })
 			if c := fake.Connections(); c != 1 {
 				b.Errorf("%d connections, want 1", c)
 			}

@@ -663,8 +663,18 @@ func (c *client) writeBody(ctx context.Context, wire []byte) error {
 // octets that line announces. Together up to dataBlock they are one write,
 // through a pooled block buffer; a larger chunk follows the head in blocks
 // of dataBlock. A failure means the chunk did not all leave, so the server
-// cannot have taken the message (StageData).
+// cannot have taken the message (StageData). Once it has all left,
+// chunkSent makes every later transport failure of the transaction
+// StageDataEnd (readReplyStep): the server may have taken it.
 func (c *client) writeChunk(ctx context.Context, head, chunk []byte) error {
+	if err := c.writeChunkBlocks(ctx, head, chunk); err != nil {
+		return err
+	}
+	c.chunkSent = true
+	return nil
+}
+
+func (c *client) writeChunkBlocks(ctx context.Context, head, chunk []byte) error {
 	if err := c.bw.Flush(); err != nil {
 		return c.netFail(ctx, classify.StageData, "writing BDAT", err)
 	}

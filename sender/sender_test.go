@@ -955,17 +955,21 @@ func FuzzDotStuff(f *testing.F) {
 	})
 }
 
-// BenchmarkInspect is the per-message scan before sending: dot-stuffing and
-// the 8-bit checks of a 100 KiB message: a header and 76-octet lines.
+// BenchmarkInspect is the per-message scan before sending with DATA:
+// dot-stuffing and the 8-bit checks of a 100 KiB message: a header and
+// 76-octet lines.
 func BenchmarkInspect(b *testing.B) {
 	line := strings.Repeat("x", 76) + "\r\n"
 	hdr := "From: a@example.com\r\nTo: b@example.net\r\nSubject: inspect\r\n\r\n"
 	m := &Message{From: "a@example.com", Rcpts: []string{"b@example.net"}, Body: []byte(hdr + strings.Repeat(line, 100<<10/len(line)))}
 	b.SetBytes(int64(len(m.Body)))
 	for b.Loop() {
-		if info := inspect(m); info.eightBit {
+		info := inspect(m)
+		if info.eightBit {
 			b.Fatal("8-bit")
 		}
+		info.dataWire(m.Body)
+		info.release()
 	}
 }
 

@@ -21,7 +21,8 @@ const defaultBatch = 100
 
 // msgInfo is what Send works out once about a message.
 type msgInfo struct {
-	wire      []byte // dot-stuffed body ending in CRLF
+	wire      []byte // dot-stuffed body ending in CRLF, once dataWire made it
+	stuffed   bool   // dataWire has run
 	size      int64  // len(Body), declared with SIZE=
 	eightBit  bool   // the body has octets above 127
 	needsUTF8 bool   // UTF-8 in an envelope address or a header field
@@ -53,15 +54,25 @@ func (info *msgInfo) release() {
 	info.pooled, info.wire = nil, nil
 }
 
+// dataWire returns body dot-stuffed for DATA, made at the first call: a
+// message that only ever goes as a BDAT chunk is not stuffed at all.
+func (info *msgInfo) dataWire(body []byte) []byte {
+	if info.stuffed {
+		return info.wire
+	}
+	info.stuffed = true
+	if len(body) <= maxPooledWire {
+		info.pooled = wirePool.Get().(*[]byte)
+		info.wire = dotStuffTo(*info.pooled, body)
+		info.copied = len(body) > 0 && &info.wire[0] != &body[0]
+	} else {
+		info.wire = dotStuff(body)
+	}
+	return info.wire
+}
+
 func inspect(m *Message) *msgInfo {
 	info := &msgInfo{size: int64(len(m.Body))}
-	if len(m.Body) <= maxPooledWire {
-		info.pooled = wirePool.Get().(*[]byte)
-		info.wire = dotStuffTo(*info.pooled, m.Body)
-		info.copied = len(m.Body) > 0 && &info.wire[0] != &m.Body[0]
-	} else {
-		info.wire = dotStuff(m.Body)
-	}
 	info.eightBit = !isASCII(m.Body)
 	hdrEnd := bytes.Index(m.Body, []byte("\r\n\r\n"))
 	if hdrEnd < 0 {
@@ -79,9 +90,9 @@ func inspect(m *Message) *msgInfo {
 	return info
 }
 
-// chunk returns the message as BDAT sends it: the body as it is, ending
-// in CRLF as the DATA path's does, not dot-stuffed.
-func (info *msgInfo) chunk(body []byte) []byte {
+// bdatChunk returns the message as BDAT sends it: the body as it is,
+// ending in CRLF as the DATA path's does, not dot-stuffed.
+func bdatChunk(body []byte) []byte {
 	if len(body) == 0 || bytes.HasSuffix(body, crlf) {
 		return body
 	}
@@ -152,6 +163,9 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 			fmt.Sprintf("message of %d bytes exceeds %s's SIZE limit of %d bytes", info.size, c.host, c.sizeMax))}
 	}
 	dsn := c.has("DSN")
+	// writeChunk marks the transaction's chunk as gone; the next starts
+	// without.
+	defer func() { c.chunkSent = false }()
 	// mailCmd and rcptCmd append a command line, without its CRLF.
 	mailCmd := func(b []byte) []byte {
 		b = append(append(append(b, "MAIL FROM:<"...), m.From...), '>')
@@ -181,7 +195,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 	chunking := c.has("CHUNKING") && c.cfg.chunkingFor(m.Domain)
 	var chunk []byte // the whole message for BDAT: the body ending in CRLF
 	if chunking {
-		chunk = info.chunk(m.Body)
+		chunk = bdatChunk(m.Body)
 	}
 	// A reused connection starts with RSET: it clears whatever the last
 	// transaction left open and proves the connection still works. With
@@ -220,12 +234,6 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 				return nil, errStale
 			}
 			return nil, err
-		}
-		if chunking {
-			// The message has left: from here a lost connection may
-			// have delivered it (readReplyStep).
-			c.chunkSent = true
-			defer func() { c.chunkSent = false }()
 		}
 		if resetFirst {
 			r, err := c.readReplyStep(ctx, classify.StageMail, c.cfg.CommandTimeout, "RSET")
@@ -343,7 +351,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 	}
 
 	// Body and final dot.
-	if err := c.writeBody(ctx, info.wire); err != nil {
+	if err := c.writeBody(ctx, info.dataWire(m.Body)); err != nil {
 		return nil, err
 	}
 	r, err := c.readReplyStep(ctx, classify.StageDataEnd, c.cfg.FinalDotTimeout, "final dot")
@@ -375,8 +383,6 @@ func (c *client) chunkReply(ctx context.Context, m *Message, info *msgInfo, pipe
 			return nil, err
 		}
 	}
-	c.chunkSent = true
-	defer func() { c.chunkSent = false }()
 	r, err := c.readReplyStep(ctx, classify.StageDataEnd, c.cfg.FinalDotTimeout, "BDAT")
 	if err != nil {
 		return nil, err
