@@ -62,9 +62,11 @@ func TestRunbookCommands(t *testing.T) {
 		case stage == fakemx.StageRcpt && strings.HasSuffix(arg, "@learned.test") && learnThrottles < 2:
 			learnThrottles++
 			return &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 7, 28}, Message: "Our system has detected an unusual rate of unsolicited mail originating from your IP address. To protect our users from spam, mail sent from your IP address has been temporarily rate limited."}
-		case stage == fakemx.StageRcpt && strings.HasSuffix(arg, "@throttled.test") && throttles < 6:
-			// Each of the three is throttled twice: the second time it
-			// waits the rate-limit lane's minimum (an hour here).
+		case stage == fakemx.StageRcpt && strings.HasSuffix(arg, "@throttled.test") && throttles < 9:
+			// Each of the three is throttled three times. The second
+			// comes back at once, within the learn hold of the first (one
+			// overshoot); the third waits the rate-limit lane's minimum
+			// (an hour here).
 			throttles++
 			return &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 7, 28}, Message: "Our system has detected an unusual rate of unsolicited mail originating from your IP address. To protect our users from spam, mail sent from your IP address has been temporarily rate limited."}
 		case stage == fakemx.StageRcpt && strings.HasSuffix(arg, "@broken.test"):

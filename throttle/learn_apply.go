@@ -140,14 +140,21 @@ func (d *dest) seen(tenant string, now time.Time) {
 // overShare reports whether tenant's backlog in d's virtual queue reaches
 // further ahead (by more than a second) than that of another tenant
 // sending to d now: it has had more than its share for the moment, and
-// the next token should go to the other. d.mu held.
+// the next token should go to the other. A tenant is sending while it
+// asks for admission (within tenantActive) and while it has envelopes
+// waiting for their places in the virtual queue: those may be further
+// off than tenantActive, and the tokens must still be free when they
+// come back. d.mu held.
 func (d *dest) overShare(tenant string, now time.Time) bool {
 	mine := d.ahead(tenant, now)
 	if mine <= time.Second {
 		return false
 	}
 	for other, at := range d.tenants {
-		if other != tenant && now.Sub(at) <= tenantActive && d.ahead(other, now)+time.Second < mine {
+		if other == tenant {
+			continue
+		}
+		if theirs := d.ahead(other, now); (theirs > 0 || now.Sub(at) <= tenantActive) && theirs+time.Second < mine {
 			return true
 		}
 	}

@@ -429,6 +429,16 @@ func TestOverShare(t *testing.T) {
 	if d.overShare("a", t0.Add(tenantActive+time.Second)) {
 		t.Fatal("b stopped sending, yet a still yields to it")
 	}
+	// b's few envelopes wait for places beyond tenantActive (behind
+	// tokens a reserved before b came): b is still sending when they
+	// come back, and a still yields to it.
+	later := t0.Add(tenantActive + time.Second)
+	for range 5 {
+		d.slot("b", later, t0, 20, one, 0)
+	}
+	if !d.overShare("a", later) || d.overShare("b", later) {
+		t.Fatalf("b's envelopes waiting in the queue: a over %v, b over %v; want a yields to b", d.overShare("a", later), d.overShare("b", later))
+	}
 }
 
 // TestLearnedRateSurvivesAndDecays: a worker that starts later (or again)

@@ -69,3 +69,7 @@ func (t *Throttle) LimitsOf(dest string) Limits { return t.limitsOf(normalizeDes
 
 // Live returns the number of live workers, this one included.
 func (t *Throttle) Live() int { return t.liveCount() }
+
+// LearnHold returns the least time between two cuts of a learned limit:
+// throttles closer together than that answer one overshoot.
+func (t *Throttle) LearnHold() time.Duration { return t.cfg.LearnHold }

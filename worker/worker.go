@@ -60,6 +60,11 @@ type Config struct {
 	Workers int
 	// Retry and RateLimit are the two lanes' backoff parameters.
 	Retry, RateLimit backoff.Backoff
+	// ThrottleHold is how close together two throttles of one message
+	// count as one overshoot: the second is then paced at its place
+	// without the rate-limit lane's minimum (pace.go). serve sets the
+	// throttle's learn hold. Default throttle.DefaultLearnHold.
+	ThrottleHold time.Duration
 	// Budget limits attempts and age; spent budgets go to dead letters.
 	Budget backoff.Budget
 	// Unknown is the unknown-outcome policy. Default "retry".
@@ -126,6 +131,7 @@ func New(cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("worker: unknown policy %q (want retry or hold)", cfg.Unknown)
 	}
 	defaults.Set(&cfg.ProgressEvery, 15*time.Second)
+	defaults.Set(&cfg.ThrottleHold, throttle.DefaultLearnHold)
 	if cfg.Classifier == nil {
 		cfg.Classifier = classify.Default()
 	}

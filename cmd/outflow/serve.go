@@ -252,7 +252,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		return usageError{err}
 	}
 	pool, err := worker.New(worker.Config{
-		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, Budget: budget, ProgressEvery: c.AckWait / 4,
+		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, ThrottleHold: throttle.LearnHold(), Budget: budget, ProgressEvery: c.AckWait / 4,
 		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier, Gate: throttle,
 		Signer: signer, Egress: egress, Logger: base, Metrics: worker.NewMetrics(reg), Suppressions: suppressions, DSN: dsnCfg,
 	})
