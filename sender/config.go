@@ -153,9 +153,11 @@ type Config struct {
 	// then costs one round trip instead of two. For a receiver whose BDAT
 	// is broken.
 	NoChunking bool
-	// NoChunkingFor are destination domains (lower case, the
-	// Message.Domain) sent DATA even when their servers offer CHUNKING:
-	// NoChunking for one receiver.
+	// NoChunkingFor are names (lower case, no trailing dot) sent DATA
+	// even when their servers offer CHUNKING: NoChunking for one
+	// receiver. A name is a destination domain (the Message.Domain) or a
+	// server's host name (an MX host, or the relay host), so that one
+	// broken server can be named whatever domains it receives for.
 	NoChunkingFor map[string]bool
 
 	// MaxMsgsPerConn is how many transactions one connection carries
@@ -263,10 +265,15 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-// chunkingFor reports whether BDAT may be used for a destination domain
-// whose server offers CHUNKING.
-func (c *Config) chunkingFor(domain string) bool {
-	return !c.NoChunking && !c.NoChunkingFor[strings.ToLower(strings.TrimSuffix(domain, "."))]
+// chunkingFor reports whether BDAT may be used for a message to domain
+// over a connection to host (an MX host name or the relay host) whose
+// server offers CHUNKING.
+func (c *Config) chunkingFor(domain, host string) bool {
+	if c.NoChunking {
+		return false
+	}
+	name := func(s string) string { return strings.ToLower(strings.TrimSuffix(s, ".")) }
+	return !c.NoChunkingFor[name(domain)] && !c.NoChunkingFor[name(host)]
 }
 
 // policyFor is the TLS policy for a destination domain.

@@ -192,7 +192,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 	}
 
 	pipelined := c.has("PIPELINING")
-	chunking := c.has("CHUNKING") && c.cfg.chunkingFor(m.Domain)
+	chunking := c.has("CHUNKING") && c.cfg.chunkingFor(m.Domain, c.host)
 	var chunk []byte // the whole message for BDAT: the body ending in CRLF
 	if chunking {
 		chunk = bdatChunk(m.Body)

@@ -164,7 +164,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.DurationVar(&c.CommandTimeout, "command-timeout", sender.DefaultCommandTimeout, "each SMTP command's reply, including the greeting (RFC 5321 4.5.3.2)")
 	fs.DurationVar(&c.DataTimeout, "data-timeout", sender.DefaultDataBlockTimeout, "each block of the message body written to the server (RFC 5321 4.5.3.2.5)")
 	fs.DurationVar(&c.FinalDotTimeout, "final-dot-timeout", sender.DefaultFinalDotTimeout, "the reply to the final dot; past it the outcome is unknown (RFC 5321 4.5.3.2.6)")
-	fs.StringSliceVar(&c.NoChunkingFor, "smtp-chunking-off", nil, "destination domains always sent DATA, never BDAT, whatever their servers offer (DOMAIN[,DOMAIN])")
+	fs.StringSliceVar(&c.NoChunkingFor, "smtp-chunking-off", nil, "destination domains, or MX or relay host names, always sent DATA, never BDAT, whatever their servers offer (NAME[,NAME])")
 	fs.BoolVar(&c.SMTPChunking, "smtp-chunking", true, "send each message as one BDAT chunk to servers that offer CHUNKING (RFC 3030): with PIPELINING one round trip a message instead of two; false keeps to DATA")
 	fs.StringVar(&c.TLSPolicy, "tls-policy", string(sender.TLSOpportunistic), "TLS to MX hosts: opportunistic, required or none (per destination: [tls-destinations] in the config)")
 	bindAPIFlags(fs, &c.apiConfig)

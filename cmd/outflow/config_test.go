@@ -57,7 +57,7 @@ func TestDocumentedExampleParses(t *testing.T) {
 		t.Errorf("workers = %d: the command line must win over the file", c.Workers)
 	}
 	if c.SMTPAddr != "0.0.0.0:587" || c.MaxAge.Hours() != 48 || c.EventsMaxAge.Hours() != 72 || c.SentTTL.Hours() != 24 || len(c.DKIM) != 1 || c.TLSDestinations["bank.example"] != "required" ||
-		len(c.NoChunkingFor) != 1 || c.NoChunkingFor[0] != "legacy.example" {
+		len(c.NoChunkingFor) != 2 || c.NoChunkingFor[0] != "legacy.example" || c.NoChunkingFor[1] != "mx1.old.example" {
 		t.Errorf("file not applied: %+v", c)
 	}
 	if c.RetryBase.Seconds() != 5 {
