@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outflow/outflow/internal/postfixinst"
 	"github.com/outflow/outflow/internal/testutil"
 )
 
@@ -25,7 +25,7 @@ import (
 func TestRelayToPostfixBDAT(t *testing.T) {
 	pf := startPostfix(t)
 	dir := t.TempDir()
-	d := startDaemon(t, filepath.Join(dir, "data"), "--users", writeUsers(t, dir), "--relay", pf.addr, "--relay-tls", "none")
+	d := startDaemon(t, filepath.Join(dir, "data"), "--users", writeUsers(t, dir), "--relay", pf.Addr, "--relay-tls", "none")
 
 	// One at a time, each held before the next is submitted: the later
 	// ones go over the pooled connection, after an RSET.
@@ -65,7 +65,7 @@ func TestRelayToPostfixBDAT(t *testing.T) {
 	}
 
 	// --smtp-chunking-off keeps a destination on DATA (in any case).
-	d = startDaemon(t, filepath.Join(dir, "data2"), "--users", writeUsers(t, dir), "--relay", pf.addr, "--relay-tls", "none",
+	d = startDaemon(t, filepath.Join(dir, "data2"), "--users", writeUsers(t, dir), "--relay", pf.Addr, "--relay-tls", "none",
 		"--smtp-chunking-off", "Dest.Test")
 	c = dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	if err := submit(c, "app@sender.test", []string{"r@dest.test"}, message("data-0", ".dot line\r\n")); err != nil {
@@ -77,13 +77,12 @@ func TestRelayToPostfixBDAT(t *testing.T) {
 	pf.waitLog(t, "mail=1 rcpt=1 data=1 ")
 }
 
-// postfix is a private Postfix instance: its own configuration, queue and
-// log under a test directory, smtpd on a free loopback port, holding
-// every message it accepts (a Subject header check) instead of passing it
-// on. The system's Postfix daemon is never started.
+// postfix is a private Postfix instance (internal/postfixinst) that
+// holds every message it accepts (a Subject header check) instead of
+// passing it on, and logs to its own buffer.
 type postfix struct {
-	dir, conf, addr string
-	log             *testutil.SyncBuffer
+	*postfixinst.Instance
+	log *testutil.SyncBuffer
 }
 
 func startPostfix(t *testing.T) *postfix {
@@ -91,74 +90,25 @@ func startPostfix(t *testing.T) *postfix {
 	if os.Geteuid() != 0 {
 		t.Skip("Postfix's master runs as root only; this test needs root")
 	}
-	bin, err := exec.LookPath("postfix")
-	if err != nil {
-		t.Fatal("postfix not installed: run make deps")
-	}
-	pfUser, err := user.Lookup("postfix")
-	if err != nil {
-		t.Fatalf("no postfix user (Debian's postfix package makes it): %v", err)
-	}
-	// Postfix's daemons run as the postfix user and must reach the queue.
 	dir := t.TempDir()
-	for p := dir; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
-		if err := os.Chmod(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pf := &postfix{dir: dir, conf: filepath.Join(dir, "conf"), addr: freeAddr(t), log: &testutil.SyncBuffer{}}
-	data := filepath.Join(dir, "data")
-	for _, p := range []string{pf.conf, data, filepath.Join(dir, "queue")} {
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var uid, gid int
-	fmt.Sscan(pfUser.Uid, &uid)
-	fmt.Sscan(pfUser.Gid, &gid)
-	if err := os.Chown(data, uid, gid); err != nil {
+	inst, err := postfixinst.Prepare(dir, freeAddr(t), map[string]string{
+		"myhostname":                   "postfix.test",
+		"relay_domains":                "dest.test",
+		"smtpd_recipient_restrictions": "permit_mynetworks, reject",
+		"header_checks":                "regexp:" + filepath.Join(dir, "etc", "hold"),
+		"maillog_file":                 "/dev/stdout",
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	mainCF := fmt.Sprintf(`compatibility_level = 3.6
-queue_directory = %s/queue
-data_directory = %s
-command_directory = /usr/sbin
-daemon_directory = /usr/lib/postfix/sbin
-mail_owner = postfix
-setgid_group = postdrop
-inet_interfaces = 127.0.0.1
-inet_protocols = ipv4
-myhostname = postfix.test
-mydestination =
-mynetworks = 127.0.0.0/8
-relay_domains = dest.test
-smtpd_recipient_restrictions = permit_mynetworks, reject
-header_checks = regexp:%s/hold
-maillog_file = /dev/stdout
-`, dir, data, pf.conf)
-	// Every service the accepting side uses, none chrooted.
-	masterCF := pf.addr + ` inet n - n - - smtpd
-pickup unix n - n 60 1 pickup
-cleanup unix n - n - 0 cleanup
-qmgr unix n - n 300 1 qmgr
-rewrite unix - - n - - trivial-rewrite
-bounce unix - - n - 0 bounce
-defer unix - - n - 0 bounce
-trace unix - - n - 0 bounce
-proxymap unix - - n - - proxymap
-showq unix n - n - - showq
-error unix - - n - - error
-retry unix - - n - - error
-anvil unix - - n - 1 anvil
-scache unix - - n - 1 scache
-postlog unix-dgram n - n - 1 postlogd
-`
-	for name, content := range map[string]string{"main.cf": mainCF, "master.cf": masterCF, "hold": "/^Subject:/ HOLD\n"} {
-		if err := os.WriteFile(filepath.Join(pf.conf, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.WriteFile(filepath.Join(inst.Conf(), "hold"), []byte("/^Subject:/ HOLD\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-c", pf.conf, "start-fg")
+	pf := &postfix{Instance: inst, log: &testutil.SyncBuffer{}}
+	cmd, err := pf.Command("start-fg")
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd.Stdout, cmd.Stderr = pf.log, pf.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -166,7 +116,9 @@ postlog unix-dgram n - n - 1 postlogd
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
-		_ = exec.Command(bin, "-c", pf.conf, "stop").Run()
+		if stop, err := pf.Command("stop"); err == nil {
+			_ = stop.Run()
+		}
 		select {
 		case <-exited:
 		case <-time.After(30 * time.Second):
@@ -203,7 +155,7 @@ func (pf *postfix) waitHeld(t *testing.T, n int) []string {
 	t.Helper()
 	var ids []string
 	waitFor(t, 60*time.Second, fmt.Sprintf("%d messages held by Postfix", n), func() bool {
-		ents, _ := os.ReadDir(filepath.Join(pf.dir, "queue", "hold"))
+		ents, _ := os.ReadDir(filepath.Join(pf.Queue(), "hold"))
 		ids = ids[:0]
 		for _, e := range ents {
 			ids = append(ids, e.Name())
@@ -216,7 +168,7 @@ func (pf *postfix) waitHeld(t *testing.T, n int) []string {
 // body returns a held message's headers and body as postcat prints them.
 func (pf *postfix) body(t *testing.T, id string) []byte {
 	t.Helper()
-	out, err := exec.Command("postcat", "-c", pf.conf, "-hbq", id).Output()
+	out, err := exec.Command("postcat", "-c", pf.Conf(), "-hbq", id).Output()
 	if err != nil {
 		t.Fatalf("postcat %s: %v", id, err)
 	}

@@ -622,15 +622,14 @@ func (c *client) writeBody(ctx context.Context, wire []byte) error {
 		return c.netFail(ctx, classify.StageData, "writing body", err)
 	}
 	// Whole blocks that cannot carry the dot go out directly.
-	for len(wire)+len(finalDot) > dataBlock {
-		if err := c.deadline(ctx, c.cfg.DataBlockTimeout); err != nil {
-			return c.netFail(ctx, classify.StageData, "writing body", err)
-		}
-		if _, err := c.nc.Write(wire[:dataBlock]); err != nil {
-			return c.netFail(ctx, classify.StageData, "writing body", err)
-		}
-		wire = wire[dataBlock:]
+	whole := 0
+	for len(wire)-whole+len(finalDot) > dataBlock {
+		whole += dataBlock
 	}
+	if err := c.writeBlocks(ctx, wire[:whole], "writing body"); err != nil {
+		return err
+	}
+	wire = wire[whole:]
 	if err := c.deadline(ctx, c.cfg.DataBlockTimeout); err != nil {
 		return c.netFail(ctx, classify.StageData, "writing body", err)
 	}
@@ -692,15 +691,22 @@ func (c *client) writeChunkBlocks(ctx context.Context, head, chunk []byte) error
 	if _, err := c.nc.Write(head); err != nil {
 		return c.netFail(ctx, classify.StageData, "writing BDAT", err)
 	}
-	for len(chunk) > 0 {
-		n := min(len(chunk), dataBlock)
+	return c.writeBlocks(ctx, chunk, "writing BDAT chunk")
+}
+
+// writeBlocks writes p straight to the connection in blocks of dataBlock,
+// each within DataBlockTimeout. A failure is StageData: not all of what p
+// carries has left, so the server cannot have taken the message.
+func (c *client) writeBlocks(ctx context.Context, p []byte, what string) error {
+	for len(p) > 0 {
+		n := min(len(p), dataBlock)
 		if err := c.deadline(ctx, c.cfg.DataBlockTimeout); err != nil {
-			return c.netFail(ctx, classify.StageData, "writing BDAT chunk", err)
+			return c.netFail(ctx, classify.StageData, what, err)
 		}
-		if _, err := c.nc.Write(chunk[:n]); err != nil {
-			return c.netFail(ctx, classify.StageData, "writing BDAT chunk", err)
+		if _, err := c.nc.Write(p[:n]); err != nil {
+			return c.netFail(ctx, classify.StageData, what, err)
 		}
-		chunk = chunk[n:]
+		p = p[n:]
 	}
 	return nil
 }

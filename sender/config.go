@@ -153,8 +153,8 @@ type Config struct {
 	// then costs one round trip instead of two. For a receiver whose BDAT
 	// is broken.
 	NoChunking bool
-	// NoChunkingFor are names (lower case, no trailing dot) sent DATA
-	// even when their servers offer CHUNKING: NoChunking for one
+	// NoChunkingFor are names (any case, a trailing dot ignored) sent
+	// DATA even when their servers offer CHUNKING: NoChunking for one
 	// receiver. A name is a destination domain (the Message.Domain) or a
 	// server's host name (an MX host, or the relay host), so that one
 	// broken server can be named whatever domains it receives for.
@@ -234,9 +234,16 @@ func (c Config) withDefaults() (Config, error) {
 		if !valid(p) {
 			return c, fmt.Errorf("sender: TLS policy %q for %s: want opportunistic, required or none", p, d)
 		}
-		per[strings.ToLower(strings.TrimSuffix(d, "."))] = p
+		per[nameKey(d)] = p
 	}
 	c.TLSPerDestination = per
+	if len(c.NoChunkingFor) > 0 {
+		off := make(map[string]bool, len(c.NoChunkingFor))
+		for name, v := range c.NoChunkingFor {
+			off[nameKey(strings.TrimSpace(name))] = v
+		}
+		c.NoChunkingFor = off
+	}
 	defaults.Set(&c.ConnectTimeout, DefaultConnectTimeout)
 	defaults.Set(&c.GreetingTimeout, DefaultGreetingTimeout)
 	defaults.Set(&c.CommandTimeout, DefaultCommandTimeout)
@@ -272,13 +279,16 @@ func (c *Config) chunkingFor(domain, host string) bool {
 	if c.NoChunking {
 		return false
 	}
-	name := func(s string) string { return strings.ToLower(strings.TrimSuffix(s, ".")) }
-	return !c.NoChunkingFor[name(domain)] && !c.NoChunkingFor[name(host)]
+	return !c.NoChunkingFor[nameKey(domain)] && !c.NoChunkingFor[nameKey(host)]
 }
+
+// nameKey is a domain or host name as the per-name maps key it: lower
+// case, no trailing dot.
+func nameKey(s string) string { return strings.ToLower(strings.TrimSuffix(s, ".")) }
 
 // policyFor is the TLS policy for a destination domain.
 func (c *Config) policyFor(domain string) TLSPolicy {
-	if p, ok := c.TLSPerDestination[strings.ToLower(strings.TrimSuffix(domain, "."))]; ok {
+	if p, ok := c.TLSPerDestination[nameKey(domain)]; ok {
 		return p
 	}
 	return c.TLS

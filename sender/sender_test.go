@@ -458,6 +458,7 @@ func TestBDAT(t *testing.T) {
 		"NoChunking":                func(c *Config) { c.NoChunking = true },
 		"NoChunkingFor this domain": func(c *Config) { c.NoChunkingFor = map[string]bool{"example.test": true} },
 		"NoChunkingFor its MX host": func(c *Config) { c.NoChunkingFor = map[string]bool{"mx.example.test": true} },
+		"NoChunkingFor as written":  func(c *Config) { c.NoChunkingFor = map[string]bool{" Example.TEST.": true} },
 	} {
 		t.Run(name, func(t *testing.T) {
 			writes, _ := send(t, fakemx.Options{}, cfg)

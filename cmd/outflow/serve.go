@@ -205,7 +205,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	}
 	noChunking := map[string]bool{}
 	for _, d := range c.NoChunkingFor {
-		noChunking[strings.ToLower(strings.TrimSuffix(strings.TrimSpace(d), "."))] = true
+		noChunking[d] = true // sender.New normalizes the names
 	}
 	snd, err := sender.New(sender.Config{
 		Hostname: hostname, Relay: c.Relay, RelayUsername: c.RelayUser, RelayPassword: c.RelayPassword,

@@ -303,7 +303,6 @@ func (s *Server) EHLONames() []string {
 	return append([]string(nil), s.ehlos...)
 }
 
-// Connections is the number of TCP connections accepted so far.
 // DropConnections closes every open connection from the server's side, as
 // a server does with an idle client; the listener keeps accepting.
 func (s *Server) DropConnections() {
@@ -318,6 +317,7 @@ func (s *Server) DropConnections() {
 	}
 }
 
+// Connections is the number of TCP connections accepted so far.
 func (s *Server) Connections() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outflow/outflow/internal/postfixinst"
 	"github.com/outflow/outflow/internal/testutil"
 )
 
@@ -32,18 +32,6 @@ func freePort() string {
 	a := l.Addr().String()
 	l.Close()
 	return a
-}
-
-// lookPath finds a Postfix tool on PATH or in /usr/sbin.
-func lookPath(name string) (string, error) {
-	if p, err := exec.LookPath(name); err == nil {
-		return p, nil
-	}
-	p := "/usr/sbin/" + name
-	if _, err := os.Stat(p); err == nil {
-		return p, nil
-	}
-	return "", fmt.Errorf("%s not found on PATH or in /usr/sbin (install Debian's postfix: make deps)", name)
 }
 
 // sink is Postfix's smtp-sink counting accepted messages. It can be stopped
@@ -64,7 +52,7 @@ func newSink(addr string) *sink { return &sink{addr: addr} }
 
 // Start runs smtp-sink on s.addr and waits until it accepts connections.
 func (s *sink) Start() error {
-	bin, err := lookPath("smtp-sink")
+	bin, err := postfixinst.LookPath("smtp-sink")
 	if err != nil {
 		return err
 	}
@@ -178,7 +166,7 @@ func smtpSourceArgs(addr, rcpt string, sessions, msgs, size int) []string {
 
 // smtpSourceTo is smtpSource with another recipient.
 func smtpSourceTo(ctx context.Context, addr, rcpt string, sessions, msgs, size int) (time.Duration, error) {
-	bin, err := lookPath("smtp-source")
+	bin, err := postfixinst.LookPath("smtp-source")
 	if err != nil {
 		return 0, err
 	}
@@ -372,56 +360,25 @@ func (p *outflowProc) Kill() {
 	<-p.done
 }
 
-// postfixInst is a private Postfix instance: its own config directory,
-// queue and data directories under a temporary directory, smtpd on its own
-// loopback port, relaying everything to the sink. The system Postfix (if
-// any) is never touched.
-type postfixInst struct {
-	dir  string
-	Addr string
-}
+// postfixInst is a private Postfix instance (internal/postfixinst)
+// relaying everything to the sink.
+type postfixInst struct{ *postfixinst.Instance }
 
 func startPostfix(relay string, extra map[string]string) (*postfixInst, error) {
-	if _, err := lookPath("postfix"); err != nil {
-		return nil, err
-	}
-	if os.Geteuid() != 0 {
-		return nil, errors.New("postfix: a private instance must be started as root (Postfix's master runs as root and drops to mail_owner)")
-	}
 	dir, err := os.MkdirTemp("", "outflow-bench-postfix-")
 	if err != nil {
 		return nil, err
 	}
-	// The postfix user must reach its data and queue directories.
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return nil, err
-	}
-	p := &postfixInst{dir: dir, Addr: freePort()}
-	for _, d := range []string{"etc", "queue", "data"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			return nil, err
-		}
-	}
-	// data_directory belongs to mail_owner (Postfix refuses anything else).
-	if u, err := user.Lookup("postfix"); err == nil {
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		_ = os.Chown(filepath.Join(dir, "data"), uid, gid)
-	}
-	main := postfixMainCf(dir, relay)
+	main := map[string]string{"relayhost": postfixinst.RelayHost(relay)}
 	for k, v := range extra {
-		main += k + " = " + v + "\n"
+		main[k] = v
 	}
-	if err := os.WriteFile(filepath.Join(dir, "etc", "main.cf"), []byte(main), 0o644); err != nil {
-		return nil, err
-	}
-	master, err := postfixMasterCf(p.Addr)
+	inst, err := postfixinst.Prepare(dir, freePort(), main)
 	if err != nil {
+		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "etc", "master.cf"), []byte(master), 0o644); err != nil {
-		return nil, err
-	}
+	p := &postfixInst{inst}
 	if out, err := p.postfix("start"); err != nil {
 		p.cleanup()
 		return nil, fmt.Errorf("postfix start: %w: %s", err, out)
@@ -433,57 +390,12 @@ func startPostfix(relay string, extra map[string]string) (*postfixInst, error) {
 	return p, nil
 }
 
-// postfixMainCf is the whole main.cf of the private instance: defaults
-// except where the instance must differ from a system one.
-func postfixMainCf(dir, relay string) string {
-	return "compatibility_level = 3.6\n" +
-		"queue_directory = " + filepath.Join(dir, "queue") + "\n" +
-		"data_directory = " + filepath.Join(dir, "data") + "\n" +
-		"mail_owner = postfix\n" +
-		"setgid_group = postdrop\n" +
-		"inet_interfaces = 127.0.0.1\n" +
-		"inet_protocols = ipv4\n" +
-		"myhostname = postfix-bench.localdomain\n" +
-		"mydestination =\n" +
-		"mynetworks = 127.0.0.0/8\n" +
-		"relayhost = [" + hostOf(relay) + "]:" + portOf(relay) + "\n"
-}
-
-// postfixMasterCf is the system master.cf with the smtpd listener moved to
-// addr and chroot turned off (the private queue directory has no copy of
-// /etc for a chrooted daemon).
-func postfixMasterCf(addr string) (string, error) {
-	b, err := os.ReadFile("/etc/postfix/master.cf")
-	if err != nil {
-		b, err = os.ReadFile("/etc/postfix/master.cf.proto")
-		if err != nil {
-			return "", fmt.Errorf("postfix master.cf: %w", err)
-		}
-	}
-	var out strings.Builder
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 8 && !strings.HasPrefix(line, "#") && !strings.HasPrefix(line, " ") {
-			if f[0] == "smtp" && f[1] == "inet" {
-				f[0] = addr
-			}
-			if f[1] == "inet" && f[0] != addr {
-				continue // no other listeners (submission, smtps) in the private instance
-			}
-			f[4] = "n"
-			line = strings.Join(f, "\t")
-		}
-		out.WriteString(line + "\n")
-	}
-	return out.String(), nil
-}
-
-func hostOf(a string) string { h, _, _ := net.SplitHostPort(a); return h }
-func portOf(a string) string { _, p, _ := net.SplitHostPort(a); return p }
-
 func (p *postfixInst) postfix(verb string) (string, error) {
-	bin, _ := lookPath("postfix")
-	out, err := exec.Command(bin, "-c", filepath.Join(p.dir, "etc"), verb).CombinedOutput()
+	cmd, err := p.Command(verb)
+	if err != nil {
+		return "", err
+	}
+	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
 
@@ -499,7 +411,7 @@ func (p *postfixInst) DeferredCount() int { return p.countFiles("deferred") }
 func (p *postfixInst) countFiles(queues ...string) int {
 	n := 0
 	for _, q := range queues {
-		_ = filepath.Walk(filepath.Join(p.dir, "queue", q), func(_ string, fi os.FileInfo, err error) error {
+		_ = filepath.Walk(filepath.Join(p.Queue(), q), func(_ string, fi os.FileInfo, err error) error {
 			if err == nil && !fi.IsDir() {
 				n++
 			}
@@ -525,7 +437,7 @@ func (p *postfixInst) PSSKiB() int64 {
 // Pids are the instance's master and its children (smtpd, cleanup, qmgr,
 // smtp, ...), master first; none if its pid file cannot be read.
 func (p *postfixInst) Pids() []int {
-	b, err := os.ReadFile(filepath.Join(p.dir, "queue", "pid", "master.pid"))
+	b, err := os.ReadFile(filepath.Join(p.Queue(), "pid", "master.pid"))
 	if err != nil {
 		return nil
 	}
@@ -554,7 +466,7 @@ func (p *postfixInst) Pids() []int {
 // Stop stops the instance's master and removes its directories.
 func (p *postfixInst) Stop() {
 	_, _ = p.postfix("stop")
-	pidFile := filepath.Join(p.dir, "queue", "pid", "master.pid")
+	pidFile := filepath.Join(p.Queue(), "pid", "master.pid")
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		b, err := os.ReadFile(pidFile)
@@ -576,7 +488,7 @@ func (p *postfixInst) Stop() {
 	p.cleanup()
 }
 
-func (p *postfixInst) cleanup() { _ = os.RemoveAll(p.dir) }
+func (p *postfixInst) cleanup() { _ = os.RemoveAll(p.Dir) }
 
 // metricsMatching returns the /metrics lines (no comments) that contain
 // any of parts, for debugging a run.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outflow/outflow/internal/postfixinst"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -269,7 +270,7 @@ func (s *suite) scenario3Postfix(backlog, msgs int) ([][]string, error) {
 	}
 	closed := freePort() // nothing listens here: mail routed to it defers
 	conf := map[string]string{
-		"transport_maps":       "inline:{backlog.example=smtp:[127.0.0.1]:" + portOf(closed) + "}",
+		"transport_maps":       "inline:{backlog.example=smtp:" + postfixinst.RelayHost(closed) + "}",
 		"minimal_backoff_time": "7d",
 		"maximal_backoff_time": "7d",
 	}

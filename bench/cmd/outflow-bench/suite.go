@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/outflow/outflow/internal/postfixinst"
 )
 
 // table is one result table: a title, the commands, a header and rows.
@@ -108,7 +110,7 @@ func runSuite(c *config) error {
 		return fmt.Errorf("outflow binary: %w (make build)", err)
 	}
 	for _, t := range []string{"smtp-sink", "smtp-source", "postfix"} {
-		if _, err := lookPath(t); err != nil {
+		if _, err := postfixinst.LookPath(t); err != nil {
 			return err
 		}
 	}
