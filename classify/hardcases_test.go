@@ -281,6 +281,11 @@ func TestFiveHundredWithRateSignalIsThrottled(t *testing.T) {
 	}
 	// A size limit says "limit exceeded" too, and is not a rate.
 	check(t, Input{Raw: "552 5.2.2 Mailbox size limit exceeded"}, Permanent, ScopeRecipient, "")
+	// Nor is a span of time alone: a mailbox unused in the last year is
+	// gone, not busy, and throttling the destination for it holds every
+	// other message to that destination back.
+	check(t, Input{Raw: "550 5.2.1 <a@example.org>: Recipient address rejected: this account has been inactive in last 12 months"}, Permanent, ScopeRecipient, "")
+	check(t, Input{Raw: "550 5.2.1 Mailbox disabled: no login in last 365 days"}, Permanent, 0, "")
 }
 
 // A 4xx is permanent only when its text says a retry cannot succeed; a 4xx
