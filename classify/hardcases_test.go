@@ -310,3 +310,16 @@ func TestCongestionIsNotARateLimit(t *testing.T) {
 	check(t, Input{Raw: "452 4.4.5 Insufficient disk space; try again later"}, Transient, 0, "")
 	check(t, Input{Raw: "452 4.4.5 Messages per second limit exceeded"}, Throttled, 0, "rate-signal")
 }
+
+// A name that does not resolve (the envelope sender's domain, the client's
+// reverse DNS) is fixed in DNS, not by sending slower: transient, even when
+// the text also says "temporarily deferred", which alone is a throttle.
+func TestUnresolvableNameIsNotARateLimit(t *testing.T) {
+	check(t, Input{Stage: StageMail, Raw: "451 Message temporarily deferred due to unresolvable RFC.5321 from domain"}, Transient, ScopeMessage, "name-does-not-resolve")
+	check(t, Input{Stage: StageRcpt, Raw: "451 4.1.8 Domain of sender address bounce@sender.example does not resolve"}, Transient, ScopeRecipient, "name-does-not-resolve")
+	check(t, Input{Raw: "450 4.7.1 Message temporarily deferred: client host name could not be resolved"}, Transient, 0, "name-does-not-resolve")
+	// Without a named cause the deferral is still a throttle (Yahoo, SendGrid).
+	check(t, Input{Raw: "421 Message from (192.0.2.1) temporarily deferred"}, Throttled, ScopeDestination, "rate-signal")
+	// A 5xx keeps its code's meaning.
+	check(t, Input{Raw: "550 5.1.8 Domain of sender address bounce@sender.example does not resolve"}, Permanent, 0, "")
+}
