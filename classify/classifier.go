@@ -65,12 +65,16 @@ const numCodes = 600
 const maxStageBits = 16
 
 // unitPhrases are the fragments every retry hint contains ("seconds",
-// "5 min", "30s", "1h"); registered in the text index so that the hint
-// parser runs only on the few texts that have one.
+// "5 min", "30s", "1h", and ":2" of a clock, "00:24:59"); registered in the
+// text index so that the hint parser runs only on the few texts that have
+// one.
 var unitPhrases = func() []string {
 	p := []string{"sec", "min", "hour", "hr", "day"}
 	for d := '0'; d <= '9'; d++ {
 		p = append(p, string(d)+"s", string(d)+"m", string(d)+"h")
+		if d <= '5' {
+			p = append(p, ":"+string(d))
+		}
 	}
 	return p
 }()

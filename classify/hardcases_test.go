@@ -215,6 +215,12 @@ func TestRetryAfterFromText(t *testing.T) {
 	if res.RetryAfter != 5*time.Minute {
 		t.Errorf("greylist default RetryAfter %v, want 5m", res.RetryAfter)
 	}
+	// milter-greylist says when, as a clock: the rule's 5 minutes would
+	// come back four times too early.
+	res = check(t, Input{Stage: StageRcpt, Raw: "451 4.7.1 Greylisting in action, please come back in 00:24:59"}, Transient, ScopeRecipient, "greylisting")
+	if res.RetryAfter != 24*time.Minute+59*time.Second {
+		t.Errorf("milter-greylist RetryAfter %v, want 24m59s", res.RetryAfter)
+	}
 	res = check(t, Input{Raw: "550 5.7.1 Blocked for 24 hours"}, Permanent, 0, "")
 	if res.RetryAfter != 0 {
 		t.Errorf("permanent RetryAfter %v, want 0", res.RetryAfter)

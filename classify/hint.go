@@ -12,7 +12,8 @@ const maxHint = 7 * 24 * time.Hour
 
 // retryHint reads a server's own retry hint from a reply text: "try again in
 // 92 seconds", "retry in 5 minutes", "after 1 hour", "greylisted for 60
-// seconds", "in 30s", "in a few hours" (read as 2 hours). It returns 0 when
+// seconds", "in 30s", "in a few hours" (read as 2 hours), "come back in
+// 00:24:59" (hours, minutes, seconds). It returns 0 when
 // the text gives none. The number must follow one of the words in, after,
 // for, within or wait, so "sending over 5,000 emails per day" is no hint.
 // It scans the text once and does not allocate.
@@ -31,6 +32,13 @@ func retryHint(text string) time.Duration {
 			j++
 		}
 		w := text[i:j]
+		// "come back in 00:24:59" (milter-greylist): a clock right after
+		// the trigger word.
+		if t1 {
+			if d := clockAt(text[i:]); d > 0 {
+				return d
+			}
+		}
 		i = j
 		// Most words follow no trigger word: skip them cheaply.
 		if t1 || t2 || t3 {
@@ -76,6 +84,40 @@ func hintAt(w3, w2, w1, w string, t1, t2, t3 bool) time.Duration {
 	}
 	return 0
 }
+
+// clockAt reads a duration written H:MM:SS or HH:MM:SS at the start of s
+// (milter-greylist's "please come back in 00:24:59"), or returns 0. Minutes
+// and seconds must be two digits below 60, and the clock must not run on
+// into more digits or colons.
+func clockAt(s string) time.Duration {
+	h := 0
+	k := 0
+	for k < len(s) && k < 3 && s[k] >= '0' && s[k] <= '9' {
+		h = h*10 + int(s[k]-'0')
+		k++
+	}
+	if k == 0 || k == 3 {
+		return 0
+	}
+	var ms [2]int
+	for p := range ms {
+		if len(s) < k+3 || s[k] != ':' || !isDigit(s[k+1]) || !isDigit(s[k+2]) {
+			return 0
+		}
+		ms[p] = int(s[k+1]-'0')*10 + int(s[k+2]-'0')
+		if ms[p] >= 60 {
+			return 0
+		}
+		k += 3
+	}
+	if k < len(s) && (isDigit(s[k]) || s[k] == ':') {
+		return 0
+	}
+	d := time.Duration(h)*time.Hour + time.Duration(ms[0])*time.Minute + time.Duration(ms[1])*time.Second
+	return min(d, maxHint)
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
 func scale(n int, u time.Duration) time.Duration {
 	if n <= 0 {
