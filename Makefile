@@ -28,7 +28,8 @@ run: build
 # deps installs the Debian packages tests and benchmarks use (postfix for
 # smtp-sink/smtp-source, swaks with Net::SSLeay for its STARTTLS, strace for the durability test's fsync
 # trace, fuse3 for the fault-injecting filesystem, chromium for the
-# console's browser test), without starting the Postfix daemon.
+# console's browser test, dnsmasq-base for the DNS server of the MX delivery
+# test), without starting the Postfix daemon.
 deps:
 	@missing=""; \
 	command -v smtp-sink >/dev/null 2>&1 || missing="$$missing postfix"; \
@@ -37,6 +38,7 @@ deps:
 	command -v strace >/dev/null 2>&1 || missing="$$missing strace"; \
 	command -v fusermount3 >/dev/null 2>&1 || missing="$$missing fuse3"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	[ -x /usr/sbin/dnsmasq ] || command -v dnsmasq >/dev/null 2>&1 || missing="$$missing dnsmasq-base"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections 2>/dev/null || true; \
@@ -45,7 +47,7 @@ deps:
 	    { echo "apt-get install$$missing failed"; exit 1; }; \
 	  service postfix stop >/dev/null 2>&1 || true; \
 	fi; \
-	PATH="$$PATH:/usr/sbin"; command -v smtp-sink >/dev/null && command -v swaks >/dev/null && perl -MNet::SSLeay -e1 && command -v strace >/dev/null && command -v fusermount3 >/dev/null && command -v chromium >/dev/null
+	PATH="$$PATH:/usr/sbin"; command -v smtp-sink >/dev/null && command -v swaks >/dev/null && perl -MNet::SSLeay -e1 && command -v strace >/dev/null && command -v fusermount3 >/dev/null && command -v chromium >/dev/null && command -v dnsmasq >/dev/null
 
 test: deps build
 	PATH="$$PATH:/usr/sbin" $(GO) test -race -shuffle=on -timeout 20m $(PKGS)

@@ -75,20 +75,8 @@ func TestBenchSmoke(t *testing.T) {
 	d.Stop()
 }
 
-// postfixTool finds one of Postfix's test tools on PATH or in /usr/sbin.
-// `make test` installs them; under CI a missing tool fails the test,
-// elsewhere it skips it.
+// postfixTool finds one of Postfix's test tools (Debian package postfix).
 func postfixTool(t *testing.T, name string) string {
 	t.Helper()
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	if _, err := os.Stat("/usr/sbin/" + name); err == nil {
-		return "/usr/sbin/" + name
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s not installed (Debian package postfix; make deps installs it)", name)
-	}
-	t.Skipf("%s not installed (Debian package postfix; make deps installs it)", name)
-	return ""
+	return debianTool(t, name, "postfix")
 }
