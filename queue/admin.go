@@ -52,7 +52,9 @@ type Item struct {
 
 // Filter selects envelopes for List. Zero fields match everything.
 type Filter struct {
-	State  State
+	State State
+	// Dest is a destination domain, matched as DNS names are: "D.Example."
+	// selects the envelopes of d.example.
 	Dest   string
 	Tenant string
 	// Limit bounds the result; 0 means 100. Listing walks the stream, so a
@@ -94,13 +96,16 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 		}
 		states = []State{f.State}
 	}
+	// Envelopes carry their domain lower-cased without a trailing dot
+	// (Domain), and the subject filter below matches it byte for byte.
+	f.Dest = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(f.Dest), "."))
 	var out []Item
 	for _, st := range states {
 		stream, subs := q.where(st, f.Dest)
 		for _, sub := range subs {
 			err := q.scan(ctx, stream, sub, func(it Item) bool {
 				it.State = st
-				if f.Dest != "" && !strings.EqualFold(it.Env.Dest, f.Dest) {
+				if f.Dest != "" && it.Env.Dest != f.Dest {
 					return true
 				}
 				if f.Tenant != "" && it.Env.Tenant != f.Tenant {

@@ -62,6 +62,25 @@ func TestFastForwardIsAtomic(t *testing.T) {
 	}
 }
 
+// TestListDestIgnoresCase: --dest takes a domain as an operator types it;
+// "D.Example." lists the mail of d.example, as dest suspend and dest
+// status treat it.
+func TestListDestIgnoresCase(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e := deferOne(t, q, LaneRetry, time.Now().Add(time.Hour))
+	for _, dest := range []string{"d.example", "D.Example", "d.example.", " D.EXAMPLE. "} {
+		items, err := q.List(ctx, Filter{State: StateDeferred, Dest: dest})
+		if err != nil || len(items) != 1 || items[0].Env.ID != e.ID {
+			t.Errorf("list --dest %q = %d items, %v; want %s", dest, len(items), err, e.ID)
+		}
+	}
+	if items, err := q.List(ctx, Filter{State: StateDeferred, Dest: "other.example"}); err != nil || len(items) != 0 {
+		t.Errorf("list --dest other.example = %d items, %v; want none", len(items), err)
+	}
+}
+
 func TestDeadReplayAndDrop(t *testing.T) {
 	q, _ := startQueue(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
