@@ -111,6 +111,16 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// printIndentedJSON is printJSON for a person: indented, and like it
+// without HTML escapes, so a Message-ID reads <id@host> (as the receiver's
+// log has it), not \u003cid@host\u003e.
+func printIndentedJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
 func init() {
 	a := &adminFlags{}
 	qc := &cobra.Command{Use: "queue", Short: "inspect and operate on queued, deferred, held and dead messages"}
@@ -168,9 +178,7 @@ func init() {
 				if a.json {
 					return printJSON(cmd.OutOrStdout(), view)
 				}
-				b, _ := json.MarshalIndent(view, "", "  ")
-				_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
-				return err
+				return printIndentedJSON(cmd.OutOrStdout(), view)
 			})
 		},
 	}
