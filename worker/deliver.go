@@ -80,7 +80,7 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	// (queue.Options.DeadlineAfter). The second, Budget.MaxAge counted from the
 	// first attempt, is deferRest's.
 	if !e.Deadline.IsZero() && w.expiryNow(d, now).After(e.Deadline) {
-		return w.dead(ctx, d, e.Clone(), dest, queue.EventExpired, "max-age: deadline "+e.Deadline.Format(time.RFC3339)+" passed")
+		return w.dead(ctx, d, e.Clone(), dest, queue.EventExpired, "max-age: deadline "+e.Deadline.Format(time.RFC3339)+" passed", nil)
 	}
 
 	var permit throttle.Permit = probePermit{}
@@ -124,7 +124,7 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 				return fmt.Errorf("body %s not found by a replica; %w", e.BodyRef, gerr)
 			}
 			if gone {
-				return w.dead(ctx, d, e.Clone(), dest, queue.EventDead, "body missing: "+err.Error())
+				return w.dead(ctx, d, e.Clone(), dest, queue.EventDead, "body missing: "+err.Error(), nil)
 			}
 			return fmt.Errorf("body %s not found by a replica but stored at the leader; leaving it for redelivery: %w", e.BodyRef, err)
 		}
@@ -397,7 +397,10 @@ func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queu
 		if why == "max-age" {
 			ev = queue.EventExpired
 		}
-		return true, w.dead(ctx, d, next, dest, ev, why+": "+replyLine(o.lead))
+		// The last attempt is a decision like the others: its line and
+		// its event carry the reply, the rule and the worker that made it.
+		w.logRecord(rec, ev)
+		return true, w.dead(ctx, d, next, dest, ev, why+": "+replyLine(o.lead), &rec)
 	}
 	// The retry number is the exponent: the first retry after the first
 	// failure is 1. Throttled attempts use the rate-limit lane's own count.
@@ -457,8 +460,10 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 	return d.Reschedule(ctx, next, lane, w.serverTime(at), true)
 }
 
-// dead moves the envelope to dead letters with its evidence and reason.
-func (w *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest, evType, reason string) error {
+// dead moves the envelope to dead letters with its evidence and reason;
+// rec is the decision record of the attempt that spent the budget, nil
+// when no attempt was made (a deadline passed while waiting, a body lost).
+func (w *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest, evType, reason string, rec *backoff.Record) error {
 	e := d.Env
 	w.log.Warn().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", next.Attempt).
 		Str("reason", reason).Msg("moved to dead letters")
@@ -470,7 +475,7 @@ func (w *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Env
 		return err
 	}
 	w.cfg.Metrics.deadLetter()
-	w.event(evType, e, next.Attempt, next.Rcpts, reason, nil)
+	w.event(evType, e, next.Attempt, next.Rcpts, reason, rec)
 	return nil
 }
 

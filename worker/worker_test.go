@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -218,6 +219,48 @@ func TestAlwaysTransientEndsInDeadLetters(t *testing.T) {
 	}
 	if got := e.mx.Transactions(); got != 4 {
 		t.Fatalf("fake MX saw %d transactions, want 4", got)
+	}
+}
+
+// TestDeadLetterDecisionRecorded: the attempt that spends the budget is a
+// decision like the others: one decision line (outcome "dead") and a dead
+// event, both with its reply, rule and worker, so that a postmortem that
+// selects a message's decision lines sees how it ended.
+func TestDeadLetterDecisionRecorded(t *testing.T) {
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+		}
+		return nil
+	})
+	var logs testutil.SyncBuffer
+	e.startPool(func(c *Config) { c.Budget.MaxAttempts = 2; c.Logger = zerolog.New(&logs) })
+	id := e.submit("r@dest.test")
+	var rec backoff.Record
+	for _, ev := range e.waitEvent(id, queue.EventDead) {
+		if ev.Type == queue.EventDead {
+			if err := rec.UnmarshalJSON(ev.Decision); err != nil {
+				t.Fatalf("dead event without a decision record: %v (%s)", err, ev.Decision)
+			}
+		}
+	}
+	if rec.Attempt != 2 || rec.Class != "transient" || rec.Rule == "" || rec.Code != 451 || rec.EnhancedCode != "4.3.0" || !strings.HasPrefix(rec.WorkerID, "w-test/") {
+		t.Errorf("dead event's record = %+v", rec)
+	}
+	var line map[string]any
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, `"outcome":"dead"`) {
+			if line != nil {
+				t.Errorf("two dead decision lines: %s", logs.String())
+			}
+			if err := json.Unmarshal([]byte(l), &line); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if line == nil || line["message"] != backoff.DecisionMessage || line["msg_id"] != id || line["attempt"] != 2.0 ||
+		line["code"] != 451.0 || line["class"] != "transient" || !strings.HasPrefix(line["worker_id"].(string), "w-test/") {
+		t.Errorf("dead decision line = %v; logs:\n%s", line, logs.String())
 	}
 }
 

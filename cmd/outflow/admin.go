@@ -278,7 +278,10 @@ func historyLine(ev queue.Event) string {
 	var d backoff.Record
 	_ = json.Unmarshal(ev.Decision, &d)
 	reply := ev.Reason
-	if d.Code != 0 {
+	// A dead letter's reason names the spent budget before the last reply
+	// ("max-attempts: 451 4.3.0 …"); any other event's reason is the
+	// reply's text alone, which the record has with its codes.
+	if d.Code != 0 && ev.Type != queue.EventDead && ev.Type != queue.EventExpired {
 		reply = strings.TrimSpace(fmt.Sprintf("%d %s %s", d.Code, d.EnhancedCode, d.Reply))
 	}
 	delay := "-"

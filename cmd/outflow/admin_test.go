@@ -26,6 +26,22 @@ func TestHistoryLineMarksPacedDelays(t *testing.T) {
 	}
 }
 
+// TestHistoryLineDeadKeepsReason: a dead letter's event carries the last
+// attempt's decision record (its CLASS and RULE fill the columns) and the
+// REPLY column keeps the reason, which names the budget that was spent.
+func TestHistoryLineDeadKeepsReason(t *testing.T) {
+	rec := `{"class":"transient","rule":"rfc3463-transient","code":451,"enhanced_code":"4.3.0","reply":"local problem"}`
+	cols := strings.Split(historyLine(queue.Event{Type: queue.EventDead, Attempt: 2, Worker: "w/1",
+		Reason: "max-attempts: 451 4.3.0 local problem", Decision: []byte(rec)}), "\t")
+	if cols[4] != "transient" || cols[5] != "rfc3463-transient" || cols[9] != "max-attempts: 451 4.3.0 local problem" {
+		t.Errorf("dead event columns %q", cols)
+	}
+	cols = strings.Split(historyLine(queue.Event{Type: queue.EventDeferred, Attempt: 1, Reason: "local problem", Decision: []byte(rec)}), "\t")
+	if cols[9] != "451 4.3.0 local problem" {
+		t.Errorf("deferred event reply %q", cols[9])
+	}
+}
+
 // TestListRowAttempts: the list's ATTEMPT cell says how many attempts were
 // throttled, which do not spend the budget; --json carries the count.
 func TestListRowAttempts(t *testing.T) {
