@@ -29,7 +29,7 @@ type adminFlags struct {
 
 func (a *adminFlags) bind(cmd *cobra.Command) {
 	f := cmd.PersistentFlags()
-	f.StringVar(&a.data, "data", "./data", "data dir of the running `outflow serve` (its NATS address and credentials)")
+	f.StringVar(&a.data, "data", "./data", "data dir of the running outflow serve (its NATS address and credentials)")
 	f.StringVar(&a.natsURL, "nats-url", "", "NATS server or cluster to reach instead of the one recorded in --data")
 	f.StringVar(&a.creds, "nats-creds", "", "NATS credentials file for --nats-url")
 	f.BoolVar(&a.json, "json", false, "print JSON instead of a table or a sentence (a list: one object a line)")

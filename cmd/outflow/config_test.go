@@ -120,6 +120,30 @@ func TestEveryServeFlagDocumented(t *testing.T) {
 	})
 }
 
+// TestFlagHelpValueNames: pflag takes a `quoted` word of a flag's usage
+// as the name of its value in --help, so a usage that quotes a command
+// printed "--data outflow serve" and "--webhook-dead-max-age webhook
+// replay". No flag of any command may name its value with more than a word.
+func TestFlagHelpValueNames(t *testing.T) {
+	check := func(c string, f *pflag.Flag) {
+		if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " \t") {
+			t.Errorf("%s --%s: --help names its value %q (a `quoted` phrase in its usage)", c, f.Name, name)
+		}
+	}
+	serve := &cobra.Command{Use: "serve"}
+	bindServeFlags(serve.Flags(), &serveConfig{})
+	serve.Flags().VisitAll(func(f *pflag.Flag) { check("serve", f) })
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) { check(c.CommandPath(), f) })
+		c.PersistentFlags().VisitAll(func(f *pflag.Flag) { check(c.CommandPath(), f) })
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(rootCmd)
+}
+
 // TestEveryCommandFlagDocumented: each flag of the other commands has its
 // row in docs/configuration.md's "Flags of the other commands".
 func TestEveryCommandFlagDocumented(t *testing.T) {

@@ -32,7 +32,7 @@ func bindWebhookFlags(fs *pflag.FlagSet, c *webhookConfig) {
 	fs.IntVar(&c.WebhookMaxAttempts, "webhook-max-attempts", webhook.DefaultMaxAttempts, "POSTs per event before it goes to the webhook's dead letters")
 	fs.DurationVar(&c.WebhookTimeout, "webhook-timeout", webhook.DefaultTimeout, "bound on one webhook POST, connection included")
 	fs.IntVar(&c.WebhookBreakerAfter, "webhook-breaker-after", webhook.DefaultBreakerAfter, "events in a row that spend their budget before an endpoint's breaker opens")
-	fs.DurationVar(&c.WebhookDeadMaxAge, "webhook-dead-max-age", webhook.DefaultDeadMaxAge, "how long a webhook dead letter is kept for `webhook replay`")
+	fs.DurationVar(&c.WebhookDeadMaxAge, "webhook-dead-max-age", webhook.DefaultDeadMaxAge, "how long a webhook dead letter is kept for webhook replay")
 }
 
 // startWebhooks runs the webhook dispatcher until the returned stop is
