@@ -189,6 +189,17 @@ func connect(ctx context.Context, opts Options, layout func(Options) []jetstream
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			opts.Logger.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("nats reconnected")
 		}),
+		// Asynchronous errors (a slow consumer, a watcher's consumer gone
+		// at shutdown) go to the log as JSON lines: without a handler
+		// nats.go prints them to stderr as plain text, in the middle of
+		// the daemon's JSON log.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			ev := opts.Logger.Warn().Err(err)
+			if sub != nil {
+				ev = ev.Str("subject", sub.Subject)
+			}
+			ev.Msg("nats asynchronous error")
+		}),
 	}
 	if opts.User != "" {
 		nopts = append(nopts, nats.UserInfo(opts.User, opts.Password))

@@ -2,12 +2,14 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
-	"github.com/nats-io/nats.go"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -347,6 +349,55 @@ func TestEmbeddedStartsWithoutWarnings(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
 		if strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`) {
 			t.Errorf("start logged %s", line)
+		}
+	}
+}
+
+// TestAsyncErrorsAreLogged: an asynchronous NATS error (here a slow
+// consumer) is a JSON line of the daemon's log, not nats.go's plain text
+// on stderr.
+func TestAsyncErrorsAreLogged(t *testing.T) {
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	var logs testutil.SyncBuffer
+	ci := emb.InProcessInfo()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	q, err := connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.New(&logs)}, streamConfigs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	release := make(chan struct{})
+	defer close(release)
+	sub, err := q.nc.Subscribe("test.slow", func(*nats.Msg) { <-release })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(1, -1); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10; i++ {
+		if err := q.nc.Publish("test.slow", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the slow consumer logged", func() bool {
+		return strings.Contains(logs.String(), `"message":"nats asynchronous error"`)
+	})
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var v map[string]any
+		if err := json.Unmarshal([]byte(line), &v); err != nil {
+			t.Fatalf("not a JSON line: %q", line)
+		}
+		if v["message"] == "nats asynchronous error" && (v["subject"] != "test.slow" || !strings.Contains(fmt.Sprint(v["error"]), "slow consumer")) {
+			t.Errorf("async error line %s", line)
 		}
 	}
 }
