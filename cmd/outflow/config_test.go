@@ -181,6 +181,30 @@ func TestHistorySinceMustBePositive(t *testing.T) {
 	}
 }
 
+// TestDestArgRefusesNonDestinations: dest commands refuse a DEST that no
+// mail can have (a list, a space, a NATS wildcard, nothing) with a usage
+// error before any connection is tried, and take domains, groups and
+// DEST@SOURCE pairs.
+func TestDestArgRefusesNonDestinations(t *testing.T) {
+	for _, bad := range []string{"", " ", "gmail.com,yahoo.com", "a b", "gmail.*", "a.>", "x\ty"} {
+		for _, verb := range [][]string{{"status"}, {"suspend", "--for", "1m"}, {"resume"}, {"rate", "--max", "1"}, {"forget"}} {
+			args := append([]string{"dest", verb[0], bad}, verb[1:]...)
+			rootCmd.SetArgs(append(args, "--data", t.TempDir()))
+			err := rootCmd.Execute()
+			var u usageError
+			if !errors.As(err, &u) || !strings.Contains(err.Error(), "DEST") {
+				t.Errorf("%q: error %v, want a DEST usage error", args, err)
+			}
+		}
+	}
+	rootCmd.SetArgs(nil)
+	for _, good := range []string{"gmail.com", "Gmail.COM.", "google", "gmail.com@192.0.2.10", "gmail.com@2001:db8::1", "xn--bcher-kva.example"} {
+		if err := destArg(nil, []string{good}); err != nil {
+			t.Errorf("%q refused: %v", good, err)
+		}
+	}
+}
+
 // TestTenantDSNConfig: the documented [tenants.NAME] section reaches the
 // worker, and a bad dsn-address is refused.
 func TestTenantDSNConfig(t *testing.T) {

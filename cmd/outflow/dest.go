@@ -60,7 +60,7 @@ func init() {
 	status := &cobra.Command{
 		Use:   "status DEST",
 		Short: "one destination as every running worker applies it: limits, effective rate, shares, breaker",
-		Args:  cobra.ExactArgs(1),
+		Args:  destArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
 				st, err := throttle.GetState(ctx, kv, args[0])
@@ -132,7 +132,7 @@ func init() {
 	suspend := &cobra.Command{
 		Use:   "suspend DEST --for DUR",
 		Short: "stop every worker from contacting DEST until the time is up (or dest resume)",
-		Args:  cobra.ExactArgs(1),
+		Args:  destArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if forDur <= 0 {
 				return usageError{errors.New("--for is required (e.g. --for 30m)")}
@@ -153,7 +153,7 @@ func init() {
 	resume := &cobra.Command{
 		Use:   "resume DEST",
 		Short: "end a suspension now; deferred mail for DEST is released at its rate, oldest first",
-		Args:  cobra.ExactArgs(1),
+		Args:  destArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
 				if err := throttle.Resume(ctx, kv, args[0], adminBy()); err != nil {
@@ -169,7 +169,7 @@ func init() {
 	rateCmd := &cobra.Command{
 		Use:   "rate DEST --max R --for DUR",
 		Short: "cap DEST at R messages per second across the fleet for a while",
-		Args:  cobra.ExactArgs(1),
+		Args:  destArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if maxRate <= 0 {
 				return usageError{errors.New("--max must be > 0 messages per second")}
@@ -198,7 +198,7 @@ func init() {
 	forget := &cobra.Command{
 		Use:   "forget DEST",
 		Short: "clear the rate and connection limit DEST has learned from throttles; its next throttle seeds them afresh",
-		Args:  cobra.ExactArgs(1),
+		Args:  destArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
 				had, err := throttle.Forget(ctx, kv, args[0], adminBy())
@@ -216,6 +216,26 @@ func init() {
 
 	dc.AddCommand(list, status, suspend, resume, rateCmd, forget)
 	rootCmd.AddCommand(dc)
+}
+
+// destArg takes exactly one DEST: a recipient domain, a provider group,
+// or DEST@SOURCE. The shared state accepts any name, so a typo such as
+// "gmail.com,yahoo.com" or a name with a space would be suspended or
+// rated without matching any mail; it is refused before NATS is reached.
+func destArg(_ *cobra.Command, args []string) error {
+	if len(args) != 1 {
+		return usageError{fmt.Errorf("want one DEST (a domain, a provider group, or DEST@SOURCE), got %d arguments", len(args))}
+	}
+	d := args[0]
+	if strings.TrimSpace(d) == "" {
+		return usageError{errors.New("empty DEST: want a domain, a provider group, or DEST@SOURCE")}
+	}
+	for _, c := range d {
+		if c <= ' ' || c == 0x7f || strings.ContainsRune(",;*>\\\"'<", c) {
+			return usageError{fmt.Errorf("DEST %q: %q cannot be part of a domain, a provider group or a source address (one DEST per command)", d, c)}
+		}
+	}
+	return nil
 }
 
 // runState is a.run with the shared destination state bucket opened.
