@@ -14,6 +14,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -163,34 +164,73 @@ func tooLarge(limit int64) *Problem {
 // decodeRequest parses the JSON body strictly: an unknown field is an
 // error, so that a misspelt "subjcet" is not silently dropped.
 func decodeRequest(body []byte) (*MessageRequest, *Problem) {
+	var req MessageRequest
+	if p := decodeStrict(body, &req, "a message"); p != nil {
+		return nil, p
+	}
+	return &req, nil
+}
+
+// decodeStrict parses body into v, a pointer to a struct, strictly (an
+// unknown field or data after the object is an error) and turns a fault
+// into its problem: unknown-field naming the field, or bad-json naming the
+// field of a wrong type. what names the object in the detail ("a message").
+func decodeStrict(body []byte, v any, what string) *Problem {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	var req MessageRequest
-	err := dec.Decode(&req)
+	err := dec.Decode(v)
 	if err == nil && dec.More() {
 		err = errors.New("data after the JSON object")
 	}
-	if err != nil {
-		var syn *json.SyntaxError
-		var typ *json.UnmarshalTypeError
-		switch {
-		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			// encoding/json has no error type for this one.
-			name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-			p := problem(http.StatusBadRequest, ProblemUnknownField, "unknown field", fmt.Sprintf("%q is not a field of a message", name))
-			p.Errors = []FieldError{{Field: name, Reason: "unknown field"}}
-			return nil, p
-		case errors.As(err, &syn):
-			return nil, problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", fmt.Sprintf("%v (at byte %d)", syn, syn.Offset))
-		case errors.As(err, &typ):
-			p := problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", fmt.Sprintf("%s: want %s, got %s", typ.Field, typ.Type, typ.Value))
-			p.Errors = []FieldError{{Field: typ.Field, Reason: "want " + typ.Type.String()}}
-			return nil, p
-		default:
-			return nil, problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", err.Error())
-		}
+	if err == nil {
+		return nil
 	}
-	return &req, nil
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	var tpe *time.ParseError
+	switch {
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		// encoding/json has no error type for this one.
+		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		p := problem(http.StatusBadRequest, ProblemUnknownField, "unknown field", fmt.Sprintf("%q is not a field of %s", name, what))
+		p.Errors = []FieldError{{Field: name, Reason: "unknown field"}}
+		return p
+	case errors.As(err, &syn):
+		return problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", fmt.Sprintf("%v (at byte %d)", syn, syn.Offset))
+	case errors.As(err, &typ) && typ.Field == "":
+		return problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", fmt.Sprintf("the body must be a JSON object (%s), not %s", what, typ.Value))
+	case errors.As(err, &typ):
+		want := jsonType(typ.Type)
+		p := problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", fmt.Sprintf("%s: want %s, got %s", typ.Field, want, typ.Value))
+		p.Errors = []FieldError{{Field: typ.Field, Reason: "want " + want}}
+		return p
+	case errors.As(err, &tpe):
+		// The API's only times are RFC 3339 (a suppression's "expires").
+		return problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON",
+			fmt.Sprintf("a time must be RFC 3339, e.g. 2030-01-02T15:04:05Z; %q is not", tpe.Value))
+	default:
+		return problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", err.Error())
+	}
+}
+
+// jsonType names the JSON type a Go type decodes from, for a client who
+// never saw the Go code: "array of string", not "[]string".
+func jsonType(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "string"
+	case reflect.Bool:
+		return "boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		return "number"
+	case reflect.Slice, reflect.Array:
+		return "array of " + jsonType(t.Elem())
+	case reflect.Pointer:
+		return jsonType(t.Elem())
+	default:
+		return "object"
+	}
 }
 
 // checkAddresses validates from and to as the SMTP listener validates MAIL

@@ -1,14 +1,13 @@
 package api
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/outflow/outflow/queue"
@@ -88,7 +87,7 @@ func (s *Server) checkSuppressed(ctx context.Context, tenant string, rcpts, to [
 // postSuppression is POST /v1/suppressions: 201 with the stored entry.
 func (s *Server) postSuppression(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem {
 	var req SuppressionRequest
-	if p := decodeJSON(w, r, &req); p != nil {
+	if p := decodeJSON(w, r, &req, "a suppression"); p != nil {
 		return p
 	}
 	tenant, p := s.tenantOf(key, req.Tenant)
@@ -99,8 +98,16 @@ func (s *Server) postSuppression(w http.ResponseWriter, r *http.Request, key *Ke
 		return fieldProblem(ProblemMissingField, "missing field", "address", "the address to suppress is required")
 	}
 	if _, err := submission.ParseAddress(req.Address); err != nil {
-		p := problem(http.StatusUnprocessableEntity, ProblemBadAddress, "bad address", err.Error())
-		p.Errors = []FieldError{{Field: "address", Reason: err.Error()}}
+		// The reason alone, as for a message's addresses.
+		reason := err.Error()
+		var ae *submission.AddressError
+		if errors.As(err, &ae) {
+			reason = ae.Reason
+		}
+		p := fieldProblem(ProblemBadAddress, "bad address", "address", reason)
+		if len(req.Address) <= 254 && !strings.ContainsAny(req.Address, "\r\n\x00") {
+			p.Errors[0].Value = req.Address
+		}
 		return p
 	}
 	sup := queue.Suppression{Tenant: tenant, Address: req.Address, Reason: req.Reason, Source: queue.SuppressAPI}
@@ -174,9 +181,10 @@ func (s *Server) tenantOf(key *KeyInfo, named string) (string, *Problem) {
 // maxSmallRequest bounds the bodies of requests other than messages.
 const maxSmallRequest = 64 << 10
 
-// decodeJSON reads a small JSON request body into v strictly (unknown
-// fields refused), as decodeRequest does for messages.
-func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
+// decodeJSON reads a small JSON request body into v strictly, with the
+// problems decodeRequest gives for messages (unknown-field naming the
+// field, bad-json naming a field of the wrong type); what names v in them.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any, what string) *Problem {
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 		return problem(http.StatusUnsupportedMediaType, ProblemMediaType, "unsupported media type", "send Content-Type: application/json")
 	}
@@ -188,13 +196,5 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 		}
 		return problem(http.StatusBadRequest, ProblemBadJSON, "unreadable request", err.Error())
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil || dec.More() {
-		if err == nil {
-			err = errors.New("data after the JSON object")
-		}
-		return problem(http.StatusBadRequest, ProblemBadJSON, "malformed JSON", err.Error())
-	}
-	return nil
+	return decodeStrict(b, v, what)
 }

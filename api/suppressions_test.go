@@ -82,3 +82,48 @@ func TestIdempotentRetryIgnoresLaterSuppression(t *testing.T) {
 		t.Fatalf("new key: %d %s", r.status, r.raw)
 	}
 }
+
+// TestSuppressionRequestProblems: POST /v1/suppressions answers a faulty
+// body with the problem types docs/api.md lists, as POST /v1/messages
+// does: a misspelt field is unknown-field naming it (not a generic
+// bad-json), a wrong type names its field, and an unusable address is
+// bad-address with the reason alone. Nothing is stored.
+func TestSuppressionRequestProblems(t *testing.T) {
+	f := newFixture(t, nil)
+	cases := []struct {
+		name   string
+		body   string
+		status int
+		typ    string
+		field  string
+		detail string // a substring of the detail
+	}{
+		{"unknown field", `{"address":"a@one.example","reasn":"typo"}`, 400, ProblemUnknownField, "reasn", `"reasn" is not a field of a suppression`},
+		{"wrong type", `{"address":5}`, 400, ProblemBadJSON, "address", "address: want string, got number"},
+		{"not an object", `["a@one.example"]`, 400, ProblemBadJSON, "", "must be a JSON object"},
+		{"bad time", `{"address":"a@one.example","expires":"tomorrow"}`, 400, ProblemBadJSON, "", "RFC 3339"},
+		{"trailing data", `{"address":"a@one.example"} {}`, 400, ProblemBadJSON, "", "data after the JSON object"},
+		{"bad address", `{"address":"no-at-sign"}`, 422, ProblemBadAddress, "address", "address: missing @domain"},
+		{"missing address", `{"reason":"x"}`, 400, ProblemMissingField, "address", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := f.do(t, "POST", "/v1/suppressions", f.key, c.body, nil)
+			if r.status != c.status || r.json["type"] != c.typ {
+				t.Fatalf("got %d %s, want %d %s", r.status, r.raw, c.status, c.typ)
+			}
+			if d, _ := r.json["detail"].(string); !strings.Contains(d, c.detail) || strings.Contains(d, "Go struct") || strings.Contains(d, "submission:") {
+				t.Errorf("detail %q, want it to say %q in the API's terms", d, c.detail)
+			}
+			if c.field != "" {
+				errs, _ := r.json["errors"].([]any)
+				if len(errs) != 1 || errs[0].(map[string]any)["field"] != c.field {
+					t.Errorf("errors %v, want one for field %q", r.json["errors"], c.field)
+				}
+			}
+		})
+	}
+	if r := f.do(t, "GET", "/v1/suppressions", f.key, nil, nil); r.status != 200 || strings.Contains(string(r.raw), "one.example") {
+		t.Fatalf("a refused request stored an entry: %d %s", r.status, r.raw)
+	}
+}
