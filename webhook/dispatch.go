@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
-
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -182,7 +182,11 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 	log := d.log.With().Str("endpoint", ep.ID).Str("tenant", ep.Tenant).Logger()
 	filters := []string{queue.EventTypeFilter(EventTest), replaySubject(ep.ID)}
 	for _, t := range ep.Events {
-		filters = append(filters, queue.EventTypeFilter(t))
+		// Each type once, also for an endpoint stored with one twice:
+		// overlapping filters would fail the consumer.
+		if f := queue.EventTypeFilter(t); !slices.Contains(filters, f) {
+			filters = append(filters, f)
+		}
 	}
 	cons, err := d.cfg.Events.EventConsumer(ctx, jetstream.ConsumerConfig{
 		Durable: consumerName(ep.ID), Description: "webhook " + ep.ID + " (" + ep.Tenant + ")",

@@ -181,13 +181,9 @@ func (s *Store) Add(ctx context.Context, tenant, rawURL string, events []string)
 	if err := CheckURL(rawURL); err != nil {
 		return nil, err
 	}
-	if len(events) == 0 {
-		events = DefaultEvents
-	}
-	for _, e := range events {
-		if !slices.Contains(DefaultEvents, e) && e != queue.EventExpired && e != queue.EventQueued {
-			return nil, fmt.Errorf("webhook: unknown event %q (want some of %s)", e, strings.Join(DefaultEvents, ","))
-		}
+	events, err := checkEvents(events)
+	if err != nil {
+		return nil, err
 	}
 	var idb [6]byte
 	var sec [24]byte
@@ -203,6 +199,33 @@ func (s *Store) Add(ctx context.Context, tenant, rawURL string, events []string)
 		return nil, err
 	}
 	return ep, nil
+}
+
+// allEvents are the event types an endpoint may ask for: DefaultEvents, and
+// expired and queued.
+var allEvents = append(slices.Clone(DefaultEvents), queue.EventExpired, queue.EventQueued)
+
+// checkEvents returns the event types of a new endpoint, each once, in the
+// order given (spaces around a name ignored; none: DefaultEvents), or an
+// error naming one that is not in allEvents. A type named twice would give
+// the endpoint's consumer overlapping filter subjects, which JetStream
+// refuses: the endpoint would never get an event.
+func checkEvents(events []string) ([]string, error) {
+	var out []string
+	for _, e := range events {
+		e = strings.TrimSpace(e)
+		if e == "" || slices.Contains(out, e) {
+			continue
+		}
+		if !slices.Contains(allEvents, e) {
+			return nil, fmt.Errorf("webhook: unknown event %q (want some of %s)", e, strings.Join(allEvents, ","))
+		}
+		out = append(out, e)
+	}
+	if len(out) == 0 {
+		return slices.Clone(DefaultEvents), nil
+	}
+	return out, nil
 }
 
 func (s *Store) put(ctx context.Context, ep *Endpoint, rev uint64) error {

@@ -594,3 +594,41 @@ type settled struct {
 
 func (m *settled) Ack() error { m.did = "ack"; return nil }
 func (m *settled) Nak() error { m.did = "nak"; return nil }
+
+// TestEventTypeNamedTwice: an endpoint that names an event type twice
+// (`webhook add --events delivered,delivered`) still gets its events. Add
+// stores each type once; and the dispatcher gives the consumer each filter
+// once for an endpoint stored with a repeat, since JetStream refuses
+// overlapping filter subjects and the endpoint would hear nothing.
+func TestEventTypeNamedTwice(t *testing.T) {
+	f := newFixture(t, status(200))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	ep, err := f.store.Add(ctx, "acme", "https://hooks.example/x", []string{"delivered", "delivered", " bounced", ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{queue.EventDelivered, queue.EventBounced}; !slices.Equal(ep.Events, want) {
+		t.Fatalf("stored events %q, want %q", ep.Events, want)
+	}
+	if _, err := f.store.Add(ctx, "acme", "https://hooks.example/x", []string{"deliverd"}); err == nil || !strings.Contains(err.Error(), queue.EventQueued) {
+		t.Fatalf("unknown event: %v, want an error listing every type, queued included", err)
+	}
+	if err := f.store.Remove(ctx, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// An endpoint stored with a repeat, as Add once allowed.
+	if err := f.store.update(ctx, f.ep.ID, func(ep *Endpoint) { ep.Events = []string{queue.EventDelivered, queue.EventDelivered} }); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the consumer to follow the changed endpoint", func() bool {
+		c, err := f.js.Consumer(context.Background(), queue.StreamEvents, consumerName(f.ep.ID))
+		return err == nil && len(c.CachedInfo().Config.FilterSubjects) == 3 // webhook-test, replays, delivered
+	})
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "m1", Tenant: "acme", Dest: "x.test"})
+	if d := f.next(t); d.body["type"] != queue.EventDelivered {
+		t.Fatalf("delivery %v", d.body)
+	}
+}
