@@ -188,21 +188,49 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 			filters = append(filters, f)
 		}
 	}
-	cons, err := d.cfg.Events.EventConsumer(ctx, jetstream.ConsumerConfig{
+	cfg := jetstream.ConsumerConfig{
 		Durable: consumerName(ep.ID), Description: "webhook " + ep.ID + " (" + ep.Tenant + ")",
 		FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy, AckPolicy: jetstream.AckExplicitPolicy,
 		// One event in flight: an endpoint sees its events in order, and
 		// its backlog waits in the stream, not in memory.
 		MaxAckPending: 1, AckWait: time.Minute, MaxDeliver: -1,
-	})
+	}
+	// A consumer that cannot be made (NATS not ready, a leader election)
+	// or that goes away (deleted, its stream recreated) is made again at
+	// the backoff's pace, for as long as the endpoint exists and is
+	// enabled: otherwise the endpoint would stay listed as enabled and
+	// hear nothing until it is changed or the daemon restarted.
+	for attempt := 1; ; attempt++ {
+		started, err := d.consume(ctx, log, ep, cfg)
+		if ctx.Err() != nil {
+			return
+		}
+		if started {
+			attempt = 1
+		}
+		cur, _, gerr := d.cfg.Store.Get(ctx, ep.ID)
+		if errors.Is(gerr, ErrNoEndpoint) || (gerr == nil && cur.Disabled) {
+			return // removed or disabled: the watch stops this runner anyway
+		}
+		dec := d.cfg.Backoff.Decide(attempt, d.cfg.WorkerID, backoff.NewSeed(), 0)
+		log.Error().Err(err).Int("attempt", attempt).Int64("delay_ms", dec.DelayMs).Msg("webhook consumer failed; making it again")
+		if !wait(ctx, dec.Delay, nil) {
+			return
+		}
+	}
+}
+
+// consume creates or updates ep's consumer and delivers its events until
+// ctx ends or the consumer fails. It reports whether the consumer was
+// made, and the error that ended it.
+func (d *Dispatcher) consume(ctx context.Context, log zerolog.Logger, ep *Endpoint, cfg jetstream.ConsumerConfig) (bool, error) {
+	cons, err := d.cfg.Events.EventConsumer(ctx, cfg)
 	if err != nil {
-		log.Error().Err(err).Msg("webhook consumer")
-		return
+		return false, err
 	}
 	it, err := cons.Messages()
 	if err != nil {
-		log.Error().Err(err).Msg("webhook consumer")
-		return
+		return false, err
 	}
 	// Stopping the iterator only asks it to end: its unsubscribe follows
 	// on another goroutine, and until the server has it, the pull request
@@ -211,12 +239,20 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 	// runner that replaces this one (an update of the endpoint) saw it.
 	// So the runner returns only once the subscription is gone, and an
 	// event it took but did not finish goes back at once (Nak).
-	go func() { <-ctx.Done(); it.Drain() }()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+			it.Drain()
+		case <-done:
+		}
+	}()
 	defer awaitClosed(it)
 	for {
 		m, err := it.Next()
 		if err != nil {
-			return
+			return true, err
 		}
 		if ctx.Err() != nil {
 			_ = m.Nak()

@@ -632,3 +632,27 @@ func TestEventTypeNamedTwice(t *testing.T) {
 		t.Fatalf("delivery %v", d.body)
 	}
 }
+
+// TestLostConsumerIsMadeAgain: when an endpoint's consumer goes away
+// under a running dispatcher (deleted by hand, its stream recreated), the
+// runner makes it again and the endpoint's next events arrive; it does
+// not stay listed as enabled and hear nothing until a restart.
+func TestLostConsumerIsMadeAgain(t *testing.T) {
+	f := newFixture(t, status(200))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := f.js.DeleteConsumer(ctx, queue.StreamEvents, consumerName(f.ep.ID)); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the endpoint's consumer made again", func() bool {
+		_, err := f.js.Consumer(context.Background(), queue.StreamEvents, consumerName(f.ep.ID))
+		return err == nil
+	})
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "m1", Tenant: "acme", Dest: "x.test"})
+	if d := f.next(t); d.body["type"] != queue.EventDelivered {
+		t.Fatalf("delivery %v", d.body)
+	}
+	if !strings.Contains(f.logs.String(), "webhook consumer failed; making it again") {
+		t.Fatalf("no log line for the lost consumer:\n%s", f.logs.String())
+	}
+}
