@@ -59,7 +59,7 @@ type Endpoint struct {
 	Tenant  string    `json:"tenant"`
 	URL     string    `json:"url"`
 	Events  []string  `json:"events"`
-	Secret  string    `json:"secret"` // whsec_<base64 of 24 random bytes>
+	Secret  string    `json:"secret,omitempty"` // whsec_<base64 of 24 random bytes>; cleared, and left out, where an endpoint is listed
 	Created time.Time `json:"created"`
 	// Disabled is set by a 410 Gone; Replay clears it.
 	Disabled       bool   `json:"disabled,omitempty"`

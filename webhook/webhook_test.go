@@ -656,3 +656,20 @@ func TestLostConsumerIsMadeAgain(t *testing.T) {
 		t.Fatalf("no log line for the lost consumer:\n%s", f.logs.String())
 	}
 }
+
+// TestListedEndpointHasNoSecretKey: an endpoint shown without its secret
+// (`webhook list --json`) has no "secret" key at all, rather than an empty
+// one a client could take for the secret.
+func TestListedEndpointHasNoSecretKey(t *testing.T) {
+	b, err := json.Marshal(Endpoint{ID: "wh_1", Tenant: "acme", URL: "https://hooks.example/", Events: DefaultEvents})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), `"secret"`) {
+		t.Fatalf("%s: want no secret key", b)
+	}
+	b, _ = json.Marshal(Endpoint{ID: "wh_1", Secret: "whsec_AAAA"})
+	if !strings.Contains(string(b), `"secret":"whsec_AAAA"`) {
+		t.Fatalf("%s: the secret of a new endpoint is missing", b)
+	}
+}
