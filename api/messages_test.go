@@ -100,6 +100,40 @@ func TestPostBuildsMIMEAndQueuesOneEnvelopePerDomain(t *testing.T) {
 	}
 }
 
+// TestLongHeadersKeepTheirValue: a header longer than a line is folded at
+// its spaces only, so the recipient's unfolded value is the one asked for,
+// a token up to what one line holds included (an unfoldable one is refused:
+// TestBadRequestsAreProblemsAndStoreNothing).
+func TestLongHeadersKeepTheirValue(t *testing.T) {
+	f := newFixture(t, nil)
+	words := strings.TrimSpace(strings.Repeat("word ", 400))
+	token := strings.Repeat("t", 980)
+	later := "a " + strings.Repeat("u", 997)
+	ids := f.do(t, "POST", "/v1/messages", f.key, map[string]any{
+		"from": "news@shop.example", "to": []string{"ann@one.example"}, "text": "x",
+		"subject": words,
+		"headers": map[string]string{"X-Words": words, "X-Token": token, "X-Later": later},
+	}, nil).ids(t)
+	b := body(t, f.q, ids[0])
+	for _, line := range strings.Split(string(b), "\r\n") {
+		if len(line) > 998 {
+			t.Fatalf("a line of %d octets", len(line))
+		}
+	}
+	mr, err := mail.CreateReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := mr.Header.Subject(); s != words {
+		t.Errorf("subject changed: %q", s)
+	}
+	for name, want := range map[string]string{"X-Words": words, "X-Token": token, "X-Later": later} {
+		if got := mr.Header.Get(name); got != want {
+			t.Errorf("%s changed by folding: %d octets, want %d", name, len(got), len(want))
+		}
+	}
+}
+
 func TestRawMessageGetsCRLF(t *testing.T) {
 	f := newFixture(t, nil)
 	raw := "From: a@src.example\nTo: b@dst.example\nSubject: raw\n\nline one\nline two\n"
@@ -351,6 +385,8 @@ func TestBadRequestsAreProblemsAndStoreNothing(t *testing.T) {
 		{"subject injection", "POST", "/v1/messages", f.key, ok(map[string]any{"subject": "hi\r\nBcc: victim@else.example"}), nil, 400, ProblemBadHeader, "subject"},
 		{"header injection", "POST", "/v1/messages", f.key, ok(map[string]any{"headers": map[string]string{"X-A": "1\nBcc: v@else.example"}}), nil, 400, ProblemBadHeader, "headers.X-A"},
 		{"bad header name", "POST", "/v1/messages", f.key, ok(map[string]any{"headers": map[string]string{"X A": "1"}}), nil, 400, ProblemBadHeader, "headers.X A"},
+		{"unfoldable header", "POST", "/v1/messages", f.key, ok(map[string]any{"headers": map[string]string{"X-Token": "a " + strings.Repeat("t", 998)}}), nil, 400, ProblemBadHeader, "headers.X-Token"},
+		{"unfoldable subject", "POST", "/v1/messages", f.key, ok(map[string]any{"subject": strings.Repeat("s", 990)}), nil, 400, ProblemBadHeader, "subject"},
 		{"structural header", "POST", "/v1/messages", f.key, ok(map[string]any{"headers": map[string]string{"content-type": "text/html"}}), nil, 400, ProblemBadHeader, "headers.content-type"},
 		{"bad base64", "POST", "/v1/messages", f.key, ok(map[string]any{"attachments": []map[string]any{{"filename": "a.txt", "content": "!!not base64!!"}}}), nil, 400, ProblemBadAttachment, "attachments[0].content"},
 		{"bad RET", "POST", "/v1/messages", f.key, ok(map[string]any{"dsn": map[string]any{"ret": "ALL"}}), nil, 400, ProblemBadDSN, "dsn.ret"},

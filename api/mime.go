@@ -87,10 +87,40 @@ func badHeader(name, value string) string {
 	if strings.ContainsAny(value, "\r\n\x00") {
 		return "CR, LF or NUL in the value (header injection)"
 	}
-	if len(name)+2+len(value) > maxLine && !isASCII(value) {
-		return "field longer than 998 octets"
+	if len(name)+2+len(value) > maxLine {
+		if !isASCII(value) {
+			return "field longer than 998 octets"
+		}
+		if unfoldable(len(name)+2, value) {
+			return "a word too long to fold into lines of 998 octets (folding would change the value)"
+		}
 	}
 	return ""
+}
+
+// unfoldable reports whether an ASCII field value, written after prefix
+// octets ("Name: "), has a word that no folding can fit into a line of
+// maxLine octets: folding may break a line only before a space or tab
+// (RFC 5322 section 2.2.3), so the first word must fit after the prefix
+// and every later one after its folding white space. The MIME writer
+// would otherwise insert a space into such a word and change the value.
+func unfoldable(prefix int, value string) bool {
+	room := maxLine - prefix
+	for len(value) > 0 {
+		i := strings.IndexAny(value, " \t")
+		word := value
+		if i >= 0 {
+			word = value[:i]
+		}
+		if len(word) > room {
+			return true
+		}
+		if i < 0 {
+			break
+		}
+		value, room = value[i+1:], maxLine-1
+	}
+	return false
 }
 
 func isASCII(s string) bool {
@@ -125,6 +155,9 @@ func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, 
 	if req.Subject != "" {
 		if strings.ContainsAny(req.Subject, "\r\n\x00") {
 			return nil, fieldProblem(ProblemBadHeader, "bad header", "subject", "CR, LF or NUL in the subject (header injection)")
+		}
+		if isASCII(req.Subject) && unfoldable(len("Subject: "), req.Subject) {
+			return nil, fieldProblem(ProblemBadHeader, "bad header", "subject", "a word too long to fold into lines of 998 octets (folding would change the value)")
 		}
 		h.SetSubject(req.Subject)
 	}
