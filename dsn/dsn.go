@@ -125,7 +125,8 @@ func Build(r *Report) ([]byte, error) {
 	hdr("To", "<"+ascii(r.To)+">")
 	hdr("Subject", subject(action))
 	hdr("Date", date.UTC().Format(time.RFC1123Z))
-	hdr("Message-ID", "<dsn."+token(r.ID)+"@"+ascii(r.ReportingMTA)+">")
+	// "dsn." once: the worker's ids (its notice keys) already start so.
+	hdr("Message-ID", "<dsn."+strings.TrimPrefix(token(r.ID), "dsn.")+"@"+ascii(r.ReportingMTA)+">")
 	if r.OriginalMessageID != "" {
 		id := ascii(r.OriginalMessageID)
 		hdr("In-Reply-To", id)

@@ -100,6 +100,17 @@ func TestBuildFailed(t *testing.T) {
 	if got := p.hdr.Get("In-Reply-To"); got != "<m1@example.com>" {
 		t.Errorf("In-Reply-To %q", got)
 	}
+	// The worker's notice keys start with "dsn." already; the Message-ID
+	// says it once.
+	r := failedReport()
+	r.ID = "dsn.ABC.2.failed"
+	prefixed, err := Build(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := parse(t, prefixed).hdr.Get("Message-ID"); !strings.HasPrefix(got, "<dsn.ABC.2.failed@") {
+		t.Errorf("Message-ID %q, want <dsn.ABC.2.failed@…>", got)
+	}
 	if from, err := mail.ParseAddress(p.hdr.Get("From")); err != nil || from.Address != "MAILER-DAEMON@example.com" {
 		t.Errorf("From %q (%v)", p.hdr.Get("From"), err)
 	}
