@@ -354,7 +354,7 @@ func normalizeRaw(raw string) ([]byte, error) {
 // fieldProblem is a 400 (or, for addresses, 422) problem about one field.
 func fieldProblem(typ, title, field, reason string) *Problem {
 	status := 400
-	if typ == ProblemBadAddress {
+	if typ == ProblemBadAddress || typ == ProblemBadExpires {
 		status = 422
 	}
 	p := problem(status, typ, title, field+": "+reason)

@@ -48,6 +48,7 @@ const (
 	ProblemIdemMismatch   = typePrefix + "idempotency-key-reused"
 	ProblemIdemInProgress = typePrefix + "idempotency-key-in-progress"
 	ProblemBadIdemKey     = typePrefix + "bad-idempotency-key"
+	ProblemBadExpires     = typePrefix + "bad-expires"
 	ProblemNotFound       = typePrefix + "not-found"
 	ProblemMethod         = typePrefix + "method-not-allowed"
 	ProblemUnavailable    = typePrefix + "store-unavailable"

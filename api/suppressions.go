@@ -112,6 +112,12 @@ func (s *Server) postSuppression(w http.ResponseWriter, r *http.Request, key *Ke
 	}
 	sup := queue.Suppression{Tenant: tenant, Address: req.Address, Reason: req.Reason, Source: queue.SuppressAPI}
 	if req.Expires != nil {
+		// An entry that has already stopped applying would be answered
+		// 201 and then suppress nothing: most likely a wrong year or zone.
+		if !req.Expires.After(time.Now()) {
+			return fieldProblem(ProblemBadExpires, "expires in the past", "expires",
+				req.Expires.UTC().Format(time.RFC3339)+" has passed: the entry would never apply (omit expires for one that does not end)")
+		}
 		sup.Expires = req.Expires.UTC()
 	}
 	if err := s.cfg.Suppressions.Add(r.Context(), sup); err != nil {

@@ -105,6 +105,7 @@ func TestSuppressionRequestProblems(t *testing.T) {
 		{"trailing data", `{"address":"a@one.example"} {}`, 400, ProblemBadJSON, "", "data after the JSON object"},
 		{"bad address", `{"address":"no-at-sign"}`, 422, ProblemBadAddress, "address", "address: missing @domain"},
 		{"missing address", `{"reason":"x"}`, 400, ProblemMissingField, "address", ""},
+		{"expires in the past", `{"address":"a@one.example","expires":"2020-01-01T00:00:00Z"}`, 422, ProblemBadExpires, "expires", "2020-01-01T00:00:00Z has passed"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
