@@ -90,8 +90,12 @@ func (c *Console) destAction(w http.ResponseWriter, r *http.Request, s *session,
 		err = throttle.Suspend(ctx, kv, dest, until, short(reason, 200), author(s))
 		msg = fmt.Sprintf("%s suspended until %s.", dest, until.UTC().Format(time.RFC3339))
 	case "resume":
-		err = throttle.Resume(ctx, kv, dest, author(s))
+		var held bool
+		held, err = throttle.Resume(ctx, kv, dest, author(s))
 		msg = dest + " resumed; its deferred mail is released at its rate, oldest first."
+		if !held {
+			msg = dest + " was neither suspended nor held by its breaker: nothing to resume."
+		}
 	case "rate":
 		rate, perr := strconv.ParseFloat(strings.TrimSpace(f.Get("max")), 64)
 		if perr != nil || rate <= 0 || rate > 1e6 {

@@ -111,7 +111,7 @@ func TestRunbookCommands(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("runbook failed: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"throttled.test: at most 5/s", "suspended until", "throttled.test: resumed", "queued again",
+	for _, want := range []string{"throttled.test: at most 5/s", "suspended until", "throttled.test: resumed", "throttled.test: rate cap cleared", "queued again",
 		"/s since", "learned.test: learned limits cleared", "outflow_dest_learned_rate{dest=\"learned.test\"}"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("runbook output lacks %q", want)

@@ -315,9 +315,10 @@ func Suspend(ctx context.Context, kv jetstream.KeyValue, dest string, until time
 
 // Resume lifts a suspension of dest and closes its breaker, and asks the
 // workers to release its deferred envelopes (one worker calls OnRecover).
-// Resuming a destination that is neither suspended nor broken is a no-op.
-func Resume(ctx context.Context, kv jetstream.KeyValue, dest, by string) error {
-	_, _, _, _, err := updateState(ctx, kv, dest, by, func(s *DestState, now time.Time) bool {
+// It reports whether dest was suspended or its breaker open; resuming a
+// destination that is neither changes nothing and reports false.
+func Resume(ctx context.Context, kv jetstream.KeyValue, dest, by string) (bool, error) {
+	_, _, _, wrote, err := updateState(ctx, kv, dest, by, func(s *DestState, now time.Time) bool {
 		if s.SuspendedUntil.IsZero() && s.BreakerAt(now) == BreakerClosed {
 			return false
 		}
@@ -326,7 +327,7 @@ func Resume(ctx context.Context, kv jetstream.KeyValue, dest, by string) error {
 		s.Recover = true
 		return true
 	})
-	return err
+	return wrote, err
 }
 
 // SetRate overrides dest's fleet rate (messages per second) until until

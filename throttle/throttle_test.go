@@ -232,8 +232,11 @@ func TestSuspendAndResumeFromOutside(t *testing.T) {
 		t.Fatalf("state = %+v, %v", st, err)
 	}
 
-	if err := Resume(ctxT(t), env.state, "example.com", "ops"); err != nil {
-		t.Fatal(err)
+	if held, err := Resume(ctxT(t), env.state, "example.com", "ops"); err != nil || !held {
+		t.Fatalf("resume of a suspended destination: %v, %v", held, err)
+	}
+	if held, err := Resume(ctxT(t), env.state, "never.example", "ops"); err != nil || held {
+		t.Fatalf("resume of a destination never suspended: %v, %v; want false", held, err)
 	}
 	for _, th := range []*Throttle{a, b} {
 		eventually(t, 5*time.Second, "resume seen", func() bool {

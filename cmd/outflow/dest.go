@@ -156,23 +156,41 @@ func init() {
 		Args:  destArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
-				if err := throttle.Resume(ctx, kv, args[0], adminBy()); err != nil {
+				held, err := throttle.Resume(ctx, kv, args[0], adminBy())
+				if err != nil {
 					return err
 				}
-				return report(cmd, a.json, map[string]any{"dest": args[0], "resumed": true}, "%s: resumed", args[0])
+				msg := "%s: resumed"
+				if !held {
+					msg = "%s: was neither suspended nor held by its breaker; nothing to resume"
+				}
+				return report(cmd, a.json, map[string]any{"dest": args[0], "resumed": held}, msg, args[0])
 			})
 		},
 	}
 
 	var maxRate float64
 	var rateFor time.Duration
+	var clearRate bool
 	rateCmd := &cobra.Command{
-		Use:   "rate DEST --max R --for DUR",
-		Short: "cap DEST at R messages per second across the fleet for a while",
+		Use:   "rate DEST --max R --for DUR | --clear",
+		Short: "cap DEST at R messages per second across the fleet for a while, or --clear the cap",
 		Args:  destArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if clearRate {
+				if cmd.Flags().Changed("max") || cmd.Flags().Changed("for") {
+					return usageError{errors.New("--clear takes neither --max nor --for")}
+				}
+				return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
+					if err := throttle.SetRate(ctx, kv, args[0], 0, time.Time{}, adminBy()); err != nil {
+						return err
+					}
+					return report(cmd, a.json, map[string]any{"dest": args[0], "rate": 0},
+						"%s: rate cap cleared (the configured or learned rate applies)", args[0])
+				})
+			}
 			if maxRate <= 0 {
-				return usageError{errors.New("--max must be > 0 messages per second")}
+				return usageError{errors.New("--max must be > 0 messages per second (--clear removes a cap)")}
 			}
 			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
 				var until time.Time
@@ -194,6 +212,7 @@ func init() {
 	}
 	rateCmd.Flags().Float64Var(&maxRate, "max", 0, "messages per second for the whole fleet")
 	rateCmd.Flags().DurationVar(&rateFor, "for", 0, "how long (default: until changed)")
+	rateCmd.Flags().BoolVar(&clearRate, "clear", false, "remove the cap now: the configured or learned rate applies again")
 
 	forget := &cobra.Command{
 		Use:   "forget DEST",

@@ -13,27 +13,49 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/outflow/outflow/api"
 	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/throttle"
 	"github.com/outflow/outflow/webhook"
 )
 
 // runAdmin runs `outflow ARGS --data dir --json=asJSON` in process and
-// returns its standard output. --json is always given: rootCmd keeps a
-// flag's value from one run to the next.
+// returns its standard output. rootCmd would keep a flag's value from one
+// run to the next: every flag is reset after the run.
 func runAdmin(t *testing.T, ctx context.Context, dir string, asJSON bool, args ...string) string {
 	t.Helper()
 	var out bytes.Buffer
 	rootCmd.SetArgs(append(args, "--data", dir, "--json="+strconv.FormatBool(asJSON)))
 	rootCmd.SetOut(&out)
 	rootCmd.SetErr(io.Discard)
-	defer func() { rootCmd.SetArgs(nil); rootCmd.SetOut(nil); rootCmd.SetErr(nil) }()
+	defer func() { rootCmd.SetArgs(nil); rootCmd.SetOut(nil); rootCmd.SetErr(nil); resetFlags(rootCmd) }()
 	if err := rootCmd.ExecuteContext(ctx); err != nil {
 		t.Fatalf("outflow %s: %v", strings.Join(args, " "), err)
 	}
 	return out.String()
+}
+
+// resetFlags puts every flag of c and its subcommands back to its default,
+// unset: a command run in process keeps its flags' values for the next run.
+func resetFlags(c *cobra.Command) {
+	reset := func(f *pflag.Flag) {
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			_ = sv.Replace(nil)
+		} else {
+			_ = f.Value.Set(f.DefValue)
+		}
+		f.Changed = false
+	}
+	c.LocalNonPersistentFlags().VisitAll(reset)
+	c.PersistentFlags().VisitAll(reset)
+	for _, s := range c.Commands() {
+		resetFlags(s)
+	}
 }
 
 // oneObject decodes out as exactly one JSON object on one line.
@@ -162,6 +184,26 @@ func TestChangeVerbsHonourJSON(t *testing.T) {
 			t.Errorf("dest rate without --for: %v, want dest and rate only", open)
 		}
 		text("slow.test: at most 5/s until changed\n", "dest", "rate", "slow.test", "--max", "5", "--for", "0s")
+
+		// --clear removes the cap.
+		if cleared := oneObject(t, run(true, "dest", "rate", "slow.test", "--clear")); !reflect.DeepEqual(cleared, map[string]any{"dest": "slow.test", "rate": 0.0}) {
+			t.Errorf("dest rate --clear: %v, want dest and rate 0 only", cleared)
+		}
+		kv, err := throttle.OpenState(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := throttle.GetState(ctx, kv, "slow.test"); err != nil || st.RateOverride != 0 || !st.RateUntil.IsZero() {
+			t.Errorf("after --clear: override %v until %v (%v), want none", st.RateOverride, st.RateUntil, err)
+		}
+		text("slow.test: rate cap cleared (the configured or learned rate applies)\n", "dest", "rate", "slow.test", "--clear")
+	})
+
+	t.Run("dest resume", func(t *testing.T) {
+		fields("dest resume", oneObject(t, run(true, "dest", "resume", "calm.test")), map[string]any{"dest": "calm.test", "resumed": false})
+		text("calm.test: was neither suspended nor held by its breaker; nothing to resume\n", "dest", "resume", "calm.test")
+		run(false, "dest", "suspend", "calm.test", "--for", "1h")
+		fields("dest resume", oneObject(t, run(true, "dest", "resume", "calm.test")), map[string]any{"dest": "calm.test", "resumed": true})
 	})
 
 	t.Run("apikey", func(t *testing.T) {
