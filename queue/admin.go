@@ -526,10 +526,20 @@ func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain 
 	return n, nil
 }
 
-// EditHeaders applies edits (RFC 5322 header lines) to body's header block.
+// EditHeaders applies edits (RFC 5322 header lines) to body's header block:
+// "Name: value" replaces every Name field with that value, and "Name:"
+// removes them. A name on several lines sets one field per line, in order
+// (two "Comments:" lines leave two Comments fields); a name both removed
+// and set is refused, as is a line that is not a header field.
 func EditHeaders(body, edits []byte) ([]byte, error) {
-	type edit struct{ name, value string }
-	var list []edit
+	type edit struct {
+		name   string
+		values []string // empty: remove
+		line   int      // the first line naming it
+		remove int      // the line of a "Name:" without a value, or 0
+	}
+	var list []*edit
+	byName := map[string]*edit{}
 	sc := bufio.NewScanner(bytes.NewReader(edits))
 	for ln := 1; sc.Scan(); ln++ {
 		line := strings.TrimRight(sc.Text(), "\r")
@@ -540,7 +550,20 @@ func EditHeaders(body, edits []byte) ([]byte, error) {
 		if !ok || name == "" || strings.ContainsAny(name, " \t") {
 			return nil, fmt.Errorf("edit-headers line %d: %q is not a \"Name: value\" header line", ln, line)
 		}
-		list = append(list, edit{name, strings.TrimSpace(value)})
+		e := byName[strings.ToLower(name)]
+		if e == nil {
+			e = &edit{name: name, line: ln}
+			byName[strings.ToLower(name)] = e
+			list = append(list, e)
+		}
+		if value = strings.TrimSpace(value); value == "" {
+			e.remove = ln
+		} else {
+			e.values = append(e.values, value)
+		}
+		if e.remove != 0 && len(e.values) > 0 {
+			return nil, fmt.Errorf("edit-headers line %d: %s is both removed (line %d) and set: say one", ln, e.name, e.remove)
+		}
 	}
 	end := bytes.Index(body, []byte("\r\n\r\n"))
 	if end < 0 {
@@ -568,8 +591,8 @@ func EditHeaders(body, edits []byte) ([]byte, error) {
 			}
 		}
 		fields = kept
-		if e.value != "" {
-			fields = append(fields, e.name+": "+e.value+"\r\n")
+		for _, v := range e.values {
+			fields = append(fields, e.name+": "+v+"\r\n")
 		}
 	}
 	var b bytes.Buffer

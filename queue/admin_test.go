@@ -242,3 +242,23 @@ func TestReplayedBodiesReleased(t *testing.T) {
 		}
 	}
 }
+
+// TestEditHeaders: a name set replaces every field of that name, "Name:"
+// removes them, a name on several lines gives one field per line, and a
+// name both removed and set is refused rather than resolved silently.
+func TestEditHeaders(t *testing.T) {
+	body := []byte("From: a@src.example\r\nSubject: old\r\nX-Tag: 1\r\nX-Tag: 2\r\nComments: c\r\n\r\nbody\r\n")
+	got, err := EditHeaders(body, []byte("subject: new\nX-Tag:\n# a comment\nComments: one\r\nComments: two\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "From: a@src.example\r\nsubject: new\r\nComments: one\r\nComments: two\r\n\r\nbody\r\n"
+	if string(got) != want {
+		t.Errorf("edited:\n%q\nwant\n%q", got, want)
+	}
+	for _, bad := range []string{"X-Tag: 3\nx-tag:\n", "X-Tag:\nX-Tag: 3\n", "not a header\n", "Bad Name: v\n"} {
+		if _, err := EditHeaders(body, []byte(bad)); err == nil {
+			t.Errorf("edits %q accepted", bad)
+		}
+	}
+}
