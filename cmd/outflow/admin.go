@@ -63,6 +63,9 @@ func (a *adminFlags) connect(ctx context.Context) (*queue.Queue, error) {
 
 // run connects, runs fn with a deadline, and closes.
 func (a *adminFlags) run(cmd *cobra.Command, fn func(ctx context.Context, q *queue.Queue) error) error {
+	if a.timeout <= 0 {
+		return usageError{fmt.Errorf("--timeout %v: want a positive duration (e.g. 15s)", a.timeout)}
+	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), a.timeout)
 	defer cancel()
 	q, err := a.connect(ctx)

@@ -287,3 +287,18 @@ func TestServeFlagDefaultsDocumented(t *testing.T) {
 		t.Errorf("only %d documented defaults compared; has the table's layout changed?", checked)
 	}
 }
+
+// TestAdminTimeoutMustBePositive: --timeout 0s would give up before the
+// first request; it is refused as a usage error, before any connection.
+func TestAdminTimeoutMustBePositive(t *testing.T) {
+	defer resetFlags(rootCmd)
+	for _, d := range []string{"0s", "-1s"} {
+		rootCmd.SetArgs([]string{"queue", "list", "--timeout", d, "--data", t.TempDir()})
+		err := rootCmd.Execute()
+		var u usageError
+		if !errors.As(err, &u) || !strings.Contains(err.Error(), "--timeout") {
+			t.Errorf("--timeout %s: error %v, want a usage error", d, err)
+		}
+	}
+	rootCmd.SetArgs(nil)
+}
