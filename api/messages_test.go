@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emersion/go-message"
 	"github.com/emersion/go-message/mail"
 
 	"github.com/outflow/outflow/queue"
@@ -130,6 +131,74 @@ func TestLongHeadersKeepTheirValue(t *testing.T) {
 	for name, want := range map[string]string{"X-Words": words, "X-Token": token, "X-Later": later} {
 		if got := mr.Header.Get(name); got != want {
 			t.Errorf("%s changed by folding: %d octets, want %d", name, len(got), len(want))
+		}
+	}
+}
+
+// TestInlineImagesAreRelated: an inline part with a Content-ID that the
+// HTML shows (cid:) goes into a multipart/related beside the body, as mail
+// clients expect, so they render it in place instead of listing it as an
+// attachment; attachments proper stay in the outer multipart/mixed.
+func TestInlineImagesAreRelated(t *testing.T) {
+	f := newFixture(t, nil)
+	png := base64.StdEncoding.EncodeToString([]byte("\x89PNG not really"))
+	structure := func(req map[string]any) string {
+		t.Helper()
+		req["from"], req["to"] = "news@shop.example", []string{"ann@one.example"}
+		ids := f.do(t, "POST", "/v1/messages", f.key, req, nil).ids(t)
+		e, err := message.Read(bytes.NewReader(body(t, f.q, ids[0])))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var walk func(e *message.Entity) string
+		walk = func(e *message.Entity) string {
+			mt, params, _ := e.Header.ContentType()
+			if mr := e.MultipartReader(); mr != nil {
+				out := mt
+				if params["type"] != "" {
+					out += ";type=" + params["type"]
+				}
+				out += "["
+				for i := 0; ; i++ {
+					p, err := mr.NextPart()
+					if err == io.EOF {
+						break
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					if i > 0 {
+						out += " "
+					}
+					out += walk(p)
+				}
+				return out + "]"
+			}
+			if id := e.Header.Get("Content-Id"); id != "" {
+				mt += id
+			}
+			return mt
+		}
+		return walk(e)
+	}
+	image := map[string]any{"content_type": "image/png", "content": png, "inline": true, "content_id": "logo@shop"}
+	pdf := map[string]any{"filename": "a.pdf", "content_type": "application/pdf", "content": png}
+	for _, c := range []struct {
+		name string
+		req  map[string]any
+		want string
+	}{
+		{"text, HTML, an image and an attachment", map[string]any{"text": "hi", "html": `<img src="cid:logo@shop">`, "attachments": []any{image, pdf}},
+			"multipart/mixed[multipart/related;type=multipart/alternative[multipart/alternative[text/plain text/html] image/png<logo@shop>] application/pdf]"},
+		{"HTML and an image", map[string]any{"html": `<img src="cid:logo@shop">`, "attachments": []any{image}},
+			"multipart/related;type=text/html[text/html image/png<logo@shop>]"},
+		{"text and an inline part: no HTML to show it", map[string]any{"text": "hi", "attachments": []any{image}},
+			"multipart/mixed[text/plain image/png<logo@shop>]"},
+		{"an attachment alone", map[string]any{"attachments": []any{pdf}}, "multipart/mixed[application/pdf]"},
+		{"text and HTML", map[string]any{"text": "hi", "html": "<p>hi</p>"}, "multipart/alternative[text/plain text/html]"},
+	} {
+		if got := structure(c.req); got != c.want {
+			t.Errorf("%s:\n got %s\nwant %s", c.name, got, c.want)
 		}
 	}
 }

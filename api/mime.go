@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"mime"
 	nettextproto "net/textproto"
 	"strings"
@@ -177,16 +178,12 @@ func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, 
 		}
 	}
 
-	type part struct {
-		h    message.Header
-		body []byte
-	}
-	var alts []part
-	text := func(typ, s string) part {
+	var alts []entity
+	text := func(typ, s string) entity {
 		var ph message.Header
 		ph.SetContentType(typ, map[string]string{"charset": "utf-8"})
 		ph.Set("Content-Transfer-Encoding", "quoted-printable")
-		return part{ph, []byte(s)}
+		return entity{h: ph, body: []byte(s)}
 	}
 	if req.Text != "" {
 		alts = append(alts, text("text/plain", req.Text))
@@ -194,7 +191,9 @@ func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, 
 	if req.HTML != "" {
 		alts = append(alts, text("text/html", req.HTML))
 	}
-	var files []part
+	// files are the attachments proper, related the inline parts with a
+	// Content-ID that the HTML body shows (cid: images).
+	var files, related []entity
 	for i, a := range req.Attachments {
 		field := fmt.Sprintf("attachments[%d]", i)
 		data, err := decodeBase64(a.Content)
@@ -231,78 +230,58 @@ func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, 
 		if a.ContentID != "" {
 			ph.Set("Content-Id", "<"+strings.Trim(a.ContentID, "<>")+">")
 		}
-		files = append(files, part{ph, data})
+		if a.Inline && a.ContentID != "" && req.HTML != "" {
+			related = append(related, entity{h: ph, body: data})
+		} else {
+			files = append(files, entity{h: ph, body: data})
+		}
 	}
 	if len(alts) == 0 && len(files) == 0 {
 		return nil, fieldProblem(ProblemMissingField, "missing field", "text", "give raw, or at least one of text, html and attachments")
 	}
 
-	var buf bytes.Buffer
-	writeLeaf := func(w *message.Writer, p part) error {
-		pw, err := w.CreatePart(p.h)
-		if err != nil {
-			return err
-		}
-		if _, err := pw.Write(p.body); err != nil {
-			return err
-		}
-		return pw.Close()
+	// The structure mail clients expect (RFC 2046, RFC 2387):
+	//
+	//	multipart/mixed                    when there are attachments
+	//	  multipart/related                when the HTML shows inline parts
+	//	    multipart/alternative          when there are text and HTML
+	//	      text/plain, text/html
+	//	    the inline parts (Content-ID)
+	//	  the attachments
+	multipart := func(typ, label string, kids []entity, extra map[string]string) entity {
+		params := map[string]string{"boundary": "=_" + label + "_" + seeded(seed, label, 24)}
+		maps.Copy(params, extra)
+		var mh message.Header
+		mh.SetContentType(typ, params)
+		return entity{h: mh, kids: kids}
 	}
-	writeAlts := func(w *message.Writer) error {
-		for _, p := range alts {
-			if err := writeLeaf(w, p); err != nil {
-				return err
-			}
-		}
-		return nil
+	var body entity // what the reader reads: the text, the HTML, or both
+	switch len(alts) {
+	case 1:
+		body = alts[0]
+	case 2:
+		body = multipart("multipart/alternative", "alt", alts, nil)
 	}
+	if len(related) > 0 { // only with an HTML body
+		bodyType, _, _ := body.h.ContentType()
+		body = multipart("multipart/related", "rel", append([]entity{body}, related...), map[string]string{"type": bodyType})
+	}
+	root := body
+	if len(files) > 0 {
+		if len(alts) > 0 {
+			files = append([]entity{body}, files...)
+		}
+		root = multipart("multipart/mixed", "mixed", files, nil)
+	}
+
 	top := h.Header
-	var err error
-	switch {
-	case len(files) == 0 && len(alts) == 1:
-		for f := alts[0].h.Fields(); f.Next(); {
-			top.Set(f.Key(), f.Value())
-		}
-		var w *message.Writer
-		if w, err = message.CreateWriter(&buf, top); err == nil {
-			if _, err = w.Write(alts[0].body); err == nil {
-				err = w.Close()
-			}
-		}
-	case len(files) == 0:
-		top.SetContentType("multipart/alternative", map[string]string{"boundary": "=_alt_" + seeded(seed, "alt", 24)})
-		var w *message.Writer
-		if w, err = message.CreateWriter(&buf, top); err == nil {
-			if err = writeAlts(w); err == nil {
-				err = w.Close()
-			}
-		}
-	default:
-		top.SetContentType("multipart/mixed", map[string]string{"boundary": "=_mixed_" + seeded(seed, "mixed", 24)})
-		var w *message.Writer
-		if w, err = message.CreateWriter(&buf, top); err != nil {
-			break
-		}
-		switch len(alts) {
-		case 1:
-			err = writeLeaf(w, alts[0])
-		case 2:
-			var ah message.Header
-			ah.SetContentType("multipart/alternative", map[string]string{"boundary": "=_alt_" + seeded(seed, "alt", 24)})
-			var aw *message.Writer
-			if aw, err = w.CreatePart(ah); err == nil {
-				if err = writeAlts(aw); err == nil {
-					err = aw.Close()
-				}
-			}
-		}
-		for _, f := range files {
-			if err != nil {
-				break
-			}
-			err = writeLeaf(w, f)
-		}
-		if err == nil {
+	for f := root.h.Fields(); f.Next(); {
+		top.Set(f.Key(), f.Value())
+	}
+	var buf bytes.Buffer
+	w, err := message.CreateWriter(&buf, top)
+	if err == nil {
+		if err = root.write(w); err == nil {
 			err = w.Close()
 		}
 	}
@@ -310,6 +289,36 @@ func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, 
 		return nil, fmt.Errorf("build message: %w", err)
 	}
 	return buf.Bytes(), nil
+}
+
+// entity is one MIME entity of a message being built: a leaf with its
+// content, or a multipart with its parts.
+type entity struct {
+	h    message.Header // its Content-* fields
+	body []byte         // a leaf's content, not yet encoded
+	kids []entity       // a multipart's parts
+}
+
+// write writes e's content (its body, or its parts) into w, a writer made
+// for e's header.
+func (e entity) write(w *message.Writer) error {
+	if len(e.kids) == 0 {
+		_, err := w.Write(e.body)
+		return err
+	}
+	for _, k := range e.kids {
+		pw, err := w.CreatePart(k.h)
+		if err != nil {
+			return err
+		}
+		if err := k.write(pw); err != nil {
+			return err
+		}
+		if err := pw.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // decodeBase64 accepts standard base64 with or without padding, and with
