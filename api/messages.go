@@ -58,7 +58,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	if p != nil {
 		return p
 	}
-	rcpts, p := s.checkAddresses(req)
+	rcpts, fields, p := s.checkAddresses(req)
 	if p != nil {
 		return p
 	}
@@ -100,7 +100,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 
 	// After the idempotency check: a retry of a request already stored
 	// gets its ids even if a recipient was suppressed since.
-	p = s.checkSuppressed(r.Context(), key.Tenant, rcpts, req.To)
+	p = s.checkSuppressed(r.Context(), key.Tenant, rcpts, fields)
 	var msg []byte
 	if p == nil {
 		msg, p = s.message(req, date, seed, r.RemoteAddr)
@@ -233,19 +233,21 @@ func jsonType(t reflect.Type) string {
 	}
 }
 
-// checkAddresses validates from and to as the SMTP listener validates MAIL
-// FROM and RCPT TO, and returns the recipients without duplicates.
-func (s *Server) checkAddresses(req *MessageRequest) ([]string, *Problem) {
+// checkAddresses validates from, to, cc and bcc as the SMTP listener
+// validates MAIL FROM and RCPT TO, and returns the recipients without
+// duplicates, with the request field that names each (for later problems).
+func (s *Server) checkAddresses(req *MessageRequest) ([]string, map[string]string, *Problem) {
 	if req.From == "" {
-		return nil, fieldProblem(ProblemMissingField, "missing field", "from", "the sender address is required")
+		return nil, nil, fieldProblem(ProblemMissingField, "missing field", "from", "the sender address is required")
 	}
 	if len(req.To) == 0 {
-		return nil, fieldProblem(ProblemMissingField, "missing field", "to", "at least one recipient is required")
+		return nil, nil, fieldProblem(ProblemMissingField, "missing field", "to", "at least one recipient is required")
 	}
-	if len(req.To) > s.cfg.MaxRecipients {
-		p := problem(http.StatusUnprocessableEntity, ProblemBadAddress, "too many recipients", fmt.Sprintf("at most %d recipients per message", s.cfg.MaxRecipients))
+	n := len(req.To) + len(req.Cc) + len(req.Bcc)
+	if n > s.cfg.MaxRecipients {
+		p := problem(http.StatusUnprocessableEntity, ProblemBadAddress, "too many recipients", fmt.Sprintf("at most %d recipients per message (to, cc and bcc together)", s.cfg.MaxRecipients))
 		p.Errors = []FieldError{{Field: "to", Reason: "too many recipients"}}
-		return nil, p
+		return nil, nil, p
 	}
 	var bad []FieldError
 	check := func(field, a string) {
@@ -263,22 +265,28 @@ func (s *Server) checkAddresses(req *MessageRequest) ([]string, *Problem) {
 		}
 	}
 	check("from", req.From)
-	seen := make(map[string]bool, len(req.To))
-	rcpts := make([]string, 0, len(req.To))
-	for i, a := range req.To {
-		check(fmt.Sprintf("to[%d]", i), a)
-		if k := strings.ToLower(a); !seen[k] {
-			seen[k] = true
-			rcpts = append(rcpts, a)
+	fields := make(map[string]string, n)
+	rcpts := make([]string, 0, n)
+	for _, l := range []struct {
+		name  string
+		addrs []string
+	}{{"to", req.To}, {"cc", req.Cc}, {"bcc", req.Bcc}} {
+		for i, a := range l.addrs {
+			field := fmt.Sprintf("%s[%d]", l.name, i)
+			check(field, a)
+			if k := strings.ToLower(a); fields[k] == "" {
+				fields[k] = field
+				rcpts = append(rcpts, a)
+			}
 		}
 	}
 	if len(bad) > 0 {
 		p := problem(http.StatusUnprocessableEntity, ProblemBadAddress, "bad address",
 			fmt.Sprintf("%d address(es) cannot be used: %s: %s", len(bad), bad[0].Field, bad[0].Reason))
 		p.Errors = bad
-		return nil, p
+		return nil, nil, p
 	}
-	return rcpts, nil
+	return rcpts, fields, nil
 }
 
 // checkDSN checks the request's DSN parameters with the SMTP listener's
@@ -315,8 +323,8 @@ func checkDSN(d *DSNRequest, rcpts []string) (*queue.DSNParams, *Problem) {
 		field := "dsn.recipients[" + addr + "]"
 		rcpt, ok := byLower[strings.ToLower(addr)]
 		if !ok {
-			p := problem(http.StatusBadRequest, ProblemBadDSN, "bad DSN parameter", field+": not a recipient in \"to\"")
-			p.Errors = []FieldError{{Field: field, Reason: "not a recipient in \"to\""}}
+			p := problem(http.StatusBadRequest, ProblemBadDSN, "bad DSN parameter", field+": not a recipient in \"to\", \"cc\" or \"bcc\"")
+			p.Errors = []FieldError{{Field: field, Reason: "not a recipient in \"to\", \"cc\" or \"bcc\""}}
 			return nil, p
 		}
 		var typ, orcpt string

@@ -203,6 +203,50 @@ func TestInlineImagesAreRelated(t *testing.T) {
 	}
 }
 
+// TestCcAndBcc: cc recipients are named in a Cc field, bcc recipients
+// get the message without being named anywhere in it; all of them are
+// envelope recipients, each once, and a fault names its own field.
+func TestCcAndBcc(t *testing.T) {
+	f := newFixture(t, nil)
+	ids := f.do(t, "POST", "/v1/messages", f.key, map[string]any{
+		"from": "news@shop.example", "to": []string{"ann@one.example"}, "text": "x",
+		"cc": []string{"bob@one.example", "ANN@one.example"}, "bcc": []string{"hidden@two.example"},
+	}, nil).ids(t)
+	if len(ids) != 2 {
+		t.Fatalf("ids %v, want one per destination", ids)
+	}
+	var rcpts []string
+	for _, it := range queued(t, f.q) {
+		rcpts = append(rcpts, it.Env.Rcpts...)
+	}
+	slices.Sort(rcpts)
+	if want := []string{"ann@one.example", "bob@one.example", "hidden@two.example"}; !slices.Equal(rcpts, want) {
+		t.Errorf("envelope recipients %q, want %q", rcpts, want)
+	}
+	for _, id := range ids {
+		b := body(t, f.q, id)
+		mr, err := mail.CreateReader(bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if to := mr.Header.Get("To"); to != "<ann@one.example>" {
+			t.Errorf("To %q", to)
+		}
+		if cc := mr.Header.Get("Cc"); cc != "<bob@one.example>, <ANN@one.example>" {
+			t.Errorf("Cc %q", cc)
+		}
+		if bytes.Contains(bytes.ToLower(b), []byte("hidden@")) || mr.Header.Has("Bcc") {
+			t.Errorf("the blind copy's address is in the message:\n%s", b)
+		}
+	}
+	r := f.do(t, "POST", "/v1/messages", f.key, map[string]any{
+		"from": "news@shop.example", "to": []string{"ann@one.example"}, "text": "x", "bcc": []string{"ok@two.example", "not an address"},
+	}, nil)
+	if errs, _ := r.json["errors"].([]any); r.status != 422 || len(errs) != 1 || errs[0].(map[string]any)["field"] != "bcc[1]" {
+		t.Errorf("bad bcc: %d %s, want 422 naming bcc[1]", r.status, r.raw)
+	}
+}
+
 func TestRawMessageGetsCRLF(t *testing.T) {
 	f := newFixture(t, nil)
 	raw := "From: a@src.example\nTo: b@dst.example\nSubject: raw\n\nline one\nline two\n"

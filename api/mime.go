@@ -32,8 +32,12 @@ type Attachment struct {
 // MessageRequest is the body of POST /v1/messages: either Raw, a whole RFC
 // 5322 message, or the parts of one that outflow builds.
 type MessageRequest struct {
-	From        string            `json:"from"`
-	To          []string          `json:"to"`
+	From string   `json:"from"`
+	To   []string `json:"to"`
+	// Cc recipients are named in a Cc field; Bcc recipients get the
+	// message without being named in it (no Bcc field is written).
+	Cc          []string          `json:"cc,omitempty"`
+	Bcc         []string          `json:"bcc,omitempty"`
 	Raw         string            `json:"raw,omitempty"`
 	Subject     string            `json:"subject,omitempty"`
 	Text        string            `json:"text,omitempty"`
@@ -54,7 +58,7 @@ type DSNRequest struct {
 	Ret   string `json:"ret,omitempty"`   // FULL or HDRS (default): what of the message a notification returns
 	EnvID string `json:"envid,omitempty"` // the client's id of the message, returned in notifications; printable ASCII, at most 100
 	// Recipients holds NOTIFY and ORCPT by recipient address; each key is
-	// one of "to" (compared case-insensitively).
+	// one of the recipients in to, cc or bcc (compared case-insensitively).
 	Recipients map[string]RcptDSNRequest `json:"recipients,omitempty"`
 }
 
@@ -148,11 +152,17 @@ func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, 
 	var h mail.Header
 	h.SetDate(date)
 	h.SetAddressList("From", []*mail.Address{{Address: req.From}})
-	to := make([]*mail.Address, len(req.To))
-	for i, a := range req.To {
-		to[i] = &mail.Address{Address: a}
+	list := func(addrs []string) []*mail.Address {
+		out := make([]*mail.Address, len(addrs))
+		for i, a := range addrs {
+			out[i] = &mail.Address{Address: a}
+		}
+		return out
 	}
-	h.SetAddressList("To", to)
+	h.SetAddressList("To", list(req.To))
+	if len(req.Cc) > 0 {
+		h.SetAddressList("Cc", list(req.Cc))
+	}
 	if req.Subject != "" {
 		if strings.ContainsAny(req.Subject, "\r\n\x00") {
 			return nil, fieldProblem(ProblemBadHeader, "bad header", "subject", "CR, LF or NUL in the subject (header injection)")

@@ -46,7 +46,7 @@ type SuppressionList struct {
 // list: 422 naming every one, and a suppressed event each. Nothing is
 // stored, so the client can send again without them; storing the others
 // would make the one 202 mean two things.
-func (s *Server) checkSuppressed(ctx context.Context, tenant string, rcpts, to []string) *Problem {
+func (s *Server) checkSuppressed(ctx context.Context, tenant string, rcpts []string, fields map[string]string) *Problem {
 	l := s.cfg.Suppressions
 	if l == nil {
 		return nil
@@ -63,12 +63,9 @@ func (s *Server) checkSuppressed(ctx context.Context, tenant string, rcpts, to [
 		if sup == nil {
 			continue
 		}
-		field := "to"
-		for j, t := range to {
-			if t == a {
-				field = fmt.Sprintf("to[%d]", j)
-				break
-			}
+		field := fields[strings.ToLower(a)]
+		if field == "" {
+			field = "to"
 		}
 		bad = append(bad, FieldError{Field: field, Value: a, Reason: "suppressed"})
 	}
