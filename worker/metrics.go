@@ -4,6 +4,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/queue"
 )
 
 // Metrics are the worker's Prometheus collectors. Labels are bounded:
@@ -54,10 +57,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outflow_gate_refusals_total", Help: "Envelopes deferred by the coordinator without an attempt, by reason.",
 		}, []string{"reason"}),
 	}
+	// Every class and lane is exported from the start, at 0: a series
+	// that does not exist yet makes a ratio or comparison in PromQL empty,
+	// so OutflowRetryStorm (docs/alerts.yaml), which compares failures with
+	// deliveries, could not fire on a process that has delivered nothing
+	// since it started, which is the worst storm.
+	for _, class := range attemptClasses {
+		for _, lane := range []queue.Lane{queue.LaneWork, queue.LaneRetry, queue.LaneRateLimit} {
+			m.Attempts.WithLabelValues(class, string(lane))
+		}
+	}
 	reg.MustRegister(m.Attempts, m.Delivered, m.Bounced, m.DeadLetters, m.Unknown, m.Throttles, m.DestAttempts,
 		m.DeliveryLatency, m.RetryDelay, m.Panics, m.Refusals)
 	return m
 }
+
+// attemptClasses are the class label values of outflow_attempts_total.
+var attemptClasses = []string{classify.Delivered.String(), classify.Transient.String(), classify.Throttled.String(),
+	classify.Permanent.String(), classify.Unknown.String()}
 
 // The methods below are the only way the worker touches its metrics: each
 // is a no-op on a nil *Metrics (a Pool without Config.Metrics).
@@ -72,6 +89,14 @@ func (m *Metrics) attempt(class, lane, dest string) {
 	if m != nil {
 		m.Attempts.WithLabelValues(class, lane).Inc()
 		m.DestAttempts.WithLabelValues(dest, class).Inc()
+		// A destination's permanent series exists, at 0, from its first
+		// attempt on: OutflowBounceStorm compares its share with the day
+		// before (offset 15m), and a destination that had never bounced
+		// would have no series there, so the rule would stay silent
+		// through the first 15 minutes of its first storm.
+		if class != "permanent" {
+			m.DestAttempts.WithLabelValues(dest, "permanent")
+		}
 	}
 }
 
