@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -200,6 +201,14 @@ func loadConfigFile(cmd *cobra.Command, c *serveConfig) error {
 	if und := md.Undecoded(); len(und) > 0 {
 		return fmt.Errorf("config %s: unknown key %q", c.Config, und[0].String())
 	}
+	// The TOML decoder takes an integer for a time.Duration as
+	// nanoseconds, so `shutdown-grace = 30` would be 30 ns and `max-age =
+	// 86400` would send every message to dead letters at once.
+	for _, k := range md.Keys() {
+		if md.Type(k...) == "Integer" && keyType(reflect.TypeOf(c).Elem(), k) == durationType {
+			return fmt.Errorf("config %s: %s: a duration is a string with its unit, like \"90s\" or \"15m\" (an integer would be nanoseconds)", c.Config, k)
+		}
+	}
 	for name, v := range given {
 		if sv, ok := cmd.Flags().Lookup(name).Value.(pflag.SliceValue); ok {
 			var vals []string
@@ -213,6 +222,51 @@ func loadConfigFile(cmd *cobra.Command, c *serveConfig) error {
 		}
 		if err := cmd.Flags().Set(name, v); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+// keyType returns the Go type the config file's key path decodes into, as
+// the TOML decoder finds it (toml tags, embedded structs, map keys, arrays
+// of tables), or nil for a key of no field.
+func keyType(t reflect.Type, path []string) reflect.Type {
+	for _, k := range path {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
+			t = t.Elem()
+		}
+		switch t.Kind() {
+		case reflect.Map:
+			t = t.Elem() // k is the map's key
+		case reflect.Struct:
+			if t = fieldByKey(t, k); t == nil {
+				return nil
+			}
+		default:
+			return nil
+		}
+	}
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t
+}
+
+// fieldByKey returns the type of struct t's field whose toml name is key,
+// looking into embedded structs.
+func fieldByKey(t reflect.Type, key string) reflect.Type {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		if name == key {
+			return f.Type
+		}
+		if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
+			if ft := fieldByKey(f.Type, key); ft != nil {
+				return ft
+			}
 		}
 	}
 	return nil

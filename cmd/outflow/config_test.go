@@ -82,6 +82,42 @@ func TestUnknownConfigKeyRefused(t *testing.T) {
 	}
 }
 
+// TestIntegerDurationRefused: the TOML decoder reads an integer into a
+// time.Duration as nanoseconds, so `shutdown-grace = 30` was 30 ns and
+// `max-age = 86400` expired every message at once. A duration key with an
+// integer is refused, wherever it is (embedded settings, a section, an
+// array of tables); other integer keys still take integers.
+func TestIntegerDurationRefused(t *testing.T) {
+	for _, c := range []struct{ file, key string }{
+		{"shutdown-grace = 30\n", "shutdown-grace"},
+		{"max-age = 86400\n", "max-age"},
+		{"webhook-timeout = 10\n", "webhook-timeout"},
+		{"[throttle]\nbreaker-cooldown = 3\n", "throttle.breaker-cooldown"},
+		{"[[automation]]\nname = \"a\"\npattern = \"TSS04\"\naction = \"suspend\"\nwindow = 60\nfor = \"15m\"\n", "automation.window"},
+	} {
+		p := filepath.Join(t.TempDir(), "outflow.toml")
+		if err := os.WriteFile(p, []byte(c.file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := parseWith(t, p)
+		if err == nil || !strings.Contains(err.Error(), c.key+":") || !strings.Contains(err.Error(), "nanoseconds") {
+			t.Errorf("%q: err = %v, want %s refused as an integer duration", c.file, err, c.key)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "outflow.toml")
+	if err := os.WriteFile(p, []byte("workers = 8\nmax-attempts = 9\nshutdown-grace = \"45s\"\n[throttle]\nbreaker-failures = 4\n[tenants.a]\ndsn-delay-warning = \"0s\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseWith(t, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Workers != 8 || c.MaxAttempts != 9 || c.ShutdownGrace != 45*time.Second || c.Throttle.BreakerFailures != 4 {
+		t.Errorf("integers and durations not applied: workers %d, max-attempts %d, shutdown-grace %v, breaker-failures %d",
+			c.Workers, c.MaxAttempts, c.ShutdownGrace, c.Throttle.BreakerFailures)
+	}
+}
+
 // TestSentTTLFloor: serve refuses a SENT-marker lifetime shorter than an
 // hour or four ack waits, before it starts anything: an envelope whose ack
 // was lost comes back after the ack wait and must still find its marker.
