@@ -24,7 +24,7 @@ func TestEveryMetricDocumented(t *testing.T) {
 		}
 		if de.IsDir() {
 			switch de.Name() {
-			case "e2e", "bench", ".git":
+			case "e2e", "bench", ".git", "data", "node_modules":
 				return filepath.SkipDir
 			}
 			return nil
