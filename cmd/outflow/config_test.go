@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -337,4 +338,26 @@ func TestAdminTimeoutMustBePositive(t *testing.T) {
 		}
 	}
 	rootCmd.SetArgs(nil)
+}
+
+// TestAwaitStopReportsAFailure: the submission listener or the workers
+// stopping on their own is a failure serve exits with (a supervisor then
+// restarts it); a signal is a clean stop. The workers' result, once read,
+// is not waited for again.
+func TestAwaitStopReportsAFailure(t *testing.T) {
+	log := zerolog.Nop()
+	sub, pool := make(chan error, 1), make(chan error, 1)
+	sub <- errors.New("accept: too many open files")
+	if err, read := awaitStop(context.Background(), sub, pool, log); err == nil || !strings.Contains(err.Error(), "submission listener stopped: accept") || read {
+		t.Errorf("listener failure: %v, %v", err, read)
+	}
+	pool <- nil
+	if err, read := awaitStop(context.Background(), sub, pool, log); err == nil || !strings.Contains(err.Error(), "workers stopped") || !read {
+		t.Errorf("workers ending: %v, %v", err, read)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err, read := awaitStop(ctx, sub, pool, log); err != nil || read {
+		t.Errorf("signal: %v, %v; want a clean stop", err, read)
+	}
 }

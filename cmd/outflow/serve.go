@@ -304,14 +304,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	log.Info().Str("smtp_addr", ln.Addr().String()).Str("http_addr", httpLn.Addr().String()).
 		Str("relay", c.Relay).Int("workers", c.Workers).Msg("outflow serving")
 
-	select {
-	case <-ctx.Done():
-		log.Info().Msg("shutting down: no new submissions; finishing deliveries in progress")
-	case err := <-subDone:
-		log.Error().Err(err).Msg("submission listener stopped")
-	case err := <-poolDone:
-		log.Error().Err(err).Msg("workers stopped")
-	}
+	failed, poolFinished := awaitStop(ctx, subDone, poolDone, log)
 	ready.Store(false)
 	// Order: stop accepting mail (in-flight DATA still finishes and gets
 	// its 250 or 451), then stop pulling and let deliveries finish, then
@@ -325,9 +318,11 @@ func serve(parent context.Context, c *serveConfig) error {
 	stopAPI(shCtx)
 	stopWork()
 	stopWebhooks()
-	select {
-	case <-poolDone:
-	case <-shCtx.Done():
+	if !poolFinished {
+		select {
+		case <-poolDone:
+		case <-shCtx.Done():
+		}
 	}
 	_ = httpSrv.Shutdown(shCtx)
 	if err := q.Close(); err != nil {
@@ -335,7 +330,32 @@ func serve(parent context.Context, c *serveConfig) error {
 	}
 	waitClosed(q, 10*time.Second)
 	log.Info().Msg("outflow stopped")
-	return nil
+	return failed
+}
+
+// awaitStop waits for a signal (ctx) or for the submission listener or the
+// workers to stop on their own, which is a failure: serve then shuts the
+// rest down and exits with it, so that a supervisor restarts the daemon
+// instead of taking a daemon without a listener or workers for a clean
+// stop. poolFinished says the workers' result was read (not to wait for it
+// again).
+func awaitStop(ctx context.Context, subDone, poolDone <-chan error, log zerolog.Logger) (failed error, poolFinished bool) {
+	stopped := func(what string, err error) error {
+		if err == nil {
+			err = errors.New("no error given")
+		}
+		log.Error().Err(err).Msg(what + " stopped; shutting down")
+		return fmt.Errorf("%s stopped: %w", what, err)
+	}
+	select {
+	case <-ctx.Done():
+		log.Info().Msg("shutting down: no new submissions; finishing deliveries in progress")
+		return nil, false
+	case err := <-subDone:
+		return stopped("submission listener", err), false
+	case err := <-poolDone:
+		return stopped("workers", err), true
+	}
 }
 
 // startThrottle builds the coordinator's per-destination limits from the
