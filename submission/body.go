@@ -101,6 +101,11 @@ func (s *session) readBody(r io.Reader, bb *bodyBuf, prefix []byte, headroom int
 	_, chunked := r.(*io.PipeReader)
 	hard := start.Add(s.srv.cfg.DataTimeout)
 	nc := s.conn.Conn()
+	if !chunked && s.tc != nil {
+		// A Read below may wait for many reads of the socket (it returns
+		// when its buffer is full): the connection arms each of those.
+		s.tc.dataTimeouts(s.srv.cfg.ReadTimeout, hard)
+	}
 
 	v := bodyValidator{maxLine: s.srv.cfg.MaxLineLength, lineTooLong: s.srv.errLineTooLong}
 	cur, filled, total := bb.read, 0, 0 // the chunk being filled; octets stored

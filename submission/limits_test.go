@@ -257,6 +257,42 @@ func TestSlowLoris(t *testing.T) {
 			t.Fatal("a partial message was queued")
 		}
 	})
+	t.Run("data each read", func(t *testing.T) {
+		// A body that keeps coming, each octet well within ReadTimeout of
+		// the last, is not cut off however long it takes short of
+		// DataTimeout, also when it fills no read buffer; under TLS too.
+		cert, pool := selfSigned(t)
+		for _, useTLS := range []bool{false, true} {
+			q := &fakeQueue{}
+			cfg := Config{Users: testUsers(t), ReadTimeout: 300 * time.Millisecond, DataTimeout: time.Minute,
+				TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+			rc := startServer(t, cfg, q).raw(t)
+			if useTLS {
+				rc.cmd("EHLO client.test", 250)
+				rc.cmd("STARTTLS", 220)
+				tc := tls.Client(rc.c, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+				rc.c, rc.r = tc, bufioTextReader(tc)
+			}
+			rc.login()
+			rc.cmd("MAIL FROM:<app@example.com>", 250)
+			rc.cmd("RCPT TO:<rcpt@example.org>", 250)
+			rc.cmd("DATA", 354)
+			rc.write("Subject: slow\r\n\r\n")
+			tick := time.NewTicker(cfg.ReadTimeout / 10)
+			for end := time.Now().Add(4 * cfg.ReadTimeout); time.Now().Before(end); {
+				<-tick.C
+				rc.write("x")
+			}
+			tick.Stop()
+			rc.write("\r\n.\r\n")
+			if code, msg, err := rc.reply(); code != 250 {
+				t.Fatalf("TLS %v: got %d %q (%v), want 250", useTLS, code, msg, err)
+			}
+			if n := len(q.got()); n != 1 {
+				t.Fatalf("TLS %v: %d queued, want 1", useTLS, n)
+			}
+		}
+	})
 	t.Run("data total", func(t *testing.T) {
 		// Each read comes in time, but the body as a whole does not.
 		ts := startServer(t, Config{Users: testUsers(t), ReadTimeout: time.Minute, DataTimeout: 500 * time.Millisecond}, &fakeQueue{})

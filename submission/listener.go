@@ -103,6 +103,10 @@ type trackedConn struct {
 	hung      bool   // end the connection at the next command read
 	hangupMsg string // one reply line to send before that, plaintext only
 	tls       bool   // STARTTLS happened: never write plaintext any more
+	// bodyIdle, while a DATA body is read, is how long each read of the
+	// socket may wait (ReadTimeout), and never past bodyEnd (DataTimeout).
+	bodyIdle time.Duration
+	bodyEnd  time.Time
 
 	// cmdIn is go-smtp's buffered reader of this connection's commands,
 	// once a session has found it (commandReader); nil before, or when
@@ -317,10 +321,16 @@ func (c *trackedConn) Read(b []byte) (int, error) {
 	if err := c.flushHeld(); err != nil {
 		return 0, err
 	}
-	msg, stop, body := c.readState()
+	msg, stop, body, idle, end := c.readState()
 	if stop {
 		c.sendHangup(msg)
 		return 0, io.EOF
+	}
+	if idle > 0 && c.ahead == nil {
+		// A wait for more of a DATA body: the session's deadline was set
+		// when its reader asked for octets, and that reader may wait for
+		// many reads of the socket before it returns.
+		_ = c.Conn.SetReadDeadline(minTime(time.Now().Add(idle), end))
 	}
 	n, err := c.readConn(b, body)
 	if err == nil {
@@ -365,20 +375,21 @@ func (c *trackedConn) idleTimeout() bool {
 // stopped reports whether reads must end now, and takes the pending hangup
 // reply if there is one.
 func (c *trackedConn) stopped() (string, bool) {
-	msg, stop, _ := c.readState()
+	msg, stop, _, _, _ := c.readState()
 	return msg, stop
 }
 
-// readState is stopped, and whether a body is being read, under one lock.
-func (c *trackedConn) readState() (msg string, stop, body bool) {
+// readState is stopped, whether a body is being read, and the read
+// timeouts of a DATA body (bodyIdle, bodyEnd), under one lock.
+func (c *trackedConn) readState() (msg string, stop, body bool, idle time.Duration, end time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.hung || c.inData {
-		return "", false, c.inData
+		return "", false, c.inData, c.bodyIdle, c.bodyEnd
 	}
 	msg = c.hangupMsg
 	c.hangupMsg = ""
-	return msg, true, false
+	return msg, true, false, 0, time.Time{}
 }
 
 // readAheadSize is how much of a body one read(2) may take. go-smtp reads
@@ -496,9 +507,17 @@ func (c *trackedConn) beginData() {
 	c.mu.Unlock()
 }
 
+// dataTimeouts gives each read of the socket for the DATA body being read
+// idle to wait, never past end.
+func (c *trackedConn) dataTimeouts(idle time.Duration, end time.Time) {
+	c.mu.Lock()
+	c.bodyIdle, c.bodyEnd = idle, end
+	c.mu.Unlock()
+}
+
 func (c *trackedConn) endData() {
 	c.mu.Lock()
-	c.inData = false
+	c.inData, c.bodyIdle, c.bodyEnd = false, 0, time.Time{}
 	c.mu.Unlock()
 }
 
