@@ -28,7 +28,8 @@ import (
 // before. dotReader keeps go-smtp's state field in step after every read,
 // so whatever go-smtp does with the reader after Data returns (it reads it
 // to the end-of-data line) starts exactly where dotReader stopped. The
-// results are the same octet for octet, errors and size limit included:
+// results are the same octet for octet, errors and size limit included,
+// but for a body of exactly the size limit, which dotReader accepts:
 // FuzzDotReader checks it against an octet-at-a-time model of go-smtp's
 // reader, and TestDotReaderMatchesGoSMTP sends the same dialogues through a
 // server with and without it.
@@ -122,6 +123,7 @@ type dotReader struct {
 	state   int
 	limited bool
 	remain  int64 // octets still allowed when limited
+	over    bool  // a body octet past the limit was read
 
 	sync *int // go-smtp's state field, written after every read
 
@@ -220,7 +222,7 @@ func (d *dotReader) countLines(p []byte) bool {
 func (d *dotReader) Read(b []byte) (n int, err error) {
 	if d.limited {
 		if d.remain <= 0 {
-			return 0, smtp.ErrDataTooLarge
+			return 0, d.atLimit()
 		}
 		if int64(len(b)) > d.remain {
 			b = b[:d.remain]
@@ -260,6 +262,25 @@ func (d *dotReader) Read(b []byte) (n int, err error) {
 		d.remain -= int64(n)
 	}
 	return n, err
+}
+
+// atLimit is Read once the body has reached the size limit. A body of
+// exactly the limit is within it (RFC 1870; go-smtp's own reader refuses
+// it, and accepts the same body sent with BDAT): it is too large only if
+// a body octet follows, not the end-of-data line, which yields none.
+func (d *dotReader) atLimit() error {
+	if d.over {
+		return smtp.ErrDataTooLarge
+	}
+	var one [1]byte
+	d.limited = false
+	n, err := d.Read(one[:])
+	d.limited = true
+	if n > 0 {
+		d.over = true
+		return smtp.ErrDataTooLarge
+	}
+	return err
 }
 
 // scan runs the state machine over buf, writing body octets to b from n

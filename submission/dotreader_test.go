@@ -17,7 +17,8 @@ import (
 
 // modelDot is go-smtp's DATA reader as a model: the octet-at-a-time state
 // machine of data.go, with the size limit checked at the start of each
-// read, and the line limit (lineLimitReader's count, with hard > 0)
+// read (where a body that has reached it is still within it if the
+// end-of-data line follows, unlike go-smtp's), and the line limit (lineLimitReader's count, with hard > 0)
 // applied to each octet as it is read. It reads in reads of size bsize
 // until an error and returns the octets, the error, the octets of in
 // consumed and the final state.
@@ -25,11 +26,13 @@ func modelDot(in []byte, bsize int, max int64, hard int) (out []byte, used, stat
 	remain, line := max, 1
 	for {
 		b := make([]byte, bsize)
+		atLimit := false
 		if max > 0 {
 			if remain <= 0 {
-				return out, used, state, smtp.ErrDataTooLarge
-			}
-			if int64(len(b)) > remain {
+				// Only the end-of-data line may follow: read on until
+				// it has, or a body octet has.
+				b, atLimit = b[:1], true
+			} else if int64(len(b)) > remain {
 				b = b[:remain]
 			}
 		}
@@ -87,6 +90,9 @@ func modelDot(in []byte, bsize int, max int64, hard int) (out []byte, used, stat
 				b[n] = c
 				n++
 			}
+		}
+		if atLimit && n > 0 {
+			return out, used, state, smtp.ErrDataTooLarge
 		}
 		out = append(out, b[:n]...)
 		remain -= int64(n)
@@ -334,7 +340,8 @@ func (s layoutSession) Data(r io.Reader) error {
 // TestDotReaderMatchesGoSMTP sends the same dialogues to a server reading
 // DATA through dotReader and to one reading through go-smtp's own reader,
 // and wants the same replies, the same stored messages and the same
-// connection ends.
+// connection ends; but for a body of exactly the size limit, which
+// go-smtp's reader refuses and dotReader accepts.
 func TestDotReaderMatchesGoSMTP(t *testing.T) {
 	const hdr = "Date: Tue, 01 Dec 2026 10:00:00 +0000\r\nMessage-ID: <m@example.com>\r\n\r\n"
 	big := &strings.Builder{}
@@ -349,12 +356,16 @@ func TestDotReaderMatchesGoSMTP(t *testing.T) {
 		hdr + "bare\n.\r\nlf\r\n.\r\n",
 		hdr + big.String() + ".\r\n",
 		hdr + strings.Repeat("x", 199-len(hdr)-2) + "\r\n.\r\n", // under the size limit
-		hdr + strings.Repeat("x", 200-len(hdr)-2) + "\r\n.\r\n", // at it
 		hdr + strings.Repeat("x", 260) + "\r\n" + strings.Repeat("y\r\n", 300) + ".\r\n",
 		hdr + strings.Repeat("l", 150) + "\r\n.\r\n", // over MaxLineLength
 		hdr + strings.Repeat("h", 250) + "\r\n.\r\n", // over go-smtp's hard limit: closed
 		hdr + "pipelined\r\n.\r\nNOOP\r\nRSET\r\n",
 	}
+	atLimit := hdr + strings.Repeat(strings.Repeat("x", 63)+"\r\n", 2) // 200 octets
+	if len(atLimit) != 200 {
+		t.Fatalf("the body at the limit has %d octets", len(atLimit))
+	}
+	bodies = append(bodies, atLimit+".\r\n", atLimit+"x\r\n.\r\n", atLimit+"..\r\n.\r\n")
 	run := func(plain bool, body string, max int64) (string, []string) {
 		q := &fakeQueue{}
 		cfg := Config{Users: testUsers(t), MaxLineLength: 100}
@@ -401,6 +412,13 @@ func TestDotReaderMatchesGoSMTP(t *testing.T) {
 			t.Run(fmt.Sprintf("%d/max%d", i, max), func(t *testing.T) {
 				wantLog, wantStored := run(true, body, max)
 				gotLog, gotStored := run(false, body, max)
+				if max > 0 && body == atLimit+".\r\n" {
+					if !strings.HasPrefix(wantLog, "552 ") {
+						t.Errorf("go-smtp's reader: %q, want 552 (if it accepts a body at the limit now, drop atLimit)", wantLog)
+					}
+					wantLog = "250 2.0.0 OK: queued as id1\n221 2.0.0 Bye\nclosed"
+					wantStored = []string{atLimit}
+				}
 				if gotLog != wantLog {
 					t.Errorf("replies\n got %q\nwant %q", gotLog, wantLog)
 				}

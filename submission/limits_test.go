@@ -46,6 +46,31 @@ func TestOversizeMessage(t *testing.T) {
 	if got := ts.counter(t, "outflow_submission_rejections_total", "reason", "too_big"); got != 1 {
 		t.Errorf("too_big = %v", got)
 	}
+
+	// A body of exactly the limit is within it (RFC 1870), sent with
+	// DATA as with BDAT; one octet more is not.
+	atLimit := "Subject: at the limit\r\n\r\n" + strings.Repeat(strings.Repeat("x", 62)+"\r\n", 15)
+	atLimit += strings.Repeat("y", 1024-len(atLimit)-2) + "\r\n"
+	for _, tc := range []struct {
+		body string
+		code int
+	}{{atLimit, 250}, {atLimit + "z\r\n", 552}} {
+		rc.cmd("MAIL FROM:<app@example.com> SIZE=1024", 250)
+		rc.cmd("RCPT TO:<rcpt@example.org>", 250)
+		rc.cmd("DATA", 354)
+		rc.write(tc.body + ".\r\n")
+		rc.expect(tc.code)
+		rc.cmd("MAIL FROM:<app@example.com>", 250)
+		rc.cmd("RCPT TO:<rcpt@example.org>", 250)
+		rc.write("BDAT " + strconv.Itoa(len(tc.body)) + " LAST\r\n" + tc.body)
+		rc.expect(tc.code)
+	}
+	if n := len(q.got()); n != 3 {
+		t.Fatalf("%d queued, want 3", n)
+	}
+	if got := q.got()[2].Body; !strings.HasSuffix(string(got), "\r\n"+atLimit) {
+		t.Errorf("stored %q…, want the body at the limit", got[:40])
+	}
 }
 
 func TestTooManyRecipients(t *testing.T) {
