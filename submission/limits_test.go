@@ -289,7 +289,9 @@ func TestSlowLoris(t *testing.T) {
 		cert, pool := selfSigned(t)
 		for _, useTLS := range []bool{false, true} {
 			q := &fakeQueue{}
-			cfg := Config{Users: testUsers(t), ReadTimeout: 300 * time.Millisecond, DataTimeout: time.Minute,
+			// Gaps of a tenth of ReadTimeout: a second leaves room for a
+			// loaded machine's scheduling under -race.
+			cfg := Config{Users: testUsers(t), ReadTimeout: time.Second, DataTimeout: time.Minute,
 				TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
 			rc := startServer(t, cfg, q).raw(t)
 			if useTLS {
@@ -304,7 +306,7 @@ func TestSlowLoris(t *testing.T) {
 			rc.cmd("DATA", 354)
 			rc.write("Subject: slow\r\n\r\n")
 			tick := time.NewTicker(cfg.ReadTimeout / 10)
-			for end := time.Now().Add(4 * cfg.ReadTimeout); time.Now().Before(end); {
+			for end := time.Now().Add(5 * cfg.ReadTimeout / 2); time.Now().Before(end); {
 				<-tick.C
 				rc.write("x")
 			}
