@@ -62,6 +62,9 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	if p != nil {
 		return p
 	}
+	if !s.cfg.SenderDomains.Allows(key.Tenant, req.From) {
+		return senderNotAllowed("from", req.From+" is not one of the sender domains of tenant "+key.Tenant)
+	}
 	dsnp, p := checkDSN(req.DSN, rcpts)
 	if p != nil {
 		return p
@@ -104,6 +107,15 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	var msg []byte
 	if p == nil {
 		msg, p = s.message(req, date, seed, r.RemoteAddr)
+	}
+	if p == nil {
+		if why := s.cfg.SenderDomains.CheckFrom(key.Tenant, msg); why != "" {
+			field := "headers.From"
+			if req.Raw != "" {
+				field = "raw"
+			}
+			p = senderNotAllowed(field, why)
+		}
 	}
 	if p != nil {
 		if c != nil {
@@ -468,4 +480,12 @@ func (s *Server) getMessage(w http.ResponseWriter, r *http.Request, key *KeyInfo
 	}
 	writeJSON(w, http.StatusOK, st)
 	return nil
+}
+
+// senderNotAllowed is the problem of a sender outside the tenant's
+// sender domains (Config.SenderDomains).
+func senderNotAllowed(field, why string) *Problem {
+	p := problem(http.StatusUnprocessableEntity, ProblemSenderNotAllowed, "sender not allowed", field+": "+why)
+	p.Errors = []FieldError{{Field: field, Reason: why}}
+	return p
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"io"
+	"maps"
 	"net/http"
 	"reflect"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"github.com/emersion/go-message/mail"
 
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/submission"
 )
 
 func TestPostBuildsMIMEAndQueuesOneEnvelopePerDomain(t *testing.T) {
@@ -583,6 +585,45 @@ func TestDSNParametersStoredAsSMTPStoresThem(t *testing.T) {
 	for _, it := range queued(t, f.q) {
 		if got := it.Env.DSN; !reflect.DeepEqual(got, want[it.Env.Dest]) {
 			t.Errorf("%s: DSN %+v, want %+v", it.Env.Dest, got, want[it.Env.Dest])
+		}
+	}
+}
+
+// TestSenderDomains: a tenant limited to its sender domains is refused
+// (422 sender-not-allowed, nothing stored) a from, a From header set
+// through headers, or a raw message's From outside them, and sends within
+// them.
+func TestSenderDomains(t *testing.T) {
+	f := newFixture(t, func(c *Config) {
+		c.SenderDomains = submission.SenderDomains{"acme": {"shop.example", "*.shop.example"}}
+	})
+	base := func(extra map[string]any) map[string]any {
+		m := map[string]any{"from": "news@shop.example", "to": []string{"ann@one.example"}, "text": "x"}
+		maps.Copy(m, extra)
+		return m
+	}
+	for _, c := range []struct {
+		name  string
+		body  map[string]any
+		field string
+	}{
+		{"from", base(map[string]any{"from": "ceo@bank.example"}), "from"},
+		{"From header", base(map[string]any{"headers": map[string]string{"From": "CEO <ceo@bank.example>"}}), "headers.From"},
+		{"raw From", map[string]any{"from": "news@shop.example", "to": []string{"ann@one.example"},
+			"raw": "From: ceo@bank.example\nSubject: x\n\nbody\n"}, "raw"},
+	} {
+		r := f.do(t, "POST", "/v1/messages", f.key, c.body, nil)
+		errs, _ := r.json["errors"].([]any)
+		if r.status != 422 || r.json["type"] != ProblemSenderNotAllowed || len(errs) != 1 || errs[0].(map[string]any)["field"] != c.field {
+			t.Errorf("%s: %d %s, want 422 sender-not-allowed on %s", c.name, r.status, r.raw, c.field)
+		}
+	}
+	if items := queued(t, f.q); len(items) != 0 {
+		t.Fatalf("%d envelopes stored from refused requests", len(items))
+	}
+	for _, from := range []string{"news@shop.example", "a@eu.shop.example"} {
+		if ids := f.do(t, "POST", "/v1/messages", f.key, base(map[string]any{"from": from}), nil).ids(t); len(ids) != 1 {
+			t.Errorf("%s: ids %v", from, ids)
 		}
 	}
 }

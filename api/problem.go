@@ -49,10 +49,13 @@ const (
 	ProblemIdemInProgress = typePrefix + "idempotency-key-in-progress"
 	ProblemBadIdemKey     = typePrefix + "bad-idempotency-key"
 	ProblemBadExpires     = typePrefix + "bad-expires"
-	ProblemNotFound       = typePrefix + "not-found"
-	ProblemMethod         = typePrefix + "method-not-allowed"
-	ProblemUnavailable    = typePrefix + "store-unavailable"
-	ProblemInternal       = typePrefix + "internal"
+	// ProblemSenderNotAllowed: the sender, or an address of the From
+	// field, is outside the tenant's sender domains.
+	ProblemSenderNotAllowed = typePrefix + "sender-not-allowed"
+	ProblemNotFound         = typePrefix + "not-found"
+	ProblemMethod           = typePrefix + "method-not-allowed"
+	ProblemUnavailable      = typePrefix + "store-unavailable"
+	ProblemInternal         = typePrefix + "internal"
 )
 
 // problem builds a Problem of type typ.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outflow/outflow/internal/defaults"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/submission"
 )
 
 // Defaults applied by New to zero-valued Config fields. The CLI's flags and
@@ -65,7 +66,11 @@ type Config struct {
 	// (422), and /v1/suppressions manages it. Nil: no list, and no
 	// /v1/suppressions routes.
 	Suppressions Suppressions
-	Logger       zerolog.Logger
+	// SenderDomains limits the domains each tenant it names may send as
+	// (from, and the From field of a built or raw message): 422
+	// sender-not-allowed otherwise. Nil: any domain, for every tenant.
+	SenderDomains submission.SenderDomains
+	Logger        zerolog.Logger
 }
 
 // Server is the HTTP API. Its Handler serves every route.

@@ -30,6 +30,7 @@ const (
 	reasonQueueError    = "queue_error"
 	reasonShuttingDown  = "shutting_down"
 	reasonProtocolOrder = "bad_sequence"
+	reasonNotOwned      = "sender_not_owned"
 )
 
 // metrics are the listener's Prometheus collectors:

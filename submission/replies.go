@@ -30,6 +30,11 @@ var (
 	// (RFC 5321 section 3.8), 4.7.0 is a temporary security refusal.
 	errAuthRateLimited = &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 7, 0},
 		Message: "Too many failed authentication attempts from your address, try again later; closing connection"}
+	// The sender policy (SenderDomains): 553 as Postfix's
+	// reject_sender_login_mismatch answers MAIL FROM, 5.7.1 delivery not
+	// authorized; after DATA, for a From field, 550 5.7.1.
+	errSenderNotOwned = &smtp.SMTPError{Code: 553, EnhancedCode: smtp.EnhancedCode{5, 7, 1},
+		Message: "Sender address rejected: not one of the sender domains of this account"}
 	// RFC 5321 section 4.1.1.2: MAIL is not allowed inside a transaction.
 	errNestedMail = &smtp.SMTPError{Code: 503, EnhancedCode: smtp.EnhancedCode{5, 5, 1},
 		Message: "Nested MAIL command: send RSET first"}

@@ -117,6 +117,10 @@ type Config struct {
 	// Suppressions, when set, refuses recipients on their tenant's
 	// suppression list at RCPT (550 5.7.1). Default nil: no list.
 	Suppressions Suppressor
+	// SenderDomains limits the domains a tenant may send as: MAIL FROM
+	// (553 5.7.1) and the From field (550 5.7.1 after DATA). Nil, or a
+	// tenant it does not name: any domain.
+	SenderDomains SenderDomains
 	// Registerer receives the Prometheus collectors (see metrics.go).
 	// Nil: metrics are kept but not registered.
 	Registerer prometheus.Registerer
@@ -198,6 +202,13 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 		trusted = append(trusted, p.Masked())
 	}
 	cfg.TrustedNetworks = trusted
+	for tenant, list := range cfg.SenderDomains {
+		for _, d := range list {
+			if err := CheckSenderDomain(d); err != nil {
+				return nil, fmt.Errorf("submission: tenant %s: %w", tenant, err)
+			}
+		}
+	}
 
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {

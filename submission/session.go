@@ -263,6 +263,12 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 				func(e *zerolog.Event) { e.Str("from", from) })
 		}
 	}
+	if tenant := s.tenant(); !s.srv.cfg.SenderDomains.Allows(tenant, from) {
+		return s.reject(errSenderNotOwned, reasonNotOwned, false, func(e *zerolog.Event) {
+			e.Str("from", from)
+			s.tenantField(tenant)(e)
+		})
+	}
 	dsn, derr := mailDSN(opts)
 	if derr != nil {
 		return s.reject(derr, reasonBadDSN, true, nil)
@@ -392,6 +398,11 @@ func (s *session) Data(r io.Reader) error {
 		return s.reject(rerr, reason, true, func(e *zerolog.Event) { e.Int("rcpts", len(rcpts)) })
 	}
 	size := len(body) - hdrLen
+	if why := s.srv.cfg.SenderDomains.CheckFrom(s.tenant(), body[hdrLen:]); why != "" {
+		recycleFrame(frame)
+		return s.reject(&smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "From header rejected: " + why},
+			reasonNotOwned, true, s.tenantField(s.tenant()))
+	}
 	body = completeHeadersInFrame(frame, body, hdrLen, s.srv.cfg.Hostname, start)
 
 	sub := &queue.Submission{

@@ -67,10 +67,14 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Em
 	}
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	senders, err := c.senderDomains()
+	if err != nil {
+		return nil, err
+	}
 	srv, err := api.New(setup, api.Config{
 		Queue: apiQueue{q, enqueuer{q, emb}}, Buckets: q, Suppressions: sup, Hostname: hostname,
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients,
-		Rate: c.APIRate, Burst: c.APIBurst, IdempotencyTTL: q.DedupWindow(), Logger: log,
+		Rate: c.APIRate, Burst: c.APIBurst, IdempotencyTTL: q.DedupWindow(), SenderDomains: senders, Logger: log,
 	})
 	if err != nil {
 		return nil, err

@@ -361,3 +361,36 @@ func TestAwaitStopReportsAFailure(t *testing.T) {
 		t.Errorf("signal: %v, %v; want a clean stop", err, read)
 	}
 }
+
+// TestSenderDomainsConfig: [tenants.NAME] sender-domains reaches the
+// sender policy (the documented example's billing tenant is limited, a
+// tenant without the key is not), and an entry that is no domain stops
+// serve before it starts.
+func TestSenderDomainsConfig(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "outflow.toml")
+	if err := os.WriteFile(p, []byte(docExample(t)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseWith(t, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := c.senderDomains()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pol.Allows("billing", "a@mail.example.com") || pol.Allows("billing", "a@bank.example") || !pol.Allows("shop", "a@bank.example") {
+		t.Errorf("policy %v", pol)
+	}
+	bad := filepath.Join(t.TempDir(), "outflow.toml")
+	if err := os.WriteFile(bad, []byte("[tenants.shop]\nsender-domains = [\"shop example\"]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = parseWith(t, bad); err != nil {
+		t.Fatal(err)
+	}
+	var u usageError
+	if _, err := c.senderDomains(); !errors.As(err, &u) || !strings.Contains(err.Error(), "[tenants.shop] sender-domains") {
+		t.Errorf("bad entry: %v, want a usage error naming it", err)
+	}
+}

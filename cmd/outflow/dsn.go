@@ -37,6 +37,9 @@ type tenantConfig struct {
 	// EgressPool is the [[egress]] pool the tenant's mail leaves from;
 	// default every egress address (cmd/outflow/delivery.go).
 	EgressPool string `toml:"egress-pool"`
+	// SenderDomains limits the domains the tenant may send as
+	// (submission.SenderDomains); unset: any (cmd/outflow/senders.go).
+	SenderDomains []string `toml:"sender-domains"`
 }
 
 // duration decodes a TOML string such as "4h" (BurntSushi/toml decodes a

@@ -260,11 +260,15 @@ func serve(parent context.Context, c *serveConfig) error {
 		return usageError{err}
 	}
 
+	senders, err := c.senderDomains()
+	if err != nil {
+		return err
+	}
 	sub, err := submission.New(submission.Config{
 		Addr: c.SMTPAddr, Hostname: hostname, Users: users, TrustedNetworks: trusted, TLSConfig: tlsConf,
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients, MaxConnections: c.MaxConnections,
 		ReadTimeout: c.SMTPReadTimeout, DataTimeout: c.SMTPDataTimeout,
-		Suppressions: suppressions, Registerer: reg, Logger: log,
+		Suppressions: suppressions, SenderDomains: senders, Registerer: reg, Logger: log,
 	}, enqueuer{q, emb})
 	if err != nil {
 		return usageError{err}
