@@ -98,10 +98,15 @@ func ParseUsers(r io.Reader) (*Users, error) {
 }
 
 // ValidateUserName accepts 1 to 255 bytes of printable UTF-8 without
-// spaces or colons (the users file separator).
+// spaces or colons (the users file separator), other than TrustedTenant:
+// an account of that name would share its tenant (its suppression list,
+// its sender domains, its fair share) with the trusted networks' clients.
 func ValidateUserName(name string) error {
 	if name == "" {
 		return errors.New("empty user name")
+	}
+	if name == TrustedTenant {
+		return fmt.Errorf("user name %q is reserved: it is the tenant of mail from trusted networks", name)
 	}
 	if len(name) > maxUserName {
 		return errors.New("user name longer than 255 bytes")

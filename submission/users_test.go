@@ -38,6 +38,7 @@ func TestParseUsers(t *testing.T) {
 		{"empty name", "\n\n:" + h + "\n", "line 3: empty user name"},
 		{"space in name", "a b:" + h + "\n", "line 1: user name contains ' '"},
 		{"duplicate", "app:" + h + "\napp:" + h + "\n", "line 2: user \"app\" listed twice"},
+		{"the trusted networks' tenant", "trusted:" + h + "\n", "line 1: user name \"trusted\" is reserved"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseUsers(strings.NewReader(tc.file))
