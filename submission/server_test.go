@@ -218,6 +218,23 @@ func TestAuthRateLimit(t *testing.T) {
 	}
 }
 
+// TestAuthRateLimitSparesTrustedNetworks: failures from a trusted network
+// (the operator's own hosts, Postfix's $mynetworks) are not counted, so one
+// application's wrong password does not lock the host's others out.
+func TestAuthRateLimitSparesTrustedNetworks(t *testing.T) {
+	ts := startServer(t, Config{Users: testUsers(t), AuthFailLimit: 2, AuthFailWindow: time.Hour,
+		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, &fakeQueue{})
+	rc := ts.raw(t)
+	rc.cmd("EHLO client.test", 250)
+	for i := 0; i < 4; i++ {
+		rc.cmd("AUTH PLAIN "+plainIR("", testUser, "guess"), 535)
+	}
+	rc.cmd("AUTH PLAIN "+plainIR("", testUser, testPassword), 235)
+	if got := ts.counter(t, "outflow_submission_auth_blocked_total"); got != 0 {
+		t.Errorf("blocked = %v, want 0", got)
+	}
+}
+
 func TestAuthLimiterWindowAndKeys(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	l := newAuthLimiter(2, time.Minute)

@@ -185,7 +185,7 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 	if s.hasFrom {
 		return nil, errAuthInTransaction
 	}
-	if s.srv.limiter.blocked(s.remote) {
+	if !s.trusted && s.srv.limiter.blocked(s.remote) {
 		s.srv.metrics.authBlocked.Inc()
 		s.logLine(s.srv.log.Warn()).Str("reason", "auth_rate_limited").Int("limit", s.srv.cfg.AuthFailLimit).
 			Dur("window", s.srv.cfg.AuthFailWindow).Msg("auth refused, closing connection")
@@ -226,8 +226,16 @@ func (s *session) authenticate(identity, user, password string) error {
 
 func (s *session) authMalformed() { s.authFailure("") }
 
+// authFailure logs and counts a failed AUTH. A trusted network's client is
+// not counted against the per-address limit, as Postfix exempts
+// $mynetworks from its client limits: those addresses are the operator's
+// own hosts, and one application's wrong password would otherwise lock out
+// every other application on the same host.
 func (s *session) authFailure(user string) {
-	blocked := s.srv.limiter.fail(s.remote)
+	blocked := false
+	if !s.trusted {
+		blocked = s.srv.limiter.fail(s.remote)
+	}
 	s.srv.metrics.authFailures.Inc()
 	ev := s.logLine(s.srv.log.Warn()).Bool("user_known", s.srv.cfg.Users.Has(user)).Bool("now_blocked", blocked)
 	if s.srv.cfg.Users.Has(user) {
