@@ -11,6 +11,7 @@ import (
 	"errors"
 	"math/big"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -251,6 +252,36 @@ func TestConnectionLimit(t *testing.T) {
 	a.cmd("QUIT", 221)
 	eventually(t, "slot freed", func() bool { return ts.counter(t, "outflow_submission_connections") == 1 })
 	ts.raw(t).cmd("EHLO client.test", 250)
+}
+
+// TestClientConnectionLimit: one client address gets at most
+// MaxClientConnections at once (the next is told 421 and closed, and
+// gets in again when one closes); a trusted network's client is not
+// limited.
+func TestClientConnectionLimit(t *testing.T) {
+	ts := startServer(t, Config{Users: testUsers(t), MaxClientConnections: 2}, &fakeQueue{})
+	a := ts.raw(t)
+	_ = ts.raw(t)
+	eventually(t, "2 connections", func() bool { return ts.counter(t, "outflow_submission_connections") == 2 })
+	c, err := net.DialTimeout("tcp", ts.addr, testWait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	third := &raw{t: t, c: c, r: bufioTextReader(c)}
+	if msg := third.expect(421); !strings.Contains(msg, "from your address") {
+		t.Errorf("reply %q", msg)
+	}
+	third.expectClosed()
+	a.cmd("QUIT", 221)
+	eventually(t, "slot freed", func() bool { return ts.counter(t, "outflow_submission_connections") == 1 })
+	ts.raw(t).cmd("EHLO client.test", 250)
+
+	trusted := startServer(t, Config{Users: testUsers(t), MaxClientConnections: 1,
+		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, &fakeQueue{})
+	for range 3 {
+		trusted.raw(t).cmd("EHLO client.test", 250)
+	}
 }
 
 func TestSlowLoris(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"net/textproto"
 	"reflect"
 	"sync"
@@ -26,6 +27,11 @@ import (
 // before it is closed; 421 tells the client to try again later
 // (RFC 5321 section 3.8), 4.7.0 is RFC 3463's "other security or policy".
 const tooManyConnsReply = "421 4.7.0 Too many connections, try again later\r\n"
+
+// tooManyClientConnsReply refuses a connection over
+// Config.MaxClientConnections, as Postfix answers one over
+// smtpd_client_connection_count_limit.
+const tooManyClientConnsReply = "421 4.7.0 Too many connections from your address, try again later\r\n"
 
 // rejectWriteTimeout bounds the one-line reply to a refused connection, so a
 // client that does not read cannot stall the accept loop.
@@ -72,14 +78,40 @@ func (s *Server) admit(c net.Conn) (*trackedConn, string) {
 		return nil, tooManyConnsReply
 	}
 	tc := &trackedConn{Conn: c, srv: s}
+	if addr := connAddr(c); s.cfg.MaxClientConnections > 0 && !s.isTrusted(addr) {
+		key := clientKey(addr)
+		if s.perClient[key] >= s.cfg.MaxClientConnections {
+			s.metrics.connRejected.Inc()
+			s.log.Warn().Str("remote", c.RemoteAddr().String()).Int("max_client_connections", s.cfg.MaxClientConnections).
+				Str("reason", "too_many_client_connections").Msg("connection refused")
+			return nil, tooManyClientConnsReply
+		}
+		s.perClient[key]++
+		tc.client, tc.counted = key, true
+	}
 	s.conns[tc] = struct{}{}
 	s.metrics.connections.Set(float64(len(s.conns)))
 	return tc, ""
 }
 
+// connAddr is c's remote IP address (an IPv4-mapped one unmapped), or the
+// zero Addr, without remoteAddr's string.
+func connAddr(c net.Conn) netip.Addr {
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return ta.AddrPort().Addr().Unmap()
+	}
+	_, a := remoteAddr(c.RemoteAddr())
+	return a
+}
+
 // release forgets a closed connection.
 func (s *Server) release(tc *trackedConn) {
 	s.mu.Lock()
+	if _, ok := s.conns[tc]; ok && tc.counted {
+		if s.perClient[tc.client]--; s.perClient[tc.client] <= 0 {
+			delete(s.perClient, tc.client)
+		}
+	}
 	delete(s.conns, tc)
 	s.metrics.connections.Set(float64(len(s.conns)))
 	s.mu.Unlock()
@@ -97,6 +129,10 @@ var pastDeadline = time.Unix(1, 0)
 type trackedConn struct {
 	net.Conn
 	srv *Server
+	// client is the connection's key in the server's per-client count
+	// (clientKey), counted says it was counted; both set once, in admit.
+	client  netip.Prefix
+	counted bool
 
 	mu        sync.Mutex
 	inData    bool   // the session is reading or enqueueing a body

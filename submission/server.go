@@ -27,6 +27,9 @@ const (
 	DefaultMaxMessageBytes = 25 << 20 // 25 MiB
 	DefaultMaxRecipients   = 1000
 	DefaultMaxConnections  = 1000
+	// DefaultMaxClientConnections is Postfix's
+	// smtpd_client_connection_count_limit default.
+	DefaultMaxClientConnections = 50
 	// DefaultMaxLineLength is RFC 5321 section 4.5.3.1.6: a text line is at
 	// most 1000 octets including the CRLF.
 	DefaultMaxLineLength = 1000
@@ -88,6 +91,12 @@ type Config struct {
 	// MaxConnections is the most simultaneous client connections; the next
 	// one is told 421 and closed. Default DefaultMaxConnections.
 	MaxConnections int
+	// MaxClientConnections is the most simultaneous connections from one
+	// client (an IPv4 address, or an IPv6 /64), so that one client cannot
+	// take every connection; the next one is told 421 and closed. Trusted
+	// networks' clients are not limited. Default
+	// DefaultMaxClientConnections; negative: no limit.
+	MaxClientConnections int
 	// MaxLineLength is the longest message line accepted, in octets
 	// including the CRLF. Default DefaultMaxLineLength (RFC 5321 section
 	// 4.5.3.1.6).
@@ -153,10 +162,11 @@ type Server struct {
 	baseCtx context.Context
 	cancel  context.CancelFunc
 
-	mu       sync.Mutex
-	draining bool // guarded by mu; set once by Shutdown
-	addr     net.Addr
-	conns    map[*trackedConn]struct{}
+	mu        sync.Mutex
+	draining  bool // guarded by mu; set once by Shutdown
+	addr      net.Addr
+	conns     map[*trackedConn]struct{}
+	perClient map[netip.Prefix]int // connections by clientKey, untrusted clients only
 
 	closing atomic.Bool // fast path for sessions; mirrors draining
 
@@ -187,6 +197,7 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 	defaults.Set(&cfg.MaxMessageBytes, DefaultMaxMessageBytes)
 	defaults.Set(&cfg.MaxRecipients, DefaultMaxRecipients)
 	defaults.Set(&cfg.MaxConnections, DefaultMaxConnections)
+	defaults.Set(&cfg.MaxClientConnections, DefaultMaxClientConnections)
 	defaults.Set(&cfg.MaxLineLength, DefaultMaxLineLength)
 	defaults.Set(&cfg.ReadTimeout, DefaultReadTimeout)
 	defaults.Set(&cfg.WriteTimeout, DefaultWriteTimeout)
@@ -227,6 +238,7 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 		baseCtx:    ctx,
 		cancel:     cancel,
 		conns:      make(map[*trackedConn]struct{}),
+		perClient:  make(map[netip.Prefix]int),
 
 		errLineTooLong: lineTooLongError(cfg.MaxLineLength),
 	}

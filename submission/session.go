@@ -52,6 +52,16 @@ var (
 	_ smtp.AuthSession = (*session)(nil)
 )
 
+// isTrusted reports whether addr is in one of Config.TrustedNetworks.
+func (s *Server) isTrusted(addr netip.Addr) bool {
+	for _, p := range s.cfg.TrustedNetworks {
+		if addr.IsValid() && p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *Server) newSession(c *smtp.Conn) *session {
 	nc := c.Conn()
 	_, isTLS := c.TLSConnectionState()
@@ -70,13 +80,7 @@ func (s *Server) newSession(c *smtp.Conn) *session {
 		joinTLSReplies(c)
 	}
 	remoteStr, remote := remoteAddr(c.Conn().RemoteAddr())
-	trusted := false
-	for _, p := range s.cfg.TrustedNetworks {
-		if remote.IsValid() && p.Contains(remote) {
-			trusted = true
-			break
-		}
-	}
+	trusted := s.isTrusted(remote)
 	ss := &session{
 		srv:       s,
 		conn:      c,

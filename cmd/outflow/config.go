@@ -48,6 +48,7 @@ type serveConfig struct {
 	MaxMessageSize  int64         `toml:"max-message-size"`
 	MaxRecipients   int           `toml:"max-recipients"`
 	MaxConnections  int           `toml:"max-connections"`
+	MaxClientConns  int           `toml:"max-client-connections"`
 	Workers         int           `toml:"workers"`
 	WorkerID        string        `toml:"worker-id"`
 	RetryBase       time.Duration `toml:"retry-base"`
@@ -135,6 +136,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.Int64Var(&c.MaxMessageSize, "max-message-size", submission.DefaultMaxMessageBytes, "largest accepted message in bytes (552 above)")
 	fs.IntVar(&c.MaxRecipients, "max-recipients", submission.DefaultMaxRecipients, "most recipients per message (452 above)")
 	fs.IntVar(&c.MaxConnections, "max-connections", submission.DefaultMaxConnections, "most concurrent submission connections (421 above)")
+	fs.IntVar(&c.MaxClientConns, "max-client-connections", submission.DefaultMaxClientConnections, "most concurrent submission connections from one client address or IPv6 /64, trusted networks not counted (421 above; negative: no limit)")
 	fs.DurationVar(&c.SMTPReadTimeout, "smtp-read-timeout", submission.DefaultReadTimeout, "submission: idle time allowed between client commands (RFC 5321 4.5.3.2.7); past it 421 and close")
 	fs.DurationVar(&c.SMTPDataTimeout, "smtp-data-timeout", submission.DefaultDataTimeout, "submission: the longest a DATA transfer may take")
 	fs.DurationVar(&c.AckWait, "ack-wait", queue.DefaultAckWait, "how long a worker may hold an envelope without reporting progress before NATS hands it to another")

@@ -267,7 +267,8 @@ func serve(parent context.Context, c *serveConfig) error {
 	sub, err := submission.New(submission.Config{
 		Addr: c.SMTPAddr, Hostname: hostname, Users: users, TrustedNetworks: trusted, TLSConfig: tlsConf,
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients, MaxConnections: c.MaxConnections,
-		ReadTimeout: c.SMTPReadTimeout, DataTimeout: c.SMTPDataTimeout,
+		MaxClientConnections: c.MaxClientConns,
+		ReadTimeout:          c.SMTPReadTimeout, DataTimeout: c.SMTPDataTimeout,
 		Suppressions: suppressions, SenderDomains: senders, Registerer: reg, Logger: log,
 	}, enqueuer{q, emb})
 	if err != nil {
