@@ -87,3 +87,17 @@ func TestInspectShowsMessageIDAsIs(t *testing.T) {
 		t.Fatalf("indented output is not JSON: %v", err)
 	}
 }
+
+// TestRateColumn: a learned rate (and a worker's share of one) prints to
+// two decimals in dest status and delivery status, a configured one as
+// written; %g printed a learned 4.134160073737176/s whole.
+func TestRateColumn(t *testing.T) {
+	for r, want := range map[float64]string{
+		0: "unlimited", 20: "20/s", 0.5: "0.5/s", 4.134160073737176: "4.13/s",
+		5.025: "5.03/s", 1.0 / 3: "0.33/s", 0.004: "0.004/s",
+	} {
+		if got := rate(r); got != want {
+			t.Errorf("rate(%v) = %q, want %q", r, got, want)
+		}
+	}
+}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -279,11 +281,17 @@ func learnedShort(s throttle.DestState) string {
 	return strings.Join(parts, ", ")
 }
 
+// rate prints a fleet or worker rate for a table: a learned rate, or a
+// share of one, to two decimals (a learned 4.134160073737176/s is 4.13/s),
+// a configured one as written (20/s, 0.5/s).
 func rate(r float64) string {
 	if r <= 0 {
 		return "unlimited"
 	}
-	return fmt.Sprintf("%g/s", r)
+	if r >= 0.01 {
+		return strconv.FormatFloat(math.Round(r*100)/100, 'f', -1, 64) + "/s"
+	}
+	return fmt.Sprintf("%.2g/s", r)
 }
 
 func conns(n int) string {
