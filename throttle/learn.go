@@ -81,7 +81,9 @@ const learnFirstContact = 1.0
 
 // connSignal recognises a reply about concurrent connections rather than
 // message rate: it teaches a connection limit and leaves the rate alone.
-var connSignal = regexp.MustCompile(`(?i)too many (concurrent |simultaneous |open |smtp |parallel )*(connections|sessions|conns)|connection (count |rate )?limit|concurrent (smtp )?connections|max(imum)? (number of )?connections`)
+// Exchange's per-source limit says "The maximum number of concurrent
+// server connections has exceeded a per-source limit".
+var connSignal = regexp.MustCompile(`(?i)too many (concurrent |simultaneous |open |smtp |parallel )*(connections|sessions|conns)|connection (count |rate )?limit|concurrent (smtp |server |inbound )?connections|max(imum)? (number of )?(concurrent )?(smtp |server |inbound )?connections|concurrency limit`)
 
 // learnConfig is the part of Config the learning math reads.
 type learnConfig struct {

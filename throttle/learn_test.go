@@ -483,3 +483,36 @@ func TestLearnedRateSurvivesAndDecays(t *testing.T) {
 		t.Fatalf("stored state after decay: %+v %v", st, err)
 	}
 }
+
+// TestConnSignal: replies about concurrent connections teach a connection
+// limit, replies about message rate a rate. Exchange's per-source limit
+// (MaxInboundConnectionPerSource) read as a rate throttle: its rate was cut
+// at every reply while the connections it counts stayed as they were.
+func TestConnSignal(t *testing.T) {
+	conn := []string{
+		"The maximum number of concurrent server connections has exceeded a per-source limit, closing transmission channel",
+		"The maximum number of concurrent server connections has exceeded a limit, closing transmission channel",
+		"The maximum number of concurrent connections per resource forest has exceeded a limit, closing transmission channel.",
+		"Too many concurrent SMTP connections from this IP address; please try again later.",
+		"mx.example.com Error: too many connections from 192.0.2.1",
+		"Connection rate limit exceeded.",
+		"Service unavailable, concurrency limit reached",
+		"Server is not currently available, possibly due to too many connections",
+	}
+	rate := []string{
+		"Our system has detected an unusual rate of unsolicited mail originating from your IP address.",
+		"The mail server [192.0.2.1] has been temporarily rate limited due to IP reputation.",
+		"[TSS04] Messages from 192.0.2.1 temporarily deferred due to unexpected volume or user complaints",
+		"Too many messages, slow down",
+	}
+	for _, s := range conn {
+		if !connSignal.MatchString(s) {
+			t.Errorf("not a connection signal: %q", s)
+		}
+	}
+	for _, s := range rate {
+		if connSignal.MatchString(s) {
+			t.Errorf("a connection signal: %q", s)
+		}
+	}
+}
