@@ -113,6 +113,34 @@ func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 	}
 }
 
+// TestLearnStepAtLowRates: below 5/s the step is still a tenth of the rate
+// the cut set, down to 1/s. A fixed 0.5/s step took a rate cut to 90% of
+// a 2/s limit 15% over it at the first step, and of a 1/s limit 40% over:
+// a cut every other step, 43% of the attempts throttled.
+func TestLearnStepAtLowRates(t *testing.T) {
+	for _, limit := range []float64{1, 2, 3} {
+		s := DestState{LearnedRate: 1.5 * limit}
+		lcTest.cutRate(&s, t0, limit, 0, "why") // to 90% of what was accepted
+		if !near(s.LearnedRate, 0.9*limit) {
+			t.Fatalf("limit %v: cut to %v, want %v", limit, s.LearnedRate, 0.9*limit)
+		}
+		at := t0.Add(lcTest.hold)
+		lcTest.raiseRate(&s, at, 0)
+		if s.LearnedRate > limit+1e-9 {
+			t.Errorf("limit %v/s: the first step after the cut went to %.2f/s", limit, s.LearnedRate)
+		}
+	}
+	// The floor still climbs: from LearnMin in steps of at least 0.1/s.
+	s := DestState{LearnedRate: 1}
+	lcTest.cutRate(&s, t0, 0, 0, "why")
+	lcTest.cutRate(&s, t0.Add(lcTest.hold), 0, 0, "why")
+	lcTest.cutRate(&s, t0.Add(2*lcTest.hold), 0, 0, "why")
+	lcTest.cutRate(&s, t0.Add(3*lcTest.hold), 0, 0, "why")
+	if s.LearnedRate != lcTest.min || !near(s.LearnedStep, learnMinStep) {
+		t.Fatalf("at the floor: rate %v step %v", s.LearnedRate, s.LearnedStep)
+	}
+}
+
 func TestLearnCeiling(t *testing.T) {
 	var s DestState
 	lcTest.cutRate(&s, t0, 100, 30, "why") // 50, capped at 30

@@ -129,7 +129,7 @@ type Config struct {
 	// Default DefaultLearnEvery.
 	LearnEvery time.Duration
 	// LearnStep is a learned rate's additive step as a fraction of the
-	// rate its last cut set (at least 0.5 msgs/s). Default
+	// rate its last cut set (at least 0.1 msgs/s). Default
 	// DefaultLearnStep.
 	LearnStep float64
 	// LearnForget is the quiet period (no throttle cut) after which
