@@ -315,6 +315,9 @@ func TestCongestionIsNotARateLimit(t *testing.T) {
 	check(t, Input{Raw: "421 4.4.5 Server busy, try again later."}, Transient, ScopeConnection, "rfc3463-congestion")
 	check(t, Input{Raw: "452 4.4.5 Insufficient disk space; try again later"}, Transient, 0, "")
 	check(t, Input{Raw: "452 4.4.5 Messages per second limit exceeded"}, Throttled, 0, "rate-signal")
+	// A relay's limit on concurrent sessions is a throttle of the
+	// destination (it teaches a connection limit), not congestion.
+	check(t, Input{Raw: "421 4.4.5 Service unavailable, concurrency limit reached"}, Throttled, ScopeDestination, "rate-signal")
 }
 
 // A name that does not resolve (the envelope sender's domain, the client's
