@@ -69,7 +69,7 @@ func TestHostileSubmission(t *testing.T) {
 	args := append([]string{"--users", writeUsers(t, dir), "--relay", mx.Addr(),
 		"--max-message-size", fmt.Sprint(maxSize), "--max-connections", fmt.Sprint(maxConns)}, fastRetry...)
 	args = append(args, optionalFlag("smtp-read-timeout", "2s")...)
-	// Every hostile client here is 127.0.0.1: the per-client limit (50)
+	// Every hostile client here is 127.0.0.1: the per-client limit (250)
 	// would refuse the idle flood before the total limit is reached, which
 	// is what "thousands of idle connections" checks; the listener's own
 	// tests check the per-client one.

@@ -27,9 +27,11 @@ const (
 	DefaultMaxMessageBytes = 25 << 20 // 25 MiB
 	DefaultMaxRecipients   = 1000
 	DefaultMaxConnections  = 1000
-	// DefaultMaxClientConnections is Postfix's
-	// smtpd_client_connection_count_limit default.
-	DefaultMaxClientConnections = 50
+	// DefaultMaxClientConnections is a quarter of DefaultMaxConnections:
+	// one address cannot take every connection, and a cluster of
+	// applications behind one NAT address still has room. Postfix's
+	// smtpd_client_connection_count_limit is 50, for strangers on port 25.
+	DefaultMaxClientConnections = 250
 	// DefaultMaxLineLength is RFC 5321 section 4.5.3.1.6: a text line is at
 	// most 1000 octets including the CRLF.
 	DefaultMaxLineLength = 1000

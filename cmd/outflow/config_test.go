@@ -209,9 +209,7 @@ func TestEveryCommandFlagDocumented(t *testing.T) {
 // TestHistorySinceMustBePositive: a negative --since is a usage error,
 // refused before any connection to NATS is tried.
 func TestHistorySinceMustBePositive(t *testing.T) {
-	rootCmd.SetArgs([]string{"queue", "history", "someid", "--since", "-1h", "--data", t.TempDir()})
-	t.Cleanup(func() { rootCmd.SetArgs(nil) })
-	err := rootCmd.Execute()
+	err := execRoot(context.Background(), nil, "queue", "history", "someid", "--since", "-1h", "--data", t.TempDir())
 	var u usageError
 	if !errors.As(err, &u) || !strings.Contains(err.Error(), "--since") {
 		t.Fatalf("error %v, want a --since usage error", err)
@@ -226,15 +224,13 @@ func TestDestArgRefusesNonDestinations(t *testing.T) {
 	for _, bad := range []string{"", " ", "gmail.com,yahoo.com", "a b", "gmail.*", "a.>", "x\ty"} {
 		for _, verb := range [][]string{{"status"}, {"suspend", "--for", "1m"}, {"resume"}, {"rate", "--max", "1"}, {"forget"}} {
 			args := append([]string{"dest", verb[0], bad}, verb[1:]...)
-			rootCmd.SetArgs(append(args, "--data", t.TempDir()))
-			err := rootCmd.Execute()
+			err := execRoot(context.Background(), nil, append(args, "--data", t.TempDir())...)
 			var u usageError
 			if !errors.As(err, &u) || !strings.Contains(err.Error(), "DEST") {
 				t.Errorf("%q: error %v, want a DEST usage error", args, err)
 			}
 		}
 	}
-	rootCmd.SetArgs(nil)
 	for _, good := range []string{"gmail.com", "Gmail.COM.", "google", "gmail.com@192.0.2.10", "gmail.com@2001:db8::1", "xn--bcher-kva.example"} {
 		if err := destArg(nil, []string{good}); err != nil {
 			t.Errorf("%q refused: %v", good, err)
@@ -328,16 +324,13 @@ func TestServeFlagDefaultsDocumented(t *testing.T) {
 // TestAdminTimeoutMustBePositive: --timeout 0s would give up before the
 // first request; it is refused as a usage error, before any connection.
 func TestAdminTimeoutMustBePositive(t *testing.T) {
-	defer resetFlags(rootCmd)
 	for _, d := range []string{"0s", "-1s"} {
-		rootCmd.SetArgs([]string{"queue", "list", "--timeout", d, "--data", t.TempDir()})
-		err := rootCmd.Execute()
+		err := execRoot(context.Background(), nil, "queue", "list", "--timeout", d, "--data", t.TempDir())
 		var u usageError
 		if !errors.As(err, &u) || !strings.Contains(err.Error(), "--timeout") {
 			t.Errorf("--timeout %s: error %v, want a usage error", d, err)
 		}
 	}
-	rootCmd.SetArgs(nil)
 }
 
 // TestAwaitStopReportsAFailure: the submission listener or the workers

@@ -25,24 +25,40 @@ import (
 )
 
 // runAdmin runs `outflow ARGS --data dir --json=asJSON` in process and
-// returns its standard output. rootCmd would keep a flag's value from one
-// run to the next: every flag is reset after the run.
+// returns its standard output.
 func runAdmin(t *testing.T, ctx context.Context, dir string, asJSON bool, args ...string) string {
 	t.Helper()
 	var out bytes.Buffer
-	rootCmd.SetArgs(append(args, "--data", dir, "--json="+strconv.FormatBool(asJSON)))
-	rootCmd.SetOut(&out)
-	rootCmd.SetErr(io.Discard)
-	defer func() { rootCmd.SetArgs(nil); rootCmd.SetOut(nil); rootCmd.SetErr(nil); resetFlags(rootCmd) }()
-	if err := rootCmd.ExecuteContext(ctx); err != nil {
+	if err := execRoot(ctx, &out, append(args, "--data", dir, "--json="+strconv.FormatBool(asJSON))...); err != nil {
 		t.Fatalf("outflow %s: %v", strings.Join(args, " "), err)
 	}
 	return out.String()
 }
 
-// resetFlags puts every flag of c and its subcommands back to its default,
-// unset: a command run in process keeps its flags' values for the next run.
-func resetFlags(c *cobra.Command) {
+// execRoot runs `outflow ARGS` in process with ctx, its standard output to
+// out (nil: discarded), and then puts rootCmd back as it was: cobra keeps
+// every flag's value, and each command's context, from one run to the next,
+// and a subcommand run later would inherit a test's context long cancelled.
+func execRoot(ctx context.Context, out io.Writer, args ...string) error {
+	if out == nil {
+		out = io.Discard
+	}
+	rootCmd.SetArgs(args)
+	rootCmd.SetOut(out)
+	rootCmd.SetErr(io.Discard)
+	defer func() {
+		rootCmd.SetArgs(nil)
+		rootCmd.SetIn(nil)
+		rootCmd.SetOut(nil)
+		rootCmd.SetErr(nil)
+		resetCommands(rootCmd)
+	}()
+	return rootCmd.ExecuteContext(ctx)
+}
+
+// resetCommands puts every flag of c and its subcommands back to its
+// default, unset, and forgets their contexts.
+func resetCommands(c *cobra.Command) {
 	reset := func(f *pflag.Flag) {
 		if sv, ok := f.Value.(pflag.SliceValue); ok {
 			_ = sv.Replace(nil)
@@ -53,8 +69,10 @@ func resetFlags(c *cobra.Command) {
 	}
 	c.LocalNonPersistentFlags().VisitAll(reset)
 	c.PersistentFlags().VisitAll(reset)
+	//lint:ignore SA1012 cobra hands the parent's context on only to a command whose own is nil
+	c.SetContext(nil)
 	for _, s := range c.Commands() {
-		resetFlags(s)
+		resetCommands(s)
 	}
 }
 

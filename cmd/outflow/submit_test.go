@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"net/mail"
 	"reflect"
 	"strings"
@@ -60,12 +59,9 @@ func TestSubmitStoresDSN(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	rootCmd.SetArgs([]string{"submit", "--data", dir, "--from", "app@src.example", "--to", "ann@one.example",
-		"--ret", "full", "--envid", "e-1", "--notify", "ann@one.example=SUCCESS", "--orcpt", "ann@one.example=rfc822;ann@old.example"})
 	rootCmd.SetIn(strings.NewReader("Subject: hi\n\nhello\n"))
-	rootCmd.SetOut(io.Discard)
-	defer rootCmd.SetArgs(nil)
-	if err := rootCmd.ExecuteContext(ctx); err != nil {
+	if err := execRoot(ctx, nil, "submit", "--data", dir, "--from", "app@src.example", "--to", "ann@one.example",
+		"--ret", "full", "--envid", "e-1", "--notify", "ann@one.example=SUCCESS", "--orcpt", "ann@one.example=rfc822;ann@old.example"); err != nil {
 		t.Fatal(err)
 	}
 	items, err := q.List(ctx, queue.Filter{State: queue.StateQueued})
