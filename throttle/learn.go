@@ -275,39 +275,29 @@ func (w *rateWindow) add(now time.Time, n int, span time.Duration) {
 	s.n += n
 }
 
-// from is the first one-second slot of the window of span that ends at
-// now: the slot holding now-span (no older than the slots remember).
-func (w *rateWindow) from(now time.Time, span time.Duration) int64 {
-	return max(now.Add(-span).Unix(), now.Unix()-int64(len(w.slots))+1)
-}
-
-// count is the deliveries within span before now, in whole slots: from
-// the one that holds now-span to now's.
+// count is the deliveries within span before now.
 func (w *rateWindow) count(now time.Time, span time.Duration) int {
-	sec, from := now.Unix(), w.from(now, span)
+	sec := now.Unix()
+	secs := int64(math.Ceil(span.Seconds()))
 	total := 0
 	for i := range w.slots {
-		if s := w.slots[i]; s.sec >= from && s.sec <= sec {
+		if s := w.slots[i]; s.sec > sec-secs && s.sec <= sec {
 			total += s.n
 		}
 	}
 	return total
 }
 
-// rate is the delivered rate over span (msgs/s): the deliveries count
-// counts, over the time its slots cover up to now (span, plus the part of
-// the first slot before now-span). Dividing by span alone read a steady
-// rate as anything from half of it (just after a second began) to all of
-// it (just before the next). When traffic began less than that ago, it is
-// measured over the time since it began (at least learnMinElapsed), so a
-// burst's first throttle sees the burst's rate rather than that rate
-// diluted by idle seconds.
+// rate is the delivered rate over span (msgs/s). When traffic began less
+// than span ago, it is measured over the time since it began (at least
+// learnMinElapsed), so a burst's first throttle sees the burst's rate
+// rather than that rate diluted by idle seconds.
 func (w *rateWindow) rate(now time.Time, span time.Duration) float64 {
 	n := w.count(now, span)
 	if n == 0 {
 		return 0
 	}
-	el := now.Sub(time.Unix(w.from(now, span), 0))
+	el := span
 	if !w.first.IsZero() {
 		if since := now.Sub(w.first); since < el {
 			el = max(since, learnMinElapsed)
