@@ -94,13 +94,8 @@ func headerValues(msg []byte, name string) []string {
 	var out []string
 	cur := -1 // index in out of the field being continued, or -1
 	for len(msg) > 0 {
-		line := msg
-		if i := bytes.IndexByte(msg, '\n'); i >= 0 {
-			line, msg = msg[:i+1], msg[i+1:]
-		} else {
-			msg = nil
-		}
-		line = bytes.TrimRight(line, "\r\n")
+		var line []byte
+		line, msg = headerLine(msg)
 		if len(line) == 0 {
 			break
 		}
