@@ -59,6 +59,29 @@ func (b *bucket) reserve(now time.Time) time.Time {
 	return at
 }
 
+// spend moves the token the last reserve took to at, the time it is
+// really used, when that is later than it was due: the next token then
+// comes one period after at. A worker whose sends wait for their turns on
+// the fleet's grid (slots.go) would otherwise earn tokens while it waits,
+// and spend them in a burst at the bucket's rate when the grid next gets
+// finer than the bucket, as a learned rate's grid does after a step up
+// that a cut followed.
+//
+// The bucket and the grid space a worker's sends by the same period in
+// different arithmetic (float seconds, whole nanoseconds per slot), so the
+// next token may come due a hair after the next turn; it is owed from
+// spendSlack before at, so the turn is not missed for it.
+func (b *bucket) spend(at time.Time) {
+	at = at.Add(-spendSlack)
+	if owed := at.Sub(b.last).Seconds() * b.rate; owed > -b.tokens {
+		b.tokens = -owed
+	}
+}
+
+// spendSlack: see spend. A microsecond early on a period of at least
+// minSlot's 2 ms.
+const spendSlack = time.Microsecond
+
 // refund gives back a token whose reservation was not used.
 func (b *bucket) refund() {
 	b.tokens++

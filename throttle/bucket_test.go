@@ -35,3 +35,28 @@ func TestBucketReservations(t *testing.T) {
 		t.Fatalf("burst beyond one token: %s", at.Sub(t0))
 	}
 }
+
+// TestBucketSpendAtTurn: a token used later than it was due (the worker
+// waited for its turn on the grid) is owed from then: the wait earns no
+// tokens for a burst afterwards.
+func TestBucketSpendAtTurn(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var b bucket
+	b.setRate(t0, 10)
+	if due := b.reserve(t0); !due.Equal(t0) {
+		t.Fatalf("first token due %s", due.Sub(t0))
+	}
+	turn := t0.Add(time.Second)
+	b.spend(turn)
+	// Without spend the second, idle in the bucket's view, would make the
+	// next token due at once.
+	next := b.reserve(t0.Add(500 * time.Millisecond))
+	if want := turn.Add(100*time.Millisecond - spendSlack); !next.Equal(want) {
+		t.Fatalf("next token due %s, want %s (one period after the turn)", next.Sub(t0), want.Sub(t0))
+	}
+	// A turn earlier than the token's due time changes nothing.
+	b.spend(t0)
+	if again := b.reserve(t0.Add(500 * time.Millisecond)); !again.Equal(next.Add(100 * time.Millisecond)) {
+		t.Fatalf("after an early spend: %s, want %s", again.Sub(t0), next.Add(100*time.Millisecond).Sub(t0))
+	}
+}

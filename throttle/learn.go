@@ -30,8 +30,10 @@ import (
 //     half the destination's capacity until the climb back;
 //   - increase: after the hold, while attempts are delivered without a
 //     throttle and the rate is what holds the traffic back (this worker
-//     waited for a token or refused for the rate within LearnEvery), the
-//     rate steps up every LearnEvery. From the seed to the first cut it
+//     was delivered at learnBinding of its share of the rate in force over
+//     LearnEvery), the rate steps up every LearnEvery, counted from the
+//     step's grid segment's start (slots.go), when the step is in force
+//     for the whole fleet. From the seed to the first cut it
 //     doubles (a seed taken from the first milliseconds of a burst
 //     underestimates the limit); after a cut it grows by LearnedStep,
 //     LearnStep times the rate the cut set: additive between cuts, and
@@ -137,11 +139,15 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 		s.LearnedSince = now.UTC()
 		s.LearnedSlowStart = true
 	} else {
-		next = s.LearnedRate * lc.decrease
-		reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, times %.2f", why, s.LearnedRate, lc.decrease)
+		// From the rate in force: a step up whose grid segment has not
+		// started yet was never sent at, and is not what the throttle
+		// answered.
+		from := s.inForce(now)
+		next = from * lc.decrease
+		reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, times %.2f", why, from, lc.decrease)
 		if kept := observed * learnAccepted; kept > next {
-			next = math.Min(kept, s.LearnedRate)
-			reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, to %.0f%% of the %.2f/s the fleet was delivered at", why, s.LearnedRate, learnAccepted*100, observed)
+			next = math.Min(kept, from)
+			reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, to %.0f%% of the %.2f/s the fleet was delivered at", why, from, learnAccepted*100, observed)
 		}
 		s.LearnedSlowStart = false
 	}
@@ -186,7 +192,12 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	s.LearnedRate = next
 	// Only the next step waits: a throttle right after a step up cuts at
 	// once, so an overshoot costs milliseconds of throttles, not a hold.
-	s.LearnedNext = now.Add(lc.every).UTC()
+	// It waits for LearnEvery of the new rate in force: from its grid
+	// segment's start, which lies ahead when several workers share the
+	// grid. A step judged before that would judge the old rate, and the
+	// steps would pile up unsent until the grid caught up with them all at
+	// once.
+	s.LearnedNext = laterOf(now, s.Grid[len(s.Grid)-1].From).Add(lc.every).UTC()
 	return true
 }
 
@@ -286,6 +297,32 @@ func (w *rateWindow) count(now time.Time, span time.Duration) int {
 		}
 	}
 	return total
+}
+
+// spanRate is the delivered rate over the last span (msgs/s), read over
+// the time the counted slots cover: from the start of the slot that holds
+// now-span to now. rate divides by span alone, which reads a steady rate
+// as anything from half of it to all of it; the seed and the cut's floor
+// are tuned to that reading (docs/benchmarks.md, scenario 6), a step's
+// test needs the rate itself. Burst starts as in rate.
+func (w *rateWindow) spanRate(now time.Time, span time.Duration) float64 {
+	sec, from := now.Unix(), max(now.Add(-span).Unix(), now.Unix()-int64(len(w.slots))+1)
+	n := 0
+	for i := range w.slots {
+		if s := w.slots[i]; s.sec >= from && s.sec <= sec {
+			n += s.n
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	el := now.Sub(time.Unix(from, 0))
+	if !w.first.IsZero() {
+		if since := now.Sub(w.first); since < el {
+			el = max(since, learnMinElapsed)
+		}
+	}
+	return float64(n) / el.Seconds()
 }
 
 // rate is the delivered rate over span (msgs/s). When traffic began less

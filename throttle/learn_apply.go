@@ -265,17 +265,35 @@ func (t *Throttle) changeLearned(d *dest, l learnedLimit, kind string, fn func(*
 	}})
 }
 
+// learning is the learning math's configuration for this worker now. A
+// worker alone in the fleet follows no grid (slots.go), so a change of the
+// learned rate starts its segment at once rather than a MaxWait ahead.
+func (t *Throttle) learning() learnConfig {
+	lc := t.cfg.learn()
+	if t.liveCount() <= 1 {
+		lc.ahead = 0
+	}
+	return lc
+}
+
 // cutLearnedRate seeds or cuts d's learned rate after a throttled reply.
 // d.mu held.
 func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result) {
-	lc, observed, ceiling, reply := t.cfg.learn(), t.observedRate(d, now), d.limits.Rate, learnedWhy(why)
+	lc, observed, ceiling, reply := t.learning(), t.observedRate(d, now), d.limits.Rate, learnedWhy(why)
+	if d.state.LearnedRate <= 0 && observed == 0 && d.inflight > 0 && now.Sub(d.burstFrom) < learnMinElapsed {
+		// The first reply of a burst is a throttle while the rest of the
+		// burst is still in flight: their replies say what the provider
+		// took, so the seed waits for them (at most learnMinElapsed into
+		// the burst) rather than falling to learnFirstContact.
+		return
+	}
 	t.cutLearned(d, now, learnedRate, func(s *DestState, now time.Time) bool { return lc.cutRate(s, now, observed, ceiling, reply) })
 }
 
 // cutLearnedConns seeds or cuts d's learned connection limit after a "too
 // many connections" reply. d.mu held.
 func (t *Throttle) cutLearnedConns(d *dest, now time.Time, why classify.Result) {
-	lc, inflight, ceiling, reply := t.cfg.learn(), t.fleetInflight(d, now), d.limits.Conns, learnedWhy(why)
+	lc, inflight, ceiling, reply := t.learning(), t.fleetInflight(d, now), d.limits.Conns, learnedWhy(why)
 	t.cutLearned(d, now, learnedConns, func(s *DestState, now time.Time) bool { return lc.cutConns(s, now, inflight, ceiling, reply) })
 }
 
@@ -293,15 +311,17 @@ func (t *Throttle) cutLearned(d *dest, now time.Time, l learnedLimit, fn func(*D
 // limit is what holds traffic back and no throttle came within LearnEvery.
 // Not applied locally first: the watcher brings it back at once. d.mu held.
 func (t *Throttle) raiseLearned(d *dest, now time.Time) {
-	lc := t.cfg.learn()
+	lc := t.learning()
 	s := &d.state
-	// The rate binds when the fleet delivers at (nearly) the learned rate,
-	// or an attempt had to wait for its token lately. Paced mail returns on
-	// time and so never waits, though it is the rate that holds it back; a
-	// rate the traffic does not reach is not worth raising.
-	// Checked last: observedRate reads the peers' reports.
+	// The rate binds when this worker delivers at (nearly) its share of
+	// the rate in force: a step is a test of that rate, and a rate the
+	// traffic has not reached has not been tested, however the provider
+	// answered. Neither an attempt that waited for its token (mail that
+	// comes back in bunches waits, at any average) nor the peers' reports
+	// (a heartbeat old) say so; paced mail, which returns on time and so
+	// never waits, binds by its delivered rate like the rest.
 	binding := func() bool {
-		return now.Sub(d.lastLimited) <= lc.every || t.observedRate(d, now) >= learnBinding*s.LearnedRate
+		return d.delivered.spanRate(now, lc.every) >= learnBinding*s.inForce(now)/float64(t.liveCount())
 	}
 	if s.LearnedRate > 0 && d.pending&pendLearn == 0 && !now.Before(s.LearnedHold) && !now.Before(s.LearnedNext) &&
 		now.Sub(d.lastThr) >= lc.every && binding() {

@@ -531,3 +531,136 @@ func TestConnSignal(t *testing.T) {
 		}
 	}
 }
+
+// TestLearnStepWaitsForItsSegment: with several workers on the grid, a
+// step up is in force only from its grid segment's start (slots.go); the
+// next step waits for LearnEvery of it there, and a throttle before then
+// cuts from the rate that was in force. Alone (no ahead), a step is in
+// force at once.
+func TestLearnStepWaitsForItsSegment(t *testing.T) {
+	lc := lcTest
+	lc.ahead = 3 * time.Second
+	var s DestState
+	lc.cutRate(&s, t0, 20, 0, "why") // seed 10, its grid from t0
+	at := t0.Add(lc.hold)
+	if !lc.raiseRate(&s, at, 0) || !near(s.LearnedRate, 20) {
+		t.Fatalf("slow start: %v, want 20", s.LearnedRate)
+	}
+	from := s.Grid[len(s.Grid)-1].From
+	if from.Before(at.Add(lc.ahead - time.Second)) {
+		t.Fatalf("segment from %s after the step at %s, want about %s ahead", from.Sub(t0), at.Sub(t0), lc.ahead)
+	}
+	if !s.LearnedNext.Equal(from.Add(lc.every)) {
+		t.Fatalf("next step at %s, want LearnEvery after the segment's start %s", s.LearnedNext.Sub(t0), from.Sub(t0))
+	}
+	if lc.raiseRate(&s, at.Add(lc.every), 0) {
+		t.Fatal("stepped again before the first step was in force for LearnEvery")
+	}
+	if r := s.inForce(from.Add(-time.Millisecond)); !near(r, 10) {
+		t.Fatalf("in force just before the segment: %v, want 10", r)
+	}
+	if r := s.inForce(from); !near(r, 20) {
+		t.Fatalf("in force from the segment: %v, want 20", r)
+	}
+	// A throttle before the segment starts answered 10/s, not 20.
+	cut := s
+	if !lc.cutRate(&cut, from.Add(-time.Millisecond), 0, 0, "why") || !near(cut.LearnedRate, 5) || !strings.Contains(cut.LearnedReason, "at 10.00/s") {
+		t.Fatalf("cut before the segment: %v (%s), want 5 from 10", cut.LearnedRate, cut.LearnedReason)
+	}
+	// Alone: in force at once, the next step LearnEvery later.
+	var one DestState
+	lcTest.cutRate(&one, t0, 20, 0, "why")
+	at = t0.Add(lcTest.hold)
+	lcTest.raiseRate(&one, at, 0)
+	if !one.LearnedNext.Equal(at.Add(lcTest.every)) || !near(one.inForce(at), 20) {
+		t.Fatalf("alone: next step at %s, in force %v", one.LearnedNext.Sub(t0), one.inForce(at))
+	}
+}
+
+// TestRateWindowSpanRate: spanRate reads a steady rate as itself wherever
+// in a second it is read; rate reads it low early in a second.
+func TestRateWindowSpanRate(t *testing.T) {
+	span := 2 * time.Second
+	steady := func(until time.Time) *rateWindow { // 10/s from t0 to until
+		var w rateWindow
+		for at := t0; !at.After(until); at = at.Add(100 * time.Millisecond) {
+			w.add(at, 1, span)
+		}
+		return &w
+	}
+	for _, ms := range []int{9950, 9500, 9050} {
+		now := t0.Add(time.Duration(ms) * time.Millisecond)
+		if r := steady(now).spanRate(now, span); r < 9 || r > 11 {
+			t.Fatalf("spanRate at +%dms: %v, want about 10", ms, r)
+		}
+	}
+	now := t0.Add(9050 * time.Millisecond)
+	if r := steady(now).rate(now, span); r > 6 {
+		t.Fatalf("rate early in a second: %v; this test expects it to read about half", r)
+	}
+}
+
+// TestLearnedStepNeedsTheRateReached: a step up tests the rate in force,
+// so it needs this worker's deliveries at (nearly) its share of it; mail
+// at half the rate does not raise it, whatever waited for a token.
+func TestLearnedStepNeedsTheRateReached(t *testing.T) {
+	env := startKV(t)
+	th := newThrottle(t, env, "a", nil)
+	d := th.getDest("b.test")
+	d.mu.Lock()
+	d.state.LearnedRate, d.state.Grid = 10, []GridSegment{{From: th.now().Add(-time.Minute), Rate: 10}}
+	d.mu.Unlock()
+	// Two attempts back to back: the second waits for its token.
+	mustAdmit(t, th, "b.test").Done(nil)
+	mustAdmit(t, th, "b.test").Done(nil)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := th.now()
+	deliver := func(every time.Duration) {
+		d.delivered = rateWindow{}
+		for at := now.Add(-3 * time.Second); !at.After(now); at = at.Add(every) {
+			d.delivered.add(at, 1, th.cfg.LearnWindow)
+		}
+	}
+	deliver(200 * time.Millisecond) // 5/s
+	th.raiseLearned(d, now)
+	if d.pending&pendLearn != 0 {
+		t.Fatal("stepped up at half the learned rate")
+	}
+	deliver(100 * time.Millisecond) // 10/s
+	th.raiseLearned(d, now)
+	if d.pending&pendLearn == 0 {
+		t.Fatal("no step at the learned rate")
+	}
+}
+
+// TestLearnSeedWaitsForTheBurst: a throttle that is a burst's first reply,
+// while the rest of it is in flight, does not seed the first-contact rate:
+// the next reply seeds from what was delivered meanwhile. Past
+// learnMinElapsed into the burst it seeds as before.
+func TestLearnSeedWaitsForTheBurst(t *testing.T) {
+	env := startKV(t)
+	th := newThrottle(t, env, "a", nil)
+	p1, p2, p3 := mustAdmit(t, th, "s.test"), mustAdmit(t, th, "s.test"), mustAdmit(t, th, "s.test")
+	p1.Done([]classify.Result{resThrottled})
+	if r := th.Snapshot("s.test").LearnedRate; r != 0 {
+		t.Fatalf("seeded %v at a burst's first reply, the rest in flight", r)
+	}
+	p2.Done([]classify.Result{resDelivered})
+	p3.Done([]classify.Result{resThrottled})
+	// One delivery over learnMinElapsed: 5/s, times 0.5.
+	if r := th.Snapshot("s.test").LearnedRate; !near(r, 2.5) {
+		t.Fatalf("seed %v, want 2.5 from the burst's delivery", r)
+	}
+
+	q1, q2 := mustAdmit(t, th, "late.test"), mustAdmit(t, th, "late.test")
+	d := th.getDest("late.test")
+	d.mu.Lock()
+	d.burstFrom = th.now().Add(-time.Second)
+	d.mu.Unlock()
+	q1.Done([]classify.Result{resThrottled})
+	if r := th.Snapshot("late.test").LearnedRate; r != learnFirstContact {
+		t.Fatalf("a second into the burst: seed %v, want first contact %v", r, learnFirstContact)
+	}
+	q2.Done(nil)
+}

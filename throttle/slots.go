@@ -137,6 +137,20 @@ func (s *DestState) regrid(now time.Time, ahead time.Duration, rate float64) {
 	s.Grid = segs
 }
 
+// inForce is the learned rate traffic is held to at now: the lower of
+// LearnedRate, which the workers' buckets follow at once, and the rate of
+// the grid segment in force, which a step up reaches only at its
+// segment's start.
+func (s DestState) inForce(now time.Time) float64 {
+	r := s.LearnedRate
+	for i := len(s.Grid) - 1; i >= 0; i-- {
+		if !now.Before(s.Grid[i].From) {
+			return math.Min(r, s.Grid[i].Rate)
+		}
+	}
+	return r
+}
+
 // ceilDiv is a/b rounded up, for b > 0.
 func ceilDiv(a, b int64) int64 {
 	q := a / b

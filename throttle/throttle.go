@@ -338,7 +338,7 @@ type dest struct {
 
 	// Learning (learn.go).
 	delivered   rateWindow // this worker's deliveries, for the seed
-	lastLimited time.Time  // the rate last made an attempt wait or refused it
+	burstFrom   time.Time  // the first admission, or the first after LearnWindow without one
 	lastConnLim time.Time  // the connection limit last refused an attempt
 	lastConnThr time.Time  // last "too many connections" reply
 }
@@ -566,6 +566,9 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		d.mu.Unlock()
 		return nil, Refusal{}, true
 	}
+	if d.burstFrom.IsZero() || now.Sub(d.lastUsed) > t.cfg.LearnWindow {
+		d.burstFrom = now
+	}
 	d.lastUsed = now
 	d.seen(tenant, now)
 	st := &d.state
@@ -597,9 +600,6 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 	if fleet := t.fleetRate(d.limits, *st, now); fleet > 0 {
 		d.bucket.setRate(now, fleet/float64(live))
 		due := d.bucket.reserve(now)
-		if due.After(now) {
-			d.lastLimited = due // the rate holds this attempt back until then
-		}
 		// Sent on this worker's next turn of the fleet's grid (slots.go),
 		// never one it already gave out.
 		at = t.turnOf(d, fleet, live, now).next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
@@ -625,6 +625,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 	}
 	if at.After(d.lastTurn) {
 		d.lastTurn = at
+		d.bucket.spend(at) // the token is used at the turn, not now
 	}
 	d.inflight++
 	factor := d.state.RateFactor()

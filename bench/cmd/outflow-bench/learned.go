@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -47,12 +48,29 @@ func (s *suite) learnOutflow(relay, natsURL string) (*outflowProc, func(), error
 	if natsURL != "" {
 		extra = append(extra, "--nats-url", natsURL)
 	}
-	p, err := startOutflow(s.c.outflow, data, relay, extra...)
+	var trace *os.File
+	if s.c.learnTrace != "" {
+		if trace, err = os.Create(filepath.Join(s.c.learnTrace, filepath.Base(data)+".log")); err != nil {
+			return nil, nil, err
+		}
+		extra = append(extra, "--log-level", "debug")
+	}
+	closeTrace := func() {
+		if trace != nil {
+			trace.Close()
+		}
+	}
+	var logTo io.Writer
+	if trace != nil {
+		logTo = trace
+	}
+	p, err := startOutflowLogged(s.c.outflow, data, relay, logTo, extra...)
 	if err != nil {
+		closeTrace()
 		os.RemoveAll(data)
 		return nil, nil, err
 	}
-	return p, func() { p.Stop(); os.RemoveAll(data) }, nil
+	return p, func() { p.Stop(); closeTrace(); os.RemoveAll(data) }, nil
 }
 
 // learnPair starts the limited provider and one outflow relaying to it;
@@ -187,7 +205,45 @@ func (s *suite) learnDrain(daemons, msgs int) (learnRun, error) {
 	if err := waitArrivals(p, msgs, 10*time.Minute); err != nil {
 		return learnRun{}, err
 	}
+	if s.c.learnTrace != "" {
+		name := filepath.Join(s.c.learnTrace, fmt.Sprintf("6.%d-%s.tsv", daemons, start.Format("150405")))
+		if err := os.WriteFile(name, learnTimeline(p, start), 0o644); err != nil {
+			return learnRun{}, err
+		}
+	}
 	return learnFigures(p, msgs, start), nil
+}
+
+// learnTimeline is the provider's arrivals and throttle replies per half
+// second from start, as tab-separated lines (seconds, arrivals, throttles):
+// what a run's figures summarise, to lay beside the daemons' logs.
+func learnTimeline(p *ratedmx.Provider, start time.Time) []byte {
+	const step = 500 * time.Millisecond
+	var arr, thr []int
+	count := func(into *[]int, ts []time.Time) {
+		for _, t := range ts {
+			k := max(0, int(t.Sub(start)/step))
+			for len(*into) <= k {
+				*into = append(*into, 0)
+			}
+			(*into)[k]++
+		}
+	}
+	count(&arr, p.Times())
+	count(&thr, p.Throttles())
+	var b strings.Builder
+	b.WriteString("seconds\tarrivals\tthrottles\n")
+	for k := range max(len(arr), len(thr)) {
+		a, t := 0, 0
+		if k < len(arr) {
+			a = arr[k]
+		}
+		if k < len(thr) {
+			t = thr[k]
+		}
+		fmt.Fprintf(&b, "%.1f\t%d\t%d\n", float64(k)*step.Seconds(), a, t)
+	}
+	return []byte(b.String())
 }
 
 // learnPostfix is scenario 6.1 with Postfix on its default timers, the

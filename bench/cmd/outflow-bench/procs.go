@@ -292,6 +292,12 @@ type outflowProc struct {
 // startOutflow starts bin serve on data, relaying to relay, and waits for
 // /readyz.
 func startOutflow(bin, data, relay string, extra ...string) (*outflowProc, error) {
+	return startOutflowLogged(bin, data, relay, nil, extra...)
+}
+
+// startOutflowLogged is startOutflow that also copies the daemon's stderr
+// (its log) to logTo, when not nil.
+func startOutflowLogged(bin, data, relay string, logTo io.Writer, extra ...string) (*outflowProc, error) {
 	p := &outflowProc{SMTPAddr: freePort(), HTTPAddr: freePort(), Data: data, done: make(chan struct{})}
 	args := append([]string{"serve", "--data", data, "--smtp-addr", p.SMTPAddr, "--http-addr", p.HTTPAddr,
 		"--nats-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0", "--relay", relay, "--relay-tls", "none",
@@ -299,6 +305,9 @@ func startOutflow(bin, data, relay string, extra ...string) (*outflowProc, error
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout = io.Discard
 	p.cmd.Stderr = &p.log
+	if logTo != nil {
+		p.cmd.Stderr = io.MultiWriter(&p.log, logTo)
+	}
 	if err := p.cmd.Start(); err != nil {
 		return nil, err
 	}
