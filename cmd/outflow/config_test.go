@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -385,5 +388,36 @@ func TestSenderDomainsConfig(t *testing.T) {
 	var u usageError
 	if _, err := c.senderDomains(); !errors.As(err, &u) || !strings.Contains(err.Error(), "[tenants.shop] sender-domains") {
 		t.Errorf("bad entry: %v, want a usage error naming it", err)
+	}
+}
+
+// TestServeLogsItsStopAsJSON: the error serve stops on is also a JSON log
+// line (level fatal, the error, the exit status), as the daemon's other
+// lines are, for a collector that reads only those.
+func TestServeLogsItsStopAsJSON(t *testing.T) {
+	var errOut bytes.Buffer
+	rootCmd.SetArgs([]string{"serve", "--sent-ttl", "30m", "--data", t.TempDir()})
+	rootCmd.SetOut(io.Discard)
+	rootCmd.SetErr(&errOut)
+	defer func() {
+		rootCmd.SetArgs(nil)
+		rootCmd.SetOut(nil)
+		rootCmd.SetErr(nil)
+		resetCommands(rootCmd)
+	}()
+	if err := rootCmd.ExecuteContext(context.Background()); err == nil {
+		t.Fatal("serve --sent-ttl 30m started")
+	}
+	var line struct {
+		Level    string `json:"level"`
+		Error    string `json:"error"`
+		ExitCode int    `json:"exit_code"`
+		Message  string `json:"message"`
+	}
+	if err := json.Unmarshal(bytes.TrimSpace(errOut.Bytes()), &line); err != nil {
+		t.Fatalf("stderr is not one JSON line: %v: %q", err, errOut.String())
+	}
+	if line.Level != "fatal" || !strings.Contains(line.Error, "--sent-ttl") || line.ExitCode != 2 || line.Message == "" {
+		t.Fatalf("stop line %+v", line)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -39,10 +40,16 @@ func init() {
 		Short: "run outflow: submission listener, embedded NATS JetStream and delivery workers",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := loadConfigFile(cmd, c); err != nil {
-				return usageError{err}
+			err := loadConfigFile(cmd, c)
+			if err != nil {
+				err = usageError{err}
+			} else {
+				err = serve(cmd.Context(), c)
 			}
-			return serve(cmd.Context(), c)
+			if err != nil {
+				logStop(cmd.ErrOrStderr(), err)
+			}
+			return err
 		},
 	}
 	bindServeFlags(cmd.Flags(), c)
@@ -56,6 +63,14 @@ func newLogger(level string) (zerolog.Logger, error) {
 	}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
 	return zerolog.New(os.Stderr).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// logStop writes the error serve stopped on as a log line like the
+// daemon's others (level fatal), for a log collector that reads only JSON;
+// main still prints it as text for a person at a terminal.
+func logStop(w io.Writer, err error) {
+	log := zerolog.New(w).With().Timestamp().Logger()
+	log.WithLevel(zerolog.FatalLevel).Err(err).Int("exit_code", exitCode(err)).Msg("outflow stopped on an error")
 }
 
 // serve runs the daemon until SIGINT or SIGTERM.
@@ -280,7 +295,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	}
 
 	var ready atomic.Bool
-	httpSrv, httpLn, err := startHTTP(c.HTTPAddr, reg, &ready, q, emb, durability)
+	httpSrv, httpLn, err := startHTTP(c.HTTPAddr, reg, &ready, q, emb, durability, log)
 	if err != nil {
 		ln.Close()
 		return err
@@ -528,7 +543,7 @@ func backoffFromConfig(c *serveConfig) (backoff.Backoff, backoff.Backoff, backof
 //
 // /readyz's body names the durability (`ready (durability disk)`), and says
 // what none costs, so a check that reads it sees a weakened promise.
-func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *queue.Queue, emb *queue.Embedded, durability queue.Durability) (*http.Server, net.Listener, error) {
+func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *queue.Queue, emb *queue.Embedded, durability queue.Durability, log zerolog.Logger) (*http.Server, net.Listener, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -558,7 +573,7 @@ func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *que
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			fmt.Fprintln(os.Stderr, "outflow: http:", err)
+			log.Error().Err(err).Str("addr", addr).Msg("metrics and health endpoint stopped")
 		}
 	}()
 	return srv, ln, nil
