@@ -112,7 +112,8 @@ func TestRunbookCommands(t *testing.T) {
 		t.Fatalf("runbook failed: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{"throttled.test: at most 5/s", "suspended until", "throttled.test: resumed", "throttled.test: rate cap cleared", "queued again",
-		"/s since", "learned.test: learned limits cleared", "outflow_dest_learned_rate{dest=\"learned.test\"}"} {
+		"/s since", "learned.test: learned limits cleared", "outflow_dest_learned_rate{dest=\"learned.test\"}",
+		"(all of throttled.test's mail, from any source"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("runbook output lacks %q", want)
 		}

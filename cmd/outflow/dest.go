@@ -73,8 +73,12 @@ func init() {
 				if err != nil {
 					return err
 				}
-				deferred, _ := q.List(ctx, queue.Filter{State: queue.StateDeferred, Dest: args[0], Limit: 100000})
-				throttled, _ := q.List(ctx, queue.Filter{State: queue.StateThrottled, Dest: args[0], Limit: 100000})
+				// An envelope takes its source address at each attempt, so
+				// a (destination, source) pair's waiting mail is the
+				// destination's.
+				base, source := throttle.SplitPair(args[0])
+				deferred, _ := q.List(ctx, queue.Filter{State: queue.StateDeferred, Dest: base, Limit: 100000})
+				throttled, _ := q.List(ctx, queue.Filter{State: queue.StateThrottled, Dest: base, Limit: 100000})
 				if a.json {
 					return printJSON(cmd.OutOrStdout(), map[string]any{"dest": args[0], "state": st, "workers": views,
 						"deferred": len(deferred), "throttled": len(throttled)})
@@ -111,7 +115,11 @@ func init() {
 					fmt.Fprintf(out, "learned:       nothing (no throttle has taught a limit)\n")
 				}
 				fmt.Fprintf(out, "breaker:       %s\n", st.BreakerAt(now))
-				fmt.Fprintf(out, "waiting:       %d deferred, %d throttled\n", len(deferred), len(throttled))
+				fmt.Fprintf(out, "waiting:       %d deferred, %d throttled", len(deferred), len(throttled))
+				if source != "" {
+					fmt.Fprintf(out, " (all of %s's mail, from any source: an envelope takes its source at each attempt)", base)
+				}
+				fmt.Fprintln(out)
 				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "WORKER\tGROUP\tCONFIGURED\tFLEET RATE\tFROM\tWORKER RATE\tLIVE\tCONNS\tIN FLIGHT\tBREAKER")
 				for _, v := range views {
