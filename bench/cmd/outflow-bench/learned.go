@@ -145,15 +145,15 @@ type learnRun struct {
 	drain         time.Duration
 }
 
-func learnFigures(p *ratedmx.Provider, msgs int, start time.Time) learnRun {
+func learnFigures(p *ratedmx.Provider, msgs int, start time.Time, limit float64) learnRun {
 	ts := p.Times()
 	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
 	drain := ts[len(ts)-1].Sub(start)
-	ideal := time.Duration(float64(msgs) / learnLimit * float64(time.Second))
+	ideal := time.Duration(float64(msgs) / limit * float64(time.Second))
 	return learnRun{
 		throttleShare: float64(len(p.Throttles())) / float64(msgs),
 		drainRatio:    drain.Seconds() / ideal.Seconds(),
-		peakRatio:     float64(ratedmx.Peak(ts)) / learnLimit,
+		peakRatio:     float64(ratedmx.Peak(ts)) / limit,
 		drain:         drain,
 	}
 }
@@ -161,7 +161,7 @@ func learnFigures(p *ratedmx.Provider, msgs int, start time.Time) learnRun {
 // learnDrain is scenario 6.1 (daemons = 1) and 6.2 (daemons = 2): msgs
 // messages split over the daemons, against the unannounced limit.
 func (s *suite) learnDrain(daemons, msgs int) (learnRun, error) {
-	p, err := ratedmx.New(ratedmx.Options{Rate: learnLimit})
+	p, err := ratedmx.New(ratedmx.Options{Rate: s.c.learnLimit})
 	if err != nil {
 		return learnRun{}, err
 	}
@@ -211,7 +211,7 @@ func (s *suite) learnDrain(daemons, msgs int) (learnRun, error) {
 			return learnRun{}, err
 		}
 	}
-	return learnFigures(p, msgs, start), nil
+	return learnFigures(p, msgs, start, s.c.learnLimit), nil
 }
 
 // learnTimeline is the provider's arrivals and throttle replies per half
@@ -250,7 +250,7 @@ func learnTimeline(p *ratedmx.Provider, start time.Time) []byte {
 // anchor: throttled mail waits out minimal_backoff_time and the queue
 // manager's runs.
 func (s *suite) learnPostfix(msgs int, timeout time.Duration) (learnRun, error) {
-	p, err := ratedmx.New(ratedmx.Options{Rate: learnLimit})
+	p, err := ratedmx.New(ratedmx.Options{Rate: s.c.learnLimit})
 	if err != nil {
 		return learnRun{}, err
 	}
@@ -269,7 +269,7 @@ func (s *suite) learnPostfix(msgs int, timeout time.Duration) (learnRun, error) 
 	if err := waitArrivals(p, msgs, timeout); err != nil {
 		return learnRun{}, fmt.Errorf("postfix: %w", err)
 	}
-	return learnFigures(p, msgs, start), nil
+	return learnFigures(p, msgs, start, s.c.learnLimit), nil
 }
 
 // learnHalving is scenario 6.3: a steady supply at twice the limit; the
@@ -366,7 +366,7 @@ func (s *suite) learnTenants(a, b int) (p50, p99 time.Duration, left int, err er
 }
 
 func (s *suite) scenario6() error {
-	msgs, runs := 600, s.c.runs
+	msgs, runs := max(60, int(30*s.c.learnLimit)), s.c.runs
 	backlog := 10000
 	settle, halved, restored := 30*time.Second, 30*time.Second, 60*time.Second
 	postfixTimeout := 30 * time.Minute
@@ -377,7 +377,7 @@ func (s *suite) scenario6() error {
 	t := &table{
 		title: "Scenario 6: an unannounced limit (learned rates), outflow on its defaults",
 		notes: []string{
-			fmt.Sprintf("A scripted provider (internal/ratedmx) accepts a token bucket of %.0f msg/s (burst %.0f) and answers 421 4.7.28 to every RCPT above it. outflow runs with no rate configured. 6.1: %d messages over one authenticated session; 6.2: the same split over two daemons on one NATS; medians of %d runs. Drain is the last arrival after the first submission, against the ideal %d/%.0f s; peak is the most arrivals in any one second, against the limit.", learnLimit, max(1, learnLimit/5), msgs, runs, msgs, learnLimit),
+			fmt.Sprintf("A scripted provider (internal/ratedmx) accepts a token bucket of %.0f msg/s (burst %.0f) and answers 421 4.7.28 to every RCPT above it. outflow runs with no rate configured. 6.1: %d messages over one authenticated session; 6.2: the same split over two daemons on one NATS; medians of %d runs. Drain is the last arrival after the first submission, against the ideal %d/%g s; peak is the most arrivals in any one second, against the limit.", s.c.learnLimit, max(1, s.c.learnLimit/5), msgs, runs, msgs, s.c.learnLimit),
 			"Postfix (same provider, its default timers, relaying as smarthost) is the anchor for 6.1: each 421 defers the message for minimal_backoff_time (300 s) and later queue runs.",
 		},
 		head: []string{"run", "throttle replies / messages", "drain / ideal", "peak / limit", "drain s"},
