@@ -223,12 +223,21 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 // consume creates or updates ep's consumer and delivers its events until
 // ctx ends or the consumer fails. It reports whether the consumer was
 // made, and the error that ended it.
+// consumerHeartbeat is how often the server tells an endpoint's pull
+// iterator that its consumer is there; two missed in a row end the
+// iterator, and the runner makes the consumer again.
+const consumerHeartbeat = 5 * time.Second
+
 func (d *Dispatcher) consume(ctx context.Context, log zerolog.Logger, ep *Endpoint, cfg jetstream.ConsumerConfig) (bool, error) {
 	cons, err := d.cfg.Events.EventConsumer(ctx, cfg)
 	if err != nil {
 		return false, err
 	}
-	it, err := cons.Messages()
+	// Missed heartbeats end the iterator: a consumer deleted while no pull
+	// request was waiting on it sends no "consumer deleted" status, and the
+	// iterator would otherwise go on pulling from nothing, the endpoint
+	// deaf until a restart.
+	it, err := cons.Messages(jetstream.PullHeartbeat(consumerHeartbeat), jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		return false, err
 	}
