@@ -289,14 +289,34 @@ func (w *rateWindow) add(now time.Time, n int, span time.Duration) {
 // count is the deliveries within span before now.
 func (w *rateWindow) count(now time.Time, span time.Duration) int {
 	sec := now.Unix()
-	secs := int64(math.Ceil(span.Seconds()))
+	return w.sum(sec-int64(math.Ceil(span.Seconds()))+1, sec)
+}
+
+// sum is the deliveries in the one-second slots from through to.
+func (w *rateWindow) sum(from, to int64) int {
 	total := 0
 	for i := range w.slots {
-		if s := w.slots[i]; s.sec > sec-secs && s.sec <= sec {
+		if s := w.slots[i]; s.sec >= from && s.sec <= to {
 			total += s.n
 		}
 	}
 	return total
+}
+
+// per is n deliveries as a rate over el, or over the time since traffic
+// began when that is shorter (at least learnMinElapsed), so a burst's
+// first throttle sees the burst's rate rather than that rate diluted by
+// idle seconds.
+func (w *rateWindow) per(n int, el time.Duration, now time.Time) float64 {
+	if n == 0 {
+		return 0
+	}
+	if !w.first.IsZero() {
+		if since := now.Sub(w.first); since < el {
+			el = max(since, learnMinElapsed)
+		}
+	}
+	return float64(n) / el.Seconds()
 }
 
 // spanRate is the delivered rate over the last span (msgs/s), read over
@@ -304,41 +324,14 @@ func (w *rateWindow) count(now time.Time, span time.Duration) int {
 // now-span to now. rate divides by span alone, which reads a steady rate
 // as anything from half of it to all of it; the seed and the cut's floor
 // are tuned to that reading (docs/benchmarks.md, scenario 6), a step's
-// test needs the rate itself. Burst starts as in rate.
+// test needs the rate itself.
 func (w *rateWindow) spanRate(now time.Time, span time.Duration) float64 {
-	sec, from := now.Unix(), max(now.Add(-span).Unix(), now.Unix()-int64(len(w.slots))+1)
-	n := 0
-	for i := range w.slots {
-		if s := w.slots[i]; s.sec >= from && s.sec <= sec {
-			n += s.n
-		}
-	}
-	if n == 0 {
-		return 0
-	}
-	el := now.Sub(time.Unix(from, 0))
-	if !w.first.IsZero() {
-		if since := now.Sub(w.first); since < el {
-			el = max(since, learnMinElapsed)
-		}
-	}
-	return float64(n) / el.Seconds()
+	from := max(now.Add(-span).Unix(), now.Unix()-int64(len(w.slots))+1)
+	return w.per(w.sum(from, now.Unix()), now.Sub(time.Unix(from, 0)), now)
 }
 
-// rate is the delivered rate over span (msgs/s). When traffic began less
-// than span ago, it is measured over the time since it began (at least
-// learnMinElapsed), so a burst's first throttle sees the burst's rate
-// rather than that rate diluted by idle seconds.
+// rate is the delivered rate over span (msgs/s), the deliveries count
+// counts divided by span (see per for a younger burst).
 func (w *rateWindow) rate(now time.Time, span time.Duration) float64 {
-	n := w.count(now, span)
-	if n == 0 {
-		return 0
-	}
-	el := span
-	if !w.first.IsZero() {
-		if since := now.Sub(w.first); since < el {
-			el = max(since, learnMinElapsed)
-		}
-	}
-	return float64(n) / el.Seconds()
+	return w.per(w.count(now, span), span, now)
 }
