@@ -48,21 +48,15 @@ func (s *suite) learnOutflow(relay, natsURL string) (*outflowProc, func(), error
 	if natsURL != "" {
 		extra = append(extra, "--nats-url", natsURL)
 	}
-	var trace *os.File
+	var logTo io.Writer // the daemon's log, for -learn-trace
+	closeTrace := func() {}
 	if s.c.learnTrace != "" {
-		if trace, err = os.Create(filepath.Join(s.c.learnTrace, filepath.Base(data)+".log")); err != nil {
+		f, err := os.Create(filepath.Join(s.c.learnTrace, filepath.Base(data)+".log"))
+		if err != nil {
 			return nil, nil, err
 		}
+		logTo, closeTrace = f, func() { f.Close() }
 		extra = append(extra, "--log-level", "debug")
-	}
-	closeTrace := func() {
-		if trace != nil {
-			trace.Close()
-		}
-	}
-	var logTo io.Writer
-	if trace != nil {
-		logTo = trace
 	}
 	p, err := startOutflowLogged(s.c.outflow, data, relay, logTo, extra...)
 	if err != nil {
@@ -207,17 +201,17 @@ func (s *suite) learnDrain(daemons, msgs int) (learnRun, error) {
 	}
 	if s.c.learnTrace != "" {
 		name := filepath.Join(s.c.learnTrace, fmt.Sprintf("6.%d-%s.tsv", daemons, start.Format("150405")))
-		if err := os.WriteFile(name, learnTimeline(p, start), 0o644); err != nil {
+		if err := os.WriteFile(name, learnTimeline(p.Times(), p.Throttles(), start), 0o644); err != nil {
 			return learnRun{}, err
 		}
 	}
 	return learnFigures(p, msgs, start, s.c.learnLimit), nil
 }
 
-// learnTimeline is the provider's arrivals and throttle replies per half
+// learnTimeline is a provider's arrivals and throttle replies per half
 // second from start, as tab-separated lines (seconds, arrivals, throttles):
 // what a run's figures summarise, to lay beside the daemons' logs.
-func learnTimeline(p *ratedmx.Provider, start time.Time) []byte {
+func learnTimeline(arrivals, throttles []time.Time, start time.Time) []byte {
 	const step = 500 * time.Millisecond
 	var arr, thr []int
 	count := func(into *[]int, ts []time.Time) {
@@ -229,8 +223,8 @@ func learnTimeline(p *ratedmx.Provider, start time.Time) []byte {
 			(*into)[k]++
 		}
 	}
-	count(&arr, p.Times())
-	count(&thr, p.Throttles())
+	count(&arr, arrivals)
+	count(&thr, throttles)
 	var b strings.Builder
 	b.WriteString("seconds\tarrivals\tthrottles\n")
 	for k := range max(len(arr), len(thr)) {

@@ -92,3 +92,15 @@ func TestStraceCalls(t *testing.T) {
 		t.Errorf("calls = %d, want 3000", n)
 	}
 }
+
+// TestLearnTimeline: scenario 6's trace counts arrivals and throttles per
+// half second from the start, quiet half seconds included.
+func TestLearnTimeline(t *testing.T) {
+	start := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return start.Add(time.Duration(ms) * time.Millisecond) }
+	got := string(learnTimeline([]time.Time{at(10), at(400), at(1200)}, []time.Time{at(499), at(1700)}, start))
+	want := "seconds\tarrivals\tthrottles\n0.0\t2\t1\n0.5\t0\t0\n1.0\t1\t0\n1.5\t0\t1\n"
+	if got != want {
+		t.Fatalf("timeline\n%q\nwant\n%q", got, want)
+	}
+}
