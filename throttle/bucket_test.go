@@ -1,8 +1,12 @@
 package throttle
 
 import (
+	"context"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/outflow/outflow/classify"
 )
 
 func TestBucketReservations(t *testing.T) {
@@ -18,21 +22,78 @@ func TestBucketReservations(t *testing.T) {
 			t.Fatalf("reservation %d due at %s, want %dms", i, at.Sub(t0), 100*i)
 		}
 	}
-	// Halving the rate: the debt (5 tokens at 500ms) now takes 1s.
-	b.setRate(ms(0), 5)
-	if at := b.reserve(ms(0)); !at.Equal(ms(1200)) {
-		t.Fatalf("after a rate change: %s, want 1.2s", at.Sub(t0))
+	// A refund of the latest reservation gives its place to the next.
+	b.refund(ms(500))
+	if at := b.reserve(t0); !at.Equal(ms(500)) {
+		t.Fatalf("after a refund: %s, want 500ms", at.Sub(t0))
 	}
-	b.refund()
-	if at := b.reserve(ms(0)); !at.Equal(ms(1200)) {
-		t.Fatalf("after a refund: %s, want 1.2s", at.Sub(t0))
+	// A refund of an older one leaves the chain alone.
+	b.refund(ms(300))
+	if at := b.reserve(t0); !at.Equal(ms(600)) {
+		t.Fatalf("after an older refund: %s, want 600ms", at.Sub(t0))
 	}
 	// Idle for long: the bucket holds one token, no more.
 	if at := b.reserve(ms(10000)); !at.Equal(ms(10000)) {
 		t.Fatal("no token after idling")
 	}
-	if at := b.reserve(ms(10000)); !at.Equal(ms(10200)) {
+	if at := b.reserve(ms(10000)); !at.Equal(ms(10100)) {
 		t.Fatalf("burst beyond one token: %s", at.Sub(t0))
+	}
+}
+
+// TestBucketStepUpKeepsThePeriod: a faster rate, with reservations waiting
+// at the old one, puts the next reservation one new period after the
+// latest. Counted as a debt of tokens repaid at the new rate it was due at
+// 300 ms, beside the reservation already due then; against a provider
+// whose burst is one message, that pair is a throttle on every step up.
+func TestBucketStepUpKeepsThePeriod(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	var b bucket
+	b.setRate(t0, 10)
+	for i := 0; i <= 5; i++ {
+		b.reserve(t0) // due at 0, 100, …, 500 ms
+	}
+	if slower := b.setRate(t0, 20); slower {
+		t.Fatal("a faster rate reported as slower")
+	}
+	if at := b.reserve(t0); !at.Equal(ms(550)) {
+		t.Fatalf("first reservation at the new rate due %s, want 550ms (one new period after the latest, 500ms)", at.Sub(t0))
+	}
+	if at := b.reserve(t0); !at.Equal(ms(600)) {
+		t.Fatalf("second at the new rate due %s, want 600ms", at.Sub(t0))
+	}
+}
+
+// TestBucketSlowerRateRestarts: a slower rate restarts the chain one new
+// period from now and counts in gen, so that admissions waiting on
+// reservations at the old spacing take them again (Throttle.admit).
+func TestBucketSlowerRateRestarts(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	var b bucket
+	b.setRate(t0, 10)
+	for i := 0; i <= 5; i++ {
+		b.reserve(t0) // due at 0, 100, …, 500 ms
+	}
+	gen := b.gen
+	if slower := b.setRate(ms(50), 5); !slower {
+		t.Fatal("a halved rate not reported as slower")
+	}
+	if b.gen == gen {
+		t.Fatal("gen did not count the slower rate")
+	}
+	if at := b.reserve(ms(150)); !at.Equal(ms(250)) {
+		t.Fatalf("after halving at 50ms: due %s, want 250ms (one new period from the change)", at.Sub(t0))
+	}
+	// With nothing waiting, a slower rate counts from the latest
+	// reservation, which was sent.
+	var c bucket
+	c.setRate(t0, 10)
+	c.reserve(t0)
+	c.setRate(ms(30), 5)
+	if at := c.reserve(ms(30)); !at.Equal(ms(200)) {
+		t.Fatalf("halved with nothing waiting: due %s, want 200ms", at.Sub(t0))
 	}
 }
 
@@ -58,5 +119,55 @@ func TestBucketSpendAtTurn(t *testing.T) {
 	b.spend(t0)
 	if again := b.reserve(t0.Add(500 * time.Millisecond)); !again.Equal(next.Add(100 * time.Millisecond)) {
 		t.Fatalf("after an early spend: %s, want %s", again.Sub(t0), next.Add(100*time.Millisecond).Sub(t0))
+	}
+}
+
+// TestWaitingAdmissionTakesItsTurnAgainAfterACut: admissions waiting for
+// their tokens when the rate is cut do not go out at the old spacing: each
+// reserves again at the new rate when it wakes. Before, the five below went
+// out 100 ms apart after the cut to 2.5/s, as throttled as the send that
+// caused the cut.
+func TestWaitingAdmissionTakesItsTurnAgainAfterACut(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *Config) {
+		c.Defaults.Rate = 10
+		c.DecreaseFactor = 0.25
+		c.MaxWait = 5 * time.Second
+	})
+	first := mustAdmit(t, a, "w.test") // the bucket's one token
+	admitted := make(chan time.Time, 5)
+	for range 5 {
+		go func() {
+			p, r := a.Admit(context.Background(), "w.test", "", "")
+			if p == nil {
+				t.Errorf("refused: %+v", r)
+				admitted <- time.Time{}
+				return
+			}
+			admitted <- time.Now()
+			p.Done([]classify.Result{resDelivered})
+		}()
+	}
+	d := a.getDest("w.test")
+	eventually(t, 5*time.Second, "five admissions waiting for tokens 100 to 500 ms ahead", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.inflight == 6
+	})
+	cut := time.Now()
+	first.Done([]classify.Result{resThrottled}) // 10/s × 0.25: one send per 400 ms
+	var times []time.Time
+	for range 5 {
+		times = append(times, <-admitted)
+	}
+	slices.SortFunc(times, func(x, y time.Time) int { return x.Compare(y) })
+	if times[0].IsZero() {
+		t.Fatal("an admission was refused")
+	}
+	if el := times[0].Sub(cut); el < 300*time.Millisecond {
+		t.Fatalf("first admission %s after the cut, want one period of the new rate (400ms)", el)
+	}
+	if el := times[4].Sub(cut); el < 1900*time.Millisecond {
+		t.Fatalf("fifth admission %s after the cut, want five periods of the new rate (2s)", el)
 	}
 }

@@ -598,7 +598,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 	}
 	var at time.Time
 	if fleet := t.fleetRate(d.limits, *st, now); fleet > 0 {
-		d.bucket.setRate(now, fleet/float64(live))
+		d.setShare(now, fleet/float64(live))
 		due := d.bucket.reserve(now)
 		// Sent on this worker's next turn of the fleet's grid (slots.go),
 		// never one it already gave out.
@@ -616,7 +616,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 			// fleet rate. A backlog then returns at the pace the whole
 			// fleet can send, whichever worker refused it; each return
 			// still takes a real token from the worker that admits it.
-			d.bucket.refund()
+			d.bucket.refund(due)
 			until := d.slot(tenant, at, now, fleet, t.weight, t.horizon(d, now))
 			d.probing = d.probing && !probe
 			d.mu.Unlock()
@@ -629,12 +629,32 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 	}
 	d.inflight++
 	factor := d.state.RateFactor()
+	gen := d.bucket.gen
 	d.mu.Unlock()
 
 	if wait := time.Until(at); wait > 0 {
 		tm := time.NewTimer(wait)
 		select {
 		case <-tm.C:
+			// When the rate went down while this admission waited, its
+			// turn was given at the old spacing: it reserves again at the
+			// new one (and may be told to come back later instead), rather
+			// than send at a rate just cut.
+			live := t.liveCount()
+			d.mu.Lock()
+			now := t.now()
+			if fleet := t.fleetRate(d.limits, d.state, now); fleet > 0 {
+				d.setShare(now, fleet/float64(live))
+			}
+			again := d.bucket.gen != gen
+			if again {
+				d.inflight--
+				d.probing = d.probing && !probe
+			}
+			d.mu.Unlock()
+			if again {
+				return nil, Refusal{}, true
+			}
 		case <-ctx.Done():
 			tm.Stop()
 			d.mu.Lock()
@@ -642,12 +662,22 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 			if probe {
 				d.probing = false
 			}
-			d.bucket.refund() // the token was not used
+			d.bucket.refund(at) // the token was not used
 			d.mu.Unlock()
 			return nil, Refusal{Until: t.now(), Reason: "canceled"}, false
 		}
 	}
 	return &permit{t: t, d: d, probe: probe, factor: factor}, Refusal{}, false
+}
+
+// setShare sets this worker's share of the destination's rate on its
+// bucket. A slower share restarts the bucket's chain (bucket.setRate), and
+// the turns given at the old spacing are to be taken again: the next may
+// come from now. d.mu held.
+func (d *dest) setShare(now time.Time, share float64) {
+	if d.bucket.setRate(now, share) && d.lastTurn.After(now) {
+		d.lastTurn = now
+	}
 }
 
 // permit is one admitted attempt.
