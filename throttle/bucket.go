@@ -65,6 +65,18 @@ func (b *bucket) setRate(now time.Time, rate float64) (slower bool) {
 	return slower
 }
 
+// startAfter starts a bucket that had no rate from the send at sent: the
+// first token is due one period after it, not at once. A destination's
+// first rate comes from a throttle, usually milliseconds after the last
+// send; a full bucket sent the next message beside it, into the same
+// refusal.
+func (b *bucket) startAfter(sent time.Time) {
+	if b.rate > 0 && b.last.IsZero() && !sent.IsZero() {
+		b.last, b.prev = sent, time.Time{}
+		b.next = sent.Add(b.period())
+	}
+}
+
 // reserve takes one token and returns when it is due: now, or the next
 // token's time when that is later.
 func (b *bucket) reserve(now time.Time) time.Time {

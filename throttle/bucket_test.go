@@ -122,6 +122,32 @@ func TestBucketSpendAtTurn(t *testing.T) {
 	}
 }
 
+// TestBucketStartsAfterTheLastSend: a destination's first rate (a seed,
+// milliseconds after the send that was throttled) starts its bucket one
+// period after that send, not with a token ready.
+func TestBucketStartsAfterTheLastSend(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	var b bucket
+	b.setRate(t0, 2)
+	b.startAfter(ms(-4))
+	if at := b.reserve(t0); !at.Equal(ms(496)) {
+		t.Fatalf("first token due %s, want 496ms (one period after the send 4ms ago)", at.Sub(t0))
+	}
+	// A bucket in use keeps its chain.
+	b.startAfter(ms(300))
+	if at := b.reserve(t0); !at.Equal(ms(996)) {
+		t.Fatalf("second token due %s, want 996ms", at.Sub(t0))
+	}
+	// Without a send before, a token is ready.
+	var c bucket
+	c.setRate(t0, 2)
+	c.startAfter(time.Time{})
+	if at := c.reserve(t0); !at.Equal(t0) {
+		t.Fatalf("first token with no send before: %s, want now", at.Sub(t0))
+	}
+}
+
 // TestWaitingAdmissionTakesItsTurnAgainAfterACut: admissions waiting for
 // their tokens when the rate is cut do not go out at the old spacing: each
 // reserves again at the new rate when it wakes. Before, the five below went

@@ -15,7 +15,10 @@
 //
 // A destination without a configured rate learns one from its throttles
 // (learn.go: seeded from the fleet's delivered rate, cut and probed upward
-// fleet-wide, forgotten after a quiet hour), and its virtual queue, one tail
+// fleet-wide, forgotten after a quiet hour). Until it has one, a
+// first-contact window holds the attempts in flight to a few, widened by
+// each delivery (learn.go, firstWindow). Each worker paces its share of a
+// rate with a chain of reservations (bucket.go), and its virtual queue, one tail
 // per tenant, paces both the envelopes refused for the rate and those a
 // throttle deferred (Gate.Pace), so that a backlog comes back at the
 // rate, oldest first, and tenants share a busy destination fairly.

@@ -55,6 +55,10 @@ type Settings struct {
 	LearnStep   float64       `toml:"learn-step"`   // default DefaultLearnStep
 	LearnForget time.Duration `toml:"learn-forget"` // default DefaultLearnForget
 	LearnMin    float64       `toml:"learn-min"`    // default DefaultLearnMin (msgs/s)
+	// LearnInitial is the fleet's attempts in flight to a destination
+	// with no rate yet (first contact); default DefaultLearnInitial, -1
+	// for no limit.
+	LearnInitial int `toml:"learn-initial"`
 	// TenantWeights weigh tenants' shares of a busy destination's rate;
 	// unlisted tenants weigh 1.
 	TenantWeights map[string]float64 `toml:"tenant-weights"`
@@ -82,6 +86,7 @@ func (f File) Config() (Config, error) {
 	c.NoLearn = s.Learn != nil && !*s.Learn
 	c.LearnWindow, c.LearnHold, c.LearnEvery, c.LearnForget = s.LearnWindow, s.LearnHold, s.LearnEvery, s.LearnForget
 	c.LearnStep, c.LearnMin, c.TenantWeights = s.LearnStep, s.LearnMin, s.TenantWeights
+	c.LearnInitial = s.LearnInitial
 	switch {
 	case s.LearnWindow < 0, s.LearnHold < 0, s.LearnEvery < 0, s.LearnForget < 0:
 		return c, fmt.Errorf("throttle: learn-window, learn-hold, learn-every and learn-forget must be > 0")
@@ -89,6 +94,8 @@ func (f File) Config() (Config, error) {
 		return c, fmt.Errorf("throttle: learn-step %v: want 0 < step <= 1", s.LearnStep)
 	case s.LearnMin < 0:
 		return c, fmt.Errorf("throttle: learn-min %v: want > 0", s.LearnMin)
+	case s.LearnInitial < -1:
+		return c, fmt.Errorf("throttle: learn-initial %d: want >= 1, or -1 for no first-contact window", s.LearnInitial)
 	case s.BreakerFailures < 0:
 		return c, fmt.Errorf("throttle: breaker-failures %d: want >= 1", s.BreakerFailures)
 	case s.BreakerCooldown < 0, s.DecreaseFor < 0, s.IncreaseEvery < 0:

@@ -57,7 +57,7 @@ type Permit interface {
 // Refusal, when Until is non-zero, means "not now": come back at Until.
 type Refusal struct {
 	Until  time.Time
-	Reason string // "suspended", "breaker-open", "rate", "conns", …
+	Reason string // "suspended", "breaker-open", "rate", "conns", "window", …
 }
 
 // OpenGate admits everything: no limits configured, no rates to pace by,

@@ -90,6 +90,54 @@ const learnFirstContact = 1.0
 // server connections has exceeded a per-source limit".
 var connSignal = regexp.MustCompile(`(?i)too many (concurrent |simultaneous |open |smtp |parallel )*(connections|sessions|conns)|connection (count |rate )?limit|concurrent (smtp |server |inbound )?connections|max(imum)? (number of )?(concurrent )?(smtp |server |inbound )?connections|concurrency limit`)
 
+// First contact.
+//
+// A destination with no rate yet (none configured, pinned or learned) has
+// nothing to pace it, and a worker with a lane full of mail for it would
+// open every delivery slot at once: 32 attempts against a provider that
+// takes four in a burst are 28 throttles before the first reply can seed
+// a rate. So each worker starts such a destination at its share of
+// LearnInitial attempts in flight, and widens by one for every delivered
+// attempt: the window doubles every round trip while the provider takes
+// all it is sent (TCP's slow start, Postfix's
+// initial_destination_concurrency), and stops mattering once it is wider
+// than the worker's delivery slots. An admission beyond it is refused for
+// windowRetry ("window"), without an attempt. The first throttle seeds a
+// rate, which paces from then on; a rate forgotten later starts the window
+// afresh.
+
+// DefaultLearnInitial is LearnInitial's default: attempts in flight, fleet-wide.
+const DefaultLearnInitial = 2
+
+// windowOpen is the width at which a first-contact window stops counting:
+// no worker has that many delivery slots.
+const windowOpen = 1 << 16
+
+// firstWindow is this worker's limit on attempts in flight to d now, 0 for
+// none: the first-contact window while d has no rate and learning could
+// give it one. fleet is d's fleet rate (0: unlimited). d.mu held.
+func (d *dest) firstWindow(cfg *Config, fleet float64, live int) int {
+	if fleet > 0 || cfg.NoLearn || cfg.LearnInitial <= 0 {
+		d.window = 0 // a rate paces; without one later, the window starts afresh
+		return 0
+	}
+	if d.window == 0 {
+		d.window = max(1, (cfg.LearnInitial+live-1)/live)
+	}
+	if d.window >= windowOpen {
+		return 0
+	}
+	return d.window
+}
+
+// widen is one delivered attempt's growth of the first-contact window.
+// d.mu held.
+func (d *dest) widen() {
+	if d.window > 0 && d.window < windowOpen {
+		d.window++
+	}
+}
+
 // learnConfig is the part of Config the learning math reads.
 type learnConfig struct {
 	decrease float64
@@ -121,9 +169,14 @@ func (lc learnConfig) stepOf(rate float64) float64 {
 // throttle at now, with observed the fleet's delivered rate (msgs/s) over
 // the learning window. It seeds an unknown rate. It returns false, and
 // leaves s alone, within the hold of the previous cut: one cut per hold,
-// fleet-wide, however many workers saw throttles.
-func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling float64, why string) bool {
-	if s.LearnedRate > 0 && now.Before(s.LearnedHold) {
+// fleet-wide, however many workers saw throttles, since the attempts in
+// flight when a cut comes were sent at the rate before it. paced says the
+// throttled attempt was admitted after the last cut, at the rate that cut
+// set: then the rate is still too high, and it is cut again at once (a
+// seed at twice a provider's limit was otherwise sent at for the whole
+// hold, a throttle every few sends).
+func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling float64, why string, paced bool) bool {
+	if s.LearnedRate > 0 && now.Before(s.LearnedHold) && !paced {
 		return false
 	}
 	var next float64
@@ -155,6 +208,9 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 		next = ceiling
 	}
 	next = math.Max(lc.min, next)
+	if s.LearnedRate > 0 && now.Before(s.LearnedHold) && next >= s.LearnedRate {
+		return false // a paced attempt's throttle, but what was delivered keeps the rate
+	}
 	s.regrid(now, lc.ahead, next)
 	s.LearnedRate = next
 	s.LearnedStep = lc.stepOf(next)

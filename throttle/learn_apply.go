@@ -276,9 +276,9 @@ func (t *Throttle) learning() learnConfig {
 	return lc
 }
 
-// cutLearnedRate seeds or cuts d's learned rate after a throttled reply.
-// d.mu held.
-func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result) {
+// cutLearnedRate seeds or cuts d's learned rate after a throttled reply to
+// an attempt admitted at admitted (see permit). d.mu held.
+func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, admitted time.Time) {
 	lc, observed, ceiling, reply := t.learning(), t.observedRate(d, now), d.limits.Rate, learnedWhy(why)
 	if d.state.LearnedRate <= 0 && observed == 0 && d.inflight > 0 && now.Sub(d.burstFrom) < learnMinElapsed {
 		// The first reply of a burst is a throttle while the rest of the
@@ -287,7 +287,13 @@ func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result) {
 		// the burst) rather than falling to learnFirstContact.
 		return
 	}
-	t.cutLearned(d, now, learnedRate, func(s *DestState, now time.Time) bool { return lc.cutRate(s, now, observed, ceiling, reply) })
+	t.cutLearned(d, now, learnedRate, func(s *DestState, now time.Time) bool {
+		// Applied again to the shared state, where another worker's cut
+		// may have come since: the attempt was paced at the rate in force
+		// only if it was admitted after the last cut.
+		paced := s.LearnedRate > 0 && !admitted.Before(s.LearnedCutAt)
+		return lc.cutRate(s, now, observed, ceiling, reply, paced)
+	})
 }
 
 // cutLearnedConns seeds or cuts d's learned connection limit after a "too
@@ -298,12 +304,15 @@ func (t *Throttle) cutLearnedConns(d *dest, now time.Time, why classify.Result) 
 }
 
 // cutLearned applies the cut fn of l first locally, then in the shared
-// state (where the hold makes it one cut fleet-wide). d.mu held.
+// state (where the hold makes it one cut fleet-wide). Both at now, the
+// throttle's time, not the write's a few milliseconds later: the cut's
+// time (LearnedCutAt) is what tells the attempts paced at its rate from
+// those admitted before it (cutRate). d.mu held.
 func (t *Throttle) cutLearned(d *dest, now time.Time, l learnedLimit, fn func(*DestState, time.Time) bool) {
 	if !fn(&d.state, now) {
 		return // within the hold of a cut this worker has seen
 	}
-	t.changeLearned(d, l, "cut", fn)
+	t.changeLearned(d, l, "cut", func(s *DestState, _ time.Time) bool { return fn(s, now) })
 }
 
 // raiseLearned probes d's learned limits upward after a delivered attempt:
@@ -364,11 +373,17 @@ func (t *Throttle) learnedChanged(d *dest, change, from, to, reason string, a De
 // this worker's, plus what the other live workers last reported in their
 // registry heartbeat. When none of them has reported the destination yet
 // (a burst younger than a heartbeat), this worker's rate times the live
-// workers stands in: the work lanes spread mail evenly over workers.
+// workers stands in: the work lanes spread mail evenly over workers. Not
+// for a single delivery, though: a provider that took one message of a
+// burst took it from one worker, and two daemons learning a 2/s limit
+// seeded 5/s from one delivery counted twice.
 func (t *Throttle) observedRate(d *dest, now time.Time) float64 {
 	local := d.delivered.rate(now, t.cfg.LearnWindow)
 	peers, n := t.peerLoad(d.name, now)
 	if n == 0 {
+		if d.delivered.count(now, t.cfg.LearnWindow) <= 1 {
+			return local
+		}
 		return local * float64(t.liveCount())
 	}
 	return local + peers.Rate

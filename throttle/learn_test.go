@@ -4,6 +4,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,7 +23,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 
 func TestLearnSeedFromObservedRate(t *testing.T) {
 	var s DestState
-	if !lcTest.cutRate(&s, t0, 24, 0, "why") {
+	if !lcTest.cutRate(&s, t0, 24, 0, "why", false) {
 		t.Fatal("no seed")
 	}
 	if !near(s.LearnedRate, 12) || !near(s.LearnedStep, 1.2) || !s.LearnedHold.Equal(t0.Add(3*time.Second)) || !s.LearnedSince.Equal(t0) {
@@ -30,7 +31,7 @@ func TestLearnSeedFromObservedRate(t *testing.T) {
 	}
 	// Nothing delivered in the window: a first-contact seed, not zero.
 	var first DestState
-	lcTest.cutRate(&first, t0, 0, 0, "why")
+	lcTest.cutRate(&first, t0, 0, 0, "why", false)
 	if first.LearnedRate != learnFirstContact || first.LearnedStep != learnMinStep {
 		t.Fatalf("first contact seed %v step %v", first.LearnedRate, first.LearnedStep)
 	}
@@ -38,17 +39,23 @@ func TestLearnSeedFromObservedRate(t *testing.T) {
 
 func TestLearnOneCutPerHold(t *testing.T) {
 	var s DestState
-	lcTest.cutRate(&s, t0, 40, 0, "why") // 20
-	for i := 1; i <= 10; i++ {           // a burst of throttles within the hold
-		if lcTest.cutRate(&s, t0.Add(time.Duration(i)*250*time.Millisecond), 40, 0, "why") {
+	lcTest.cutRate(&s, t0, 40, 0, "why", false) // 20
+	for i := 1; i <= 10; i++ {                  // a burst of throttles within the hold
+		if lcTest.cutRate(&s, t0.Add(time.Duration(i)*250*time.Millisecond), 40, 0, "why", false) {
 			t.Fatalf("cut again %d×250ms after the seed", i)
 		}
 	}
 	if !near(s.LearnedRate, 20) || !s.LearnedSlowStart {
 		t.Fatalf("rate %v slow start %v after a burst within one hold, want 20 and true", s.LearnedRate, s.LearnedSlowStart)
 	}
+	// A throttle of an attempt paced at the rate the seed set: that rate
+	// is too high too, and is cut within the hold.
+	paced := s
+	if !lcTest.cutRate(&paced, t0.Add(500*time.Millisecond), 4, 0, "why", true) || !near(paced.LearnedRate, 10) {
+		t.Fatalf("a paced attempt's throttle within the hold: rate %v, want 10", paced.LearnedRate)
+	}
 	// After the hold, with little delivered: a multiplicative cut.
-	if !lcTest.cutRate(&s, t0.Add(3*time.Second), 4, 0, "why") || !near(s.LearnedRate, 10) {
+	if !lcTest.cutRate(&s, t0.Add(3*time.Second), 4, 0, "why", false) || !near(s.LearnedRate, 10) {
 		t.Fatalf("after the hold: rate %v, want 10", s.LearnedRate)
 	}
 	if !near(s.LearnedStep, 1) || s.LearnedSlowStart {
@@ -56,7 +63,7 @@ func TestLearnOneCutPerHold(t *testing.T) {
 	}
 	// The floor.
 	for i := 2; i < 40; i++ {
-		lcTest.cutRate(&s, t0.Add(time.Duration(i)*3*time.Second), 0, 0, "why")
+		lcTest.cutRate(&s, t0.Add(time.Duration(i)*3*time.Second), 0, 0, "why", false)
 	}
 	if s.LearnedRate != lcTest.min {
 		t.Fatalf("rate %v after many cuts, want the floor %v", s.LearnedRate, lcTest.min)
@@ -68,12 +75,12 @@ func TestLearnOneCutPerHold(t *testing.T) {
 // demonstrably accepts), and never rises.
 func TestLearnCutKeepsWhatWasAccepted(t *testing.T) {
 	s := DestState{LearnedRate: 24, LearnedCutAt: t0}
-	lcTest.cutRate(&s, t0.Add(time.Hour), 20, 0, "why")
+	lcTest.cutRate(&s, t0.Add(time.Hour), 20, 0, "why", false)
 	if !near(s.LearnedRate, 18) {
 		t.Fatalf("cut from 24 with 20/s delivered: %v, want 18", s.LearnedRate)
 	}
 	s = DestState{LearnedRate: 10}
-	lcTest.cutRate(&s, t0, 30, 0, "why") // stale report above the rate
+	lcTest.cutRate(&s, t0, 30, 0, "why", false) // stale report above the rate
 	if !near(s.LearnedRate, 10) {
 		t.Fatalf("a cut rose to %v", s.LearnedRate)
 	}
@@ -81,7 +88,7 @@ func TestLearnCutKeepsWhatWasAccepted(t *testing.T) {
 
 func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 	var s DestState
-	lcTest.cutRate(&s, t0, 20, 0, "why") // seed 10, slow start
+	lcTest.cutRate(&s, t0, 20, 0, "why", false) // seed 10, slow start
 	if lcTest.raiseRate(&s, t0.Add(time.Second), 0) {
 		t.Fatal("stepped up within the hold")
 	}
@@ -90,7 +97,7 @@ func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 		t.Fatalf("slow start: %v, want doubled to 20", s.LearnedRate)
 	}
 	at = at.Add(lcTest.every)
-	lcTest.cutRate(&s, at, 0, 0, "why") // 10, additive from now
+	lcTest.cutRate(&s, at, 0, 0, "why", false) // 10, additive from now
 	at = at.Add(lcTest.hold)
 	for i := 1; i <= 6; i++ {
 		if !lcTest.raiseRate(&s, at, 0) {
@@ -105,7 +112,7 @@ func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 		t.Fatalf("after 6 steps: %v, want 16 (additive, +1 each)", s.LearnedRate)
 	}
 	// A throttle right after a step cuts at once: steps do not hold cuts.
-	if !lcTest.cutRate(&s, at.Add(-lcTest.every+time.Millisecond), 0, 0, "why") {
+	if !lcTest.cutRate(&s, at.Add(-lcTest.every+time.Millisecond), 0, 0, "why", false) {
 		t.Fatal("a throttle just after a step up did not cut")
 	}
 	if s.LearnedReason == "" {
@@ -120,7 +127,7 @@ func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 func TestLearnStepAtLowRates(t *testing.T) {
 	for _, limit := range []float64{1, 2, 3} {
 		s := DestState{LearnedRate: 1.5 * limit}
-		lcTest.cutRate(&s, t0, limit, 0, "why") // to 90% of what was accepted
+		lcTest.cutRate(&s, t0, limit, 0, "why", false) // to 90% of what was accepted
 		if !near(s.LearnedRate, 0.9*limit) {
 			t.Fatalf("limit %v: cut to %v, want %v", limit, s.LearnedRate, 0.9*limit)
 		}
@@ -132,10 +139,10 @@ func TestLearnStepAtLowRates(t *testing.T) {
 	}
 	// The floor still climbs: from LearnMin in steps of at least 0.1/s.
 	s := DestState{LearnedRate: 1}
-	lcTest.cutRate(&s, t0, 0, 0, "why")
-	lcTest.cutRate(&s, t0.Add(lcTest.hold), 0, 0, "why")
-	lcTest.cutRate(&s, t0.Add(2*lcTest.hold), 0, 0, "why")
-	lcTest.cutRate(&s, t0.Add(3*lcTest.hold), 0, 0, "why")
+	lcTest.cutRate(&s, t0, 0, 0, "why", false)
+	lcTest.cutRate(&s, t0.Add(lcTest.hold), 0, 0, "why", false)
+	lcTest.cutRate(&s, t0.Add(2*lcTest.hold), 0, 0, "why", false)
+	lcTest.cutRate(&s, t0.Add(3*lcTest.hold), 0, 0, "why", false)
 	if s.LearnedRate != lcTest.min || !near(s.LearnedStep, learnMinStep) {
 		t.Fatalf("at the floor: rate %v step %v", s.LearnedRate, s.LearnedStep)
 	}
@@ -143,7 +150,7 @@ func TestLearnStepAtLowRates(t *testing.T) {
 
 func TestLearnCeiling(t *testing.T) {
 	var s DestState
-	lcTest.cutRate(&s, t0, 100, 30, "why") // 50, capped at 30
+	lcTest.cutRate(&s, t0, 100, 30, "why", false) // 50, capped at 30
 	if s.LearnedRate != 30 {
 		t.Fatalf("seed %v above the ceiling 30", s.LearnedRate)
 	}
@@ -167,7 +174,7 @@ func TestLearnCeiling(t *testing.T) {
 
 func TestLearnDecayAndForget(t *testing.T) {
 	var s DestState
-	lcTest.cutRate(&s, t0, 20, 0, "why")
+	lcTest.cutRate(&s, t0, 20, 0, "why", false)
 	lcTest.cutConns(&s, t0, 8, 0, "why")
 	if s.idle(t0.Add(2 * time.Hour)) {
 		t.Fatal("a state with learned limits reads as idle and would be deleted")
@@ -310,10 +317,12 @@ func TestLearnedRateIsSharedAndSplit(t *testing.T) {
 	if got := a.Snapshot("l.test"); got.FleetRate != 0 || got.RateSource != "unlimited" {
 		t.Fatalf("before: %+v", got)
 	}
-	// A delivers 30 in a burst, then meets a throttle.
+	// A delivers 30 in a burst, then meets a throttle, with one more
+	// attempt in flight on each worker.
 	for range 30 {
 		attempt(t, a, "l.test", resDelivered)
 	}
+	inA, inB := mustAdmit(t, a, "l.test"), mustAdmit(t, b, "l.test")
 	attempt(t, a, "l.test", resThrottled)
 	got := a.Snapshot("l.test")
 	// 30 delivered within 200 ms, times two live workers (B reported
@@ -326,9 +335,11 @@ func TestLearnedRateIsSharedAndSplit(t *testing.T) {
 		s := b.Snapshot("l.test")
 		return s.FleetRate == learned && near(s.WorkerRate, learned/2) && s.RateSource == "learned"
 	})
-	// More throttles on both within the hold: no second cut.
-	attempt(t, b, "l.test", resThrottled)
-	attempt(t, a, "l.test", resThrottled)
+	// The throttles of the attempts in flight at the seed, within the
+	// hold: no second cut (an attempt admitted since, at the seeded rate,
+	// would cut it: TestThrottleOfAPacedAttemptCutsAgain).
+	inB.Done([]classify.Result{resThrottled})
+	inA.Done([]classify.Result{resThrottled})
 	eventually(t, 2*time.Second, "stored", func() bool {
 		st, err := GetState(ctxT(t), env.state, "l.test")
 		return err == nil && st.LearnedRate == learned && st.LearnedReason != ""
@@ -352,6 +363,36 @@ func TestLearnedRateIsSharedAndSplit(t *testing.T) {
 			s := th.Snapshot("l.test")
 			return s.FleetRate == 0 && s.LearnedRate == 0 && s.RateSource == "unlimited"
 		})
+	}
+}
+
+// TestThrottleOfAPacedAttemptCutsAgain: within the hold, the throttle of an
+// attempt that was in flight when the rate was seeded changes nothing, and
+// the throttle of one admitted after it, paced at the seeded rate, cuts
+// that rate at once.
+func TestThrottleOfAPacedAttemptCutsAgain(t *testing.T) {
+	env := startKV(t)
+	var ahead atomic.Int64 // this worker's clock: the real one, moved on by the test
+	a := newThrottle(t, env, "a", func(c *Config) {
+		c.LearnHold = time.Hour
+		c.MaxWait = time.Hour
+		c.Now = func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }
+	})
+	inFlight := mustAdmit(t, a, "h.test")
+	// Past the burst's first moments, when a throttle seeds at once.
+	ahead.Store(int64(2 * learnMinElapsed))
+	attempt(t, a, "h.test", resThrottled) // the seed: first contact
+	seeded := a.Snapshot("h.test").LearnedRate
+	if seeded != learnFirstContact {
+		t.Fatalf("seed %v, want %v", seeded, learnFirstContact)
+	}
+	inFlight.Done([]classify.Result{resThrottled})
+	if r := a.Snapshot("h.test").LearnedRate; r != seeded {
+		t.Fatalf("an attempt in flight at the seed cut it to %v within the hold", r)
+	}
+	attempt(t, a, "h.test", resThrottled) // admitted at the seeded rate
+	if r := a.Snapshot("h.test").LearnedRate; !near(r, seeded*0.5) {
+		t.Fatalf("a paced attempt's throttle left the rate at %v, want %v", r, seeded*0.5)
 	}
 }
 
@@ -381,7 +422,7 @@ func TestLearnedRateClimbsOnlyWhileBinding(t *testing.T) {
 // connection limit and does not cut the rate.
 func TestConnectionThrottleTeachesConns(t *testing.T) {
 	env := startKV(t)
-	a := newThrottle(t, env, "a", nil)
+	a := newThrottle(t, env, "a", func(c *Config) { c.LearnInitial = -1 }) // six in flight at first contact
 	var ps []Permit
 	for range 6 {
 		ps = append(ps, mustAdmit(t, a, "k.test"))
@@ -541,7 +582,7 @@ func TestLearnStepWaitsForItsSegment(t *testing.T) {
 	lc := lcTest
 	lc.ahead = 3 * time.Second
 	var s DestState
-	lc.cutRate(&s, t0, 20, 0, "why") // seed 10, its grid from t0
+	lc.cutRate(&s, t0, 20, 0, "why", false) // seed 10, its grid from t0
 	at := t0.Add(lc.hold)
 	if !lc.raiseRate(&s, at, 0) || !near(s.LearnedRate, 20) {
 		t.Fatalf("slow start: %v, want 20", s.LearnedRate)
@@ -564,12 +605,12 @@ func TestLearnStepWaitsForItsSegment(t *testing.T) {
 	}
 	// A throttle before the segment starts answered 10/s, not 20.
 	cut := s
-	if !lc.cutRate(&cut, from.Add(-time.Millisecond), 0, 0, "why") || !near(cut.LearnedRate, 5) || !strings.Contains(cut.LearnedReason, "at 10.00/s") {
+	if !lc.cutRate(&cut, from.Add(-time.Millisecond), 0, 0, "why", false) || !near(cut.LearnedRate, 5) || !strings.Contains(cut.LearnedReason, "at 10.00/s") {
 		t.Fatalf("cut before the segment: %v (%s), want 5 from 10", cut.LearnedRate, cut.LearnedReason)
 	}
 	// Alone: in force at once, the next step LearnEvery later.
 	var one DestState
-	lcTest.cutRate(&one, t0, 20, 0, "why")
+	lcTest.cutRate(&one, t0, 20, 0, "why", false)
 	at = t0.Add(lcTest.hold)
 	lcTest.raiseRate(&one, at, 0)
 	if !one.LearnedNext.Equal(at.Add(lcTest.every)) || !near(one.inForce(at), 20) {
@@ -640,7 +681,7 @@ func TestLearnedStepNeedsTheRateReached(t *testing.T) {
 // learnMinElapsed into the burst it seeds as before.
 func TestLearnSeedWaitsForTheBurst(t *testing.T) {
 	env := startKV(t)
-	th := newThrottle(t, env, "a", nil)
+	th := newThrottle(t, env, "a", func(c *Config) { c.LearnInitial = 3 }) // a burst of three
 	p1, p2, p3 := mustAdmit(t, th, "s.test"), mustAdmit(t, th, "s.test"), mustAdmit(t, th, "s.test")
 	p1.Done([]classify.Result{resThrottled})
 	if r := th.Snapshot("s.test").LearnedRate; r != 0 {
@@ -663,4 +704,89 @@ func TestLearnSeedWaitsForTheBurst(t *testing.T) {
 		t.Fatalf("a second into the burst: seed %v, want first contact %v", r, learnFirstContact)
 	}
 	q2.Done(nil)
+}
+
+// TestFirstContactWindow: a destination with no rate starts at
+// LearnInitial attempts in flight, one more for each delivered attempt; a
+// throttle seeds a rate, which paces from then on instead.
+func TestFirstContactWindow(t *testing.T) {
+	env := startKV(t)
+	const initial = 4
+	a := newThrottle(t, env, "a", func(c *Config) { c.MaxWait = time.Hour; c.LearnInitial = initial })
+	var ps []Permit
+	for range initial {
+		ps = append(ps, mustAdmit(t, a, "f.test"))
+	}
+	p, r := a.Admit(ctxT(t), "f.test", "", "")
+	if p != nil || r.Reason != "window" || time.Until(r.Until) > windowRetry {
+		t.Fatalf("attempt %d at first contact: %+v, want refused for the window", initial+1, r)
+	}
+	ps[0].Done([]classify.Result{resDelivered}) // 3 in flight, window 5
+	ps = ps[1:]
+	ps = append(ps, mustAdmit(t, a, "f.test"), mustAdmit(t, a, "f.test"))
+	if _, r := a.Admit(ctxT(t), "f.test", "", ""); r.Reason != "window" {
+		t.Fatalf("a sixth in flight after one delivery: %+v, want refused for the window", r)
+	}
+	if s := a.Snapshot("f.test"); s.FirstWindow != initial+1 || s.InFlight != 5 {
+		t.Fatalf("window %d in flight %d, want %d and 5", s.FirstWindow, s.InFlight, initial+1)
+	}
+	// The first throttle seeds a rate: the rate paces, the window is gone.
+	for _, p := range ps[:4] {
+		p.Done([]classify.Result{resDelivered})
+	}
+	ps[4].Done([]classify.Result{resThrottled})
+	if s := a.Snapshot("f.test"); s.LearnedRate <= 0 {
+		t.Fatalf("not seeded: %+v", s)
+	}
+	for range 3 {
+		p, r := a.Admit(ctxT(t), "f.test", "", "")
+		if p == nil {
+			if r.Reason == "window" {
+				t.Fatalf("refused for the window with a learned rate: %+v", r)
+			}
+			continue
+		}
+		defer p.Done(nil)
+	}
+	if s := a.Snapshot("f.test"); s.FirstWindow != 0 {
+		t.Fatalf("window %d with a learned rate, want 0 (not in use)", s.FirstWindow)
+	}
+
+	// Split between live workers; none with a configured rate or without
+	// learning.
+	d := &dest{}
+	if w := d.firstWindow(&Config{LearnInitial: 4}, 0, 3); w != 2 {
+		t.Fatalf("share of 4 for 3 workers: %d, want 2", w)
+	}
+	for _, c := range []struct {
+		cfg   Config
+		fleet float64
+	}{{Config{LearnInitial: 4}, 10}, {Config{LearnInitial: 4, NoLearn: true}, 0}, {Config{LearnInitial: -1}, 0}} {
+		if w := (&dest{}).firstWindow(&c.cfg, c.fleet, 1); w != 0 {
+			t.Fatalf("%+v at %v/s: window %d, want none", c.cfg, c.fleet, w)
+		}
+	}
+}
+
+// TestSeedFromOneDeliveryIsThisWorkers: with a peer that has not reported
+// yet, this worker's delivered rate stands for each live worker's, but not
+// when it is one delivery: the provider took that one from this worker.
+func TestSeedFromOneDeliveryIsThisWorkers(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", nil)
+	b := newThrottle(t, env, "b", nil)
+	waitLive(t, 2, a, b)
+	attempt(t, a, "one.test", resDelivered)
+	attempt(t, a, "one.test", resThrottled)
+	// One delivery over learnMinElapsed (5/s), times 0.5.
+	if r := a.Snapshot("one.test").LearnedRate; !near(r, 2.5) {
+		t.Fatalf("seed from one delivery with two live workers: %v, want 2.5", r)
+	}
+	attempt(t, a, "two.test", resDelivered)
+	attempt(t, a, "two.test", resDelivered)
+	attempt(t, a, "two.test", resThrottled)
+	// Two (10/s), times two workers, times 0.5.
+	if r := a.Snapshot("two.test").LearnedRate; !near(r, 10) {
+		t.Fatalf("seed from two deliveries with two live workers: %v, want 10", r)
+	}
 }

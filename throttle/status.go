@@ -18,6 +18,7 @@ type DestStatus struct {
 	FleetConns    int       `json:"fleet_conns"`              // effective fleet connection limit (override or configured); 0 = unlimited
 	WorkerConns   int       `json:"worker_conns"`             // this worker's share of FleetConns; 0 = unlimited
 	InFlight      int       `json:"in_flight"`                // this worker's deliveries in progress
+	FirstWindow   int       `json:"first_window,omitempty"`   // this worker's first-contact window, attempts in flight, while the rate is unknown; 0 = not in use
 	Deferred      int       `json:"deferred"`                 // envelopes this worker deferred for the rate that are not yet due (estimated from its virtual queue)
 	Breaker       string    `json:"breaker"`                  // closed, open or half-open
 	BreakerUntil  time.Time `json:"breaker_until,omitzero"`   // end of the open breaker's cooling period
@@ -46,6 +47,9 @@ func (t *Throttle) Snapshot(name string) DestStatus {
 		d.mu.Lock()
 		s = d.state
 		st.InFlight = d.inflight
+		if d.window < windowOpen {
+			st.FirstWindow = d.window
+		}
 		st.Deferred = d.waiting(now)
 		d.mu.Unlock()
 	}

@@ -51,6 +51,7 @@ const (
 // Timings that are not worth a knob.
 const (
 	connsRetry   = time.Second            // Refusal{Reason: "conns"} comes back after this
+	windowRetry  = 250 * time.Millisecond // Refusal{Reason: "window"} comes back after this
 	tickEvery    = 200 * time.Millisecond // maintenance: expiries, dead workers, metrics
 	opTimeout    = 5 * time.Second        // one KV transition
 	idleEvict    = 10 * time.Minute       // a destination with no state and no use is forgotten
@@ -138,6 +139,11 @@ type Config struct {
 	// LearnMin is the floor of a learned rate, msgs/s. Default
 	// DefaultLearnMin.
 	LearnMin float64
+	// LearnInitial is the fleet's attempts in flight to a destination
+	// with no rate yet, split between the live workers (at least one
+	// each); each delivered attempt widens a worker's share by one (see
+	// firstWindow). Default DefaultLearnInitial; negative: no window.
+	LearnInitial int
 	// TenantWeights weigh tenants' shares of a destination's rate when
 	// several have mail waiting for it; a tenant not listed weighs 1.
 	TenantWeights map[string]float64
@@ -232,6 +238,9 @@ func (c Config) withDefaults() (Config, error) {
 	defaults.Set(&c.LearnStep, DefaultLearnStep)
 	defaults.Set(&c.LearnForget, DefaultLearnForget)
 	defaults.Set(&c.LearnMin, DefaultLearnMin)
+	if c.LearnInitial == 0 { // negative: no window
+		c.LearnInitial = DefaultLearnInitial
+	}
 	for tenant, w := range c.TenantWeights {
 		if !(w > 0) || math.IsInf(w, 0) {
 			return c, fmt.Errorf("throttle: tenant %q: weight %v: want > 0", tenant, w)
@@ -316,6 +325,7 @@ type dest struct {
 
 	bucket   bucket
 	lastTurn time.Time // the latest turn on the grid given to an admission (slots.go)
+	lastSent time.Time // the latest admission's send time (its turn, or when it was admitted)
 	// vq is the destination's virtual queue of envelopes deferred for its
 	// rate, one end per tenant with mail waiting: the next envelope of a
 	// tenant is told to come back at its tenant's end, which then moves on
@@ -337,6 +347,7 @@ type dest struct {
 	auto     []window // by rule index
 
 	// Learning (learn.go).
+	window      int        // this worker's attempts in flight while the rate is unknown (firstWindow); 0: not in use
 	delivered   rateWindow // this worker's deliveries, for the seed
 	burstFrom   time.Time  // the first admission, or the first after LearnWindow without one
 	lastConnLim time.Time  // the connection limit last refused an attempt
@@ -596,8 +607,19 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		d.mu.Unlock()
 		return nil, Refusal{Until: now.Add(connsRetry), Reason: "conns"}, false
 	}
+	fleet := t.fleetRate(d.limits, *st, now)
+	if fleet <= 0 && d.bucket.rate > 0 {
+		// No rate any more: the next one starts its bucket from the last
+		// send (startAfter), and nothing waits for a token now.
+		d.bucket = bucket{gen: d.bucket.gen + 1}
+	}
+	if w := d.firstWindow(&t.cfg, fleet, live); w > 0 && d.inflight >= w {
+		d.probing = d.probing && !probe
+		d.mu.Unlock()
+		return nil, Refusal{Until: now.Add(windowRetry), Reason: "window"}, false
+	}
 	var at time.Time
-	if fleet := t.fleetRate(d.limits, *st, now); fleet > 0 {
+	if fleet > 0 {
 		d.setShare(now, fleet/float64(live))
 		due := d.bucket.reserve(now)
 		// Sent on this worker's next turn of the fleet's grid (slots.go),
@@ -628,6 +650,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		d.bucket.spend(at) // the token is used at the turn, not now
 	}
 	d.inflight++
+	d.lastSent = laterOf(now, at)
 	factor := d.state.RateFactor()
 	gen := d.bucket.gen
 	d.mu.Unlock()
@@ -667,7 +690,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 			return nil, Refusal{Until: t.now(), Reason: "canceled"}, false
 		}
 	}
-	return &permit{t: t, d: d, probe: probe, factor: factor}, Refusal{}, false
+	return &permit{t: t, d: d, probe: probe, factor: factor, admitted: now}, Refusal{}, false
 }
 
 // setShare sets this worker's share of the destination's rate on its
@@ -678,6 +701,7 @@ func (d *dest) setShare(now time.Time, share float64) {
 	if d.bucket.setRate(now, share) && d.lastTurn.After(now) {
 		d.lastTurn = now
 	}
+	d.bucket.startAfter(d.lastSent)
 }
 
 // permit is one admitted attempt.
@@ -688,7 +712,12 @@ type permit struct {
 	// factor is the destination's rate factor when the attempt was
 	// admitted: a throttled reply to it cuts from there (cutFactor).
 	factor float64
-	done   atomic.Bool
+	// admitted is when the attempt was admitted: a throttled reply to an
+	// attempt admitted after the last learned cut (or seed), and so paced
+	// at the rate that cut set, shows the rate is still too high, and cuts
+	// again within the hold (cutRate).
+	admitted time.Time
+	done     atomic.Bool
 }
 
 // Done records the attempt's outcome: in-flight, breaker, adaptive rate
@@ -697,14 +726,15 @@ func (p *permit) Done(results []classify.Result) {
 	if !p.done.CompareAndSwap(false, true) {
 		return
 	}
-	p.t.done(p.d, p.probe, p.factor, results)
+	p.t.done(p, results)
 }
 
 // Limits are the admitted destination's configured limits.
 func (p *permit) Limits() Limits { return p.t.limitsOf(p.d.name) }
 
 // done is Permit.Done: memory only, plus at most a queued KV transition.
-func (t *Throttle) done(d *dest, probe bool, admitted float64, results []classify.Result) {
+func (t *Throttle) done(p *permit, results []classify.Result) {
+	d, probe := p.d, p.probe
 	now := t.now()
 	o := outcomeOf(results)
 	var fired []int
@@ -744,6 +774,7 @@ func (t *Throttle) done(d *dest, probe bool, admitted float64, results []classif
 	// learned rate where none is configured (learn.go).
 	if o.delivered {
 		d.delivered.add(now, 1, cfg.LearnWindow)
+		d.widen()
 	}
 	if o.connThrottled {
 		d.lastConnThr = now
@@ -752,10 +783,10 @@ func (t *Throttle) done(d *dest, probe bool, admitted float64, results []classif
 	if o.throttled {
 		d.lastThr = now
 		if learnsRate(!cfg.NoLearn, d.limits, d.state, now) {
-			t.cutLearnedRate(d, now, o.why)
+			t.cutLearnedRate(d, now, o.why, p.admitted)
 		} else if d.lastCut.IsZero() || now.Sub(d.lastCut) >= cfg.DecreaseFor {
 			d.lastCut = now
-			t.cutFactor(d, now, admitted)
+			t.cutFactor(d, now, p.factor)
 		}
 	} else if o.delivered {
 		if d.pending&pendRamp == 0 && d.state.RateFactor() < 1 &&
