@@ -332,6 +332,40 @@ func TestCSRFRefused(t *testing.T) {
 	}
 }
 
+// TestRateCapSetAndCleared: the destination page's rate form pins a rate
+// across the fleet and its clear form removes the pin.
+func TestRateCapSetAndCleared(t *testing.T) {
+	f := newFixture(t, nil)
+	cl := f.browser(t)
+	_, csrf := f.signIn(t, cl, f.admin)
+	pinned := func() float64 {
+		st, err := throttle.GetState(context.Background(), f.c.state, "example.com")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.RateOverride
+	}
+	_, page := get(t, cl, f.ts.URL+"/ui/dests/example.com")
+	if !strings.Contains(page, "/ui/dests/example.com/rate-clear") {
+		t.Fatal("the destination page has no form to clear the rate cap")
+	}
+	if res, _ := post(t, cl, f.ts.URL+"/ui/dests/example.com/rate", url.Values{"max": {"5"}, "csrf": {csrf}}); res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("set rate: %d", res.StatusCode)
+	}
+	if r := pinned(); r != 5 {
+		t.Fatalf("pinned %v after setting 5/s", r)
+	}
+	if res, _ := post(t, cl, f.ts.URL+"/ui/dests/example.com/rate-clear", url.Values{"csrf": {csrf}}); res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("clear rate: %d", res.StatusCode)
+	}
+	if r := pinned(); r != 0 {
+		t.Fatalf("pinned %v after clearing the cap", r)
+	}
+	if _, page := get(t, cl, f.ts.URL+"/ui/dests/example.com"); !strings.Contains(page, "rate cap removed") {
+		t.Error("no notice after clearing the cap")
+	}
+}
+
 // TestMessagePageEscapesHeaders: hostile header values are shown as text,
 // never as markup, and the body is never shown.
 func TestMessagePageEscapesHeaders(t *testing.T) {

@@ -113,6 +113,9 @@ func (c *Console) destAction(w http.ResponseWriter, r *http.Request, s *session,
 		}
 		err = throttle.SetRate(ctx, kv, dest, rate, until, author(s))
 		msg = fmt.Sprintf("%s: at most %g/s across the fleet.", dest, rate)
+	case "rate-clear":
+		err = throttle.SetRate(ctx, kv, dest, 0, time.Time{}, author(s))
+		msg = dest + ": rate cap removed; the configured or learned rate applies again."
 	case "forget":
 		var had bool
 		had, err = throttle.Forget(ctx, kv, dest, author(s))
