@@ -150,15 +150,18 @@ func TestBucketStartsAfterTheLastSend(t *testing.T) {
 
 // TestWaitingAdmissionTakesItsTurnAgainAfterACut: admissions waiting for
 // their tokens when the rate is cut do not go out at the old spacing: each
-// reserves again at the new rate when it wakes. Before, the five below went
-// out 100 ms apart after the cut to 2.5/s, as throttled as the send that
-// caused the cut.
+// takes a new turn at the new rate when it wakes, in the order of the old
+// turns, and none is sent away, though the last new turns lie beyond
+// max-wait. Before, the five below went out 100 ms apart after the cut to
+// 2.5/s, as throttled as the send that caused the cut; and when they were
+// admitted afresh instead, those beyond max-wait went to the back of the
+// virtual queue, behind another tenant's backlog.
 func TestWaitingAdmissionTakesItsTurnAgainAfterACut(t *testing.T) {
 	env := startKV(t)
 	a := newThrottle(t, env, "a", func(c *Config) {
 		c.Defaults.Rate = 10
 		c.DecreaseFactor = 0.25
-		c.MaxWait = 5 * time.Second
+		c.MaxWait = time.Second
 	})
 	first := mustAdmit(t, a, "w.test") // the bucket's one token
 	admitted := make(chan time.Time, 5)

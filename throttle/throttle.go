@@ -655,29 +655,14 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 	gen := d.bucket.gen
 	d.mu.Unlock()
 
-	if wait := time.Until(at); wait > 0 {
+	for {
+		wait := time.Until(at)
+		if wait <= 0 {
+			break
+		}
 		tm := time.NewTimer(wait)
 		select {
 		case <-tm.C:
-			// When the rate went down while this admission waited, its
-			// turn was given at the old spacing: it reserves again at the
-			// new one (and may be told to come back later instead), rather
-			// than send at a rate just cut.
-			live := t.liveCount()
-			d.mu.Lock()
-			now := t.now()
-			if fleet := t.fleetRate(d.limits, d.state, now); fleet > 0 {
-				d.setShare(now, fleet/float64(live))
-			}
-			again := d.bucket.gen != gen
-			if again {
-				d.inflight--
-				d.probing = d.probing && !probe
-			}
-			d.mu.Unlock()
-			if again {
-				return nil, Refusal{}, true
-			}
 		case <-ctx.Done():
 			tm.Stop()
 			d.mu.Lock()
@@ -689,14 +674,42 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 			d.mu.Unlock()
 			return nil, Refusal{Until: t.now(), Reason: "canceled"}, false
 		}
+		// When the rate went down while this admission waited, its turn
+		// was given at the old spacing: it takes the next turn at the new
+		// one rather than send at a rate just cut. The admissions waiting
+		// wake in the order their turns were given and take their new
+		// turns in that order, so each tenant keeps its place: a tenant's
+		// mail within its share is not sent behind a backlog's
+		// re-reservations into the virtual queue.
+		live := t.liveCount()
+		d.mu.Lock()
+		now = t.now()
+		fleet := t.fleetRate(d.limits, d.state, now)
+		if fleet > 0 {
+			d.setShare(now, fleet/float64(live))
+		}
+		if fleet <= 0 || d.bucket.gen == gen {
+			d.mu.Unlock()
+			break
+		}
+		gen = d.bucket.gen
+		due := d.bucket.reserve(now)
+		at = t.turnOf(d, fleet, live, now).next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
+		if at.After(d.lastTurn) {
+			d.lastTurn = at
+			d.bucket.spend(at)
+		}
+		d.lastSent = laterOf(d.lastSent, at)
+		d.mu.Unlock()
 	}
 	return &permit{t: t, d: d, probe: probe, factor: factor, admitted: now}, Refusal{}, false
 }
 
 // setShare sets this worker's share of the destination's rate on its
 // bucket. A slower share restarts the bucket's chain (bucket.setRate), and
-// the turns given at the old spacing are to be taken again: the next may
-// come from now. d.mu held.
+// the turns given at the old spacing are to be taken again (the admissions
+// waiting for them take new ones when they wake): the next may come from
+// now. d.mu held.
 func (d *dest) setShare(now time.Time, share float64) {
 	if d.bucket.setRate(now, share) && d.lastTurn.After(now) {
 		d.lastTurn = now
