@@ -137,10 +137,11 @@ func (d *dest) seen(tenant string, now time.Time) {
 	}
 }
 
-// overShare reports whether tenant's backlog in d's virtual queue reaches
-// further ahead (by more than a second) than that of another tenant
-// sending to d now: it has had more than its share for the moment, and
-// the next token should go to the other. A tenant is sending while it
+// overShare reports whether tenant's backlog in d's virtual queue, or its
+// turns given to admissions waiting in process, reach further ahead (by
+// more than a second) than those of another tenant sending to d now: it
+// has had more than its share for the moment, and the next token should go
+// to the other. A tenant is sending while it
 // asks for admission (within tenantActive) and while it has envelopes
 // waiting for their places in the virtual queue: those may be further
 // off than tenantActive, and the tokens must still be free when they
@@ -162,15 +163,41 @@ func (d *dest) overShare(tenant string, now time.Time) bool {
 }
 
 // ahead is how far ahead tenant's part of d's virtual queues (refused and
-// throttled mail) reaches.
+// throttled mail) reaches, or its admissions waiting in process for their
+// turns, one period of this worker's share each, whichever is further. The
+// waiting count: a backlog need not be in the virtual queue. 32 delivery
+// slots waiting for turns 1.6 s ahead at 20/s never reach max-wait, so a
+// tenant whose mail fills every slot keeps the rest of its backlog on the
+// work lane, and another tenant's mail got only every other token.
 func (d *dest) ahead(tenant string, now time.Time) time.Duration {
 	var a time.Duration
+	if n := d.held[tenant]; n > 0 && d.bucket.rate > 0 {
+		a = time.Duration(n) * d.bucket.period()
+	}
 	for _, vq := range []map[string]vqTail{d.vq, d.thr} {
 		if q, ok := vq[tenant]; ok && q.end.Sub(now) > a {
 			a = q.end.Sub(now)
 		}
 	}
 	return a
+}
+
+// hold counts one more of tenant's admissions waiting in process for its
+// turn, release one fewer. d.mu held for hold; release takes it.
+func (d *dest) hold(tenant string, n int) {
+	if d.held == nil {
+		d.held = map[string]int{}
+	}
+	d.held[tenant] += n
+	if d.held[tenant] <= 0 {
+		delete(d.held, tenant)
+	}
+}
+
+func (d *dest) release(tenant string) {
+	d.mu.Lock()
+	d.hold(tenant, -1)
+	d.mu.Unlock()
 }
 
 // vqTail is the end of one tenant's part of a virtual queue, and the
@@ -378,7 +405,7 @@ func (t *Throttle) learnedChanged(d *dest, change, from, to, reason string, a De
 // burst took it from one worker, and two daemons learning a 2/s limit
 // seeded 5/s from one delivery counted twice.
 func (t *Throttle) observedRate(d *dest, now time.Time) float64 {
-	local := d.delivered.rate(now, t.cfg.LearnWindow)
+	local := d.delivered.spanRate(now, t.cfg.LearnWindow)
 	peers, n := t.peerLoad(d.name, now)
 	if n == 0 {
 		if d.delivered.count(now, t.cfg.LearnWindow) <= 1 {

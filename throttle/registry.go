@@ -54,7 +54,7 @@ func (t *Throttle) load(now time.Time) map[string]destLoad {
 	var m map[string]destLoad
 	for _, d := range ds {
 		d.mu.Lock()
-		l := destLoad{Rate: d.delivered.rate(now, t.cfg.LearnWindow), InFlight: d.inflight}
+		l := destLoad{Rate: d.delivered.spanRate(now, t.cfg.LearnWindow), InFlight: d.inflight}
 		d.mu.Unlock()
 		if l.Rate > 0 || l.InFlight > 0 {
 			if m == nil {

@@ -337,6 +337,7 @@ type dest struct {
 	thr      map[string]vqTail
 	thrPark  parking
 	tenants  map[string]time.Time // tenant -> last asked for admission
+	held     map[string]int       // tenant -> its admissions waiting in process for their turns
 	inflight int
 	probing  bool // a half-open probe is out
 	failures int  // consecutive failed attempts
@@ -651,6 +652,10 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 	}
 	d.inflight++
 	d.lastSent = laterOf(now, at)
+	if at.After(now) {
+		d.hold(tenant, 1)
+		defer d.release(tenant)
+	}
 	factor := d.state.RateFactor()
 	gen := d.bucket.gen
 	d.mu.Unlock()
