@@ -304,8 +304,9 @@ func (t *Throttle) learning() learnConfig {
 }
 
 // cutLearnedRate seeds or cuts d's learned rate after a throttled reply to
-// an attempt admitted at admitted (see permit). d.mu held.
-func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, admitted time.Time) {
+// an attempt that took its turn at admitted, when cutSeen was the last cut
+// this worker knew of (see permit). d.mu held.
+func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, admitted, cutSeen time.Time) {
 	lc, observed, ceiling, reply := t.learning(), t.observedRate(d, now), d.limits.Rate, learnedWhy(why)
 	if d.state.LearnedRate <= 0 && observed == 0 && d.inflight > 0 && now.Sub(d.burstFrom) < learnMinElapsed {
 		// The first reply of a burst is a throttle while the rest of the
@@ -317,8 +318,17 @@ func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, a
 	t.cutLearned(d, now, learnedRate, func(s *DestState, now time.Time) bool {
 		// Applied again to the shared state, where another worker's cut
 		// may have come since: the attempt was paced at the rate in force
-		// only if it was admitted after the last cut.
-		paced := s.LearnedRate > 0 && !admitted.Before(s.LearnedCutAt)
+		// only if that cut is the one it knew of (a worker that had not
+		// seen another's seed yet sent at no rate at all), and it took its
+		// turn on the cut's grid segment. With several workers the segment
+		// starts max-wait + 1 s
+		// after the cut, and until then each worker takes its fewer turns
+		// on the old, finer grid, where two workers' turns can fall one
+		// old slot apart: a throttle of such a pair says nothing of the
+		// new rate, and cutting for it ratcheted two daemons under a 6/s
+		// limit from 8/s down to 2.5/s in three seconds.
+		paced := s.LearnedRate > 0 && !cutSeen.IsZero() && cutSeen.Equal(s.LearnedCutAt) &&
+			(len(s.Grid) == 0 || !admitted.Before(s.Grid[len(s.Grid)-1].From))
 		return lc.cutRate(s, now, observed, ceiling, reply, paced)
 	})
 }

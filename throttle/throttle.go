@@ -658,6 +658,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 	}
 	factor := d.state.RateFactor()
 	gen := d.bucket.gen
+	reserved, cutSeen := now, d.state.LearnedCutAt
 	d.mu.Unlock()
 
 	for {
@@ -697,7 +698,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 			d.mu.Unlock()
 			break
 		}
-		gen = d.bucket.gen
+		gen, reserved, cutSeen = d.bucket.gen, now, d.state.LearnedCutAt
 		due := d.bucket.reserve(now)
 		at = t.turnOf(d, fleet, live, now).next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
 		if at.After(d.lastTurn) {
@@ -707,7 +708,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		d.lastSent = laterOf(d.lastSent, at)
 		d.mu.Unlock()
 	}
-	return &permit{t: t, d: d, probe: probe, factor: factor, admitted: now}, Refusal{}, false
+	return &permit{t: t, d: d, probe: probe, factor: factor, admitted: reserved, cutSeen: cutSeen}, Refusal{}, false
 }
 
 // setShare sets this worker's share of the destination's rate on its
@@ -730,12 +731,12 @@ type permit struct {
 	// factor is the destination's rate factor when the attempt was
 	// admitted: a throttled reply to it cuts from there (cutFactor).
 	factor float64
-	// admitted is when the attempt was admitted: a throttled reply to an
-	// attempt admitted after the last learned cut (or seed), and so paced
-	// at the rate that cut set, shows the rate is still too high, and cuts
-	// again within the hold (cutRate).
-	admitted time.Time
-	done     atomic.Bool
+	// admitted is when the attempt took its turn, and cutSeen the last
+	// learned cut (or seed) this worker knew of then: a throttled reply to
+	// an attempt paced at the rate that cut set shows the rate is still
+	// too high, and cuts again within the hold (cutRate, cutLearnedRate).
+	admitted, cutSeen time.Time
+	done              atomic.Bool
 }
 
 // Done records the attempt's outcome: in-flight, breaker, adaptive rate
@@ -801,7 +802,7 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 	if o.throttled {
 		d.lastThr = now
 		if learnsRate(!cfg.NoLearn, d.limits, d.state, now) {
-			t.cutLearnedRate(d, now, o.why, p.admitted)
+			t.cutLearnedRate(d, now, o.why, p.admitted, p.cutSeen)
 		} else if d.lastCut.IsZero() || now.Sub(d.lastCut) >= cfg.DecreaseFor {
 			d.lastCut = now
 			t.cutFactor(d, now, p.factor)
