@@ -41,19 +41,26 @@ func TestBucketReservations(t *testing.T) {
 	}
 }
 
+// sixReserved is a bucket at 10/s with six reservations made at t0, due at
+// 0, 100, …, 500 ms, and ms(n), n milliseconds after t0.
+func sixReserved() (t0 time.Time, ms func(int) time.Time, b *bucket) {
+	t0 = time.Unix(1000, 0)
+	ms = func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	b = &bucket{}
+	b.setRate(t0, 10)
+	for range 6 {
+		b.reserve(t0)
+	}
+	return t0, ms, b
+}
+
 // TestBucketStepUpKeepsThePeriod: a faster rate, with reservations waiting
 // at the old one, puts the next reservation one new period after the
 // latest. Counted as a debt of tokens repaid at the new rate it was due at
 // 300 ms, beside the reservation already due then; against a provider
 // whose burst is one message, that pair is a throttle on every step up.
 func TestBucketStepUpKeepsThePeriod(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
-	var b bucket
-	b.setRate(t0, 10)
-	for i := 0; i <= 5; i++ {
-		b.reserve(t0) // due at 0, 100, …, 500 ms
-	}
+	t0, ms, b := sixReserved()
 	if slower := b.setRate(t0, 20); slower {
 		t.Fatal("a faster rate reported as slower")
 	}
@@ -69,13 +76,7 @@ func TestBucketStepUpKeepsThePeriod(t *testing.T) {
 // period from now and counts in gen, so that admissions waiting on
 // reservations at the old spacing take them again (Throttle.admit).
 func TestBucketSlowerRateRestarts(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
-	var b bucket
-	b.setRate(t0, 10)
-	for i := 0; i <= 5; i++ {
-		b.reserve(t0) // due at 0, 100, …, 500 ms
-	}
+	t0, ms, b := sixReserved()
 	gen := b.gen
 	if slower := b.setRate(ms(50), 5); !slower {
 		t.Fatal("a halved rate not reported as slower")
