@@ -321,12 +321,11 @@ func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, a
 		// only if that cut is the one it knew of (a worker that had not
 		// seen another's seed yet sent at no rate at all), and it took its
 		// turn on the cut's grid segment. With several workers the segment
-		// starts max-wait + 1 s
-		// after the cut, and until then each worker takes its fewer turns
-		// on the old, finer grid, where two workers' turns can fall one
-		// old slot apart: a throttle of such a pair says nothing of the
-		// new rate, and cutting for it ratcheted two daemons under a 6/s
-		// limit from 8/s down to 2.5/s in three seconds.
+		// starts max-wait + 1 s after the cut, and until then each worker
+		// takes its fewer turns on the old, finer grid, where two workers'
+		// turns can fall one old slot apart: a throttle of such a pair says
+		// nothing of the new rate, and cutting for it ratcheted two daemons
+		// under a 6/s limit from 8/s down to 2.5/s in three seconds.
 		paced := s.LearnedRate > 0 && !cutSeen.IsZero() && cutSeen.Equal(s.LearnedCutAt) &&
 			(len(s.Grid) == 0 || !admitted.Before(s.Grid[len(s.Grid)-1].From))
 		return lc.cutRate(s, now, observed, ceiling, reply, paced)

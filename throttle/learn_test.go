@@ -54,6 +54,11 @@ func TestLearnOneCutPerHold(t *testing.T) {
 	if !lcTest.cutRate(&paced, t0.Add(500*time.Millisecond), 4, 0, "why", true) || !near(paced.LearnedRate, 10) {
 		t.Fatalf("a paced attempt's throttle within the hold: rate %v, want 10", paced.LearnedRate)
 	}
+	// Unless what was delivered keeps the rate: no cut, and no new hold.
+	kept := s
+	if lcTest.cutRate(&kept, t0.Add(500*time.Millisecond), 40, 0, "why", true) || kept.LearnedRate != s.LearnedRate || !kept.LearnedCutAt.Equal(s.LearnedCutAt) {
+		t.Fatalf("a paced throttle with 40/s delivered changed the state: rate %v, cut at %v", kept.LearnedRate, kept.LearnedCutAt)
+	}
 	// After the hold, with little delivered: a multiplicative cut.
 	if !lcTest.cutRate(&s, t0.Add(3*time.Second), 4, 0, "why", false) || !near(s.LearnedRate, 10) {
 		t.Fatalf("after the hold: rate %v, want 10", s.LearnedRate)
