@@ -22,7 +22,9 @@ import (
 // writers settle on one value):
 //   - decrease: a throttled reply cuts the learned rate, at most once per
 //     LearnHold fleet-wide (LearnedHold in the state is the first time the
-//     next cut may happen; a step up does not delay it). The cut is multiplicative, to rate ×
+//     next cut may happen, LearnHold after the cut's grid segment starts;
+//     a step up does not delay it; a throttle of an attempt paced at the
+//     cut's rate cuts within it). The cut is multiplicative, to rate ×
 //     DecreaseFactor, but never below 90% of the rate the fleet was
 //     delivered at over the window: a token bucket that throttles us
 //     accepts exactly its rate, so what was delivered while throttled is
@@ -214,7 +216,12 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 	s.regrid(now, lc.ahead, next)
 	s.LearnedRate = next
 	s.LearnedStep = lc.stepOf(next)
-	s.LearnedHold = now.Add(lc.hold).UTC()
+	// The hold runs from the cut's grid segment's start: until then the
+	// workers send at the new rate on the old grid's slots, where two
+	// workers' turns can fall one old slot apart, and a throttle of such a
+	// pair says nothing of the new rate. (Alone, the segment starts now.)
+	// An attempt paced on the new segment still cuts at once.
+	s.LearnedHold = laterOf(now, s.Grid[len(s.Grid)-1].From).Add(lc.hold).UTC()
 	s.LearnedNext = s.LearnedHold
 	s.LearnedCutAt = now.UTC()
 	s.LearnedReason = reason

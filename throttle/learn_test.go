@@ -623,6 +623,52 @@ func TestLearnStepWaitsForItsSegment(t *testing.T) {
 	}
 }
 
+// TestFleetCutHoldsFromItsSegment: with several workers a cut's grid
+// segment starts ahead, and until then the workers send at the cut's rate
+// on the old grid's slots. The hold runs LearnHold from the segment's
+// start, so a throttle of an attempt sent there does not cut again (two
+// daemons under a 6/s limit went from 5/s to 2.75 this way, 2.2 s after a
+// cut whose segment started at 3 s); an attempt paced on the segment still
+// cuts at once. A step taken meanwhile is not in force before the cut's
+// segment has started, nor is the rate before the cut.
+func TestFleetCutHoldsFromItsSegment(t *testing.T) {
+	lc := lcTest
+	lc.ahead = 3 * time.Second
+	var s DestState
+	lc.cutRate(&s, t0, 20, 0, "why", false) // seed 10
+	s.LearnedSlowStart = false
+	cutAt := t0.Add(time.Minute)
+	if !lc.cutRate(&s, cutAt, 0, 0, "why", false) || !near(s.LearnedRate, 5) {
+		t.Fatalf("cut: %v, want 5", s.LearnedRate)
+	}
+	from := s.Grid[len(s.Grid)-1].From
+	if !from.After(cutAt) || !s.LearnedHold.Equal(from.Add(lc.hold)) {
+		t.Fatalf("segment from +%s, hold until +%s: want the hold LearnHold after the segment's start", from.Sub(cutAt), s.LearnedHold.Sub(cutAt))
+	}
+	late := cutAt.Add(lc.hold + time.Millisecond) // past LearnHold after the cut, before the segment's
+	if again := s; lc.cutRate(&again, late, 0, 0, "why", false) {
+		t.Fatalf("a throttle %s after the cut, its segment at +%s, cut again to %v", late.Sub(cutAt), from.Sub(cutAt), again.LearnedRate)
+	}
+	if paced := s; !lc.cutRate(&paced, from.Add(time.Millisecond), 0, 0, "why", true) || !near(paced.LearnedRate, 2.5) {
+		t.Fatalf("a paced attempt's throttle on the cut's segment: %v, want 2.5", paced.LearnedRate)
+	}
+	// A step before the cut's segment: 5 is in force until the cut's
+	// segment, and after it until the step's own.
+	s.LearnedHold, s.LearnedNext = cutAt, cutAt
+	if !lc.raiseRate(&s, cutAt.Add(time.Second), 0) || !near(s.LearnedRate, 5.5) {
+		t.Fatalf("step: %v, want 5.5", s.LearnedRate)
+	}
+	step := s.Grid[len(s.Grid)-1].From
+	for _, c := range []struct {
+		at   time.Time
+		want float64
+	}{{cutAt.Add(time.Second), 5}, {from, 5}, {step.Add(-time.Millisecond), 5}, {step, 5.5}} {
+		if r := s.inForce(c.at); !near(r, c.want) {
+			t.Fatalf("in force at +%s after the cut: %v, want %v", c.at.Sub(cutAt), r, c.want)
+		}
+	}
+}
+
 // TestRateWindowSpanRate: spanRate reads a steady rate as itself wherever
 // in a second it is read (the count over the window's span alone read it
 // about half early in a second).

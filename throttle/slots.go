@@ -137,15 +137,19 @@ func (s *DestState) regrid(now time.Time, ahead time.Duration, rate float64) {
 	s.Grid = segs
 }
 
-// inForce is the learned rate traffic is held to at now: the lower of
-// LearnedRate, which the workers' buckets follow at once, and the rate of
-// the grid segment in force, which a step up reaches only at its
-// segment's start.
+// inForce is the learned rate traffic is held to at now. The workers'
+// buckets follow a cut at once, and a step up only as far as the grid
+// lets them: its slots are those of the segment in force until the step's
+// own segment starts. So it is the lowest of LearnedRate, the rate of the
+// segment in force and the rates of the segments still to come: a step
+// taken after a cut whose segment has not started yet is not in force,
+// and neither is the rate before the cut.
 func (s DestState) inForce(now time.Time) float64 {
 	r := s.LearnedRate
 	for i := len(s.Grid) - 1; i >= 0; i-- {
+		r = math.Min(r, s.Grid[i].Rate)
 		if !now.Before(s.Grid[i].From) {
-			return math.Min(r, s.Grid[i].Rate)
+			break
 		}
 	}
 	return r
