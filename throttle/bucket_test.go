@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,5 +200,44 @@ func TestWaitingAdmissionTakesItsTurnAgainAfterACut(t *testing.T) {
 	}
 	if el := times[4].Sub(cut); el < 1900*time.Millisecond {
 		t.Fatalf("fifth admission %s after the cut, want five periods of the new rate (2s)", el)
+	}
+}
+
+// TestRateThatComesBackSpacesFromTheLastSend: a destination that loses its
+// rate (forgotten, or cleared by an operator) drops its bucket, so a rate
+// that comes back later starts one period after the last send, made
+// without a rate, not where the old chain left off: that was half a period
+// after the send here, two messages closer than the rate allows.
+func TestRateThatComesBackSpacesFromTheLastSend(t *testing.T) {
+	env := startKV(t)
+	var ahead atomic.Int64
+	th := newThrottle(t, env, "a", func(c *Config) {
+		c.MaxWait = time.Hour
+		c.Now = func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }
+	})
+	d := th.getDest("back.test")
+	setRate := func(r float64) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.state.LearnedRate, d.state.Grid = r, nil
+		if r > 0 {
+			d.state.Grid = []GridSegment{{From: th.now().Add(-time.Minute), Rate: r}}
+		}
+	}
+	setRate(10)
+	mustAdmit(t, th, "back.test").Done(nil) // on the chain at 10/s: the next token 100 ms on
+	ahead.Store(int64(50 * time.Millisecond))
+	setRate(0)
+	mustAdmit(t, th, "back.test").Done(nil) // no rate: at once
+	d.mu.Lock()
+	sent := d.lastSent
+	d.mu.Unlock()
+	setRate(10)
+	mustAdmit(t, th, "back.test").Done(nil)
+	d.mu.Lock()
+	turn := d.lastTurn
+	d.mu.Unlock()
+	if gap := turn.Sub(sent); gap < 100*time.Millisecond-spendSlack {
+		t.Fatalf("the rate's first send %s after the last send without it, want a period of 10/s", gap)
 	}
 }

@@ -147,11 +147,12 @@ type learnConfig struct {
 	every    time.Duration
 	step     float64
 	min      float64
-	ahead    time.Duration // how far ahead a change of the rate starts its grid segment (slots.go)
+	ahead    time.Duration // how far ahead a step up starts its grid segment (slots.go)
+	cutAhead time.Duration // how far ahead a cut or a seed starts its grid segment
 }
 
 func (c *Config) learn() learnConfig {
-	return learnConfig{decrease: c.DecreaseFactor, hold: c.LearnHold, every: c.LearnEvery, step: c.LearnStep, min: c.LearnMin, ahead: c.MaxWait + gridReach}
+	return learnConfig{decrease: c.DecreaseFactor, hold: c.LearnHold, every: c.LearnEvery, step: c.LearnStep, min: c.LearnMin, ahead: c.MaxWait + gridReach, cutAhead: gridReach}
 }
 
 // learnsRate reports whether throttles teach dest a rate: learning is on,
@@ -213,7 +214,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 	if s.LearnedRate > 0 && now.Before(s.LearnedHold) && next >= s.LearnedRate {
 		return false // a paced attempt's throttle, but what was delivered keeps the rate
 	}
-	s.regrid(now, lc.ahead, next)
+	s.regrid(now, lc.cutAhead, next)
 	s.LearnedRate = next
 	s.LearnedStep = lc.stepOf(next)
 	// The hold runs from the cut's grid segment's start: until then the

@@ -298,7 +298,7 @@ func (t *Throttle) changeLearned(d *dest, l learnedLimit, kind string, fn func(*
 func (t *Throttle) learning() learnConfig {
 	lc := t.cfg.learn()
 	if t.liveCount() <= 1 {
-		lc.ahead = 0
+		lc.ahead, lc.cutAhead = 0, 0
 	}
 	return lc
 }
@@ -321,7 +321,7 @@ func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, a
 		// only if that cut is the one it knew of (a worker that had not
 		// seen another's seed yet sent at no rate at all), and it took its
 		// turn on the cut's grid segment. With several workers the segment
-		// starts max-wait + 1 s after the cut, and until then each worker
+		// starts gridReach after the cut, and until then each worker
 		// takes its fewer turns on the old, finer grid, where two workers'
 		// turns can fall one old slot apart: a throttle of such a pair says
 		// nothing of the new rate, and cutting for it ratcheted two daemons

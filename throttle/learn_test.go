@@ -624,16 +624,17 @@ func TestLearnStepWaitsForItsSegment(t *testing.T) {
 }
 
 // TestFleetCutHoldsFromItsSegment: with several workers a cut's grid
-// segment starts ahead, and until then the workers send at the cut's rate
-// on the old grid's slots. The hold runs LearnHold from the segment's
-// start, so a throttle of an attempt sent there does not cut again (two
-// daemons under a 6/s limit went from 5/s to 2.75 this way, 2.2 s after a
-// cut whose segment started at 3 s); an attempt paced on the segment still
-// cuts at once. A step taken meanwhile is not in force before the cut's
-// segment has started, nor is the rate before the cut.
+// segment starts gridReach ahead (a step's, max-wait more), and until then
+// the workers send at the cut's rate on the old grid's slots. The hold runs
+// LearnHold from the segment's start, so a throttle of an attempt sent
+// there does not cut again (two daemons under a 6/s limit went from 5/s
+// to 2.75 this way, 2.2 s after a cut whose segment started at 3 s); an
+// attempt paced on the segment still cuts at once. A step taken meanwhile
+// is not in force before the cut's segment has started, nor is the rate
+// before the cut.
 func TestFleetCutHoldsFromItsSegment(t *testing.T) {
 	lc := lcTest
-	lc.ahead = 3 * time.Second
+	lc.ahead, lc.cutAhead = 3*time.Second, time.Second
 	var s DestState
 	lc.cutRate(&s, t0, 20, 0, "why", false) // seed 10
 	s.LearnedSlowStart = false
@@ -642,7 +643,7 @@ func TestFleetCutHoldsFromItsSegment(t *testing.T) {
 		t.Fatalf("cut: %v, want 5", s.LearnedRate)
 	}
 	from := s.Grid[len(s.Grid)-1].From
-	if !from.After(cutAt) || !s.LearnedHold.Equal(from.Add(lc.hold)) {
+	if from.Sub(cutAt) != lc.cutAhead || !s.LearnedHold.Equal(from.Add(lc.hold)) {
 		t.Fatalf("segment from +%s, hold until +%s: want the hold LearnHold after the segment's start", from.Sub(cutAt), s.LearnedHold.Sub(cutAt))
 	}
 	late := cutAt.Add(lc.hold + time.Millisecond) // past LearnHold after the cut, before the segment's

@@ -26,12 +26,20 @@ import (
 // learned rate changes every few seconds, and a grid started afresh at
 // each change would put one worker's turn on the new grid next to
 // another's on the old one, reserved before the change. So the learned
-// grid is kept in the shared state as segments (DestState.Grid): a change
-// of the rate at now starts a new segment at the old grid's last slot
-// before now plus the longest wait an admission may reserve ahead
-// (Config.MaxWait, and a second for the change to reach every worker),
-// numbering on from it. Every turn reserved before the change keeps its
-// slot, and the new rate's spacing applies from there.
+// grid is kept in the shared state as segments (DestState.Grid): a step
+// up at now starts a new segment at the old grid's last slot before now
+// plus the longest wait an admission may reserve ahead (Config.MaxWait,
+// and gridReach for the change to reach every worker), numbering on from
+// it. Every turn reserved before the step keeps its slot, and the new
+// rate's spacing applies from there. A cut (or a seed) starts its segment
+// only gridReach ahead: the turns reserved before a cut are not kept, each
+// worker's waiting admissions take new ones when they wake (Throttle.admit),
+// so only a worker that has not heard of the cut yet still sends on the
+// old grid. Until the cut's segment starts, the workers send at the cut's
+// rate on the old, finer grid, where two workers' turns can fall one old
+// slot apart: a pair that a provider with a burst of one throttles. With
+// the segment three seconds ahead, two daemons cut to 5/s under a 6/s
+// limit met seven such throttles in those three seconds.
 
 // minSlot is the shortest slot worth aligning to: below it, timers and
 // the network scatter sends by more than the grid would order them.
