@@ -27,7 +27,8 @@
 // for its worker's next slot on a grid the fleet shares per destination
 // (slots.go), so that the fleet's sends arrive spaced as one sender's
 // would; the learned rate's grid is kept in the shared state, in segments
-// that carry the turns across each change of the rate.
+// that keep the turns already reserved across a step up (after a cut they
+// are taken again at the new rate).
 //
 // With egress addresses, every piece of that state is kept per
 // (destination, source address) pair instead, named "DEST@SOURCE"
