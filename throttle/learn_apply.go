@@ -308,12 +308,25 @@ func (t *Throttle) learning() learnConfig {
 // this worker knew of (see permit). d.mu held.
 func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, admitted, cutSeen time.Time) {
 	lc, observed, ceiling, reply := t.learning(), t.observedRate(d, now), d.limits.Rate, learnedWhy(why)
-	if d.state.LearnedRate <= 0 && observed == 0 && d.inflight > 0 && now.Sub(d.burstFrom) < learnMinElapsed {
+	if d.state.LearnedRate <= 0 && observed == 0 && now.Sub(d.burstFrom) < learnMinElapsed {
 		// The first reply of a burst is a throttle while the rest of the
 		// burst is still in flight: their replies say what the provider
 		// took, so the seed waits for them (at most learnMinElapsed into
 		// the burst) rather than falling to learnFirstContact.
-		return
+		if d.inflight > 0 {
+			return
+		}
+		// With several workers the rest of the burst is the others'
+		// (each starts with one attempt in flight): a worker that
+		// delivered one seeds from it at its own throttle, a few
+		// milliseconds on. This one sends nothing meanwhile, and seeds
+		// learnFirstContact at its next throttle if no seed came. Two
+		// daemons under a 6/s limit whose first throttle met the worker
+		// without a delivery seeded 1/s, and doubled for 15 s.
+		if t.liveCount() > 1 {
+			d.windowShut = now.Add(windowRetry)
+			return
+		}
 	}
 	t.cutLearned(d, now, learnedRate, func(s *DestState, now time.Time) bool {
 		// Applied again to the shared state, where another worker's cut

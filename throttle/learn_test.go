@@ -840,6 +840,44 @@ func TestSeedFromOneDeliveryIsThisWorkers(t *testing.T) {
 	}
 }
 
+// TestFleetFirstThrottleWaitsForTheDelivery: two workers each start a new
+// destination with one attempt in flight, and the provider takes one of
+// the two. The worker whose attempt was throttled, with no delivery of its
+// own, does not seed the 1/s of first contact: it takes no attempt for
+// windowRetry, and the seed comes from the other worker's delivery at that
+// worker's own throttle. Past learnMinElapsed into the burst it seeds
+// first contact as before.
+func TestFleetFirstThrottleWaitsForTheDelivery(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", nil)
+	b := newThrottle(t, env, "b", nil)
+	waitLive(t, 2, a, b)
+	attempt(t, b, "f.test", resThrottled)
+	if r := b.Snapshot("f.test").LearnedRate; r != 0 {
+		t.Fatalf("B seeded %v at once, with no delivery of its own", r)
+	}
+	if p, r := b.Admit(ctxT(t), "f.test", "", ""); p != nil || r.Reason != "window" {
+		t.Fatalf("B after its seedless throttle: permit %v, refusal %+v; want the window shut", p != nil, r)
+	}
+	attempt(t, a, "f.test", resDelivered)
+	attempt(t, a, "f.test", resThrottled)
+	if r := a.Snapshot("f.test").LearnedRate; !near(r, 2.5) {
+		t.Fatalf("A's seed from its delivery: %v, want 2.5", r)
+	}
+	eventually(t, 2*time.Second, "B takes A's seed", func() bool { return near(b.Snapshot("f.test").LearnedRate, 2.5) })
+
+	// Later in the burst the throttle seeds first contact.
+	attempt(t, b, "late.test", resDelivered) // opens the burst; not counted...
+	d := b.getDest("late.test")
+	d.mu.Lock()
+	d.burstFrom, d.delivered = b.now().Add(-time.Second), rateWindow{} // ...and a second ago
+	d.mu.Unlock()
+	attempt(t, b, "late.test", resThrottled)
+	if r := b.Snapshot("late.test").LearnedRate; r != learnFirstContact {
+		t.Fatalf("a second into the burst: seed %v, want first contact %v", r, learnFirstContact)
+	}
+}
+
 // TestOverShareCountsWaitingAdmissions: a tenant whose admissions fill the
 // delivery slots, waiting in process for their turns, has a backlog too,
 // though none of it is in the virtual queue (32 turns 1.6 s ahead at 20/s

@@ -349,6 +349,7 @@ type dest struct {
 
 	// Learning (learn.go).
 	window      int        // this worker's attempts in flight while the rate is unknown (firstWindow); 0: not in use
+	windowShut  time.Time  // the window takes no attempt before this (a throttle whose seed waits for the fleet's)
 	delivered   rateWindow // this worker's deliveries, for the seed
 	burstFrom   time.Time  // the first admission, or the first after LearnWindow without one
 	lastConnLim time.Time  // the connection limit last refused an attempt
@@ -614,7 +615,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		// send (startAfter), and nothing waits for a token now.
 		d.bucket = bucket{gen: d.bucket.gen + 1}
 	}
-	if w := d.firstWindow(&t.cfg, fleet, live); w > 0 && d.inflight >= w {
+	if w := d.firstWindow(&t.cfg, fleet, live); w > 0 && (d.inflight >= w || now.Before(d.windowShut)) {
 		d.probing = d.probing && !probe
 		d.mu.Unlock()
 		return nil, Refusal{Until: now.Add(windowRetry), Reason: "window"}, false
