@@ -817,14 +817,19 @@ func TestFirstContactWindow(t *testing.T) {
 	}
 }
 
+// twoWorkers starts two workers on one KV store, both live.
+func twoWorkers(t *testing.T) (a, b *Throttle) {
+	env := startKV(t)
+	a, b = newThrottle(t, env, "a", nil), newThrottle(t, env, "b", nil)
+	waitLive(t, 2, a, b)
+	return a, b
+}
+
 // TestSeedFromOneDeliveryIsThisWorkers: with a peer that has not reported
 // yet, this worker's delivered rate stands for each live worker's, but not
 // when it is one delivery: the provider took that one from this worker.
 func TestSeedFromOneDeliveryIsThisWorkers(t *testing.T) {
-	env := startKV(t)
-	a := newThrottle(t, env, "a", nil)
-	b := newThrottle(t, env, "b", nil)
-	waitLive(t, 2, a, b)
+	a, _ := twoWorkers(t)
 	attempt(t, a, "one.test", resDelivered)
 	attempt(t, a, "one.test", resThrottled)
 	// One delivery over learnMinElapsed (5/s), times 0.5.
@@ -848,10 +853,7 @@ func TestSeedFromOneDeliveryIsThisWorkers(t *testing.T) {
 // worker's own throttle. Past learnMinElapsed into the burst it seeds
 // first contact as before.
 func TestFleetFirstThrottleWaitsForTheDelivery(t *testing.T) {
-	env := startKV(t)
-	a := newThrottle(t, env, "a", nil)
-	b := newThrottle(t, env, "b", nil)
-	waitLive(t, 2, a, b)
+	a, b := twoWorkers(t)
 	attempt(t, b, "f.test", resThrottled)
 	if r := b.Snapshot("f.test").LearnedRate; r != 0 {
 		t.Fatalf("B seeded %v at once, with no delivery of its own", r)
