@@ -242,15 +242,24 @@ func (t *Throttle) paceDest(d *dest, tenant string, earliest time.Time) (at time
 	now := t.now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	fleet := t.fleetRate(d.limits, d.state, now)
+	fleet, source := t.effectiveRate(d.limits, d.state, now)
 	if fleet <= 0 {
-		return time.Time{}, "", false
+		if !learnsRate(!t.cfg.NoLearn, d.limits, d.state, now) {
+			return time.Time{}, "", false
+		}
+		// First contact: the throttle is one whose seed waits for the
+		// rest of the burst (cutLearnedRate), and the rate comes within
+		// milliseconds. Without a place the envelope took the rate-limit
+		// lane's draw, up to a minute: one such message, the last of 600,
+		// made a 35 s drain 60 s. It comes back at the first-contact rate
+		// instead, and is admitted at the learned rate by then.
+		fleet, source = learnFirstContact, "first-contact"
 	}
 	first := now.Add(time.Duration(float64(time.Second) / fleet))
 	if first.Before(earliest) {
 		first = earliest
 	}
-	by = strconv.FormatFloat(fleet, 'f', 2, 64) + "/s " + t.rateSource(d.limits, d.state, now)
+	by = strconv.FormatFloat(fleet, 'f', 2, 64) + "/s " + source
 	return slotIn(&d.thr, &d.thrPark, tenant, first, now, fleet, t.weight, t.horizon(d, now)), by, true
 }
 
@@ -308,7 +317,7 @@ func (t *Throttle) learning() learnConfig {
 // this worker knew of (see permit). d.mu held.
 func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, admitted, cutSeen time.Time) {
 	lc, observed, ceiling, reply := t.learning(), t.observedRate(d, now), d.limits.Rate, learnedWhy(why)
-	if d.state.LearnedRate <= 0 && observed == 0 && now.Sub(d.burstFrom) < learnMinElapsed {
+	if d.state.LearnedRate <= 0 && now.Sub(d.burstFrom) < learnMinElapsed && (observed == 0 || t.thinSeed(d, now)) {
 		// The first reply of a burst is a throttle while the rest of the
 		// burst is still in flight: their replies say what the provider
 		// took, so the seed waits for them (at most learnMinElapsed into
@@ -317,12 +326,13 @@ func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, a
 			return
 		}
 		// With several workers the rest of the burst is the others'
-		// (each starts with one attempt in flight): a worker that
-		// delivered one seeds from it at its own throttle, a few
-		// milliseconds on. This one sends nothing meanwhile, and seeds
-		// learnFirstContact at its next throttle if no seed came. Two
-		// daemons under a 6/s limit whose first throttle met the worker
-		// without a delivery seeded 1/s, and doubled for 15 s.
+		// (each starts with one attempt in flight, and widens by one per
+		// delivery): a worker with more deliveries seeds from them at its
+		// own throttle, a few milliseconds on. This one sends nothing
+		// meanwhile, and seeds at its next throttle if no seed came. Two
+		// daemons seeded from one worker's first delivery or none (1/s,
+		// or 2.5/s under a 20/s limit whose burst took four at once) and
+		// doubled for 15 to 20 s, one doubling every 5 s.
 		if t.liveCount() > 1 {
 			d.windowShut = now.Add(windowRetry)
 			return
@@ -436,6 +446,17 @@ func (t *Throttle) observedRate(d *dest, now time.Time) float64 {
 		return local * float64(t.liveCount())
 	}
 	return local + peers.Rate
+}
+
+// thinSeed reports whether a seed now would rest on this worker's one
+// delivery alone, with other workers live and none of them heard from
+// about d: the provider took the rest of the fleet's first burst from them.
+func (t *Throttle) thinSeed(d *dest, now time.Time) bool {
+	if t.liveCount() <= 1 || d.delivered.count(now, t.cfg.LearnWindow) > 1 {
+		return false
+	}
+	_, n := t.peerLoad(d.name, now)
+	return n == 0
 }
 
 // fleetInflight is the fleet's deliveries in progress to d, counting the
