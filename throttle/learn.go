@@ -203,6 +203,14 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 		reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, times %.2f", why, from, lc.decrease)
 		if kept := observed * learnAccepted; kept > next {
 			next = math.Min(kept, from)
+			if !now.Before(s.LearnedHold) {
+				// Past the hold a throttle at from says from is too high
+				// whatever the reading: a delivered rate at or above it
+				// is a stale report (a peer's heartbeat from a faster
+				// moment), and a cut that kept the rate left two daemons
+				// at 2.15/s under a 2/s limit for three more throttles.
+				next = math.Min(next, from*learnAccepted)
+			}
 			reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, to %.0f%% of the %.2f/s the fleet was delivered at", why, from, learnAccepted*100, observed)
 		}
 		s.LearnedSlowStart = false
