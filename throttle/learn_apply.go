@@ -316,8 +316,8 @@ func (t *Throttle) learning() learnConfig {
 // an attempt that took its turn at admitted, when cutSeen was the last cut
 // this worker knew of (see permit). d.mu held.
 func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, admitted, cutSeen time.Time) {
-	lc, observed, ceiling, reply := t.learning(), t.observedRate(d, now), d.limits.Rate, learnedWhy(why)
-	if d.state.LearnedRate <= 0 && now.Sub(d.burstFrom) < learnMinElapsed && observed == 0 {
+	observed := t.observedRate(d, now)
+	if d.state.LearnedRate <= 0 && now.Sub(d.burstFrom) < learnMinElapsed && (observed == 0 || t.thinSeed(d, now)) {
 		// The first reply of a burst is a throttle while the rest of the
 		// burst is still in flight: their replies say what the provider
 		// took, so the seed waits for them (at most learnMinElapsed into
@@ -326,20 +326,61 @@ func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, a
 			return
 		}
 		// With several workers the rest of the burst is the others'
-		// (each starts with one attempt in flight): a worker that
-		// delivered seeds from its deliveries at its own throttle, a few
-		// milliseconds on. This one sends nothing meanwhile, and seeds
-		// learnFirstContact at its next throttle if no seed came. Two
-		// daemons under a 6/s limit whose first throttle met the worker
-		// without a delivery seeded 1/s, and doubled for 15 s. (Waiting
-		// as well when this worker has one delivery, whose seed is 2.5/s
-		// at any limit, cost two daemons under a 2/s limit an extra round
-		// of throttles at first contact: 11.7 % of replies against 6.7.)
+		// (each starts with one attempt in flight, and widens by one per
+		// delivery): a worker with more deliveries seeds from them at its
+		// own throttle, a few milliseconds on. This one sends nothing for
+		// windowRetry and then seeds from what it has, unless a seed came
+		// meanwhile (deferredSeed, applied by admit). Two daemons seeded
+		// from one worker's first delivery or none (1/s, or 2.5/s under a
+		// 20/s limit whose burst took four at once), doubled for 15 to
+		// 20 s, one doubling every 5 s, and drained in 1.4 times the
+		// ideal where the other runs took 1.15. (Probing again after the
+		// wait instead cost two daemons under a 2/s limit an extra round
+		// of throttles: 11.7 % of replies against 6.7.)
 		if t.liveCount() > 1 {
 			d.windowShut = now.Add(windowRetry)
+			d.deferred = &deferredSeed{observed: observed, why: why}
 			return
 		}
 	}
+	t.seedOrCut(d, now, observed, why, admitted, cutSeen)
+}
+
+// deferredSeed is a seed a worker held back for windowRetry while another
+// worker's could come (cutLearnedRate).
+type deferredSeed struct {
+	observed float64
+	why      classify.Result
+}
+
+// seedDeferred applies d's deferred seed once its wait is over, unless d
+// has a rate by then. d.mu held.
+func (t *Throttle) seedDeferred(d *dest, now time.Time) {
+	if d.deferred == nil || now.Before(d.windowShut) {
+		return
+	}
+	s := d.deferred
+	d.deferred = nil
+	if d.state.LearnedRate <= 0 {
+		t.seedOrCut(d, now, s.observed, s.why, time.Time{}, time.Time{})
+	}
+}
+
+// thinSeed reports whether a seed now would rest on this worker's one
+// delivery alone, with other workers live and none of them heard from
+// about d: the provider took the rest of the fleet's first burst from them.
+func (t *Throttle) thinSeed(d *dest, now time.Time) bool {
+	if t.liveCount() <= 1 || d.delivered.count(now, t.cfg.LearnWindow) > 1 {
+		return false
+	}
+	_, n := t.peerLoad(d.name, now)
+	return n == 0
+}
+
+// seedOrCut seeds or cuts d's learned rate on a throttle (cutLearnedRate),
+// with observed the fleet's delivered rate. d.mu held.
+func (t *Throttle) seedOrCut(d *dest, now time.Time, observed float64, why classify.Result, admitted, cutSeen time.Time) {
+	lc, ceiling, reply := t.learning(), d.limits.Rate, learnedWhy(why)
 	t.cutLearned(d, now, learnedRate, func(s *DestState, now time.Time) bool {
 		// Applied again to the shared state, where another worker's cut
 		// may have come since: the attempt was paced at the rate in force

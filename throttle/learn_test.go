@@ -834,9 +834,15 @@ func twoWorkers(t *testing.T) (a, b *Throttle) {
 // TestSeedFromOneDeliveryIsThisWorkers: with a peer that has not reported
 // yet, this worker's delivered rate stands for each live worker's, but not
 // when it is one delivery: the provider took that one from this worker.
+// (Within a burst's first learnMinElapsed such a seed waits for the
+// others: TestFleetFirstThrottleWaitsForTheDelivery.)
 func TestSeedFromOneDeliveryIsThisWorkers(t *testing.T) {
 	a, _ := twoWorkers(t)
 	attempt(t, a, "one.test", resDelivered)
+	d := a.getDest("one.test")
+	d.mu.Lock()
+	d.burstFrom = a.now().Add(-time.Second)
+	d.mu.Unlock()
 	attempt(t, a, "one.test", resThrottled)
 	// One delivery over learnMinElapsed (5/s), times 0.5.
 	if r := a.Snapshot("one.test").LearnedRate; !near(r, 2.5) {
@@ -852,12 +858,14 @@ func TestSeedFromOneDeliveryIsThisWorkers(t *testing.T) {
 }
 
 // TestFleetFirstThrottleWaitsForTheDelivery: two workers each start a new
-// destination with one attempt in flight, and the provider takes one of
-// the two. The worker whose attempt was throttled, with no delivery of its
-// own, does not seed the 1/s of first contact: it takes no attempt for
-// windowRetry, and the seed comes from the other worker's delivery at that
-// worker's own throttle. Past learnMinElapsed into the burst it seeds
-// first contact as before.
+// destination with one attempt in flight, widening by one per delivery,
+// and the provider takes what its burst allows. A worker whose throttle
+// comes with no delivery of its own, or one, and no report from the other
+// yet, does not seed from that at once (1/s, or 5/s times 0.5 under a
+// 20/s limit that took four at once): it takes no attempt for windowRetry,
+// a seed from the worker with more deliveries comes meanwhile, and
+// otherwise its own is applied when the wait is over, without another
+// throttle. Past learnMinElapsed into the burst it seeds at once.
 func TestFleetFirstThrottleWaitsForTheDelivery(t *testing.T) {
 	a, b := twoWorkers(t)
 	attempt(t, b, "f.test", resThrottled)
@@ -868,15 +876,43 @@ func TestFleetFirstThrottleWaitsForTheDelivery(t *testing.T) {
 		t.Fatalf("B after its seedless throttle: permit %v, refusal %+v; want the window shut", p != nil, r)
 	}
 	attempt(t, a, "f.test", resDelivered)
+	attempt(t, a, "f.test", resDelivered)
 	attempt(t, a, "f.test", resThrottled)
-	if r := a.Snapshot("f.test").LearnedRate; !near(r, 2.5) {
-		t.Fatalf("A's seed from its delivery: %v, want 2.5", r)
+	// Two deliveries within learnMinElapsed (10/s), times two workers, times 0.5.
+	if r := a.Snapshot("f.test").LearnedRate; !near(r, 10) {
+		t.Fatalf("A's seed from its two deliveries: %v, want 10", r)
 	}
-	eventually(t, 2*time.Second, "B takes A's seed", func() bool { return near(b.Snapshot("f.test").LearnedRate, 2.5) })
+	eventually(t, 2*time.Second, "B takes A's seed", func() bool { return near(b.Snapshot("f.test").LearnedRate, 10) })
+	// B's own seed, due when its wait is over, does not undo A's.
+	shutOver(b, "f.test")
+	mustAdmit(t, b, "f.test").Done(nil)
+	if r := b.Snapshot("f.test").LearnedRate; !near(r, 10) {
+		t.Fatalf("B's deferred seed replaced A's: %v", r)
+	}
+	d := b.getDest("f.test")
+	d.mu.Lock()
+	kept := d.deferred != nil
+	d.mu.Unlock()
+	if kept {
+		t.Fatal("B kept its deferred seed after A's came: it would seed when the rate is forgotten")
+	}
+
+	// One delivery each: both wait, and the first to admit after the
+	// wait seeds from its own delivery (5/s, times 0.5).
+	attempt(t, a, "one.test", resDelivered)
+	attempt(t, a, "one.test", resThrottled)
+	if r := a.Snapshot("one.test").LearnedRate; r != 0 {
+		t.Fatalf("A seeded %v from its one delivery, B not heard from", r)
+	}
+	shutOver(a, "one.test")
+	mustAdmit(t, a, "one.test").Done(nil)
+	if r := a.Snapshot("one.test").LearnedRate; !near(r, 2.5) {
+		t.Fatalf("A's deferred seed: %v, want 2.5", r)
+	}
 
 	// Later in the burst the throttle seeds first contact.
 	attempt(t, b, "late.test", resDelivered) // opens the burst; not counted...
-	d := b.getDest("late.test")
+	d = b.getDest("late.test")
 	d.mu.Lock()
 	d.burstFrom, d.delivered = b.now().Add(-time.Second), rateWindow{} // ...and a second ago
 	d.mu.Unlock()
@@ -884,6 +920,14 @@ func TestFleetFirstThrottleWaitsForTheDelivery(t *testing.T) {
 	if r := b.Snapshot("late.test").LearnedRate; r != learnFirstContact {
 		t.Fatalf("a second into the burst: seed %v, want first contact %v", r, learnFirstContact)
 	}
+}
+
+// shutOver ends th's first-contact wait on domain, as windowRetry would.
+func shutOver(th *Throttle, domain string) {
+	d := th.getDest(domain)
+	d.mu.Lock()
+	d.windowShut = th.now().Add(-time.Millisecond)
+	d.mu.Unlock()
 }
 
 // TestOverShareCountsWaitingAdmissions: a tenant whose admissions fill the

@@ -348,12 +348,13 @@ type dest struct {
 	auto     []window // by rule index
 
 	// Learning (learn.go).
-	window      int        // this worker's attempts in flight while the rate is unknown (firstWindow); 0: not in use
-	windowShut  time.Time  // the window takes no attempt before this (a throttle whose seed waits for the fleet's)
-	delivered   rateWindow // this worker's deliveries, for the seed
-	burstFrom   time.Time  // the first admission, or the first after LearnWindow without one
-	lastConnLim time.Time  // the connection limit last refused an attempt
-	lastConnThr time.Time  // last "too many connections" reply
+	window      int           // this worker's attempts in flight while the rate is unknown (firstWindow); 0: not in use
+	windowShut  time.Time     // the window takes no attempt before this (a throttle whose seed waits for the fleet's)
+	deferred    *deferredSeed // the seed that waits until windowShut
+	delivered   rateWindow    // this worker's deliveries, for the seed
+	burstFrom   time.Time     // the first admission, or the first after LearnWindow without one
+	lastConnLim time.Time     // the connection limit last refused an attempt
+	lastConnThr time.Time     // last "too many connections" reply
 }
 
 // op is one KV transition, run by the writer goroutine.
@@ -614,6 +615,16 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		// No rate any more: the next one starts its bucket from the last
 		// send (startAfter), and nothing waits for a token now.
 		d.bucket = bucket{gen: d.bucket.gen + 1}
+	}
+	if d.deferred != nil {
+		// A seed held back at first contact (cutLearnedRate): applied
+		// once its wait is over, dropped when a seed came meanwhile.
+		if fleet > 0 {
+			d.deferred = nil
+		} else {
+			t.seedDeferred(d, now)
+			fleet = t.fleetRate(d.limits, *st, now)
+		}
 	}
 	if w := d.firstWindow(&t.cfg, fleet, live); w > 0 && (d.inflight >= w || now.Before(d.windowShut)) {
 		d.probing = d.probing && !probe
