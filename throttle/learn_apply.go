@@ -316,8 +316,8 @@ func (t *Throttle) learning() learnConfig {
 // an attempt that took its turn at admitted, when cutSeen was the last cut
 // this worker knew of (see permit). d.mu held.
 func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, admitted, cutSeen time.Time) {
-	observed := t.observedRate(d, now)
-	if d.state.LearnedRate <= 0 && now.Sub(d.burstFrom) < learnMinElapsed && (observed == 0 || t.thinSeed(d, now)) {
+	observed, thin := t.observedRate(d, now)
+	if d.state.LearnedRate <= 0 && now.Sub(d.burstFrom) < learnMinElapsed && (observed == 0 || thin) {
 		// The first reply of a burst is a throttle while the rest of the
 		// burst is still in flight: their replies say what the provider
 		// took, so the seed waits for them (at most learnMinElapsed into
@@ -330,51 +330,48 @@ func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, a
 		// delivery): a worker with more deliveries seeds from them at its
 		// own throttle, a few milliseconds on. This one sends nothing for
 		// windowRetry and then seeds from what it has, unless a seed came
-		// meanwhile (deferredSeed, applied by admit). Two daemons seeded
-		// from one worker's first delivery or none (1/s, or 2.5/s under a
-		// 20/s limit whose burst took four at once), doubled for 15 to
-		// 20 s, one doubling every 5 s, and drained in 1.4 times the
-		// ideal where the other runs took 1.15. (Probing again after the
-		// wait instead cost two daemons under a 2/s limit an extra round
-		// of throttles: 11.7 % of replies against 6.7.)
+		// meanwhile (deferredSeed, applied by seedDeferred). Two daemons
+		// seeded from one worker's first delivery or none (1/s, or 2.5/s
+		// under a 20/s limit whose burst took four at once), doubled for
+		// 15 to 20 s, one doubling every 5 s, and drained in 1.4 times
+		// the ideal where the other runs took 1.05 to 1.14. (Probing
+		// again after the wait instead cost two daemons under a 2/s limit
+		// an extra round of throttles: 11.7 % of replies against 6.7.)
 		if t.liveCount() > 1 {
-			d.windowShut = now.Add(windowRetry)
-			d.deferred = &deferredSeed{observed: observed, why: why}
+			d.deferred = &deferredSeed{until: now.Add(windowRetry), observed: observed, why: why}
 			return
 		}
 	}
 	t.seedOrCut(d, now, observed, why, admitted, cutSeen)
 }
 
-// deferredSeed is a seed a worker held back for windowRetry while another
-// worker's could come (cutLearnedRate).
+// deferredSeed is a seed a worker holds back until until, while another
+// worker's could come (cutLearnedRate); the first-contact window takes no
+// attempt meanwhile.
 type deferredSeed struct {
+	until    time.Time
 	observed float64
 	why      classify.Result
 }
 
-// seedDeferred applies d's deferred seed once its wait is over, unless d
-// has a rate by then. d.mu held.
-func (t *Throttle) seedDeferred(d *dest, now time.Time) {
-	if d.deferred == nil || now.Before(d.windowShut) {
-		return
-	}
+// seedDeferred settles d's deferred seed, if any, for an admission at now
+// with fleet the destination's rate: dropped when a seed came meanwhile,
+// applied once its wait is over. It returns the rate then, and whether the
+// seed still waits. d.mu held.
+func (t *Throttle) seedDeferred(d *dest, now time.Time, fleet float64) (float64, bool) {
 	s := d.deferred
+	switch {
+	case s == nil:
+		return fleet, false
+	case fleet > 0:
+		d.deferred = nil
+		return fleet, false
+	case now.Before(s.until):
+		return fleet, true
+	}
 	d.deferred = nil
-	if d.state.LearnedRate <= 0 {
-		t.seedOrCut(d, now, s.observed, s.why, time.Time{}, time.Time{})
-	}
-}
-
-// thinSeed reports whether a seed now would rest on this worker's one
-// delivery alone, with other workers live and none of them heard from
-// about d: the provider took the rest of the fleet's first burst from them.
-func (t *Throttle) thinSeed(d *dest, now time.Time) bool {
-	if t.liveCount() <= 1 || d.delivered.count(now, t.cfg.LearnWindow) > 1 {
-		return false
-	}
-	_, n := t.peerLoad(d.name, now)
-	return n == 0
+	t.seedOrCut(d, now, s.observed, s.why, time.Time{}, time.Time{})
+	return t.fleetRate(d.limits, d.state, now), false
 }
 
 // seedOrCut seeds or cuts d's learned rate on a throttle (cutLearnedRate),
@@ -478,17 +475,20 @@ func (t *Throttle) learnedChanged(d *dest, change, from, to, reason string, a De
 // workers stands in: the work lanes spread mail evenly over workers. Not
 // for a single delivery, though: a provider that took one message of a
 // burst took it from one worker, and two daemons learning a 2/s limit
-// seeded 5/s from one delivery counted twice.
-func (t *Throttle) observedRate(d *dest, now time.Time) float64 {
+// seeded 5/s from one delivery counted twice. thin reports that case, or
+// none delivered, with other workers live: the rate rests on this worker
+// alone while the provider took the rest of the fleet's burst from them.
+func (t *Throttle) observedRate(d *dest, now time.Time) (rate float64, thin bool) {
 	local := d.delivered.spanRate(now, t.cfg.LearnWindow)
 	peers, n := t.peerLoad(d.name, now)
 	if n == 0 {
+		live := t.liveCount()
 		if d.delivered.count(now, t.cfg.LearnWindow) <= 1 {
-			return local
+			return local, live > 1
 		}
-		return local * float64(t.liveCount())
+		return local * float64(live), false
 	}
-	return local + peers.Rate
+	return local + peers.Rate, false
 }
 
 // fleetInflight is the fleet's deliveries in progress to d, counting the

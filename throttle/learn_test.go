@@ -640,7 +640,11 @@ func TestLearnStepWaitsForItsSegment(t *testing.T) {
 // before the cut.
 func TestFleetCutHoldsFromItsSegment(t *testing.T) {
 	lc := lcTest
-	lc.ahead, lc.cutAhead = 3*time.Second, time.Second
+	cfg := (&Config{MaxWait: 2 * time.Second}).learn()
+	lc.ahead, lc.cutAhead = cfg.ahead, cfg.cutAhead
+	if lc.cutAhead >= lc.ahead {
+		t.Fatalf("a cut's segment %s ahead, a step's %s: the cut's turns are taken again, it need not wait max-wait", lc.cutAhead, lc.ahead)
+	}
 	var s DestState
 	lc.cutRate(&s, t0, 20, 0, "why", false) // seed 10
 	s.LearnedSlowStart = false
@@ -926,7 +930,9 @@ func TestFleetFirstThrottleWaitsForTheDelivery(t *testing.T) {
 func shutOver(th *Throttle, domain string) {
 	d := th.getDest(domain)
 	d.mu.Lock()
-	d.windowShut = th.now().Add(-time.Millisecond)
+	if d.deferred != nil {
+		d.deferred.until = th.now().Add(-time.Millisecond)
+	}
 	d.mu.Unlock()
 }
 

@@ -349,8 +349,7 @@ type dest struct {
 
 	// Learning (learn.go).
 	window      int           // this worker's attempts in flight while the rate is unknown (firstWindow); 0: not in use
-	windowShut  time.Time     // the window takes no attempt before this (a throttle whose seed waits for the fleet's)
-	deferred    *deferredSeed // the seed that waits until windowShut
+	deferred    *deferredSeed // a first seed held back for another worker's (cutLearnedRate)
 	delivered   rateWindow    // this worker's deliveries, for the seed
 	burstFrom   time.Time     // the first admission, or the first after LearnWindow without one
 	lastConnLim time.Time     // the connection limit last refused an attempt
@@ -616,17 +615,10 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		// send (startAfter), and nothing waits for a token now.
 		d.bucket = bucket{gen: d.bucket.gen + 1}
 	}
-	if d.deferred != nil {
-		// A seed held back at first contact (cutLearnedRate): applied
-		// once its wait is over, dropped when a seed came meanwhile.
-		if fleet > 0 {
-			d.deferred = nil
-		} else {
-			t.seedDeferred(d, now)
-			fleet = t.fleetRate(d.limits, *st, now)
-		}
-	}
-	if w := d.firstWindow(&t.cfg, fleet, live); w > 0 && (d.inflight >= w || now.Before(d.windowShut)) {
+	// A seed held back at first contact (cutLearnedRate) keeps the window
+	// shut while it waits.
+	fleet, seedWaits := t.seedDeferred(d, now, fleet)
+	if w := d.firstWindow(&t.cfg, fleet, live); w > 0 && (d.inflight >= w || seedWaits) {
 		d.probing = d.probing && !probe
 		d.mu.Unlock()
 		return nil, Refusal{Until: now.Add(windowRetry), Reason: "window"}, false
