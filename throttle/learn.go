@@ -39,7 +39,20 @@ import (
 //     doubles (a seed taken from the first milliseconds of a burst
 //     underestimates the limit); after a cut it grows by LearnedStep,
 //     LearnStep times the rate the cut set: additive between cuts, and
-//     the same number of steps back to the old rate at any scale.
+//     the same number of steps back to the old rate at any scale;
+//   - plateau: a cut remembers the rate the throttle answered, and the
+//     steps after it stop at LearnedPlateau, learnPlateauMargin under that
+//     rate, until LearnedProbeAt: learnProbeWait steps' time after the step
+//     that reached it, doubled for each probe over the plateau that met a
+//     throttle in a row (up to learnProbeMax). A throttle at or under the
+//     plateau lowers it and starts the waits afresh (the limit fell). A
+//     probe over it that held for a step becomes the plateau, and the
+//     steps from there double while they hold (the limit rose: BIC's "max
+//     probing"). Without the plateau, one daemon under a 2/s limit
+//     climbed back over the limit every 10 s, a throttle for every tenth
+//     message: an additive probe costs a throttle per cycle whatever the
+//     rate, so at low rates the cycles must be longer (TCP CUBIC's flat
+//     stretch around its last loss is the same idea).
 //
 // "Too many connections" replies teach a connection limit the same way
 // (seeded from the fleet's deliveries in flight, cut by DecreaseFactor,
@@ -81,6 +94,18 @@ const learnBinding = 0.8
 // learnAccepted is the share of the observed delivered rate a cut keeps
 // at least (see the decrease above).
 const learnAccepted = 0.9
+
+// The plateau after a cut (see the increase above).
+const (
+	// learnPlateauMargin is how far under the throttled rate the plateau
+	// lies: a token bucket's limit is under the rate that met it.
+	learnPlateauMargin = 0.05
+	// learnProbeWait is the first wait at the plateau, in LearnEvery
+	// (4 s at the defaults); each probe above it that meets a throttle
+	// doubles it, up to learnProbeMax (64 s).
+	learnProbeWait = 2
+	learnProbeMax  = 32
+)
 
 // learnFirstContact is the seed, in msgs/s, when the fleet had delivered
 // nothing to the destination within the window before its first throttle.
@@ -182,7 +207,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 	if s.LearnedRate > 0 && now.Before(s.LearnedHold) && !paced {
 		return false
 	}
-	var next float64
+	var next, from float64
 	var reason string
 	if s.LearnedRate <= 0 {
 		if observed > 0 {
@@ -198,7 +223,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 		// From the rate in force: a step up whose grid segment has not
 		// started yet was never sent at, and is not what the throttle
 		// answered.
-		from := s.inForce(now)
+		from = s.inForce(now)
 		next = from * lc.decrease
 		reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, times %.2f", why, from, lc.decrease)
 		if kept := observed * learnAccepted; kept > next {
@@ -234,7 +259,46 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 	s.LearnedNext = s.LearnedHold
 	s.LearnedCutAt = now.UTC()
 	s.LearnedReason = reason
+	if from > 0 {
+		lc.plateau(s, from)
+	}
 	return true
+}
+
+// plateau sets where the steps after a cut at from stop, and until when
+// (see the increase above). A cut above the plateau is a probe that met
+// a throttle: the plateau held, and stays, and the next probe waits twice
+// as long. A cut at or under it says the limit is lower than it was:
+// the plateau moves under from and the waits start afresh. Called after
+// the cut has set LearnedRate and LearnedHold.
+func (lc learnConfig) plateau(s *DestState, from float64) {
+	if s.LearnedPlateau > 0 && from > s.LearnedPlateau {
+		s.LearnedProbes++
+	} else {
+		s.LearnedPlateau = from * (1 - learnPlateauMargin)
+		s.LearnedProbes = 0
+	}
+	s.LearnedProbeAt = time.Time{} // set when the steps reach the plateau
+	if s.LearnedRate >= s.LearnedPlateau {
+		// A cut of a probe that kept the rate over the plateau (what was
+		// delivered says so): the rate waits where it is, and a step from
+		// it is a probe again, not one that held.
+		s.LearnedPlateau = s.LearnedRate
+		s.LearnedProbeAt = s.LearnedHold.Add(lc.probeWait(s.LearnedProbes)).UTC()
+	}
+}
+
+// probeWait is how long the rate waits at its plateau before the next
+// probe over it, after probes probes in a row that met a throttle:
+// learnProbeWait steps' time, doubled for each, at most learnProbeMax.
+func (lc learnConfig) probeWait(probes int) time.Duration {
+	return lc.every * time.Duration(min(learnProbeMax, learnProbeWait<<min(probes, 8)))
+}
+
+// atPlateau reports whether the learned rate waits at its plateau at now:
+// no step up is due before LearnedProbeAt.
+func (s DestState) atPlateau(now time.Time) bool {
+	return s.LearnedPlateau > 0 && s.LearnedRate >= s.LearnedPlateau && now.Before(s.LearnedProbeAt)
 }
 
 // raiseRate is one additive step up at now. It returns false when there
@@ -244,7 +308,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	if s.LearnedRate <= 0 || now.Before(s.LearnedHold) || now.Before(s.LearnedNext) {
 		return false
 	}
-	if ceiling > 0 && s.LearnedRate >= ceiling {
+	if ceiling > 0 && s.LearnedRate >= ceiling || s.atPlateau(now) {
 		return false
 	}
 	step := s.LearnedStep
@@ -256,6 +320,25 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 		step, how = s.LearnedRate, "doubled (no cut since the seed)"
 	}
 	next := s.LearnedRate + step
+	reaches := false
+	switch p := s.LearnedPlateau; {
+	case p <= 0:
+	case s.LearnedRate < p && next >= p-1e-9:
+		next, reaches = p, true
+		how = "to the plateau " + strconv.FormatFloat(p, 'f', 2, 64) + "/s (under the last throttle's rate), waits " + lc.probeWait(s.LearnedProbes).String()
+	case s.LearnedRate > p+1e-9:
+		// A probe over the plateau held for a step: the limit rose at
+		// least that far. It is the plateau now, and the steps double
+		// from here while they hold (at most half the rate at once), so
+		// that a limit that came back after a fall is found in a few
+		// steps rather than after one wait at each.
+		step = min(2*step, s.LearnedRate/2)
+		s.LearnedPlateau, s.LearnedProbes, s.LearnedStep = s.LearnedRate, 0, step
+		next = s.LearnedRate + step
+		how = "+" + strconv.FormatFloat(step, 'f', 2, 64) + "/s (doubled: the last probe over the plateau held, and is the plateau now)"
+	case s.LearnedRate >= p-1e-9:
+		how += " over the plateau"
+	}
 	if ceiling > 0 && next > ceiling {
 		next = ceiling
 	}
@@ -270,6 +353,10 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	// steps would pile up unsent until the grid caught up with them all at
 	// once.
 	s.LearnedNext = laterOf(now, s.Grid[len(s.Grid)-1].From).Add(lc.every).UTC()
+	if reaches {
+		// The wait counts from the plateau in force, as the next step's.
+		s.LearnedProbeAt = laterOf(now, s.Grid[len(s.Grid)-1].From).Add(lc.probeWait(s.LearnedProbes)).UTC()
+	}
 	return true
 }
 
@@ -319,6 +406,7 @@ func forgetLearned(s *DestState) bool {
 		return false
 	}
 	s.LearnedRate, s.LearnedStep, s.LearnedHold, s.LearnedNext, s.LearnedReason, s.LearnedSlowStart = 0, 0, time.Time{}, time.Time{}, "", false
+	s.LearnedPlateau, s.LearnedProbeAt, s.LearnedProbes = 0, time.Time{}, 0
 	s.LearnedConns, s.LearnedConnsHold, s.LearnedConnsReason = 0, time.Time{}, ""
 	s.LearnedSince, s.LearnedCutAt = time.Time{}, time.Time{}
 	s.Grid = nil

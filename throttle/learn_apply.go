@@ -432,7 +432,7 @@ func (t *Throttle) raiseLearned(d *dest, now time.Time) {
 		return d.delivered.spanRate(now, lc.every) >= learnBinding*s.inForce(now)/float64(t.liveCount())
 	}
 	if s.LearnedRate > 0 && d.pending&pendLearn == 0 && !now.Before(s.LearnedHold) && !now.Before(s.LearnedNext) &&
-		now.Sub(d.lastThr) >= lc.every && binding() {
+		!s.atPlateau(now) && now.Sub(d.lastThr) >= lc.every && binding() {
 		ceiling := d.limits.Rate
 		t.changeLearned(d, learnedRate, "step", func(s *DestState, now time.Time) bool { return lc.raiseRate(s, now, ceiling) })
 	}

@@ -126,6 +126,119 @@ func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 	}
 }
 
+// TestLearnPlateauAfterACut: after a cut the steps stop under the rate the
+// throttle answered and wait there, longer after each probe above it that
+// meets a throttle; a throttle under it lowers it, and steps above it that
+// hold forget it. Without the plateau one daemon under a 2/s limit stepped
+// back over it every 10 s, a throttle for every tenth message.
+func TestLearnPlateauAfterACut(t *testing.T) {
+	s := DestState{LearnedRate: 20, LearnedStep: 2}
+	lcTest.cutRate(&s, t0, 12, 0, "why", false) // throttled at 20: cut to 90% of 12
+	if !near(s.LearnedRate, 10.8) || !near(s.LearnedPlateau, 19) || s.LearnedProbes != 0 {
+		t.Fatalf("cut: rate %v plateau %v probes %d, want 10.8, 19, 0", s.LearnedRate, s.LearnedPlateau, s.LearnedProbes)
+	}
+	if !s.LearnedProbeAt.IsZero() {
+		t.Fatalf("probe at %v before the rate reached the plateau", s.LearnedProbeAt)
+	}
+	// climb steps every learn-every until the rate reaches the plateau,
+	// or stalls there; it returns the time of the last step taken.
+	climb := func(at time.Time) time.Time {
+		t.Helper()
+		for i := 0; i < 40 && lcTest.raiseRate(&s, at, 0); i++ {
+			at = at.Add(lcTest.every)
+			if s.LearnedRate >= s.LearnedPlateau-1e-9 {
+				break
+			}
+		}
+		return at
+	}
+	at := climb(t0.Add(lcTest.hold))
+	if !near(s.LearnedRate, 19) || !strings.Contains(s.LearnedReason, "to the plateau") {
+		t.Fatalf("the climb ended at %v (%s), want the plateau 19", s.LearnedRate, s.LearnedReason)
+	}
+	if reached := at.Add(-lcTest.every); !s.LearnedProbeAt.Equal(reached.Add(lcTest.probeWait(0))) {
+		t.Fatalf("probe at %v, want %v after the step that reached the plateau (%v)", s.LearnedProbeAt, lcTest.probeWait(0), reached)
+	}
+	if lcTest.raiseRate(&s, at, 0) || lcTest.raiseRate(&s, s.LearnedProbeAt.Add(-time.Millisecond), 0) {
+		t.Fatalf("stepped over the plateau before %v: %v", s.LearnedProbeAt, s.LearnedRate)
+	}
+	if !s.atPlateau(at) {
+		t.Fatal("atPlateau is false at the plateau before the probe")
+	}
+	// Each probe over the plateau that meets a throttle doubles the wait,
+	// up to learnProbeMax, and leaves the plateau where it was.
+	for probes, wait := 1, 2*learnProbeWait*lcTest.every; probes <= 6; probes, wait = probes+1, min(2*wait, learnProbeMax*lcTest.every) {
+		at = s.LearnedProbeAt
+		if !lcTest.raiseRate(&s, at, 0) || s.LearnedRate <= 19 || !strings.Contains(s.LearnedReason, "over the plateau") {
+			t.Fatalf("probe %d: no step over the plateau at its time (%v, %s)", probes, s.LearnedRate, s.LearnedReason)
+		}
+		cutAt := at.Add(time.Second)
+		if !lcTest.cutRate(&s, cutAt, 18, 0, "why", false) {
+			t.Fatalf("probe %d: its throttle did not cut", probes)
+		}
+		if !near(s.LearnedPlateau, 19) || s.LearnedProbes != probes {
+			t.Fatalf("probe %d met a throttle: plateau %v probes %d, want 19 and %d", probes, s.LearnedPlateau, s.LearnedProbes, probes)
+		}
+		reached := climb(s.LearnedHold).Add(-lcTest.every)
+		if want := reached.Add(wait); !s.LearnedProbeAt.Equal(want) {
+			t.Fatalf("probe %d: next probe at %v, want %v (a wait of %v)", probes, s.LearnedProbeAt, want, wait)
+		}
+	}
+	// A throttle at the plateau: the limit fell. The plateau moves under
+	// the rate throttled, and the waits start afresh.
+	at = s.LearnedProbeAt.Add(-time.Second)
+	if !s.atPlateau(at) || !lcTest.cutRate(&s, at, 15, 0, "why", false) {
+		t.Fatal("a throttle at the plateau did not cut")
+	}
+	if !near(s.LearnedPlateau, 19*0.95) || s.LearnedProbes != 0 {
+		t.Fatalf("a throttle at the plateau: plateau %v probes %d", s.LearnedPlateau, s.LearnedProbes)
+	}
+	// Probes over the plateau that hold: the limit rose. Each becomes the
+	// plateau, and the steps double while they hold; the throttle that
+	// ends them keeps the last one that held.
+	reached := climb(s.LearnedHold).Add(-lcTest.every)
+	if !s.LearnedProbeAt.Equal(reached.Add(lcTest.probeWait(0))) {
+		t.Fatalf("after the plateau fell: probe at %v, want %v after %v", s.LearnedProbeAt, lcTest.probeWait(0), reached)
+	}
+	at = s.LearnedProbeAt
+	plateau, step := s.LearnedPlateau, s.LearnedStep
+	rates := []float64{s.LearnedRate}
+	for i := 0; i < 3; i++ {
+		if !lcTest.raiseRate(&s, at, 0) {
+			t.Fatalf("step %d over the plateau refused", i+1)
+		}
+		rates = append(rates, s.LearnedRate)
+		at = at.Add(lcTest.every)
+	}
+	want := []float64{plateau, plateau + step, plateau + 3*step, plateau + 7*step}
+	for i := range want {
+		if !near(rates[i], want[i]) {
+			t.Fatalf("the rates over the plateau %v, want %v (the steps double once a probe held)", rates, want)
+		}
+	}
+	if !near(s.LearnedPlateau, want[2]) || !strings.Contains(s.LearnedReason, "doubled") {
+		t.Fatalf("after three steps over it the plateau is %v (%s), want %v: the last rate that held", s.LearnedPlateau, s.LearnedReason, want[2])
+	}
+	if !lcTest.cutRate(&s, at.Add(-lcTest.every+time.Second), 0, 0, "why", false) || !near(s.LearnedPlateau, want[2]) || s.LearnedProbes != 1 {
+		t.Fatalf("a throttle of the doubled step: plateau %v probes %d, want %v and 1", s.LearnedPlateau, s.LearnedProbes, want[2])
+	}
+	// A cut of a probe that kept the rate over the plateau: the rate waits
+	// where it is, as at a plateau.
+	kept := DestState{LearnedRate: 30, LearnedStep: 3, LearnedPlateau: 20}
+	if !lcTest.cutRate(&kept, t0, 28, 0, "why", false) || !near(kept.LearnedRate, 25.2) {
+		t.Fatalf("cut from 30 with 28 delivered: %v, want 25.2", kept.LearnedRate)
+	}
+	if !near(kept.LearnedPlateau, 25.2) || kept.LearnedProbes != 1 || !kept.atPlateau(kept.LearnedHold) ||
+		!kept.LearnedProbeAt.Equal(kept.LearnedHold.Add(lcTest.probeWait(1))) {
+		t.Fatalf("a cut over the plateau: plateau %v probes %d probe at %v", kept.LearnedPlateau, kept.LearnedProbes, kept.LearnedProbeAt)
+	}
+	// forget clears it with the rest.
+	lcTest.plateau(&s, 10)
+	if !forgetLearned(&s) || s.LearnedPlateau != 0 || !s.LearnedProbeAt.IsZero() {
+		t.Fatalf("forget kept the plateau: %v", s.LearnedPlateau)
+	}
+}
+
 // TestLearnStepAtLowRates: below 5/s the step is still a tenth of the rate
 // the cut set, down to 1/s. A fixed 0.5/s step took a rate cut to 90% of
 // a 2/s limit 15% over it at the first step, and of a 1/s limit 40% over:

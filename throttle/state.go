@@ -81,6 +81,13 @@ type DestState struct {
 	LearnedReason string    `json:"learned_reason,omitempty"`
 	// LearnedSlowStart: no cut since the seed, so steps up double.
 	LearnedSlowStart bool `json:"learned_slow_start,omitempty"`
+	// LearnedPlateau is where the steps up after a cut stop, 5% under the
+	// rate the last throttle answered, until LearnedProbeAt; LearnedProbes
+	// counts the probes above it that met a throttle in a row, each of
+	// which doubles the next wait (learn.go). 0: no plateau.
+	LearnedPlateau float64   `json:"learned_plateau,omitempty"`
+	LearnedProbeAt time.Time `json:"learned_probe_at,omitzero"`
+	LearnedProbes  int       `json:"learned_probes,omitempty"`
 	// LearnedConns is the fleet connection limit learned from "too many
 	// connections" replies; 0 means unknown. LearnedConnsHold and
 	// LearnedConnsReason are as for the rate.

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/throttle"
 )
 
 // TestHistoryLineMarksPacedDelays: a throttled envelope of a destination
@@ -99,5 +101,22 @@ func TestRateColumn(t *testing.T) {
 		if got := rate(r); got != want {
 			t.Errorf("rate(%v) = %q, want %q", r, got, want)
 		}
+	}
+}
+
+// TestPlateauLine: `dest status` says where a learned rate's steps stop
+// and when the next probe over that plateau may come.
+func TestPlateauLine(t *testing.T) {
+	now := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	s := throttle.DestState{LearnedRate: 1.5, LearnedPlateau: 1.97}
+	if got := plateauLine(s, now); !strings.HasPrefix(got, "1.97/s") || !strings.Contains(got, "the steps climb to it") {
+		t.Errorf("before the steps reach it: %q", got)
+	}
+	s.LearnedProbeAt, s.LearnedProbes = now.Add(8*time.Second), 1
+	if got := plateauLine(s, now); !strings.Contains(got, "not before 2026-12-05T10:00:08Z") || !strings.Contains(got, "1 probe(s) over it met a throttle") {
+		t.Errorf("waiting at it: %q", got)
+	}
+	if got := plateauLine(s, now.Add(time.Minute)); !strings.Contains(got, "probing over it") {
+		t.Errorf("after the wait: %q", got)
 	}
 }

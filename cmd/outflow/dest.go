@@ -108,6 +108,9 @@ func init() {
 					if st.LearnedReason != "" {
 						fmt.Fprintf(out, "  rate:        %s\n", st.LearnedReason)
 					}
+					if st.LearnedPlateau > 0 {
+						fmt.Fprintf(out, "  plateau:     %s\n", plateauLine(st, now))
+					}
 					if st.LearnedConnsReason != "" {
 						fmt.Fprintf(out, "  conns:       %s\n", st.LearnedConnsReason)
 					}
@@ -307,4 +310,22 @@ func conns(n int) string {
 		return "unlimited"
 	}
 	return fmt.Sprint(n)
+}
+
+// plateauLine describes where a learned rate's steps stop after a cut
+// (throttle/learn.go): the rate, and when the next probe over it may come.
+func plateauLine(s throttle.DestState, now time.Time) string {
+	line := fmt.Sprintf("%.2f/s, under the rate the last throttle answered", s.LearnedPlateau)
+	switch {
+	case s.LearnedProbeAt.IsZero():
+		line += "; the steps climb to it"
+	case now.Before(s.LearnedProbeAt):
+		line += "; next probe over it not before " + s.LearnedProbeAt.UTC().Format(time.RFC3339)
+	default:
+		line += "; probing over it"
+	}
+	if s.LearnedProbes > 0 {
+		line += fmt.Sprintf(" (%d probe(s) over it met a throttle)", s.LearnedProbes)
+	}
+	return line
 }

@@ -360,7 +360,7 @@ func (s *suite) learnTenants(a, b int) (p50, p99 time.Duration, left int, err er
 }
 
 func (s *suite) scenario6() error {
-	msgs, runs := max(60, int(30*s.c.learnLimit)), s.c.runs
+	msgs, runs := max(60, int(s.c.learnSecs*s.c.learnLimit)), s.c.runs
 	backlog := 10000
 	settle, halved, restored := 30*time.Second, 30*time.Second, 60*time.Second
 	postfixTimeout := 30 * time.Minute
