@@ -208,6 +208,14 @@ func TestLearnPlateauAfterACut(t *testing.T) {
 			t.Fatalf("step %d over the plateau refused", i+1)
 		}
 		rates = append(rates, s.LearnedRate)
+		if i == 0 {
+			// The first probe is judged over the first plateau wait.
+			if next := at.Add(lcTest.probeWait(0)); !s.LearnedNext.Equal(next) || lcTest.raiseRate(&s, next.Add(-time.Millisecond), 0) {
+				t.Fatalf("the first probe's next step at %v, want %v", s.LearnedNext, next)
+			}
+			at = at.Add(lcTest.probeWait(0))
+			continue
+		}
 		at = at.Add(lcTest.every)
 	}
 	want := []float64{plateau, plateau + step, plateau + 3*step, plateau + 7*step}
