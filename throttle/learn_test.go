@@ -218,10 +218,10 @@ func TestLearnPlateauAfterACut(t *testing.T) {
 		}
 		at = at.Add(lcTest.every)
 	}
-	want := []float64{plateau, plateau + step, plateau + 3*step, plateau + 7*step}
+	want := []float64{plateau, plateau + step/2, plateau + step/2 + 2*step, plateau + step/2 + 6*step}
 	for i := range want {
 		if !near(rates[i], want[i]) {
-			t.Fatalf("the rates over the plateau %v, want %v (the steps double once a probe held)", rates, want)
+			t.Fatalf("the rates over the plateau %v, want %v (half a step, then doubled steps once the probe held)", rates, want)
 		}
 	}
 	if !near(s.LearnedPlateau, want[2]) || !strings.Contains(s.LearnedReason, "doubled") {

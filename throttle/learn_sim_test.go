@@ -1,0 +1,73 @@
+package throttle
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// simLearn runs one worker's learning math (cutRate, raiseRate) against a
+// token bucket of limit msgs/s and burst, with an endless supply of mail,
+// for dur of simulated time: each send goes out one period of the learned
+// rate after the last, give or take jitter (the network's), and its reply
+// comes at once. It returns the throttles and deliveries after warm, so
+// that the figures are the steady state's, not first contact's.
+func simLearn(limit, burst float64, warm, dur time.Duration) (throttles, delivered int) {
+	lc := learnConfig{decrease: DefaultDecreaseFactor, hold: DefaultLearnHold, every: DefaultLearnEvery, step: DefaultLearnStep, min: DefaultLearnMin}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var s DestState
+	var win rateWindow
+	tokens, last := burst, t0
+	now := t0
+	for now.Before(t0.Add(dur)) {
+		gap := time.Duration(float64(time.Second) / (2 * limit)) // before the first throttle: twice the limit
+		if r := s.inForce(now); r > 0 {
+			gap = time.Duration(float64(time.Second) / r)
+		}
+		now = now.Add(gap)
+		arrive := now.Add(time.Duration(rng.IntN(20)-10) * time.Millisecond)
+		if arrive.After(last) {
+			tokens = min(burst, tokens+arrive.Sub(last).Seconds()*limit)
+			last = arrive
+		}
+		counted := now.After(t0.Add(warm))
+		if tokens < 1 {
+			if counted {
+				throttles++
+			}
+			lc.cutRate(&s, now, win.spanRate(now, DefaultLearnWindow), 0, "sim", true)
+			continue
+		}
+		tokens--
+		if counted {
+			delivered++
+		}
+		win.add(now, 1, DefaultLearnWindow)
+		lc.raiseRate(&s, now, 0)
+	}
+	return throttles, delivered
+}
+
+// TestLearnedRateSteadyState: past first contact, one worker against an
+// unannounced token bucket meets a throttle for at most one attempt in a
+// hundred and is delivered at 90 % of the limit or more, at low rates as
+// at high ones. Without the plateau (the steps after a cut climbing
+// straight back over the limit) the same simulation met a throttle every
+// 8 s at 2/s: 7.5 % of the attempts, at 80 % of the limit (scenario 6's
+// real daemon at 2/s for 150 s: 7.3 %); 3.3 % at 6/s, 1.1 % at 20/s.
+func TestLearnedRateSteadyState(t *testing.T) {
+	const warm, dur = time.Minute, 11 * time.Minute
+	for _, c := range []struct{ limit, burst float64 }{{2, 1}, {6, 1.2}, {20, 4}, {200, 40}} {
+		thr, del := simLearn(c.limit, max(1, c.burst), warm, dur)
+		rate := float64(del) / (dur - warm).Seconds()
+		share := float64(thr) / float64(thr+del)
+		t.Logf("limit %v/s burst %v: %d throttles, %d delivered (%.2f/s, %.1f%% of the limit), %.2f%% throttled",
+			c.limit, c.burst, thr, del, rate, 100*rate/c.limit, 100*share)
+		if share > 0.01 {
+			t.Errorf("limit %v/s: %.2f%% of the attempts throttled in the steady state, want at most 1%%", c.limit, 100*share)
+		}
+		if rate < 0.9*c.limit {
+			t.Errorf("limit %v/s: delivered at %.2f/s, under 90%% of the limit", c.limit, rate)
+		}
+	}
+}
