@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -363,6 +364,29 @@ func TestRateCapSetAndCleared(t *testing.T) {
 	}
 	if _, page := get(t, cl, f.ts.URL+"/ui/dests/example.com"); !strings.Contains(page, "rate cap removed") {
 		t.Error("no notice after clearing the cap")
+	}
+}
+
+// TestDestPageShowsThePlateau: a learned rate's plateau (where its steps
+// stop after a cut) is on the destination page, with its next probe.
+func TestDestPageShowsThePlateau(t *testing.T) {
+	f := newFixture(t, nil)
+	cl := f.browser(t)
+	f.signIn(t, cl, f.admin)
+	st := throttle.DestState{Dest: "example.com", LearnedRate: 1.8, LearnedPlateau: 1.97,
+		LearnedProbeAt: time.Now().Add(time.Hour), LearnedProbes: 2, UpdatedAt: time.Now().UTC()}
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.c.state.Put(context.Background(), throttle.StateKey("example.com"), b); err != nil {
+		t.Fatal(err)
+	}
+	_, page := get(t, cl, f.ts.URL+"/ui/dests/example.com")
+	for _, want := range []string{"<dt>plateau</dt>", "1.97/s, under the rate the last throttle answered", "next probe over it in ", "(2 probe(s) over it met a throttle)"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the destination page lacks %q", want)
+		}
 	}
 }
 
