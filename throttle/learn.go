@@ -45,14 +45,15 @@ import (
 //     rate, until LearnedProbeAt: learnProbeWait steps' time after the step
 //     that reached it, doubled for each probe over the plateau that met a
 //     throttle in a row (up to learnProbeMax). A throttle at or under the
-//     plateau lowers it and starts the waits afresh (the limit fell). A
-//     probe over it that held for a step becomes the plateau, and the
-//     steps from there double while they hold (the limit rose: BIC's "max
-//     probing"). Without the plateau, one daemon under a 2/s limit
-//     climbed back over the limit every 10 s, a throttle for every tenth
-//     message: an additive probe costs a throttle per cycle whatever the
-//     rate, so at low rates the cycles must be longer (TCP CUBIC's flat
-//     stretch around its last loss is the same idea).
+//     plateau lowers it and starts the waits afresh (the limit fell). The
+//     first probe goes half a step over the plateau and is judged over
+//     learnProbeWait steps' time; a probe that held becomes the plateau,
+//     and the steps from there double while they hold (the limit rose:
+//     BIC's "max probing"). Without the plateau, one daemon under a 2/s
+//     limit climbed back over the limit every 8 to 10 s, a throttle for
+//     one message in 14: an additive probe costs a throttle per cycle
+//     whatever the rate, so at low rates the cycles must be longer (TCP
+//     CUBIC's flat stretch around its last loss is the same idea).
 //
 // "Too many connections" replies teach a connection limit the same way
 // (seeded from the fleet's deliveries in flight, cut by DecreaseFactor,
@@ -320,14 +321,14 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 		step, how = s.LearnedRate, "doubled (no cut since the seed)"
 	}
 	next := s.LearnedRate + step
-	reaches, probes := false, false
+	reaches, firstProbe := false, false
 	switch p := s.LearnedPlateau; {
 	case p <= 0:
 	case s.LearnedRate < p && next >= p-1e-9:
 		next, reaches = p, true
 		how = "to the plateau " + strconv.FormatFloat(p, 'f', 2, 64) + "/s (under the last throttle's rate), waits " + lc.probeWait(s.LearnedProbes).String()
 	case s.LearnedRate > p+1e-9:
-		// A probe over the plateau held for a step: the limit rose at
+		// A probe over the plateau held: the limit rose at
 		// least that far. It is the plateau now, and the steps double
 		// from here while they hold (at most half the rate at once), so
 		// that a limit that came back after a fall is found in a few
@@ -341,7 +342,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 		// close to the limit, and a smaller overshoot that holds moves
 		// it up by what held (a whole step, 9 % over a 200/s limit,
 		// failed nearly every time and kept the rate 3 % under it).
-		probes = true
+		firstProbe = true
 		next = s.LearnedRate + step/2
 		how = "+" + strconv.FormatFloat(step/2, 'f', 2, 64) + "/s over the plateau"
 	}
@@ -359,7 +360,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	// steps would pile up unsent until the grid caught up with them all at
 	// once.
 	s.LearnedNext = laterOf(now, s.Grid[len(s.Grid)-1].From).Add(lc.every).UTC()
-	if probes {
+	if firstProbe {
 		// The first probe over the plateau is the smallest overshoot, and
 		// a provider's burst hides it longest: it is judged over the
 		// first plateau wait, not one step. (Judged over 2 s, a probe 9 %
