@@ -119,3 +119,33 @@ func TestToLocalMovesEveryEnd(t *testing.T) {
 		t.Fatalf("a 300 ms difference moved the state: %+v", got)
 	}
 }
+
+// TestToLocalMovesEveryTimeField: every time in DestState is moved onto
+// the reader's clock, so that a field added later cannot be left on the
+// writer's (a probe's time left an hour ahead would hold a plateau for an
+// hour).
+func TestToLocalMovesEveryTimeField(t *testing.T) {
+	server := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	writer := server.Add(time.Hour)
+	var s DestState
+	v := reflect.ValueOf(&s).Elem()
+	var names []string
+	for i := 0; i < v.NumField(); i++ {
+		if f := v.Field(i); f.Type() == reflect.TypeOf(time.Time{}) {
+			f.Set(reflect.ValueOf(writer.Add(time.Duration(i) * time.Minute)))
+			names = append(names, v.Type().Field(i).Name)
+		}
+	}
+	s.UpdatedAt = writer
+	got := reflect.ValueOf(frame{offset: 10 * time.Minute}.toLocal(s, server))
+	shift := -time.Hour - 10*time.Minute
+	for _, name := range names {
+		was, now := v.FieldByName(name).Interface().(time.Time), got.FieldByName(name).Interface().(time.Time)
+		if !now.Equal(was.Add(shift)) {
+			t.Errorf("%s: %v, want %v (moved onto the reader's clock)", name, now, was.Add(shift))
+		}
+	}
+	if len(names) < 10 {
+		t.Fatalf("only %d time fields found: %v", len(names), names)
+	}
+}
