@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // simLearn runs one worker's learning math (cutRate, raiseRate) against a
@@ -69,5 +71,23 @@ func TestLearnedRateSteadyState(t *testing.T) {
 		if rate < 0.9*c.limit {
 			t.Errorf("limit %v/s: delivered at %.2f/s, under 90%% of the limit", c.limit, rate)
 		}
+	}
+}
+
+// TestPlateauMetric: outflow_dest_learned_plateau follows the shared
+// state's plateau, and goes with the destination's other series.
+func TestPlateauMetric(t *testing.T) {
+	m := newThrottleMetrics(prometheus.NewRegistry())
+	m.setLearned("p.test", DestState{LearnedRate: 1.8, LearnedPlateau: 1.97})
+	if v := metricValue(t, m.plateau.WithLabelValues("p.test")); v != 1.97 {
+		t.Fatalf("plateau gauge %v, want 1.97", v)
+	}
+	m.setLearned("p.test", DestState{LearnedRate: 1.8})
+	if v := metricValue(t, m.plateau.WithLabelValues("p.test")); v != 0 {
+		t.Fatalf("plateau gauge %v after the plateau went, want 0", v)
+	}
+	m.drop("p.test")
+	if m.plateau.DeleteLabelValues("p.test") {
+		t.Fatal("the plateau series outlived drop")
 	}
 }

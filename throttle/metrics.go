@@ -17,6 +17,7 @@ type throttleMetrics struct {
 	breaker     *prometheus.GaugeVec   // outflow_dest_breaker_state{dest}
 	learned     *prometheus.GaugeVec   // outflow_dest_learned_rate{dest}
 	learnedConn *prometheus.GaugeVec   // outflow_dest_learned_conns{dest}
+	plateau     *prometheus.GaugeVec   // outflow_dest_learned_plateau{dest}
 	live        prometheus.Gauge       // outflow_workers_live
 	transitions *prometheus.CounterVec // outflow_dest_transitions_total{change}
 	panics      prometheus.Counter     // outflow_coordinator_panics_total
@@ -36,6 +37,7 @@ func newThrottleMetrics(reg prometheus.Registerer) *throttleMetrics {
 		breaker:     destGauge("outflow_dest_breaker_state", "Circuit breaker of the destination: 0 closed, 1 half-open, 2 open."),
 		learned:     destGauge("outflow_dest_learned_rate", "Fleet rate (msgs/s) learned from throttled replies; 0 = unknown."),
 		learnedConn: destGauge("outflow_dest_learned_conns", "Fleet connection limit learned from too-many-connections replies; 0 = unknown."),
+		plateau:     destGauge("outflow_dest_learned_plateau", "Where the learned rate's steps stop after a cut (msgs/s), under the rate the last throttle answered; 0 = none."),
 		live: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outflow_workers_live", Help: "Workers registered and alive, as this worker sees them.",
 		}),
@@ -54,6 +56,7 @@ func newThrottleMetrics(reg prometheus.Registerer) *throttleMetrics {
 	m.breaker = register(m, m.breaker)
 	m.learned = register(m, m.learned)
 	m.learnedConn = register(m, m.learnedConn)
+	m.plateau = register(m, m.plateau)
 	m.live = register(m, m.live)
 	m.transitions = register(m, m.transitions)
 	m.panics = register(m, m.panics)
@@ -99,6 +102,7 @@ func (m *throttleMetrics) set(dest string, s DestState, breaker string, suspende
 func (m *throttleMetrics) setLearned(dest string, s DestState) {
 	m.learned.WithLabelValues(dest).Set(s.LearnedRate)
 	m.learnedConn.WithLabelValues(dest).Set(float64(s.LearnedConns))
+	m.plateau.WithLabelValues(dest).Set(s.LearnedPlateau)
 }
 
 // drop removes a destination's series (its state was deleted).
@@ -108,6 +112,7 @@ func (m *throttleMetrics) drop(dest string) {
 	m.breaker.DeleteLabelValues(dest)
 	m.learned.DeleteLabelValues(dest)
 	m.learnedConn.DeleteLabelValues(dest)
+	m.plateau.DeleteLabelValues(dest)
 }
 
 // unregister removes what this Throttle registered.
