@@ -359,18 +359,19 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	// grid. A step judged before that would judge the old rate, and the
 	// steps would pile up unsent until the grid caught up with them all at
 	// once.
-	s.LearnedNext = laterOf(now, s.Grid[len(s.Grid)-1].From).Add(lc.every).UTC()
+	inForce, judged := laterOf(now, s.Grid[len(s.Grid)-1].From), lc.every
 	if firstProbe {
 		// The first probe over the plateau is the smallest overshoot, and
 		// a provider's burst hides it longest: it is judged over the
 		// first plateau wait, not one step. (Judged over 2 s, a probe 9 %
 		// over a 20/s limit with a burst of 4 held, became the plateau,
 		// and the doubled step after it met the throttle.)
-		s.LearnedNext = laterOf(now, s.Grid[len(s.Grid)-1].From).Add(lc.probeWait(0)).UTC()
+		judged = lc.probeWait(0)
 	}
+	s.LearnedNext = inForce.Add(judged).UTC()
 	if reaches {
 		// The wait counts from the plateau in force, as the next step's.
-		s.LearnedProbeAt = laterOf(now, s.Grid[len(s.Grid)-1].From).Add(lc.probeWait(s.LearnedProbes)).UTC()
+		s.LearnedProbeAt = inForce.Add(lc.probeWait(s.LearnedProbes)).UTC()
 	}
 	return true
 }
