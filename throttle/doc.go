@@ -16,7 +16,9 @@
 // A destination without a configured rate learns one from its throttles
 // (learn.go: seeded from the fleet's delivered rate, cut and probed upward
 // fleet-wide, the probes after a cut held at a plateau under the rate the
-// throttle answered, forgotten after a quiet hour). Until it has one, a
+// throttle answered, a cut no higher than the rate delivered between
+// throttles, holds and steps judged over four deliveries at least at slow
+// rates, forgotten after a quiet hour). Until it has one, a
 // first-contact window holds the attempts in flight to a few, widened by
 // each delivery (learn.go, firstWindow). Each worker paces its share of a
 // rate with a chain of reservations (bucket.go), and its virtual queue, one tail

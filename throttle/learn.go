@@ -40,6 +40,12 @@ import (
 //     underestimates the limit); after a cut it grows by LearnedStep,
 //     LearnStep times the rate the cut set: additive between cuts, and
 //     the same number of steps back to the old rate at any scale;
+//   - between throttles: a cut goes no higher than 95 % of the rate the
+//     fleet was delivered at between throttles (drainMarks), a floor under
+//     a token bucket's limit whatever its burst, and its plateau no higher
+//     than that rate;
+//   - slow limits: holds, steps and plateau waits are judged over
+//     learnSpanMsgs deliveries at least (at), not LearnEvery alone;
 //   - plateau: a cut remembers the rate the throttle answered, and the
 //     steps after it stop at LearnedPlateau, learnPlateauMargin under that
 //     rate, until LearnedProbeAt: learnProbeWait steps' time after the step
@@ -76,12 +82,16 @@ const (
 )
 
 // learnMinStep is the smallest additive step, in msgs/s, so that a rate
-// cut to the floor (LearnMin) climbs back in minutes, not hours: from
-// 0.1/s to 10/s in 99 steps. It was 0.5: against a provider that takes
-// 1 msg/s, each step went 50% over the limit after a cut to 90% of it,
-// and 43% of the attempts met a throttle (a cut every 5 s); a third of
-// the replies at 3 msg/s.
-const learnMinStep = 0.1
+// cut to the floor (LearnMin) still climbs; a probe that holds doubles
+// the steps after it (the plateau), so a climb from the floor is not 99
+// steps of it. It was 0.5: against a provider that takes 1 msg/s, each
+// step went 50% over the limit after a cut to 90% of it, and 43% of the
+// attempts met a throttle (a cut every 5 s); then 0.1, until steps at slow
+// rates were judged over their own replies (at), where a step of 0.1/s is
+// half of a 0.2/s limit: over half an hour 2.3 % of the attempts met a
+// throttle at 0.2/s with a burst of one, 6.2 % with a burst of 10; 1.4 and
+// 2.7 % at 0.01 (TestLearnedRateSlowAndBurstyLimits).
+const learnMinStep = 0.01
 
 // learnMinElapsed is the shortest time a delivered rate is measured over:
 // a throttle that comes a few milliseconds into a burst would otherwise
@@ -107,6 +117,10 @@ const (
 	learnProbeWait = 2
 	learnProbeMax  = 32
 )
+
+// learnSpanMsgs is the fewest deliveries a hold or a step is judged over
+// (see at): 2 s at 2/s.
+const learnSpanMsgs = 4
 
 // learnFirstContact is the seed, in msgs/s, when the fleet had delivered
 // nothing to the destination within the window before its first throttle.
@@ -189,6 +203,17 @@ func learnsRate(on bool, l Limits, s DestState, now time.Time) bool {
 	return on && l.Rate <= 0 && !pinned
 }
 
+// at is lc for a learned rate of rate msgs/s: a hold or a step is judged
+// over learnSpanMsgs deliveries at least, so that under a slow limit it
+// rests on as many replies as at 2/s, not on none.
+func (lc learnConfig) at(rate float64) learnConfig {
+	if rate > 0 {
+		span := time.Duration(learnSpanMsgs / rate * float64(time.Second))
+		lc.every, lc.hold = max(lc.every, span), max(lc.hold, span)
+	}
+	return lc
+}
+
 // stepOf is the additive step for a rate just set by a cut or a seed.
 func (lc learnConfig) stepOf(rate float64) float64 {
 	return math.Max(learnMinStep, lc.step*rate)
@@ -204,7 +229,7 @@ func (lc learnConfig) stepOf(rate float64) float64 {
 // set: then the rate is still too high, and it is cut again at once (a
 // seed at twice a provider's limit was otherwise sent at for the whole
 // hold, a throttle every few sends).
-func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling float64, why string, paced bool) bool {
+func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ceiling float64, why string, paced bool) bool {
 	if s.LearnedRate > 0 && now.Before(s.LearnedHold) && !paced {
 		return false
 	}
@@ -239,6 +264,10 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 			}
 			reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, to %.0f%% of the %.2f/s the fleet was delivered at", why, from, learnAccepted*100, observed)
 		}
+		if d := drained * (1 - learnPlateauMargin); drained > 0 && d < next {
+			next = math.Max(d, from*lc.decrease)
+			reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, to %.0f%% of the %.2f/s the fleet was delivered at between throttles", why, from, (1-learnPlateauMargin)*100, drained)
+		}
 		s.LearnedSlowStart = false
 	}
 	if ceiling > 0 && next > ceiling {
@@ -251,6 +280,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 	s.regrid(now, lc.cutAhead, next)
 	s.LearnedRate = next
 	s.LearnedStep = lc.stepOf(next)
+	lc = lc.at(next)
 	// The hold runs from the cut's grid segment's start: until then the
 	// workers send at the new rate on the old grid's slots, where two
 	// workers' turns can fall one old slot apart, and a throttle of such a
@@ -261,7 +291,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 	s.LearnedCutAt = now.UTC()
 	s.LearnedReason = reason
 	if from > 0 {
-		lc.plateau(s, from)
+		lc.plateau(s, from, drained)
 	}
 	return true
 }
@@ -272,11 +302,14 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, ceiling flo
 // as long. A cut at or under it says the limit is lower than it was:
 // the plateau moves under from and the waits start afresh. Called after
 // the cut has set LearnedRate and LearnedHold.
-func (lc learnConfig) plateau(s *DestState, from float64) {
+func (lc learnConfig) plateau(s *DestState, from, drained float64) {
 	if s.LearnedPlateau > 0 && from > s.LearnedPlateau {
 		s.LearnedProbes++
 	} else {
 		s.LearnedPlateau = from * (1 - learnPlateauMargin)
+		if drained > 0 {
+			s.LearnedPlateau = math.Min(s.LearnedPlateau, drained)
+		}
 		s.LearnedProbes = 0
 	}
 	s.LearnedProbeAt = time.Time{} // set when the steps reach the plateau
@@ -321,6 +354,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 		step, how = s.LearnedRate, "doubled (no cut since the seed)"
 	}
 	next := s.LearnedRate + step
+	lc = lc.at(next)
 	reaches, firstProbe := false, false
 	switch p := s.LearnedPlateau; {
 	case p <= 0:
@@ -446,6 +480,7 @@ type rateWindow struct {
 		n   int
 	}
 	first time.Time // first delivery counted since the window was last empty
+	total uint64    // every delivery counted (drainMarks)
 }
 
 // add counts n deliveries at now. span is the window the rate is read
@@ -460,6 +495,7 @@ func (w *rateWindow) add(now time.Time, n int, span time.Duration) {
 		s.sec, s.n = sec, 0
 	}
 	s.n += n
+	w.total += uint64(n)
 }
 
 // count is the deliveries within span before now.
@@ -504,4 +540,68 @@ func (w *rateWindow) per(n int, el time.Duration, now time.Time) float64 {
 func (w *rateWindow) spanRate(now time.Time, span time.Duration) float64 {
 	from := max(now.Add(-span).Unix(), now.Unix()-int64(len(w.slots))+1)
 	return w.per(w.sum(from, now.Unix()), now.Sub(time.Unix(from, 0)), now)
+}
+
+// Between throttles.
+//
+// A provider's token bucket is empty whenever it throttles, so between
+// two throttles it took exactly what it refilled (give or take one
+// message), unless it sat full for a while and wasted some: the fleet's
+// deliveries between two throttles, over the time between them, are at
+// most the limit, whatever the burst. The learning window's delivered
+// rate is not: over a bucket of 100 at 0.5/s, 2 s of delivered mail read
+// 0.9/s, and the cuts kept the learned rate over the limit for good
+// (16 % of the attempts throttled). drainMarks keeps the moments of the
+// last throttles with the delivery count then, and drained reads the
+// rate since the oldest of them within drainHorizon.
+
+// drainHorizon is how far back drained looks for a throttle; drainMin
+// is the deliveries since it that make a reading (one in ten off at
+// most).
+const (
+	drainHorizon = 2 * time.Minute
+	drainMin     = 10
+	drainBetween = 3
+)
+
+// drainMarks are throttle moments with the deliveries and throttles
+// counted then, at most one per drainHorizon/len, newest last.
+type drainMarks struct {
+	at        [8]time.Time
+	n, thr    [8]uint64
+	throttles uint64 // throttles counted so far
+}
+
+// mark counts a throttle at now after total deliveries.
+func (m *drainMarks) mark(now time.Time, total uint64) {
+	m.throttles++
+	last := len(m.at) - 1
+	if !m.at[last].IsZero() && now.Sub(m.at[last]) < drainHorizon/time.Duration(len(m.at)) {
+		return
+	}
+	copy(m.at[:], m.at[1:])
+	copy(m.n[:], m.n[1:])
+	copy(m.thr[:], m.thr[1:])
+	m.at[last], m.n[last], m.thr[last] = now, total, m.throttles
+}
+
+// drained is the delivered rate since the oldest throttle within
+// drainHorizon with another throttle after it, a floor under the limit:
+// (deliveries - 1) over the time. A throttle between says the fleet sent
+// faster than the provider refilled; without one the reading is only
+// what the fleet sent, under a limit it never reached. 0 without
+// drainMin deliveries since. Called before mark counts the throttle at
+// now.
+func (m *drainMarks) drained(now time.Time, total uint64) float64 {
+	for i, at := range m.at {
+		if at.IsZero() || now.Sub(at) > drainHorizon || m.throttles == m.thr[i] {
+			continue
+		}
+		d := total - m.n[i]
+		if d < drainMin {
+			return 0
+		}
+		return float64(d-1) / now.Sub(at).Seconds()
+	}
+	return 0
 }

@@ -314,8 +314,9 @@ func (t *Throttle) learning() learnConfig {
 
 // cutLearnedRate seeds or cuts d's learned rate after a throttled reply to
 // an attempt that took its turn at admitted, when cutSeen was the last cut
-// this worker knew of (see permit). d.mu held.
-func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, admitted, cutSeen time.Time) {
+// this worker knew of (see permit), with drained the fleet's delivered
+// rate between throttles (drainedRate). d.mu held.
+func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, admitted, cutSeen time.Time, drained float64) {
 	observed, thin := t.observedRate(d, now)
 	if d.state.LearnedRate <= 0 && now.Sub(d.burstFrom) < learnMinElapsed && (observed == 0 || thin) {
 		// The first reply of a burst is a throttle while the rest of the
@@ -342,7 +343,7 @@ func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, a
 			return
 		}
 	}
-	t.seedOrCut(d, now, observed, why, admitted, cutSeen)
+	t.seedOrCut(d, now, observed, drained, why, admitted, cutSeen)
 }
 
 // deferredSeed is a seed a worker holds back until until, while another
@@ -370,13 +371,14 @@ func (t *Throttle) seedDeferred(d *dest, now time.Time, fleet float64) (float64,
 		return fleet, true
 	}
 	d.deferred = nil
-	t.seedOrCut(d, now, s.observed, s.why, time.Time{}, time.Time{})
+	t.seedOrCut(d, now, s.observed, 0, s.why, time.Time{}, time.Time{})
 	return t.fleetRate(d.limits, d.state, now), false
 }
 
 // seedOrCut seeds or cuts d's learned rate on a throttle (cutLearnedRate),
-// with observed the fleet's delivered rate. d.mu held.
-func (t *Throttle) seedOrCut(d *dest, now time.Time, observed float64, why classify.Result, admitted, cutSeen time.Time) {
+// with observed the fleet's delivered rate over the learning window and
+// drained between throttles. d.mu held.
+func (t *Throttle) seedOrCut(d *dest, now time.Time, observed, drained float64, why classify.Result, admitted, cutSeen time.Time) {
 	lc, ceiling, reply := t.learning(), d.limits.Rate, learnedWhy(why)
 	t.cutLearned(d, now, learnedRate, func(s *DestState, now time.Time) bool {
 		// Applied again to the shared state, where another worker's cut
@@ -391,7 +393,7 @@ func (t *Throttle) seedOrCut(d *dest, now time.Time, observed float64, why class
 		// under a 6/s limit from 8/s down to 2.5/s in three seconds.
 		paced := s.LearnedRate > 0 && !cutSeen.IsZero() && cutSeen.Equal(s.LearnedCutAt) &&
 			(len(s.Grid) == 0 || !admitted.Before(s.Grid[len(s.Grid)-1].From))
-		return lc.cutRate(s, now, observed, ceiling, reply, paced)
+		return lc.cutRate(s, now, observed, drained, ceiling, reply, paced)
 	})
 }
 
@@ -419,8 +421,8 @@ func (t *Throttle) cutLearned(d *dest, now time.Time, l learnedLimit, fn func(*D
 // limit is what holds traffic back and no throttle came within LearnEvery.
 // Not applied locally first: the watcher brings it back at once. d.mu held.
 func (t *Throttle) raiseLearned(d *dest, now time.Time) {
-	lc := t.learning()
 	s := &d.state
+	lc := t.learning().at(s.inForce(now))
 	// The rate binds when this worker delivers at (nearly) its share of
 	// the rate in force: a step is a test of that rate, and a rate the
 	// traffic has not reached has not been tested, however the provider
@@ -489,6 +491,24 @@ func (t *Throttle) observedRate(d *dest, now time.Time) (rate float64, thin bool
 		return local * float64(live), false
 	}
 	return local + peers.Rate, false
+}
+
+// drainedRate is the fleet's delivered rate to d between throttles
+// (drainMarks.drained) before the throttle at now: this worker's, scaled
+// by its share of what the fleet delivered over the learning window.
+// 0 when there is no reading, or with other workers live when none of
+// them has reported the destination (the share is unknown).
+func (t *Throttle) drainedRate(d *dest, now time.Time) float64 {
+	local := d.drains.drained(now, d.delivered.total)
+	if local <= 0 || t.liveCount() <= 1 {
+		return local
+	}
+	mine := d.delivered.spanRate(now, t.cfg.LearnWindow)
+	peers, n := t.peerLoad(d.name, now)
+	if n == 0 || mine <= 0 {
+		return 0
+	}
+	return local * (mine + peers.Rate) / mine
 }
 
 // fleetInflight is the fleet's deliveries in progress to d, counting the

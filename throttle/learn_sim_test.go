@@ -19,6 +19,8 @@ func simLearn(limit, burst float64, warm, dur time.Duration) (throttles, deliver
 	rng := rand.New(rand.NewPCG(1, 2))
 	var s DestState
 	var win rateWindow
+	var marks drainMarks
+	var total uint64
 	tokens, last := burst, t0
 	now := t0
 	for now.Before(t0.Add(dur)) {
@@ -37,7 +39,11 @@ func simLearn(limit, burst float64, warm, dur time.Duration) (throttles, deliver
 			if counted {
 				throttles++
 			}
-			lc.cutRate(&s, now, win.spanRate(now, DefaultLearnWindow), 0, "sim", true)
+			drained := marks.drained(now, total)
+			if s.LearnedRate > 0 && !s.LearnedSlowStart {
+				marks.mark(now, total)
+			}
+			lc.cutRate(&s, now, win.spanRate(now, DefaultLearnWindow), drained, 0, "sim", true)
 			continue
 		}
 		tokens--
@@ -45,6 +51,7 @@ func simLearn(limit, burst float64, warm, dur time.Duration) (throttles, deliver
 			delivered++
 		}
 		win.add(now, 1, DefaultLearnWindow)
+		total++
 		lc.raiseRate(&s, now, 0)
 	}
 	return throttles, delivered
@@ -70,6 +77,34 @@ func TestLearnedRateSteadyState(t *testing.T) {
 		}
 		if rate < 0.9*c.limit {
 			t.Errorf("limit %v/s: delivered at %.2f/s, under 90%% of the limit", c.limit, rate)
+		}
+	}
+}
+
+// TestLearnedRateSlowAndBurstyLimits: the same past first contact, for
+// limits of a message every few seconds and buckets that take a minute's
+// worth at once. Judged over LearnEvery alone, a step at 0.2/s rested on
+// no reply at all, and over a bucket of 20 at 0.5/s the learning window's
+// 2 s of deliveries read the burst, not the limit: 7 to 21 % of the
+// attempts throttled over half an hour (0.2/s burst 10: 21 %; 0.5/s burst
+// 100: 15 %). Judged over learnSpanMsgs replies, with the rate between
+// throttles under the cuts, at most 5 %. Under 0.2/s with a burst of one
+// the price is throughput: the steps take 20 s each.
+func TestLearnedRateSlowAndBurstyLimits(t *testing.T) {
+	const warm, dur = 2 * time.Minute, 32 * time.Minute
+	for _, c := range []struct{ limit, burst, least float64 }{
+		{0.2, 1, 0.7}, {0.5, 1, 0.9}, {1, 1, 0.9}, {1, 5, 0.9}, {0.2, 10, 0.9}, {0.5, 20, 0.9}, {1, 60, 0.9}, {0.5, 100, 0.9},
+	} {
+		thr, del := simLearn(c.limit, c.burst, warm, dur)
+		rate := float64(del) / (dur - warm).Seconds()
+		share := float64(thr) / float64(thr+del)
+		t.Logf("limit %v/s burst %v: %d throttles, %d delivered (%.1f%% of the limit), %.2f%% throttled",
+			c.limit, c.burst, thr, del, 100*rate/c.limit, 100*share)
+		if share > 0.05 {
+			t.Errorf("limit %v/s burst %v: %.2f%% of the attempts throttled, want at most 5%%", c.limit, c.burst, 100*share)
+		}
+		if rate < c.least*c.limit {
+			t.Errorf("limit %v/s burst %v: delivered at %.1f%% of the limit, want %.0f%%", c.limit, c.burst, 100*rate/c.limit, 100*c.least)
 		}
 	}
 }

@@ -23,7 +23,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 
 func TestLearnSeedFromObservedRate(t *testing.T) {
 	var s DestState
-	if !lcTest.cutRate(&s, t0, 24, 0, "why", false) {
+	if !lcTest.cutRate(&s, t0, 24, 0, 0, "why", false) {
 		t.Fatal("no seed")
 	}
 	if !near(s.LearnedRate, 12) || !near(s.LearnedStep, 1.2) || !s.LearnedHold.Equal(t0.Add(3*time.Second)) || !s.LearnedSince.Equal(t0) {
@@ -31,17 +31,17 @@ func TestLearnSeedFromObservedRate(t *testing.T) {
 	}
 	// Nothing delivered in the window: a first-contact seed, not zero.
 	var first DestState
-	lcTest.cutRate(&first, t0, 0, 0, "why", false)
-	if first.LearnedRate != learnFirstContact || first.LearnedStep != learnMinStep {
+	lcTest.cutRate(&first, t0, 0, 0, 0, "why", false)
+	if first.LearnedRate != learnFirstContact || !near(first.LearnedStep, lcTest.stepOf(learnFirstContact)) {
 		t.Fatalf("first contact seed %v step %v", first.LearnedRate, first.LearnedStep)
 	}
 }
 
 func TestLearnOneCutPerHold(t *testing.T) {
 	var s DestState
-	lcTest.cutRate(&s, t0, 40, 0, "why", false) // 20
-	for i := 1; i <= 10; i++ {                  // a burst of throttles within the hold
-		if lcTest.cutRate(&s, t0.Add(time.Duration(i)*250*time.Millisecond), 40, 0, "why", false) {
+	lcTest.cutRate(&s, t0, 40, 0, 0, "why", false) // 20
+	for i := 1; i <= 10; i++ {                     // a burst of throttles within the hold
+		if lcTest.cutRate(&s, t0.Add(time.Duration(i)*250*time.Millisecond), 40, 0, 0, "why", false) {
 			t.Fatalf("cut again %d×250ms after the seed", i)
 		}
 	}
@@ -51,16 +51,16 @@ func TestLearnOneCutPerHold(t *testing.T) {
 	// A throttle of an attempt paced at the rate the seed set: that rate
 	// is too high too, and is cut within the hold.
 	paced := s
-	if !lcTest.cutRate(&paced, t0.Add(500*time.Millisecond), 4, 0, "why", true) || !near(paced.LearnedRate, 10) {
+	if !lcTest.cutRate(&paced, t0.Add(500*time.Millisecond), 4, 0, 0, "why", true) || !near(paced.LearnedRate, 10) {
 		t.Fatalf("a paced attempt's throttle within the hold: rate %v, want 10", paced.LearnedRate)
 	}
 	// Unless what was delivered keeps the rate: no cut, and no new hold.
 	kept := s
-	if lcTest.cutRate(&kept, t0.Add(500*time.Millisecond), 40, 0, "why", true) || kept.LearnedRate != s.LearnedRate || !kept.LearnedCutAt.Equal(s.LearnedCutAt) {
+	if lcTest.cutRate(&kept, t0.Add(500*time.Millisecond), 40, 0, 0, "why", true) || kept.LearnedRate != s.LearnedRate || !kept.LearnedCutAt.Equal(s.LearnedCutAt) {
 		t.Fatalf("a paced throttle with 40/s delivered changed the state: rate %v, cut at %v", kept.LearnedRate, kept.LearnedCutAt)
 	}
 	// After the hold, with little delivered: a multiplicative cut.
-	if !lcTest.cutRate(&s, t0.Add(3*time.Second), 4, 0, "why", false) || !near(s.LearnedRate, 10) {
+	if !lcTest.cutRate(&s, t0.Add(3*time.Second), 4, 0, 0, "why", false) || !near(s.LearnedRate, 10) {
 		t.Fatalf("after the hold: rate %v, want 10", s.LearnedRate)
 	}
 	if !near(s.LearnedStep, 1) || s.LearnedSlowStart {
@@ -68,7 +68,7 @@ func TestLearnOneCutPerHold(t *testing.T) {
 	}
 	// The floor.
 	for i := 2; i < 40; i++ {
-		lcTest.cutRate(&s, t0.Add(time.Duration(i)*3*time.Second), 0, 0, "why", false)
+		lcTest.cutRate(&s, t0.Add(time.Duration(i)*3*time.Second), 0, 0, 0, "why", false)
 	}
 	if s.LearnedRate != lcTest.min {
 		t.Fatalf("rate %v after many cuts, want the floor %v", s.LearnedRate, lcTest.min)
@@ -81,12 +81,12 @@ func TestLearnOneCutPerHold(t *testing.T) {
 // tenth off, whatever the reading says.
 func TestLearnCutKeepsWhatWasAccepted(t *testing.T) {
 	s := DestState{LearnedRate: 24, LearnedCutAt: t0}
-	lcTest.cutRate(&s, t0.Add(time.Hour), 20, 0, "why", false)
+	lcTest.cutRate(&s, t0.Add(time.Hour), 20, 0, 0, "why", false)
 	if !near(s.LearnedRate, 18) {
 		t.Fatalf("cut from 24 with 20/s delivered: %v, want 18", s.LearnedRate)
 	}
 	s = DestState{LearnedRate: 10}
-	lcTest.cutRate(&s, t0, 30, 0, "why", false) // stale report above the rate
+	lcTest.cutRate(&s, t0, 30, 0, 0, "why", false) // stale report above the rate
 	if !near(s.LearnedRate, 9) {
 		t.Fatalf("a cut past the hold with a report above the rate: %v, want 9 (never rises, never stays)", s.LearnedRate)
 	}
@@ -94,7 +94,7 @@ func TestLearnCutKeepsWhatWasAccepted(t *testing.T) {
 
 func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 	var s DestState
-	lcTest.cutRate(&s, t0, 20, 0, "why", false) // seed 10, slow start
+	lcTest.cutRate(&s, t0, 20, 0, 0, "why", false) // seed 10, slow start
 	if lcTest.raiseRate(&s, t0.Add(time.Second), 0) {
 		t.Fatal("stepped up within the hold")
 	}
@@ -103,7 +103,7 @@ func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 		t.Fatalf("slow start: %v, want doubled to 20", s.LearnedRate)
 	}
 	at = at.Add(lcTest.every)
-	lcTest.cutRate(&s, at, 0, 0, "why", false) // 10, additive from now
+	lcTest.cutRate(&s, at, 0, 0, 0, "why", false) // 10, additive from now
 	at = at.Add(lcTest.hold)
 	for i := 1; i <= 6; i++ {
 		if !lcTest.raiseRate(&s, at, 0) {
@@ -118,7 +118,7 @@ func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 		t.Fatalf("after 6 steps: %v, want 16 (additive, +1 each)", s.LearnedRate)
 	}
 	// A throttle right after a step cuts at once: steps do not hold cuts.
-	if !lcTest.cutRate(&s, at.Add(-lcTest.every+time.Millisecond), 0, 0, "why", false) {
+	if !lcTest.cutRate(&s, at.Add(-lcTest.every+time.Millisecond), 0, 0, 0, "why", false) {
 		t.Fatal("a throttle just after a step up did not cut")
 	}
 	if s.LearnedReason == "" {
@@ -133,7 +133,7 @@ func TestLearnIncreaseIsAdditiveAndPaced(t *testing.T) {
 // back over it every 10 s, a throttle for every tenth message.
 func TestLearnPlateauAfterACut(t *testing.T) {
 	s := DestState{LearnedRate: 20, LearnedStep: 2}
-	lcTest.cutRate(&s, t0, 12, 0, "why", false) // throttled at 20: cut to 90% of 12
+	lcTest.cutRate(&s, t0, 12, 0, 0, "why", false) // throttled at 20: cut to 90% of 12
 	if !near(s.LearnedRate, 10.8) || !near(s.LearnedPlateau, 19) || s.LearnedProbes != 0 {
 		t.Fatalf("cut: rate %v plateau %v probes %d, want 10.8, 19, 0", s.LearnedRate, s.LearnedPlateau, s.LearnedProbes)
 	}
@@ -173,7 +173,7 @@ func TestLearnPlateauAfterACut(t *testing.T) {
 			t.Fatalf("probe %d: no step over the plateau at its time (%v, %s)", probes, s.LearnedRate, s.LearnedReason)
 		}
 		cutAt := at.Add(time.Second)
-		if !lcTest.cutRate(&s, cutAt, 18, 0, "why", false) {
+		if !lcTest.cutRate(&s, cutAt, 18, 0, 0, "why", false) {
 			t.Fatalf("probe %d: its throttle did not cut", probes)
 		}
 		if !near(s.LearnedPlateau, 19) || s.LearnedProbes != probes {
@@ -187,7 +187,7 @@ func TestLearnPlateauAfterACut(t *testing.T) {
 	// A throttle at the plateau: the limit fell. The plateau moves under
 	// the rate throttled, and the waits start afresh.
 	at = s.LearnedProbeAt.Add(-time.Second)
-	if !s.atPlateau(at) || !lcTest.cutRate(&s, at, 15, 0, "why", false) {
+	if !s.atPlateau(at) || !lcTest.cutRate(&s, at, 15, 0, 0, "why", false) {
 		t.Fatal("a throttle at the plateau did not cut")
 	}
 	if !near(s.LearnedPlateau, 19*0.95) || s.LearnedProbes != 0 {
@@ -227,13 +227,13 @@ func TestLearnPlateauAfterACut(t *testing.T) {
 	if !near(s.LearnedPlateau, want[2]) || !strings.Contains(s.LearnedReason, "doubled") {
 		t.Fatalf("after three steps over it the plateau is %v (%s), want %v: the last rate that held", s.LearnedPlateau, s.LearnedReason, want[2])
 	}
-	if !lcTest.cutRate(&s, at.Add(-lcTest.every+time.Second), 0, 0, "why", false) || !near(s.LearnedPlateau, want[2]) || s.LearnedProbes != 1 {
+	if !lcTest.cutRate(&s, at.Add(-lcTest.every+time.Second), 0, 0, 0, "why", false) || !near(s.LearnedPlateau, want[2]) || s.LearnedProbes != 1 {
 		t.Fatalf("a throttle of the doubled step: plateau %v probes %d, want %v and 1", s.LearnedPlateau, s.LearnedProbes, want[2])
 	}
 	// A cut of a probe that kept the rate over the plateau: the rate waits
 	// where it is, as at a plateau.
 	kept := DestState{LearnedRate: 30, LearnedStep: 3, LearnedPlateau: 20}
-	if !lcTest.cutRate(&kept, t0, 28, 0, "why", false) || !near(kept.LearnedRate, 25.2) {
+	if !lcTest.cutRate(&kept, t0, 28, 0, 0, "why", false) || !near(kept.LearnedRate, 25.2) {
 		t.Fatalf("cut from 30 with 28 delivered: %v, want 25.2", kept.LearnedRate)
 	}
 	if !near(kept.LearnedPlateau, 25.2) || kept.LearnedProbes != 1 || !kept.atPlateau(kept.LearnedHold) ||
@@ -241,35 +241,36 @@ func TestLearnPlateauAfterACut(t *testing.T) {
 		t.Fatalf("a cut over the plateau: plateau %v probes %d probe at %v", kept.LearnedPlateau, kept.LearnedProbes, kept.LearnedProbeAt)
 	}
 	// forget clears it with the rest.
-	lcTest.plateau(&s, 10)
+	lcTest.plateau(&s, 10, 0)
 	if !forgetLearned(&s) || s.LearnedPlateau != 0 || !s.LearnedProbeAt.IsZero() {
 		t.Fatalf("forget kept the plateau: %v", s.LearnedPlateau)
 	}
 }
 
-// TestLearnStepAtLowRates: below 5/s the step is still a tenth of the rate
-// the cut set, down to 1/s. A fixed 0.5/s step took a rate cut to 90% of
+// TestLearnStepAtLowRates: at low rates the step is still a tenth of the
+// rate the cut set, down to 0.1/s. A fixed 0.5/s step took a rate cut to 90% of
 // a 2/s limit 15% over it at the first step, and of a 1/s limit 40% over:
 // a cut every other step, 43% of the attempts throttled.
 func TestLearnStepAtLowRates(t *testing.T) {
 	for _, limit := range []float64{1, 2, 3} {
 		s := DestState{LearnedRate: 1.5 * limit}
-		lcTest.cutRate(&s, t0, limit, 0, "why", false) // to 90% of what was accepted
+		lcTest.cutRate(&s, t0, limit, 0, 0, "why", false) // to 90% of what was accepted
 		if !near(s.LearnedRate, 0.9*limit) {
 			t.Fatalf("limit %v: cut to %v, want %v", limit, s.LearnedRate, 0.9*limit)
 		}
-		at := t0.Add(lcTest.hold)
-		lcTest.raiseRate(&s, at, 0)
+		if !lcTest.raiseRate(&s, s.LearnedHold, 0) {
+			t.Fatalf("limit %v/s: no step after the hold", limit)
+		}
 		if s.LearnedRate > limit+1e-9 {
 			t.Errorf("limit %v/s: the first step after the cut went to %.2f/s", limit, s.LearnedRate)
 		}
 	}
-	// The floor still climbs: from LearnMin in steps of at least 0.1/s.
+	// The floor still climbs: from LearnMin in steps of learnMinStep.
 	s := DestState{LearnedRate: 1}
-	lcTest.cutRate(&s, t0, 0, 0, "why", false)
-	lcTest.cutRate(&s, t0.Add(lcTest.hold), 0, 0, "why", false)
-	lcTest.cutRate(&s, t0.Add(2*lcTest.hold), 0, 0, "why", false)
-	lcTest.cutRate(&s, t0.Add(3*lcTest.hold), 0, 0, "why", false)
+	lcTest.cutRate(&s, t0, 0, 0, 0, "why", false)
+	for range 3 {
+		lcTest.cutRate(&s, s.LearnedHold, 0, 0, 0, "why", false)
+	}
 	if s.LearnedRate != lcTest.min || !near(s.LearnedStep, learnMinStep) {
 		t.Fatalf("at the floor: rate %v step %v", s.LearnedRate, s.LearnedStep)
 	}
@@ -277,7 +278,7 @@ func TestLearnStepAtLowRates(t *testing.T) {
 
 func TestLearnCeiling(t *testing.T) {
 	var s DestState
-	lcTest.cutRate(&s, t0, 100, 30, "why", false) // 50, capped at 30
+	lcTest.cutRate(&s, t0, 100, 0, 30, "why", false) // 50, capped at 30
 	if s.LearnedRate != 30 {
 		t.Fatalf("seed %v above the ceiling 30", s.LearnedRate)
 	}
@@ -301,7 +302,7 @@ func TestLearnCeiling(t *testing.T) {
 
 func TestLearnDecayAndForget(t *testing.T) {
 	var s DestState
-	lcTest.cutRate(&s, t0, 20, 0, "why", false)
+	lcTest.cutRate(&s, t0, 20, 0, 0, "why", false)
 	lcTest.cutConns(&s, t0, 8, 0, "why")
 	if s.idle(t0.Add(2 * time.Hour)) {
 		t.Fatal("a state with learned limits reads as idle and would be deleted")
@@ -539,7 +540,7 @@ func TestLearnedRateClimbsOnlyWhileBinding(t *testing.T) {
 	}
 	// Delivered attempts at the learned rate (each waits for its token,
 	// so the rate binds): it climbs.
-	eventually(t, 10*time.Second, "climbs while binding", func() bool {
+	eventually(t, 30*time.Second, "climbs while binding", func() bool {
 		attempt(t, a, "c.test", resDelivered)
 		return a.Snapshot("c.test").LearnedRate >= start+3*learnMinStep
 	})
@@ -714,7 +715,7 @@ func TestLearnStepWaitsForItsSegment(t *testing.T) {
 	lc := lcTest
 	lc.ahead = 3 * time.Second
 	var s DestState
-	lc.cutRate(&s, t0, 20, 0, "why", false) // seed 10, its grid from t0
+	lc.cutRate(&s, t0, 20, 0, 0, "why", false) // seed 10, its grid from t0
 	at := t0.Add(lc.hold)
 	if !lc.raiseRate(&s, at, 0) || !near(s.LearnedRate, 20) {
 		t.Fatalf("slow start: %v, want 20", s.LearnedRate)
@@ -737,12 +738,12 @@ func TestLearnStepWaitsForItsSegment(t *testing.T) {
 	}
 	// A throttle before the segment starts answered 10/s, not 20.
 	cut := s
-	if !lc.cutRate(&cut, from.Add(-time.Millisecond), 0, 0, "why", false) || !near(cut.LearnedRate, 5) || !strings.Contains(cut.LearnedReason, "at 10.00/s") {
+	if !lc.cutRate(&cut, from.Add(-time.Millisecond), 0, 0, 0, "why", false) || !near(cut.LearnedRate, 5) || !strings.Contains(cut.LearnedReason, "at 10.00/s") {
 		t.Fatalf("cut before the segment: %v (%s), want 5 from 10", cut.LearnedRate, cut.LearnedReason)
 	}
 	// Alone: in force at once, the next step LearnEvery later.
 	var one DestState
-	lcTest.cutRate(&one, t0, 20, 0, "why", false)
+	lcTest.cutRate(&one, t0, 20, 0, 0, "why", false)
 	at = t0.Add(lcTest.hold)
 	lcTest.raiseRate(&one, at, 0)
 	if !one.LearnedNext.Equal(at.Add(lcTest.every)) || !near(one.inForce(at), 20) {
@@ -767,10 +768,10 @@ func TestFleetCutHoldsFromItsSegment(t *testing.T) {
 		t.Fatalf("a cut's segment %s ahead, a step's %s: the cut's turns are taken again, it need not wait max-wait", lc.cutAhead, lc.ahead)
 	}
 	var s DestState
-	lc.cutRate(&s, t0, 20, 0, "why", false) // seed 10
+	lc.cutRate(&s, t0, 20, 0, 0, "why", false) // seed 10
 	s.LearnedSlowStart = false
 	cutAt := t0.Add(time.Minute)
-	if !lc.cutRate(&s, cutAt, 0, 0, "why", false) || !near(s.LearnedRate, 5) {
+	if !lc.cutRate(&s, cutAt, 0, 0, 0, "why", false) || !near(s.LearnedRate, 5) {
 		t.Fatalf("cut: %v, want 5", s.LearnedRate)
 	}
 	from := s.Grid[len(s.Grid)-1].From
@@ -778,10 +779,10 @@ func TestFleetCutHoldsFromItsSegment(t *testing.T) {
 		t.Fatalf("segment from +%s, hold until +%s: want the hold LearnHold after the segment's start", from.Sub(cutAt), s.LearnedHold.Sub(cutAt))
 	}
 	late := cutAt.Add(lc.hold + time.Millisecond) // past LearnHold after the cut, before the segment's
-	if again := s; lc.cutRate(&again, late, 0, 0, "why", false) {
+	if again := s; lc.cutRate(&again, late, 0, 0, 0, "why", false) {
 		t.Fatalf("a throttle %s after the cut, its segment at +%s, cut again to %v", late.Sub(cutAt), from.Sub(cutAt), again.LearnedRate)
 	}
-	if paced := s; !lc.cutRate(&paced, from.Add(time.Millisecond), 0, 0, "why", true) || !near(paced.LearnedRate, 2.5) {
+	if paced := s; !lc.cutRate(&paced, from.Add(time.Millisecond), 0, 0, 0, "why", true) || !near(paced.LearnedRate, 2.5) {
 		t.Fatalf("a paced attempt's throttle on the cut's segment: %v, want 2.5", paced.LearnedRate)
 	}
 	// A step before the cut's segment: 5 is in force until the cut's
@@ -1084,5 +1085,126 @@ func TestOverShareCountsWaitingAdmissions(t *testing.T) {
 	}
 	if d.overShare("a", t0) {
 		t.Fatal("a yields with 20 waiting against b's 1 (a second of turns)")
+	}
+}
+
+// TestLearnJudgedOverRepliesAtLowRates: under 2/s a hold after a cut and a
+// step's judgement last learnSpanMsgs deliveries of the new rate, not
+// LearnEvery: at 0.25/s a step judged over 2 s rested on no reply.
+func TestLearnJudgedOverRepliesAtLowRates(t *testing.T) {
+	s := DestState{LearnedRate: 0.6}
+	if !lcTest.cutRate(&s, t0, 0, 0, 0, "why", false) || !near(s.LearnedRate, 0.3) {
+		t.Fatalf("cut to %v", s.LearnedRate)
+	}
+	if h := lcTest.at(0.3).hold; h < 13*time.Second || h > 14*time.Second {
+		t.Fatalf("hold at 0.3/s %v, want learnSpanMsgs / 0.3 s", h)
+	}
+	if want := t0.Add(lcTest.at(0.3).hold); !s.LearnedHold.Equal(want) {
+		t.Fatalf("hold until %v, want %v (learnSpanMsgs at 0.3/s)", s.LearnedHold.Sub(t0), want.Sub(t0))
+	}
+	at := s.LearnedHold
+	if !lcTest.raiseRate(&s, at, 0) {
+		t.Fatal("no step after the hold")
+	}
+	if want := at.Add(lcTest.at(s.LearnedRate).every); !s.LearnedNext.Equal(want) {
+		t.Fatalf("next step at %v, want %v", s.LearnedNext.Sub(at), want.Sub(at))
+	}
+	// At 2/s and above the defaults stand.
+	fast := DestState{LearnedRate: 40}
+	lcTest.cutRate(&fast, t0, 0, 0, 0, "why", false)
+	if !fast.LearnedHold.Equal(t0.Add(lcTest.hold)) {
+		t.Fatalf("hold at 20/s until %v, want %v", fast.LearnedHold.Sub(t0), lcTest.hold)
+	}
+}
+
+// TestDrainMarks: the delivered rate between throttles counts from the
+// oldest throttle within drainHorizon that another throttle followed, and
+// gives no reading on fewer than drainMin deliveries.
+func TestDrainMarks(t *testing.T) {
+	var m drainMarks
+	m.mark(t0, 100)
+	if r := m.drained(t0.Add(40*time.Second), 120); r != 0 {
+		t.Fatalf("no throttle between: reading %v, want none", r)
+	}
+	m.mark(t0.Add(20*time.Second), 110)
+	if r := m.drained(t0.Add(40*time.Second), 121); !near(r, 20.0/40) {
+		t.Fatalf("21 deliveries over 40 s: %v, want (21-1)/40", r)
+	}
+	if r := m.drained(t0.Add(40*time.Second), 105); r != 0 {
+		t.Fatalf("5 deliveries: reading %v, want none", r)
+	}
+	// The first mark out of the horizon: the second has no throttle after it.
+	if r := m.drained(t0.Add(drainHorizon+time.Second), 200); r != 0 {
+		t.Fatalf("past the horizon: %v, want none", r)
+	}
+	// Throttles closer than drainHorizon/8 share a mark.
+	m.mark(t0.Add(21*time.Second), 111)
+	if m.at[len(m.at)-1] != t0.Add(20*time.Second) {
+		t.Fatalf("a second mark a second after the last: %v", m.at[len(m.at)-1].Sub(t0))
+	}
+}
+
+// TestLearnCutToTheRateBetweenThrottles: over a bucket with a burst, what
+// the learning window saw delivered is the burst; the rate between
+// throttles is a floor under the limit, and the cut and the plateau go to
+// it (never below DecreaseFactor of the rate throttled).
+func TestLearnCutToTheRateBetweenThrottles(t *testing.T) {
+	base := DestState{LearnedRate: 0.9, LearnedHold: t0}
+	s := base
+	lcTest.cutRate(&s, t0, 0.9, 0, 0, "why", false)
+	if !near(s.LearnedRate, 0.81) || !near(s.LearnedPlateau, 0.855) {
+		t.Fatalf("without a reading: rate %v plateau %v, want 0.81 and 0.855", s.LearnedRate, s.LearnedPlateau)
+	}
+	s = base
+	lcTest.cutRate(&s, t0, 0.9, 0.6, 0, "why", false)
+	if !near(s.LearnedRate, 0.57) || !near(s.LearnedPlateau, 0.6) || !strings.Contains(s.LearnedReason, "between throttles") {
+		t.Fatalf("0.6/s between throttles: rate %v plateau %v (%s), want 0.57 and 0.6", s.LearnedRate, s.LearnedPlateau, s.LearnedReason)
+	}
+	s = base
+	lcTest.cutRate(&s, t0, 0.9, 0.2, 0, "why", false)
+	if !near(s.LearnedRate, 0.45) {
+		t.Fatalf("0.2/s between throttles: rate %v, want DecreaseFactor of 0.9", s.LearnedRate)
+	}
+}
+
+// TestThrottlesMarkTheRateBetweenThem: a worker's throttled replies after
+// the first cut mark its delivered count, and alone it reads the rate between them as its
+// own (drainedRate); with a peer live that has not reported the
+// destination, there is no reading.
+func TestThrottlesMarkTheRateBetweenThem(t *testing.T) {
+	env := startKV(t)
+	var ahead atomic.Int64
+	a := newThrottle(t, env, "a", func(c *Config) {
+		c.Now = func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }
+	})
+	ahead.Store(int64(2 * learnMinElapsed))
+	attempt(t, a, "m.test", resThrottled) // the seed: not marked
+	attempt(t, a, "m.test", resThrottled) // paced at the seed: a cut, the end of the doubling
+	attempt(t, a, "m.test", resDelivered)
+	attempt(t, a, "m.test", resThrottled) // marked
+	d := a.getDest("m.test")
+	d.mu.Lock()
+	marked, total := d.drains.throttles, d.delivered.total
+	now := a.now()
+	// Two throttles 20 s and 40 s ago, 21 deliveries since the first.
+	d.drains = drainMarks{}
+	d.drains.mark(now.Add(-40*time.Second), 0)
+	d.drains.mark(now.Add(-20*time.Second), 10)
+	d.delivered.total = 21
+	alone := a.drainedRate(d, now)
+	d.mu.Unlock()
+	if marked != 1 || total != 1 {
+		t.Fatalf("after a throttle and a delivery: %d throttles marked, %d deliveries counted", marked, total)
+	}
+	if !near(alone, 20.0/40) {
+		t.Fatalf("alone: %v, want (21-1)/40", alone)
+	}
+	newThrottle(t, env, "b", nil)
+	waitLive(t, 2, a)
+	d.mu.Lock()
+	fleet := a.drainedRate(d, now)
+	d.mu.Unlock()
+	if fleet != 0 {
+		t.Fatalf("a peer that has not reported m.test: %v, want no reading", fleet)
 	}
 }

@@ -351,6 +351,7 @@ type dest struct {
 	window      int           // this worker's attempts in flight while the rate is unknown (firstWindow); 0: not in use
 	deferred    *deferredSeed // a first seed held back for another worker's (cutLearnedRate)
 	delivered   rateWindow    // this worker's deliveries, for the seed
+	drains      drainMarks    // this worker's throttles, for the rate between them
 	burstFrom   time.Time     // the first admission, or the first after LearnWindow without one
 	lastConnLim time.Time     // the connection limit last refused an attempt
 	lastConnThr time.Time     // last "too many connections" reply
@@ -805,8 +806,15 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 	}
 	if o.throttled {
 		d.lastThr = now
+		drained := t.drainedRate(d, now)
+		if d.state.LearnedRate > 0 && !d.state.LearnedSlowStart {
+			// Not before the first cut: the seed and the doubling after
+			// it send under the limit by design, and the provider's
+			// bucket fills meanwhile (drainMarks).
+			d.drains.mark(now, d.delivered.total)
+		}
 		if learnsRate(!cfg.NoLearn, d.limits, d.state, now) {
-			t.cutLearnedRate(d, now, o.why, p.admitted, p.cutSeen)
+			t.cutLearnedRate(d, now, o.why, p.admitted, p.cutSeen, drained)
 		} else if d.lastCut.IsZero() || now.Sub(d.lastCut) >= cfg.DecreaseFor {
 			d.lastCut = now
 			t.cutFactor(d, now, p.factor)

@@ -155,7 +155,7 @@ func learnFigures(p *ratedmx.Provider, msgs int, start time.Time, limit float64)
 // learnDrain is scenario 6.1 (daemons = 1) and 6.2 (daemons = 2): msgs
 // messages split over the daemons, against the unannounced limit.
 func (s *suite) learnDrain(daemons, msgs int) (learnRun, error) {
-	p, err := ratedmx.New(ratedmx.Options{Rate: s.c.learnLimit})
+	p, err := ratedmx.New(ratedmx.Options{Rate: s.c.learnLimit, Burst: s.c.learnBurst})
 	if err != nil {
 		return learnRun{}, err
 	}
@@ -244,7 +244,7 @@ func learnTimeline(arrivals, throttles []time.Time, start time.Time) []byte {
 // anchor: throttled mail waits out minimal_backoff_time and the queue
 // manager's runs.
 func (s *suite) learnPostfix(msgs int, timeout time.Duration) (learnRun, error) {
-	p, err := ratedmx.New(ratedmx.Options{Rate: s.c.learnLimit})
+	p, err := ratedmx.New(ratedmx.Options{Rate: s.c.learnLimit, Burst: s.c.learnBurst})
 	if err != nil {
 		return learnRun{}, err
 	}
@@ -371,7 +371,7 @@ func (s *suite) scenario6() error {
 	t := &table{
 		title: "Scenario 6: an unannounced limit (learned rates), outflow on its defaults",
 		notes: []string{
-			fmt.Sprintf("A scripted provider (internal/ratedmx) accepts a token bucket of %.0f msg/s (burst %.0f) and answers 421 4.7.28 to every RCPT above it. outflow runs with no rate configured. 6.1: %d messages over one authenticated session; 6.2: the same split over two daemons on one NATS; medians of %d runs. Drain is the last arrival after the first submission, against the ideal %d/%g s; peak is the most arrivals in any one second, against the limit.", s.c.learnLimit, max(1, s.c.learnLimit/5), msgs, runs, msgs, s.c.learnLimit),
+			fmt.Sprintf("A scripted provider (internal/ratedmx) accepts a token bucket of %g msg/s (burst %g) and answers 421 4.7.28 to every RCPT above it. outflow runs with no rate configured. 6.1: %d messages over one authenticated session; 6.2: the same split over two daemons on one NATS; medians of %d runs. Drain is the last arrival after the first submission, against the ideal %d/%g s; peak is the most arrivals in any one second, against the limit.", s.c.learnLimit, s.c.burst(), msgs, runs, msgs, s.c.learnLimit),
 			"Postfix (same provider, its default timers, relaying as smarthost) is the anchor for 6.1: each 421 defers the message for minimal_backoff_time (300 s) and later queue runs.",
 		},
 		head: []string{"run", "throttle replies / messages", "drain / ideal", "peak / limit", "drain s"},

@@ -31,9 +31,11 @@ type config struct {
 	// learnTrace, when set, is a directory for scenario 6's traces: each
 	// daemon's debug log and each 6.1/6.2 run's arrivals and throttles.
 	learnTrace string
-	// learnLimit is the provider's limit in 6.1 and 6.2 (msgs/s), and
+	// learnLimit is the provider's limit in 6.1 and 6.2 (msgs/s),
+	// learnBurst its bucket (0: a fifth of the limit, at least 1), and
 	// learnSecs how many seconds of it their messages are.
 	learnLimit float64
+	learnBurst float64
 	learnSecs  float64
 }
 
@@ -55,6 +57,7 @@ func main() {
 	flag.BoolVar(&c.noAnchor, "no-anchor", os.Getenv("BENCH_NO_ANCHOR") == "1", "scenario 6 without its Postfix anchor, which takes 30 minutes (BENCH_NO_ANCHOR=1)")
 	flag.StringVar(&c.learnParts, "learn-parts", "1,2,3,4", "parts of scenario 6 to run (6.1 and 6.2 drain, 6.3 halving, 6.4 tenants)")
 	flag.Float64Var(&c.learnLimit, "learn-limit", learnLimit, "scenario 6.1 and 6.2 (and their Postfix anchor): the provider's limit in msg/s (burst a fifth of it, at least 1); the messages are -learn-secs of it, at least 60 (6.3 and 6.4 keep 20)")
+	flag.Float64Var(&c.learnBurst, "learn-burst", 0, "scenario 6.1 and 6.2: the provider's bucket in messages (0: a fifth of -learn-limit, at least 1); a larger one is a limit per minute or per hour")
 	flag.Float64Var(&c.learnSecs, "learn-secs", 30, "scenario 6.1 and 6.2: the messages are this many seconds of the provider's limit (at least 60 messages); longer runs show the steady state after first contact")
 	flag.StringVar(&c.learnTrace, "learn-trace", "", "scenario 6: write each daemon's debug log and each 6.1/6.2 run's arrivals and throttles per half second to this directory")
 	flag.StringVar(&profDir, "profile", "", "instead of the suite: profile scenario 1 in-process and write cpu.pprof, allocs.pprof and heap.pprof here")
@@ -89,4 +92,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "outflow-bench:", err)
 		os.Exit(1)
 	}
+}
+
+// burst is scenario 6.1 and 6.2's bucket, as ratedmx fills it in.
+func (c *config) burst() float64 {
+	if c.learnBurst > 0 {
+		return c.learnBurst
+	}
+	return max(1, c.learnLimit/5)
 }
