@@ -40,6 +40,9 @@ import (
 //     underestimates the limit); after a cut it grows by LearnedStep,
 //     LearnStep times the rate the cut set: additive between cuts, and
 //     the same number of steps back to the old rate at any scale;
+//   - first contact's burst: from the seed until the first step, the
+//     second paced cut and those after it halve the rate (LearnedPaced),
+//     since the floor under them is the burst the provider let through;
 //   - between throttles: a cut goes no higher than 95 % of the rate the
 //     fleet was delivered at between throttles (drainMarks), a floor under
 //     a token bucket's limit whatever its burst, and its plateau no higher
@@ -252,7 +255,19 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 		from = s.inForce(now)
 		next = from * lc.decrease
 		reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, times %.2f", why, from, lc.decrease)
-		if kept := observed * learnAccepted; kept > next {
+		// A paced throttle of the rate a paced cut after the seed set,
+		// with no step since: the floor under that cut, what the window
+		// saw delivered, was first contact's burst, not the limit (a
+		// provider's bucket of 20 at 0.5/s read 50/s), and cutting 10 %
+		// at a time took 35 throttles to come down. Later the floor
+		// stands: a second throttle right after a cut is the bucket
+		// emptied by the probe, and halving for it cost 13 % of a 200/s
+		// limit in TestLearnedRateSteadyState.
+		again := paced && s.LearnedPaced && !s.LearnedSlowStart
+		if again {
+			reason = fmt.Sprintf("cut: throttled (%s) again at %.2f/s since the seed, times %.2f", why, from, lc.decrease)
+		}
+		if kept := observed * learnAccepted; kept > next && !again {
 			next = math.Min(kept, from)
 			if !now.Before(s.LearnedHold) {
 				// Past the hold a throttle at from says from is too high
@@ -290,6 +305,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 	s.LearnedNext = s.LearnedHold
 	s.LearnedCutAt = now.UTC()
 	s.LearnedReason = reason
+	s.LearnedPaced = from <= 0 || s.LearnedPaced && paced
 	if from > 0 {
 		lc.plateau(s, from, drained)
 	}
@@ -386,6 +402,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	s.LearnedReason = fmt.Sprintf("probe up: %s after %s without a throttle while the rate was binding", how, lc.every)
 	s.regrid(now, lc.ahead, next)
 	s.LearnedRate = next
+	s.LearnedPaced = false
 	// Only the next step waits: a throttle right after a step up cuts at
 	// once, so an overshoot costs milliseconds of throttles, not a hold.
 	// It waits for LearnEvery of the new rate in force: from its grid
@@ -456,7 +473,7 @@ func forgetLearned(s *DestState) bool {
 		return false
 	}
 	s.LearnedRate, s.LearnedStep, s.LearnedHold, s.LearnedNext, s.LearnedReason, s.LearnedSlowStart = 0, 0, time.Time{}, time.Time{}, "", false
-	s.LearnedPlateau, s.LearnedProbeAt, s.LearnedProbes = 0, time.Time{}, 0
+	s.LearnedPlateau, s.LearnedProbeAt, s.LearnedProbes, s.LearnedPaced = 0, time.Time{}, 0, false
 	s.LearnedConns, s.LearnedConnsHold, s.LearnedConnsReason = 0, time.Time{}, ""
 	s.LearnedSince, s.LearnedCutAt = time.Time{}, time.Time{}
 	s.Grid = nil

@@ -1208,3 +1208,35 @@ func TestThrottlesMarkTheRateBetweenThem(t *testing.T) {
 		t.Fatalf("a peer that has not reported m.test: %v, want no reading", fleet)
 	}
 }
+
+// TestLearnCutsAgainSinceTheSeed: after the seed, the first paced cut keeps
+// 90 % of what the window saw delivered; a paced throttle of the rate it
+// set halves it, whatever the window says (first contact's burst). Once a
+// step has come, paced cuts keep the floor again.
+func TestLearnCutsAgainSinceTheSeed(t *testing.T) {
+	var s DestState
+	lcTest.cutRate(&s, t0, 100, 0, 0, "why", false) // seed 50 from a burst read as 100/s
+	if !s.LearnedPaced {
+		t.Fatal("the seed starts no chain of paced cuts")
+	}
+	at := t0.Add(100 * time.Millisecond)
+	if !lcTest.cutRate(&s, at, 53, 0, 0, "why", true) || !near(s.LearnedRate, 47.7) {
+		t.Fatalf("first paced cut: %v, want 90%% of 53", s.LearnedRate)
+	}
+	at = at.Add(100 * time.Millisecond)
+	if !lcTest.cutRate(&s, at, 53, 0, 0, "why", true) || !near(s.LearnedRate, 23.85) || !strings.Contains(s.LearnedReason, "again") {
+		t.Fatalf("second paced cut: %v (%s), want half of 47.7", s.LearnedRate, s.LearnedReason)
+	}
+	// A step ends the chain: a paced cut after it keeps the floor.
+	if !lcTest.raiseRate(&s, s.LearnedHold, 0) || s.LearnedPaced {
+		t.Fatalf("step: paced %v", s.LearnedPaced)
+	}
+	from := s.LearnedRate
+	at = s.LearnedNext.Add(-time.Millisecond)
+	if !lcTest.cutRate(&s, at, from, 0, 0, "why", true) || !near(s.LearnedRate, 0.9*from) {
+		t.Fatalf("paced cut after a step: %v, want 90%% of %v", s.LearnedRate, from)
+	}
+	if lcTest.cutRate(&s, at.Add(time.Millisecond), from, 0, 0, "why", true) || !near(s.LearnedRate, 0.9*from) {
+		t.Fatalf("second paced cut after a step: %v, want the floor to keep 90%% of %v", s.LearnedRate, from)
+	}
+}

@@ -81,6 +81,11 @@ type DestState struct {
 	LearnedReason string    `json:"learned_reason,omitempty"`
 	// LearnedSlowStart: no cut since the seed, so steps up double.
 	LearnedSlowStart bool `json:"learned_slow_start,omitempty"`
+	// LearnedPaced: every cut since the seed was for the throttle of an
+	// attempt paced at the rate in force, with no step between; the
+	// second such cut is by DecreaseFactor whatever was delivered
+	// (learn.go, cutRate).
+	LearnedPaced bool `json:"learned_paced,omitempty"`
 	// LearnedPlateau is where the steps up after a cut stop, 5% under the
 	// rate the last throttle answered, until LearnedProbeAt; LearnedProbes
 	// counts the probes above it that met a throttle in a row, each of
