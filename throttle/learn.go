@@ -578,7 +578,6 @@ func (w *rateWindow) spanRate(now time.Time, span time.Duration) float64 {
 const (
 	drainHorizon = 2 * time.Minute
 	drainMin     = 10
-	drainBetween = 3
 )
 
 // drainMarks are throttle moments with the deliveries and throttles
