@@ -1211,8 +1211,8 @@ func TestThrottlesMarkTheRateBetweenThem(t *testing.T) {
 
 // TestLearnCutsAgainSinceTheSeed: after the seed, the first paced cut keeps
 // 90 % of what the window saw delivered; a paced throttle of the rate it
-// set halves it, whatever the window says (first contact's burst). Once a
-// step has come, paced cuts keep the floor again.
+// set halves it when the window read at least that rate (first contact's
+// burst). Once a step has come, paced cuts keep the floor again.
 func TestLearnCutsAgainSinceTheSeed(t *testing.T) {
 	var s DestState
 	lcTest.cutRate(&s, t0, 100, 0, 0, "why", false) // seed 50 from a burst read as 100/s
@@ -1226,6 +1226,12 @@ func TestLearnCutsAgainSinceTheSeed(t *testing.T) {
 	at = at.Add(100 * time.Millisecond)
 	if !lcTest.cutRate(&s, at, 53, 0, 0, "why", true) || !near(s.LearnedRate, 23.85) || !strings.Contains(s.LearnedReason, "again") {
 		t.Fatalf("second paced cut: %v (%s), want half of 47.7", s.LearnedRate, s.LearnedReason)
+	}
+	// A window that read less than the rate throttled is not the burst:
+	// its floor stands.
+	under := s
+	if !lcTest.cutRate(&under, at.Add(100*time.Millisecond), 20, 0, 0, "why", true) || !near(under.LearnedRate, 18) {
+		t.Fatalf("paced cut at 23.85 with 20/s delivered: %v, want 90%% of 20", under.LearnedRate)
 	}
 	// A step ends the chain: a paced cut after it keeps the floor.
 	if !lcTest.raiseRate(&s, s.LearnedHold, 0) || s.LearnedPaced {
