@@ -41,8 +41,9 @@ import (
 //     LearnStep times the rate the cut set: additive between cuts, and
 //     the same number of steps back to the old rate at any scale;
 //   - first contact's burst: from the seed until the first step, the
-//     second paced cut and those after it halve the rate (LearnedPaced),
-//     since the floor under them is the burst the provider let through;
+//     second paced cut and those after it halve the rate (LearnedPaced)
+//     when the window read at least the rate throttled: that floor is the
+//     burst the provider let through, not its limit;
 //   - between throttles: a cut goes no higher than 95 % of the rate the
 //     fleet was delivered at between throttles (drainMarks), a floor under
 //     a token bucket's limit whatever its burst, and its plateau no higher

@@ -83,8 +83,8 @@ type DestState struct {
 	LearnedSlowStart bool `json:"learned_slow_start,omitempty"`
 	// LearnedPaced: every cut since the seed was for the throttle of an
 	// attempt paced at the rate in force, with no step between; the
-	// second such cut is by DecreaseFactor whatever was delivered
-	// (learn.go, cutRate).
+	// second such cut is by DecreaseFactor when the window read at least
+	// the rate throttled (learn.go, cutRate).
 	LearnedPaced bool `json:"learned_paced,omitempty"`
 	// LearnedPlateau is where the steps up after a cut stop, 5% under the
 	// rate the last throttle answered, until LearnedProbeAt; LearnedProbes
