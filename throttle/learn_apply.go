@@ -495,20 +495,25 @@ func (t *Throttle) observedRate(d *dest, now time.Time) (rate float64, thin bool
 
 // drainedRate is the fleet's delivered rate to d between throttles
 // (drainMarks.drained) before the throttle at now: this worker's, scaled
-// by its share of what the fleet delivered over the learning window.
-// 0 when there is no reading, or with other workers live when none of
-// them has reported the destination (the share is unknown).
+// to the fleet by the live workers (each paces its share of the rate), or
+// by this worker's share of what the fleet delivered over the learning
+// window when that is smaller. The reading only ever lowers a cut, so
+// the scale errs high: at slow rates a peer's 2 s often holds none of its
+// deliveries, and scaling by that share alone read half the fleet's rate
+// and held two daemons under a 0.5/s limit at half of it.
 func (t *Throttle) drainedRate(d *dest, now time.Time) float64 {
 	local := d.drains.drained(now, d.delivered.total)
-	if local <= 0 || t.liveCount() <= 1 {
+	live := t.liveCount()
+	if local <= 0 || live <= 1 {
 		return local
 	}
-	mine := d.delivered.spanRate(now, t.cfg.LearnWindow)
-	peers, n := t.peerLoad(d.name, now)
-	if n == 0 || mine <= 0 {
-		return 0
+	scale := float64(live)
+	if mine := d.delivered.spanRate(now, t.cfg.LearnWindow); mine > 0 {
+		if peers, n := t.peerLoad(d.name, now); n > 0 {
+			scale = max(scale, (mine+peers.Rate)/mine)
+		}
 	}
-	return local * (mine + peers.Rate) / mine
+	return local * scale
 }
 
 // fleetInflight is the fleet's deliveries in progress to d, counting the
