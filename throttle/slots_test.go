@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/outflow/outflow/classify"
 )
 
 // TestTurnOnEpochGrid: a worker's slots are the grid's slots of its rank, on the
@@ -145,4 +147,51 @@ func TestFleetSendsInterleave(t *testing.T) {
 	if alternating < (len(sends)-1)*9/10 {
 		t.Errorf("only %d of %d neighbouring sends came from different workers", alternating, len(sends)-1)
 	}
+}
+
+// TestAnEnvelopeBackLateGetsTheNextTurn: with two workers on a learned
+// rate whose turns per worker lie further apart than MaxWait, an envelope
+// refused with its place comes back a little after it and waits for the
+// next turn instead of being refused again. Before, each return found the
+// turn just gone and the next one beyond MaxWait, for ever: two daemons
+// sharing a learned 0.4/s held their last four envelopes for five
+// minutes.
+func TestAnEnvelopeBackLateGetsTheNextTurn(t *testing.T) {
+	env := startKV(t)
+	quick := func(c *Config) { c.MaxWait = 100 * time.Millisecond }
+	a, b := newThrottle(t, env, "a", quick), newThrottle(t, env, "b", quick)
+	waitLive(t, 2, a, b)
+	d := a.getDest("g.test")
+	d.mu.Lock()
+	now := a.now()
+	d.state.LearnedRate, d.state.LearnedHold = 5, now.Add(time.Hour) // a's turns 400 ms apart
+	d.state.Grid = []GridSegment{{From: now.UTC(), Rate: 5}}
+	d.mu.Unlock()
+	first := mustAdmit(t, a, "g.test") // waits for a turn of its own
+	waiting := make(chan Permit)
+	go func() {
+		p, _ := a.Admit(ctxT(t), "g.test", "", "") // the next turn, within one
+		waiting <- p
+	}()
+	eventually(t, 2*time.Second, "the second admission waits", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.inflight == 2
+	})
+	_, r := a.Admit(ctxT(t), "g.test", "", "") // two turns ahead: refused with a place
+	if r.Reason != "rate" {
+		t.Fatalf("third admission: %+v, want a refusal for the rate", r)
+	}
+	first.Done([]classify.Result{resDelivered})
+	if p := <-waiting; p == nil {
+		t.Fatal("the second admission was refused")
+	} else {
+		p.Done([]classify.Result{resDelivered})
+	}
+	<-time.After(time.Until(r.Until) + 30*time.Millisecond) // back a little after its place
+	p, r := a.Admit(ctxT(t), "g.test", "", "")
+	if p == nil {
+		t.Fatalf("back after its place: refused again until %v", time.Until(r.Until))
+	}
+	p.Done([]classify.Result{resDelivered})
 }

@@ -562,6 +562,22 @@ func (t *Throttle) Admit(ctx context.Context, domain, tenant, source string) (Pe
 	}
 }
 
+// maxWait is how long an admission may wait for turn k: MaxWait, or on a
+// learned rate's grid one of this worker's turns when that is longer. A
+// refused envelope is told to come back at its turn and comes back a
+// little after it (the lane's schedule fires late by milliseconds), when
+// the turn has passed. The grid's turns are fixed times, so with turns
+// further apart than MaxWait the next one was always too far again: two
+// daemons sharing a learned 0.4/s refused their last four envelopes for
+// five minutes. Waiting one turn admits it. (A configured rate's bucket
+// has no fixed turns: a token not taken is there for the late return.)
+func (t *Throttle) maxWait(k turn) time.Duration {
+	if k.segs == nil {
+		return t.cfg.MaxWait
+	}
+	return max(t.cfg.MaxWait, time.Duration(float64(k.n)/k.rate*float64(time.Second)))
+}
+
 // suspendedRefusal refuses an attempt to a destination suspended until
 // until, capped at maxSuspendRefusal ahead: look again now and then, the
 // suspension may be shortened.
@@ -630,13 +646,14 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		due := d.bucket.reserve(now)
 		// Sent on this worker's next turn of the fleet's grid (slots.go),
 		// never one it already gave out.
-		at = t.turnOf(d, fleet, live, now).next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
+		k := t.turnOf(d, fleet, live, now)
+		at = k.next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
 		// A tenant with a backlog in the virtual queue does not hold a
 		// delivery slot and a reservation waiting for a token while another
 		// tenant sends to the destination: its envelope takes its own
 		// tenant's next place at once, and the tokens go to whoever is
 		// within its share (see fairShare).
-		if at.Sub(now) > t.cfg.MaxWait || due.After(now) && d.overShare(tenant, now) {
+		if at.Sub(now) > t.maxWait(k) || due.After(now) && d.overShare(tenant, now) {
 			// Too long to wait here. The refused envelope goes back to a
 			// lane and may return to any worker, so this worker keeps no
 			// token for it: it hands the token back and gives the envelope
@@ -705,7 +722,8 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		}
 		gen, reserved, cutSeen = d.bucket.gen, now, d.state.LearnedCutAt
 		due := d.bucket.reserve(now)
-		at = t.turnOf(d, fleet, live, now).next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
+		k := t.turnOf(d, fleet, live, now)
+		at = k.next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
 		if at.After(d.lastTurn) {
 			d.lastTurn = at
 			d.bucket.spend(at)
