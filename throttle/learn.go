@@ -264,7 +264,8 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 		// at a time took 35 throttles to come down. A reading under the
 		// rate throttled stands (under a 2/s limit with a burst of one,
 		// 90 % of it cut 2.24/s to 1.4/s, halving to 1.12/s drained 60
-		// messages in 1.34 times the ideal against 1.20 to 1.25). After
+		// messages in 1.33 to 1.39 times the ideal against 1.19 to 1.25,
+		// outflow-bench -learn-limit 2). After
 		// a step the floor stands too: a second throttle right after a
 		// cut is the bucket the probe emptied, and halving for it cost
 		// 13 % of a 200/s limit in TestLearnedRateSteadyState.
