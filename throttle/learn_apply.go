@@ -497,10 +497,10 @@ func (t *Throttle) observedRate(d *dest, now time.Time) (rate float64, thin bool
 // (drainMarks.drained) before the throttle at now: this worker's, scaled
 // to the fleet by the live workers (each paces its share of the rate), or
 // by this worker's share of what the fleet delivered over the learning
-// window when that is smaller. The reading only ever lowers a cut, so
-// the scale errs high: at slow rates a peer's 2 s often holds none of its
-// deliveries, and scaling by that share alone read half the fleet's rate
-// and held two daemons under a 0.5/s limit at half of it.
+// window when that scales it higher. The reading only ever lowers a
+// cut, so the scale errs high: at slow rates a peer's last 2 s often
+// hold none of its deliveries, and that share alone would take this
+// worker's rate for the fleet's.
 func (t *Throttle) drainedRate(d *dest, now time.Time) float64 {
 	local := d.drains.drained(now, d.delivered.total)
 	live := t.liveCount()
