@@ -260,15 +260,15 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 		// with no step since, while the window says the fleet got through
 		// at least that rate: the floor under the cut, what the window
 		// saw delivered, is first contact's burst, not the limit (a
-		// provider's bucket of 20 at 0.5/s read 50/s), and cutting 10 %
-		// at a time took 35 throttles to come down. A reading under the
-		// rate throttled stands (under a 2/s limit with a burst of one,
-		// 90 % of it cut 2.24/s to 1.4/s, halving to 1.12/s drained 60
-		// messages in 1.33 to 1.39 times the ideal against 1.19 to 1.25,
-		// outflow-bench -learn-limit 2). After
-		// a step the floor stands too: a second throttle right after a
-		// cut is the bucket the probe emptied, and halving for it cost
-		// 13 % of a 200/s limit in TestLearnedRateSteadyState.
+		// provider's bucket of 20 at 0.5/s read 50/s), and cutting about
+		// 5 % at a time took 30 throttles to come down to 9/s. A reading
+		// under the rate throttled stands (under a 2/s limit with a burst
+		// of one, 90 % of it cut 2.24/s to 1.4/s; halving to 1.12/s
+		// drained 60 messages in 1.33 to 1.39 times the ideal against
+		// 1.19 to 1.25, outflow-bench -learn-limit 2). After a step the
+		// floor stands too: a second throttle right after a cut is the
+		// bucket the probe emptied, and halving for it cost 13 % of a
+		// 200/s limit in TestLearnedRateSteadyState.
 		again := paced && s.LearnedPaced && !s.LearnedSlowStart && observed >= from
 		if again {
 			reason = fmt.Sprintf("cut: throttled (%s) again at %.2f/s since the seed, times %.2f", why, from, lc.decrease)
@@ -589,22 +589,22 @@ const (
 // drainMarks are throttle moments with the deliveries and throttles
 // counted then, at most one per drainHorizon/len, newest last.
 type drainMarks struct {
-	at        [8]time.Time
-	n, thr    [8]uint64
+	marks [8]struct {
+		at     time.Time
+		n, thr uint64 // deliveries and throttles counted at
+	}
 	throttles uint64 // throttles counted so far
 }
 
 // mark counts a throttle at now after total deliveries.
 func (m *drainMarks) mark(now time.Time, total uint64) {
 	m.throttles++
-	last := len(m.at) - 1
-	if !m.at[last].IsZero() && now.Sub(m.at[last]) < drainHorizon/time.Duration(len(m.at)) {
+	last := &m.marks[len(m.marks)-1]
+	if !last.at.IsZero() && now.Sub(last.at) < drainHorizon/time.Duration(len(m.marks)) {
 		return
 	}
-	copy(m.at[:], m.at[1:])
-	copy(m.n[:], m.n[1:])
-	copy(m.thr[:], m.thr[1:])
-	m.at[last], m.n[last], m.thr[last] = now, total, m.throttles
+	copy(m.marks[:], m.marks[1:])
+	last.at, last.n, last.thr = now, total, m.throttles
 }
 
 // drained is the delivered rate since the oldest throttle within
@@ -615,15 +615,15 @@ func (m *drainMarks) mark(now time.Time, total uint64) {
 // drainMin deliveries since. Called before mark counts the throttle at
 // now.
 func (m *drainMarks) drained(now time.Time, total uint64) float64 {
-	for i, at := range m.at {
-		if at.IsZero() || now.Sub(at) > drainHorizon || m.throttles == m.thr[i] {
+	for _, k := range m.marks {
+		if k.at.IsZero() || now.Sub(k.at) > drainHorizon || m.throttles == k.thr {
 			continue
 		}
-		d := total - m.n[i]
+		d := total - k.n
 		if d < drainMin {
 			return 0
 		}
-		return float64(d-1) / now.Sub(at).Seconds()
+		return float64(d-1) / now.Sub(k.at).Seconds()
 	}
 	return 0
 }

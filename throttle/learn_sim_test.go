@@ -118,9 +118,10 @@ func TestLearnedRateSlowAndBurstyLimits(t *testing.T) {
 // TestLearnedRateFirstContactWithABurst: a provider that takes a minute's
 // worth at once (a bucket of 20 at 0.5/s) seeds the rate from the burst,
 // at 50/s. The cuts after the seed were floored at 90 % of the window's
-// delivered rate, still the burst's, and came down 10 % a throttle: 68
-// throttles in the simulation's first minute (35 cuts in the real
-// daemon's first 4 s, outflow-bench -learn-limit 0.5 -learn-burst 20).
+// delivered rate, still the burst's, and came down 5 to 10 % a throttle:
+// 68 throttles in the simulation's first minute (in the real daemon 30
+// cuts of about 5 % in 2 s, then three halvings, outflow-bench
+// -learn-limit 0.5 -learn-burst 20).
 // After the first paced cut the rest halve: 9.
 func TestLearnedRateFirstContactWithABurst(t *testing.T) {
 	thr, del := simLearnFrom(0.5, 20, 5*time.Millisecond, 0, time.Minute)

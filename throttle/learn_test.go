@@ -1139,8 +1139,8 @@ func TestDrainMarks(t *testing.T) {
 	}
 	// Throttles closer than drainHorizon/8 share a mark.
 	m.mark(t0.Add(21*time.Second), 111)
-	if m.at[len(m.at)-1] != t0.Add(20*time.Second) {
-		t.Fatalf("a second mark a second after the last: %v", m.at[len(m.at)-1].Sub(t0))
+	if last := m.marks[len(m.marks)-1].at; last != t0.Add(20*time.Second) {
+		t.Fatalf("a second mark a second after the last: %v", last.Sub(t0))
 	}
 }
 

@@ -722,8 +722,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		}
 		gen, reserved, cutSeen = d.bucket.gen, now, d.state.LearnedCutAt
 		due := d.bucket.reserve(now)
-		k := t.turnOf(d, fleet, live, now)
-		at = k.next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
+		at = t.turnOf(d, fleet, live, now).next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
 		if at.After(d.lastTurn) {
 			d.lastTurn = at
 			d.bucket.spend(at)
@@ -824,14 +823,18 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 	}
 	if o.throttled {
 		d.lastThr = now
-		drained := t.drainedRate(d, now)
+		learns := learnsRate(!cfg.NoLearn, d.limits, d.state, now)
+		var drained float64 // read before this throttle's mark
+		if learns {
+			drained = t.drainedRate(d, now)
+		}
 		if d.state.LearnedRate > 0 && !d.state.LearnedSlowStart {
 			// Not before the first cut: the seed and the doubling after
 			// it send under the limit by design, and the provider's
 			// bucket fills meanwhile (drainMarks).
 			d.drains.mark(now, d.delivered.total)
 		}
-		if learnsRate(!cfg.NoLearn, d.limits, d.state, now) {
+		if learns {
 			t.cutLearnedRate(d, now, o.why, p.admitted, p.cutSeen, drained)
 		} else if d.lastCut.IsZero() || now.Sub(d.lastCut) >= cfg.DecreaseFor {
 			d.lastCut = now
