@@ -148,6 +148,10 @@ type trackedConn struct {
 	// once a session has found it (commandReader); nil before, or when
 	// go-smtp's layout is not the known one. Write looks at what it holds.
 	cmdIn *bufio.Reader
+	// badAuth counts an AUTH response that go-smtp could not decode
+	// (amendReply), as the session counts any malformed one; nil under TLS,
+	// where tlsReplies has its own.
+	badAuth func()
 
 	// wmu guards pending. go-smtp's connection goroutine is the only one
 	// that writes and reads, but go-smtp's Close (a shutdown that ran out
@@ -184,9 +188,17 @@ const maxHeld = 4 << 10
 //
 // Only plaintext lines are held: a TLS record starts with a content type
 // below 0x20, never with a digit, and after STARTTLS nothing is held at all.
+//
+// Write also corrects the one go-smtp reply that amendReply knows.
 func (c *trackedConn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if r, ok := amendReply(b); ok {
+		if c.badAuth != nil {
+			c.badAuth()
+		}
+		return c.writeAmended(b, r)
+	}
 	if c.holds(b) {
 		c.pending = append(c.pending, b...)
 		return len(b), nil
@@ -195,6 +207,15 @@ func (c *trackedConn) Write(b []byte) (int, error) {
 		return c.Conn.Write(b)
 	}
 	return c.writePending(b)
+}
+
+// writeAmended writes r, with whatever is held, in place of b, and reports
+// b as written whole when r was. Called with wmu held.
+func (c *trackedConn) writeAmended(b, r []byte) (int, error) {
+	if _, err := c.writePending(r); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }
 
 // holds reports whether Write keeps b back. Called with wmu held.
@@ -287,7 +308,9 @@ var (
 // connection, so they too leave in fewer writes, each a TLS record. It
 // leaves c alone if go-smtp's writer is not of the known layout or holds
 // unwritten octets (go-smtp flushes every line, so it never does).
-func joinTLSReplies(c *smtp.Conn) {
+//
+// badAuth is called for each AUTH response go-smtp could not decode.
+func joinTLSReplies(c *smtp.Conn, badAuth func()) {
 	tp := textConn(c)
 	if tp == nil || tp.R == nil || tp.W == nil || tp.W.Buffered() > 0 {
 		return
@@ -295,7 +318,7 @@ func joinTLSReplies(c *smtp.Conn) {
 	if _, ok := c.Conn().(*tls.Conn); !ok {
 		return
 	}
-	tp.W.Reset(&tlsReplies{w: c.Conn(), cmdIn: tp.R})
+	tp.W.Reset(&tlsReplies{w: c.Conn(), cmdIn: tp.R, badAuth: badAuth})
 }
 
 // tlsReplies joins reply lines above TLS, where trackedConn sees records.
@@ -311,9 +334,19 @@ type tlsReplies struct {
 	w       io.Writer // the *tls.Conn
 	cmdIn   *bufio.Reader
 	pending []byte
+	badAuth func() // see trackedConn.badAuth
 }
 
 func (t *tlsReplies) Write(b []byte) (int, error) {
+	if r, ok := amendReply(b); ok {
+		if t.badAuth != nil {
+			t.badAuth()
+		}
+		if _, err := writeHeld(t.w, &t.pending, r); err != nil {
+			return 0, err
+		}
+		return len(b), nil
+	}
 	last, ok := replyLine(b)
 	if ok && len(t.pending)+len(b) <= maxHeld && (!last || (string(b[:4]) == "250 " && hasCommand(t.cmdIn))) {
 		t.pending = append(t.pending, b...)
@@ -335,10 +368,12 @@ func hasCommand(r *bufio.Reader) bool {
 	return bytes.IndexByte(buf, '\n') >= 0
 }
 
-// setCommandReader lets Write see the client's pipelined commands.
-func (c *trackedConn) setCommandReader(r *bufio.Reader) {
+// setCommandReader lets Write see the client's pipelined commands, and
+// gives it the session's count of malformed AUTH responses.
+func (c *trackedConn) setCommandReader(r *bufio.Reader, badAuth func()) {
 	c.wmu.Lock()
 	c.cmdIn = r
+	c.badAuth = badAuth
 	c.wmu.Unlock()
 }
 

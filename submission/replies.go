@@ -1,6 +1,7 @@
 package submission
 
 import (
+	"bytes"
 	"fmt"
 
 	"github.com/emersion/go-smtp"
@@ -101,4 +102,26 @@ func addressError(err error, sender bool) *smtp.SMTPError {
 	}
 	return &smtp.SMTPError{Code: 553, EnhancedCode: code,
 		Message: "Bad " + what + " address syntax: " + reason}
+}
+
+// go-smtp (conn.go's handleAuth, in the pinned release) answers an AUTH
+// response that is not base64 with a temporary 454 4.7.0, which a client
+// may retry for ever. RFC 4954 section 4 asks for 501: "If the server
+// cannot BASE64 decode any client response, it MUST reject the AUTH command
+// with a 501 reply." go-smtp decodes before any sasl.Server sees the
+// response and has no hook there, so the connection's reply writers
+// (trackedConn, and tlsReplies under TLS) put the right line in place of
+// go-smtp's on its way out (amendReply).
+var (
+	goSMTPBadBase64 = []byte("454 4.7.0 Invalid base64 data\r\n")
+	replyBadBase64  = []byte("501 5.5.2 Malformed authentication response: not base64 (RFC 4954 section 4)\r\n")
+)
+
+// amendReply reports whether b is one of go-smtp's replies that this
+// package corrects, and the line to write in its place.
+func amendReply(b []byte) ([]byte, bool) {
+	if len(b) == len(goSMTPBadBase64) && bytes.Equal(b, goSMTPBadBase64) {
+		return replyBadBase64, true
+	}
+	return nil, false
 }

@@ -2,6 +2,7 @@ package submission
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"net"
@@ -193,6 +194,47 @@ func TestBadPassword(t *testing.T) {
 	}
 	if got := ts.counter(t, "outflow_submission_auth_failures_total"); got != 5 {
 		t.Errorf("auth failures = %v, want 5", got)
+	}
+}
+
+// A response that is not base64 is a syntax error, 501 (RFC 4954 section
+// 4), not go-smtp's temporary 454, and counts as a failed AUTH: as an
+// initial response, as the answer to a challenge, and under TLS.
+func TestAuthNotBase64Is501(t *testing.T) {
+	cert, pool := selfSigned(t)
+	ts := startServer(t, Config{Users: testUsers(t), TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}, &fakeQueue{})
+	check := func(rc *raw, how string) {
+		t.Helper()
+		msg := rc.expect(501)
+		if !strings.HasPrefix(msg, "5.5.2 ") || !strings.Contains(msg, "base64") {
+			t.Errorf("%s: %q", how, msg)
+		}
+		// The session goes on: the next AUTH is answered.
+		rc.cmd("AUTH PLAIN "+plainIR("", testUser, testPassword), 235)
+	}
+
+	rc := ts.raw(t)
+	rc.cmd("EHLO client.test", 250)
+	rc.write("AUTH PLAIN %%%not-base64\r\n")
+	check(rc, "initial response")
+
+	rc = ts.raw(t)
+	rc.cmd("EHLO client.test", 250)
+	rc.cmd("AUTH LOGIN", 334)
+	rc.write("!!\r\n")
+	check(rc, "answer to a challenge")
+
+	rc = ts.raw(t)
+	rc.cmd("EHLO client.test", 250)
+	rc.cmd("STARTTLS", 220)
+	tc := tls.Client(rc.c, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	rc = &raw{t: t, c: tc, r: bufioTextReader(tc)}
+	rc.cmd("EHLO client.test", 250)
+	rc.write("AUTH PLAIN ====\r\n")
+	check(rc, "under TLS")
+
+	if got := ts.counter(t, "outflow_submission_auth_failures_total"); got != 3 {
+		t.Errorf("auth failures = %v, want 3", got)
 	}
 }
 

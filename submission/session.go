@@ -69,16 +69,6 @@ func (s *Server) newSession(c *smtp.Conn) *session {
 		nc = t.NetConn()
 	}
 	tc, _ := nc.(*trackedConn)
-	switch {
-	case tc != nil && isTLS:
-		tc.setTLS()
-		tc.setCommandReader(nil) // the plaintext reader go-smtp dropped at STARTTLS
-	case tc != nil:
-		tc.setCommandReader(commandReader(c))
-	}
-	if isTLS {
-		joinTLSReplies(c)
-	}
 	remoteStr, remote := remoteAddr(c.Conn().RemoteAddr())
 	trusted := s.isTrusted(remote)
 	ss := &session{
@@ -89,6 +79,16 @@ func (s *Server) newSession(c *smtp.Conn) *session {
 		remoteStr: remoteStr,
 		tls:       isTLS,
 		trusted:   trusted,
+	}
+	switch {
+	case tc != nil && isTLS:
+		tc.setTLS()
+		tc.setCommandReader(nil, nil) // the plaintext reader go-smtp dropped at STARTTLS
+	case tc != nil:
+		tc.setCommandReader(commandReader(c), ss.authMalformed)
+	}
+	if isTLS {
+		joinTLSReplies(c, ss.authMalformed)
 	}
 	ss.logLine(s.log.Debug()).Str("helo", c.Hostname()).Bool("trusted", trusted).Msg("session started")
 	return ss
