@@ -100,8 +100,13 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	// The server keeps only a bcrypt hash of the generated password
 	// (nats-server verifies "$2a$" passwords with bcrypt), so the password
-	// itself lives in one 0600 file.
-	hash, err := bcrypt.GenerateFromPassword([]byte(info.Password), bcrypt.DefaultCost)
+	// itself lives in one 0600 file. At bcrypt's least cost: the cost is a
+	// brute-force guesser's price per guess, which only matters for a
+	// password a person chose, and this one is 192 random bits. The
+	// server pays it on every connection from outside the process (each
+	// CLI command, each fleet member): at the default cost, 10, about
+	// 50 ms of CPU each, and over a second in a race-detector build.
+	hash, err := bcrypt.GenerateFromPassword([]byte(info.Password), bcrypt.MinCost)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
