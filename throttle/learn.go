@@ -40,10 +40,10 @@ import (
 //     underestimates the limit); after a cut it grows by LearnedStep,
 //     LearnStep times the rate the cut set: additive between cuts, and
 //     the same number of steps back to the old rate at any scale;
-//   - first contact's burst: from the seed until the first step, the
-//     second paced cut and those after it halve the rate (LearnedPaced)
-//     when the window read at least the rate throttled: that floor is the
-//     burst the provider let through, not its limit;
+//   - first contact's burst: from the seed until the first step, each
+//     paced cut halves the rate (LearnedPaced) when the window read at
+//     least the rate throttled: that floor is the burst the provider let
+//     through, not its limit;
 //   - between throttles: a cut goes no higher than 95 % of the rate the
 //     fleet was delivered at between throttles (drainMarks), a floor under
 //     a token bucket's limit whatever its burst, and its plateau no higher
@@ -218,6 +218,10 @@ func (lc learnConfig) at(rate float64) learnConfig {
 	return lc
 }
 
+// reasonSpan is d as a reason gives it: a span stretched to a slow rate
+// (at) is 8.510638297s, which says no more than 8.5s.
+func reasonSpan(d time.Duration) string { return d.Round(100 * time.Millisecond).String() }
+
 // stepOf is the additive step for a rate just set by a cut or a seed.
 func (lc learnConfig) stepOf(rate float64) float64 {
 	return math.Max(learnMinStep, lc.step*rate)
@@ -256,12 +260,15 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 		from = s.inForce(now)
 		next = from * lc.decrease
 		reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, times %.2f", why, from, lc.decrease)
-		// A paced throttle of the rate a paced cut after the seed set,
-		// with no step since, while the window says the fleet got through
-		// at least that rate: the floor under the cut, what the window
-		// saw delivered, is first contact's burst, not the limit (a
-		// provider's bucket of 20 at 0.5/s read 50/s), and cutting about
-		// 5 % at a time took 30 throttles to come down to 9/s. A reading
+		// A paced throttle of the rate the seed or a paced cut after it
+		// set, with no step since, while the window says the fleet got
+		// through at least that rate: the floor under the cut, what the
+		// window saw delivered, is first contact's burst, not the limit
+		// (a provider's bucket of 20 at 0.5/s read 50/s), and cutting
+		// about 5 % at a time took 30 throttles to come down to 9/s. The
+		// first cut after the seed is no exception: the seed halved that
+		// same reading, so its floor kept the seed's rate whole until the
+		// hold ran out (two daemons: 60 throttles in 3 s). A reading
 		// under the rate throttled stands (under a 2/s limit with a burst
 		// of one, 90 % of it cut 2.24/s to 1.4/s; halving to 1.12/s
 		// drained 60 messages in 1.33 to 1.39 times the ideal against
@@ -269,7 +276,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 		// floor stands too: a second throttle right after a cut is the
 		// bucket the probe emptied, and halving for it cost 13 % of a
 		// 200/s limit in TestLearnedRateSteadyState.
-		again := paced && s.LearnedPaced && !s.LearnedSlowStart && observed >= from
+		again := paced && s.LearnedPaced && observed >= from
 		if again {
 			reason = fmt.Sprintf("cut: throttled (%s) again at %.2f/s since the seed, times %.2f", why, from, lc.decrease)
 		}
@@ -382,7 +389,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	case p <= 0:
 	case s.LearnedRate < p && next >= p-1e-9:
 		next, reaches = p, true
-		how = "to the plateau " + strconv.FormatFloat(p, 'f', 2, 64) + "/s (under the last throttle's rate), waits " + lc.probeWait(s.LearnedProbes).String()
+		how = "to the plateau " + strconv.FormatFloat(p, 'f', 2, 64) + "/s (under the last throttle's rate), waits " + reasonSpan(lc.probeWait(s.LearnedProbes))
 	case s.LearnedRate > p+1e-9:
 		// A probe over the plateau held: the limit rose at
 		// least that far. It is the plateau now, and the steps double
@@ -405,7 +412,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	if ceiling > 0 && next > ceiling {
 		next = ceiling
 	}
-	s.LearnedReason = fmt.Sprintf("probe up: %s after %s without a throttle while the rate was binding", how, lc.every)
+	s.LearnedReason = fmt.Sprintf("probe up: %s after %s without a throttle while the rate was binding", how, reasonSpan(lc.every))
 	s.regrid(now, lc.ahead, next)
 	s.LearnedRate = next
 	s.LearnedPaced = false
@@ -469,7 +476,7 @@ func (lc learnConfig) raiseConns(s *DestState, now time.Time, ceiling int) bool 
 	}
 	s.LearnedConns++
 	s.LearnedConnsHold = now.Add(lc.every).UTC()
-	s.LearnedConnsReason = fmt.Sprintf("probe up: +1 connection after %s without a connection throttle while the limit was binding", lc.every)
+	s.LearnedConnsReason = fmt.Sprintf("probe up: +1 connection after %s without a connection throttle while the limit was binding", reasonSpan(lc.every))
 	return true
 }
 

@@ -313,10 +313,10 @@ func (t *Throttle) learning() learnConfig {
 }
 
 // cutLearnedRate seeds or cuts d's learned rate after a throttled reply to
-// an attempt that took its turn at admitted, when cutSeen was the last cut
-// this worker knew of (see permit), with drained the fleet's delivered
-// rate between throttles (drainedRate). d.mu held.
-func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, admitted, cutSeen time.Time, drained float64) {
+// the attempt of p (its turn, and the last cut its worker knew of when
+// it reserved it), with drained the fleet's delivered rate between
+// throttles (drainedRate). d.mu held.
+func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, p *permit, drained float64) {
 	observed, thin := t.observedRate(d, now)
 	if d.state.LearnedRate <= 0 && now.Sub(d.burstFrom) < learnMinElapsed && (observed == 0 || thin) {
 		// The first reply of a burst is a throttle while the rest of the
@@ -343,7 +343,7 @@ func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, a
 			return
 		}
 	}
-	t.seedOrCut(d, now, observed, drained, why, admitted, cutSeen)
+	t.seedOrCut(d, now, observed, drained, why, p)
 }
 
 // deferredSeed is a seed a worker holds back until until, while another
@@ -371,30 +371,49 @@ func (t *Throttle) seedDeferred(d *dest, now time.Time, fleet float64) (float64,
 		return fleet, true
 	}
 	d.deferred = nil
-	t.seedOrCut(d, now, s.observed, 0, s.why, time.Time{}, time.Time{})
+	t.seedOrCut(d, now, s.observed, 0, s.why, nil)
 	return t.fleetRate(d.limits, d.state, now), false
 }
 
-// seedOrCut seeds or cuts d's learned rate on a throttle (cutLearnedRate),
-// with observed the fleet's delivered rate over the learning window and
-// drained between throttles. d.mu held.
-func (t *Throttle) seedOrCut(d *dest, now time.Time, observed, drained float64, why classify.Result, admitted, cutSeen time.Time) {
+// seedOrCut seeds or cuts d's learned rate on a throttle (cutLearnedRate)
+// of p's attempt (nil: a deferred seed's), with observed the fleet's
+// delivered rate over the learning window and drained between throttles.
+// d.mu held.
+func (t *Throttle) seedOrCut(d *dest, now time.Time, observed, drained float64, why classify.Result, p *permit) {
 	lc, ceiling, reply := t.learning(), d.limits.Rate, learnedWhy(why)
+	var sent, cutSeen time.Time
+	if p != nil {
+		sent, cutSeen = p.sent, p.cutSeen
+	}
 	t.cutLearned(d, now, learnedRate, func(s *DestState, now time.Time) bool {
 		// Applied again to the shared state, where another worker's cut
-		// may have come since: the attempt was paced at the rate in force
-		// only if that cut is the one it knew of (a worker that had not
-		// seen another's seed yet sent at no rate at all), and it took its
-		// turn on the cut's grid segment. With several workers the segment
-		// starts gridReach after the cut, and until then each worker
-		// takes its fewer turns on the old, finer grid, where two workers'
-		// turns can fall one old slot apart: a throttle of such a pair says
-		// nothing of the new rate, and cutting for it ratcheted two daemons
-		// under a 6/s limit from 8/s down to 2.5/s in three seconds.
-		paced := s.LearnedRate > 0 && !cutSeen.IsZero() && cutSeen.Equal(s.LearnedCutAt) &&
-			(len(s.Grid) == 0 || !admitted.Before(s.Grid[len(s.Grid)-1].From))
-		return lc.cutRate(s, now, observed, drained, ceiling, reply, paced)
+		// may have come since.
+		return lc.cutRate(s, now, observed, drained, ceiling, reply, s.pacedAt(sent, cutSeen))
 	})
+}
+
+// pacedAt reports whether a throttled attempt, which reserved its turn
+// when cutSeen was the last cut its worker knew of and went out at sent,
+// was paced at the learned rate in s: that cut is the last one (a worker
+// that had not seen another's seed yet sent at no rate at all), and the
+// attempt went out on the cut's grid segment. With several workers the
+// segment starts gridReach after the cut, and until then each worker
+// takes its fewer turns on the old, finer grid, where two workers' turns
+// can fall one old slot apart: a throttle of such a pair says nothing of
+// the new rate, and cutting for it ratcheted two daemons under a 6/s
+// limit from 8/s down to 2.5/s in three seconds.
+//
+// It is the turn that must fall on the segment, not the reservation,
+// which comes up to max-wait before it. Judged by the reservation, no
+// throttle after a cut counted as paced until the hold ran out, 3 s in a
+// fleet: two daemons under a bucket of 20 at 0.5/s sent at each rate of
+// first contact's halvings, the seed's 40/s first, for 3 s after they had
+// cut it (99 throttle replies for 60 messages; 47 judged by the turn).
+func (s DestState) pacedAt(sent, cutSeen time.Time) bool {
+	if s.LearnedRate <= 0 || cutSeen.IsZero() || !cutSeen.Equal(s.LearnedCutAt) {
+		return false
+	}
+	return len(s.Grid) == 0 || !sent.Before(s.Grid[len(s.Grid)-1].From)
 }
 
 // cutLearnedConns seeds or cuts d's learned connection limit after a "too

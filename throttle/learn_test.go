@@ -54,10 +54,19 @@ func TestLearnOneCutPerHold(t *testing.T) {
 	if !lcTest.cutRate(&paced, t0.Add(500*time.Millisecond), 4, 0, 0, "why", true) || !near(paced.LearnedRate, 10) {
 		t.Fatalf("a paced attempt's throttle within the hold: rate %v, want 10", paced.LearnedRate)
 	}
-	// Unless what was delivered keeps the rate: no cut, and no new hold.
+	// Also when the window still reads the 40/s the seed was taken from:
+	// the seed halved that reading already, and a throttle at half of it
+	// says the reading was a burst (TestLearnCutsAgainSinceTheSeed).
+	burst := s
+	if !lcTest.cutRate(&burst, t0.Add(500*time.Millisecond), 40, 0, 0, "why", true) || !near(burst.LearnedRate, 10) {
+		t.Fatalf("a paced throttle with 40/s delivered: rate %v, want 10", burst.LearnedRate)
+	}
+	// Unless a step came since: then what was delivered keeps the rate,
+	// with no cut and no new hold.
 	kept := s
+	kept.LearnedPaced = false
 	if lcTest.cutRate(&kept, t0.Add(500*time.Millisecond), 40, 0, 0, "why", true) || kept.LearnedRate != s.LearnedRate || !kept.LearnedCutAt.Equal(s.LearnedCutAt) {
-		t.Fatalf("a paced throttle with 40/s delivered changed the state: rate %v, cut at %v", kept.LearnedRate, kept.LearnedCutAt)
+		t.Fatalf("a paced throttle with 40/s delivered after a step changed the state: rate %v, cut at %v", kept.LearnedRate, kept.LearnedCutAt)
 	}
 	// After the hold, with little delivered: a multiplicative cut.
 	if !lcTest.cutRate(&s, t0.Add(3*time.Second), 4, 0, 0, "why", false) || !near(s.LearnedRate, 10) {
@@ -1209,29 +1218,34 @@ func TestThrottlesMarkTheRateBetweenThem(t *testing.T) {
 	}
 }
 
-// TestLearnCutsAgainSinceTheSeed: after the seed, the first paced cut keeps
-// 90 % of what the window saw delivered; a paced throttle of the rate it
-// set halves it when the window read at least that rate (first contact's
-// burst). Once a step has come, paced cuts keep the floor again.
+// TestLearnCutsAgainSinceTheSeed: from the seed on, a paced throttle of
+// the rate the last paced cut (or the seed) set halves it when the window
+// read at least that rate (first contact's burst), and keeps 90 % of what
+// the window saw delivered when it read less. Once a step has come, paced
+// cuts keep the floor again.
 func TestLearnCutsAgainSinceTheSeed(t *testing.T) {
 	var s DestState
 	lcTest.cutRate(&s, t0, 100, 0, 0, "why", false) // seed 50 from a burst read as 100/s
 	if !s.LearnedPaced {
 		t.Fatal("the seed starts no chain of paced cuts")
 	}
+	// The first paced cut. Before, its floor was 90 % of the window's
+	// reading, the burst the seed was halved from, which kept the rate
+	// whole until the hold ran out: two daemons under a bucket of 20 at
+	// 0.5/s met 60 throttles at the seed's rate in those three seconds.
 	at := t0.Add(100 * time.Millisecond)
-	if !lcTest.cutRate(&s, at, 53, 0, 0, "why", true) || !near(s.LearnedRate, 47.7) {
-		t.Fatalf("first paced cut: %v, want 90%% of 53", s.LearnedRate)
+	if !lcTest.cutRate(&s, at, 90, 0, 0, "why", true) || !near(s.LearnedRate, 25) || !strings.Contains(s.LearnedReason, "again") {
+		t.Fatalf("first paced cut: %v (%s), want half of 50", s.LearnedRate, s.LearnedReason)
 	}
 	at = at.Add(100 * time.Millisecond)
-	if !lcTest.cutRate(&s, at, 53, 0, 0, "why", true) || !near(s.LearnedRate, 23.85) || !strings.Contains(s.LearnedReason, "again") {
-		t.Fatalf("second paced cut: %v (%s), want half of 47.7", s.LearnedRate, s.LearnedReason)
+	if !lcTest.cutRate(&s, at, 53, 0, 0, "why", true) || !near(s.LearnedRate, 12.5) || !strings.Contains(s.LearnedReason, "again") {
+		t.Fatalf("second paced cut: %v (%s), want half of 25", s.LearnedRate, s.LearnedReason)
 	}
 	// A window that read less than the rate throttled is not the burst:
 	// its floor stands.
 	under := s
-	if !lcTest.cutRate(&under, at.Add(100*time.Millisecond), 20, 0, 0, "why", true) || !near(under.LearnedRate, 18) {
-		t.Fatalf("paced cut at 23.85 with 20/s delivered: %v, want 90%% of 20", under.LearnedRate)
+	if !lcTest.cutRate(&under, at.Add(100*time.Millisecond), 10, 0, 0, "why", true) || !near(under.LearnedRate, 9) {
+		t.Fatalf("paced cut at 12.5 with 10/s delivered: %v, want 90%% of 10", under.LearnedRate)
 	}
 	// A step ends the chain: a paced cut after it keeps the floor.
 	if !lcTest.raiseRate(&s, s.LearnedHold, 0) || s.LearnedPaced {
@@ -1244,5 +1258,30 @@ func TestLearnCutsAgainSinceTheSeed(t *testing.T) {
 	}
 	if lcTest.cutRate(&s, at.Add(time.Millisecond), from, 0, 0, "why", true) || !near(s.LearnedRate, 0.9*from) {
 		t.Fatalf("second paced cut after a step: %v, want the floor to keep 90%% of %v", s.LearnedRate, from)
+	}
+}
+
+// TestPacedAtTheTurn: a throttled attempt reserved before a cut's grid
+// segment starts and sent on it was paced at the cut's rate; one sent
+// before the segment, or reserved when another cut was the last, was not.
+func TestPacedAtTheTurn(t *testing.T) {
+	lc := lcTest
+	lc.cutAhead = time.Second
+	var s DestState
+	lc.cutRate(&s, t0, 100, 0, 0, "why", false) // seed 50
+	cut := t0.Add(100 * time.Millisecond)
+	lc.cutRate(&s, cut, 100, 0, 0, "why", true) // halved, its segment a second on
+	from := s.Grid[len(s.Grid)-1].From
+	if !from.After(cut) {
+		t.Fatalf("segment from %v after a cut at %v", from, cut)
+	}
+	if !s.pacedAt(from.Add(10*time.Millisecond), s.LearnedCutAt) {
+		t.Fatal("an attempt sent on the cut's segment is not paced")
+	}
+	if s.pacedAt(from.Add(-10*time.Millisecond), s.LearnedCutAt) {
+		t.Fatal("an attempt sent before the cut's segment counts as paced")
+	}
+	if s.pacedAt(from.Add(10*time.Millisecond), t0) {
+		t.Fatal("an attempt reserved when the seed was the last cut counts as paced at the cut")
 	}
 }

@@ -195,3 +195,32 @@ func TestAnEnvelopeBackLateGetsTheNextTurn(t *testing.T) {
 	}
 	p.Done([]classify.Result{resDelivered})
 }
+
+// TestAPermitIsSentAtItsTurn: an admission that waits for its turn counts
+// as sent at the turn, not at its reservation. Whether a throttle was
+// paced at a cut's rate asks whether the attempt went out on the cut's
+// grid segment (DestState.pacedAt), which with several workers starts a
+// second after the cut, and a turn can be reserved up to max-wait before
+// it: judged by the reservation, no throttle after a cut counted as paced
+// until the hold ran out, and two daemons under a bucket of 20 at 0.5/s
+// sent at each rate they had just cut from for its 3 s (99 throttles for
+// 60 messages against 47).
+func TestAPermitIsSentAtItsTurn(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults.Rate = 10 })
+	for i := 0; i < 20; i++ {
+		before := time.Now()
+		p := mustAdmit(t, a, "turn.test")
+		waited := time.Since(before)
+		sent := p.(*permit).sent
+		p.Done([]classify.Result{resDelivered})
+		if waited < 50*time.Millisecond {
+			continue // a token in the bucket: no turn to wait for
+		}
+		if sent.Before(before.Add(waited / 2)) {
+			t.Fatalf("an admission that waited %v counts as sent %v after it asked, want its turn", waited, sent.Sub(before))
+		}
+		return
+	}
+	t.Fatal("no admission waited for its turn at 10/s")
+}

@@ -730,7 +730,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		d.lastSent = laterOf(d.lastSent, at)
 		d.mu.Unlock()
 	}
-	return &permit{t: t, d: d, probe: probe, factor: factor, admitted: reserved, cutSeen: cutSeen}, Refusal{}, false
+	return &permit{t: t, d: d, probe: probe, factor: factor, sent: laterOf(reserved, at), cutSeen: cutSeen}, Refusal{}, false
 }
 
 // setShare sets this worker's share of the destination's rate on its
@@ -753,12 +753,13 @@ type permit struct {
 	// factor is the destination's rate factor when the attempt was
 	// admitted: a throttled reply to it cuts from there (cutFactor).
 	factor float64
-	// admitted is when the attempt took its turn, and cutSeen the last
-	// learned cut (or seed) this worker knew of then: a throttled reply to
-	// an attempt paced at the rate that cut set shows the rate is still
-	// too high, and cuts again within the hold (cutRate, cutLearnedRate).
-	admitted, cutSeen time.Time
-	done              atomic.Bool
+	// sent is when the attempt went out (its turn, or its admission when
+	// it waited for none), and cutSeen the last learned cut (or seed) this
+	// worker knew of when it reserved that turn: a throttled reply to an
+	// attempt paced at the rate that cut set shows the rate is still too
+	// high, and cuts again within the hold (cutRate, DestState.pacedAt).
+	sent, cutSeen time.Time
+	done          atomic.Bool
 }
 
 // Done records the attempt's outcome: in-flight, breaker, adaptive rate
@@ -835,7 +836,7 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 			d.drains.mark(now, d.delivered.total)
 		}
 		if learns {
-			t.cutLearnedRate(d, now, o.why, p.admitted, p.cutSeen, drained)
+			t.cutLearnedRate(d, now, o.why, p, drained)
 		} else if d.lastCut.IsZero() || now.Sub(d.lastCut) >= cfg.DecreaseFor {
 			d.lastCut = now
 			t.cutFactor(d, now, p.factor)
