@@ -122,7 +122,8 @@ func TestLearnedRateSlowAndBurstyLimits(t *testing.T) {
 // 68 throttles in the simulation's first minute (in the real daemon 30
 // cuts of about 5 % in 2 s, then three halvings, outflow-bench
 // -learn-limit 0.5 -learn-burst 20).
-// After the first paced cut the rest halve: 9.
+// After the first paced cut the rest halved: 9. Now the first halves
+// too: 8.
 func TestLearnedRateFirstContactWithABurst(t *testing.T) {
 	thr, del := simLearnFrom(0.5, 20, 5*time.Millisecond, 0, time.Minute)
 	t.Logf("first minute: %d throttles, %d delivered", thr, del)
