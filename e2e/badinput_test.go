@@ -102,6 +102,15 @@ func TestSubmissionRejectsBadInput(t *testing.T) {
 			t.Fatalf("bad password: %q, want 535", r)
 		}
 	})
+	t.Run("AUTH not base64", func(t *testing.T) {
+		rc := dialRaw(t, d.SMTPAddr)
+		rc.cmd("EHLO client.test")
+		// RFC 4954 section 4: 501, a syntax error, not a temporary 454.
+		if r := rc.cmd("AUTH PLAIN %%%"); !strings.HasPrefix(r, "501 5.5.2") {
+			t.Fatalf("AUTH with a response that is not base64: %q, want 501 5.5.2", r)
+		}
+		rc.auth() // the session goes on
+	})
 	t.Run("oversize", func(t *testing.T) {
 		rc := dialRaw(t, d.SMTPAddr)
 		rc.auth()
