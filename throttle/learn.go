@@ -243,6 +243,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 	}
 	var next, from float64
 	var reason string
+	again := false // a halving of first contact's chain
 	if s.LearnedRate <= 0 {
 		if observed > 0 {
 			next = observed * lc.decrease
@@ -276,7 +277,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 		// floor stands too: a second throttle right after a cut is the
 		// bucket the probe emptied, and halving for it cost 13 % of a
 		// 200/s limit in TestLearnedRateSteadyState.
-		again := paced && s.LearnedPaced && observed >= from
+		again = paced && s.LearnedPaced && observed >= from
 		if again {
 			reason = fmt.Sprintf("cut: throttled (%s) again at %.2f/s since the seed, times %.2f", why, from, lc.decrease)
 		}
@@ -305,7 +306,18 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 	if s.LearnedRate > 0 && now.Before(s.LearnedHold) && next >= s.LearnedRate {
 		return false // a paced attempt's throttle, but what was delivered keeps the rate
 	}
-	s.regrid(now, lc.cutAhead, next)
+	// A halving of first contact's chain starts its grid segment at once,
+	// as a worker alone does: the rate is still far over the limit, where
+	// a pair of turns one old slot apart changes nothing, and the chain
+	// halves again on the first throttle of an attempt sent on the new
+	// segment by a worker that knew of the cut (pacedAt), not a second
+	// later (two daemons under a bucket of 20 at 0.5/s: seven halvings
+	// from 40/s, each a second of throttles).
+	ahead := lc.cutAhead
+	if again {
+		ahead = 0
+	}
+	s.regrid(now, ahead, next)
 	s.LearnedRate = next
 	s.LearnedStep = lc.stepOf(next)
 	lc = lc.at(next)

@@ -1270,7 +1270,7 @@ func TestPacedAtTheTurn(t *testing.T) {
 	var s DestState
 	lc.cutRate(&s, t0, 100, 0, 0, "why", false) // seed 50
 	cut := t0.Add(100 * time.Millisecond)
-	lc.cutRate(&s, cut, 100, 0, 0, "why", true) // halved, its segment a second on
+	lc.cutRate(&s, cut, 10, 0, 0, "why", true) // halved on no burst's reading: its segment a second on
 	from := s.Grid[len(s.Grid)-1].From
 	if !from.After(cut) {
 		t.Fatalf("segment from %v after a cut at %v", from, cut)
@@ -1283,5 +1283,36 @@ func TestPacedAtTheTurn(t *testing.T) {
 	}
 	if s.pacedAt(from.Add(10*time.Millisecond), t0) {
 		t.Fatal("an attempt reserved when the seed was the last cut counts as paced at the cut")
+	}
+}
+
+// TestFirstContactHalvingsStartAtOnce: in a fleet a cut's grid segment
+// starts a second after it, except a halving of first contact's chain,
+// whose rate is still far over the limit: its segment starts at once, and
+// the next paced throttle can halve it again within milliseconds.
+func TestFirstContactHalvingsStartAtOnce(t *testing.T) {
+	lc := lcTest
+	lc.cutAhead = time.Second
+	var s DestState
+	lc.cutRate(&s, t0, 100, 0, 0, "why", false) // seed 50 from a burst read as 100/s
+	cut := t0.Add(100 * time.Millisecond)
+	if !lc.cutRate(&s, cut, 100, 0, 0, "why", true) || !strings.Contains(s.LearnedReason, "again") {
+		t.Fatalf("no halving: %v (%s)", s.LearnedRate, s.LearnedReason)
+	}
+	if from := s.Grid[len(s.Grid)-1].From; from.After(cut) {
+		t.Fatalf("a halving of the chain starts its segment %v after the cut", from.Sub(cut))
+	}
+	next := cut.Add(50 * time.Millisecond)
+	if !s.pacedAt(next, s.LearnedCutAt) || !lc.cutRate(&s, next, 100, 0, 0, "why", true) || !near(s.LearnedRate, 12.5) {
+		t.Fatalf("a throttle sent 50 ms after the halving: rate %v, want 12.5", s.LearnedRate)
+	}
+	// Off the chain (the window reads less than the rate throttled), the
+	// segment waits its second.
+	off := next.Add(50 * time.Millisecond)
+	if !lc.cutRate(&s, off, 5, 0, 0, "why", true) || strings.Contains(s.LearnedReason, "again") {
+		t.Fatalf("a cut on a reading under the rate: %v (%s)", s.LearnedRate, s.LearnedReason)
+	}
+	if from := s.Grid[len(s.Grid)-1].From; !from.After(off) {
+		t.Fatalf("a cut off the chain starts its segment at %v, the cut at %v", from, off)
 	}
 }
