@@ -39,7 +39,10 @@ import (
 // rate on the old, finer grid, where two workers' turns can fall one old
 // slot apart: a pair that a provider with a burst of one throttles. With
 // the segment three seconds ahead, two daemons cut to 5/s under a 6/s
-// limit met seven such throttles in those three seconds.
+// limit met seven such throttles in those three seconds. The exception is
+// a halving of first contact's chain (cutRate), whose segment starts at
+// once: the rate is still far over the limit, and there a second at the
+// rate just cut from costs more throttles than any pair.
 
 // minSlot is the shortest slot worth aligning to: below it, timers and
 // the network scatter sends by more than the grid would order them.
