@@ -197,7 +197,7 @@ func (c *trackedConn) Write(b []byte) (int, error) {
 		if c.badAuth != nil {
 			c.badAuth()
 		}
-		return c.writeAmended(b, r)
+		return writeAmended(c.Conn, &c.pending, b, r)
 	}
 	if c.holds(b) {
 		c.pending = append(c.pending, b...)
@@ -209,10 +209,10 @@ func (c *trackedConn) Write(b []byte) (int, error) {
 	return c.writePending(b)
 }
 
-// writeAmended writes r, with whatever is held, in place of b, and reports
-// b as written whole when r was. Called with wmu held.
-func (c *trackedConn) writeAmended(b, r []byte) (int, error) {
-	if _, err := c.writePending(r); err != nil {
+// writeAmended writes *held and then r, in place of b, to w in one write,
+// and reports b as written whole when r was (writeHeld).
+func writeAmended(w io.Writer, held *[]byte, b, r []byte) (int, error) {
+	if _, err := writeHeld(w, held, r); err != nil {
 		return 0, err
 	}
 	return len(b), nil
@@ -342,10 +342,7 @@ func (t *tlsReplies) Write(b []byte) (int, error) {
 		if t.badAuth != nil {
 			t.badAuth()
 		}
-		if _, err := writeHeld(t.w, &t.pending, r); err != nil {
-			return 0, err
-		}
-		return len(b), nil
+		return writeAmended(t.w, &t.pending, b, r)
 	}
 	last, ok := replyLine(b)
 	if ok && len(t.pending)+len(b) <= maxHeld && (!last || (string(b[:4]) == "250 " && hasCommand(t.cmdIn))) {

@@ -408,7 +408,7 @@ func (t *Throttle) seedOrCut(d *dest, now time.Time, observed, drained float64, 
 // throttle after a cut counted as paced until the hold ran out, 3 s in a
 // fleet: two daemons under a bucket of 20 at 0.5/s sent at each rate of
 // first contact's halvings, the seed's 40/s first, for 3 s after they had
-// cut it (99 throttle replies for 60 messages; 47 judged by the turn).
+// cut it (85 throttle replies for 60 messages; 47 judged by the turn).
 func (s DestState) pacedAt(sent, cutSeen time.Time) bool {
 	if s.LearnedRate <= 0 || cutSeen.IsZero() || !cutSeen.Equal(s.LearnedCutAt) {
 		return false

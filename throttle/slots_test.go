@@ -203,7 +203,7 @@ func TestAnEnvelopeBackLateGetsTheNextTurn(t *testing.T) {
 // second after the cut, and a turn can be reserved up to max-wait before
 // it: judged by the reservation, no throttle after a cut counted as paced
 // until the hold ran out, and two daemons under a bucket of 20 at 0.5/s
-// sent at each rate they had just cut from for its 3 s (99 throttles for
+// sent at each rate they had just cut from for its 3 s (85 throttles for
 // 60 messages against 47).
 func TestAPermitIsSentAtItsTurn(t *testing.T) {
 	env := startKV(t)
