@@ -169,12 +169,22 @@ type Server struct {
 	addr      net.Addr
 	conns     map[*trackedConn]struct{}
 	perClient map[netip.Prefix]int // connections by clientKey, untrusted clients only
+	// listeners are those Serve is serving, closed by Shutdown itself:
+	// go-smtp closes only the listeners its Serve had registered when its
+	// Shutdown ran, and a Serve that registers one after that accepts on
+	// it for ever.
+	listeners map[net.Listener]struct{}
 
 	closing atomic.Bool // fast path for sessions; mirrors draining
 
 	// plainData reads DATA bodies through go-smtp's own reader instead of
 	// dotReader; tests set it to compare the two.
 	plainData bool
+
+	// serving, when set, is called by Serve between taking its listener
+	// on and handing it to go-smtp; tests hold Serve there to race it
+	// with Shutdown.
+	serving func()
 }
 
 // New checks cfg, applies defaults and returns a Server that hands accepted
@@ -309,10 +319,27 @@ func (s *Server) Serve(l net.Listener) error {
 	if s.addr == nil {
 		s.addr = l.Addr()
 	}
+	if s.listeners == nil {
+		s.listeners = make(map[net.Listener]struct{})
+	}
+	s.listeners[l] = struct{}{}
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
 	s.log.Info().Str("addr", l.Addr().String()).Bool("tls", s.cfg.TLSConfig != nil).
 		Int("trusted_networks", len(s.cfg.TrustedNetworks)).Msg("submission listener started")
-	if err := s.smtp.Serve(&limitListener{Listener: l, srv: s}); err != nil {
+	if s.serving != nil {
+		s.serving()
+	}
+	err := s.smtp.Serve(&limitListener{Listener: l, srv: s})
+	if err != nil && s.closing.Load() && errors.Is(err, net.ErrClosed) {
+		// Shutdown closed l before go-smtp's own Shutdown began.
+		err = nil
+	}
+	if err != nil {
 		return fmt.Errorf("submission: serve: %w", err)
 	}
 	return nil
@@ -344,6 +371,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.draining = true
 	s.closing.Store(true)
+	for l := range s.listeners {
+		_ = l.Close() // see listeners; go-smtp closes it again, harmlessly
+	}
 	for c := range s.conns {
 		c.hangup(shutdownReply)
 	}

@@ -492,3 +492,48 @@ func TestListenAddrAndServeAfterShutdown(t *testing.T) {
 		t.Errorf("Serve after Shutdown: %v", err)
 	}
 }
+
+// A Serve that began before Shutdown but handed its listener to go-smtp
+// only after go-smtp's Shutdown had run still returns: go-smtp closes only
+// the listeners it had by then, and this one was accepted on for ever.
+func TestServeRacingShutdownReturns(t *testing.T) {
+	srv, err := New(Config{Users: testUsers(t)}, &fakeQueue{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	srv.serving = func() {
+		close(held)
+		<-release
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	select {
+	case <-held:
+	case <-time.After(testWait):
+		t.Fatal("Serve never reached go-smtp")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve: %v, want nil after Shutdown", err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("Serve still accepting after Shutdown")
+	}
+	if c, err := net.DialTimeout("tcp", l.Addr().String(), testWait); err == nil {
+		c.Close()
+		t.Error("the listener still takes connections after Shutdown")
+	}
+}
