@@ -125,7 +125,7 @@ func (r *rates) recentBounces(dest string, n int) []bounce {
 func (r *rates) follow(ctx context.Context, q *queue.Queue, log zerolog.Logger) {
 	filters := make([]string, len(chartTypes))
 	for i, t := range chartTypes {
-		filters[i] = queue.EventFilter(t)
+		filters[i] = queue.EventTypeFilter(t)
 	}
 	for ctx.Err() == nil {
 		start := r.now().Add(-chartMinutes * time.Minute)
@@ -174,9 +174,10 @@ func (r *rates) consume(ctx context.Context, q *queue.Queue, filters []string, s
 		if merr != nil {
 			continue
 		}
-		// outflow.events.<type>.<shard>
+		// outflow.events.<type>.<tenant shard>.<id shard>, or, as written
+		// before tenant shards, outflow.events.<type>.<shard>
 		tok := strings.Split(m.Subject(), ".")
-		if len(tok) != 4 {
+		if len(tok) != 4 && len(tok) != 5 {
 			continue
 		}
 		var body []byte

@@ -79,7 +79,7 @@ func BenchmarkEventPublish(b *testing.B) {
 	ev := &Event{Type: EventDelivered, Time: time.Now().UTC(), ID: "28kyZUjPp0excjVOwZna1y", MsgID: "28kyZUjPp0excjVOwZna1y", Tenant: "trusted", Dest: "example.com", Attempt: 1, Worker: "bench/31"}
 	data, _ := ev.appendJSON(nil)
 	msg := func() *nats.Msg {
-		return &nats.Msg{Subject: eventSubject(ev.Type, ev.ID), Data: data, Header: nats.Header{HdrEventID: []string{ev.ID}}}
+		return &nats.Msg{Subject: eventSubject(ev.Type, ev.Tenant, ev.ID), Data: data, Header: nats.Header{HdrEventID: []string{ev.ID}}}
 	}
 	ctx := context.Background()
 	run := func(b *testing.B, publish func() error) {
@@ -185,7 +185,7 @@ func TestPooledEventsKeepTheirContent(t *testing.T) {
 			if err := json.Unmarshal(m.Data(), &ev); err != nil {
 				t.Fatalf("stored event %q: %v", m.Data(), err)
 			}
-			if h := m.Headers().Get(HdrEventID); h != ev.ID || m.Subject() != eventSubject(EventDeferred, ev.ID) ||
+			if h := m.Headers().Get(HdrEventID); h != ev.ID || m.Subject() != eventSubject(EventDeferred, "t1", ev.ID) ||
 				ev.Reason != reason(ev.ID) || ev.Type != EventDeferred {
 				t.Fatalf("stored event %s on %s with header %q: %+v", ev.ID, m.Subject(), h, ev)
 			}

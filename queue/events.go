@@ -6,33 +6,72 @@ import (
 	"time"
 )
 
-// Event subjects: outflow.events.<type>.<shard>, where shard is three hex
-// digits of a hash of the envelope id (eventShard), and the id itself is in
-// the HdrEventID header and the JSON.
+// Event subjects: outflow.events.<type>.<tenant shard>.<id shard>. The
+// tenant shard is two hex digits of a hash of the event's tenant, one of
+// 64 (eventTenantShard); the id shard three hex digits of a hash of the
+// envelope id, one of 1,024 (eventIDShard). The id itself is in the
+// HdrEventID header and the JSON, the tenant in the JSON.
 //
 // Not outflow.events.<type>.<id>: nats-server indexes every subject of a
 // stream in memory, so a subject per message would make the events stream
 // cost server memory per delivered message for as long as events are kept
-// (docs/benchmarks.md, "Memory that stays behind delivered mail"). With shards the stream has at most 4,096
-// subjects per type whatever the volume; `queue history <id>` receives one
-// shard's events, 1/4,096 of the stream, and keeps those that carry the id
-// (the server walks the stream to find them: see History).
+// (docs/benchmarks.md, "Memory that stays behind delivered mail"). With
+// shards the stream has at most 65,536 subjects per type whatever the
+// volume and the number of tenants.
+//
+// The tenant's shard is what a webhook endpoint's consumer filters on
+// (EventTenantFilters): the server hands it its own tenant's events and
+// those of the tenants that share their shard, not every tenant's. Each
+// event a consumer is handed and drops costs a delivery, a decode and an
+// acknowledgement, 55 µs of CPU (docs/benchmarks.md, "Webhook endpoints
+// of many tenants"). `queue history <id>` receives the id's shard of every
+// tenant shard, 1/1,024 of the stream, and keeps the events that carry the
+// id (the server walks the stream to find them: see History).
+//
+// Events written before this layout are on outflow.events.<type>.<shard>,
+// the shard three hex digits of the id's hash, one of 4,096
+// (legacyEventShard). History and the webhook consumers read that layout
+// too, until the events stream's max age (`--events-max-age`, 7 days) has
+// taken its last events, and while a daemon of an older release in the
+// fleet still writes it.
 const (
-	eventShards = 4096
+	eventTenantShards = 64
+	eventIDShards     = 1024
+	legacyEventShards = 4096
 	// HdrEventID names the envelope an event belongs to.
 	HdrEventID = "Outflow-Event-Id"
 )
 
-// eventShard is the shard token of id's events.
-func eventShard(id string) string {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(id))
+// shardToken is n, under 4,096, as digits hex digits.
+func shardToken(n uint32, digits int) string {
 	const hex = "0123456789abcdef"
-	n := h.Sum32() % eventShards
-	return string([]byte{hex[n>>8&0xf], hex[n>>4&0xf], hex[n&0xf]})
+	b := make([]byte, digits)
+	for i := digits - 1; i >= 0; i-- {
+		b[i] = hex[n&0xf]
+		n >>= 4
+	}
+	return string(b)
 }
 
-// Event types, the third token of outflow.events.<type>.<shard>.
+func fnv32(s string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum32()
+}
+
+// eventTenantShard is the tenant shard token of tenant's events.
+func eventTenantShard(tenant string) string {
+	return shardToken(fnv32(tenant)%eventTenantShards, 2)
+}
+
+// eventIDShard is the id shard token of id's events.
+func eventIDShard(id string) string { return shardToken(fnv32(id)%eventIDShards, 3) }
+
+// legacyEventShard is the shard token of id's events in the layout before
+// tenant shards (outflow.events.<type>.<shard>).
+func legacyEventShard(id string) string { return shardToken(fnv32(id)%legacyEventShards, 3) }
+
+// Event types, the third token of an event's subject.
 const (
 	EventQueued    = "queued"    // accepted and stored
 	EventDelivered = "delivered" // recipients accepted by the destination
@@ -56,7 +95,7 @@ const (
 	EventLearned = "dest-learned"
 )
 
-// Event is one outcome, published as JSON to outflow.events.<type>.<shard> and
+// Event is one outcome, published as JSON to eventSubject's subject and
 // kept in the events stream, so a client can follow its mail and an
 // operator can read one envelope's whole history.
 type Event struct {
@@ -105,7 +144,7 @@ func (q *Queue) Event(typ string, ev *Event) {
 			return
 		}
 	}
-	o.msg.Subject, o.msg.Data = eventSubject(typ, ev.ID), b
+	o.msg.Subject, o.msg.Data = eventSubject(typ, ev.Tenant, ev.ID), b
 	if validID(ev.ID) { // an undecodable envelope's id may be anything; the JSON escapes it
 		o.ids[0] = ev.ID
 		o.msg.Header = o.hdr

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -31,14 +32,15 @@ func publishEvents(ctx context.Context, tb testing.TB, q *Queue, typ string, ids
 }
 
 // TestEventSubjectsAreSharded: however many envelopes have events, the
-// events stream has at most eventShards subjects per type (nats-server
-// keeps every subject in memory), and the history of one id leaves out
-// the other ids of its shard.
+// events stream has at most eventIDShards subjects per type and tenant
+// shard (nats-server keeps every subject in memory); the history of one id
+// leaves out the other ids of its shard, and finds the id's events in
+// every tenant's shard and in the layout before tenant shards.
 func TestEventSubjectsAreSharded(t *testing.T) {
 	q, _ := startQueue(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	const n = 3 * eventShards
+	const n = 3 * eventIDShards
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("id%05d", i)
@@ -51,14 +53,14 @@ func TestEventSubjectsAreSharded(t *testing.T) {
 	if info.State.Msgs != n {
 		t.Fatalf("%d events stored, want %d", info.State.Msgs, n)
 	}
-	if got := len(info.State.Subjects); got > eventShards {
-		t.Fatalf("%d events made %d subjects, want at most %d", n, got, eventShards)
+	if got := len(info.State.Subjects); got > eventIDShards {
+		t.Fatalf("%d events made %d subjects, want at most %d", n, got, eventIDShards)
 	}
 
 	target := ids[0]
 	var neighbour string
 	for _, id := range ids[1:] {
-		if eventShard(id) == eventShard(target) {
+		if eventIDShard(id) == eventIDShard(target) {
 			neighbour = id
 			break
 		}
@@ -69,6 +71,20 @@ func TestEventSubjectsAreSharded(t *testing.T) {
 	mid := time.Now()
 	publishEvents(ctx, t, q, EventDeferred, []string{target})
 	publishEvents(ctx, t, q, EventDelivered, []string{target, neighbour})
+	// An event of target's written by a daemon before tenant shards, and
+	// one filed under a tenant (another tenant shard than the rest's).
+	legacy := &nats.Msg{Subject: subjEvents + EventThrottled + "." + legacyEventShard(target), Header: nats.Header{HdrEventID: []string{target}},
+		Data: []byte(`{"type":"throttled","id":"` + target + `","time":"` + time.Now().UTC().Format(time.RFC3339Nano) + `"}`)}
+	if _, err := q.js.PublishMsg(ctx, legacy, jetstream.WithExpectStream(StreamEvents)); err != nil {
+		t.Fatal(err)
+	}
+	if eventTenantShard("t1") == eventTenantShard("") {
+		t.Fatal("t1 and no tenant share a shard: pick another tenant")
+	}
+	q.Event(EventDSN, &Event{ID: target, Tenant: "t1"})
+	if err := q.asyncStored(ctx); err != nil {
+		t.Fatal(err)
+	}
 	hist, err := q.History(ctx, target, time.Time{})
 	if err != nil {
 		t.Fatal(err)
@@ -80,15 +96,15 @@ func TestEventSubjectsAreSharded(t *testing.T) {
 		}
 		types = append(types, ev.Type)
 	}
-	if want := []string{EventQueued, EventDeferred, EventDelivered}; !slices.Equal(types, want) {
+	if want := []string{EventQueued, EventDeferred, EventDelivered, EventThrottled, EventDSN}; !slices.Equal(types, want) {
 		t.Fatalf("history of %s = %v, want %v", target, types, want)
 	}
 	if hist, err := q.History(ctx, neighbour, time.Time{}); err != nil || len(hist) != 2 {
 		t.Fatalf("history of %s = %v, %v; want queued and delivered", neighbour, hist, err)
 	}
 	// since leaves out what was stored before it.
-	if hist, err := q.History(ctx, target, mid); err != nil || len(hist) != 2 || hist[0].Type != EventDeferred {
-		t.Fatalf("history of %s since the queued event = %v, %v; want deferred and delivered", target, hist, err)
+	if hist, err := q.History(ctx, target, mid); err != nil || len(hist) != 4 || hist[0].Type != EventDeferred {
+		t.Fatalf("history of %s since the queued event = %v, %v; want deferred, delivered, throttled and dsn", target, hist, err)
 	}
 	if _, err := q.History(ctx, "nosuchid", time.Time{}); err == nil {
 		t.Fatal("history of an unknown id found events")

@@ -17,7 +17,8 @@ import (
 //	outflow.ratelimit.due.<dest>.<id>         rate-limit lane envelopes that are due
 //	outflow.retry.held.<dest>.<id>            unknown outcomes held for an operator (OUTFLOW_RETRY)
 //	outflow.dead.<id>                         dead letters, one per id (OUTFLOW_DEAD)
-//	outflow.events.<type>.<shard>             every outcome (OUTFLOW_EVENTS); shard: 3 hex digits of the id's hash
+//	outflow.events.<type>.<ts>.<is>           every outcome (OUTFLOW_EVENTS); ts, is: 2 and 3 hex digits of the tenant's and the id's hash (events.go)
+//	outflow.events.<type>.<shard>             the same, as written before tenant shards; and keyed events (EventKeySubject)
 //	outflow.ctl.sync                          core NATS: ask the daemon to sync streams (subjSync)
 //	outflow.ctl.tenant                        core NATS: a tenant's work consumer was created (subjTenantKick)
 //	outflow.ctl.fired.<lane>.<dest>.<id>      core NATS: the lane's stream republishes each due message's headers (firedSubjects)
@@ -82,8 +83,18 @@ func workSubject(tenant, dest, id string) string {
 
 func deadSubject(id string) string { return subjDeadPrefix + id }
 
-// eventSubject is the subject of id's events of type typ.
-func eventSubject(typ, id string) string { return subjEvents + typ + "." + eventShard(id) }
+// eventSubject is the subject of the events of type typ of tenant's
+// envelope id.
+func eventSubject(typ, tenant, id string) string {
+	return subjEvents + typ + "." + eventTenantShard(tenant) + "." + eventIDShard(id)
+}
+
+// historyFilters are the subject filters that hold every event of id,
+// whatever its tenant: in the layout of tenant shards, then in the one
+// before them (events.go). Each is read by a consumer of its own (History).
+func historyFilters(id string) []string {
+	return []string{subjEvents + "*.*." + eventIDShard(id), subjEvents + "*." + legacyEventShard(id)}
+}
 
 func schedFilter(l Lane, destTok, id string) string {
 	return "outflow." + string(l) + ".sched." + destTok + "." + id
@@ -208,10 +219,14 @@ const bodyLeaderGetSubject = "$JS.API.STREAM.MSG.GET." + bodyStreamName
 // consumer on StreamEvents (the webhook dispatcher's).
 func EventTypeFilter(typ string) string { return subjEvents + typ + ".>" }
 
-// EventFilter is the subject filter of every event of type typ (one of the
-// Event* constants) filed under an envelope id's shard in the events
-// stream, StreamEvents; keyed events (EventKeySubject) fall outside it.
-func EventFilter(typ string) string { return subjEvents + typ + ".*" }
+// EventTenantFilters are the subject filters of the events of type typ of
+// tenant, for a consumer on StreamEvents: the events of tenant's shard,
+// which a few other tenants may share (the consumer checks each event's
+// tenant), and those written before tenant shards, which are every
+// tenant's (events.go). Keyed events (EventKeySubject) fall outside them.
+func EventTenantFilters(typ, tenant string) []string {
+	return []string{subjEvents + typ + "." + eventTenantShard(tenant) + ".*", subjEvents + typ + ".*"}
+}
 
 // The subjects of the key-value buckets, in nats.go's key-value layout
 // (ADR-8): bucket B is stream KV_B, and key K is stored on $KV.B.K.

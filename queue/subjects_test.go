@@ -1,6 +1,9 @@
 package queue
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestSubjectLayout pins the builders to the layout in subjects.go's
 // comment: stored envelopes and running daemons depend on these strings.
@@ -21,7 +24,12 @@ func TestSubjectLayout(t *testing.T) {
 		{tenantWorkSubjects("t_1"), "outflow.work.t_1.>"},
 		{deadSubjects, "outflow.dead.>"},
 		{eventsSubjects, "outflow.events.>"},
-		{EventFilter(EventDelivered), "outflow.events.delivered.*"},
+		{eventSubject(EventDelivered, "t1", "ID"), "outflow.events.delivered." + eventTenantShard("t1") + "." + eventIDShard("ID")},
+		{strings.Join(EventTenantFilters(EventDelivered, "t1"), " "), "outflow.events.delivered." + eventTenantShard("t1") + ".* outflow.events.delivered.*"},
+		{strings.Join(historyFilters("ID"), " "), "outflow.events.*.*." + eventIDShard("ID") + " outflow.events.*." + legacyEventShard("ID")},
+		// The hashes are the layout too: FNV-1a, 32 bits; the legacy shard
+		// is what daemons before tenant shards wrote.
+		{eventTenantShard("t1") + " " + eventIDShard("ID") + " " + legacyEventShard("ID"), "16 360 b60"},
 		{kvStream(BucketSent), "KV_outflow_sent"},
 		{kvSubject(BucketSent, "ID.0"), "$KV.outflow_sent.ID.0"},
 		{directGetSubject("KV_outflow_sent", "$KV.outflow_sent.ID.0"), "$JS.API.DIRECT.GET.KV_outflow_sent.$KV.outflow_sent.ID.0"},

@@ -180,12 +180,17 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // ctx ends.
 func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 	log := d.log.With().Str("endpoint", ep.ID).Str("tenant", ep.Tenant).Logger()
-	filters := []string{queue.EventTypeFilter(EventTest), replaySubject(ep.ID)}
+	// The server hands the consumer the events of ep's tenant's shard
+	// only, a few tenants' at most, not every tenant's (queue's
+	// EventTenantFilters); the tenant check below drops the others'.
+	filters := append(queue.EventTenantFilters(EventTest, ep.Tenant), replaySubject(ep.ID))
 	for _, t := range ep.Events {
 		// Each type once, also for an endpoint stored with one twice:
 		// overlapping filters would fail the consumer.
-		if f := queue.EventTypeFilter(t); !slices.Contains(filters, f) {
-			filters = append(filters, f)
+		for _, f := range queue.EventTenantFilters(t, ep.Tenant) {
+			if !slices.Contains(filters, f) {
+				filters = append(filters, f)
+			}
 		}
 	}
 	cfg := jetstream.ConsumerConfig{

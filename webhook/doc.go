@@ -1,7 +1,9 @@
 // Package webhook is in charge of event webhooks: the endpoints tenants
 // register (stored in a key-value bucket with their signing secrets), and
 // their delivery, a durable JetStream consumer per endpoint on the events
-// stream, each event POSTed as JSON and signed per the Standard Webhooks
+// stream (filtered to its tenant's shard of the events, so that the server
+// hands it its own tenant's and few others'), each event POSTed as JSON
+// and signed per the Standard Webhooks
 // specification (headers webhook-id, webhook-timestamp, webhook-signature).
 //
 // Failure semantics follow mail's: 2xx is done; 408, 429, 5xx, connection

@@ -625,7 +625,9 @@ func TestEventTypeNamedTwice(t *testing.T) {
 	}
 	waitUntil(t, "the consumer to follow the changed endpoint", func() bool {
 		c, err := f.js.Consumer(context.Background(), queue.StreamEvents, consumerName(f.ep.ID))
-		return err == nil && len(c.CachedInfo().Config.FilterSubjects) == 3 // webhook-test, replays, delivered
+		// webhook-test and delivered, each in both layouts (queue's
+		// EventTenantFilters), and replays
+		return err == nil && len(c.CachedInfo().Config.FilterSubjects) == 5
 	})
 	f.q.Event(queue.EventDelivered, &queue.Event{ID: "m1", Tenant: "acme", Dest: "x.test"})
 	if d := f.next(t); d.body["type"] != queue.EventDelivered {
