@@ -50,7 +50,7 @@ func (q *Queue) Depth(ctx context.Context, l Lane) (uint64, error) {
 }
 
 // EventConsumer creates or updates the durable consumer cfg describes on
-// the events stream (cfg.FilterSubjects from EventTypeFilter).
+// the events stream (cfg.FilterSubjects from EventTenantFilters).
 func (q *Queue) EventConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
 	c, err := q.js.CreateOrUpdateConsumer(ctx, StreamEvents, cfg)
 	if err != nil {

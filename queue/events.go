@@ -2,7 +2,6 @@ package queue
 
 import (
 	"encoding/json"
-	"hash/fnv"
 	"time"
 )
 
@@ -42,34 +41,37 @@ const (
 	HdrEventID = "Outflow-Event-Id"
 )
 
-// shardToken is n, under 4,096, as digits hex digits.
-func shardToken(n uint32, digits int) string {
+// appendShard appends n, under 16^digits, as digits hex digits.
+func appendShard(b []byte, n uint32, digits int) []byte {
 	const hex = "0123456789abcdef"
-	b := make([]byte, digits)
 	for i := digits - 1; i >= 0; i-- {
-		b[i] = hex[n&0xf]
-		n >>= 4
+		b = append(b, hex[n>>(4*i)&0xf])
 	}
-	return string(b)
+	return b
 }
 
+// fnv32 is the 32-bit FNV-1a hash of s, which the shards are taken from.
 func fnv32(s string) uint32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(s))
-	return h.Sum32()
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
 }
 
-// eventTenantShard is the tenant shard token of tenant's events.
+// The shard tokens of an event's subject (eventSubject, historyFilters).
 func eventTenantShard(tenant string) string {
-	return shardToken(fnv32(tenant)%eventTenantShards, 2)
+	return string(appendShard(nil, fnv32(tenant)%eventTenantShards, 2))
 }
 
-// eventIDShard is the id shard token of id's events.
-func eventIDShard(id string) string { return shardToken(fnv32(id)%eventIDShards, 3) }
+func eventIDShard(id string) string { return string(appendShard(nil, fnv32(id)%eventIDShards, 3)) }
 
 // legacyEventShard is the shard token of id's events in the layout before
 // tenant shards (outflow.events.<type>.<shard>).
-func legacyEventShard(id string) string { return shardToken(fnv32(id)%legacyEventShards, 3) }
+func legacyEventShard(id string) string {
+	return string(appendShard(nil, fnv32(id)%legacyEventShards, 3))
+}
 
 // Event types, the third token of an event's subject.
 const (

@@ -86,7 +86,11 @@ func deadSubject(id string) string { return subjDeadPrefix + id }
 // eventSubject is the subject of the events of type typ of tenant's
 // envelope id.
 func eventSubject(typ, tenant, id string) string {
-	return subjEvents + typ + "." + eventTenantShard(tenant) + "." + eventIDShard(id)
+	b := make([]byte, 0, len(subjEvents)+len(typ)+7)
+	b = append(append(b, subjEvents...), typ...)
+	b = appendShard(append(b, '.'), fnv32(tenant)%eventTenantShards, 2)
+	b = appendShard(append(b, '.'), fnv32(id)%eventIDShards, 3)
+	return string(b)
 }
 
 // historyFilters are the subject filters that hold every event of id,
@@ -215,8 +219,9 @@ func bodyChunkSubject(nuid string) string { return "$O." + BucketBodies + ".C." 
 // stream: unlike a direct get, only the stream's leader answers it.
 const bodyLeaderGetSubject = "$JS.API.STREAM.MSG.GET." + bodyStreamName
 
-// EventTypeFilter is the subject filter of every event of type typ, for a
-// consumer on StreamEvents (the webhook dispatcher's).
+// EventTypeFilter is the subject filter of every event of type typ, in
+// both layouts (events.go), for a consumer on StreamEvents (the console's
+// charts).
 func EventTypeFilter(typ string) string { return subjEvents + typ + ".>" }
 
 // EventTenantFilters are the subject filters of the events of type typ of
