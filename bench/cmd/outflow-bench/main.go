@@ -37,6 +37,9 @@ type config struct {
 	learnLimit float64
 	learnBurst float64
 	learnSecs  float64
+	// hookOthers is how many endpoints of other tenants scenario 7
+	// registers beside the measured tenant's whenever webhooks are on.
+	hookOthers int
 }
 
 func main() {
@@ -55,6 +58,7 @@ func main() {
 	flag.Float64Var(&c.rateOutflow, "max-rate-outflow", 0, "scenario 2 without scenario 1: outflow's maximum rate (msg/s)")
 	flag.Float64Var(&c.ratePostfix, "max-rate-postfix", 0, "scenario 2 without scenario 1: Postfix's maximum rate (msg/s)")
 	flag.BoolVar(&c.noAnchor, "no-anchor", os.Getenv("BENCH_NO_ANCHOR") == "1", "scenario 6 without its Postfix anchor, which takes 30 minutes (BENCH_NO_ANCHOR=1)")
+	flag.IntVar(&c.hookOthers, "hook-others", 0, "scenario 7: with webhooks on, also register this many endpoints of other tenants, which get none of the mail's events")
 	flag.StringVar(&c.learnParts, "learn-parts", "1,2,3,4", "parts of scenario 6 to run (6.1 and 6.2 drain, 6.3 halving, 6.4 tenants)")
 	flag.Float64Var(&c.learnLimit, "learn-limit", learnLimit, "scenario 6.1 and 6.2 (and their Postfix anchor): the provider's limit in msg/s (burst a fifth of it, at least 1); the messages are -learn-secs of it, at least 60 (6.3 and 6.4 keep 20)")
 	flag.Float64Var(&c.learnBurst, "learn-burst", 0, "scenario 6.1 and 6.2: the provider's bucket in messages (0: a fifth of -learn-limit, at least 1); a larger one is a limit per minute or per hour")
