@@ -130,10 +130,16 @@ func (c *client) netFail(ctx context.Context, stage classify.Stage, what string,
 	c.broken = true
 	ev := classify.EventConnLost
 	var ne net.Error
+	// One look at ctx: the socket's deadline is ctx's when that is sooner
+	// (deadline), and the read it cuts can return a moment before ctx's
+	// own timer marks ctx done. Looked at twice, ctx could be live at the
+	// first look and past its deadline at the second, and a timeout was
+	// reported as a lost connection.
+	cerr := ctx.Err()
 	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case errors.Is(cerr, context.DeadlineExceeded):
 		ev = classify.EventTimeout
-	case ctx.Err() != nil:
+	case cerr != nil:
 		ev = classify.EventConnLost
 		err = fmt.Errorf("%w (%v)", err, context.Cause(ctx))
 	case errors.As(err, &ne) && ne.Timeout():
@@ -476,8 +482,9 @@ func (c *client) handshake(ctx context.Context, mustVerify bool, verify func(tls
 		c.broken = true
 		c.verifyErr = verifyErr
 		ev := classify.EventTLSFailure
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			ev = classify.EventTimeout
+		var ne net.Error
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+			ev = classify.EventTimeout // the socket's deadline may be ctx's, and come first (netFail)
 		}
 		return &stepErr{in: classify.Input{Stage: classify.StageTLS, Event: ev, Text: fmt.Sprintf("%s (%s): TLS handshake: %v", c.host, c.addr, err)}, err: err}
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -761,6 +762,37 @@ func TestContextDeadlineStopsSend(t *testing.T) {
 	checkAll(t, r, classify.StageDataEnd, 0, classify.EventTimeout)
 	if el := time.Since(start); el > 3*time.Second {
 		t.Errorf("took %v; the context deadline should cut it", el)
+	}
+}
+
+// lateDeadline is a context whose deadline passes between the first look
+// at Err and the next: the socket's deadline, set to the context's, can
+// cut a read a moment before the context's own timer marks it done.
+type lateDeadline struct {
+	context.Context
+	looks int
+}
+
+func (c *lateDeadline) Err() error {
+	c.looks++
+	if c.looks == 1 {
+		return nil
+	}
+	return context.DeadlineExceeded
+}
+
+// A read cut by the socket's deadline while the context's timer has not
+// yet fired is a timeout, not a lost connection (after the final dot both
+// are unknown outcomes, but the record must say which happened). CI once
+// saw "i/o timeout (context deadline exceeded)" reported as a lost
+// connection in TestContextDeadlineStopsSend.
+func TestTimeoutAsTheDeadlinePasses(t *testing.T) {
+	c := &client{host: "mx.example.test", addr: "127.0.0.2:25"}
+	err := c.netFail(&lateDeadline{Context: context.Background()}, classify.StageDataEnd, "reading reply to BDAT",
+		&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded})
+	var se *stepErr
+	if !errors.As(err, &se) || se.in.Event != classify.EventTimeout {
+		t.Fatalf("netFail = %v, want a timeout", err)
 	}
 }
 
