@@ -2,11 +2,12 @@ package queue
 
 import (
 	"context"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // One message submitted and delivered costs the operations
@@ -117,14 +118,6 @@ func BenchmarkSentLookup(b *testing.B) {
 // server's included) per iteration as cpu-ns/op, when the returned func
 // runs: on a shared machine wall-clock ns/op measures the neighbours.
 func reportCPU(b *testing.B) func() {
-	start := processCPU()
-	return func() { b.ReportMetric(float64(processCPU()-start)/float64(b.N), "cpu-ns/op") }
-}
-
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	start := testutil.ProcessCPU()
+	return func() { b.ReportMetric(float64(testutil.ProcessCPU()-start)/float64(b.N), "cpu-ns/op") }
 }

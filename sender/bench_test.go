@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // BenchmarkSendPooled measures Send through one pooled connection:
@@ -86,7 +86,7 @@ func benchSend(b *testing.B, w *world, tweak func(*Config)) {
 	}
 	b.SetBytes(int64(len(m.Body)))
 	b.ReportAllocs()
-	cpu0 := processCPU()
+	cpu0 := testutil.ProcessCPU()
 	n := 0
 	for b.Loop() {
 		r := s.Send(ctx, m)
@@ -95,17 +95,8 @@ func benchSend(b *testing.B, w *world, tweak func(*Config)) {
 		}
 		n++
 	}
-	b.ReportMetric(float64(processCPU()-cpu0)/float64(n), "cpu-ns/op")
+	b.ReportMetric(float64(testutil.ProcessCPU()-cpu0)/float64(n), "cpu-ns/op")
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "msgs/s")
-}
-
-// processCPU is the process's user and system CPU time.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // startSink runs Postfix's smtp-sink on a free loopback port (it announces

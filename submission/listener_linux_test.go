@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // TestListenNoKeepAlive checks that a connection accepted by Listen's
@@ -74,11 +76,11 @@ func BenchmarkKeepAliveSetup(b *testing.B) {
 	defer c.Close()
 	tc := c.(*net.TCPConn)
 	cfg := net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second}
-	start := benchCPU()
+	start := testutil.ProcessCPU()
 	for b.Loop() {
 		if err := tc.SetKeepAliveConfig(cfg); err != nil {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(testutil.ProcessCPU()-start)/float64(b.N), "cpu-ns/op")
 }

@@ -250,6 +250,7 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 		baseCtx:    ctx,
 		cancel:     cancel,
 		conns:      make(map[*trackedConn]struct{}),
+		listeners:  make(map[net.Listener]struct{}),
 		perClient:  make(map[netip.Prefix]int),
 
 		errLineTooLong: lineTooLongError(cfg.MaxLineLength),
@@ -318,9 +319,6 @@ func (s *Server) Serve(l net.Listener) error {
 	}
 	if s.addr == nil {
 		s.addr = l.Addr()
-	}
-	if s.listeners == nil {
-		s.listeners = make(map[net.Listener]struct{})
 	}
 	s.listeners[l] = struct{}{}
 	s.mu.Unlock()

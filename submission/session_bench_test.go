@@ -10,13 +10,13 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/emersion/go-smtp"
 	"github.com/rs/zerolog"
 
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -133,7 +133,7 @@ func (bc *benchClient) quit() {
 func (bc *benchClient) run(perConn int, open, send func()) {
 	b := bc.b
 	b.ReportAllocs()
-	start := benchCPU()
+	start := testutil.ProcessCPU()
 	i := 0
 	for b.Loop() {
 		if i%perConn == 0 {
@@ -147,7 +147,7 @@ func (bc *benchClient) run(perConn int, open, send func()) {
 	if i%perConn != 0 {
 		bc.quit()
 	}
-	b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(testutil.ProcessCPU()-start)/float64(b.N), "cpu-ns/op")
 }
 
 // benchServer starts a listener for the benchmarks: trusted loopback
@@ -292,16 +292,6 @@ func BenchmarkDataBody(b *testing.B) {
 	}
 }
 
-// benchCPU is the process's CPU time, user and system: on a shared
-// machine wall-clock ns/op measures the neighbours.
-func benchCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // captureBackend hands the server's sessions out and keeps the go-smtp
 // connection of the first one.
 type captureBackend struct {
@@ -341,7 +331,7 @@ func BenchmarkSessionMessage(b *testing.B) {
 	body := benchBody[:len(benchBody)-len(".\r\n")]
 	rd := bytes.NewReader(nil)
 	b.ReportAllocs()
-	start := benchCPU()
+	start := testutil.ProcessCPU()
 	for b.Loop() {
 		s := srv.newSession(c)
 		if err := s.Mail("sender@example.com", &smtp.MailOptions{}); err != nil {
@@ -358,6 +348,6 @@ func BenchmarkSessionMessage(b *testing.B) {
 		s.Reset()
 		_ = s.Logout()
 	}
-	b.ReportMetric(float64(benchCPU()-start)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(testutil.ProcessCPU()-start)/float64(b.N), "cpu-ns/op")
 	bc.quit()
 }

@@ -5,12 +5,12 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -81,7 +81,7 @@ func BenchmarkOtherTenantsEndpoints(b *testing.B) {
 				})
 				ids = append(ids, ep.ID)
 			}
-			cpu0 := cpuNow()
+			cpu0 := testutil.ProcessCPU()
 			b.ResetTimer()
 			for i := range b.N {
 				f.q.Event(queue.EventDelivered, &queue.Event{ID: "b" + strconv.Itoa(i), Tenant: "acme"})
@@ -97,13 +97,7 @@ func BenchmarkOtherTenantsEndpoints(b *testing.B) {
 					return ci.NumPending == 0 && ci.NumAckPending == 0
 				})
 			}
-			b.ReportMetric(float64((cpuNow()-cpu0).Microseconds())/float64(b.N), "cpu-µs/event")
+			b.ReportMetric(float64((testutil.ProcessCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/event")
 		})
 	}
-}
-
-func cpuNow() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
