@@ -402,6 +402,12 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 	e.FirstAttempt, e.NotBefore = time.Time{}, time.Time{}
 	e.Deadline = time.Now().Add(q.opts.DeadlineAfter)
 	e.LastClass, e.LastReply = "", ""
+	// The tenant's consumer may be gone (deleted by an operator, or the
+	// envelope came from a daemon of another fleet).
+	tenant, err := q.ensureTenant(ctx, e.Tenant)
+	if err != nil {
+		return nil, fmt.Errorf("replay %s: tenant consumer: %w", id, err)
+	}
 	m, err := e.Encode(workSubject(e.Tenant, e.Dest, e.ID))
 	if err != nil {
 		return nil, err
@@ -417,6 +423,7 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 	if err := q.durable(ctx, StreamWork, bodyStreamName); err != nil {
 		return nil, fmt.Errorf("replay %s: %w", id, err)
 	}
+	q.wake(tenant)
 	if err := q.deleteItem(ctx, it); err != nil {
 		return nil, err
 	}

@@ -28,6 +28,13 @@
 // replace its last block file each time (keeper.go); every count of the
 // work lane leaves it out.
 //
+// The work lane has one consumer per tenant, and a worker process pulls a
+// tenant only while it has mail: whoever stores mail sends a wake-up on core
+// NATS after the store, and a periodic look at the consumers' pending
+// counts finds what a lost wake-up would leave (tenants.go). So tenants that
+// are not sending cost no goroutine and no waiting pull request, and the
+// pulls share the process's buffer among the tenants that are.
+//
 // The same in-process access answers the two look-ups every message makes,
 // the suppression check at RCPT and the SENT check before a send, when
 // they find nothing, as they nearly always do: the embedded server's store

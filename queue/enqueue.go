@@ -41,7 +41,8 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if received.IsZero() {
 		received = time.Now()
 	}
-	if err := q.ensureTenant(ctx, s.Tenant); err != nil {
+	tenant, err := q.ensureTenant(ctx, s.Tenant)
+	if err != nil {
 		return nil, fmt.Errorf("tenant consumer: %w", err)
 	}
 	groups, order := splitByDomain(s.Rcpts)
@@ -144,6 +145,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if err := q.durable(ctx, streams...); err != nil {
 		return nil, fmt.Errorf("queue envelope: %w", err)
 	}
+	q.wake(tenant)
 	for i, id := range ids {
 		q.Event(EventQueued, &Event{Time: stored, ID: id, MsgID: msgID, Tenant: s.Tenant, Dest: order[i], Rcpts: len(groups[order[i]]), Size: int64(len(s.Body))})
 	}

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -84,7 +85,19 @@ func (q *Queue) pull(ctx context.Context, cons jetstream.Consumer, lane Lane, bu
 // pullWait is how long one pull request waits at the server for mail.
 // Every batch ends within it (plus a second, on the client's own clock),
 // so a pull request that a failover lost is replaced within that time.
-var pullWait = 5 * time.Second
+const pullWait = 5 * time.Second
+
+// pullTimes are the waits of the lanes' pulls: the package's constants,
+// unless a test sets its own on the Queue before it pulls.
+type pullTimes struct {
+	wait    time.Duration // pullWait
+	refresh time.Duration // tenantRefresh
+	wakeGap time.Duration // wakeGap
+}
+
+func (q *Queue) pullWait() time.Duration      { return cmp.Or(q.times.wait, pullWait) }
+func (q *Queue) tenantRefresh() time.Duration { return cmp.Or(q.times.refresh, tenantRefresh) }
+func (q *Queue) wakeGap() time.Duration       { return cmp.Or(q.times.wakeGap, wakeGap) }
 
 // pullOnce fetches batches of up to buffer envelopes and hands them out
 // until a fetch fails; it reports whether it got any message (so the
@@ -97,39 +110,53 @@ var pullWait = 5 * time.Second
 // client enforces too, so a lost request costs at most one pullWait.
 func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) (got bool) {
 	for ctx.Err() == nil {
-		q.count(OpFetch)
-		batch, err := cons.Fetch(buffer, jetstream.FetchMaxWait(pullWait))
+		g, err := q.fetchOnce(ctx, cons, lane, buffer, out)
+		got = got || g
 		if err != nil {
-			if ctx.Err() == nil {
-				q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
-			}
-			return got
-		}
-		for m := range batch.Messages() {
-			got = true
-			q.count(OpFetched)
-			if ctx.Err() != nil {
-				// Not started: let the server hand it out again at once.
-				_ = m.Nak()
-				continue
-			}
-			d, err := q.decode(m, lane)
-			if err != nil {
-				q.parkMalformed(ctx, m, err)
-				continue
-			}
-			select {
-			case out <- d:
-			case <-ctx.Done():
-				_ = m.Nak()
-			}
-		}
-		if err := batch.Error(); err != nil && ctx.Err() == nil {
-			q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
 			return got
 		}
 	}
 	return got
+}
+
+// fetchOnce makes one pull request for up to n envelopes, waiting up to
+// pullWait, and hands out what it gets; it reports whether it got any, and
+// the request's failure, logged.
+func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, n int, out chan<- *Delivery) (got bool, err error) {
+	q.count(OpFetch)
+	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(q.pullWait()))
+	if err != nil {
+		if ctx.Err() == nil {
+			q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
+		}
+		return false, err
+	}
+	for m := range batch.Messages() {
+		got = true
+		q.count(OpFetched)
+		if ctx.Err() != nil {
+			// Not started: let the server hand it out again at once.
+			_ = m.Nak()
+			continue
+		}
+		d, err := q.decode(m, lane)
+		if err != nil {
+			q.parkMalformed(ctx, m, err)
+			continue
+		}
+		select {
+		case out <- d:
+		case <-ctx.Done():
+			_ = m.Nak()
+		}
+	}
+	if err := batch.Error(); err != nil {
+		if ctx.Err() == nil {
+			q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
+		}
+		return got, err
+	}
+	return got, nil
 }
 
 func (q *Queue) decode(m jetstream.Msg, lane Lane) (*Delivery, error) {

@@ -32,6 +32,7 @@ const (
 	OpSuppressGet             // a suppression-list read (one per recipient at submission)
 	OpLocalGet                // a SENT or suppression look-up answered "nothing stored" by the embedded server's store in process, no round trip (instore.go)
 	OpPublishKeeper           // the work stream's block keeper, once per new block file (keeper.go)
+	OpWake                    // a wake-up for a tenant's pull loops, core NATS, at most one a wakeGap per tenant (tenants.go)
 	numOps
 )
 
@@ -40,6 +41,7 @@ var opNames = [numOps]string{
 	OpPublishDead: "publish_dead", OpPublishEvent: "publish_event", OpSentGet: "sent_get", OpSentPut: "sent_put",
 	OpDirectGet: "direct_get", OpAck: "ack", OpFetch: "fetch", OpFetched: "fetched", OpSync: "sync",
 	OpSuppressGet: "suppress_get", OpLocalGet: "local_get", OpPublishKeeper: "publish_keeper",
+	OpWake: "wake",
 }
 
 // String is the op's label value.
@@ -63,7 +65,7 @@ func (q *Queue) Ops() map[string]uint64 {
 
 // opsDesc describes outflow_jetstream_ops_total; DepthCollector reports it.
 var opsDesc = prometheus.NewDesc("outflow_jetstream_ops_total",
-	"JetStream operations made by this process's queue on the delivery path, by kind (a publish per stream, SENT-bucket reads and writes, direct gets, acks, pull requests, envelopes pulled, group-commit waits; local_get: a look-up the embedded server's store answered in process, without a round trip).",
+	"JetStream operations made by this process's queue on the delivery path, by kind (a publish per stream, SENT-bucket reads and writes, direct gets, acks, pull requests, envelopes pulled, group-commit waits; local_get: a look-up the embedded server's store answered in process, without a round trip; wake: a core NATS wake-up for the workers pulling a tenant, no store).",
 	[]string{"op"}, nil)
 
 // collectOps sends the current counts to ch.

@@ -156,6 +156,8 @@ type Queue struct {
 	local *localStore
 	// keeper keeps the work stream's last block file (keeper.go).
 	keeper keeper
+	// times are the pulls' waits; zero: the package's (lanes.go).
+	times pullTimes
 }
 
 // connectTimeout bounds the NATS connection handshake.

@@ -432,7 +432,7 @@ func TestMetadataCreatedAfterSetupIsSynced(t *testing.T) {
 	if f1-f0 < 4 {
 		t.Fatalf("creating a bucket made %d fsyncs, want its metadata synced", f1-f0)
 	}
-	if err := q.ensureTenant(ctx, "meta-tenant"); err != nil {
+	if _, err := q.ensureTenant(ctx, "meta-tenant"); err != nil {
 		t.Fatal(err)
 	}
 	_, _, f2 := ss.Stats()

@@ -21,6 +21,7 @@ import (
 //	outflow.events.<type>.<shard>             the same, as written before tenant shards; and keyed events (EventKeySubject)
 //	outflow.ctl.sync                          core NATS: ask the daemon to sync streams (subjSync)
 //	outflow.ctl.tenant                        core NATS: a tenant's work consumer was created (subjTenantKick)
+//	outflow.ctl.wake                          core NATS: a tenant's work consumer has mail (subjWorkWake)
 //	outflow.ctl.fired.<lane>.<dest>.<id>      core NATS: the lane's stream republishes each due message's headers (firedSubjects)
 const (
 	subjWorkPrefix = "outflow.work."
@@ -42,6 +43,12 @@ const subjSync = "outflow.ctl.sync"
 // once instead of at its next periodic look (a fresh tenant's first mail
 // would otherwise wait up to that period).
 const subjTenantKick = "outflow.ctl.tenant"
+
+// subjWorkWake is a core NATS subject: whoever stores mail on the work
+// stream names the tenant's consumer there afterwards (Queue.wake), so that
+// a worker that is not pulling the tenant starts (tenants.go). The payload
+// is the consumer's name.
+const subjWorkWake = "outflow.ctl.wake"
 
 // firedSubjects is where a deferred lane's stream republishes the headers
 // of every message stored on its due subjects: a schedule that fired (or a

@@ -18,13 +18,27 @@ import (
 //
 // Fresh mail is published on outflow.work.<tenant>.<dest>.<id>, and every
 // tenant has its own durable pull consumer on the work stream, filtered to
-// its subjects. Each worker process runs one pull loop per tenant consumer,
-// all feeding the same hand-off channel; Go serves goroutines blocked on a
-// channel send in turn, so every tenant with mail ready gets an equal share
-// of the deliverers, and one tenant's backlog of a hundred thousand messages
-// never sits in front of another tenant's fresh message. The consumer for a
-// tenant is created by whoever first enqueues for it (and found again at
-// start by listing the stream's subjects), so tenants need no configuration.
+// its subjects. The consumer for a tenant is created by whoever first
+// enqueues for it (and found again by listing the stream's subjects when
+// mail arrives without one), so tenants need no configuration.
+//
+// A worker process pulls only the tenants that have mail (workPuller): a
+// tenant's pull loop starts when a wake-up names its consumer and stops
+// after one pull request that waited pullWait and got nothing, so a
+// thousand tenants that sent yesterday cost no goroutine and no waiting
+// pull request at the server. Whoever stores mail for a tenant (Enqueue,
+// Replay) sends the wake-up after the store, on core NATS (subjWorkWake, at
+// most one a wakeGap per tenant and sending process, the last one
+// trailing); a wake-up lost with a connection, or mail stored by a process
+// that sends none, is found by the periodic look at the consumers' pending
+// counts (tenantRefresh). All loops feed the same hand-off channel; Go
+// serves goroutines blocked on a channel send in turn, so every tenant with
+// mail ready gets an equal share of the deliverers, and one tenant's
+// backlog of a hundred thousand messages never sits in front of another
+// tenant's fresh message. Each pull asks for the process's buffer divided
+// among the running loops (at least one), so what the process holds pulled
+// and not yet started stays near the larger of the buffer and the number
+// of tenants with mail, however many tenants there are.
 
 const tenantConsumerPrefix = "work-"
 
@@ -40,20 +54,29 @@ func tenantConsumer(tenant string) string {
 }
 
 // tenantSet remembers which tenants' consumers exist, so Enqueue creates
-// each one once per process.
+// each one once per process, and paces the wake-ups this process sends.
 type tenantSet struct {
 	mu   sync.Mutex
-	seen map[string]bool // by tenant name
+	seen map[string]*tenantMeta // by tenant name
+}
+
+// tenantMeta is what this process knows of one tenant's work consumer.
+type tenantMeta struct {
+	name []byte // the consumer's name, the wake-up's payload
+	// lastWake is when the last wake-up went out; trailing, that one is
+	// due at lastWake + wakeGap. Both under tenantSet.mu.
+	lastWake time.Time
+	trailing bool
 }
 
 // ensureTenant creates the tenant's work consumer if this process has not
 // seen it yet. It is idempotent on the server.
-func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
+func (q *Queue) ensureTenant(ctx context.Context, tenant string) (*tenantMeta, error) {
 	q.tenants.mu.Lock()
-	done := q.tenants.seen[tenant]
+	meta := q.tenants.seen[tenant]
 	q.tenants.mu.Unlock()
-	if done {
-		return nil
+	if meta != nil {
+		return meta, nil
 	}
 	name := tenantConsumer(tenant)
 	cfg := jetstream.ConsumerConfig{
@@ -74,25 +97,66 @@ func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
 		// one as the daemons made it.
 		lane, err := q.js.Consumer(ctx, StreamRetry, consumerRetry)
 		if err != nil {
-			return fmt.Errorf("the daemons' retry-lane consumer (is outflow serve running?): %w", err)
+			return nil, fmt.Errorf("the daemons' retry-lane consumer (is outflow serve running?): %w", err)
 		}
 		lc := lane.CachedInfo().Config
 		cfg.AckWait, cfg.MaxAckPending, cfg.Replicas = lc.AckWait, lc.MaxAckPending, 0
 		if _, err := q.js.CreateConsumer(ctx, StreamWork, cfg); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
-			return err
+			return nil, err
 		}
 	} else if _, err := q.js.CreateOrUpdateConsumer(ctx, StreamWork, cfg); err != nil {
-		return err
+		return nil, err
 	}
 	q.durableMeta(StreamWork, name)
 	_ = q.nc.Publish(subjTenantKick, []byte(name))
 	q.tenants.mu.Lock()
+	defer q.tenants.mu.Unlock()
 	if q.tenants.seen == nil {
-		q.tenants.seen = map[string]bool{}
+		q.tenants.seen = map[string]*tenantMeta{}
 	}
-	q.tenants.seen[tenant] = true
+	if meta = q.tenants.seen[tenant]; meta == nil {
+		meta = &tenantMeta{name: []byte(name)}
+		q.tenants.seen[tenant] = meta
+	}
+	return meta, nil
+}
+
+// wakeGap is the shortest time between two wake-ups one process sends for
+// one tenant. A worker's pull loop, once woken, waits pullWait for more
+// mail, so a busy tenant needs no wake-up per message; the gap only bounds
+// how many go out (and how late a trailing one can be: see wake).
+const wakeGap = 100 * time.Millisecond
+
+// wake tells every worker process that the tenant's consumer has mail: call
+// it after the mail is stored. Every call is followed by a wake-up sent at
+// or after it: at once when none went out within wakeGap, otherwise one
+// trailing wake-up at the end of the gap, shared by every call in between.
+// A worker that stopped pulling the tenant between the mail's store and an
+// earlier wake-up therefore still gets one.
+func (q *Queue) wake(t *tenantMeta) {
+	now := time.Now()
+	q.tenants.mu.Lock()
+	if since := now.Sub(t.lastWake); since >= q.wakeGap() || since < 0 {
+		t.lastWake = now
+		q.tenants.mu.Unlock()
+		q.count(OpWake)
+		_ = q.nc.Publish(subjWorkWake, t.name)
+		return
+	}
+	if t.trailing {
+		q.tenants.mu.Unlock()
+		return
+	}
+	t.trailing = true
+	due := t.lastWake.Add(q.wakeGap()).Sub(now)
 	q.tenants.mu.Unlock()
-	return nil
+	time.AfterFunc(due, func() {
+		q.tenants.mu.Lock()
+		t.trailing, t.lastWake = false, time.Now()
+		q.tenants.mu.Unlock()
+		q.count(OpWake)
+		_ = q.nc.Publish(subjWorkWake, t.name)
+	})
 }
 
 // adoptTenants makes sure every tenant with mail in the work stream has a
@@ -110,9 +174,20 @@ func (q *Queue) ensureTenant(ctx context.Context, tenant string) error {
 // has not yet caught up with a fresh store, makes the check answer
 // "maybe", which only costs the listing.)
 func (q *Queue) adoptTenants(ctx context.Context) error {
-	if orphans, err := q.workOrphans(ctx); err == nil && !orphans {
-		return nil
+	msgs, _, err := q.workState(ctx, false)
+	if err != nil || msgs == 0 {
+		return err
 	}
+	c, err := q.workConsumers(ctx)
+	if err != nil || msgs <= c.covered {
+		return err
+	}
+	return q.adoptSubjects(ctx)
+}
+
+// adoptSubjects lists the work stream's subjects and ensures a consumer for
+// every tenant among them.
+func (q *Queue) adoptSubjects(ctx context.Context) error {
 	info, err := q.lanes[LaneWork].Info(ctx, jetstream.WithSubjectFilter(laneSubjects(LaneWork)))
 	if err != nil {
 		return err
@@ -121,9 +196,11 @@ func (q *Queue) adoptTenants(ctx context.Context) error {
 		if subj == subjWorkKeeper {
 			continue
 		}
-		if err := q.ensureTenant(ctx, Untoken(workTenant(subj))); err != nil {
+		meta, err := q.ensureTenant(ctx, Untoken(workTenant(subj)))
+		if err != nil {
 			return err
 		}
+		q.wake(meta)
 	}
 	return nil
 }
@@ -138,37 +215,56 @@ func (q *Queue) workOrphans(ctx context.Context) (bool, error) {
 	if msgs == 0 {
 		return false, nil
 	}
-	var covered uint64
-	l := q.lanes[LaneWork].ListConsumers(ctx)
-	for ci := range l.Info() {
-		covered += ci.NumPending + uint64(max(ci.NumAckPending, 0))
-	}
-	if err := l.Err(); err != nil {
+	c, err := q.workConsumers(ctx)
+	if err != nil {
 		return true, err
 	}
-	return msgs > covered, nil
+	return msgs > c.covered, nil
 }
 
-// workMessages runs one pull loop per tenant consumer, discovering new
-// tenants every refresh, all sending on out.
-// tenantRefresh is how often a worker looks for tenant consumers it missed
-// (one created while it was disconnected); new tenants are announced at
-// once on subjTenantKick.
-var tenantRefresh = 2 * time.Second
+// workCover is one listing of the work stream's consumers.
+type workCover struct {
+	covered uint64   // messages pending or awaiting an ack, on all consumers
+	pending []string // the tenant consumers with mail not yet handed out or not yet acknowledged
+}
+
+func (q *Queue) workConsumers(ctx context.Context) (workCover, error) {
+	var c workCover
+	l := q.lanes[LaneWork].ListConsumers(ctx)
+	for ci := range l.Info() {
+		c.covered += ci.NumPending + uint64(max(ci.NumAckPending, 0))
+		// Mail awaiting its ack counts as well: a worker that died or
+		// stopped holding it will not ack, and when the ack wait ends the
+		// server hands it out again only to a pull request.
+		if (ci.NumPending > 0 || ci.NumAckPending > 0) && strings.HasPrefix(ci.Name, tenantConsumerPrefix) {
+			c.pending = append(c.pending, ci.Name)
+		}
+	}
+	return c, l.Err()
+}
+
+// tenantRefresh is how often a worker looks at the tenant consumers'
+// pending counts, for mail whose wake-up it missed (sent while it was
+// disconnected, or never: a process of an earlier release, a client
+// publishing straight to the work stream). The look costs nothing while
+// the work stream is empty.
+const tenantRefresh = 2 * time.Second
 
 func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delivery) {
-	refresh := tenantRefresh
-	running := map[string]bool{}
-	var wg sync.WaitGroup
-	defer func() { wg.Wait(); close(out) }()
-	kick := make(chan struct{}, 1)
-	if sub, err := q.nc.Subscribe(subjTenantKick, func(*nats.Msg) {
-		select {
-		case kick <- struct{}{}:
-		default:
+	p := &workPuller{q: q, ctx: ctx, buffer: buffer, out: out,
+		tenants: map[string]*tenantPull{}, look: make(chan struct{}, 1), unknown: make(chan string, 64)}
+	defer func() {
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
+		p.wg.Wait()
+		close(out)
+	}()
+	onWake := func(m *nats.Msg) { p.wake(string(m.Data)) }
+	for _, subj := range []string{subjWorkWake, subjTenantKick} {
+		if sub, err := q.nc.Subscribe(subj, onWake); err == nil {
+			defer func() { _ = sub.Unsubscribe() }()
 		}
-	}); err == nil {
-		defer func() { _ = sub.Unsubscribe() }()
 	}
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -176,37 +272,163 @@ func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delive
 		select {
 		case <-ctx.Done():
 			return
+		case name := <-p.unknown:
+			if err := p.add(name); err != nil && ctx.Err() == nil {
+				q.log.Warn().Err(err).Str("consumer", name).Msg("tenant consumer")
+			}
+			p.wake(name)
+			continue
+		case <-p.look:
 		case <-t.C:
-		case <-kick:
-			if !t.Stop() {
-				select {
-				case <-t.C:
-				default:
-				}
+		}
+		if err := p.lookAll(); err != nil && ctx.Err() == nil {
+			q.log.Warn().Err(err).Msg("look for tenants with mail")
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
 			}
 		}
-		if err := q.adoptTenants(ctx); err != nil && ctx.Err() == nil {
-			q.log.Warn().Err(err).Msg("discover tenants")
-		}
-		names := q.lanes[LaneWork].ConsumerNames(ctx)
-		for name := range names.Name() {
-			if !strings.HasPrefix(name, tenantConsumerPrefix) || running[name] {
-				continue
+		t.Reset(q.tenantRefresh())
+	}
+}
+
+// workPuller pulls the work lane for one worker process: one pull loop for
+// each tenant with mail, none for the others (see the top of this file).
+type workPuller struct {
+	q      *Queue
+	ctx    context.Context
+	buffer int
+	out    chan<- *Delivery
+	look   chan struct{} // a look at every consumer, at once
+	// unknown has the names of consumers a wake-up named that this
+	// process has no handle for yet; workMessages looks them up (a
+	// request, which the wake-up's callback must not make).
+	unknown chan string
+
+	mu      sync.Mutex
+	tenants map[string]*tenantPull // by consumer name
+	running int                    // pull loops running
+	closed  bool                   // no more loops start
+	wg      sync.WaitGroup
+}
+
+// tenantPull is one tenant consumer as this process pulls it.
+type tenantPull struct {
+	cons    jetstream.Consumer
+	running bool // its pull loop runs
+	// woken: a wake-up came while the loop ran, so it pulls once more
+	// before it stops, whatever its last pull got.
+	woken bool
+}
+
+// wake starts the pull loop of the named consumer, or has the running one
+// pull once more before it stops.
+func (p *workPuller) wake(name string) {
+	if !strings.HasPrefix(name, tenantConsumerPrefix) {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.tenants[name]
+	switch {
+	case p.closed:
+	case t == nil:
+		select {
+		case p.unknown <- name:
+		default:
+			select {
+			case p.look <- struct{}{}:
+			default:
 			}
-			cons, err := q.lanes[LaneWork].Consumer(ctx, name)
-			if err != nil {
-				continue
+		}
+	case t.running:
+		t.woken = true
+	default:
+		t.running, t.woken = true, false
+		p.running++
+		p.wg.Add(1)
+		go p.run(t)
+	}
+}
+
+// add gets a handle on the named consumer, once.
+func (p *workPuller) add(name string) error {
+	p.mu.Lock()
+	known := p.tenants[name] != nil
+	p.mu.Unlock()
+	if known {
+		return nil
+	}
+	cons, err := p.q.lanes[LaneWork].Consumer(p.ctx, name)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if p.tenants[name] == nil {
+		p.tenants[name] = &tenantPull{cons: cons}
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+// lookAll wakes the loop of every tenant consumer with mail pending, and
+// adopts mail that no consumer covers. Nothing to do, and no listing, while
+// the work stream is empty.
+func (p *workPuller) lookAll() error {
+	msgs, _, err := p.q.workState(p.ctx, false)
+	if err != nil || msgs == 0 {
+		return err
+	}
+	c, err := p.q.workConsumers(p.ctx)
+	if err != nil {
+		return err
+	}
+	for _, name := range c.pending {
+		if err := p.add(name); err != nil {
+			return err
+		}
+		p.wake(name)
+	}
+	if msgs > c.covered {
+		return p.q.adoptSubjects(p.ctx)
+	}
+	return nil
+}
+
+// run is one tenant's pull loop. Each pull asks for the buffer shared among
+// the running loops; the loop stops after a pull that got nothing (it
+// waited pullWait) or failed, unless a wake-up came meanwhile.
+func (p *workPuller) run(t *tenantPull) {
+	defer p.wg.Done()
+	pause := 250 * time.Millisecond
+	for {
+		p.mu.Lock()
+		t.woken = false
+		n := max(1, p.buffer/p.running)
+		p.mu.Unlock()
+		got, err := p.q.fetchOnce(p.ctx, t.cons, LaneWork, n, p.out)
+		if err != nil && p.ctx.Err() == nil {
+			// A failover or a lost consumer: pause before a wake-up may
+			// send the loop round again (the periodic look would).
+			tm := time.NewTimer(pause)
+			select {
+			case <-p.ctx.Done():
+			case <-tm.C:
 			}
-			running[name] = true
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				q.pull(ctx, cons, LaneWork, buffer, out)
-			}()
+			tm.Stop()
+			pause = min(pause*2, 5*time.Second)
+		} else if got {
+			pause = 250 * time.Millisecond
 		}
-		if err := names.Err(); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
-			q.log.Warn().Err(err).Msg("list tenant consumers")
+		p.mu.Lock()
+		if p.ctx.Err() != nil || (!got || err != nil) && !t.woken {
+			t.running = false
+			p.running--
+			p.mu.Unlock()
+			return
 		}
-		t.Reset(refresh)
+		p.mu.Unlock()
 	}
 }

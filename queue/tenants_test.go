@@ -5,6 +5,10 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 )
 
 // TestTenantBacklogDoesNotDelayOthers: tenant A has 200 messages waiting
@@ -69,9 +73,7 @@ func TestTenantBacklogDoesNotDelayOthers(t *testing.T) {
 // (made an hour long here, so only the announcement can deliver).
 func TestNewTenantIsPulledAtOnce(t *testing.T) {
 	q, _ := startQueue(t)
-	old := tenantRefresh
-	tenantRefresh = time.Hour
-	t.Cleanup(func() { tenantRefresh = old })
+	q.times.refresh = time.Hour
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// A tenant that exists before the worker starts: receiving its mail
@@ -224,4 +226,260 @@ func TestClientTenantConsumerFollowsDaemon(t *testing.T) {
 	submit(daemon, "known") // the daemon's
 	submit(client, "known")
 	check("known")
+}
+
+// waitConsumers polls the tenants' work consumers until ok holds for every
+// one of them, or fails with what after 15 s.
+func waitConsumers(t *testing.T, q *Queue, tenants []string, what string, ok func(*jetstream.ConsumerInfo) bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for _, tenant := range tenants {
+		for {
+			c, err := q.lanes[LaneWork].Consumer(ctx, tenantConsumer(tenant))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ci := c.CachedInfo(); ok(ci) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s: tenant %s: %+v", what, tenant, c.CachedInfo())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}
+
+func tenantNames(n int) []string {
+	s := make([]string, n)
+	for i := range s {
+		s[i] = "t" + strconv.Itoa(i)
+	}
+	return s
+}
+
+// TestIdleTenantsWaitAtNoServer: once a tenant's mail is out, the worker
+// stops pulling it, so a thousand tenants that sent once leave no pull
+// request waiting at the server and no loop in the worker; a tenant's next
+// message starts its loop again at once, by its wake-up (the periodic look
+// is an hour here).
+func TestIdleTenantsWaitAtNoServer(t *testing.T) {
+	q, _ := startQueue(t)
+	q.times.wait, q.times.refresh = 300*time.Millisecond, time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	tenants := tenantNames(20)
+	work, err := q.Messages(ctx, LaneWork, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	submit := func(tenant string) string {
+		t.Helper()
+		ids, err := q.Enqueue(ctx, &Submission{Tenant: tenant, From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids[0]
+	}
+	for _, tenant := range tenants {
+		submit(tenant)
+	}
+	for range tenants {
+		if err := next(t, work).Skip(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitConsumers(t, q, tenants, "a pull request still waits for a tenant with no mail", func(ci *jetstream.ConsumerInfo) bool {
+		return ci.NumWaiting == 0 && ci.NumAckPending == 0
+	})
+	id := submit("t7")
+	if d := next(t, work); d.Env.ID != id {
+		t.Fatalf("got %s, want %s", d.Env.ID, id)
+	} else {
+		_ = d.Skip(ctx)
+	}
+}
+
+// TestMailWithoutWakeUpIsFound: mail stored with no wake-up (a client
+// publishing straight to the work stream, a process of an earlier release)
+// for a tenant nobody pulls is found by the periodic look at the
+// consumers' pending counts.
+func TestMailWithoutWakeUpIsFound(t *testing.T) {
+	q, _ := startQueue(t)
+	q.times.wait, q.times.refresh = 300*time.Millisecond, 200*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := q.Enqueue(ctx, &Submission{Tenant: "quiet", From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	work, err := q.Messages(ctx, LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = next(t, work).Skip(ctx)
+	waitConsumers(t, q, []string{"quiet"}, "the tenant is still pulled", func(ci *jetstream.ConsumerInfo) bool {
+		return ci.NumWaiting == 0 && ci.NumAckPending == 0
+	})
+	env := &Envelope{ID: "direct2", MsgID: "direct2", Tenant: "quiet", From: "a@a.example", Rcpts: []string{"r@d.example"},
+		Dest: "d.example", Body: []byte("x\r\n"), Size: 3, Parts: 1}
+	m, err := env.Encode(workSubject("quiet", "d.example", "direct2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if d := next(t, work); d.Env.ID != "direct2" {
+		t.Fatalf("got %s", d.Env.ID)
+	}
+}
+
+// TestPulledMailStaysNearTheBuffer: with 30 tenants' mail waiting and a
+// buffer of 8, the worker's pulls ask for the buffer shared among the
+// tenants' loops, so what it holds pulled and not started stays near the
+// larger of the two (each loop's first pull asks for 8 divided by the
+// loops running then: at most 8, 4, 2, 2, 1, ...: 42 in all), not 30
+// times the buffer.
+func TestPulledMailStaysNearTheBuffer(t *testing.T) {
+	q, _ := startQueue(t)
+	q.times.refresh = time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	tenants := tenantNames(30)
+	for _, tenant := range tenants {
+		for range 5 {
+			if _, err := q.Enqueue(ctx, &Submission{Tenant: tenant, From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	const buffer, bound = 8, 42
+	if _, err := q.Messages(ctx, LaneWork, buffer); err != nil {
+		t.Fatal(err)
+	}
+	// Each loop's pull is complete when its request no longer waits at
+	// the server or the tenant has nothing left to hand out.
+	held := 0
+	waitConsumers(t, q, tenants, "a tenant's loop did not pull", func(ci *jetstream.ConsumerInfo) bool {
+		if ci.NumAckPending > 0 && (ci.NumWaiting == 0 || ci.NumPending == 0) {
+			held += ci.NumAckPending
+			return true
+		}
+		return false
+	})
+	if held > bound {
+		t.Fatalf("%d envelopes pulled and not started, want at most %d", held, bound)
+	}
+	t.Logf("%d envelopes pulled and not started for %d tenants, buffer %d", held, len(tenants), buffer)
+}
+
+// blockingConsumer answers each pull request when the test says so, with
+// no mail.
+type blockingConsumer struct {
+	jetstream.Consumer
+	fetches chan chan struct{} // each pull request: closed to end it
+}
+
+func (c *blockingConsumer) Fetch(int, ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	end := make(chan struct{})
+	c.fetches <- end
+	<-end
+	return emptyBatch{}, nil
+}
+
+// A wake-up that comes while a tenant's loop waits in a pull that then ends
+// empty sends the loop round once more (the mail it announces may have been
+// stored just after that pull ended at the server); without one, the loop
+// stops after the empty pull.
+func TestWakeUpDuringAnEmptyPull(t *testing.T) {
+	q := &Queue{log: zerolog.Nop()}
+	c := &blockingConsumer{fetches: make(chan chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p := &workPuller{q: q, ctx: ctx, buffer: 4, out: make(chan *Delivery), tenants: map[string]*tenantPull{"work-a": {cons: c}},
+		look: make(chan struct{}, 1), unknown: make(chan string, 1)}
+	pull := func() chan struct{} {
+		t.Helper()
+		select {
+		case end := <-c.fetches:
+			return end
+		case <-time.After(10 * time.Second):
+			t.Fatal("no pull request")
+			return nil
+		}
+	}
+	p.wake("work-a")
+	end := pull()
+	p.wake("work-a") // while the pull waits
+	close(end)
+	close(pull()) // the second pull, for the wake-up
+	p.wg.Wait()   // and then the loop stops
+	select {
+	case <-c.fetches:
+		t.Fatal("a third pull without a wake-up")
+	default:
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.running != 0 || p.tenants["work-a"].running {
+		t.Fatalf("loop still counted as running: %d", p.running)
+	}
+}
+
+// Every wake-up call is followed by a wake-up sent at or after it: the first
+// at once, the calls within wakeGap of it by one trailing wake-up at the
+// gap's end.
+func TestWakeUpsTrail(t *testing.T) {
+	q, _ := startQueue(t)
+	q.times.wakeGap = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got := make(chan time.Time, 10)
+	sub, err := q.nc.Subscribe(subjWorkWake, func(m *nats.Msg) {
+		if string(m.Data) == tenantConsumer("w") {
+			got <- time.Now()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	meta, err := q.ensureTenant(ctx, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv := func() time.Time {
+		t.Helper()
+		select {
+		case at := <-got:
+			return at
+		case <-ctx.Done():
+			t.Fatal("no wake-up")
+			return time.Time{}
+		}
+	}
+	q.wake(meta)
+	first := recv()
+	var last time.Time
+	for range 3 {
+		last = time.Now()
+		q.wake(meta)
+	}
+	trailing := recv()
+	if trailing.Before(last) || trailing.Sub(first) < 250*time.Millisecond {
+		t.Fatalf("trailing wake-up %v after the first, last call %v after it", trailing.Sub(first), last.Sub(first))
+	}
+	if err := q.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-got:
+		t.Fatal("a wake-up per call within the gap")
+	case <-time.After(500 * time.Millisecond):
+	}
+	if n := q.Ops()["wake"]; n != 2 {
+		t.Fatalf("%d wake-ups counted, want 2", n)
+	}
 }
