@@ -188,12 +188,12 @@ func printOps(now, before map[string]uint64, msgs int) {
 		if n == 0 {
 			continue
 		}
-		if k != "fetched" && k != "sync" && k != "local_get" {
+		if k != "fetched" && k != "sync" && k != "local_get" && k != "wake" {
 			total += n
 		}
 		fmt.Printf(" %s %.3f", k, n)
 	}
-	fmt.Printf("; total %.3f round trips (without fetched, sync and local_get)\n", total)
+	fmt.Printf("; total %.3f round trips (without fetched, sync, local_get and wake, a core NATS publish)\n", total)
 }
 
 // writeProfile writes the runtime profile name to path.
