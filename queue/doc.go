@@ -33,7 +33,9 @@
 // NATS after the store, and a periodic look at the consumers' pending
 // counts finds what a lost wake-up would leave (tenants.go). So tenants that
 // are not sending cost no goroutine and no waiting pull request, and the
-// pulls share the process's buffer among the tenants that are.
+// pulls share the process's buffer among the tenants that are. A tenant's
+// consumer unpulled for a day is removed by the server and made again by
+// the tenant's next mail.
 //
 // The same in-process access answers the two look-ups every message makes,
 // the suppression check at RCPT and the SENT check before a send, when

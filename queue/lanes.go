@@ -87,16 +87,18 @@ func (q *Queue) pull(ctx context.Context, cons jetstream.Consumer, lane Lane, bu
 // so a pull request that a failover lost is replaced within that time.
 const pullWait = 5 * time.Second
 
-// pullTimes are the waits of the lanes' pulls: the package's constants,
-// unless a test sets its own on the Queue before it pulls.
-type pullTimes struct {
-	wait    time.Duration // pullWait
-	refresh time.Duration // tenantRefresh
-	wakeGap time.Duration // wakeGap
+// laneTimes are the work lane's waits: the package's constants, unless a
+// test sets its own on the Queue before it pulls.
+type laneTimes struct {
+	wait       time.Duration // pullWait
+	refresh    time.Duration // tenantRefresh
+	wakeGap    time.Duration // wakeGap
+	tenantIdle time.Duration // tenantIdle
 }
 
 func (q *Queue) pullWait() time.Duration      { return cmp.Or(q.times.wait, pullWait) }
 func (q *Queue) tenantRefresh() time.Duration { return cmp.Or(q.times.refresh, tenantRefresh) }
+func (q *Queue) tenantIdle() time.Duration    { return cmp.Or(q.times.tenantIdle, tenantIdle) }
 func (q *Queue) wakeGap() time.Duration       { return cmp.Or(q.times.wakeGap, wakeGap) }
 
 // pullOnce fetches batches of up to buffer envelopes and hands them out

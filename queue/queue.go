@@ -156,8 +156,8 @@ type Queue struct {
 	local *localStore
 	// keeper keeps the work stream's last block file (keeper.go).
 	keeper keeper
-	// times are the pulls' waits; zero: the package's (lanes.go).
-	times pullTimes
+	// times are the work lane's waits; zero: the package's (lanes.go).
+	times laneTimes
 }
 
 // connectTimeout bounds the NATS connection handshake.

@@ -63,31 +63,53 @@ type tenantSet struct {
 // tenantMeta is what this process knows of one tenant's work consumer.
 type tenantMeta struct {
 	name []byte // the consumer's name, the wake-up's payload
+	// ensured is when this process last created or updated the consumer
+	// (see tenantIdle).
+	ensured time.Time
 	// lastWake is when the last wake-up went out; trailing, that one is
-	// due at lastWake + wakeGap. Both under tenantSet.mu.
+	// due at lastWake + wakeGap. All three under tenantSet.mu.
 	lastWake time.Time
 	trailing bool
 }
 
-// ensureTenant creates the tenant's work consumer if this process has not
-// seen it yet. It is idempotent on the server.
+// tenantIdle is how long a tenant's work consumer may go without a pull
+// request before the server removes it (the consumer's InactiveThreshold):
+// workers pull only tenants with mail, so a tenant that stopped sending
+// would otherwise keep its consumer's state in the server for ever. Mail
+// that comes later makes it again: a process that ensured the consumer more
+// than half of tenantIdle ago ensures it again before it publishes, and
+// mail that finds the consumer gone all the same (removed just after that)
+// is orphaned mail, which the workers' periodic look adopts.
+const tenantIdle = 24 * time.Hour
+
+// ensureTenant creates the tenant's work consumer unless this process did
+// within half of tenantIdle. It is idempotent on the server.
 func (q *Queue) ensureTenant(ctx context.Context, tenant string) (*tenantMeta, error) {
+	return q.createTenant(ctx, tenant, false)
+}
+
+// createTenant is ensureTenant; force creates the consumer whatever this
+// process remembers (adopting orphaned mail: the consumer is gone).
+func (q *Queue) createTenant(ctx context.Context, tenant string, force bool) (*tenantMeta, error) {
+	idle := q.tenantIdle()
 	q.tenants.mu.Lock()
 	meta := q.tenants.seen[tenant]
+	fresh := meta != nil && time.Since(meta.ensured) < idle/2
 	q.tenants.mu.Unlock()
-	if meta != nil {
+	if fresh && !force {
 		return meta, nil
 	}
 	name := tenantConsumer(tenant)
 	cfg := jetstream.ConsumerConfig{
-		Durable:       name,
-		Description:   "outflow workers: fresh mail of tenant " + tenant,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       q.opts.AckWait,
-		MaxDeliver:    -1,
-		MaxAckPending: q.opts.MaxAckPending,
-		FilterSubject: tenantWorkSubjects(Token(tenant)),
-		Replicas:      q.opts.Replicas,
+		Durable:           name,
+		Description:       "outflow workers: fresh mail of tenant " + tenant,
+		AckPolicy:         jetstream.AckExplicitPolicy,
+		AckWait:           q.opts.AckWait,
+		MaxDeliver:        -1,
+		MaxAckPending:     q.opts.MaxAckPending,
+		FilterSubject:     tenantWorkSubjects(Token(tenant)),
+		Replicas:          q.opts.Replicas,
+		InactiveThreshold: idle,
 	}
 	if q.opts.NoSetup {
 		// A client that sets nothing up (outflow submit) knows neither the
@@ -118,6 +140,7 @@ func (q *Queue) ensureTenant(ctx context.Context, tenant string) (*tenantMeta, e
 		meta = &tenantMeta{name: []byte(name)}
 		q.tenants.seen[tenant] = meta
 	}
+	meta.ensured = time.Now()
 	return meta, nil
 }
 
@@ -196,7 +219,7 @@ func (q *Queue) adoptSubjects(ctx context.Context) error {
 		if subj == subjWorkKeeper {
 			continue
 		}
-		meta, err := q.ensureTenant(ctx, Untoken(workTenant(subj)))
+		meta, err := q.createTenant(ctx, Untoken(workTenant(subj)), true)
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -482,4 +483,61 @@ func TestWakeUpsTrail(t *testing.T) {
 	if n := q.Ops()["wake"]; n != 2 {
 		t.Fatalf("%d wake-ups counted, want 2", n)
 	}
+}
+
+// TestIdleTenantConsumerGoesAndComesBack: the server removes the work
+// consumer of a tenant nobody has pulled for tenantIdle (a second here),
+// and the tenant's next mail makes it again and is delivered. And mail that
+// finds the consumer gone while this process still remembers it (removed
+// by hand here, an hour being the idle time) is adopted by the workers'
+// periodic look, not left without a consumer.
+func TestIdleTenantConsumerGoesAndComesBack(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// start returns a queue whose work consumers go after idle, and a
+	// function that enqueues for a tenant and takes the envelope out.
+	start := func(idle time.Duration) (*Queue, func(tenant string)) {
+		q, _ := startQueue(t)
+		q.times.wait, q.times.refresh, q.times.tenantIdle = 200*time.Millisecond, 100*time.Millisecond, idle
+		work, err := q.Messages(ctx, LaneWork, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q, func(tenant string) {
+			t.Helper()
+			ids, err := q.Enqueue(ctx, &Submission{Tenant: tenant, From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := next(t, work)
+			if d.Env.ID != ids[0] {
+				t.Fatalf("got %s, want %s", d.Env.ID, ids[0])
+			}
+			if err := d.Skip(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	q, deliver := start(time.Second)
+	deliver("brief")
+	for {
+		_, err := q.lanes[LaneWork].Consumer(ctx, tenantConsumer("brief"))
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the idle tenant's consumer is still there: %v", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	deliver("brief")
+
+	q, deliver = start(time.Hour)
+	deliver("kept")
+	if err := q.js.DeleteConsumer(ctx, StreamWork, tenantConsumer("kept")); err != nil {
+		t.Fatal(err)
+	}
+	deliver("kept")
 }
