@@ -94,6 +94,7 @@ type laneTimes struct {
 	refresh    time.Duration // tenantRefresh
 	wakeGap    time.Duration // wakeGap
 	tenantIdle time.Duration // tenantIdle
+	look       time.Duration // lookEvery's answer
 }
 
 func (q *Queue) pullWait() time.Duration      { return cmp.Or(q.times.wait, pullWait) }

@@ -18,7 +18,8 @@ import (
 //	outflow_queue_oldest_seconds{lane}                     age of the oldest stored message (0 when empty)
 //
 // and, read from counters at every scrape, outflow_jetstream_ops_total{op}
-// (ops.go).
+// (ops.go) and outflow_work_tenants_pulled, the tenants whose mail this
+// process is pulling now (tenants.go).
 type DepthCollector struct {
 	q      *Queue
 	depth  *prometheus.Desc
@@ -46,7 +47,12 @@ func (c *DepthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.due
 	ch <- c.oldest
 	ch <- opsDesc
+	ch <- pulledDesc
 }
+
+// pulledDesc describes outflow_work_tenants_pulled.
+var pulledDesc = prometheus.NewDesc("outflow_work_tenants_pulled",
+	"Tenants whose fresh mail this process is pulling now: those with mail, or with mail within the last pull's wait (5 s).", nil, nil)
 
 // Collect implements prometheus.Collector.
 func (c *DepthCollector) Collect(ch chan<- prometheus.Metric) {
@@ -60,6 +66,7 @@ func (c *DepthCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- m
 	}
 	c.q.collectOps(ch)
+	ch <- prometheus.MustNewConstMetric(pulledDesc, prometheus.GaugeValue, float64(c.q.pulling.Load()))
 }
 
 func (c *DepthCollector) read() []prometheus.Metric {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -156,6 +157,8 @@ type Queue struct {
 	local *localStore
 	// keeper keeps the work stream's last block file (keeper.go).
 	keeper keeper
+	// pulling counts the tenants' pull loops running (tenants.go).
+	pulling atomic.Int64
 	// times are the work lane's waits; zero: the package's (lanes.go).
 	times laneTimes
 }

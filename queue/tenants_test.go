@@ -253,6 +253,17 @@ func waitConsumers(t *testing.T, q *Queue, tenants []string, what string, ok fun
 	}
 }
 
+// waitIdle polls until q pulls no tenant.
+func waitIdle(t *testing.T, q *Queue) {
+	t.Helper()
+	for end := time.Now().Add(15 * time.Second); q.pulling.Load() != 0; {
+		if time.Now().After(end) {
+			t.Fatalf("%d tenants still pulled", q.pulling.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func tenantNames(n int) []string {
 	s := make([]string, n)
 	for i := range s {
@@ -292,6 +303,7 @@ func TestIdleTenantsWaitAtNoServer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitIdle(t, q)
 	waitConsumers(t, q, tenants, "a pull request still waits for a tenant with no mail", func(ci *jetstream.ConsumerInfo) bool {
 		return ci.NumWaiting == 0 && ci.NumAckPending == 0
 	})
@@ -320,9 +332,7 @@ func TestMailWithoutWakeUpIsFound(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = next(t, work).Skip(ctx)
-	waitConsumers(t, q, []string{"quiet"}, "the tenant is still pulled", func(ci *jetstream.ConsumerInfo) bool {
-		return ci.NumWaiting == 0 && ci.NumAckPending == 0
-	})
+	waitIdle(t, q)
 	env := &Envelope{ID: "direct2", MsgID: "direct2", Tenant: "quiet", From: "a@a.example", Rcpts: []string{"r@d.example"},
 		Dest: "d.example", Body: []byte("x\r\n"), Size: 3, Parts: 1}
 	m, err := env.Encode(workSubject("quiet", "d.example", "direct2"))
@@ -540,4 +550,74 @@ func TestIdleTenantConsumerGoesAndComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	deliver("kept")
+}
+
+// BenchmarkLookAtTenants: the workers' periodic look (lookEvery, while the
+// work stream holds mail) with 1,000 tenant consumers, one of them with
+// mail.
+func BenchmarkLookAtTenants(b *testing.B) {
+	q, _ := startQueueWith(b, Options{})
+	ctx := context.Background()
+	for i := range 1000 {
+		if _, err := q.ensureTenant(ctx, "t"+strconv.Itoa(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := q.Enqueue(ctx, &Submission{Tenant: "t1", From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+		b.Fatal(err)
+	}
+	p := &workPuller{q: q, ctx: ctx, buffer: 1, out: make(chan *Delivery), tenants: map[string]*tenantPull{},
+		look: make(chan struct{}, 1), unknown: make(chan string, 1), closed: true}
+	for b.Loop() {
+		if _, err := p.lookAll(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// The look at every consumer comes every refresh with few of them, and
+// less often with many, up to a minute.
+func TestLookEvery(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		want time.Duration
+	}{{0, 2 * time.Second}, {150, 2 * time.Second}, {1000, 10 * time.Second}, {6000, time.Minute}, {100000, time.Minute}} {
+		if got := lookEvery(c.n, 2*time.Second); got != c.want {
+			t.Errorf("lookEvery(%d) = %v, want %v", c.n, got, c.want)
+		}
+	}
+}
+
+// A worker that reconnects to NATS looks at every consumer at once: the
+// wake-ups sent while it was away are lost (mail published with none
+// here, the look an hour apart otherwise).
+func TestLookAfterReconnecting(t *testing.T) {
+	q, _ := startQueue(t)
+	q.times.wait, q.times.refresh, q.times.look = 200*time.Millisecond, 50*time.Millisecond, time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := q.Enqueue(ctx, &Submission{Tenant: "away", From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	work, err := q.Messages(ctx, LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = next(t, work).Skip(ctx)
+	waitIdle(t, q)
+	env := &Envelope{ID: "direct3", MsgID: "direct3", Tenant: "away", From: "a@a.example", Rcpts: []string{"r@d.example"},
+		Dest: "d.example", Body: []byte("x\r\n"), Size: 3, Parts: 1}
+	m, err := env.Encode(workSubject("away", "d.example", "direct3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	if d := next(t, work); d.Env.ID != "direct3" {
+		t.Fatalf("got %s", d.Env.ID)
+	}
 }
