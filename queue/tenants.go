@@ -21,7 +21,8 @@ import (
 // tenant has its own durable pull consumer on the work stream, filtered to
 // its subjects. The consumer for a tenant is created by whoever first
 // enqueues for it (and found again by listing the stream's subjects when
-// mail arrives without one), so tenants need no configuration.
+// mail arrives without one), so tenants need no configuration; the server
+// removes it after tenantIdle without a pull.
 //
 // A worker process pulls only the tenants that have mail (workPuller): a
 // tenant's pull loop starts when a wake-up names its consumer and stops
@@ -32,7 +33,7 @@ import (
 // most one a wakeGap per tenant and sending process, the last one
 // trailing); a wake-up lost with a connection, or mail stored by a process
 // that sends none, is found by the periodic look at the consumers' pending
-// counts (tenantRefresh). All loops feed the same hand-off channel; Go
+// counts (lookEvery). All loops feed the same hand-off channel; Go
 // serves goroutines blocked on a channel send in turn, so every tenant with
 // mail ready gets an equal share of the deliverers, and one tenant's
 // backlog of a hundred thousand messages never sits in front of another
