@@ -35,6 +35,7 @@ type Queue interface {
 	Enqueue(ctx context.Context, s *queue.Submission) ([]string, error)
 	Find(ctx context.Context, id string) (*queue.Item, error)
 	History(ctx context.Context, id string, since time.Time) ([]queue.Event, error)
+	TenantHistory(ctx context.Context, tenant, id string, since time.Time) ([]queue.Event, error)
 }
 
 // Config configures a Server. Zero values take the documented default.

@@ -82,7 +82,15 @@ func (c *Console) messagePage(w http.ResponseWriter, r *http.Request, s *session
 	if ferr != nil && !errors.Is(ferr, queue.ErrNotFound) {
 		errs = append(errs, ferr.Error())
 	}
-	evs, herr := c.cfg.Queue.History(ctx, id, time.Time{})
+	// A message still in a lane names its tenant, whose share of the
+	// events is all that needs reading.
+	var evs []queue.Event
+	var herr error
+	if it != nil && it.Env.Tenant != "" {
+		evs, herr = c.cfg.Queue.TenantHistory(ctx, it.Env.Tenant, id, time.Time{})
+	} else {
+		evs, herr = c.cfg.Queue.History(ctx, id, time.Time{})
+	}
 	if herr != nil && !errors.Is(herr, queue.ErrNotFound) {
 		errs = append(errs, herr.Error())
 	}

@@ -211,6 +211,24 @@ func (q *Queue) Find(ctx context.Context, id string) (*Item, error) {
 // filters took 2.4 times as long, and nats-server 2.15 started it, given
 // since, past the first filter's earlier events.
 func (q *Queue) History(ctx context.Context, id string, since time.Time) ([]Event, error) {
+	return q.history(ctx, "", id, since)
+}
+
+// TenantHistory is History for an id of tenant's: it reads the id's shard
+// in that tenant's shard only, about a sixty-fourth of the events History
+// reads when there are many tenants (a seventh of the time with a hundred,
+// docs/benchmarks.md), and reports an id of another tenant as not found.
+// Every event of an envelope carries its tenant, so nothing of the id's is
+// left out.
+func (q *Queue) TenantHistory(ctx context.Context, tenant, id string, since time.Time) ([]Event, error) {
+	if tenant == "" {
+		return nil, fmt.Errorf("%w: no events for %s", ErrNotFound, id)
+	}
+	return q.history(ctx, tenant, id, since)
+}
+
+// history is History, and TenantHistory when tenant is not empty.
+func (q *Queue) history(ctx context.Context, tenant, id string, since time.Time) ([]Event, error) {
 	if !validID(id) {
 		return nil, fmt.Errorf("%w: %q is not a message id", ErrNotFound, id)
 	}
@@ -220,12 +238,20 @@ func (q *Queue) History(ctx context.Context, id string, since time.Time) ([]Even
 		return nil, fmt.Errorf("history %s: %w", id, err)
 	}
 	var out []Event
-	for _, filter := range historyFilters(id) {
+	filters := historyFilters(id)
+	if tenant != "" {
+		filters = tenantHistoryFilters(tenant, id)
+	}
+	for _, filter := range filters {
 		evs, err := q.readEvents(ctx, id, filter, since)
 		if err != nil {
 			return nil, fmt.Errorf("history %s: %w", id, err)
 		}
-		out = append(out, evs...)
+		for _, ev := range evs {
+			if tenant == "" || ev.Tenant == tenant {
+				out = append(out, ev)
+			}
+		}
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%w: no events for %s", ErrNotFound, id)

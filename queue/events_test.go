@@ -2,8 +2,10 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -111,6 +113,46 @@ func TestEventSubjectsAreSharded(t *testing.T) {
 	}
 }
 
+// TestTenantHistory: a tenant's history of its id finds the id's events in
+// the tenant's shard and in the layout before tenant shards; another
+// tenant's id, even one whose tenant shares the shard, is not found.
+func TestTenantHistory(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	mate := ""
+	for i := range 10000 {
+		if c := "c" + strconv.Itoa(i); eventTenantShard(c) == eventTenantShard("a") {
+			mate = c
+			break
+		}
+	}
+	if mate == "" {
+		t.Fatal("no tenant shares a's shard")
+	}
+	q.Event(EventQueued, &Event{ID: "ida", Tenant: "a"})
+	q.Event(EventDelivered, &Event{ID: "ida", Tenant: "a"})
+	q.Event(EventQueued, &Event{ID: "idm", Tenant: mate})
+	q.Event(EventQueued, &Event{ID: "idb", Tenant: "b"})
+	legacy := &nats.Msg{Subject: subjEvents + EventThrottled + "." + legacyEventShard("ida"), Header: nats.Header{HdrEventID: []string{"ida"}},
+		Data: []byte(`{"type":"throttled","id":"ida","tenant":"a","time":"` + time.Now().UTC().Format(time.RFC3339Nano) + `"}`)}
+	if _, err := q.js.PublishMsg(ctx, legacy, jetstream.WithExpectStream(StreamEvents)); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.asyncStored(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hist, err := q.TenantHistory(ctx, "a", "ida", time.Time{})
+	if err != nil || len(hist) != 3 {
+		t.Fatalf("a's history of its id: %v, %v; want queued, delivered and throttled", hist, err)
+	}
+	for _, c := range []struct{ tenant, id string }{{"a", "idm"}, {"a", "idb"}, {mate, "ida"}, {"b", "ida"}, {"", "ida"}} {
+		if hist, err := q.TenantHistory(ctx, c.tenant, c.id, time.Time{}); !errors.Is(err, ErrNotFound) {
+			t.Errorf("tenant %q's history of %s: %v, %v; want not found", c.tenant, c.id, hist, err)
+		}
+	}
+}
+
 // BenchmarkHistory: `queue history` of one id among the events of 500,000
 // envelopes (about 120 in its shard).
 func BenchmarkHistory(b *testing.B) {
@@ -126,6 +168,42 @@ func BenchmarkHistory(b *testing.B) {
 			b.Fatal(hist, err)
 		}
 	}
+}
+
+// BenchmarkHistoryManyTenants: the history of one id among the events of
+// 500,000 envelopes of 100 tenants, read as History does (the id's shard in
+// every tenant shard) and as TenantHistory does (in its tenant's shard).
+func BenchmarkHistoryManyTenants(b *testing.B) {
+	q, _ := startQueueWith(b, Options{})
+	ctx := context.Background()
+	const n, tenants = 500000, 100
+	tenantOf := func(i int) string { return "tenant" + strconv.Itoa(i%tenants) }
+	for i := range n {
+		q.Event(EventQueued, &Event{ID: fmt.Sprintf("id%07d", i), Tenant: tenantOf(i), Dest: "d.example"})
+		if (i+1)%2048 == 0 {
+			if err := q.asyncStored(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := q.asyncStored(ctx); err != nil {
+		b.Fatal(err)
+	}
+	id, tenant := fmt.Sprintf("id%07d", 12345), tenantOf(12345)
+	b.Run("History", func(b *testing.B) {
+		for b.Loop() {
+			if h, err := q.History(ctx, id, time.Time{}); err != nil || len(h) != 1 {
+				b.Fatal(h, err)
+			}
+		}
+	})
+	b.Run("TenantHistory", func(b *testing.B) {
+		for b.Loop() {
+			if h, err := q.TenantHistory(ctx, tenant, id, time.Time{}); err != nil || len(h) != 1 {
+				b.Fatal(h, err)
+			}
+		}
+	})
 }
 
 // TestHistoryOrdersByEventTime: a worker can deliver an envelope before

@@ -107,6 +107,12 @@ func historyFilters(id string) []string {
 	return []string{subjEvents + "*.*." + eventIDShard(id), subjEvents + "*." + legacyEventShard(id)}
 }
 
+// tenantHistoryFilters are historyFilters for an id of tenant's: the id's
+// shard in the tenant's shard only, and in the layout before tenant shards.
+func tenantHistoryFilters(tenant, id string) []string {
+	return []string{subjEvents + "*." + eventTenantShard(tenant) + "." + eventIDShard(id), subjEvents + "*." + legacyEventShard(id)}
+}
+
 func schedFilter(l Lane, destTok, id string) string {
 	return "outflow." + string(l) + ".sched." + destTok + "." + id
 }

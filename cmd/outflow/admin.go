@@ -187,6 +187,7 @@ func init() {
 	}
 
 	var since time.Duration
+	var histTenant string
 	history := &cobra.Command{
 		Use:   "history ID",
 		Short: "every attempt of a message with its decision record, oldest first",
@@ -200,7 +201,16 @@ func init() {
 				if since > 0 {
 					from = time.Now().Add(-since)
 				}
+				// A message still in a lane names its tenant: only that
+				// tenant's events are read then.
+				tenant := histTenant
+				if it, err := q.Find(ctx, args[0]); tenant == "" && err == nil {
+					tenant = it.Env.Tenant
+				}
 				evs, err := q.History(ctx, args[0], from)
+				if tenant != "" {
+					evs, err = q.TenantHistory(ctx, tenant, args[0], from)
+				}
 				if err != nil {
 					return err
 				}
@@ -209,6 +219,7 @@ func init() {
 		},
 	}
 	history.Flags().DurationVar(&since, "since", 0, "only events stored in this last stretch of time, e.g. 6h (default all the events stream keeps; a shorter look-up is faster on a busy stream)")
+	history.Flags().StringVar(&histTenant, "tenant", "", "the message's tenant: only its events are read, much faster with many tenants (a message of another tenant is not found; default: the tenant of the message when it still waits in a lane)")
 
 	ff := &cobra.Command{
 		Use:   "fast-forward ID",
