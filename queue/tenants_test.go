@@ -315,16 +315,14 @@ func TestIdleTenantsWaitAtNoServer(t *testing.T) {
 	}
 }
 
-// TestMailWithoutWakeUpIsFound: mail stored with no wake-up (a client
-// publishing straight to the work stream, a process of an earlier release)
-// for a tenant nobody pulls is found by the periodic look at the
-// consumers' pending counts.
-func TestMailWithoutWakeUpIsFound(t *testing.T) {
-	q, _ := startQueue(t)
-	q.times.wait, q.times.refresh = 300*time.Millisecond, 200*time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := q.Enqueue(ctx, &Submission{Tenant: "quiet", From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+// unannouncedMail has q's worker deliver one message of tenant and go
+// idle, then stores mail for the tenant with no wake-up (as a client
+// publishing straight to the work stream would, or a process of an earlier
+// release, or one whose wake-up was lost): envelope id, to come out of the
+// returned channel.
+func unannouncedMail(t *testing.T, ctx context.Context, q *Queue, tenant, id string) <-chan *Delivery {
+	t.Helper()
+	if _, err := q.Enqueue(ctx, &Submission{Tenant: tenant, From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
 		t.Fatal(err)
 	}
 	work, err := q.Messages(ctx, LaneWork, 1)
@@ -333,15 +331,27 @@ func TestMailWithoutWakeUpIsFound(t *testing.T) {
 	}
 	_ = next(t, work).Skip(ctx)
 	waitIdle(t, q)
-	env := &Envelope{ID: "direct2", MsgID: "direct2", Tenant: "quiet", From: "a@a.example", Rcpts: []string{"r@d.example"},
+	env := &Envelope{ID: id, MsgID: id, Tenant: tenant, From: "a@a.example", Rcpts: []string{"r@d.example"},
 		Dest: "d.example", Body: []byte("x\r\n"), Size: 3, Parts: 1}
-	m, err := env.Encode(workSubject("quiet", "d.example", "direct2"))
+	m, err := env.Encode(workSubject(tenant, "d.example", id))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := q.js.PublishMsg(ctx, m); err != nil {
 		t.Fatal(err)
 	}
+	return work
+}
+
+// TestMailWithoutWakeUpIsFound: mail stored with no wake-up for a tenant
+// nobody pulls is found by the periodic look at the consumers' pending
+// counts.
+func TestMailWithoutWakeUpIsFound(t *testing.T) {
+	q, _ := startQueue(t)
+	q.times.wait, q.times.refresh = 300*time.Millisecond, 200*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	work := unannouncedMail(t, ctx, q, "quiet", "direct2")
 	if d := next(t, work); d.Env.ID != "direct2" {
 		t.Fatalf("got %s", d.Env.ID)
 	}
@@ -596,24 +606,7 @@ func TestLookAfterReconnecting(t *testing.T) {
 	q.times.wait, q.times.refresh, q.times.look = 200*time.Millisecond, 50*time.Millisecond, time.Hour
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := q.Enqueue(ctx, &Submission{Tenant: "away", From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
-		t.Fatal(err)
-	}
-	work, err := q.Messages(ctx, LaneWork, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = next(t, work).Skip(ctx)
-	waitIdle(t, q)
-	env := &Envelope{ID: "direct3", MsgID: "direct3", Tenant: "away", From: "a@a.example", Rcpts: []string{"r@d.example"},
-		Dest: "d.example", Body: []byte("x\r\n"), Size: 3, Parts: 1}
-	m, err := env.Encode(workSubject("away", "d.example", "direct3"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := q.js.PublishMsg(ctx, m); err != nil {
-		t.Fatal(err)
-	}
+	work := unannouncedMail(t, ctx, q, "away", "direct3")
 	if err := q.nc.ForceReconnect(); err != nil {
 		t.Fatal(err)
 	}
