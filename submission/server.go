@@ -185,6 +185,10 @@ type Server struct {
 	// on and handing it to go-smtp; tests hold Serve there to race it
 	// with Shutdown.
 	serving func()
+	// listenersClosed, when set, is called by Shutdown after it closed the
+	// listeners and before go-smtp's own Shutdown; tests run a Serve to
+	// its end there.
+	listenersClosed func()
 }
 
 // New checks cfg, applies defaults and returns a Server that hands accepted
@@ -377,6 +381,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	s.log.Info().Msg("submission listener shutting down")
+	if s.listenersClosed != nil {
+		s.listenersClosed()
+	}
 
 	err := s.smtp.Shutdown(ctx)
 	if ctx.Err() != nil {

@@ -493,6 +493,51 @@ func TestListenAddrAndServeAfterShutdown(t *testing.T) {
 	}
 }
 
+// A Serve whose listener Shutdown closed before go-smtp's own Shutdown began
+// sees the listener fail with net.ErrClosed while go-smtp is not yet shut
+// down: that is the end Shutdown asked for, so Serve returns nil, not the
+// error.
+func TestServeOnAListenerClosedByShutdown(t *testing.T) {
+	srv, err := New(Config{Users: testUsers(t)}, &fakeQueue{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	srv.serving = func() {
+		close(held)
+		<-release
+	}
+	done := make(chan error, 1)
+	srv.listenersClosed = func() {
+		close(release)
+		select {
+		case err := <-done:
+			done <- err
+		case <-time.After(testWait):
+			t.Error("Serve did not end on its closed listener")
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() { done <- srv.Serve(l) }()
+	select {
+	case <-held:
+	case <-time.After(testWait):
+		t.Fatal("Serve never reached go-smtp")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("Serve: %v, want nil after Shutdown", err)
+	}
+}
+
 // A Serve that began before Shutdown but handed its listener to go-smtp
 // only after go-smtp's Shutdown had run still returns: go-smtp closes only
 // the listeners it had by then, and this one was accepted on for ever.
