@@ -114,7 +114,7 @@ func (q *Queue) wakeGap() time.Duration       { return cmp.Or(q.times.wakeGap, w
 func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) (got bool) {
 	for ctx.Err() == nil {
 		g, err := q.fetchOnce(ctx, cons, lane, buffer, out)
-		got = got || g
+		got = got || g > 0
 		if err != nil {
 			return got
 		}
@@ -123,19 +123,19 @@ func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane
 }
 
 // fetchOnce makes one pull request for up to n envelopes, waiting up to
-// pullWait, and hands out what it gets; it reports whether it got any, and
+// pullWait, and hands out what it gets; it reports how many it got, and
 // the request's failure, logged.
-func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, n int, out chan<- *Delivery) (got bool, err error) {
+func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, n int, out chan<- *Delivery) (got int, err error) {
 	q.count(OpFetch)
 	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(q.pullWait()))
 	if err != nil {
 		if ctx.Err() == nil {
 			q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
 		}
-		return false, err
+		return 0, err
 	}
 	for m := range batch.Messages() {
-		got = true
+		got++
 		q.count(OpFetched)
 		if ctx.Err() != nil {
 			// Not started: let the server hand it out again at once.

@@ -37,10 +37,10 @@ import (
 // serves goroutines blocked on a channel send in turn, so every tenant with
 // mail ready gets an equal share of the deliverers, and one tenant's
 // backlog of a hundred thousand messages never sits in front of another
-// tenant's fresh message. Each pull asks for the process's buffer divided
-// among the running loops (at least one), so what the process holds pulled
-// and not yet started stays near the larger of the buffer and the number
-// of tenants with mail, however many tenants there are.
+// tenant's fresh message. Each pull asks for an equal share of what the
+// process may hold pulled and not yet started (batch): the larger of the
+// buffer and what it starts in a quarter of the ack wait, so however many
+// tenants have mail, nothing pulled waits in the process for long.
 
 const tenantConsumerPrefix = "work-"
 
@@ -207,21 +207,31 @@ func (q *Queue) adoptTenants(ctx context.Context) error {
 	if err != nil || msgs <= c.covered {
 		return err
 	}
-	return q.adoptSubjects(ctx)
+	return q.adoptSubjects(ctx, c.names)
 }
 
-// adoptSubjects lists the work stream's subjects and ensures a consumer for
-// every tenant among them.
-func (q *Queue) adoptSubjects(ctx context.Context) error {
+// adoptSubjects lists the work stream's subjects and creates the consumer
+// of every tenant among them that has none: one not in have (the tenant
+// consumers listed just before), made whatever this process remembers of
+// it, once per tenant however many of its envelopes wait. A tenant whose
+// consumer exists is left alone: the check that sends here can answer
+// "maybe" on a busy stream (adoptTenants).
+func (q *Queue) adoptSubjects(ctx context.Context, have map[string]bool) error {
 	info, err := q.lanes[LaneWork].Info(ctx, jetstream.WithSubjectFilter(laneSubjects(LaneWork)))
 	if err != nil {
 		return err
 	}
+	done := map[string]bool{}
 	for subj := range info.State.Subjects {
 		if subj == subjWorkKeeper {
 			continue
 		}
-		meta, err := q.createTenant(ctx, Untoken(workTenant(subj)), true)
+		tenant := Untoken(workTenant(subj))
+		if done[tenant] || have[tenantConsumer(tenant)] {
+			continue
+		}
+		done[tenant] = true
+		meta, err := q.createTenant(ctx, tenant, true)
 		if err != nil {
 			return err
 		}
@@ -249,16 +259,18 @@ func (q *Queue) workOrphans(ctx context.Context) (bool, error) {
 
 // workCover is one listing of the work stream's consumers.
 type workCover struct {
-	listed  int      // consumers read
-	covered uint64   // messages pending or awaiting an ack, on all consumers
-	pending []string // the tenant consumers with mail not yet handed out or not yet acknowledged
+	listed  int             // consumers read
+	names   map[string]bool // their names
+	covered uint64          // messages pending or awaiting an ack, on all consumers
+	pending []string        // the tenant consumers with mail not yet handed out or not yet acknowledged
 }
 
 func (q *Queue) workConsumers(ctx context.Context) (workCover, error) {
-	var c workCover
+	c := workCover{names: map[string]bool{}}
 	l := q.lanes[LaneWork].ListConsumers(ctx)
 	for ci := range l.Info() {
 		c.listed++
+		c.names[ci.Name] = true
 		c.covered += ci.NumPending + uint64(max(ci.NumAckPending, 0))
 		// Mail awaiting its ack counts as well: a worker that died or
 		// stopped holding it will not ack, and when the ack wait ends the
@@ -354,8 +366,14 @@ type workPuller struct {
 	mu      sync.Mutex
 	tenants map[string]*tenantPull // by consumer name
 	running int                    // pull loops running
-	closed  bool                   // no more loops start
-	wg      sync.WaitGroup
+	// rate is the envelopes the loops got per second, averaged over
+	// windows of a second or more (received); rateN have been got since
+	// rateFrom.
+	rate     float64
+	rateN    int
+	rateFrom time.Time
+	closed   bool // no more loops start
+	wg       sync.WaitGroup
 }
 
 // tenantPull is one tenant consumer as this process pulls it.
@@ -437,23 +455,51 @@ func (p *workPuller) lookAll() (int, error) {
 		p.wake(name)
 	}
 	if msgs > c.covered {
-		return c.listed, p.q.adoptSubjects(p.ctx)
+		return c.listed, p.q.adoptSubjects(p.ctx, c.names)
 	}
 	return c.listed, nil
 }
 
-// run is one tenant's pull loop. Each pull asks for the buffer shared among
-// the running loops; the loop stops after a pull that got nothing (it
-// waited pullWait) or failed, unless a wake-up came meanwhile.
+// batch is how many envelopes a loop's next pull asks for, under p.mu: an
+// equal share of what the process may hold pulled and not started, which
+// is what it starts in a quarter of the ack wait at the rate of its last
+// seconds, and at least the buffer; at least one and at most the buffer.
+// The more tenants have mail, the smaller each share, until what waits in
+// the process would outlast the share of the ack wait: a pull request
+// costs the server about as much as a hundred envelopes' hand-off when a
+// hundred tenants have consumers (BenchmarkPullTenants), so small pulls
+// are kept for when the rate is too low for large ones.
+func (p *workPuller) batch() int {
+	budget := max(p.buffer, int(p.rate*p.q.opts.AckWait.Seconds()/4))
+	return min(p.buffer, max(1, budget/p.running))
+}
+
+// received counts n envelopes a loop's pull got, for the rate, under p.mu.
+func (p *workPuller) received(n int) {
+	p.rateN += n
+	now := time.Now()
+	if p.rateFrom.IsZero() {
+		p.rateFrom = now
+	}
+	if d := now.Sub(p.rateFrom); d >= time.Second {
+		p.rate = (p.rate + float64(p.rateN)/d.Seconds()) / 2
+		p.rateN, p.rateFrom = 0, now
+	}
+}
+
+// run is one tenant's pull loop. Each pull asks for its batch; the loop
+// stops after a pull that got nothing (it waited pullWait) or failed,
+// unless a wake-up came meanwhile.
 func (p *workPuller) run(t *tenantPull) {
 	defer p.wg.Done()
 	pause := 250 * time.Millisecond
 	for {
 		p.mu.Lock()
 		t.woken = false
-		n := max(1, p.buffer/p.running)
+		n := p.batch()
 		p.mu.Unlock()
-		got, err := p.q.fetchOnce(p.ctx, t.cons, LaneWork, n, p.out)
+		n, err := p.q.fetchOnce(p.ctx, t.cons, LaneWork, n, p.out)
+		got := n > 0
 		if err != nil && p.ctx.Err() == nil {
 			// A failover or a lost consumer: pause before a wake-up may
 			// send the loop round again (the periodic look would).
@@ -468,6 +514,7 @@ func (p *workPuller) run(t *tenantPull) {
 			pause = 250 * time.Millisecond
 		}
 		p.mu.Lock()
+		p.received(n)
 		if p.ctx.Err() != nil || (!got || err != nil) && !t.woken {
 			t.running = false
 			p.running--

@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -357,12 +358,12 @@ func TestMailWithoutWakeUpIsFound(t *testing.T) {
 	}
 }
 
-// TestPulledMailStaysNearTheBuffer: with 30 tenants' mail waiting and a
-// buffer of 8, the worker's pulls ask for the buffer shared among the
-// tenants' loops, so what it holds pulled and not started stays near the
-// larger of the two (each loop's first pull asks for 8 divided by the
-// loops running then: at most 8, 4, 2, 2, 1, ...: 42 in all), not 30
-// times the buffer.
+// TestPulledMailStaysNearTheBuffer: with 30 tenants' mail waiting, a
+// buffer of 8 and nothing started yet (no rate to allow more), the
+// worker's pulls ask for the buffer shared among the tenants' loops, so
+// what it holds pulled and not started stays near the buffer (each loop's
+// first pull asks for 8 divided by the loops running then: at most 8, 4,
+// 2, 2, 1, ...: 42 in all), not 30 times the buffer.
 func TestPulledMailStaysNearTheBuffer(t *testing.T) {
 	q, _ := startQueue(t)
 	q.times.refresh = time.Hour
@@ -611,5 +612,123 @@ func TestLookAfterReconnecting(t *testing.T) {
 	}
 	if d := next(t, work); d.Env.ID != "direct3" {
 		t.Fatalf("got %s", d.Env.ID)
+	}
+}
+
+// BenchmarkPullTenants: the work lane's pull path per envelope (the pull
+// requests, the hand-off, the ack) when the mail waiting belongs to 1, 10
+// or 100 tenants: each pull asks for the buffer (32) shared among the
+// tenants' loops, so more tenants mean more, smaller pulls. Enqueueing is
+// outside the timing.
+func BenchmarkPullTenants(b *testing.B) {
+	for _, tenants := range []int{1, 10, 100} {
+		b.Run(strconv.Itoa(tenants), func(b *testing.B) {
+			q, _ := startQueueWith(b, Options{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			n := b.N
+			for i := range n {
+				env := &Envelope{ID: "b" + strconv.Itoa(i), MsgID: "b", Tenant: "t" + strconv.Itoa(i%tenants), From: "a@a.example",
+					Rcpts: []string{"r@d.example"}, Dest: "d.example", Body: []byte("x\r\n"), Size: 3, Parts: 1}
+				m, err := env.Encode(workSubject(env.Tenant, "d.example", env.ID))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := q.js.PublishMsgAsync(m); err != nil {
+					b.Fatal(err)
+				}
+			}
+			<-q.js.PublishAsyncComplete()
+			for i := range tenants {
+				if _, err := q.ensureTenant(ctx, "t"+strconv.Itoa(i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			defer reportCPU(b)()
+			work, err := q.Messages(ctx, LaneWork, 32)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for range n {
+				if err := (<-work).Skip(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(q.Ops()["fetch"])/float64(n), "fetches/op")
+		})
+	}
+}
+
+// TestAdoptionMakesOnlyMissingConsumers: adopting orphaned mail creates the
+// consumer of a tenant that has none, once however many of its envelopes
+// wait, and leaves alone the tenants whose consumers exist (a creation per
+// envelope listed cost a consumer update, and its state write, each).
+func TestAdoptionMakesOnlyMissingConsumers(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for range 5 {
+		if _, err := q.Enqueue(ctx, &Submission{Tenant: "present", From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5 {
+		id := "orphan" + strconv.Itoa(i)
+		env := &Envelope{ID: id, MsgID: id, Tenant: "absent", From: "a@a.example", Rcpts: []string{"r@d.example"},
+			Dest: "d.example", Body: []byte("x\r\n"), Size: 3, Parts: 1}
+		m, err := env.Encode(workSubject("absent", "d.example", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kicks := make(chan string, 100)
+	for _, subj := range []string{subjTenantKick, "test.sentinel"} {
+		sub, err := q.nc.Subscribe(subj, func(m *nats.Msg) { kicks <- m.Subject + " " + string(m.Data) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	if err := q.adoptTenants(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The sentinel comes after every kick adoption published.
+	if err := q.nc.Publish("test.sentinel", nil); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for {
+		select {
+		case k := <-kicks:
+			if k == "test.sentinel " {
+				if want := []string{subjTenantKick + " " + tenantConsumer("absent")}; !slices.Equal(got, want) {
+					t.Fatalf("consumers made: %v, want %v", got, want)
+				}
+				return
+			}
+			got = append(got, k)
+		case <-ctx.Done():
+			t.Fatal("no sentinel")
+		}
+	}
+}
+
+// A pull's batch is an equal share of the larger of the buffer and what the
+// process starts in a quarter of the ack wait, between one and the buffer.
+func TestPullBatch(t *testing.T) {
+	p := &workPuller{q: &Queue{opts: Options{AckWait: time.Minute}}, buffer: 32}
+	for _, c := range []struct {
+		running int
+		rate    float64
+		want    int
+	}{{1, 0, 32}, {2, 0, 16}, {100, 0, 1}, {100, 20, 3}, {100, 1000, 32}, {10, 100, 32}} {
+		p.running, p.rate = c.running, c.rate
+		if got := p.batch(); got != c.want {
+			t.Errorf("%d loops at %.0f/s: batch %d, want %d", c.running, c.rate, got, c.want)
+		}
 	}
 }
