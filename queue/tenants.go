@@ -289,6 +289,9 @@ func (q *Queue) workConsumers(ctx context.Context) (workCover, error) {
 // the work stream is empty.
 const tenantRefresh = 2 * time.Second
 
+// workMessages pulls the work lane for Messages until ctx ends, then
+// closes out: it runs the workPuller's wake-ups and looks, and its loops
+// send on out.
 func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delivery) {
 	p := &workPuller{q: q, ctx: ctx, buffer: buffer, out: out,
 		tenants: map[string]*tenantPull{}, look: make(chan struct{}, 1), unknown: make(chan string, 64)}
@@ -316,8 +319,13 @@ func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delive
 		case <-ctx.Done():
 			return
 		case name := <-p.unknown:
-			if err := p.add(name); err != nil && ctx.Err() == nil {
-				q.log.Warn().Err(err).Str("consumer", name).Msg("tenant consumer")
+			// A consumer gone since its wake-up (removed as idle, or by
+			// an operator) is left to the next look.
+			if err := p.add(name); err != nil {
+				if ctx.Err() == nil {
+					q.log.Warn().Err(err).Str("consumer", name).Msg("tenant consumer")
+				}
+				continue
 			}
 			p.wake(name)
 			continue

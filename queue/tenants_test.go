@@ -5,6 +5,8 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -734,5 +736,57 @@ func TestPullBatch(t *testing.T) {
 		if got := p.batch(); got != c.want {
 			t.Errorf("%d loops at %.0f/s: batch %d, want %d", c.running, c.rate, got, c.want)
 		}
+	}
+}
+
+// lineCounter counts the log lines that contain a string.
+type lineCounter struct {
+	sub string
+	n   atomic.Int32
+}
+
+func (c *lineCounter) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), c.sub) {
+		c.n.Add(1)
+	}
+	return len(p), nil
+}
+
+// A wake-up naming a consumer that is gone (removed as idle since) is
+// looked up once and left to the periodic look, not looked up again and
+// again.
+func TestWakeUpForAGoneConsumer(t *testing.T) {
+	warn := &lineCounter{sub: `"tenant consumer"`}
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ci := emb.InProcessInfo()
+	q, err := connect(ctx, Options{InProcess: emb.Server(), User: ci.User, Password: ci.Password, Logger: zerolog.New(warn)}, streamConfigs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = q.Close() })
+	if _, err := q.Messages(ctx, LaneWork, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Sent again until one arrives: the worker subscribes once Messages
+	// has started.
+	sent := int32(0)
+	for end := time.Now().Add(10 * time.Second); warn.n.Load() == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the gone consumer was never looked up")
+		}
+		if err := q.nc.Publish(subjWorkWake, []byte(tenantConsumerPrefix+"gone")); err != nil {
+			t.Fatal(err)
+		}
+		sent++
+	}
+	time.Sleep(300 * time.Millisecond) // a loop would look it up hundreds of times meanwhile
+	if n := warn.n.Load(); n > sent {
+		t.Fatalf("the gone consumer was looked up %d times for %d wake-ups", n, sent)
 	}
 }
