@@ -498,16 +498,7 @@ func TestListenAddrAndServeAfterShutdown(t *testing.T) {
 // down: that is the end Shutdown asked for, so Serve returns nil, not the
 // error.
 func TestServeOnAListenerClosedByShutdown(t *testing.T) {
-	srv, err := New(Config{Users: testUsers(t)}, &fakeQueue{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, release := make(chan struct{}), make(chan struct{})
-	srv.serving = func() {
-		close(held)
-		<-release
-	}
-	done := make(chan error, 1)
+	srv, done, release := serveHeld(t)
 	srv.listenersClosed = func() {
 		close(release)
 		select {
@@ -516,17 +507,6 @@ func TestServeOnAListenerClosedByShutdown(t *testing.T) {
 		case <-time.After(testWait):
 			t.Error("Serve did not end on its closed listener")
 		}
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() { done <- srv.Serve(l) }()
-	select {
-	case <-held:
-	case <-time.After(testWait):
-		t.Fatal("Serve never reached go-smtp")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
 	defer cancel()
@@ -538,15 +518,17 @@ func TestServeOnAListenerClosedByShutdown(t *testing.T) {
 	}
 }
 
-// A Serve that began before Shutdown but handed its listener to go-smtp
-// only after go-smtp's Shutdown had run still returns: go-smtp closes only
-// the listeners it had by then, and this one was accepted on for ever.
-func TestServeRacingShutdownReturns(t *testing.T) {
+// serveHeld starts a server's Serve on a new listener and holds it between
+// taking the listener on and handing it to go-smtp, until release is
+// closed; Serve's result comes on done.
+func serveHeld(t *testing.T) (srv *Server, done chan error, release chan struct{}) {
+	t.Helper()
 	srv, err := New(Config{Users: testUsers(t)}, &fakeQueue{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, release := make(chan struct{}), make(chan struct{})
+	held := make(chan struct{})
+	release = make(chan struct{})
 	srv.serving = func() {
 		close(held)
 		<-release
@@ -555,14 +537,22 @@ func TestServeRacingShutdownReturns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	done := make(chan error, 1)
+	t.Cleanup(func() { l.Close() })
+	done = make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
 	select {
 	case <-held:
 	case <-time.After(testWait):
 		t.Fatal("Serve never reached go-smtp")
 	}
+	return srv, done, release
+}
+
+// A Serve that began before Shutdown but handed its listener to go-smtp
+// only after go-smtp's Shutdown had run still returns: go-smtp closes only
+// the listeners it had by then, and this one was accepted on for ever.
+func TestServeRacingShutdownReturns(t *testing.T) {
+	srv, done, release := serveHeld(t)
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
 	defer cancel()
 	if err := srv.Shutdown(ctx); err != nil {
@@ -577,7 +567,7 @@ func TestServeRacingShutdownReturns(t *testing.T) {
 	case <-time.After(testWait):
 		t.Fatal("Serve still accepting after Shutdown")
 	}
-	if c, err := net.DialTimeout("tcp", l.Addr().String(), testWait); err == nil {
+	if c, err := net.DialTimeout("tcp", srv.Addr().String(), testWait); err == nil {
 		c.Close()
 		t.Error("the listener still takes connections after Shutdown")
 	}
