@@ -126,6 +126,19 @@ func TestAdminVerbs(t *testing.T) {
 		if recent := d.cli(t, "queue", "history", ids[0], "--since", "1h"); recent != hist {
 			t.Fatalf("history --since 1h differs from the whole history:\n%s\n%s", recent, hist)
 		}
+		// The message has left every lane: --tenant names its tenant, and
+		// only that tenant's share of the events is read.
+		var first struct{ Tenant string }
+		line, _, _ := strings.Cut(d.cli(t, "queue", "history", ids[0], "--json"), "\n")
+		if err := json.Unmarshal([]byte(line), &first); err != nil || first.Tenant == "" {
+			t.Fatalf("history --json: %q, %v", line, err)
+		}
+		if own := d.cli(t, "queue", "history", ids[0], "--tenant", first.Tenant); own != hist {
+			t.Fatalf("history --tenant %s differs from the whole history:\n%s\n%s", first.Tenant, own, hist)
+		}
+		if out, err := d.cliErr("queue", "history", ids[0], "--tenant", first.Tenant+"-other"); err == nil {
+			t.Fatalf("another tenant's history of the message: %s", out)
+		}
 	})
 
 	t.Run("replay a dead letter", func(t *testing.T) {

@@ -132,7 +132,7 @@ func TestKeeperKeepsTheLastBlock(t *testing.T) {
 	if ls := work(); ls.Depth != 1 || !ls.Oldest.After(kt) {
 		t.Fatalf("work lane %+v: want depth 1 and the envelope's time, after the keeper's %v", ls, kt)
 	}
-	if err := q.adoptTenants(ctx); err != nil {
+	if _, err := q.adoptTenants(ctx); err != nil {
 		t.Fatal(err)
 	}
 	for name := range q.lanes[LaneWork].ConsumerNames(ctx).Name() {

@@ -197,17 +197,18 @@ func (q *Queue) wake(t *tenantMeta) {
 // consumers account for is there a tenant without one. (A message
 // acknowledged between the two reads, or a consumer whose pending count
 // has not yet caught up with a fresh store, makes the check answer
-// "maybe", which only costs the listing.)
-func (q *Queue) adoptTenants(ctx context.Context) error {
+// "maybe", which only costs the listing.) It returns that listing of the
+// consumers, empty while the work stream is.
+func (q *Queue) adoptTenants(ctx context.Context) (workCover, error) {
 	msgs, _, err := q.workState(ctx, false)
 	if err != nil || msgs == 0 {
-		return err
+		return workCover{}, err
 	}
 	c, err := q.workConsumers(ctx)
 	if err != nil || msgs <= c.covered {
-		return err
+		return c, err
 	}
-	return q.adoptSubjects(ctx, c.names)
+	return c, q.adoptSubjects(ctx, c.names)
 }
 
 // adoptSubjects lists the work stream's subjects and creates the consumer
@@ -240,27 +241,9 @@ func (q *Queue) adoptSubjects(ctx context.Context, have map[string]bool) error {
 	return nil
 }
 
-// workOrphans reports whether the work stream may hold messages that no
-// consumer covers.
-func (q *Queue) workOrphans(ctx context.Context) (bool, error) {
-	msgs, _, err := q.workState(ctx, false)
-	if err != nil {
-		return true, err
-	}
-	if msgs == 0 {
-		return false, nil
-	}
-	c, err := q.workConsumers(ctx)
-	if err != nil {
-		return true, err
-	}
-	return msgs > c.covered, nil
-}
-
 // workCover is one listing of the work stream's consumers.
 type workCover struct {
-	listed  int             // consumers read
-	names   map[string]bool // their names
+	names   map[string]bool // the consumers read
 	covered uint64          // messages pending or awaiting an ack, on all consumers
 	pending []string        // the tenant consumers with mail not yet handed out or not yet acknowledged
 }
@@ -269,7 +252,6 @@ func (q *Queue) workConsumers(ctx context.Context) (workCover, error) {
 	c := workCover{names: map[string]bool{}}
 	l := q.lanes[LaneWork].ListConsumers(ctx)
 	for ci := range l.Info() {
-		c.listed++
 		c.names[ci.Name] = true
 		c.covered += ci.NumPending + uint64(max(ci.NumAckPending, 0))
 		// Mail awaiting its ack counts as well: a worker that died or
@@ -445,27 +427,18 @@ func (p *workPuller) add(name string) error {
 }
 
 // lookAll wakes the loop of every tenant consumer with mail pending, and
-// adopts mail that no consumer covers; it returns how many consumers it
-// read. Nothing to do, and no listing, while the work stream is empty.
+// adopts mail that no consumer covers (adoptTenants); it returns how many
+// consumers it read. Nothing to do, and no listing, while the work stream
+// is empty.
 func (p *workPuller) lookAll() (int, error) {
-	msgs, _, err := p.q.workState(p.ctx, false)
-	if err != nil || msgs == 0 {
-		return 0, err
-	}
-	c, err := p.q.workConsumers(p.ctx)
-	if err != nil {
-		return c.listed, err
-	}
+	c, err := p.q.adoptTenants(p.ctx)
 	for _, name := range c.pending {
 		if err := p.add(name); err != nil {
-			return c.listed, err
+			return len(c.names), err
 		}
 		p.wake(name)
 	}
-	if msgs > c.covered {
-		return c.listed, p.q.adoptSubjects(p.ctx, c.names)
-	}
-	return c.listed, nil
+	return len(c.names), err
 }
 
 // batch is how many envelopes a loop's next pull asks for, under p.mu: an

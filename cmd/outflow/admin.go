@@ -207,9 +207,12 @@ func init() {
 				if it, err := q.Find(ctx, args[0]); tenant == "" && err == nil {
 					tenant = it.Env.Tenant
 				}
-				evs, err := q.History(ctx, args[0], from)
+				var evs []queue.Event
+				var err error
 				if tenant != "" {
 					evs, err = q.TenantHistory(ctx, tenant, args[0], from)
+				} else {
+					evs, err = q.History(ctx, args[0], from)
 				}
 				if err != nil {
 					return err
