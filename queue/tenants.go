@@ -432,13 +432,25 @@ func (p *workPuller) add(name string) error {
 // is empty.
 func (p *workPuller) lookAll() (int, error) {
 	c, err := p.q.adoptTenants(p.ctx)
-	for _, name := range c.pending {
+	return len(c.names), errors.Join(err, p.wakeEach(c.pending))
+}
+
+// wakeEach wakes the named consumers' loops. One that cannot be had does
+// not keep the others waiting for the next look: a consumer gone since
+// the listing (removed as idle, or by an operator) is skipped, and any
+// other error is returned with the rest after all were tried.
+func (p *workPuller) wakeEach(names []string) error {
+	var errs []error
+	for _, name := range names {
 		if err := p.add(name); err != nil {
-			return len(c.names), err
+			if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				errs = append(errs, fmt.Errorf("consumer %s: %w", name, err))
+			}
+			continue
 		}
 		p.wake(name)
 	}
-	return len(c.names), err
+	return errors.Join(errs...)
 }
 
 // batch is how many envelopes a loop's next pull asks for, under p.mu: an

@@ -807,3 +807,29 @@ func TestWakeUpForAGoneConsumer(t *testing.T) {
 		t.Fatalf("the gone consumer was looked up %d times for %d wake-ups", n, sent)
 	}
 }
+
+// TestLookWakesPastAGoneConsumer: the look's list of consumers with mail
+// names one removed since; the tenants after it are still woken at this
+// look, not left for the next (up to a minute away with many tenants),
+// and the gone one is no error.
+func TestLookWakesPastAGoneConsumer(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := q.Enqueue(ctx, &Submission{Tenant: "after", From: "a@a.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan *Delivery, 4)
+	p := &workPuller{q: q, ctx: ctx, buffer: 4, out: out,
+		tenants: map[string]*tenantPull{}, look: make(chan struct{}, 1), unknown: make(chan string, 64)}
+	t.Cleanup(func() {
+		cancel()
+		p.wg.Wait()
+	})
+	if err := p.wakeEach([]string{tenantConsumerPrefix + "gone", tenantConsumer("after")}); err != nil {
+		t.Fatalf("a gone consumer made the look fail: %v", err)
+	}
+	if d := next(t, out); d.Env.Tenant != "after" {
+		t.Fatalf("got tenant %q's envelope", d.Env.Tenant)
+	}
+}
