@@ -424,7 +424,9 @@ type MessageStatus struct {
 func lastOutcome(hist []queue.Event) string {
 	for i := len(hist) - 1; i >= 0; i-- {
 		switch t := hist[i].Type; t {
-		case queue.EventDSN:
+		case queue.EventDSN, queue.EventComplained:
+			// A notice sent, a complaint received: about the message,
+			// not what became of it.
 			continue
 		case queue.EventQueued, queue.EventReplayed:
 			return string(queue.StateQueued)

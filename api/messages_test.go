@@ -627,3 +627,21 @@ func TestSenderDomains(t *testing.T) {
 		}
 	}
 }
+
+// A bounce mailed back after delivery makes the message bounced; a
+// complaint about it, like a notification, leaves it delivered.
+func TestLastOutcomeAfterDelivery(t *testing.T) {
+	ev := func(typ string, async bool) queue.Event { return queue.Event{Type: typ, Async: async} }
+	for _, tc := range []struct {
+		hist []queue.Event
+		want string
+	}{
+		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDelivered, false), ev(queue.EventBounced, true)}, queue.EventBounced},
+		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDelivered, false), ev(queue.EventComplained, true)}, queue.EventDelivered},
+		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventBounced, false), ev(queue.EventDSN, false)}, queue.EventBounced},
+	} {
+		if got := lastOutcome(tc.hist); got != tc.want {
+			t.Errorf("%v: %s, want %s", tc.hist, got, tc.want)
+		}
+	}
+}

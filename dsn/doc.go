@@ -1,6 +1,8 @@
-// Package dsn is in charge of writing delivery status notifications: the
-// multipart/report; report-type=delivery-status messages of RFC 3464 that
-// tell a message's sender what became of it, recipient by recipient.
+// Package dsn is in charge of delivery status notifications as messages:
+// writing the multipart/report; report-type=delivery-status messages of
+// RFC 3464 that tell a message's sender what became of it, recipient by
+// recipient, and reading those (and spam complaints) that other systems
+// send back.
 //
 // A report has three parts (RFC 3462, RFC 3464 §2):
 //
@@ -24,6 +26,25 @@
 // outflow never answers one with another (RFC 3461 §6.2, RFC 5321 §6.1:
 // no notification about a notification).
 //
-// The package writes messages only; deciding when one is due, for whom and
-// how it is sent is package worker's (worker/dsn.go).
+// ParseDSN and ParseFeedback read the other direction, for the bounce
+// listener: reports that come back to outflow's return-path address after
+// a remote server had accepted a message with 250. ParseDSN reads a
+// delivery status notification (RFC 3464, or RFC 6533's
+// message/global-delivery-status) into its Reporting-MTA, ENVID, one
+// Recipient per per-recipient block and the returned original's header;
+// ParseFeedback reads an abuse report (ARF, RFC 5965). Both take what real
+// MTAs send: the report as the message or nested a few multipart levels
+// down, parameters in any case, a quoted-printable or base64 status part,
+// CRLF or bare LF, folded fields and stray empty lines, vendor fields
+// (ignored). Both refuse, with ErrNotReport, a message that is no report of
+// their kind (a free-text bounce is for someone else to read) and, with
+// ErrMalformed, a report without a readable status part, without a
+// recipient block or Feedback-Type, with a status part over 256 KiB or
+// with more than 1,000 recipient blocks. go-message reads the MIME
+// structure and undoes transfer encodings; the status fields are parsed
+// here, as their groups are not one header.
+//
+// The package writes and reads messages only; deciding when one is due,
+// for whom and how it is sent is package worker's (worker/dsn.go), and
+// what a received one means for the recipient is package bounce's.
 package dsn

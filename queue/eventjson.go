@@ -42,6 +42,9 @@ func (ev *Event) appendJSON(b []byte) (_ []byte, ok bool) {
 		}
 		b = append(b, ']')
 	}
+	if ev.Async {
+		b = append(b, `,"async":true`...)
+	}
 	switch {
 	case len(ev.Decision) > 0 && ev.DecisionMarshaled:
 		b = append(append(b, `,"decision":`...), ev.Decision...)

@@ -22,6 +22,7 @@ func sampleEvents() []*Event {
 			Recipients: []string{"a@one.example", "b@one.example"}, Decision: json.RawMessage(`{"class":"delivered","reply":"250 \u003cok\u003e"}`)},
 		{Type: EventBounced, ID: "x", Reason: "550 5.1.1 <user@example> \"quoted\" \\ back\r\n\ttab \x00\x1f & > \u2028\u2029 ü 日本 \xff\xfe end"},
 		{Type: EventLearned, ID: "dest", State: json.RawMessage(`{"rate":1.5}`)},
+		{Type: EventBounced, ID: "abc-4", Tenant: "t1", Recipients: []string{"a@one.example"}, Reason: "550 5.1.1 gone", Async: true},
 		{},
 		{Type: EventDelivered, Time: at, ID: "abc-3", Attempt: 1, Worker: "w/1", Recipients: []string{"a@one.example"},
 			Decision: json.RawMessage(sampleDecision), DecisionMarshaled: true},

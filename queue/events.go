@@ -1,8 +1,12 @@
 package queue
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // Event subjects: outflow.events.<type>.<tenant shard>.<id shard>. The
@@ -88,6 +92,10 @@ const (
 	EventReplayed  = "replayed"  // moved back to fresh work by an operator
 	EventFastFwd   = "fast-forwarded"
 	EventMalformed = "malformed" // an undecodable envelope was parked
+	// EventComplained: a recipient reported the delivered message as
+	// spam (an ARF feedback report received at the return path, package
+	// bounce); Reason is the feedback type.
+	EventComplained = "complained"
 	// EventDSN: a delivery status notification about this envelope was
 	// queued; Reason names its action, its queue id and its recipient.
 	EventDSN = "dsn"
@@ -113,6 +121,10 @@ type Event struct {
 	Worker     string    `json:"worker_id,omitempty"`
 	Reason     string    `json:"reason,omitempty"`
 	Recipients []string  `json:"recipients,omitempty"`
+	// Async marks an outcome reported after the destination accepted the
+	// message: a bounce or a complaint mailed back to the return path
+	// (package bounce), not a reply to an attempt.
+	Async bool `json:"async,omitempty"`
 	// Decision is the full decision record (backoff.Record as JSON) for
 	// attempts; kept raw so that queue stores it without decoding it.
 	Decision json.RawMessage `json:"decision,omitempty"`
@@ -124,6 +136,31 @@ type Event struct {
 	// State is a destination's shared throttle state after the change
 	// (dest-learned events); kept raw like Decision.
 	State json.RawMessage `json:"state,omitempty"`
+}
+
+// PublishEvent publishes ev and waits until the events stream has stored
+// it: for an outcome that exists nowhere else, such as a bounce received
+// by mail, which its sender is told was taken (250) only once it is
+// recorded.
+func (q *Queue) PublishEvent(ctx context.Context, typ string, ev *Event) error {
+	ev.Type = typ
+	if ev.Time.IsZero() {
+		ev.Time = time.Now().UTC()
+	}
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("encode %s event: %w", typ, err)
+	}
+	m := nats.NewMsg(eventSubject(typ, ev.Tenant, ev.ID))
+	m.Data = b
+	if validID(ev.ID) {
+		m.Header.Set(HdrEventID, ev.ID)
+	}
+	q.count(OpPublishEvent)
+	if _, err := q.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("publish %s event: %w", typ, err)
+	}
+	return nil
 }
 
 // Event publishes ev asynchronously. Events are the record, not the state:

@@ -29,6 +29,9 @@ const (
 	SuppressBounce = "bounce" // added by a permanent recipient-scope bounce
 	SuppressAPI    = "api"    // added over the HTTP API (complaints, unsubscribes)
 	SuppressAdmin  = "admin"  // added by `outflow suppress add`
+	// SuppressComplaint: added by a spam complaint (an ARF report received
+	// at the return path, package bounce).
+	SuppressComplaint = "complaint"
 )
 
 // ErrNotSuppressed is returned by Suppressions.Remove for an address that
@@ -40,7 +43,7 @@ type Suppression struct {
 	Tenant  string    `json:"tenant"`
 	Address string    `json:"address"` // lower-cased: the list matches addresses case-insensitively
 	Reason  string    `json:"reason,omitempty"`
-	Source  string    `json:"source,omitempty"` // SuppressBounce, SuppressAPI or SuppressAdmin
+	Source  string    `json:"source,omitempty"` // SuppressBounce, SuppressAPI, SuppressAdmin or SuppressComplaint
 	Created time.Time `json:"created"`
 	// Expires is when the entry stops applying; zero means never. Expired
 	// entries are ignored by Suppressed and List and deleted when met.

@@ -150,7 +150,11 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		}
 	}
 
-	msg := &sender.Message{ID: e.ID, From: e.From, Rcpts: e.Rcpts, Domain: e.Dest, Body: body, DSN: messageDSN(e), Source: src,
+	from := e.From
+	if w.cfg.ReturnPath != nil {
+		from = w.cfg.ReturnPath.Address(e.Tenant, e.ID, e.From, time.Now())
+	}
+	msg := &sender.Message{ID: e.ID, From: from, Rcpts: e.Rcpts, Domain: e.Dest, Body: body, DSN: messageDSN(e), Source: src,
 		MaxMsgsPerConn: permit.Limits().MaxMsgsPerConn}
 	// Keep the ack alive while the SMTP conversation runs. The deferred
 	// stop matters when Send panics: a heartbeat left running would keep

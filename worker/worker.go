@@ -38,6 +38,12 @@ type Sender interface {
 	Send(ctx context.Context, m *sender.Message) sender.Result
 }
 
+// ReturnPather gives an attempt's envelope sender: from itself, or an
+// address that brings the envelope's bounces back to outflow.
+type ReturnPather interface {
+	Address(tenant, id, from string, at time.Time) string
+}
+
 // Signer signs a message body for its sender's domain, returning it
 // unchanged when it has no key for that domain. *sender.DKIMSigner
 // implements it.
@@ -94,6 +100,11 @@ type Config struct {
 	// "<worker-id>/<n>"). It must not carry a worker_id of its own, or
 	// those lines would repeat the key.
 	Logger zerolog.Logger
+	// ReturnPath, when set, gives each attempt its envelope sender (MAIL
+	// FROM): a tenant's return-path address, which brings the message's
+	// later bounces to outflow's bounce listener (*bounce.ReturnPath);
+	// nil sends the envelope's own sender.
+	ReturnPath ReturnPather
 	// Suppressions receives the recipients of permanent recipient-scope
 	// bounces; nil keeps no list.
 	Suppressions Suppressor

@@ -301,6 +301,11 @@ func historyLine(ev queue.Event) string {
 	if d.Code != 0 && ev.Type != queue.EventDead && ev.Type != queue.EventExpired {
 		reply = strings.TrimSpace(fmt.Sprintf("%d %s %s", d.Code, d.EnhancedCode, d.Reply))
 	}
+	if ev.Async {
+		// Mailed back after the destination's 250: which recipient, and
+		// that it is not a reply to an attempt.
+		reply = "later, " + strings.Join(ev.Recipients, ",") + ": " + reply
+	}
 	delay := "-"
 	if d.DelayMs > 0 {
 		delay = (time.Duration(d.DelayMs) * time.Millisecond).String()

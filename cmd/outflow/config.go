@@ -99,6 +99,8 @@ type serveConfig struct {
 	// dsn, dsn-delay-warning, dsn-sender-rate, dsn-pass-timeout and
 	// [tenants.NAME]: cmd/outflow/dsn.go.
 	dsnConfig
+	// return-path and bounce-addr: cmd/outflow/bounce.go.
+	bounceConfig
 }
 
 // dkimConfig is one [[dkim]] section: the key that signs mail whose sender
@@ -175,6 +177,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	bindDeliveryFlags(fs, &c.deliveryConfig)
 	bindTLSPolicyFlags(fs, &c.tlsPolicyConfig)
 	bindDSNFlags(fs, &c.dsnConfig)
+	bindBounceFlags(fs, &c.bounceConfig)
 }
 
 // loadConfigFile applies the config file under the flags: it remembers the

@@ -64,6 +64,9 @@ func TestDocumentedExampleParses(t *testing.T) {
 		len(c.NoChunkingFor) != 2 || c.NoChunkingFor[0] != "legacy.example" || c.NoChunkingFor[1] != "mx1.old.example" {
 		t.Errorf("file not applied: %+v", c)
 	}
+	if rp := c.Tenants["shop"].ReturnPath; c.BounceAddr != ":25" || rp == nil || *rp != "rp.shop.example" {
+		t.Errorf("bounce-addr %q, [tenants.shop] return-path %v", c.BounceAddr, rp)
+	}
 	if c.RetryBase.Seconds() != 5 {
 		t.Errorf("retry-base = %v, want the default 5s where neither file nor flag set it", c.RetryBase)
 	}

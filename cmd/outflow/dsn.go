@@ -37,6 +37,10 @@ type tenantConfig struct {
 	// EgressPool is the [[egress]] pool the tenant's mail leaves from;
 	// default every egress address (cmd/outflow/delivery.go).
 	EgressPool string `toml:"egress-pool"`
+	// ReturnPath is the domain of the tenant's return path, overriding
+	// return-path; "" sends the tenant's mail with its own envelope
+	// sender (cmd/outflow/bounce.go).
+	ReturnPath *string `toml:"return-path"`
 	// SenderDomains limits the domains the tenant may send as
 	// (submission.SenderDomains); unset: any (cmd/outflow/senders.go).
 	SenderDomains []string `toml:"sender-domains"`

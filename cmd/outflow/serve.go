@@ -262,6 +262,10 @@ func serve(parent context.Context, c *serveConfig) error {
 		return err
 	}
 
+	returnPath, err := c.returnPath(ctx, q)
+	if err != nil {
+		return err
+	}
 	dsnCfg, err := c.workerDSN(hostname, suppressions, worker.NewDSNMetrics(reg))
 	if err != nil {
 		return usageError{err}
@@ -270,6 +274,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, ThrottleHold: throttle.LearnHold(), Budget: budget, ProgressEvery: c.AckWait / 4,
 		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier, Gate: throttle,
 		Signer: signer, Egress: egress, Logger: base, Metrics: worker.NewMetrics(reg), Suppressions: suppressions, DSN: dsnCfg,
+		ReturnPath: returnPathOrNil(returnPath),
 	})
 	if err != nil {
 		return usageError{err}
@@ -307,6 +312,13 @@ func serve(parent context.Context, c *serveConfig) error {
 		return err
 	}
 
+	stopBounces, err := startBounces(c, returnPath, q, suppressions, classifier, hostname, workerID, tlsConf, reg, log)
+	if err != nil {
+		ln.Close()
+		_ = httpSrv.Close()
+		stopAPI(ctx)
+		return err
+	}
 	workCtx, stopWork := context.WithCancel(ctx)
 	defer stopWork()
 	stopWebhooks, err := startWebhooks(workCtx, c, q, workerID, log)
@@ -314,6 +326,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		ln.Close()
 		_ = httpSrv.Close()
 		stopAPI(ctx)
+		stopBounces(ctx)
 		return err
 	}
 	poolDone := make(chan error, 1)
@@ -336,6 +349,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		log.Warn().Err(err).Msg("submission shutdown")
 	}
 	stopAPI(shCtx)
+	stopBounces(shCtx)
 	stopWork()
 	stopWebhooks()
 	if !poolFinished {

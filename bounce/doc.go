@@ -1,0 +1,36 @@
+// Package bounce is in charge of the mail that comes back after a
+// destination said 250: asynchronous bounces (RFC 3464 delivery status
+// notifications that a receiving system mails later, when the mailbox
+// behind an accepting MX turns out not to exist or to be full) and spam
+// complaints (RFC 5965 feedback reports). Without it they go to the
+// envelope sender the application gave, and outflow never learns of them:
+// its events say "delivered", and its suppression list keeps mailing the
+// address.
+//
+// Two halves:
+//
+//   - ReturnPath (returnpath.go) makes the envelope sender a worker puts in
+//     MAIL FROM when the tenant has a return-path domain:
+//     b.<envelope id>.<minute>.<mac>@<domain>, the MAC keyed with one key
+//     for the fleet (LoadKey, in the outflow_bounces bucket). The domain's
+//     MX points at the listener; its SPF record must allow the addresses
+//     outflow sends from, since receivers check SPF on this domain now.
+//   - Server (server.go) is that listener: SMTP without AUTH that takes
+//     RCPT for this fleet's return-path addresses only (550 5.1.1 for any
+//     other), reads the message as a DSN or a feedback report (package dsn)
+//     and records it before its 250 (record.go): each failed recipient
+//     becomes a `bounced` event marked async on the envelope it came back
+//     for, suppressed when its diagnostic classifies as a permanent refusal
+//     of the recipient (the rule a bounce during delivery follows); an
+//     abuse report becomes a `complained` event and a suppression. The
+//     envelope's tenant, destination and delivered recipients come from its
+//     events, so a report can name only a recipient the envelope was
+//     delivered to. A report that cannot be recorded now is answered 451.
+//     Free-text bounces, auto-replies and reports about envelopes whose
+//     events have expired are taken and counted, not recorded.
+//
+// A tenant whose mail carries a return path no longer receives the remote
+// systems' bounces itself: its application learns of them from events and
+// webhooks, as with a hosted sending service. That is why the return path
+// is set per tenant (docs/delivery.md, "Asynchronous bounces").
+package bounce

@@ -1,0 +1,316 @@
+package bounce
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/dsn"
+	"github.com/outflow/outflow/queue"
+)
+
+// Store is where received reports are recorded: *queue.Queue.
+type Store interface {
+	// History returns the events of envelope id stored since since.
+	History(ctx context.Context, id string, since time.Time) ([]queue.Event, error)
+	// PublishEvent stores an event and returns once it is stored.
+	PublishEvent(ctx context.Context, typ string, ev *queue.Event) error
+}
+
+// Suppressor is the suppression list: *queue.Suppressions.
+type Suppressor interface {
+	Add(ctx context.Context, s queue.Suppression) error
+}
+
+// Results of a received message, the result label of
+// outflow_bounces_received_total.
+const (
+	ResultBounced    = "bounced"    // a DSN with at least one failed recipient recorded
+	ResultComplaint  = "complaint"  // an ARF report recorded
+	ResultNoFailure  = "no-failure" // a DSN that reports only delays, deliveries or relays
+	ResultUnparsed   = "unparsed"   // not a DSN or an ARF report (a free-text bounce, an auto-reply)
+	ResultMalformed  = "malformed"  // a report that cannot be read
+	ResultUnknownMsg = "unknown"    // no events of the envelope (older than the events stream keeps)
+	ResultUnmatched  = "unmatched"  // the report names no recipient the envelope was delivered to
+	ResultRefused    = "refused"    // RCPT to an address that is not a return path (550 at RCPT)
+)
+
+// envelope is what the events say about one delivered envelope.
+type envelope struct {
+	id, msgID, tenant, dest string
+	delivered               []string // the recipients its delivered events name, in order, lower-cased
+}
+
+// envelopeOf reads the envelope's tenant, destination and delivered
+// recipients from its events; ok is false when no event names a tenant.
+func envelopeOf(id string, hist []queue.Event) (envelope, bool) {
+	e := envelope{id: id}
+	seen := map[string]bool{}
+	for _, ev := range hist {
+		if ev.ID != id {
+			continue
+		}
+		if e.tenant == "" && ev.Tenant != "" {
+			e.tenant, e.dest, e.msgID = ev.Tenant, ev.Dest, ev.MsgID
+		}
+		if ev.Type != queue.EventDelivered {
+			continue
+		}
+		for _, r := range ev.Recipients {
+			r = queue.NormalizeAddress(r)
+			if !seen[r] {
+				seen[r] = true
+				e.delivered = append(e.delivered, r)
+			}
+		}
+	}
+	return e, e.tenant != ""
+}
+
+// match is the delivered recipient a report's recipient stands for: its
+// Final-Recipient or its Original-Recipient when the envelope was
+// delivered to it, else the envelope's only delivered recipient (a
+// forwarding mailbox reports the address it forwarded to), else "".
+func (e *envelope) match(final, original string) string {
+	for _, a := range []string{final, original} {
+		a = queue.NormalizeAddress(a)
+		for _, d := range e.delivered {
+			if a != "" && a == d {
+				return d
+			}
+		}
+	}
+	if len(e.delivered) == 1 {
+		return e.delivered[0]
+	}
+	return ""
+}
+
+// record handles one received message addressed to the return paths refs:
+// it reads msg as a DSN or an ARF report and records what it says about
+// each envelope. An error means nothing may be taken as recorded (the
+// sender is answered 451 and sends again; what was recorded before the
+// error is recorded again, which costs a repeated event, never a lost
+// one).
+func (s *Server) record(ctx context.Context, refs []ref, msg []byte) (string, error) {
+	rep, err := dsn.ParseDSN(msg)
+	if errors.Is(err, dsn.ErrNotReport) {
+		fb, ferr := dsn.ParseFeedback(msg)
+		switch {
+		case errors.Is(ferr, dsn.ErrNotReport):
+			return ResultUnparsed, nil
+		case ferr != nil:
+			s.log.Info().Err(ferr).Msg("feedback report not read")
+			return ResultMalformed, nil
+		}
+		return s.recordFeedback(ctx, s.withOriginal(refs, fb.OriginalHeader), fb)
+	}
+	if err != nil {
+		s.log.Info().Err(err).Msg("delivery status notification not read")
+		return ResultMalformed, nil
+	}
+	return s.recordDSN(ctx, s.withOriginal(refs, rep.OriginalHeader), rep)
+}
+
+// withOriginal is refs, or, for a report sent to the feedback-loop
+// address (no return path among its recipients), the return paths its
+// original's header names: a receiving system writes the envelope sender
+// into the delivered message's Return-Path field.
+func (s *Server) withOriginal(refs []ref, header []byte) []ref {
+	if len(refs) > 0 || len(header) == 0 {
+		return refs
+	}
+	for _, a := range s.cfg.ReturnPath.Find(header, s.cfg.MaxRecipients) {
+		if id, at, ok := s.cfg.ReturnPath.Check(a); ok {
+			refs = append(refs, ref{id: id, at: at})
+		}
+	}
+	return refs
+}
+
+// lookUp reads the envelope a return path names.
+func (s *Server) lookUp(ctx context.Context, r ref) (envelope, bool, error) {
+	// The address was written at the attempt; the envelope's events
+	// before it (queued, deferrals) are not needed, and clocks differ.
+	hist, err := s.cfg.Store.History(ctx, r.id, r.at.Add(-time.Hour))
+	if errors.Is(err, queue.ErrNotFound) {
+		return envelope{}, false, nil
+	}
+	if err != nil {
+		return envelope{}, false, fmt.Errorf("history of %s: %w", r.id, err)
+	}
+	e, ok := envelopeOf(r.id, hist)
+	return e, ok, nil
+}
+
+// recordDSN records each failed recipient of rep as an asynchronous
+// bounce of the envelope it came back for, and suppresses it when its
+// diagnostic classifies as a permanent refusal of the recipient, the rule
+// a bounce at delivery follows (worker.suppressBounce).
+func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (string, error) {
+	result := ResultNoFailure
+	for _, r := range refs {
+		var failed []dsn.Recipient
+		for _, rc := range rep.Recipients {
+			if rc.Action == dsn.Failed {
+				failed = append(failed, rc)
+			}
+		}
+		if len(failed) == 0 {
+			continue
+		}
+		e, ok, err := s.lookUp(ctx, r)
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			s.log.Info().Str("msg_id", r.id).Msg("bounce for a message whose events are gone")
+			result = ResultUnknownMsg
+			continue
+		}
+		recorded := false
+		for _, rc := range failed {
+			rcpt := e.match(rc.Final, rc.Original)
+			if rcpt == "" {
+				s.log.Info().Str("msg_id", e.id).Str("tenant", e.tenant).Str("final_recipient", rc.Final).
+					Msg("bounce names a recipient the message was not delivered to")
+				continue
+			}
+			in, reason := diagnosticInput(rc)
+			res := s.cfg.Classifier.Classify(in)
+			ev := &queue.Event{ID: e.id, MsgID: e.msgID, Tenant: e.tenant, Dest: e.dest, Worker: s.cfg.ID,
+				Recipients: []string{rcpt}, Reason: reason, Async: true}
+			if err := s.cfg.Store.PublishEvent(ctx, queue.EventBounced, ev); err != nil {
+				return "", err
+			}
+			recorded = true
+			suppressed := false
+			if s.cfg.Suppressions != nil && res.Class == classify.Permanent && res.Scope == classify.ScopeRecipient {
+				if err := s.cfg.Suppressions.Add(ctx, queue.Suppression{Tenant: e.tenant, Address: rcpt,
+					Reason: shorten(reason, 512), Source: queue.SuppressBounce}); err != nil {
+					return "", err
+				}
+				suppressed = true
+			}
+			s.log.Info().Str("msg_id", e.id).Str("tenant", e.tenant).Str("dest", e.dest).Str("rcpt", rcpt).
+				Str("status", rc.Status).Str("reason", reason).Str("class", res.Class.String()).
+				Str("scope", res.Scope.String()).Str("rule", res.Rule).Str("reporting_mta", rep.ReportingMTA).
+				Bool("suppressed", suppressed).Msg("asynchronous bounce recorded")
+		}
+		if recorded {
+			result = ResultBounced
+		} else if result != ResultBounced {
+			result = ResultUnmatched
+		}
+	}
+	return result, nil
+}
+
+// diagnosticInput is the classifier's input for a failed recipient and
+// the reason its event gives: the remote server's reply when the report
+// carries one (Diagnostic-Code: smtp; ...), else its status code. A reply
+// without a basic code takes one from the status's class, so that the
+// classifier's code rules apply. The stage is left unknown unless the
+// diagnostic names it (Postfix's "in reply to RCPT TO command"): at RCPT
+// any refusal is about the recipient, and a report rarely says where the
+// refusal came, so only a reply that is itself about the address (5.1.1,
+// "user unknown") suppresses.
+func diagnosticInput(rc dsn.Recipient) (classify.Input, string) {
+	reason := strings.TrimSpace(rc.Diagnostic)
+	var in classify.Input
+	if reason != "" && (rc.DiagnosticType == "" || strings.EqualFold(rc.DiagnosticType, "smtp")) {
+		in = classify.Parse(reason)
+	} else {
+		in = classify.Input{Text: reason}
+	}
+	if in.Enhanced == "" {
+		in.Enhanced = rc.Status
+	}
+	if in.Code == 0 && in.Event == 0 {
+		switch {
+		case strings.HasPrefix(rc.Status, "5."):
+			in.Code = 550
+		case strings.HasPrefix(rc.Status, "4."):
+			in.Code = 450
+		default:
+			in.Code = 550 // Action: failed with no usable status
+		}
+		in.Raw = ""
+		if in.Text == "" {
+			in.Text = reason
+		}
+	}
+	if reason == "" {
+		reason = "status " + rc.Status
+	}
+	return in, reason
+}
+
+// complaintTypes are the feedback types that say the recipient does not
+// want the mail (RFC 5965 §7.3); "not-spam" and "virus" do not.
+var complaintTypes = map[string]bool{"abuse": true, "fraud": true, "other": true}
+
+// recordFeedback records an ARF report as a complaint about the envelope
+// it came back for, and suppresses the complaining recipient for an abuse
+// report: a provider counts further mail to a complainer against the
+// sender.
+func (s *Server) recordFeedback(ctx context.Context, refs []ref, fb *dsn.Feedback) (string, error) {
+	result := ResultUnmatched
+	for _, r := range refs {
+		e, ok, err := s.lookUp(ctx, r)
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			result = ResultUnknownMsg
+			continue
+		}
+		var rcpt string
+		for _, o := range fb.OriginalRcptTo {
+			if rcpt = e.match(o, ""); rcpt != "" {
+				break
+			}
+		}
+		if rcpt == "" && len(fb.OriginalRcptTo) == 0 {
+			rcpt = e.match("", "")
+		}
+		if rcpt == "" {
+			s.log.Info().Str("msg_id", e.id).Str("tenant", e.tenant).Strs("original_rcpt_to", fb.OriginalRcptTo).
+				Msg("complaint names no recipient the message was delivered to")
+			continue
+		}
+		typ := cmp.Or(fb.Type, "abuse")
+		reason := typ
+		if fb.UserAgent != "" {
+			reason += " (" + fb.UserAgent + ")"
+		}
+		ev := &queue.Event{ID: e.id, MsgID: e.msgID, Tenant: e.tenant, Dest: e.dest, Worker: s.cfg.ID,
+			Recipients: []string{rcpt}, Reason: reason, Async: true}
+		if err := s.cfg.Store.PublishEvent(ctx, queue.EventComplained, ev); err != nil {
+			return "", err
+		}
+		suppressed := false
+		if s.cfg.Suppressions != nil && complaintTypes[typ] {
+			if err := s.cfg.Suppressions.Add(ctx, queue.Suppression{Tenant: e.tenant, Address: rcpt,
+				Reason: shorten("complaint: "+reason, 512), Source: queue.SuppressComplaint}); err != nil {
+				return "", err
+			}
+			suppressed = true
+		}
+		s.log.Info().Str("msg_id", e.id).Str("tenant", e.tenant).Str("dest", e.dest).Str("rcpt", rcpt).
+			Str("feedback_type", typ).Str("user_agent", fb.UserAgent).Bool("suppressed", suppressed).Msg("complaint recorded")
+		result = ResultComplaint
+	}
+	return result, nil
+}
+
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

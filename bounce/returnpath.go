@@ -1,0 +1,224 @@
+package bounce
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// BucketBounces holds the return path's key (keyName): one random key for
+// the whole fleet, made by the first process that needs it, so that a
+// bounce to an address any worker wrote is recognised by any listener.
+const BucketBounces = "outflow_bounces"
+
+const keyName = "return-path-key"
+
+// Buckets opens key-value buckets (queue.Queue.KeyValue).
+type Buckets interface {
+	KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error)
+}
+
+// LoadKey returns the fleet's return-path key, making it on first use. Two
+// processes making it at once both end with the one stored first.
+func LoadKey(ctx context.Context, b Buckets) ([]byte, error) {
+	kv, err := b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketBounces,
+		Description: "outflow return path: the key of its addresses", History: 1})
+	if err != nil {
+		return nil, err
+	}
+	for range 2 {
+		e, err := kv.Get(ctx, keyName)
+		if err == nil {
+			if len(e.Value()) < 16 {
+				return nil, fmt.Errorf("%s %s: a key of %d bytes", BucketBounces, keyName, len(e.Value()))
+			}
+			return e.Value(), nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("%s %s: %w", BucketBounces, keyName, err)
+		}
+		key := make([]byte, 32)
+		_, _ = rand.Read(key)
+		if _, err := kv.Create(ctx, keyName, key); err == nil {
+			return key, nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("%s %s: %w", BucketBounces, keyName, err)
+		}
+		// Another process made it first: read that one.
+	}
+	return nil, fmt.Errorf("%s %s: neither read nor made", BucketBounces, keyName)
+}
+
+// ReturnPath makes the envelope senders (MAIL FROM) that bring a
+// message's later bounces back to outflow, and recognises them when they
+// come back. An address is
+//
+//	b.<envelope id>.<minute>.<mac>@<return-path domain>
+//
+// with the attempt's minute since the Unix epoch in base 36 (how far back
+// the listener looks for the envelope's events) and the first 10 bytes of
+// an HMAC-SHA256 of the two under the fleet's key, in lower-case base 32:
+// nobody can make an address that suppresses a recipient of a message
+// outflow did not send, or name another envelope. The envelope id is
+// written as it is (letters, digits and hyphens); mail systems return
+// bounces to the envelope sender byte for byte. About 50 octets, under
+// RFC 5321's 64 for a local part; a longer one is not used (Address).
+type ReturnPath struct {
+	key     []byte
+	def     string             // the default domain, "" for none
+	tenants map[string]*string // a tenant's own domain; "" turns it off for the tenant
+	domains map[string]bool    // every domain, lower-cased
+}
+
+// NewReturnPath returns the return path with key (LoadKey): domain is
+// every tenant's unless tenants names another (or "", none) for one.
+func NewReturnPath(key []byte, domain string, tenants map[string]*string) *ReturnPath {
+	rp := &ReturnPath{key: key, def: strings.ToLower(domain), tenants: map[string]*string{}, domains: map[string]bool{}}
+	if rp.def != "" {
+		rp.domains[rp.def] = true
+	}
+	for t, d := range tenants {
+		if d == nil {
+			continue
+		}
+		v := strings.ToLower(strings.TrimSpace(*d))
+		rp.tenants[t] = &v
+		if v != "" {
+			rp.domains[v] = true
+		}
+	}
+	return rp
+}
+
+// Enabled reports whether any tenant's mail gets a return path.
+func (rp *ReturnPath) Enabled() bool { return rp != nil && len(rp.domains) > 0 }
+
+// Domains returns the domains bounces come back to, sorted by nothing.
+func (rp *ReturnPath) Domains() []string {
+	out := make([]string, 0, len(rp.domains))
+	for d := range rp.domains {
+		out = append(out, d)
+	}
+	return out
+}
+
+// domainOf is tenant's return-path domain, "" for none.
+func (rp *ReturnPath) domainOf(tenant string) string {
+	if d, ok := rp.tenants[tenant]; ok {
+		return *d
+	}
+	return rp.def
+}
+
+const maxLocal = 64 // RFC 5321 4.5.3.1.1
+
+var b32 = base32.StdEncoding.WithPadding(base32.NoPadding)
+
+func (rp *ReturnPath) mac(id, minute string) string {
+	h := hmac.New(sha256.New, rp.key)
+	h.Write([]byte("outflow-return-path\x00"))
+	h.Write([]byte(id))
+	h.Write([]byte{0})
+	h.Write([]byte(minute))
+	return strings.ToLower(b32.EncodeToString(h.Sum(nil)[:10]))
+}
+
+// Address is the envelope sender for an attempt of envelope id at at: the
+// return path of tenant's domain, or from itself when the tenant has none,
+// when from is the null sender (a bounce is never answered with another),
+// or when the address would be too long.
+func (rp *ReturnPath) Address(tenant, id, from string, at time.Time) string {
+	if rp == nil || from == "" {
+		return from
+	}
+	domain := rp.domainOf(tenant)
+	if domain == "" || id == "" || strings.ContainsAny(id, ".@") {
+		return from
+	}
+	minute := strconv.FormatInt(at.Unix()/60, 36)
+	local := "b." + id + "." + minute + "." + rp.mac(id, minute)
+	if len(local) > maxLocal {
+		return from
+	}
+	return local + "@" + domain
+}
+
+// Check returns the envelope id and the attempt's minute of addr, or ok
+// false when addr is not one of this fleet's return-path addresses (a
+// domain not configured, a malformed local part, a MAC that does not
+// match). Domains match case-insensitively, as do the MAC's letters; the
+// id is compared as written.
+func (rp *ReturnPath) Check(addr string) (id string, at time.Time, ok bool) {
+	if rp == nil {
+		return "", time.Time{}, false
+	}
+	addr = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(addr), "<"), ">")
+	at_ := strings.LastIndexByte(addr, '@')
+	if at_ < 0 || !rp.domains[strings.ToLower(addr[at_+1:])] {
+		return "", time.Time{}, false
+	}
+	parts := strings.Split(addr[:at_], ".")
+	if len(parts) != 4 || !strings.EqualFold(parts[0], "b") || parts[1] == "" {
+		return "", time.Time{}, false
+	}
+	id, minute, mac := parts[1], strings.ToLower(parts[2]), strings.ToLower(parts[3])
+	n, err := strconv.ParseInt(minute, 36, 64)
+	if err != nil || n < 0 {
+		return "", time.Time{}, false
+	}
+	if !hmac.Equal([]byte(mac), []byte(rp.mac(id, minute))) {
+		return "", time.Time{}, false
+	}
+	return id, time.Unix(n*60, 0).UTC(), true
+}
+
+// FeedbackLocal is the local part of the address at each return-path
+// domain that takes feedback reports (ARF) from providers' feedback loops,
+// which send them to one registered address rather than to the message's
+// envelope sender: fbl@<domain>. Such a report names its envelope by the
+// return path in the original's header (its Return-Path field).
+const FeedbackLocal = "fbl"
+
+// IsFeedbackAddress reports whether addr is FeedbackLocal at one of the
+// return-path domains.
+func (rp *ReturnPath) IsFeedbackAddress(addr string) bool {
+	if rp == nil {
+		return false
+	}
+	addr = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(addr), "<"), ">")
+	local, domain, ok := strings.Cut(addr, "@")
+	return ok && strings.EqualFold(local, FeedbackLocal) && rp.domains[strings.ToLower(domain)]
+}
+
+// Find returns the return paths of this fleet that appear in text (an
+// original's header: its Return-Path, or a Received field's "for"), each
+// once, at most max.
+func (rp *ReturnPath) Find(text []byte, max int) []string {
+	var out []string
+	seen := map[string]bool{}
+	fields := strings.FieldsFunc(string(text), func(r rune) bool {
+		return r == ' ' || r == '\t' || r == '\r' || r == '\n' || r == '<' || r == '>' || r == ';' || r == ',' || r == '"' || r == '(' || r == ')'
+	})
+	for _, f := range fields {
+		if len(out) >= max {
+			break
+		}
+		if !strings.HasPrefix(f, "b.") && !strings.HasPrefix(f, "B.") || seen[f] {
+			continue
+		}
+		seen[f] = true
+		if _, _, ok := rp.Check(f); ok {
+			out = append(out, f)
+		}
+	}
+	return out
+}

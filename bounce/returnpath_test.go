@@ -1,0 +1,107 @@
+package bounce
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outflow/outflow/internal/testutil/testqueue"
+	"github.com/outflow/outflow/queue"
+)
+
+func ptr(s string) *string { return &s }
+
+func testReturnPath() *ReturnPath {
+	return NewReturnPath([]byte("0123456789abcdef0123456789abcdef"), "rp.example.org",
+		map[string]*string{"shop": ptr("Bounces.Shop.Example"), "own": ptr("")})
+}
+
+// An address made for an attempt names its envelope and minute, under the
+// tenant's domain; the listener's check gives them back.
+func TestReturnPathRoundTrip(t *testing.T) {
+	rp := testReturnPath()
+	at := time.Date(2026, 12, 6, 13, 7, 42, 0, time.UTC)
+	for _, tc := range []struct{ tenant, domain string }{{"billing", "@rp.example.org"}, {"shop", "@bounces.shop.example"}} {
+		a := rp.Address(tc.tenant, "Xk3bQ9zNUID0aB-2", "app@shop.example", at)
+		if !strings.HasPrefix(a, "b.Xk3bQ9zNUID0aB-2.") || !strings.HasSuffix(a, tc.domain) {
+			t.Fatalf("tenant %s: address %q", tc.tenant, a)
+		}
+		if local := a[:strings.IndexByte(a, '@')]; len(local) > 64 {
+			t.Fatalf("local part of %d octets", len(local))
+		}
+		id, when, ok := rp.Check("<" + strings.ToUpper(a[:2]) + a[2:len(a)-len(tc.domain)] + strings.ToUpper(tc.domain) + ">")
+		if !ok || id != "Xk3bQ9zNUID0aB-2" || !when.Equal(at.Truncate(time.Minute)) {
+			t.Fatalf("Check(%q) = %q, %v, %v", a, id, when, ok)
+		}
+	}
+}
+
+// What the return path leaves alone, and what its check refuses.
+func TestReturnPathRefuses(t *testing.T) {
+	rp := testReturnPath()
+	now := time.Now()
+	if a := rp.Address("billing", "id1", "", now); a != "" {
+		t.Errorf("null sender became %q: a bounce must never be answered", a)
+	}
+	if a := rp.Address("own", "id1", "app@own.example", now); a != "app@own.example" {
+		t.Errorf("a tenant that turned its return path off got %q", a)
+	}
+	if a := rp.Address("billing", strings.Repeat("x", 60), "app@b.example", now); a != "app@b.example" {
+		t.Errorf("a local part over 64 octets was written: %q", a)
+	}
+	if (*ReturnPath)(nil).Address("t", "id1", "a@b.example", now) != "a@b.example" {
+		t.Error("no return path changed the sender")
+	}
+	good := rp.Address("billing", "id1", "app@b.example", now)
+	other := NewReturnPath([]byte("another key, another fleet......"), "rp.example.org", nil)
+	local, domain, _ := strings.Cut(good, "@")
+	parts := strings.Split(local, ".")
+	for name, addr := range map[string]string{
+		"other domain":    local + "@elsewhere.example",
+		"other id":        "b.id2." + parts[2] + "." + parts[3] + "@" + domain,
+		"other minute":    "b.id1.zzz." + parts[3] + "@" + domain,
+		"mac cut short":   local[:len(local)-1] + "@" + domain,
+		"no mac":          "b.id1." + parts[2] + "@" + domain,
+		"not a return":    "postmaster@" + domain,
+		"no domain":       local,
+		"empty id":        "b.." + parts[2] + "." + parts[3] + "@" + domain,
+		"other fleet key": other.Address("billing", "id1", "app@b.example", now),
+	} {
+		if _, _, ok := rp.Check(addr); ok {
+			t.Errorf("%s: %q accepted", name, addr)
+		}
+	}
+}
+
+// Every process of a fleet gets the same key, whichever made it.
+func TestLoadKeyOnePerFleet(t *testing.T) {
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	q := testqueue.Connect(t, emb, queue.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	keys := make([][]byte, 4)
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k, err := LoadKey(ctx, q)
+			if err != nil {
+				t.Error(err)
+			}
+			keys[i] = k
+		}()
+	}
+	wg.Wait()
+	for i, k := range keys {
+		if len(k) != 32 || string(k) != string(keys[0]) {
+			t.Fatalf("process %d got key %x, process 0 %x", i, k, keys[0])
+		}
+	}
+}

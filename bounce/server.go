@@ -1,0 +1,271 @@
+package bounce
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/emersion/go-smtp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/defaults"
+)
+
+// Defaults of Config's numeric settings.
+const (
+	// DefaultMaxMessageBytes bounds a received report: a DSN or an ARF
+	// report carries at most the original's header or a copy of a small
+	// original (Postfix returns 50,000 bytes of it by default).
+	DefaultMaxMessageBytes = 2 << 20
+	// DefaultMaxConnections bounds concurrent connections; more are
+	// answered 421.
+	DefaultMaxConnections = 100
+	// DefaultMaxRecipients bounds RCPT commands per transaction: a report
+	// goes to one return path.
+	DefaultMaxRecipients = 10
+	// DefaultTimeout is the idle time allowed between commands and for
+	// the message's data.
+	DefaultTimeout = 5 * time.Minute
+	// DefaultRecordTimeout bounds recording one message (reading the
+	// envelopes' events, storing the outcomes); past it the sender is
+	// answered 451.
+	DefaultRecordTimeout = 30 * time.Second
+)
+
+// Config configures a Server.
+type Config struct {
+	// Addr is the listening address, e.g. ":25" behind the return-path
+	// domains' MX record. Required.
+	Addr string
+	// Hostname is the name in the greeting and in EHLO's reply.
+	Hostname string
+	// ID names the listener in the events it records (their worker_id).
+	ID string
+	// ReturnPath recognises the addresses bounces come back to. Required.
+	ReturnPath *ReturnPath
+	// Store reads envelopes' events and records outcomes. Required.
+	Store Store
+	// Suppressions receives recipients that hard-bounced or complained;
+	// nil keeps no list.
+	Suppressions Suppressor
+	// Classifier judges a bounce's diagnostic (default classify.Default()).
+	Classifier *classify.Classifier
+	// TLSConfig, when set, offers STARTTLS.
+	TLSConfig *tls.Config
+	// The limits, each defaulting to its Default constant.
+	MaxMessageBytes int64
+	MaxConnections  int
+	MaxRecipients   int
+	Timeout         time.Duration
+	RecordTimeout   time.Duration
+	// Registerer receives the metrics; nil registers none.
+	Registerer prometheus.Registerer
+	Logger     zerolog.Logger
+}
+
+// Server is the bounce listener: an SMTP server that takes mail for the
+// return-path addresses only and records what the reports in it say.
+type Server struct {
+	cfg     Config
+	srv     *smtp.Server
+	log     zerolog.Logger
+	results *prometheus.CounterVec // outflow_bounces_received_total{result}
+
+	mu    sync.Mutex
+	conns int
+}
+
+// ref is one return path a message was addressed to.
+type ref struct {
+	id string
+	at time.Time
+}
+
+// New checks cfg and returns a Server; Listen and Serve start it.
+func New(cfg Config) (*Server, error) {
+	if cfg.Addr == "" || cfg.ReturnPath == nil || cfg.Store == nil {
+		return nil, errors.New("bounce: address, return path and store are required")
+	}
+	defaults.Set(&cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+	defaults.Set(&cfg.MaxConnections, DefaultMaxConnections)
+	defaults.Set(&cfg.MaxRecipients, DefaultMaxRecipients)
+	defaults.Set(&cfg.Timeout, DefaultTimeout)
+	defaults.Set(&cfg.RecordTimeout, DefaultRecordTimeout)
+	if cfg.Classifier == nil {
+		cfg.Classifier = classify.Default()
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger.With().Str("component", "bounce").Logger()}
+	s.results = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outflow_bounces_received_total",
+		Help: "Messages received at the return path, by what became of them; refused counts RCPTs to other addresses.",
+	}, []string{"result"})
+	for _, r := range []string{ResultBounced, ResultComplaint, ResultNoFailure, ResultUnparsed, ResultMalformed,
+		ResultUnknownMsg, ResultUnmatched, ResultRefused} {
+		s.results.WithLabelValues(r)
+	}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(s.results); err != nil {
+			return nil, err
+		}
+	}
+	srv := smtp.NewServer(backend{s})
+	srv.Addr = cfg.Addr
+	srv.Domain = cfg.Hostname
+	srv.ReadTimeout, srv.WriteTimeout = cfg.Timeout, cfg.Timeout
+	srv.MaxMessageBytes = cfg.MaxMessageBytes
+	srv.MaxRecipients = cfg.MaxRecipients
+	srv.MaxLineLength = 2000
+	srv.TLSConfig = cfg.TLSConfig
+	srv.EnableSMTPUTF8 = true // RFC 6533 reports come from servers that speak it
+	s.srv = srv
+	return s, nil
+}
+
+// Listen opens the listening socket, so that serve can report a taken
+// port before it starts anything else.
+func (s *Server) Listen() (net.Listener, error) {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return nil, err
+	}
+	return &limitListener{Listener: ln, s: s}, nil
+}
+
+// Serve answers connections on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	err := s.srv.Serve(ln)
+	if errors.Is(err, smtp.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting connections and waits for those open to end
+// (or ctx).
+func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx) }
+
+// limitListener answers connections beyond MaxConnections with 421.
+type limitListener struct {
+	net.Listener
+	s *Server
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		l.s.mu.Lock()
+		ok := l.s.conns < l.s.cfg.MaxConnections
+		if ok {
+			l.s.conns++
+		}
+		l.s.mu.Unlock()
+		if ok {
+			return &countedConn{Conn: c, s: l.s}, nil
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = io.WriteString(c, "421 4.7.0 Too many connections, try again later\r\n")
+		_ = c.Close()
+	}
+}
+
+type countedConn struct {
+	net.Conn
+	s    *Server
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() {
+		c.s.mu.Lock()
+		c.s.conns--
+		c.s.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+type backend struct{ s *Server }
+
+func (b backend) NewSession(*smtp.Conn) (smtp.Session, error) { return &session{s: b.s}, nil }
+
+// session is one connection's transaction: the return paths its RCPTs
+// named.
+type session struct {
+	s    *Server
+	refs []ref
+	fbl  bool // addressed to a feedback-loop address
+}
+
+func (ss *session) Reset()        { ss.refs, ss.fbl = nil, false }
+func (ss *session) Logout() error { return nil }
+
+// Mail takes any reverse path: reports come from the null sender or from
+// a postmaster, and nothing is ever sent back to it.
+func (ss *session) Mail(string, *smtp.MailOptions) error { return nil }
+
+var errNoSuchUser = &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1},
+	Message: "No such user here: this server takes bounces for outflow's return paths only"}
+
+// Rcpt takes a return-path address of this fleet, and the feedback-loop
+// address of a return-path domain, and refuses any other: the listener
+// relays nothing and has no mailboxes.
+func (ss *session) Rcpt(to string, _ *smtp.RcptOptions) error {
+	if ss.s.cfg.ReturnPath.IsFeedbackAddress(to) {
+		ss.fbl = true
+		return nil
+	}
+	id, at, ok := ss.s.cfg.ReturnPath.Check(to)
+	if !ok {
+		ss.s.results.WithLabelValues(ResultRefused).Inc()
+		return errNoSuchUser
+	}
+	for _, r := range ss.refs {
+		if r.id == id {
+			return nil
+		}
+	}
+	ss.refs = append(ss.refs, ref{id: id, at: at})
+	return nil
+}
+
+var errTooBig = &smtp.SMTPError{Code: 552, EnhancedCode: smtp.EnhancedCode{5, 3, 4}, Message: "Report too big"}
+
+// Data reads the message and records it before the 250: a report
+// answered 250 is not asked for again. A failure to record is a 451, and
+// the reporting server sends it again later.
+func (ss *session) Data(r io.Reader) error {
+	var buf bytes.Buffer
+	n, err := buf.ReadFrom(io.LimitReader(r, ss.s.cfg.MaxMessageBytes+1))
+	if err != nil {
+		var se *smtp.SMTPError
+		if errors.As(err, &se) {
+			return se
+		}
+		return err
+	}
+	if n > ss.s.cfg.MaxMessageBytes {
+		_, _ = io.Copy(io.Discard, r)
+		return errTooBig
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ss.s.cfg.RecordTimeout)
+	defer cancel()
+	result, err := ss.s.record(ctx, ss.refs, buf.Bytes())
+	if err != nil {
+		ss.s.log.Warn().Err(err).Msg("received report not recorded; answered 451")
+		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "Cannot record the report now, try again later"}
+	}
+	ss.s.results.WithLabelValues(result).Inc()
+	if result == ResultUnparsed {
+		ss.s.log.Info().Int("bytes", buf.Len()).Msg("message at the return path is neither a DSN nor a feedback report; discarded")
+	}
+	return nil
+}

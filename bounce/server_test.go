@@ -1,0 +1,410 @@
+package bounce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/dsn"
+	tu "github.com/outflow/outflow/internal/testutil"
+	"github.com/outflow/outflow/queue"
+)
+
+// fakeStore holds envelopes' events and records what the listener
+// publishes; fail makes the next publishes fail.
+type fakeStore struct {
+	mu        sync.Mutex
+	hist      map[string][]queue.Event
+	published []queue.Event
+	fail      int
+}
+
+func (f *fakeStore) History(_ context.Context, id string, _ time.Time) ([]queue.Event, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, ok := f.hist[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: no events for %s", queue.ErrNotFound, id)
+	}
+	return h, nil
+}
+
+func (f *fakeStore) PublishEvent(_ context.Context, typ string, ev *queue.Event) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail > 0 {
+		f.fail--
+		return errors.New("no responders")
+	}
+	ev.Type = typ
+	f.published = append(f.published, *ev)
+	return nil
+}
+
+func (f *fakeStore) events() []queue.Event {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]queue.Event(nil), f.published...)
+}
+
+type fakeSuppressions struct {
+	mu   sync.Mutex
+	list []queue.Suppression
+}
+
+func (f *fakeSuppressions) Add(_ context.Context, s queue.Suppression) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.list = append(f.list, s)
+	return nil
+}
+
+func (f *fakeSuppressions) entries() []queue.Suppression {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]queue.Suppression(nil), f.list...)
+}
+
+type listener struct {
+	srv   *Server
+	addr  string
+	rp    *ReturnPath
+	store *fakeStore
+	sup   *fakeSuppressions
+	reg   *prometheus.Registry
+	log   *tu.SyncBuffer
+}
+
+// startListener serves a listener on loopback with one delivered envelope:
+// env1 of tenant shop, delivered to bob and alice at dest.example.
+func startListener(t *testing.T, mut func(*Config)) *listener {
+	t.Helper()
+	l := &listener{rp: testReturnPath(), reg: prometheus.NewRegistry(), sup: &fakeSuppressions{}, log: &tu.SyncBuffer{},
+		store: &fakeStore{hist: map[string][]queue.Event{"env1": {
+			{Type: queue.EventQueued, ID: "env1", MsgID: "msg1", Tenant: "shop", Dest: "dest.example"},
+			{Type: queue.EventDelivered, ID: "env1", MsgID: "msg1", Tenant: "shop", Dest: "dest.example",
+				Recipients: []string{"Bob@dest.example", "alice@dest.example"}},
+		}}}}
+	cfg := Config{Addr: "127.0.0.1:0", Hostname: "bounces.test", ID: "w1/bounce", ReturnPath: l.rp, Store: l.store,
+		Suppressions: l.sup, Registerer: l.reg, Logger: zerolog.New(l.log)}
+	if mut != nil {
+		mut(&cfg)
+	}
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := srv.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	l.srv, l.addr = srv, ln.Addr().String()
+	return l
+}
+
+// send delivers msg to the listener, addressed to rcpts, and returns the
+// server's answer (nil for 250).
+func (l *listener) send(t *testing.T, rcpts []string, msg []byte) error {
+	t.Helper()
+	c, err := smtp.Dial(l.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return tu.Send(c, "", rcpts, msg)
+}
+
+func (l *listener) returnPath(id string) string {
+	return l.rp.Address("shop", id, "app@shop.example", time.Now())
+}
+
+func (l *listener) count(result string) float64 {
+	var m dto.Metric
+	if err := l.srv.results.WithLabelValues(result).Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// failureDSN is a report as a receiving MTA writes it, through the dsn
+// package's writer.
+func failureDSN(t *testing.T, rcpts ...dsn.Recipient) []byte {
+	t.Helper()
+	msg, err := dsn.Build(&dsn.Report{ReportingMTA: "mx.dest.example", From: "MAILER-DAEMON@mx.dest.example",
+		To: "whoever@rp.example.org", ID: "r1", ArrivalDate: time.Now(), Recipients: rcpts,
+		Original: []byte("Message-ID: <m1@shop.example>\r\nSubject: hi\r\n\r\nbody\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msg
+}
+
+// A hard bounce mailed back after the 250: the recipient's bounced event,
+// marked async, on the envelope, and the recipient suppressed for the
+// envelope's tenant, before the 250.
+func TestAsyncHardBounceRecordedAndSuppressed(t *testing.T) {
+	l := startListener(t, nil)
+	msg := failureDSN(t, dsn.Recipient{Final: "bob@DEST.example", Action: dsn.Failed, Status: "5.1.1",
+		RemoteMTA: "mbox.dest.example", Diagnostic: "550 5.1.1 <bob@dest.example>: Recipient address rejected: User unknown"})
+	if err := l.send(t, []string{l.returnPath("env1")}, msg); err != nil {
+		t.Fatalf("answered %v", err)
+	}
+	evs := l.store.events()
+	if len(evs) != 1 {
+		t.Fatalf("%d events, want 1: %+v", len(evs), evs)
+	}
+	ev := evs[0]
+	if ev.Type != queue.EventBounced || !ev.Async || ev.ID != "env1" || ev.MsgID != "msg1" || ev.Tenant != "shop" ||
+		ev.Dest != "dest.example" || ev.Worker != "w1/bounce" || len(ev.Recipients) != 1 || ev.Recipients[0] != "bob@dest.example" ||
+		!strings.Contains(ev.Reason, "User unknown") {
+		t.Fatalf("event %+v", ev)
+	}
+	sup := l.sup.entries()
+	if len(sup) != 1 || sup[0].Tenant != "shop" || sup[0].Address != "bob@dest.example" || sup[0].Source != queue.SuppressBounce {
+		t.Fatalf("suppressions %+v", sup)
+	}
+	if n := l.count(ResultBounced); n != 1 {
+		t.Fatalf("bounced counted %v", n)
+	}
+}
+
+// A failure about the message, not the address (content refused as spam,
+// a policy block), is recorded but suppresses nobody: the rule a bounce
+// during delivery follows.
+func TestAsyncPolicyBounceNotSuppressed(t *testing.T) {
+	l := startListener(t, nil)
+	msg := failureDSN(t, dsn.Recipient{Final: "alice@dest.example", Action: dsn.Failed, Status: "5.7.1",
+		Diagnostic: "550 5.7.1 Message rejected as spam by Content Filtering"})
+	if err := l.send(t, []string{l.returnPath("env1")}, msg); err != nil {
+		t.Fatal(err)
+	}
+	if evs := l.store.events(); len(evs) != 1 || evs[0].Type != queue.EventBounced || evs[0].Recipients[0] != "alice@dest.example" {
+		t.Fatalf("events %+v", evs)
+	}
+	if sup := l.sup.entries(); len(sup) != 0 {
+		t.Fatalf("a policy refusal suppressed %+v", sup)
+	}
+}
+
+// Only this fleet's return paths are taken: anyone can connect to port
+// 25, and a forged address must suppress nobody.
+func TestForgedReturnPathRefusedAtRcpt(t *testing.T) {
+	l := startListener(t, nil)
+	good := l.returnPath("env1")
+	local, domain, _ := strings.Cut(good, "@")
+	forged := "b.env1." + strings.Split(local, ".")[2] + ".aaaaaaaaaaaaaaaa@" + domain
+	for _, to := range []string{forged, "postmaster@rp.example.org", "someone@elsewhere.example"} {
+		err := l.send(t, []string{to}, []byte("Subject: x\r\n\r\nx\r\n"))
+		var se *smtp.SMTPError
+		if !errors.As(err, &se) || se.Code != 550 || se.EnhancedCode != (smtp.EnhancedCode{5, 1, 1}) {
+			t.Fatalf("RCPT %s answered %v, want 550 5.1.1", to, err)
+		}
+	}
+	if n := l.count(ResultRefused); n != 3 {
+		t.Fatalf("refused counted %v", n)
+	}
+	if evs := l.store.events(); len(evs) != 0 {
+		t.Fatalf("events %+v", evs)
+	}
+}
+
+// A report that cannot be stored now is answered 451 and taken when sent
+// again: the 250 comes only after the event is stored.
+func TestReportNotStoredIs451(t *testing.T) {
+	l := startListener(t, nil)
+	l.store.fail = 1
+	msg := failureDSN(t, dsn.Recipient{Final: "bob@dest.example", Action: dsn.Failed, Status: "5.1.1", Diagnostic: "550 5.1.1 no such user"})
+	err := l.send(t, []string{l.returnPath("env1")}, msg)
+	var se *smtp.SMTPError
+	if !errors.As(err, &se) || se.Code != 451 {
+		t.Fatalf("answered %v, want 451", err)
+	}
+	if len(l.sup.entries()) != 0 {
+		t.Fatal("suppressed before the event was stored")
+	}
+	if err := l.send(t, []string{l.returnPath("env1")}, msg); err != nil {
+		t.Fatalf("sent again: %v", err)
+	}
+	if len(l.store.events()) != 1 || len(l.sup.entries()) != 1 {
+		t.Fatalf("events %+v, suppressions %+v", l.store.events(), l.sup.entries())
+	}
+}
+
+// What is taken and not recorded: each counted by what it was.
+func TestReportsTakenNotRecorded(t *testing.T) {
+	l := startListener(t, nil)
+	rp := l.returnPath("env1")
+	cases := []struct {
+		name, result string
+		to           string
+		msg          []byte
+	}{
+		{"free text", ResultUnparsed, rp, []byte("From: MAILER-DAEMON@old.example\r\nSubject: failure\r\n\r\nI could not deliver your mail.\r\n")},
+		{"a delay", ResultNoFailure, rp, failureDSN(t, dsn.Recipient{Final: "bob@dest.example", Action: dsn.Delayed, Status: "4.4.7",
+			Diagnostic: "451 4.4.7 mailbox busy"})},
+		{"a recipient not delivered to", ResultUnmatched, rp, failureDSN(t, dsn.Recipient{Final: "carol@dest.example", Action: dsn.Failed,
+			Status: "5.1.1", Diagnostic: "550 5.1.1 no such user"})},
+		{"an envelope without events", ResultUnknownMsg, l.returnPath("gone1"), failureDSN(t, dsn.Recipient{Final: "bob@dest.example",
+			Action: dsn.Failed, Status: "5.1.1", Diagnostic: "550 5.1.1 no such user"})},
+	}
+	for _, tc := range cases {
+		if err := l.send(t, []string{tc.to}, tc.msg); err != nil {
+			t.Fatalf("%s: answered %v", tc.name, err)
+		}
+		if n := l.count(tc.result); n != 1 {
+			t.Errorf("%s: %s counted %v", tc.name, tc.result, n)
+		}
+	}
+	if evs := l.store.events(); len(evs) != 0 {
+		t.Fatalf("recorded %+v", evs)
+	}
+	if sup := l.sup.entries(); len(sup) != 0 {
+		t.Fatalf("suppressed %+v", sup)
+	}
+}
+
+// A report larger than the limit is refused whole, 552.
+func TestReportTooBig(t *testing.T) {
+	l := startListener(t, func(c *Config) { c.MaxMessageBytes = 4096 })
+	msg := failureDSN(t, dsn.Recipient{Final: "bob@dest.example", Action: dsn.Failed, Status: "5.1.1"})
+	msg = append(msg, []byte(strings.Repeat("padding line\r\n", 400))...)
+	err := l.send(t, []string{l.returnPath("env1")}, msg)
+	var se *smtp.SMTPError
+	if !errors.As(err, &se) || se.Code != 552 {
+		t.Fatalf("answered %v, want 552", err)
+	}
+	if len(l.store.events()) != 0 {
+		t.Fatal("recorded a refused report")
+	}
+}
+
+// An abuse report (ARF) about a delivered message: a complained event and
+// the complainer suppressed.
+func TestComplaintRecordedAndSuppressed(t *testing.T) {
+	l := startListener(t, nil)
+	if err := l.send(t, []string{l.returnPath("env1")}, arfReport(l.returnPath("env1"), "")); err != nil {
+		t.Fatal(err)
+	}
+	evs := l.store.events()
+	if len(evs) != 1 || evs[0].Type != queue.EventComplained || !evs[0].Async || evs[0].Recipients[0] != "alice@dest.example" ||
+		!strings.HasPrefix(evs[0].Reason, "abuse") {
+		t.Fatalf("events %+v", evs)
+	}
+	sup := l.sup.entries()
+	if len(sup) != 1 || sup[0].Address != "alice@dest.example" || sup[0].Source != queue.SuppressComplaint {
+		t.Fatalf("suppressions %+v", sup)
+	}
+	if n := l.count(ResultComplaint); n != 1 {
+		t.Fatalf("complaint counted %v", n)
+	}
+}
+
+// A feedback loop sends its reports to the one address registered with
+// it, fbl@<return-path domain>: the report names its envelope by the
+// return path in the original's Return-Path field. At that address a
+// report whose original names no return path of this fleet (a forged one)
+// records nothing.
+func TestComplaintAtTheFeedbackAddress(t *testing.T) {
+	l := startListener(t, nil)
+	other := NewReturnPath([]byte("another key, another fleet......"), "rp.example.org", nil)
+	if err := l.send(t, []string{"FBL@rp.example.org"}, arfReport("fbl@rp.example.org", other.Address("shop", "env1", "a@shop.example", time.Now()))); err != nil {
+		t.Fatal(err)
+	}
+	if evs := l.store.events(); len(evs) != 0 {
+		t.Fatalf("a forged original recorded %+v", evs)
+	}
+	if err := l.send(t, []string{"fbl@bounces.shop.example"}, arfReport("fbl@bounces.shop.example", l.returnPath("env1"))); err != nil {
+		t.Fatal(err)
+	}
+	evs := l.store.events()
+	if len(evs) != 1 || evs[0].Type != queue.EventComplained || evs[0].ID != "env1" || evs[0].Recipients[0] != "alice@dest.example" {
+		t.Fatalf("events %+v", evs)
+	}
+	if sup := l.sup.entries(); len(sup) != 1 || sup[0].Address != "alice@dest.example" {
+		t.Fatalf("suppressions %+v", sup)
+	}
+	if err := l.send(t, []string{"fbl@elsewhere.example"}, arfReport("fbl@elsewhere.example", l.returnPath("env1"))); err == nil {
+		t.Fatal("the feedback address of a domain that is not a return path was taken")
+	}
+}
+
+// arfReport is an abuse report about a message to alice@dest.example, as
+// a provider's feedback loop writes it; originalReturnPath, when set, is
+// the Return-Path of the original's header.
+func arfReport(to, originalReturnPath string) []byte {
+	rpLine := ""
+	if originalReturnPath != "" {
+		rpLine = "Return-Path: <" + originalReturnPath + ">\n"
+	}
+	return []byte(strings.ReplaceAll(`From: staff@fbl.dest.example
+To: `+to+`
+Subject: complaint about message from 192.0.2.10
+MIME-Version: 1.0
+Content-Type: multipart/report; report-type=feedback-report; boundary="arf"
+
+--arf
+Content-Type: text/plain
+
+This is an email abuse report.
+
+--arf
+Content-Type: message/feedback-report
+
+Feedback-Type: abuse
+User-Agent: DestFBL/1.0
+Version: 1
+Original-Mail-From: <`+to+`>
+Original-Rcpt-To: <alice@dest.example>
+Source-IP: 192.0.2.10
+
+--arf
+Content-Type: text/rfc822-headers
+
+`+rpLine+`Received: from out.shop.example (192.0.2.10) by mx.dest.example; Sun, 6 Dec 2026 12:00:00 +0000
+Message-ID: <m1@shop.example>
+Subject: hi
+
+--arf--
+`, "\n", "\r\n"))
+}
+
+// More connections than the limit are answered 421 at once.
+func TestBounceListenerConnectionLimit(t *testing.T) {
+	l := startListener(t, func(c *Config) { c.MaxConnections = 1 })
+	first, err := smtp.Dial(l.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	c, err := net.Dial("tcp", l.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 64)
+	n, _ := c.Read(buf)
+	if !strings.HasPrefix(string(buf[:n]), "421 ") {
+		t.Fatalf("second connection got %q", buf[:n])
+	}
+}

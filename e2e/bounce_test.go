@@ -1,0 +1,160 @@
+package e2e
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+
+	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/internal/testutil"
+)
+
+// postfixStyleDSN is a failure report as Postfix mails it back, hours
+// after its MX said 250, when the mailbox behind it turns out not to
+// exist: to the envelope sender the message had, here outflow's return
+// path.
+func postfixStyleDSN(returnPath, rcpt string) []byte {
+	return []byte(strings.ReplaceAll(`From: MAILER-DAEMON@mbox.dest.test (Mail Delivery System)
+Subject: Undelivered Mail Returned to Sender
+To: `+returnPath+`
+Auto-Submitted: auto-replied
+MIME-Version: 1.0
+Content-Type: multipart/report; report-type=delivery-status;
+	boundary="8E1F2C0E5A.1733490000/mbox.dest.test"
+Message-Id: <20261206120000.8E1F2C0E5A@mbox.dest.test>
+
+This is a MIME-encapsulated message.
+
+--8E1F2C0E5A.1733490000/mbox.dest.test
+Content-Description: Notification
+Content-Type: text/plain; charset=us-ascii
+
+I'm sorry to have to inform you that your message could not
+be delivered to one or more recipients.
+
+--8E1F2C0E5A.1733490000/mbox.dest.test
+Content-Description: Delivery report
+Content-Type: message/delivery-status
+
+Reporting-MTA: dns; mbox.dest.test
+X-Postfix-Queue-ID: 8E1F2C0E5A
+X-Postfix-Sender: rfc822; `+returnPath+`
+Arrival-Date: Sun,  6 Dec 2026 12:00:00 +0000 (UTC)
+
+Final-Recipient: rfc822; `+rcpt+`
+Original-Recipient: rfc822;`+rcpt+`
+Action: failed
+Status: 5.1.1
+Remote-MTA: dns; store.dest.test
+Diagnostic-Code: smtp; 550 5.1.1 <`+rcpt+`>: Recipient address rejected: User
+    unknown in virtual mailbox table
+
+--8E1F2C0E5A.1733490000/mbox.dest.test
+Content-Description: Undelivered Message Headers
+Content-Type: text/rfc822-headers
+
+From: app@sender.test
+Subject: test later
+
+--8E1F2C0E5A.1733490000/mbox.dest.test--
+`, "\n", "\r\n"))
+}
+
+// TestAsyncBounceThroughReturnPath: with a return path, outflow sends a
+// tenant's mail with MAIL FROM b.<id>...@<return-path domain>; the
+// destination takes it (250) and mails a failure report to that address
+// later. The bounce listener takes the report, records a bounced event
+// marked async on the envelope (`queue history`), suppresses the
+// recipient for the tenant (`suppress list`, and the next submission to
+// it is refused), and counts it; an address that is not a return path is
+// refused at RCPT.
+func TestAsyncBounceThroughReturnPath(t *testing.T) {
+	mx := fakemx.Start(t, fakemx.Options{})
+	dir := t.TempDir()
+	bounceAddr := freeAddr(t)
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none",
+		"--return-path", "rp.sender.test", "--bounce-addr", bounceAddr)
+
+	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+	defer c.Close()
+	if err := submit(c, "app@sender.test", []string{"gone@dest.test", "ok@dest.test"}, message("later", "")); err != nil {
+		t.Fatal(err)
+	}
+	var m fakemx.Message
+	waitFor(t, 60*time.Second, "the delivery", func() bool {
+		msgs := mx.Messages()
+		if len(msgs) > 0 {
+			m = msgs[0]
+		}
+		return len(msgs) > 0
+	})
+	returnPath := m.From
+	local, domain, _ := strings.Cut(returnPath, "@")
+	parts := strings.Split(local, ".")
+	if domain != "rp.sender.test" || len(parts) != 4 || parts[0] != "b" {
+		t.Fatalf("MAIL FROM %q, want b.<id>.<minute>.<mac>@rp.sender.test", returnPath)
+	}
+	id := parts[1]
+	if !strings.Contains(string(m.Data), "From: app@sender.test") {
+		t.Fatal("the message's own From changed")
+	}
+	waitFor(t, 30*time.Second, "the delivered event", func() bool {
+		return strings.Contains(d.cli(t, "queue", "history", id), "delivered")
+	})
+
+	send := func(to string, body []byte) error {
+		mc, err := smtp.Dial(bounceAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mc.Close()
+		if err := mc.Hello("mbox.dest.test"); err != nil {
+			t.Fatal(err)
+		}
+		return testutil.Send(mc, "", []string{to}, body)
+	}
+	var se *smtp.SMTPError
+	forged := "b." + id + "." + parts[2] + ".aaaaaaaaaaaaaaaa@rp.sender.test"
+	if err := send(forged, postfixStyleDSN(forged, "ok@dest.test")); !errors.As(err, &se) || se.Code != 550 {
+		t.Fatalf("a forged return path answered %v, want 550", err)
+	}
+	if err := send(returnPath, postfixStyleDSN(returnPath, "gone@dest.test")); err != nil {
+		t.Fatalf("the report answered %v, want 250", err)
+	}
+
+	// Recorded before the 250: no waiting.
+	hist := d.cli(t, "queue", "history", id, "--json")
+	var bounced string
+	for _, line := range strings.Split(hist, "\n") {
+		if strings.Contains(line, `"type":"bounced"`) {
+			bounced = line
+		}
+	}
+	for _, want := range []string{`"async":true`, `"recipients":["gone@dest.test"]`, "User unknown in virtual mailbox table", `"tenant":"` + testUser + `"`} {
+		if !strings.Contains(bounced, want) {
+			t.Fatalf("bounced event lacks %s:\n%s", want, hist)
+		}
+	}
+	if text := d.cli(t, "queue", "history", id); !strings.Contains(text, "later, gone@dest.test: 550 5.1.1") {
+		t.Fatalf("queue history does not show the later bounce:\n%s", text)
+	}
+	if list := d.cli(t, "suppress", "list", "--tenant", testUser, "--json"); !strings.Contains(list, "gone@dest.test") ||
+		!strings.Contains(list, `"source":"bounce"`) || strings.Contains(list, "ok@dest.test") {
+		t.Fatalf("suppress list:\n%s", list)
+	}
+	if err := c.Mail("app@sender.test", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Rcpt("gone@dest.test", nil); !errors.As(err, &se) || se.Code != 550 {
+		t.Fatalf("RCPT of the bounced recipient: %v", err)
+	}
+	_ = c.Reset()
+	m2 := scrapeNoFatal(d)
+	if m2[`outflow_bounces_received_total{result="bounced"}`] != 1 || m2[`outflow_bounces_received_total{result="refused"}`] != 1 {
+		t.Fatalf("metrics: bounced %v, refused %v", m2[`outflow_bounces_received_total{result="bounced"}`],
+			m2[`outflow_bounces_received_total{result="refused"}`])
+	}
+}
