@@ -71,6 +71,8 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzDotStuff -fuzztime=$(or $(FUZZTIME),150000x) ./sender
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeEnvelope -fuzztime=$(or $(FUZZTIME),75000x) ./queue
 	$(GO) test -run='^$$' -fuzz=FuzzEnvelopeJSON -fuzztime=$(or $(FUZZTIME),20000x) ./queue
+	$(GO) test -run='^$$' -fuzz=FuzzParseDSN -fuzztime=$(or $(FUZZTIME),100000x) ./dsn
+	$(GO) test -run='^$$' -fuzz=FuzzReturnPathCheck -fuzztime=$(or $(FUZZTIME),40000x) ./bounce
 
 # bench: micro-benchmarks, then the end-to-end suite against Postfix
 # (docs/benchmarks.md). BENCH_QUICK=1 for a few-minute version.

@@ -105,3 +105,28 @@ func TestLoadKeyOnePerFleet(t *testing.T) {
 		}
 	}
 }
+
+// Whatever a stranger sends to RCPT, Check accepts only an address the
+// return path itself wrote: the one Address gives for the id and minute
+// it reads (the domain and the MAC's letters in any case).
+func FuzzReturnPathCheck(f *testing.F) {
+	rp := testReturnPath()
+	at := time.Date(2026, 12, 6, 13, 0, 0, 0, time.UTC)
+	f.Add(rp.Address("billing", "Xk3bQ9-2", "a@b.example", at))
+	f.Add("b.x.1.aaaaaaaaaaaaaaaa@rp.example.org")
+	f.Add("<B.id.zz.AAAA@BOUNCES.SHOP.EXAMPLE>")
+	f.Fuzz(func(t *testing.T, addr string) {
+		id, when, ok := rp.Check(addr)
+		_ = rp.Find([]byte(addr), 4)
+		if !ok {
+			return
+		}
+		trimmed := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(addr), "<"), ">")
+		want := rp.Address("billing", id, "a@b.example", when)
+		wantLocal, _, _ := strings.Cut(want, "@")
+		gotLocal := trimmed[:strings.LastIndexByte(trimmed, '@')]
+		if !strings.EqualFold(gotLocal, wantLocal) || !strings.HasPrefix(gotLocal[2:], id) {
+			t.Fatalf("Check accepted %q (id %q, %v), which Address writes as %q", addr, id, when, want)
+		}
+	})
+}
