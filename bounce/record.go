@@ -251,13 +251,15 @@ func diagnosticInput(rc dsn.Recipient) (classify.Input, string) {
 }
 
 // complaintTypes are the feedback types that say the recipient does not
-// want the mail (RFC 5965 §7.3); "not-spam" and "virus" do not.
-var complaintTypes = map[string]bool{"abuse": true, "fraud": true, "other": true}
+// want the mail (RFC 5965 §7.3): a recipient's "this is spam" and a
+// phishing report. "not-spam", "virus", "auth-failure" (RFC 6591) and
+// "other" are recorded and suppress nobody.
+var complaintTypes = map[string]bool{"abuse": true, "fraud": true}
 
 // recordFeedback records an ARF report as a complaint about the envelope
 // it came back for, and suppresses the complaining recipient for an abuse
-// report: a provider counts further mail to a complainer against the
-// sender.
+// or fraud report (complaintTypes): a provider counts further mail to a
+// complainer against the sender.
 func (s *Server) recordFeedback(ctx context.Context, refs []ref, fb *dsn.Feedback) (string, error) {
 	result := ResultUnmatched
 	for _, r := range refs {

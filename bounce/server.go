@@ -124,6 +124,10 @@ func New(cfg Config) (*Server, error) {
 	srv.MaxLineLength = 2000
 	srv.TLSConfig = cfg.TLSConfig
 	srv.EnableSMTPUTF8 = true // RFC 6533 reports come from servers that speak it
+	// A relaying server may pass a report on with its DSN parameters
+	// (ENVID, RET); without DSN go-smtp refuses them with 504. They are
+	// read and ignored: nothing is ever sent back.
+	srv.EnableDSN = true
 	s.srv = srv
 	return s, nil
 }

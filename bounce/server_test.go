@@ -317,6 +317,19 @@ func TestComplaintRecordedAndSuppressed(t *testing.T) {
 	if n := l.count(ResultComplaint); n != 1 {
 		t.Fatalf("complaint counted %v", n)
 	}
+	// A report that the message is not spam, or of a virus, is recorded
+	// and suppresses nobody.
+	for _, typ := range []string{"not-spam", "virus"} {
+		if err := l.send(t, []string{l.returnPath("env1")}, arfOfType(l.returnPath("env1"), "", typ)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if evs := l.store.events(); len(evs) != 3 || evs[1].Reason != "not-spam (DestFBL/1.0)" || evs[2].Type != queue.EventComplained {
+		t.Fatalf("events %+v", evs)
+	}
+	if sup := l.sup.entries(); len(sup) != 1 {
+		t.Fatalf("suppressions %+v", sup)
+	}
 }
 
 // A feedback loop sends its reports to the one address registered with
@@ -352,6 +365,11 @@ func TestComplaintAtTheFeedbackAddress(t *testing.T) {
 // a provider's feedback loop writes it; originalReturnPath, when set, is
 // the Return-Path of the original's header.
 func arfReport(to, originalReturnPath string) []byte {
+	return arfOfType(to, originalReturnPath, "abuse")
+}
+
+// arfOfType is arfReport with another Feedback-Type.
+func arfOfType(to, originalReturnPath, typ string) []byte {
 	rpLine := ""
 	if originalReturnPath != "" {
 		rpLine = "Return-Path: <" + originalReturnPath + ">\n"
@@ -370,7 +388,7 @@ This is an email abuse report.
 --arf
 Content-Type: message/feedback-report
 
-Feedback-Type: abuse
+Feedback-Type: `+typ+`
 User-Agent: DestFBL/1.0
 Version: 1
 Original-Mail-From: <`+to+`>
