@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -505,5 +506,20 @@ func TestAlertsLinkConsolePages(t *testing.T) {
 				t.Errorf("%s: %d\n%s", u.String(), res.StatusCode, body)
 			}
 		}
+	}
+}
+
+// A bounce mailed back after delivery is no attempt: the retry timeline
+// is the one the attempts alone draw.
+func TestTimelineLeavesOutLaterBounces(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	attempts := []queue.Event{{Type: queue.EventDeferred, Time: t0}, {Type: queue.EventDelivered, Time: t0.Add(30 * time.Second)}}
+	later := append(slices.Clone(attempts), queue.Event{Type: queue.EventBounced, Time: t0.Add(2 * time.Hour), Async: true})
+	want := timeline("m1", nil, attempts)
+	if want == "" {
+		t.Fatal("no timeline for a retried message")
+	}
+	if got := timeline("m1", nil, later); got != want {
+		t.Fatal("a later bounce was drawn as an attempt")
 	}
 }

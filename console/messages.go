@@ -166,7 +166,8 @@ func timeline(id string, it *queue.Item, evs []queue.Event) template.HTML {
 	for _, ev := range evs {
 		// One attempt can end in several events (some recipients
 		// delivered, others bounced), published together.
-		if !attemptEvents[ev.Type] || ev.Time.Sub(last) < 50*time.Millisecond {
+		// A bounce mailed back later (Async) was no attempt.
+		if !attemptEvents[ev.Type] || ev.Async || ev.Time.Sub(last) < 50*time.Millisecond {
 			continue
 		}
 		last = ev.Time
