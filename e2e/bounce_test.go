@@ -9,6 +9,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/internal/postfixinst"
 	"github.com/outflow/outflow/internal/testutil"
 )
 
@@ -156,5 +157,65 @@ func TestAsyncBounceThroughReturnPath(t *testing.T) {
 	if m2[`outflow_bounces_received_total{result="bounced"}`] != 1 || m2[`outflow_bounces_received_total{result="refused"}`] != 1 {
 		t.Fatalf("metrics: bounced %v, refused %v", m2[`outflow_bounces_received_total{result="bounced"}`],
 			m2[`outflow_bounces_received_total{result="refused"}`])
+	}
+}
+
+// TestPostfixBouncesLaterToTheReturnPath: the whole path with a real MTA
+// writing the report. outflow relays to a Postfix that takes both
+// recipients (250) and passes the message on to the next hop, a fake MX
+// that refuses one of them with 550 5.1.1. Postfix then mails its own
+// non-delivery report to the envelope sender it was given, outflow's
+// return path, which its transport table routes to outflow's bounce
+// listener. outflow records the bounce, marked async, and suppresses the
+// refused recipient, not the delivered one.
+func TestPostfixBouncesLaterToTheReturnPath(t *testing.T) {
+	next := fakemx.Start(t, fakemx.Options{Hook: func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "gone@") {
+			return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "gone@dest.test: no such mailbox here"}
+		}
+		return nil
+	}})
+	bounceAddr := freeAddr(t)
+	pf := startPostfixWith(t, func(string) map[string]string {
+		return map[string]string{
+			"transport_maps": "inline:{ dest.test=smtp:" + postfixinst.RelayHost(next.Addr()) +
+				", rp.sender.test=smtp:" + postfixinst.RelayHost(bounceAddr) + " }",
+			"smtp_tls_security_level": "none",
+		}
+	}, nil)
+	dir := t.TempDir()
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", pf.Addr, "--relay-tls", "none",
+		"--return-path", "rp.sender.test", "--bounce-addr", bounceAddr)
+
+	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+	defer c.Close()
+	if err := submit(c, "app@sender.test", []string{"gone@dest.test", "kept@dest.test"}, message("via-postfix", "")); err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	waitFor(t, 60*time.Second, "the message at the next hop", func() bool {
+		msgs := next.Messages()
+		if len(msgs) == 0 {
+			return false
+		}
+		local, _, _ := strings.Cut(msgs[0].From, "@")
+		if parts := strings.Split(local, "."); len(parts) == 4 {
+			id = parts[1]
+		}
+		return true
+	})
+	if id == "" {
+		t.Fatalf("the next hop saw MAIL FROM %q, not a return path", next.Messages()[0].From)
+	}
+	pf.waitLog(t, "sender non-delivery notification")
+	waitFor(t, 60*time.Second, "the later bounce in the history", func() bool {
+		return strings.Contains(d.cli(t, "queue", "history", id), "later, gone@dest.test: 550 5.1.1")
+	})
+	list := d.cli(t, "suppress", "list", "--tenant", testUser, "--json")
+	if !strings.Contains(list, "gone@dest.test") || strings.Contains(list, "kept@dest.test") {
+		t.Fatalf("suppress list:\n%s", list)
+	}
+	if m := scrapeNoFatal(d); m[`outflow_bounces_received_total{result="bounced"}`] != 1 {
+		t.Fatalf("bounces received: %v", m[`outflow_bounces_received_total{result="bounced"}`])
 	}
 }

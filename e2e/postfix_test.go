@@ -87,22 +87,38 @@ type postfix struct {
 
 func startPostfix(t *testing.T) *postfix {
 	t.Helper()
+	return startPostfixWith(t, func(etc string) map[string]string {
+		return map[string]string{"header_checks": "regexp:" + filepath.Join(etc, "hold")}
+	}, map[string]string{"hold": "/^Subject:/ HOLD\n"})
+}
+
+// startPostfixWith starts a private Postfix that relays dest.test for
+// 127.0.0.0/8, with the main.cf settings settings returns for the
+// instance's configuration directory, and files (name: content) written
+// there before it starts.
+func startPostfixWith(t *testing.T, settings func(etc string) map[string]string, files map[string]string) *postfix {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("Postfix's master runs as root only; this test needs root")
 	}
 	dir := t.TempDir()
-	inst, err := postfixinst.Prepare(dir, freeAddr(t), map[string]string{
+	main := map[string]string{
 		"myhostname":                   "postfix.test",
 		"relay_domains":                "dest.test",
 		"smtpd_recipient_restrictions": "permit_mynetworks, reject",
-		"header_checks":                "regexp:" + filepath.Join(dir, "etc", "hold"),
 		"maillog_file":                 "/dev/stdout",
-	})
+	}
+	for k, v := range settings(filepath.Join(dir, "etc")) {
+		main[k] = v
+	}
+	inst, err := postfixinst.Prepare(dir, freeAddr(t), main)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(inst.Conf(), "hold"), []byte("/^Subject:/ HOLD\n"), 0o644); err != nil {
-		t.Fatal(err)
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(inst.Conf(), name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	pf := &postfix{Instance: inst, log: &testutil.SyncBuffer{}}
 	cmd, err := pf.Command("start-fg")
