@@ -8,8 +8,10 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"hash"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -77,12 +79,14 @@ type ReturnPath struct {
 	def     string             // the default domain, "" for none
 	tenants map[string]*string // a tenant's own domain; "" turns it off for the tenant
 	domains map[string]bool    // every domain, lower-cased
+	macs    sync.Pool          // of hash.Hash: HMAC-SHA256 under key
 }
 
 // NewReturnPath returns the return path with key (LoadKey): domain is
 // every tenant's unless tenants names another (or "", none) for one.
 func NewReturnPath(key []byte, domain string, tenants map[string]*string) *ReturnPath {
 	rp := &ReturnPath{key: key, def: strings.ToLower(domain), tenants: map[string]*string{}, domains: map[string]bool{}}
+	rp.macs.New = func() any { return hmac.New(sha256.New, key) }
 	if rp.def != "" {
 		rp.domains[rp.def] = true
 	}
@@ -123,13 +127,29 @@ const maxLocal = 64 // RFC 5321 4.5.3.1.1
 
 var b32 = base32.StdEncoding.WithPadding(base32.NoPadding)
 
-func (rp *ReturnPath) mac(id, minute string) string {
-	h := hmac.New(sha256.New, rp.key)
-	h.Write([]byte("outflow-return-path\x00"))
-	h.Write([]byte(id))
-	h.Write([]byte{0})
-	h.Write([]byte(minute))
-	return strings.ToLower(b32.EncodeToString(h.Sum(nil)[:10]))
+// macLen is the MAC's length in the address: 10 bytes in base 32.
+const macLen = 16
+
+// appendMAC appends the MAC of id and minute, in lower-case base 32, to
+// dst. Every attempt of a tenant with a return path makes one: the HMAC
+// is reused from a pool and the input built on the stack.
+func (rp *ReturnPath) appendMAC(dst []byte, id, minute string) []byte {
+	h := rp.macs.Get().(hash.Hash)
+	defer rp.macs.Put(h)
+	h.Reset()
+	var in [128]byte
+	b := append(in[:0], "outflow-return-path\x00"...)
+	b = append(append(append(b, id...), 0), minute...)
+	h.Write(b)
+	var sum [sha256.Size]byte
+	var enc [macLen]byte
+	b32.Encode(enc[:], h.Sum(sum[:0])[:10])
+	for i, c := range enc {
+		if c >= 'A' && c <= 'Z' {
+			enc[i] = c + 'a' - 'A'
+		}
+	}
+	return append(dst, enc[:]...)
 }
 
 // Address is the envelope sender for an attempt of envelope id at at: the
@@ -144,12 +164,16 @@ func (rp *ReturnPath) Address(tenant, id, from string, at time.Time) string {
 	if domain == "" || id == "" || strings.ContainsAny(id, ".@") {
 		return from
 	}
-	minute := strconv.FormatInt(at.Unix()/60, 36)
-	local := "b." + id + "." + minute + "." + rp.mac(id, minute)
-	if len(local) > maxLocal {
+	var mb [16]byte
+	minute := strconv.AppendInt(mb[:0], at.Unix()/60, 36)
+	n := len("b...") + len(id) + len(minute) + macLen
+	if n > maxLocal {
 		return from
 	}
-	return local + "@" + domain
+	b := make([]byte, 0, n+1+len(domain))
+	b = append(append(append(append(b, "b."...), id...), '.'), minute...)
+	b = rp.appendMAC(append(b, '.'), id, string(minute))
+	return string(append(append(b, '@'), domain...))
 }
 
 // Check returns the envelope id and the attempt's minute of addr, or ok
@@ -175,7 +199,7 @@ func (rp *ReturnPath) Check(addr string) (id string, at time.Time, ok bool) {
 	if err != nil || n < 0 {
 		return "", time.Time{}, false
 	}
-	if !hmac.Equal([]byte(mac), []byte(rp.mac(id, minute))) {
+	if !hmac.Equal([]byte(mac), rp.appendMAC(nil, id, minute)) {
 		return "", time.Time{}, false
 	}
 	return id, time.Unix(n*60, 0).UTC(), true

@@ -130,3 +130,14 @@ func FuzzReturnPathCheck(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkReturnPathAddress is what a return path adds to each attempt
+// of a tenant that has one.
+func BenchmarkReturnPathAddress(b *testing.B) {
+	rp := testReturnPath()
+	at := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = rp.Address("shop", "Xk3bQ9zNUID0aBcDeFgHiJ-1", "app@shop.example", at)
+	}
+}

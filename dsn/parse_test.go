@@ -551,3 +551,18 @@ func FuzzParseDSN(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkParseDSN reads Postfix's failure report, what the bounce
+// listener does for each report it takes.
+func BenchmarkParseDSN(b *testing.B) {
+	msg, err := os.ReadFile("testdata/received/postfix-failed.eml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseDSN(msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
