@@ -75,6 +75,10 @@ func (c *serveConfig) returnPath(ctx context.Context, q *queue.Queue) (*bounce.R
 func startBounces(c *serveConfig, rp *bounce.ReturnPath, q *queue.Queue, sup *queue.Suppressions, cl *classify.Classifier,
 	hostname, workerID string, tlsConf *tls.Config, reg prometheus.Registerer, log zerolog.Logger) (func(context.Context), error) {
 	none := func(context.Context) {}
+	if c.ReturnPath != "" && c.DSN {
+		log.Warn().Str("return_path", c.ReturnPath).
+			Msg("--return-path applies to every tenant: the senders of mail submitted over SMTP no longer receive the bounces remote systems mail back, which outflow records as events and does not forward; set [tenants.NAME] return-path = \"\" for tenants that rely on them")
+	}
 	if c.BounceAddr == "" {
 		if rp.Enabled() {
 			log.Warn().Strs("return_path_domains", rp.Domains()).
