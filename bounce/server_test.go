@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
+	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/dsn"
 	tu "github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
@@ -424,5 +426,49 @@ func TestBounceListenerConnectionLimit(t *testing.T) {
 	n, _ := c.Read(buf)
 	if !strings.HasPrefix(string(buf[:n]), "421 ") {
 		t.Fatalf("second connection got %q", buf[:n])
+	}
+}
+
+// The failed recipients of real MTAs' reports (dsn/testdata/received)
+// are suppressed when the report says the address is bad, whatever the
+// MTA's phrasing, and not when it refuses the message.
+func TestReceivedReportsSuppressOnlyBadAddresses(t *testing.T) {
+	want := map[string]bool{ // file: suppressed
+		"postfix-failed.eml":          true,  // 550 5.1.1 User unknown in virtual mailbox table
+		"exim-failed.eml":             true,  // 550 5.1.1 ... User unknown (Status 5.0.0)
+		"exchange-online-ndr.eml":     true,  // 550 5.1.10 RESOLVER.ADR.RecipientNotFound
+		"gmail-nosuchuser.eml":        true,  // 550-5.1.1 The email account ... does not exist
+		"sendmail-two-recipients.eml": true,  // 552 5.2.2 Mailbox full, as at delivery
+		"global-utf8.eml":             true,  // 550 5.1.1, a UTF-8 address
+		"base64-status.eml":           true,  // 550 5.2.1 Mailbox disabled
+		"nested-mixed.eml":            false, // 550 5.7.1 rejected by content policy
+	}
+	cl := classify.Default()
+	for file, suppress := range want {
+		msg, err := os.ReadFile("../dsn/testdata/received/" + file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := dsn.ParseDSN(msg)
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		n := 0
+		for _, rc := range rep.Recipients {
+			if rc.Action != dsn.Failed {
+				continue
+			}
+			n++
+			in, _ := diagnosticInput(rc)
+			res := cl.Classify(in)
+			got := res.Class == classify.Permanent && res.Scope == classify.ScopeRecipient
+			if got != suppress {
+				t.Errorf("%s: %s %q classified %v %v (%s): suppressed %v, want %v", file, rc.Final, rc.Diagnostic,
+					res.Class, res.Scope, res.Rule, got, suppress)
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s: no failed recipient", file)
+		}
 	}
 }
