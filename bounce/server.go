@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -27,6 +28,10 @@ const (
 	// DefaultMaxConnections bounds concurrent connections; more are
 	// answered 421.
 	DefaultMaxConnections = 100
+	// DefaultMaxClientConnections bounds concurrent connections from one
+	// client (an IPv4 address or an IPv6 /64), so that one host holding
+	// connections open cannot keep every other reporting server out.
+	DefaultMaxClientConnections = 10
 	// DefaultMaxRecipients bounds RCPT commands per transaction: a report
 	// goes to one return path.
 	DefaultMaxRecipients = 10
@@ -60,11 +65,12 @@ type Config struct {
 	// TLSConfig, when set, offers STARTTLS.
 	TLSConfig *tls.Config
 	// The limits, each defaulting to its Default constant.
-	MaxMessageBytes int64
-	MaxConnections  int
-	MaxRecipients   int
-	Timeout         time.Duration
-	RecordTimeout   time.Duration
+	MaxMessageBytes      int64
+	MaxConnections       int
+	MaxClientConnections int
+	MaxRecipients        int
+	Timeout              time.Duration
+	RecordTimeout        time.Duration
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
 	Logger     zerolog.Logger
@@ -78,8 +84,9 @@ type Server struct {
 	log     zerolog.Logger
 	results *prometheus.CounterVec // outflow_bounces_received_total{result}
 
-	mu    sync.Mutex
-	conns int
+	mu      sync.Mutex
+	conns   int
+	clients map[netip.Prefix]int // open connections per client
 }
 
 // ref is one return path a message was addressed to.
@@ -95,13 +102,14 @@ func New(cfg Config) (*Server, error) {
 	}
 	defaults.Set(&cfg.MaxMessageBytes, DefaultMaxMessageBytes)
 	defaults.Set(&cfg.MaxConnections, DefaultMaxConnections)
+	defaults.Set(&cfg.MaxClientConnections, DefaultMaxClientConnections)
 	defaults.Set(&cfg.MaxRecipients, DefaultMaxRecipients)
 	defaults.Set(&cfg.Timeout, DefaultTimeout)
 	defaults.Set(&cfg.RecordTimeout, DefaultRecordTimeout)
 	if cfg.Classifier == nil {
 		cfg.Classifier = classify.Default()
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.With().Str("component", "bounce").Logger()}
+	s := &Server{cfg: cfg, log: cfg.Logger.With().Str("component", "bounce").Logger(), clients: map[netip.Prefix]int{}}
 	s.results = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "outflow_bounces_received_total",
 		Help: "Messages received at the return path, by what became of them; refused counts RCPTs to other addresses.",
@@ -155,7 +163,9 @@ func (s *Server) Serve(ln net.Listener) error {
 // (or ctx).
 func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx) }
 
-// limitListener answers connections beyond MaxConnections with 421.
+// limitListener answers connections beyond MaxConnections, or beyond
+// MaxClientConnections from one client, with 421: the reporting server
+// tries again later.
 type limitListener struct {
 	net.Listener
 	s *Server
@@ -167,31 +177,58 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
+		client := clientOf(c.RemoteAddr())
 		l.s.mu.Lock()
-		ok := l.s.conns < l.s.cfg.MaxConnections
-		if ok {
+		reply := ""
+		switch {
+		case l.s.conns >= l.s.cfg.MaxConnections:
+			reply = "421 4.7.0 Too many connections, try again later\r\n"
+		case l.s.clients[client] >= l.s.cfg.MaxClientConnections:
+			reply = "421 4.7.0 Too many connections from your address, try again later\r\n"
+		default:
 			l.s.conns++
+			l.s.clients[client]++
 		}
 		l.s.mu.Unlock()
-		if ok {
-			return &countedConn{Conn: c, s: l.s}, nil
+		if reply == "" {
+			return &countedConn{Conn: c, s: l.s, client: client}, nil
 		}
 		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = io.WriteString(c, "421 4.7.0 Too many connections, try again later\r\n")
+		_, _ = io.WriteString(c, reply)
 		_ = c.Close()
 	}
 }
 
+// clientOf is the client a connection counts against: its IPv4 address,
+// or its IPv6 /64 (one host usually has a whole /64).
+func clientOf(a net.Addr) netip.Prefix {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return netip.Prefix{}
+	}
+	ip := ap.Addr().Unmap()
+	bits := 32
+	if ip.Is6() {
+		bits = 64
+	}
+	p, _ := ip.Prefix(bits)
+	return p
+}
+
 type countedConn struct {
 	net.Conn
-	s    *Server
-	once sync.Once
+	s      *Server
+	client netip.Prefix
+	once   sync.Once
 }
 
 func (c *countedConn) Close() error {
 	c.once.Do(func() {
 		c.s.mu.Lock()
 		c.s.conns--
+		if c.s.clients[c.client]--; c.s.clients[c.client] <= 0 {
+			delete(c.s.clients, c.client)
+		}
 		c.s.mu.Unlock()
 	})
 	return c.Conn.Close()

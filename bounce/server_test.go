@@ -408,24 +408,46 @@ Subject: hi
 `, "\n", "\r\n"))
 }
 
-// More connections than the limit are answered 421 at once.
-func TestBounceListenerConnectionLimit(t *testing.T) {
+// More connections than the limits are answered 421 at once: in all, and
+// from one client, whose other connections are counted when they close.
+func TestBounceListenerConnectionLimits(t *testing.T) {
+	greeting := func(addr string) string {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, 128)
+		n, _ := c.Read(buf)
+		return string(buf[:n])
+	}
 	l := startListener(t, func(c *Config) { c.MaxConnections = 1 })
+	if g := greeting(l.addr); !strings.HasPrefix(g, "220 ") {
+		t.Fatalf("first connection got %q", g)
+	}
+	if g := greeting(l.addr); !strings.HasPrefix(g, "421 4.7.0 Too many connections,") {
+		t.Fatalf("second connection got %q", g)
+	}
+
+	l = startListener(t, func(c *Config) { c.MaxClientConnections = 2 })
 	first, err := smtp.Dial(l.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer first.Close()
-	c, err := net.Dial("tcp", l.addr)
-	if err != nil {
-		t.Fatal(err)
+	if g := greeting(l.addr); !strings.HasPrefix(g, "220 ") {
+		t.Fatalf("second connection got %q", g)
 	}
-	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	buf := make([]byte, 64)
-	n, _ := c.Read(buf)
-	if !strings.HasPrefix(string(buf[:n]), "421 ") {
-		t.Fatalf("second connection got %q", buf[:n])
+	if g := greeting(l.addr); !strings.Contains(g, "from your address") {
+		t.Fatalf("third connection from one client got %q", g)
+	}
+	_ = first.Quit()
+	tu.WaitFor(t, 10*time.Second, "the closed connection to be counted out", func() bool {
+		return strings.HasPrefix(greeting(l.addr), "220 ")
+	})
+	if a, b := clientOf(&net.TCPAddr{IP: net.ParseIP("2001:db8::1"), Port: 1}), clientOf(&net.TCPAddr{IP: net.ParseIP("2001:db8::2"), Port: 2}); a != b {
+		t.Fatalf("one IPv6 /64 counted as %v and %v", a, b)
 	}
 }
 
