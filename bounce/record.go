@@ -32,8 +32,8 @@ const (
 	ResultBounced    = "bounced"    // a DSN with at least one failed recipient recorded
 	ResultComplaint  = "complaint"  // an ARF report recorded
 	ResultNoFailure  = "no-failure" // a DSN that reports only delays, deliveries or relays
-	ResultUnparsed   = "unparsed"   // not a DSN or an ARF report (a free-text bounce, an auto-reply)
-	ResultMalformed  = "malformed"  // a report that cannot be read
+	ResultUnparsed   = "unparsed"   // not a DSN or an ARF report (a free-text bounce, an auto-reply): refused, 550 5.6.0
+	ResultMalformed  = "malformed"  // a report that cannot be read: refused, 550 5.6.0
 	ResultUnknownMsg = "unknown"    // no events of the envelope (older than the events stream keeps)
 	ResultUnmatched  = "unmatched"  // the report names no recipient the envelope was delivered to
 	ResultRefused    = "refused"    // RCPT to an address that is not a return path (550 at RCPT)
@@ -90,28 +90,37 @@ func (e *envelope) match(final, original string) string {
 	return ""
 }
 
+// unreadable is a message refused for what it is: the listener takes only
+// what it can record, so that its 250 means the report was read, and the
+// sending server learns at once that this address reads no free text.
+type unreadable struct {
+	result string
+	err    error
+}
+
+func (u *unreadable) Error() string { return u.err.Error() }
+
 // record handles one received message addressed to the return paths refs:
 // it reads msg as a DSN or an ARF report and records what it says about
-// each envelope. An error means nothing may be taken as recorded (the
-// sender is answered 451 and sends again; what was recorded before the
-// error is recorded again, which costs a repeated event, never a lost
-// one).
+// each envelope. An *unreadable error refuses a message that is neither,
+// or a report that cannot be read. Any other error means nothing may be
+// taken as recorded (the sender is answered 451 and sends again; what was
+// recorded before the error is recorded again, which costs a repeated
+// event, never a lost one).
 func (s *Server) record(ctx context.Context, refs []ref, msg []byte) (string, error) {
 	rep, err := dsn.ParseDSN(msg)
 	if errors.Is(err, dsn.ErrNotReport) {
 		fb, ferr := dsn.ParseFeedback(msg)
 		switch {
 		case errors.Is(ferr, dsn.ErrNotReport):
-			return ResultUnparsed, nil
+			return "", &unreadable{ResultUnparsed, errors.New("neither a delivery status notification (RFC 3464) nor a feedback report (RFC 5965)")}
 		case ferr != nil:
-			s.log.Info().Err(ferr).Msg("feedback report not read")
-			return ResultMalformed, nil
+			return "", &unreadable{ResultMalformed, ferr}
 		}
 		return s.recordFeedback(ctx, s.withOriginal(refs, fb.OriginalHeader), fb)
 	}
 	if err != nil {
-		s.log.Info().Err(err).Msg("delivery status notification not read")
-		return ResultMalformed, nil
+		return "", &unreadable{ResultMalformed, err}
 	}
 	return s.recordDSN(ctx, s.withOriginal(refs, rep.OriginalHeader), rep)
 }

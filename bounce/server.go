@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -300,13 +301,26 @@ func (ss *session) Data(r io.Reader) error {
 	ctx, cancel := context.WithTimeout(context.Background(), ss.s.cfg.RecordTimeout)
 	defer cancel()
 	result, err := ss.s.record(ctx, ss.refs, buf.Bytes())
+	var u *unreadable
+	if errors.As(err, &u) {
+		ss.s.results.WithLabelValues(u.result).Inc()
+		ss.s.log.Info().Err(u.err).Int("bytes", buf.Len()).Str("result", u.result).Msg("message at the return path refused")
+		return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 6, 0},
+			Message: "Not accepted: " + oneLine(u.err.Error(), 200) + "; this address takes bounce reports only"}
+	}
 	if err != nil {
 		ss.s.log.Warn().Err(err).Msg("received report not recorded; answered 451")
 		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "Cannot record the report now, try again later"}
 	}
 	ss.s.results.WithLabelValues(result).Inc()
-	if result == ResultUnparsed {
-		ss.s.log.Info().Int("bytes", buf.Len()).Msg("message at the return path is neither a DSN nor a feedback report; discarded")
-	}
 	return nil
+}
+
+// oneLine is s on one line of at most n bytes, for a reply's text.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		s = s[:n]
+	}
+	return s
 }

@@ -261,7 +261,6 @@ func TestReportsTakenNotRecorded(t *testing.T) {
 		to           string
 		msg          []byte
 	}{
-		{"free text", ResultUnparsed, rp, []byte("From: MAILER-DAEMON@old.example\r\nSubject: failure\r\n\r\nI could not deliver your mail.\r\n")},
 		{"a delay", ResultNoFailure, rp, failureDSN(t, dsn.Recipient{Final: "bob@dest.example", Action: dsn.Delayed, Status: "4.4.7",
 			Diagnostic: "451 4.4.7 mailbox busy"})},
 		{"a recipient not delivered to", ResultUnmatched, rp, failureDSN(t, dsn.Recipient{Final: "carol@dest.example", Action: dsn.Failed,
@@ -282,6 +281,35 @@ func TestReportsTakenNotRecorded(t *testing.T) {
 	}
 	if sup := l.sup.entries(); len(sup) != 0 {
 		t.Fatalf("suppressed %+v", sup)
+	}
+}
+
+// What the listener cannot read is refused, 550 5.6.0 with why, not taken
+// and dropped: its 250 means a report was read.
+func TestUnreadableRefused(t *testing.T) {
+	l := startListener(t, nil)
+	rp := l.returnPath("env1")
+	for _, tc := range []struct {
+		name, result, why string
+		msg               []byte
+	}{
+		{"free text", ResultUnparsed, "neither a delivery status notification",
+			[]byte("From: MAILER-DAEMON@old.example\r\nSubject: failure\r\n\r\nI could not deliver your mail.\r\n")},
+		{"a report without a recipient", ResultMalformed, "malformed report",
+			[]byte("Content-Type: multipart/report; report-type=delivery-status; boundary=b\r\n\r\n--b\r\nContent-Type: text/plain\r\n\r\nx\r\n--b\r\n" +
+				"Content-Type: message/delivery-status\r\n\r\nReporting-MTA: dns; mx.example\r\n\r\n--b--\r\n")},
+	} {
+		err := l.send(t, []string{rp}, tc.msg)
+		var se *smtp.SMTPError
+		if !errors.As(err, &se) || se.Code != 550 || se.EnhancedCode != (smtp.EnhancedCode{5, 6, 0}) || !strings.Contains(se.Message, tc.why) {
+			t.Fatalf("%s: answered %v, want 550 5.6.0 saying %q", tc.name, err, tc.why)
+		}
+		if n := l.count(tc.result); n != 1 {
+			t.Errorf("%s: %s counted %v", tc.name, tc.result, n)
+		}
+	}
+	if evs := l.store.events(); len(evs) != 0 {
+		t.Fatalf("recorded %+v", evs)
 	}
 }
 
