@@ -26,8 +26,10 @@
 //     envelope's tenant, destination and delivered recipients come from its
 //     events, so a report can name only a recipient the envelope was
 //     delivered to. A report that cannot be recorded now is answered 451.
-//     Free-text bounces, auto-replies and reports about envelopes whose
-//     events have expired are taken and counted, not recorded.
+//     Reports about envelopes whose events have expired are taken and
+//     counted, not recorded; free-text bounces, auto-replies and reports
+//     that cannot be read are refused (550 5.6.0), so that a 250 always
+//     means a report was read.
 //
 // A tenant whose mail carries a return path no longer receives the remote
 // systems' bounces itself: its application learns of them from events and

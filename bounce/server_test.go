@@ -252,7 +252,7 @@ func TestReportNotStoredIs451(t *testing.T) {
 	}
 }
 
-// What is taken and not recorded: each counted by what it was.
+// Reports taken and not recorded: each counted by what it was.
 func TestReportsTakenNotRecorded(t *testing.T) {
 	l := startListener(t, nil)
 	rp := l.returnPath("env1")
