@@ -117,6 +117,11 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 			p = senderNotAllowed(field, why)
 		}
 	}
+	if p == nil {
+		// Last, once the message is known to be good: its recipients
+		// count against the tenant's sending limit, all or none.
+		p = s.takeQuota(r.Context(), key.Tenant, len(rcpts))
+	}
 	if p != nil {
 		if c != nil {
 			s.idem.abandon(context.WithoutCancel(r.Context()), key.Tenant, idemKey, c)

@@ -18,6 +18,7 @@ import (
 	"github.com/emersion/go-message/mail"
 
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/quota"
 	"github.com/outflow/outflow/submission"
 )
 
@@ -643,5 +644,40 @@ func TestLastOutcomeAfterDelivery(t *testing.T) {
 		if got := lastOutcome(tc.hist); got != tc.want {
 			t.Errorf("%v: %s, want %s", tc.hist, got, tc.want)
 		}
+	}
+}
+
+// A tenant's sending limit takes a message's recipients all or none: past
+// it, 429 quota-exceeded with Retry-After and nothing stored; a retry of
+// a stored request (the same Idempotency-Key) is answered from its record
+// and counts nothing again.
+func TestSendingLimit(t *testing.T) {
+	var lim *quota.Limiter
+	f := newFixture(t, func(c *Config) {
+		var err error
+		if lim, err = quota.Open(context.Background(), c.Buckets, quota.Config{Tenants: map[string]int{"acme": 3}}); err != nil {
+			t.Fatal(err)
+		}
+		c.Quota = lim
+	})
+	msg := func(to ...string) map[string]any {
+		return map[string]any{"from": "news@shop.example", "to": to, "text": "x"}
+	}
+	first := msg("a@one.example", "b@one.example")
+	ids := f.do(t, "POST", "/v1/messages", f.key, first, map[string]string{"Idempotency-Key": "k1"}).ids(t)
+	r := f.do(t, "POST", "/v1/messages", f.key, msg("c@one.example", "d@one.example"), nil)
+	if r.status != http.StatusTooManyRequests || r.json["type"] != ProblemQuotaExceeded || r.header.Get("Retry-After") == "" ||
+		!strings.Contains(string(r.raw), "3 recipients per 24 hours") {
+		t.Fatalf("past the limit: %d %s (Retry-After %q)", r.status, r.raw, r.header.Get("Retry-After"))
+	}
+	if again := f.do(t, "POST", "/v1/messages", f.key, first, map[string]string{"Idempotency-Key": "k1"}).ids(t); !slices.Equal(again, ids) {
+		t.Fatalf("the retry got %v, want %v", again, ids)
+	}
+	f.do(t, "POST", "/v1/messages", f.key, msg("c@one.example"), nil).ids(t)
+	if items := queued(t, f.q); len(items) != 2 {
+		t.Fatalf("%d envelopes stored, want the two accepted messages'", len(items))
+	}
+	if r := f.do(t, "POST", "/v1/messages", f.key, msg("e@one.example"), nil); r.status != http.StatusTooManyRequests {
+		t.Fatalf("a fourth recipient: %d %s", r.status, r.raw)
 	}
 }

@@ -52,6 +52,10 @@ const (
 	// ProblemSenderNotAllowed: the sender, or an address of the From
 	// field, is outside the tenant's sender domains.
 	ProblemSenderNotAllowed = typePrefix + "sender-not-allowed"
+	// ProblemQuotaExceeded: the tenant's sending limit (recipients per 24
+	// hours) leaves fewer than the message's recipients; 429, with when
+	// more can be sent.
+	ProblemQuotaExceeded = typePrefix + "quota-exceeded"
 	ProblemNotFound         = typePrefix + "not-found"
 	ProblemMethod           = typePrefix + "method-not-allowed"
 	ProblemUnavailable      = typePrefix + "store-unavailable"

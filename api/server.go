@@ -67,6 +67,10 @@ type Config struct {
 	// (422), and /v1/suppressions manages it. Nil: no list, and no
 	// /v1/suppressions routes.
 	Suppressions Suppressions
+	// Quota, when set, counts a message's recipients against its tenant's
+	// sending limit before it is stored (429 quota-exceeded past it); nil:
+	// no limits.
+	Quota submission.Quota
 	// SenderDomains limits the domains each tenant it names may send as
 	// (from, and the From field of a built or raw message): 422
 	// sender-not-allowed otherwise. Nil: any domain, for every tenant.

@@ -128,6 +128,10 @@ type Config struct {
 	// Suppressions, when set, refuses recipients on their tenant's
 	// suppression list at RCPT (550 5.7.1). Default nil: no list.
 	Suppressions Suppressor
+	// Quota, when set, counts each accepted recipient against its
+	// tenant's sending limit at RCPT (452 4.4.5 past it). Default nil: no
+	// limits.
+	Quota Quota
 	// SenderDomains limits the domains a tenant may send as: MAIL FROM
 	// (553 5.7.1) and the From field (550 5.7.1 after DATA). Nil, or a
 	// tenant it does not name: any domain.

@@ -319,10 +319,23 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 		return s.reject(derr, reasonBadDSN, false, nil)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.storedRcpt(a) {
+	dup := s.storedRcpt(a)
+	s.mu.Unlock()
+	if dup {
 		return nil
 	}
+	// A new recipient counts against the tenant's sending limit once,
+	// when it is accepted; a refused one is not kept.
+	if err := s.takeQuota(to); err != nil {
+		s.mu.Lock()
+		if s.seen != nil {
+			delete(s.seen, mailboxKey(a.Local, a.Domain))
+		}
+		s.mu.Unlock()
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.rcpts = append(s.rcpts, to)
 	if hasDSN {
 		s.dsn = AddRcptDSN(s.dsn, to, rd)

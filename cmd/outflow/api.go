@@ -17,6 +17,7 @@ import (
 	"github.com/outflow/outflow/api"
 	"github.com/outflow/outflow/console"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/submission"
 	"github.com/outflow/outflow/throttle"
 )
 
@@ -53,7 +54,7 @@ func (a apiQueue) Enqueue(ctx context.Context, s *queue.Submission) ([]string, e
 // startAPI serves the HTTP API on --api-addr until the returned stop is
 // called; stop lets requests in progress finish (their enqueue, then their
 // 202 or 503) within ctx. With --api-addr "" it serves nothing.
-func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Embedded, sup *queue.Suppressions, t *throttle.Throttle, hostname string, log zerolog.Logger) (func(context.Context), error) {
+func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Embedded, sup *queue.Suppressions, limits submission.Quota, t *throttle.Throttle, hostname string, log zerolog.Logger) (func(context.Context), error) {
 	if c.APIAddr == "" {
 		return func(context.Context) {}, nil
 	}
@@ -74,7 +75,7 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Em
 	srv, err := api.New(setup, api.Config{
 		Queue: apiQueue{q, enqueuer{q, emb}}, Buckets: q, Suppressions: sup, Hostname: hostname,
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients,
-		Rate: c.APIRate, Burst: c.APIBurst, IdempotencyTTL: q.DedupWindow(), SenderDomains: senders, Logger: log,
+		Rate: c.APIRate, Burst: c.APIBurst, IdempotencyTTL: q.DedupWindow(), SenderDomains: senders, Quota: limits, Logger: log,
 	})
 	if err != nil {
 		return nil, err

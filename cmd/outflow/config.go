@@ -101,6 +101,8 @@ type serveConfig struct {
 	dsnConfig
 	// return-path and bounce-addr: cmd/outflow/bounce.go.
 	bounceConfig
+	// max-recipients-per-day: cmd/outflow/quota.go.
+	quotaConfig
 }
 
 // dkimConfig is one [[dkim]] section: the key that signs mail whose sender
@@ -178,6 +180,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	bindTLSPolicyFlags(fs, &c.tlsPolicyConfig)
 	bindDSNFlags(fs, &c.dsnConfig)
 	bindBounceFlags(fs, &c.bounceConfig)
+	bindQuotaFlags(fs, &c.quotaConfig)
 }
 
 // loadConfigFile applies the config file under the flags: it remembers the

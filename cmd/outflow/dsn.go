@@ -41,6 +41,9 @@ type tenantConfig struct {
 	// return-path; "" sends the tenant's mail with its own envelope
 	// sender (cmd/outflow/bounce.go).
 	ReturnPath *string `toml:"return-path"`
+	// MaxRecipientsPerDay overrides max-recipients-per-day for the
+	// tenant; 0 lifts the limit (cmd/outflow/quota.go).
+	MaxRecipientsPerDay *int `toml:"max-recipients-per-day"`
 	// SenderDomains limits the domains the tenant may send as
 	// (submission.SenderDomains); unset: any (cmd/outflow/senders.go).
 	SenderDomains []string `toml:"sender-domains"`

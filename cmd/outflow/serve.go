@@ -284,12 +284,16 @@ func serve(parent context.Context, c *serveConfig) error {
 	if err != nil {
 		return err
 	}
+	limits, err := c.sendingLimits(ctx, q)
+	if err != nil {
+		return err
+	}
 	sub, err := submission.New(submission.Config{
 		Addr: c.SMTPAddr, Hostname: hostname, Users: users, TrustedNetworks: trusted, TLSConfig: tlsConf,
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients, MaxConnections: c.MaxConnections,
 		MaxClientConnections: c.MaxClientConns,
 		ReadTimeout:          c.SMTPReadTimeout, DataTimeout: c.SMTPDataTimeout,
-		Suppressions: suppressions, SenderDomains: senders, Registerer: reg, Logger: log,
+		Suppressions: suppressions, SenderDomains: senders, Quota: limits, Registerer: reg, Logger: log,
 	}, enqueuer{q, emb})
 	if err != nil {
 		return usageError{err}
@@ -305,7 +309,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		ln.Close()
 		return err
 	}
-	stopAPI, err := startAPI(ctx, c, q, emb, suppressions, throttle, hostname, log)
+	stopAPI, err := startAPI(ctx, c, q, emb, suppressions, limits, throttle, hostname, log)
 	if err != nil {
 		ln.Close()
 		_ = httpSrv.Close()

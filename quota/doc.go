@@ -1,0 +1,14 @@
+// Package quota is in charge of tenants' sending limits: at most so many
+// recipients per rolling 24 hours for a tenant, counted across the fleet,
+// as a mail system's operator sets them so that one tenant's leaked
+// password cannot spend the sending addresses' reputation on a spam run
+// (Postal's send limit, mox's MaxOutgoingMessagesPerDay).
+//
+// The count lives in the outflow_quota bucket, one key per tenant and hour
+// (Limiter). The submission listener takes one recipient at each RCPT and
+// the HTTP API a message's recipients at once, before they are stored; past
+// the limit the listener answers 452 4.4.5 and the API 429, both saying
+// when part of the limit comes free. A limit is checked or the recipient
+// refused: when the bucket cannot be read, the answer is a temporary
+// failure, as for the suppression list.
+package quota
