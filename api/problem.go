@@ -56,10 +56,10 @@ const (
 	// hours) leaves fewer than the message's recipients; 429, with when
 	// more can be sent.
 	ProblemQuotaExceeded = typePrefix + "quota-exceeded"
-	ProblemNotFound         = typePrefix + "not-found"
-	ProblemMethod           = typePrefix + "method-not-allowed"
-	ProblemUnavailable      = typePrefix + "store-unavailable"
-	ProblemInternal         = typePrefix + "internal"
+	ProblemNotFound      = typePrefix + "not-found"
+	ProblemMethod        = typePrefix + "method-not-allowed"
+	ProblemUnavailable   = typePrefix + "store-unavailable"
+	ProblemInternal      = typePrefix + "internal"
 )
 
 // problem builds a Problem of type typ.
