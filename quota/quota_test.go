@@ -139,3 +139,27 @@ func TestNoLimit(t *testing.T) {
 		t.Fatalf("limits %d, %d", c.Limit("free"), c.Limit("shop"))
 	}
 }
+
+// BenchmarkTake is a limited tenant's cost per recipient: a count in
+// memory, and a lease from the bucket every hundredth of the limit (a
+// limit of a million, so run it at most a million times: -benchtime
+// 200000x).
+func BenchmarkTake(b *testing.B) {
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(emb.Shutdown)
+	q := testqueue.Connect(b, emb, queue.Options{})
+	l, err := Open(context.Background(), q, Config{Default: 1_000_000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := l.Take(ctx, "shop", 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
