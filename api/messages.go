@@ -69,10 +69,22 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	if p != nil {
 		return p
 	}
+	var sendAt time.Time
+	if req.SendAt != nil {
+		if req.SendAt.After(time.Now().Add(MaxSendAhead)) {
+			return fieldProblem(ProblemBadSendAt, "send_at too far ahead", "send_at",
+				fmt.Sprintf("%s is more than %s ahead", req.SendAt.UTC().Format(time.RFC3339), MaxSendAhead))
+		}
+		sendAt = req.SendAt.UTC()
+	}
 
 	sum := sha256.Sum256(body)
 	reqHash := hex.EncodeToString(sum[:])
 	date := time.Now().UTC().Truncate(time.Second)
+	if sendAt.After(date) {
+		// A message built here is dated when it is to be sent.
+		date = sendAt.Truncate(time.Second)
+	}
 	seed := randomSeed()
 	var c *claim
 	if idemKey != "" {
@@ -131,6 +143,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	sub := &queue.Submission{
 		Tenant: key.Tenant, From: req.From, Rcpts: rcpts, Body: msg,
 		ReceivedAt: time.Now().UTC(), RemoteAddr: r.RemoteAddr, IdempotencyKey: idemKey, Source: queue.SourceAPI, DSN: dsnp,
+		SendAt: sendAt,
 	}
 	// The store is not abandoned with the request: a client that hangs up
 	// does not cut an enqueue in half (its retry would find it done).

@@ -681,3 +681,38 @@ func TestSendingLimit(t *testing.T) {
 		t.Fatalf("a fourth recipient: %d %s", r.status, r.raw)
 	}
 }
+
+// send_at holds the message on the retry lane until then, dated then and
+// reported deferred with next_attempt_at; past 72 hours ahead it is 422
+// bad-send-at; a time past sends at once.
+func TestSendAt(t *testing.T) {
+	f := newFixture(t, nil)
+	at := time.Now().Add(2 * time.Hour).UTC().Truncate(time.Second)
+	msg := map[string]any{"from": "news@shop.example", "to": []string{"ann@one.example"}, "subject": "later", "text": "x",
+		"send_at": at.Format(time.RFC3339)}
+	ids := f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t)
+	r := f.do(t, "GET", "/v1/messages/"+ids[0], f.key, nil, nil)
+	if r.status != 200 || r.json["state"] != "deferred" || r.json["next_attempt_at"] != at.Format(time.RFC3339) {
+		t.Fatalf("status of a scheduled message: %d %s", r.status, r.raw)
+	}
+	if b := body(t, f.q, ids[0]); !strings.Contains(string(b), "Date: "+at.Format(time.RFC1123Z)) {
+		t.Fatalf("a built message scheduled for %v is dated otherwise:\n%s", at, b)
+	}
+	if items := queued(t, f.q); len(items) != 0 {
+		t.Fatalf("a scheduled message on the work lane: %+v", items)
+	}
+
+	msg["send_at"] = time.Now().Add(MaxSendAhead + time.Hour).Format(time.RFC3339)
+	if r := f.do(t, "POST", "/v1/messages", f.key, msg, nil); r.status != 422 || r.json["type"] != ProblemBadSendAt {
+		t.Fatalf("send_at beyond %v: %d %s", MaxSendAhead, r.status, r.raw)
+	}
+	msg["send_at"] = "tomorrow"
+	if r := f.do(t, "POST", "/v1/messages", f.key, msg, nil); r.status != 400 || r.json["type"] != ProblemBadJSON {
+		t.Fatalf("send_at not a time: %d %s", r.status, r.raw)
+	}
+	msg["send_at"] = time.Now().Add(-time.Minute).Format(time.RFC3339)
+	f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t)
+	if items := queued(t, f.q); len(items) != 1 {
+		t.Fatalf("a send_at past: %d on the work lane, want it sent at once", len(items))
+	}
+}

@@ -47,7 +47,15 @@ type MessageRequest struct {
 	// DSN holds the RFC 3461 parameters SMTP carries on MAIL FROM and
 	// RCPT TO; nil gives none (see DSNRequest).
 	DSN *DSNRequest `json:"dsn,omitempty"`
+	// SendAt holds the message until then (RFC 3339), at most MaxSendAhead
+	// ahead; a time past sends at once.
+	SendAt *time.Time `json:"send_at,omitempty"`
 }
+
+// MaxSendAhead is how far ahead send_at may be: three days, as hosted
+// sending services allow, so that a typo in a year does not park a
+// message for a decade.
+const MaxSendAhead = 72 * time.Hour
 
 // DSNRequest is a message's delivery status notification parameters, as
 // the SMTP listener takes them (RFC 3461) and with the same checks:
@@ -373,7 +381,7 @@ func normalizeRaw(raw string) ([]byte, error) {
 // fieldProblem is a 400 (or, for addresses, 422) problem about one field.
 func fieldProblem(typ, title, field, reason string) *Problem {
 	status := 400
-	if typ == ProblemBadAddress || typ == ProblemBadExpires {
+	if typ == ProblemBadAddress || typ == ProblemBadExpires || typ == ProblemBadSendAt {
 		status = 422
 	}
 	p := problem(status, typ, title, field+": "+reason)

@@ -49,6 +49,8 @@ const (
 	ProblemIdemInProgress = typePrefix + "idempotency-key-in-progress"
 	ProblemBadIdemKey     = typePrefix + "bad-idempotency-key"
 	ProblemBadExpires     = typePrefix + "bad-expires"
+	// ProblemBadSendAt: send_at is more than MaxSendAhead ahead.
+	ProblemBadSendAt = typePrefix + "bad-send-at"
 	// ProblemSenderNotAllowed: the sender, or an address of the From
 	// field, is outside the tenant's sender domains.
 	ProblemSenderNotAllowed = typePrefix + "sender-not-allowed"

@@ -78,6 +78,12 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	}
 	msgHdrID := headerMessageID(s.Body)
 	deadline := received.Add(q.opts.DeadlineAfter)
+	// A message sent later waits as a first attempt scheduled on the retry
+	// lane; its age counts from when it is to be sent.
+	later := s.SendAt.After(time.Now().Add(time.Second))
+	if later {
+		deadline = s.SendAt.Add(q.opts.DeadlineAfter)
+	}
 	ids := make([]string, 0, len(order))
 	futures := make([]jetstream.PubAckFuture, 0, len(order))
 	// The queued events carry the time before the envelopes are published:
@@ -96,8 +102,27 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			Deadline: deadline,
 			Source:   s.Source, DSN: s.DSN.For(groups[dom]), IsReport: s.IsReport,
 		}
+		if later {
+			env.SendAt = s.SendAt.UTC()
+		}
 		if inline {
 			env.Body, env.frame = s.Body, s.Frame
+		}
+		ids = append(ids, id)
+		if later {
+			m, err := scheduleMsg(env, LaneRetry, s.SendAt)
+			if err != nil {
+				return nil, err
+			}
+			// The schedule's deduplication id (<id>.0) absorbs a keyed
+			// resubmission, as the work stream's does.
+			q.count(OpPublishLane)
+			f, err := q.js.PublishMsgAsync(m)
+			if err != nil {
+				return nil, fmt.Errorf("schedule envelope: %w", err)
+			}
+			futures = append(futures, f)
+			continue
 		}
 		m, err := env.Encode(workSubject(s.Tenant, dom, id))
 		if err != nil {
@@ -112,7 +137,6 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			m.Header.Set(jetstream.MsgIDHeader, id)
 		}
 		q.count(OpPublishWork)
-		ids = append(ids, id)
 		if len(order) == 1 {
 			// One envelope: one request, its PubAck read without
 			// nats.go's future and JSON decode (pubAckErr).
@@ -139,15 +163,23 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	// The envelopes, and the body when it is stored apart, are on disk
 	// before the ids are returned (before the 250): RFC 5321 §6.1.
 	streams := []string{StreamWork}
+	reason := ""
+	if later {
+		streams[0] = StreamRetry
+		reason = "scheduled for " + s.SendAt.UTC().Format(time.RFC3339)
+	}
 	if !inline {
 		streams = append(streams, bodyStreamName)
 	}
 	if err := q.durable(ctx, streams...); err != nil {
 		return nil, fmt.Errorf("queue envelope: %w", err)
 	}
-	q.wake(tenant)
+	if !later {
+		q.wake(tenant)
+	}
 	for i, id := range ids {
-		q.Event(EventQueued, &Event{Time: stored, ID: id, MsgID: msgID, Tenant: s.Tenant, Dest: order[i], Rcpts: len(groups[order[i]]), Size: int64(len(s.Body))})
+		q.Event(EventQueued, &Event{Time: stored, ID: id, MsgID: msgID, Tenant: s.Tenant, Dest: order[i], Rcpts: len(groups[order[i]]),
+			Size: int64(len(s.Body)), Reason: reason})
 	}
 	return ids, nil
 }

@@ -91,6 +91,9 @@ func (e *Envelope) decodeJSONFast(data []byte) bool {
 		case "delay_noted":
 			bit = 1 << 19
 			e.DelayNoted, ok = d.int()
+		case "send_at":
+			bit = 1 << 20
+			e.SendAt, ok = d.time()
 		default:
 			return 0, false
 		}

@@ -97,6 +97,11 @@ type Envelope struct {
 	PassNoted   bool       `json:"dsn_pass,omitempty"`     // this part's first pass is in its submission's pass record (RecordPass); later notices are its own
 	DelayNoted  int        `json:"delay_noted,omitempty"`  // how many of these recipients this part's note in its message's delay record lists (NoteDelay); 0: none
 
+	// SendAt is when the submitter asked the message to be sent
+	// (Submission.SendAt); zero for at once. Its age, its delay warning
+	// and its delivery latency count from then (ReadyAt).
+	SendAt time.Time `json:"send_at,omitzero"`
+
 	// Attempt metadata, carried in headers.
 	Attempt       int       `json:"-"`
 	FirstAttempt  time.Time `json:"-"`
@@ -108,6 +113,15 @@ type Envelope struct {
 	Step          int       `json:"-"`
 	Probe         bool      `json:"-"` // set by fast-forward for one attempt
 	NotBefore     time.Time `json:"-"`
+}
+
+// ReadyAt is when the message was first to be sent: when it was submitted,
+// or the later time it was submitted for.
+func (e *Envelope) ReadyAt() time.Time {
+	if e.SendAt.After(e.SubmittedAt) {
+		return e.SendAt
+	}
+	return e.SubmittedAt
 }
 
 // Message sources, Envelope.Source: whether a tenant's default is to get

@@ -73,6 +73,11 @@ func (e *Envelope) appendJSON(b []byte) (_ []byte, ok bool) {
 		b = append(b, `,"dsn_pass":true`...)
 	}
 	b = appendIntField(b, "delay_noted", int64(e.DelayNoted))
+	if !e.SendAt.IsZero() {
+		if b, ok = appendTime(append(b, `,"send_at":`...), e.SendAt); !ok {
+			return b, false
+		}
+	}
 	return append(b, '}'), true
 }
 

@@ -27,7 +27,7 @@ func sampleEnvelopes() []*Envelope {
 				{At: at.Add(time.Minute).Truncate(time.Second), Attempt: 2, Worker: "w/2", Class: "throttled", Code: -1},
 				{},
 			},
-			Source: SourceAPI, IsReport: true, DelayWarned: true, PassNoted: true, DelayNoted: 2,
+			Source: SourceAPI, IsReport: true, DelayWarned: true, PassNoted: true, DelayNoted: 2, SendAt: at.Add(time.Hour),
 			DSN: &DSNParams{Ret: "FULL", EnvID: "e<1>", Rcpts: map[string]RcptDSN{
 				"c@b":  {Notify: []string{NotifySuccess, NotifyDelay}, ORcpt: "C@b", ORcptType: "rfc822"},
 				"a@b":  {ORcptType: "utf-8"},
@@ -124,6 +124,9 @@ func FuzzEnvelopeJSON(f *testing.F) {
 		e := &Envelope{ID: id, MsgID: text, Tenant: key, From: rcpt, Rcpts: []string{rcpt, text}, Dest: key, BodyRef: ret,
 			Signed: bit(0), SigLen: int(n), Size: n, Parts: int(n >> 3), SubmittedAt: at, MessageID: text, Source: ret,
 			IsReport: bit(1), DelayWarned: bit(2), PassNoted: bit(3), DelayNoted: int(n)}
+		if bit(7) {
+			e.SendAt = at
+		}
 		if bit(4) {
 			e.Rcpts = nil
 		}

@@ -401,3 +401,54 @@ func TestAsyncErrorsAreLogged(t *testing.T) {
 		}
 	}
 }
+
+// A message to be sent later waits on the retry lane as a first attempt
+// scheduled for its time, with its body and its age counted from then:
+// not on the work lane, on disk before Enqueue returns, and handed to a
+// worker no earlier than asked. A keyed resubmission adds nothing.
+func TestEnqueueSendAt(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	at := time.Now().Add(2 * time.Second)
+	sub := &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: later\r\n\r\nx\r\n"),
+		SendAt: at, IdempotencyKey: "later-1"}
+	ids, err := q.Enqueue(ctx, sub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := q.Enqueue(ctx, sub); err != nil || again[0] != ids[0] {
+		t.Fatalf("keyed resubmission: %v, %v", again, err)
+	}
+	it, err := q.Find(ctx, ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if it.State != StateDeferred || it.NextAt.Sub(at).Abs() > time.Millisecond ||
+		it.Env.Attempt != 0 || it.Env.Deadline.Sub(at) != q.opts.DeadlineAfter {
+		t.Fatalf("item %+v (next %v, deadline %v), want deferred until %v, no attempt, deadline from then", it, it.NextAt, it.Env.Deadline, at)
+	}
+	hist, err := q.History(ctx, ids[0], time.Time{})
+	if err != nil || len(hist) == 0 || hist[0].Type != EventQueued || !strings.HasPrefix(hist[0].Reason, "scheduled for ") {
+		t.Fatalf("history %+v, %v: want a queued event saying when", hist, err)
+	}
+	work, _ := q.Messages(ctx, LaneWork, 1)
+	retry, _ := q.Messages(ctx, LaneRetry, 2)
+	d := next(t, retry)
+	if time.Now().Before(at) {
+		t.Fatalf("handed out %v before %v", time.Now(), at)
+	}
+	if d.Env.ID != ids[0] || d.Env.Attempt != 0 || string(d.Env.Body) != string(sub.Body) {
+		t.Fatalf("envelope %+v", d.Env)
+	}
+	if err := d.Skip(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case w := <-work:
+		t.Fatalf("also on the work lane: %+v", w.Env)
+	case r := <-retry:
+		t.Fatalf("scheduled twice: %+v", r.Env)
+	case <-time.After(time.Second):
+	}
+}

@@ -15,6 +15,10 @@ type Submission struct {
 	Source         string     // SourceSMTP, SourceAPI, SourceNATS or SourceDSN; decides the tenant's default for notifications
 	DSN            *DSNParams // RFC 3461 parameters given with the submission, nil if none
 	IsReport       bool       // a delivery status notification outflow wrote (never answered with another)
+	// SendAt, when later than now, holds the message until then: its
+	// envelopes wait on the retry lane, as a first attempt scheduled for
+	// SendAt, and its age budget counts from SendAt. Zero sends at once.
+	SendAt time.Time
 
 	// Frame, when not nil, is the buffer Body was read into: Body is its
 	// tail, and the octets in front of Body are free. Enqueue writes an

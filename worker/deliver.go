@@ -350,7 +350,7 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 	}
 	if len(o.delivered) > 0 {
 		w.cfg.Metrics.attempt("delivered", lane, dest)
-		w.cfg.Metrics.delivered(len(o.delivered), e.SubmittedAt)
+		w.cfg.Metrics.delivered(len(o.delivered), e.ReadyAt())
 		rec := w.baseRecord(e, dest, classify.Result{Class: classify.Delivered, Rule: "delivered"})
 		if r := firstDelivered(o); r != nil {
 			rec = w.baseRecord(e, dest, *r)

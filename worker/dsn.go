@@ -469,7 +469,7 @@ func (w *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o 
 	if warn <= 0 || e.SubmittedAt.IsZero() {
 		return nil
 	}
-	due := w.now().Sub(e.SubmittedAt) >= warn
+	due := w.now().Sub(e.ReadyAt()) >= warn
 	if e.Parts <= 1 || w.dsn.ineligible(e) != "" {
 		if !due {
 			return nil

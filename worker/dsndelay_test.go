@@ -143,6 +143,25 @@ func TestSinglePartDelayNoRecord(t *testing.T) {
 	}
 }
 
+// TestScheduledDelayCountsFromSendAt: a message submitted for later is
+// warned about a delay counted from the time it was to be sent, not from
+// its submission.
+func TestScheduledDelayCountsFromSendAt(t *testing.T) {
+	_, m, _, clock, d, t0 := clockSetup(t, func(c *DSNConfig) { c.DelayWarning = time.Hour })
+	one := partOf("s", 1, 1, "a@one.test", t0)
+	one.ID, one.SendAt = "s", t0.Add(3*time.Hour)
+	clock.add(3*time.Hour + time.Minute) // its first attempt, at its time, fails
+	one = deferPart(t, d, one)
+	clock.add(50 * time.Minute)
+	if one = deferPart(t, d, one); one.DelayWarned || counterValue(m.Sent.WithLabelValues("delayed")) != 0 {
+		t.Fatal("warned 51 minutes after its time, nearly four hours after its submission")
+	}
+	clock.add(10 * time.Minute)
+	if one = deferPart(t, d, one); !one.DelayWarned {
+		t.Fatal("no warning an hour after its time")
+	}
+}
+
 // TestPassReportAtDeadline: a part that never reaches its pass holds its
 // sibling's failure back only until the deadline; the report then lists
 // what the record held, and the late part reports on its own. A pass

@@ -11,16 +11,17 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/outflow/outflow/api"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/submission"
 )
 
 func init() {
 	a := &adminFlags{}
-	var from, tenant, key, ret, envID string
+	var from, tenant, key, ret, envID, sendAtArg string
 	var to, notify, orcpt []string
 	cmd := &cobra.Command{
-		Use:   "submit --from A --to B [--to C] [--idempotency-key K] [--ret FULL|HDRS] [--envid ID] [--notify B=LIST] [--orcpt B=TYPE;ADDR] < message.eml",
+		Use:   "submit --from A --to B [--to C] [--idempotency-key K] [--ret FULL|HDRS] [--envid ID] [--notify B=LIST] [--orcpt B=TYPE;ADDR] [--send-at TIME] < message.eml",
 		Short: "submit a message through NATS (the second submission path) and print its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -40,6 +41,15 @@ func init() {
 			dsnp, err := submitDSN(ret, envID, notify, orcpt, to)
 			if err != nil {
 				return usageError{err}
+			}
+			var sendAt time.Time
+			if sendAtArg != "" {
+				if sendAt, err = time.Parse(time.RFC3339, sendAtArg); err != nil {
+					return usageError{fmt.Errorf("--send-at %q: not an RFC 3339 time (2026-12-07T09:00:00Z)", sendAtArg)}
+				}
+				if sendAt.After(time.Now().Add(api.MaxSendAhead)) {
+					return usageError{fmt.Errorf("--send-at %s: more than %s ahead", sendAtArg, api.MaxSendAhead)}
+				}
 			}
 			body, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), 64<<20+1))
 			if err != nil {
@@ -69,7 +79,7 @@ func init() {
 			body = submission.CompleteHeaders(append([]byte(recv), body...), len(recv), host, seed, now)
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
 				ids, err := q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: from, Rcpts: to, Body: body,
-					ReceivedAt: now, IdempotencyKey: key, Source: queue.SourceNATS, DSN: dsnp})
+					ReceivedAt: now, IdempotencyKey: key, Source: queue.SourceNATS, DSN: dsnp, SendAt: sendAt})
 				if err != nil {
 					return err
 				}
@@ -89,6 +99,7 @@ func init() {
 	cmd.Flags().StringVar(&ret, "ret", "", "DSN RET: FULL or HDRS, what of the message a notification returns (RFC 3461)")
 	cmd.Flags().StringVar(&envID, "envid", "", "DSN ENVID: your id of the message, returned in notifications (RFC 3461)")
 	cmd.Flags().StringArrayVar(&notify, "notify", nil, "DSN NOTIFY of one recipient, RCPT=NEVER or RCPT=SUCCESS,FAILURE,DELAY (repeat per recipient)")
+	cmd.Flags().StringVar(&sendAtArg, "send-at", "", "hold the message until this RFC 3339 time, at most 72 hours ahead (a time past sends at once)")
 	cmd.Flags().StringArrayVar(&orcpt, "orcpt", nil, "DSN ORCPT of one recipient, RCPT=TYPE;ADDRESS, e.g. b@x=rfc822;b@old.example (repeat per recipient)")
 	rootCmd.AddCommand(cmd)
 }
