@@ -525,3 +525,55 @@ func senderNotAllowed(field, why string) *Problem {
 	p.Errors = []FieldError{{Field: field, Reason: why}}
 	return p
 }
+
+// Canceled is the answer to DELETE /v1/messages/{id}.
+type Canceled struct {
+	ID    string `json:"id"`
+	State string `json:"state"` // dropped
+	Was   string `json:"was"`   // where it waited: queued, deferred, throttled, unknown, dead
+}
+
+// cancelMessage is DELETE /v1/messages/{id}: the tenant's message (an
+// admin key: any) is taken out of the queue wherever it waits, with a
+// dropped event, as `outflow queue drop` does: 200. A message that has
+// left the queue is a 409 already-sent naming its outcome; another
+// tenant's, or none, a 404. One id is one destination's part of a
+// message. A part a worker is delivering at this moment may still be
+// delivered: its history then shows both.
+func (s *Server) cancelMessage(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem {
+	id := r.PathValue("id")
+	notFound := problem(http.StatusNotFound, ProblemNotFound, "no such message", "no message "+id+" for this key's tenant")
+	ctx := r.Context()
+	it, err := s.cfg.Queue.Find(ctx, id)
+	switch {
+	case errors.Is(err, queue.ErrNotFound):
+		hist, herr := s.cfg.Queue.History(ctx, id, time.Time{})
+		if herr != nil && !errors.Is(herr, queue.ErrNotFound) {
+			s.log.Error().Err(herr).Str("msg_id", id).Msg("api history")
+			return unavailable("the events cannot be read")
+		}
+		if len(hist) == 0 || !key.Admin && hist[0].Tenant != key.Tenant {
+			return notFound
+		}
+		return problem(http.StatusConflict, ProblemAlreadySent, "already sent",
+			"message "+id+" has left the queue: "+lastOutcome(hist))
+	case err != nil:
+		s.log.Error().Err(err).Str("msg_id", id).Msg("api find")
+		return unavailable("the queue cannot be read")
+	}
+	if !key.Admin && it.Env.Tenant != key.Tenant {
+		return notFound
+	}
+	dropped, err := s.cfg.Queue.DropBy(ctx, id, "api")
+	if errors.Is(err, queue.ErrNotFound) {
+		// Delivered or moved between the look and the drop: ask again.
+		return problem(http.StatusConflict, ProblemAlreadySent, "already sent", "message "+id+" left its lane meanwhile; read its state")
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("msg_id", id).Msg("api cancel")
+		return unavailable("the queue cannot be written")
+	}
+	s.log.Info().Str("msg_id", id).Str("tenant", dropped.Env.Tenant).Str("key_id", key.ID).Str("was", string(dropped.State)).Msg("message canceled")
+	writeJSON(w, http.StatusOK, Canceled{ID: id, State: queue.EventDropped, Was: string(dropped.State)})
+	return nil
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
 	"io"
 	"maps"
 	"net/http"
@@ -714,5 +715,41 @@ func TestSendAt(t *testing.T) {
 	f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t)
 	if items := queued(t, f.q); len(items) != 1 {
 		t.Fatalf("a send_at past: %d on the work lane, want it sent at once", len(items))
+	}
+}
+
+// DELETE takes a tenant's waiting message out of the queue (a dropped
+// event by "api"); a message that has left the queue is 409 already-sent,
+// another tenant's 404.
+func TestCancelMessage(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	other, _, err := f.srv.Keys().Create(ctx, "other", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := map[string]any{"from": "news@shop.example", "to": []string{"ann@one.example"}, "text": "x",
+		"send_at": time.Now().Add(time.Hour).Format(time.RFC3339)}
+	id := f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t)[0]
+	if r := f.do(t, "DELETE", "/v1/messages/"+id, other, nil, nil); r.status != 404 {
+		t.Fatalf("another tenant's cancel: %d %s", r.status, r.raw)
+	}
+	r := f.do(t, "DELETE", "/v1/messages/"+id, f.key, nil, nil)
+	if r.status != 200 || r.json["state"] != "dropped" || r.json["was"] != "deferred" {
+		t.Fatalf("cancel: %d %s", r.status, r.raw)
+	}
+	if _, err := f.q.Find(ctx, id); !errors.Is(err, queue.ErrNotFound) {
+		t.Fatalf("still in the queue after cancel: %v", err)
+	}
+	st := f.do(t, "GET", "/v1/messages/"+id, f.key, nil, nil)
+	if st.json["state"] != "dropped" || !strings.Contains(string(st.raw), `"worker_id":"api"`) {
+		t.Fatalf("status after cancel: %s", st.raw)
+	}
+	if r := f.do(t, "DELETE", "/v1/messages/"+id, f.key, nil, nil); r.status != 409 || r.json["type"] != ProblemAlreadySent ||
+		!strings.Contains(string(r.raw), "dropped") {
+		t.Fatalf("cancel again: %d %s", r.status, r.raw)
+	}
+	if r := f.do(t, "DELETE", "/v1/messages/nosuchid", f.key, nil, nil); r.status != 404 {
+		t.Fatalf("cancel of nothing: %d %s", r.status, r.raw)
 	}
 }

@@ -59,9 +59,12 @@ const (
 	// more can be sent.
 	ProblemQuotaExceeded = typePrefix + "quota-exceeded"
 	ProblemNotFound      = typePrefix + "not-found"
-	ProblemMethod        = typePrefix + "method-not-allowed"
-	ProblemUnavailable   = typePrefix + "store-unavailable"
-	ProblemInternal      = typePrefix + "internal"
+	// ProblemAlreadySent: the message to cancel has left the queue
+	// (delivered, bounced, dropped, dead); 409.
+	ProblemAlreadySent = typePrefix + "already-sent"
+	ProblemMethod      = typePrefix + "method-not-allowed"
+	ProblemUnavailable = typePrefix + "store-unavailable"
+	ProblemInternal    = typePrefix + "internal"
 )
 
 // problem builds a Problem of type typ.

@@ -36,6 +36,7 @@ type Queue interface {
 	Find(ctx context.Context, id string) (*queue.Item, error)
 	History(ctx context.Context, id string, since time.Time) ([]queue.Event, error)
 	TenantHistory(ctx context.Context, tenant, id string, since time.Time) ([]queue.Event, error)
+	DropBy(ctx context.Context, id, by string) (*queue.Item, error)
 }
 
 // Config configures a Server. Zero values take the documented default.
@@ -117,7 +118,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, keys: keys, idem: idem, log: cfg.Logger.With().Str("component", "api").Logger(),
 		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{}}
 	s.mux.Handle("/v1/messages", s.route(map[string]handler{http.MethodPost: s.postMessage}))
-	s.mux.Handle("/v1/messages/{id}", s.route(map[string]handler{http.MethodGet: s.getMessage}))
+	s.mux.Handle("/v1/messages/{id}", s.route(map[string]handler{http.MethodGet: s.getMessage, http.MethodDelete: s.cancelMessage}))
 	if cfg.Suppressions != nil {
 		s.mux.Handle("/v1/suppressions", s.route(map[string]handler{http.MethodPost: s.postSuppression, http.MethodGet: s.listSuppressions}))
 		s.mux.Handle("/v1/suppressions/{address}", s.route(map[string]handler{http.MethodDelete: s.deleteSuppression}))

@@ -462,9 +462,17 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 	return e, nil
 }
 
-// Drop removes an envelope wherever it waits and records a "dropped" event.
-// An envelope a worker is delivering at this moment may still be delivered.
+// Drop removes an envelope wherever it waits and records a "dropped" event
+// by an operator. An envelope a worker is delivering at this moment may
+// still be delivered.
 func (q *Queue) Drop(ctx context.Context, id string) (*Item, error) {
+	return q.DropBy(ctx, id, "admin")
+}
+
+// DropBy is Drop for the envelope it, found by Find, in the name of by (the
+// dropped event's worker_id: "admin", or "api" for a tenant's own
+// cancellation).
+func (q *Queue) DropBy(ctx context.Context, id, by string) (*Item, error) {
 	it, err := q.Find(ctx, id)
 	if err != nil {
 		return nil, err
@@ -472,7 +480,7 @@ func (q *Queue) Drop(ctx context.Context, id string) (*Item, error) {
 	if err := q.deleteItem(ctx, it); err != nil {
 		return nil, err
 	}
-	q.Event(EventDropped, &Event{ID: id, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Worker: "admin", Recipients: it.Env.Rcpts})
+	q.Event(EventDropped, &Event{ID: id, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Worker: by, Recipients: it.Env.Rcpts})
 	if it.Env.BodyRef != "-" {
 		q.releaseBody(ctx, it.Env)
 	}
