@@ -191,18 +191,14 @@ func (l *Limiter) Take(ctx context.Context, tenant string, n int) error {
 			st.leased = st.leased + grant - uint64(n)
 			return nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSequence(err) {
+		// A lost compare-and-set: ErrKeyExists from Create, a revision
+		// mismatch from Update (10071, or 10164 on a replicated bucket).
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return fmt.Errorf("quota %s: %w", tenant, err)
 		}
 		// Another process leased first: read again.
 	}
 	return fmt.Errorf("quota %s: the hour's count kept changing", tenant)
-}
-
-// isWrongSequence reports a compare-and-set that lost to another writer.
-func isWrongSequence(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
 }
 
 // read returns the count at key and its revision, 0 and 0 when none.
