@@ -19,6 +19,9 @@ type Store interface {
 	History(ctx context.Context, id string, since time.Time) ([]queue.Event, error)
 	// PublishEvent stores an event and returns once it is stored.
 	PublishEvent(ctx context.Context, typ string, ev *queue.Event) error
+	// SyncOutcomes returns once the events and suppressions stored are
+	// on disk.
+	SyncOutcomes(ctx context.Context) error
 }
 
 // Suppressor is the suppression list: *queue.Suppressions.
@@ -108,6 +111,19 @@ func (u *unreadable) Error() string { return u.err.Error() }
 // recorded before the error is recorded again, which costs a repeated
 // event, never a lost one).
 func (s *Server) record(ctx context.Context, refs []ref, msg []byte) (string, error) {
+	result, err := s.read(ctx, refs, msg)
+	if err == nil && (result == ResultBounced || result == ResultComplaint) {
+		// What was recorded is on disk before the 250, which the
+		// reporting server takes as the end of its duty to tell.
+		if err = s.cfg.Store.SyncOutcomes(ctx); err != nil {
+			err = fmt.Errorf("sync the recorded outcomes: %w", err)
+		}
+	}
+	return result, err
+}
+
+// read is record before the sync: it reads msg and stores what it says.
+func (s *Server) read(ctx context.Context, refs []ref, msg []byte) (string, error) {
 	rep, err := dsn.ParseDSN(msg)
 	if errors.Is(err, dsn.ErrNotReport) {
 		fb, ferr := dsn.ParseFeedback(msg)

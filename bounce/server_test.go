@@ -29,6 +29,8 @@ type fakeStore struct {
 	hist      map[string][]queue.Event
 	published []queue.Event
 	fail      int
+	syncs     int
+	failSync  bool
 }
 
 func (f *fakeStore) History(_ context.Context, id string, _ time.Time) ([]queue.Event, error) {
@@ -50,6 +52,16 @@ func (f *fakeStore) PublishEvent(_ context.Context, typ string, ev *queue.Event)
 	}
 	ev.Type = typ
 	f.published = append(f.published, *ev)
+	return nil
+}
+
+func (f *fakeStore) SyncOutcomes(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.syncs++
+	if f.failSync {
+		return errors.New("fsync: input/output error")
+	}
 	return nil
 }
 
@@ -188,6 +200,9 @@ func TestAsyncHardBounceRecordedAndSuppressed(t *testing.T) {
 	if n := l.count(ResultBounced); n != 1 {
 		t.Fatalf("bounced counted %v", n)
 	}
+	if l.store.syncs != 1 {
+		t.Fatalf("%d syncs before the 250, want one group commit", l.store.syncs)
+	}
 }
 
 // A failure about the message, not the address (content refused as spam,
@@ -249,6 +264,13 @@ func TestReportNotStoredIs451(t *testing.T) {
 	}
 	if len(l.store.events()) != 1 || len(l.sup.entries()) != 1 {
 		t.Fatalf("events %+v, suppressions %+v", l.store.events(), l.sup.entries())
+	}
+	// Stored but not on disk (a failed fsync) is no 250 either.
+	l.store.mu.Lock()
+	l.store.failSync = true
+	l.store.mu.Unlock()
+	if err := l.send(t, []string{l.returnPath("env1")}, msg); !errors.As(err, &se) || se.Code != 451 {
+		t.Fatalf("a failed sync answered %v, want 451", err)
 	}
 }
 

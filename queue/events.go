@@ -163,6 +163,15 @@ func (q *Queue) PublishEvent(ctx context.Context, typ string, ev *Event) error {
 	return nil
 }
 
+// SyncOutcomes returns once what this process has stored in the events
+// stream and the suppression list is on disk (a group commit, with
+// --durability disk; on a cluster an acknowledged write is already held by
+// a majority): for outcomes that exist nowhere else, such as a bounce
+// received by mail, whose sender is told 250 only after it.
+func (q *Queue) SyncOutcomes(ctx context.Context) error {
+	return q.durable(ctx, StreamEvents, kvStream(BucketSuppressions))
+}
+
 // Event publishes ev asynchronously. Events are the record, not the state:
 // losing one in a crash loses a history line, never mail, so the publisher
 // does not wait for the acknowledgement. ev is encoded before Event
