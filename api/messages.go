@@ -81,10 +81,6 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	sum := sha256.Sum256(body)
 	reqHash := hex.EncodeToString(sum[:])
 	date := time.Now().UTC().Truncate(time.Second)
-	if sendAt.After(date) {
-		// A message built here is dated when it is to be sent.
-		date = sendAt.Truncate(time.Second)
-	}
 	seed := randomSeed()
 	var c *claim
 	if idemKey != "" {
@@ -111,6 +107,11 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 		// Every try of this key builds the same bytes: same Date, same
 		// boundaries and Message-ID.
 		date, seed = c.rec.First, idemEntry(key.Tenant, idemKey)
+	}
+	if sendAt.After(date) {
+		// A message built here is dated when it is to be sent (send_at is
+		// part of the request, so every try of a key dates it alike).
+		date = sendAt.Truncate(time.Second)
 	}
 
 	// After the idempotency check: a retry of a request already stored
@@ -547,7 +548,14 @@ func (s *Server) cancelMessage(w http.ResponseWriter, r *http.Request, key *KeyI
 	it, err := s.cfg.Queue.Find(ctx, id)
 	switch {
 	case errors.Is(err, queue.ErrNotFound):
-		hist, herr := s.cfg.Queue.History(ctx, id, time.Time{})
+		var hist []queue.Event
+		var herr error
+		if key.Admin {
+			hist, herr = s.cfg.Queue.History(ctx, id, time.Time{})
+		} else {
+			// A tenant's key reads its own tenant's events only.
+			hist, herr = s.cfg.Queue.TenantHistory(ctx, key.Tenant, id, time.Time{})
+		}
 		if herr != nil && !errors.Is(herr, queue.ErrNotFound) {
 			s.log.Error().Err(herr).Str("msg_id", id).Msg("api history")
 			return unavailable("the events cannot be read")

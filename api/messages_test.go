@@ -691,7 +691,7 @@ func TestSendAt(t *testing.T) {
 	at := time.Now().Add(2 * time.Hour).UTC().Truncate(time.Second)
 	msg := map[string]any{"from": "news@shop.example", "to": []string{"ann@one.example"}, "subject": "later", "text": "x",
 		"send_at": at.Format(time.RFC3339)}
-	ids := f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t)
+	ids := f.do(t, "POST", "/v1/messages", f.key, msg, map[string]string{"Idempotency-Key": "later-1"}).ids(t)
 	r := f.do(t, "GET", "/v1/messages/"+ids[0], f.key, nil, nil)
 	if r.status != 200 || r.json["state"] != "deferred" || r.json["next_attempt_at"] != at.Format(time.RFC3339) {
 		t.Fatalf("status of a scheduled message: %d %s", r.status, r.raw)

@@ -194,7 +194,9 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 		}
 		if !ok {
 			s.log.Info().Str("msg_id", r.id).Msg("bounce for a message whose events are gone")
-			result = ResultUnknownMsg
+			if result != ResultBounced {
+				result = ResultUnknownMsg
+			}
 			continue
 		}
 		recorded := false
@@ -293,7 +295,9 @@ func (s *Server) recordFeedback(ctx context.Context, refs []ref, fb *dsn.Feedbac
 			return "", err
 		}
 		if !ok {
-			result = ResultUnknownMsg
+			if result != ResultComplaint {
+				result = ResultUnknownMsg
+			}
 			continue
 		}
 		var rcpt string

@@ -544,3 +544,25 @@ func TestReceivedReportsSuppressOnlyBadAddresses(t *testing.T) {
 		}
 	}
 }
+
+// A report sent to two return paths, one of an envelope whose events are
+// gone, records the other's bounce and syncs it before the 250: the
+// unknown one does not hide what was recorded.
+func TestReportToTwoReturnPaths(t *testing.T) {
+	for _, order := range [][]string{{"env1", "gone1"}, {"gone1", "env1"}} {
+		l := startListener(t, nil)
+		msg := failureDSN(t, dsn.Recipient{Final: "bob@dest.example", Action: dsn.Failed, Status: "5.1.1", Diagnostic: "550 5.1.1 no such user"})
+		if err := l.send(t, []string{l.returnPath(order[0]), l.returnPath(order[1])}, msg); err != nil {
+			t.Fatal(err)
+		}
+		if len(l.store.events()) != 1 || l.count(ResultBounced) != 1 {
+			t.Fatalf("%v: events %+v, bounced counted %v", order, l.store.events(), l.count(ResultBounced))
+		}
+		l.store.mu.Lock()
+		syncs := l.store.syncs
+		l.store.mu.Unlock()
+		if syncs != 1 {
+			t.Fatalf("%v: %d syncs", order, syncs)
+		}
+	}
+}

@@ -36,6 +36,12 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if s.IdempotencyKey != "" {
 		sum := sha256.Sum256([]byte(s.Tenant + "\x00" + s.IdempotencyKey))
 		msgID = "k" + hex.EncodeToString(sum[:12])
+		// A keyed message once held for later (SendAt) went to the retry
+		// lane, whose deduplication window is minutes, not the work
+		// stream's day: its record answers a resubmission.
+		if ids, err := q.scheduledIDs(ctx, msgID); err != nil || ids != nil {
+			return ids, err
+		}
 	}
 	received := s.ReceivedAt
 	if received.IsZero() {
@@ -115,8 +121,14 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 				return nil, err
 			}
 			// The schedule's deduplication id (<id>.0) absorbs a keyed
-			// resubmission, as the work stream's does.
+			// resubmission for minutes; the record written below, after.
 			q.count(OpPublishLane)
+			if len(order) == 1 {
+				if err := q.publishConfirmed(ctx, m, StreamRetry); err != nil {
+					return nil, fmt.Errorf("schedule envelope: %w", err)
+				}
+				continue
+			}
 			f, err := q.js.PublishMsgAsync(m)
 			if err != nil {
 				return nil, fmt.Errorf("schedule envelope: %w", err)
@@ -176,6 +188,10 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	}
 	if !later {
 		q.wake(tenant)
+	} else if s.IdempotencyKey != "" {
+		if err := q.recordScheduled(ctx, msgID, ids); err != nil {
+			return nil, err
+		}
 	}
 	for i, id := range ids {
 		q.Event(EventQueued, &Event{Time: stored, ID: id, MsgID: msgID, Tenant: s.Tenant, Dest: order[i], Rcpts: len(groups[order[i]]),
@@ -246,4 +262,35 @@ func nextLine(b []byte) (line, rest []byte) {
 		return bytes.TrimSuffix(b, []byte("\r")), nil
 	}
 	return bytes.TrimSuffix(b[:i], []byte("\r")), b[i+1:]
+}
+
+// schedKey is the SENT-bucket key that records a keyed message held for
+// later: its envelope ids, comma-separated.
+func schedKey(msgID string) string { return "sched." + msgID }
+
+// scheduledIDs returns the ids of the keyed message msgID if it was held
+// for later before, nil if not.
+func (q *Queue) scheduledIDs(ctx context.Context, msgID string) ([]string, error) {
+	data, _, found, err := q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject(schedKey(msgID)))
+	if err != nil {
+		return nil, fmt.Errorf("scheduled message record: %w", err)
+	}
+	if !found || len(data) == 0 {
+		return nil, nil
+	}
+	return strings.Split(string(data), ","), nil
+}
+
+// recordScheduled records the ids of a keyed message held for later, for
+// as long as the SENT bucket keeps keys (sent-ttl: three days by default,
+// as far ahead as send_at may be), after its schedules are on disk. A crash between the
+// two leaves a resubmission to the schedules' own deduplication (minutes)
+// and, past it, to the schedule's subject, which a second schedule
+// replaces: a duplicate only if the first had already fired.
+func (q *Queue) recordScheduled(ctx context.Context, msgID string, ids []string) error {
+	q.count(OpSentPut)
+	if err := q.putSent(ctx, schedKey(msgID), []byte(strings.Join(ids, ","))); err != nil {
+		return fmt.Errorf("record the scheduled message: %w", err)
+	}
+	return nil
 }

@@ -405,7 +405,8 @@ func TestAsyncErrorsAreLogged(t *testing.T) {
 // A message to be sent later waits on the retry lane as a first attempt
 // scheduled for its time, with its body and its age counted from then:
 // not on the work lane, on disk before Enqueue returns, and handed to a
-// worker no earlier than asked. A keyed resubmission adds nothing.
+// worker no earlier than asked. A keyed resubmission adds nothing, before
+// or after the firing.
 func TestEnqueueSendAt(t *testing.T) {
 	q, _ := startQueue(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -443,6 +444,15 @@ func TestEnqueueSendAt(t *testing.T) {
 	}
 	if err := d.Skip(ctx); err != nil {
 		t.Fatal(err)
+	}
+	// Resubmitted after it fired (past the schedule's deduplication): the
+	// record of the keyed message answers, nothing new is stored.
+	if again, err := q.Enqueue(ctx, sub); err != nil || len(again) != 1 || again[0] != ids[0] {
+		t.Fatalf("keyed resubmission after the firing: %v, %v", again, err)
+	}
+	sub.SendAt = time.Time{}
+	if again, err := q.Enqueue(ctx, sub); err != nil || len(again) != 1 || again[0] != ids[0] {
+		t.Fatalf("keyed resubmission without send_at: %v, %v", again, err)
 	}
 	select {
 	case w := <-work:
