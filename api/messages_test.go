@@ -665,6 +665,13 @@ func TestSendingLimit(t *testing.T) {
 		return map[string]any{"from": "news@shop.example", "to": to, "text": "x"}
 	}
 	first := msg("a@one.example", "b@one.example")
+	// A message not stored (JetStream down: 503) sends nothing and
+	// counts nothing.
+	f.fq.fail.Store(true)
+	if r := f.do(t, "POST", "/v1/messages", f.key, msg("x@one.example", "y@one.example", "z@one.example"), nil); r.status != 503 {
+		t.Fatalf("with the store down: %d %s", r.status, r.raw)
+	}
+	f.fq.fail.Store(false)
 	ids := f.do(t, "POST", "/v1/messages", f.key, first, map[string]string{"Idempotency-Key": "k1"}).ids(t)
 	r := f.do(t, "POST", "/v1/messages", f.key, msg("c@one.example", "d@one.example"), nil)
 	if r.status != http.StatusTooManyRequests || r.json["type"] != ProblemQuotaExceeded || r.header.Get("Retry-After") == "" ||
@@ -680,6 +687,10 @@ func TestSendingLimit(t *testing.T) {
 	}
 	if r := f.do(t, "POST", "/v1/messages", f.key, msg("e@one.example"), nil); r.status != http.StatusTooManyRequests {
 		t.Fatalf("a fourth recipient: %d %s", r.status, r.raw)
+	}
+	if r := f.do(t, "POST", "/v1/messages", f.key, msg("f@one.example", "g@one.example", "h@one.example", "i@one.example"), nil); r.status != 422 ||
+		r.json["type"] != ProblemQuotaExceeded || r.header.Get("Retry-After") != "" {
+		t.Fatalf("more recipients than the whole limit: %d %s", r.status, r.raw)
 	}
 }
 

@@ -12,9 +12,9 @@ import (
 )
 
 // takeQuota counts n recipients against tenant's sending limit: nil when
-// they may be sent, a 429 quota-exceeded saying when more can be sent, or
-// a 503 when the limit cannot be checked (as for the suppression list: a
-// limit is not skipped).
+// they may be sent, a 429 quota-exceeded saying when more can be sent (a
+// 422 for more than the whole limit), or a 503 when the limit cannot be
+// checked (as for the suppression list: a limit is not skipped).
 func (s *Server) takeQuota(ctx context.Context, tenant string, n int) *Problem {
 	if s.cfg.Quota == nil {
 		return nil
@@ -24,6 +24,10 @@ func (s *Server) takeQuota(ctx context.Context, tenant string, n int) *Problem {
 	err := s.cfg.Quota.Take(ctx, tenant, n)
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, quota.ErrOverLimit) {
+		// No wait makes room: a 422, not a 429 to retry.
+		return problem(http.StatusUnprocessableEntity, ProblemQuotaExceeded, "more recipients than the sending limit", err.Error())
 	}
 	var ex *quota.Exceeded
 	if errors.As(err, &ex) {

@@ -4,9 +4,11 @@
 // password cannot spend the sending addresses' reputation on a spam run
 // (Postal's send limit, mox's MaxOutgoingMessagesPerDay).
 //
-// The count lives in the outflow_quota bucket, one key per tenant and hour
+// The count lives in the outflow_quota bucket, one key per tenant and hour,
+// leased by each process in growing steps and given back when unused
 // (Limiter). The submission listener takes one recipient at each RCPT and
-// the HTTP API a message's recipients at once, before they are stored; past
+// the HTTP API a message's recipients at once, before they are stored, and
+// both give back what they took for a message not stored in the end; past
 // the limit the listener answers 452 4.4.5 and the API 429, both saying
 // when part of the limit comes free. A limit is checked or the recipient
 // refused: when the bucket cannot be read, the answer is a temporary

@@ -71,14 +71,21 @@ func (e *Exceeded) Error() string {
 
 func (e *Exceeded) Unwrap() error { return ErrExceeded }
 
+// ErrOverLimit is returned by Take for more recipients at once than the
+// tenant's whole limit: no wait makes room for them.
+var ErrOverLimit = errors.New("more recipients than the sending limit")
+
 // Limiter counts each limited tenant's recipients across the fleet and
 // refuses those over its limit. A process does not write the shared count
-// for every recipient: it takes a lease of a hundredth of the limit at a
-// time (one compare-and-set on the hour's key) and counts it down in
-// memory, so a limited tenant costs a round trip per lease, and a tenant
-// without a limit nothing. What a process leased and did not use counts as
-// sent: the fleet may refuse up to a lease per process early, never send
-// more than the limit.
+// for every recipient: it leases recipients from the current hour's key
+// (one compare-and-set) and counts them down in memory. A lease starts at
+// one recipient and doubles with each lease in the hour, up to a
+// hundredth of the limit, so a busy tenant costs a round trip per
+// hundredth of its limit, a quiet one a round trip per recipient, and a
+// tenant without a limit nothing. What a process leased and did not use is
+// given back when its hour ends (or counts as sent, if the give-back is
+// lost): the fleet never sends more than the limit, and refuses early by
+// at most the leases held at that moment.
 type Limiter struct {
 	kv  jetstream.KeyValue
 	cfg Config
@@ -92,9 +99,10 @@ type Limiter struct {
 type tenantState struct {
 	mu     sync.Mutex
 	hour   int64              // the hour slot leased from
-	slots  [window - 1]uint64 // the fleet's counts in the window's other 23 hours, oldest first, read when hour began here
-	past   uint64             // their sum
+	slots  [window - 1]uint64 // the fleet's counts in the window's other hours, oldest first, read when hour began here
+	past   uint64             // the sum of slots but the last (the hour before, read live at each lease)
 	leased uint64             // recipients leased in hour and not yet taken
+	block  uint64             // the next lease's size
 }
 
 // until is when some of the limit comes free: the end of the window for
@@ -135,31 +143,36 @@ func slotKey(tenant string, hour int64) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(tenant)) + "." + strconv.FormatInt(hour, 10)
 }
 
-// Take counts n recipients of tenant against its limit: nil when they may
-// be sent, an *Exceeded (errors.Is ErrExceeded) when the limit leaves
-// fewer than n, and any other error when the counts cannot be read or
-// written (the caller refuses for now: a limit that cannot be checked is
-// not skipped).
-func (l *Limiter) Take(ctx context.Context, tenant string, n int) error {
-	limit := l.Limit(tenant)
-	if limit == 0 || n <= 0 {
-		return nil
-	}
+func (l *Limiter) state(tenant string) *tenantState {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	st := l.tenants[tenant]
 	if st == nil {
 		st = &tenantState{}
 		l.tenants[tenant] = st
 	}
-	l.mu.Unlock()
+	return st
+}
 
+// Take counts n recipients of tenant against its limit: nil when they may
+// be sent, an *Exceeded (errors.Is ErrExceeded) when the limit leaves
+// fewer than n, ErrOverLimit when n is more than the whole limit, and any
+// other error when the counts cannot be read or written (the caller
+// refuses for now: a limit that cannot be checked is not skipped).
+func (l *Limiter) Take(ctx context.Context, tenant string, n int) error {
+	limit := l.Limit(tenant)
+	if limit == 0 || n <= 0 {
+		return nil
+	}
+	if n > limit {
+		return fmt.Errorf("%w: %d recipients, a limit of %d per 24 hours", ErrOverLimit, n, limit)
+	}
+	st := l.state(tenant)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	now := l.now()
-	hour := now.Unix() / 3600
+	hour := l.now().Unix() / 3600
 	if st.hour != hour {
-		if err := l.readPast(ctx, tenant, hour, st); err != nil {
-			st.hour = 0
+		if err := l.startHour(ctx, tenant, hour, st); err != nil {
 			return err
 		}
 	}
@@ -169,18 +182,29 @@ func (l *Limiter) Take(ctx context.Context, tenant string, n int) error {
 		return nil
 	}
 	need -= st.leased
-	block := max(uint64(limit)/100, 1)
+	maxBlock := max(uint64(limit)/100, 1)
 	key := slotKey(tenant, hour)
 	for range 20 {
+		// The hours beside this one are read at each lease: a process
+		// whose clock is a little behind or ahead still leases from them.
+		before, _, err := l.read(ctx, slotKey(tenant, hour-1))
+		if err != nil {
+			return err
+		}
+		after, _, err := l.read(ctx, slotKey(tenant, hour+1))
+		if err != nil {
+			return err
+		}
 		cur, rev, err := l.read(ctx, key)
 		if err != nil {
 			return err
 		}
-		used := st.past + cur
+		st.slots[window-2] = before
+		used := st.past + before + cur + after
 		if used+need > uint64(limit) {
 			return &Exceeded{Limit: limit, Until: st.until()}
 		}
-		grant := min(max(need, block), uint64(limit)-used)
+		grant := min(max(need, min(st.block, maxBlock)), uint64(limit)-used)
 		v := []byte(strconv.FormatUint(cur+grant, 10))
 		if rev == 0 {
 			_, err = l.kv.Create(ctx, key, v)
@@ -189,6 +213,7 @@ func (l *Limiter) Take(ctx context.Context, tenant string, n int) error {
 		}
 		if err == nil {
 			st.leased = st.leased + grant - uint64(n)
+			st.block = min(2*st.block, maxBlock)
 			return nil
 		}
 		// A lost compare-and-set: ErrKeyExists from Create, a revision
@@ -199,6 +224,59 @@ func (l *Limiter) Take(ctx context.Context, tenant string, n int) error {
 		// Another process leased first: read again.
 	}
 	return fmt.Errorf("quota %s: the hour's count kept changing", tenant)
+}
+
+// Return gives back n recipients of tenant taken and not sent (a
+// transaction that did not end in a stored message): this process's next
+// Takes use them first.
+func (l *Limiter) Return(tenant string, n int) {
+	if l == nil || n <= 0 || l.Limit(tenant) == 0 {
+		return
+	}
+	st := l.state(tenant)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.hour == l.now().Unix()/3600 {
+		st.leased += uint64(n)
+	}
+}
+
+// startHour moves st to hour: what it leased in its last hour and did not
+// use goes back to that hour's count (best effort: lost, it only counts
+// as sent), and the fleet's counts of the window's earlier hours are read
+// once, since no process leases from them any more (the hour before is
+// read again at each lease, for clocks a little behind).
+func (l *Limiter) startHour(ctx context.Context, tenant string, hour int64, st *tenantState) error {
+	if st.leased > 0 && st.hour != 0 {
+		l.giveBack(ctx, slotKey(tenant, st.hour), st.leased)
+	}
+	st.hour, st.leased, st.block, st.past = 0, 0, 1, 0
+	for i := range st.slots {
+		v, _, err := l.read(ctx, slotKey(tenant, hour-window+1+int64(i)))
+		if err != nil {
+			return err
+		}
+		st.slots[i] = v
+		if i < window-2 {
+			st.past += v
+		}
+	}
+	st.hour = hour
+	return nil
+}
+
+// giveBack takes n off the count at key, by compare-and-set.
+func (l *Limiter) giveBack(ctx context.Context, key string, n uint64) {
+	for range 5 {
+		cur, rev, err := l.read(ctx, key)
+		if err != nil || rev == 0 {
+			return
+		}
+		if _, err = l.kv.Update(ctx, key, []byte(strconv.FormatUint(cur-min(cur, n), 10)), rev); err == nil ||
+			!errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return
+		}
+	}
 }
 
 // read returns the count at key and its revision, 0 and 0 when none.
@@ -215,21 +293,4 @@ func (l *Limiter) read(ctx context.Context, key string) (uint64, uint64, error) 
 		return 0, 0, fmt.Errorf("quota %s: %q is not a count", key, e.Value())
 	}
 	return v, e.Revision(), nil
-}
-
-// readPast starts st on hour: the fleet's counts of tenant in the window's
-// hours before it, and no lease. Those hours no longer grow (every process
-// leases from its current hour), so they are read once an hour.
-func (l *Limiter) readPast(ctx context.Context, tenant string, hour int64, st *tenantState) error {
-	st.past = 0
-	for i := range st.slots {
-		v, _, err := l.read(ctx, slotKey(tenant, hour-window+1+int64(i)))
-		if err != nil {
-			return err
-		}
-		st.slots[i] = v
-		st.past += v
-	}
-	st.hour, st.leased = hour, 0
-	return nil
 }

@@ -35,6 +35,8 @@ func openTwo(t *testing.T, cfg Config) (*Limiter, *Limiter) {
 func TestLimitIsTheFleets(t *testing.T) {
 	a, b := openTwo(t, Config{Tenants: map[string]int{"shop": 60}})
 	ctx := context.Background()
+	now := time.Date(2026, 12, 6, 10, 30, 0, 0, time.UTC) // no hour ends during the test
+	a.now, b.now = func() time.Time { return now }, func() time.Time { return now }
 	var mu sync.Mutex
 	granted := 0
 	var wg sync.WaitGroup
@@ -67,30 +69,89 @@ func TestLimitIsTheFleets(t *testing.T) {
 	}
 }
 
-// A process leases a hundredth of the limit at a time: what it leased
-// counts for the others at once, and what it did not use is not given to
-// them.
-func TestLeasesCountForTheOthers(t *testing.T) {
+// Leases start at one recipient and double, up to a hundredth of the
+// limit: what a process leased counts for the others at once; what it did
+// not use goes back to its hour's count when the hour ends.
+func TestLeasesGrowAndGoBack(t *testing.T) {
 	a, b := openTwo(t, Config{Default: 1000})
 	ctx := context.Background()
-	if err := a.Take(ctx, "shop", 1); err != nil {
-		t.Fatal(err)
+	now := time.Date(2026, 12, 6, 10, 30, 0, 0, time.UTC)
+	a.now, b.now = func() time.Time { return now }, func() time.Time { return now }
+	count := func(h time.Time) uint64 {
+		t.Helper()
+		v, _, err := b.read(ctx, slotKey("shop", h.Unix()/3600))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
 	}
-	cur, _, err := b.read(ctx, slotKey("shop", time.Now().Unix()/3600))
-	if err != nil || cur != 10 {
-		t.Fatalf("the hour's count after one recipient: %d, %v; want a lease of 10", cur, err)
-	}
-	if err := b.Take(ctx, "shop", 991); !errors.Is(err, ErrExceeded) {
-		t.Fatalf("991 more with 10 leased elsewhere: %v", err)
-	}
-	if err := b.Take(ctx, "shop", 990); err != nil {
-		t.Fatalf("990 more: %v", err)
-	}
-	// a's lease holds 9 more.
-	for range 9 {
+	for range 7 { // leases of 1, 2, 4: 7 recipients
 		if err := a.Take(ctx, "shop", 1); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if got := count(now); got != 7 {
+		t.Fatalf("the hour's count after 7 recipients in growing leases: %d", got)
+	}
+	if err := a.Take(ctx, "shop", 1); err != nil { // a lease of 8
+		t.Fatal(err)
+	}
+	if got := count(now); got != 15 {
+		t.Fatalf("after the fourth lease: %d, want 15 (7 of them unused)", got)
+	}
+	if err := b.Take(ctx, "shop", 986); !errors.Is(err, ErrExceeded) {
+		t.Fatalf("986 more with 15 counted: %v", err)
+	}
+	if err := b.Take(ctx, "shop", 985); err != nil {
+		t.Fatalf("985 more: %v", err)
+	}
+	// The next hour: a's 7 unused recipients go back to the last hour, and
+	// the fleet may send them.
+	start := now
+	now = now.Add(time.Hour)
+	if err := a.Take(ctx, "shop", 7); err != nil {
+		t.Fatalf("the unused lease given back: %v", err)
+	}
+	if got := count(start); got != 1000-7 {
+		t.Fatalf("the last hour's count after the give-back: %d, want 993", got)
+	}
+	if err := a.Take(ctx, "shop", 1); !errors.Is(err, ErrExceeded) {
+		t.Fatalf("past the limit: %v", err)
+	}
+	if err := a.Take(ctx, "shop", 1001); !errors.Is(err, ErrOverLimit) {
+		t.Fatalf("more than the limit at once: %v", err)
+	}
+}
+
+// A process whose clock is a little behind leases from the hour before:
+// the others count it all the same.
+func TestClocksApartShareTheLimit(t *testing.T) {
+	a, b := openTwo(t, Config{Default: 100})
+	ctx := context.Background()
+	now := time.Date(2026, 12, 6, 11, 0, 1, 0, time.UTC)
+	a.now = func() time.Time { return now }
+	b.now = func() time.Time { return now.Add(-2 * time.Second) } // still 10:59:59
+	granted := 0
+	for _, l := range []*Limiter{a, b, a, b} {
+		for l.Take(ctx, "shop", 1) == nil {
+			granted++
+		}
+	}
+	if granted != 100 {
+		t.Fatalf("granted %d for a limit of 100 across an hour's boundary", granted)
+	}
+}
+
+// Recipients taken and not sent come back to this process's next Takes.
+func TestReturn(t *testing.T) {
+	a, _ := openTwo(t, Config{Default: 3})
+	ctx := context.Background()
+	if err := a.Take(ctx, "shop", 3); err != nil {
+		t.Fatal(err)
+	}
+	a.Return("shop", 2)
+	if err := a.Take(ctx, "shop", 2); err != nil {
+		t.Fatalf("after giving back two: %v", err)
 	}
 	if err := a.Take(ctx, "shop", 1); !errors.Is(err, ErrExceeded) {
 		t.Fatalf("past the limit: %v", err)

@@ -18,6 +18,8 @@ type Quota interface {
 	// Take counts n recipients against tenant's limit: nil, a
 	// *quota.Exceeded, or an error when the limit cannot be checked.
 	Take(ctx context.Context, tenant string, n int) error
+	// Return gives back n recipients taken and not sent.
+	Return(tenant string, n int)
 }
 
 // reasonQuota: the tenant's sending limit is reached.

@@ -17,10 +17,18 @@ import (
 // fakeQuota allows left recipients per tenant, then refuses; fail makes
 // every Take fail.
 type fakeQuota struct {
-	mu    sync.Mutex
-	left  map[string]int
-	taken []string
-	fail  bool
+	mu       sync.Mutex
+	left     map[string]int
+	taken    []string
+	returned int
+	fail     bool
+}
+
+func (f *fakeQuota) Return(tenant string, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.left[tenant] += n
+	f.returned += n
 }
 
 func (f *fakeQuota) Take(_ context.Context, tenant string, n int) error {
@@ -76,6 +84,26 @@ func TestSendingLimitAtRcpt(t *testing.T) {
 	}
 	if n := ts.counter(t, "outflow_submission_rejections_total", "reason", reasonQuota); n != 1 {
 		t.Errorf("quota rejections = %v", n)
+	}
+
+	// A transaction reset before its DATA gives its recipients back.
+	qt.mu.Lock()
+	qt.left[testUser] = 1
+	qt.mu.Unlock()
+	if err := c.Mail("app@example.com", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Rcpt("e@example.org", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	qt.mu.Lock()
+	returned, left := qt.returned, qt.left[testUser]
+	qt.mu.Unlock()
+	if returned != 1 || left != 1 {
+		t.Fatalf("after RSET: %d returned, %d left; want the recipient back", returned, left)
 	}
 
 	qt.mu.Lock()

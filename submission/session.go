@@ -45,6 +45,9 @@ type session struct {
 	rcpts   []string
 	seen    map[string]struct{} // local@lower(domain) of rcpts from rcptMapMin on (storedRcpt)
 	dsn     *queue.DSNParams    // RFC 3461 parameters of MAIL and RCPT, nil if none (dsn.go)
+	// quotaTaken counts the recipients of this transaction taken from the
+	// tenant's sending limit (quota.go) and not yet sent.
+	quotaTaken int
 }
 
 var (
@@ -336,6 +339,9 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.srv.cfg.Quota != nil {
+		s.quotaTaken++
+	}
 	s.rcpts = append(s.rcpts, to)
 	if hasDSN {
 		s.dsn = AddRcptDSN(s.dsn, to, rd)
@@ -450,6 +456,9 @@ func (s *session) Data(r io.Reader) error {
 		// (a timeout), so the frame is left to the collector then.
 		recycleFrame(frame)
 		sub.Body, sub.Frame = nil, nil
+		s.mu.Lock()
+		s.quotaTaken = 0 // sent: they count
+		s.mu.Unlock()
 	}
 	if err != nil {
 		reply := errQueueFailed
@@ -500,10 +509,25 @@ func (s *session) Reset() {
 	s.mu.Lock()
 	s.hasFrom, s.from, s.rcpts, s.seen, s.dsn = false, "", nil, nil, nil
 	s.mu.Unlock()
+	s.returnQuota()
 }
 
 // Logout implements smtp.Session: the connection closed or STARTTLS began.
 func (s *session) Logout() error {
+	s.returnQuota()
 	s.logLine(s.srv.log.Debug()).Msg("session ended")
 	return nil
+}
+
+// returnQuota gives back to the tenant's sending limit the recipients this
+// transaction took and did not send (RSET, a refused or failed DATA, a
+// connection gone).
+func (s *session) returnQuota() {
+	s.mu.Lock()
+	n := s.quotaTaken
+	s.quotaTaken = 0
+	s.mu.Unlock()
+	if n > 0 {
+		s.srv.cfg.Quota.Return(s.tenant(), n)
+	}
 }
