@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 )
@@ -115,44 +116,33 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			env.Body, env.frame = s.Body, s.Frame
 		}
 		ids = append(ids, id)
+		var m *nats.Msg
+		var err error
+		stream, op := StreamWork, OpPublishWork
 		if later {
-			m, err := scheduleMsg(env, LaneRetry, s.SendAt)
-			if err != nil {
-				return nil, err
-			}
-			// The schedule's deduplication id (<id>.0) absorbs a keyed
+			// Its schedule's deduplication id (<id>.0) absorbs a keyed
 			// resubmission for minutes; the record written below, after.
-			q.count(OpPublishLane)
-			if len(order) == 1 {
-				if err := q.publishConfirmed(ctx, m, StreamRetry); err != nil {
-					return nil, fmt.Errorf("schedule envelope: %w", err)
-				}
-				continue
+			m, err = scheduleMsg(env, LaneRetry, s.SendAt)
+			stream, op = StreamRetry, OpPublishLane
+		} else if m, err = env.Encode(workSubject(s.Tenant, dom, id)); err == nil {
+			m.Header.Set(jetstream.ExpectedStreamHeader, StreamWork)
+			if s.IdempotencyKey != "" {
+				// Only a keyed id can come again. The server keeps every
+				// deduplication id in memory for the whole window
+				// (DedupWindow), so giving each nuid-named envelope one
+				// would cost server memory per message for that long, for
+				// nothing.
+				m.Header.Set(jetstream.MsgIDHeader, id)
 			}
-			f, err := q.js.PublishMsgAsync(m)
-			if err != nil {
-				return nil, fmt.Errorf("schedule envelope: %w", err)
-			}
-			futures = append(futures, f)
-			continue
 		}
-		m, err := env.Encode(workSubject(s.Tenant, dom, id))
 		if err != nil {
 			return nil, err
 		}
-		m.Header.Set(jetstream.ExpectedStreamHeader, StreamWork)
-		if s.IdempotencyKey != "" {
-			// Only a keyed id can come again. The server keeps every
-			// deduplication id in memory for the whole window
-			// (DedupWindow), so giving each nuid-named envelope one would
-			// cost server memory per message for that long, for nothing.
-			m.Header.Set(jetstream.MsgIDHeader, id)
-		}
-		q.count(OpPublishWork)
+		q.count(op)
 		if len(order) == 1 {
 			// One envelope: one request, its PubAck read without
 			// nats.go's future and JSON decode (pubAckErr).
-			if err := q.publishConfirmed(ctx, m, StreamWork); err != nil {
+			if err := q.publishConfirmed(ctx, m, stream); err != nil {
 				return nil, fmt.Errorf("queue envelope: %w", err)
 			}
 			continue
