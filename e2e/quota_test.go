@@ -20,7 +20,8 @@ import (
 // sends over SMTP until the limit, where the next recipient is deferred at
 // RCPT with 452 4.4.5 while those before it are delivered; the HTTP API,
 // for the same tenant, then refuses with 429 quota-exceeded and
-// Retry-After; another tenant without a limit is not held back.
+// Retry-After; another tenant without a limit is not held back. `outflow
+// quota list` shows the tenant's count.
 func TestSendingLimit(t *testing.T) {
 	mx := fakemx.Start(t, fakemx.Options{})
 	dir := t.TempDir()
@@ -61,6 +62,10 @@ func TestSendingLimit(t *testing.T) {
 		return len(msgs) == 1 && len(msgs[0].Rcpts) == 3
 	})
 
+	// The operator sees the count: the three recipients taken.
+	if u := adminCLI(t, d.Data, "quota", "list", "--tenant", testUser, "--json"); !strings.Contains(u, `"tenant":"`+testUser+`","last_24h":3,`) {
+		t.Fatalf("quota list: %s", u)
+	}
 	key := adminCLI(t, d.Data, "apikey", "create", "--tenant", testUser)
 	b, _ := json.Marshal(map[string]any{"from": "app@sender.test", "to": []string{"e@dest.test"}, "text": "x"})
 	req, _ := http.NewRequest("POST", "http://"+d.APIAddr+"/v1/messages", bytes.NewReader(b))

@@ -12,5 +12,6 @@
 // the limit the listener answers 452 4.4.5 and the API 429, both saying
 // when part of the limit comes free. A limit is checked or the recipient
 // refused: when the bucket cannot be read, the answer is a temporary
-// failure, as for the suppression list.
+// failure, as for the suppression list. Read gives the counts for
+// `outflow quota list`.
 package quota

@@ -5,7 +5,9 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -293,4 +295,67 @@ func (l *Limiter) read(ctx context.Context, key string) (uint64, uint64, error) 
 		return 0, 0, fmt.Errorf("quota %s: %q is not a count", key, e.Value())
 	}
 	return v, e.Revision(), nil
+}
+
+// Usage is a tenant's count in the window, as the fleet wrote it (leased
+// recipients included, given-back ones not).
+type Usage struct {
+	Tenant   string `json:"tenant"`
+	Last24h  uint64 `json:"last_24h"`
+	ThisHour uint64 `json:"this_hour"`
+}
+
+// Read returns the counts of every tenant with a count in the 24 hours up
+// to now (tenant "" for all, or the one named), by tenant: what `outflow
+// quota list` prints. It opens the bucket as Open does.
+func Read(ctx context.Context, b Buckets, tenant string, now time.Time) ([]Usage, error) {
+	kv, err := b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketQuota,
+		Description: "outflow sending limits: recipients per tenant and hour", History: 1, TTL: (window + 1) * time.Hour})
+	if err != nil {
+		return nil, err
+	}
+	filter := ">"
+	if tenant != "" {
+		filter = base64.RawURLEncoding.EncodeToString([]byte(tenant)) + ".*"
+	}
+	keys, err := kv.ListKeysFiltered(ctx, filter)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", BucketQuota, err)
+	}
+	defer func() { _ = keys.Stop() }()
+	hour := now.Unix() / 3600
+	l := &Limiter{kv: kv}
+	byTenant := map[string]*Usage{}
+	seen := map[string]bool{} // a listing may name a key twice
+	for k := range keys.Keys() {
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		enc, h, ok := strings.Cut(k, ".")
+		slot, err := strconv.ParseInt(h, 10, 64)
+		name, derr := base64.RawURLEncoding.DecodeString(enc)
+		if !ok || err != nil || derr != nil || slot <= hour-window || slot > hour+1 {
+			continue
+		}
+		v, _, err := l.read(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		u := byTenant[string(name)]
+		if u == nil {
+			u = &Usage{Tenant: string(name)}
+			byTenant[string(name)] = u
+		}
+		u.Last24h += v
+		if slot == hour {
+			u.ThisHour += v
+		}
+	}
+	out := make([]Usage, 0, len(byTenant))
+	for _, u := range byTenant {
+		out = append(out, *u)
+	}
+	slices.SortFunc(out, func(a, b Usage) int { return strings.Compare(a.Tenant, b.Tenant) })
+	return out, nil
 }

@@ -3,9 +3,12 @@ package quota
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
@@ -223,4 +226,45 @@ func BenchmarkTake(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// Read sums each tenant's hours in the window: what the fleet counted,
+// leases included, and nothing older than 24 hours.
+func TestRead(t *testing.T) {
+	a, _ := openTwo(t, Config{Default: 1000})
+	ctx := context.Background()
+	now := time.Date(2026, 12, 6, 10, 30, 0, 0, time.UTC)
+	a.now = func() time.Time { return now.Add(-25 * time.Hour) } // out of the window by then
+	if err := a.Take(ctx, "shop", 5); err != nil {
+		t.Fatal(err)
+	}
+	a.now = func() time.Time { return now.Add(-2 * time.Hour) }
+	if err := a.Take(ctx, "shop", 3); err != nil {
+		t.Fatal(err)
+	}
+	a.now = func() time.Time { return now }
+	if err := a.Take(ctx, "shop", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Take(ctx, "news", 1); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Read(ctx, kvBuckets{a.kv}, "", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Usage{{Tenant: "news", Last24h: 1, ThisHour: 1}, {Tenant: "shop", Last24h: 5, ThisHour: 2}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Read = %+v, want %+v", got, want)
+	}
+	if one, err := Read(ctx, kvBuckets{a.kv}, "news", now); err != nil || len(one) != 1 || one[0].Tenant != "news" {
+		t.Fatalf("Read of one tenant = %+v, %v", one, err)
+	}
+}
+
+// kvBuckets hands out one bucket already open.
+type kvBuckets struct{ kv jetstream.KeyValue }
+
+func (b kvBuckets) KeyValue(context.Context, jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	return b.kv, nil
 }

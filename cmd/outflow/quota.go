@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/outflow/outflow/queue"
@@ -44,4 +45,33 @@ func (c *serveConfig) sendingLimits(ctx context.Context, q *queue.Queue) (submis
 		return nil, err
 	}
 	return l, nil
+}
+
+// outflow quota list: each tenant's recipients counted against its sending
+// limit over the last 24 hours (quota.Read). The limits themselves are in
+// serve's configuration, which this command does not read.
+func init() {
+	a := &adminFlags{}
+	qc := &cobra.Command{Use: "quota", Short: "tenants' counts against their sending limits (max-recipients-per-day)"}
+	a.bind(qc)
+	var tenant string
+	list := &cobra.Command{
+		Use:   "list [--tenant T]",
+		Short: "recipients each tenant sent in the last 24 hours and in this hour, as the fleet counted them for its limit",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				usage, err := quota.Read(ctx, q, tenant, time.Now())
+				if err != nil {
+					return err
+				}
+				return printList(cmd.OutOrStdout(), a.json, usage, "TENANT\tLAST 24 H\tTHIS HOUR", func(u quota.Usage) string {
+					return fmt.Sprintf("%s\t%d\t%d", u.Tenant, u.Last24h, u.ThisHour)
+				})
+			})
+		},
+	}
+	list.Flags().StringVar(&tenant, "tenant", "", "only this tenant (default every tenant with a count)")
+	qc.AddCommand(list)
+	rootCmd.AddCommand(qc)
 }
