@@ -459,6 +459,24 @@ func lastOutcome(hist []queue.Event) string {
 	return string(queue.StateQueued)
 }
 
+// history reads message id's events for key. Only the tenant's events are
+// read when it is known, a sixty-fourth of the stream's with many tenants
+// (queue.TenantHistory): a tenant's key's, or for an admin key that of a
+// message still in a lane (it, nil when none).
+func (s *Server) history(ctx context.Context, key *KeyInfo, it *queue.Item, id string) ([]queue.Event, error) {
+	tenant := key.Tenant
+	if key.Admin {
+		tenant = ""
+		if it != nil {
+			tenant = it.Env.Tenant
+		}
+	}
+	if tenant != "" {
+		return s.cfg.Queue.TenantHistory(ctx, tenant, id, time.Time{})
+	}
+	return s.cfg.Queue.History(ctx, id, time.Time{})
+}
+
 // getMessage is GET /v1/messages/{id}. A key sees its tenant's messages
 // only (an admin key every tenant's); another tenant's id is a 404, as if
 // it did not exist.
@@ -471,23 +489,7 @@ func (s *Server) getMessage(w http.ResponseWriter, r *http.Request, key *KeyInfo
 		s.log.Error().Err(err).Str("msg_id", id).Msg("api find")
 		return unavailable("the queue cannot be read")
 	}
-	// Only the tenant's events are read when it is known, a sixty-fourth
-	// of the stream's with many tenants (queue.TenantHistory): a tenant's
-	// key's, or for an admin key that of a message still in a lane.
-	tenant := key.Tenant
-	if key.Admin {
-		tenant = ""
-		if it != nil {
-			tenant = it.Env.Tenant
-		}
-	}
-	var hist []queue.Event
-	var herr error
-	if tenant != "" {
-		hist, herr = s.cfg.Queue.TenantHistory(ctx, tenant, id, time.Time{})
-	} else {
-		hist, herr = s.cfg.Queue.History(ctx, id, time.Time{})
-	}
+	hist, herr := s.history(ctx, key, it, id)
 	if herr != nil && !errors.Is(herr, queue.ErrNotFound) {
 		s.log.Error().Err(herr).Str("msg_id", id).Msg("api history")
 		return unavailable("the events cannot be read")
@@ -551,14 +553,7 @@ func (s *Server) cancelMessage(w http.ResponseWriter, r *http.Request, key *KeyI
 	it, err := s.cfg.Queue.Find(ctx, id)
 	switch {
 	case errors.Is(err, queue.ErrNotFound):
-		var hist []queue.Event
-		var herr error
-		if key.Admin {
-			hist, herr = s.cfg.Queue.History(ctx, id, time.Time{})
-		} else {
-			// A tenant's key reads its own tenant's events only.
-			hist, herr = s.cfg.Queue.TenantHistory(ctx, key.Tenant, id, time.Time{})
-		}
+		hist, herr := s.history(ctx, key, nil, id)
 		if herr != nil && !errors.Is(herr, queue.ErrNotFound) {
 			s.log.Error().Err(herr).Str("msg_id", id).Msg("api history")
 			return unavailable("the events cannot be read")

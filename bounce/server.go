@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/clientaddr"
 	"github.com/outflow/outflow/internal/defaults"
 )
 
@@ -178,7 +179,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		client := clientOf(c.RemoteAddr())
+		client := clientaddr.Of(c.RemoteAddr())
 		l.s.mu.Lock()
 		reply := ""
 		switch {
@@ -198,22 +199,6 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		_, _ = io.WriteString(c, reply)
 		_ = c.Close()
 	}
-}
-
-// clientOf is the client a connection counts against: its IPv4 address,
-// or its IPv6 /64 (one host usually has a whole /64).
-func clientOf(a net.Addr) netip.Prefix {
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
-		return netip.Prefix{}
-	}
-	ip := ap.Addr().Unmap()
-	bits := 32
-	if ip.Is6() {
-		bits = 64
-	}
-	p, _ := ip.Prefix(bits)
-	return p
 }
 
 type countedConn struct {

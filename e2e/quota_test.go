@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -68,30 +66,14 @@ func TestSendingLimit(t *testing.T) {
 	}
 	key := adminCLI(t, d.Data, "apikey", "create", "--tenant", testUser)
 	b, _ := json.Marshal(map[string]any{"from": "app@sender.test", "to": []string{"e@dest.test"}, "text": "x"})
-	req, _ := http.NewRequest("POST", "http://"+d.APIAddr+"/v1/messages", bytes.NewReader(b))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+key)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), "quota-exceeded") || res.Header.Get("Retry-After") == "" {
-		t.Fatalf("API past the limit: %d %s (Retry-After %q)", res.StatusCode, body, res.Header.Get("Retry-After"))
+	status, hdr, body := apiCall(t, "POST", "http://"+d.APIAddr+"/v1/messages", key, b)
+	if status != http.StatusTooManyRequests || !strings.Contains(string(body), "quota-exceeded") || hdr.Get("Retry-After") == "" {
+		t.Fatalf("API past the limit: %d %s (Retry-After %q)", status, body, hdr.Get("Retry-After"))
 	}
 
 	free := adminCLI(t, d.Data, "apikey", "create", "--tenant", "free")
-	req, _ = http.NewRequest("POST", "http://"+d.APIAddr+"/v1/messages", bytes.NewReader(b))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+free)
-	res, err = http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusAccepted {
-		t.Fatalf("a tenant whose limit is lifted: %d", res.StatusCode)
+	if status, _, body := apiCall(t, "POST", "http://"+d.APIAddr+"/v1/messages", free, b); status != http.StatusAccepted {
+		t.Fatalf("a tenant whose limit is lifted: %d %s", status, body)
 	}
 	if m := scrapeNoFatal(d); m[`outflow_submission_rejections_total{reason="quota"}`] != 1 {
 		t.Fatalf("quota rejections: %v", m[`outflow_submission_rejections_total{reason="quota"}`])

@@ -49,12 +49,12 @@ func TestSendAtHoldsUntilThen(t *testing.T) {
 	key := adminCLI(t, d.Data, "apikey", "create", "--tenant", "nats")
 	b, _ := json.Marshal(map[string]any{"from": "app@sender.test", "to": []string{"canceled@dest.test"}, "text": "never",
 		"send_at": at.Add(-3 * time.Second).Format(time.RFC3339)})
-	status, body := apiCall(t, "POST", "http://"+d.APIAddr+"/v1/messages", key, b)
+	status, _, body := apiCall(t, "POST", "http://"+d.APIAddr+"/v1/messages", key, b)
 	var acc struct{ IDs []string }
 	if err := json.Unmarshal(body, &acc); status != 202 || err != nil || len(acc.IDs) != 1 {
 		t.Fatalf("POST send_at: %d %s", status, body)
 	}
-	if status, body := apiCall(t, "DELETE", "http://"+d.APIAddr+"/v1/messages/"+acc.IDs[0], key, nil); status != 200 {
+	if status, _, body := apiCall(t, "DELETE", "http://"+d.APIAddr+"/v1/messages/"+acc.IDs[0], key, nil); status != 200 {
 		t.Fatalf("DELETE: %d %s", status, body)
 	}
 
@@ -84,8 +84,8 @@ func TestSendAtHoldsUntilThen(t *testing.T) {
 }
 
 // apiCall sends one request to the HTTP API with key and returns the
-// status and the body.
-func apiCall(t *testing.T, method, url, key string, body []byte) (int, []byte) {
+// status, the header and the body.
+func apiCall(t *testing.T, method, url, key string, body []byte) (int, http.Header, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, bytes.NewReader(body))
 	if err != nil {
@@ -101,5 +101,5 @@ func apiCall(t *testing.T, method, url, key string, body []byte) (int, []byte) {
 	}
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, b
+	return res.StatusCode, res.Header, b
 }

@@ -125,12 +125,18 @@ func Open(ctx context.Context, b Buckets, cfg Config) (*Limiter, error) {
 	if !cfg.Any() {
 		return nil, nil
 	}
-	kv, err := b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketQuota,
-		Description: "outflow sending limits: recipients per tenant and hour", History: 1, TTL: (window + 1) * time.Hour})
+	kv, err := openBucket(ctx, b)
 	if err != nil {
 		return nil, err
 	}
 	return &Limiter{kv: kv, cfg: cfg, now: time.Now, tenants: map[string]*tenantState{}}, nil
+}
+
+// openBucket opens BucketQuota, making it on first use: its keys live one
+// hour longer than the window.
+func openBucket(ctx context.Context, b Buckets) (jetstream.KeyValue, error) {
+	return b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketQuota,
+		Description: "outflow sending limits: recipients per tenant and hour", History: 1, TTL: (window + 1) * time.Hour})
 }
 
 // Limit is tenant's limit, 0 for none (or a nil limiter).
@@ -307,10 +313,9 @@ type Usage struct {
 
 // Read returns the counts of every tenant with a count in the 24 hours up
 // to now (tenant "" for all, or the one named), by tenant: what `outflow
-// quota list` prints. It opens the bucket as Open does.
+// quota list` prints.
 func Read(ctx context.Context, b Buckets, tenant string, now time.Time) ([]Usage, error) {
-	kv, err := b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketQuota,
-		Description: "outflow sending limits: recipients per tenant and hour", History: 1, TTL: (window + 1) * time.Hour})
+	kv, err := openBucket(ctx, b)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"github.com/emersion/go-smtp"
+
+	"github.com/outflow/outflow/internal/clientaddr"
 )
 
 // go-smtp v0.25.1 has no connection limit and no way to end an idle
@@ -79,7 +81,7 @@ func (s *Server) admit(c net.Conn) (*trackedConn, string) {
 	}
 	tc := &trackedConn{Conn: c, srv: s}
 	if addr := connAddr(c); s.cfg.MaxClientConnections > 0 && !s.isTrusted(addr) {
-		key := clientKey(addr)
+		key := clientaddr.Prefix(addr)
 		if s.perClient[key] >= s.cfg.MaxClientConnections {
 			s.metrics.connRejected.Inc()
 			s.log.Warn().Str("remote", c.RemoteAddr().String()).Int("max_client_connections", s.cfg.MaxClientConnections).
@@ -130,7 +132,7 @@ type trackedConn struct {
 	net.Conn
 	srv *Server
 	// client is the connection's key in the server's per-client count
-	// (clientKey), counted says it was counted; both set once, in admit.
+	// (clientaddr.Prefix), counted says it was counted; both set once, in admit.
 	client  netip.Prefix
 	counted bool
 

@@ -33,16 +33,14 @@ const reasonQuotaError = "quota_error"
 var errQuotaUnavailable = &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0},
 	Message: "Cannot check the account's sending limit, try again later"}
 
-// takeQuota counts one recipient against the tenant's sending limit, at
+// takeQuota counts one recipient against the tenant's sending limit (the
+// listener has one: Config.Quota is set), at
 // RCPT: past the limit the recipient is deferred (452, RFC 5321 4.5.3.1.10:
 // the client sends it later) with when part of the limit comes free.
 // X.4.5 (mail system congestion) is what large providers answer for a
 // sending limit.
 func (s *session) takeQuota(rcpt string) error {
 	q := s.srv.cfg.Quota
-	if q == nil {
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(s.srv.baseCtx, s.srv.cfg.EnqueueTimeout)
 	defer cancel()
 	err := q.Take(ctx, s.tenant(), 1)

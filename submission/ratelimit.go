@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/outflow/outflow/internal/clientaddr"
 )
 
 // maxTrackedClients bounds the failure table so that a flood of addresses
@@ -35,29 +37,16 @@ func newAuthLimiter(limit int, window time.Duration) *authLimiter {
 		clients: make(map[netip.Prefix]*failures)}
 }
 
-// clientKey is the counting unit for addr.
-func clientKey(addr netip.Addr) netip.Prefix {
-	addr = addr.Unmap()
-	if addr.Is6() {
-		p, _ := addr.Prefix(64)
-		return p
-	}
-	if addr.Is4() {
-		return netip.PrefixFrom(addr, 32)
-	}
-	return netip.Prefix{} // unknown address: one shared bucket
-}
-
 // blocked reports whether addr has used up its failures in this window.
 func (l *authLimiter) blocked(addr netip.Addr) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	f := l.clients[clientKey(addr)]
+	f := l.clients[clientaddr.Prefix(addr)]
 	if f == nil {
 		return false
 	}
 	if l.now().Sub(f.first) >= l.window {
-		delete(l.clients, clientKey(addr))
+		delete(l.clients, clientaddr.Prefix(addr))
 		return false
 	}
 	return f.count >= l.limit
@@ -69,7 +58,7 @@ func (l *authLimiter) fail(addr netip.Addr) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
-	k := clientKey(addr)
+	k := clientaddr.Prefix(addr)
 	f := l.clients[k]
 	if f == nil || now.Sub(f.first) >= l.window {
 		if f == nil && len(l.clients) >= maxTrackedClients {

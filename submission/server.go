@@ -172,7 +172,7 @@ type Server struct {
 	draining  bool // guarded by mu; set once by Shutdown
 	addr      net.Addr
 	conns     map[*trackedConn]struct{}
-	perClient map[netip.Prefix]int // connections by clientKey, untrusted clients only
+	perClient map[netip.Prefix]int // connections by clientaddr.Prefix, untrusted clients only
 	// listeners are those Serve is serving, closed by Shutdown itself:
 	// go-smtp closes only the listeners its Serve had registered when its
 	// Shutdown ran, and a Serve that registers one after that accepts on

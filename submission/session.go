@@ -322,24 +322,23 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 		return s.reject(derr, reasonBadDSN, false, nil)
 	}
 	s.mu.Lock()
-	dup := s.storedRcpt(a)
-	s.mu.Unlock()
-	if dup {
+	defer s.mu.Unlock()
+	if s.storedRcpt(a) {
 		return nil
 	}
-	// A new recipient counts against the tenant's sending limit once,
-	// when it is accepted; a refused one is not kept.
-	if err := s.takeQuota(to); err != nil {
-		s.mu.Lock()
-		if s.seen != nil {
-			delete(s.seen, mailboxKey(a.Local, a.Domain))
-		}
-		s.mu.Unlock()
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.srv.cfg.Quota != nil {
+		// A new recipient counts against the tenant's sending limit once,
+		// when it is accepted; a refused one is not kept. The count is
+		// taken with mu released: it may wait on the bucket.
+		s.mu.Unlock()
+		err := s.takeQuota(to)
+		s.mu.Lock()
+		if err != nil {
+			if s.seen != nil {
+				delete(s.seen, mailboxKey(a.Local, a.Domain))
+			}
+			return err
+		}
 		s.quotaTaken++
 	}
 	s.rcpts = append(s.rcpts, to)
@@ -523,6 +522,9 @@ func (s *session) Logout() error {
 // transaction took and did not send (RSET, a refused or failed DATA, a
 // connection gone).
 func (s *session) returnQuota() {
+	if s.srv.cfg.Quota == nil {
+		return
+	}
 	s.mu.Lock()
 	n := s.quotaTaken
 	s.quotaTaken = 0

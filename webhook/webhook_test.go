@@ -615,6 +615,11 @@ func TestEventTypeNamedTwice(t *testing.T) {
 	if _, err := f.store.Add(ctx, "acme", "https://hooks.example/x", []string{"deliverd"}); err == nil || !strings.Contains(err.Error(), queue.EventQueued) {
 		t.Fatalf("unknown event: %v, want an error listing every type, queued included", err)
 	}
+	// Named nothing, an endpoint gets the default set, complaints
+	// received at the return path among them.
+	if def, err := f.store.Add(ctx, "acme", "https://hooks.example/y", nil); err != nil || !slices.Contains(def.Events, queue.EventComplained) {
+		t.Fatalf("default events %v (%v), want complained among them", def.Events, err)
+	}
 	if err := f.store.Remove(ctx, ep.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -34,5 +35,27 @@ func TestReturnPathSettingsChecked(t *testing.T) {
 	var ue usageError
 	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "no return-path domain") {
 		t.Fatalf("--bounce-addr without a return path: %v", err)
+	}
+}
+
+// A return path for every tenant, with notifications on, says at start
+// that SMTP senders no longer get the remote bounces; per tenant, or with
+// notifications off, it says nothing.
+func TestGlobalReturnPathWarns(t *testing.T) {
+	for _, tc := range []struct {
+		c    *serveConfig
+		warn bool
+	}{
+		{&serveConfig{bounceConfig: bounceConfig{ReturnPath: "rp.example.com"}, dsnConfig: dsnConfig{DSN: true}}, true},
+		{&serveConfig{bounceConfig: bounceConfig{ReturnPath: "rp.example.com"}}, false},
+		{&serveConfig{dsnConfig: dsnConfig{DSN: true}}, false},
+	} {
+		var buf bytes.Buffer
+		if _, err := startBounces(tc.c, nil, nil, nil, nil, "h", "w", nil, nil, zerolog.New(&buf)); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(buf.String(), "no longer receive the bounces"); got != tc.warn {
+			t.Errorf("%+v %+v: warned %v, want %v:\n%s", tc.c.bounceConfig, tc.c.DSN, got, tc.warn, buf.String())
+		}
 	}
 }
