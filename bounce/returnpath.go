@@ -3,18 +3,15 @@ package bounce
 import (
 	"context"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
-	"errors"
-	"fmt"
 	"hash"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/outflow/outflow/internal/fleetkey"
 )
 
 // BucketBounces holds the return path's key (keyName): one random key for
@@ -25,39 +22,12 @@ const BucketBounces = "outflow_bounces"
 const keyName = "return-path-key"
 
 // Buckets opens key-value buckets (queue.Queue.KeyValue).
-type Buckets interface {
-	KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error)
-}
+type Buckets = fleetkey.Buckets
 
 // LoadKey returns the fleet's return-path key, making it on first use. Two
 // processes making it at once both end with the one stored first.
 func LoadKey(ctx context.Context, b Buckets) ([]byte, error) {
-	kv, err := b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketBounces,
-		Description: "outflow return path: the key of its addresses", History: 1})
-	if err != nil {
-		return nil, err
-	}
-	for range 2 {
-		e, err := kv.Get(ctx, keyName)
-		if err == nil {
-			if len(e.Value()) < 16 {
-				return nil, fmt.Errorf("%s %s: a key of %d bytes", BucketBounces, keyName, len(e.Value()))
-			}
-			return e.Value(), nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, fmt.Errorf("%s %s: %w", BucketBounces, keyName, err)
-		}
-		key := make([]byte, 32)
-		_, _ = rand.Read(key)
-		if _, err := kv.Create(ctx, keyName, key); err == nil {
-			return key, nil
-		} else if !errors.Is(err, jetstream.ErrKeyExists) {
-			return nil, fmt.Errorf("%s %s: %w", BucketBounces, keyName, err)
-		}
-		// Another process made it first: read that one.
-	}
-	return nil, fmt.Errorf("%s %s: neither read nor made", BucketBounces, keyName)
+	return fleetkey.Load(ctx, b, BucketBounces, "outflow return path: the key of its addresses", keyName)
 }
 
 // ReturnPath makes the envelope senders (MAIL FROM) that bring a

@@ -96,6 +96,10 @@ const (
 	// spam (an ARF feedback report received at the return path, package
 	// bounce); Reason is the feedback type.
 	EventComplained = "complained"
+	// EventUnsubscribed: a recipient followed the message's one-click
+	// unsubscribe link (RFC 8058, package unsubscribe) and went on the
+	// tenant's suppression list.
+	EventUnsubscribed = "unsubscribed"
 	// EventDSN: a delivery status notification about this envelope was
 	// queued; Reason names its action, its queue id and its recipient.
 	EventDSN = "dsn"

@@ -32,6 +32,9 @@ const (
 	// SuppressComplaint: added by a spam complaint (an ARF report received
 	// at the return path, package bounce).
 	SuppressComplaint = "complaint"
+	// SuppressUnsubscribe: added by the recipient's one-click unsubscribe
+	// (RFC 8058, package unsubscribe).
+	SuppressUnsubscribe = "unsubscribe"
 )
 
 // ErrNotSuppressed is returned by Suppressions.Remove for an address that
@@ -43,7 +46,7 @@ type Suppression struct {
 	Tenant  string    `json:"tenant"`
 	Address string    `json:"address"` // lower-cased: the list matches addresses case-insensitively
 	Reason  string    `json:"reason,omitempty"`
-	Source  string    `json:"source,omitempty"` // SuppressBounce, SuppressAPI, SuppressAdmin or SuppressComplaint
+	Source  string    `json:"source,omitempty"` // SuppressBounce, SuppressAPI, SuppressAdmin, SuppressComplaint or SuppressUnsubscribe
 	Created time.Time `json:"created"`
 	// Expires is when the entry stops applying; zero means never. Expired
 	// entries are ignored by Suppressed and List and deleted when met.
