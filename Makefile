@@ -73,6 +73,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzEnvelopeJSON -fuzztime=$(or $(FUZZTIME),20000x) ./queue
 	$(GO) test -run='^$$' -fuzz=FuzzParseDSN -fuzztime=$(or $(FUZZTIME),100000x) ./dsn
 	$(GO) test -run='^$$' -fuzz=FuzzReturnPathCheck -fuzztime=$(or $(FUZZTIME),40000x) ./bounce
+	$(GO) test -run='^$$' -fuzz=FuzzOpen -fuzztime=$(or $(FUZZTIME),40000x) ./unsubscribe
 
 # bench: micro-benchmarks, then the end-to-end suite against Postfix
 # (docs/benchmarks.md). BENCH_QUICK=1 for a few-minute version.

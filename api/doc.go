@@ -16,4 +16,8 @@
 // every try, so a repeat of an interrupted request stores nothing new.
 // Every error is an RFC 9457 problem document (application/problem+json)
 // whose type names what was wrong. The API is described in docs/openapi.yaml.
+//
+// The listener also serves the recipients' side of one-click unsubscribe
+// links under /unsubscribe/ (Config.Unsubscribe, package unsubscribe),
+// without a key: the token in the link is the credential.
 package api

@@ -77,6 +77,10 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 		}
 		sendAt = req.SendAt.UTC()
 	}
+	if req.ListUnsubscribe != nil && *req.ListUnsubscribe && s.cfg.Unsubscribe == nil {
+		return fieldProblem(ProblemNoUnsubscribe, "no unsubscribe links here", "list_unsubscribe",
+			"this server makes no one-click unsubscribe links: its operator has not set --unsubscribe-url")
+	}
 
 	sum := sha256.Sum256(body)
 	reqHash := hex.EncodeToString(sum[:])
@@ -144,7 +148,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	sub := &queue.Submission{
 		Tenant: key.Tenant, From: req.From, Rcpts: rcpts, Body: msg,
 		ReceivedAt: time.Now().UTC(), RemoteAddr: r.RemoteAddr, IdempotencyKey: idemKey, Source: queue.SourceAPI, DSN: dsnp,
-		SendAt: sendAt,
+		SendAt: sendAt, ListUnsubscribe: req.ListUnsubscribe,
 	}
 	// The store is not abandoned with the request: a client that hangs up
 	// does not cut an enqueue in half (its retry would find it done).
@@ -446,9 +450,9 @@ type MessageStatus struct {
 func lastOutcome(hist []queue.Event) string {
 	for i := len(hist) - 1; i >= 0; i-- {
 		switch t := hist[i].Type; t {
-		case queue.EventDSN, queue.EventComplained:
-			// A notice sent, a complaint received: about the message,
-			// not what became of it.
+		case queue.EventDSN, queue.EventComplained, queue.EventUnsubscribed:
+			// A notice sent, a complaint or an unsubscribe received:
+			// about the message, not what became of it.
 			continue
 		case queue.EventQueued, queue.EventReplayed:
 			return string(queue.StateQueued)

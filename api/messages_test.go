@@ -641,6 +641,7 @@ func TestLastOutcomeAfterDelivery(t *testing.T) {
 		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDelivered, false), ev(queue.EventBounced, true)}, queue.EventBounced},
 		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDelivered, false), ev(queue.EventComplained, true)}, queue.EventDelivered},
 		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventBounced, false), ev(queue.EventDSN, false)}, queue.EventBounced},
+		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDelivered, false), ev(queue.EventUnsubscribed, true)}, queue.EventDelivered},
 	} {
 		if got := lastOutcome(tc.hist); got != tc.want {
 			t.Errorf("%v: %s, want %s", tc.hist, got, tc.want)
@@ -762,5 +763,49 @@ func TestCancelMessage(t *testing.T) {
 	}
 	if r := f.do(t, "DELETE", "/v1/messages/nosuchid", f.key, nil, nil); r.status != 404 {
 		t.Fatalf("cancel of nothing: %d %s", r.status, r.raw)
+	}
+}
+
+// list_unsubscribe asks for one-click unsubscribe links: one envelope per
+// recipient. The links' page is served without a key; a server without
+// links refuses the request (422) and serves no such page.
+func TestListUnsubscribeRequest(t *testing.T) {
+	page := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "page for "+strings.TrimPrefix(r.URL.Path, "/unsubscribe/"))
+	})
+	f := newFixture(t, func(c *Config) { c.Unsubscribe = page })
+	msg := map[string]any{"from": "news@shop.example", "to": []string{"ann@one.example", "bob@one.example"}, "subject": "news", "text": "x",
+		"list_unsubscribe": true}
+	ids := f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t)
+	if len(ids) != 2 {
+		t.Fatalf("ids %v: want one per recipient", ids)
+	}
+	items := queued(t, f.q)
+	if len(items) != 2 || !items[0].Env.ListUnsubscribe || len(items[0].Env.Rcpts) != 1 {
+		t.Fatalf("queued %+v", items)
+	}
+	msg["list_unsubscribe"] = false
+	if ids := f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t); len(ids) != 1 {
+		t.Fatalf("without links: ids %v, want one for the domain", ids)
+	}
+	resp, err := http.Post(f.ts.URL+"/unsubscribe/tok", "application/x-www-form-urlencoded", strings.NewReader("List-Unsubscribe=One-Click"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "page for tok" {
+		t.Fatalf("unsubscribe page without a key: %d %s", resp.StatusCode, b)
+	}
+
+	bare := newFixture(t, nil)
+	msg["list_unsubscribe"] = true
+	if r := bare.do(t, "POST", "/v1/messages", bare.key, msg, nil); r.status != 422 || r.json["type"] != ProblemNoUnsubscribe {
+		t.Fatalf("links asked of a server without: %d %s", r.status, r.raw)
+	}
+	if resp, err := http.Get(bare.ts.URL + "/unsubscribe/tok"); err != nil || resp.StatusCode != 404 {
+		t.Fatalf("unsubscribe page on a server without links: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 }

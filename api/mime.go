@@ -50,6 +50,11 @@ type MessageRequest struct {
 	// SendAt holds the message until then (RFC 3339), at most MaxSendAhead
 	// ahead; a time past sends at once.
 	SendAt *time.Time `json:"send_at,omitempty"`
+	// ListUnsubscribe asks for one-click unsubscribe links (RFC 8058): the
+	// message goes to each recipient as its own envelope, with a
+	// List-Unsubscribe field naming that recipient. Absent: the tenant's
+	// setting ([tenants.NAME] list-unsubscribe).
+	ListUnsubscribe *bool `json:"list_unsubscribe,omitempty"`
 }
 
 // MaxSendAhead is how far ahead send_at may be: three days, as hosted
@@ -381,7 +386,7 @@ func normalizeRaw(raw string) ([]byte, error) {
 // fieldProblem is a 400 (or, for addresses, 422) problem about one field.
 func fieldProblem(typ, title, field, reason string) *Problem {
 	status := 400
-	if typ == ProblemBadAddress || typ == ProblemBadExpires || typ == ProblemBadSendAt {
+	if typ == ProblemBadAddress || typ == ProblemBadExpires || typ == ProblemBadSendAt || typ == ProblemNoUnsubscribe {
 		status = 422
 	}
 	p := problem(status, typ, title, field+": "+reason)

@@ -5,13 +5,18 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers/legacy"
+
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/unsubscribe"
 )
 
 // TestHandlerMatchesOpenAPI loads docs/openapi.yaml, checks it is a valid
@@ -31,7 +36,7 @@ func TestHandlerMatchesOpenAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newFixture(t, func(c *Config) { c.Rate, c.Burst = 0.001, 18 }) // the 19th authenticated call is the 429
+	f := newFixture(t, func(c *Config) { c.Rate, c.Burst = 0.001, 19 }) // the 20th authenticated call is the 429
 
 	type call struct {
 		name, method, path string
@@ -61,6 +66,7 @@ func TestHandlerMatchesOpenAPI(t *testing.T) {
 		{"suppressed recipient", "POST", "/v1/messages", map[string]any{"from": "a@src.example", "to": []string{"b@one.example", "gone@one.example"}, "text": "x"}, nil, 422, true},
 		{"unsuppress", "DELETE", "/v1/suppressions/gone@one.example", nil, nil, 204, true},
 		{"not suppressed", "DELETE", "/v1/suppressions/gone@one.example", nil, nil, 404, true},
+		{"no unsubscribe links", "POST", "/v1/messages", map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "text": "x", "list_unsubscribe": true}, nil, 422, true},
 		{"store down", "POST", "/v1/messages", good, nil, 503, true},
 		{"rate limited", "POST", "/v1/messages", good, nil, 429, true},
 	}
@@ -119,5 +125,82 @@ func TestHandlerMatchesOpenAPI(t *testing.T) {
 				t.Fatalf("response does not match docs/openapi.yaml: %v\n%s", err, rec.Body)
 			}
 		})
+	}
+}
+
+// TestUnsubscribeMatchesOpenAPI checks the recipients' side of the
+// listener, the unsubscribe links, against docs/openapi.yaml: the page,
+// the one-click POST, a token that does not open; without a key.
+func TestUnsubscribeMatchesOpenAPI(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	doc, err := openapi3.NewLoader().LoadFromFile("../docs/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := legacy.NewRouter(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	links, err := unsubscribe.New(bytes.Repeat([]byte{7}, 32), "http://127.0.0.1:8025/unsubscribe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, func(c *Config) {
+		c.Unsubscribe = unsubscribe.NewHandler(unsubscribe.HandlerConfig{Links: links, Store: c.Buckets.(*queue.Queue),
+			Suppressions: c.Suppressions.(*queue.Suppressions), ID: "test/api"})
+	})
+	token := links.Token(unsubscribe.Target{Tenant: "acme", Rcpt: "ann@one.example", ID: "m1"})
+	// The pages are HTML, which the validator reads as a string.
+	openapi3filter.RegisterBodyDecoder("text/html", func(r io.Reader, _ http.Header, _ *openapi3.SchemaRef, _ openapi3filter.EncodingFn) (any, error) {
+		b, err := io.ReadAll(r)
+		return string(b), err
+	})
+	defer openapi3filter.UnregisterBodyDecoder("text/html")
+	for _, c := range []struct {
+		name, method, token, body string
+		status                    int
+	}{
+		{"page", "GET", token, "", 200},
+		{"one-click", "POST", token, "List-Unsubscribe=One-Click", 200},
+		{"again", "POST", token, "List-Unsubscribe=One-Click", 200},
+		{"forged", "POST", token[:len(token)-2] + "AA", "List-Unsubscribe=One-Click", 404},
+		{"forged page", "GET", "nosuch", "", 404},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var body io.Reader
+			if c.body != "" {
+				body = strings.NewReader(c.body)
+			}
+			req := httptest.NewRequest(c.method, "http://127.0.0.1:8025/unsubscribe/"+c.token, body)
+			if c.body != "" {
+				req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			}
+			route, params, err := router.FindRoute(req)
+			if err != nil {
+				t.Fatalf("no route in the document: %v", err)
+			}
+			in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route}
+			if err := openapi3filter.ValidateRequest(ctx, in); err != nil {
+				t.Fatalf("request not valid per document: %v", err)
+			}
+			if c.body != "" {
+				req.Body = io.NopCloser(strings.NewReader(c.body))
+			}
+			rec := httptest.NewRecorder()
+			f.srv.Handler().ServeHTTP(rec, req)
+			if rec.Code != c.status {
+				t.Fatalf("status %d, want %d: %s", rec.Code, c.status, rec.Body)
+			}
+			out := &openapi3filter.ResponseValidationInput{RequestValidationInput: in, Status: rec.Code, Header: rec.Header(),
+				Options: &openapi3filter.Options{IncludeResponseStatus: true}}
+			out.SetBodyBytes(rec.Body.Bytes())
+			if err := openapi3filter.ValidateResponse(ctx, out); err != nil {
+				t.Fatalf("response does not match docs/openapi.yaml: %v", err)
+			}
+		})
+	}
+	if s, err := f.srv.cfg.Suppressions.Suppressed(ctx, "acme", "ann@one.example"); err != nil || s == nil || s.Source != queue.SuppressUnsubscribe {
+		t.Fatalf("after the one-click POST: %+v, %v", s, err)
 	}
 }

@@ -51,6 +51,9 @@ const (
 	ProblemBadExpires     = typePrefix + "bad-expires"
 	// ProblemBadSendAt: send_at is more than MaxSendAhead ahead.
 	ProblemBadSendAt = typePrefix + "bad-send-at"
+	// ProblemNoUnsubscribe: list_unsubscribe asked for links this
+	// process cannot make (no --unsubscribe-url).
+	ProblemNoUnsubscribe = typePrefix + "list-unsubscribe-unavailable"
 	// ProblemSenderNotAllowed: the sender, or an address of the From
 	// field, is outside the tenant's sender domains.
 	ProblemSenderNotAllowed = typePrefix + "sender-not-allowed"

@@ -76,7 +76,11 @@ type Config struct {
 	// (from, and the From field of a built or raw message): 422
 	// sender-not-allowed otherwise. Nil: any domain, for every tenant.
 	SenderDomains submission.SenderDomains
-	Logger        zerolog.Logger
+	// Unsubscribe serves the one-click unsubscribe links under
+	// /unsubscribe/, without an API key (unsubscribe.NewHandler); nil: no
+	// links, and a list_unsubscribe request is refused (422).
+	Unsubscribe http.Handler
+	Logger      zerolog.Logger
 }
 
 // Server is the HTTP API. Its Handler serves every route.
@@ -122,6 +126,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Suppressions != nil {
 		s.mux.Handle("/v1/suppressions", s.route(map[string]handler{http.MethodPost: s.postSuppression, http.MethodGet: s.listSuppressions}))
 		s.mux.Handle("/v1/suppressions/{address}", s.route(map[string]handler{http.MethodDelete: s.deleteSuppression}))
+	}
+	if cfg.Unsubscribe != nil {
+		// The recipients' side: no key (RFC 8058 3.2), the token is the
+		// credential. The one path an operator exposes publicly.
+		s.mux.Handle("/unsubscribe/", cfg.Unsubscribe)
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem(http.StatusNotFound, ProblemNotFound, "not found", "no such route: "+r.URL.Path))

@@ -1,8 +1,9 @@
 // Package queue is in charge of outflow's durable state on NATS JetStream:
 // it starts the embedded server (or connects to an external cluster), creates
 // the streams, buckets and consumers, stores submitted message bodies once in
-// an Object Store, splits each submission into one envelope per destination,
-// and carries envelopes between the three delivery lanes (fresh work, retry,
+// an Object Store, splits each submission into one envelope per destination
+// (per recipient for a message whose header names its recipient, its
+// unsubscribe link: Submission.ListUnsubscribe), and carries envelopes between the three delivery lanes (fresh work, retry,
 // rate limit), the dead-letter store and the events stream.
 //
 // Failure semantics, in one paragraph: a submission is accepted only once its

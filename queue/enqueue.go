@@ -52,11 +52,12 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tenant consumer: %w", err)
 	}
-	groups, order := splitByDomain(s.Rcpts)
+	unsub := s.ListUnsubscribe != nil && *s.ListUnsubscribe
+	parts := split(s.Rcpts, unsub)
 	// One destination and a body of at most InlineBodyMax: the body goes
 	// inside the envelope, and the envelope's one acknowledged write stores
 	// both. Otherwise the body is stored once in the Object Store first.
-	inline := len(order) == 1 && len(s.Body) <= q.opts.InlineBodyMax
+	inline := len(parts) == 1 && len(s.Body) <= q.opts.InlineBodyMax
 	bodyRef := msgID
 	switch {
 	case inline:
@@ -74,12 +75,12 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			return nil, fmt.Errorf("store body: %w", err)
 		}
 	}
-	if len(order) > 1 {
+	if len(parts) > 1 {
 		// Several envelopes share the body: count them, so that the last
 		// one to finish can delete it (releaseBody). Written before any
 		// envelope exists, so no part can finish uncounted.
 		q.count(OpSentPut)
-		if _, err := q.sent.Put(ctx, partsKey(msgID), []byte(strconv.Itoa(len(order)))); err != nil {
+		if _, err := q.sent.Put(ctx, partsKey(msgID), []byte(strconv.Itoa(len(parts)))); err != nil {
 			return nil, fmt.Errorf("count body references: %w", err)
 		}
 	}
@@ -91,23 +92,25 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if later {
 		deadline = s.SendAt.Add(q.opts.DeadlineAfter)
 	}
-	ids := make([]string, 0, len(order))
-	futures := make([]jetstream.PubAckFuture, 0, len(order))
+	ids := make([]string, 0, len(parts))
+	futures := make([]jetstream.PubAckFuture, 0, len(parts))
 	// The queued events carry the time before the envelopes are published:
 	// a worker can deliver an envelope before the fsync below returns, and
 	// its event must not read as older than the message's queued one.
 	stored := time.Now().UTC()
-	for i, dom := range order {
+	for i, part := range parts {
 		id := msgID
-		if len(order) > 1 {
+		if len(parts) > 1 {
 			id = msgID + "-" + strconv.Itoa(i+1)
 		}
+		dom := part.dest
 		env := &Envelope{
 			ID: id, MsgID: msgID, Tenant: s.Tenant, From: s.From,
-			Rcpts: groups[dom], Dest: dom, BodyRef: bodyRef, Size: int64(len(s.Body)),
-			Parts: len(order), SubmittedAt: received.UTC(), MessageID: msgHdrID,
+			Rcpts: part.rcpts, Dest: dom, BodyRef: bodyRef, Size: int64(len(s.Body)),
+			Parts: len(parts), SubmittedAt: received.UTC(), MessageID: msgHdrID,
 			Deadline: deadline,
-			Source:   s.Source, DSN: s.DSN.For(groups[dom]), IsReport: s.IsReport,
+			Source:   s.Source, DSN: s.DSN.For(part.rcpts), IsReport: s.IsReport,
+			ListUnsubscribe: unsub,
 		}
 		if later {
 			env.SendAt = s.SendAt.UTC()
@@ -139,7 +142,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			return nil, err
 		}
 		q.count(op)
-		if len(order) == 1 {
+		if len(parts) == 1 {
 			// One envelope: one request, its PubAck read without
 			// nats.go's future and JSON decode (pubAckErr).
 			if err := q.publishConfirmed(ctx, m, stream); err != nil {
@@ -184,25 +187,49 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		}
 	}
 	for i, id := range ids {
-		q.Event(EventQueued, &Event{Time: stored, ID: id, MsgID: msgID, Tenant: s.Tenant, Dest: order[i], Rcpts: len(groups[order[i]]),
+		q.Event(EventQueued, &Event{Time: stored, ID: id, MsgID: msgID, Tenant: s.Tenant, Dest: parts[i].dest, Rcpts: len(parts[i].rcpts),
 			Size: int64(len(s.Body)), Reason: reason})
 	}
 	return ids, nil
 }
 
-// splitByDomain groups recipients by their lower-cased domain, keeping the
-// order in which domains first appear.
-func splitByDomain(rcpts []string) (map[string][]string, []string) {
-	groups := make(map[string][]string, 1)
-	var order []string
+// part is the recipients of one envelope, all at dest.
+type part struct {
+	dest  string
+	rcpts []string
+}
+
+// split groups recipients into envelopes: by their lower-cased domain, in
+// the order in which domains first appear, or with perRcpt one envelope
+// per recipient (a message whose header names its one recipient, such as
+// its unsubscribe link), in the order given, a repeated address once.
+func split(rcpts []string, perRcpt bool) []part {
+	if len(rcpts) == 1 {
+		return []part{{Domain(rcpts[0]), rcpts}}
+	}
+	parts := make([]part, 0, 2)
+	if perRcpt {
+		seen := make(map[string]bool, len(rcpts))
+		for _, r := range rcpts {
+			if !seen[r] {
+				seen[r] = true
+				parts = append(parts, part{Domain(r), []string{r}})
+			}
+		}
+		return parts
+	}
+	index := make(map[string]int, 2)
 	for _, r := range rcpts {
 		d := Domain(r)
-		if _, ok := groups[d]; !ok {
-			order = append(order, d)
+		i, ok := index[d]
+		if !ok {
+			i = len(parts)
+			index[d] = i
+			parts = append(parts, part{dest: d})
 		}
-		groups[d] = append(groups[d], r)
+		parts[i].rcpts = append(parts[i].rcpts, r)
 	}
-	return groups, order
+	return parts
 }
 
 // Domain returns the lower-cased domain of an address ("" when it has none).

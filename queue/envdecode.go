@@ -94,6 +94,9 @@ func (e *Envelope) decodeJSONFast(data []byte) bool {
 		case "send_at":
 			bit = 1 << 20
 			e.SendAt, ok = d.time()
+		case "list_unsubscribe":
+			bit = 1 << 21
+			e.ListUnsubscribe, ok = d.bool()
 		default:
 			return 0, false
 		}

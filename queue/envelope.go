@@ -102,6 +102,11 @@ type Envelope struct {
 	// and its delivery latency count from then (ReadyAt).
 	SendAt time.Time `json:"send_at,omitzero"`
 
+	// ListUnsubscribe: the worker puts a one-click unsubscribe link for
+	// the envelope's one recipient in front of the message before its
+	// first attempt (Submission.ListUnsubscribe).
+	ListUnsubscribe bool `json:"list_unsubscribe,omitempty"`
+
 	// Attempt metadata, carried in headers.
 	Attempt       int       `json:"-"`
 	FirstAttempt  time.Time `json:"-"`

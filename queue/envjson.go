@@ -78,6 +78,9 @@ func (e *Envelope) appendJSON(b []byte) (_ []byte, ok bool) {
 			return b, false
 		}
 	}
+	if e.ListUnsubscribe {
+		b = append(b, `,"list_unsubscribe":true`...)
+	}
 	return append(b, '}'), true
 }
 

@@ -27,7 +27,7 @@ func sampleEnvelopes() []*Envelope {
 				{At: at.Add(time.Minute).Truncate(time.Second), Attempt: 2, Worker: "w/2", Class: "throttled", Code: -1},
 				{},
 			},
-			Source: SourceAPI, IsReport: true, DelayWarned: true, PassNoted: true, DelayNoted: 2, SendAt: at.Add(time.Hour),
+			Source: SourceAPI, IsReport: true, DelayWarned: true, PassNoted: true, DelayNoted: 2, SendAt: at.Add(time.Hour), ListUnsubscribe: true,
 			DSN: &DSNParams{Ret: "FULL", EnvID: "e<1>", Rcpts: map[string]RcptDSN{
 				"c@b":  {Notify: []string{NotifySuccess, NotifyDelay}, ORcpt: "C@b", ORcptType: "rfc822"},
 				"a@b":  {ORcptType: "utf-8"},

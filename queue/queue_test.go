@@ -462,3 +462,47 @@ func TestEnqueueSendAt(t *testing.T) {
 	case <-time.After(time.Second):
 	}
 }
+
+// A message with one-click unsubscribe links becomes one envelope per
+// recipient (the link names its recipient), all sharing one stored body;
+// without them, one envelope per domain.
+func TestEnqueueListUnsubscribeOnePerRecipient(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	on := true
+	body := []byte("Subject: news\r\n\r\nx\r\n")
+	rcpts := []string{"a@d.example", "b@d.example", "a@d.example", "c@e.example"}
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "n@b.example", Rcpts: rcpts, Body: body, ListUnsubscribe: &on})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 3 {
+		t.Fatalf("ids %v: want one per distinct recipient", ids)
+	}
+	want := map[string]string{ids[0]: "a@d.example", ids[1]: "b@d.example", ids[2]: "c@e.example"}
+	work, _ := q.Messages(ctx, LaneWork, 4)
+	for range 3 {
+		d := next(t, work)
+		rcpt, ok := want[d.Env.ID]
+		if !ok || len(d.Env.Rcpts) != 1 || d.Env.Rcpts[0] != rcpt || !d.Env.ListUnsubscribe || d.Env.Parts != 3 || d.Env.Inline() {
+			t.Fatalf("envelope %+v: want %s alone, marked, one of 3 parts sharing a stored body", d.Env, rcpt)
+		}
+		if d.Env.Dest != Domain(rcpt) {
+			t.Fatalf("dest %q for %s", d.Env.Dest, rcpt)
+		}
+		delete(want, d.Env.ID)
+		if err := d.Skip(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	off := false
+	ids, err = q.Enqueue(ctx, &Submission{Tenant: "t", From: "n@b.example", Rcpts: rcpts[:2], Body: body, ListUnsubscribe: &off})
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("without links: %v, %v; want one envelope for the domain", ids, err)
+	}
+	if d := next(t, work); len(d.Env.Rcpts) != 2 || d.Env.ListUnsubscribe {
+		t.Fatalf("envelope %+v", d.Env)
+	}
+}

@@ -19,6 +19,12 @@ type Submission struct {
 	// envelopes wait on the retry lane, as a first attempt scheduled for
 	// SendAt, and its age budget counts from SendAt. Zero sends at once.
 	SendAt time.Time
+	// ListUnsubscribe asks for one-click unsubscribe links (RFC 8058):
+	// each recipient gets an envelope of its own, and the worker puts a
+	// List-Unsubscribe field naming that recipient in front of the
+	// message (worker.Config.Unsubscribe). Nil is the tenant's setting,
+	// which serve applies before Enqueue; Enqueue takes nil as no.
+	ListUnsubscribe *bool
 
 	// Frame, when not nil, is the buffer Body was read into: Body is its
 	// tail, and the octets in front of Body are free. Enqueue writes an

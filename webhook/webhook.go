@@ -48,7 +48,7 @@ const SecretPrefix = "whsec_"
 
 // DefaultEvents are the event types an endpoint receives when it names none.
 var DefaultEvents = []string{queue.EventDelivered, queue.EventBounced, queue.EventDeferred,
-	queue.EventThrottled, queue.EventDead, queue.EventSuppressed, queue.EventComplained}
+	queue.EventThrottled, queue.EventDead, queue.EventSuppressed, queue.EventComplained, queue.EventUnsubscribed}
 
 // ErrNoEndpoint is returned for an endpoint id that does not exist.
 var ErrNoEndpoint = errors.New("no such webhook endpoint")

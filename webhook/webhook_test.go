@@ -617,7 +617,7 @@ func TestEventTypeNamedTwice(t *testing.T) {
 	}
 	// Named nothing, an endpoint gets the default set, complaints
 	// received at the return path among them.
-	if def, err := f.store.Add(ctx, "acme", "https://hooks.example/y", nil); err != nil || !slices.Contains(def.Events, queue.EventComplained) {
+	if def, err := f.store.Add(ctx, "acme", "https://hooks.example/y", nil); err != nil || !slices.Contains(def.Events, queue.EventComplained) || !slices.Contains(def.Events, queue.EventUnsubscribed) {
 		t.Fatalf("default events %v (%v), want complained among them", def.Events, err)
 	}
 	if err := f.store.Remove(ctx, ep.ID); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/throttle"
+	"github.com/outflow/outflow/unsubscribe"
 )
 
 // deliverer is one delivery goroutine of a Pool. Each has its own id,
@@ -133,6 +134,9 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		return err
 	}
 
+	if e.ListUnsubscribe && !e.Signed {
+		body = w.listUnsubscribe(e, body)
+	}
 	if w.cfg.Signer != nil && !e.Signed {
 		if body, err = w.sign(ctx, e, body); err != nil {
 			return err
@@ -236,6 +240,68 @@ func (w *deliverer) sign(ctx context.Context, e *queue.Envelope, body []byte) ([
 	}
 	e.BodyRef, e.Body, e.Signed, e.SigLen, e.Size = ref, nil, true, 0, int64(len(signed))
 	return signed, nil
+}
+
+// listUnsubscribe puts the one-click unsubscribe fields naming the
+// envelope's one recipient into body, below its trace fields (Received,
+// Return-Path), unless the message has a List-Unsubscribe of its own. The
+// link is the same at every attempt, so an unsigned message need not be
+// stored again: the fields are added afresh to the stored original, and a
+// signed one keeps them inside its signature (sign stores those bytes).
+func (w *deliverer) listUnsubscribe(e *queue.Envelope, body []byte) []byte {
+	if len(e.Rcpts) != 1 || unsubscribe.Has(body) {
+		return body
+	}
+	if w.cfg.Unsubscribe == nil {
+		w.noLinks.Do(func() {
+			w.log.Warn().Str("msg_id", e.ID).Str("tenant", e.Tenant).
+				Msg("mail asks for one-click unsubscribe links, but this process has no --unsubscribe-url; sending it without")
+		})
+		return body
+	}
+	fields := w.cfg.Unsubscribe.Header(unsubscribe.Target{Tenant: e.Tenant, Rcpt: e.Rcpts[0], ID: e.ID})
+	at := afterTrace(body)
+	out := make([]byte, 0, len(body)+len(fields))
+	out = append(out, body[:at]...)
+	out = append(out, fields...)
+	return append(out, body[at:]...)
+}
+
+// afterTrace is the offset in msg just past its leading trace fields
+// (Received and Return-Path, RFC 5322 3.6.7, with their folded lines):
+// fields a relay adds go below the ones it found on top, in order.
+func afterTrace(msg []byte) int {
+	at := 0
+	trace := false
+	for at < len(msg) {
+		end := bytes.IndexByte(msg[at:], '\n')
+		if end < 0 {
+			return at
+		}
+		line := msg[at : at+end+1]
+		switch {
+		case line[0] == ' ' || line[0] == '\t':
+			if !trace {
+				return at
+			}
+		case hasFieldName(line, "Received"), hasFieldName(line, "Return-Path"):
+			trace = true
+		default:
+			return at
+		}
+		at += len(line)
+	}
+	return at
+}
+
+// hasFieldName reports whether line starts the header field name
+// (case-insensitive), its colon after optional white space.
+func hasFieldName(line []byte, name string) bool {
+	if len(line) <= len(name) || !bytes.EqualFold(line[:len(name)], []byte(name)) {
+		return false
+	}
+	rest := bytes.TrimLeft(line[len(name):], " \t")
+	return len(rest) > 0 && rest[0] == ':'
 }
 
 // outcomeOf classifies each recipient's reply and groups the recipients by

@@ -18,6 +18,13 @@
 // stop inside the SMTP conversation itself; the duplicates it can cause
 // are bounded by the envelopes this worker held in flight.
 //
+// Before the first attempt the body is made final, and every retry sends
+// the same bytes: an envelope that asks for a one-click unsubscribe link
+// (one recipient each, queue.Envelope.ListUnsubscribe) gets the link's
+// fields below its trace fields (Config.Unsubscribe, the same link at each
+// attempt), and then the DKIM signature over them (Config.Signer), whose
+// result is stored.
+//
 // A message whose budget (attempts or age) is spent goes to dead letters
 // with its evidence. Delivery status notifications (RFC 3464 failures,
 // delay warnings, relayed notices for NOTIFY=SUCCESS) are queued through

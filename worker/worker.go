@@ -18,6 +18,7 @@ import (
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/throttle"
+	"github.com/outflow/outflow/unsubscribe"
 )
 
 // UnknownPolicy says what to do when a message may or may not have been
@@ -42,6 +43,13 @@ type Sender interface {
 // address that brings the envelope's bounces back to outflow.
 type ReturnPather interface {
 	Address(tenant, id, from string, at time.Time) string
+}
+
+// Unsubscriber makes the one-click unsubscribe fields (List-Unsubscribe
+// and List-Unsubscribe-Post) naming one recipient of one envelope:
+// *unsubscribe.Links.
+type Unsubscriber interface {
+	Header(t unsubscribe.Target) []byte
 }
 
 // Signer signs a message body for its sender's domain, returning it
@@ -82,6 +90,10 @@ type Config struct {
 	// Signer adds a DKIM signature before the first attempt; nil sends
 	// bodies as submitted.
 	Signer Signer
+	// Unsubscribe puts the one-click unsubscribe fields in front of the
+	// messages whose envelopes ask for them (Envelope.ListUnsubscribe),
+	// before they are signed; nil sends them without (and says so once).
+	Unsubscribe Unsubscriber
 
 	Queue      *queue.Queue
 	Sender     Sender
@@ -124,6 +136,9 @@ type Pool struct {
 	dsn *dsnState // nil without Config.DSN
 	log zerolog.Logger
 	wg  sync.WaitGroup
+	// noLinks says once that mail asks for unsubscribe links this
+	// process cannot make (no Config.Unsubscribe).
+	noLinks sync.Once
 }
 
 // New checks cfg and returns a Pool; Run starts it.

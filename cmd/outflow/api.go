@@ -54,7 +54,8 @@ func (a apiQueue) Enqueue(ctx context.Context, s *queue.Submission) ([]string, e
 // startAPI serves the HTTP API on --api-addr until the returned stop is
 // called; stop lets requests in progress finish (their enqueue, then their
 // 202 or 503) within ctx. With --api-addr "" it serves nothing.
-func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Embedded, sup *queue.Suppressions, limits submission.Quota, t *throttle.Throttle, hostname string, log zerolog.Logger) (func(context.Context), error) {
+func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, enq enqueuer, sup *queue.Suppressions, limits submission.Quota, t *throttle.Throttle,
+	unsub http.Handler, hostname string, log zerolog.Logger) (func(context.Context), error) {
 	if c.APIAddr == "" {
 		return func(context.Context) {}, nil
 	}
@@ -73,9 +74,9 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, emb *queue.Em
 		return nil, err
 	}
 	srv, err := api.New(setup, api.Config{
-		Queue: apiQueue{q, enqueuer{q, emb}}, Buckets: q, Suppressions: sup, Hostname: hostname,
+		Queue: apiQueue{q, enq}, Buckets: q, Suppressions: sup, Hostname: hostname,
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients,
-		Rate: c.APIRate, Burst: c.APIBurst, IdempotencyTTL: q.DedupWindow(), SenderDomains: senders, Quota: limits, Logger: log,
+		Rate: c.APIRate, Burst: c.APIBurst, IdempotencyTTL: q.DedupWindow(), SenderDomains: senders, Quota: limits, Unsubscribe: unsub, Logger: log,
 	})
 	if err != nil {
 		return nil, err

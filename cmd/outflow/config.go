@@ -103,6 +103,8 @@ type serveConfig struct {
 	bounceConfig
 	// max-recipients-per-day: cmd/outflow/quota.go.
 	quotaConfig
+	// unsubscribe-url and list-unsubscribe: cmd/outflow/unsubscribe.go.
+	unsubscribeConfig
 }
 
 // dkimConfig is one [[dkim]] section: the key that signs mail whose sender
@@ -181,6 +183,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	bindDSNFlags(fs, &c.dsnConfig)
 	bindBounceFlags(fs, &c.bounceConfig)
 	bindQuotaFlags(fs, &c.quotaConfig)
+	bindUnsubscribeFlags(fs, &c.unsubscribeConfig)
 }
 
 // loadConfigFile applies the config file under the flags: it remembers the

@@ -44,6 +44,9 @@ type tenantConfig struct {
 	// MaxRecipientsPerDay overrides max-recipients-per-day for the
 	// tenant; 0 lifts the limit (cmd/outflow/quota.go).
 	MaxRecipientsPerDay *int `toml:"max-recipients-per-day"`
+	// ListUnsubscribe overrides list-unsubscribe for the tenant: its mail
+	// gets one-click unsubscribe links, or none (cmd/outflow/unsubscribe.go).
+	ListUnsubscribe *bool `toml:"list-unsubscribe"`
 	// SenderDomains limits the domains the tenant may send as
 	// (submission.SenderDomains); unset: any (cmd/outflow/senders.go).
 	SenderDomains []string `toml:"sender-domains"`

@@ -266,6 +266,11 @@ func serve(parent context.Context, c *serveConfig) error {
 	if err != nil {
 		return err
 	}
+	unsubPolicy, links, err := c.unsubscribeLinks(ctx, q)
+	if err != nil {
+		return err
+	}
+	enq := enqueuer{q: q, emb: emb, unsub: unsubPolicy}
 	dsnCfg, err := c.workerDSN(hostname, suppressions, worker.NewDSNMetrics(reg))
 	if err != nil {
 		return usageError{err}
@@ -274,7 +279,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, ThrottleHold: throttle.LearnHold(), Budget: budget, ProgressEvery: c.AckWait / 4,
 		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier, Gate: throttle,
 		Signer: signer, Egress: egress, Logger: base, Metrics: worker.NewMetrics(reg), Suppressions: suppressions, DSN: dsnCfg,
-		ReturnPath: returnPathOrNil(returnPath),
+		ReturnPath: returnPathOrNil(returnPath), Unsubscribe: unsubscriberOrNil(links),
 	})
 	if err != nil {
 		return usageError{err}
@@ -294,7 +299,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		MaxClientConnections: c.MaxClientConns,
 		ReadTimeout:          c.SMTPReadTimeout, DataTimeout: c.SMTPDataTimeout,
 		Suppressions: suppressions, SenderDomains: senders, Quota: limits, Registerer: reg, Logger: log,
-	}, enqueuer{q, emb})
+	}, enq)
 	if err != nil {
 		return usageError{err}
 	}
@@ -309,7 +314,8 @@ func serve(parent context.Context, c *serveConfig) error {
 		ln.Close()
 		return err
 	}
-	stopAPI, err := startAPI(ctx, c, q, emb, suppressions, limits, throttle, hostname, log)
+	stopAPI, err := startAPI(ctx, c, q, enq, suppressions, limits, throttle,
+		unsubscribeHandler(links, q, suppressions, workerID, reg, log), hostname, log)
 	if err != nil {
 		ln.Close()
 		_ = httpSrv.Close()
@@ -484,9 +490,13 @@ func serveDestStatus(q *queue.Queue, t *throttle.Throttle, workerID string, egre
 // enqueuer hands submissions to the queue, failing at once while the
 // embedded JetStream is down (disk full), so clients get their 451 without
 // waiting for a publish timeout.
+//
+// It also applies the tenants' one-click unsubscribe setting to the
+// submissions that do not choose for themselves.
 type enqueuer struct {
-	q   *queue.Queue
-	emb *queue.Embedded // nil with --nats-url
+	q     *queue.Queue
+	emb   *queue.Embedded // nil with --nats-url
+	unsub listUnsubscribe
 }
 
 func (e enqueuer) Enqueue(ctx context.Context, s *queue.Submission) ([]string, error) {
@@ -495,6 +505,7 @@ func (e enqueuer) Enqueue(ctx context.Context, s *queue.Submission) ([]string, e
 			return nil, err
 		}
 	}
+	e.unsub.apply(s)
 	return e.q.Enqueue(ctx, s)
 }
 

@@ -20,8 +20,9 @@ func init() {
 	a := &adminFlags{}
 	var from, tenant, key, ret, envID, sendAtArg string
 	var to, notify, orcpt []string
+	var listUnsub bool
 	cmd := &cobra.Command{
-		Use:   "submit --from A --to B [--to C] [--idempotency-key K] [--ret FULL|HDRS] [--envid ID] [--notify B=LIST] [--orcpt B=TYPE;ADDR] [--send-at TIME] < message.eml",
+		Use:   "submit --from A --to B [--to C] [--idempotency-key K] [--ret FULL|HDRS] [--envid ID] [--notify B=LIST] [--orcpt B=TYPE;ADDR] [--send-at TIME] [--list-unsubscribe] < message.eml",
 		Short: "submit a message through NATS (the second submission path) and print its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -78,8 +79,16 @@ func init() {
 				host, os.Getuid(), now.Format(time.RFC1123Z))
 			body = submission.CompleteHeaders(append([]byte(recv), body...), len(recv), host, seed, now)
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				ids, err := q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: from, Rcpts: to, Body: body,
-					ReceivedAt: now, IdempotencyKey: key, Source: queue.SourceNATS, DSN: dsnp, SendAt: sendAt})
+				sub := &queue.Submission{Tenant: tenant, From: from, Rcpts: to, Body: body,
+					ReceivedAt: now, IdempotencyKey: key, Source: queue.SourceNATS, DSN: dsnp, SendAt: sendAt}
+				if cmd.Flags().Changed("list-unsubscribe") {
+					// Said here, it holds for this message; unsaid, the
+					// message goes without links (this command does not
+					// read the daemon's tenant settings).
+					sub.ListUnsubscribe = &listUnsub
+					listUnsubscribe{}.apply(sub)
+				}
+				ids, err := q.Enqueue(ctx, sub)
 				if err != nil {
 					return err
 				}
@@ -100,6 +109,7 @@ func init() {
 	cmd.Flags().StringVar(&envID, "envid", "", "DSN ENVID: your id of the message, returned in notifications (RFC 3461)")
 	cmd.Flags().StringArrayVar(&notify, "notify", nil, "DSN NOTIFY of one recipient, RCPT=NEVER or RCPT=SUCCESS,FAILURE,DELAY (repeat per recipient)")
 	cmd.Flags().StringVar(&sendAtArg, "send-at", "", "hold the message until this RFC 3339 time, at most 72 hours ahead (a time past sends at once)")
+	cmd.Flags().BoolVar(&listUnsub, "list-unsubscribe", false, "one-click unsubscribe links: one envelope per recipient, each with a List-Unsubscribe naming it (the workers need --unsubscribe-url)")
 	cmd.Flags().StringArrayVar(&orcpt, "orcpt", nil, "DSN ORCPT of one recipient, RCPT=TYPE;ADDRESS, e.g. b@x=rfc822;b@old.example (repeat per recipient)")
 	rootCmd.AddCommand(cmd)
 }
