@@ -29,7 +29,10 @@
 //     Reports about envelopes whose events have expired are taken and
 //     counted, not recorded; free-text bounces, auto-replies and reports
 //     that cannot be read are refused (550 5.6.0), so that a 250 always
-//     means a report was read.
+//     means a report was read. It also takes fbl@ (feedback loops) and,
+//     with Config.Postmaster, postmaster@ and abuse@ each return-path
+//     domain: those are forwarded to the operator through the queue, from
+//     the null sender, stored before the 250 (server.go, forward).
 //
 // A tenant whose mail carries a return path no longer receives the remote
 // systems' bounces itself: its application learns of them from events and

@@ -40,6 +40,7 @@ const (
 	ResultUnknownMsg = "unknown"    // no events of the envelope (older than the events stream keeps)
 	ResultUnmatched  = "unmatched"  // the report names no recipient the envelope was delivered to
 	ResultRefused    = "refused"    // RCPT to an address that is not a return path (550 at RCPT)
+	ResultForwarded  = "forwarded"  // mail to postmaster@ or abuse@ a return-path domain, forwarded to Config.Postmaster
 )
 
 // envelope is what the events say about one delivered envelope.

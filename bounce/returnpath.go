@@ -193,6 +193,31 @@ func (rp *ReturnPath) IsFeedbackAddress(addr string) bool {
 	return ok && strings.EqualFold(local, FeedbackLocal) && rp.domains[strings.ToLower(domain)]
 }
 
+// RoleLocals are the local parts at each return-path domain that people
+// write to: postmaster (RFC 5321 4.5.1 has every mail domain take it) and
+// abuse (RFC 2142; where providers' abuse desks write about a sending
+// domain). The listener forwards them to an operator (Config.Postmaster).
+var RoleLocals = []string{"postmaster", "abuse"}
+
+// IsRoleAddress reports whether addr is one of RoleLocals at one of the
+// return-path domains.
+func (rp *ReturnPath) IsRoleAddress(addr string) bool {
+	if rp == nil {
+		return false
+	}
+	addr = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(addr), "<"), ">")
+	local, domain, ok := strings.Cut(addr, "@")
+	if !ok || !rp.domains[strings.ToLower(domain)] {
+		return false
+	}
+	for _, l := range RoleLocals {
+		if strings.EqualFold(local, l) {
+			return true
+		}
+	}
+	return false
+}
+
 // Find returns the return paths of this fleet that appear in text (an
 // original's header: its Return-Path, or a Received field's "for"), each
 // once, at most max.

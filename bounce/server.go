@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -19,6 +20,7 @@ import (
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/clientaddr"
 	"github.com/outflow/outflow/internal/defaults"
+	"github.com/outflow/outflow/queue"
 )
 
 // Defaults of Config's numeric settings.
@@ -62,6 +64,14 @@ type Config struct {
 	// Suppressions receives recipients that hard-bounced or complained;
 	// nil keeps no list.
 	Suppressions Suppressor
+	// Postmaster, when set, is the address that mail to postmaster@ and
+	// abuse@ the return-path domains is forwarded to (RoleLocals), through
+	// Forwarder, from the null sender; unset, those are refused like any
+	// address that is not a return path.
+	Postmaster string
+	// Forwarder stores a forwarded message for delivery (serve's enqueue
+	// path); required with Postmaster.
+	Forwarder Forwarder
 	// Classifier judges a bounce's diagnostic (default classify.Default()).
 	Classifier *classify.Classifier
 	// TLSConfig, when set, offers STARTTLS.
@@ -77,6 +87,20 @@ type Config struct {
 	Registerer prometheus.Registerer
 	Logger     zerolog.Logger
 }
+
+// Forwarder stores a message for delivery: the queue, through serve's
+// enqueue path.
+type Forwarder interface {
+	Enqueue(ctx context.Context, s *queue.Submission) ([]string, error)
+}
+
+// ForwardTenant is the tenant forwarded postmaster and abuse mail is
+// accounted to.
+const ForwardTenant = "postmaster"
+
+// maxHops bounds the Received fields of a message forwarded to the
+// postmaster: more mean a loop (RFC 5321 6.3), refused with 554 5.4.6.
+const maxHops = 50
 
 // Server is the bounce listener: an SMTP server that takes mail for the
 // return-path addresses only and records what the reports in it say.
@@ -102,6 +126,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Addr == "" || cfg.ReturnPath == nil || cfg.Store == nil {
 		return nil, errors.New("bounce: address, return path and store are required")
 	}
+	if cfg.Postmaster != "" && cfg.Forwarder == nil {
+		return nil, errors.New("bounce: a postmaster address needs a forwarder")
+	}
+	if cfg.ReturnPath.IsRoleAddress(cfg.Postmaster) {
+		return nil, fmt.Errorf("bounce: postmaster address %s is itself forwarded (a loop); name a mailbox elsewhere", cfg.Postmaster)
+	}
 	defaults.Set(&cfg.MaxMessageBytes, DefaultMaxMessageBytes)
 	defaults.Set(&cfg.MaxConnections, DefaultMaxConnections)
 	defaults.Set(&cfg.MaxClientConnections, DefaultMaxClientConnections)
@@ -117,7 +147,7 @@ func New(cfg Config) (*Server, error) {
 		Help: "Messages received at the return path, by what became of them; refused counts RCPTs to other addresses.",
 	}, []string{"result"})
 	for _, r := range []string{ResultBounced, ResultComplaint, ResultNoFailure, ResultUnparsed, ResultMalformed,
-		ResultUnknownMsg, ResultUnmatched, ResultRefused} {
+		ResultUnknownMsg, ResultUnmatched, ResultRefused, ResultForwarded} {
 		s.results.WithLabelValues(r)
 	}
 	if cfg.Registerer != nil {
@@ -222,17 +252,21 @@ func (c *countedConn) Close() error {
 
 type backend struct{ s *Server }
 
-func (b backend) NewSession(*smtp.Conn) (smtp.Session, error) { return &session{s: b.s}, nil }
+func (b backend) NewSession(c *smtp.Conn) (smtp.Session, error) {
+	return &session{s: b.s, conn: c}, nil
+}
 
 // session is one connection's transaction: the return paths its RCPTs
 // named.
 type session struct {
 	s    *Server
+	conn *smtp.Conn
 	refs []ref
-	fbl  bool // addressed to a feedback-loop address
+	fbl  bool     // addressed to a feedback-loop address
+	role []string // the postmaster and abuse addresses it was addressed to
 }
 
-func (ss *session) Reset()        { ss.refs, ss.fbl = nil, false }
+func (ss *session) Reset()        { ss.refs, ss.fbl, ss.role = nil, false, nil }
 func (ss *session) Logout() error { return nil }
 
 // Mail takes any reverse path: reports come from the null sender or from
@@ -246,6 +280,10 @@ var errNoSuchUser = &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5
 // address of a return-path domain, and refuses any other: the listener
 // relays nothing and has no mailboxes.
 func (ss *session) Rcpt(to string, _ *smtp.RcptOptions) error {
+	if ss.s.cfg.Postmaster != "" && ss.s.cfg.ReturnPath.IsRoleAddress(to) {
+		ss.role = append(ss.role, to)
+		return nil
+	}
 	if ss.s.cfg.ReturnPath.IsFeedbackAddress(to) {
 		ss.fbl = true
 		return nil
@@ -285,8 +323,19 @@ func (ss *session) Data(r io.Reader) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), ss.s.cfg.RecordTimeout)
 	defer cancel()
+	if len(ss.role) > 0 {
+		if err := ss.forward(ctx, buf.Bytes()); err != nil {
+			return err
+		}
+		if len(ss.refs) == 0 && !ss.fbl {
+			return nil
+		}
+	}
 	result, err := ss.s.record(ctx, ss.refs, buf.Bytes())
 	var u *unreadable
+	if errors.As(err, &u) && len(ss.role) > 0 {
+		return nil // not a report, but a person's mail the postmaster has
+	}
 	if errors.As(err, &u) {
 		ss.s.results.WithLabelValues(u.result).Inc()
 		ss.s.log.Info().Err(u.err).Int("bytes", buf.Len()).Str("result", u.result).Msg("message at the return path refused")
@@ -299,6 +348,57 @@ func (ss *session) Data(r io.Reader) error {
 	}
 	ss.s.results.WithLabelValues(result).Inc()
 	return nil
+}
+
+// forward stores msg for delivery to the postmaster, with a Received
+// field on top, from the null sender: nothing about it is ever sent back
+// here, so a postmaster address that bounces cannot start a loop. It is
+// stored before the 250 like any submission; a failure is a 451.
+func (ss *session) forward(ctx context.Context, msg []byte) error {
+	if hops := countReceived(msg); hops > maxHops {
+		ss.s.log.Warn().Int("hops", hops).Strs("to", ss.role).Msg("mail to the postmaster refused: a loop")
+		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 4, 6}, Message: "Too many hops: a mail loop"}
+	}
+	helo, from := "unknown", "unknown"
+	if ss.conn != nil {
+		helo = ss.conn.Hostname()
+		from = ss.conn.Conn().RemoteAddr().String()
+	}
+	now := time.Now()
+	trace := fmt.Sprintf("Received: from %s (%s)\r\n\tby %s (outflow bounce listener) for <%s>;\r\n\t%s\r\n",
+		oneLine(helo, 100), from, ss.s.cfg.Hostname, ss.role[0], now.Format(time.RFC1123Z))
+	body := make([]byte, 0, len(trace)+len(msg))
+	body = append(append(body, trace...), msg...)
+	ids, err := ss.s.cfg.Forwarder.Enqueue(ctx, &queue.Submission{Tenant: ForwardTenant, Rcpts: []string{ss.s.cfg.Postmaster},
+		Body: body, ReceivedAt: now, RemoteAddr: from, Source: queue.SourceSMTP, IsReport: true})
+	if err != nil {
+		ss.s.log.Warn().Err(err).Strs("to", ss.role).Msg("mail to the postmaster not stored; answered 451")
+		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "Cannot take the message now, try again later"}
+	}
+	ss.s.results.WithLabelValues(ResultForwarded).Inc()
+	ss.s.log.Info().Strs("to", ss.role).Str("postmaster", ss.s.cfg.Postmaster).Strs("ids", ids).Str("client", from).
+		Int("bytes", len(msg)).Msg("mail to the postmaster forwarded")
+	return nil
+}
+
+// countReceived counts the Received fields in msg's header.
+func countReceived(msg []byte) int {
+	n := 0
+	for len(msg) > 0 {
+		line := msg
+		if i := bytes.IndexByte(msg, '\n'); i >= 0 {
+			line, msg = msg[:i+1], msg[i+1:]
+		} else {
+			msg = nil
+		}
+		if len(bytes.TrimRight(line, "\r\n")) == 0 {
+			break // the end of the header
+		}
+		if len(line) > 9 && bytes.EqualFold(line[:9], []byte("received:")) {
+			n++
+		}
+	}
+	return n
 }
 
 // oneLine is s on one line of at most n bytes, for a reply's text.

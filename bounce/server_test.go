@@ -1,11 +1,13 @@
 package bounce
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -561,5 +563,89 @@ func TestReportToTwoReturnPaths(t *testing.T) {
 		if syncs != 1 {
 			t.Fatalf("%v: %d syncs", order, syncs)
 		}
+	}
+}
+
+// fakeForwarder records the messages forwarded to the postmaster, or
+// fails.
+type fakeForwarder struct {
+	mu   sync.Mutex
+	subs []*queue.Submission
+	fail bool
+}
+
+func (f *fakeForwarder) Enqueue(_ context.Context, s *queue.Submission) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail {
+		return nil, errors.New("store down")
+	}
+	f.subs = append(f.subs, s)
+	return []string{"fwd" + strconv.Itoa(len(f.subs))}, nil
+}
+
+func (f *fakeForwarder) sent() []*queue.Submission {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*queue.Submission(nil), f.subs...)
+}
+
+// Mail to postmaster@ or abuse@ a return-path domain is forwarded, from
+// the null sender and with a Received field on top, to the operator's
+// address before the 250, report or not; a report to a return path in the
+// same transaction is recorded as well. Without an operator's address, and
+// at other domains, they are refused; a loop is refused with 554, a store
+// that fails is a 451.
+func TestRoleAddressesForwarded(t *testing.T) {
+	fwd := &fakeForwarder{}
+	l := startListener(t, func(c *Config) { c.Postmaster, c.Forwarder = "ops@operator.example", fwd })
+	letter := []byte("From: someone@isp.example\r\nSubject: your mail\r\n\r\nPlease stop.\r\n")
+	if err := l.send(t, []string{"Postmaster@bounces.shop.example"}, letter); err != nil {
+		t.Fatalf("postmaster: %v", err)
+	}
+	if err := l.send(t, []string{"abuse@bounces.shop.example", l.returnPath("env1")},
+		failureDSN(t, dsn.Recipient{Final: "alice@dest.example", Action: dsn.Failed, Status: "5.1.1", Diagnostic: "smtp; 550 5.1.1 no such user"})); err != nil {
+		t.Fatalf("abuse and a return path: %v", err)
+	}
+	subs := fwd.sent()
+	if len(subs) != 2 {
+		t.Fatalf("forwarded %d messages, want 2", len(subs))
+	}
+	s := subs[0]
+	if s.Tenant != ForwardTenant || s.From != "" || len(s.Rcpts) != 1 || s.Rcpts[0] != "ops@operator.example" || !s.IsReport {
+		t.Fatalf("forwarded as %+v", s)
+	}
+	if !bytes.HasPrefix(s.Body, []byte("Received: from ")) || !bytes.Contains(s.Body, []byte("for <Postmaster@bounces.shop.example>;")) ||
+		!bytes.HasSuffix(s.Body, letter) {
+		t.Fatalf("forwarded body:\n%s", s.Body)
+	}
+	if evs := l.store.events(); len(evs) != 1 || evs[0].Type != queue.EventBounced {
+		t.Fatalf("the report beside the abuse address: events %+v", evs)
+	}
+	if l.count(ResultForwarded) != 2 {
+		t.Fatalf("forwarded counted %v", l.count(ResultForwarded))
+	}
+
+	var se *smtp.SMTPError
+	if err := l.send(t, []string{"postmaster@elsewhere.example"}, letter); !errors.As(err, &se) || se.Code != 550 {
+		t.Fatalf("postmaster of another domain: %v, want 550", err)
+	}
+	loop := append([]byte(strings.Repeat("Received: by hop; now\r\n", maxHops+1)), letter...)
+	if err := l.send(t, []string{"postmaster@bounces.shop.example"}, loop); !errors.As(err, &se) || se.Code != 554 {
+		t.Fatalf("a loop: %v, want 554", err)
+	}
+	fwd.mu.Lock()
+	fwd.fail = true
+	fwd.mu.Unlock()
+	if err := l.send(t, []string{"postmaster@bounces.shop.example"}, letter); !errors.As(err, &se) || se.Code != 451 {
+		t.Fatalf("store down: %v, want 451", err)
+	}
+
+	bare := startListener(t, nil)
+	if err := bare.send(t, []string{"postmaster@bounces.shop.example"}, letter); !errors.As(err, &se) || se.Code != 550 {
+		t.Fatalf("no postmaster set: %v, want 550", err)
+	}
+	if _, err := New(Config{Addr: ":0", ReturnPath: testReturnPath(), Store: &fakeStore{}, Postmaster: "abuse@bounces.shop.example", Forwarder: fwd}); err == nil {
+		t.Fatal("a postmaster address that is itself forwarded was taken")
 	}
 }

@@ -71,13 +71,14 @@ Subject: test later
 // marked async on the envelope (`queue history`), suppresses the
 // recipient for the tenant (`suppress list`, and the next submission to
 // it is refused), and counts it; an address that is not a return path is
-// refused at RCPT.
+// refused at RCPT. Mail to postmaster@ the return-path domain is forwarded
+// to the operator's --postmaster address, from the null sender.
 func TestAsyncBounceThroughReturnPath(t *testing.T) {
 	mx := fakemx.Start(t, fakemx.Options{})
 	dir := t.TempDir()
 	bounceAddr := freeAddr(t)
 	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none",
-		"--return-path", "rp.sender.test", "--bounce-addr", bounceAddr)
+		"--return-path", "rp.sender.test", "--bounce-addr", bounceAddr, "--postmaster", "ops@operator.test")
 
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()
@@ -153,10 +154,26 @@ func TestAsyncBounceThroughReturnPath(t *testing.T) {
 		t.Fatalf("RCPT of the bounced recipient: %v", err)
 	}
 	_ = c.Reset()
+
+	if err := send("postmaster@rp.sender.test", []byte("From: admin@isp.test\r\nSubject: about your mail\r\n\r\nPlease call.\r\n")); err != nil {
+		t.Fatalf("mail to the postmaster: %v", err)
+	}
+	waitFor(t, 60*time.Second, "the postmaster's mail forwarded", func() bool {
+		for _, fm := range mx.Messages() {
+			if len(fm.Rcpts) == 1 && fm.Rcpts[0] == "ops@operator.test" {
+				if fm.From != "" || !strings.Contains(string(fm.Data), "Please call.") || !strings.HasPrefix(string(fm.Data), "Received: ") {
+					t.Fatalf("forwarded from %q:\n%s", fm.From, fm.Data)
+				}
+				return true
+			}
+		}
+		return false
+	})
 	m2 := scrapeNoFatal(d)
-	if m2[`outflow_bounces_received_total{result="bounced"}`] != 1 || m2[`outflow_bounces_received_total{result="refused"}`] != 1 {
-		t.Fatalf("metrics: bounced %v, refused %v", m2[`outflow_bounces_received_total{result="bounced"}`],
-			m2[`outflow_bounces_received_total{result="refused"}`])
+	if m2[`outflow_bounces_received_total{result="bounced"}`] != 1 || m2[`outflow_bounces_received_total{result="refused"}`] != 1 ||
+		m2[`outflow_bounces_received_total{result="forwarded"}`] != 1 {
+		t.Fatalf("metrics: bounced %v, refused %v, forwarded %v", m2[`outflow_bounces_received_total{result="bounced"}`],
+			m2[`outflow_bounces_received_total{result="refused"}`], m2[`outflow_bounces_received_total{result="forwarded"}`])
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/outflow/outflow/bounce"
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/submission"
 	"github.com/outflow/outflow/worker"
 )
 
@@ -23,11 +24,13 @@ import (
 type bounceConfig struct {
 	ReturnPath string `toml:"return-path"`
 	BounceAddr string `toml:"bounce-addr"`
+	Postmaster string `toml:"postmaster"`
 }
 
 func bindBounceFlags(fs *pflag.FlagSet, c *bounceConfig) {
 	fs.StringVar(&c.ReturnPath, "return-path", "", "domain of the envelope sender every tenant's mail goes out with, so that later bounces and complaints come back to --bounce-addr (\"\" keeps each message's own sender); per tenant: [tenants.NAME] return-path")
 	fs.StringVar(&c.BounceAddr, "bounce-addr", "", "listener for bounces and complaints mailed to the return-path domains, e.g. :25 (\"\" for none)")
+	fs.StringVar(&c.Postmaster, "postmaster", "", "address that mail to postmaster@ and abuse@ the return-path domains is forwarded to (\"\": refused, 550)")
 }
 
 // returnPath is the return path the workers write and the listener checks,
@@ -72,12 +75,20 @@ func (c *serveConfig) returnPath(ctx context.Context, q *queue.Queue) (*bounce.R
 // nothing: a listener with no return path would refuse every recipient,
 // and a return path without a listener here is another process's to
 // receive (the same key serves the whole fleet).
-func startBounces(c *serveConfig, rp *bounce.ReturnPath, q *queue.Queue, sup *queue.Suppressions, cl *classify.Classifier,
+func startBounces(c *serveConfig, rp *bounce.ReturnPath, q *queue.Queue, enq bounce.Forwarder, sup *queue.Suppressions, cl *classify.Classifier,
 	hostname, workerID string, tlsConf *tls.Config, reg prometheus.Registerer, log zerolog.Logger) (func(context.Context), error) {
 	none := func(context.Context) {}
 	if c.ReturnPath != "" && c.DSN {
 		log.Warn().Str("return_path", c.ReturnPath).
 			Msg("--return-path applies to every tenant: the senders of mail submitted over SMTP no longer receive the bounces remote systems mail back, which outflow records as events and does not forward; set [tenants.NAME] return-path = \"\" for tenants that rely on them")
+	}
+	if c.Postmaster != "" {
+		if _, err := submission.ParseAddress(c.Postmaster); err != nil || !strings.Contains(c.Postmaster, "@") {
+			return nil, usageError{fmt.Errorf("--postmaster %q: not an address", c.Postmaster)}
+		}
+		if c.BounceAddr == "" {
+			return nil, usageError{fmt.Errorf("--postmaster %s: mail to it comes to the bounce listener, which is off (--bounce-addr)", c.Postmaster)}
+		}
 	}
 	if c.BounceAddr == "" {
 		if rp.Enabled() {
@@ -90,9 +101,10 @@ func startBounces(c *serveConfig, rp *bounce.ReturnPath, q *queue.Queue, sup *qu
 		return nil, usageError{fmt.Errorf("--bounce-addr %s: no return-path domain to receive for (--return-path or [tenants.NAME] return-path)", c.BounceAddr)}
 	}
 	srv, err := bounce.New(bounce.Config{Addr: c.BounceAddr, Hostname: hostname, ID: workerID + "/bounce", ReturnPath: rp,
-		Store: q, Suppressions: sup, Classifier: cl, TLSConfig: tlsConf, Registerer: reg, Logger: log})
+		Store: q, Suppressions: sup, Postmaster: c.Postmaster, Forwarder: enq, Classifier: cl, TLSConfig: tlsConf,
+		Registerer: reg, Logger: log})
 	if err != nil {
-		return nil, err
+		return nil, usageError{err}
 	}
 	ln, err := srv.Listen()
 	if err != nil {

@@ -31,10 +31,19 @@ func TestReturnPathSettingsChecked(t *testing.T) {
 		t.Fatalf("no return-path domain gave %v, %v", rp, err)
 	}
 	c.BounceAddr = "127.0.0.1:0"
-	_, err := startBounces(c, nil, nil, nil, nil, "h", "w", nil, nil, zerolog.Nop())
+	_, err := startBounces(c, nil, nil, nil, nil, nil, "h", "w", nil, nil, zerolog.Nop())
 	var ue usageError
 	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "no return-path domain") {
 		t.Fatalf("--bounce-addr without a return path: %v", err)
+	}
+	for _, tc := range []struct{ c, want string }{
+		{"postmaster", "not an address"},
+		{"ops@operator.example", "--bounce-addr"},
+	} {
+		_, err := startBounces(&serveConfig{bounceConfig: bounceConfig{Postmaster: tc.c}}, nil, nil, nil, nil, nil, "h", "w", nil, nil, zerolog.Nop())
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("--postmaster %s: %v, want a usage error saying %q", tc.c, err, tc.want)
+		}
 	}
 }
 
@@ -51,7 +60,7 @@ func TestGlobalReturnPathWarns(t *testing.T) {
 		{&serveConfig{dsnConfig: dsnConfig{DSN: true}}, false},
 	} {
 		var buf bytes.Buffer
-		if _, err := startBounces(tc.c, nil, nil, nil, nil, "h", "w", nil, nil, zerolog.New(&buf)); err != nil {
+		if _, err := startBounces(tc.c, nil, nil, nil, nil, nil, "h", "w", nil, nil, zerolog.New(&buf)); err != nil {
 			t.Fatal(err)
 		}
 		if got := strings.Contains(buf.String(), "no longer receive the bounces"); got != tc.warn {
