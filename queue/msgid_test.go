@@ -52,3 +52,29 @@ func BenchmarkHeaderMessageID(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSplit is a submission's recipients grouped into envelopes: one
+// recipient (the common case, no map), three at two domains, and three
+// with unsubscribe links (one envelope each).
+func BenchmarkSplit(b *testing.B) {
+	one := []string{"ann@one.example"}
+	three := []string{"ann@one.example", "bob@two.example", "cy@one.example"}
+	b.Run("one", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = split(one, false)
+		}
+	})
+	b.Run("by-domain", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = split(three, false)
+		}
+	})
+	b.Run("per-recipient", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = split(three, true)
+		}
+	})
+}
