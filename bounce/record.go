@@ -41,6 +41,7 @@ const (
 	ResultUnmatched  = "unmatched"  // the report names no recipient the envelope was delivered to
 	ResultRefused    = "refused"    // RCPT to an address that is not a return path (550 at RCPT)
 	ResultForwarded  = "forwarded"  // mail to postmaster@ or abuse@ a return-path domain, forwarded to Config.Postmaster
+	ResultLoop       = "loop"       // mail to postmaster@ or abuse@ with more than maxHops Received fields: refused, 554
 )
 
 // envelope is what the events say about one delivered envelope.

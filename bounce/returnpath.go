@@ -193,6 +193,11 @@ func (rp *ReturnPath) IsFeedbackAddress(addr string) bool {
 	return ok && strings.EqualFold(local, FeedbackLocal) && rp.domains[strings.ToLower(domain)]
 }
 
+// HasDomain reports whether domain is one of the return-path domains.
+func (rp *ReturnPath) HasDomain(domain string) bool {
+	return rp != nil && rp.domains[strings.ToLower(strings.TrimSuffix(domain, "."))]
+}
+
 // RoleLocals are the local parts at each return-path domain that people
 // write to: postmaster (RFC 5321 4.5.1 has every mail domain take it) and
 // abuse (RFC 2142; where providers' abuse desks write about a sending
@@ -207,7 +212,7 @@ func (rp *ReturnPath) IsRoleAddress(addr string) bool {
 	}
 	addr = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(addr), "<"), ">")
 	local, domain, ok := strings.Cut(addr, "@")
-	if !ok || !rp.domains[strings.ToLower(domain)] {
+	if !ok || !rp.HasDomain(domain) {
 		return false
 	}
 	for _, l := range RoleLocals {

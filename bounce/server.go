@@ -3,7 +3,9 @@ package bounce
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-smtp"
+	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
@@ -129,8 +132,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Postmaster != "" && cfg.Forwarder == nil {
 		return nil, errors.New("bounce: a postmaster address needs a forwarder")
 	}
-	if cfg.ReturnPath.IsRoleAddress(cfg.Postmaster) {
-		return nil, fmt.Errorf("bounce: postmaster address %s is itself forwarded (a loop); name a mailbox elsewhere", cfg.Postmaster)
+	if _, dom, _ := strings.Cut(cfg.Postmaster, "@"); cfg.Postmaster != "" && cfg.ReturnPath.HasDomain(dom) {
+		return nil, fmt.Errorf("bounce: postmaster address %s is at a return-path domain, whose mail this listener takes (a loop, or a refusal); name a mailbox elsewhere", cfg.Postmaster)
 	}
 	defaults.Set(&cfg.MaxMessageBytes, DefaultMaxMessageBytes)
 	defaults.Set(&cfg.MaxConnections, DefaultMaxConnections)
@@ -147,7 +150,7 @@ func New(cfg Config) (*Server, error) {
 		Help: "Messages received at the return path, by what became of them; refused counts RCPTs to other addresses.",
 	}, []string{"result"})
 	for _, r := range []string{ResultBounced, ResultComplaint, ResultNoFailure, ResultUnparsed, ResultMalformed,
-		ResultUnknownMsg, ResultUnmatched, ResultRefused, ResultForwarded} {
+		ResultUnknownMsg, ResultUnmatched, ResultRefused, ResultForwarded, ResultLoop} {
 		s.results.WithLabelValues(r)
 	}
 	if cfg.Registerer != nil {
@@ -264,14 +267,18 @@ type session struct {
 	refs []ref
 	fbl  bool     // addressed to a feedback-loop address
 	role []string // the postmaster and abuse addresses it was addressed to
+	from string   // its MAIL FROM, for a forward's trace
 }
 
-func (ss *session) Reset()        { ss.refs, ss.fbl, ss.role = nil, false, nil }
+func (ss *session) Reset()        { ss.refs, ss.fbl, ss.role, ss.from = nil, false, nil, "" }
 func (ss *session) Logout() error { return nil }
 
 // Mail takes any reverse path: reports come from the null sender or from
 // a postmaster, and nothing is ever sent back to it.
-func (ss *session) Mail(string, *smtp.MailOptions) error { return nil }
+func (ss *session) Mail(from string, _ *smtp.MailOptions) error {
+	ss.from = from
+	return nil
+}
 
 var errNoSuchUser = &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1},
 	Message: "No such user here: this server takes bounces for outflow's return paths only"}
@@ -350,12 +357,17 @@ func (ss *session) Data(r io.Reader) error {
 	return nil
 }
 
-// forward stores msg for delivery to the postmaster, with a Received
-// field on top, from the null sender: nothing about it is ever sent back
-// here, so a postmaster address that bounces cannot start a loop. It is
-// stored before the 250 like any submission; a failure is a 451.
+// forward stores msg for delivery to the postmaster, stored before the
+// 250 like any submission (a failure is a 451). It goes as an attachment
+// (message/rfc822) of a message outflow writes, not as itself: the
+// original's From is anybody's, and sent as it came it would be signed
+// with the key of whatever domain it names. It goes from the null sender,
+// so a postmaster address that bounces cannot start a loop, and under an
+// idempotency key of its bytes, so the sender's retry of a transaction
+// answered 451 after the forward was stored forwards nothing twice.
 func (ss *session) forward(ctx context.Context, msg []byte) error {
 	if hops := countReceived(msg); hops > maxHops {
+		ss.s.results.WithLabelValues(ResultLoop).Inc()
 		ss.s.log.Warn().Int("hops", hops).Strs("to", ss.role).Msg("mail to the postmaster refused: a loop")
 		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 4, 6}, Message: "Too many hops: a mail loop"}
 	}
@@ -365,20 +377,75 @@ func (ss *session) forward(ctx context.Context, msg []byte) error {
 		from = ss.conn.Conn().RemoteAddr().String()
 	}
 	now := time.Now()
-	trace := fmt.Sprintf("Received: from %s (%s)\r\n\tby %s (outflow bounce listener) for <%s>;\r\n\t%s\r\n",
-		oneLine(helo, 100), from, ss.s.cfg.Hostname, ss.role[0], now.Format(time.RFC1123Z))
-	body := make([]byte, 0, len(trace)+len(msg))
-	body = append(append(body, trace...), msg...)
+	body := wrapForward(forwardInfo{hostname: ss.s.cfg.Hostname, postmaster: ss.s.cfg.Postmaster, to: ss.role,
+		envFrom: ss.from, helo: oneLine(helo, 100), client: from, at: now}, msg)
+	sum := sha256.Sum256(msg)
 	ids, err := ss.s.cfg.Forwarder.Enqueue(ctx, &queue.Submission{Tenant: ForwardTenant, Rcpts: []string{ss.s.cfg.Postmaster},
-		Body: body, ReceivedAt: now, RemoteAddr: from, Source: queue.SourceSMTP, IsReport: true})
+		Body: body, ReceivedAt: now, RemoteAddr: from, Source: queue.SourceSMTP, IsReport: true,
+		IdempotencyKey: "forward:" + hex.EncodeToString(sum[:])})
 	if err != nil {
 		ss.s.log.Warn().Err(err).Strs("to", ss.role).Msg("mail to the postmaster not stored; answered 451")
 		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "Cannot take the message now, try again later"}
 	}
 	ss.s.results.WithLabelValues(ResultForwarded).Inc()
 	ss.s.log.Info().Strs("to", ss.role).Str("postmaster", ss.s.cfg.Postmaster).Strs("ids", ids).Str("client", from).
-		Int("bytes", len(msg)).Msg("mail to the postmaster forwarded")
+		Str("mail_from", ss.from).Int("bytes", len(msg)).Msg("mail to the postmaster forwarded")
 	return nil
+}
+
+// forwardInfo is what the forwarding message says of the forwarded one.
+type forwardInfo struct {
+	hostname, postmaster string
+	to                   []string // the role addresses it was sent to
+	envFrom, helo        string   // its MAIL FROM and the client's EHLO name
+	client               string   // the client's address
+	at                   time.Time
+}
+
+// wrapForward writes the message that carries msg to the postmaster: a
+// trace field, its own header, a line saying what came from where, and
+// msg itself as a message/rfc822 part, unchanged.
+func wrapForward(f forwardInfo, msg []byte) []byte {
+	boundary := "=_fwd_" + nuid.Next()
+	for bytes.Contains(msg, []byte(boundary)) {
+		boundary = "=_fwd_" + nuid.Next()
+	}
+	date := f.at.Format(time.RFC1123Z)
+	envFrom := "<" + oneLine(f.envFrom, 300) + ">"
+	var b bytes.Buffer
+	b.Grow(len(msg) + 1024)
+	fmt.Fprintf(&b, "Received: from %s (%s)\r\n\tby %s (outflow bounce listener) with ESMTP\r\n\tfor <%s> (envelope-from %s);\r\n\t%s\r\n",
+		f.helo, f.client, f.hostname, f.to[0], envFrom, date)
+	fmt.Fprintf(&b, "From: outflow bounce listener <MAILER-DAEMON@%s>\r\n", f.hostname)
+	fmt.Fprintf(&b, "To: <%s>\r\n", f.postmaster)
+	fmt.Fprintf(&b, "Subject: Mail to %s\r\n", strings.Join(f.to, ", "))
+	fmt.Fprintf(&b, "Date: %s\r\n", date)
+	fmt.Fprintf(&b, "Message-ID: <%s.fwd@%s>\r\n", nuid.Next(), f.hostname)
+	b.WriteString("Auto-Submitted: auto-forwarded\r\nMIME-Version: 1.0\r\n")
+	fmt.Fprintf(&b, "Content-Type: multipart/mixed; boundary=\"%s\"\r\n\r\n", boundary)
+	fmt.Fprintf(&b, "--%s\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n", boundary)
+	fmt.Fprintf(&b, "The message attached was sent to %s\r\nfrom %s by %s (%s) on %s,\r\nand is forwarded as received.\r\n",
+		strings.Join(f.to, ", "), envFrom, f.helo, f.client, date)
+	fmt.Fprintf(&b, "\r\n--%s\r\nContent-Type: message/rfc822\r\n", boundary)
+	if has8bit(msg) {
+		b.WriteString("Content-Transfer-Encoding: 8bit\r\n")
+	}
+	b.WriteString("\r\n")
+	b.Write(msg)
+	if !bytes.HasSuffix(msg, []byte("\r\n")) {
+		b.WriteString("\r\n")
+	}
+	fmt.Fprintf(&b, "\r\n--%s--\r\n", boundary)
+	return b.Bytes()
+}
+
+func has8bit(b []byte) bool {
+	for _, c := range b {
+		if c >= 0x80 {
+			return true
+		}
+	}
+	return false
 }
 
 // countReceived counts the Received fields in msg's header.

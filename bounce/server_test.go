@@ -615,9 +615,17 @@ func TestRoleAddressesForwarded(t *testing.T) {
 	if s.Tenant != ForwardTenant || s.From != "" || len(s.Rcpts) != 1 || s.Rcpts[0] != "ops@operator.example" || !s.IsReport {
 		t.Fatalf("forwarded as %+v", s)
 	}
-	if !bytes.HasPrefix(s.Body, []byte("Received: from ")) || !bytes.Contains(s.Body, []byte("for <Postmaster@bounces.shop.example>;")) ||
-		!bytes.HasSuffix(s.Body, letter) {
-		t.Fatalf("forwarded body:\n%s", s.Body)
+	// Attached, not resent as itself: its From is anybody's, and would be
+	// DKIM-signed as its domain.
+	for _, want := range []string{"for <Postmaster@bounces.shop.example> (envelope-from <>);", "\r\nFrom: outflow bounce listener <MAILER-DAEMON@bounces.test>\r\n",
+		"\r\nTo: <ops@operator.example>\r\n", "\r\nContent-Type: message/rfc822\r\n\r\n" + string(letter)} {
+		if !bytes.Contains(s.Body, []byte(want)) {
+			t.Fatalf("forwarded body lacks %q:\n%s", want, s.Body)
+		}
+	}
+	if !bytes.HasPrefix(s.Body, []byte("Received: from ")) || bytes.HasPrefix(bytes.SplitN(s.Body, []byte("\r\n\r\n"), 2)[0], []byte("From: someone")) ||
+		s.IdempotencyKey == "" || subs[1].IdempotencyKey == s.IdempotencyKey {
+		t.Fatalf("forwarded %+v", s)
 	}
 	if evs := l.store.events(); len(evs) != 1 || evs[0].Type != queue.EventBounced {
 		t.Fatalf("the report beside the abuse address: events %+v", evs)
@@ -631,8 +639,8 @@ func TestRoleAddressesForwarded(t *testing.T) {
 		t.Fatalf("postmaster of another domain: %v, want 550", err)
 	}
 	loop := append([]byte(strings.Repeat("Received: by hop; now\r\n", maxHops+1)), letter...)
-	if err := l.send(t, []string{"postmaster@bounces.shop.example"}, loop); !errors.As(err, &se) || se.Code != 554 {
-		t.Fatalf("a loop: %v, want 554", err)
+	if err := l.send(t, []string{"postmaster@bounces.shop.example"}, loop); !errors.As(err, &se) || se.Code != 554 || l.count(ResultLoop) != 1 {
+		t.Fatalf("a loop: %v, want 554, counted", err)
 	}
 	fwd.mu.Lock()
 	fwd.fail = true
@@ -645,7 +653,9 @@ func TestRoleAddressesForwarded(t *testing.T) {
 	if err := bare.send(t, []string{"postmaster@bounces.shop.example"}, letter); !errors.As(err, &se) || se.Code != 550 {
 		t.Fatalf("no postmaster set: %v, want 550", err)
 	}
-	if _, err := New(Config{Addr: ":0", ReturnPath: testReturnPath(), Store: &fakeStore{}, Postmaster: "abuse@bounces.shop.example", Forwarder: fwd}); err == nil {
-		t.Fatal("a postmaster address that is itself forwarded was taken")
+	for _, pm := range []string{"abuse@bounces.shop.example", "ops@Bounces.Shop.Example"} {
+		if _, err := New(Config{Addr: ":0", ReturnPath: testReturnPath(), Store: &fakeStore{}, Postmaster: pm, Forwarder: fwd}); err == nil {
+			t.Fatalf("postmaster address %s, at a return-path domain, was taken", pm)
+		}
 	}
 }

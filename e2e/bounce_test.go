@@ -161,7 +161,8 @@ func TestAsyncBounceThroughReturnPath(t *testing.T) {
 	waitFor(t, 60*time.Second, "the postmaster's mail forwarded", func() bool {
 		for _, fm := range mx.Messages() {
 			if len(fm.Rcpts) == 1 && fm.Rcpts[0] == "ops@operator.test" {
-				if fm.From != "" || !strings.Contains(string(fm.Data), "Please call.") || !strings.HasPrefix(string(fm.Data), "Received: ") {
+				if fm.From != "" || !strings.Contains(string(fm.Data), "Content-Type: message/rfc822\r\n\r\nFrom: admin@isp.test\r\n") ||
+					!strings.Contains(string(fm.Data), "Please call.") || !strings.HasPrefix(string(fm.Data), "Received: ") {
 					t.Fatalf("forwarded from %q:\n%s", fm.From, fm.Data)
 				}
 				return true

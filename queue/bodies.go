@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -235,7 +236,13 @@ func partsKey(msgID string) string { return "parts." + msgID }
 // as finished, so its body stays for a replay.
 func (q *Queue) lastPart(ctx context.Context, msgID string) bool {
 	key := partsKey(msgID)
-	for range 8 {
+	for try := range 64 {
+		if try > 0 {
+			// A sibling counted first. Many finishing together (a large
+			// message split per recipient) take turns: wait a moment,
+			// each a different one, before reading again.
+			time.Sleep(time.Duration(1+rand.IntN(4*min(try, 8))) * time.Millisecond)
+		}
 		q.count(OpSentGet)
 		ent, err := q.sent.Get(ctx, key)
 		if err != nil {
@@ -257,7 +264,6 @@ func (q *Queue) lastPart(ctx context.Context, msgID string) bool {
 			// and delete a body a sibling still needs.
 			return false
 		}
-		// A sibling counted first: read again.
 	}
 	return false
 }

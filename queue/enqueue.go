@@ -57,7 +57,11 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	// One destination and a body of at most InlineBodyMax: the body goes
 	// inside the envelope, and the envelope's one acknowledged write stores
 	// both. Otherwise the body is stored once in the Object Store first.
-	inline := len(parts) == 1 && len(s.Body) <= q.opts.InlineBodyMax
+	// A message split per recipient carries its body inline in each
+	// envelope too: its parts are many (up to max-recipients), and a body
+	// they shared would have each of them count itself out of one key
+	// (lastPart) at about the same moment.
+	inline := (len(parts) == 1 || unsub) && len(s.Body) <= q.opts.InlineBodyMax
 	bodyRef := msgID
 	switch {
 	case inline:
@@ -75,7 +79,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			return nil, fmt.Errorf("store body: %w", err)
 		}
 	}
-	if len(parts) > 1 {
+	if len(parts) > 1 && !inline {
 		// Several envelopes share the body: count them, so that the last
 		// one to finish can delete it (releaseBody). Written before any
 		// envelope exists, so no part can finish uncounted.
@@ -116,7 +120,10 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			env.SendAt = s.SendAt.UTC()
 		}
 		if inline {
-			env.Body, env.frame = s.Body, s.Frame
+			env.Body = s.Body
+			if len(parts) == 1 {
+				env.frame = s.Frame
+			}
 		}
 		ids = append(ids, id)
 		var m *nats.Msg
@@ -202,7 +209,8 @@ type part struct {
 // split groups recipients into envelopes: by their lower-cased domain, in
 // the order in which domains first appear, or with perRcpt one envelope
 // per recipient (a message whose header names its one recipient, such as
-// its unsubscribe link), in the order given, a repeated address once.
+// its unsubscribe link), in the order given, a repeated address (in any
+// case) once.
 func split(rcpts []string, perRcpt bool) []part {
 	if len(rcpts) == 1 {
 		return []part{{Domain(rcpts[0]), rcpts}}
@@ -211,8 +219,8 @@ func split(rcpts []string, perRcpt bool) []part {
 	if perRcpt {
 		seen := make(map[string]bool, len(rcpts))
 		for _, r := range rcpts {
-			if !seen[r] {
-				seen[r] = true
+			if n := NormalizeAddress(r); !seen[n] {
+				seen[n] = true
 				parts = append(parts, part{Domain(r), []string{r}})
 			}
 		}

@@ -263,6 +263,13 @@ func (e *Envelope) SentKey() string {
 	return e.ID + "." + strconv.Itoa(e.Step)
 }
 
+// Alone reports whether the envelope reports on its own: the only
+// envelope of its submission, or one of a split per recipient
+// (ListUnsubscribe), whose parts are many and independent. The parts of a
+// submission split by destination join their notices into one report per
+// pass (worker's recordPass).
+func (e *Envelope) Alone() bool { return e.Parts <= 1 || e.ListUnsubscribe }
+
 // Inline reports whether the envelope carries its body (Body) instead of
 // naming it in the Object Store.
 func (e *Envelope) Inline() bool { return e.BodyRef == "" }

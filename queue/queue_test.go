@@ -464,15 +464,16 @@ func TestEnqueueSendAt(t *testing.T) {
 }
 
 // A message with one-click unsubscribe links becomes one envelope per
-// recipient (the link names its recipient), all sharing one stored body;
-// without them, one envelope per domain.
+// recipient (the link names its recipient), each carrying the body, a
+// repeated address (in any case) once; without them, one envelope per
+// domain. A body too large to carry is stored once and shared.
 func TestEnqueueListUnsubscribeOnePerRecipient(t *testing.T) {
 	q, _ := startQueue(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	on := true
 	body := []byte("Subject: news\r\n\r\nx\r\n")
-	rcpts := []string{"a@d.example", "b@d.example", "a@d.example", "c@e.example"}
+	rcpts := []string{"a@d.example", "b@d.example", "A@d.example", "c@e.example"}
 	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "n@b.example", Rcpts: rcpts, Body: body, ListUnsubscribe: &on})
 	if err != nil {
 		t.Fatal(err)
@@ -485,8 +486,9 @@ func TestEnqueueListUnsubscribeOnePerRecipient(t *testing.T) {
 	for range 3 {
 		d := next(t, work)
 		rcpt, ok := want[d.Env.ID]
-		if !ok || len(d.Env.Rcpts) != 1 || d.Env.Rcpts[0] != rcpt || !d.Env.ListUnsubscribe || d.Env.Parts != 3 || d.Env.Inline() {
-			t.Fatalf("envelope %+v: want %s alone, marked, one of 3 parts sharing a stored body", d.Env, rcpt)
+		if !ok || len(d.Env.Rcpts) != 1 || d.Env.Rcpts[0] != rcpt || !d.Env.ListUnsubscribe || d.Env.Parts != 3 ||
+			!d.Env.Inline() || string(d.Env.Body) != string(body) || !d.Env.Alone() {
+			t.Fatalf("envelope %+v: want %s alone, marked, one of 3 parts, reporting alone, with the body", d.Env, rcpt)
 		}
 		if d.Env.Dest != Domain(rcpt) {
 			t.Fatalf("dest %q for %s", d.Env.Dest, rcpt)
@@ -504,5 +506,17 @@ func TestEnqueueListUnsubscribeOnePerRecipient(t *testing.T) {
 	}
 	if d := next(t, work); len(d.Env.Rcpts) != 2 || d.Env.ListUnsubscribe {
 		t.Fatalf("envelope %+v", d.Env)
+	}
+
+	large := make([]byte, InlineBodyMax+1)
+	copy(large, body)
+	ids, err = q.Enqueue(ctx, &Submission{Tenant: "t", From: "n@b.example", Rcpts: rcpts[:2], Body: large, ListUnsubscribe: &on})
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("a large body: %v, %v", ids, err)
+	}
+	for range 2 {
+		if d := next(t, work); d.Env.Inline() || d.Env.BodyRef != d.Env.MsgID || d.Env.Parts != 2 {
+			t.Fatalf("a large body's part %+v: want the stored body shared", d.Env)
+		}
 	}
 }

@@ -208,6 +208,12 @@ func (h *handler) unsubscribe(ctx context.Context, t Target, oneClick bool) (str
 		cur = nil
 	}
 	if cur != nil && cur.Source == queue.SuppressUnsubscribe {
+		// Read from a store that may not have it on disk yet: a second
+		// POST can come while the first waits for its sync, and its 200
+		// promises no less.
+		if err := h.cfg.Store.SyncOutcomes(ctx); err != nil {
+			return ResultError, err
+		}
 		return ResultAlready, nil
 	}
 	reason := "link"

@@ -84,6 +84,16 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		return w.dead(ctx, d, e.Clone(), dest, queue.EventExpired, "max-age: deadline "+e.Deadline.Format(time.RFC3339)+" passed", nil)
 	}
 
+	if e.ListUnsubscribe {
+		// Bulk mail waits (send_at, retries) after the link went out in
+		// an earlier message: a recipient who left since is not sent it.
+		if gone, err := w.unsubscribed(ctx, e); err != nil {
+			return err
+		} else if gone {
+			return d.Done(ctx)
+		}
+	}
+
 	var permit throttle.Permit = probePermit{}
 	var src *sender.Source // egress address; nil without [[egress]]
 	if e.Probe {
@@ -252,6 +262,14 @@ func (w *deliverer) listUnsubscribe(e *queue.Envelope, body []byte) []byte {
 	if len(e.Rcpts) != 1 || unsubscribe.Has(body) {
 		return body
 	}
+	if signsField(body, "List-Unsubscribe") {
+		// The application's own DKIM signature says no such field is to
+		// be added (it lists the field without the message having it):
+		// adding one would break that signature.
+		w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).
+			Msg("message's own DKIM signature covers List-Unsubscribe; sent without a link")
+		return body
+	}
 	if w.cfg.Unsubscribe == nil {
 		w.noLinks.Do(func() {
 			w.log.Warn().Str("msg_id", e.ID).Str("tenant", e.Tenant).
@@ -265,6 +283,70 @@ func (w *deliverer) listUnsubscribe(e *queue.Envelope, body []byte) []byte {
 	out = append(out, body[:at]...)
 	out = append(out, fields...)
 	return append(out, body[at:]...)
+}
+
+// unsubscribed reports whether the one recipient of a bulk envelope (one
+// with an unsubscribe link) is on its tenant's suppression list now, and
+// then records a suppressed event: the caller finishes the envelope
+// without sending it. It looks only when the list can be asked
+// (Config.Suppressions is a SuppressionChecker, as *queue.Suppressions
+// is); a failed look is an error, and the envelope comes back.
+func (w *deliverer) unsubscribed(ctx context.Context, e *queue.Envelope) (bool, error) {
+	chk, ok := w.cfg.Suppressions.(SuppressionChecker)
+	if !ok || len(e.Rcpts) != 1 {
+		return false, nil
+	}
+	s, err := chk.Suppressed(ctx, e.Tenant, e.Rcpts[0])
+	if err != nil || s == nil {
+		return false, err
+	}
+	reason := "on the suppression list (" + s.Source + ") since it was queued: not sent"
+	w.event(queue.EventSuppressed, e, e.Attempt, e.Rcpts, reason, nil)
+	w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("rcpt", e.Rcpts[0]).Str("source", s.Source).
+		Msg("bulk mail to a recipient suppressed since it was queued; not sent")
+	return true, nil
+}
+
+// signsField reports whether a DKIM-Signature field in msg's header names
+// field in its h= tag.
+func signsField(msg []byte, field string) bool {
+	for len(msg) > 0 {
+		end := bytes.IndexByte(msg, '\n')
+		if end < 0 {
+			end = len(msg) - 1
+		}
+		line := msg[:end+1]
+		if len(bytes.TrimRight(line, "\r\n")) == 0 {
+			return false // the end of the header
+		}
+		msg = msg[end+1:]
+		if !hasFieldName(line, "DKIM-Signature") {
+			continue
+		}
+		// The field with its folded lines.
+		value := line
+		for len(msg) > 0 && (msg[0] == ' ' || msg[0] == '\t') {
+			next := bytes.IndexByte(msg, '\n')
+			if next < 0 {
+				next = len(msg) - 1
+			}
+			value = append(value[:len(value):len(value)], msg[:next+1]...)
+			msg = msg[next+1:]
+		}
+		_, tags, _ := bytes.Cut(value, []byte(":"))
+		for tag := range bytes.SplitSeq(tags, []byte(";")) {
+			name, list, ok := bytes.Cut(tag, []byte("="))
+			if !ok || string(bytes.TrimSpace(name)) != "h" {
+				continue
+			}
+			for h := range bytes.SplitSeq(list, []byte(":")) {
+				if bytes.EqualFold(bytes.TrimSpace(h), []byte(field)) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // afterTrace is the offset in msg just past its leading trace fields

@@ -470,7 +470,7 @@ func (w *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o 
 		return nil
 	}
 	due := w.now().Sub(e.ReadyAt()) >= warn
-	if e.Parts <= 1 || w.dsn.ineligible(e) != "" {
+	if e.Alone() || w.dsn.ineligible(e) != "" {
 		if !due {
 			return nil
 		}
@@ -644,9 +644,10 @@ type passNote struct {
 }
 
 // inPass reports whether e's notices go into its submission's pass
-// record: it is one of several parts, and has not recorded its pass yet.
+// record: it is one of several parts that report together (not
+// Envelope.Alone), and has not recorded its pass yet.
 func (w *deliverer) inPass(e *queue.Envelope) bool {
-	return w.dsn != nil && e.Parts > 1 && !e.PassNoted
+	return w.dsn != nil && !e.Alone() && !e.PassNoted
 }
 
 // recordPass records note as e's first pass and, when that completes the

@@ -7,9 +7,12 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/emersion/go-msgauth/dkim"
 	"github.com/emersion/go-smtp"
@@ -186,6 +189,79 @@ func BenchmarkListUnsubscribe(b *testing.B) {
 	for b.Loop() {
 		if out := d.listUnsubscribe(e, body); len(out) == len(body) {
 			b.Fatal("no link")
+		}
+	}
+}
+
+// checkingList is a suppression list a test writes to directly.
+type checkingList struct {
+	mu      sync.Mutex
+	entries map[string]queue.Suppression
+}
+
+func (l *checkingList) Add(_ context.Context, s queue.Suppression) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.entries[s.Tenant+"/"+queue.NormalizeAddress(s.Address)] = s
+	return nil
+}
+
+func (l *checkingList) Suppressed(_ context.Context, tenant, addr string) (*queue.Suppression, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s, ok := l.entries[tenant+"/"+queue.NormalizeAddress(addr)]; ok {
+		return &s, nil
+	}
+	return nil, nil
+}
+
+// A recipient who unsubscribed while a bulk message waited (a retry, a
+// send_at) is not sent it: the envelope ends with a suppressed event.
+// Mail without links is not looked up.
+func TestUnsubscribedWhileQueuedNotSent(t *testing.T) {
+	var dots atomic.Int32
+	list := &checkingList{entries: map[string]queue.Suppression{}}
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageDot && dots.Add(1) == 1 {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again"}
+		}
+		return nil
+	})
+	e.startPool(func(c *Config) {
+		c.Unsubscribe, c.Suppressions = plainLinks{}, list
+		c.Retry.Base, c.Retry.Min, c.Retry.Cap = time.Second, time.Second, time.Second
+	})
+	id := e.submitUnsub([]string{"a@dest.test"}, "")[0]
+	e.waitEvent(id, queue.EventDeferred)
+	_ = list.Add(context.Background(), queue.Suppression{Tenant: "t1", Address: "A@dest.test", Source: queue.SuppressUnsubscribe})
+	evs := e.waitEvent(id, queue.EventSuppressed)
+	if last := evs[len(evs)-1]; !strings.Contains(last.Reason, "(unsubscribe) since it was queued") {
+		t.Fatalf("suppressed event %+v", last)
+	}
+	if n := len(e.mx.Messages()); n != 0 {
+		t.Fatalf("%d messages delivered after the unsubscribe", n)
+	}
+	if got := e.events(id); slices.Contains(got, queue.EventDelivered) {
+		t.Fatalf("events %v", got)
+	}
+}
+
+// An application's own DKIM signature that lists List-Unsubscribe (so that
+// none may be added) keeps the message as it is.
+func TestSignsField(t *testing.T) {
+	for _, c := range []struct {
+		msg  string
+		want bool
+	}{
+		{"DKIM-Signature: v=1; a=rsa-sha256; d=x; s=s;\r\n h=From:Subject:List-Unsubscribe:\r\n List-Unsubscribe; bh=..; b=..\r\nFrom: a\r\n\r\nx", true},
+		{"dkim-signature: v=1; h = from : list-unsubscribe ; b=..\r\n\r\n", true},
+		{"DKIM-Signature: v=1; h=From:Subject:List-Unsubscribe-Post; b=..\r\nFrom: a\r\n\r\n", false},
+		{"From: a\r\n\r\nDKIM-Signature: v=1; h=List-Unsubscribe; b=..\r\n", false},
+		{"X-Note: h=List-Unsubscribe\r\n\r\n", false},
+		{"", false},
+	} {
+		if got := signsField([]byte(c.msg), "List-Unsubscribe"); got != c.want {
+			t.Errorf("signsField(%q) = %v, want %v", c.msg, got, c.want)
 		}
 	}
 }

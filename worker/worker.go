@@ -118,7 +118,10 @@ type Config struct {
 	// nil sends the envelope's own sender.
 	ReturnPath ReturnPather
 	// Suppressions receives the recipients of permanent recipient-scope
-	// bounces; nil keeps no list.
+	// bounces; nil keeps no list. When it also answers Suppressed
+	// (SuppressionChecker, as *queue.Suppressions does), the recipient of
+	// a bulk envelope (one with an unsubscribe link) is looked up before
+	// each attempt, and one who left since is not sent the message.
 	Suppressions Suppressor
 	// DSN turns on delivery status notifications (dsn.go); nil sends
 	// none.
