@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,5 +79,38 @@ func TestBodyFastPathRoundTrip(t *testing.T) {
 		if strings.HasPrefix(subj, bodyChunkSubject("")) {
 			t.Errorf("chunk %s left after every body was deleted", subj)
 		}
+	}
+}
+
+// The parts of a large message split per recipient finish at about the
+// same moment, each counting itself out of one key: every count lands, and
+// the last part deletes the shared body.
+func TestLastPartManyAtOnce(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 64
+	rcpts := make([]string, n)
+	for i := range rcpts {
+		rcpts[i] = fmt.Sprintf("r%d@d.example", i)
+	}
+	on := true
+	body := make([]byte, InlineBodyMax+1)
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "n@b.example", Rcpts: rcpts, Body: body, ListUnsubscribe: &on})
+	if err != nil || len(ids) != n {
+		t.Fatalf("%d ids, %v", len(ids), err)
+	}
+	msgID := strings.TrimSuffix(ids[0], "-1")
+	var wg sync.WaitGroup
+	for range n {
+		e := &Envelope{MsgID: msgID, BodyRef: msgID, Parts: n}
+		wg.Go(func() { q.releaseBody(ctx, e) })
+	}
+	wg.Wait()
+	if _, err := q.EnvelopeBody(ctx, &Envelope{MsgID: msgID, BodyRef: msgID}); !errors.Is(err, ErrBodyMissing) {
+		t.Fatalf("the shared body after its %d parts finished: %v, want it deleted", n, err)
+	}
+	if _, err := q.sent.Get(ctx, partsKey(msgID)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the parts count is left: %v", err)
 	}
 }
