@@ -1,14 +1,9 @@
 package bounce
 
 import (
-	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/outflow/outflow/internal/testutil/testqueue"
-	"github.com/outflow/outflow/queue"
 )
 
 func ptr(s string) *string { return &s }
@@ -71,37 +66,6 @@ func TestReturnPathRefuses(t *testing.T) {
 	} {
 		if _, _, ok := rp.Check(addr); ok {
 			t.Errorf("%s: %q accepted", name, addr)
-		}
-	}
-}
-
-// Every process of a fleet gets the same key, whichever made it.
-func TestLoadKeyOnePerFleet(t *testing.T) {
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
-	q := testqueue.Connect(t, emb, queue.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	keys := make([][]byte, 4)
-	var wg sync.WaitGroup
-	for i := range keys {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			k, err := LoadKey(ctx, q)
-			if err != nil {
-				t.Error(err)
-			}
-			keys[i] = k
-		}()
-	}
-	wg.Wait()
-	for i, k := range keys {
-		if len(k) != 32 || string(k) != string(keys[0]) {
-			t.Fatalf("process %d got key %x, process 0 %x", i, k, keys[0])
 		}
 	}
 }

@@ -1,21 +1,15 @@
 package unsubscribe
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"golang.org/x/crypto/chacha20poly1305"
-
-	"github.com/outflow/outflow/internal/testutil/testqueue"
-	"github.com/outflow/outflow/queue"
 )
 
 var testKey = []byte("0123456789abcdef0123456789abcdef")
@@ -351,42 +345,6 @@ func TestMsgIDOf(t *testing.T) {
 		if got := msgIDOf(id); got != want {
 			t.Errorf("msgIDOf(%q) = %q, want %q", id, got, want)
 		}
-	}
-}
-
-// Every process of a fleet gets the same key, whichever made it.
-func TestLoadKeyOnePerFleet(t *testing.T) {
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
-	q := testqueue.Connect(t, emb, queue.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	keys := make([][]byte, 4)
-	var wg sync.WaitGroup
-	for i := range keys {
-		wg.Go(func() {
-			k, err := LoadKey(ctx, q)
-			if err != nil {
-				t.Error(err)
-			}
-			keys[i] = k
-		})
-	}
-	wg.Wait()
-	for i, k := range keys {
-		if len(k) != 32 || string(k) != string(keys[0]) {
-			t.Fatalf("process %d got key %x, process 0 %x", i, k, keys[0])
-		}
-	}
-	again, err := LoadKey(ctx, q)
-	if err != nil || string(again) != string(keys[0]) {
-		t.Fatalf("a later load got %x, %v", again, err)
-	}
-	if _, err := New(again, testBase); err != nil {
-		t.Fatal(err)
 	}
 }
 
