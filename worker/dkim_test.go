@@ -30,7 +30,10 @@ func TestDKIMSignedOnceRetriedIdentically(t *testing.T) {
 	t.Run("object store", func(t *testing.T) { testDKIMSignedOnce(t, large, false) })
 }
 
-func testDKIMSignedOnce(t *testing.T, text string, inline bool) {
+// testSigner is a DKIM signer for src.test (selector s1) with a fresh
+// Ed25519 key, and the key's public half.
+func testSigner(t *testing.T) (ed25519.PublicKey, *sender.DKIMSigner) {
+	t.Helper()
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -39,13 +42,24 @@ func testDKIMSignedOnce(t *testing.T, text string, inline bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var calls atomic.Int32
-	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
-		if stage == fakemx.StageDot && calls.Add(1) == 1 {
+	return pub, signer
+}
+
+// deferFirstDot is a fake MX's hook that answers the first message's
+// final dot with 451, and takes every later one.
+func deferFirstDot() fakemx.Hook {
+	var dots atomic.Int32
+	return func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageDot && dots.Add(1) == 1 {
 			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again"}
 		}
 		return nil
-	})
+	}
+}
+
+func testDKIMSignedOnce(t *testing.T, text string, inline bool) {
+	pub, signer := testSigner(t)
+	e := newEnv(t, deferFirstDot())
 	e.startPool(func(c *Config) { c.Signer = signer })
 	ids, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: []string{"r@dest.test"},
 		Body: []byte("From: app@src.test\r\nTo: r@dest.test\r\nSubject: signed\r\nMessage-ID: <s@src.test>\r\n\r\n" + text)})

@@ -3,23 +3,17 @@ package worker
 import (
 	"bytes"
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/emersion/go-msgauth/dkim"
-	"github.com/emersion/go-smtp"
 
-	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/queue"
-	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/unsubscribe"
 )
 
@@ -50,21 +44,8 @@ func (e *env) submitUnsub(rcpts []string, header string) []string {
 // fields and inside the DKIM signature, and the retry sends the bytes
 // signed before the first attempt.
 func TestListUnsubscribeSignedPerRecipient(t *testing.T) {
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := sender.NewDKIMSigner([]sender.DKIMKey{{Domain: "src.test", Selector: "s1", Signer: priv}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dots atomic.Int32
-	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
-		if stage == fakemx.StageDot && dots.Add(1) == 1 {
-			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again"}
-		}
-		return nil
-	})
+	pub, signer := testSigner(t)
+	e := newEnv(t, deferFirstDot())
 	e.startPool(func(c *Config) { c.Signer, c.Unsubscribe = signer, plainLinks{} })
 	ids := e.submitUnsub([]string{"a@dest.test", "b@dest.test"}, "")
 	if len(ids) != 2 {
@@ -103,13 +84,7 @@ func TestListUnsubscribeSignedPerRecipient(t *testing.T) {
 // Unsigned, the link is added afresh at each attempt (the stored message
 // stays as submitted), the same each time.
 func TestListUnsubscribeUnsignedNotStored(t *testing.T) {
-	var dots atomic.Int32
-	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
-		if stage == fakemx.StageDot && dots.Add(1) == 1 {
-			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again"}
-		}
-		return nil
-	})
+	e := newEnv(t, deferFirstDot())
 	e.startPool(func(c *Config) { c.Unsubscribe = plainLinks{} })
 	id := e.submitUnsub([]string{"a@dest.test"}, "")[0]
 	e.waitEvent(id, queue.EventDeferred)
@@ -219,14 +194,8 @@ func (l *checkingList) Suppressed(_ context.Context, tenant, addr string) (*queu
 // send_at) is not sent it: the envelope ends with a suppressed event.
 // Mail without links is not looked up.
 func TestUnsubscribedWhileQueuedNotSent(t *testing.T) {
-	var dots atomic.Int32
 	list := &checkingList{entries: map[string]queue.Suppression{}}
-	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
-		if stage == fakemx.StageDot && dots.Add(1) == 1 {
-			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again"}
-		}
-		return nil
-	})
+	e := newEnv(t, deferFirstDot())
 	e.startPool(func(c *Config) {
 		c.Unsubscribe, c.Suppressions = plainLinks{}, list
 		c.Retry.Base, c.Retry.Min, c.Retry.Cap = time.Second, time.Second, time.Second
