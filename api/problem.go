@@ -51,6 +51,9 @@ const (
 	ProblemBadExpires     = typePrefix + "bad-expires"
 	// ProblemBadSendAt: send_at is more than MaxSendAhead ahead.
 	ProblemBadSendAt = typePrefix + "bad-send-at"
+	// ProblemBadQuery: a query parameter is not one the route takes a
+	// value of (an unknown source, a time that is not RFC 3339).
+	ProblemBadQuery = typePrefix + "bad-query"
 	// ProblemNoUnsubscribe: list_unsubscribe asked for links this
 	// process cannot make (no --unsubscribe-url).
 	ProblemNoUnsubscribe = typePrefix + "list-unsubscribe-unavailable"

@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -127,23 +128,44 @@ func (s *Server) postSuppression(w http.ResponseWriter, r *http.Request, key *Ke
 	return nil
 }
 
-// listSuppressions is GET /v1/suppressions[?tenant=T]: the key's tenant's
-// entries (an admin key may name any tenant).
+// listSuppressions is GET /v1/suppressions[?tenant=T][&source=S][&since=TIME]:
+// the key's tenant's entries (an admin key may name any tenant), those
+// added by one source, those added since a time.
 func (s *Server) listSuppressions(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem {
 	tenant, p := s.tenantOf(key, r.URL.Query().Get("tenant"))
 	if p != nil {
 		return p
+	}
+	q := r.URL.Query()
+	source := q.Get("source")
+	if source != "" && !slices.Contains(queue.SuppressionSources, source) {
+		return queryProblem("source", source, "one of "+strings.Join(queue.SuppressionSources, ", "))
+	}
+	var since time.Time
+	if v := q.Get("since"); v != "" {
+		var err error
+		if since, err = time.Parse(time.RFC3339, v); err != nil {
+			return queryProblem("since", v, "an RFC 3339 time, such as 2026-12-06T00:00:00Z")
+		}
 	}
 	list, err := s.cfg.Suppressions.List(r.Context(), tenant)
 	if err != nil {
 		s.log.Error().Err(err).Msg("list suppressions")
 		return unavailable("the suppression list cannot be read")
 	}
-	if list == nil {
-		list = []queue.Suppression{}
-	}
+	list = queue.FilterSuppressions(list, source, since)
 	writeJSON(w, http.StatusOK, SuppressionList{Suppressions: list})
 	return nil
+}
+
+// queryProblem is a 400 for query parameter name's value.
+func queryProblem(name, value, want string) *Problem {
+	p := problem(http.StatusBadRequest, ProblemBadQuery, "bad query parameter", name+": want "+want)
+	if len(value) > 100 {
+		value = ""
+	}
+	p.Errors = []FieldError{{Field: name, Value: value, Reason: "want " + want}}
+	return p
 }
 
 // deleteSuppression is DELETE /v1/suppressions/{address}[?tenant=T]: 204,

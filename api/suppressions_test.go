@@ -128,3 +128,45 @@ func TestSuppressionRequestProblems(t *testing.T) {
 		t.Fatalf("a refused request stored an entry: %d %s", r.status, r.raw)
 	}
 }
+
+// GET /v1/suppressions takes source and since, so an application can
+// fetch who unsubscribed since it last looked; a source or time it does
+// not know is 400 bad-query.
+func TestListSuppressionsFiltered(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	sup := f.srv.cfg.Suppressions.(*queue.Suppressions)
+	old := time.Now().Add(-48 * time.Hour).UTC().Truncate(time.Second)
+	for _, s := range []queue.Suppression{
+		{Tenant: "acme", Address: "left@example.org", Source: queue.SuppressUnsubscribe},
+		{Tenant: "acme", Address: "left-long-ago@example.org", Source: queue.SuppressUnsubscribe, Created: old},
+		{Tenant: "acme", Address: "gone@example.org", Source: queue.SuppressBounce},
+	} {
+		if err := sup.Add(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addresses := func(r response) string {
+		var out []string
+		for _, e := range r.json["suppressions"].([]any) {
+			out = append(out, e.(map[string]any)["address"].(string))
+		}
+		return strings.Join(out, ",")
+	}
+	since := time.Now().Add(-24 * time.Hour).UTC().Format(time.RFC3339)
+	for _, c := range []struct{ query, want string }{
+		{"", "gone@example.org,left-long-ago@example.org,left@example.org"},
+		{"?source=unsubscribe", "left-long-ago@example.org,left@example.org"},
+		{"?source=unsubscribe&since=" + since, "left@example.org"},
+		{"?since=" + since, "gone@example.org,left@example.org"},
+	} {
+		if r := f.do(t, "GET", "/v1/suppressions"+c.query, f.key, nil, nil); r.status != 200 || addresses(r) != c.want {
+			t.Errorf("GET %s: %d %s, want %s", c.query, r.status, r.raw, c.want)
+		}
+	}
+	for _, q := range []string{"?source=spam", "?since=yesterday"} {
+		if r := f.do(t, "GET", "/v1/suppressions"+q, f.key, nil, nil); r.status != 400 || r.json["type"] != ProblemBadQuery {
+			t.Errorf("GET %s: %d %s, want 400 bad-query", q, r.status, r.raw)
+		}
+	}
+}

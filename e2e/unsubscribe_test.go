@@ -93,6 +93,13 @@ func TestOneClickUnsubscribe(t *testing.T) {
 	if entry.Address == "" || entry.Source != "unsubscribe" || strings.Contains(list, "bob@dest.test") {
 		t.Fatalf("suppress list:\n%s\nwant ann alone, by unsubscribe", list)
 	}
+	if only := d.cli(t, "suppress", "list", "--tenant", testUser, "--source", "unsubscribe", "--since", "1h", "--json"); strings.Count(only, "\n") != 1 ||
+		!strings.Contains(only, "ann@dest.test") {
+		t.Fatalf("suppress list --source unsubscribe --since 1h:\n%s", only)
+	}
+	if none := d.cli(t, "suppress", "list", "--source", "bounce", "--json"); strings.TrimSpace(none) != "" {
+		t.Fatalf("suppress list --source bounce:\n%s", none)
+	}
 	id := regexp.MustCompile(`message (\S+)\)`).FindStringSubmatch(entry.Reason)
 	if id == nil {
 		t.Fatalf("the entry's reason %q names no message", entry.Reason)

@@ -37,6 +37,24 @@ const (
 	SuppressUnsubscribe = "unsubscribe"
 )
 
+// SuppressionSources are the sources an entry can have, each the Source
+// of the entries one path adds.
+var SuppressionSources = []string{SuppressBounce, SuppressAPI, SuppressAdmin, SuppressComplaint, SuppressUnsubscribe}
+
+// FilterSuppressions keeps the entries of list added by source ("" for
+// any) at or after since (zero for any), in their order: what an
+// application reconciles its own lists with ("who unsubscribed since
+// yesterday").
+func FilterSuppressions(list []Suppression, source string, since time.Time) []Suppression {
+	out := list[:0:0]
+	for _, s := range list {
+		if (source == "" || s.Source == source) && !s.Created.Before(since) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // ErrNotSuppressed is returned by Suppressions.Remove for an address that
 // is not on the list.
 var ErrNotSuppressed = errors.New("address is not suppressed")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,8 +20,8 @@ func init() {
 	sc := &cobra.Command{Use: "suppress", Short: "list, add and remove suppressed recipient addresses (per tenant)"}
 	a.bind(sc)
 
-	var tenant, reason string
-	var forDur time.Duration
+	var tenant, reason, source string
+	var forDur, since time.Duration
 	withList := func(cmd *cobra.Command, f func(ctx context.Context, l *queue.Suppressions) error) error {
 		return runWith(a, cmd, func(ctx context.Context, q *queue.Queue) (*queue.Suppressions, error) { return q.Suppressions(ctx) },
 			func(ctx context.Context, _ *queue.Queue, l *queue.Suppressions) error { return f(ctx, l) })
@@ -32,15 +34,26 @@ func init() {
 	}
 
 	list := &cobra.Command{
-		Use:   "list [--tenant T]",
+		Use:   "list [--tenant T] [--source S] [--since DUR]",
 		Short: "list the suppressions that apply now: tenant, address, source, reason, created, expires",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if source != "" && !slices.Contains(queue.SuppressionSources, source) {
+				return usageError{fmt.Errorf("--source %q: one of %s", source, strings.Join(queue.SuppressionSources, ", "))}
+			}
+			if since < 0 {
+				return usageError{errors.New("--since must not be negative")}
+			}
 			return withList(cmd, func(ctx context.Context, l *queue.Suppressions) error {
 				all, err := l.List(ctx, tenant)
 				if err != nil {
 					return err
 				}
+				var after time.Time
+				if since > 0 {
+					after = time.Now().Add(-since)
+				}
+				all = queue.FilterSuppressions(all, source, after)
 				return printList(cmd.OutOrStdout(), a.json, all, "TENANT\tADDRESS\tSOURCE\tCREATED\tEXPIRES\tREASON", func(s queue.Suppression) string {
 					exp := "never"
 					if !s.Expires.IsZero() {
@@ -52,6 +65,8 @@ func init() {
 		},
 	}
 	list.Flags().StringVar(&tenant, "tenant", "", "only this tenant's suppressions (default every tenant's)")
+	list.Flags().StringVar(&source, "source", "", "only those added by this source: "+strings.Join(queue.SuppressionSources, ", "))
+	list.Flags().DurationVar(&since, "since", 0, "only those added in this last stretch of time, e.g. 24h (default any time)")
 
 	add := &cobra.Command{
 		Use:   "add ADDR --tenant T [--reason R] [--for DUR]",
