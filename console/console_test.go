@@ -523,3 +523,33 @@ func TestTimelineLeavesOutLaterBounces(t *testing.T) {
 		t.Fatal("a later bounce was drawn as an attempt")
 	}
 }
+
+// The suppression list filters by source, as `suppress list --source`
+// does: who unsubscribed, apart from who bounced.
+func TestSuppressionsBySource(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	sup, err := f.q.Suppressions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []queue.Suppression{
+		{Tenant: "srcfilter", Address: "left@d.example", Source: queue.SuppressUnsubscribe},
+		{Tenant: "srcfilter", Address: "gone@d.example", Source: queue.SuppressBounce},
+	} {
+		if err := sup.Add(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sup.Remove(context.Background(), s.Tenant, s.Address) })
+	}
+	cl := f.browser(t)
+	f.signIn(t, cl, f.admin)
+	_, body := get(t, cl, f.ts.URL+"/ui/suppressions?tenant=srcfilter&source=unsubscribe")
+	if !strings.Contains(body, "left@d.example") || strings.Contains(body, "gone@d.example") || !strings.Contains(body, "<option selected>unsubscribe</option>") {
+		t.Fatalf("filtered by source:\n%s", body)
+	}
+	if _, body := get(t, cl, f.ts.URL+"/ui/suppressions?tenant=srcfilter&source=spam"); !strings.Contains(body, "no such source: spam") ||
+		!strings.Contains(body, "gone@d.example") {
+		t.Fatalf("an unknown source:\n%s", body)
+	}
+}

@@ -46,16 +46,23 @@ func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *se
 	ctx, cancel := c.ctx(r)
 	defer cancel()
 	tenant := strings.TrimSpace(r.URL.Query().Get("tenant"))
+	source := r.URL.Query().Get("source")
 	var errs []string
+	if source != "" && !slices.Contains(queue.SuppressionSources, source) {
+		errs = append(errs, "no such source: "+source)
+		source = ""
+	}
 	list, err := c.cfg.Suppressions.List(ctx, tenant)
 	if err != nil {
 		errs = append(errs, err.Error())
 	}
+	list = queue.FilterSuppressions(list, source, time.Time{})
 	total := len(list)
 	if len(list) > 1000 {
 		list = list[:1000]
 	}
-	c.render(w, r, s, http.StatusOK, "suppressions", "Suppressions", map[string]any{"Tenant": tenant, "List": list, "Total": total, "Errors": errs})
+	c.render(w, r, s, http.StatusOK, "suppressions", "Suppressions", map[string]any{"Tenant": tenant, "Source": source,
+		"Sources": queue.SuppressionSources, "List": list, "Total": total, "Errors": errs})
 }
 
 func (c *Console) suppressionAction(w http.ResponseWriter, r *http.Request, s *session) {
