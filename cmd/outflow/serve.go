@@ -266,7 +266,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	if err != nil {
 		return err
 	}
-	unsubPolicy, links, err := c.unsubscribeLinks(ctx, q)
+	unsubPolicy, links, err := c.unsubscribeLinks(ctx, q, log)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -59,7 +61,7 @@ func (l listUnsubscribe) apply(s *queue.Submission) {
 // unsubscribeLinks returns the policy and the links the workers write and
 // the API serves: no links without --unsubscribe-url, and an error when
 // a tenant asks for them without it.
-func (c *serveConfig) unsubscribeLinks(ctx context.Context, q *queue.Queue) (listUnsubscribe, *unsubscribe.Links, error) {
+func (c *serveConfig) unsubscribeLinks(ctx context.Context, q *queue.Queue, log zerolog.Logger) (listUnsubscribe, *unsubscribe.Links, error) {
 	policy := listUnsubscribe{all: c.ListUnsubscribe, tenants: map[string]bool{}}
 	var asking []string
 	if c.ListUnsubscribe {
@@ -86,6 +88,10 @@ func (c *serveConfig) unsubscribeLinks(ctx context.Context, q *queue.Queue) (lis
 	if _, err := unsubscribe.New(make([]byte, 32), c.UnsubscribeURL); err != nil {
 		return policy, nil, usageError{fmt.Errorf("--unsubscribe-url: %w", err)}
 	}
+	if !servedPath(c.UnsubscribeURL) {
+		log.Warn().Str("unsubscribe_url", c.UnsubscribeURL).
+			Msg("--unsubscribe-url does not end in /unsubscribe, the path the API listener serves the links at: a reverse proxy must map it there")
+	}
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	key, err := unsubscribe.LoadKey(setup, q)
@@ -94,6 +100,14 @@ func (c *serveConfig) unsubscribeLinks(ctx context.Context, q *queue.Queue) (lis
 	}
 	links, err := unsubscribe.New(key, c.UnsubscribeURL)
 	return policy, links, err
+}
+
+// servedPath reports whether base's path is the one the API listener
+// serves the links at. Served as it is, another path's link is a 404; it
+// is fine only behind a proxy that maps it there.
+func servedPath(base string) bool {
+	u, err := url.Parse(base)
+	return err == nil && strings.TrimSuffix(u.Path, "/") == "/unsubscribe"
 }
 
 // unsubscribeHandler serves the links on the API listener; nil without

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
+
 	"github.com/outflow/outflow/queue"
 )
 
@@ -23,7 +25,7 @@ func TestUnsubscribeSettingsChecked(t *testing.T) {
 		{&serveConfig{unsubscribeConfig: unsubscribeConfig{UnsubscribeURL: "https://mail.example.com/unsubscribe"}}, "--api-addr, which is off"},
 		{&serveConfig{apiConfig: apiConfig{APIAddr: ":8025"}, unsubscribeConfig: unsubscribeConfig{UnsubscribeURL: "http://mail.example.com/unsubscribe"}}, "--unsubscribe-url"},
 	} {
-		_, _, err := tc.c.unsubscribeLinks(context.Background(), nil)
+		_, _, err := tc.c.unsubscribeLinks(context.Background(), nil, zerolog.Nop())
 		var ue usageError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want a usage error saying %q", tc.c.unsubscribeConfig, err, tc.want)
@@ -31,7 +33,7 @@ func TestUnsubscribeSettingsChecked(t *testing.T) {
 	}
 	no := false
 	c := &serveConfig{dsnConfig: dsnConfig{Tenants: map[string]tenantConfig{"receipts": {ListUnsubscribe: &no}}}}
-	if _, links, err := c.unsubscribeLinks(context.Background(), nil); links != nil || err != nil {
+	if _, links, err := c.unsubscribeLinks(context.Background(), nil, zerolog.Nop()); links != nil || err != nil {
 		t.Fatalf("nobody asking for links gave %v, %v", links, err)
 	}
 }
@@ -70,5 +72,21 @@ func TestListUnsubscribePolicy(t *testing.T) {
 	s := &queue.Submission{Tenant: "other", Body: plain}
 	if all.apply(s); s.ListUnsubscribe == nil || !*s.ListUnsubscribe {
 		t.Fatal("--list-unsubscribe does not reach a tenant without a setting")
+	}
+}
+
+// A base URL whose path is not the listener's is worth a warning: the
+// links it makes answer 404 unless a proxy maps them.
+func TestServedPath(t *testing.T) {
+	for base, want := range map[string]bool{
+		"https://mail.example.com/unsubscribe":   true,
+		"http://127.0.0.1:8025/unsubscribe/":     true,
+		"https://mail.example.com":               false,
+		"https://mail.example.com/u":             false,
+		"https://mail.example.com/x/unsubscribe": false,
+	} {
+		if got := servedPath(base); got != want {
+			t.Errorf("servedPath(%q) = %v, want %v", base, got, want)
+		}
 	}
 }
