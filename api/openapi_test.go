@@ -36,7 +36,7 @@ func TestHandlerMatchesOpenAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newFixture(t, func(c *Config) { c.Rate, c.Burst = 0.001, 21 }) // the 22nd authenticated call is the 429
+	f := newFixture(t, func(c *Config) { c.Rate, c.Burst = 0.001, 22 }) // the 23rd authenticated call is the 429
 
 	type call struct {
 		name, method, path string
@@ -64,6 +64,7 @@ func TestHandlerMatchesOpenAPI(t *testing.T) {
 		{"suppress", "POST", "/v1/suppressions", map[string]any{"address": "Gone@one.example", "reason": "complaint"}, nil, 201, true},
 		{"suppression list", "GET", "/v1/suppressions", nil, nil, 200, true},
 		{"unsubscribes since", "GET", "/v1/suppressions?source=unsubscribe&since=2026-12-06T00:00:00Z", nil, nil, 200, true},
+		{"none since", "GET", "/v1/suppressions?since=2999-01-01T00:00:00Z", nil, nil, 200, true},
 		{"bad source", "GET", "/v1/suppressions?source=spam", nil, nil, 400, false},
 		{"suppressed recipient", "POST", "/v1/messages", map[string]any{"from": "a@src.example", "to": []string{"b@one.example", "gone@one.example"}, "text": "x"}, nil, 422, true},
 		{"unsuppress", "DELETE", "/v1/suppressions/gone@one.example", nil, nil, 204, true},

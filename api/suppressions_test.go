@@ -148,7 +148,11 @@ func TestListSuppressionsFiltered(t *testing.T) {
 	}
 	addresses := func(r response) string {
 		var out []string
-		for _, e := range r.json["suppressions"].([]any) {
+		list, ok := r.json["suppressions"].([]any)
+		if !ok {
+			t.Fatalf("suppressions %v is not a list: %s", r.json["suppressions"], r.raw)
+		}
+		for _, e := range list {
 			out = append(out, e.(map[string]any)["address"].(string))
 		}
 		return strings.Join(out, ",")
@@ -159,6 +163,7 @@ func TestListSuppressionsFiltered(t *testing.T) {
 		{"?source=unsubscribe", "left-long-ago@example.org,left@example.org"},
 		{"?source=unsubscribe&since=" + since, "left@example.org"},
 		{"?since=" + since, "gone@example.org,left@example.org"},
+		{"?source=complaint", ""},
 	} {
 		if r := f.do(t, "GET", "/v1/suppressions"+c.query, f.key, nil, nil); r.status != 200 || addresses(r) != c.want {
 			t.Errorf("GET %s: %d %s, want %s", c.query, r.status, r.raw, c.want)

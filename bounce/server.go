@@ -132,7 +132,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Postmaster != "" && cfg.Forwarder == nil {
 		return nil, errors.New("bounce: a postmaster address needs a forwarder")
 	}
-	if _, dom, _ := strings.Cut(cfg.Postmaster, "@"); cfg.Postmaster != "" && cfg.ReturnPath.HasDomain(dom) {
+	if at := strings.LastIndexByte(cfg.Postmaster, '@'); at >= 0 && cfg.ReturnPath.HasDomain(cfg.Postmaster[at+1:]) {
 		return nil, fmt.Errorf("bounce: postmaster address %s is at a return-path domain, whose mail this listener takes (a loop, or a refusal); name a mailbox elsewhere", cfg.Postmaster)
 	}
 	defaults.Set(&cfg.MaxMessageBytes, DefaultMaxMessageBytes)
@@ -378,7 +378,7 @@ func (ss *session) forward(ctx context.Context, msg []byte) error {
 	}
 	now := time.Now()
 	body := wrapForward(forwardInfo{hostname: ss.s.cfg.Hostname, postmaster: ss.s.cfg.Postmaster, to: ss.role,
-		envFrom: ss.from, helo: oneLine(helo, 100), client: from, at: now}, msg)
+		envFrom: ss.from, helo: helo, client: from, at: now}, msg)
 	sum := sha256.Sum256(msg)
 	ids, err := ss.s.cfg.Forwarder.Enqueue(ctx, &queue.Submission{Tenant: ForwardTenant, Rcpts: []string{ss.s.cfg.Postmaster},
 		Body: body, ReceivedAt: now, RemoteAddr: from, Source: queue.SourceSMTP, IsReport: true,
@@ -403,31 +403,44 @@ type forwardInfo struct {
 }
 
 // wrapForward writes the message that carries msg to the postmaster: a
-// trace field, its own header, a line saying what came from where, and
-// msg itself as a message/rfc822 part, unchanged.
+// trace field, then msg's own trace fields (so that a forward that comes
+// back counts every hop it made, and a loop ends at maxHops), its own
+// header, a line saying what came from where, and msg itself as a
+// message/rfc822 part, unchanged. What the client said of itself (its EHLO
+// name, its MAIL FROM) is written in ASCII without parentheses, so that
+// it can neither break the trace field's comment nor ask the
+// postmaster's server for SMTPUTF8.
 func wrapForward(f forwardInfo, msg []byte) []byte {
 	boundary := "=_fwd_" + nuid.Next()
 	for bytes.Contains(msg, []byte(boundary)) {
 		boundary = "=_fwd_" + nuid.Next()
 	}
 	date := f.at.Format(time.RFC1123Z)
-	envFrom := "<" + oneLine(f.envFrom, 300) + ">"
+	envFrom := "<" + traceSafe(f.envFrom, 300) + ">"
+	helo := traceSafe(f.helo, 100)
+	eight := has8bit(msg)
 	var b bytes.Buffer
-	b.Grow(len(msg) + 1024)
-	fmt.Fprintf(&b, "Received: from %s (%s)\r\n\tby %s (outflow bounce listener) with ESMTP\r\n\tfor <%s> (envelope-from %s);\r\n\t%s\r\n",
-		f.helo, f.client, f.hostname, f.to[0], envFrom, date)
+	b.Grow(len(msg) + 2048)
+	fmt.Fprintf(&b, "Received: from %s (%s)\r\n\tby %s (outflow bounce listener)\r\n\tfor <%s> (envelope-from %s);\r\n\t%s\r\n",
+		helo, f.client, f.hostname, f.to[0], envFrom, date)
+	b.Write(traceFields(msg))
 	fmt.Fprintf(&b, "From: outflow bounce listener <MAILER-DAEMON@%s>\r\n", f.hostname)
 	fmt.Fprintf(&b, "To: <%s>\r\n", f.postmaster)
 	fmt.Fprintf(&b, "Subject: Mail to %s\r\n", strings.Join(f.to, ", "))
 	fmt.Fprintf(&b, "Date: %s\r\n", date)
 	fmt.Fprintf(&b, "Message-ID: <%s.fwd@%s>\r\n", nuid.Next(), f.hostname)
 	b.WriteString("Auto-Submitted: auto-forwarded\r\nMIME-Version: 1.0\r\n")
-	fmt.Fprintf(&b, "Content-Type: multipart/mixed; boundary=\"%s\"\r\n\r\n", boundary)
-	fmt.Fprintf(&b, "--%s\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n", boundary)
+	fmt.Fprintf(&b, "Content-Type: multipart/mixed; boundary=\"%s\"\r\n", boundary)
+	if eight {
+		// RFC 2045 6.4: a multipart is labelled with the widest
+		// encoding of its parts.
+		b.WriteString("Content-Transfer-Encoding: 8bit\r\n")
+	}
+	fmt.Fprintf(&b, "\r\n--%s\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n", boundary)
 	fmt.Fprintf(&b, "The message attached was sent to %s\r\nfrom %s by %s (%s) on %s,\r\nand is forwarded as received.\r\n",
-		strings.Join(f.to, ", "), envFrom, f.helo, f.client, date)
+		strings.Join(f.to, ", "), envFrom, helo, f.client, date)
 	fmt.Fprintf(&b, "\r\n--%s\r\nContent-Type: message/rfc822\r\n", boundary)
-	if has8bit(msg) {
+	if eight {
 		b.WriteString("Content-Transfer-Encoding: 8bit\r\n")
 	}
 	b.WriteString("\r\n")
@@ -437,6 +450,44 @@ func wrapForward(f forwardInfo, msg []byte) []byte {
 	}
 	fmt.Fprintf(&b, "\r\n--%s--\r\n", boundary)
 	return b.Bytes()
+}
+
+// traceSafe is s on one line of at most n bytes, in printable ASCII
+// without parentheses: anything else becomes '?'.
+func traceSafe(s string, n int) string {
+	b := []byte(oneLine(s, n))
+	for i, c := range b {
+		if c < 0x20 || c >= 0x7f || c == '(' || c == ')' {
+			b[i] = '?'
+		}
+	}
+	return string(b)
+}
+
+// traceFields is the Received fields of msg's header, with their folded
+// lines, in their order, each ending in CRLF.
+func traceFields(msg []byte) []byte {
+	var out []byte
+	in := false
+	for len(msg) > 0 {
+		line := msg
+		if i := bytes.IndexByte(msg, '\n'); i >= 0 {
+			line, msg = msg[:i+1], msg[i+1:]
+		} else {
+			msg = nil
+		}
+		text := bytes.TrimRight(line, "\r\n")
+		if len(text) == 0 {
+			break // the end of the header
+		}
+		if text[0] != ' ' && text[0] != '\t' {
+			in = len(text) > 9 && bytes.EqualFold(text[:9], []byte("received:"))
+		}
+		if in {
+			out = append(append(out, text...), '\r', '\n')
+		}
+	}
+	return out
 }
 
 func has8bit(b []byte) bool {

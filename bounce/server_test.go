@@ -659,3 +659,27 @@ func TestRoleAddressesForwarded(t *testing.T) {
 		}
 	}
 }
+
+// A forward that a mailbox sends back to postmaster@ carries every hop it
+// made (the original's trace fields are copied above the attachment), so a
+// loop reaches maxHops and is refused instead of growing to the size
+// limit. What the client says of itself stays printable ASCII outside the
+// trace's comments.
+func TestForwardLoopEnds(t *testing.T) {
+	msg := []byte("Received: by mx.isp.test; now\r\nFrom: a@isp.test\r\n\r\nhi\r\n")
+	info := forwardInfo{hostname: "bounces.test", postmaster: "ops@operator.example", to: []string{"postmaster@bounces.shop.example"},
+		envFrom: "évil (x)@isp.test", helo: "mx\r\nX-Injected: 1", client: "192.0.2.1:25", at: time.Now()}
+	rounds := 0
+	for countReceived(msg) <= maxHops {
+		if rounds++; rounds > maxHops {
+			t.Fatalf("after %d rounds the forward still has %d Received fields", rounds, countReceived(msg))
+		}
+		// The operator's server takes the forward and sends it back.
+		msg = append([]byte("Received: by mx.operator.example; now\r\n"), wrapForward(info, msg)...)
+	}
+	header, _, _ := bytes.Cut(wrapForward(info, msg), []byte("\r\n\r\n"))
+	if has8bit(header) || bytes.Contains(header, []byte("\nX-Injected")) || !bytes.Contains(header, []byte("from mx X-Injected: 1 (")) ||
+		!bytes.Contains(header, []byte("envelope-from <??vil ?x?@isp.test>")) {
+		t.Fatalf("trace of a client saying odd things:\n%s", header)
+	}
+}

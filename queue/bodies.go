@@ -241,7 +241,13 @@ func (q *Queue) lastPart(ctx context.Context, msgID string) bool {
 			// A sibling counted first. Many finishing together (a large
 			// message split per recipient) take turns: wait a moment,
 			// each a different one, before reading again.
-			time.Sleep(time.Duration(1+rand.IntN(4*min(try, 8))) * time.Millisecond)
+			t := time.NewTimer(time.Duration(1+rand.IntN(4*min(try, 8))) * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return false
+			case <-t.C:
+			}
 		}
 		q.count(OpSentGet)
 		ent, err := q.sent.Get(ctx, key)

@@ -16,6 +16,13 @@ import (
 	"github.com/nats-io/nuid"
 )
 
+// perRecipientInlineMax bounds the copies of a body that a submission
+// split per recipient carries inline, one in each envelope: beyond it the
+// body is stored once and shared, as a multi-destination message's is,
+// rather than written to the work stream (and held by the publishes in
+// flight) once per recipient.
+const perRecipientInlineMax = 16 << 20
+
 // ErrNoRecipients is returned by Enqueue for a submission without recipients.
 var ErrNoRecipients = errors.New("no recipients")
 
@@ -58,10 +65,12 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	// inside the envelope, and the envelope's one acknowledged write stores
 	// both. Otherwise the body is stored once in the Object Store first.
 	// A message split per recipient carries its body inline in each
-	// envelope too: its parts are many (up to max-recipients), and a body
-	// they shared would have each of them count itself out of one key
-	// (lastPart) at about the same moment.
-	inline := (len(parts) == 1 || unsub) && len(s.Body) <= q.opts.InlineBodyMax
+	// envelope too, while its copies come to at most
+	// perRecipientInlineMax: its parts are many (up to max-recipients),
+	// and a body they shared would have each of them count itself out of
+	// one key (lastPart) at about the same moment.
+	inline := len(s.Body) <= q.opts.InlineBodyMax &&
+		(len(parts) == 1 || unsub && len(parts)*len(s.Body) <= perRecipientInlineMax)
 	bodyRef := msgID
 	switch {
 	case inline:

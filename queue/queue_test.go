@@ -519,4 +519,17 @@ func TestEnqueueListUnsubscribeOnePerRecipient(t *testing.T) {
 			t.Fatalf("a large body's part %+v: want the stored body shared", d.Env)
 		}
 	}
+
+	// Copies beyond perRecipientInlineMax in all: shared too.
+	many := make([]string, perRecipientInlineMax/(100<<10)+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("r%d@d.example", i)
+	}
+	ids, err = q.Enqueue(ctx, &Submission{Tenant: "t", From: "n@b.example", Rcpts: many, Body: make([]byte, 100<<10), ListUnsubscribe: &on})
+	if err != nil || len(ids) != len(many) {
+		t.Fatalf("%d recipients of 100 KiB: %d ids, %v", len(many), len(ids), err)
+	}
+	if d := next(t, work); d.Env.Inline() || d.Env.BodyRef != d.Env.MsgID {
+		t.Fatalf("a part of %d copies of 100 KiB %+v: want the stored body shared", len(many), d.Env)
+	}
 }

@@ -42,13 +42,13 @@ const (
 var SuppressionSources = []string{SuppressBounce, SuppressAPI, SuppressAdmin, SuppressComplaint, SuppressUnsubscribe}
 
 // FilterSuppressions keeps the entries of list added by source ("" for
-// any) at or after since (zero for any), in their order: what an
-// application reconciles its own lists with ("who unsubscribed since
-// yesterday").
+// any) at or after since (zero for any; entries are stamped to the
+// second, and so is since), in their order: what an application
+// reconciles its own lists with ("who unsubscribed since yesterday").
 func FilterSuppressions(list []Suppression, source string, since time.Time) []Suppression {
-	out := list[:0:0]
+	out := make([]Suppression, 0, len(list)) // never nil: an empty list is []
 	for _, s := range list {
-		if (source == "" || s.Source == source) && !s.Created.Before(since) {
+		if (source == "" || s.Source == source) && !s.Created.Before(since.Truncate(time.Second)) {
 			out = append(out, s)
 		}
 	}

@@ -262,10 +262,10 @@ func (w *deliverer) listUnsubscribe(e *queue.Envelope, body []byte) []byte {
 	if len(e.Rcpts) != 1 || unsubscribe.Has(body) {
 		return body
 	}
-	if signsField(body, "List-Unsubscribe") {
+	if signsField(body, "List-Unsubscribe") || signsField(body, "List-Unsubscribe-Post") {
 		// The application's own DKIM signature says no such field is to
-		// be added (it lists the field without the message having it):
-		// adding one would break that signature.
+		// be added (it lists a field the message does not have): adding
+		// it would break that signature.
 		w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).
 			Msg("message's own DKIM signature covers List-Unsubscribe; sent without a link")
 		return body
