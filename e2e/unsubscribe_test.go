@@ -109,6 +109,21 @@ func TestOneClickUnsubscribe(t *testing.T) {
 		t.Fatalf("history of %s:\n%s", id[1], hist)
 	}
 
+	// The operator reads a link a recipient forwarded.
+	var check struct {
+		Tenant, Recipient, ID string
+		Suppressed            *struct{ Source string }
+	}
+	out := d.cli(t, "unsubscribe", "check", "<https://mail.sender.test/unsubscribe/"+tokens["ann@dest.test"]+">", "--json")
+	if err := json.Unmarshal([]byte(out), &check); err != nil || check.Recipient != "ann@dest.test" || check.ID != id[1] ||
+		check.Suppressed == nil || check.Suppressed.Source != "unsubscribe" {
+		t.Fatalf("unsubscribe check: %v\n%s", err, out)
+	}
+	if out := d.cli(t, "unsubscribe", "check", tokens["bob@dest.test"]); !strings.Contains(out, "recipient bob@dest.test") ||
+		!strings.HasSuffix(strings.TrimSpace(out), "not suppressed") {
+		t.Fatalf("unsubscribe check of bob's link: %s", out)
+	}
+
 	var se *smtp.SMTPError
 	if err := c.Mail("app@sender.test", nil); err != nil {
 		t.Fatal(err)
@@ -128,6 +143,9 @@ func TestOneClickUnsubscribe(t *testing.T) {
 		t.Fatalf("a forged link: %v %v, want 404", res, err)
 	} else {
 		res.Body.Close()
+	}
+	if out, err := d.cliErr("unsubscribe", "check", string(forged)); err == nil || !strings.Contains(out, "not a link of this fleet") {
+		t.Fatalf("unsubscribe check of a forged link: %v\n%s", err, out)
 	}
 
 	key := adminCLI(t, d.Data, "apikey", "create", "--tenant", testUser)

@@ -109,21 +109,45 @@ type scratch struct {
 // http is taken only for a loopback host (a test or a lab), since a link
 // in a message is followed from anywhere.
 func New(key []byte, base string) (*Links, error) {
-	if len(key) < 16 {
-		return nil, fmt.Errorf("unsubscribe: a key of %d bytes; at least 16 are needed", len(key))
-	}
 	b, err := checkBase(base)
 	if err != nil {
 		return nil, err
+	}
+	l, err := Opener(key)
+	if err != nil {
+		return nil, err
+	}
+	l.base = b
+	return l, nil
+}
+
+// Opener returns the links of key for opening tokens only (Open and
+// Token), as an operator's tool reads a link a recipient forwarded; its
+// URL and Header have no base to start with.
+func Opener(key []byte) (*Links, error) {
+	if len(key) < 16 {
+		return nil, fmt.Errorf("unsubscribe: a key of %d bytes; at least 16 are needed", len(key))
 	}
 	aead, err := chacha20poly1305.NewX(derive(key, "unsubscribe/seal"))
 	if err != nil {
 		return nil, fmt.Errorf("unsubscribe: %w", err)
 	}
 	nonceKey := derive(key, "unsubscribe/nonce")
-	l := &Links{aead: aead, base: b}
+	l := &Links{aead: aead}
 	l.scratch.New = func() any { return &scratch{mac: hmac.New(sha256.New, nonceKey)} }
 	return l, nil
+}
+
+// TokenOf is the token of a link as a recipient may paste it: the whole
+// URL (with or without the angle brackets of the header field), or the
+// token alone.
+func TokenOf(link string) string {
+	link = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(link), "<"), ">")
+	if i := strings.IndexAny(link, "?#"); i >= 0 {
+		link = link[:i]
+	}
+	link = strings.TrimRight(link, "/")
+	return link[strings.LastIndexByte(link, '/')+1:]
 }
 
 // derive is the sub-key of key for one use: sealing, or making nonces.

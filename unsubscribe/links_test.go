@@ -1,6 +1,7 @@
 package unsubscribe
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -372,5 +373,28 @@ func BenchmarkHeader(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = l.Header(testTarget)
+	}
+}
+
+// An operator's tool opens a link pasted whole, or its token, with the
+// key alone.
+func TestOpenerAndTokenOf(t *testing.T) {
+	key := bytes.Repeat([]byte{9}, 32)
+	l, err := New(key, "https://mail.example.com/unsubscribe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Target{Tenant: "news", Rcpt: "ann@example.org", ID: "m1-2"}
+	o, err := Opener(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pasted := range []string{l.URL(want), "<" + l.URL(want) + ">", " " + l.URL(want) + "/ ", l.URL(want) + "?utm=x", l.Token(want)} {
+		if got, err := o.Open(TokenOf(pasted)); err != nil || got != want {
+			t.Errorf("%q: %+v, %v", pasted, got, err)
+		}
+	}
+	if _, err := Opener(key[:8]); err == nil {
+		t.Error("a short key was taken")
 	}
 }

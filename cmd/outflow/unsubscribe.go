@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/outflow/outflow/queue"
@@ -128,4 +130,62 @@ func unsubscriberOrNil(l *unsubscribe.Links) worker.Unsubscriber {
 		return nil
 	}
 	return l
+}
+
+// linkCheck is what `outflow unsubscribe check` prints of a link.
+type linkCheck struct {
+	Tenant     string             `json:"tenant"`
+	Recipient  string             `json:"recipient"`
+	ID         string             `json:"id"` // the envelope that carried it
+	Suppressed *queue.Suppression `json:"suppressed"`
+}
+
+// outflow unsubscribe check LINK: what an unsubscribe link names, and
+// whether its recipient is on the tenant's list now; for the recipient
+// who says the link did not work.
+func init() {
+	a := &adminFlags{}
+	uc := &cobra.Command{Use: "unsubscribe", Short: "read one-click unsubscribe links"}
+	a.bind(uc)
+	check := &cobra.Command{
+		Use:   "check LINK",
+		Short: "what an unsubscribe link (its URL or token) names, and whether its recipient is suppressed now",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				key, err := unsubscribe.LoadKey(ctx, q)
+				if err != nil {
+					return err
+				}
+				links, err := unsubscribe.Opener(key)
+				if err != nil {
+					return err
+				}
+				t, err := links.Open(unsubscribe.TokenOf(args[0]))
+				if err != nil {
+					return usageError{errors.New("not a link of this fleet: cut short, changed, or sealed under another key (the page answers it 404)")}
+				}
+				sup, err := q.Suppressions(ctx)
+				if err != nil {
+					return err
+				}
+				s, err := sup.Suppressed(ctx, t.Tenant, t.Rcpt)
+				if err != nil {
+					return err
+				}
+				c := linkCheck{Tenant: t.Tenant, Recipient: t.Rcpt, ID: t.ID, Suppressed: s}
+				if a.json {
+					return printJSON(cmd.OutOrStdout(), c)
+				}
+				state := "not suppressed"
+				if s != nil {
+					state = "suppressed since " + s.Created.Format(time.RFC3339) + " (" + s.Source + ": " + s.Reason + ")"
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "tenant %s, recipient %s, message %s: %s\n", t.Tenant, t.Rcpt, t.ID, state)
+				return err
+			})
+		},
+	}
+	uc.AddCommand(check)
+	rootCmd.AddCommand(uc)
 }
