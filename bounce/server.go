@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"net"
 	"net/netip"
 	"strings"
@@ -469,25 +470,49 @@ func traceSafe(s string, n int) string {
 func traceFields(msg []byte) []byte {
 	var out []byte
 	in := false
-	for len(msg) > 0 {
-		line := msg
-		if i := bytes.IndexByte(msg, '\n'); i >= 0 {
-			line, msg = msg[:i+1], msg[i+1:]
-		} else {
-			msg = nil
-		}
-		text := bytes.TrimRight(line, "\r\n")
-		if len(text) == 0 {
-			break // the end of the header
-		}
-		if text[0] != ' ' && text[0] != '\t' {
-			in = len(text) > 9 && bytes.EqualFold(text[:9], []byte("received:"))
+	for line := range headerLines(msg) {
+		if line[0] != ' ' && line[0] != '\t' {
+			in = isReceived(line)
 		}
 		if in {
-			out = append(append(out, text...), '\r', '\n')
+			out = append(append(out, line...), '\r', '\n')
 		}
 	}
 	return out
+}
+
+// countReceived counts the Received fields in msg's header.
+func countReceived(msg []byte) int {
+	n := 0
+	for line := range headerLines(msg) {
+		if isReceived(line) {
+			n++
+		}
+	}
+	return n
+}
+
+func isReceived(line []byte) bool {
+	return len(line) > 9 && bytes.EqualFold(line[:9], []byte("received:"))
+}
+
+// headerLines yields the lines of msg's header, up to the empty line
+// that ends it, without their line ends (CRLF or a bare LF).
+func headerLines(msg []byte) iter.Seq[[]byte] {
+	return func(yield func([]byte) bool) {
+		for rest := msg; len(rest) > 0; {
+			line := rest
+			if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+				line, rest = rest[:i], rest[i+1:]
+			} else {
+				rest = nil
+			}
+			line = bytes.TrimRight(line, "\r")
+			if len(line) == 0 || !yield(line) {
+				return
+			}
+		}
+	}
 }
 
 func has8bit(b []byte) bool {
@@ -497,26 +522,6 @@ func has8bit(b []byte) bool {
 		}
 	}
 	return false
-}
-
-// countReceived counts the Received fields in msg's header.
-func countReceived(msg []byte) int {
-	n := 0
-	for len(msg) > 0 {
-		line := msg
-		if i := bytes.IndexByte(msg, '\n'); i >= 0 {
-			line, msg = msg[:i+1], msg[i+1:]
-		} else {
-			msg = nil
-		}
-		if len(bytes.TrimRight(line, "\r\n")) == 0 {
-			break // the end of the header
-		}
-		if len(line) > 9 && bytes.EqualFold(line[:9], []byte("received:")) {
-			n++
-		}
-	}
-	return n
 }
 
 // oneLine is s on one line of at most n bytes, for a reply's text.
