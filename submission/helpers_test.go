@@ -232,6 +232,21 @@ func wantCode(t *testing.T, err error, code int, ec smtp.EnhancedCode) *smtp.SMT
 
 // send runs one transaction on c and returns the error of the first step
 // that failed.
+// data sends body as the open transaction's message on c.
+func data(t *testing.T, c *smtp.Client, body string) {
+	t.Helper()
+	w, err := c.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(w, body); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func send(c *smtp.Client, from string, to []string, body string) error {
 	return testutil.Send(c, from, to, []byte(body))
 }

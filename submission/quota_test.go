@@ -3,7 +3,6 @@ package submission
 import (
 	"context"
 	"errors"
-	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -66,16 +65,7 @@ func TestSendingLimitAtRcpt(t *testing.T) {
 	if !strings.Contains(se.Message, "limit of 2 recipients per 24 hours") || !strings.Contains(se.Message, "2026-12-07T10:00:00Z") {
 		t.Errorf("reply %q", se.Message)
 	}
-	w, err := c.Data()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.WriteString(w, "Subject: t\r\n\r\nx\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	data(t, c, "Subject: t\r\n\r\nx\r\n")
 	if subs := q.got(); len(subs) != 1 || len(subs[0].Rcpts) != 2 {
 		t.Fatalf("submissions %+v", subs)
 	}

@@ -3,7 +3,6 @@ package submission
 import (
 	"context"
 	"errors"
-	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -60,16 +59,7 @@ func TestSuppressedRecipientRefusedAtRcpt(t *testing.T) {
 	if err := c.Rcpt("ok@example.org", nil); err != nil {
 		t.Fatalf("unsuppressed recipient: %v", err)
 	}
-	w, err := c.Data()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.WriteString(w, "Subject: t\r\n\r\nx\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	data(t, c, "Subject: t\r\n\r\nx\r\n")
 	subs := q.got()
 	if len(subs) != 1 || len(subs[0].Rcpts) != 1 || subs[0].Rcpts[0] != "ok@example.org" {
 		t.Fatalf("submissions %+v", subs)

@@ -262,7 +262,7 @@ func (w *deliverer) listUnsubscribe(e *queue.Envelope, body []byte) []byte {
 	if len(e.Rcpts) != 1 || unsubscribe.Has(body) {
 		return body
 	}
-	if signsField(body, "List-Unsubscribe") || signsField(body, "List-Unsubscribe-Post") {
+	if signsField(body, "List-Unsubscribe", "List-Unsubscribe-Post") {
 		// The application's own DKIM signature says no such field is to
 		// be added (it lists a field the message does not have): adding
 		// it would break that signature.
@@ -288,15 +288,13 @@ func (w *deliverer) listUnsubscribe(e *queue.Envelope, body []byte) []byte {
 // unsubscribed reports whether the one recipient of a bulk envelope (one
 // with an unsubscribe link) is on its tenant's suppression list now, and
 // then records a suppressed event: the caller finishes the envelope
-// without sending it. It looks only when the list can be asked
-// (Config.Suppressions is a SuppressionChecker, as *queue.Suppressions
-// is); a failed look is an error, and the envelope comes back.
+// without sending it. A failed look is an error, and the envelope comes
+// back.
 func (w *deliverer) unsubscribed(ctx context.Context, e *queue.Envelope) (bool, error) {
-	chk, ok := w.cfg.Suppressions.(SuppressionChecker)
-	if !ok || len(e.Rcpts) != 1 {
+	if w.cfg.Suppressions == nil || len(e.Rcpts) != 1 {
 		return false, nil
 	}
-	s, err := chk.Suppressed(ctx, e.Tenant, e.Rcpts[0])
+	s, err := w.cfg.Suppressions.Suppressed(ctx, e.Tenant, e.Rcpts[0])
 	if err != nil || s == nil {
 		return false, err
 	}
@@ -308,8 +306,8 @@ func (w *deliverer) unsubscribed(ctx context.Context, e *queue.Envelope) (bool, 
 }
 
 // signsField reports whether a DKIM-Signature field in msg's header names
-// field in its h= tag.
-func signsField(msg []byte, field string) bool {
+// one of fields in its h= tag.
+func signsField(msg []byte, fields ...string) bool {
 	for len(msg) > 0 {
 		end := bytes.IndexByte(msg, '\n')
 		if end < 0 {
@@ -340,8 +338,11 @@ func signsField(msg []byte, field string) bool {
 				continue
 			}
 			for h := range bytes.SplitSeq(list, []byte(":")) {
-				if bytes.EqualFold(bytes.TrimSpace(h), []byte(field)) {
-					return true
+				h = bytes.TrimSpace(h)
+				for _, f := range fields {
+					if bytes.EqualFold(h, []byte(f)) {
+						return true
+					}
 				}
 			}
 		}

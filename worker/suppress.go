@@ -8,9 +8,12 @@ import (
 	"github.com/outflow/outflow/queue"
 )
 
-// Suppressor is where a hard bounce puts its recipient: *queue.Suppressions.
+// Suppressor is the suppression list: where a hard bounce puts its
+// recipient, and where a bulk envelope's recipient is looked up before
+// each attempt. *queue.Suppressions.
 type Suppressor interface {
 	Add(ctx context.Context, s queue.Suppression) error
+	SuppressionChecker
 }
 
 // suppressBounce puts a permanently refused recipient on its tenant's

@@ -20,6 +20,10 @@ func (c chanSuppressor) Add(_ context.Context, s queue.Suppression) error {
 	return nil
 }
 
+func (c chanSuppressor) Suppressed(context.Context, string, string) (*queue.Suppression, error) {
+	return nil, nil
+}
+
 func TestRecipientHardBounceIsSuppressed(t *testing.T) {
 	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
 		if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "gone@") {

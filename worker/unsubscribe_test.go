@@ -215,8 +215,9 @@ func TestUnsubscribedWhileQueuedNotSent(t *testing.T) {
 	}
 }
 
-// An application's own DKIM signature that lists List-Unsubscribe (so that
-// none may be added) keeps the message as it is.
+// An application's own DKIM signature that lists List-Unsubscribe or
+// List-Unsubscribe-Post (so that none may be added) keeps the message as
+// it is.
 func TestSignsField(t *testing.T) {
 	for _, c := range []struct {
 		msg  string
@@ -224,12 +225,13 @@ func TestSignsField(t *testing.T) {
 	}{
 		{"DKIM-Signature: v=1; a=rsa-sha256; d=x; s=s;\r\n h=From:Subject:List-Unsubscribe:\r\n List-Unsubscribe; bh=..; b=..\r\nFrom: a\r\n\r\nx", true},
 		{"dkim-signature: v=1; h = from : list-unsubscribe ; b=..\r\n\r\n", true},
-		{"DKIM-Signature: v=1; h=From:Subject:List-Unsubscribe-Post; b=..\r\nFrom: a\r\n\r\n", false},
+		{"DKIM-Signature: v=1; h=From:Subject:List-Unsubscribe-Post; b=..\r\nFrom: a\r\n\r\n", true},
+		{"DKIM-Signature: v=1; h=From:Subject:List-Unsubscribe-Posted; b=..\r\nFrom: a\r\n\r\n", false},
 		{"From: a\r\n\r\nDKIM-Signature: v=1; h=List-Unsubscribe; b=..\r\n", false},
 		{"X-Note: h=List-Unsubscribe\r\n\r\n", false},
 		{"", false},
 	} {
-		if got := signsField([]byte(c.msg), "List-Unsubscribe"); got != c.want {
+		if got := signsField([]byte(c.msg), "List-Unsubscribe", "List-Unsubscribe-Post"); got != c.want {
 			t.Errorf("signsField(%q) = %v, want %v", c.msg, got, c.want)
 		}
 	}

@@ -118,10 +118,9 @@ type Config struct {
 	// nil sends the envelope's own sender.
 	ReturnPath ReturnPather
 	// Suppressions receives the recipients of permanent recipient-scope
-	// bounces; nil keeps no list. When it also answers Suppressed
-	// (SuppressionChecker, as *queue.Suppressions does), the recipient of
-	// a bulk envelope (one with an unsubscribe link) is looked up before
-	// each attempt, and one who left since is not sent the message.
+	// bounces, and answers for the recipient of a bulk envelope (one with
+	// an unsubscribe link) before each attempt: one put on it since is not
+	// sent the message. Nil keeps no list.
 	Suppressions Suppressor
 	// DSN turns on delivery status notifications (dsn.go); nil sends
 	// none.
