@@ -36,6 +36,8 @@
 //
 // A tenant whose mail carries a return path no longer receives the remote
 // systems' bounces itself: its application learns of them from events and
-// webhooks, as with a hosted sending service. That is why the return path
-// is set per tenant (docs/delivery.md, "Asynchronous bounces").
+// webhooks, as with a hosted sending service, and, where its mail gets
+// notices, from the failure notice outflow writes in their place
+// (Config.Notifier, worker.Pool.BouncedLater; what it needs is on the
+// delivered event, queue.Event.Notify), queued before the 250.
 package bounce

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,6 +23,15 @@ type Store interface {
 	// SyncOutcomes returns once the events and suppressions stored are
 	// on disk.
 	SyncOutcomes(ctx context.Context) error
+}
+
+// Notifier queues the failure notice a delivered envelope's sender is owed
+// when recipients bounce later: *worker.Pool. ev is the envelope as its
+// delivered events describe it, with their Notify; rcpts are the report's
+// failed blocks (Final the delivered address); original is the header the
+// reporting server returned. An error means the notice was not queued.
+type Notifier interface {
+	BouncedLater(ctx context.Context, ev *queue.Event, rcpts []dsn.Recipient, original []byte) error
 }
 
 // Suppressor is the suppression list: *queue.Suppressions.
@@ -48,6 +58,9 @@ const (
 type envelope struct {
 	id, msgID, tenant, dest string
 	delivered               []string // the recipients its delivered events name, in order, lower-cased
+	// notify is what its sender's notice needs (the delivered events'
+	// Notify, their recipients joined); nil when none is owed.
+	notify *queue.Notify
 }
 
 // envelopeOf reads the envelope's tenant, destination and delivered
@@ -65,6 +78,7 @@ func envelopeOf(id string, hist []queue.Event) (envelope, bool) {
 		if ev.Type != queue.EventDelivered {
 			continue
 		}
+		e.addNotify(ev.Notify)
 		for _, r := range ev.Recipients {
 			r = queue.NormalizeAddress(r)
 			if !seen[r] {
@@ -74,6 +88,25 @@ func envelopeOf(id string, hist []queue.Event) (envelope, bool) {
 		}
 	}
 	return e, e.tenant != ""
+}
+
+// addNotify joins a delivered event's Notify into e's: one envelope
+// delivered over several attempts has one per attempt, each naming that
+// attempt's recipients.
+func (e *envelope) addNotify(n *queue.Notify) {
+	if n == nil {
+		return
+	}
+	if e.notify == nil {
+		c := *n
+		c.Rcpts = nil
+		e.notify = &c
+	}
+	for _, r := range n.Rcpts {
+		if !slices.Contains(e.notify.Rcpts, r) {
+			e.notify.Rcpts = append(e.notify.Rcpts, r)
+		}
+	}
 }
 
 // match is the delivered recipient a report's recipient stands for: its
@@ -202,6 +235,7 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 			continue
 		}
 		recorded := false
+		var later []dsn.Recipient // for the sender's notice
 		for _, rc := range failed {
 			rcpt := e.match(rc.Final, rc.Original)
 			if rcpt == "" {
@@ -217,6 +251,8 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 				return "", err
 			}
 			recorded = true
+			rc.Final, rc.RemoteMTA = rcpt, cmp.Or(rc.RemoteMTA, rep.ReportingMTA)
+			later = append(later, rc)
 			suppressed := false
 			if s.cfg.Suppressions != nil && res.Class == classify.Permanent && res.Scope == classify.ScopeRecipient {
 				if err := s.cfg.Suppressions.Add(ctx, queue.Suppression{Tenant: e.tenant, Address: rcpt,
@@ -230,6 +266,9 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 				Str("scope", res.Scope.String()).Str("rule", res.Rule).Str("reporting_mta", rep.ReportingMTA).
 				Bool("suppressed", suppressed).Msg("asynchronous bounce recorded")
 		}
+		if err := s.notify(ctx, &e, later, rep.OriginalHeader); err != nil {
+			return "", err
+		}
 		if recorded {
 			result = ResultBounced
 		} else if result != ResultBounced {
@@ -237,6 +276,19 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 		}
 	}
 	return result, nil
+}
+
+// notify queues the failure notice e's sender is owed for the recipients
+// in later (Config.Notifier), when its delivered events say one is.
+func (s *Server) notify(ctx context.Context, e *envelope, later []dsn.Recipient, original []byte) error {
+	if s.cfg.Notifier == nil || e.notify == nil || len(later) == 0 {
+		return nil
+	}
+	ev := &queue.Event{ID: e.id, MsgID: e.msgID, Tenant: e.tenant, Dest: e.dest, Notify: e.notify}
+	if err := s.cfg.Notifier.BouncedLater(ctx, ev, later, original); err != nil {
+		return fmt.Errorf("queue the notice to %s: %w", e.notify.Sender, err)
+	}
+	return nil
 }
 
 // diagnosticInput is the classifier's input for a failed recipient and

@@ -76,6 +76,11 @@ type Config struct {
 	// Forwarder stores a forwarded message for delivery (serve's enqueue
 	// path); required with Postmaster.
 	Forwarder Forwarder
+	// Notifier, when set, tells the senders of delivered envelopes about
+	// their recipients' later bounces (a failure notice through the
+	// queue, stored before the 250) where the delivered events say one
+	// is owed (queue.Event.Notify); nil records bounces only.
+	Notifier Notifier
 	// Classifier judges a bounce's diagnostic (default classify.Default()).
 	Classifier *classify.Classifier
 	// TLSConfig, when set, offers STARTTLS.

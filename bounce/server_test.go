@@ -683,3 +683,93 @@ func TestForwardLoopEnds(t *testing.T) {
 		t.Fatalf("trace of a client saying odd things:\n%s", header)
 	}
 }
+
+// fakeNotifier records the notices the listener asks for; fail makes the
+// next one fail.
+type fakeNotifier struct {
+	mu    sync.Mutex
+	calls []notified
+	fail  int
+}
+
+type notified struct {
+	ev       queue.Event
+	rcpts    []dsn.Recipient
+	original string
+}
+
+func (f *fakeNotifier) BouncedLater(_ context.Context, ev *queue.Event, rcpts []dsn.Recipient, original []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail > 0 {
+		f.fail--
+		return errors.New("no responders")
+	}
+	f.calls = append(f.calls, notified{*ev, rcpts, string(original)})
+	return nil
+}
+
+func (f *fakeNotifier) notices() []notified {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]notified(nil), f.calls...)
+}
+
+// A later bounce of an envelope whose delivered events say its sender is
+// owed a notice is handed to the notifier before the 250, with the
+// recipients the report failed, each under the address outflow delivered
+// to, the remote server's diagnostic, and the returned header; a notifier
+// that cannot queue it makes the answer 451. An envelope without Notify
+// (its sender gets no notices) asks for none.
+func TestLaterBounceNotifiesTheSender(t *testing.T) {
+	n := &fakeNotifier{}
+	l := startListener(t, func(c *Config) { c.Notifier = n })
+	notify := &queue.Notify{Sender: "app@shop.example", EnvID: "e1", Rcpts: []queue.NotifyRcpt{{Rcpt: "Bob@dest.example"}}}
+	l.store.mu.Lock()
+	l.store.hist["env2"] = []queue.Event{
+		{Type: queue.EventDelivered, ID: "env2", MsgID: "msg2", Tenant: "shop", Dest: "dest.example", Attempt: 1,
+			Recipients: []string{"Bob@dest.example"}, Notify: notify},
+		{Type: queue.EventDelivered, ID: "env2", MsgID: "msg2", Tenant: "shop", Dest: "dest.example", Attempt: 2,
+			Recipients: []string{"carol@dest.example"}, Notify: &queue.Notify{Sender: "app@shop.example", EnvID: "e1",
+				Rcpts: []queue.NotifyRcpt{{Rcpt: "carol@dest.example", ORcpt: "carol@old.example"}}}},
+	}
+	l.store.mu.Unlock()
+	msg := failureDSN(t,
+		dsn.Recipient{Final: "bob@dest.example", Action: dsn.Failed, Status: "5.1.1", Diagnostic: "550 5.1.1 no such user"},
+		dsn.Recipient{Final: "carol@dest.example", Action: dsn.Failed, Status: "5.2.2", RemoteMTA: "mbox.dest.example", Diagnostic: "552 5.2.2 full"},
+		dsn.Recipient{Final: "dave@dest.example", Action: dsn.Delayed, Status: "4.2.2"})
+	n.fail = 1
+	var se *smtp.SMTPError
+	if err := l.send(t, []string{l.returnPath("env2")}, msg); !errors.As(err, &se) || se.Code != 451 {
+		t.Fatalf("a notice not queued answered %v, want 451", err)
+	}
+	if err := l.send(t, []string{l.returnPath("env2")}, msg); err != nil {
+		t.Fatalf("sent again: %v", err)
+	}
+	calls := n.notices()
+	if len(calls) != 1 {
+		t.Fatalf("%d notices, want 1", len(calls))
+	}
+	c := calls[0]
+	if c.ev.ID != "env2" || c.ev.MsgID != "msg2" || c.ev.Tenant != "shop" || c.ev.Notify == nil ||
+		c.ev.Notify.Sender != "app@shop.example" || len(c.ev.Notify.Rcpts) != 2 || c.ev.Notify.Rcpts[1].ORcpt != "carol@old.example" {
+		t.Fatalf("notice about %+v (notify %+v)", c.ev, c.ev.Notify)
+	}
+	if len(c.rcpts) != 2 || c.rcpts[0].Final != "bob@dest.example" || c.rcpts[0].RemoteMTA != "mx.dest.example" ||
+		c.rcpts[0].Diagnostic != "550 5.1.1 no such user" || c.rcpts[1].Final != "carol@dest.example" ||
+		c.rcpts[1].RemoteMTA != "mbox.dest.example" || c.rcpts[1].Status != "5.2.2" {
+		t.Fatalf("notice's recipients %+v", c.rcpts)
+	}
+	if !strings.Contains(c.original, "Subject: hi") {
+		t.Fatalf("returned header %q", c.original)
+	}
+
+	// env1's events carry no Notify: no notice.
+	if err := l.send(t, []string{l.returnPath("env1")}, failureDSN(t,
+		dsn.Recipient{Final: "bob@dest.example", Action: dsn.Failed, Status: "5.1.1", Diagnostic: "550 5.1.1 no such user"})); err != nil {
+		t.Fatal(err)
+	}
+	if len(n.notices()) != 1 {
+		t.Fatalf("a notice for an envelope whose sender is owed none: %+v", n.notices()[1:])
+	}
+}

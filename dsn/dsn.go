@@ -97,6 +97,10 @@ type Report struct {
 	Return   Return
 	// MaxFull bounds a RET=FULL original; 0 means DefaultMaxFull.
 	MaxFull int
+	// Later says that a failure came after the recipients' server had
+	// accepted the message: its bounce came back to outflow's return
+	// path. The explanation for a person says so.
+	Later bool
 }
 
 // ErrNoRecipients is returned by Build for a report without recipients.
@@ -231,6 +235,11 @@ func humanText(r *Report) string {
 	b.WriteString("This is the mail system at " + ascii(r.ReportingMTA) + ".\r\n\r\n")
 	switch r.Recipients[0].Action {
 	case Failed:
+		if r.Later {
+			b.WriteString("Your message was accepted by the recipients' mail server, which reported\r\n" +
+				"later that it could not be delivered to the recipients below.\r\n")
+			break
+		}
 		b.WriteString("Your message could not be delivered to the recipients below.\r\nIt will not be retried.\r\n")
 	case Delayed:
 		b.WriteString("Your message has not been delivered yet to the recipients below.\r\n" +

@@ -274,3 +274,25 @@ func TestXText(t *testing.T) {
 		t.Errorf("XText = %q", got)
 	}
 }
+
+// A failure reported after the recipients' server accepted the message
+// says so to the person reading it; the fields for programs are the same.
+func TestBuildLater(t *testing.T) {
+	r := failedReport()
+	r.Later = true
+	msg, err := Build(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := parse(t, msg)
+	if !bytes.Contains(p.bodies[0], []byte("accepted by the recipients' mail server, which reported\r\nlater")) ||
+		bytes.Contains(p.bodies[0], []byte("It will not be retried")) {
+		t.Errorf("human part:\n%s", p.bodies[0])
+	}
+	if got := p.rcpts[0].Get("Action"); got != "failed" {
+		t.Errorf("Action %q", got)
+	}
+	if got := p.hdr.Get("Subject"); got != "Undelivered Mail Returned to Sender" {
+		t.Errorf("Subject %q", got)
+	}
+}

@@ -71,14 +71,16 @@ Subject: test later
 // marked async on the envelope (`queue history`), suppresses the
 // recipient for the tenant (`suppress list`, and the next submission to
 // it is refused), and counts it; an address that is not a return path is
-// refused at RCPT. Mail to postmaster@ the return-path domain is forwarded
-// to the operator's --postmaster address, from the null sender.
+// refused at RCPT, and the sender gets a failure notice from outflow, as
+// it would have without the return path. Mail to postmaster@ the
+// return-path domain is forwarded to the operator's --postmaster address,
+// from the null sender.
 func TestAsyncBounceThroughReturnPath(t *testing.T) {
 	mx := fakemx.Start(t, fakemx.Options{})
 	dir := t.TempDir()
 	bounceAddr := freeAddr(t)
 	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none",
-		"--return-path", "rp.sender.test", "--bounce-addr", bounceAddr, "--postmaster", "ops@operator.test")
+		"--return-path", "rp.sender.test", "--bounce-addr", bounceAddr, "--postmaster", "ops@operator.test", "--dsn=true")
 
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()
@@ -140,13 +142,39 @@ func TestAsyncBounceThroughReturnPath(t *testing.T) {
 			t.Fatalf("bounced event lacks %s:\n%s", want, hist)
 		}
 	}
-	if text := d.cli(t, "queue", "history", id); !strings.Contains(text, "later, gone@dest.test: 550 5.1.1") {
+	text := d.cli(t, "queue", "history", id)
+	if !strings.Contains(text, "later, gone@dest.test: 550 5.1.1") {
 		t.Fatalf("queue history does not show the later bounce:\n%s", text)
 	}
 	if list := d.cli(t, "suppress", "list", "--tenant", testUser, "--json"); !strings.Contains(list, "gone@dest.test") ||
 		!strings.Contains(list, `"source":"bounce"`) || strings.Contains(list, "ok@dest.test") {
 		t.Fatalf("suppress list:\n%s", list)
 	}
+	// The sender hears of it as it would have without the return path: a
+	// failure notice from outflow, queued before the 250, with the remote
+	// server's diagnostic and the header it returned.
+	waitFor(t, 60*time.Second, "the sender's notice", func() bool {
+		for _, fm := range mx.Messages() {
+			if len(fm.Rcpts) == 1 && fm.Rcpts[0] == "app@sender.test" {
+				body := string(fm.Data)
+				for _, want := range []string{"Final-Recipient: rfc822; gone@dest.test", "Action: failed", "Status: 5.1.1",
+					"Remote-MTA: dns; store.dest.test", "User unknown in virtual mailbox table", "which reported\r\nlater",
+					"Subject: test later"} {
+					if fm.From != "" || !strings.Contains(body, want) {
+						t.Fatalf("notice from %q lacks %q:\n%s", fm.From, want, body)
+					}
+				}
+				if strings.Contains(body, "ok@dest.test") {
+					t.Fatalf("the delivered recipient is in the notice:\n%s", body)
+				}
+				return true
+			}
+		}
+		return false
+	})
+	waitFor(t, 30*time.Second, "the notice in the original's history", func() bool {
+		return strings.Contains(d.cli(t, "queue", "history", id), "failed notice ")
+	})
 	if err := c.Mail("app@sender.test", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -184,8 +212,9 @@ func TestAsyncBounceThroughReturnPath(t *testing.T) {
 // that refuses one of them with 550 5.1.1. Postfix then mails its own
 // non-delivery report to the envelope sender it was given, outflow's
 // return path, which its transport table routes to outflow's bounce
-// listener. outflow records the bounce, marked async, and suppresses the
-// refused recipient, not the delivered one.
+// listener. outflow records the bounce, marked async, suppresses the
+// refused recipient, not the delivered one, and sends the application's
+// sender a failure notice through Postfix.
 func TestPostfixBouncesLaterToTheReturnPath(t *testing.T) {
 	next := fakemx.Start(t, fakemx.Options{Hook: func(stage fakemx.Stage, arg string) *smtp.SMTPError {
 		if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "gone@") {
@@ -197,13 +226,14 @@ func TestPostfixBouncesLaterToTheReturnPath(t *testing.T) {
 	pf := startPostfixWith(t, func(string) map[string]string {
 		return map[string]string{
 			"transport_maps": "inline:{ dest.test=smtp:" + postfixinst.RelayHost(next.Addr()) +
+				", sender.test=smtp:" + postfixinst.RelayHost(next.Addr()) +
 				", rp.sender.test=smtp:" + postfixinst.RelayHost(bounceAddr) + " }",
 			"smtp_tls_security_level": "none",
 		}
 	}, nil)
 	dir := t.TempDir()
 	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", pf.Addr, "--relay-tls", "none",
-		"--return-path", "rp.sender.test", "--bounce-addr", bounceAddr)
+		"--return-path", "rp.sender.test", "--bounce-addr", bounceAddr, "--dsn=true")
 
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()
@@ -236,4 +266,18 @@ func TestPostfixBouncesLaterToTheReturnPath(t *testing.T) {
 	if m := scrapeNoFatal(d); m[`outflow_bounces_received_total{result="bounced"}`] != 1 {
 		t.Fatalf("bounces received: %v", m[`outflow_bounces_received_total{result="bounced"}`])
 	}
+	// outflow's notice to the sender, relayed through Postfix to the next
+	// hop, carries Postfix's diagnostic.
+	waitFor(t, 60*time.Second, "the sender's notice at the next hop", func() bool {
+		for _, fm := range next.Messages() {
+			if len(fm.Rcpts) == 1 && fm.Rcpts[0] == "app@sender.test" {
+				if fm.From != "" || !strings.Contains(string(fm.Data), "Final-Recipient: rfc822; gone@dest.test") ||
+					!strings.Contains(string(fm.Data), "no such mailbox here") {
+					t.Fatalf("notice from %q:\n%s", fm.From, fm.Data)
+				}
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -45,6 +45,14 @@ func (ev *Event) appendJSON(b []byte) (_ []byte, ok bool) {
 	if ev.Async {
 		b = append(b, `,"async":true`...)
 	}
+	if ev.Notify != nil {
+		// Rare (return-path envelopes with notices on); no fast path.
+		n, err := json.Marshal(ev.Notify)
+		if err != nil {
+			return b, false
+		}
+		b = append(append(b, `,"notify":`...), n...)
+	}
 	switch {
 	case len(ev.Decision) > 0 && ev.DecisionMarshaled:
 		b = append(append(b, `,"decision":`...), ev.Decision...)

@@ -26,6 +26,10 @@ func sampleEvents() []*Event {
 		{},
 		{Type: EventDelivered, Time: at, ID: "abc-3", Attempt: 1, Worker: "w/1", Recipients: []string{"a@one.example"},
 			Decision: json.RawMessage(sampleDecision), DecisionMarshaled: true},
+		{Type: EventDelivered, Time: at, ID: "abc-5", Attempt: 1, Recipients: []string{"a@one.example", "b@one.example"},
+			Notify: &Notify{Sender: "app@shop.example", Submitted: at, MessageID: "<m1@shop.example>", EnvID: "env<1>",
+				Rcpts: []NotifyRcpt{{Rcpt: "a@one.example", ORcpt: "A@one.example", ORcptType: "rfc822"}, {Rcpt: "b@one.example"}}},
+			Decision: json.RawMessage(sampleDecision), DecisionMarshaled: true},
 	}
 }
 

@@ -129,6 +129,12 @@ type Event struct {
 	// message: a bounce or a complaint mailed back to the return path
 	// (package bounce), not a reply to an attempt.
 	Async bool `json:"async,omitempty"`
+	// Notify is set on the delivered event of an envelope that went out
+	// with a return path and whose sender gets failure notices: what that
+	// notice needs when a recipient's bounce comes back to the return path
+	// later, by which time the envelope is gone (package bounce forwards
+	// it through the worker's notices). Nil on every other event.
+	Notify *Notify `json:"notify,omitempty"`
 	// Decision is the full decision record (backoff.Record as JSON) for
 	// attempts; kept raw so that queue stores it without decoding it.
 	Decision json.RawMessage `json:"decision,omitempty"`
@@ -140,6 +146,31 @@ type Event struct {
 	// State is a destination's shared throttle state after the change
 	// (dest-learned events); kept raw like Decision.
 	State json.RawMessage `json:"state,omitempty"`
+}
+
+// Notify is what a delivered envelope's later failure notice needs
+// (Event.Notify): the sender the application gave (outflow's return path
+// replaced it in MAIL FROM), the submitter's ENVID and ORCPTs, and the
+// delivered recipients whose NOTIFY asks for failures. RET is not kept:
+// the notice can return only the header the reporting server sent back.
+type Notify struct {
+	Sender    string    `json:"sender"`
+	Submitted time.Time `json:"submitted"`
+	// MessageID is the original's Message-ID field, for the notice's
+	// In-Reply-To.
+	MessageID string `json:"message_id,omitempty"`
+	// EnvID is the submitter's ENVID, for Original-Envelope-Id.
+	EnvID string `json:"envid,omitempty"`
+	// Rcpts are the recipients of the event that want failure notices,
+	// with the ORCPT each was submitted with.
+	Rcpts []NotifyRcpt `json:"rcpts"`
+}
+
+// NotifyRcpt is one recipient of a Notify.
+type NotifyRcpt struct {
+	Rcpt      string `json:"rcpt"`
+	ORcpt     string `json:"orcpt,omitempty"`
+	ORcptType string `json:"orcpt_type,omitempty"`
 }
 
 // PublishEvent publishes ev and waits until the events stream has stored

@@ -53,6 +53,9 @@ type outcome struct {
 	body       []byte
 	dsnRelayed map[string]bool
 	passed     bool // the notices went into the submission's pass record
+	// returnPath says the attempt went out with a return path instead of
+	// the envelope's sender: later bounces come to outflow (later.go).
+	returnPath bool
 }
 
 type rcptResult struct {
@@ -181,6 +184,7 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	o := w.outcomeOf(e, res)
 	o.noteDSN(res, body)
 	o.source = src.String()
+	o.returnPath = from != e.From
 	release(o.results)
 	return w.record(ctx, d, dest, o, now)
 }
@@ -511,7 +515,7 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 		if err := d.Delivered(ctx, o.delivered, remaining == 0); err != nil {
 			return err
 		}
-		w.event(queue.EventDelivered, e, e.Attempt+1, o.delivered, "", &rec)
+		w.eventNotify(queue.EventDelivered, e, e.Attempt+1, o.delivered, "", &rec, w.laterNotify(e, o))
 		if remaining > 0 && !acked {
 			return d.Skip(ctx)
 		}
@@ -676,8 +680,13 @@ func replyLine(r classify.Result) string {
 // event publishes one of e's outcomes: typ, for rcpts, at attempt, with
 // the reply or reason and, when rec is not nil, the decision record.
 func (w *deliverer) event(typ string, e *queue.Envelope, attempt int, rcpts []string, reason string, rec *backoff.Record) {
+	w.eventNotify(typ, e, attempt, rcpts, reason, rec, nil)
+}
+
+// eventNotify is event with the delivered event's Notify (later.go).
+func (w *deliverer) eventNotify(typ string, e *queue.Envelope, attempt int, rcpts []string, reason string, rec *backoff.Record, n *queue.Notify) {
 	ev := &queue.Event{ID: e.ID, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: attempt,
-		Worker: w.id, Recipients: rcpts, Reason: reason}
+		Worker: w.id, Recipients: rcpts, Reason: reason, Notify: n}
 	if rec == nil {
 		w.cfg.Queue.Event(typ, ev)
 		return

@@ -158,6 +158,10 @@ type noticeInput struct {
 	key    string // idempotency key: names the notice's queue id
 	rcpts  []dsn.Recipient
 	body   []byte // the original as sent; nil to fetch it
+	// later: the recipients bounced after their server accepted the
+	// message (later.go); body is what that server returned, never
+	// fetched (the envelope is gone).
+	later bool
 }
 
 // tenantOn reports whether e's tenant gets notices.
@@ -277,7 +281,7 @@ func (w *deliverer) sendNotice(ctx context.Context, e *queue.Envelope, n noticeI
 		}
 	}
 	body := n.body
-	if body == nil {
+	if body == nil && !n.later {
 		b, err := w.cfg.Queue.EnvelopeBody(ctx, e)
 		if err != nil {
 			log.Warn().Err(err).Msg("original body unavailable; the notification carries no copy of it")
@@ -305,7 +309,7 @@ func (w *deliverer) sendNotice(ctx context.Context, e *queue.Envelope, n noticeI
 	msg, err := dsn.Build(&dsn.Report{
 		ReportingMTA: s.cfg.ReportingMTA, From: "MAILER-DAEMON@" + queue.Domain(e.From), To: to,
 		EnvelopeID: envID, ArrivalDate: e.SubmittedAt, Date: now, ID: n.key,
-		OriginalMessageID: e.MessageID, Recipients: rcpts, Original: body, Return: ret,
+		OriginalMessageID: e.MessageID, Recipients: rcpts, Original: body, Return: ret, Later: n.later,
 	})
 	if err != nil {
 		s.skip(skipError)

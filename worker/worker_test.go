@@ -38,6 +38,7 @@ type env struct {
 	q    *queue.Queue
 	mx   *fakemx.Server
 	snd  *sender.Sender
+	pool *Pool // the last one startPool started
 	stop context.CancelFunc
 	done chan struct{}
 }
@@ -88,6 +89,7 @@ func (e *env) startPool(mut func(*Config)) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.pool = p
 	ctx, cancel := context.WithCancel(context.Background())
 	e.stop = cancel
 	e.done = make(chan struct{})

@@ -75,13 +75,9 @@ func (c *serveConfig) returnPath(ctx context.Context, q *queue.Queue) (*bounce.R
 // nothing: a listener with no return path would refuse every recipient,
 // and a return path without a listener here is another process's to
 // receive (the same key serves the whole fleet).
-func startBounces(c *serveConfig, rp *bounce.ReturnPath, q *queue.Queue, enq bounce.Forwarder, sup *queue.Suppressions, cl *classify.Classifier,
-	hostname, workerID string, tlsConf *tls.Config, reg prometheus.Registerer, log zerolog.Logger) (func(context.Context), error) {
+func startBounces(c *serveConfig, rp *bounce.ReturnPath, q *queue.Queue, enq bounce.Forwarder, notices bounce.Notifier, sup *queue.Suppressions,
+	cl *classify.Classifier, hostname, workerID string, tlsConf *tls.Config, reg prometheus.Registerer, log zerolog.Logger) (func(context.Context), error) {
 	none := func(context.Context) {}
-	if c.ReturnPath != "" && c.DSN {
-		log.Warn().Str("return_path", c.ReturnPath).
-			Msg("--return-path applies to every tenant: the senders of mail submitted over SMTP no longer receive the bounces remote systems mail back, which outflow records as events and does not forward; set [tenants.NAME] return-path = \"\" for tenants that rely on them")
-	}
 	if c.Postmaster != "" {
 		if _, err := submission.ParseAddress(c.Postmaster); err != nil || !strings.Contains(c.Postmaster, "@") {
 			return nil, usageError{fmt.Errorf("--postmaster %q: not an address", c.Postmaster)}
@@ -101,7 +97,7 @@ func startBounces(c *serveConfig, rp *bounce.ReturnPath, q *queue.Queue, enq bou
 		return nil, usageError{fmt.Errorf("--bounce-addr %s: no return-path domain to receive for (--return-path or [tenants.NAME] return-path)", c.BounceAddr)}
 	}
 	srv, err := bounce.New(bounce.Config{Addr: c.BounceAddr, Hostname: hostname, ID: workerID + "/bounce", ReturnPath: rp,
-		Store: q, Suppressions: sup, Postmaster: c.Postmaster, Forwarder: enq, Classifier: cl, TLSConfig: tlsConf,
+		Store: q, Suppressions: sup, Postmaster: c.Postmaster, Forwarder: enq, Notifier: notices, Classifier: cl, TLSConfig: tlsConf,
 		Registerer: reg, Logger: log})
 	if err != nil {
 		return nil, usageError{err}

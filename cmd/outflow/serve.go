@@ -322,7 +322,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		return err
 	}
 
-	stopBounces, err := startBounces(c, returnPath, q, enq, suppressions, classifier, hostname, workerID, tlsConf, reg, log)
+	stopBounces, err := startBounces(c, returnPath, q, enq, pool, suppressions, classifier, hostname, workerID, tlsConf, reg, log)
 	if err != nil {
 		ln.Close()
 		_ = httpSrv.Close()
