@@ -371,7 +371,7 @@ func TestRecordLogReplay(t *testing.T) {
 		t.Fatal("the sampler did not let its first line through")
 	}
 	buf.Reset()
-	rec.LogOutcome(l, "")
+	rec.LogOutcome(l, "", nil)
 
 	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
 	if len(lines) != 1 {
@@ -435,7 +435,7 @@ func TestRecordJSONMatchesLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	rec.LogOutcome(zerolog.New(&buf), "deferred")
+	rec.LogOutcome(zerolog.New(&buf), "deferred", []string{"a@x.example", "b@x.example"})
 	var fromJSON, fromLog map[string]any
 	if err := json.Unmarshal(js, &fromJSON); err != nil {
 		t.Fatal(err)
@@ -446,9 +446,13 @@ func TestRecordJSONMatchesLog(t *testing.T) {
 	if fromLog["outcome"] != "deferred" {
 		t.Errorf("outcome %v in %s", fromLog["outcome"], buf.Bytes())
 	}
+	if r, _ := fromLog["rcpts"].([]any); len(r) != 2 || r[0] != "a@x.example" || r[1] != "b@x.example" {
+		t.Errorf("rcpts %v in %s", fromLog["rcpts"], buf.Bytes())
+	}
 	delete(fromLog, "level")
 	delete(fromLog, "message")
 	delete(fromLog, "outcome")
+	delete(fromLog, "rcpts")
 	if len(fromJSON) != len(fromLog) {
 		t.Errorf("JSON has %d fields, log %d:\n%s\n%s", len(fromJSON), len(fromLog), js, buf.Bytes())
 	}

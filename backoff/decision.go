@@ -290,17 +290,21 @@ func (r Record) MarshalZerologObject(e *zerolog.Event) {
 const DecisionMessage = "backoff decision"
 
 // LogOutcome writes the record to l as exactly one JSON line, with an
-// "outcome" field (delivered, deferred, …) before the record's own when
-// outcome is not empty. The line is never sampled and never filtered by the
+// "outcome" field (delivered, deferred, …) when outcome is not empty and
+// the recipients it is about ("rcpts", as Postfix logs to=<…>) when there
+// are any, before the record's own fields. The line is never sampled and never filtered by the
 // logger's level: it is an audit record a postmortem depends on, so it is
 // written with sampling removed and without a zerolog level, and labelled
 // "level":"info" by hand. Only a logger disabled outright (zerolog.Disabled)
 // drops it.
-func (r Record) LogOutcome(l zerolog.Logger, outcome string) {
+func (r Record) LogOutcome(l zerolog.Logger, outcome string, rcpts []string) {
 	l = l.Sample(nil)
 	ev := l.Log().Str(zerolog.LevelFieldName, zerolog.LevelInfoValue)
 	if outcome != "" {
 		ev = ev.Str("outcome", outcome)
+	}
+	if len(rcpts) > 0 {
+		ev = ev.Strs("rcpts", rcpts)
 	}
 	ev.EmbedObject(r).Msg(DecisionMessage)
 }

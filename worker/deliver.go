@@ -43,8 +43,9 @@ type outcome struct {
 	throttled bool     // any recipient throttled: the rest go to the rate-limit lane
 	source    string   // the egress address the attempt went out from, "" for none
 	unknown   bool
-	// lead is the result that decides the lane and the record: the
-	// throttle if any, else the first non-delivered result.
+	// lead is the result that decides the lane and the record of the
+	// recipients that stay (again, held): the throttle if any, else the
+	// first of their results. A bounced recipient's result never leads.
 	lead    classify.Result
 	results []classify.Result
 	// For delivery status notifications (dsn.go): the server that
@@ -420,7 +421,10 @@ func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result) *outcome {
 			o.delivered = append(o.delivered, rcpt)
 			continue
 		case classify.Permanent:
+			// Not a candidate for lead: a bounced recipient's reply must
+			// not describe the deferral of the others.
 			o.bounced = append(o.bounced, rcptResult{rcpt, r})
+			continue
 		case classify.Unknown:
 			o.unknown = true
 			if w.cfg.Unknown == UnknownHold {
@@ -454,7 +458,7 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 	for _, b := range o.bounced {
 		w.cfg.Metrics.attempt("permanent", lane, dest)
 		rec := w.baseRecord(e, dest, b.res)
-		w.logRecord(rec, "bounced")
+		w.logRecord(rec, "bounced", []string{b.rcpt})
 		w.event(queue.EventBounced, e, e.Attempt+1, []string{b.rcpt}, b.res.Text, &rec)
 		w.suppressBounce(ctx, e, b)
 	}
@@ -482,7 +486,7 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 			next.Rcpts = append(append([]string(nil), o.held...), o.again...)
 			w.cfg.Metrics.attempt("unknown", lane, dest)
 			rec := w.baseRecord(e, dest, o.lead)
-			w.logRecord(rec, "held for an operator (unknown-policy hold)")
+			w.logRecord(rec, "held for an operator (unknown-policy hold)", next.Rcpts)
 			next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
 			if err := d.Hold(ctx, next); err != nil {
 				return err
@@ -508,7 +512,7 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 		if r := firstDelivered(o); r != nil {
 			rec = w.baseRecord(e, dest, *r)
 		}
-		w.logRecord(rec, "delivered")
+		w.logRecord(rec, "delivered", o.delivered)
 		if err := w.successNotice(ctx, e, o); err != nil {
 			return err
 		}
@@ -556,7 +560,7 @@ func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queu
 		}
 		// The last attempt is a decision like the others: its line and
 		// its event carry the reply, the rule and the worker that made it.
-		w.logRecord(rec, ev)
+		w.logRecord(rec, ev, next.Rcpts)
 		return true, w.dead(ctx, d, next, dest, ev, why+": "+replyLine(o.lead), &rec)
 	}
 	// The retry number is the exponent: the first retry after the first
@@ -580,7 +584,7 @@ func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queu
 	rec.Decision = dec
 	rec.PacedBy = pacedBy
 	rec.NextAttemptAt = at
-	w.logRecord(rec, "deferred")
+	w.logRecord(rec, "deferred", next.Rcpts)
 	w.cfg.Metrics.retryDelay(string(lane), dec.Delay)
 	next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
 	if err := w.delayNotice(ctx, e, next, o); err != nil {
@@ -644,8 +648,8 @@ func (w *deliverer) baseRecord(e *queue.Envelope, dest string, r classify.Result
 }
 
 // logRecord writes the decision line. Decision lines are never sampled.
-func (w *deliverer) logRecord(rec backoff.Record, msg string) {
-	rec.LogOutcome(w.cfg.Logger, msg)
+func (w *deliverer) logRecord(rec backoff.Record, msg string, rcpts []string) {
+	rec.LogOutcome(w.cfg.Logger, msg, rcpts)
 }
 
 func attemptOf(rec backoff.Record, at time.Time, rcpts int) queue.Attempt {

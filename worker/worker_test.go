@@ -550,3 +550,48 @@ func TestDeliveredAndDeadInOneAttempt(t *testing.T) {
 		t.Fatalf("a durable step failed:\n%s", logs.String())
 	}
 }
+
+// TestDecisionLinesNameRecipients: each decision line names the recipients
+// its outcome is about, so the log answers "what became of mail to X" as
+// Postfix's to=<…> does: the delivered one, the bounced one, the deferred
+// one and, when its budget is spent, the dead one. The deferral's record
+// is the deferred recipient's reply, not the reply of one bounced in the
+// same attempt.
+func TestDecisionLinesNameRecipients(t *testing.T) {
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		switch {
+		case stage == fakemx.StageRcpt && strings.HasPrefix(arg, "gone@"):
+			return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
+		case stage == fakemx.StageRcpt && strings.HasPrefix(arg, "slow@"):
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+		}
+		return nil
+	})
+	var logs testutil.SyncBuffer
+	e.startPool(func(c *Config) { c.Budget.MaxAttempts = 2; c.Logger = zerolog.New(&logs) })
+	id := e.submit("gone@dest.test", "ok@dest.test", "slow@dest.test")
+	e.waitEvent(id, queue.EventDead)
+	rcpts := map[string]string{} // outcome -> rcpts
+	for _, l := range strings.Split(logs.String(), "\n") {
+		var line struct {
+			Message, Outcome, Class string
+			Code                    int
+			Rcpts                   []string
+		}
+		if json.Unmarshal([]byte(l), &line) != nil || line.Message != backoff.DecisionMessage {
+			continue
+		}
+		rcpts[line.Outcome] = strings.Join(line.Rcpts, ",")
+		if line.Outcome == "deferred" && (line.Class != "transient" || line.Code != 451) {
+			// The bounced recipient's 550 came first in the same attempt;
+			// the deferral is about the 451.
+			t.Errorf("deferred line says %s %d, want transient 451: %s", line.Class, line.Code, l)
+		}
+	}
+	for outcome, want := range map[string]string{"bounced": "gone@dest.test", "delivered": "ok@dest.test",
+		"deferred": "slow@dest.test", queue.EventDead: "slow@dest.test"} {
+		if rcpts[outcome] != want {
+			t.Errorf("%s line names %q, want %q; logs:\n%s", outcome, rcpts[outcome], want, logs.String())
+		}
+	}
+}

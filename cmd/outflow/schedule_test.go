@@ -64,7 +64,7 @@ func TestScheduleReplaysLoggedDecision(t *testing.T) {
 			d := b.Decide(attempt, worker, seed, hint)
 			var buf bytes.Buffer
 			backoff.Record{MsgID: "m", Attempt: attempt + j%3, WorkerID: worker, Lane: b.Lane, Decision: d,
-				NextAttemptAt: d.At(time.Now())}.LogOutcome(zerolog.New(&buf), "")
+				NextAttemptAt: d.At(time.Now())}.LogOutcome(zerolog.New(&buf), "", nil)
 			var logged map[string]any
 			if err := json.Unmarshal(buf.Bytes(), &logged); err != nil {
 				t.Fatal(err)
