@@ -3,9 +3,12 @@ package backoff
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"math"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // The hand-written encoder writes exactly what json.Marshal writes for the
@@ -87,4 +90,22 @@ func BenchmarkRecordJSON(b *testing.B) {
 			}
 		}
 	})
+}
+
+// go test -run '^$' -bench LogOutcome -benchmem ./backoff: the decision
+// line every attempt writes, without and with the recipients it names.
+func BenchmarkLogOutcome(b *testing.B) {
+	r := sampleRecord(time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC))
+	l := zerolog.New(io.Discard)
+	for _, tc := range []struct {
+		name  string
+		rcpts []string
+	}{{"NoRcpts", nil}, {"OneRcpt", []string{"ann@example.net"}}} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				r.LogOutcome(l, "delivered", tc.rcpts)
+			}
+		})
+	}
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -175,6 +176,26 @@ func TestAsyncBounceThroughReturnPath(t *testing.T) {
 	waitFor(t, 30*time.Second, "the notice in the original's history", func() bool {
 		return strings.Contains(d.cli(t, "queue", "history", id), "failed notice ")
 	})
+	// What became of mail to gone@: found by address, in any case.
+	found := d.cli(t, "queue", "find", "GONE@dest.test")
+	for _, want := range []string{"delivered", "bounced", "dsn"} {
+		if !slices.ContainsFunc(strings.Split(found, "\n"), func(l string) bool {
+			f := strings.Fields(l)
+			return len(f) > 2 && f[1] == want && f[2] == id
+		}) {
+			t.Fatalf("queue find shows no %s event of %s:\n%s", want, id, found)
+		}
+	}
+	if !strings.Contains(found, "User unknown") || !strings.Contains(found, "3 event(s) of") {
+		t.Fatalf("queue find:\n%s", found)
+	}
+	if found := d.cli(t, "queue", "find", "gone@dest.test", "--type", "bounced", "--json"); strings.Count(found, "\n") != 1 ||
+		!strings.Contains(found, `"type":"bounced"`) || !strings.Contains(found, `"async":true`) {
+		t.Fatalf("queue find --type bounced --json:\n%s", found)
+	}
+	if found := d.cli(t, "queue", "find", "gone@dest.test", "--tenant", "someone-else"); strings.Contains(found, id) {
+		t.Fatalf("queue find of another tenant:\n%s", found)
+	}
 	if err := c.Mail("app@sender.test", nil); err != nil {
 		t.Fatal(err)
 	}

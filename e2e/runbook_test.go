@@ -113,7 +113,7 @@ func TestRunbookCommands(t *testing.T) {
 	}
 	for _, want := range []string{"throttled.test: at most 5/s", "suspended until", "throttled.test: resumed", "throttled.test: rate cap cleared", "queued again",
 		"/s since", "learned.test: learned limits cleared", "outflow_dest_learned_rate{dest=\"learned.test\"}",
-		"(all of throttled.test's mail, from any source"} {
+		"(all of throttled.test's mail, from any source", "event(s) of"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("runbook output lacks %q", want)
 		}

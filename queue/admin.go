@@ -263,49 +263,17 @@ func (q *Queue) history(ctx context.Context, tenant, id string, since time.Time)
 // readEvents returns id's events on filter stored since since, in stream
 // order.
 func (q *Queue) readEvents(ctx context.Context, id, filter string, since time.Time) ([]Event, error) {
-	cfg := jetstream.ConsumerConfig{
-		FilterSubject:     filter,
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		AckPolicy:         jetstream.AckNonePolicy,
-		InactiveThreshold: time.Minute,
-		MemoryStorage:     true,
-		Replicas:          1,
-	}
-	if !since.IsZero() {
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
-	}
-	cons, err := q.events.CreateConsumer(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = q.events.DeleteConsumer(context.WithoutCancel(ctx), cons.CachedInfo().Name) }()
 	var out []Event
-	for left := cons.CachedInfo().NumPending; left > 0; {
-		want := int(min(left, 1000))
-		batch, err := cons.Fetch(want, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			return nil, err
+	err := q.scanEvents(ctx, []string{filter}, since, func(m jetstream.Msg) {
+		if m.Headers().Get(HdrEventID) != id {
+			return
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			if m.Headers().Get(HdrEventID) != id {
-				continue
-			}
-			var ev Event
-			if err := json.Unmarshal(m.Data(), &ev); err == nil && ev.ID == id {
-				out = append(out, ev)
-			}
+		var ev Event
+		if err := json.Unmarshal(m.Data(), &ev); err == nil && ev.ID == id {
+			out = append(out, ev)
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return nil, err
-		}
-		if n < want { // the rest expired (events max age) while being read
-			break
-		}
-		left -= uint64(n)
-	}
-	return out, nil
+	})
+	return out, err
 }
 
 // FastForward makes a deferred or throttled envelope due now, as a probe:

@@ -53,6 +53,11 @@
 // address (TakeAllowance). The per-tenant suppression
 // list that submission checks is a bucket of queue's too (suppress.go).
 //
+// The events stream is read three ways: by envelope (History, the id's
+// shard of subjects), by type and tenant for consumers that follow it
+// (webhooks, the console), and by recipient (FindEvents, find.go), which
+// reads through a stretch of it, since nothing indexes recipients.
+//
 // queue knows JetStream and nothing of SMTP. It owns the layout: every
 // subject is built in subjects.go, every stream and consumer is configured
 // here, and the packages above reach NATS only through Queue's methods

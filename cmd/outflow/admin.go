@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -224,6 +225,49 @@ func init() {
 	history.Flags().DurationVar(&since, "since", 0, "only events stored in this last stretch of time, e.g. 6h (default all the events stream keeps; a shorter look-up is faster on a busy stream)")
 	history.Flags().StringVar(&histTenant, "tenant", "", "the message's tenant: only its events are read, much faster with many tenants (a message of another tenant is not found; default: the tenant of the message when it still waits in a lane)")
 
+	var find queue.EventQuery
+	var findSince time.Duration
+	var findTypes []string
+	findCmd := &cobra.Command{
+		Use:   "find ADDRESS",
+		Short: "what became of mail to an address: the events that name it (delivered, bounced, deferred...), oldest first",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if findSince < 0 {
+				return usageError{fmt.Errorf("--since %v: want a positive duration, or 0 for all the events stream keeps", findSince)}
+			}
+			find.Rcpt, find.Types = args[0], nil
+			for _, t := range findTypes {
+				if t = strings.TrimSpace(t); t != "" {
+					find.Types = append(find.Types, t)
+				}
+			}
+			if findSince > 0 {
+				find.Since = time.Now().Add(-findSince)
+			}
+			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				evs, scanned, err := q.FindEvents(ctx, find)
+				if errors.Is(err, context.DeadlineExceeded) {
+					return fmt.Errorf("read %d events in %v without reaching the end: narrow the look-up (--since, --tenant, --type) or allow it longer (--timeout)", scanned, a.timeout)
+				}
+				if err != nil {
+					return err
+				}
+				if err := printList(cmd.OutOrStdout(), a.json, evs, "TIME\tEVENT\tID\tTENANT\tDEST\tATTEMPT\tREASON", findLine); err != nil {
+					return err
+				}
+				if !a.json {
+					fmt.Fprintf(cmd.ErrOrStderr(), "%d event(s) of %d read\n", len(evs), scanned)
+				}
+				return nil
+			})
+		},
+	}
+	findCmd.Flags().StringVar(&find.Tenant, "tenant", "", "only this tenant's events (reads a sixty-fourth of them)")
+	findCmd.Flags().StringSliceVar(&findTypes, "type", nil, "only these event types, comma-separated (e.g. delivered,bounced)")
+	findCmd.Flags().DurationVar(&findSince, "since", 24*time.Hour, "only events stored in this last stretch of time; 0 reads all the events stream keeps")
+	findCmd.Flags().IntVar(&find.Limit, "limit", queue.DefaultFindLimit, "at most this many, the newest")
+
 	ff := &cobra.Command{
 		Use:   "fast-forward ID",
 		Short: "make a deferred or throttled message due now (atomic: its old schedule cannot also fire)",
@@ -285,8 +329,18 @@ func init() {
 			})
 		},
 	}
-	qc.AddCommand(list, inspect, history, ff, replay, drop)
+	qc.AddCommand(list, inspect, history, findCmd, ff, replay, drop)
 	rootCmd.AddCommand(qc)
+}
+
+// findLine is one event of `queue find` as table columns.
+func findLine(ev queue.Event) string {
+	attempt := "-"
+	if ev.Attempt > 0 {
+		attempt = strconv.Itoa(ev.Attempt)
+	}
+	return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", ev.Time.Format(time.RFC3339), ev.Type, ev.ID, dash(ev.Tenant), dash(ev.Dest),
+		attempt, dash(short(ev.Reason, 80)))
 }
 
 // historyLine is one event of `queue history` as table columns: its
