@@ -4,7 +4,8 @@
 // message (a raw RFC 5322 message, or subject, text, HTML, headers and
 // attachments it builds into MIME with go-message) into a queue.Submission,
 // hands it to the same enqueue path as the SMTP submission listener, and
-// answers what happened to a message from the queue's lanes and events.
+// answers what happened to a message from the queue's lanes and events,
+// and to the tenant's mail to one address (GET /v1/events, events.go).
 //
 // Failure semantics, as over SMTP: 202 Accepted, with one id per
 // destination, is answered only after Enqueue returned, that is after the

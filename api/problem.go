@@ -65,6 +65,9 @@ const (
 	// more can be sent.
 	ProblemQuotaExceeded = typePrefix + "quota-exceeded"
 	ProblemNotFound      = typePrefix + "not-found"
+	// ProblemQueryTooBroad: GET /v1/events read for SearchTimeout without
+	// reaching the end of what it was asked to read; 422.
+	ProblemQueryTooBroad = typePrefix + "query-too-broad"
 	// ProblemAlreadySent: the message to cancel has left the queue
 	// (delivered, bounced, dropped, dead); 409.
 	ProblemAlreadySent = typePrefix + "already-sent"

@@ -27,6 +27,7 @@ const (
 	DefaultRate            = 100.0 // requests per second per key
 	DefaultBurst           = 200
 	DefaultEnqueueTimeout  = 30 * time.Second
+	DefaultSearchTimeout   = 30 * time.Second
 )
 
 // Queue is what the API needs of the queue: *queue.Queue, or a wrapper
@@ -37,6 +38,7 @@ type Queue interface {
 	History(ctx context.Context, id string, since time.Time) ([]queue.Event, error)
 	TenantHistory(ctx context.Context, tenant, id string, since time.Time) ([]queue.Event, error)
 	DropBy(ctx context.Context, id, by string) (*queue.Item, error)
+	FindEvents(ctx context.Context, q queue.EventQuery) ([]queue.Event, int, error)
 }
 
 // Config configures a Server. Zero values take the documented default.
@@ -64,6 +66,9 @@ type Config struct {
 	// EnqueueTimeout bounds one store of a submission (503 past it).
 	// Default DefaultEnqueueTimeout.
 	EnqueueTimeout time.Duration
+	// SearchTimeout bounds one GET /v1/events, which reads through the
+	// events (422 query-too-broad past it). Default DefaultSearchTimeout.
+	SearchTimeout time.Duration
 	// Suppressions is the suppression list: recipients on it are refused
 	// (422), and /v1/suppressions manages it. Nil: no list, and no
 	// /v1/suppressions routes.
@@ -111,6 +116,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	defaults.Set(&cfg.Burst, DefaultBurst)
 	defaults.Set(&cfg.IdempotencyTTL, queue.DefaultDedupWindow)
 	defaults.Set(&cfg.EnqueueTimeout, DefaultEnqueueTimeout)
+	defaults.Set(&cfg.SearchTimeout, DefaultSearchTimeout)
 	keys, err := OpenKeys(ctx, cfg.Buckets)
 	if err != nil {
 		return nil, err
@@ -123,6 +129,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{}}
 	s.mux.Handle("/v1/messages", s.route(map[string]handler{http.MethodPost: s.postMessage}))
 	s.mux.Handle("/v1/messages/{id}", s.route(map[string]handler{http.MethodGet: s.getMessage, http.MethodDelete: s.cancelMessage}))
+	s.mux.Handle("/v1/events", s.route(map[string]handler{http.MethodGet: s.listEvents}))
 	if cfg.Suppressions != nil {
 		s.mux.Handle("/v1/suppressions", s.route(map[string]handler{http.MethodPost: s.postSuppression, http.MethodGet: s.listSuppressions}))
 		s.mux.Handle("/v1/suppressions/{address}", s.route(map[string]handler{http.MethodDelete: s.deleteSuppression}))

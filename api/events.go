@@ -1,0 +1,96 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// EventList is the answer of GET /v1/events.
+type EventList struct {
+	// Events are the newest events that name the recipient, oldest first.
+	Events []queue.Event `json:"events"`
+	// Scanned is how many events were read to find them: the events are
+	// not indexed by recipient, so a narrower since or type reads fewer.
+	Scanned int `json:"scanned"`
+}
+
+// Limits of GET /v1/events.
+const (
+	defaultEventsSince = 24 * time.Hour
+	maxEventsLimit     = 1000
+)
+
+// listEvents is GET /v1/events?recipient=ADDR[&type=T,T][&since=TIME]
+// [&limit=N][&tenant=T]: what became of the tenant's mail to one address,
+// as `outflow queue find` answers an operator. A key reads its tenant's
+// events only (an admin key names another tenant with tenant=).
+func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem {
+	q := r.URL.Query()
+	tenant, p := s.tenantOf(key, q.Get("tenant"))
+	if p != nil {
+		return p
+	}
+	fq := queue.EventQuery{Tenant: tenant, Rcpt: strings.TrimSpace(q.Get("recipient")), Limit: queue.DefaultFindLimit,
+		Since: time.Now().Add(-defaultEventsSince)}
+	if fq.Rcpt == "" || len(fq.Rcpt) > 320 {
+		return queryProblem("recipient", fq.Rcpt, "the address whose mail to look for")
+	}
+	if v := q.Get("type"); v != "" {
+		for _, t := range strings.Split(v, ",") {
+			if t = strings.TrimSpace(t); !eventType(t) {
+				return queryProblem("type", v, "event types separated by commas, such as delivered,bounced")
+			}
+			fq.Types = append(fq.Types, t)
+		}
+	}
+	if v := q.Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			return queryProblem("since", v, "an RFC 3339 time, such as 2026-12-06T00:00:00Z")
+		}
+		fq.Since = t
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxEventsLimit {
+			return queryProblem("limit", v, "a number from 1 to "+strconv.Itoa(maxEventsLimit))
+		}
+		fq.Limit = n
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.SearchTimeout)
+	defer cancel()
+	evs, scanned, err := s.cfg.Queue.FindEvents(ctx, fq)
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
+		return problem(http.StatusUnprocessableEntity, ProblemQueryTooBroad, "query too broad",
+			"read "+strconv.Itoa(scanned)+" events in "+s.cfg.SearchTimeout.String()+" without reaching the end: ask for a later since or fewer types")
+	case err != nil:
+		s.log.Error().Err(err).Msg("api find events")
+		return unavailable("the events cannot be read")
+	}
+	if evs == nil {
+		evs = []queue.Event{}
+	}
+	writeJSON(w, http.StatusOK, EventList{Events: evs, Scanned: scanned})
+	return nil
+}
+
+// eventType reports whether t can be an event type: a subject token of
+// letters, digits and '-' (every type queue publishes is one).
+func eventType(t string) bool {
+	if t == "" || len(t) > 32 {
+		return false
+	}
+	for _, c := range t {
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,81 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outflow/outflow/queue"
+)
+
+// GET /v1/events finds what became of the tenant's mail to an address:
+// the newest events naming it, in any case, of its own tenant only, by
+// type and since; a malformed query is a 400 naming the parameter.
+func TestListEventsByRecipient(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	pub := func(typ, tenant, id, rcpt string, at time.Time) {
+		t.Helper()
+		if err := f.q.PublishEvent(ctx, typ, &queue.Event{ID: id, Tenant: tenant, Dest: "example.net", Recipients: []string{rcpt}, Time: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now().UTC()
+	pub(queue.EventDelivered, "acme", "old", "ann@example.net", now.Add(-48*time.Hour)) // stored now, dated two days ago
+	pub(queue.EventDelivered, "acme", "m1", "Ann@Example.net", now)
+	pub(queue.EventBounced, "acme", "m2", "ann@example.net", now)
+	pub(queue.EventDelivered, "other", "m3", "ann@example.net", now)
+	pub(queue.EventDelivered, "acme", "m4", "bob@example.net", now)
+
+	ids := func(path string) (string, int) {
+		t.Helper()
+		r := f.do(t, "GET", path, f.key, nil, nil)
+		if r.status != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", path, r.status, r.raw)
+		}
+		var out []string
+		evs, _ := r.json["events"].([]any)
+		for _, ev := range evs {
+			out = append(out, ev.(map[string]any)["id"].(string))
+		}
+		return strings.Join(out, ","), int(r.json["scanned"].(float64))
+	}
+	// since selects by when the event was stored, not by its time field.
+	if got, scanned := ids("/v1/events?recipient=ANN@example.net"); got != "old,m1,m2" || scanned == 0 {
+		t.Fatalf("events of ann: %q (%d scanned)", got, scanned)
+	}
+	if got, _ := ids("/v1/events?recipient=ann@example.net&type=bounced"); got != "m2" {
+		t.Fatalf("bounced events of ann: %q", got)
+	}
+	if got, _ := ids("/v1/events?recipient=ann@example.net&limit=1"); got != "m2" {
+		t.Fatalf("the newest event of ann: %q", got)
+	}
+	if got, _ := ids("/v1/events?recipient=ann@example.net&since=" + now.Add(time.Hour).Format(time.RFC3339)); got != "" {
+		t.Fatalf("events stored in the future: %q", got)
+	}
+	if r := f.do(t, "GET", "/v1/events?recipient=nobody@example.net", f.key, nil, nil); r.status != 200 || !strings.Contains(string(r.raw), `"events":[]`) {
+		t.Fatalf("no events: %d %s", r.status, r.raw)
+	}
+	if r := f.do(t, "GET", "/v1/events?recipient=ann@example.net&tenant=other", f.key, nil, nil); r.status != http.StatusForbidden {
+		t.Fatalf("another tenant's events: %d %s", r.status, r.raw)
+	}
+	for _, bad := range []string{"", "recipient=ann@example.net&type=del.ivered", "recipient=ann@example.net&since=yesterday",
+		"recipient=ann@example.net&limit=0", "recipient=ann@example.net&limit=1001"} {
+		r := f.do(t, "GET", "/v1/events?"+bad, f.key, nil, nil)
+		if r.status != http.StatusBadRequest || r.json["type"] != ProblemBadQuery {
+			t.Errorf("GET /v1/events?%s: %d %s", bad, r.status, r.raw)
+		}
+	}
+}
+
+// A look-up that cannot finish in SearchTimeout is a 422 that says how far
+// it read and how to narrow it.
+func TestListEventsTooBroad(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.SearchTimeout = time.Nanosecond })
+	r := f.do(t, "GET", "/v1/events?recipient=ann@example.net", f.key, nil, nil)
+	if r.status != http.StatusUnprocessableEntity || r.json["type"] != ProblemQueryTooBroad || !strings.Contains(r.json["detail"].(string), "since") {
+		t.Fatalf("a look-up out of time: %d %s", r.status, r.raw)
+	}
+}
