@@ -141,6 +141,7 @@ func (c *Console) routes() {
 	c.mux.Handle("GET "+Prefix+"dests/{dest}", c.guard(true, c.forDest(c.destPage)))
 	c.mux.Handle("POST "+Prefix+"dests/{dest}/{action}", c.guard(true, c.forDest(c.destAction)))
 	c.mux.Handle("GET "+Prefix+"queue", c.guard(true, c.queuePage))
+	c.mux.Handle("GET "+Prefix+"find", c.guard(true, c.findPage))
 	c.mux.Handle("GET "+Prefix+"messages/{id}", c.guard(true, c.messagePage))
 	c.mux.Handle("POST "+Prefix+"messages/{id}/{action}", c.guard(true, c.messageAction))
 	c.mux.Handle("GET "+Prefix+"dead", c.guard(true, c.deadPage))

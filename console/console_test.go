@@ -553,3 +553,43 @@ func TestSuppressionsBySource(t *testing.T) {
 		t.Fatalf("an unknown source:\n%s", body)
 	}
 }
+
+// TestFindByRecipient: the queue page's recipient search leads to the
+// find page, which lists the events naming the address in any case,
+// newest first, each linked to its message; a tenant narrows it.
+func TestFindByRecipient(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	for _, ev := range []struct{ typ, tenant, id, rcpt string }{
+		{queue.EventDelivered, "findshop", "findm1", "Ann@Find.example"},
+		{queue.EventBounced, "findshop", "findm2", "ann@find.example"},
+		{queue.EventDelivered, "findother", "findm3", "ann@find.example"},
+		{queue.EventDelivered, "findshop", "findm4", "bob@find.example"},
+	} {
+		if err := f.q.PublishEvent(ctx, ev.typ, &queue.Event{ID: ev.id, Tenant: ev.tenant, Dest: "find.example", Recipients: []string{ev.rcpt}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cl := f.browser(t)
+	f.signIn(t, cl, f.admin)
+	res, _ := get(t, cl, f.ts.URL+"/ui/queue?rcpt=ann@find.example&tenant=findshop")
+	loc := res.Header.Get("Location")
+	if res.StatusCode != http.StatusSeeOther || !strings.HasPrefix(loc, "/ui/find?") {
+		t.Fatalf("the queue page's recipient search: %d, Location %q", res.StatusCode, loc)
+	}
+	res, body := get(t, cl, f.ts.URL+loc)
+	if !strings.Contains(body, `href="/ui/messages/findm1"`) || !strings.Contains(body, `href="/ui/messages/findm2"`) ||
+		strings.Contains(body, "findm3") || strings.Contains(body, "findm4") {
+		t.Fatalf("find for findshop (%s):\n%s", res.Request.URL, body)
+	}
+	if strings.Index(body, "findm2") > strings.Index(body, "findm1") {
+		t.Error("not newest first")
+	}
+	if _, body := get(t, cl, f.ts.URL+"/ui/find?rcpt=ANN@find.example&since=6h"); !strings.Contains(body, "findm3") ||
+		!strings.Contains(body, "<option selected>6h</option>") {
+		t.Fatalf("find across tenants:\n%s", body)
+	}
+	if _, body := get(t, cl, f.ts.URL+"/ui/find?rcpt=nobody@find.example"); !strings.Contains(body, "no events name nobody@find.example") {
+		t.Fatalf("find of nobody:\n%s", body)
+	}
+}

@@ -1,7 +1,8 @@
 // Package console is in charge of the operator's console: the web pages
 // served at /ui/ on the HTTP API's listener (--api-addr) that show the
 // queue's lanes, the destinations' shared throttle state, one message's
-// whole story and the dead letters and suppression list, and that run the
+// whole story, the mail to one address (its events, found by recipient),
+// the dead letters and suppression list, and that run the
 // same operations as `outflow queue …`, `outflow dest …` and `outflow
 // suppress …`, through the same functions of packages queue and throttle.
 //

@@ -2,12 +2,14 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,6 +44,14 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, s *session) 
 		http.Redirect(w, r, Prefix+"messages/"+url.PathEscape(id), http.StatusSeeOther)
 		return
 	}
+	if rcpt := strings.TrimSpace(q.Get("rcpt")); rcpt != "" {
+		v := url.Values{"rcpt": {rcpt}}
+		if t := strings.TrimSpace(q.Get("tenant")); t != "" {
+			v.Set("tenant", t)
+		}
+		http.Redirect(w, r, Prefix+"find?"+v.Encode(), http.StatusSeeOther)
+		return
+	}
 	f := queue.Filter{State: queue.State(q.Get("state")), Dest: strings.TrimSpace(q.Get("dest")), Tenant: strings.TrimSpace(q.Get("tenant"))}
 	f.Limit, _ = strconv.Atoi(q.Get("limit"))
 	if f.Limit <= 0 || f.Limit > 1000 {
@@ -56,6 +66,42 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, s *session) 
 	}
 	c.render(w, r, s, http.StatusOK, "queue", "Queue", map[string]any{
 		"Filter": f, "States": queue.States, "Items": rows(items), "Errors": errs,
+	})
+}
+
+// findSinces are the stretches the find page offers, as `queue find
+// --since` takes them; the first is the default.
+var findSinces = []string{"24h", "1h", "6h", "72h", "168h"}
+
+// findPage is /ui/find?rcpt=ADDR[&tenant=T][&since=D]: what became of
+// mail to one address (`outflow queue find`), every event that names it.
+func (c *Console) findPage(w http.ResponseWriter, r *http.Request, s *session) {
+	q := r.URL.Query()
+	fq := queue.EventQuery{Rcpt: strings.TrimSpace(q.Get("rcpt")), Tenant: strings.TrimSpace(q.Get("tenant"))}
+	since := q.Get("since")
+	if !slices.Contains(findSinces, since) {
+		since = findSinces[0]
+	}
+	d, _ := time.ParseDuration(since)
+	fq.Since = c.cfg.Now().Add(-d)
+	var errs []string
+	var evs []queue.Event
+	scanned := 0
+	if fq.Rcpt != "" {
+		ctx, cancel := c.ctx(r)
+		defer cancel()
+		var err error
+		evs, scanned, err = c.cfg.Queue.FindEvents(ctx, fq)
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			errs = append(errs, fmt.Sprintf("read %d events without reaching the end: choose a shorter stretch or a tenant", scanned))
+		case err != nil:
+			errs = append(errs, err.Error())
+		}
+		slices.Reverse(evs) // newest first, as the dead letters
+	}
+	c.render(w, r, s, http.StatusOK, "find", "Find", map[string]any{
+		"Query": fq, "Since": since, "Sinces": findSinces, "Events": evs, "Scanned": scanned, "Errors": errs,
 	})
 }
 
