@@ -519,7 +519,7 @@ func (w *deliverer) delayReports(e, next *queue.Envelope, o *outcome) []dsn.Reci
 	at := w.now()
 	rcpts := make([]dsn.Recipient, 0, len(next.Rcpts))
 	for _, r := range next.Rcpts {
-		rc := rcptReport(r, dsn.Delayed, o.lead, o.host, at)
+		rc := rcptReport(r, dsn.Delayed, o.resultOf(e, r), o.host, at)
 		rc.WillRetryUntil = e.Deadline
 		if rc.Status == "" || rc.Status[0] != '4' {
 			rc.Status = "4.0.0" // RFC 3464 §2.3.4: a delay is a 4.x.x

@@ -267,3 +267,22 @@ func TestPassWaitKeepsLittle(t *testing.T) {
 		t.Fatalf("kept %d bytes (cap %d), RET %s; the part's RET %s", len(w[0].body), cap(w[0].body), w[0].e.DSN.Ret, env.DSN.Ret)
 	}
 }
+
+// A delay notice gives each deferred recipient its own reply, not the
+// first deferred recipient's.
+func TestDelayReportsOwnReplies(t *testing.T) {
+	_, _, _, _, d, t0 := clockSetup(t, func(*DSNConfig) {})
+	env := partOf("m", 1, 1, "a@one.test", t0)
+	env.Rcpts = []string{"a@one.test", "b@one.test", "c@one.test"}
+	later := classify.Result{Class: classify.Transient, Code: 451, Enhanced: "4.3.0", Text: "later"}
+	full := classify.Result{Class: classify.Transient, Code: 452, Enhanced: "4.2.2", Text: "mailbox full"}
+	o := &outcome{lead: later, host: "mx.one.test",
+		results: []classify.Result{later, {Class: classify.Delivered, Code: 250}, full}}
+	next := env.Clone()
+	next.Rcpts = []string{"a@one.test", "c@one.test"}
+	got := d.delayReports(env, next, o)
+	if len(got) != 2 || got[0].Status != "4.3.0" || got[0].Diagnostic != "451 4.3.0 later" ||
+		got[1].Final != "c@one.test" || got[1].Status != "4.2.2" || got[1].Diagnostic != "452 4.2.2 mailbox full" {
+		t.Fatalf("delay reports %+v", got)
+	}
+}
