@@ -24,7 +24,36 @@ type EventList struct {
 const (
 	defaultEventsSince = 24 * time.Hour
 	maxEventsLimit     = 1000
+	// maxSearches is how many look-ups run at once in this process, each
+	// reading through the events on the NATS server every tenant shares;
+	// a key runs one at a time.
+	maxSearches = 4
 )
+
+// startSearch admits one look-up of key's, or says why not (429): the
+// key has one running, or the process has maxSearches. release ends it.
+func (s *Server) startSearch(key string) (release func(), p *Problem) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	busy := ""
+	switch {
+	case s.searching[key]:
+		busy = "this key has a look-up running; one at a time"
+	case len(s.searching) >= maxSearches:
+		busy = "too many look-ups running at once"
+	}
+	if busy != "" {
+		p := problem(http.StatusTooManyRequests, ProblemRateLimited, "rate limited", busy)
+		p.RetryAfter = 1
+		return nil, p
+	}
+	s.searching[key] = true
+	return func() {
+		s.mu.Lock()
+		delete(s.searching, key)
+		s.mu.Unlock()
+	}, nil
+}
 
 // listEvents is GET /v1/events?recipient=ADDR[&type=T,T][&since=TIME]
 // [&limit=N][&tenant=T]: what became of the tenant's mail to one address,
@@ -43,7 +72,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, key *KeyInfo
 	}
 	if v := q.Get("type"); v != "" {
 		for _, t := range strings.Split(v, ",") {
-			if t = strings.TrimSpace(t); !eventType(t) {
+			if t = strings.TrimSpace(t); !queue.ValidEventType(t) {
 				return queryProblem("type", v, "event types separated by commas, such as delivered,bounced")
 			}
 			fq.Types = append(fq.Types, t)
@@ -63,6 +92,11 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, key *KeyInfo
 		}
 		fq.Limit = n
 	}
+	release, p := s.startSearch(key.ID)
+	if p != nil {
+		return p
+	}
+	defer release()
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.SearchTimeout)
 	defer cancel()
 	evs, scanned, err := s.cfg.Queue.FindEvents(ctx, fq)
@@ -79,18 +113,4 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, key *KeyInfo
 	}
 	writeJSON(w, http.StatusOK, EventList{Events: evs, Scanned: scanned})
 	return nil
-}
-
-// eventType reports whether t can be an event type: a subject token of
-// letters, digits and '-' (every type queue publishes is one).
-func eventType(t string) bool {
-	if t == "" || len(t) > 32 {
-		return false
-	}
-	for _, c := range t {
-		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
 }

@@ -79,3 +79,52 @@ func TestListEventsTooBroad(t *testing.T) {
 		t.Fatalf("a look-up out of time: %d %s", r.status, r.raw)
 	}
 }
+
+// blockingFind is a queue whose FindEvents waits for release, telling
+// started when it begins.
+type blockingFind struct {
+	Queue
+	started chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingFind) FindEvents(ctx context.Context, q queue.EventQuery) ([]queue.Event, int, error) {
+	b.started <- struct{}{}
+	<-b.release
+	return nil, 0, nil
+}
+
+// Look-ups run one at a time per key and maxSearches at once in the
+// process; past either, 429 with Retry-After.
+func TestListEventsConcurrency(t *testing.T) {
+	bf := &blockingFind{started: make(chan struct{}, 16), release: make(chan struct{})}
+	f := newFixture(t, func(c *Config) { bf.Queue = c.Queue; c.Queue = bf })
+	keys := []string{f.key}
+	for i := range maxSearches {
+		k, _, err := f.srv.Keys().Create(context.Background(), "tenant"+string(rune('a'+i)), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	done := make(chan int, maxSearches)
+	for _, k := range keys[:maxSearches] {
+		go func() { done <- f.do(t, "GET", "/v1/events?recipient=ann@example.net", k, nil, nil).status }()
+		<-bf.started
+	}
+	for _, k := range []string{keys[0], keys[maxSearches]} { // the same key again; a fifth key
+		r := f.do(t, "GET", "/v1/events?recipient=ann@example.net", k, nil, nil)
+		if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" {
+			t.Fatalf("a look-up past the limits: %d %s", r.status, r.raw)
+		}
+	}
+	close(bf.release)
+	for range maxSearches {
+		if s := <-done; s != http.StatusOK {
+			t.Fatalf("a look-up within the limits: %d", s)
+		}
+	}
+	if r := f.do(t, "GET", "/v1/events?recipient=ann@example.net", keys[0], nil, nil); r.status != http.StatusOK {
+		t.Fatalf("after the others ended: %d %s", r.status, r.raw)
+	}
+}

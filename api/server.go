@@ -98,6 +98,8 @@ type Server struct {
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by key id
+	// searching holds the keys with a GET /v1/events running (events.go).
+	searching map[string]bool
 }
 
 // New opens the key and idempotency buckets and returns the API.
@@ -126,7 +128,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, keys: keys, idem: idem, log: cfg.Logger.With().Str("component", "api").Logger(),
-		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{}}
+		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{}, searching: map[string]bool{}}
 	s.mux.Handle("/v1/messages", s.route(map[string]handler{http.MethodPost: s.postMessage}))
 	s.mux.Handle("/v1/messages/{id}", s.route(map[string]handler{http.MethodGet: s.getMessage, http.MethodDelete: s.cancelMessage}))
 	s.mux.Handle("/v1/events", s.route(map[string]handler{http.MethodGet: s.listEvents}))

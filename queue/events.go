@@ -156,6 +156,9 @@ type Event struct {
 type Notify struct {
 	Sender    string    `json:"sender"`
 	Submitted time.Time `json:"submitted"`
+	// Source is how the message came (Envelope.Source): whether the
+	// tenant's notices apply is asked again when the bounce comes.
+	Source string `json:"source,omitempty"`
 	// MessageID is the original's Message-ID field, for the notice's
 	// In-Reply-To.
 	MessageID string `json:"message_id,omitempty"`

@@ -46,6 +46,11 @@ func (q *Queue) FindEvents(ctx context.Context, fq EventQuery) (_ []Event, scann
 	if addr == "" {
 		return nil, 0, errors.New("find events: no recipient")
 	}
+	for _, t := range fq.Types {
+		if !ValidEventType(t) {
+			return nil, 0, fmt.Errorf("find events: %q is not an event type (letters, digits and '-')", t)
+		}
+	}
 	limit := fq.Limit
 	if limit <= 0 {
 		limit = DefaultFindLimit
@@ -61,7 +66,8 @@ func (q *Queue) FindEvents(ctx context.Context, fq EventQuery) (_ []Event, scann
 	if !isASCII(needle) {
 		needle = nil
 	}
-	var out []Event
+	// The newest limit matches: a ring, in order from next once full.
+	ring, next := make([]Event, 0, min(limit, 64)), 0
 	err = q.scanEvents(ctx, findFilters(fq.Tenant, fq.Types), fq.Since, func(m jetstream.Msg) {
 		scanned++
 		data := m.Data()
@@ -75,16 +81,34 @@ func (q *Queue) FindEvents(ctx context.Context, fq EventQuery) (_ []Event, scann
 		if !slices.ContainsFunc(ev.Recipients, func(r string) bool { return NormalizeAddress(r) == addr }) {
 			return
 		}
-		if len(out) == limit {
-			out = append(out[:0], out[1:]...)
+		if len(ring) < limit {
+			ring = append(ring, ev)
+			return
 		}
-		out = append(out, ev)
+		ring[next] = ev
+		next = (next + 1) % limit
 	})
 	if err != nil {
 		return nil, scanned, fmt.Errorf("find events: %w", err)
 	}
+	out := append(ring[next:len(ring):len(ring)], ring[:next]...)
 	slices.SortStableFunc(out, func(a, b Event) int { return a.Time.Compare(b.Time) })
 	return out, scanned, nil
+}
+
+// ValidEventType reports whether t can be an event type in a subject
+// filter: 1 to 32 lower-case letters, digits and '-' (every type queue
+// publishes is one).
+func ValidEventType(t string) bool {
+	if t == "" || len(t) > 32 {
+		return false
+	}
+	for _, c := range t {
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // findFilters are the events stream's subject filters FindEvents reads:
@@ -132,27 +156,34 @@ func (q *Queue) scanEvents(ctx context.Context, filters []string, since time.Tim
 		return err
 	}
 	defer func() { _ = q.events.DeleteConsumer(context.WithoutCancel(ctx), cons.CachedInfo().Name) }()
-	for left := cons.CachedInfo().NumPending; left > 0; {
+	// The end is where the consumer has nothing left to hand out: a
+	// message's metadata counts what remains after it. A batch cut short
+	// by its wait is not the end (a large stream read from disk); a batch
+	// with nothing in it is (what remained expired, events max age).
+	for pending := cons.CachedInfo().NumPending; pending > 0; {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		want := int(min(left, 1000))
-		batch, err := cons.Fetch(want, jetstream.FetchMaxWait(2*time.Second))
+		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			return err
 		}
-		n := 0
+		var last jetstream.Msg
 		for m := range batch.Messages() {
-			n++
+			last = m
 			visit(m)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return err
 		}
-		if n < want { // the rest expired (events max age) while being read
+		if last == nil {
 			break
 		}
-		left -= uint64(n)
+		md, err := last.Metadata()
+		if err != nil {
+			return err
+		}
+		pending = md.NumPending
 	}
 	return nil
 }

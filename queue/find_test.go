@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,8 +24,21 @@ func TestFindEvents(t *testing.T) {
 	pub(EventDelivered, "shop", "d1", "Ann@Dest.example", "bob@dest.example")
 	pub(EventBounced, "shop", "b1", "ann@dest.example")
 	pub(EventDelivered, "news", "d2", "ann@dest.example")
-	pub(EventDelivered, "shop", "d3", "anne@dest.example") // a longer address is not ann's
-	pub(EventDelivered, "shop", "d4", "joanna@dest.example")
+	pub(EventDelivered, "shop", "d3", "anne@dest.example")  // a longer address is not ann's
+	pub(EventDelivered, "shop", "d4", "joann@dest.example") // contains ann@dest.example
+	// A tenant in shop's shard, and an event of the layout before tenant
+	// shards (every tenant's subjects): neither is shop's.
+	twin := ""
+	for i := 0; twin == ""; i++ {
+		if n := "t" + strconv.Itoa(i); eventTenantShard(n) == eventTenantShard("shop") {
+			twin = n
+		}
+	}
+	pub(EventDelivered, twin, "s1", "ann@dest.example")
+	legacy, _ := json.Marshal(&Event{Type: EventDelivered, Time: time.Now().UTC(), ID: "l1", Tenant: "other", Recipients: []string{"ann@dest.example"}})
+	if _, err := q.js.Publish(ctx, subjEvents+EventDelivered+"."+legacyEventShard("l1"), legacy); err != nil {
+		t.Fatal(err)
+	}
 	mid := time.Now()
 	pub(EventDeferred, "news", "f1", "<ANN@dest.example>")
 
@@ -32,13 +46,15 @@ func TestFindEvents(t *testing.T) {
 		q    EventQuery
 		want string
 	}{
-		{EventQuery{Rcpt: "ann@dest.example"}, "d1,b1,d2,f1"},
-		{EventQuery{Rcpt: " <ANN@DEST.EXAMPLE> "}, "d1,b1,d2,f1"},
+		{EventQuery{Rcpt: "ann@dest.example"}, "d1,b1,d2,s1,l1,f1"},
+		{EventQuery{Rcpt: " <ANN@DEST.EXAMPLE> "}, "d1,b1,d2,s1,l1,f1"},
 		{EventQuery{Rcpt: "ann@dest.example", Tenant: "shop"}, "d1,b1"},
-		{EventQuery{Rcpt: "ann@dest.example", Types: []string{EventDelivered, EventDeferred}}, "d1,d2,f1"},
+		{EventQuery{Rcpt: "ann@dest.example", Tenant: "other"}, "l1"},
+		{EventQuery{Rcpt: "ann@dest.example", Types: []string{EventDelivered, EventDeferred}}, "d1,d2,s1,l1,f1"},
 		{EventQuery{Rcpt: "ann@dest.example", Tenant: "news", Types: []string{EventDeferred}}, "f1"},
 		{EventQuery{Rcpt: "ann@dest.example", Since: mid}, "f1"},
-		{EventQuery{Rcpt: "ann@dest.example", Limit: 2}, "d2,f1"},
+		{EventQuery{Rcpt: "ann@dest.example", Limit: 2}, "l1,f1"},
+		{EventQuery{Rcpt: "ann@dest.example", Limit: 5}, "b1,d2,s1,l1,f1"},
 		{EventQuery{Rcpt: "nobody@dest.example"}, ""},
 	} {
 		evs, scanned, err := q.FindEvents(ctx, tc.q)
@@ -55,6 +71,11 @@ func TestFindEvents(t *testing.T) {
 	}
 	if _, _, err := q.FindEvents(ctx, EventQuery{Rcpt: " "}); err == nil {
 		t.Error("no recipient: no error")
+	}
+	for _, bad := range []string{"*", ">", "deli.vered", "Delivered", ""} {
+		if _, _, err := q.FindEvents(ctx, EventQuery{Rcpt: "ann@dest.example", Types: []string{EventDelivered, bad}}); err == nil {
+			t.Errorf("type %q: no error", bad)
+		}
 	}
 	// A tenant's query reads its shard only.
 	_, all, _ := q.FindEvents(ctx, EventQuery{Rcpt: "ann@dest.example"})

@@ -32,7 +32,7 @@ import (
 // sender, a report, a tenant with notices off, a process without them) or
 // when no delivered recipient's NOTIFY asks for failures.
 func (w *deliverer) laterNotify(e *queue.Envelope, o *outcome) *queue.Notify {
-	if !o.returnPath || w.dsn == nil || w.dsn.ineligible(e) != "" {
+	if !o.returnPath || w.dsn == nil || w.dsn.ineligible(e) != "" || o.body != nil && dsn.IsReport(o.body) {
 		return nil
 	}
 	var rcpts []queue.NotifyRcpt
@@ -46,7 +46,7 @@ func (w *deliverer) laterNotify(e *queue.Envelope, o *outcome) *queue.Notify {
 	if len(rcpts) == 0 {
 		return nil
 	}
-	n := &queue.Notify{Sender: e.From, Submitted: e.SubmittedAt, MessageID: e.MessageID, Rcpts: rcpts}
+	n := &queue.Notify{Sender: e.From, Submitted: e.SubmittedAt, Source: e.Source, MessageID: e.MessageID, Rcpts: rcpts}
 	if e.DSN != nil {
 		n.EnvID = e.DSN.EnvID
 	}
@@ -73,7 +73,12 @@ func (w *deliverer) laterNotify(e *queue.Envelope, o *outcome) *queue.Notify {
 // error.
 func (p *Pool) BouncedLater(ctx context.Context, ev *queue.Event, rcpts []dsn.Recipient, original []byte) error {
 	n := ev.Notify
-	if p.dsn == nil || n == nil || n.Sender == "" {
+	if n == nil || n.Sender == "" {
+		return nil
+	}
+	if p.dsn == nil {
+		p.log.Info().Str("msg_id", ev.ID).Str("tenant", ev.Tenant).Str("to", n.Sender).
+			Msg("later bounce: no notice sent, this process sends none (--dsn=false)")
 		return nil
 	}
 	var picked []dsn.Recipient
@@ -91,8 +96,13 @@ func (p *Pool) BouncedLater(ctx context.Context, ev *queue.Event, rcpts []dsn.Re
 		p.dsn.skip(skipNotify)
 		return nil
 	}
-	e := &queue.Envelope{ID: ev.ID, MsgID: ev.MsgID, Tenant: ev.Tenant, Dest: ev.Dest, From: n.Sender,
+	e := &queue.Envelope{ID: ev.ID, MsgID: ev.MsgID, Tenant: ev.Tenant, Dest: ev.Dest, From: n.Sender, Source: n.Source,
 		SubmittedAt: n.Submitted, MessageID: n.MessageID, DSN: &queue.DSNParams{EnvID: n.EnvID}}
+	// The tenant's setting as it is now: notices turned off since the
+	// delivery send none.
+	if !p.dsn.eligible(e) {
+		return nil
+	}
 	w := &deliverer{Pool: p, id: p.cfg.WorkerID + "/bounce"}
 	reason, err := w.sendNotice(ctx, e, noticeInput{action: dsn.Failed, kind: queue.NotifyFailure,
 		key: laterKey(ev.ID, picked), rcpts: picked, body: original, later: true})

@@ -37,7 +37,8 @@ func TestBouncedLaterNotifiesTheSender(t *testing.T) {
 	id := e.submitSMTP("app@src.test", params, "Gone@dest.test", "never@dest.test", "ok@dest.test")
 	ev := e.deliveredEvent(id)
 	n := ev.Notify
-	if n == nil || n.Sender != "app@src.test" || n.EnvID != "env-7" || n.MessageID != "<x@src.test>" || n.Submitted.IsZero() {
+	if n == nil || n.Sender != "app@src.test" || n.EnvID != "env-7" || n.MessageID != "<x@src.test>" || n.Submitted.IsZero() ||
+		n.Source != queue.SourceSMTP {
 		t.Fatalf("delivered event's notify: %+v", n)
 	}
 	if len(n.Rcpts) != 2 || n.Rcpts[0] != (queue.NotifyRcpt{Rcpt: "Gone@dest.test", ORcpt: "gone@old.test", ORcptType: "rfc822"}) ||
@@ -97,8 +98,13 @@ func TestNoLaterNotify(t *testing.T) {
 		{Tenant: "t1", From: "app@src.test", Source: queue.SourceAPI},  // notices off for API mail
 		{Tenant: "t1", From: "app@src.test", Source: queue.SourceSMTP, DSN: &queue.DSNParams{Rcpts: map[string]queue.RcptDSN{
 			"r@dest.test": {Notify: []string{queue.NotifyDelay}}}}}, // no FAILURE asked
+		{Tenant: "t1", From: "app@src.test", Source: queue.SourceSMTP, // a report, from a sender
+			Body: []byte("Content-Type: multipart/report; report-type=delivery-status; boundary=b\r\n\r\n--b--\r\n")},
 	} {
-		s.Rcpts, s.Body = []string{"r@dest.test"}, []byte("Subject: x\r\n\r\nx\r\n")
+		s.Rcpts = []string{"r@dest.test"}
+		if s.Body == nil {
+			s.Body = []byte("Subject: x\r\n\r\nx\r\n")
+		}
 		ids, err := e.q.Enqueue(context.Background(), s)
 		if err != nil {
 			t.Fatal(err)
@@ -112,8 +118,24 @@ func TestNoLaterNotify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := &queue.Event{ID: "x", Tenant: "t1", Notify: &queue.Notify{Sender: "app@src.test", Rcpts: []queue.NotifyRcpt{{Rcpt: "a@dest.test"}}}}
+	ev := &queue.Event{ID: "x", Tenant: "t1", Notify: &queue.Notify{Sender: "app@src.test", Source: queue.SourceSMTP,
+		Rcpts: []queue.NotifyRcpt{{Rcpt: "a@dest.test"}}}}
 	if err := p.BouncedLater(context.Background(), ev, []dsn.Recipient{{Final: "a@dest.test", Action: dsn.Failed}}, nil); err != nil {
 		t.Fatal(err)
+	}
+	// A tenant whose notices were turned off after the delivery gets none
+	// when the bounce comes.
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	off := false
+	cfg := dsnConfig(m)
+	cfg.Tenants = map[string]TenantDSN{"t1": {Enabled: &off}}
+	if p, err = New(Config{Queue: e.q, Sender: e.snd, DSN: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.BouncedLater(context.Background(), ev, []dsn.Recipient{{Final: "a@dest.test", Action: dsn.Failed}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := counterValue(m.Skipped.WithLabelValues(skipTenantOff)); got != 1 || counterValue(m.Sent.WithLabelValues("failed")) != 0 {
+		t.Fatalf("tenant off: skipped %v", got)
 	}
 }
