@@ -37,7 +37,8 @@
 // A tenant whose mail carries a return path no longer receives the remote
 // systems' bounces itself: its application learns of them from events and
 // webhooks, as with a hosted sending service, and, where its mail gets
-// notices, from the failure notice outflow writes in their place
-// (Config.Notifier, worker.Pool.BouncedLater; what it needs is on the
-// delivered event, queue.Event.Notify), queued before the 250.
+// notices, from the notices (failure, delay, success, as NOTIFY asked)
+// outflow writes in their place (Config.Notifier, worker.Pool.ReportedLater;
+// what they need is on the delivered event, queue.Event.Notify), queued
+// before the 250.
 package bounce

@@ -25,13 +25,14 @@ type Store interface {
 	SyncOutcomes(ctx context.Context) error
 }
 
-// Notifier queues the failure notice a delivered envelope's sender is owed
-// when recipients bounce later: *worker.Pool. ev is the envelope as its
-// delivered events describe it, with their Notify; rcpts are the report's
-// failed blocks (Final the delivered address); original is the header the
-// reporting server returned. An error means the notice was not queued.
+// Notifier queues the notices a delivered envelope's sender is owed when a
+// report on its recipients (a bounce, a delay, a success) comes back
+// later: *worker.Pool. ev is the envelope as its delivered events describe
+// it, with their Notify; rcpts are the report's blocks (Final the
+// delivered address); original is the header the reporting server
+// returned. An error means a notice was not queued.
 type Notifier interface {
-	BouncedLater(ctx context.Context, ev *queue.Event, rcpts []dsn.Recipient, original []byte) error
+	ReportedLater(ctx context.Context, ev *queue.Event, rcpts []dsn.Recipient, original []byte) error
 }
 
 // Suppressor is the suppression list: *queue.Suppressions.
@@ -103,7 +104,7 @@ func (e *envelope) addNotify(n *queue.Notify) {
 		e.notify = &c
 	}
 	for _, r := range n.Rcpts {
-		if !slices.Contains(e.notify.Rcpts, r) {
+		if !slices.ContainsFunc(e.notify.Rcpts, func(x queue.NotifyRcpt) bool { return x.Rcpt == r.Rcpt }) {
 			e.notify.Rcpts = append(e.notify.Rcpts, r)
 		}
 	}
@@ -210,17 +211,21 @@ func (s *Server) lookUp(ctx context.Context, r ref) (envelope, bool, error) {
 // recordDSN records each failed recipient of rep as an asynchronous
 // bounce of the envelope it came back for, and suppresses it when its
 // diagnostic classifies as a permanent refusal of the recipient, the rule
-// a bounce at delivery follows (worker.suppressBounce).
+// a bounce at delivery follows (worker.suppressBounce). What the report
+// says of each recipient, failed or not (a delay, a success from a server
+// that was handed NOTIFY), goes to the sender's notices (notify).
 func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (string, error) {
 	result := ResultNoFailure
-	for _, r := range refs {
-		var failed []dsn.Recipient
-		for _, rc := range rep.Recipients {
-			if rc.Action == dsn.Failed {
-				failed = append(failed, rc)
-			}
+	var failed, other []dsn.Recipient
+	for _, rc := range rep.Recipients {
+		if rc.Action == dsn.Failed {
+			failed = append(failed, rc)
+		} else {
+			other = append(other, rc)
 		}
-		if len(failed) == 0 {
+	}
+	for _, r := range refs {
+		if len(failed) == 0 && (s.cfg.Notifier == nil || len(other) == 0) {
 			continue
 		}
 		e, ok, err := s.lookUp(ctx, r)
@@ -228,14 +233,22 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 			return "", err
 		}
 		if !ok {
-			s.log.Info().Str("msg_id", r.id).Msg("bounce for a message whose events are gone")
-			if result != ResultBounced {
-				result = ResultUnknownMsg
+			if len(failed) > 0 {
+				s.log.Info().Str("msg_id", r.id).Msg("bounce for a message whose events are gone")
+				if result != ResultBounced {
+					result = ResultUnknownMsg
+				}
 			}
 			continue
 		}
 		recorded := false
-		var later []dsn.Recipient // for the sender's notice
+		var later []dsn.Recipient // for the sender's notices
+		for _, rc := range other {
+			if rcpt := e.match(rc.Final, rc.Original); rcpt != "" {
+				rc.Final, rc.RemoteMTA = rcpt, cmp.Or(rc.RemoteMTA, rep.ReportingMTA)
+				later = append(later, rc)
+			}
+		}
 		for _, rc := range failed {
 			rcpt := e.match(rc.Final, rc.Original)
 			if rcpt == "" {
@@ -269,23 +282,25 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 		if err := s.notify(ctx, &e, later, rep.OriginalHeader); err != nil {
 			return "", err
 		}
-		if recorded {
+		switch {
+		case recorded:
 			result = ResultBounced
-		} else if result != ResultBounced {
+		case len(failed) > 0 && result != ResultBounced:
 			result = ResultUnmatched
 		}
 	}
 	return result, nil
 }
 
-// notify queues the failure notice e's sender is owed for the recipients
-// in later (Config.Notifier), when its delivered events say one is.
+// notify queues the notices e's sender is owed for what the report says of
+// the recipients in later (Config.Notifier), when its delivered events
+// say one is.
 func (s *Server) notify(ctx context.Context, e *envelope, later []dsn.Recipient, original []byte) error {
 	if s.cfg.Notifier == nil || e.notify == nil || len(later) == 0 {
 		return nil
 	}
 	ev := &queue.Event{ID: e.id, MsgID: e.msgID, Tenant: e.tenant, Dest: e.dest, Notify: e.notify}
-	if err := s.cfg.Notifier.BouncedLater(ctx, ev, later, original); err != nil {
+	if err := s.cfg.Notifier.ReportedLater(ctx, ev, later, original); err != nil {
 		return fmt.Errorf("queue the notice to %s: %w", e.notify.Sender, err)
 	}
 	return nil

@@ -698,7 +698,7 @@ type notified struct {
 	original string
 }
 
-func (f *fakeNotifier) BouncedLater(_ context.Context, ev *queue.Event, rcpts []dsn.Recipient, original []byte) error {
+func (f *fakeNotifier) ReportedLater(_ context.Context, ev *queue.Event, rcpts []dsn.Recipient, original []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.fail > 0 {
@@ -764,12 +764,26 @@ func TestLaterBounceNotifiesTheSender(t *testing.T) {
 		t.Fatalf("returned header %q", c.original)
 	}
 
+	// A report of a success only (a server that was handed NOTIFY=SUCCESS)
+	// records nothing and still goes to the notices.
+	if err := l.send(t, []string{l.returnPath("env2")}, failureDSN(t,
+		dsn.Recipient{Final: "carol@dest.example", Action: dsn.Delivered, Status: "2.0.0"})); err != nil {
+		t.Fatal(err)
+	}
+	if calls := n.notices(); len(calls) != 2 || len(calls[1].rcpts) != 1 || calls[1].rcpts[0].Action != dsn.Delivered ||
+		calls[1].rcpts[0].Final != "carol@dest.example" {
+		t.Fatalf("success report's notice: %+v", calls[1:])
+	}
+	if l.count(ResultNoFailure) != 1 {
+		t.Fatalf("no-failure counted %v", l.count(ResultNoFailure))
+	}
+
 	// env1's events carry no Notify: no notice.
 	if err := l.send(t, []string{l.returnPath("env1")}, failureDSN(t,
 		dsn.Recipient{Final: "bob@dest.example", Action: dsn.Failed, Status: "5.1.1", Diagnostic: "550 5.1.1 no such user"})); err != nil {
 		t.Fatal(err)
 	}
-	if len(n.notices()) != 1 {
-		t.Fatalf("a notice for an envelope whose sender is owed none: %+v", n.notices()[1:])
+	if len(n.notices()) != 2 {
+		t.Fatalf("a notice for an envelope whose sender is owed none: %+v", n.notices()[2:])
 	}
 }

@@ -235,7 +235,8 @@ func TestAsyncBounceThroughReturnPath(t *testing.T) {
 // return path, which its transport table routes to outflow's bounce
 // listener. outflow records the bounce, marked async, suppresses the
 // refused recipient, not the delivered one, and sends the application's
-// sender a failure notice through Postfix.
+// sender a failure notice through Postfix, and the success notice another
+// recipient asked for, which Postfix reported to the return path.
 func TestPostfixBouncesLaterToTheReturnPath(t *testing.T) {
 	next := fakemx.Start(t, fakemx.Options{Hook: func(stage fakemx.Stage, arg string) *smtp.SMTPError {
 		if stage == fakemx.StageRcpt && strings.HasPrefix(arg, "gone@") {
@@ -258,7 +259,26 @@ func TestPostfixBouncesLaterToTheReturnPath(t *testing.T) {
 
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()
-	if err := submit(c, "app@sender.test", []string{"gone@dest.test", "kept@dest.test"}, message("via-postfix", "")); err != nil {
+	// kept@ asks for a success notice, which Postfix owes (it offers DSN,
+	// so outflow hands NOTIFY on) and mails to the return path when it
+	// relays to a next hop without DSN.
+	if err := c.Mail("app@sender.test", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Rcpt("gone@dest.test", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Rcpt("kept@dest.test", &smtp.RcptOptions{Notify: []smtp.DSNNotify{smtp.DSNNotifySuccess, smtp.DSNNotifyFailure}}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(message("via-postfix", "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
 	var id string
@@ -287,18 +307,32 @@ func TestPostfixBouncesLaterToTheReturnPath(t *testing.T) {
 	if m := scrapeNoFatal(d); m[`outflow_bounces_received_total{result="bounced"}`] != 1 {
 		t.Fatalf("bounces received: %v", m[`outflow_bounces_received_total{result="bounced"}`])
 	}
-	// outflow's notice to the sender, relayed through Postfix to the next
-	// hop, carries Postfix's diagnostic.
-	waitFor(t, 60*time.Second, "the sender's notice at the next hop", func() bool {
+	// outflow's notices to the sender, relayed through Postfix to the next
+	// hop: the failure with Postfix's diagnostic, and the success report
+	// kept@ asked for, which Postfix sent as "relayed".
+	var failed, relayed string
+	waitFor(t, 60*time.Second, "the sender's two notices at the next hop", func() bool {
 		for _, fm := range next.Messages() {
-			if len(fm.Rcpts) == 1 && fm.Rcpts[0] == "app@sender.test" {
-				if fm.From != "" || !strings.Contains(string(fm.Data), "Final-Recipient: rfc822; gone@dest.test") ||
-					!strings.Contains(string(fm.Data), "no such mailbox here") {
-					t.Fatalf("notice from %q:\n%s", fm.From, fm.Data)
-				}
-				return true
+			if len(fm.Rcpts) != 1 || fm.Rcpts[0] != "app@sender.test" {
+				continue
+			}
+			if fm.From != "" {
+				t.Fatalf("a notice from %q:\n%s", fm.From, fm.Data)
+			}
+			switch body := string(fm.Data); {
+			case strings.Contains(body, "Action: failed"):
+				failed = body
+			case strings.Contains(body, "Action: relayed"):
+				relayed = body
 			}
 		}
-		return false
+		return failed != "" && relayed != ""
 	})
+	if !strings.Contains(failed, "Final-Recipient: rfc822; gone@dest.test") || !strings.Contains(failed, "no such mailbox here") ||
+		strings.Contains(failed, "kept@dest.test") {
+		t.Fatalf("failure notice:\n%s", failed)
+	}
+	if !strings.Contains(relayed, "Final-Recipient: rfc822; kept@dest.test") || strings.Contains(relayed, "gone@dest.test") {
+		t.Fatalf("success notice:\n%s", relayed)
+	}
 }

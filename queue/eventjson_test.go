@@ -28,7 +28,7 @@ func sampleEvents() []*Event {
 			Decision: json.RawMessage(sampleDecision), DecisionMarshaled: true},
 		{Type: EventDelivered, Time: at, ID: "abc-5", Attempt: 1, Recipients: []string{"a@one.example", "b@one.example"},
 			Notify: &Notify{Sender: "app@shop.example", Submitted: at, MessageID: "<m1@shop.example>", EnvID: "env<1>",
-				Rcpts: []NotifyRcpt{{Rcpt: "a@one.example", ORcpt: "A@one.example", ORcptType: "rfc822"}, {Rcpt: "b@one.example"}}},
+				Rcpts: []NotifyRcpt{{Rcpt: "a@one.example", ORcpt: "A@one.example", ORcptType: "rfc822"}, {Rcpt: "b@one.example", Notify: []string{"SUCCESS", "FAILURE"}}}},
 			Decision: json.RawMessage(sampleDecision), DecisionMarshaled: true},
 	}
 }

@@ -130,10 +130,11 @@ type Event struct {
 	// (package bounce), not a reply to an attempt.
 	Async bool `json:"async,omitempty"`
 	// Notify is set on the delivered event of an envelope that went out
-	// with a return path and whose sender gets failure notices: what that
-	// notice needs when a recipient's bounce comes back to the return path
-	// later, by which time the envelope is gone (package bounce forwards
-	// it through the worker's notices). Nil on every other event.
+	// with a return path and whose sender gets notices: what a notice
+	// needs when a report on a recipient (a bounce, a delay, a success)
+	// comes back to the return path later, by which time the envelope is
+	// gone (package bounce hands it to the worker's notices). Nil on
+	// every other event.
 	Notify *Notify `json:"notify,omitempty"`
 	// Decision is the full decision record (backoff.Record as JSON) for
 	// attempts; kept raw so that queue stores it without decoding it.
@@ -150,9 +151,10 @@ type Event struct {
 
 // Notify is what a delivered envelope's later failure notice needs
 // (Event.Notify): the sender the application gave (outflow's return path
-// replaced it in MAIL FROM), the submitter's ENVID and ORCPTs, and the
-// delivered recipients whose NOTIFY asks for failures. RET is not kept:
-// the notice can return only the header the reporting server sent back.
+// replaced it in MAIL FROM), the submitter's ENVID, and the delivered
+// recipients whose NOTIFY asks for any notice, with their NOTIFY and
+// ORCPT. RET is not kept: the notice can return only the header the
+// reporting server sent back.
 type Notify struct {
 	Sender    string    `json:"sender"`
 	Submitted time.Time `json:"submitted"`
@@ -164,16 +166,19 @@ type Notify struct {
 	MessageID string `json:"message_id,omitempty"`
 	// EnvID is the submitter's ENVID, for Original-Envelope-Id.
 	EnvID string `json:"envid,omitempty"`
-	// Rcpts are the recipients of the event that want failure notices,
-	// with the ORCPT each was submitted with.
+	// Rcpts are the recipients of the event whose NOTIFY is not NEVER.
 	Rcpts []NotifyRcpt `json:"rcpts"`
 }
 
-// NotifyRcpt is one recipient of a Notify.
+// NotifyRcpt is one recipient of a Notify, with the DSN parameters it
+// was submitted with.
 type NotifyRcpt struct {
-	Rcpt      string `json:"rcpt"`
-	ORcpt     string `json:"orcpt,omitempty"`
-	ORcptType string `json:"orcpt_type,omitempty"`
+	Rcpt string `json:"rcpt"`
+	// Notify is the recipient's NOTIFY as RcptDSN.Notify has it: empty
+	// for none given, which asks for failures and delays.
+	Notify    []string `json:"notify,omitempty"`
+	ORcpt     string   `json:"orcpt,omitempty"`
+	ORcptType string   `json:"orcpt_type,omitempty"`
 }
 
 // PublishEvent publishes ev and waits until the events stream has stored

@@ -29,10 +29,10 @@
 // with its evidence. Delivery status notifications (RFC 3464 failures,
 // delay warnings, relayed notices for NOTIFY=SUCCESS) are queued through
 // outflow itself before the original's durable step; dsn.go says when,
-// for whom, and what is never answered. A bounce that comes back to the
-// return path after a 250 gets its notice too (later.go): the delivered
-// event keeps what it needs, and the bounce listener calls
-// Pool.BouncedLater. Every decision is one JSON log line with the fields of
+// for whom, and what is never answered. A report that comes back to the
+// return path after a 250 (a bounce, a delay, a success) gets its notice
+// too (later.go): the delivered event keeps what it needs, and the bounce
+// listener calls Pool.ReportedLater. Every decision is one JSON log line with the fields of
 // backoff.Record, never sampled, and every outcome one event (deliverer.event).
 //
 // worker is in charge of that loop and nothing below it: it reaches

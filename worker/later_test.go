@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,55 +24,85 @@ func (e *env) deliveredEvent(id string) queue.Event {
 }
 
 // An envelope sent with a return path keeps, on its delivered event, what
-// its sender's notice needs when a bounce comes back later; BouncedLater
-// then sends that notice once, for the recipients that asked for it, with
-// the remote server's diagnostic and the header it returned.
-func TestBouncedLaterNotifiesTheSender(t *testing.T) {
+// its sender's notices need when a report comes back later; ReportedLater
+// then sends one notice per kind (failure, delay, success) for the
+// recipients whose NOTIFY asks for it, once however often the report
+// comes, with the remote server's status and diagnostic and the header it
+// returned.
+func TestReportedLaterNotifiesTheSender(t *testing.T) {
 	e := newEnv(t, nil)
 	m := NewDSNMetrics(prometheus.NewRegistry())
 	e.startPool(func(c *Config) { c.DSN = dsnConfig(m); c.ReturnPath = prefixReturnPath{} })
 	params := &queue.DSNParams{EnvID: "env-7", Rcpts: map[string]queue.RcptDSN{
 		"Gone@dest.test":  {ORcpt: "gone@old.test", ORcptType: "rfc822"},
 		"never@dest.test": {Notify: []string{queue.NotifyNever}},
+		"yes@dest.test":   {Notify: []string{queue.NotifySuccess, queue.NotifyFailure}},
 	}}
-	id := e.submitSMTP("app@src.test", params, "Gone@dest.test", "never@dest.test", "ok@dest.test")
+	id := e.submitSMTP("app@src.test", params, "Gone@dest.test", "never@dest.test", "ok@dest.test", "yes@dest.test")
 	ev := e.deliveredEvent(id)
 	n := ev.Notify
 	if n == nil || n.Sender != "app@src.test" || n.EnvID != "env-7" || n.MessageID != "<x@src.test>" || n.Submitted.IsZero() ||
 		n.Source != queue.SourceSMTP {
 		t.Fatalf("delivered event's notify: %+v", n)
 	}
-	if len(n.Rcpts) != 2 || n.Rcpts[0] != (queue.NotifyRcpt{Rcpt: "Gone@dest.test", ORcpt: "gone@old.test", ORcptType: "rfc822"}) ||
-		n.Rcpts[1].Rcpt != "ok@dest.test" {
-		t.Fatalf("notify's recipients %+v, want Gone (with its ORCPT) and ok, not the NOTIFY=NEVER one", n.Rcpts)
+	if len(n.Rcpts) != 3 || n.Rcpts[0].Rcpt != "Gone@dest.test" || n.Rcpts[0].ORcpt != "gone@old.test" ||
+		n.Rcpts[1].Rcpt != "ok@dest.test" || n.Rcpts[2].Rcpt != "yes@dest.test" || strings.Join(n.Rcpts[2].Notify, ",") != "SUCCESS,FAILURE" {
+		t.Fatalf("notify's recipients %+v, want Gone (with its ORCPT), ok and yes (with its NOTIFY), not the NOTIFY=NEVER one", n.Rcpts)
 	}
 
 	later := []dsn.Recipient{
 		{Final: "gone@dest.test", Action: dsn.Failed, Status: "5.1.1", RemoteMTA: "mbox.dest.test", Diagnostic: "550 5.1.1 <gone@dest.test>: User unknown"},
 		{Final: "never@dest.test", Action: dsn.Failed, Status: "5.2.2", Diagnostic: "552 5.2.2 over quota"},
+		{Final: "ok@dest.test", Action: dsn.Delayed, Status: "4.4.1", Diagnostic: "451 4.4.1 no answer from the next hop"},
+		{Final: "ok@dest.test", Action: dsn.Delivered, Status: "2.0.0"},  // ok asked for no success notice
+		{Final: "yes@dest.test", Action: dsn.Delivered, Status: "2.0.0"}, // yes did
 	}
 	returned := []byte("Return-Path: <b." + id + "@rp.test>\r\nSubject: hi\r\nFrom: app@src.test")
 	for range 2 { // a report sent again queues no second notice
-		if err := e.pool.BouncedLater(context.Background(), &ev, later, returned); err != nil {
+		if err := e.pool.ReportedLater(context.Background(), &ev, later, returned); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitUntil(t, "the notice at the MX", func() bool { return len(reports(e.mx)) == 1 })
-	r := reports(e.mx)[0]
-	if strings.Join(r.Rcpts, ",") != "app@src.test" {
-		t.Fatalf("notice went to %v", r.Rcpts)
-	}
-	body := string(r.Data)
-	for _, want := range []string{"Final-Recipient: rfc822; Gone@dest.test", "Original-Recipient: rfc822;gone@old.test",
-		"Original-Envelope-Id: env-7", "Status: 5.1.1", "Remote-MTA: dns; mbox.dest.test",
-		"Diagnostic-Code: smtp; 550 5.1.1 <gone@dest.test>: User unknown", "which reported\r\nlater",
-		"In-Reply-To: <x@src.test>", "Content-Type: text/rfc822-headers", "Subject: hi"} {
-		if !strings.Contains(body, want) {
-			t.Errorf("notice lacks %q:\n%s", want, body)
+	// Four: the three below, and the relayed notice yes@ got at delivery
+	// (the fake MX offers no DSN; a server that did would send the
+	// success report itself, which is what the third stands for).
+	waitUntil(t, "four notices at the MX", func() bool { return len(reports(e.mx)) == 4 })
+	byAction := map[string]string{}
+	for _, r := range reports(e.mx) {
+		if strings.Join(r.Rcpts, ",") != "app@src.test" {
+			t.Fatalf("a notice went to %v", r.Rcpts)
+		}
+		body := string(r.Data)
+		for _, a := range []string{"failed", "delayed", "delivered"} {
+			if strings.Contains(body, "Action: "+a) {
+				byAction[a] = body
+			}
+		}
+		if strings.Contains(body, "never@dest.test") {
+			t.Errorf("the NOTIFY=NEVER recipient is in a notice:\n%s", body)
 		}
 	}
-	if strings.Contains(body, "never@dest.test") {
-		t.Error("the NOTIFY=NEVER recipient is in the notice")
+	for action, wants := range map[string][]string{
+		"failed": {"Final-Recipient: rfc822; Gone@dest.test", "Original-Recipient: rfc822;gone@old.test",
+			"Original-Envelope-Id: env-7", "Status: 5.1.1", "Remote-MTA: dns; mbox.dest.test",
+			"Diagnostic-Code: smtp; 550 5.1.1 <gone@dest.test>: User unknown", "which reported\r\nlater",
+			"In-Reply-To: <x@src.test>", "Content-Type: text/rfc822-headers", "Subject: hi"},
+		"delayed":   {"Final-Recipient: rfc822; ok@dest.test", "Status: 4.4.1", "no answer from the next hop"},
+		"delivered": {"Final-Recipient: rfc822; yes@dest.test", "Status: 2.0.0"},
+	} {
+		body, ok := byAction[action]
+		if !ok {
+			t.Errorf("no %s notice", action)
+			continue
+		}
+		for _, want := range wants {
+			if !strings.Contains(body, want) {
+				t.Errorf("%s notice lacks %q:\n%s", action, want, body)
+			}
+		}
+		if action != "delayed" && strings.Contains(body, "ok@dest.test") {
+			t.Errorf("ok@ in the %s notice", action)
+		}
 	}
 	var notices []string
 	for _, ev := range e.waitEvent(id, queue.EventDSN) {
@@ -79,8 +110,9 @@ func TestBouncedLaterNotifiesTheSender(t *testing.T) {
 			notices = append(notices, ev.Reason)
 		}
 	}
-	if len(notices) != 2 || notices[0] != notices[1] || !strings.HasPrefix(notices[0], "failed notice ") {
-		t.Fatalf("dsn events %q: want the same notice named twice", notices)
+	slices.Sort(notices)
+	if len(notices) != 7 || len(slices.Compact(slices.Clone(notices))) != 4 {
+		t.Fatalf("dsn events %q: want the relayed notice, and three later notices each named twice", notices)
 	}
 	if got := counterValue(m.Sent.WithLabelValues("failed")); got != 2 {
 		t.Errorf("outflow_dsn_total{action=failed} = %v, want 2 (queued twice, deduplicated by the queue)", got)
@@ -97,7 +129,7 @@ func TestNoLaterNotify(t *testing.T) {
 		{Tenant: "t1", From: "", Source: queue.SourceSMTP},             // null sender
 		{Tenant: "t1", From: "app@src.test", Source: queue.SourceAPI},  // notices off for API mail
 		{Tenant: "t1", From: "app@src.test", Source: queue.SourceSMTP, DSN: &queue.DSNParams{Rcpts: map[string]queue.RcptDSN{
-			"r@dest.test": {Notify: []string{queue.NotifyDelay}}}}}, // no FAILURE asked
+			"r@dest.test": {Notify: []string{queue.NotifyNever}}}}}, // no notice asked
 		{Tenant: "t1", From: "app@src.test", Source: queue.SourceSMTP, // a report, from a sender
 			Body: []byte("Content-Type: multipart/report; report-type=delivery-status; boundary=b\r\n\r\n--b--\r\n")},
 	} {
@@ -120,7 +152,7 @@ func TestNoLaterNotify(t *testing.T) {
 	}
 	ev := &queue.Event{ID: "x", Tenant: "t1", Notify: &queue.Notify{Sender: "app@src.test", Source: queue.SourceSMTP,
 		Rcpts: []queue.NotifyRcpt{{Rcpt: "a@dest.test"}}}}
-	if err := p.BouncedLater(context.Background(), ev, []dsn.Recipient{{Final: "a@dest.test", Action: dsn.Failed}}, nil); err != nil {
+	if err := p.ReportedLater(context.Background(), ev, []dsn.Recipient{{Final: "a@dest.test", Action: dsn.Failed}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	// A tenant whose notices were turned off after the delivery gets none
@@ -132,7 +164,7 @@ func TestNoLaterNotify(t *testing.T) {
 	if p, err = New(Config{Queue: e.q, Sender: e.snd, DSN: cfg}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.BouncedLater(context.Background(), ev, []dsn.Recipient{{Final: "a@dest.test", Action: dsn.Failed}}, nil); err != nil {
+	if err := p.ReportedLater(context.Background(), ev, []dsn.Recipient{{Final: "a@dest.test", Action: dsn.Failed}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := counterValue(m.Skipped.WithLabelValues(skipTenantOff)); got != 1 || counterValue(m.Sent.WithLabelValues("failed")) != 0 {
