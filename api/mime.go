@@ -16,6 +16,8 @@ import (
 	"github.com/emersion/go-message"
 	"github.com/emersion/go-message/mail"
 	"github.com/emersion/go-message/textproto"
+
+	"github.com/outflow/outflow/internal/ascii"
 )
 
 // Attachment is one file of a built message.
@@ -106,7 +108,7 @@ func badHeader(name, value string) string {
 		return "CR, LF or NUL in the value (header injection)"
 	}
 	if len(name)+2+len(value) > maxLine {
-		if !isASCII(value) {
+		if !ascii.IsString(value) {
 			return "field longer than 998 octets"
 		}
 		if unfoldable(len(name)+2, value) {
@@ -141,15 +143,6 @@ func unfoldable(prefix int, value string) bool {
 	return false
 }
 
-func isASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= 0x80 {
-			return false
-		}
-	}
-	return true
-}
-
 // seeded returns n hex digits derived from seed and label: the boundaries
 // and Message-ID of a built message, so that a retry of an idempotent
 // request builds the same bytes.
@@ -180,7 +173,7 @@ func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, 
 		if strings.ContainsAny(req.Subject, "\r\n\x00") {
 			return nil, fieldProblem(ProblemBadHeader, "bad header", "subject", "CR, LF or NUL in the subject (header injection)")
 		}
-		if isASCII(req.Subject) && unfoldable(len("Subject: "), req.Subject) {
+		if ascii.IsString(req.Subject) && unfoldable(len("Subject: "), req.Subject) {
 			return nil, fieldProblem(ProblemBadHeader, "bad header", "subject", "a word too long to fold into lines of 998 octets (folding would change the value)")
 		}
 		h.SetSubject(req.Subject)
@@ -194,7 +187,7 @@ func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, 
 		if structural[canon] {
 			return nil, fieldProblem(ProblemBadHeader, "bad header", "headers."+name, "outflow writes this field itself")
 		}
-		if isASCII(v) {
+		if ascii.IsString(v) {
 			h.Set(canon, v)
 		} else {
 			h.SetText(canon, v) // RFC 2047 encoded words

@@ -22,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/ascii"
 	"github.com/outflow/outflow/internal/clientaddr"
 	"github.com/outflow/outflow/internal/defaults"
 	"github.com/outflow/outflow/queue"
@@ -424,7 +425,7 @@ func wrapForward(f forwardInfo, msg []byte) []byte {
 	date := f.at.Format(time.RFC1123Z)
 	envFrom := "<" + traceSafe(f.envFrom, 300) + ">"
 	helo := traceSafe(f.helo, 100)
-	eight := has8bit(msg)
+	eight := !ascii.Is(msg)
 	var b bytes.Buffer
 	b.Grow(len(msg) + 2048)
 	fmt.Fprintf(&b, "Received: from %s (%s)\r\n\tby %s (outflow bounce listener)\r\n\tfor <%s> (envelope-from %s);\r\n\t%s\r\n",
@@ -518,15 +519,6 @@ func headerLines(msg []byte) iter.Seq[[]byte] {
 			}
 		}
 	}
-}
-
-func has8bit(b []byte) bool {
-	for _, c := range b {
-		if c >= 0x80 {
-			return true
-		}
-	}
-	return false
 }
 
 // oneLine is s on one line of at most n bytes, for a reply's text.

@@ -9,6 +9,8 @@ import (
 	"mime"
 	"strings"
 	"time"
+
+	usascii "github.com/outflow/outflow/internal/ascii"
 )
 
 // Action is a recipient's Action field (RFC 3464 §2.3.3).
@@ -166,7 +168,7 @@ func Build(r *Report) ([]byte, error) {
 		}
 		b.WriteString("Content-Type: " + ct + "\r\n")
 		b.WriteString("Content-Description: " + desc + "\r\n")
-		if !isASCII(original) {
+		if !usascii.Is(original) {
 			// Only 7bit, 8bit and binary are allowed for message/rfc822
 			// (RFC 2046 §5.2.1); the next hop downgrades if it must.
 			b.WriteString("Content-Transfer-Encoding: 8bit\r\n")
@@ -474,13 +476,4 @@ func fold(v string, start int) string {
 		line += len(w)
 	}
 	return b.String()
-}
-
-func isASCII(b []byte) bool {
-	for _, c := range b {
-		if c >= 0x80 {
-			return false
-		}
-	}
-	return true
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	usascii "github.com/outflow/outflow/internal/ascii"
 )
 
 var original = []byte("From: App <app@example.com>\r\nTo: gone@dest.test\r\nSubject: hello\r\nMessage-ID: <m1@example.com>\r\n\r\nbody line\r\n.dot line\r\n")
@@ -234,7 +236,7 @@ func TestBuildEdges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !isASCII(msg) {
+	if !usascii.Is(msg) {
 		t.Error("report has non-ASCII bytes")
 	}
 	p := parse(t, msg)

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outflow/outflow/internal/ascii"
 	"github.com/outflow/outflow/internal/jsonenc"
 )
 
@@ -63,7 +64,7 @@ func (q *Queue) FindEvents(ctx context.Context, fq EventQuery) (_ []Event, scann
 	// An address with other letters is looked for in every decoded event.
 	needle := jsonenc.AppendString(nil, addr)
 	needle = needle[1 : len(needle)-1]
-	if !isASCII(needle) {
+	if !ascii.Is(needle) {
 		needle = nil
 	}
 	// The newest limit matches: a ring, in order from next once full.
@@ -217,13 +218,4 @@ func containsFoldASCII(b, needle []byte) bool {
 		}
 	}
 	return false
-}
-
-func isASCII(b []byte) bool {
-	for _, c := range b {
-		if c >= 0x80 {
-			return false
-		}
-	}
-	return true
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/classify"
+	asciipkg "github.com/outflow/outflow/internal/ascii"
 	"github.com/outflow/outflow/internal/fakemx"
 )
 
@@ -983,7 +984,7 @@ func FuzzDotStuff(f *testing.F) {
 		for _, c := range body {
 			ascii = ascii && c < 0x80
 		}
-		if isASCII(body) != ascii {
+		if isASCII := asciipkg.Is(body); isASCII != ascii {
 			t.Fatalf("isASCII(%q) = %v", body, !ascii)
 		}
 	})
@@ -1099,7 +1100,7 @@ func BenchmarkIsASCII(b *testing.B) {
 	body := bytes.Repeat([]byte(strings.Repeat("x", 76)+"\r\n"), 100<<10/78)
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if !isASCII(body) {
+		if !asciipkg.Is(body) {
 			b.Fatal("8-bit")
 		}
 	}

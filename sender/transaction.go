@@ -3,7 +3,6 @@ package sender
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/ascii"
 )
 
 // defaultBatch is the number of recipients per transaction when the server
@@ -73,7 +73,7 @@ func (info *msgInfo) dataWire(body []byte) []byte {
 
 func inspect(m *Message) *msgInfo {
 	info := &msgInfo{size: int64(len(m.Body))}
-	info.eightBit = !isASCII(m.Body)
+	info.eightBit = !ascii.Is(m.Body)
 	hdrEnd := bytes.Index(m.Body, []byte("\r\n\r\n"))
 	if hdrEnd < 0 {
 		hdrEnd = len(m.Body)
@@ -81,9 +81,9 @@ func inspect(m *Message) *msgInfo {
 	// RFC 6531 3.2/3.4: SMTPUTF8 is needed when an envelope address or a
 	// header field carries UTF-8; 8-bit bytes in the body alone only need
 	// 8BITMIME.
-	info.needsUTF8 = !isASCII([]byte(m.From)) || !isASCII(m.Body[:hdrEnd])
+	info.needsUTF8 = !ascii.IsString(m.From) || !ascii.Is(m.Body[:hdrEnd])
 	for _, r := range m.Rcpts {
-		if !isASCII([]byte(r)) {
+		if !ascii.IsString(r) {
 			info.needsUTF8 = true
 		}
 	}
@@ -97,29 +97,6 @@ func bdatChunk(body []byte) []byte {
 		return body
 	}
 	return append(body[:len(body):len(body)], crlf...)
-}
-
-func isASCII(b []byte) bool {
-	// Four words OR-ed per test: one branch per 32 octets, and loads the
-	// processor can issue together.
-	for ; len(b) >= 32; b = b[32:] {
-		w := binary.LittleEndian.Uint64(b) | binary.LittleEndian.Uint64(b[8:]) |
-			binary.LittleEndian.Uint64(b[16:]) | binary.LittleEndian.Uint64(b[24:32])
-		if w&0x8080808080808080 != 0 {
-			return false
-		}
-	}
-	for ; len(b) >= 8; b = b[8:] {
-		if binary.LittleEndian.Uint64(b)&0x8080808080808080 != 0 {
-			return false
-		}
-	}
-	for _, c := range b {
-		if c >= 0x80 {
-			return false
-		}
-	}
-	return true
 }
 
 // tooManyRcpts reports whether a RCPT reply is the server's recipient limit
