@@ -44,15 +44,8 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, s *session) 
 		http.Redirect(w, r, Prefix+"messages/"+url.PathEscape(id), http.StatusSeeOther)
 		return
 	}
-	if rcpt := strings.TrimSpace(q.Get("rcpt")); rcpt != "" {
-		v := url.Values{"rcpt": {rcpt}}
-		if t := strings.TrimSpace(q.Get("tenant")); t != "" {
-			v.Set("tenant", t)
-		}
-		http.Redirect(w, r, Prefix+"find?"+v.Encode(), http.StatusSeeOther)
-		return
-	}
-	f := queue.Filter{State: queue.State(q.Get("state")), Dest: strings.TrimSpace(q.Get("dest")), Tenant: strings.TrimSpace(q.Get("tenant"))}
+	f := queue.Filter{State: queue.State(q.Get("state")), Dest: strings.TrimSpace(q.Get("dest")), Tenant: strings.TrimSpace(q.Get("tenant")),
+		Rcpt: strings.TrimSpace(q.Get("rcpt"))}
 	f.Limit, _ = strconv.Atoi(q.Get("limit"))
 	if f.Limit <= 0 || f.Limit > 1000 {
 		f.Limit = 100
@@ -65,7 +58,7 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, s *session) 
 		errs = append(errs, err.Error())
 	}
 	c.render(w, r, s, http.StatusOK, "queue", "Queue", map[string]any{
-		"Filter": f, "States": queue.States, "Items": rows(items), "Errors": errs,
+		"Filter": f, "States": queue.States, "Items": rows(items), "Errors": errs, "FindQuery": rcptQuery(f.Rcpt, f.Tenant),
 	})
 }
 
@@ -74,7 +67,8 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, s *session) 
 var findSinces = []string{"24h", "1h", "6h", "72h", "168h"}
 
 // findPage is /ui/find?rcpt=ADDR[&tenant=T][&since=D]: what became of
-// mail to one address (`outflow queue find`), every event that names it.
+// mail to one address (`outflow queue find`), every event that names it;
+// the queue page lists what of it still waits (`queue list --rcpt`).
 func (c *Console) findPage(w http.ResponseWriter, r *http.Request, s *session) {
 	q := r.URL.Query()
 	fq := queue.EventQuery{Rcpt: strings.TrimSpace(q.Get("rcpt")), Tenant: strings.TrimSpace(q.Get("tenant"))}
@@ -102,7 +96,18 @@ func (c *Console) findPage(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	c.render(w, r, s, http.StatusOK, "find", "Find", map[string]any{
 		"Query": fq, "Since": since, "Sinces": findSinces, "Events": evs, "Scanned": scanned, "Errors": errs,
+		"QueueQuery": rcptQuery(fq.Rcpt, fq.Tenant),
 	})
+}
+
+// rcptQuery is the query that carries a recipient search from the queue
+// page to the find page and back.
+func rcptQuery(rcpt, tenant string) template.URL {
+	v := url.Values{"rcpt": {rcpt}}
+	if tenant != "" {
+		v.Set("tenant", tenant)
+	}
+	return template.URL(v.Encode())
 }
 
 // attemptRow is one event of a message's history with its decision.

@@ -57,6 +57,9 @@ type Filter struct {
 	// selects the envelopes of d.example.
 	Dest   string
 	Tenant string
+	// Rcpt, when set, keeps the envelopes with this recipient (compared
+	// as NormalizeAddress compares).
+	Rcpt string
 	// Limit bounds the result; 0 means 100. Listing walks the stream, so a
 	// million deferred envelopes are listed a page at a time.
 	Limit int
@@ -99,6 +102,7 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 	// Envelopes carry their domain lower-cased without a trailing dot
 	// (Domain), and the subject filter below matches it byte for byte.
 	f.Dest = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(f.Dest), "."))
+	rcpt := NormalizeAddress(f.Rcpt)
 	var out []Item
 	for _, st := range states {
 		stream, subs := q.where(st, f.Dest)
@@ -109,6 +113,9 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 					return true
 				}
 				if f.Tenant != "" && it.Env.Tenant != f.Tenant {
+					return true
+				}
+				if rcpt != "" && !slices.ContainsFunc(it.Env.Rcpts, func(r string) bool { return NormalizeAddress(r) == rcpt }) {
 					return true
 				}
 				it.Env.Body = nil // a listing shows no bodies; do not hold them

@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -78,6 +79,30 @@ func TestListDestIgnoresCase(t *testing.T) {
 	}
 	if items, err := q.List(ctx, Filter{State: StateDeferred, Dest: "other.example"}); err != nil || len(items) != 0 {
 		t.Errorf("list --dest other.example = %d items, %v; want none", len(items), err)
+	}
+}
+
+// TestListByRecipient: --rcpt lists the waiting mail to an address, in
+// any case, in every lane.
+func TestListByRecipient(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	deferred := deferOne(t, q, LaneRetry, time.Now().Add(time.Hour)) // to r@d.example
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@src.example", Rcpts: []string{"Ann@one.example", "bob@two.example"},
+		Body: []byte("Subject: x\r\n\r\nx\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rcpt, want := range map[string][]string{"ann@ONE.example": {ids[0]}, "bob@two.example": {ids[1]}, "<r@d.example>": {deferred.ID}, "joann@one.example": nil} {
+		items, err := q.List(ctx, Filter{Rcpt: rcpt})
+		var got []string
+		for _, it := range items {
+			got = append(got, it.Env.ID)
+		}
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("list --rcpt %q = %v, %v; want %v", rcpt, got, err, want)
+		}
 	}
 }
 

@@ -165,6 +165,7 @@ func init() {
 	list.Flags().StringVar(&state, "state", "", "queued, deferred, throttled, unknown or dead (default all)")
 	list.Flags().StringVar(&f.Dest, "dest", "", "only this destination domain")
 	list.Flags().StringVar(&f.Tenant, "tenant", "", "only this tenant")
+	list.Flags().StringVar(&f.Rcpt, "rcpt", "", "only the messages to this recipient, in any case (queue find has those that left)")
 	list.Flags().IntVar(&f.Limit, "limit", 100, "at most this many")
 	list.Flags().BoolVarP(&idsOnly, "quiet", "q", false, "print only the ids, one per line (for scripts)")
 
