@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -134,7 +135,8 @@ func reloadUntil(t *testing.T, ctx context.Context, url, cond string) {
 // TestConsoleInBrowser drives the console in a real browser: it signs in
 // with an admin key, finds the destination a fake MX throttles (421 4.7.28),
 // suspends it and sees the state change, opens the throttled message, sees
-// its retry timeline, fast-forwards it and sees it delivered.
+// its retry timeline, fast-forwards it and sees it delivered, then finds it
+// by its recipient.
 func TestConsoleInBrowser(t *testing.T) {
 	var throttling atomic.Bool
 	throttling.Store(true)
@@ -275,10 +277,28 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal("the console shows the message delivered but the MX has not received it")
 	}
 
+	// Find it by its recipient: nothing waits any more, and its events
+	// (throttled, then delivered) are one link away.
+	run(t, ctx, "search by recipient",
+		chromedp.Navigate(base+"/ui/queue"),
+		chromedp.WaitVisible(chromedp.CSS(`form.search input[name="rcpt"]`)),
+		chromedp.SendKeys(chromedp.CSS(`form.search input[name="rcpt"]`), "Buyer@throttled.example"),
+		chromedp.Click(chromedp.CSS(`form.search button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`a[href^="/ui/find?"]`)),
+		chromedp.Click(chromedp.CSS(`a[href^="/ui/find?"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-id="`+id+`"]`)),
+	)
+	events := val(t, ctx, "found events", chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll('tr[data-id="`+id+`"] td:nth-child(2)')).map(e => e.textContent)`))
+	if !slices.Contains(events, "delivered") || !slices.Contains(events, "throttled") {
+		t.Fatalf("the find page shows %q for %s, want throttled and delivered", events, id)
+	}
+	screenshot(t, ctx, "find")
+
 	// On a phone (390×844, the viewport meta honoured): no page is wider
 	// than the screen; wide tables scroll inside their own box.
 	run(t, ctx, "phone", chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile))
-	for _, p := range []string{"/ui/", "/ui/dests", "/ui/dests/throttled.example", "/ui/messages/" + id, "/ui/queue", "/ui/dead", "/ui/suppressions"} {
+	for _, p := range []string{"/ui/", "/ui/dests", "/ui/dests/throttled.example", "/ui/messages/" + id, "/ui/queue", "/ui/dead", "/ui/suppressions",
+		"/ui/find?rcpt=buyer@throttled.example"} {
 		run(t, ctx, "phone "+p, chromedp.Navigate(base+p), chromedp.WaitReady(chromedp.CSS("main")))
 		if w := val(t, ctx, "width", chromedp.Evaluate[int](`document.documentElement.scrollWidth - 390`)); w > 2 {
 			t.Errorf("%s on a phone is %d px wider than the screen", p, w)
