@@ -311,7 +311,9 @@ func TestPostfixBouncesLaterToTheReturnPath(t *testing.T) {
 	// hop: the failure with Postfix's diagnostic, and the success report
 	// kept@ asked for, which Postfix sent as "relayed".
 	var failed, relayed string
+	nRelayed := 0
 	waitFor(t, 60*time.Second, "the sender's two notices at the next hop", func() bool {
+		nRelayed = 0
 		for _, fm := range next.Messages() {
 			if len(fm.Rcpts) != 1 || fm.Rcpts[0] != "app@sender.test" {
 				continue
@@ -324,10 +326,19 @@ func TestPostfixBouncesLaterToTheReturnPath(t *testing.T) {
 				failed = body
 			case strings.Contains(body, "Action: relayed"):
 				relayed = body
+				nRelayed++
 			}
 		}
 		return failed != "" && relayed != ""
 	})
+	// The relayed notice is Postfix's report passed on by the bounce
+	// listener, not one outflow wrote at delivery (Postfix took NOTIFY).
+	hist := d.cli(t, "queue", "history", id, "--json")
+	if nRelayed != 1 || !slices.ContainsFunc(strings.Split(hist, "\n"), func(l string) bool {
+		return strings.Contains(l, `"type":"dsn"`) && strings.Contains(l, `"reason":"relayed notice `) && strings.Contains(l, `/bounce"`)
+	}) {
+		t.Fatalf("%d relayed notices; the history names none from the bounce listener:\n%s", nRelayed, hist)
+	}
 	if !strings.Contains(failed, "Final-Recipient: rfc822; gone@dest.test") || !strings.Contains(failed, "no such mailbox here") ||
 		strings.Contains(failed, "kept@dest.test") {
 		t.Fatalf("failure notice:\n%s", failed)

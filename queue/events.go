@@ -166,7 +166,8 @@ type Notify struct {
 	MessageID string `json:"message_id,omitempty"`
 	// EnvID is the submitter's ENVID, for Original-Envelope-Id.
 	EnvID string `json:"envid,omitempty"`
-	// Rcpts are the recipients of the event whose NOTIFY is not NEVER.
+	// Rcpts are the recipients of the event a later report can still owe
+	// a notice.
 	Rcpts []NotifyRcpt `json:"rcpts"`
 }
 
@@ -174,8 +175,11 @@ type Notify struct {
 // was submitted with.
 type NotifyRcpt struct {
 	Rcpt string `json:"rcpt"`
-	// Notify is the recipient's NOTIFY as RcptDSN.Notify has it: empty
-	// for none given, which asks for failures and delays.
+	// Notify is the notices a later report can still owe the recipient,
+	// written out (FAILURE, DELAY, SUCCESS): its NOTIFY, with failures and
+	// delays for none given, and without SUCCESS when the server that took
+	// it had no DSN (its relayed notice went at delivery). Empty reads as
+	// RcptDSN.Notify does: failures and delays.
 	Notify    []string `json:"notify,omitempty"`
 	ORcpt     string   `json:"orcpt,omitempty"`
 	ORcptType string   `json:"orcpt_type,omitempty"`

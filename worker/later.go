@@ -40,11 +40,20 @@ func (w *deliverer) laterNotify(e *queue.Envelope, o *outcome) *queue.Notify {
 	}
 	var rcpts []queue.NotifyRcpt
 	for _, r := range o.delivered {
-		if !slices.ContainsFunc(laterKinds, func(k string) bool { return e.DSN.Wants(r, k) }) {
+		// The kinds a later report can still owe, written out (none given
+		// is failures and delays): a success only from a server that was
+		// handed NOTIFY, since one that was not got its relayed notice now.
+		var kinds []string
+		for _, k := range laterKinds {
+			if e.DSN.Wants(r, k) && (k != queue.NotifySuccess || o.dsnRelayed[r]) {
+				kinds = append(kinds, k)
+			}
+		}
+		if len(kinds) == 0 {
 			continue
 		}
 		p := e.DSN.Rcpt(r)
-		rcpts = append(rcpts, queue.NotifyRcpt{Rcpt: r, Notify: p.Notify, ORcpt: p.ORcpt, ORcptType: p.ORcptType})
+		rcpts = append(rcpts, queue.NotifyRcpt{Rcpt: r, Notify: kinds, ORcpt: p.ORcpt, ORcptType: p.ORcptType})
 	}
 	if len(rcpts) == 0 {
 		return nil
@@ -59,19 +68,19 @@ func (w *deliverer) laterNotify(e *queue.Envelope, o *outcome) *queue.Notify {
 // laterKinds are the notices a report that comes later can owe.
 var laterKinds = []string{queue.NotifyFailure, queue.NotifyDelay, queue.NotifySuccess}
 
-// laterKind is the NOTIFY keyword that asks for a notice of what a report
-// says of a recipient, and the action the notice gives: a failure, a delay,
-// or a success (delivered, relayed onwards, expanded by a list).
-func laterKind(a dsn.Action) (kind string, action dsn.Action) {
-	switch a {
-	case dsn.Failed:
-		return queue.NotifyFailure, dsn.Failed
-	case dsn.Delayed:
-		return queue.NotifyDelay, dsn.Delayed
-	case dsn.Relayed:
-		return queue.NotifySuccess, dsn.Relayed
-	}
-	return queue.NotifySuccess, dsn.Delivered
+// laterActions are the actions a report's block can give, in the order
+// their notices go, each with the NOTIFY keyword that asks for it: a
+// failure, a delay, or a success (delivered, relayed onwards to a system
+// without DSN, expanded by a list). Any other action word is no notice.
+var laterActions = []struct {
+	action dsn.Action
+	kind   string
+}{
+	{dsn.Failed, queue.NotifyFailure},
+	{dsn.Delayed, queue.NotifyDelay},
+	{dsn.Delivered, queue.NotifySuccess},
+	{dsn.Relayed, queue.NotifySuccess},
+	{dsn.Expanded, queue.NotifySuccess},
 }
 
 // ReportedLater queues the notices owed to the sender of a delivered
@@ -84,10 +93,12 @@ func laterKind(a dsn.Action) (kind string, action dsn.Action) {
 // each Final the address outflow delivered to, with the remote server's
 // Action, Status, Diagnostic and Remote-MTA; original is the header of the
 // message as that server returned it (nil when it returned none). One
-// notice goes per kind (failure, delay, success), for the recipients
-// ev.Notify lists whose NOTIFY asks for it, under their submitted ORCPT.
+// notice goes per action (failed, delayed, delivered, relayed, expanded),
+// for the recipients ev.Notify lists whose NOTIFY asks for its kind, under
+// their submitted ORCPT (never the report's Original-Recipient: RFC 3464
+// §2.3.1 has that field come from ORCPT only).
 //
-// A notice's idempotency key is the envelope, the kind and the
+// A notice's idempotency key is the envelope, the action and the
 // recipients, so a report sent again (after a 451, or twice by its server)
 // queues one notice. An error means an enqueue failed: the listener
 // answers 451 and the report comes again. A notice not sent by rule
@@ -115,28 +126,28 @@ func (p *Pool) ReportedLater(ctx context.Context, ev *queue.Event, rcpts []dsn.R
 		return nil
 	}
 	w := &deliverer{Pool: p, id: p.cfg.WorkerID + "/bounce"}
-	for _, kind := range laterKinds {
+	for _, la := range laterActions {
 		var group []dsn.Recipient
-		var action dsn.Action
 		for _, rc := range rcpts {
-			k, a := laterKind(rc.Action)
 			addr := queue.NormalizeAddress(rc.Final)
 			i := slices.IndexFunc(n.Rcpts, func(r queue.NotifyRcpt) bool { return queue.NormalizeAddress(r.Rcpt) == addr })
-			if k != kind || i < 0 || slices.ContainsFunc(group, func(r dsn.Recipient) bool { return r.Final == n.Rcpts[i].Rcpt }) {
+			if !strings.EqualFold(string(rc.Action), string(la.action)) || i < 0 ||
+				slices.ContainsFunc(group, func(r dsn.Recipient) bool { return r.Final == n.Rcpts[i].Rcpt }) {
 				continue
 			}
-			rc.Final, rc.Action, action = n.Rcpts[i].Rcpt, a, a
+			r := n.Rcpts[i]
+			rc.Final, rc.Action, rc.Original, rc.OriginalType = r.Rcpt, la.action, r.ORcpt, r.ORcptType
 			group = append(group, rc)
 		}
 		if len(group) == 0 {
 			continue
 		}
-		// Those whose NOTIFY asks for kind, with their ORCPT.
-		if group = p.dsn.wanted(e, kind, group); len(group) == 0 {
+		// Those whose NOTIFY asks for the action's kind.
+		if group = p.dsn.wanted(e, la.kind, group); len(group) == 0 {
 			continue
 		}
-		reason, err := w.sendNotice(ctx, e, noticeInput{action: action, kind: kind,
-			key: laterKey(ev.ID, kind, group), rcpts: group, body: original, later: true})
+		reason, err := w.sendNotice(ctx, e, noticeInput{action: la.action, kind: la.kind,
+			key: laterKey(ev.ID, string(la.action), group), rcpts: group, body: original, later: true})
 		if reason != "" {
 			w.event(queue.EventDSN, e, 0, finals(group), reason, nil)
 		}
@@ -147,14 +158,14 @@ func (p *Pool) ReportedLater(ctx context.Context, ev *queue.Event, rcpts []dsn.R
 	return nil
 }
 
-// laterKey names a later notice: the envelope, its kind and its
+// laterKey names a later notice: the envelope, its action and its
 // recipients, in any order.
-func laterKey(id, kind string, rcpts []dsn.Recipient) string {
+func laterKey(id, action string, rcpts []dsn.Recipient) string {
 	addrs := make([]string, len(rcpts))
 	for i, r := range rcpts {
 		addrs[i] = strings.ToLower(r.Final)
 	}
 	slices.Sort(addrs)
 	sum := sha256.Sum256([]byte(strings.Join(addrs, "\n")))
-	return "dsn." + id + ".later." + strings.ToLower(kind) + "." + hex.EncodeToString(sum[:8])
+	return "dsn." + id + ".later." + action + "." + hex.EncodeToString(sum[:8])
 }

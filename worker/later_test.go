@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outflow/outflow/dsn"
+	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -25,12 +26,13 @@ func (e *env) deliveredEvent(id string) queue.Event {
 
 // An envelope sent with a return path keeps, on its delivered event, what
 // its sender's notices need when a report comes back later; ReportedLater
-// then sends one notice per kind (failure, delay, success) for the
+// then sends one notice per action (failed, delayed, delivered) for the
 // recipients whose NOTIFY asks for it, once however often the report
 // comes, with the remote server's status and diagnostic and the header it
-// returned.
+// returned, and the submitted ORCPT, never the report's. The MX offers DSN,
+// so it took NOTIFY and owes the success report itself.
 func TestReportedLaterNotifiesTheSender(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnvMX(t, fakemx.Options{DSN: true})
 	m := NewDSNMetrics(prometheus.NewRegistry())
 	e.startPool(func(c *Config) { c.DSN = dsnConfig(m); c.ReturnPath = prefixReturnPath{} })
 	params := &queue.DSNParams{EnvID: "env-7", Rcpts: map[string]queue.RcptDSN{
@@ -46,14 +48,17 @@ func TestReportedLaterNotifiesTheSender(t *testing.T) {
 		t.Fatalf("delivered event's notify: %+v", n)
 	}
 	if len(n.Rcpts) != 3 || n.Rcpts[0].Rcpt != "Gone@dest.test" || n.Rcpts[0].ORcpt != "gone@old.test" ||
-		n.Rcpts[1].Rcpt != "ok@dest.test" || n.Rcpts[2].Rcpt != "yes@dest.test" || strings.Join(n.Rcpts[2].Notify, ",") != "SUCCESS,FAILURE" {
+		n.Rcpts[1].Rcpt != "ok@dest.test" || strings.Join(n.Rcpts[1].Notify, ",") != "FAILURE,DELAY" ||
+		n.Rcpts[2].Rcpt != "yes@dest.test" || strings.Join(n.Rcpts[2].Notify, ",") != "FAILURE,SUCCESS" {
 		t.Fatalf("notify's recipients %+v, want Gone (with its ORCPT), ok and yes (with its NOTIFY), not the NOTIFY=NEVER one", n.Rcpts)
 	}
 
 	later := []dsn.Recipient{
 		{Final: "gone@dest.test", Action: dsn.Failed, Status: "5.1.1", RemoteMTA: "mbox.dest.test", Diagnostic: "550 5.1.1 <gone@dest.test>: User unknown"},
 		{Final: "never@dest.test", Action: dsn.Failed, Status: "5.2.2", Diagnostic: "552 5.2.2 over quota"},
-		{Final: "ok@dest.test", Action: dsn.Delayed, Status: "4.4.1", Diagnostic: "451 4.4.1 no answer from the next hop"},
+		{Final: "ok@dest.test", Action: dsn.Delayed, Status: "4.4.1", Diagnostic: "451 4.4.1 no answer from the next hop",
+			Original: "alias@elsewhere.test"}, // the report's own Original-Recipient is not passed on
+		{Final: "ok@dest.test", Action: "bogus", Status: "5.1.1"},        // an action word no notice is for
 		{Final: "ok@dest.test", Action: dsn.Delivered, Status: "2.0.0"},  // ok asked for no success notice
 		{Final: "yes@dest.test", Action: dsn.Delivered, Status: "2.0.0"}, // yes did
 	}
@@ -63,10 +68,7 @@ func TestReportedLaterNotifiesTheSender(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Four: the three below, and the relayed notice yes@ got at delivery
-	// (the fake MX offers no DSN; a server that did would send the
-	// success report itself, which is what the third stands for).
-	waitUntil(t, "four notices at the MX", func() bool { return len(reports(e.mx)) == 4 })
+	waitUntil(t, "three notices at the MX", func() bool { return len(reports(e.mx)) == 3 })
 	byAction := map[string]string{}
 	for _, r := range reports(e.mx) {
 		if strings.Join(r.Rcpts, ",") != "app@src.test" {
@@ -78,8 +80,8 @@ func TestReportedLaterNotifiesTheSender(t *testing.T) {
 				byAction[a] = body
 			}
 		}
-		if strings.Contains(body, "never@dest.test") {
-			t.Errorf("the NOTIFY=NEVER recipient is in a notice:\n%s", body)
+		if strings.Contains(body, "never@dest.test") || strings.Contains(body, "alias@elsewhere.test") {
+			t.Errorf("the NOTIFY=NEVER recipient, or the report's Original-Recipient, is in a notice:\n%s", body)
 		}
 	}
 	for action, wants := range map[string][]string{
@@ -111,8 +113,8 @@ func TestReportedLaterNotifiesTheSender(t *testing.T) {
 		}
 	}
 	slices.Sort(notices)
-	if len(notices) != 7 || len(slices.Compact(slices.Clone(notices))) != 4 {
-		t.Fatalf("dsn events %q: want the relayed notice, and three later notices each named twice", notices)
+	if len(notices) != 6 || len(slices.Compact(slices.Clone(notices))) != 3 {
+		t.Fatalf("dsn events %q: want three notices, each named twice", notices)
 	}
 	if got := counterValue(m.Sent.WithLabelValues("failed")); got != 2 {
 		t.Errorf("outflow_dsn_total{action=failed} = %v, want 2 (queued twice, deduplicated by the queue)", got)
@@ -130,6 +132,8 @@ func TestNoLaterNotify(t *testing.T) {
 		{Tenant: "t1", From: "app@src.test", Source: queue.SourceAPI},  // notices off for API mail
 		{Tenant: "t1", From: "app@src.test", Source: queue.SourceSMTP, DSN: &queue.DSNParams{Rcpts: map[string]queue.RcptDSN{
 			"r@dest.test": {Notify: []string{queue.NotifyNever}}}}}, // no notice asked
+		{Tenant: "t1", From: "app@src.test", Source: queue.SourceSMTP, DSN: &queue.DSNParams{Rcpts: map[string]queue.RcptDSN{
+			"r@dest.test": {Notify: []string{queue.NotifySuccess}}}}}, // the MX took no NOTIFY: its relayed notice went at delivery
 		{Tenant: "t1", From: "app@src.test", Source: queue.SourceSMTP, // a report, from a sender
 			Body: []byte("Content-Type: multipart/report; report-type=delivery-status; boundary=b\r\n\r\n--b--\r\n")},
 	} {

@@ -59,6 +59,12 @@ func connect(t *testing.T, emb *queue.Embedded, ackWait time.Duration) *queue.Qu
 // relaying to it.
 func newEnv(t *testing.T, hook fakemx.Hook) *env {
 	t.Helper()
+	return newEnvMX(t, fakemx.Options{Hook: hook})
+}
+
+// newEnvMX is newEnv with a fake MX of the given options.
+func newEnvMX(t *testing.T, mx fakemx.Options) *env {
+	t.Helper()
 	dir := t.TempDir()
 	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
 	if err != nil {
@@ -68,7 +74,7 @@ func newEnv(t *testing.T, hook fakemx.Hook) *env {
 	t.Cleanup(func() { e.stopPool(); e.emb.Shutdown() })
 	e.q = connect(t, emb, 2*time.Second)
 	t.Cleanup(func() { e.q.Close() })
-	e.mx = fakemx.Start(t, fakemx.Options{Hook: hook})
+	e.mx = fakemx.Start(t, mx)
 	e.snd, err = sender.New(sender.Config{Hostname: "outflow.test", Relay: e.mx.Addr(), RelayTLS: "none",
 		FinalDotTimeout: 2 * time.Second, CommandTimeout: 2 * time.Second})
 	if err != nil {
