@@ -33,7 +33,8 @@ import (
 // the return path. Nil when the attempt kept the envelope's own sender
 // (reports go there directly), when the sender gets no notices (a null
 // sender, a report, a tenant with notices off, a process without them) or
-// when every delivered recipient's NOTIFY is NEVER.
+// when no delivered recipient can be owed one (NOTIFY=NEVER, or a success
+// only, which the relayed notice at delivery already gave).
 func (w *deliverer) laterNotify(e *queue.Envelope, o *outcome) *queue.Notify {
 	if !o.returnPath || w.dsn == nil || w.dsn.ineligible(e) != "" || o.body != nil && dsn.IsReport(o.body) {
 		return nil
