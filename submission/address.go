@@ -2,6 +2,8 @@ package submission
 
 import (
 	"strings"
+
+	"github.com/outflow/outflow/internal/ascii"
 )
 
 // Address is an envelope mailbox (MAIL FROM or RCPT TO) that passed
@@ -49,10 +51,8 @@ const (
 //     delivery at any host, internal ones included, bypassing MX lookup.
 //   - The size limits of RFC 5321 section 4.5.3.1.
 func ParseAddress(s string) (Address, error) {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= 0x80 {
-			return Address{}, &AddressError{Reason: "non-ASCII address without SMTPUTF8", NonASCII: true}
-		}
+	if !ascii.IsString(s) {
+		return Address{}, &AddressError{Reason: "non-ASCII address without SMTPUTF8", NonASCII: true}
 	}
 	if len(s) > maxMailbox {
 		return Address{}, &AddressError{Reason: "address longer than 254 octets"}
