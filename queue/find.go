@@ -157,21 +157,24 @@ func (q *Queue) scanEvents(ctx context.Context, filters []string, since time.Tim
 		return err
 	}
 	defer func() { _ = q.events.DeleteConsumer(context.WithoutCancel(ctx), cons.CachedInfo().Name) }()
-	// The end is where the consumer has nothing left to hand out: a
-	// message's metadata counts what remains after it. A batch cut short
-	// by its wait is not the end (a large stream read from disk); a batch
-	// with nothing in it is (what remained expired, events max age).
-	for pending := cons.CachedInfo().NumPending; pending > 0; {
+	// What was stored when the scan began, and no more: events keep
+	// coming, and a scan that followed them might not end. A batch cut
+	// short by its wait is not the end (a large stream read from disk);
+	// an empty one is (what remained expired, events max age), and so is
+	// a message after which the consumer has nothing left.
+	for left := cons.CachedInfo().NumPending; left > 0; {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(2*time.Second))
+		batch, err := cons.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			return err
 		}
 		var last jetstream.Msg
+		n := uint64(0)
 		for m := range batch.Messages() {
 			last = m
+			n++
 			visit(m)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
@@ -180,11 +183,12 @@ func (q *Queue) scanEvents(ctx context.Context, filters []string, since time.Tim
 		if last == nil {
 			break
 		}
-		md, err := last.Metadata()
-		if err != nil {
+		left -= min(n, left)
+		if md, err := last.Metadata(); err != nil {
 			return err
+		} else if md.NumPending == 0 {
+			break
 		}
-		pending = md.NumPending
 	}
 	return nil
 }
