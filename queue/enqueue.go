@@ -203,8 +203,10 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		}
 	}
 	for i, id := range ids {
+		// The recipients, so that a message not yet tried is found by
+		// address too (FindEvents).
 		q.Event(EventQueued, &Event{Time: stored, ID: id, MsgID: msgID, Tenant: s.Tenant, Dest: parts[i].dest, Rcpts: len(parts[i].rcpts),
-			Size: int64(len(s.Body)), Reason: reason})
+			Size: int64(len(s.Body)), Reason: reason, Recipients: parts[i].rcpts})
 	}
 	return ids, nil
 }

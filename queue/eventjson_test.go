@@ -3,6 +3,7 @@ package queue
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -31,6 +32,18 @@ func sampleEvents() []*Event {
 				Rcpts: []NotifyRcpt{{Rcpt: "a@one.example", ORcpt: "A@one.example", ORcptType: "rfc822"}, {Rcpt: "b@one.example", Notify: []string{"SUCCESS", "FAILURE"}}}},
 			Decision: json.RawMessage(sampleDecision), DecisionMarshaled: true},
 	}
+}
+
+// sampleEvent is the sample event with id (by id, not by place: the
+// list grows).
+func sampleEvent(tb testing.TB, id string) *Event {
+	for _, ev := range sampleEvents() {
+		if ev.ID == id {
+			return ev
+		}
+	}
+	tb.Fatalf("no sample event %s", id)
+	return nil
 }
 
 // The hand-written encoder writes exactly what json.Marshal writes.
@@ -73,13 +86,28 @@ func BenchmarkEventEncode(b *testing.B) {
 		if marked {
 			name = "delivered/decision-marshaled"
 		}
-		dev := *sampleEvents()[5]
+		dev := *sampleEvent(b, "abc-3")
 		dev.DecisionMarshaled = marked
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			defer reportCPU(b)()
 			for b.Loop() {
 				if _, ok := dev.appendJSON(make([]byte, 0, 1024)); !ok {
+					b.Fatal("refused")
+				}
+			}
+		})
+	}
+	// The queued event every envelope publishes, with its recipient
+	// (since 2026-12-06) and without.
+	for _, rcpts := range [][]string{{"ann@one.example"}, nil} {
+		qev := *sampleEvent(b, "abc")
+		qev.Recipients = rcpts
+		b.Run("queued/recipients-"+strconv.Itoa(len(rcpts)), func(b *testing.B) {
+			b.ReportAllocs()
+			defer reportCPU(b)()
+			for b.Loop() {
+				if _, ok := qev.appendJSON(make([]byte, 0, 512)); !ok {
 					b.Fatal("refused")
 				}
 			}

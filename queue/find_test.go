@@ -69,6 +69,16 @@ func TestFindEvents(t *testing.T) {
 			t.Errorf("%+v: %v (%d scanned), want %s", tc.q, got, scanned, tc.want)
 		}
 	}
+	// A message not yet tried is found by its queued event.
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "shop", From: "a@src.example", Rcpts: []string{"Zed@dest.example"},
+		Body: []byte("Subject: x\r\n\r\nx\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs, _, err := q.FindEvents(ctx, EventQuery{Rcpt: "zed@dest.example", Tenant: "shop"}); err != nil || len(evs) != 1 ||
+		evs[0].Type != EventQueued || evs[0].ID != ids[0] {
+		t.Fatalf("a queued message by its recipient: %+v, %v", evs, err)
+	}
 	if _, _, err := q.FindEvents(ctx, EventQuery{Rcpt: " "}); err == nil {
 		t.Error("no recipient: no error")
 	}
