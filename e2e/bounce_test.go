@@ -178,7 +178,7 @@ func TestAsyncBounceThroughReturnPath(t *testing.T) {
 	})
 	// What became of mail to gone@: found by address, in any case.
 	found := d.cli(t, "queue", "find", "GONE@dest.test")
-	for _, want := range []string{"delivered", "bounced", "dsn"} {
+	for _, want := range []string{"queued", "delivered", "bounced", "dsn"} {
 		if !slices.ContainsFunc(strings.Split(found, "\n"), func(l string) bool {
 			f := strings.Fields(l)
 			return len(f) > 2 && f[1] == want && f[2] == id
@@ -186,7 +186,7 @@ func TestAsyncBounceThroughReturnPath(t *testing.T) {
 			t.Fatalf("queue find shows no %s event of %s:\n%s", want, id, found)
 		}
 	}
-	if !strings.Contains(found, "User unknown") || !strings.Contains(found, "3 event(s) of") {
+	if !strings.Contains(found, "User unknown") || !strings.Contains(found, "4 event(s) of") {
 		t.Fatalf("queue find:\n%s", found)
 	}
 	if found := d.cli(t, "queue", "find", "gone@dest.test", "--type", "bounced", "--json"); strings.Count(found, "\n") != 1 ||
