@@ -27,8 +27,12 @@ func TestRelayToPostfixBDAT(t *testing.T) {
 	dir := t.TempDir()
 	d := startDaemon(t, filepath.Join(dir, "data"), "--users", writeUsers(t, dir), "--relay", pf.Addr, "--relay-tls", "none")
 
-	// One at a time, each held before the next is submitted: the later
-	// ones go over the pooled connection, after an RSET.
+	// One at a time, each held by Postfix and recorded as delivered by
+	// outflow (whose connection is back in its pool by then) before the
+	// next is submitted: the later ones go over the pooled connection,
+	// after an RSET. Postfix holds a message before outflow has read its
+	// 250, so the hold alone would let the next delivery find the
+	// connection still busy and open another.
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	bodies := map[string][]byte{}
 	var held []string
@@ -36,10 +40,14 @@ func TestRelayToPostfixBDAT(t *testing.T) {
 		id := fmt.Sprintf("bdat-%d", i)
 		body := message(id, ".a line that starts with a dot\r\n..and one with two\r\n.\r\nend of "+id+"\r\n")
 		bodies[id] = body
-		if err := submit(c, "app@sender.test", []string{"r" + id + "@dest.test"}, body); err != nil {
+		rcpt := "r" + id + "@dest.test"
+		if err := submit(c, "app@sender.test", []string{rcpt}, body); err != nil {
 			t.Fatal(err)
 		}
 		held = pf.waitHeld(t, i+1)
+		waitFor(t, 30*time.Second, "outflow's delivered event for "+rcpt, func() bool {
+			return strings.Contains(d.cli(t, "queue", "find", rcpt, "--type", "delivered", "--json"), `"type":"delivered"`)
+		})
 	}
 	_ = c.Quit()
 	for _, id := range held {
