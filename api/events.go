@@ -65,8 +65,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, key *KeyInfo
 	if p != nil {
 		return p
 	}
-	fq := queue.EventQuery{Tenant: tenant, Rcpt: strings.TrimSpace(q.Get("recipient")), Limit: queue.DefaultFindLimit,
-		Since: time.Now().Add(-defaultEventsSince)}
+	fq := queue.EventQuery{Tenant: tenant, Rcpt: strings.TrimSpace(q.Get("recipient")), Limit: queue.DefaultFindLimit}
 	if fq.Rcpt == "" || len(fq.Rcpt) > 320 {
 		return queryProblem("recipient", fq.Rcpt, "the address whose mail to look for")
 	}
@@ -78,12 +77,8 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, key *KeyInfo
 			fq.Types = append(fq.Types, t)
 		}
 	}
-	if v := q.Get("since"); v != "" {
-		t, err := time.Parse(time.RFC3339, v)
-		if err != nil {
-			return queryProblem("since", v, "an RFC 3339 time, such as 2026-12-06T00:00:00Z")
-		}
-		fq.Since = t
+	if fq.Since, p = sinceQuery(q, time.Now().Add(-defaultEventsSince)); p != nil {
+		return p
 	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -141,12 +142,9 @@ func (s *Server) listSuppressions(w http.ResponseWriter, r *http.Request, key *K
 	if source != "" && !slices.Contains(queue.SuppressionSources, source) {
 		return queryProblem("source", source, "one of "+strings.Join(queue.SuppressionSources, ", "))
 	}
-	var since time.Time
-	if v := q.Get("since"); v != "" {
-		var err error
-		if since, err = time.Parse(time.RFC3339, v); err != nil {
-			return queryProblem("since", v, "an RFC 3339 time, such as 2026-12-06T00:00:00Z")
-		}
+	since, p := sinceQuery(q, time.Time{})
+	if p != nil {
+		return p
 	}
 	list, err := s.cfg.Suppressions.List(r.Context(), tenant)
 	if err != nil {
@@ -156,6 +154,20 @@ func (s *Server) listSuppressions(w http.ResponseWriter, r *http.Request, key *K
 	list = queue.FilterSuppressions(list, source, since)
 	writeJSON(w, http.StatusOK, SuppressionList{Suppressions: list})
 	return nil
+}
+
+// sinceQuery is the since parameter of a listing, an RFC 3339 time, or def
+// when it is absent.
+func sinceQuery(q url.Values, def time.Time) (time.Time, *Problem) {
+	v := q.Get("since")
+	if v == "" {
+		return def, nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return t, queryProblem("since", v, "an RFC 3339 time, such as 2026-12-06T00:00:00Z")
+	}
+	return t, nil
 }
 
 // queryProblem is a 400 for query parameter name's value.

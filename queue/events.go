@@ -149,17 +149,17 @@ type Event struct {
 	State json.RawMessage `json:"state,omitempty"`
 }
 
-// Notify is what a delivered envelope's later failure notice needs
-// (Event.Notify): the sender the application gave (outflow's return path
-// replaced it in MAIL FROM), the submitter's ENVID, and the delivered
-// recipients whose NOTIFY asks for any notice, with their NOTIFY and
-// ORCPT. RET is not kept: the notice can return only the header the
-// reporting server sent back.
+// Notify is what the notices about a delivered envelope need when a report
+// on its recipients comes back later (Event.Notify): the sender the
+// application gave (outflow's return path replaced it in MAIL FROM), the
+// submitter's ENVID, and the delivered recipients a later report can still
+// owe a notice, with the kinds and their ORCPT. RET is not kept: a notice
+// can return only the header the reporting server sent back.
 type Notify struct {
 	Sender    string    `json:"sender"`
 	Submitted time.Time `json:"submitted"`
 	// Source is how the message came (Envelope.Source): whether the
-	// tenant's notices apply is asked again when the bounce comes.
+	// tenant's notices apply is asked again when the report comes.
 	Source string `json:"source,omitempty"`
 	// MessageID is the original's Message-ID field, for the notice's
 	// In-Reply-To.

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -444,16 +443,6 @@ func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result) *outcome {
 		}
 	}
 	return o
-}
-
-// resultOf is rcpt's own result in the attempt of e that o describes (its
-// reply, for the recipient's block of a notice), or o.lead when o has no
-// result for it.
-func (o *outcome) resultOf(e *queue.Envelope, rcpt string) classify.Result {
-	if i := slices.Index(e.Rcpts, rcpt); i >= 0 && i < len(o.results) {
-		return o.results[i]
-	}
-	return o.lead
 }
 
 // record writes the durable outcome of one attempt. Order matters: the next

@@ -514,12 +514,23 @@ func (w *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o 
 	return nil
 }
 
-// delayReports is the delayed block of each recipient still deferred.
+// delayReports is the delayed block of each recipient still deferred,
+// with its own reply in the attempt (o.results follows e.Rcpts; o.lead for
+// one without a result). A multi-part message's deferred parts call it at
+// every deferral, so the look-up is by map, not a search per recipient.
 func (w *deliverer) delayReports(e, next *queue.Envelope, o *outcome) []dsn.Recipient {
 	at := w.now()
+	pos := make(map[string]int, len(e.Rcpts))
+	for i, r := range e.Rcpts {
+		pos[r] = i
+	}
 	rcpts := make([]dsn.Recipient, 0, len(next.Rcpts))
 	for _, r := range next.Rcpts {
-		rc := rcptReport(r, dsn.Delayed, o.resultOf(e, r), o.host, at)
+		res := o.lead
+		if i, ok := pos[r]; ok && i < len(o.results) {
+			res = o.results[i]
+		}
+		rc := rcptReport(r, dsn.Delayed, res, o.host, at)
 		rc.WillRetryUntil = e.Deadline
 		if rc.Status == "" || rc.Status[0] != '4' {
 			rc.Status = "4.0.0" // RFC 3464 §2.3.4: a delay is a 4.x.x
