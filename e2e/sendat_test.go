@@ -15,7 +15,7 @@ import (
 
 // TestSendAtHoldsUntilThen: `outflow submit --send-at T` stores the
 // message at once (it is listed deferred until T) and the destination gets
-// it no earlier than T; a restart in between keeps it. A message the API
+// it no earlier than T, from its tenant's fresh mail; a restart in between keeps it. A message the API
 // was asked to send before T, and then to cancel, is never sent.
 func TestSendAtHoldsUntilThen(t *testing.T) {
 	mx := fakemx.Start(t, fakemx.Options{})
@@ -77,6 +77,11 @@ func TestSendAtHoldsUntilThen(t *testing.T) {
 	})
 	if delivered.Before(at) {
 		t.Fatalf("delivered at %v, before %v", delivered, at)
+	}
+	// It joined its tenant's fresh mail when its time came, rather than
+	// going out from the retry lane.
+	if n := d.countLog("scheduled message due", id); n != 1 {
+		t.Fatalf("%d move lines for %s, want 1:\n%s", n, id, d.Logs())
 	}
 	if msgs := mx.Messages(); len(msgs) != 1 || !strings.Contains(string(msgs[0].Data), "sent later") {
 		t.Fatalf("delivered %d messages, want only the one not canceled", len(msgs))

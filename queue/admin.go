@@ -486,17 +486,24 @@ func (q *Queue) deleteItem(ctx context.Context, it *Item) error {
 // recovers, so a backlog drains at the destination's pace instead of each
 // envelope waiting out its own backoff. Each rewrite replaces the schedule
 // on its subject and expects the sequence it read, so an envelope that
-// fired meanwhile is left alone. It returns how many were released.
+// fired meanwhile is left alone. Mail sent later (Submission.SendAt) whose
+// time has not come is left alone too. It returns how many were released.
 //
 // dest is a recipient domain, found through the lane subjects. For a
 // provider group, pass dest "" and match, which is asked about every
 // deferred envelope's domain.
 func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain string) bool, rate float64) (int, error) {
 	var items []Item
+	now := time.Now()
 	for _, st := range []State{StateDeferred, StateThrottled} {
 		stream, subs := q.where(st, dest)
 		err := q.scan(ctx, stream, subs[0], func(it Item) bool {
 			if match != nil && !match(it.Env.Dest) {
+				return true
+			}
+			if it.Env.SendAt.After(now) {
+				// Mail sent later waits for its time, not for the
+				// destination: a recovery does not send it early.
 				return true
 			}
 			it.State = st
@@ -509,7 +516,6 @@ func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain 
 		}
 	}
 	sort.SliceStable(items, func(i, j int) bool { return items[i].Env.SubmittedAt.Before(items[j].Env.SubmittedAt) })
-	now := time.Now()
 	n := 0
 	for i, it := range items {
 		at := now

@@ -287,3 +287,30 @@ func TestEditHeaders(t *testing.T) {
 		}
 	}
 }
+
+// A destination's recovery releases its deferred mail, not mail sent
+// later whose time has not come: that waits for its time.
+func TestReleaseDestLeavesScheduledMail(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	at := time.Now().Add(time.Hour)
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"},
+		Body: []byte("Subject: later\r\n\r\nx\r\n"), SendAt: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deferred := deferOne(t, q, LaneRetry, time.Now().Add(time.Hour))
+	n, err := q.ReleaseDest(ctx, "d.example", nil, 0)
+	if err != nil || n != 1 {
+		t.Fatalf("released %d, %v; want the deferred one only", n, err)
+	}
+	it, err := q.Find(ctx, ids[0])
+	if err != nil || it.NextAt.Sub(at).Abs() > time.Millisecond {
+		t.Fatalf("scheduled item %+v, %v: want it still due at %v", it, err, at)
+	}
+	retry, _ := q.Messages(ctx, LaneRetry, 2)
+	if d := next(t, retry); d.Env.ID != deferred.ID {
+		t.Fatalf("released %s, want %s", d.Env.ID, deferred.ID)
+	}
+}

@@ -13,7 +13,8 @@
 // (publish a message schedule on the retry or rate-limit lane with a
 // deduplication id of envelope id and attempt, wait for its ack, then ack the
 // original), or Dead (store the envelope and its evidence in dead letters,
-// then ack). A crash between the two halves of any step redelivers the
+// then ack), or ToWork (a message sent later whose time has come: its copy
+// on the work lane, then ack). A crash between the two halves of any step redelivers the
 // original; deduplication and the SENT marker absorb the repeat, so nothing is
 // lost and nothing is sent twice because of our own retry. Deferred envelopes
 // are ordinary stored messages (JetStream message schedules), never

@@ -229,6 +229,19 @@ func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
 	if !d.Redelivered {
 		return false, nil
 	}
+	if d.Scheduled() {
+		// Moved to the work lane by a holder that died before its ack:
+		// the copy waits there, or was delivered since.
+		d.q.count(OpDirectGet)
+		if m, err := d.q.lanes[LaneWork].GetLastMsgForSubject(ctx, workSubject(e.Tenant, e.Dest, e.ID)); err == nil && m != nil && laterStep(m.Header, e) {
+			return true, nil
+		}
+		if _, _, found, err := d.q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject(e.ID+"."+itoa(e.Step+1))); err != nil {
+			return false, fmt.Errorf("SENT lookup: %w", err)
+		} else if found {
+			return true, nil
+		}
+	}
 	for _, l := range []Lane{LaneRetry, LaneRateLimit} {
 		for _, subj := range []string{schedSubject(l, e.Dest, e.ID), dueSubject(l, e.Dest, e.ID)} {
 			if subj == d.msg.Subject() {
@@ -258,6 +271,68 @@ func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
 func laterStep(h nats.Header, e *Envelope) bool {
 	s, err := intHeader(h, HdrStep)
 	return err == nil && s > e.Step
+}
+
+// Scheduled reports whether d is a message sent later (Submission.SendAt)
+// whose time has come: the first firing of the schedule Enqueue made on
+// the retry lane, not yet tried. An operator's fast-forward (a probe) is
+// not: it asked for an attempt now, from where it is.
+func (d *Delivery) Scheduled() bool {
+	e := d.Env
+	return d.Lane == LaneRetry && e.Step == 0 && e.Attempt == 0 && !e.SendAt.IsZero() && !e.Probe
+}
+
+// ToWork moves a scheduled message whose time has come (Scheduled) to its
+// tenant's fresh mail on the work lane, and acknowledges the original.
+// From there it is delivered as fresh mail is: in its tenant's turn, so
+// a campaign held for nine o'clock takes its tenant's share of the
+// workers, as it would have if it had been sent then, and not every slot
+// the retry lane gets, ahead of other tenants' retries that fall due
+// after it.
+//
+// The copy is the next step, published with a deduplication id of the
+// envelope and its step and on disk before the ack: a holder that dies
+// between the two leaves the original to be handed out again, and
+// AlreadyHandled finds the copy (or, once it is delivered, its SENT
+// marker); within the work stream's deduplication window a second move
+// stores nothing.
+func (d *Delivery) ToWork(ctx context.Context) error {
+	if err := d.copyToWork(ctx); err != nil {
+		return err
+	}
+	return d.ack(ctx)
+}
+
+// copyToWork is ToWork before its ack: the copy stored, on disk, and its
+// tenant's workers woken.
+func (d *Delivery) copyToWork(ctx context.Context) error {
+	if !d.Scheduled() {
+		return fmt.Errorf("to work %s: not a scheduled message due for its first attempt", d.Env.ID)
+	}
+	next := d.Env.Clone()
+	next.Step = d.Env.Step + 1
+	next.NotBefore = time.Time{}
+	tenant, err := d.q.ensureTenant(ctx, next.Tenant)
+	if err != nil {
+		return fmt.Errorf("to work %s: tenant consumer: %w", next.ID, err)
+	}
+	m, err := next.Encode(workSubject(next.Tenant, next.Dest, next.ID))
+	if err != nil {
+		return err
+	}
+	m.Header.Set(jetstream.ExpectedStreamHeader, StreamWork)
+	m.Header.Set(jetstream.MsgIDHeader, "due."+next.ID+"."+itoa(next.Step))
+	if err := retryStep(ctx, func(ctx context.Context) error {
+		d.q.count(OpPublishWork)
+		return d.q.publishConfirmed(ctx, m, StreamWork)
+	}); err != nil {
+		return fmt.Errorf("to work %s: %w", next.ID, err)
+	}
+	if err := d.q.durable(ctx, StreamWork); err != nil {
+		return fmt.Errorf("to work %s: %w", next.ID, err)
+	}
+	d.q.wake(tenant)
+	return nil
 }
 
 // Skip acknowledges an envelope that needs no further work.

@@ -533,3 +533,72 @@ func TestEnqueueListUnsubscribeOnePerRecipient(t *testing.T) {
 		t.Fatalf("a part of %d copies of 100 KiB %+v: want the stored body shared", len(many), d.Env)
 	}
 }
+
+// A message sent later joins its tenant's fresh mail when its time comes:
+// the copy on the work lane is the next step, with its body and its age
+// counted from send_at. A holder that dies after storing the copy and
+// before its ack leaves the original to come again; that is recognised as
+// handled, and a second move stores nothing.
+func TestScheduledMailMovesToWork(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	at := time.Now().Add(1500 * time.Millisecond)
+	body := []byte("Subject: later\r\n\r\nx\r\n")
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: body, SendAt: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, _ := q.Messages(ctx, LaneWork, 2)
+	retry, _ := q.Messages(ctx, LaneRetry, 2)
+	d := next(t, retry)
+	if !d.Scheduled() || d.Env.ID != ids[0] {
+		t.Fatalf("due %+v: want the scheduled message, Scheduled true", d.Env)
+	}
+	if err := d.copyToWork(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := next(t, work)
+	if w.Env.ID != ids[0] || w.Env.Step != 1 || w.Env.Attempt != 0 || string(w.Env.Body) != string(body) ||
+		w.Env.Deadline.Sub(at) != q.opts.DeadlineAfter || w.Scheduled() {
+		t.Fatalf("work copy %+v: want step 1, no attempt, its body, deadline from send_at", w.Env)
+	}
+	// The holder died before its ack: the original comes again.
+	if err := d.msg.Nak(); err != nil {
+		t.Fatal(err)
+	}
+	again := next(t, retry)
+	if !again.Redelivered || !again.Scheduled() {
+		t.Fatalf("redelivered %+v", again)
+	}
+	if done, err := again.AlreadyHandled(ctx); err != nil || !done {
+		t.Fatalf("AlreadyHandled = %v, %v with the copy waiting on the work lane", done, err)
+	}
+	// The copy delivered (its marker written, acknowledged): still handled.
+	if err := w.Delivered(ctx, w.Env.Rcpts, true); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := again.AlreadyHandled(ctx); err != nil || !done {
+		t.Fatalf("AlreadyHandled = %v, %v with the copy delivered", done, err)
+	}
+	// A second move within the deduplication window stores nothing.
+	if err := again.ToWork(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case x := <-work:
+		t.Fatalf("moved twice: %+v", x.Env)
+	case x := <-retry:
+		t.Fatalf("the original still waits: %+v", x.Env)
+	case <-time.After(time.Second):
+	}
+	// A fresh message, and a fast-forwarded (probe) one, are not moved.
+	fresh := &Delivery{Env: &Envelope{ID: "x", SendAt: at}, Lane: LaneWork}
+	probe := &Delivery{Env: &Envelope{ID: "y", SendAt: at, Probe: true}, Lane: LaneRetry}
+	tried := &Delivery{Env: &Envelope{ID: "z", SendAt: at, Attempt: 1, Step: 1}, Lane: LaneRetry}
+	for _, x := range []*Delivery{fresh, probe, tried} {
+		if x.Scheduled() || x.ToWork(ctx) == nil {
+			t.Fatalf("%s: Scheduled %v, want false and ToWork refused", x.Env.ID, x.Scheduled())
+		}
+	}
+}

@@ -78,6 +78,16 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		w.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Msg("redelivered envelope was already handled; acknowledging")
 		return d.Skip(ctx)
 	}
+	if d.Scheduled() {
+		// A message sent later whose time has come joins its tenant's
+		// fresh mail, and waits for its tenant's turn there.
+		if err := d.ToWork(ctx); err != nil {
+			return err
+		}
+		w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", e.Dest).Time("send_at", e.SendAt).
+			Msg("scheduled message due: moved to its tenant's fresh mail")
+		return nil
+	}
 	now := w.now()
 	dest := w.cfg.Gate.Group(e.Dest)
 	// The first of the two max-age limits: the deadline, counted from

@@ -12,6 +12,11 @@
 //	unknown    policy "retry" (default: a duplicate beats a loss, RFC 5321
 //	           6.1) or "hold" for an operator
 //
+// A message sent later (queue.Envelope.SendAt) comes off the retry lane
+// when its time comes, untried; the worker moves it to its tenant's fresh
+// mail (queue.Delivery.ToWork) rather than delivering it there, so that it
+// waits for its tenant's turn as fresh mail does.
+//
 // An attempt that waited long after its first SENT check (an admission
 // wait, a stopped process) checks again before it sends: the server may
 // have handed the envelope to another worker meanwhile. What is left is a

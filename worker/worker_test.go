@@ -601,3 +601,37 @@ func TestDecisionLinesNameRecipients(t *testing.T) {
 		}
 	}
 }
+
+// TestScheduledMailJoinsItsTenantsFreshMail: a message sent later is not
+// delivered from the retry lane when its time comes, but moved to its
+// tenant's fresh mail (logged, with its time) and delivered from there, no
+// earlier than asked and once.
+func TestScheduledMailJoinsItsTenantsFreshMail(t *testing.T) {
+	e := newEnv(t, nil)
+	var logs testutil.SyncBuffer
+	e.startPool(func(c *Config) { c.Logger = zerolog.New(&logs) })
+	at := time.Now().Add(1500 * time.Millisecond)
+	ids, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: []string{"r@dest.test"},
+		Body: []byte("Subject: later\r\n\r\nhello\r\n"), SendAt: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := e.waitEvent(ids[0], queue.EventDelivered)
+	if last := evs[len(evs)-1]; last.Time.Before(at) {
+		t.Fatalf("delivered at %v, before %v", last.Time, at)
+	}
+	found := false
+	for _, l := range strings.Split(logs.String(), "\n") {
+		var line map[string]any
+		if json.Unmarshal([]byte(l), &line) != nil || line["message"] != "scheduled message due: moved to its tenant's fresh mail" {
+			continue
+		}
+		found = line["msg_id"] == ids[0] && line["tenant"] == "t1" && line["send_at"] != nil
+	}
+	if !found {
+		t.Fatalf("no move line for %s; logs:\n%s", ids[0], logs.String())
+	}
+	if n := len(e.mx.Messages()); n != 1 {
+		t.Fatalf("delivered %d messages, want 1", n)
+	}
+}
