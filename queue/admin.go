@@ -439,7 +439,9 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 
 // Drop removes an envelope wherever it waits and records a "dropped" event
 // by an operator. An envelope a worker is delivering at this moment may
-// still be delivered.
+// still be delivered by that attempt, but its next step (a retry, a hold, a
+// dead letter) is not written: the worker finds the drop's marker
+// (Delivery.Dropped).
 func (q *Queue) Drop(ctx context.Context, id string) (*Item, error) {
 	return q.DropBy(ctx, id, "admin")
 }
@@ -451,6 +453,12 @@ func (q *Queue) DropBy(ctx context.Context, id, by string) (*Item, error) {
 	it, err := q.Find(ctx, id)
 	if err != nil {
 		return nil, err
+	}
+	// The marker first: a worker holding the envelope now checks it
+	// before it writes the envelope's next step.
+	q.count(OpSentPut)
+	if _, err := q.sent.Put(ctx, droppedKey(it.Env), nil); err != nil {
+		return nil, fmt.Errorf("drop %s: %w", id, err)
 	}
 	if err := q.deleteItem(ctx, it); err != nil {
 		return nil, err

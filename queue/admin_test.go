@@ -314,3 +314,73 @@ func TestReleaseDestLeavesScheduledMail(t *testing.T) {
 		t.Fatalf("released %s, want %s", d.Env.ID, deferred.ID)
 	}
 }
+
+// TestDropInFlight: a message dropped while a worker holds it. A sibling
+// part of the same submission keeps the body they share, though the drop
+// and the worker's delivery both release the dropped part's share; and
+// the dropped part's next step (a retry, a hold, a dead letter) is not
+// written, so it does not come back. A keyed message submitted again
+// later under the same id is not taken for the dropped one.
+func TestDropInFlight(t *testing.T) {
+	q, _ := startQueueWith(t, Options{InlineBodyMax: -1}) // the parts share a stored body
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	body := []byte("Subject: x\r\n\r\nshared\r\n")
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@one.example", "s@two.example"}, Body: body})
+	if err != nil || len(ids) != 2 {
+		t.Fatal(ids, err)
+	}
+	work, _ := q.Messages(ctx, LaneWork, 1)
+	d := next(t, work)
+	if _, err := q.DropBy(ctx, d.Env.ID, "api"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Delivered(ctx, d.Env.Rcpts, true); err != nil {
+		t.Fatal(err)
+	}
+	sibling := next(t, work)
+	if got, err := q.EnvelopeBody(ctx, sibling.Env); err != nil || string(got) != string(body) {
+		t.Fatalf("sibling %s's body: %q, %v", sibling.Env.ID, got, err)
+	}
+	if err := sibling.Delivered(ctx, sibling.Env.Rcpts, true); err != nil {
+		t.Fatal(err)
+	}
+	if bodyStored(t, ctx, q, sibling.Env.MsgID) {
+		t.Fatal("the body outlived its last part")
+	}
+
+	// Each of the next steps, after a drop, writes nothing and acknowledges.
+	steps := map[string]func(d *Delivery) error{
+		"reschedule": func(d *Delivery) error {
+			n := d.Env.Clone()
+			n.Attempt = 1
+			return d.Reschedule(ctx, n, LaneRetry, time.Now().Add(time.Hour), true)
+		},
+		"hold": func(d *Delivery) error { return d.Hold(ctx, d.Env.Clone()) },
+		"dead": func(d *Delivery) error { return d.Dead(ctx, d.Env.Clone(), "max-attempts") },
+	}
+	for name, step := range steps {
+		ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@one.example"}, Body: body,
+			IdempotencyKey: "drop-" + name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := next(t, work)
+		if _, err := q.DropBy(ctx, ids[0], "api"); err != nil {
+			t.Fatal(err)
+		}
+		if err := step(d); err != nil || !d.Dropped(ctx) {
+			t.Fatalf("%s after the drop: %v (dropped %v)", name, err, d.Dropped(ctx))
+		}
+		if it, err := q.Find(ctx, ids[0]); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("%s: the dropped message is back as %+v (%v)", name, it, err)
+		}
+		// The same key's message submitted again, as after the window:
+		// another submission time, not dropped.
+		again := d.Env.Clone()
+		again.SubmittedAt = again.SubmittedAt.Add(25 * time.Hour)
+		if (&Delivery{Env: again, q: q}).Dropped(ctx) {
+			t.Fatalf("%s: a later submission under the same id counts as dropped", name)
+		}
+	}
+}

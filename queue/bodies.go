@@ -196,7 +196,8 @@ func (q *Queue) PutBody(ctx context.Context, ref string, body []byte) error {
 // copies (DKIM-signed, edited by a replay, or an edited one signed) always;
 // the submitted original when this envelope is its only one, or the last
 // of several to finish (see lastPart). It runs after the envelope's final
-// acknowledgement, so each envelope releases at most once.
+// acknowledgement, and by DropBy; an envelope dropped while a worker
+// delivers it is released by both, so its count is taken once (countOnce).
 func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
 	if e.Inline() {
 		return // it goes with the envelope's message
@@ -208,7 +209,7 @@ func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
 	if e.Signed && e.Replays > 0 {
 		refs = append(refs, EditedBodyRef(e)) // if it was edited before signing
 	}
-	if e.Parts <= 1 || q.lastPart(ctx, e.MsgID) {
+	if e.Parts <= 1 || q.countOnce(ctx, e) && q.lastPart(ctx, e.MsgID) {
 		refs = append(refs, e.MsgID)
 	}
 	for _, ref := range refs {
@@ -226,6 +227,17 @@ func EditedBodyRef(e *Envelope) string { return e.MsgID + ".edit." + e.ID }
 // multi-domain submission still to finish. It cannot collide with a SENT
 // marker (<envelope id>.<step>): no envelope id is "parts".
 func partsKey(msgID string) string { return "parts." + msgID }
+
+// countOnce reports whether e has not been counted out of its
+// submission's parts before, and records that it now is: a key created
+// once per envelope (and submission time, for a keyed id submitted again
+// after its deduplication window). An error answers false, and the body
+// waits for the bucket's TTL rather than go early.
+func (q *Queue) countOnce(ctx context.Context, e *Envelope) bool {
+	q.count(OpSentPut)
+	_, err := q.sent.Create(ctx, "released."+e.ID+"."+strconv.FormatInt(e.SubmittedAt.UnixNano(), 10), nil)
+	return err == nil
+}
 
 // lastPart counts one envelope of msgID's submission as finished and
 // reports whether it was the last. Siblings finishing at once are

@@ -102,8 +102,8 @@ func TestLastPartManyAtOnce(t *testing.T) {
 	}
 	msgID := strings.TrimSuffix(ids[0], "-1")
 	var wg sync.WaitGroup
-	for range n {
-		e := &Envelope{MsgID: msgID, BodyRef: msgID, Parts: n}
+	for _, id := range ids {
+		e := &Envelope{ID: id, MsgID: msgID, BodyRef: msgID, Parts: n}
 		wg.Go(func() { q.releaseBody(ctx, e) })
 	}
 	wg.Wait()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +25,8 @@ type Delivery struct {
 	Redelivered bool
 	msg         jetstream.Msg
 	q           *Queue
+	// dropped caches Dropped's answer once droppedAsked.
+	dropped, droppedAsked bool
 }
 
 // Messages starts pulling envelopes from lane and sends them on the
@@ -309,6 +312,9 @@ func (d *Delivery) copyToWork(ctx context.Context) error {
 	if !d.Scheduled() {
 		return fmt.Errorf("to work %s: not a scheduled message due for its first attempt", d.Env.ID)
 	}
+	if d.Dropped(ctx) {
+		return nil
+	}
 	next := d.Env.Clone()
 	next.Step = d.Env.Step + 1
 	next.NotBefore = time.Time{}
@@ -333,6 +339,30 @@ func (d *Delivery) copyToWork(ctx context.Context) error {
 	}
 	d.q.wake(tenant)
 	return nil
+}
+
+// droppedKey is the SENT-bucket key DropBy writes for the envelope e at
+// its current step. The submission time tells a keyed envelope submitted
+// again under the same id, after its deduplication window, from the one
+// dropped. It cannot collide with a SENT marker (<id>.<step>) or a parts
+// count: no envelope id is "dropped".
+func droppedKey(e *Envelope) string {
+	return "dropped." + e.SentKey() + "." + strconv.FormatInt(e.SubmittedAt.UnixNano(), 10)
+}
+
+// Dropped reports whether the envelope was dropped (queue drop, a
+// tenant's DELETE) while this worker held it. Reschedule, Hold, Dead and
+// ToWork then write no next step and only acknowledge: a cancelled message
+// does not come back at its next retry. It is asked once, by the first of
+// them; a failed look-up counts as not dropped (the step is written, as
+// before there was a marker).
+func (d *Delivery) Dropped(ctx context.Context) bool {
+	if !d.droppedAsked {
+		d.droppedAsked = true
+		_, _, found, err := d.q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject(droppedKey(d.Env)))
+		d.dropped = err == nil && found
+	}
+	return d.dropped
 }
 
 // Skip acknowledges an envelope that needs no further work.
@@ -404,6 +434,12 @@ func (d *Delivery) Done(ctx context.Context) error {
 // for a caller that still has to record delivered recipients.
 func (d *Delivery) Reschedule(ctx context.Context, next *Envelope, lane Lane, at time.Time, ack bool) error {
 	next.Step = d.Env.Step + 1
+	if d.Dropped(ctx) {
+		if !ack {
+			return nil
+		}
+		return d.ack(ctx)
+	}
 	if err := d.q.schedule(ctx, next, lane, at); err != nil {
 		return err
 	}
@@ -452,6 +488,9 @@ func scheduleMsg(next *Envelope, lane Lane, at time.Time) (*nats.Msg, error) {
 // (queue replay or drop), then acknowledges the original.
 func (d *Delivery) Hold(ctx context.Context, next *Envelope) error {
 	next.Step = d.Env.Step + 1
+	if d.Dropped(ctx) {
+		return d.ack(ctx)
+	}
 	m, err := next.Encode(heldSubject(next.Dest, next.ID))
 	if err != nil {
 		return err
@@ -475,6 +514,9 @@ func (d *Delivery) Hold(ctx context.Context, next *Envelope) error {
 // the dead letter can be replayed.
 func (d *Delivery) Dead(ctx context.Context, next *Envelope, reason string) error {
 	next.Step = d.Env.Step + 1
+	if d.Dropped(ctx) {
+		return d.ack(ctx)
+	}
 	if err := d.q.putDead(ctx, next, reason); err != nil {
 		return err
 	}

@@ -84,6 +84,9 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		if err := d.ToWork(ctx); err != nil {
 			return err
 		}
+		if w.droppedMeanwhile(ctx, d, "to work") {
+			return nil
+		}
 		w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", e.Dest).Time("send_at", e.SendAt).
 			Msg("scheduled message due: moved to its tenant's fresh mail")
 		return nil
@@ -502,7 +505,9 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 				return err
 			}
 			acked = true
-			w.event(queue.EventHeld, e, next.Attempt, next.Rcpts, o.lead.Text, &rec)
+			if !w.droppedMeanwhile(ctx, d, "held") {
+				w.event(queue.EventHeld, e, next.Attempt, next.Rcpts, o.lead.Text, &rec)
+			}
 		} else {
 			next.Rcpts = o.again
 			var err error
@@ -603,7 +608,9 @@ func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queu
 	if err := d.Reschedule(ctx, next, lane, w.serverTime(at), false); err != nil {
 		return false, err
 	}
-	w.event(evType, e, next.Attempt, next.Rcpts, o.lead.Text, &rec)
+	if !w.droppedMeanwhile(ctx, d, "deferred") {
+		w.event(evType, e, next.Attempt, next.Rcpts, o.lead.Text, &rec)
+	}
 	return false, nil
 }
 
@@ -645,9 +652,25 @@ func (w *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Env
 	if err := d.Dead(ctx, next, reason); err != nil {
 		return err
 	}
+	if w.droppedMeanwhile(ctx, d, "dead") {
+		return nil
+	}
 	w.cfg.Metrics.deadLetter()
 	w.event(evType, e, next.Attempt, next.Rcpts, reason, rec)
 	return nil
+}
+
+// droppedMeanwhile reports whether d was dropped (queue drop, the API's
+// DELETE) while this worker held it, in which case its next step was not
+// written (queue.Delivery.Dropped) and no event says it was; the line
+// logged here says what became of it.
+func (w *deliverer) droppedMeanwhile(ctx context.Context, d *queue.Delivery, step string) bool {
+	if !d.Dropped(ctx) {
+		return false
+	}
+	w.log.Info().Str("msg_id", d.Env.ID).Str("tenant", d.Env.Tenant).Str("dest", d.Env.Dest).Str("instead_of", step).
+		Msg("dropped while being delivered; its next step not written")
+	return true
 }
 
 func (w *deliverer) baseRecord(e *queue.Envelope, dest string, r classify.Result) backoff.Record {

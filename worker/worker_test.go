@@ -635,3 +635,43 @@ func TestScheduledMailJoinsItsTenantsFreshMail(t *testing.T) {
 		t.Fatalf("delivered %d messages, want 1", n)
 	}
 }
+
+// TestDroppedWhileDelivering: a message cancelled while its attempt is
+// under way, which the destination then defers, is not rescheduled: no
+// deferred event, nothing left in the queue, a line saying why.
+func TestDroppedWhileDelivering(t *testing.T) {
+	inRcpt, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt {
+			once.Do(func() { close(inRcpt); <-release })
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+		}
+		return nil
+	})
+	var logs testutil.SyncBuffer
+	e.startPool(func(c *Config) { c.Logger = zerolog.New(&logs) })
+	id := e.submit("r@dest.test")
+	select {
+	case <-inRcpt:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no attempt within 15s")
+	}
+	if _, err := e.q.DropBy(context.Background(), id, "api"); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(logs.String(), "dropped while being delivered") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no drop line; logs:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := e.q.Find(context.Background(), id); !errors.Is(err, queue.ErrNotFound) {
+		t.Fatalf("the dropped message is still queued: %v", err)
+	}
+	if got := strings.Join(e.events(id), ","); got != "queued,dropped" {
+		t.Fatalf("events %s, want queued,dropped", got)
+	}
+}
