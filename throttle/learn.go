@@ -557,15 +557,23 @@ func (w *rateWindow) sum(from, to int64) int {
 	return total
 }
 
-// per is n deliveries as a rate over el, or over the time since traffic
-// began when that is shorter (at least learnMinElapsed), so a burst's
-// first throttle sees the burst's rate rather than that rate diluted by
-// idle seconds.
-func (w *rateWindow) per(n int, el time.Duration, now time.Time) float64 {
+// per is the n deliveries counted from the slot of second from as a
+// rate over el, or over the time since traffic began when that is shorter
+// (at least learnMinElapsed), so a burst's first throttle sees the burst's
+// rate rather than that rate diluted by idle seconds. Only when every
+// delivery counted is the burst's: mail that trickles in more than the
+// learning window apart starts a "burst" at every delivery (add), and its
+// count over a longer span, divided by the time since the last one, read
+// one delivery every 2 s as 10/s, which passed the learned rate's binding
+// test: the rate climbed to what the mail never came near. minBurst is
+// the fewest deliveries read as a burst: 1 for a seed (the first
+// delivery's time is all a first contact has), 2 where a lone delivery
+// must not count as a rate.
+func (w *rateWindow) per(n, minBurst int, from int64, el time.Duration, now time.Time) float64 {
 	if n == 0 {
 		return 0
 	}
-	if !w.first.IsZero() {
+	if !w.first.IsZero() && n >= minBurst && w.sum(from, w.first.Unix()-1) == 0 {
 		if since := now.Sub(w.first); since < el {
 			el = max(since, learnMinElapsed)
 		}
@@ -580,8 +588,19 @@ func (w *rateWindow) per(n int, el time.Duration, now time.Time) float64 {
 // and a cut's floor, 90 % of that reading, cut a learned rate at a 20/s
 // limit from 24 to 12 (docs/benchmarks.md, scenario 6).
 func (w *rateWindow) spanRate(now time.Time, span time.Duration) float64 {
+	return w.rate(now, span, 1)
+}
+
+// sustainedRate is spanRate without reading a lone delivery as a burst
+// (one delivery 300 ms ago is not 3.3/s): what a learned rate's binding
+// test asks of the mail.
+func (w *rateWindow) sustainedRate(now time.Time, span time.Duration) float64 {
+	return w.rate(now, span, 2)
+}
+
+func (w *rateWindow) rate(now time.Time, span time.Duration, minBurst int) float64 {
 	from := max(now.Add(-span).Unix(), now.Unix()-int64(len(w.slots))+1)
-	return w.per(w.sum(from, now.Unix()), now.Sub(time.Unix(from, 0)), now)
+	return w.per(w.sum(from, now.Unix()), minBurst, from, now.Sub(time.Unix(from, 0)), now)
 }
 
 // Between throttles.

@@ -450,7 +450,7 @@ func (t *Throttle) raiseLearned(d *dest, now time.Time) {
 	// (a heartbeat old) say so; paced mail, which returns on time and so
 	// never waits, binds by its delivered rate like the rest.
 	binding := func() bool {
-		return d.delivered.spanRate(now, lc.every) >= learnBinding*s.inForce(now)/float64(t.liveCount())
+		return d.delivered.sustainedRate(now, lc.every) >= learnBinding*s.inForce(now)/float64(t.liveCount())
 	}
 	if s.LearnedRate > 0 && d.pending&pendLearn == 0 && !now.Before(s.LearnedHold) && !now.Before(s.LearnedNext) &&
 		!s.atPlateau(now) && now.Sub(d.lastThr) >= lc.every && binding() {

@@ -831,6 +831,47 @@ func TestRateWindowSpanRate(t *testing.T) {
 	}
 }
 
+// TestRateWindowTrickle: mail that comes further apart than the window's
+// span reads as what it is. Each delivery starts a new "burst" (add), and
+// the count over a longer span divided by the time since the last one read
+// one delivery every 2 to 3 s as 5 to 15/s; and a lone delivery is not a
+// rate the binding test can count (sustainedRate; a seed reads it over its
+// time since, spanRate).
+func TestRateWindowTrickle(t *testing.T) {
+	for _, every := range []time.Duration{2100 * time.Millisecond, 3 * time.Second} {
+		var w rateWindow
+		for i := range 6 {
+			now := t0.Add(time.Duration(i) * every)
+			w.add(now, 1, 2*time.Second)
+			for _, span := range []time.Duration{2 * time.Second, 10 * time.Second, 15 * time.Second} {
+				truth := 1 / every.Seconds()
+				if r := w.sustainedRate(now, span); r > 1.01/span.Seconds()+truth {
+					t.Fatalf("one delivery every %v, the %dth: spanRate over %v = %.2f/s", every, i+1, span, r)
+				}
+			}
+		}
+	}
+}
+
+// TestLearnedStepOnTrickle: a learned rate is not raised by mail that
+// trickles at a twentieth of it.
+func TestLearnedStepOnTrickle(t *testing.T) {
+	env := startKV(t)
+	th := newThrottle(t, env, "a", nil)
+	d := th.getDest("b.test")
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := th.now()
+	d.state.LearnedRate, d.state.Grid = 10, []GridSegment{{From: now.Add(-time.Minute), Rate: 10}}
+	for at := now.Add(-8 * time.Second); !at.After(now); at = at.Add(2 * time.Second) {
+		d.delivered.add(at, 1, th.cfg.LearnWindow)
+	}
+	th.raiseLearned(d, now)
+	if d.pending&pendLearn != 0 {
+		t.Fatal("stepped up a 10/s learned rate on 0.5/s of mail")
+	}
+}
+
 // TestLearnedStepNeedsTheRateReached: a step up tests the rate in force,
 // so it needs this worker's deliveries at (nearly) its share of it; mail
 // at half the rate does not raise it, whatever waited for a token.
