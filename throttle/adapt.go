@@ -20,7 +20,8 @@ func (t *Throttle) cutFactor(d *dest, now time.Time, admitted float64) {
 			return false
 		}
 		s.Factor = math.Max(t.cfg.MinFactor, f*t.cfg.DecreaseFactor)
-		s.FactorUntil = now.Add(t.cfg.DecreaseFor)
+		// Never sooner than an automation rule's factor asked to hold.
+		s.FactorUntil = laterOf(s.FactorUntil, now.Add(t.cfg.DecreaseFor))
 		return true
 	}
 	fn(&d.state, now)

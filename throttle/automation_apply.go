@@ -11,6 +11,7 @@ import (
 func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 	until := now.Add(r.For)
 	reason := "automation: " + r.Name
+	lim := d.limits // read under d.mu; fn may run later, in the writer
 	var fn func(s *DestState, now time.Time) bool
 	var change string
 	var from, to func(s DestState) string
@@ -27,12 +28,27 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 		from = func(s DestState) string { return fmtUntil(s.SuspendedUntil, now) }
 		to = func(s DestState) string { return "suspended until " + s.SuspendedUntil.Format(time.RFC3339) }
 	case ActionRate:
+		// A rule slows a destination down; it never speeds one up, and
+		// never takes an operator's pin away. An operator's pin until
+		// changed (dest rate without --for) is left alone; another
+		// override in force is joined (the lower rate until the later
+		// end); without one, a rate in force already at or under the
+		// rule's value (learned, configured, cut) is left alone.
 		change = "rate-override"
 		fn = func(s *DestState, now time.Time) bool {
-			if ov, ok := s.rateOverride(now); ok && ov <= r.Value && !s.RateUntil.IsZero() && !s.RateUntil.Before(until) {
+			value, end := r.Value, until
+			if ov, ok := s.rateOverride(now); ok {
+				if s.RateUntil.IsZero() {
+					return false
+				}
+				value, end = math.Min(ov, value), laterOf(s.RateUntil, end)
+			} else if cur, _ := t.effectiveRate(lim, *s, now); cur > 0 && cur <= value {
 				return false
 			}
-			s.RateOverride, s.RateUntil = r.Value, until
+			if value == s.RateOverride && end.Equal(s.RateUntil) {
+				return false
+			}
+			s.RateOverride, s.RateUntil = value, end
 			return true
 		}
 		from = func(s DestState) string { return fmtRate(s.rateOverride(now)) }
@@ -57,10 +73,21 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 		change = "conns-override"
 		n := int(r.Value)
 		fn = func(s *DestState, now time.Time) bool {
-			if ov, ok := s.connsOverride(now); ok && ov <= n && !s.ConnsUntil.IsZero() && !s.ConnsUntil.Before(until) {
+			// As for rate: never more connections, never an operator's
+			// pin taken away.
+			value, end := n, until
+			if ov, ok := s.connsOverride(now); ok {
+				if s.ConnsUntil.IsZero() {
+					return false
+				}
+				value, end = min(ov, value), laterOf(s.ConnsUntil, end)
+			} else if cur := fleetConns(lim, *s, now); cur > 0 && cur <= value {
 				return false
 			}
-			s.ConnsOverride, s.ConnsUntil = n, until
+			if value == s.ConnsOverride && end.Equal(s.ConnsUntil) {
+				return false
+			}
+			s.ConnsOverride, s.ConnsUntil = value, end
 			return true
 		}
 		from = func(s DestState) string {

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -755,4 +756,65 @@ func admitUntilDone(ctx context.Context, domain string, per int, ths []*Throttle
 		}
 	}
 	wg.Wait()
+}
+
+// TestAutomationNeverSpeedsUp: an automation rule slows a destination down
+// for its time and no more. It leaves an operator's pin (until changed)
+// as it is, above or below its own value; joins a timed override (the
+// lower value until the later end); does nothing where the rate in force
+// is already at or under its value; and the same for connections. A
+// throttle's cut during a factor rule does not end the rule's hold early.
+func TestAutomationNeverSpeedsUp(t *testing.T) {
+	env := startKV(t)
+	rateRule := AutoRule{Name: "r", Class: "throttled", Threshold: 1, Action: ActionRate, Value: 10, For: 10 * time.Minute}
+	connsRule := AutoRule{Name: "c", Class: "throttled", Threshold: 1, Action: ActionConns, Value: 4, For: 10 * time.Minute}
+	factorRule := AutoRule{Name: "f", Class: "throttled", Threshold: 1, Action: ActionFactor, Value: 0.5, For: 15 * time.Minute}
+	th := newThrottle(t, env, "a", func(c *Config) {
+		c.Automation = []AutoRule{rateRule, connsRule, factorRule}
+		c.Defaults.Rate = 100
+	})
+	apply := func(dest string, rule int, set func(s *DestState, now time.Time)) (DestState, time.Time) {
+		t.Helper()
+		d := th.getDest(dest)
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		now := th.now()
+		set(&d.state, now)
+		th.automate(d, &th.rules[rule], now)
+		return d.state, now
+	}
+	for _, pin := range []float64{2, 20} {
+		s, _ := apply(fmt.Sprintf("pin%v.test", pin), 0, func(s *DestState, _ time.Time) { s.RateOverride = pin })
+		if s.RateOverride != pin || !s.RateUntil.IsZero() {
+			t.Errorf("operator pin %v: override %v until %v, want it as it was", pin, s.RateOverride, s.RateUntil)
+		}
+	}
+	s, now := apply("timed.test", 0, func(s *DestState, now time.Time) { s.RateOverride, s.RateUntil = 3, now.Add(5*time.Minute) })
+	if s.RateOverride != 3 || !s.RateUntil.Equal(now.Add(10*time.Minute)) {
+		t.Errorf("timed override 3 for 5m and a rule of 10 for 10m: %v until +%v, want 3 until +10m", s.RateOverride, s.RateUntil.Sub(now))
+	}
+	s, _ = apply("slow.test", 0, func(s *DestState, now time.Time) {
+		s.LearnedRate, s.Grid = 5, []GridSegment{{From: now.Add(-time.Minute), Rate: 5}}
+	})
+	if _, ok := s.rateOverride(th.now()); ok {
+		t.Errorf("a rule of 10/s over a learned 5/s set an override of %v", s.RateOverride)
+	}
+	s, _ = apply("fast.test", 0, func(*DestState, time.Time) {})
+	if s.RateOverride != 10 {
+		t.Errorf("a rule of 10/s over a configured 100/s: override %v", s.RateOverride)
+	}
+	s, _ = apply("conns.test", 1, func(s *DestState, _ time.Time) { s.ConnsOverride = 2 })
+	if s.ConnsOverride != 2 || !s.ConnsUntil.IsZero() {
+		t.Errorf("operator's 2 connections: %v until %v after a rule of 4", s.ConnsOverride, s.ConnsUntil)
+	}
+	d := th.getDest("factor.test")
+	d.mu.Lock()
+	now = th.now()
+	th.automate(d, &th.rules[2], now)
+	th.cutFactor(d, now.Add(time.Second), d.state.RateFactor())
+	f, until := d.state.RateFactor(), d.state.FactorUntil
+	d.mu.Unlock()
+	if f != 0.25 || until.Before(now.Add(15*time.Minute)) {
+		t.Errorf("a cut during a 15m factor rule: factor %v until +%v, want 0.25 until +15m", f, until.Sub(now))
+	}
 }
