@@ -300,6 +300,11 @@ func (q *Queue) FastForward(ctx context.Context, id string) (*Item, error) {
 	if it.State != StateDeferred && it.State != StateThrottled {
 		return it, fmt.Errorf("%w: %s is %s; fast-forward applies to deferred or throttled messages", ErrWrongState, id, it.State)
 	}
+	if at := it.Env.SendAt; at.After(time.Now()) {
+		// Not deferred by a destination: sent later, as its sender asked.
+		return it, fmt.Errorf("%w: %s is to be sent at %s (send_at); fast-forward applies to mail deferred by its destination, not to mail whose time has not come",
+			ErrWrongState, id, at.UTC().Format(time.RFC3339))
+	}
 	if it.Due {
 		return it, nil
 	}

@@ -215,7 +215,7 @@ func TestReplayedBodiesReleased(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ref := d.Env.MsgID + ".dkim." + d.Env.ID
+		ref := SignedBodyRef(d.Env)
 		if err := q.PutBody(ctx, ref, append([]byte("DKIM-Signature: v=1\r\n"), body...)); err != nil {
 			t.Fatal(err)
 		}
@@ -228,9 +228,19 @@ func TestReplayedBodiesReleased(t *testing.T) {
 		if err := d.Dead(ctx, d.Env.Clone(), "max-attempts"); err != nil {
 			t.Fatal(err)
 		}
+		// A worker quick enough to sign the replayed envelope before
+		// Replay deletes the dead letter's copy: its copy stays.
+		ahead := d.Env.Clone()
+		ahead.Replays++
+		if err := q.PutBody(ctx, SignedBodyRef(ahead), []byte("DKIM-Signature: v=1\r\n\r\nearly\r\n")); err != nil {
+			t.Fatal(err)
+		}
 		e, err := q.Replay(ctx, ids[0], []byte(edit))
 		if err != nil {
 			t.Fatal(err)
+		}
+		if !stored(SignedBodyRef(ahead)) {
+			t.Fatal("the replay deleted the copy a worker signed for the replayed envelope")
 		}
 		if e.Signed || e.BodyRef != EditedBodyRef(e) {
 			t.Fatalf("replayed envelope: body %q signed %v; want its own unsigned copy", e.BodyRef, e.Signed)
@@ -289,7 +299,8 @@ func TestEditHeaders(t *testing.T) {
 }
 
 // A destination's recovery releases its deferred mail, not mail sent
-// later whose time has not come: that waits for its time.
+// later whose time has not come: that waits for its time. An operator's
+// fast-forward is refused for it.
 func TestReleaseDestLeavesScheduledMail(t *testing.T) {
 	q, _ := startQueue(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -299,6 +310,11 @@ func TestReleaseDestLeavesScheduledMail(t *testing.T) {
 		Body: []byte("Subject: later\r\n\r\nx\r\n"), SendAt: at})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Nor does an operator's fast-forward (the runbook's loop over the
+	// deferred mail of a destination meets it too).
+	if _, err := q.FastForward(ctx, ids[0]); !errors.Is(err, ErrWrongState) || !strings.Contains(err.Error(), "send_at") {
+		t.Fatalf("fast-forward of mail to be sent in an hour: %v, want ErrWrongState naming send_at", err)
 	}
 	deferred := deferOne(t, q, LaneRetry, time.Now().Add(time.Hour))
 	n, err := q.ReleaseDest(ctx, "d.example", nil, 0)

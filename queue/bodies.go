@@ -219,6 +219,19 @@ func (q *Queue) releaseBody(ctx context.Context, e *Envelope) {
 	}
 }
 
+// SignedBodyRef names the DKIM-signed copy of e's body that a worker
+// stores when the signed message is too large to carry inline. A replayed
+// envelope's copy has a name of its own: Replay deletes the copy the dead
+// letter named only after the replayed envelope is published, and a worker
+// may already have signed and stored the new one by then.
+func SignedBodyRef(e *Envelope) string {
+	ref := e.MsgID + ".dkim." + e.ID
+	if e.Replays > 0 {
+		ref += "." + itoa(e.Replays)
+	}
+	return ref
+}
+
 // EditedBodyRef names the copy of e's body that `queue replay
 // --edit-headers` stores for e alone.
 func EditedBodyRef(e *Envelope) string { return e.MsgID + ".edit." + e.ID }

@@ -262,7 +262,7 @@ func (w *deliverer) sign(ctx context.Context, e *queue.Envelope, body []byte) ([
 		e.Body, e.Signed, e.SigLen, e.Size = signed, true, sigLen, int64(len(signed))
 		return signed, nil
 	}
-	ref := e.MsgID + ".dkim." + e.ID
+	ref := queue.SignedBodyRef(e)
 	if err := w.cfg.Queue.PutBody(ctx, ref, signed); err != nil {
 		return nil, err
 	}
