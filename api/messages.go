@@ -161,9 +161,16 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 		}
 		s.log.Error().Err(err).Str("tenant", key.Tenant).Str("key_id", key.ID).Int("size", len(msg)).Msg("api submission not queued")
 		if c != nil {
-			s.idem.abandon(ctx, key.Tenant, idemKey, c)
+			// Not ctx: when the enqueue ran out of time, so has it, and
+			// the record left in progress would answer the client's
+			// retry 409 until it went stale.
+			s.idem.abandon(context.WithoutCancel(r.Context()), key.Tenant, idemKey, c)
 		}
-		return unavailable("the message was not stored; send it again")
+		// Not "nothing was stored": a message to several domains is
+		// several envelopes, and some may be stored before the failure
+		// (or all of them, when it was their fsync that failed); no
+		// worker waits for the answer to deliver what is.
+		return unavailable("the message was not stored, or only in part: send it again, with the same Idempotency-Key so that no recipient gets it twice")
 	}
 	if c != nil {
 		if err := s.idem.finish(ctx, key.Tenant, idemKey, c, ids); err != nil {

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -807,5 +808,54 @@ func TestListUnsubscribeRequest(t *testing.T) {
 		t.Fatalf("unsubscribe page on a server without links: %v %v", resp, err)
 	} else {
 		resp.Body.Close()
+	}
+}
+
+// hangOnce is a queue whose first Enqueue waits out its context.
+type hangOnce struct {
+	*failingQueue
+	hung atomic.Bool
+}
+
+func (h *hangOnce) Enqueue(ctx context.Context, s *queue.Submission) ([]string, error) {
+	if h.hung.CompareAndSwap(false, true) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return h.failingQueue.Enqueue(ctx, s)
+}
+
+// TestIdempotentRetryAfterTimeout: an enqueue that ran out of time is a
+// 503 "send it again", and the retry under the same Idempotency-Key goes
+// through at once, not 409 in-progress.
+func TestIdempotentRetryAfterTimeout(t *testing.T) {
+	f := newFixture(t, func(c *Config) {
+		c.Queue = &hangOnce{failingQueue: c.Queue.(*failingQueue)}
+		c.EnqueueTimeout = 2 * time.Second
+	})
+	msg := map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "text": "hi"}
+	h := map[string]string{"Idempotency-Key": "retry-after-timeout"}
+	if r := f.do(t, "POST", "/v1/messages", f.key, msg, h); r.status != 503 {
+		t.Fatalf("first: %d %s, want 503", r.status, r.raw)
+	}
+	if r := f.do(t, "POST", "/v1/messages", f.key, msg, h); r.status != 202 {
+		t.Fatalf("retry: %d %s, want 202", r.status, r.raw)
+	}
+}
+
+// TestBuildIsStable: a request with several headers builds the same bytes
+// every time (a Go map's order changes from one range to the next).
+func TestBuildIsStable(t *testing.T) {
+	req := &MessageRequest{From: "a@src.example", To: []string{"b@one.example"}, Text: "x",
+		Headers: map[string]string{"X-A": "1", "X-B": "2", "X-C": "3", "X-D": "4", "X-E": "5", "X-F": "6"}}
+	date := time.Unix(1700000000, 0)
+	first, err := build(req, date, "h.example", "seed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 30 {
+		if b, _ := build(req, date, "h.example", "seed"); !bytes.Equal(b, first) {
+			t.Fatalf("two builds of one request differ:\n%s\n---\n%s", first, b)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"mime"
 	nettextproto "net/textproto"
+	"slices"
 	"strings"
 	"time"
 
@@ -179,7 +180,12 @@ func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, 
 		h.SetSubject(req.Subject)
 	}
 	h.SetMessageID(seeded(seed, "message-id", 32) + "@" + hostname)
-	for name, v := range req.Headers {
+	// In the order of their names: a map's order changes from one
+	// build to the next, and every build of a request must give the
+	// same bytes (a retry under its Idempotency-Key, a DKIM signature
+	// over them).
+	for _, name := range slices.Sorted(maps.Keys(req.Headers)) {
+		v := req.Headers[name]
 		if why := badHeader(name, v); why != "" {
 			return nil, fieldProblem(ProblemBadHeader, "bad header", "headers."+name, why)
 		}

@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -208,5 +212,62 @@ func TestUnsubscribeMatchesOpenAPI(t *testing.T) {
 	}
 	if s, err := f.srv.cfg.Suppressions.Suppressed(ctx, "acme", "ann@one.example"); err != nil || s == nil || s.Source != queue.SuppressUnsubscribe {
 		t.Fatalf("after the one-click POST: %+v, %v", s, err)
+	}
+}
+
+// TestOpenAPIEnumsCoverTheCode: every problem type the code can answer
+// (each Problem constant) is in the document's Problem.type enum, and
+// every suppression source in Suppression.source, so that a client
+// generated with strict enums can read every answer. A listing of
+// unsubscribes, and query-too-broad, were once answered outside them.
+func TestOpenAPIEnumsCoverTheCode(t *testing.T) {
+	doc, err := openapi3.NewLoader().LoadFromFile("../docs/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	enum := func(schema, prop string) map[string]bool {
+		s := doc.Components.Schemas[schema].Value.Properties[prop].Value
+		out := map[string]bool{}
+		for _, v := range s.Enum {
+			out[fmt.Sprint(v)] = true
+		}
+		return out
+	}
+	fs := token.NewFileSet()
+	f, err := parser.ParseFile(fs, "problem.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := enum("Problem", "type")
+	n := 0
+	for _, decl := range f.Decls {
+		g, ok := decl.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range g.Specs {
+			for i, name := range spec.(*ast.ValueSpec).Names {
+				if !strings.HasPrefix(name.Name, "Problem") {
+					continue
+				}
+				lit, ok := spec.(*ast.ValueSpec).Values[i].(*ast.BinaryExpr).Y.(*ast.BasicLit)
+				if !ok {
+					t.Fatalf("%s: not typePrefix + a string", name.Name)
+				}
+				n++
+				if v := typePrefix + strings.Trim(lit.Value, `"`); !types[v] {
+					t.Errorf("%s (%s) is not in docs/openapi.yaml's Problem.type enum", name.Name, v)
+				}
+			}
+		}
+	}
+	if n < 20 {
+		t.Fatalf("found %d problem constants in problem.go", n)
+	}
+	sources := enum("Suppression", "source")
+	for _, s := range queue.SuppressionSources {
+		if !sources[s] {
+			t.Errorf("suppression source %q is not in docs/openapi.yaml's Suppression.source enum", s)
+		}
 	}
 }

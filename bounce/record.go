@@ -37,7 +37,9 @@ type Notifier interface {
 
 // Suppressor is the suppression list: *queue.Suppressions.
 type Suppressor interface {
-	Add(ctx context.Context, s queue.Suppression) error
+	// AddFirst puts s on the list unless an entry that never expires is
+	// there already (queue.Suppressions.AddFirst).
+	AddFirst(ctx context.Context, s queue.Suppression) (bool, error)
 }
 
 // Results of a received message, the result label of
@@ -268,7 +270,7 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 			later = append(later, rc)
 			suppressed := false
 			if s.cfg.Suppressions != nil && res.Class == classify.Permanent && res.Scope == classify.ScopeRecipient {
-				if err := s.cfg.Suppressions.Add(ctx, queue.Suppression{Tenant: e.tenant, Address: rcpt,
+				if _, err := s.cfg.Suppressions.AddFirst(ctx, queue.Suppression{Tenant: e.tenant, Address: rcpt,
 					Reason: shorten(reason, 512), Source: queue.SuppressBounce}); err != nil {
 					return "", err
 				}
@@ -395,7 +397,7 @@ func (s *Server) recordFeedback(ctx context.Context, refs []ref, fb *dsn.Feedbac
 		}
 		suppressed := false
 		if s.cfg.Suppressions != nil && complaintTypes[typ] {
-			if err := s.cfg.Suppressions.Add(ctx, queue.Suppression{Tenant: e.tenant, Address: rcpt,
+			if _, err := s.cfg.Suppressions.AddFirst(ctx, queue.Suppression{Tenant: e.tenant, Address: rcpt,
 				Reason: shorten("complaint: "+reason, 512), Source: queue.SuppressComplaint}); err != nil {
 				return "", err
 			}

@@ -79,11 +79,11 @@ type fakeSuppressions struct {
 	list []queue.Suppression
 }
 
-func (f *fakeSuppressions) Add(_ context.Context, s queue.Suppression) error {
+func (f *fakeSuppressions) AddFirst(_ context.Context, s queue.Suppression) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.list = append(f.list, s)
-	return nil
+	return true, nil
 }
 
 func (f *fakeSuppressions) entries() []queue.Suppression {

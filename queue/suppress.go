@@ -139,13 +139,32 @@ func (l *Suppressions) Add(ctx context.Context, s Suppression) error {
 	return nil
 }
 
-// Remove takes addr off tenant's list, or returns ErrNotSuppressed.
+// AddFirst is Add for what a recipient's mail system reports (a hard
+// bounce, a complaint): it puts s on the list unless an entry that never
+// expires is there already, whose source and time it keeps. An address a
+// recipient unsubscribed, and then reported as spam, stays among the
+// unsubscribes an application lists (?source=unsubscribe&since=); the
+// report is its own event all the same. added says whether s was written.
+func (l *Suppressions) AddFirst(ctx context.Context, s Suppression) (added bool, err error) {
+	cur, err := l.Suppressed(ctx, s.Tenant, s.Address)
+	if err != nil {
+		return false, err
+	}
+	if cur != nil && cur.Expires.IsZero() {
+		return false, nil
+	}
+	return true, l.Add(ctx, s)
+}
+
+// Remove takes addr off tenant's list, or returns ErrNotSuppressed when
+// no entry applies (none, or one that has expired, which List does not
+// show either).
 func (l *Suppressions) Remove(ctx context.Context, tenant, addr string) error {
 	key := suppressKey(tenant, addr)
-	if _, err := l.kv.Get(ctx, key); errors.Is(err, jetstream.ErrKeyNotFound) {
+	if s, err := l.Suppressed(ctx, tenant, addr); err != nil {
+		return err
+	} else if s == nil {
 		return ErrNotSuppressed
-	} else if err != nil {
-		return fmt.Errorf("suppression %s: %w", addr, err)
 	}
 	if err := l.kv.Delete(ctx, key); err != nil {
 		return fmt.Errorf("unsuppress %s: %w", addr, err)

@@ -106,3 +106,54 @@ func TestSuppressionRefusedEvent(t *testing.T) {
 		t.Fatalf("event = %+v", ev)
 	}
 }
+
+// TestSuppressionAddFirst: what a recipient's mail system reports (a hard
+// bounce, a complaint) does not replace an entry that never expires, so
+// an unsubscribe stays listed as one; it replaces one that expires, or has
+// expired. An expired entry is not there to remove.
+func TestSuppressionAddFirst(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := q.Suppressions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	complaint := func(addr string) bool {
+		t.Helper()
+		added, err := l.AddFirst(ctx, Suppression{Tenant: "acme", Address: addr, Source: SuppressComplaint, Reason: "complaint: abuse"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return added
+	}
+	for _, e := range []Suppression{
+		{Tenant: "acme", Address: "left@example.com", Source: SuppressUnsubscribe},
+		{Tenant: "acme", Address: "paused@example.com", Source: SuppressAPI, Expires: time.Now().Add(time.Hour)},
+		{Tenant: "acme", Address: "lapsed@example.com", Source: SuppressAPI, Expires: time.Now().Add(-time.Minute)},
+	} {
+		if err := l.Add(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if complaint("left@example.com") {
+		t.Error("a complaint replaced an unsubscribe")
+	}
+	if s, _ := l.Suppressed(ctx, "acme", "left@example.com"); s == nil || s.Source != SuppressUnsubscribe {
+		t.Errorf("entry after the complaint: %+v, want the unsubscribe", s)
+	}
+	for _, addr := range []string{"paused@example.com", "lapsed@example.com", "new@example.com"} {
+		if !complaint(addr) {
+			t.Errorf("%s: the complaint was not added", addr)
+		}
+		if s, _ := l.Suppressed(ctx, "acme", addr); s == nil || s.Source != SuppressComplaint || !s.Expires.IsZero() {
+			t.Errorf("%s: entry %+v, want the complaint's, for good", addr, s)
+		}
+	}
+	if err := l.Add(ctx, Suppression{Tenant: "acme", Address: "gone@example.com", Expires: time.Now().Add(-time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Remove(ctx, "acme", "gone@example.com"); !errors.Is(err, ErrNotSuppressed) {
+		t.Errorf("removing an expired entry: %v, want ErrNotSuppressed", err)
+	}
+}

@@ -12,7 +12,9 @@ import (
 // recipient, and where a bulk envelope's recipient is looked up before
 // each attempt. *queue.Suppressions.
 type Suppressor interface {
-	Add(ctx context.Context, s queue.Suppression) error
+	// AddFirst puts s on the list unless an entry that never expires is
+	// there already (queue.Suppressions.AddFirst).
+	AddFirst(ctx context.Context, s queue.Suppression) (bool, error)
 	SuppressionChecker
 }
 
@@ -32,7 +34,7 @@ func (w *deliverer) suppressBounce(ctx context.Context, e *queue.Envelope, b rcp
 	if len(reason) > 512 {
 		reason = reason[:512]
 	}
-	err := l.Add(ctx, queue.Suppression{Tenant: e.Tenant, Address: b.rcpt, Reason: reason, Source: queue.SuppressBounce})
+	_, err := l.AddFirst(ctx, queue.Suppression{Tenant: e.Tenant, Address: b.rcpt, Reason: reason, Source: queue.SuppressBounce})
 	if err != nil {
 		w.log.Warn().Err(err).Str("msg_id", e.ID).Str("rcpt", b.rcpt).Msg("hard bounce not added to the suppression list")
 	}

@@ -15,9 +15,9 @@ import (
 // chanSuppressor hands every Add to a channel.
 type chanSuppressor chan queue.Suppression
 
-func (c chanSuppressor) Add(_ context.Context, s queue.Suppression) error {
+func (c chanSuppressor) AddFirst(_ context.Context, s queue.Suppression) (bool, error) {
 	c <- s
-	return nil
+	return true, nil
 }
 
 func (c chanSuppressor) Suppressed(context.Context, string, string) (*queue.Suppression, error) {

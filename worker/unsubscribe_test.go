@@ -181,6 +181,10 @@ func (l *checkingList) Add(_ context.Context, s queue.Suppression) error {
 	return nil
 }
 
+func (l *checkingList) AddFirst(ctx context.Context, s queue.Suppression) (bool, error) {
+	return true, l.Add(ctx, s)
+}
+
 func (l *checkingList) Suppressed(_ context.Context, tenant, addr string) (*queue.Suppression, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
