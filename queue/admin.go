@@ -504,8 +504,11 @@ func (q *Queue) deleteItem(ctx context.Context, it *Item) error {
 //
 // dest is a recipient domain, found through the lane subjects. For a
 // provider group, pass dest "" and match, which is asked about every
-// deferred envelope's domain.
-func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain string) bool, rate float64) (int, error) {
+// deferred envelope's domain. offset is how far the NATS server's clock,
+// on which the schedules fire, is ahead of this process's (the throttle's
+// ClockOffset; 0 when unknown): a release paced on a clock behind the
+// server's would be written in the past and fire at once.
+func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain string) bool, rate float64, offset time.Duration) (int, error) {
 	var items []Item
 	now := time.Now()
 	for _, st := range []State{StateDeferred, StateThrottled} {
@@ -531,9 +534,9 @@ func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain 
 	sort.SliceStable(items, func(i, j int) bool { return items[i].Env.SubmittedAt.Before(items[j].Env.SubmittedAt) })
 	n := 0
 	for i, it := range items {
-		at := now
+		at := now.Add(offset)
 		if rate > 0 {
-			at = now.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+			at = at.Add(time.Duration(float64(i) / rate * float64(time.Second)))
 		}
 		lane := LaneRetry
 		if it.State == StateThrottled {

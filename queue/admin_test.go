@@ -170,7 +170,7 @@ func TestReleaseDestPacesOldestFirst(t *testing.T) {
 	for range 3 {
 		ids = append(ids, deferOne(t, q, LaneRetry, time.Now().Add(time.Hour)).ID)
 	}
-	n, err := q.ReleaseDest(ctx, "d.example", nil, 10)
+	n, err := q.ReleaseDest(ctx, "d.example", nil, 10, 0)
 	if err != nil || n != 3 {
 		t.Fatalf("released %d, %v", n, err)
 	}
@@ -317,7 +317,7 @@ func TestReleaseDestLeavesScheduledMail(t *testing.T) {
 		t.Fatalf("fast-forward of mail to be sent in an hour: %v, want ErrWrongState naming send_at", err)
 	}
 	deferred := deferOne(t, q, LaneRetry, time.Now().Add(time.Hour))
-	n, err := q.ReleaseDest(ctx, "d.example", nil, 0)
+	n, err := q.ReleaseDest(ctx, "d.example", nil, 0, 0)
 	if err != nil || n != 1 {
 		t.Fatalf("released %d, %v; want the deferred one only", n, err)
 	}
@@ -398,5 +398,25 @@ func TestDropInFlight(t *testing.T) {
 		if (&Delivery{Env: again, q: q}).Dropped(ctx) {
 			t.Fatalf("%s: a later submission under the same id counts as dropped", name)
 		}
+	}
+}
+
+// TestReleaseDestOnTheServersClock: a release is written on the NATS
+// server's clock, which fires it: a process whose clock is an hour behind
+// the server's (offset +1h) writes "now" an hour later than its own.
+func TestReleaseDestOnTheServersClock(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e := deferOne(t, q, LaneRetry, time.Now().Add(2*time.Hour))
+	if n, err := q.ReleaseDest(ctx, "d.example", nil, 0, time.Hour); err != nil || n != 1 {
+		t.Fatalf("released %d, %v", n, err)
+	}
+	it, err := q.Find(ctx, e.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Until(it.NextAt); d < 59*time.Minute || d > 61*time.Minute {
+		t.Fatalf("released to fire in %v, want an hour (the server's now)", d)
 	}
 }

@@ -102,6 +102,27 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 	default:
 		return // validated at construction
 	}
+	// Fired once for the fleet: while the rule's action is in force
+	// (Rules), a firing by any worker changes nothing; one that applies
+	// records its end.
+	act := fn
+	fn = func(s *DestState, now time.Time) bool {
+		if end, ok := s.Rules[r.Name]; ok && now.Before(end) {
+			return false
+		}
+		if !act(s, now) {
+			return false
+		}
+		rules := make(map[string]time.Time, len(s.Rules)+1)
+		for name, end := range s.Rules {
+			if now.Before(end) {
+				rules[name] = end
+			}
+		}
+		rules[r.Name] = until
+		s.Rules = rules
+		return true
+	}
 	fn(&d.state, now)
 	t.enqueue(op{d: d, change: change, fn: fn, after: func(b, a DestState) {
 		t.transition(d.name, change, from(b), to(a), reason)

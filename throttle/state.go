@@ -109,6 +109,15 @@ type DestState struct {
 	// go on across a change without two of them falling together.
 	Grid []GridSegment `json:"grid,omitempty"`
 
+	// Rules holds, for each automation rule whose action is in force,
+	// when it ends. Every worker leaves the rule alone until then, not
+	// only the one whose count fired it: others, counting the same
+	// replies, fired it again and stretched its action past its for (and
+	// one more match after an operator's Resume suspended again). Never
+	// modified in place: a write replaces the map (copies of a state
+	// share it).
+	Rules map[string]time.Time `json:"rules,omitempty"`
+
 	// Recover is set by Resume: the next worker to clear it (by revision
 	// CAS, so exactly one) calls Config.OnRecover for the
 	// destination.
@@ -168,7 +177,18 @@ func (s DestState) idle(now time.Time) bool {
 	_, rate := s.rateOverride(now)
 	_, conns := s.connsOverride(now)
 	return s.SuspendedUntil.IsZero() && s.RateFactor() >= 1 && s.BreakerAt(now) == BreakerClosed &&
-		!rate && !conns && !s.Recover && !s.learned()
+		!rate && !conns && !s.Recover && !s.learned() && !s.ruleInForce(now)
+}
+
+// ruleInForce reports whether some automation rule's action is in force
+// at now (Rules).
+func (s DestState) ruleInForce(now time.Time) bool {
+	for _, end := range s.Rules {
+		if now.Before(end) {
+			return true
+		}
+	}
+	return false
 }
 
 // normalized fills the read-side defaults (Factor 1, Breaker closed) so

@@ -852,6 +852,11 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 	// Automation.
 	for _, i := range fired {
 		r := &t.rules[i]
+		if end := d.state.Rules[r.Name]; d.auto[i].activeUntil.Before(end) {
+			// In force, fired by another worker (or before a restart):
+			// this one does not count towards firing it again either.
+			d.auto[i].activeUntil = end
+		}
 		if d.auto[i].add(now, r.Threshold, r.Window) {
 			d.auto[i].activeUntil = now.Add(r.For)
 			t.automate(d, r, now)

@@ -818,3 +818,54 @@ func TestAutomationNeverSpeedsUp(t *testing.T) {
 		t.Errorf("a cut during a 15m factor rule: factor %v until +%v, want 0.25 until +15m", f, until.Sub(now))
 	}
 }
+
+// TestAutomationFiresOnceForTheFleet: a rule fired by one worker is in
+// force for every worker until its for ends: another worker counting the
+// same replies does not fire it again (which moved its end, wrote a
+// second transition and, after an operator's Resume, suspended again).
+func TestAutomationFiresOnceForTheFleet(t *testing.T) {
+	env := startKV(t)
+	rate := AutoRule{Name: "slow", Class: "throttled", Threshold: 1, Window: time.Minute, Action: ActionRate, Value: 50, For: time.Hour}
+	stop := AutoRule{Name: "stop", Rule: "zz-", Threshold: 1, Window: time.Minute, Action: ActionSuspend, For: time.Hour}
+	regB := prometheus.NewRegistry()
+	mod := func(c *Config) {
+		c.Automation = []AutoRule{rate, stop}
+		c.Defaults.Rate = 1000
+		c.DecreaseFor = time.Hour
+		c.NoLearn = true
+	}
+	a := newThrottle(t, env, "a", mod)
+	b := newThrottle(t, env, "b", func(c *Config) { mod(c); c.Registerer = regB })
+	attempt(t, a, "r.test", resThrottled)
+	var first DestState
+	eventually(t, 5*time.Second, "the override on B", func() bool {
+		st, err := GetState(ctxT(t), env.state, "r.test")
+		first = st
+		return err == nil && st.RateOverride == 50 && b.Snapshot("r.test").FleetRate > 0 && b.Snapshot("r.test").FleetRate <= 50
+	})
+	attempt(t, b, "r.test", resThrottled)
+	attempt(t, b, "r.test", resThrottled)
+	st, err := GetState(ctxT(t), env.state, "r.test")
+	if err != nil || !st.RateUntil.Equal(first.RateUntil) {
+		t.Fatalf("B's matches moved the rule's end from %v to %v (%v)", first.RateUntil, st.RateUntil, err)
+	}
+	if n := metricValue(t, b.m.transitions.WithLabelValues("rate-override")); n != 0 {
+		t.Fatalf("B wrote %v rate-override transitions for a rule in force", n)
+	}
+
+	// A suspension an operator lifts stays lifted for the rule's time.
+	stopped := classify.Result{Class: classify.Transient, Rule: "zz-stop", Code: 421, Text: "stop"}
+	attempt(t, a, "s.test", stopped)
+	eventually(t, 5*time.Second, "B suspended", func() bool { return b.Snapshot("s.test").Suspended })
+	if _, err := Resume(ctxT(t), env.state, "s.test", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "B resumed", func() bool { return !b.Snapshot("s.test").Suspended })
+	attempt(t, b, "s.test", stopped)
+	if b.Snapshot("s.test").Suspended {
+		t.Fatal("one more match after the operator's Resume suspended again")
+	}
+	if st, err := GetState(ctxT(t), env.state, "s.test"); err != nil || st.Suspended(time.Now()) {
+		t.Fatalf("one more match after the operator's Resume suspended again: %+v, %v", st, err)
+	}
+}

@@ -439,7 +439,11 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 		if t := tp.Load(); tc.GroupByMX && t != nil {
 			domain, match = "", func(d string) bool { return t.Group(d) == dest }
 		}
-		n, err := q.ReleaseDest(rctx, domain, match, rate)
+		var offset time.Duration
+		if t := tp.Load(); t != nil {
+			offset, _ = t.ClockOffset() // 0 until measured
+		}
+		n, err := q.ReleaseDest(rctx, domain, match, rate, offset)
 		log.Info().Err(err).Str("dest", dest).Float64("rate", rate).Int("released", n).
 			Msg("destination recovered: deferred mail released oldest first at its rate")
 	}
