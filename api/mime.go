@@ -19,6 +19,7 @@ import (
 	"github.com/emersion/go-message/textproto"
 
 	"github.com/outflow/outflow/internal/ascii"
+	"github.com/outflow/outflow/queue"
 )
 
 // Attachment is one file of a built message.
@@ -60,10 +61,8 @@ type MessageRequest struct {
 	ListUnsubscribe *bool `json:"list_unsubscribe,omitempty"`
 }
 
-// MaxSendAhead is how far ahead send_at may be: three days, as hosted
-// sending services allow, so that a typo in a year does not park a
-// message for a decade.
-const MaxSendAhead = 72 * time.Hour
+// MaxSendAhead is how far ahead send_at may be (queue.MaxSendAhead).
+const MaxSendAhead = queue.MaxSendAhead
 
 // DSNRequest is a message's delivery status notification parameters, as
 // the SMTP listener takes them (RFC 3461) and with the same checks:

@@ -114,3 +114,21 @@ func TestLastPartManyAtOnce(t *testing.T) {
 		t.Fatalf("the parts count is left: %v", err)
 	}
 }
+
+// TestBodiesOutliveDeadLetters: a body stored apart is kept at least as
+// long as any dead letter that can name it: one sent later (MaxSendAhead)
+// that used its whole age budget (DeadlineAfter) and then waited out the
+// dead letters' age. Bodies kept only the dead letters' age and a day
+// expired under the dead letters of mail sent three days later.
+func TestBodiesOutliveDeadLetters(t *testing.T) {
+	q, _ := startQueueWith(t, Options{DeadlineAfter: 5 * 24 * time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := q.bodies.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if need := q.opts.DeadMaxAge + 5*24*time.Hour + MaxSendAhead; st.TTL() < need {
+		t.Fatalf("bodies kept %v, less than the %v a dead letter can name one", st.TTL(), need)
+	}
+}

@@ -101,6 +101,12 @@ type Options struct {
 	Logger     zerolog.Logger
 }
 
+// MaxSendAhead is how far ahead a message may be sent later
+// (Submission.SendAt; the API's send_at, submit --send-at): three days, as
+// hosted sending services allow, so that a typo in a year does not park a
+// message for a decade. Bodies are kept for it.
+const MaxSendAhead = 72 * time.Hour
+
 // Defaults of Options, which the CLI's flags and docs/configuration.md
 // take from here.
 const (
@@ -439,7 +445,12 @@ func (q *Queue) setup(ctx context.Context, layout func(Options) []jetstream.Stre
 			Description: "outflow message bodies, stored once per submission",
 			Storage:     jetstream.FileStorage,
 			Replicas:    o.Replicas,
-			TTL:         o.DeadMaxAge + 24*time.Hour,
+			// A body outlives every dead letter that can name it: one
+			// sent later is written up to MaxSendAhead before its
+			// first attempt, dead-lettered up to DeadlineAfter after
+			// that, and its dead letter kept DeadMaxAge. A day of
+			// slack: the budget's age counts from the first attempt.
+			TTL: o.DeadMaxAge + o.DeadlineAfter + MaxSendAhead + 24*time.Hour,
 		})
 	}
 	if err != nil {
