@@ -628,9 +628,13 @@ func (c *client) writeBody(ctx context.Context, wire []byte) error {
 	if err := c.bw.Flush(); err != nil {
 		return c.netFail(ctx, classify.StageData, "writing body", err)
 	}
-	// Whole blocks that cannot carry the dot go out directly.
+	// Whole blocks go out directly while more than a block is left: the
+	// last, up to a block with the dot after it, leaves in one write. (The
+	// test was once the rest with the dot over a block, which for a rest
+	// of 65,534 or 65,535 octets took a block past the end of the body:
+	// a panic, the message stuck, its connection never given back.)
 	whole := 0
-	for len(wire)-whole+len(finalDot) > dataBlock {
+	for len(wire)-whole > dataBlock {
 		whole += dataBlock
 	}
 	if err := c.writeBlocks(ctx, wire[:whole], "writing body"); err != nil {

@@ -1133,3 +1133,30 @@ func BenchmarkDotStuff(b *testing.B) {
 		})
 	}
 }
+
+// TestSendDataBlockBoundaries: bodies sent with DATA whose length falls
+// on either side of the 64 KiB write blocks arrive whole. A body of
+// 65,534 or 65,535 octets past a block's start once made writeBody step a
+// block past the end of the body: a panic, and the message never sent.
+func TestSendDataBlockBoundaries(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{})
+	cfg := w.config()
+	cfg.NoChunking = true
+	s := w.sender(cfg)
+	for _, n := range []int{65531, 65533, 65534, 65535, 65536, 65537, 131070, 131071, 131072, 131075} {
+		m := msg("example.test", "bob@example.test")
+		head := "From: a@sender.test\r\nSubject: size\r\n\r\n"
+		line := strings.Repeat("x", 76) + "\r\n"
+		body := []byte(head + strings.Repeat(line, (n-len(head))/len(line)))
+		for len(body) < n-2 {
+			body = append(body, 'y')
+		}
+		m.Body = append(body, "\r\n"...)[:n]
+		r := s.Send(ctxT(t), m)
+		checkDelivered(t, r)
+		got := fake.Messages()
+		if last := got[len(got)-1]; !bytes.Equal(last.Data, m.Body) {
+			t.Fatalf("%d octets: %d arrived, or other octets", n, len(last.Data))
+		}
+	}
+}

@@ -429,7 +429,9 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 	// through an atomic pointer.
 	var tp atomic.Pointer[throttle.Throttle]
 	tc.OnRecover = func(dest string, rate float64) {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+		// Ends with the daemon (Close waits for it): a release cut short
+		// leaves the rest on their own schedules, each rewrite whole.
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 		defer cancel()
 		// A plain domain is found through the lane subjects; a provider
 		// group by asking, for each deferred envelope, which group its
