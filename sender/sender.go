@@ -317,26 +317,39 @@ func (s *Sender) giveBack(c *client, ctx context.Context) {
 
 // acquire gets a connection to the first host that answers: a pooled one
 // (checked with RSET by deliver) or a new one, trying every address of a
-// host before the next host.
+// host before the next host. When none does, the failure reported is the
+// last one that was not a 5xx reply, if any: a backup MX that greets with
+// 554 while the primary cannot be reached is no reason to bounce, since
+// the primary may take the message on the next attempt (and the outcome
+// would otherwise depend on which host was tried last).
 func (s *Sender) acquire(ctx context.Context, log *msgLog, hosts []string, plan *tlsPlan) (*client, bool, error) {
-	var last error
+	var last, lastTemp error
+	fail := func(err error) {
+		last = err
+		if in := inputOf(err); in.Code < 500 || in.Code > 599 {
+			lastTemp = err
+		}
+	}
 	for _, host := range hosts {
 		hp, err := s.hostTLS(ctx, plan, host)
 		if err != nil {
 			// DANE or MTA-STS rules this host out; the next may do.
 			log.Warn().Str("mx", host).Str("error", inputOf(err).Text).Msg("MX host not used")
-			last = err
+			fail(err)
 			continue
 		}
 		c, reused, err := s.acquireHost(ctx, log, host, plan, hp)
 		if err == nil {
 			return c, reused, nil
 		}
-		last = err
+		fail(err)
 		var se *stepErr
 		if ctx.Err() != nil || (errors.As(err, &se) && se.in.Stage == classify.StageAuth) {
 			break
 		}
+	}
+	if lastTemp != nil {
+		return nil, false, lastTemp
 	}
 	return nil, false, last
 }

@@ -1160,3 +1160,34 @@ func TestSendDataBlockBoundaries(t *testing.T) {
 		}
 	}
 }
+
+// TestBackupMX5xxGreetingDefers: the primary MX cannot be reached and the
+// backup greets with 554. The message is deferred (the primary may take
+// it next time), whichever host came last; only when every host answers
+// 5xx is the answer permanent.
+func TestBackupMX5xxGreetingDefers(t *testing.T) {
+	w := newWorld(t)
+	backup := fakemx.Start(t, fakemx.Options{Greeting: "554 5.7.1 backup.example.test: no relaying for you"})
+	w.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: "mx1.example.test.", Pref: 10}, {Host: "mx2.example.test.", Pref: 20}}}
+	w.host("mx1.example.test", "127.0.0.2") // nothing routed there: refused
+	w.host("mx2.example.test", "127.0.0.3")
+	w.route("127.0.0.3", backup)
+	r := w.sender(w.config()).Send(ctxT(t), msg("example.test", "bob@example.test"))
+	if res := classify.Default().Classify(r.Rcpts[0].Outcome); res.Class == classify.Permanent {
+		t.Fatalf("bounced on the backup's 554 greeting while the primary was unreachable: %+v (%s)", r.Rcpts[0].Outcome, res.Rule)
+	}
+	if len(backup.Messages()) != 0 {
+		t.Fatal("the backup took the message")
+	}
+
+	both := newWorld(t)
+	both.zones["example.test."] = mockdns.Zone{MX: []net.MX{{Host: "mx1.example.test.", Pref: 10}, {Host: "mx2.example.test.", Pref: 20}}}
+	both.host("mx1.example.test", "127.0.0.2")
+	both.host("mx2.example.test", "127.0.0.3")
+	both.route("127.0.0.2", fakemx.Start(t, fakemx.Options{Greeting: "554 5.7.1 no"}))
+	both.route("127.0.0.3", backup)
+	r = both.sender(both.config()).Send(ctxT(t), msg("example.test", "bob@example.test"))
+	if res := classify.Default().Classify(r.Rcpts[0].Outcome); res.Class != classify.Permanent {
+		t.Fatalf("every MX greets 554: %+v is %v, want permanent", r.Rcpts[0].Outcome, res.Class)
+	}
+}
