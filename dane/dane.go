@@ -23,6 +23,16 @@ type Resolver interface {
 	LookupTLSA(ctx context.Context, port int, proto, host string) (recs []*dns.TLSA, authenticated bool, err error)
 }
 
+// AddrAuthenticator is a Resolver that can also say whether a host's
+// address records came authenticated (package resolver's does). Lookup
+// asks it when a TLSA lookup fails: a host whose addresses are not
+// DNSSEC-secure is in no position to publish TLSA records (RFC 7672
+// 2.2.2 looks them up only for secure addresses), so the failure does not
+// rule it out.
+type AddrAuthenticator interface {
+	AddrAuthenticated(ctx context.Context, host string) (bool, error)
+}
+
 // TLSA parameters this package knows (RFC 6698 7.2-7.4, RFC 7218 names).
 const (
 	UsagePKIXTA  = 0
@@ -71,13 +81,22 @@ type Records struct {
 // 2.2.1: "_25._tcp.<MX host>"). An unauthenticated answer, NXDOMAIN and
 // NODATA give Records{} and no error; any other failure is an *Error of
 // type dnssec-invalid, for the caller to treat as a temporary failure of
-// that host (a validating resolver fails this way on bogus signatures).
+// that host (a validating resolver fails this way on bogus signatures),
+// unless the resolver says the host's address records are not
+// authenticated (AddrAuthenticator): DANE cannot apply to such a host,
+// and name servers of unsigned zones that answer TLSA queries badly
+// (SERVFAIL, a timeout) would otherwise make it undeliverable.
 func Lookup(ctx context.Context, r Resolver, host string, port int) (Records, error) {
 	recs, ad, err := r.LookupTLSA(ctx, port, "tcp", strings.TrimSuffix(host, "."))
 	if err != nil {
 		var de *net.DNSError
 		if errors.As(err, &de) && de.IsNotFound {
 			return Records{}, nil
+		}
+		if aa, ok := r.(AddrAuthenticator); ok {
+			if secure, aerr := aa.AddrAuthenticated(ctx, strings.TrimSuffix(host, ".")); aerr == nil && !secure {
+				return Records{}, nil
+			}
 		}
 		return Records{}, &Error{Result: ResultDNSSECInvalid, Err: fmt.Errorf("TLSA lookup for %s port %d: %w", host, port, err)}
 	}

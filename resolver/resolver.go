@@ -1,6 +1,7 @@
 package resolver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -219,6 +220,36 @@ func (r *Resolver) LookupTLSA(ctx context.Context, port int, proto, host string)
 		}
 	}
 	return recs, a.ad, nil
+}
+
+// AddrAuthenticated reports whether host's address records came with the
+// AD bit (dane.AddrAuthenticator): any of its A and AAAA answers that has
+// records. The answers are the ones the dial reads, from the cache. An
+// error when neither lookup found an address; false, without an error,
+// through the standard library fallback, which cannot tell.
+func (r *Resolver) AddrAuthenticated(ctx context.Context, host string) (bool, error) {
+	if r.fallback != nil {
+		return false, nil
+	}
+	var firstErr error
+	found := false
+	for _, qt := range []uint16{dns.TypeAAAA, dns.TypeA} {
+		a, err := r.lookup(ctx, host, qt)
+		if err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
+		if len(a.rrs) > 0 {
+			found = true
+			if a.ad {
+				return true, nil
+			}
+		}
+	}
+	if !found && firstErr != nil {
+		return false, firstErr
+	}
+	return false, nil
 }
 
 // LookupIPAddr returns the IPv6 and IPv4 addresses of host, IPv6 first;

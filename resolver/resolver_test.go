@@ -101,6 +101,25 @@ func TestTLSAAndAD(t *testing.T) {
 	}
 }
 
+// TestAddrAuthenticated: whether a host's address records came with the
+// AD bit, for DANE's look at a failed TLSA lookup; a name without
+// addresses is an error.
+func TestAddrAuthenticated(t *testing.T) {
+	r, _, z, clk := setup(t, Config{})
+	ctx := context.Background()
+	if ok, err := r.AddrAuthenticated(ctx, "mx1.example.test"); err != nil || ok {
+		t.Fatalf("unsigned zone: %v, %v", ok, err)
+	}
+	z.SetAD(true)
+	clk.add(time.Hour) // past the cached answers
+	if ok, err := r.AddrAuthenticated(ctx, "mx2.example.test"); err != nil || !ok {
+		t.Fatalf("signed zone (A only): %v, %v", ok, err)
+	}
+	if _, err := r.AddrAuthenticated(ctx, "none.example.test"); err == nil {
+		t.Fatal("a name without addresses: no error")
+	}
+}
+
 func dnsErr(t *testing.T, err error) *net.DNSError {
 	t.Helper()
 	var de *net.DNSError

@@ -116,11 +116,22 @@ func (s *Sender) hostTLS(ctx context.Context, p *tlsPlan, host string) (*hostPla
 			if p.domain != hp.names[0] {
 				hp.names = append(hp.names, p.domain)
 			}
+		}
+		if len(recs.Usable) > 0 {
 			hp.mode = modeDANE
-			if len(recs.Usable) == 0 {
-				hp.mode = modeDANEUnusable
-			}
 			return hp, nil
+		}
+		if recs.Secure {
+			// Signed records, none usable: TLS is mandatory (RFC 7672
+			// 2.2), but DANE authenticates nothing, so MTA-STS and the
+			// configured policy still apply (only usable records set
+			// MTA-STS aside, RFC 8461 2). Once they let the session
+			// go unauthenticated, it is unauthenticated TLS.
+			defer func() {
+				if hp.mode == modeOpportunistic {
+					hp.mode = modeDANEUnusable
+				}
+			}()
 		}
 	}
 	if p.sts == nil {

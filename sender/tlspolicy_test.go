@@ -136,6 +136,12 @@ func runTLSCases(t *testing.T, cases []tlsCase) {
 }
 
 // tlsa is a secure (ad) or insecure answer for mx.example.test.
+// insecureAddrs is fakeTLSA whose hosts' address records are not
+// DNSSEC-secure (dane.AddrAuthenticator).
+type insecureAddrs struct{ fakeTLSA }
+
+func (insecureAddrs) AddrAuthenticated(context.Context, string) (bool, error) { return false, nil }
+
 func tlsa(ad bool, recs ...*dns.TLSA) fakeTLSA {
 	return fakeTLSA{"mx.example.test": {recs: recs, ad: ad}}
 }
@@ -215,6 +221,26 @@ func TestDANE(t *testing.T) {
 		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
 			checkAll(t, r, classify.StageDNS, 0, classify.EventDNSServFail)
 			checkTransient(t, r, "DANE status is unknown")
+			noDial(t, p)
+		}},
+		{"lookup failure for a host of an unsigned zone does not rule it out", true, func(p *pkiMX, cfg *Config) {
+			cfg.DANE = insecureAddrs{fakeTLSA{"mx.example.test": {err: errors.New("SERVFAIL")}}}
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+		}},
+		{"unusable records do not set a required policy aside", true, func(p *pkiMX, cfg *Config) {
+			cfg.DANE = tlsa(true, spkiTLSA(1, p.leaf.Cert)) // PKIX-EE only
+			cfg.TLSPerDestination = map[string]TLSPolicy{"example.test": TLSRequired}
+			// RootCAs nil: the system pool does not know the test CA.
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkAll(t, r, classify.StageTLS, 0, classify.EventTLSFailure)
+			noDelivery(t, p)
+		}},
+		{"unusable records do not set MTA-STS enforce aside", true, func(p *pkiMX, cfg *Config) {
+			cfg.DANE = tlsa(true, spkiTLSA(1, p.leaf.Cert))
+			cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.elsewhere.test")
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkTransient(t, r, "is not listed in the MTA-STS policy of example.test")
 			noDial(t, p)
 		}},
 		{"takes precedence over MTA-STS", true, func(p *pkiMX, cfg *Config) {
