@@ -64,3 +64,25 @@ func TestDSNNotOffered(t *testing.T) {
 		}
 	}
 }
+
+// TestDSNUTF8ORCPT: an ORCPT of type utf-8 goes out as RFC 6533
+// utf-8-addr-xtext, which the next hop decodes to the address given (plain
+// xtext there was refused with 501 and bounced the recipient); an ASCII one
+// goes out as rfc822.
+func TestDSNUTF8ORCPT(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{DSN: true})
+	m := msg("example.test", "bob@example.test", "carol@example.test")
+	m.DSN = &DSNParams{Rcpts: []RcptDSN{
+		{ORcpt: "café+x=y@example.test", ORcptType: "UTF-8"},
+		{ORcpt: "carol+tag@example.test", ORcptType: "utf-8"},
+	}}
+	r := w.sender(w.config()).Send(ctxT(t), m)
+	checkDelivered(t, r)
+	g := fake.Messages()[0]
+	if o := g.RcptOpts[0]; o.OriginalRecipient != "café+x=y@example.test" || o.OriginalRecipientType != smtp.DSNAddressTypeUTF8 {
+		t.Errorf("utf-8 ORCPT arrived as %q (%s)", o.OriginalRecipient, o.OriginalRecipientType)
+	}
+	if o := g.RcptOpts[1]; o.OriginalRecipient != "carol+tag@example.test" || o.OriginalRecipientType != smtp.DSNAddressTypeRFC822 {
+		t.Errorf("ASCII utf-8 ORCPT arrived as %q (%s)", o.OriginalRecipient, o.OriginalRecipientType)
+	}
+}
