@@ -23,8 +23,11 @@ type Delivery struct {
 	// Redelivered is true when the server has handed this message out
 	// before: a worker died or timed out holding it.
 	Redelivered bool
-	msg         jetstream.Msg
-	q           *Queue
+	// Deliveries is how many times the server has handed it out, this
+	// time included.
+	Deliveries uint64
+	msg        jetstream.Msg
+	q          *Queue
 	// dropped caches Dropped's answer once droppedAsked.
 	dropped, droppedAsked bool
 }
@@ -171,8 +174,9 @@ func (q *Queue) decode(m jetstream.Msg, lane Lane) (*Delivery, error) {
 		return nil, err
 	}
 	d := &Delivery{Env: env, Lane: lane, msg: m, q: q}
-	if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
-		d.Redelivered = true
+	if md, err := m.Metadata(); err == nil {
+		d.Deliveries = md.NumDelivered
+		d.Redelivered = md.NumDelivered > 1
 	}
 	return d, nil
 }

@@ -185,3 +185,34 @@ func TestResumedWorkerDoesNotResend(t *testing.T) {
 		t.Fatalf("the resumed worker's acknowledgement failed:\n%s", logs.String())
 	}
 }
+
+// TestPanicEveryTimeIsHeld: a delivery that panics every time is handed
+// out panicHold times and then held for an operator, with a held event
+// naming the panic, instead of going round for ever; once the fault is
+// gone, queue replay delivers it.
+func TestPanicEveryTimeIsHeld(t *testing.T) {
+	e := newEnv(t, nil)
+	snd := newPanickySender(e.snd, 1000)
+	e.startPool(func(c *Config) { c.Sender = snd; c.ProgressEvery = 50 * time.Millisecond })
+	defer e.stopPool()
+	id := e.submit("r@dest.test")
+	evs := e.waitEvent(id, queue.EventHeld)
+	if last := evs[len(evs)-1]; !strings.Contains(last.Reason, "panicked") || !strings.Contains(last.Reason, "sender bug") {
+		t.Fatalf("held event %+v, want the panic", last)
+	}
+	if calls := 1000 - snd.panics.Load(); calls != panicHold {
+		t.Fatalf("the sender was called %d times, want %d", calls, panicHold)
+	}
+	it, err := e.q.Find(context.Background(), id)
+	if err != nil || it.State != queue.StateUnknown {
+		t.Fatalf("item %+v, %v: want it held (unknown)", it, err)
+	}
+	snd.panics.Store(0) // fixed
+	if _, err := e.q.Replay(context.Background(), id, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.waitEvent(id, queue.EventDelivered)
+	if n := len(e.mx.Messages()); n != 1 {
+		t.Fatalf("%d messages delivered, want 1", n)
+	}
+}
