@@ -184,8 +184,11 @@ func Build(r *Report) ([]byte, error) {
 }
 
 // returned is the original as the third part carries it: the whole
-// message for RET=FULL within MaxFull, else its header block (ending in
-// CRLF, without the empty line).
+// message for RET=FULL within MaxFull in a failure report, else its header
+// block (ending in CRLF, without the empty line). RET asks for the message
+// in a report of failure (RFC 3461 4.3); a delay warning or a success
+// notice returns the header whatever it says, or every warning of a
+// message that waits for hours would carry all of it again.
 func (r *Report) returned() (part []byte, full bool) {
 	if r.Original == nil {
 		return nil, false
@@ -194,7 +197,8 @@ func (r *Report) returned() (part []byte, full bool) {
 	if max <= 0 {
 		max = DefaultMaxFull
 	}
-	if r.Return == ReturnFull && len(r.Original) <= max {
+	failure := len(r.Recipients) > 0 && r.Recipients[0].Action == Failed
+	if r.Return == ReturnFull && failure && len(r.Original) <= max {
 		return crlf(r.Original), true
 	}
 	return headerBlock(r.Original), false

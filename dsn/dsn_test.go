@@ -187,8 +187,24 @@ func TestBuildFullAndDelayed(t *testing.T) {
 	if got := p.rcpts[0].Get("Status"); got != "4.7.1" {
 		t.Errorf("Status %q", got)
 	}
+	// RET applies to reports of failure (RFC 3461 4.3): a delay warning
+	// returns the header only.
+	if ct := p.parts[2].Header.Get("Content-Type"); ct != "text/rfc822-headers" {
+		t.Fatalf("RET=FULL in a delay warning: third part %q, want the header only", ct)
+	}
+	if !strings.Contains(p.hdr.Get("Subject"), "Delayed") {
+		t.Errorf("Subject %q", p.hdr.Get("Subject"))
+	}
+
+	r.Recipients[0].Action = Failed
+	r.Recipients[0].Diagnostic, r.Recipients[0].WillRetryUntil = "550 5.1.1 no such user", time.Time{}
+	msg, err = Build(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = parse(t, msg)
 	if ct := p.parts[2].Header.Get("Content-Type"); ct != "message/rfc822" {
-		t.Fatalf("RET=FULL third part %q", ct)
+		t.Fatalf("RET=FULL in a failure report: third part %q", ct)
 	}
 	inner, err := mail.ReadMessage(bytes.NewReader(p.bodies[2]))
 	if err != nil {
@@ -197,9 +213,6 @@ func TestBuildFullAndDelayed(t *testing.T) {
 	body, _ := io.ReadAll(inner.Body)
 	if inner.Header.Get("Subject") != "hello" || !bytes.Contains(body, []byte(".dot line")) {
 		t.Errorf("returned message: %q / %q", inner.Header.Get("Subject"), body)
-	}
-	if !strings.Contains(p.hdr.Get("Subject"), "Delayed") {
-		t.Errorf("Subject %q", p.hdr.Get("Subject"))
 	}
 
 	r.MaxFull = 10

@@ -67,7 +67,16 @@ type Config struct {
 	// link-local addresses (webhook-allow-private). Default false.
 	AllowPrivate bool
 	Logger       zerolog.Logger // carries the worker id already (serve's does); the dispatcher adds component, endpoint and tenant
+
+	// ackWait is the endpoint consumers' ack wait (eventAckWait; tests
+	// shorten it). The event in hand is kept from it every quarter.
+	ackWait time.Duration
 }
+
+// eventAckWait is how long the server waits for a dispatcher's ack (or
+// its word that it is still working on the event) before it hands the
+// event to another daemon of the fleet.
+const eventAckWait = time.Minute
 
 // Dispatcher delivers events to every enabled endpoint; Run starts it.
 type Dispatcher struct {
@@ -88,6 +97,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	defaults.Set(&cfg.MaxAttempts, DefaultMaxAttempts)
 	defaults.Set(&cfg.Timeout, DefaultTimeout)
 	defaults.Set(&cfg.BreakerAfter, DefaultBreakerAfter)
+	defaults.Set(&cfg.ackWait, eventAckWait)
 	return &Dispatcher{cfg: cfg, client: NewClient(cfg.AllowPrivate, cfg.Timeout),
 		log: cfg.Logger.With().Str("component", "webhook").Logger()}, nil
 }
@@ -198,7 +208,7 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 		FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy, AckPolicy: jetstream.AckExplicitPolicy,
 		// One event in flight: an endpoint sees its events in order, and
 		// its backlog waits in the stream, not in memory.
-		MaxAckPending: 1, AckWait: time.Minute, MaxDeliver: -1,
+		MaxAckPending: 1, AckWait: d.cfg.ackWait, MaxDeliver: -1,
 	}
 	// A consumer that cannot be made (NATS not ready, a leader election)
 	// or that goes away (deleted, its stream recreated) is made again at
@@ -219,7 +229,7 @@ func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 		}
 		dec := d.cfg.Backoff.Decide(attempt, d.cfg.WorkerID, backoff.NewSeed(), 0)
 		log.Error().Err(err).Int("attempt", attempt).Int64("delay_ms", dec.DelayMs).Msg("webhook consumer failed; making it again")
-		if !wait(ctx, dec.Delay, nil) {
+		if !wait(ctx, dec.Delay) {
 			return
 		}
 	}
@@ -338,8 +348,28 @@ const closeWait = 5 * time.Second
 // budget; the last two end in the dead letters. It reports whether it
 // finished with the event, false only when ctx ended first: a runner
 // stopped just after a dead letter must not hand that event on again.
-// m, when not nil, is told InProgress while waiting.
+// m, when not nil, is told InProgress every quarter of the ack wait for as
+// long as deliver has it, through its POSTs as well as the waits between
+// them: in a fleet, an event whose ack wait ran out during a slow POST was
+// handed to another daemon, and the endpoint got it twice at once, with
+// twice the attempts.
 func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoint, id, typ string, body []byte, m jetstream.Msg) bool {
+	if m != nil {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			t := time.NewTicker(d.cfg.ackWait / 4)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					_ = m.InProgress()
+				}
+			}
+		}()
+	}
 	for attempt := 1; ; attempt++ {
 		status, hint, err := Post(ctx, d.client, ep, id, body)
 		if ctx.Err() != nil {
@@ -393,30 +423,21 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 		ev.Str("class", class).Str("lane", d.cfg.Backoff.Lane).Int64("nominal_ms", dec.NominalMs).Int64("cap_ms", dec.CapMs).
 			Str("jitter_seed", strconv.FormatUint(seed, 10)).Int64("jitter_ms", dec.JitterMs).Int64("offset_ms", dec.OffsetMs).
 			Int64("hint_ms", dec.HintMs).Int64("delay_ms", dec.DelayMs).Time("next_attempt_at", next).Msg("webhook deferred")
-		if !wait(ctx, dec.Delay, m) {
+		if !wait(ctx, dec.Delay) {
 			return false
 		}
 	}
 }
 
-// wait sleeps d (or until ctx ends, reporting false), telling m the event
-// is still being worked on so that its ack wait does not run out.
-func wait(ctx context.Context, d time.Duration, m jetstream.Msg) bool {
+// wait sleeps d, or until ctx ends, reporting false.
+func wait(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
-	tick := time.NewTicker(20 * time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-			return true
-		case <-tick.C:
-			if m != nil {
-				_ = m.InProgress()
-			}
-		}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

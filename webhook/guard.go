@@ -18,12 +18,42 @@ func (e *ErrPrivateAddress) Error() string {
 
 // private reports whether a is an address a tenant must not aim the
 // daemon at: loopback, RFC 1918 / RFC 4193 private, link-local (cloud
-// metadata services live there), unspecified, or multicast.
+// metadata services live there), unspecified, or multicast; and an IPv6
+// address that carries such an IPv4 one to a translator (NAT64, RFC 6052
+// and 8215; 6to4, RFC 3056), which on a host behind one reaches it.
 func private(a netip.Addr) bool {
 	a = a.Unmap()
+	if v4, ok := embeddedV4(a); ok && private(v4) {
+		return true
+	}
 	return a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() ||
 		a.IsUnspecified() || a.IsMulticast() || a.IsInterfaceLocalMulticast() ||
 		netip.MustParsePrefix("100.64.0.0/10").Contains(a) // carrier-grade NAT
+}
+
+// translators are the IPv6 prefixes whose addresses embed an IPv4 one, and
+// where in them it sits.
+var translators = []struct {
+	prefix netip.Prefix
+	at     int // the first octet of the IPv4 address
+}{
+	{netip.MustParsePrefix("64:ff9b::/96"), 12},   // NAT64 well-known prefix (RFC 6052)
+	{netip.MustParsePrefix("64:ff9b:1::/48"), 12}, // local-use NAT64 (RFC 8215), in its last 32 bits here
+	{netip.MustParsePrefix("2002::/16"), 2},       // 6to4 (RFC 3056)
+}
+
+// embeddedV4 is the IPv4 address an IPv6 translator address carries.
+func embeddedV4(a netip.Addr) (netip.Addr, bool) {
+	if !a.Is6() {
+		return netip.Addr{}, false
+	}
+	for _, t := range translators {
+		if t.prefix.Contains(a) {
+			b := a.As16()
+			return netip.AddrFrom4([4]byte(b[t.at : t.at+4])), true
+		}
+	}
+	return netip.Addr{}, false
 }
 
 // dialer returns a DialContext that refuses private addresses unless

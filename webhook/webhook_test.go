@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -97,6 +98,27 @@ func TestPrivateAddressRefusedAtDial(t *testing.T) {
 	}
 	if err := CheckURL("https://user:pw@example.com/"); err == nil {
 		t.Error("URL with credentials accepted")
+	}
+}
+
+// TestPrivateThroughTranslators: an IPv6 address that carries a private
+// IPv4 one to a NAT64 or 6to4 translator is private too; one that carries
+// a public address is not.
+func TestPrivateThroughTranslators(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"64:ff9b::a00:1":      true,  // 10.0.0.1
+		"64:ff9b::7f00:1":     true,  // 127.0.0.1
+		"64:ff9b::a9fe:a9fe":  true,  // 169.254.169.254, the metadata service
+		"64:ff9b:1::a00:1":    true,  // local-use prefix
+		"2002:a00:1::1":       true,  // 6to4 of 10.0.0.1
+		"64:ff9b::808:808":    false, // 8.8.8.8
+		"2002:808:808::1":     false,
+		"2001:db8::1":         false,
+		"::ffff:192.168.1.10": true,
+	} {
+		if got := private(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("private(%s) = %v, want %v", addr, got, want)
+		}
 	}
 }
 
@@ -678,5 +700,60 @@ func TestListedEndpointHasNoSecretKey(t *testing.T) {
 	b, _ = json.Marshal(Endpoint{ID: "wh_1", Secret: "whsec_AAAA"})
 	if !strings.Contains(string(b), `"secret":"whsec_AAAA"`) {
 		t.Fatalf("%s: the secret of a new endpoint is missing", b)
+	}
+}
+
+// TestSlowEndpointInAFleet: two daemons pull one endpoint's consumer and
+// the endpoint takes longer than the ack wait to answer. The event stays
+// with the daemon that has it (InProgress through the POST), so the
+// endpoint sees it once, never two POSTs at a time.
+func TestSlowEndpointInAFleet(t *testing.T) {
+	f := newFixtureWith(t, func(c *Config) { c.ackWait, c.Timeout = time.Second, 10*time.Second }, status(200))
+	ctx := context.Background()
+	var mu sync.Mutex
+	posts, inflight, most, done := 0, 0, 0, 0
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		posts++
+		inflight++
+		most = max(most, inflight)
+		mu.Unlock()
+		time.Sleep(2500 * time.Millisecond) // the endpoint is slow: over two ack waits
+		mu.Lock()
+		inflight--
+		done++
+		mu.Unlock()
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer ts.Close()
+	f.stop()
+	ep, err := f.store.Add(ctx, "acme", ts.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.Remove(ctx, f.ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	f.start(t, func(c *Config) { c.WorkerID = "daemon-a" })
+	f.start(t, func(c *Config) { c.WorkerID = "daemon-b" })
+	waitUntil(t, "the consumer", func() bool {
+		_, err := f.js.Consumer(ctx, queue.StreamEvents, consumerName(ep.ID))
+		return err == nil
+	})
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "m1", Tenant: "acme"})
+	waitUntil(t, "the event acknowledged", func() bool {
+		c, err := f.js.Consumer(ctx, queue.StreamEvents, consumerName(ep.ID))
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx)
+		mu.Lock()
+		defer mu.Unlock()
+		return err == nil && done >= 1 && inflight == 0 && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if posts != 1 || most != 1 {
+		t.Fatalf("%d POSTs of one event, %d at once; want 1", posts, most)
 	}
 }
