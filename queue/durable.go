@@ -131,6 +131,24 @@ func (q *Queue) watchFirings() error {
 // remoteSyncer asks the daemon's syncer over NATS.
 type remoteSyncer struct{ nc *nats.Conn }
 
+// ServerSyncs reports whether a daemon answers sync requests at the
+// server this queue is connected to (a daemon running the embedded server
+// with --durability disk): then RemoteSync makes every write wait for that
+// daemon's fsync. False when nobody answers.
+func (q *Queue) ServerSyncs(ctx context.Context) (bool, error) {
+	m, err := q.nc.RequestWithContext(ctx, subjSync, []byte(StreamWork))
+	if errors.Is(err, nats.ErrNoResponders) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("ask the server's daemon for a sync: %w", err)
+	}
+	if len(m.Data) > 0 {
+		return false, fmt.Errorf("the server's daemon could not sync: %s", m.Data)
+	}
+	return true, nil
+}
+
 // Sync implements Syncer. No responder means no daemon syncs for this
 // server (it runs with --durability replicas or none): the server's
 // acknowledgement is all there is to wait for.

@@ -293,8 +293,8 @@ func (c *serveConfig) durability() (queue.Durability, string, error) {
 		if err != nil {
 			return "", "", fmt.Errorf("--durability: %w", err)
 		}
-		if d == queue.DurabilityDisk && c.NATSURL != "" {
-			return "", "", fmt.Errorf("--durability disk needs the embedded server: outflow cannot fsync an external server's store; " +
+		if d == queue.DurabilityDisk && c.NATSURL != "" && c.NATSReplicas > 1 {
+			return "", "", fmt.Errorf("--durability disk needs the embedded server, or with --nats-url the embedded server of another outflow daemon: outflow cannot fsync a cluster's stores; " +
 				"on a cluster use replicas (a majority holds every write), and set sync_interval: always on its servers to fsync as well")
 		}
 		if d == queue.DurabilityReplicas && c.NATSURL == "" {

@@ -9,6 +9,7 @@ import (
 func TestDurabilityResolution(t *testing.T) {
 	for _, tc := range []struct {
 		flag, old, url string
+		replicas       int
 		want           queue.Durability
 		note, bad      bool
 	}{
@@ -18,12 +19,15 @@ func TestDurabilityResolution(t *testing.T) {
 		{old: "always", want: queue.DurabilityDisk, note: true},
 		{old: "default", want: queue.DurabilityNone, note: true},
 		{flag: "disk", old: "default", want: queue.DurabilityDisk},
-		{flag: "disk", url: "nats://n1:4222", bad: true},
+		// disk with --nats-url: the daemon of that server fsyncs
+		// (remoteDurability checks that one answers); not on a cluster.
+		{flag: "disk", url: "nats://n1:4222", want: queue.DurabilityDisk},
+		{flag: "disk", url: "nats://n1:4222", replicas: 3, bad: true},
 		{flag: "replicas", bad: true},
 		{flag: "fsync", bad: true},
 		{old: "sometimes", bad: true},
 	} {
-		c := &serveConfig{Durability: tc.flag, JetStreamSync: tc.old, NATSURL: tc.url}
+		c := &serveConfig{Durability: tc.flag, JetStreamSync: tc.old, NATSURL: tc.url, NATSReplicas: max(tc.replicas, 1)}
 		d, note, err := c.durability()
 		if tc.bad {
 			if err == nil {

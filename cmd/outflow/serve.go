@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -160,6 +161,12 @@ func serve(parent context.Context, c *serveConfig) error {
 		log.Info().Str("store", c.Data).Str("client_url", emb.ClientInfo().URL).Str("durability", string(durability)).Msg("embedded NATS JetStream started")
 	} else {
 		qopts.URL, qopts.CredsFile = c.NATSURL, c.NATSCreds
+		// Streams of one replica have one store, and the daemon whose
+		// embedded server holds it can fsync it: every write then waits
+		// for that daemon's group commit, as its own do (a worker on
+		// another machine once answered 250 on the server's
+		// acknowledgement alone, the write in its page cache).
+		qopts.RemoteSync = c.NATSReplicas <= 1 && durability != queue.DurabilityNone
 	}
 	setupCtx, cancelSetup := context.WithTimeout(ctx, 60*time.Second)
 	q, err := queue.Connect(setupCtx, qopts)
@@ -168,6 +175,11 @@ func serve(parent context.Context, c *serveConfig) error {
 		return err
 	}
 	defer q.Close()
+	if qopts.RemoteSync {
+		if durability, err = remoteDurability(ctx, q, durability, log); err != nil {
+			return err
+		}
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -399,6 +411,29 @@ func awaitStop(ctx context.Context, subDone, poolDone <-chan error, log zerolog.
 		return stopped("submission listener", err), false
 	case err := <-poolDone:
 		return stopped("workers", err), true
+	}
+}
+
+// remoteDurability is what a worker on another server's streams of one
+// replica gets: disk, when the daemon that owns that server's store
+// answers sync requests; otherwise the server's acknowledgement alone,
+// which --durability disk refuses and the default (replicas) warns of.
+func remoteDurability(ctx context.Context, q *queue.Queue, asked queue.Durability, log zerolog.Logger) (queue.Durability, error) {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	syncs, err := q.ServerSyncs(pctx)
+	switch {
+	case syncs:
+		log.Info().Str("durability", string(queue.DurabilityDisk)).
+			Msg("streams of one replica, on the embedded server of another daemon: every write waits for that daemon's fsync")
+		return queue.DurabilityDisk, nil
+	case asked == queue.DurabilityDisk:
+		return "", fmt.Errorf("--durability disk with --nats-url: no outflow daemon fsyncs that server's store (%v); "+
+			"point --nats-url at a daemon's embedded server, or use replicas on a cluster", cmp.Or[error](err, errors.New("nobody answers sync requests")))
+	default:
+		log.Warn().Err(err).Str("durability", string(asked)).
+			Msg("streams of one replica and no outflow daemon fsyncs that server's store: a 250 means the server has the write, not its disk; set sync_interval: always on that server, or use a cluster")
+		return asked, nil
 	}
 }
 
