@@ -149,6 +149,16 @@ type StoreSyncer struct {
 	// takes this much longer, as on a slow or overloaded disk. Zero in
 	// production; only tests in this package set it.
 	fsyncDelay atomic.Int64
+	// fsyncFail is a fault hook for tests: the next fsync fails with it.
+	fsyncFail atomic.Pointer[error]
+
+	// failed is the first fsync failure (Failed). The kernel reports a
+	// writeback error once, to the file descriptor open at the time, and
+	// may drop the pages it could not write: a later fsync, through a new
+	// descriptor, succeeds without them. So after one, no write is
+	// accepted as on disk again until the daemon restarts and the store
+	// is read back from disk.
+	failed atomic.Pointer[error]
 }
 
 type syncReq struct {
@@ -213,6 +223,9 @@ func (s *StoreSyncer) Sync(ctx context.Context, streams ...string) error {
 	if len(streams) == 0 {
 		return nil
 	}
+	if err := s.Failed(); err != nil {
+		return err
+	}
 	r := &syncReq{streams: streams, at: time.Now(), err: make(chan error, 1)}
 	select {
 	case s.reqs <- r:
@@ -229,6 +242,14 @@ func (s *StoreSyncer) Sync(ctx context.Context, streams ...string) error {
 	case <-ctx.Done():
 		return fmt.Errorf("sync %s: %w", strings.Join(streams, ","), ctx.Err())
 	}
+}
+
+// Failed is the fsync failure after which every Sync fails, or nil.
+func (s *StoreSyncer) Failed() error {
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Stopped reports whether Run has returned (its context ended, or it
@@ -323,8 +344,17 @@ func (s *StoreSyncer) sweepLanes(ctx context.Context) {
 }
 
 // syncBatch syncs every stream the batch names, once, and answers each
-// request with the first error among its own streams.
+// request with the first error among its own streams. After an fsync
+// failure (Failed) every request fails, also those that were waiting when
+// it came: their writes may be among what the kernel dropped.
 func (s *StoreSyncer) syncBatch(batch []*syncReq) {
+	if err := s.Failed(); err != nil {
+		for _, r := range batch {
+			r.err <- err
+			s.waiters.Add(1)
+		}
+		return
+	}
 	var list []string
 	for _, r := range batch {
 		for _, n := range r.streams {
@@ -466,8 +496,14 @@ func (s *StoreSyncer) fsyncPath(path string) error {
 	if d := s.fsyncDelay.Load(); d > 0 {
 		time.Sleep(time.Duration(d)) // the injected fault: a slow fsync
 	}
-	if err := f.Sync(); err != nil {
+	err = f.Sync()
+	if p := s.fsyncFail.Swap(nil); p != nil {
+		err = *p // the injected fault
+	}
+	if err != nil {
 		f.Close()
+		failure := fmt.Errorf("an fsync of %s failed (%w): writes the kernel had not yet written may be lost, so nothing more is accepted as on disk until the daemon is restarted", path, err)
+		s.failed.CompareAndSwap(nil, &failure)
 		return err
 	}
 	return f.Close()

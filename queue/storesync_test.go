@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -636,5 +637,34 @@ func BenchmarkFiringSyncs(b *testing.B) {
 			_, _, f1 := ss.Stats()
 			b.ReportMetric(float64(f1-f0)/float64(b.N), "fsyncs/firing")
 		})
+	}
+}
+
+// TestFsyncFailureIsFinal: after an fsync fails, every later sync fails
+// too, though the fsyncs that follow succeed (the kernel reports a
+// writeback error once and may drop the pages): no write is accepted as
+// on disk again, and the embedded server reports itself unhealthy, until
+// the daemon restarts and reads the store back.
+func TestFsyncFailureIsFinal(t *testing.T) {
+	q, emb := syncedQueueWith(t, EmbeddedConfig{SweepEvery: -1})
+	ss := emb.StoreSyncer()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sub := &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: x\r\n\r\nx\r\n")}
+	if _, err := q.Enqueue(ctx, sub); err != nil || emb.Healthy() != nil {
+		t.Fatalf("before: %v, healthy %v", err, emb.Healthy())
+	}
+	eio := error(syscall.EIO)
+	ss.fsyncFail.Store(&eio)
+	if _, err := q.Enqueue(ctx, sub); err == nil {
+		t.Fatal("accepted through a failed fsync")
+	}
+	for range 3 { // the fsyncs themselves would succeed now
+		if _, err := q.Enqueue(ctx, sub); err == nil || !strings.Contains(err.Error(), "until the daemon is restarted") {
+			t.Fatalf("accepted after a failed fsync: %v", err)
+		}
+	}
+	if err := emb.Healthy(); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("healthy after a failed fsync: %v", err)
 	}
 }

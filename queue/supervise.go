@@ -35,6 +35,11 @@ func (e *Embedded) Healthy() error {
 	if e.syncer != nil && e.syncer.Stopped() {
 		return fmt.Errorf("%w: the store syncer stopped (see the log); nothing can be accepted as on disk", ErrUnavailable)
 	}
+	if e.syncer != nil {
+		if err := e.syncer.Failed(); err != nil {
+			return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+	}
 	return nil
 }
 
