@@ -156,8 +156,10 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	defer cancel()
 	ids, err := s.enqueue(ctx, sub)
 	if err != nil {
-		if s.cfg.Quota != nil {
-			s.cfg.Quota.Return(key.Tenant, len(rcpts)) // not stored: not sent
+		if s.cfg.Quota != nil && !errors.Is(err, queue.ErrMaybeStored) {
+			// Not stored: not sent. What may be stored is delivered,
+			// and keeps its recipients counted.
+			s.cfg.Quota.Return(key.Tenant, len(rcpts))
 		}
 		s.log.Error().Err(err).Str("tenant", key.Tenant).Str("key_id", key.ID).Int("size", len(msg)).Msg("api submission not queued")
 		if c != nil {

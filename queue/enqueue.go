@@ -162,13 +162,13 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			// One envelope: one request, its PubAck read without
 			// nats.go's future and JSON decode (pubAckErr).
 			if err := q.publishConfirmed(ctx, m, stream); err != nil {
-				return nil, fmt.Errorf("queue envelope: %w", err)
+				return nil, maybeStored(fmt.Errorf("queue envelope: %w", err))
 			}
 			continue
 		}
 		f, err := q.js.PublishMsgAsync(m)
 		if err != nil {
-			return nil, fmt.Errorf("queue envelope: %w", err)
+			return nil, maybeStored(fmt.Errorf("queue envelope: %w", err))
 		}
 		futures = append(futures, f)
 	}
@@ -176,9 +176,9 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			return nil, fmt.Errorf("queue envelope: %w", err)
+			return nil, maybeStored(fmt.Errorf("queue envelope: %w", err))
 		case <-ctx.Done():
-			return nil, fmt.Errorf("queue envelope: %w", ctx.Err())
+			return nil, maybeStored(fmt.Errorf("queue envelope: %w", ctx.Err()))
 		}
 	}
 	// The envelopes, and the body when it is stored apart, are on disk
@@ -193,13 +193,13 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		streams = append(streams, bodyStreamName)
 	}
 	if err := q.durable(ctx, streams...); err != nil {
-		return nil, fmt.Errorf("queue envelope: %w", err)
+		return nil, maybeStored(fmt.Errorf("queue envelope: %w", err))
 	}
 	if !later {
 		q.wake(tenant)
 	} else if s.IdempotencyKey != "" {
 		if err := q.recordScheduled(ctx, msgID, ids); err != nil {
-			return nil, err
+			return nil, maybeStored(err)
 		}
 	}
 	for i, id := range ids {
@@ -210,6 +210,15 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	}
 	return ids, nil
 }
+
+// ErrMaybeStored marks an Enqueue error that came once an envelope had
+// been handed to the server: the message may be stored, in part (one
+// envelope of several) or whole (its fsync failed, or the answer was
+// lost), and what is stored is delivered. A caller must not take it as
+// not sent: a sending limit keeps its recipients counted.
+var ErrMaybeStored = errors.New("the message may be stored, in part or whole")
+
+func maybeStored(err error) error { return fmt.Errorf("%w (%w)", err, ErrMaybeStored) }
 
 // part is the recipients of one envelope, all at dest.
 type part struct {

@@ -131,8 +131,11 @@ func TestEnqueueFailsWhenSyncFails(t *testing.T) {
 	defer cancel()
 	// Two destinations: the body goes to the Object Store and is synced too.
 	_, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example", "s@e.example"}, Body: []byte("x\r\n")})
-	if err == nil || !strings.Contains(err.Error(), "input/output error") {
-		t.Fatalf("Enqueue error = %v, want the sync's", err)
+	if err == nil || !strings.Contains(err.Error(), "input/output error") || !errors.Is(err, ErrMaybeStored) {
+		t.Fatalf("Enqueue error = %v, want the sync's, marked ErrMaybeStored (the envelopes were stored)", err)
+	}
+	if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example"}); err == nil || errors.Is(err, ErrMaybeStored) {
+		t.Fatalf("Enqueue of nothing: %v, want an error not marked ErrMaybeStored", err)
 	}
 	if s := waitSync(t, g); !slices.Equal(s, []string{StreamWork, bodyStreamName}) {
 		t.Fatalf("synced %v, want work and bodies", s)

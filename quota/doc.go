@@ -6,9 +6,15 @@
 //
 // The count lives in the outflow_quota bucket, one key per tenant and hour,
 // leased by each process in growing steps and given back when unused
-// (Limiter). The submission listener takes one recipient at each RCPT and
+// (Limiter). A lease is a compare-and-set of its hour's key; since a
+// process whose clock has passed the hour writes the next hour's key, a
+// lease reads the hours beside its own again after its write and takes
+// itself back if together they went over the limit. The submission
+// listener takes one recipient at each RCPT and
 // the HTTP API a message's recipients at once, before they are stored, and
-// both give back what they took for a message not stored in the end; past
+// both give back what they took for a message not stored in the end (not
+// for one that may be stored in part, queue.ErrMaybeStored: what is
+// stored is delivered); past
 // the limit the listener answers 452 4.4.5 and the API 429, both saying
 // when part of the limit comes free. A limit is checked or the recipient
 // refused: when the bucket cannot be read, the answer is a temporary

@@ -219,6 +219,13 @@ func (l *Limiter) Take(ctx context.Context, tenant string, n int) error {
 		} else {
 			_, err = l.kv.Update(ctx, key, v, rev)
 		}
+		if err == nil && l.overBeside(ctx, tenant, hour, st.past+cur+grant, uint64(limit)) {
+			// A process on the other side of the hour leased from its
+			// own key meanwhile, which this write's compare-and-set does
+			// not cover: take the grant back and read again.
+			l.giveBack(ctx, key, grant)
+			continue
+		}
 		if err == nil {
 			st.leased = st.leased + grant - uint64(n)
 			st.block = min(2*st.block, maxBlock)
@@ -232,6 +239,22 @@ func (l *Limiter) Take(ctx context.Context, tenant string, n int) error {
 		// Another process leased first: read again.
 	}
 	return fmt.Errorf("quota %s: the hour's count kept changing", tenant)
+}
+
+// overBeside reads the hours beside hour again, after a lease was written
+// to hour's key, and reports whether with them the window holds more than
+// limit: counted is everything else (the older hours and hour's key as
+// written). A read that fails counts as nothing more: the lease stands.
+func (l *Limiter) overBeside(ctx context.Context, tenant string, hour int64, counted, limit uint64) bool {
+	before, _, err := l.read(ctx, slotKey(tenant, hour-1))
+	if err != nil {
+		return false
+	}
+	after, _, err := l.read(ctx, slotKey(tenant, hour+1))
+	if err != nil {
+		return false
+	}
+	return counted+before+after > limit
 }
 
 // Return gives back n recipients of tenant taken and not sent (a

@@ -268,3 +268,50 @@ type kvBuckets struct{ kv jetstream.KeyValue }
 func (b kvBuckets) KeyValue(context.Context, jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	return b.kv, nil
 }
+
+// barrierKV holds the first Create or Update of each of two limiters until
+// both have read: two processes on either side of an hour lease at the
+// same moment, each from its own hour's key.
+type barrierKV struct {
+	jetstream.KeyValue
+	wg   *sync.WaitGroup
+	once sync.Once
+}
+
+func (b *barrierKV) hold() { b.once.Do(func() { b.wg.Done(); b.wg.Wait() }) }
+
+func (b *barrierKV) Create(ctx context.Context, k string, v []byte, o ...jetstream.KVCreateOpt) (uint64, error) {
+	b.hold()
+	return b.KeyValue.Create(ctx, k, v, o...)
+}
+
+func (b *barrierKV) Update(ctx context.Context, k string, v []byte, r uint64) (uint64, error) {
+	b.hold()
+	return b.KeyValue.Update(ctx, k, v, r)
+}
+
+// TestHourBoundaryLeases: two processes, one a millisecond before 11:00
+// and one at it, lease 600 of a limit of 1000 at the same moment, each
+// from its own hour's key. Not both are granted: each write's
+// compare-and-set covers its own hour only, and both were once.
+func TestHourBoundaryLeases(t *testing.T) {
+	for range 3 {
+		a, b := openTwo(t, Config{Default: 1000})
+		var wg sync.WaitGroup
+		wg.Add(2)
+		a.kv = &barrierKV{KeyValue: a.kv, wg: &wg}
+		b.kv = &barrierKV{KeyValue: b.kv, wg: &wg}
+		at := time.Date(2026, 12, 6, 11, 0, 0, 0, time.UTC)
+		a.now = func() time.Time { return at.Add(-time.Millisecond) }
+		b.now = func() time.Time { return at }
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		errs := make(chan error, 2)
+		go func() { errs <- a.Take(ctx, "shop", 600) }()
+		go func() { errs <- b.Take(ctx, "shop", 600) }()
+		e1, e2 := <-errs, <-errs
+		cancel()
+		if e1 == nil && e2 == nil {
+			t.Fatal("both granted: 1200 recipients under a limit of 1000")
+		}
+	}
+}

@@ -3,6 +3,7 @@ package submission
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/emersion/go-smtp"
 
+	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/quota"
 )
 
@@ -103,4 +105,44 @@ func TestSendingLimitAtRcpt(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantCode(t, c.Rcpt("d@example.org", nil), 451, smtp.EnhancedCode{4, 3, 0})
+}
+
+// TestSendingLimitAfterAFailedStore: a DATA whose store failed before
+// anything was handed to the server gives its recipients back; one that
+// failed after (queue.ErrMaybeStored: part or all of it may be stored, and
+// is then delivered) keeps them counted, though the client is told 451.
+func TestSendingLimitAfterAFailedStore(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		err      error
+		returned int
+	}{
+		{"nothing stored", errors.New("jetstream unavailable"), 1},
+		{"maybe stored", fmt.Errorf("queue envelope: fsync failed (%w)", queue.ErrMaybeStored), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := &fakeQueue{err: tc.err}
+			qt := &fakeQuota{left: map[string]int{testUser: 5}}
+			ts := startServer(t, Config{Users: testUsers(t), Quota: qt}, q)
+			c := ts.dialAuth(t)
+			if err := c.Mail("app@example.com", nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Rcpt("a@example.org", nil); err != nil {
+				t.Fatal(err)
+			}
+			w, err := c.Data()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = w.Write([]byte("Subject: t\r\n\r\nx\r\n"))
+			wantCode(t, w.Close(), 451, smtp.EnhancedCode{4, 3, 0})
+			_ = c.Quit()
+			qt.mu.Lock()
+			defer qt.mu.Unlock()
+			if qt.returned != tc.returned {
+				t.Fatalf("returned %d recipients, want %d", qt.returned, tc.returned)
+			}
+		})
+	}
 }

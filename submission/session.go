@@ -455,8 +455,12 @@ func (s *session) Data(r io.Reader) error {
 		// (a timeout), so the frame is left to the collector then.
 		recycleFrame(frame)
 		sub.Body, sub.Frame = nil, nil
+	}
+	if err == nil || errors.Is(err, queue.ErrMaybeStored) {
+		// Sent, or perhaps sent: an envelope handed to the server before
+		// the failure is delivered, so its recipients stay counted.
 		s.mu.Lock()
-		s.quotaTaken = 0 // sent: they count
+		s.quotaTaken = 0
 		s.mu.Unlock()
 	}
 	if err != nil {
