@@ -188,7 +188,9 @@ func (s *Server) withOriginal(refs []ref, header []byte) []ref {
 		return refs
 	}
 	for _, a := range s.cfg.ReturnPath.Find(header, s.cfg.MaxRecipients) {
-		if id, at, ok := s.cfg.ReturnPath.Check(a); ok {
+		// Each envelope once, however its return path is spelt (as Rcpt
+		// does): one complaint is one event.
+		if id, at, ok := s.cfg.ReturnPath.Check(a); ok && !slices.ContainsFunc(refs, func(r ref) bool { return r.id == id }) {
 			refs = append(refs, ref{id: id, at: at})
 		}
 	}
@@ -245,12 +247,23 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 		}
 		recorded := false
 		var later []dsn.Recipient // for the sender's notices
+		// reached: the addresses some block of this report says the
+		// message reached, through them (an alias or a list whose other
+		// members got it: the address works).
+		reached := map[string]bool{}
 		for _, rc := range other {
 			if rcpt := e.match(rc.Final, rc.Original); rcpt != "" {
+				if rc.Action == dsn.Delivered || rc.Action == dsn.Relayed || rc.Action == dsn.Expanded {
+					reached[rcpt] = true
+				}
 				rc.Final, rc.RemoteMTA = rcpt, cmp.Or(rc.RemoteMTA, rep.ReportingMTA)
 				later = append(later, rc)
 			}
 		}
+		// bounced: the addresses recorded bounced by this report, once
+		// each: a server that expanded an alias reports each member that
+		// failed, all standing for the one address delivered to.
+		bounced := map[string]bool{}
 		for _, rc := range failed {
 			rcpt := e.match(rc.Final, rc.Original)
 			if rcpt == "" {
@@ -258,6 +271,10 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 					Msg("bounce names a recipient the message was not delivered to")
 				continue
 			}
+			if bounced[rcpt] {
+				continue
+			}
+			bounced[rcpt] = true
 			in, reason := diagnosticInput(rc)
 			res := s.cfg.Classifier.Classify(in)
 			ev := &queue.Event{ID: e.id, MsgID: e.msgID, Tenant: e.tenant, Dest: e.dest, Worker: s.cfg.ID,
@@ -269,7 +286,7 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 			rc.Final, rc.RemoteMTA = rcpt, cmp.Or(rc.RemoteMTA, rep.ReportingMTA)
 			later = append(later, rc)
 			suppressed := false
-			if s.cfg.Suppressions != nil && res.Class == classify.Permanent && res.Scope == classify.ScopeRecipient {
+			if s.cfg.Suppressions != nil && res.Class == classify.Permanent && res.Scope == classify.ScopeRecipient && !reached[rcpt] {
 				if _, err := s.cfg.Suppressions.AddFirst(ctx, queue.Suppression{Tenant: e.tenant, Address: rcpt,
 					Reason: shorten(reason, 512), Source: queue.SuppressBounce}); err != nil {
 					return "", err

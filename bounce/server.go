@@ -30,10 +30,16 @@ import (
 
 // Defaults of Config's numeric settings.
 const (
-	// DefaultMaxMessageBytes bounds a received report: a DSN or an ARF
-	// report carries at most the original's header or a copy of a small
-	// original (Postfix returns 50,000 bytes of it by default).
+	// DefaultMaxMessageBytes is how much of a received message is kept
+	// and read: a DSN or an ARF report puts its status part before the
+	// copy of the original it may carry, and this is plenty for those.
+	// A longer report is taken (up to acceptBytes), its tail discarded.
 	DefaultMaxMessageBytes = 2 << 20
+	// acceptBytes is the largest message taken at all: a report that
+	// returns a whole original (RET=FULL, a feedback loop's copy) can be as
+	// large as the mail outflow sends, and refusing it with 552 lost the
+	// bounce or the complaint for good.
+	acceptBytes = 64 << 20
 	// DefaultMaxConnections bounds concurrent connections; more are
 	// answered 421.
 	DefaultMaxConnections = 100
@@ -169,9 +175,12 @@ func New(cfg Config) (*Server, error) {
 	srv.Addr = cfg.Addr
 	srv.Domain = cfg.Hostname
 	srv.ReadTimeout, srv.WriteTimeout = cfg.Timeout, cfg.Timeout
-	srv.MaxMessageBytes = cfg.MaxMessageBytes
+	srv.MaxMessageBytes = max(acceptBytes, cfg.MaxMessageBytes)
 	srv.MaxRecipients = cfg.MaxRecipients
-	srv.MaxLineLength = 2000
+	// A returned original's header lines can be longer than RFC 5322's
+	// 998 (go-smtp's 2,000 was a 554 to the reporting server, a permanent
+	// refusal of the report); a command line as long only costs memory.
+	srv.MaxLineLength = 64 << 10
 	srv.TLSConfig = cfg.TLSConfig
 	srv.EnableSMTPUTF8 = true // RFC 6533 reports come from servers that speak it
 	// A relaying server may pass a report on with its DSN parameters
@@ -275,9 +284,14 @@ type session struct {
 	fbl  bool     // addressed to a feedback-loop address
 	role []string // the postmaster and abuse addresses it was addressed to
 	from string   // its MAIL FROM, for a forward's trace
+	// truncated: the message was longer than MaxMessageBytes and only
+	// its start was kept (Data).
+	truncated bool
 }
 
-func (ss *session) Reset()        { ss.refs, ss.fbl, ss.role, ss.from = nil, false, nil, "" }
+func (ss *session) Reset() {
+	ss.refs, ss.fbl, ss.role, ss.from, ss.truncated = nil, false, nil, "", false
+}
 func (ss *session) Logout() error { return nil }
 
 // Mail takes any reverse path: reports come from the null sender or from
@@ -324,6 +338,17 @@ var errTooBig = &smtp.SMTPError{Code: 552, EnhancedCode: smtp.EnhancedCode{5, 3,
 func (ss *session) Data(r io.Reader) error {
 	var buf bytes.Buffer
 	n, err := buf.ReadFrom(io.LimitReader(r, ss.s.cfg.MaxMessageBytes+1))
+	if err == nil && n > ss.s.cfg.MaxMessageBytes {
+		// The report's tail, the copy of the original, is not read: only
+		// a message for postmaster@ or abuse@ alone, forwarded whole or
+		// not at all, is refused for its size.
+		buf.Truncate(int(ss.s.cfg.MaxMessageBytes))
+		_, err = io.Copy(io.Discard, r)
+		if err == nil && len(ss.refs) == 0 && !ss.fbl {
+			return errTooBig
+		}
+		ss.truncated = true
+	}
 	if err != nil {
 		var se *smtp.SMTPError
 		if errors.As(err, &se) {
@@ -331,19 +356,18 @@ func (ss *session) Data(r io.Reader) error {
 		}
 		return err
 	}
-	if n > ss.s.cfg.MaxMessageBytes {
-		_, _ = io.Copy(io.Discard, r)
-		return errTooBig
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), ss.s.cfg.RecordTimeout)
 	defer cancel()
-	if len(ss.role) > 0 {
+	if len(ss.role) > 0 && !ss.truncated {
 		if err := ss.forward(ctx, buf.Bytes()); err != nil {
 			return err
 		}
 		if len(ss.refs) == 0 && !ss.fbl {
 			return nil
 		}
+	} else if len(ss.role) > 0 {
+		ss.s.log.Warn().Strs("to", ss.role).Int64("bytes_kept", ss.s.cfg.MaxMessageBytes).
+			Msg("a report over the size kept, also addressed to postmaster or abuse: recorded, not forwarded")
 	}
 	result, err := ss.s.record(ctx, ss.refs, buf.Bytes())
 	var u *unreadable

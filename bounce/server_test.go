@@ -339,17 +339,58 @@ func TestUnreadableRefused(t *testing.T) {
 }
 
 // A report larger than the limit is refused whole, 552.
-func TestReportTooBig(t *testing.T) {
+func TestReportLongerThanKept(t *testing.T) {
 	l := startListener(t, func(c *Config) { c.MaxMessageBytes = 4096 })
-	msg := failureDSN(t, dsn.Recipient{Final: "bob@dest.example", Action: dsn.Failed, Status: "5.1.1"})
-	msg = append(msg, []byte(strings.Repeat("padding line\r\n", 400))...)
-	err := l.send(t, []string{l.returnPath("env1")}, msg)
-	var se *smtp.SMTPError
-	if !errors.As(err, &se) || se.Code != 552 {
-		t.Fatalf("answered %v, want 552", err)
+	// A DSN that returns a whole original (RET=FULL) of 20 KiB: its
+	// status part comes first and is read; the rest is discarded, not
+	// refused (a 552 lost the bounce for good).
+	original := strings.Repeat(strings.Repeat("A", 76)+"\r\n", 20<<10/78)
+	msg := []byte(strings.ReplaceAll(`From: MAILER-DAEMON@mx.dest.example
+Subject: Undelivered Mail Returned to Sender
+MIME-Version: 1.0
+Content-Type: multipart/report; report-type=delivery-status; boundary="b1"
+
+--b1
+Content-Type: text/plain
+
+The mail could not be delivered.
+
+--b1
+Content-Type: message/delivery-status
+
+Reporting-MTA: dns; mx.dest.example
+
+Final-Recipient: rfc822; bob@dest.example
+Action: failed
+Status: 5.1.1
+Diagnostic-Code: smtp; 550 5.1.1 no such user
+
+--b1
+Content-Type: message/rfc822
+
+Message-ID: <m1@shop.example>
+Subject: hi
+
+`, "\n", "\r\n") + original + "\r\n--b1--\r\n")
+	if err := l.send(t, []string{l.returnPath("env1")}, msg); err != nil {
+		t.Fatalf("a report longer than kept: %v, want it taken", err)
 	}
-	if len(l.store.events()) != 0 {
-		t.Fatal("recorded a refused report")
+	if evs := l.store.events(); len(evs) != 1 || evs[0].Type != queue.EventBounced || evs[0].Recipients[0] != "bob@dest.example" {
+		t.Fatalf("events %+v, want the bounce recorded", evs)
+	}
+	// A line longer than go-smtp's 2,000 octets (a returned header) is
+	// no reason to refuse it either.
+	long := []byte(strings.Replace(string(msg), "Subject: hi", "Subject: "+strings.Repeat("x", 3000), 1))
+	if err := l.send(t, []string{l.returnPath("env1")}, long); err != nil {
+		t.Fatalf("a report with a 3,000-octet line: %v", err)
+	}
+	// A complaint whose copy of the original runs past what is kept.
+	arf := strings.Replace(string(arfReport(l.returnPath("env1"), "")), "Subject: hi\r\n", "Subject: hi\r\n\r\n"+original, 1)
+	if err := l.send(t, []string{l.returnPath("env1")}, []byte(arf)); err != nil {
+		t.Fatalf("a complaint longer than kept: %v", err)
+	}
+	if evs := l.store.events(); evs[len(evs)-1].Type != queue.EventComplained {
+		t.Fatalf("events %+v, want the complaint recorded last", evs)
 	}
 }
 
@@ -786,5 +827,59 @@ func TestLaterBounceNotifiesTheSender(t *testing.T) {
 	}
 	if len(n.notices()) != 2 {
 		t.Fatalf("a notice for an envelope whose sender is owed none: %+v", n.notices()[2:])
+	}
+}
+
+// TestAliasMembersReport: a report from a server that expanded the alias
+// the message was delivered to, two members failed and one got it. One
+// bounced event for the alias, not one per member, and no suppression:
+// the alias works. Without the delivered member it is suppressed, once.
+func TestAliasMembersReport(t *testing.T) {
+	for _, withDelivered := range []bool{true, false} {
+		l := startListener(t, nil)
+		l.store.hist["env2"] = []queue.Event{
+			{Type: queue.EventQueued, ID: "env2", MsgID: "msg2", Tenant: "shop", Dest: "dest.example"},
+			{Type: queue.EventDelivered, ID: "env2", MsgID: "msg2", Tenant: "shop", Dest: "dest.example", Recipients: []string{"sales@dest.example"}},
+		}
+		members := []dsn.Recipient{
+			{Final: "bob@internal.dest.example", Original: "sales@dest.example", OriginalType: "rfc822", Action: dsn.Failed, Status: "5.1.1", Diagnostic: "550 5.1.1 user unknown"},
+			{Final: "carol@internal.dest.example", Original: "sales@dest.example", OriginalType: "rfc822", Action: dsn.Failed, Status: "5.1.1", Diagnostic: "550 5.1.1 user unknown"},
+		}
+		if withDelivered {
+			members = append(members, dsn.Recipient{Final: "dave@internal.dest.example", Original: "sales@dest.example", OriginalType: "rfc822", Action: dsn.Delivered, Status: "2.0.0"})
+		}
+		if err := l.send(t, []string{l.returnPath("env2")}, failureDSN(t, members...)); err != nil {
+			t.Fatal(err)
+		}
+		bounced := 0
+		for _, ev := range l.store.events() {
+			if ev.Type == queue.EventBounced {
+				bounced++
+			}
+		}
+		if bounced != 1 {
+			t.Errorf("delivered member %v: %d bounced events, want 1 for the alias", withDelivered, bounced)
+		}
+		if n := len(l.sup.entries()); withDelivered && n != 0 || !withDelivered && n != 1 {
+			t.Errorf("delivered member %v: %d suppressions", withDelivered, n)
+		}
+	}
+}
+
+// TestFeedbackLoopReturnPathSpeltTwice: a report to the feedback-loop
+// address whose original names the return path twice, in two spellings,
+// is one complaint.
+func TestFeedbackLoopReturnPathSpeltTwice(t *testing.T) {
+	l := startListener(t, nil)
+	rp := l.returnPath("env1")
+	at := strings.LastIndexByte(rp, '@')
+	variant := strings.ToUpper(rp[:2]) + rp[2:at] + "@" + strings.ToUpper(rp[at+1:])
+	msg := arfReport("fbl@rp.example.org", rp)
+	msg = []byte(strings.Replace(string(msg), "Message-ID: <m1@shop.example>", "Received-SPF: pass (domain of "+variant+" designates 192.0.2.10)\r\nMessage-ID: <m1@shop.example>", 1))
+	if err := l.send(t, []string{"fbl@rp.example.org"}, msg); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(l.store.events()); n != 1 {
+		t.Fatalf("%d events, want one complaint", n)
 	}
 }
