@@ -145,15 +145,47 @@ func (l *Suppressions) Add(ctx context.Context, s Suppression) error {
 // recipient unsubscribed, and then reported as spam, stays among the
 // unsubscribes an application lists (?source=unsubscribe&since=); the
 // report is its own event all the same. added says whether s was written.
+//
+// The read and the write are one compare-and-set, so that of a complaint
+// and an unsubscribe that come together the first written stays.
 func (l *Suppressions) AddFirst(ctx context.Context, s Suppression) (added bool, err error) {
-	cur, err := l.Suppressed(ctx, s.Tenant, s.Address)
+	if s.Tenant == "" {
+		return false, errors.New("suppress: empty tenant")
+	}
+	s.Address = NormalizeAddress(s.Address)
+	if s.Address == "" || !strings.Contains(s.Address, "@") {
+		return false, fmt.Errorf("suppress: %q is not an address", s.Address)
+	}
+	if s.Created.IsZero() {
+		s.Created = time.Now().UTC().Truncate(time.Second)
+	}
+	b, err := json.Marshal(&s)
 	if err != nil {
 		return false, err
 	}
-	if cur != nil && cur.Expires.IsZero() {
-		return false, nil
+	key := suppressKey(s.Tenant, s.Address)
+	for range 10 {
+		e, err := l.kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			_, err = l.kv.Create(ctx, key, b)
+		case err != nil:
+			return false, fmt.Errorf("suppression %s: %w", s.Address, err)
+		default:
+			var cur Suppression
+			if json.Unmarshal(e.Value(), &cur) == nil && cur.active(time.Now()) && cur.Expires.IsZero() {
+				return false, nil
+			}
+			_, err = l.kv.Update(ctx, key, b, e.Revision())
+		}
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return false, fmt.Errorf("suppress %s: %w", s.Address, err)
+		}
 	}
-	return true, l.Add(ctx, s)
+	return false, fmt.Errorf("suppress %s: the entry kept changing", s.Address)
 }
 
 // Remove takes addr off tenant's list, or returns ErrNotSuppressed when

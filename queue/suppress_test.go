@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -148,6 +150,30 @@ func TestSuppressionAddFirst(t *testing.T) {
 		}
 		if s, _ := l.Suppressed(ctx, "acme", addr); s == nil || s.Source != SuppressComplaint || !s.Expires.IsZero() {
 			t.Errorf("%s: entry %+v, want the complaint's, for good", addr, s)
+		}
+	}
+	// A complaint and an unsubscribe at once: one is written, and stays.
+	for i := range 10 {
+		addr := fmt.Sprintf("both%d@example.com", i)
+		var wg sync.WaitGroup
+		added := make([]bool, 2)
+		for j, src := range []string{SuppressComplaint, SuppressUnsubscribe} {
+			wg.Go(func() {
+				ok, err := l.AddFirst(ctx, Suppression{Tenant: "acme", Address: addr, Source: src})
+				if err != nil {
+					t.Error(err)
+				}
+				added[j] = ok
+			})
+		}
+		wg.Wait()
+		want := SuppressUnsubscribe
+		if added[0] {
+			want = SuppressComplaint
+		}
+		s, _ := l.Suppressed(ctx, "acme", addr)
+		if added[0] == added[1] || s == nil || s.Source != want {
+			t.Fatalf("%s: added %v, entry %+v: want exactly one written, and it kept", addr, added, s)
 		}
 	}
 	if err := l.Add(ctx, Suppression{Tenant: "acme", Address: "gone@example.com", Expires: time.Now().Add(-time.Second)}); err != nil {

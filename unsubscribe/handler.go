@@ -28,7 +28,9 @@ type Store interface {
 
 // Suppressor is the suppression list: *queue.Suppressions.
 type Suppressor interface {
-	Add(ctx context.Context, s queue.Suppression) error
+	// AddFirst puts s on the list unless an entry that never expires is
+	// there already, in one compare-and-set (queue.Suppressions.AddFirst).
+	AddFirst(ctx context.Context, s queue.Suppression) (bool, error)
 	// Suppressed returns tenant's entry for addr if one applies now, or
 	// nil.
 	Suppressed(ctx context.Context, tenant, addr string) (*queue.Suppression, error)
@@ -228,13 +230,12 @@ func (h *handler) unsubscribe(ctx context.Context, t Target, oneClick bool) (str
 	// An entry that never expires (a hard bounce, a complaint, an
 	// operator's) keeps the address off the list's mail already, and its
 	// reason says more than this one. An entry that expires is replaced:
-	// an unsubscribe does not lapse.
-	if cur == nil || !cur.Expires.IsZero() {
-		s := queue.Suppression{Tenant: t.Tenant, Address: rcpt, Reason: "unsubscribed (message " + t.ID + ")",
-			Source: queue.SuppressUnsubscribe}
-		if err := h.cfg.Suppressions.Add(ctx, s); err != nil {
-			return ResultError, err
-		}
+	// an unsubscribe does not lapse. One compare-and-set: a complaint
+	// written meanwhile is not overwritten.
+	s := queue.Suppression{Tenant: t.Tenant, Address: rcpt, Reason: "unsubscribed (message " + t.ID + ")",
+		Source: queue.SuppressUnsubscribe}
+	if _, err := h.cfg.Suppressions.AddFirst(ctx, s); err != nil {
+		return ResultError, err
 	}
 	// Both are on disk before the page says so, and before a provider's
 	// 200, after which it does not ask again.

@@ -72,6 +72,18 @@ func (f *fakeStore) Add(_ context.Context, s queue.Suppression) error {
 	return nil
 }
 
+// AddFirst is queue.Suppressions.AddFirst: an entry that never expires
+// (and applies) stays.
+func (f *fakeStore) AddFirst(ctx context.Context, s queue.Suppression) (bool, error) {
+	f.mu.Lock()
+	cur, ok := f.list[s.Tenant+"\x00"+queue.NormalizeAddress(s.Address)]
+	f.mu.Unlock()
+	if ok && cur.Expires.IsZero() {
+		return false, nil
+	}
+	return true, f.Add(ctx, s)
+}
+
 func (f *fakeStore) Suppressed(_ context.Context, tenant, addr string) (*queue.Suppression, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
