@@ -286,7 +286,7 @@ func (s *Server) recordDSN(ctx context.Context, refs []ref, rep *dsn.Received) (
 			rc.Final, rc.RemoteMTA = rcpt, cmp.Or(rc.RemoteMTA, rep.ReportingMTA)
 			later = append(later, rc)
 			suppressed := false
-			if s.cfg.Suppressions != nil && res.Class == classify.Permanent && res.Scope == classify.ScopeRecipient && !reached[rcpt] {
+			if s.cfg.Suppressions != nil && res.AddressGone(in.Stage) && !reached[rcpt] {
 				if _, err := s.cfg.Suppressions.AddFirst(ctx, queue.Suppression{Tenant: e.tenant, Address: rcpt,
 					Reason: shorten(reason, 512), Source: queue.SuppressBounce}); err != nil {
 					return "", err

@@ -60,8 +60,9 @@ type outcome struct {
 }
 
 type rcptResult struct {
-	rcpt string
-	res  classify.Result
+	rcpt  string
+	res   classify.Result
+	stage classify.Stage // of the reply (Result.AddressGone)
 }
 
 // handle delivers one envelope and records exactly one durable outcome. An
@@ -436,7 +437,7 @@ func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result) *outcome {
 		case classify.Permanent:
 			// Not a candidate for lead: a bounced recipient's reply must
 			// not describe the deferral of the others.
-			o.bounced = append(o.bounced, rcptResult{rcpt, r})
+			o.bounced = append(o.bounced, rcptResult{rcpt, r, in.Stage})
 			continue
 		case classify.Unknown:
 			o.unknown = true

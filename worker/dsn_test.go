@@ -141,7 +141,7 @@ func TestDSNOnceAcrossRetries(t *testing.T) {
 	d := noticeDeliverer(t, e.q, e.snd, dsnConfig(m))
 	env := &queue.Envelope{ID: "abc", MsgID: "abc", Tenant: "t1", From: "app@src.test", Rcpts: []string{"gone@dest.test"},
 		Dest: "dest.test", Body: []byte("Subject: hi\r\n\r\nx\r\n"), Source: queue.SourceSMTP, Step: 3, SubmittedAt: time.Now()}
-	o := &outcome{bounced: []rcptResult{{"gone@dest.test", classify.Result{Class: classify.Permanent, Code: 550, Enhanced: "5.1.1", Text: "no"}}},
+	o := &outcome{bounced: []rcptResult{{"gone@dest.test", classify.Result{Class: classify.Permanent, Code: 550, Enhanced: "5.1.1", Text: "no"}, classify.StageRcpt}},
 		host: "mx.dest.test", body: env.Body}
 	for range 2 {
 		if err := d.bounceNotice(context.Background(), env, o); err != nil {

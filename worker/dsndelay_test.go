@@ -171,7 +171,7 @@ func TestPassReportAtDeadline(t *testing.T) {
 	ctx := context.Background()
 	bounce := func(env *queue.Envelope) {
 		t.Helper()
-		o := &outcome{bounced: []rcptResult{{env.Rcpts[0], classify.Result{Class: classify.Permanent, Code: 550, Enhanced: "5.1.1", Text: "no"}}},
+		o := &outcome{bounced: []rcptResult{{env.Rcpts[0], classify.Result{Class: classify.Permanent, Code: 550, Enhanced: "5.1.1", Text: "no"}, classify.StageRcpt}},
 			host: "mx." + env.Dest, body: env.Body}
 		if err := d.attemptNotices(ctx, env, o); err != nil {
 			t.Fatal(err)
@@ -183,7 +183,7 @@ func TestPassReportAtDeadline(t *testing.T) {
 	bounce(done1)
 	// done2 completes k's pass in another process: this one still waits.
 	other := clockDeliverer(t, e, cfg, clock)
-	if err := other.attemptNotices(ctx, done2, &outcome{bounced: []rcptResult{{"gone@two.test", classify.Result{Class: classify.Permanent, Code: 550, Text: "no"}}}, body: done2.Body}); err != nil {
+	if err := other.attemptNotices(ctx, done2, &outcome{bounced: []rcptResult{{"gone@two.test", classify.Result{Class: classify.Permanent, Code: 550, Text: "no"}, classify.StageRcpt}}, body: done2.Body}); err != nil {
 		t.Fatal(err)
 	}
 	d.closePasses(ctx)

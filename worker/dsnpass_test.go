@@ -125,7 +125,7 @@ func TestPassReportOnceAcrossCrash(t *testing.T) {
 	part := func(n, rcpt string) (*queue.Envelope, *outcome) {
 		env := &queue.Envelope{ID: "m-" + n, MsgID: "m", Parts: 2, Tenant: "t1", From: "app@src.test", Rcpts: []string{rcpt},
 			Dest: queue.Domain(rcpt), Body: []byte("Subject: hi\r\n\r\nx\r\n"), Source: queue.SourceSMTP, SubmittedAt: time.Now()}
-		o := &outcome{bounced: []rcptResult{{rcpt, classify.Result{Class: classify.Permanent, Code: 550, Enhanced: "5.1.1", Text: "no"}}},
+		o := &outcome{bounced: []rcptResult{{rcpt, classify.Result{Class: classify.Permanent, Code: 550, Enhanced: "5.1.1", Text: "no"}, classify.StageRcpt}},
 			host: "mx." + env.Dest, body: env.Body}
 		return env, o
 	}
@@ -177,7 +177,7 @@ func TestSenderRateAcrossFleet(t *testing.T) {
 			id := string(rune('a'+j)) + string(rune('0'+i))
 			env := &queue.Envelope{ID: id, MsgID: id, Tenant: "t1", From: "App@src.test", Rcpts: []string{"gone@dest.test"},
 				Dest: "dest.test", Body: []byte("Subject: hi\r\n\r\nx\r\n"), Source: queue.SourceSMTP, SubmittedAt: time.Now()}
-			o := &outcome{bounced: []rcptResult{{"gone@dest.test", classify.Result{Class: classify.Permanent, Code: 550, Text: "no"}}}, body: env.Body}
+			o := &outcome{bounced: []rcptResult{{"gone@dest.test", classify.Result{Class: classify.Permanent, Code: 550, Text: "no"}, classify.StageRcpt}}, body: env.Body}
 			if err := d.bounceNotice(ctx, env, o); err != nil {
 				t.Fatal(err)
 			}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 
-	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -27,7 +26,7 @@ type Suppressor interface {
 // same, and the next bounce adds the address again.
 func (w *deliverer) suppressBounce(ctx context.Context, e *queue.Envelope, b rcptResult) {
 	l := w.cfg.Suppressions
-	if l == nil || b.res.Scope != classify.ScopeRecipient {
+	if l == nil || !b.res.AddressGone(b.stage) {
 		return
 	}
 	reason := strings.TrimSpace(b.res.Text)

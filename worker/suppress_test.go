@@ -65,3 +65,26 @@ func TestRecipientHardBounceIsSuppressed(t *testing.T) {
 	default:
 	}
 }
+
+// TestBlockedAtRcptIsNotSuppressed: a destination that refuses our sending
+// address at RCPT (a blocklist listing, 554 5.7.1, which the catch-all rule
+// scopes to the recipient) bounces the recipient but does not put it on
+// the list: the address is fine, and suppressing on such replies struck
+// whole destinations off a tenant's list for good.
+func TestBlockedAtRcptIsNotSuppressed(t *testing.T) {
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt {
+			return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "Service unavailable; Client host [127.0.0.1] blocked using zen.spamhaus.org"}
+		}
+		return nil
+	})
+	sup := make(chanSuppressor, 8)
+	e.startPool(func(c *Config) { c.Suppressions = sup })
+	id := e.submit("bob@dest.test")
+	e.waitEvent(id, queue.EventBounced)
+	select {
+	case s := <-sup:
+		t.Fatalf("a blocklist refusal suppressed %+v", s)
+	default:
+	}
+}

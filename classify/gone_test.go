@@ -1,0 +1,44 @@
+package classify
+
+import "testing"
+
+// TestAddressGone: what a suppression may rest on. A reply that says the
+// address does not exist, or its mailbox is disabled, does; a refusal of
+// the sending address, the sender, the message or a limit, scoped to the
+// recipient by a catch-all rule, does not, nor does a reply to MAIL.
+func TestAddressGone(t *testing.T) {
+	c := Default()
+	for _, tc := range []struct {
+		reply string
+		stage Stage
+		gone  bool
+	}{
+		{"550 5.1.1 The email account that you tried to reach does not exist. Please try double-checking the recipient's email address for typos", StageRcpt, true},
+		{"550 5.1.1 RESOLVER.ADR.RecipNotFound; not found", StageRcpt, true},
+		{"554 delivery error: dd This user doesn't have a yahoo.com account (bob@yahoo.com) [0] - mta1.mail.yahoo.com", StageDataEnd, true},
+		{"550 5.1.1 <bob@dest.example>: Recipient address rejected: User unknown in virtual mailbox table", StageRcpt, true},
+		{"550 5.7.1 No such user!", StageRcpt, true},
+		{"550 5.2.1 The email account that you tried to reach is disabled.", StageRcpt, true},
+		{"550 5.1.10 RESOLVER.ADR.RecipientNotFound; Recipient not found by SMTP address lookup", StageRcpt, true},
+		{"550 No such user here", StageUnknown, true},
+
+		{"554 5.7.1 Service unavailable; Client host [192.0.2.1] blocked using zen.spamhaus.org", StageRcpt, false},
+		{"550 5.7.708 Service unavailable. Access denied, traffic not accepted from this IP.", StageRcpt, false},
+		{"554 5.7.1 <bob@dest.example>: Relay access denied", StageRcpt, false},
+		{"550 5.7.23 <bob@dest.example>: Recipient address rejected: Message rejected due to: SPF fail - not authorized", StageRcpt, false},
+		{"550 5.4.5 Daily user sending quota exceeded.", StageRcpt, false},
+		{"552 5.2.2 The email account that you tried to reach is over quota", StageRcpt, false},
+		{"550 5.1.0 <bounce@shop.example> sender rejected", StageMail, false},
+		{"550 5.1.1 <bob@dest.example>: Recipient address rejected: User unknown", StageMail, false},
+		{"550 5.2.0 Message rejected due to DMARC", StageDataEnd, false},
+		{"550 4.2.1 Mailbox disabled temporarily", StageRcpt, false},
+		{"550 5.1.1 <bob@dest.example>: Recipient address rejected: blocked by policy", StageRcpt, false},
+	} {
+		in := Parse(tc.reply)
+		in.Stage = tc.stage
+		r := c.Classify(in)
+		if got := r.AddressGone(tc.stage); got != tc.gone {
+			t.Errorf("%q at %s (%s %s, %s): AddressGone %v, want %v", tc.reply, tc.stage, r.Class, r.Scope, r.Rule, got, tc.gone)
+		}
+	}
+}
