@@ -42,3 +42,31 @@ func TestAddressGone(t *testing.T) {
 		}
 	}
 }
+
+// TestSendingQuotaAndRecipientRate: a sending account's daily allowance is
+// the tenant's throttle, not a full mailbox (which bounced the mail and
+// suppressed the recipient); one recipient receiving too fast slows that
+// recipient, not the whole destination.
+func TestSendingQuotaAndRecipientRate(t *testing.T) {
+	c := Default()
+	for _, tc := range []struct {
+		reply string
+		class Class
+		scope Scope
+	}{
+		{"550 5.4.5 Daily user sending quota exceeded.", Throttled, ScopeTenant},
+		{"550 5.4.5 <bob@dest.example>: Recipient address rejected: Domain Sending Quota Exceeded", Throttled, ScopeTenant},
+		{"554 5.2.0 STOREDRV.Submission.Exception:SubmissionQuotaExceededException; Failed to process message", Throttled, ScopeTenant},
+		{"550 5.4.5 Daily SMTP relay limit exceeded for customer", Throttled, ScopeTenant},
+		{"450 4.2.1 The user you are trying to contact is receiving mail too quickly. Please resend your message at a later time.", Throttled, ScopeRecipient},
+		{"450 User is receiving mail too quickly", Throttled, ScopeRecipient},
+		{"451 4.5.1 The recipient <x@yandex.ru> has exceeded their message rate limit. Try again later.", Throttled, ScopeRecipient},
+		{"552 5.2.2 The email account that you tried to reach is over quota", Permanent, ScopeRecipient},
+	} {
+		in := Parse(tc.reply)
+		in.Stage = StageRcpt
+		if r := c.Classify(in); r.Class != tc.class || r.Scope != tc.scope {
+			t.Errorf("%q: %s %s (%s), want %s %s", tc.reply, r.Class, r.Scope, r.Rule, tc.class, tc.scope)
+		}
+	}
+}
