@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -60,8 +61,10 @@ type Filter struct {
 	// Rcpt, when set, keeps the envelopes with this recipient (compared
 	// as NormalizeAddress compares).
 	Rcpt string
-	// Limit bounds the result; 0 means 100. Listing walks the stream, so a
-	// million deferred envelopes are listed a page at a time.
+	// Limit bounds the result; 0 means 100, and a negative one no bound
+	// (queue list --limit 0, for a script that drops or replays all).
+	// Listing walks the stream, so a million deferred envelopes are
+	// listed a page at a time.
 	Limit int
 }
 
@@ -89,7 +92,10 @@ func (q *Queue) where(s State, dest string) (jetstream.Stream, []string) {
 // List returns stored envelopes matching f, oldest stored first.
 func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 	limit := f.Limit
-	if limit <= 0 {
+	switch {
+	case limit < 0:
+		limit = math.MaxInt // all
+	case limit == 0:
 		limit = 100
 	}
 	states := States

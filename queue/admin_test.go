@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -418,5 +419,24 @@ func TestReleaseDestOnTheServersClock(t *testing.T) {
 	}
 	if d := time.Until(it.NextAt); d < 59*time.Minute || d > 61*time.Minute {
 		t.Fatalf("released to fire in %v, want an hour (the server's now)", d)
+	}
+}
+
+// TestListAll: a negative Limit lists every match (queue list --limit 0,
+// which the runbook's drop and replay loops use); 0 means 100.
+func TestListAll(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 105 {
+		if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{fmt.Sprintf("r%d@d.example", i)}, Body: []byte("x\r\n")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if all, err := q.List(ctx, Filter{Tenant: "t", Limit: -1}); err != nil || len(all) != 105 {
+		t.Fatalf("Limit -1: %d, %v; want all 105", len(all), err)
+	}
+	if page, err := q.List(ctx, Filter{Tenant: "t"}); err != nil || len(page) != 100 {
+		t.Fatalf("Limit 0: %d, %v; want 100", len(page), err)
 	}
 }

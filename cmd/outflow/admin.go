@@ -127,7 +127,7 @@ func printIndentedJSON(w io.Writer, v any) error {
 
 func init() {
 	a := &adminFlags{}
-	qc := &cobra.Command{Use: "queue", Short: "inspect and operate on queued, deferred, held and dead messages"}
+	qc := &cobra.Command{Use: "queue", Short: "inspect and operate on queued, deferred, throttled, unknown (held) and dead messages"}
 	a.bind(qc)
 
 	var f queue.Filter
@@ -139,6 +139,9 @@ func init() {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.State = queue.State(state)
+			if f.Limit == 0 {
+				f.Limit = -1 // --limit 0: all
+			}
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
 				items, err := q.List(ctx, f)
 				if err != nil {
@@ -166,7 +169,7 @@ func init() {
 	list.Flags().StringVar(&f.Dest, "dest", "", "only this destination domain")
 	list.Flags().StringVar(&f.Tenant, "tenant", "", "only this tenant")
 	list.Flags().StringVar(&f.Rcpt, "rcpt", "", "only the messages to this recipient, in any case (queue find has those that left)")
-	list.Flags().IntVar(&f.Limit, "limit", 100, "at most this many")
+	list.Flags().IntVar(&f.Limit, "limit", 100, "at most this many; 0 for all (a script that drops or replays everything)")
 	list.Flags().BoolVarP(&idsOnly, "quiet", "q", false, "print only the ids, one per line (for scripts)")
 
 	inspect := &cobra.Command{
