@@ -517,7 +517,11 @@ func (r *rule) finalOK(f *replyFields) bool {
 func (c *Classifier) decide(ri int, f *replyFields, stage Stage, m matchSet) Result {
 	r := &c.rules[ri]
 	if c.tokenOn[ri] {
-		if cl, ok := tokenDecide(f.code, r.class, c.tokenScores(f.code, m)); ok {
+		// Never permanent where the rule is not: the only such rule is
+		// a 5xx whose class-4 enhanced code says retry ("550 4.2.1
+		// Mailbox disabled temporarily"), and the 5xx's prior alone
+		// turned it permanent.
+		if cl, ok := tokenDecide(f.code, r.class, c.tokenScores(f.code, m)); ok && (cl != Permanent || r.class == Permanent) {
 			return c.result(cl, 0, TokenRule, 0, stage, f.code, f.enh, f.text, m)
 		}
 	}

@@ -70,3 +70,21 @@ func TestSendingQuotaAndRecipientRate(t *testing.T) {
 		}
 	}
 }
+
+// TestClassFourEnhancedIn5xxStaysRetryable: a 5xx whose enhanced code is
+// class 4 is retried (enhanced-class-4-in-5xx); the token layer may make
+// it a throttle, never permanent.
+func TestClassFourEnhancedIn5xxStaysRetryable(t *testing.T) {
+	c := Default()
+	for _, reply := range []string{
+		"550 4.2.1 Mailbox disabled temporarily",
+		"550 4.7.0 Blocked temporarily",
+		"554 4.3.2 Service shutting down",
+	} {
+		in := Parse(reply)
+		in.Stage = StageRcpt
+		if r := c.Classify(in); r.Class == Permanent {
+			t.Errorf("%q: %s (%s), want it retried", reply, r.Class, r.Rule)
+		}
+	}
+}
