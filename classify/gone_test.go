@@ -88,3 +88,25 @@ func TestClassFourEnhancedIn5xxStaysRetryable(t *testing.T) {
 		}
 	}
 }
+
+// TestRateWordsInOtherLanguages: a server that asks us to slow down in
+// German, Spanish, French, Italian or Russian is a throttle too, and so is
+// Yahoo's TSS11 deferral.
+func TestRateWordsInOtherLanguages(t *testing.T) {
+	c := Default()
+	for _, reply := range []string{
+		"421 Zu viele Verbindungen von Ihrer IP-Adresse",
+		"421 Demasiadas conexiones desde su dirección",
+		"421 Trop de connexions, réessayez plus tard",
+		"421 Troppe connessioni dal tuo indirizzo",
+		"451 Превышен лимит отправки сообщений",
+		"421 4.7.0 [TSS11] Excessive unknown recipients - possible Invalid Recipients Attack",
+		"451 4.7.1 You have exceeded your messaging limits, try again later",
+	} {
+		in := Parse(reply)
+		in.Stage = StageRcpt
+		if r := c.Classify(in); r.Class != Throttled {
+			t.Errorf("%q: %s (%s), want throttled", reply, r.Class, r.Rule)
+		}
+	}
+}
