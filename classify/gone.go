@@ -31,27 +31,48 @@ func (r Result) AddressGone(stage Stage) bool {
 	default:
 		return false
 	}
+	text := strings.ToLower(r.Text)
 	byCode := false
 	switch r.Enhanced {
 	case "5.1.1", "5.1.2", "5.1.3", "5.1.6", "5.1.10", "5.2.1":
 		byCode = true
 	}
-	if !byCode && !addressRules[r.Rule] {
-		return false
-	}
-	text := strings.ToLower(r.Text)
-	for _, w := range notAboutTheAddress {
-		if strings.Contains(text, w) {
+	switch {
+	case byCode, providerAddressRules[r.Rule]:
+	case r.Rule == "user-unknown":
+		// Its widest phrases ("recipient address rejected", "mailbox
+		// unavailable") are Postfix's and others' words in front of any
+		// refusal at RCPT, an access table's or an SPF check's as well:
+		// the text must also say the address is not there.
+		if !containsAny(text, saysNoSuchAddress) {
 			return false
 		}
+	default:
+		return false
 	}
-	return true
+	return !containsAny(text, notAboutTheAddress)
 }
 
-// addressRules are the rules whose match says, from the text, that the
-// address does not exist or is disabled.
-var addressRules = map[string]bool{
-	"user-unknown":                      true,
+func containsAny(text string, words []string) bool {
+	for _, w := range words {
+		if strings.Contains(text, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// saysNoSuchAddress are the words with which a reply that user-unknown
+// matched says the address does not exist or is disabled.
+var saysNoSuchAddress = []string{
+	"user unknown", "unknown user", "no such user", "does not exist", "doesn't exist", "not exist",
+	"not found", "no such mailbox", "invalid recipient", "invalid mailbox", "recipientnotfound",
+	"not our customer", "disabled", "no mailbox", "unknown recipient", "recipient unknown", "unknown in",
+}
+
+// providerAddressRules are the providers' rules whose match says, from
+// the text, that the address does not exist or is disabled.
+var providerAddressRules = map[string]bool{
 	"yahoo-no-account":                  true,
 	"microsoft-recipient-access-denied": true,
 	"mailru-invalid-mailbox":            true,
@@ -62,7 +83,7 @@ var addressRules = map[string]bool{
 // authentication, a limit.
 var notAboutTheAddress = []string{
 	"spam", "block", "listed", "blacklist", "reputation", "policy",
-	"spf", "dkim", "dmarc", "authenticat", "sender", "relay",
+	"spf", "dkim", "dmarc", "authenticat", "sender", "relay access", "relaying",
 	"quota", "limit", "too many", "mailbox full", "is full", "storage",
 	"message size", "too large",
 }

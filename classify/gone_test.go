@@ -21,6 +21,9 @@ func TestAddressGone(t *testing.T) {
 		{"550 5.2.1 The email account that you tried to reach is disabled.", StageRcpt, true},
 		{"550 5.1.10 RESOLVER.ADR.RecipientNotFound; Recipient not found by SMTP address lookup", StageRcpt, true},
 		{"550 No such user here", StageUnknown, true},
+		{"550 5.1.1 <bob@dest.example>: Recipient address rejected: User unknown in relay recipient table", StageRcpt, true},
+		{"554 5.7.1 <bob@dest.example>: Recipient address rejected: Access denied", StageRcpt, false},
+		{"550 Requested action not taken: mailbox unavailable (policy)", StageRcpt, false},
 
 		{"554 5.7.1 Service unavailable; Client host [192.0.2.1] blocked using zen.spamhaus.org", StageRcpt, false},
 		{"550 5.7.708 Service unavailable. Access denied, traffic not accepted from this IP.", StageRcpt, false},

@@ -32,8 +32,10 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 		// never takes an operator's pin away. An operator's pin until
 		// changed (dest rate without --for) is left alone; another
 		// override in force is joined (the lower rate until the later
-		// end); without one, a rate in force already at or under the
-		// rule's value (learned, configured, cut) is left alone.
+		// end); without one, a learned or configured rate already at or
+		// under the rule's value is left alone. The factor is not
+		// counted: the throttle reply that fired the rule has usually
+		// just cut it, for a minute, and the rule is for its for.
 		change = "rate-override"
 		fn = func(s *DestState, now time.Time) bool {
 			value, end := r.Value, until
@@ -42,7 +44,7 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 					return false
 				}
 				value, end = math.Min(ov, value), laterOf(s.RateUntil, end)
-			} else if cur, _ := t.effectiveRate(lim, *s, now); cur > 0 && cur <= value {
+			} else if base := t.baseRate(lim, *s); base > 0 && base <= value {
 				return false
 			}
 			if value == s.RateOverride && end.Equal(s.RateUntil) {
@@ -127,6 +129,17 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 	t.enqueue(op{d: d, change: change, fn: fn, after: func(b, a DestState) {
 		t.transition(d.name, change, from(b), to(a), reason)
 	}})
+}
+
+// baseRate is the rate a destination's sending comes back to without a
+// temporary cut: the learned rate capped by the configured one, or the
+// configured one; 0 = unlimited. effectiveRate without the factor and the
+// override.
+func (t *Throttle) baseRate(l Limits, s DestState) float64 {
+	if s.LearnedRate > 0 && !t.cfg.NoLearn && (l.Rate <= 0 || s.LearnedRate < l.Rate) {
+		return s.LearnedRate
+	}
+	return l.Rate
 }
 
 func fmtFactor(f float64) string { return strconv.FormatFloat(f, 'f', 3, 64) }

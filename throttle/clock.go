@@ -63,6 +63,13 @@ func (f frame) toLocal(s DestState, created time.Time) DestState {
 			s.Grid[i].From = s.Grid[i].From.Add(shift).UTC()
 		}
 	}
+	if len(s.Rules) > 0 {
+		rules := make(map[string]time.Time, len(s.Rules)) // the map is shared too
+		for name, end := range s.Rules {
+			rules[name] = end.Add(shift).UTC()
+		}
+		s.Rules = rules
+	}
 	return s
 }
 

@@ -148,4 +148,15 @@ func TestToLocalMovesEveryTimeField(t *testing.T) {
 	if len(names) < 10 {
 		t.Fatalf("only %d time fields found: %v", len(names), names)
 	}
+	// The times inside the state's collections too: the grid's segments,
+	// the automation rules' ends; and the writer's map is not changed.
+	s.Grid = []GridSegment{{From: writer, Rate: 1}}
+	s.Rules = map[string]time.Time{"r": writer.Add(time.Hour)}
+	moved := frame{offset: 10 * time.Minute}.toLocal(s, server)
+	if !moved.Grid[0].From.Equal(writer.Add(shift)) || !moved.Rules["r"].Equal(writer.Add(time.Hour+shift)) {
+		t.Errorf("grid %v, rules %v: not moved onto the reader's clock", moved.Grid, moved.Rules)
+	}
+	if !s.Rules["r"].Equal(writer.Add(time.Hour)) {
+		t.Error("the writer's rules map was changed in place")
+	}
 }

@@ -803,6 +803,12 @@ func TestAutomationNeverSpeedsUp(t *testing.T) {
 	if s.RateOverride != 10 {
 		t.Errorf("a rule of 10/s over a configured 100/s: override %v", s.RateOverride)
 	}
+	// The throttle that fires a rule has just cut the factor (100/s to
+	// 5/s here, for a minute): the rule still holds 10/s for its for.
+	s, _ = apply("cut.test", 0, func(s *DestState, now time.Time) { s.Factor, s.FactorUntil = 0.05, now.Add(time.Minute) })
+	if s.RateOverride != 10 {
+		t.Errorf("a rule of 10/s after a cut of a configured 100/s to 5/s: override %v, want 10", s.RateOverride)
+	}
 	s, _ = apply("conns.test", 1, func(s *DestState, _ time.Time) { s.ConnsOverride = 2 })
 	if s.ConnsOverride != 2 || !s.ConnsUntil.IsZero() {
 		t.Errorf("operator's 2 connections: %v until %v after a rule of 4", s.ConnsOverride, s.ConnsUntil)
