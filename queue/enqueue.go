@@ -162,12 +162,18 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			// One envelope: one request, its PubAck read without
 			// nats.go's future and JSON decode (pubAckErr).
 			if err := q.publishConfirmed(ctx, m, stream); err != nil {
+				if refused(err) {
+					return nil, fmt.Errorf("queue envelope: %w", err)
+				}
 				return nil, maybeStored(fmt.Errorf("queue envelope: %w", err))
 			}
 			continue
 		}
 		f, err := q.js.PublishMsgAsync(m)
 		if err != nil {
+			if len(futures) == 0 {
+				return nil, fmt.Errorf("queue envelope: %w", err) // not sent
+			}
 			return nil, maybeStored(fmt.Errorf("queue envelope: %w", err))
 		}
 		futures = append(futures, f)
@@ -219,6 +225,15 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 var ErrMaybeStored = errors.New("the message may be stored, in part or whole")
 
 func maybeStored(err error) error { return fmt.Errorf("%w (%w)", err, ErrMaybeStored) }
+
+// refused reports whether err from publishing one envelope says the
+// server did not store it: no stream answered, or the stream answered
+// with an error. A timeout or a lost connection says nothing either way.
+func refused(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrMaxPayload) || errors.As(err, &apiErr)
+}
 
 // part is the recipients of one envelope, all at dest.
 type part struct {

@@ -369,6 +369,41 @@ func (d *Delivery) Dropped(ctx context.Context) bool {
 	return d.dropped
 }
 
+// CountPanic records that this delivery of the envelope panicked and
+// returns how many of its deliveries at this step have, across the fleet
+// (a counter in the SENT bucket, which expires with it). An error counts
+// nothing.
+func (d *Delivery) CountPanic(ctx context.Context) (int, error) {
+	key := "panics." + d.Env.SentKey() + "." + strconv.FormatInt(d.Env.SubmittedAt.UnixNano(), 10)
+	for range 10 {
+		d.q.count(OpSentGet)
+		e, err := d.q.sent.Get(ctx, key)
+		n := 0
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			d.q.count(OpSentPut)
+			_, err = d.q.sent.Create(ctx, key, []byte("1"))
+			n = 1
+		case err != nil:
+			return 0, err
+		default:
+			if n, err = strconv.Atoi(string(e.Value())); err != nil {
+				return 0, err
+			}
+			n++
+			d.q.count(OpSentPut)
+			_, err = d.q.sent.Update(ctx, key, []byte(strconv.Itoa(n)), e.Revision())
+		}
+		if err == nil {
+			return n, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return 0, err
+		}
+	}
+	return 0, errors.New("panic count kept changing")
+}
+
 // Skip acknowledges an envelope that needs no further work.
 func (d *Delivery) Skip(ctx context.Context) error {
 	return d.ack(ctx)

@@ -671,3 +671,23 @@ func TestFsyncFailureIsFinal(t *testing.T) {
 		t.Fatalf("healthy after a failed fsync: %v", err)
 	}
 }
+
+// TestEnqueueRefusedIsNotMaybeStored: a publish the server refused (no
+// stream takes the subject) stored nothing, and says so: not
+// ErrMaybeStored, so the sender's limit gets the recipients back.
+func TestEnqueueRefusedIsNotMaybeStored(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sub := &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("x\r\n")}
+	if _, err := q.Enqueue(ctx, sub); err != nil { // the tenant's consumer made, and remembered
+		t.Fatal(err)
+	}
+	if err := q.js.DeleteStream(ctx, StreamWork); err != nil {
+		t.Fatal(err)
+	}
+	_, err := q.Enqueue(ctx, sub)
+	if err == nil || errors.Is(err, ErrMaybeStored) {
+		t.Fatalf("Enqueue with no work stream: %v, want an error not marked ErrMaybeStored", err)
+	}
+}

@@ -256,17 +256,18 @@ func (w *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 // out again after the ack wait. That holds because handle's own defers run
 // while the panic unwinds: they stop the heartbeat that keeps the ack alive
 // and give the throttle's permit back (with no results, so the panic
-// counts for neither the breaker nor the rate). An envelope handed out
-// panicHold times that panics again is held for an operator instead
-// (holdPanicked): a panic that comes back with the same bytes would
-// otherwise go round for ever, a connection left behind each time.
+// counts for neither the breaker nor the rate). An envelope whose
+// delivery panicked panicHold times (counted across the fleet,
+// Delivery.CountPanic) is held for an operator instead (holdPanicked): a
+// panic that comes back with the same bytes would otherwise go round for
+// ever, a connection left behind each time.
 func (w *deliverer) safeHandle(ctx context.Context, d *queue.Delivery) {
 	defer func() {
 		if r := recover(); r != nil {
 			w.log.Error().Str("msg_id", d.Env.ID).Uint64("deliveries", d.Deliveries).Interface("panic", r).Bytes("stack", debug.Stack()).Msg("delivery panicked")
 			w.cfg.Metrics.panic()
-			if d.Deliveries >= panicHold {
-				w.holdPanicked(ctx, d, r)
+			if n, err := d.CountPanic(ctx); err == nil && n >= panicHold {
+				w.holdPanicked(ctx, d, r, n)
 			}
 		}
 	}()
@@ -278,8 +279,8 @@ func (w *deliverer) safeHandle(ctx context.Context, d *queue.Delivery) {
 	}
 }
 
-// panicHold is the delivery of an envelope from which a panic holds it
-// for an operator rather than leaving it to be handed out again.
+// panicHold is how many panicked deliveries of an envelope hold it for an
+// operator rather than leave it to be handed out again.
 const panicHold = 3
 
 // holdPanicked parks an envelope whose delivery panicked again with the
@@ -288,17 +289,20 @@ const panicHold = 3
 // held event giving the panic. Not a dead letter: nothing says the
 // message cannot be delivered, and its sender gets no failure notice. A
 // panic here leaves it to be handed out again.
-func (w *deliverer) holdPanicked(ctx context.Context, d *queue.Delivery, p any) {
+func (w *deliverer) holdPanicked(ctx context.Context, d *queue.Delivery, p any, panics int) {
 	defer func() {
 		if r := recover(); r != nil {
 			w.log.Error().Str("msg_id", d.Env.ID).Interface("panic", r).Msg("holding a panicked envelope panicked too; left to be handed out again")
 		}
 	}()
-	reason := oneLine(fmt.Sprintf("outflow: its delivery panicked (handed out %d times): %v", d.Deliveries, p))
+	reason := oneLine(fmt.Sprintf("outflow: its delivery panicked %d times: %v", panics, p))
 	next := d.Env.Clone()
 	next.LastClass, next.LastReply = "unknown", reason
 	if err := d.Hold(ctx, next); err != nil {
 		w.log.Error().Err(err).Str("msg_id", d.Env.ID).Msg("holding a panicked envelope failed; left to be handed out again")
+		return
+	}
+	if w.droppedMeanwhile(ctx, d, "held") {
 		return
 	}
 	w.log.Warn().Str("msg_id", d.Env.ID).Str("tenant", d.Env.Tenant).Str("dest", d.Env.Dest).Uint64("deliveries", d.Deliveries).
