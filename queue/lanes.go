@@ -341,6 +341,15 @@ func (d *Delivery) copyToWork(ctx context.Context) error {
 	if err := d.q.durable(ctx, StreamWork); err != nil {
 		return fmt.Errorf("to work %s: %w", next.ID, err)
 	}
+	// A drop that came while the copy was written: take the copy back
+	// (a worker that took it in these milliseconds still delivers it).
+	d.droppedAsked = false
+	if d.Dropped(ctx) {
+		if m, err := d.q.lanes[LaneWork].GetLastMsgForSubject(ctx, workSubject(next.Tenant, next.Dest, next.ID)); err == nil && !laterStep(m.Header, next) {
+			_ = d.q.lanes[LaneWork].DeleteMsg(ctx, m.Sequence)
+		}
+		return nil
+	}
 	d.q.wake(tenant)
 	return nil
 }

@@ -602,3 +602,31 @@ func TestScheduledMailMovesToWork(t *testing.T) {
 		}
 	}
 }
+
+// TestScheduledMailDroppedDuringItsMove: a drop that lands while a
+// scheduled message is being moved to the work lane (after the worker's
+// look at the marker) takes the copy back.
+func TestScheduledMailDroppedDuringItsMove(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"},
+		Body: []byte("Subject: later\r\n\r\nx\r\n"), SendAt: time.Now().Add(1500 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry, _ := q.Messages(ctx, LaneRetry, 1)
+	d := next(t, retry)
+	if d.Dropped(ctx) { // the worker's look: not dropped yet
+		t.Fatal("dropped before the drop")
+	}
+	if _, err := q.DropBy(ctx, ids[0], "api"); err != nil { // then the drop
+		t.Fatal(err)
+	}
+	if err := d.ToWork(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if it, err := q.Find(ctx, ids[0]); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the dropped message's copy waits on the work lane: %+v, %v", it, err)
+	}
+}
