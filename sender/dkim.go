@@ -1,7 +1,6 @@
 package sender
 
 import (
-	"bufio"
 	"bytes"
 	"crypto"
 	"crypto/ed25519"
@@ -10,12 +9,12 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net/mail"
-	"net/textproto"
 	"os"
 	"strings"
 
 	"github.com/emersion/go-msgauth/dkim"
+
+	"github.com/outflow/outflow/internal/mailhdr"
 )
 
 // DKIMKey is one signing key: mail whose sender domain is Domain (or a
@@ -122,13 +121,15 @@ func (d *DKIMSigner) Sign(from string, body []byte) ([]byte, error) {
 	if d == nil || len(d.keys) == 0 {
 		return body, nil
 	}
-	hdr, err := textproto.NewReader(bufio.NewReader(bytes.NewReader(body))).ReadMIMEHeader()
-	if err != nil && len(hdr) == 0 {
-		return nil, fmt.Errorf("sender: DKIM: reading header: %w", err)
-	}
+	// The header read as submission reads it (a raw control byte in a
+	// Subject, a From name in any charset), not as net/textproto and
+	// net/mail do: they refused such mail, and it went out unsigned,
+	// signed under the envelope's domain, or with only From signed.
 	domain := ""
-	if list, err := mail.ParseAddressList(hdr.Get("From")); err == nil && len(list) > 0 {
-		domain = domainOf(list[0].Address)
+	if froms := mailhdr.Values(body, "From"); len(froms) > 0 {
+		if list, err := mailhdr.Addresses(froms[0]); err == nil && len(list) > 0 {
+			domain = domainOf(list[0].Address)
+		}
 	}
 	if domain == "" {
 		domain = domainOf(from)
@@ -137,9 +138,10 @@ func (d *DKIMSigner) Sign(from string, body []byte) ([]byte, error) {
 	if !ok {
 		return body, nil
 	}
+	present := mailhdr.Names(body)
 	var keys []string
 	for _, h := range signedHeaders {
-		if _, present := hdr[textproto.CanonicalMIMEHeaderKey(h)]; present {
+		if present[strings.ToLower(h)] {
 			keys = append(keys, h)
 		}
 	}
@@ -149,7 +151,7 @@ func (d *DKIMSigner) Sign(from string, body []byte) ([]byte, error) {
 	}
 	var out bytes.Buffer
 	out.Grow(len(body) + 600)
-	err = dkim.Sign(&out, bytes.NewReader(body), &dkim.SignOptions{
+	err := dkim.Sign(&out, bytes.NewReader(body), &dkim.SignOptions{
 		Domain:                 key.Domain,
 		Selector:               key.Selector,
 		Signer:                 key.Signer,

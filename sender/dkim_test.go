@@ -114,6 +114,9 @@ func TestDKIMSignAndVerify(t *testing.T) {
 		{"ed25519", "bob@ed.test", "Bob <bob@ed.test>", "ed.test"},
 		{"subdomain uses parent key", "a@news.sender.test", "a@news.sender.test", "sender.test"},
 		{"envelope when header has none", "alice@sender.test", "", "sender.test"},
+		// A display name in a charset net/mail cannot decode: signed as
+		// the From's domain all the same, not the envelope's.
+		{"From name in ISO-2022-JP", "bounce@pkcs8.test", "=?ISO-2022-JP?B?GyRCJTclZyVDJVcbKEI=?= <info@sender.test>", "sender.test"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			body := "To: bob@example.test\r\nSubject: hi\r\n"
@@ -133,6 +136,26 @@ func TestDKIMSignAndVerify(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("a raw control byte in a field", func(t *testing.T) {
+		// An unencoded ISO-2022-JP Subject before From: every field
+		// present is still signed (net/textproto refused the header, and
+		// the mail went out unsigned).
+		body := "Subject: \x1b$B$3$s$K$A$O\x1b(B\r\nFrom: alice@sender.test\r\nTo: bob@example.test\r\nMessage-ID: <m@sender.test>\r\n\r\nHello.\r\n"
+		signed, err := signer.Sign("alice@sender.test", []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig := string(signed[:bytes.Index(signed, []byte("\r\nSubject:"))])
+		for _, h := range []string{"from", "subject", "to", "message-id"} {
+			if !strings.Contains(strings.ToLower(strings.ReplaceAll(sig, "\r\n\t", "")), h) {
+				t.Errorf("%s not signed: %s", h, sig)
+			}
+		}
+		if d := verify(t, signed, records); len(d) != 1 {
+			t.Fatalf("verified %v", d)
+		}
+	})
 
 	t.Run("no key leaves the body alone", func(t *testing.T) {
 		body := []byte("From: a@unsigned.test\r\n\r\nx\r\n")

@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"time"
+
+	"github.com/outflow/outflow/internal/mailhdr"
 )
 
 // CompleteHeaders returns msg (CRLF line ends, header section first) with a
@@ -81,16 +83,6 @@ func missingFields(msg []byte, skip int, hostname, seed string, now time.Time) [
 	return add
 }
 
-// headerLine splits the first line off msg: the line without its line
-// end, and what follows it.
-func headerLine(msg []byte) (line, rest []byte) {
-	line = msg
-	if i := bytes.IndexByte(msg, '\n'); i >= 0 {
-		line, rest = msg[:i+1], msg[i+1:]
-	}
-	return bytes.TrimRight(line, "\r\n"), rest
-}
-
 // scanHeader reports whether the header section of msg has a Date and a
 // Message-ID field (names compared without case, as RFC 5322 says). ok is
 // false when msg does not start with a header field: a body with no header
@@ -98,7 +90,7 @@ func headerLine(msg []byte) (line, rest []byte) {
 func scanHeader(msg []byte) (hasDate, hasID, ok bool) {
 	for len(msg) > 0 {
 		var line []byte
-		line, msg = headerLine(msg)
+		line, msg = mailhdr.Line(msg)
 		if len(line) == 0 {
 			return hasDate, hasID, ok // end of the header section
 		}

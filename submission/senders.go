@@ -1,10 +1,10 @@
 package submission
 
 import (
-	"bytes"
 	"fmt"
-	"net/mail"
 	"strings"
+
+	"github.com/outflow/outflow/internal/mailhdr"
 )
 
 // SenderDomains is the sender policy of a shared deployment: for each
@@ -74,8 +74,9 @@ func (p SenderDomains) CheckFrom(tenant string, msg []byte) string {
 	if !p.Restricted(tenant) {
 		return ""
 	}
-	for _, v := range headerValues(msg, "From") {
-		list, err := mail.ParseAddressList(v)
+	for _, v := range mailhdr.Values(msg, "From") {
+		// Display names in any charset: only the addresses are checked.
+		list, err := mailhdr.Addresses(v)
 		if err != nil {
 			return "the From field cannot be read: " + err.Error()
 		}
@@ -86,31 +87,4 @@ func (p SenderDomains) CheckFrom(tenant string, msg []byte) string {
 		}
 	}
 	return ""
-}
-
-// headerValues returns the unfolded values of the fields named name in
-// msg's header section (which ends at the first empty line).
-func headerValues(msg []byte, name string) []string {
-	var out []string
-	cur := -1 // index in out of the field being continued, or -1
-	for len(msg) > 0 {
-		var line []byte
-		line, msg = headerLine(msg)
-		if len(line) == 0 {
-			break
-		}
-		if line[0] == ' ' || line[0] == '\t' {
-			if cur >= 0 {
-				out[cur] += " " + strings.TrimSpace(string(line))
-			}
-			continue
-		}
-		cur = -1
-		n, v, ok := bytes.Cut(line, []byte(":"))
-		if ok && bytes.EqualFold(bytes.TrimRight(n, " \t"), []byte(name)) {
-			out = append(out, strings.TrimSpace(string(v)))
-			cur = len(out) - 1
-		}
-	}
-	return out
 }

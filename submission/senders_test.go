@@ -94,3 +94,21 @@ func TestSenderDomainsAtSubmission(t *testing.T) {
 		t.Error("a bad sender domain entry accepted")
 	}
 }
+
+// TestCheckFromAnyCharset: a From whose display name is in a charset
+// net/mail cannot decode (ISO-2022-JP, windows-1252) is read for its
+// address, not refused as unreadable.
+func TestCheckFromAnyCharset(t *testing.T) {
+	p := SenderDomains{"shop": {"shop.example"}}
+	for _, from := range []string{
+		"=?ISO-2022-JP?B?GyRCJTclZyVDJVcbKEI=?= <info@shop.example>",
+		"=?windows-1252?Q?Caf=E9?= <info@shop.example>",
+	} {
+		if why := p.CheckFrom("shop", []byte("From: "+from+"\r\nSubject: x\r\n\r\nbody\r\n")); why != "" {
+			t.Errorf("%s: %s", from, why)
+		}
+	}
+	if why := p.CheckFrom("shop", []byte("From: =?windows-1252?Q?Caf=E9?= <info@bank.example>\r\n\r\nx\r\n")); why == "" {
+		t.Error("another domain behind an encoded name was allowed")
+	}
+}

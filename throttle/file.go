@@ -77,7 +77,14 @@ const DefaultDestination = "default"
 
 // Config validates the file and returns the Config it describes.
 // Errors name the destination, group or rule at fault.
-func (f File) Config() (Config, error) {
+func (f File) Config() (Config, error) { return f.ConfigWith(Limits{}) }
+
+// ConfigWith is Config with defaults given outside the file (serve's
+// --dest-rate and --dest-conns): their non-zero fields replace the
+// [destinations.default] table's before the other destinations' tables
+// inherit from it, so a destination tuned for its connections still gets
+// the default rate.
+func (f File) ConfigWith(defaults Limits) (Config, error) {
 	var c Config
 	s := f.Throttle
 	c.BreakerFailures, c.BreakerCooldown, c.MaxWait = s.BreakerFailures, s.BreakerCooldown, s.MaxWait
@@ -111,6 +118,12 @@ func (f File) Config() (Config, error) {
 	def, err := mergeLimits(Limits{}, DefaultDestination, f.Destinations[DefaultDestination])
 	if err != nil {
 		return c, err
+	}
+	if defaults.Rate > 0 {
+		def.Rate = defaults.Rate
+	}
+	if defaults.Conns > 0 {
+		def.Conns = defaults.Conns
 	}
 	c.Defaults = def
 	names := make([]string, 0, len(f.Destinations))

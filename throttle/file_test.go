@@ -179,3 +179,27 @@ func decodeFile(t *testing.T, s string) File {
 	}
 	return f
 }
+
+// TestThrottleFileDefaultsFromFlags: --dest-rate and --dest-conns are
+// inherited by a [destinations.X] table that does not set them, as the
+// file's own [destinations.default] is; a table that sets one keeps its
+// own.
+func TestThrottleFileDefaultsFromFlags(t *testing.T) {
+	var f File
+	if _, err := toml.Decode("[destinations.\"gmail.com\"]\nconns = 5\n\n[destinations.\"yahoo.com\"]\nrate = 2\n", &f); err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.ConfigWith(Limits{Rate: 20, Conns: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := c.Overrides["gmail.com"]; g.Rate != 20 || g.Conns != 5 {
+		t.Errorf("gmail.com %+v, want the default rate 20 and its own 5 connections", g)
+	}
+	if y := c.Overrides["yahoo.com"]; y.Rate != 2 || y.Conns != 8 {
+		t.Errorf("yahoo.com %+v, want its own rate 2 and the default 8 connections", y)
+	}
+	if c.Defaults.Rate != 20 || c.Defaults.Conns != 8 {
+		t.Errorf("defaults %+v", c.Defaults)
+	}
+}

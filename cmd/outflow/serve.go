@@ -442,15 +442,11 @@ func remoteDurability(ctx context.Context, q *queue.Queue, asked queue.Durabilit
 // state through the queue's KV buckets, and releases a destination's
 // deferred mail at its rate when it recovers.
 func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, res throttle.MXResolver, reg prometheus.Registerer, log zerolog.Logger) (*throttle.Throttle, error) {
-	tc, err := c.File.Config()
+	// --dest-rate and --dest-conns are the defaults every
+	// [destinations.X] table inherits what it does not set.
+	tc, err := c.File.ConfigWith(throttle.Limits{Rate: c.DestRate, Conns: c.DestConns})
 	if err != nil {
 		return nil, usageError{fmt.Errorf("config: %w", err)}
-	}
-	if c.DestRate > 0 {
-		tc.Defaults.Rate = c.DestRate
-	}
-	if c.DestConns > 0 {
-		tc.Defaults.Conns = c.DestConns
 	}
 	if tc.State, err = throttle.OpenState(ctx, q); err != nil {
 		return nil, err

@@ -1,0 +1,91 @@
+// Package mailhdr reads what outflow needs from a message's header
+// section as it was submitted, without refusing what a mail system
+// accepts: the fields present, their unfolded values, and the addresses
+// of an address field whatever charset its display names are in.
+//
+// net/mail and net/textproto are stricter than SMTP submission: textproto
+// refuses a header with a raw control byte (an unencoded ISO-2022-JP
+// Subject), and net/mail decodes display names only in UTF-8, ISO-8859-1
+// and US-ASCII, so a From with a windows-1252 or ISO-2022-JP name could
+// not be read. The submission listener then refused it as not from the
+// tenant's sender domains, and the DKIM signer signed under the wrong
+// domain or not at all.
+package mailhdr
+
+import (
+	"bytes"
+	"io"
+	"mime"
+	"net/mail"
+	"strings"
+)
+
+// Values returns the unfolded values of the fields named name (compared
+// without case) in msg's header section, which ends at the first empty
+// line.
+func Values(msg []byte, name string) []string {
+	var out []string
+	cur := -1 // index in out of the field being continued, or -1
+	for len(msg) > 0 {
+		var line []byte
+		line, msg = Line(msg)
+		if len(line) == 0 {
+			break
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			if cur >= 0 {
+				out[cur] += " " + strings.TrimSpace(string(line))
+			}
+			continue
+		}
+		cur = -1
+		n, v, ok := bytes.Cut(line, []byte(":"))
+		if ok && bytes.EqualFold(bytes.TrimRight(n, " \t"), []byte(name)) {
+			out = append(out, strings.TrimSpace(string(v)))
+			cur = len(out) - 1
+		}
+	}
+	return out
+}
+
+// Names returns the lower-cased names of the fields in msg's header
+// section, each once.
+func Names(msg []byte) map[string]bool {
+	out := map[string]bool{}
+	for len(msg) > 0 {
+		var line []byte
+		line, msg = Line(msg)
+		if len(line) == 0 {
+			break
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			continue
+		}
+		if n, _, ok := bytes.Cut(line, []byte(":")); ok {
+			out[strings.ToLower(string(bytes.TrimRight(n, " \t")))] = true
+		}
+	}
+	return out
+}
+
+// Line splits the first line off msg: the line without its line end, and
+// what follows it.
+func Line(msg []byte) (line, rest []byte) {
+	line = msg
+	if i := bytes.IndexByte(msg, '\n'); i >= 0 {
+		line, rest = msg[:i+1], msg[i+1:]
+	}
+	return bytes.TrimRight(line, "\r\n"), rest
+}
+
+// parser reads address lists with encoded words in any charset: the
+// display names' bytes are passed through undecoded (outflow needs the
+// addresses, not the names).
+var parser = mail.AddressParser{WordDecoder: &mime.WordDecoder{
+	CharsetReader: func(_ string, input io.Reader) (io.Reader, error) { return input, nil },
+}}
+
+// Addresses parses v, the value of an address field such as From.
+func Addresses(v string) ([]*mail.Address, error) {
+	return parser.ParseList(v)
+}

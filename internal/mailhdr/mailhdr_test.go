@@ -1,0 +1,36 @@
+package mailhdr
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestAddressesInAnyCharset(t *testing.T) {
+	for _, v := range []string{
+		"=?ISO-2022-JP?B?GyRCJTclZyVDJVcbKEI=?= <info@shop.example>",
+		"=?windows-1252?Q?Caf=E9?= <info@shop.example>",
+		"=?Shift_JIS?B?g1aDh4NigXY=?= <info@shop.example>",
+		"info@shop.example",
+	} {
+		list, err := Addresses(v)
+		if err != nil || len(list) != 1 || list[0].Address != "info@shop.example" {
+			t.Errorf("%q: %v, %v", v, list, err)
+		}
+	}
+}
+
+func TestValuesAndNames(t *testing.T) {
+	msg := []byte("From: a@b.example\r\nSubject: \x1b$B$3$s\x1b(B\r\nTo: c@d.example,\r\n e@f.example\r\n\r\nFrom: not@header.example\r\n")
+	if got := Values(msg, "to"); len(got) != 1 || got[0] != "c@d.example, e@f.example" {
+		t.Errorf("To %q", got)
+	}
+	names := Names(msg)
+	var list []string
+	for n := range names {
+		list = append(list, n)
+	}
+	slices.Sort(list)
+	if !slices.Equal(list, []string{"from", "subject", "to"}) {
+		t.Errorf("names %v (a raw control byte in Subject, a From in the body)", list)
+	}
+}
