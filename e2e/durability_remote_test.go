@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/outflow/outflow/internal/fakemx"
-	"github.com/outflow/outflow/queue"
 )
 
 // TestRemoteWorkerWaitsForTheDaemonsFsync: a worker on another machine,
@@ -25,11 +24,7 @@ func TestRemoteWorkerWaitsForTheDaemonsFsync(t *testing.T) {
 	users := writeUsers(t, dir)
 	common := []string{"--users", users, "--relay", mx.Addr(), "--relay-tls", "none"}
 	a := startDaemon(t, dir+"/a", append(common, "--worker-id", "A")...)
-	ci, err := queue.ReadClientInfo(dir + "/a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := strings.Replace(ci.URL, "nats://", "nats://"+ci.User+":"+ci.Password+"@", 1)
+	url := natsURLOf(t, dir+"/a")
 	b := startDaemon(t, dir+"/b", append(common, "--worker-id", "B", "--nats-url", url)...)
 	if n := b.countLog("every write waits for that daemon's fsync"); n != 1 {
 		t.Fatalf("B does not say it syncs through A:\n%s", b.Logs())

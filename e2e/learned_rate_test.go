@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/outflow/outflow/internal/ratedmx"
-	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/submission"
 )
 
@@ -259,11 +258,7 @@ func TestLearnedRateTwoWorkersOneMessageBurst(t *testing.T) {
 	dir := t.TempDir()
 	users := writeUsers(t, dir)
 	a := startDaemon(t, dir+"/a", append(learnedArgs(users, p.Addr()), "--worker-id", "A")...)
-	ci, err := queue.ReadClientInfo(dir + "/a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := strings.Replace(ci.URL, "nats://", "nats://"+ci.User+":"+ci.Password+"@", 1)
+	url := natsURLOf(t, dir+"/a")
 	b := startDaemon(t, dir+"/b", append(learnedArgs(users, p.Addr()), "--worker-id", "B", "--nats-url", url)...)
 	waitFor(t, 15*time.Second, "both workers registered", func() bool {
 		return a.scrape(t)["outflow_workers_live"] == 2 && b.scrape(t)["outflow_workers_live"] == 2

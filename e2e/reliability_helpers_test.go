@@ -407,6 +407,18 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// natsURLOf is the URL, credentials included, of the embedded NATS of the
+// daemon whose data dir is data: what a second daemon's --nats-url names
+// to join it as a worker on another machine would.
+func natsURLOf(t *testing.T, data string) string {
+	t.Helper()
+	ci, err := queue.ReadClientInfo(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Replace(ci.URL, "nats://", "nats://"+ci.User+":"+ci.Password+"@", 1)
+}
+
 // natsFor connects to a running daemon's embedded NATS with the
 // credentials it wrote into its data dir.
 func natsFor(t *testing.T, data string) *nats.Conn {

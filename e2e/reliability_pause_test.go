@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/outflow/outflow/internal/fakemx"
-	"github.com/outflow/outflow/queue"
 )
 
 // TestPausedWorkerUnderLoad runs two outflow processes on one NATS (B
@@ -55,11 +53,7 @@ func TestPausedWorkerUnderLoad(t *testing.T) {
 	common := append([]string{"--users", writeUsers(t, dir), "--relay", mx.Addr(), "--workers", fmt.Sprint(workers),
 		"--ack-wait", ackWait.String()}, fastRetry...)
 	a := startDaemon(t, dir+"/a", append(common, "--worker-id", "A")...)
-	ci, err := queue.ReadClientInfo(dir + "/a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := strings.Replace(ci.URL, "nats://", "nats://"+ci.User+":"+ci.Password+"@", 1)
+	url := natsURLOf(t, dir+"/a")
 	b := startDaemon(t, dir+"/b", append(common, "--worker-id", "B", "--nats-url", url)...)
 	// B must never stay stopped, whatever the test does.
 	t.Cleanup(func() { _ = syscall.Kill(b.pid(), syscall.SIGCONT) })

@@ -17,7 +17,6 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/outflow/outflow/internal/fakemx"
-	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/submission"
 )
 
@@ -128,11 +127,7 @@ func TestFleetSharesDestinationRate(t *testing.T) {
 	common := []string{"--users", users, "--relay", mx.Addr(), "--relay-tls", "none", "--dest-rate", fmt.Sprint(rate),
 		"--retry-base", "200ms", "--retry-min", "100ms", "--retry-cap", "1s", "--ratelimit-base", "500ms", "--ratelimit-min", "200ms", "--ratelimit-cap", "2s"}
 	a := startDaemon(t, dir+"/a", append(common, "--worker-id", "A")...)
-	ci, err := queue.ReadClientInfo(dir + "/a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := strings.Replace(ci.URL, "nats://", "nats://"+ci.User+":"+ci.Password+"@", 1)
+	url := natsURLOf(t, dir+"/a")
 	b := startDaemon(t, dir+"/b", append(common, "--worker-id", "B", "--nats-url", url)...)
 	// Both are registered before the load starts.
 	waitFor(t, 20*time.Second, "both workers live", func() bool {
