@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/emersion/go-msgauth/dkim"
+	"golang.org/x/net/idna"
 
 	"github.com/outflow/outflow/internal/mailhdr"
 )
@@ -50,7 +51,7 @@ var signedHeaders = []string{
 func NewDKIMSigner(keys []DKIMKey) (*DKIMSigner, error) {
 	d := &DKIMSigner{keys: map[string]DKIMKey{}}
 	for _, k := range keys {
-		dom := strings.ToLower(strings.TrimSuffix(k.Domain, "."))
+		dom := aLabels(k.Domain)
 		if dom == "" || k.Selector == "" {
 			return nil, errors.New("sender: DKIM key needs a Domain and a Selector")
 		}
@@ -188,5 +189,18 @@ func domainOf(addr string) string {
 	if i < 0 {
 		return ""
 	}
-	return strings.ToLower(strings.TrimSuffix(strings.TrimSuffix(addr[i+1:], ">"), "."))
+	return aLabels(strings.TrimSuffix(addr[i+1:], ">"))
+}
+
+// aLabels is domain in the form the key map holds and d= names (RFC 6376
+// 3.5 wants its A-labels): lower case, no final dot, an internationalised
+// name as xn-- labels, so that a From at bücher.example finds the key for
+// xn--bcher-kva.example and the other way round. A name idna refuses is
+// kept as it is (lower-cased).
+func aLabels(domain string) string {
+	d := strings.ToLower(strings.TrimSuffix(domain, "."))
+	if a, err := idna.Lookup.ToASCII(d); err == nil {
+		return a
+	}
+	return d
 }

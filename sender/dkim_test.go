@@ -157,6 +157,26 @@ func TestDKIMSignAndVerify(t *testing.T) {
 		}
 	})
 
+	t.Run("internationalised domain in either form", func(t *testing.T) {
+		// A key configured as bücher.example signs as its A-labels, for
+		// a From in either form.
+		idn, err := NewDKIMSigner([]DKIMKey{{Domain: "Bücher.Example", Selector: "s1", KeyFile: rsaPath}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs := map[string]string{"s1._domainkey.xn--bcher-kva.example": rsaTXT}
+		for _, from := range []string{"a@bücher.example", "a@xn--bcher-kva.example"} {
+			body := "From: " + from + "\r\nSubject: hi\r\n\r\nx\r\n"
+			signed, err := idn.Sign(from, []byte(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := verify(t, signed, recs); len(got) != 1 || got[0] != "xn--bcher-kva.example" {
+				t.Errorf("From %s: verified %v, want xn--bcher-kva.example", from, got)
+			}
+		}
+	})
+
 	t.Run("no key leaves the body alone", func(t *testing.T) {
 		body := []byte("From: a@unsigned.test\r\n\r\nx\r\n")
 		out, err := signer.Sign("a@unsigned.test", body)
