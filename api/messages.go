@@ -156,11 +156,10 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	defer cancel()
 	ids, err := s.enqueue(ctx, sub)
 	if err != nil {
-		if s.cfg.Quota != nil && (!errors.Is(err, queue.ErrMaybeStored) || idemKey != "") {
+		if s.cfg.Quota != nil && !errors.Is(err, queue.ErrMaybeStored) {
 			// Not stored: not sent. What may be stored is delivered,
-			// and keeps its recipients counted; unless the request has
-			// an Idempotency-Key, whose retry takes them again and
-			// stores under the same ids, nothing twice.
+			// and keeps its recipients counted (a keyed retry counts
+			// them again: the limit errs on the side of sending less).
 			s.cfg.Quota.Return(key.Tenant, len(rcpts))
 		}
 		s.log.Error().Err(err).Str("tenant", key.Tenant).Str("key_id", key.ID).Int("size", len(msg)).Msg("api submission not queued")

@@ -474,11 +474,31 @@ func (q *Queue) DropBy(ctx context.Context, id, by string) (*Item, error) {
 	if err := q.deleteItem(ctx, it); err != nil {
 		return nil, err
 	}
+	if it.State != StateQueued {
+		// A scheduled message moved to the work lane between the look
+		// above and the marker (Delivery.ToWork): its copy goes too.
+		q.dropLaterCopy(ctx, it.Env)
+	}
 	q.Event(EventDropped, &Event{ID: id, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Worker: by, Recipients: it.Env.Rcpts})
 	if it.Env.BodyRef != "-" {
 		q.releaseBody(ctx, it.Env)
 	}
 	return it, nil
+}
+
+// dropLaterCopy deletes the work lane's copy of e at a later step, if
+// there is one.
+func (q *Queue) dropLaterCopy(ctx context.Context, e *Envelope) {
+	m, err := q.lanes[LaneWork].GetLastMsgForSubject(ctx, workSubject(e.Tenant, e.Dest, e.ID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return
+	}
+	if err == nil && laterStep(m.Header, e) {
+		err = q.lanes[LaneWork].DeleteMsg(ctx, m.Sequence)
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		q.log.Warn().Err(err).Str("msg_id", e.ID).Msg("drop: the work lane's copy of a scheduled message not removed")
+	}
 }
 
 func (q *Queue) deleteItem(ctx context.Context, it *Item) error {

@@ -345,9 +345,7 @@ func (d *Delivery) copyToWork(ctx context.Context) error {
 	// (a worker that took it in these milliseconds still delivers it).
 	d.droppedAsked = false
 	if d.Dropped(ctx) {
-		if m, err := d.q.lanes[LaneWork].GetLastMsgForSubject(ctx, workSubject(next.Tenant, next.Dest, next.ID)); err == nil && !laterStep(m.Header, next) {
-			_ = d.q.lanes[LaneWork].DeleteMsg(ctx, m.Sequence)
-		}
+		d.q.dropLaterCopy(ctx, d.Env)
 		return nil
 	}
 	d.q.wake(tenant)

@@ -266,7 +266,11 @@ func (w *deliverer) safeHandle(ctx context.Context, d *queue.Delivery) {
 		if r := recover(); r != nil {
 			w.log.Error().Str("msg_id", d.Env.ID).Uint64("deliveries", d.Deliveries).Interface("panic", r).Bytes("stack", debug.Stack()).Msg("delivery panicked")
 			w.cfg.Metrics.panic()
-			if n, err := d.CountPanic(ctx); err == nil && n >= panicHold {
+			n, err := d.CountPanic(ctx)
+			if err != nil {
+				n = int(d.Deliveries) // the count cannot be kept: the hand-outs bound it
+			}
+			if n >= panicHold {
 				w.holdPanicked(ctx, d, r, n)
 			}
 		}

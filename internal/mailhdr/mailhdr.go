@@ -85,7 +85,32 @@ var parser = mail.AddressParser{WordDecoder: &mime.WordDecoder{
 	CharsetReader: func(_ string, input io.Reader) (io.Reader, error) { return input, nil },
 }}
 
-// Addresses parses v, the value of an address field such as From.
+// Addresses parses v, the value of an address field such as From. A
+// value net/mail cannot parse for its display names (raw 8-bit or
+// escape-sequence bytes, not encoded words) gives the addresses in its
+// angle brackets, when it has some; otherwise the parser's error.
 func Addresses(v string) ([]*mail.Address, error) {
-	return parser.ParseList(v)
+	list, err := parser.ParseList(v)
+	if err == nil {
+		return list, nil
+	}
+	var out []*mail.Address
+	for rest := v; ; {
+		i := strings.IndexByte(rest, '<')
+		if i < 0 {
+			break
+		}
+		j := strings.IndexByte(rest[i:], '>')
+		if j < 0 {
+			break
+		}
+		if a, aerr := mail.ParseAddress(rest[i : i+j+1]); aerr == nil {
+			out = append(out, a)
+		}
+		rest = rest[i+j+1:]
+	}
+	if len(out) == 0 {
+		return nil, err
+	}
+	return out, nil
 }

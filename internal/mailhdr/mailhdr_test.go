@@ -11,6 +11,8 @@ func TestAddressesInAnyCharset(t *testing.T) {
 		"=?windows-1252?Q?Caf=E9?= <info@shop.example>",
 		"=?Shift_JIS?B?g1aDh4NigXY=?= <info@shop.example>",
 		"info@shop.example",
+		"\x1b$B%7%g%C%W\x1b(B <info@shop.example>", // raw ISO-2022-JP, not encoded
+		"Caf\xe9 <info@shop.example>",              // raw windows-1252
 	} {
 		list, err := Addresses(v)
 		if err != nil || len(list) != 1 || list[0].Address != "info@shop.example" {
