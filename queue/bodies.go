@@ -248,7 +248,7 @@ func partsKey(msgID string) string { return "parts." + msgID }
 // waits for the bucket's TTL rather than go early.
 func (q *Queue) countOnce(ctx context.Context, e *Envelope) bool {
 	q.count(OpSentPut)
-	_, err := q.sent.Create(ctx, "released."+e.ID+"."+strconv.FormatInt(e.SubmittedAt.UnixNano(), 10), nil)
+	_, err := q.sent.Create(ctx, markerKey("released", e.ID, e), nil)
 	return err == nil
 }
 

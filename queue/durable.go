@@ -136,15 +136,23 @@ type remoteSyncer struct{ nc *nats.Conn }
 // with --durability disk): then RemoteSync makes every write wait for that
 // daemon's fsync. False when nobody answers.
 func (q *Queue) ServerSyncs(ctx context.Context) (bool, error) {
-	m, err := q.nc.RequestWithContext(ctx, subjSync, []byte(StreamWork))
+	answered, err := askSync(ctx, q.nc, StreamWork)
+	return answered && err == nil, err
+}
+
+// askSync asks the daemon that answers on subjSync to sync streams, and
+// reports whether one answered; err is its failure to sync, or the
+// request's.
+func askSync(ctx context.Context, nc *nats.Conn, streams ...string) (answered bool, err error) {
+	m, err := nc.RequestWithContext(ctx, subjSync, []byte(strings.Join(streams, ",")))
 	if errors.Is(err, nats.ErrNoResponders) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("ask the server's daemon for a sync: %w", err)
+		return false, fmt.Errorf("sync at the daemon: %w", err)
 	}
 	if len(m.Data) > 0 {
-		return false, fmt.Errorf("the server's daemon could not sync: %s", m.Data)
+		return true, fmt.Errorf("sync at the daemon: %s", m.Data)
 	}
 	return true, nil
 }
@@ -153,17 +161,8 @@ func (q *Queue) ServerSyncs(ctx context.Context) (bool, error) {
 // server (it runs with --durability replicas or none): the server's
 // acknowledgement is all there is to wait for.
 func (r remoteSyncer) Sync(ctx context.Context, streams ...string) error {
-	m, err := r.nc.RequestWithContext(ctx, subjSync, []byte(strings.Join(streams, ",")))
-	if errors.Is(err, nats.ErrNoResponders) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("sync at the daemon: %w", err)
-	}
-	if len(m.Data) > 0 {
-		return fmt.Errorf("sync at the daemon: %s", m.Data)
-	}
-	return nil
+	_, err := askSync(ctx, r.nc, streams...)
+	return err
 }
 
 // flights runs one call per key at a time; callers that arrive while one

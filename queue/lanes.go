@@ -357,8 +357,14 @@ func (d *Delivery) copyToWork(ctx context.Context) error {
 // again under the same id, after its deduplication window, from the one
 // dropped. It cannot collide with a SENT marker (<id>.<step>) or a parts
 // count: no envelope id is "dropped".
-func droppedKey(e *Envelope) string {
-	return "dropped." + e.SentKey() + "." + strconv.FormatInt(e.SubmittedAt.UnixNano(), 10)
+func droppedKey(e *Envelope) string { return markerKey("dropped", e.SentKey(), e) }
+
+// markerKey is a SENT-bucket key about one envelope (id, or id and step,
+// as which): prefix, which, and the submission time, which tells a keyed
+// envelope submitted again under the same id, after its deduplication
+// window, from an earlier one.
+func markerKey(prefix, which string, e *Envelope) string {
+	return prefix + "." + which + "." + strconv.FormatInt(e.SubmittedAt.UnixNano(), 10)
 }
 
 // Dropped reports whether the envelope was dropped (queue drop, a
@@ -381,7 +387,7 @@ func (d *Delivery) Dropped(ctx context.Context) bool {
 // (a counter in the SENT bucket, which expires with it). An error counts
 // nothing.
 func (d *Delivery) CountPanic(ctx context.Context) (int, error) {
-	key := "panics." + d.Env.SentKey() + "." + strconv.FormatInt(d.Env.SubmittedAt.UnixNano(), 10)
+	key := markerKey("panics", d.Env.SentKey(), d.Env)
 	for range 10 {
 		d.q.count(OpSentGet)
 		e, err := d.q.sent.Get(ctx, key)

@@ -119,24 +119,31 @@ func suppressKey(tenant, addr string) string {
 // Add puts s on the list, replacing any entry for the same tenant and
 // address. Created defaults to now.
 func (l *Suppressions) Add(ctx context.Context, s Suppression) error {
+	key, b, err := entry(&s)
+	if err != nil {
+		return err
+	}
+	if _, err := l.kv.Put(ctx, key, b); err != nil {
+		return fmt.Errorf("suppress %s: %w", s.Address, err)
+	}
+	return nil
+}
+
+// entry checks s, normalises its address, dates it now when it has no
+// Created, and returns its bucket key and value.
+func entry(s *Suppression) (key string, value []byte, err error) {
 	if s.Tenant == "" {
-		return errors.New("suppress: empty tenant")
+		return "", nil, errors.New("suppress: empty tenant")
 	}
 	s.Address = NormalizeAddress(s.Address)
 	if s.Address == "" || !strings.Contains(s.Address, "@") {
-		return fmt.Errorf("suppress: %q is not an address", s.Address)
+		return "", nil, fmt.Errorf("suppress: %q is not an address", s.Address)
 	}
 	if s.Created.IsZero() {
 		s.Created = time.Now().UTC().Truncate(time.Second)
 	}
-	b, err := json.Marshal(&s)
-	if err != nil {
-		return err
-	}
-	if _, err := l.kv.Put(ctx, suppressKey(s.Tenant, s.Address), b); err != nil {
-		return fmt.Errorf("suppress %s: %w", s.Address, err)
-	}
-	return nil
+	value, err = json.Marshal(s)
+	return suppressKey(s.Tenant, s.Address), value, err
 }
 
 // AddFirst is Add for what a recipient's mail system reports (a hard
@@ -149,21 +156,10 @@ func (l *Suppressions) Add(ctx context.Context, s Suppression) error {
 // The read and the write are one compare-and-set, so that of a complaint
 // and an unsubscribe that come together the first written stays.
 func (l *Suppressions) AddFirst(ctx context.Context, s Suppression) (added bool, err error) {
-	if s.Tenant == "" {
-		return false, errors.New("suppress: empty tenant")
-	}
-	s.Address = NormalizeAddress(s.Address)
-	if s.Address == "" || !strings.Contains(s.Address, "@") {
-		return false, fmt.Errorf("suppress: %q is not an address", s.Address)
-	}
-	if s.Created.IsZero() {
-		s.Created = time.Now().UTC().Truncate(time.Second)
-	}
-	b, err := json.Marshal(&s)
+	key, b, err := entry(&s)
 	if err != nil {
 		return false, err
 	}
-	key := suppressKey(s.Tenant, s.Address)
 	for range 10 {
 		e, err := l.kv.Get(ctx, key)
 		switch {

@@ -38,20 +38,8 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 		// just cut it, for a minute, and the rule is for its for.
 		change = "rate-override"
 		fn = func(s *DestState, now time.Time) bool {
-			value, end := r.Value, until
-			if ov, ok := s.rateOverride(now); ok {
-				if s.RateUntil.IsZero() {
-					return false
-				}
-				value, end = math.Min(ov, value), laterOf(s.RateUntil, end)
-			} else if base := t.baseRate(lim, *s); base > 0 && base <= value {
-				return false
-			}
-			if value == s.RateOverride && end.Equal(s.RateUntil) {
-				return false
-			}
-			s.RateOverride, s.RateUntil = value, end
-			return true
+			ov, ok := s.rateOverride(now)
+			return narrow(&s.RateOverride, &s.RateUntil, ov, ok, t.baseRate(lim, *s), r.Value, until)
 		}
 		from = func(s DestState) string { return fmtRate(s.rateOverride(now)) }
 		to = func(s DestState) string {
@@ -77,20 +65,8 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 		fn = func(s *DestState, now time.Time) bool {
 			// As for rate: never more connections, never an operator's
 			// pin taken away.
-			value, end := n, until
-			if ov, ok := s.connsOverride(now); ok {
-				if s.ConnsUntil.IsZero() {
-					return false
-				}
-				value, end = min(ov, value), laterOf(s.ConnsUntil, end)
-			} else if cur := fleetConns(lim, *s, now); cur > 0 && cur <= value {
-				return false
-			}
-			if value == s.ConnsOverride && end.Equal(s.ConnsUntil) {
-				return false
-			}
-			s.ConnsOverride, s.ConnsUntil = value, end
-			return true
+			ov, ok := s.connsOverride(now)
+			return narrow(&s.ConnsOverride, &s.ConnsUntil, ov, ok, fleetConns(lim, *s, now), n, until)
 		}
 		from = func(s DestState) string {
 			if ov, ok := s.connsOverride(now); ok {
@@ -129,6 +105,28 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 	t.enqueue(op{d: d, change: change, fn: fn, after: func(b, a DestState) {
 		t.transition(d.name, change, from(b), to(a), reason)
 	}})
+}
+
+// narrow applies a rule's limit value until until to an override (value
+// *v until *end) and reports whether it changed it. An override in force
+// (ov, inForce) until changed is an operator's pin, left alone; one with an
+// end is joined: the lower value until the later end. Without one, base,
+// the limit otherwise in force (0 = unlimited), already at or under value
+// leaves it alone.
+func narrow[T int | float64](v *T, end *time.Time, ov T, inForce bool, base, value T, until time.Time) bool {
+	if inForce {
+		if end.IsZero() {
+			return false
+		}
+		value, until = min(ov, value), laterOf(*end, until)
+	} else if base > 0 && base <= value {
+		return false
+	}
+	if value == *v && until.Equal(*end) {
+		return false
+	}
+	*v, *end = value, until
+	return true
 }
 
 // baseRate is the rate a destination's sending comes back to without a
