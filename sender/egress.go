@@ -57,6 +57,8 @@ func NewEgress(entries []EgressEntry, tenantPools map[string]string) (*Egress, e
 	e := &Egress{pools: map[string][]Source{}, byTenant: map[string]string{}}
 	seen := map[netip.Addr]bool{}
 	for _, en := range entries {
+		// ::ffff:192.0.2.10 is 192.0.2.10: one address, of family IPv4.
+		en.Addr = en.Addr.Unmap()
 		if !en.Addr.IsValid() {
 			return nil, errors.New("egress: an entry has no address")
 		}

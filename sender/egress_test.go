@@ -1,6 +1,7 @@
 package sender
 
 import (
+	"context"
 	"net"
 	"net/netip"
 	"slices"
@@ -88,6 +89,12 @@ func TestEgressCandidates(t *testing.T) {
 	}
 	if _, err := NewEgress([]EgressEntry{{Source: Source{Addr: netip.MustParseAddr("0.0.0.0")}}}, nil); err == nil {
 		t.Error("the unspecified address was accepted")
+	}
+	if _, err := NewEgress([]EgressEntry{{Source: Source{Addr: netip.MustParseAddr("127.0.0.2")}}, {Source: Source{Addr: netip.MustParseAddr("::ffff:127.0.0.2")}}}, nil); err == nil {
+		t.Error("an address and its IPv4-mapped form were accepted as two")
+	}
+	if e, err := NewEgress([]EgressEntry{{Source: Source{Addr: netip.MustParseAddr("::ffff:127.0.0.2")}}}, nil); err != nil || !e.All()[0].Addr.Is4() {
+		t.Errorf("an IPv4-mapped address is not taken as IPv4: %v %v", err, e.All())
 	}
 }
 
@@ -193,5 +200,57 @@ func TestThroughResolver(t *testing.T) {
 	checkAll(t, s.Send(ctx, msg("slow.test", "a@slow.test")), classify.StageDNS, 0, classify.EventDNSServFail)
 	if dnsSrv.Queries("slow.test", dns.TypeMX) != 1 {
 		t.Error("timed-out domain not queried")
+	}
+}
+
+// TestWrongFamily sends from an IPv6 source to domains whose MX hosts have
+// only IPv4 addresses: nothing is dialled, and the result says the other
+// family may reach them (WrongFamily), unless some host failed otherwise.
+// An IPv4 source reaches the same host.
+func TestWrongFamily(t *testing.T) {
+	mx := fakemx.Start(t, fakemx.Options{})
+	w := newWorld(t)
+	w.host("mx4.v4only.test", "127.0.0.2")
+	w.zones["v4only.test."] = mockdns.Zone{MX: []net.MX{{Host: "mx4.v4only.test.", Pref: 10}}}
+	// mixed.test's primary has an IPv6 address that refuses connections,
+	// its backup only an IPv4 one.
+	w.zones["mx6.mixed.test."] = mockdns.Zone{AAAA: []string{"2001:db8::25"}}
+	w.zones["mixed.test."] = mockdns.Zone{MX: []net.MX{{Host: "mx6.mixed.test.", Pref: 10}, {Host: "mx4.v4only.test.", Pref: 20}}}
+	w.route("127.0.0.2", mx)
+	cfg := w.config()
+	cfg.DialSource = func(ctx context.Context, _ netip.Addr, network, addr string) (net.Conn, error) {
+		return w.dial(ctx, network, addr)
+	}
+	s := w.sender(cfg)
+	ctx := ctxT(t)
+	v6 := &Source{Addr: netip.MustParseAddr("2001:db8::1")}
+	v4 := &Source{Addr: netip.MustParseAddr("127.0.0.9")}
+
+	m := msg("v4only.test", "bob@v4only.test")
+	m.Source = v6
+	r := s.Send(ctx, m)
+	if !r.WrongFamily {
+		t.Errorf("IPv6 source to an IPv4-only MX: WrongFamily not set: %+v", r)
+	}
+	checkAll(t, r, classify.StageDNS, 0, classify.EventDNSServFail)
+	if d := w.dials(); len(d) != 0 {
+		t.Errorf("dialled %v from an IPv6 source to IPv4-only hosts", d)
+	}
+
+	m = msg("mixed.test", "bob@mixed.test")
+	m.Source = v6
+	if r := s.Send(ctx, m); r.WrongFamily {
+		t.Errorf("a host of the source's family refused, yet WrongFamily is set: %+v", r)
+	}
+	if d := w.dials(); !slices.Equal(d, []string{"[2001:db8::25]:25"}) {
+		t.Errorf("dialled %v, want the IPv6 primary only", d)
+	}
+
+	m = msg("v4only.test", "bob@v4only.test")
+	m.Source = v4
+	r = s.Send(ctx, m)
+	checkDelivered(t, r)
+	if r.WrongFamily {
+		t.Error("WrongFamily set on a delivery")
 	}
 }

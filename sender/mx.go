@@ -69,10 +69,16 @@ func (s *Sender) mxHosts(ctx context.Context, domain string) ([]string, *classif
 	return names, nil
 }
 
+// errWrongFamily marks the failure of an MX host that has addresses, none
+// of them of the source address's family (an IPv6 source and a host with
+// only A records): another source may reach it (Result.WrongFamily).
+var errWrongFamily = errors.New("no address of the source's family")
+
 // hostAddrs returns the ip:port addresses of one MX host in the order to
 // try them (orderAddrs); each is tried before the next MX host (RFC 5321
-// 5.1). With a source, only addresses of its family can be reached.
-func (s *Sender) hostAddrs(ctx context.Context, host string, src *Source) ([]string, *classify.Input) {
+// 5.1). With a source, only addresses of its family can be reached; when
+// the host has none, the failure wraps errWrongFamily.
+func (s *Sender) hostAddrs(ctx context.Context, host string, src *Source) ([]string, error) {
 	port := strconv.Itoa(s.cfg.Port)
 	if ip := net.ParseIP(host); ip != nil {
 		return []string{net.JoinHostPort(host, port)}, nil
@@ -85,9 +91,8 @@ func (s *Sender) hostAddrs(ctx context.Context, host string, src *Source) ([]str
 		if err == nil {
 			err = errors.New("no addresses")
 		}
-		in := classify.Input{Stage: classify.StageDNS, Event: classify.EventDNSServFail,
-			Text: fmt.Sprintf("MX host %s: address lookup: %v", host, err)}
-		return nil, &in
+		return nil, &stepErr{in: classify.Input{Stage: classify.StageDNS, Event: classify.EventDNSServFail,
+			Text: fmt.Sprintf("MX host %s: address lookup: %v", host, err)}}
 	}
 	addrs := make([]netip.Addr, 0, len(ips))
 	for _, ip := range ips {
@@ -101,9 +106,8 @@ func (s *Sender) hostAddrs(ctx context.Context, host string, src *Source) ([]str
 	}
 	addrs = orderAddrs(addrs, from, reachable)
 	if len(addrs) == 0 {
-		in := classify.Input{Stage: classify.StageDNS, Event: classify.EventDNSServFail,
-			Text: fmt.Sprintf("MX host %s: no address of the family of source %s", host, from)}
-		return nil, &in
+		return nil, &stepErr{in: classify.Input{Stage: classify.StageDNS, Event: classify.EventDNSServFail,
+			Text: fmt.Sprintf("MX host %s: no address of the family of source %s", host, from)}, err: errWrongFamily}
 	}
 	out := make([]string, 0, len(addrs))
 	for _, a := range addrs {

@@ -61,6 +61,12 @@ type Result struct {
 	// Transactions is the number of MAIL transactions used (more than one
 	// when the recipients were split by the server's limit).
 	Transactions int
+	// WrongFamily says that nothing was sent because no MX host of the
+	// domain has an address of Message.Source's family (an IPv6 source
+	// and hosts with only A records, or the reverse): a source of the
+	// other family may reach them. The recipients' outcome is then a DNS
+	// failure naming the last host tried.
+	WrongFamily bool
 }
 
 // Sender delivers messages over SMTP. It is safe for concurrent use; each
@@ -204,6 +210,7 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 		c, reused, err := s.acquire(ctx, log, hosts, plan)
 		if err != nil {
 			fill(pending, inputOf(err))
+			res.WrongFamily = first && errors.Is(err, errWrongFamily)
 			break
 		}
 		res.Host, res.Addr, res.TLS, res.TLSVerified = c.host, c.addr, c.tls, c.tlsVerified
@@ -322,9 +329,17 @@ func (s *Sender) giveBack(c *client, ctx context.Context) {
 // 554 while the primary cannot be reached is no reason to bounce, since
 // the primary may take the message on the next attempt (and the outcome
 // would otherwise depend on which host was tried last).
+//
+// When every host failed for want of an address of the source's family,
+// the error wraps errWrongFamily; otherwise such a host's failure is
+// reported as a plain DNS failure, and never as errWrongFamily.
 func (s *Sender) acquire(ctx context.Context, log *msgLog, hosts []string, plan *tlsPlan) (*client, bool, error) {
 	var last, lastTemp error
+	wrongFamily := true // every host so far had no address of the source's family
 	fail := func(err error) {
+		if !errors.Is(err, errWrongFamily) {
+			wrongFamily = false
+		}
 		last = err
 		if in := inputOf(err); in.Code < 500 || in.Code > 599 {
 			lastTemp = err
@@ -348,10 +363,14 @@ func (s *Sender) acquire(ctx context.Context, log *msgLog, hosts []string, plan 
 			break
 		}
 	}
-	if lastTemp != nil {
-		return nil, false, lastTemp
+	if lastTemp == nil {
+		lastTemp = last
 	}
-	return nil, false, last
+	var se *stepErr
+	if !wrongFamily && errors.Is(lastTemp, errWrongFamily) && errors.As(lastTemp, &se) {
+		lastTemp = &stepErr{in: se.in} // another host failed otherwise
+	}
+	return nil, false, lastTemp
 }
 
 func (s *Sender) acquireHost(ctx context.Context, log *msgLog, host string, plan *tlsPlan, hp *hostPlan) (*client, bool, error) {
@@ -377,11 +396,10 @@ func (s *Sender) acquireHost(ctx context.Context, log *msgLog, host string, plan
 	if s.cfg.Relay != "" {
 		addrs = []string{s.cfg.Relay}
 	} else {
-		var dnsOut *classify.Input
-		addrs, dnsOut = s.hostAddrs(ctx, host, sourceFrom(ctx))
-		if dnsOut != nil {
+		var err error
+		if addrs, err = s.hostAddrs(ctx, host, sourceFrom(ctx)); err != nil {
 			s.pool.release(key)
-			return nil, false, &stepErr{in: *dnsOut}
+			return nil, false, err
 		}
 	}
 	var last error

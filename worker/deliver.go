@@ -194,6 +194,25 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	stop := w.keepAlive(d)
 	defer stop()
 	res := w.cfg.Sender.Send(ctx, msg)
+	if res.WrongFamily && src != nil {
+		// Nothing left this host: the destination has no MX address of
+		// src's family. That is no failure of the message or the
+		// destination; the attempt goes out from the other family, if
+		// the tenant has an address of it, and is not counted otherwise.
+		release(nil)
+		w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Str("source", src.String()).
+			Msg("destination has no MX address of the source's family; trying a source of the other family")
+		next, nextSrc, refusal := w.otherFamily(ctx, e, src)
+		if refusal != nil {
+			stop()
+			return w.refused(ctx, d, dest, *refusal)
+		}
+		if next != nil {
+			permit, released, src = next, false, nextSrc
+			msg.Source, msg.MaxMsgsPerConn = src, permit.Limits().MaxMsgsPerConn
+			res = w.cfg.Sender.Send(ctx, msg)
+		}
+	}
 	stop()
 
 	o := w.outcomeOf(e, res)

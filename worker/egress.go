@@ -31,7 +31,7 @@ func (w *deliverer) admitFrom(ctx context.Context, e *queue.Envelope) (throttle.
 		permit, r := w.cfg.Gate.Admit(ctx, e.Dest, e.Tenant, "")
 		return permit, r, nil
 	}
-	cands := w.cfg.Egress.Candidates(e.Tenant)
+	cands := w.families.usable(e.Dest, w.cfg.Egress.Candidates(e.Tenant), w.now())
 	var best throttle.Refusal
 	for i := range cands {
 		permit, r := w.cfg.Gate.Admit(ctx, e.Dest, e.Tenant, cands[i].String())
@@ -54,5 +54,29 @@ func (w *deliverer) probeSource(e *queue.Envelope) *sender.Source {
 	if w.cfg.Egress.Len() == 0 {
 		return nil
 	}
-	return &w.cfg.Egress.Candidates(e.Tenant)[0]
+	return &w.families.usable(e.Dest, w.cfg.Egress.Candidates(e.Tenant), w.now())[0]
+}
+
+// otherFamily is called after an attempt from src found that e's
+// destination has no MX address of src's family (the attempt never left
+// this host). It remembers that, and returns a source of the other family
+// among the tenant's addresses with its permit, admitted as admitFrom
+// does. refused is set when the throttle refused every candidate; with
+// neither, the tenant has no address of the other family. A probe takes
+// its source without asking.
+func (w *deliverer) otherFamily(ctx context.Context, e *queue.Envelope, src *sender.Source) (throttle.Permit, *sender.Source, *throttle.Refusal) {
+	w.families.lack(e.Dest, src.Addr, w.now())
+	var permit throttle.Permit = probePermit{}
+	var r throttle.Refusal
+	var next *sender.Source
+	if e.Probe {
+		next = w.probeSource(e)
+	} else if permit, r, next = w.admitFrom(ctx, e); permit == nil {
+		return nil, nil, &r
+	}
+	if next == nil || next.Addr.Unmap().Is4() == src.Addr.Unmap().Is4() {
+		permit.Done(nil)
+		return nil, nil, nil
+	}
+	return permit, next, nil
 }

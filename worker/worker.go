@@ -141,6 +141,9 @@ type Pool struct {
 	// noLinks says once that mail asks for unsubscribe links this
 	// process cannot make (no Config.Unsubscribe).
 	noLinks sync.Once
+	// families: the address families destinations lack, for egress
+	// pools that mix IPv4 and IPv6.
+	families families
 }
 
 // New checks cfg and returns a Pool; Run starts it.
