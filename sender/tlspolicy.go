@@ -138,10 +138,9 @@ func (s *Sender) hostTLS(ctx context.Context, p *tlsPlan, host string) (*hostPla
 		return hp, nil
 	}
 	if p.sts.Mode == mtasts.ModeTesting {
+		// What would fail is reported once per session, by secure
+		// (reportHost), an unlisted host included.
 		hp.stsTesting = p.sts
-		if !p.sts.Match(host) {
-			s.reportSTS(p, host, "", false, tlsrpt.ResultValidationFailure, "MX host is not listed in the policy")
-		}
 		return hp, nil
 	}
 	if !p.sts.Match(host) {
@@ -185,17 +184,21 @@ func (s *Sender) secure(ctx context.Context, log *msgLog, c *client, p *tlsPlan,
 		}
 		if err := c.startTLS(ctx, must, verify); err != nil {
 			var se *stepErr
-			if hp.mode != modeRequired && errors.As(err, &se) && se.in.Stage == classify.StageTLS && c.verifyErr != nil {
-				s.reportHost(p, hp, c, false, resultOf(c.verifyErr), errText(c.verifyErr))
+			if !errors.As(err, &se) || se.in.Stage != classify.StageTLS {
+				return nil, err
+			}
+			if c.verifyErr == nil {
+				s.reportHost(p, hp, c, false, tlsrpt.ResultValidationFailure, se.in.Text)
+				return nil, err
+			}
+			s.reportHost(p, hp, c, false, resultOf(c.verifyErr), errText(c.verifyErr))
+			if hp.mode != modeRequired {
 				why := c.verifyErr.Error() // a *dane.Error says "DANE: …" itself
 				if hp.mode == modeSTS {
 					why = "MTA-STS certificate verification failed: " + why
 				}
 				return nil, &stepErr{in: classify.Input{Stage: classify.StageTLS, Event: classify.EventTLSFailure,
 					Text: syntheticText(fmt.Sprintf("%s (%s): %s; not delivering without it", host, addr, why))}, err: err}
-			}
-			if hp.mode != modeRequired && errors.As(err, &se) && se.in.Stage == classify.StageTLS {
-				s.reportHost(p, hp, c, false, tlsrpt.ResultValidationFailure, se.in.Text)
 			}
 			return nil, err
 		}
@@ -232,18 +235,22 @@ func (s *Sender) secure(ctx context.Context, log *msgLog, c *client, p *tlsPlan,
 		c.close()
 		return s.openPlain(ctx, log, host, addr, c.key)
 	}
-	if hp.stsTesting != nil {
-		if c.tlsVerified && hp.stsTesting.Match(host) {
-			s.reportHost(p, hp, c, true, "", "")
-		} else if !c.tlsVerified {
-			s.reportHost(p, hp, c, false, resultOf(c.verifyErr), errText(c.verifyErr))
-		}
+	if c.tlsVerified {
+		s.reportHost(p, hp, c, true, "", "")
+	} else {
+		s.reportHost(p, hp, c, false, resultOf(c.verifyErr), errText(c.verifyErr))
 	}
 	return c, nil
 }
 
-// reportHost records a session outcome for the policy that governed it.
+// reportHost records a session outcome for the policy that governed it,
+// once per session. Under an MTA-STS testing policy, a session with a host
+// the policy does not list is that failure, whatever its TLS did (RFC 8461
+// 4.2 would not have used the host at all).
 func (s *Sender) reportHost(p *tlsPlan, hp *hostPlan, c *client, ok bool, result, detail string) {
+	if hp.stsTesting != nil && hp.mode != modeDANE && hp.mode != modeDANEUnusable && !hp.stsTesting.Match(c.host) {
+		ok, result, detail = false, tlsrpt.ResultValidationFailure, "MX host is not listed in the policy"
+	}
 	switch {
 	case hp.mode == modeDANE || hp.mode == modeDANEUnusable:
 		// RFC 8460 3: a DANE policy is the MX host's, and so is its

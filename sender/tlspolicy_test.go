@@ -314,8 +314,46 @@ func TestMTASTS(t *testing.T) {
 			for _, ev := range rep.all() {
 				results = append(results, ev.Result)
 			}
-			if strings.Join(results, ",") != "validation-failure,certificate-not-trusted" {
+			// One session, one failure: the host is not listed (its
+			// untrusted certificate is not counted a second time).
+			if strings.Join(results, ",") != "validation-failure" {
 				t.Errorf("reported %v", results)
+			}
+		}},
+		{"testing, listed host, untrusted certificate: one failure", true, func(p *pkiMX, cfg *Config) {
+			cfg.MTASTS = stsPolicy(mtasts.ModeTesting, "mx.example.test")
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+			if evs := rep.all(); len(evs) != 1 || evs[0].Success || evs[0].Result != tlsrpt.ResultNotTrusted {
+				t.Errorf("reported %+v, want one certificate-not-trusted", evs)
+			}
+		}},
+		{"testing, listed host, verified: one success", true, func(p *pkiMX, cfg *Config) {
+			cfg.RootCAs = p.root.Pool()
+			cfg.MTASTS = stsPolicy(mtasts.ModeTesting, "mx.example.test")
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+			if evs := rep.all(); len(evs) != 1 || !evs[0].Success {
+				t.Errorf("reported %+v, want one success", evs)
+			}
+		}},
+		{"required under testing, unlisted host, verified: one failure", true, func(p *pkiMX, cfg *Config) {
+			cfg.TLS = TLSRequired
+			cfg.RootCAs = p.root.Pool()
+			cfg.MTASTS = stsPolicy(mtasts.ModeTesting, "mx.elsewhere.test")
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			checkDelivered(t, r)
+			if evs := rep.all(); len(evs) != 1 || evs[0].Success || evs[0].Result != tlsrpt.ResultValidationFailure {
+				t.Errorf("reported %+v, want one validation-failure (the host is not listed)", evs)
+			}
+		}},
+		{"required under testing, untrusted certificate: reported", true, func(p *pkiMX, cfg *Config) {
+			cfg.TLS = TLSRequired
+			cfg.MTASTS = stsPolicy(mtasts.ModeTesting, "mx.example.test")
+		}, func(t *testing.T, p *pkiMX, r Result, rep *reports) {
+			noDelivery(t, p)
+			if evs := rep.all(); len(evs) != 1 || evs[0].Result != tlsrpt.ResultNotTrusted {
+				t.Errorf("reported %+v, want one certificate-not-trusted", evs)
 			}
 		}},
 		{"none is respected", false, func(p *pkiMX, cfg *Config) {
