@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,7 +12,8 @@ import (
 
 // Metrics are the worker's Prometheus collectors. Labels are bounded:
 // class, lane, and the destination only where a destination is the point
-// (throttles); never message ids or addresses.
+// (throttles, a destination's bounces); never message ids or addresses.
+// The destinations with series of their own are bounded too (destSeries).
 type Metrics struct {
 	Attempts        *prometheus.CounterVec   // outflow_attempts_total{class,lane}
 	Delivered       prometheus.Counter       // outflow_delivered_recipients_total
@@ -24,6 +26,61 @@ type Metrics struct {
 	RetryDelay      *prometheus.HistogramVec // outflow_retry_delay_seconds{lane}
 	Panics          prometheus.Counter       // outflow_worker_panics_total
 	Refusals        *prometheus.CounterVec   // outflow_gate_refusals_total{reason}
+
+	dests destSeries
+}
+
+// Per-destination series (outflow_dest_attempts_total,
+// outflow_throttle_events_total) are kept for at most destSeriesMax
+// destinations at a time, and a destination's are removed after
+// destSeriesIdle without an attempt. A sender reaches tens of thousands of
+// recipient domains a day, most of them once: a series for each, kept for
+// the life of the process, would grow the process and every scrape
+// without end. The large destinations, the ones alerts are about, are
+// never idle for long; a destination past the limit is counted under
+// dest="other" until a place frees up.
+const (
+	destSeriesMax  = 1000
+	destSeriesIdle = time.Hour
+	// otherDest is the dest label of destinations past destSeriesMax.
+	otherDest = "other"
+)
+
+// destSeries tracks which destinations have series, and since when they
+// were last counted.
+type destSeries struct {
+	mu    sync.Mutex
+	last  map[string]time.Time
+	swept time.Time
+	now   func() time.Time // time.Now; a test's clock
+	max   int              // destSeriesMax; a test's
+}
+
+// destLabel is the dest label to count dest under: dest itself, or
+// otherDest when destSeriesMax others have series. Every minute or so it
+// removes the series of destinations idle for destSeriesIdle.
+func (m *Metrics) destLabel(dest string) string {
+	d := &m.dests
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.now()
+	if now.Sub(d.swept) >= time.Minute {
+		d.swept = now
+		for name, at := range d.last {
+			if now.Sub(at) >= destSeriesIdle {
+				delete(d.last, name)
+				for _, class := range attemptClasses {
+					m.DestAttempts.DeleteLabelValues(name, class)
+				}
+				m.Throttles.DeleteLabelValues(name)
+			}
+		}
+	}
+	if _, ok := d.last[dest]; !ok && len(d.last) >= d.max {
+		return otherDest
+	}
+	d.last[dest] = now
+	return dest
 }
 
 // NewMetrics creates and registers the worker collectors on reg.
@@ -56,6 +113,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outflow_gate_refusals_total", Help: "Envelopes deferred by the coordinator without an attempt, by reason.",
 		}, []string{"reason"}),
+		dests: destSeries{last: map[string]time.Time{}, now: time.Now, max: destSeriesMax},
 	}
 	// Every class and lane is exported from the start, at 0: a series
 	// that does not exist yet makes a ratio or comparison in PromQL empty,
@@ -88,6 +146,7 @@ func (m *Metrics) panic() {
 func (m *Metrics) attempt(class, lane, dest string) {
 	if m != nil {
 		m.Attempts.WithLabelValues(class, lane).Inc()
+		dest = m.destLabel(dest)
 		m.DestAttempts.WithLabelValues(dest, class).Inc()
 		// A destination's permanent series exists, at 0, from its first
 		// attempt on: OutflowBounceStorm compares its share with the day
@@ -121,7 +180,7 @@ func (m *Metrics) unknown() {
 
 func (m *Metrics) throttled(dest string) {
 	if m != nil {
-		m.Throttles.WithLabelValues(dest).Inc()
+		m.Throttles.WithLabelValues(m.destLabel(dest)).Inc()
 	}
 }
 

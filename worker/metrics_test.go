@@ -1,7 +1,9 @@
 package worker
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -64,5 +66,46 @@ func TestMetricsSeriesForAlerts(t *testing.T) {
 		if got, ok := dest[k]; !ok || got != v {
 			t.Errorf("outflow_dest_attempts_total{%s} = %v (present %v), want %v", k, got, ok, v)
 		}
+	}
+}
+
+// TestDestSeriesBounded: a destination's series go after an hour without
+// an attempt, and past the limit new destinations are counted under
+// dest="other", so that a sender reaching a hundred thousand domains a day
+// does not grow the process and every scrape by their series for good.
+func TestDestSeriesBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	m.dests.now = func() time.Time { return now }
+	m.dests.max = 2
+
+	m.attempt("delivered", "work", "a.example")
+	m.throttled("a.example")
+	m.attempt("delivered", "work", "b.example")
+	m.attempt("transient", "work", "c.example") // past the limit
+	dest := gathered(t, reg, "outflow_dest_attempts_total")
+	if dest["class=transient,dest=other"] != 1 || dest["class=delivered,dest=a.example"] != 1 {
+		t.Errorf("past the limit: %v, want c.example counted under other", dest)
+	}
+	if _, ok := dest["class=transient,dest=c.example"]; ok {
+		t.Errorf("c.example has a series past the limit: %v", dest)
+	}
+
+	now = now.Add(40 * time.Minute)
+	m.attempt("delivered", "work", "b.example") // b stays busy
+	now = now.Add(30 * time.Minute)             // a idle 70 minutes
+	m.attempt("delivered", "work", "c.example") // a's place is free again
+	dest = gathered(t, reg, "outflow_dest_attempts_total")
+	for k := range dest {
+		if strings.Contains(k, "dest=a.example") {
+			t.Errorf("a.example's series %s kept after an hour idle", k)
+		}
+	}
+	if dest["class=delivered,dest=b.example"] != 2 || dest["class=delivered,dest=c.example"] != 1 {
+		t.Errorf("after the sweep: %v, want b.example kept and c.example with a series of its own", dest)
+	}
+	if th := gathered(t, reg, "outflow_throttle_events_total"); len(th) != 0 {
+		t.Errorf("throttle series kept after an hour idle: %v", th)
 	}
 }
