@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -25,9 +26,19 @@ type Bucketer interface {
 
 // OpenState opens (creating it if need be) the shared destination state
 // bucket. It keeps 5 revisions of each key, for an operator to see what a
-// destination's state was just before.
+// destination's state was just before. The marker a deleted state leaves
+// (an idle destination forgotten) expires after an hour: markers of its
+// own need the bucket's LimitMarkerTTL, which an older bucket is given.
+// A server older than 2.11 has no marker TTLs: there the markers stay.
 func OpenState(ctx context.Context, b Bucketer) (jetstream.KeyValue, error) {
-	return b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketState, Description: "shared destination throttle state", History: 5})
+	cfg := jetstream.KeyValueConfig{Bucket: BucketState, Description: "shared destination throttle state", History: 5,
+		LimitMarkerTTL: markerTTL}
+	kv, err := b.KeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+		cfg.LimitMarkerTTL = 0
+		kv, err = b.KeyValue(ctx, cfg)
+	}
+	return kv, err
 }
 
 // OpenRegistry opens (creating it if need be) the live-worker registry. It

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,11 +38,57 @@ func (t *Throttle) limitsOf(name string) Limits {
 	return t.cfg.Defaults
 }
 
+// purge deletes a destination's state if it is still at revision rev: its
+// revisions go with it (a purge, not a delete), and the marker the purge
+// leaves, which tells the other workers, expires after markerTTL (the
+// bucket's LimitMarkerTTL allows that; a bucket made before it did not
+// get a plain purge). Without both, every destination ever forgotten
+// would keep its history and a marker for good, and every start would
+// read them all again.
+func (t *Throttle) purge(ctx context.Context, key string, rev uint64) error {
+	err := t.cfg.State.Purge(ctx, key, jetstream.LastRevision(rev), jetstream.PurgeTTL(t.cfg.markerTTL))
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeMsgTTLDisabled {
+		err = t.cfg.State.Purge(ctx, key, jetstream.LastRevision(rev))
+	}
+	return err
+}
+
+// errCodeMsgTTLDisabled is JetStream's error for a message TTL on a stream
+// that does not allow them.
+const errCodeMsgTTLDisabled = 10166
+
+// expireMarkers purges again, with a TTL, markers left without one: each
+// only if it is still the key's latest entry.
+func (t *Throttle) expireMarkers(markers []jetstream.KeyValueEntry) {
+	n := 0
+	for _, e := range markers {
+		ctx, cancel := context.WithTimeout(t.ctx, opTimeout)
+		err := t.purge(ctx, e.Key(), e.Revision())
+		cancel()
+		if t.ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			n++
+		}
+	}
+	t.log.Info().Int("markers", n).Msg("old markers of deleted destination states given a TTL")
+}
+
 // applyState follows one entry of the state bucket.
 func (t *Throttle) applyState(e jetstream.KeyValueEntry, initial bool) {
 	name := DestFromKey(e.Key())
-	d := t.getDest(name)
 	deleted := e.Operation() == jetstream.KeyValueDelete || e.Operation() == jetstream.KeyValuePurge
+	if deleted && initial {
+		// A state deleted before this worker started: nothing to undo,
+		// and no destination to make for it.
+		if t.now().Sub(e.Created()) > 2*t.cfg.markerTTL {
+			t.oldMarkers = append(t.oldMarkers, e)
+		}
+		return
+	}
+	d := t.getDest(name)
 	var s DestState
 	if !deleted {
 		var err error
@@ -139,8 +186,7 @@ func (t *Throttle) run(o op) {
 	defer cancel()
 	if o.forget != 0 {
 		// Only if nobody wrote since: a revision mismatch means it is in use.
-		err := t.cfg.State.Delete(ctx, StateKey(o.d.name), jetstream.LastRevision(o.forget))
-		if err == nil {
+		if err := t.purge(ctx, StateKey(o.d.name), o.forget); err == nil {
 			t.log.Debug().Str("dest", o.d.name).Msg("idle destination state deleted")
 		}
 		return

@@ -56,6 +56,7 @@ const (
 	opTimeout    = 5 * time.Second        // one KV transition
 	idleEvict    = 10 * time.Minute       // a destination with no state and no use is forgotten
 	stateIdleTTL = time.Hour              // a shared state with nothing in force is deleted this long after its last write
+	markerTTL    = time.Hour              // how long the marker of a deleted state stays (StateMarkerTTL)
 	opsBuffer    = 256                    // queued KV transitions before new ones are dropped (logged)
 	readyTimeout = 10 * time.Second       // initial load of the buckets
 
@@ -191,6 +192,8 @@ type Config struct {
 
 	// stateIdleTTL replaces the package's stateIdleTTL (tests).
 	stateIdleTTL time.Duration
+	// markerTTL replaces the package's markerTTL (tests).
+	markerTTL time.Duration
 }
 
 // withDefaults validates c and fills the defaults.
@@ -251,6 +254,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	defaults.Set(&c.Heartbeat, DefaultHeartbeat)
 	defaults.Set(&c.stateIdleTTL, stateIdleTTL)
+	defaults.Set(&c.markerTTL, markerTTL)
 	if c.WorkerID == "" {
 		c.WorkerID = DefaultWorkerID()
 	}
@@ -289,6 +293,11 @@ type Throttle struct {
 	live      atomic.Int64
 	rank      atomic.Int64 // this worker's place among the live ones, sorted by key (slots)
 	workerTTL time.Duration
+
+	// oldMarkers are the markers of deleted states found at start that
+	// are older than any marker with a TTL can be (written by a release
+	// that deleted without one); start gives them one.
+	oldMarkers []jetstream.KeyValueEntry
 
 	// offset is the server's clock minus this worker's, in nanoseconds,
 	// as last measured from the registry heartbeat (clock.go); offsetKnown
@@ -408,6 +417,10 @@ func (t *Throttle) start(ctx context.Context) error {
 
 	if err := t.follow(lctx, t.cfg.State, "state-watch", "dest state", t.applyState); err != nil {
 		return err
+	}
+	if old := t.oldMarkers; len(old) > 0 {
+		t.oldMarkers = nil
+		t.goSafe("old-markers", func() { t.expireMarkers(old) })
 	}
 
 	if reg := t.cfg.Registry; reg != nil {

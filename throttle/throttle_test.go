@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,12 @@ type kvEnv struct {
 
 func startKV(t testing.TB) *kvEnv {
 	t.Helper()
+	return startKVWith(t, nil)
+}
+
+// startKVWith is startKV with the state bucket's config adjusted by mod.
+func startKVWith(t testing.TB, mod func(*jetstream.KeyValueConfig)) *kvEnv {
+	t.Helper()
 	s, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), Port: -1, Host: "127.0.0.1", NoLog: true, NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +54,11 @@ func startKV(t testing.TB) *kvEnv {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	state, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "outflow_dest", History: 5, Storage: jetstream.FileStorage})
+	stateCfg := jetstream.KeyValueConfig{Bucket: "outflow_dest", History: 5, Storage: jetstream.FileStorage}
+	if mod != nil {
+		mod(&stateCfg)
+	}
+	state, err := js.CreateKeyValue(ctx, stateCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -717,6 +728,47 @@ func TestIdleStateIsForgotten(t *testing.T) {
 	}
 }
 
+// TestForgottenStateLeavesNothing: an idle destination's state goes with
+// its history, and the marker that tells the other workers expires, so
+// that a bucket does not keep every destination ever forgotten and every
+// start read them all again. A marker a release before left without a TTL
+// is given one at start.
+func TestForgottenStateLeavesNothing(t *testing.T) {
+	env := startKVWith(t, func(c *jetstream.KeyValueConfig) { c.LimitMarkerTTL = time.Second })
+	ctx := ctxT(t)
+	// The old way: a state deleted with a marker that never expires.
+	legacy := StateKey("legacy.test")
+	if _, err := env.state.Put(ctx, legacy, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.state.Delete(ctx, legacy); err != nil {
+		t.Fatal(err)
+	}
+	deletedAt := time.Now()
+	eventually(t, 10*time.Second, "the legacy marker older than two marker TTLs", func() bool {
+		return time.Since(deletedAt) > 2500*time.Millisecond
+	})
+
+	newThrottle(t, env, "a", func(c *Config) {
+		c.Defaults.Rate = 100
+		c.stateIdleTTL = 300 * time.Millisecond
+		c.markerTTL = time.Second
+	})
+	if err := SetRate(ctx, env.state, "idle.test", 5, time.Now().Add(400*time.Millisecond), "ops"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := env.js.Stream(ctx, "KV_outflow_dest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{StateKey("idle.test"), legacy} {
+		eventually(t, 15*time.Second, "nothing left of "+key, func() bool {
+			_, err := st.GetLastMsgForSubject(ctx, "$KV.outflow_dest."+key)
+			return errors.Is(err, jetstream.ErrMsgNotFound)
+		})
+	}
+}
+
 // gathered reports whether any outflow_dest_* series has dest=dest.
 func gathered(t testing.TB, reg *prometheus.Registry, dest string) bool {
 	t.Helper()
@@ -873,5 +925,36 @@ func TestAutomationFiresOnceForTheFleet(t *testing.T) {
 	}
 	if st, err := GetState(ctxT(t), env.state, "s.test"); err != nil || st.Suspended(time.Now()) {
 		t.Fatalf("one more match after the operator's Resume suspended again: %+v, %v", st, err)
+	}
+}
+
+// jsBucketer opens buckets as queue.Queue does, without replicas.
+type jsBucketer struct{ js jetstream.JetStream }
+
+func (b jsBucketer) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	return b.js.CreateOrUpdateKeyValue(ctx, cfg)
+}
+
+// TestOpenStateUpgradesBucket: a state bucket made by a release before
+// markers expired is given their TTL, keeping its states.
+func TestOpenStateUpgradesBucket(t *testing.T) {
+	env := startKV(t) // the old bucket: no LimitMarkerTTL
+	ctx := ctxT(t)
+	if _, err := env.state.Put(ctx, StateKey("kept.test"), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := OpenState(ctx, jsBucketer{env.js})
+	if err != nil {
+		t.Fatalf("OpenState on an existing bucket: %v", err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.LimitMarkerTTL() != markerTTL || st.History() != 5 {
+		t.Errorf("marker TTL %v, history %d: want %v and 5", st.LimitMarkerTTL(), st.History(), markerTTL)
+	}
+	if _, err := kv.Get(ctx, StateKey("kept.test")); err != nil {
+		t.Errorf("state lost in the upgrade: %v", err)
 	}
 }
