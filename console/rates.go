@@ -158,8 +158,11 @@ func (r *rates) consume(ctx context.Context, q *queue.Queue, filters []string, s
 	if err != nil {
 		return err
 	}
-	go func() {
-		<-ctx.Done()
+	// Stopped when the console ends (to wake a Next that waits) and when
+	// this follow ends on an error, before the next one starts.
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer func() {
+		stop()
 		it.Stop()
 	}()
 	for {
