@@ -5,6 +5,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // fakeMX resolves from a map and counts lookups.
@@ -99,4 +100,33 @@ func TestThrottleGroupsShareOneBudget(t *testing.T) {
 	if s := th.Snapshot("google"); s.FleetRate != 50 {
 		t.Fatalf("google rate %v after a throttle on a.test", s.FleetRate)
 	}
+}
+
+// TestSuspendOneDomainOfAGroup: `dest suspend a.test`, a.test being in
+// google's group, stops a.test's mail and nothing else of the group's.
+func TestSuspendOneDomainOfAGroup(t *testing.T) {
+	env := startKV(t)
+	res := &fakeMX{calls: map[string]int{}, zone: map[string][]string{"a.test": {"aspmx.l.google.com."}, "b.test": {"alt2.aspmx.l.google.com."}}}
+	th := newThrottle(t, env, "a", func(c *Config) {
+		c.GroupByMX, c.Groups, c.Resolver = true, DefaultGroups(), res
+	})
+	if g := th.Group("a.test"); g != "google" {
+		t.Fatalf("Group(a.test) = %q", g)
+	}
+	if err := Suspend(ctxT(t), env.state, "a.test", time.Now().Add(time.Hour), "its owner asked", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "a.test refused while suspended", func() bool {
+		p, r := th.Admit(ctxT(t), "a.test", "", "")
+		if p != nil {
+			p.Done(nil)
+			return false
+		}
+		return r.Reason == "suspended"
+	})
+	p, r := th.Admit(ctxT(t), "b.test", "", "")
+	if p == nil {
+		t.Fatalf("b.test, of the same group, refused: %+v", r)
+	}
+	p.Done(nil)
 }

@@ -561,6 +561,14 @@ func (t *Throttle) Group(domain string) string {
 // waiting refuses with "canceled".
 func (t *Throttle) Admit(ctx context.Context, domain, tenant, source string) (Permit, Refusal) {
 	name := t.Group(domain)
+	if name != domain {
+		// One domain of a provider group suspended by itself (`dest
+		// suspend a.test` while a.test is in google's group) stops that
+		// domain's mail; the group's limits and state go on for the rest.
+		if r, suspended := t.wholeSuspended(domain); suspended {
+			return nil, r
+		}
+	}
 	if source != "" {
 		if r, suspended := t.wholeSuspended(name); suspended {
 			return nil, r
