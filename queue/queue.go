@@ -182,6 +182,12 @@ func Connect(ctx context.Context, opts Options) (*Queue, error) {
 // or in a test an earlier release's layout to upgrade from.
 func connect(ctx context.Context, opts Options, layout func(Options) []jetstream.StreamConfig) (*Queue, error) {
 	opts.defaults()
+	// The handshake's timeout is ctx's time left when that is shorter: a
+	// command's --timeout bounds its connection as well.
+	handshake := connectTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		handshake = min(handshake, max(time.Until(dl), 100*time.Millisecond))
+	}
 	nopts := []nats.Option{
 		nats.Name(opts.Name),
 		nats.MaxReconnects(-1),
@@ -191,7 +197,7 @@ func connect(ctx context.Context, opts Options, layout func(Options) []jetstream
 		// 2 s: a daemon starting on a busy machine, or the embedded server
 		// answering while bcrypt or a store recovery holds both cores, is
 		// slow, not gone. A refused connection still fails at once.
-		nats.Timeout(connectTimeout),
+		nats.Timeout(handshake),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				opts.Logger.Warn().Err(err).Msg("nats disconnected")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -628,5 +629,42 @@ func TestScheduledMailDroppedDuringItsMove(t *testing.T) {
 	}
 	if it, err := q.Find(ctx, ids[0]); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("the dropped message's copy waits on the work lane: %+v, %v", it, err)
+	}
+}
+
+// TestConnectBoundedByContext: a server that accepts and never answers
+// holds Connect no longer than its context allows (a command's --timeout),
+// not the handshake's 10 s.
+func TestConnectBoundedByContext(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	q, err := Connect(ctx, Options{URL: "nats://" + ln.Addr().String(), Logger: zerolog.Nop()})
+	if err == nil {
+		q.Close()
+		t.Fatal("connected to a server that never answers")
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Connect took %v with a 500ms context: the handshake's own timeout ruled", took)
 	}
 }
