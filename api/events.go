@@ -71,8 +71,8 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, key *KeyInfo
 	}
 	if v := q.Get("type"); v != "" {
 		for _, t := range strings.Split(v, ",") {
-			if t = strings.TrimSpace(t); !queue.ValidEventType(t) {
-				return queryProblem("type", v, "event types separated by commas, such as delivered,bounced")
+			if t = strings.TrimSpace(t); queue.CheckEventTypes([]string{t}) != nil {
+				return queryProblem("type", v, "event types separated by commas, some of "+strings.Join(queue.EventTypes, ","))
 			}
 			fq.Types = append(fq.Types, t)
 		}

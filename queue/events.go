@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -108,6 +110,24 @@ const (
 	// its state the destination's shared state after the change.
 	EventLearned = "dest-learned"
 )
+
+// EventTypes are the types of every event outflow publishes (webhook
+// endpoints' test events aside), for the look-ups that take types to refuse
+// a misspelt one rather than find nothing.
+var EventTypes = []string{EventQueued, EventDelivered, EventDeferred, EventThrottled, EventBounced, EventUnknown,
+	EventHeld, EventDead, EventExpired, EventDropped, EventReplayed, EventFastFwd, EventMalformed, EventComplained,
+	EventUnsubscribed, EventDSN, EventSuppressed, EventLearned}
+
+// CheckEventTypes returns an error naming the first of types that is not
+// in EventTypes.
+func CheckEventTypes(types []string) error {
+	for _, t := range types {
+		if !slices.Contains(EventTypes, t) {
+			return fmt.Errorf("%q is not an event type (want some of %s)", t, strings.Join(EventTypes, ","))
+		}
+	}
+	return nil
+}
 
 // Event is one outcome, published as JSON to eventSubject's subject and
 // kept in the events stream, so a client can follow its mail and an

@@ -47,10 +47,8 @@ func (q *Queue) FindEvents(ctx context.Context, fq EventQuery) (_ []Event, scann
 	if addr == "" {
 		return nil, 0, errors.New("find events: no recipient")
 	}
-	for _, t := range fq.Types {
-		if !ValidEventType(t) {
-			return nil, 0, fmt.Errorf("find events: %q is not an event type (letters, digits and '-')", t)
-		}
+	if err := CheckEventTypes(fq.Types); err != nil {
+		return nil, 0, fmt.Errorf("find events: %w", err)
 	}
 	limit := fq.Limit
 	if limit <= 0 {
@@ -95,21 +93,6 @@ func (q *Queue) FindEvents(ctx context.Context, fq EventQuery) (_ []Event, scann
 	out := append(ring[next:len(ring):len(ring)], ring[:next]...)
 	slices.SortStableFunc(out, func(a, b Event) int { return a.Time.Compare(b.Time) })
 	return out, scanned, nil
-}
-
-// ValidEventType reports whether t can be an event type in a subject
-// filter: 1 to 32 lower-case letters, digits and '-' (every type queue
-// publishes is one).
-func ValidEventType(t string) bool {
-	if t == "" || len(t) > 32 {
-		return false
-	}
-	for _, c := range t {
-		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // findFilters are the events stream's subject filters FindEvents reads:

@@ -3,6 +3,12 @@ package queue
 import (
 	"context"
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -82,7 +88,7 @@ func TestFindEvents(t *testing.T) {
 	if _, _, err := q.FindEvents(ctx, EventQuery{Rcpt: " "}); err == nil {
 		t.Error("no recipient: no error")
 	}
-	for _, bad := range []string{"*", ">", "deli.vered", "Delivered", ""} {
+	for _, bad := range []string{"*", ">", "deli.vered", "Delivered", "", "bounce", "bogus"} {
 		if _, _, err := q.FindEvents(ctx, EventQuery{Rcpt: "ann@dest.example", Types: []string{EventDelivered, bad}}); err == nil {
 			t.Errorf("type %q: no error", bad)
 		}
@@ -135,4 +141,40 @@ func BenchmarkFindEvents(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/event")
+}
+
+// TestEventTypesListsEveryType: every Event* type constant of the package
+// is in EventTypes (a look-up refuses a type not there) and can be a
+// subject token.
+func TestEventTypesListsEveryType(t *testing.T) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range pkgs["queue"].Files {
+		ast.Inspect(f, func(node ast.Node) bool {
+			vs, ok := node.(*ast.ValueSpec)
+			if !ok || len(vs.Values) != 1 {
+				return true
+			}
+			lit, ok := vs.Values[0].(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING || !strings.HasPrefix(vs.Names[0].Name, "Event") {
+				return true
+			}
+			typ, _ := strconv.Unquote(lit.Value)
+			if !regexp.MustCompile(`^[a-z][a-z0-9-]*$`).MatchString(typ) {
+				return true // not a type (a subject prefix, a header)
+			}
+			n++
+			if !slices.Contains(EventTypes, typ) {
+				t.Errorf("%s = %q is not in EventTypes", vs.Names[0].Name, typ)
+			}
+			return true
+		})
+	}
+	if n < len(EventTypes) {
+		t.Errorf("found %d type constants, EventTypes has %d", n, len(EventTypes))
+	}
 }

@@ -246,6 +246,9 @@ func init() {
 					find.Types = append(find.Types, t)
 				}
 			}
+			if err := queue.CheckEventTypes(find.Types); err != nil {
+				return usageError{fmt.Errorf("--type: %w", err)}
+			}
 			if findSince > 0 {
 				find.Since = time.Now().Add(-findSince)
 			}

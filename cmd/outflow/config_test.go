@@ -222,6 +222,26 @@ func TestHistorySinceMustBePositive(t *testing.T) {
 	}
 }
 
+// TestMisspeltArgumentsRefused: a misspelt event type for `queue find`
+// (which would find nothing and exit 0) and a negative --for for `dest
+// rate` (which set a cap that never ended) are usage errors, refused
+// before any connection is tried.
+func TestMisspeltArgumentsRefused(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"queue", "find", "ann@example.com", "--type", "delivered,bounce"}, `"bounce" is not an event type`},
+		{[]string{"dest", "rate", "slow.test", "--max", "5", "--for", "-1m"}, "--for must be > 0"},
+	} {
+		err := execRoot(context.Background(), nil, append(c.args, "--data", t.TempDir())...)
+		var u usageError
+		if !errors.As(err, &u) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want a usage error saying %s", c.args, err, c.want)
+		}
+	}
+}
+
 // TestDestArgRefusesNonDestinations: dest commands refuse a DEST that no
 // mail can have (a list, a space, a NATS wildcard, nothing) with a usage
 // error before any connection is tried, and take domains, groups and

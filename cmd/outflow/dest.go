@@ -205,6 +205,9 @@ func init() {
 			if maxRate <= 0 {
 				return usageError{errors.New("--max must be > 0 messages per second (--clear removes a cap)")}
 			}
+			if rateFor < 0 {
+				return usageError{errors.New("--for must be > 0 (without it the cap stands until changed)")}
+			}
 			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
 				var until time.Time
 				if rateFor > 0 {
