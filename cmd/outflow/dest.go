@@ -77,11 +77,18 @@ func init() {
 				// a (destination, source) pair's waiting mail is the
 				// destination's.
 				base, source := throttle.SplitPair(args[0])
-				deferred, _ := q.List(ctx, queue.Filter{State: queue.StateDeferred, Dest: base, Limit: 100000})
-				throttled, _ := q.List(ctx, queue.Filter{State: queue.StateThrottled, Dest: base, Limit: 100000})
+				// A count that could not be made says so: "0 waiting" in
+				// the middle of an incident, from a list that timed out,
+				// would send the operator the wrong way.
+				deferred, derr := q.List(ctx, queue.Filter{State: queue.StateDeferred, Dest: base, Limit: waitingMax})
+				throttled, terr := q.List(ctx, queue.Filter{State: queue.StateThrottled, Dest: base, Limit: waitingMax})
 				if a.json {
-					return printJSON(cmd.OutOrStdout(), map[string]any{"dest": args[0], "state": st, "workers": views,
-						"deferred": len(deferred), "throttled": len(throttled)})
+					out := map[string]any{"dest": args[0], "state": st, "workers": views,
+						"deferred": len(deferred), "throttled": len(throttled)}
+					if err := errors.Join(derr, terr); err != nil {
+						out["deferred"], out["throttled"], out["waiting_error"] = nil, nil, err.Error()
+					}
+					return printJSON(cmd.OutOrStdout(), out)
 				}
 				out := cmd.OutOrStdout()
 				now := time.Now()
@@ -118,7 +125,12 @@ func init() {
 					fmt.Fprintf(out, "learned:       nothing (no throttle has taught a limit)\n")
 				}
 				fmt.Fprintf(out, "breaker:       %s\n", st.BreakerAt(now))
-				fmt.Fprintf(out, "waiting:       %d deferred, %d throttled", len(deferred), len(throttled))
+				switch {
+				case derr != nil || terr != nil:
+					fmt.Fprintf(out, "waiting:       unknown (%v)", errors.Join(derr, terr))
+				default:
+					fmt.Fprintf(out, "waiting:       %s deferred, %s throttled", waitingCount(deferred), waitingCount(throttled))
+				}
 				if source != "" {
 					fmt.Fprintf(out, " (all of %s's mail, from any source: an envelope takes its source at each attempt)", base)
 				}
@@ -331,4 +343,17 @@ func plateauLine(s throttle.DestState, now time.Time) string {
 		line += fmt.Sprintf(" (%d probe(s) over it met a throttle)", s.LearnedProbes)
 	}
 	return line
+}
+
+// waitingMax is how many waiting envelopes of a destination `dest status`
+// counts; past it the count says "at least".
+const waitingMax = 100000
+
+// waitingCount is a count of at most waitingMax envelopes, as a reader
+// should take it.
+func waitingCount[T any](list []T) string {
+	if len(list) >= waitingMax {
+		return fmt.Sprintf("at least %d", len(list))
+	}
+	return strconv.Itoa(len(list))
 }
