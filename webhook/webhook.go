@@ -181,7 +181,7 @@ func (s *Store) Add(ctx context.Context, tenant, rawURL string, events []string)
 	if err := CheckURL(rawURL); err != nil {
 		return nil, err
 	}
-	events, err := checkEvents(events)
+	events, err := CheckEvents(events)
 	if err != nil {
 		return nil, err
 	}
@@ -205,12 +205,12 @@ func (s *Store) Add(ctx context.Context, tenant, rawURL string, events []string)
 // expired and queued.
 var allEvents = append(slices.Clone(DefaultEvents), queue.EventExpired, queue.EventQueued)
 
-// checkEvents returns the event types of a new endpoint, each once, in the
+// CheckEvents returns the event types of a new endpoint, each once, in the
 // order given (spaces around a name ignored; none: DefaultEvents), or an
 // error naming one that is not in allEvents. A type named twice would give
 // the endpoint's consumer overlapping filter subjects, which JetStream
 // refuses: the endpoint would never get an event.
-func checkEvents(events []string) ([]string, error) {
+func CheckEvents(events []string) ([]string, error) {
 	var out []string
 	for _, e := range events {
 		e = strings.TrimSpace(e)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -139,6 +140,9 @@ func init() {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.State = queue.State(state)
+			if state != "" && !slices.Contains(queue.States, f.State) {
+				return usageError{fmt.Errorf("--state %q: want queued, deferred, throttled, unknown or dead", state)}
+			}
 			if f.Limit == 0 {
 				f.Limit = -1 // --limit 0: all
 			}

@@ -223,9 +223,10 @@ func TestHistorySinceMustBePositive(t *testing.T) {
 }
 
 // TestMisspeltArgumentsRefused: a misspelt event type for `queue find`
-// (which would find nothing and exit 0) and a negative --for for `dest
-// rate` (which set a cap that never ended) are usage errors, refused
-// before any connection is tried.
+// (which would find nothing and exit 0), a negative --for for `dest rate`
+// (which set a cap that never ended), a state or webhook event that does
+// not exist, and the command line's own errors are usage errors (exit 2),
+// refused before any connection is tried.
 func TestMisspeltArgumentsRefused(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -233,6 +234,13 @@ func TestMisspeltArgumentsRefused(t *testing.T) {
 	}{
 		{[]string{"queue", "find", "ann@example.com", "--type", "delivered,bounce"}, `"bounce" is not an event type`},
 		{[]string{"dest", "rate", "slow.test", "--max", "5", "--for", "-1m"}, "--for must be > 0"},
+		{[]string{"queue", "list", "--state", "bogus"}, `--state "bogus"`},
+		{[]string{"webhook", "add", "--tenant", "shop", "--url", "https://hooks.example/x", "--events", "delivered,bogus"}, `unknown event "bogus"`},
+		// The command line's own errors, which cobra reports.
+		{[]string{"queue", "drop"}, "accepts 1 arg(s), received 0"},
+		{[]string{"queue", "list", "--bogus"}, "unknown flag: --bogus"},
+		{[]string{"queue", "list", "--limit", "many"}, "invalid argument"},
+		{[]string{"queue", "bogus"}, `unknown command "bogus"`},
 	} {
 		err := execRoot(context.Background(), nil, append(c.args, "--data", t.TempDir())...)
 		var u usageError

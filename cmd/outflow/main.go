@@ -10,6 +10,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/spf13/cobra"
 )
@@ -36,14 +37,56 @@ func init() {
 }
 
 func main() {
+	markUsageErrors(rootCmd)
 	if err := rootCmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "outflow:", err)
 		os.Exit(exitCode(err))
 	}
 }
 
-// exitCode maps an error to a process exit status: 2 for usage errors that
-// cobra reports, 1 for everything else.
+var markOnce sync.Once
+
+// markUsageErrors makes the command line's own errors usage errors (exit
+// 2): a wrong number of arguments, an unknown or malformed flag, an
+// unknown subcommand. cobra reports them as plain errors, which would exit
+// 1 like a failure of the operation.
+func markUsageErrors(root *cobra.Command) {
+	markOnce.Do(func() {
+		root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+		var walk func(c *cobra.Command)
+		walk = func(c *cobra.Command) {
+			switch {
+			case c.Args != nil:
+				args := c.Args
+				c.Args = func(cmd *cobra.Command, a []string) error {
+					if err := args(cmd, a); err != nil {
+						return usageError{err}
+					}
+					return nil
+				}
+			case c.HasSubCommands() && c.Run == nil && c.RunE == nil:
+				// A group (queue, dest ...) runs nothing itself: alone
+				// it shows its help, and any argument is an unknown
+				// subcommand.
+				c.Args = cobra.ArbitraryArgs
+				c.RunE = func(cmd *cobra.Command, a []string) error {
+					if len(a) > 0 {
+						return usageError{fmt.Errorf("unknown command %q for %q", a[0], cmd.CommandPath())}
+					}
+					return cmd.Help()
+				}
+			}
+			for _, sub := range c.Commands() {
+				walk(sub)
+			}
+		}
+		walk(root)
+	})
+}
+
+// exitCode maps an error to a process exit status: 2 for usage errors (the
+// command line's, and those a command finds in its flags' values), 1 for
+// everything else.
 func exitCode(err error) int {
 	var u usageError
 	if ok := asUsage(err, &u); ok {

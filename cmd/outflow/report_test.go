@@ -43,6 +43,7 @@ func execRoot(ctx context.Context, out io.Writer, args ...string) error {
 	if out == nil {
 		out = io.Discard
 	}
+	markUsageErrors(rootCmd)
 	rootCmd.SetArgs(args)
 	rootCmd.SetOut(out)
 	rootCmd.SetErr(io.Discard)

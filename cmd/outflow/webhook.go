@@ -98,10 +98,13 @@ func init() {
 			if events != "" {
 				evs = strings.Split(events, ",")
 			}
+			if _, err := webhook.CheckEvents(evs); err != nil {
+				return usageError{err}
+			}
 			return withStore(cmd, func(ctx context.Context, _ *queue.Queue, s *webhook.Store) error {
 				ep, err := s.Add(ctx, tenant, rawURL, evs)
 				if err != nil {
-					return usageError{err}
+					return err // the store's (the arguments were checked above)
 				}
 				if a.json {
 					err = printJSON(cmd.OutOrStdout(), ep)
