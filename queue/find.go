@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -65,11 +66,21 @@ func (q *Queue) FindEvents(ctx context.Context, fq EventQuery) (_ []Event, scann
 	if !ascii.Is(needle) {
 		needle = nil
 	}
+	// A tenant's shard holds other tenants' events too: those are skipped
+	// by their tenant field, before the recipient, and not counted, so
+	// that scanned says nothing of another tenant's mail.
+	var tenantField []byte
+	if fq.Tenant != "" {
+		tenantField = jsonenc.AppendString([]byte(`"tenant":`), fq.Tenant)
+	}
 	// The newest limit matches: a ring, in order from next once full.
 	ring, next := make([]Event, 0, min(limit, 64)), 0
 	err = q.scanEvents(ctx, findFilters(fq.Tenant, fq.Types), fq.Since, func(m jetstream.Msg) {
-		scanned++
 		data := m.Data()
+		if tenantField != nil && !bytes.Contains(data, tenantField) {
+			return
+		}
+		scanned++
 		if needle != nil && !containsFoldASCII(data, needle) {
 			return
 		}

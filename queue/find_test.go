@@ -99,6 +99,20 @@ func TestFindEvents(t *testing.T) {
 	if shop >= all {
 		t.Errorf("the tenant's query read %d events of %d", shop, all)
 	}
+	// Another tenant of the same shard: its events are not counted in
+	// shop's figure, which would tell shop how much mail it sends.
+	neighbour := ""
+	for i := 0; neighbour == ""; i++ {
+		if n := "t" + strconv.Itoa(i); eventTenantShard(n) == eventTenantShard("shop") {
+			neighbour = n
+		}
+	}
+	for i := range 5 {
+		pub(EventBounced, neighbour, "n"+strconv.Itoa(i), "zed@dest.example")
+	}
+	if _, again, _ := q.FindEvents(ctx, EventQuery{Rcpt: "ann@dest.example", Tenant: "shop"}); again != shop {
+		t.Errorf("shop's query read %d events after its neighbour %s published 5, %d before", again, neighbour, shop)
+	}
 }
 
 func TestContainsFoldASCII(t *testing.T) {
