@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outflow/outflow/queue"
 )
 
 // BucketKeys is the key-value bucket of API keys: one entry per key, named
@@ -91,6 +93,12 @@ func validTenant(t string) bool {
 func (k *Keys) Create(ctx context.Context, tenant string, admin bool) (string, *KeyInfo, error) {
 	if !validTenant(tenant) {
 		return "", nil, fmt.Errorf("tenant %q: want 1 to 64 letters, digits or -_.@+", tenant)
+	}
+	if tenant == queue.PostmasterTenant {
+		// (An admin key reads it with ?tenant=postmaster.) "trusted" is
+		// allowed: an application that submits from a trusted network
+		// follows its mail through a key of that tenant.
+		return "", nil, fmt.Errorf("tenant %q is reserved for the postmaster and abuse mail forwarded to the operator", tenant)
 	}
 	var raw [keyBytes]byte
 	if _, err := rand.Read(raw[:]); err != nil {

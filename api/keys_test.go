@@ -62,6 +62,9 @@ func TestKeysStoreOnlyHashesAndRevokeTakesEffect(t *testing.T) {
 	if _, err := keys.Revoke(ctx, info.ID); !errors.Is(err, ErrNoKey) {
 		t.Fatalf("second revoke: %v", err)
 	}
+	if _, _, err := keys.Create(ctx, "postmaster", false); err == nil || !strings.Contains(err.Error(), "reserved") {
+		t.Errorf("a key for the forwarded reports' tenant: %v, want refused", err)
+	}
 	if _, _, err := keys.Create(ctx, "bad tenant", false); err == nil {
 		t.Fatal("tenant with a space accepted")
 	}

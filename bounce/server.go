@@ -111,8 +111,8 @@ type Forwarder interface {
 }
 
 // ForwardTenant is the tenant forwarded postmaster and abuse mail is
-// accounted to.
-const ForwardTenant = "postmaster"
+// accounted to, a name reserved from accounts and API keys.
+const ForwardTenant = queue.PostmasterTenant
 
 // maxHops bounds the Received fields of a message forwarded to the
 // postmaster: more mean a loop (RFC 5321 6.3), refused with 554 5.4.6.

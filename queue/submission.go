@@ -2,6 +2,13 @@ package queue
 
 import "time"
 
+// PostmasterTenant is the tenant of mail to postmaster@ and abuse@ the
+// return-path domains that the bounce listener forwards to the operator
+// (bounce.ForwardTenant). No SMTP account or API key may be named so: it
+// would see, and could cancel, those reports, which are often about other
+// tenants' mail.
+const PostmasterTenant = "postmaster"
+
 // Submission is one message handed to outflow, by the SMTP submission
 // listener or by `outflow submit`, before it is split per destination.
 type Submission struct {

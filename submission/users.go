@@ -16,6 +16,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/outflow/outflow/queue"
 )
 
 // UsersFileName is the users file EnsureUsersFile creates in the data dir.
@@ -98,15 +100,19 @@ func ParseUsers(r io.Reader) (*Users, error) {
 }
 
 // ValidateUserName accepts 1 to 255 bytes of printable UTF-8 without
-// spaces or colons (the users file separator), other than TrustedTenant:
-// an account of that name would share its tenant (its suppression list,
-// its sender domains, its fair share) with the trusted networks' clients.
+// spaces or colons (the users file separator), other than TrustedTenant
+// and queue.PostmasterTenant: an account of that name would share its
+// tenant (its suppression list, its sender domains, its fair share, its
+// events) with the trusted networks' clients or the forwarded reports.
 func ValidateUserName(name string) error {
 	if name == "" {
 		return errors.New("empty user name")
 	}
 	if name == TrustedTenant {
 		return fmt.Errorf("user name %q is reserved: it is the tenant of mail from trusted networks", name)
+	}
+	if name == queue.PostmasterTenant {
+		return fmt.Errorf("user name %q is reserved: it is the tenant of the postmaster and abuse mail forwarded to the operator", name)
 	}
 	if len(name) > maxUserName {
 		return errors.New("user name longer than 255 bytes")

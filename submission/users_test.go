@@ -39,6 +39,7 @@ func TestParseUsers(t *testing.T) {
 		{"space in name", "a b:" + h + "\n", "line 1: user name contains ' '"},
 		{"duplicate", "app:" + h + "\napp:" + h + "\n", "line 2: user \"app\" listed twice"},
 		{"the trusted networks' tenant", "trusted:" + h + "\n", "line 1: user name \"trusted\" is reserved"},
+		{"the forwarded reports' tenant", "postmaster:" + h + "\n", "line 1: user name \"postmaster\" is reserved"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseUsers(strings.NewReader(tc.file))
