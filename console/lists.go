@@ -16,14 +16,10 @@ func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, s *session) {
 	defer cancel()
 	var errs []string
 	f := queue.Filter{State: queue.StateDead, Dest: strings.TrimSpace(r.URL.Query().Get("dest")),
-		Tenant: strings.TrimSpace(r.URL.Query().Get("tenant")), Limit: 1000}
+		Tenant: strings.TrimSpace(r.URL.Query().Get("tenant")), Limit: 200, Newest: true}
 	items, err := c.cfg.Queue.List(ctx, f)
 	if err != nil {
 		errs = append(errs, err.Error())
-	}
-	slices.Reverse(items) // List is oldest stored first
-	if len(items) > 200 {
-		items = items[:200]
 	}
 	c.render(w, r, s, http.StatusOK, "dead", "Dead letters", map[string]any{"Filter": f, "Items": rows(items), "Errors": errs})
 }

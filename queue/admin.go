@@ -61,6 +61,9 @@ type Filter struct {
 	// Rcpt, when set, keeps the envelopes with this recipient (compared
 	// as NormalizeAddress compares).
 	Rcpt string
+	// Newest lists the newest matches, newest first, reading from the
+	// end; with State dead only (the console's page of dead letters).
+	Newest bool
 	// Limit bounds the result; 0 means 100, and a negative one no bound
 	// (queue list --limit 0, for a script that drops or replays all).
 	// Listing walks the stream, so a million deferred envelopes are
@@ -110,24 +113,33 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 	f.Dest = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(f.Dest), "."))
 	rcpt := NormalizeAddress(f.Rcpt)
 	var out []Item
+	keep := func(st State) func(Item) bool {
+		return func(it Item) bool {
+			it.State = st
+			if f.Dest != "" && it.Env.Dest != f.Dest {
+				return true
+			}
+			if f.Tenant != "" && it.Env.Tenant != f.Tenant {
+				return true
+			}
+			if rcpt != "" && !slices.ContainsFunc(it.Env.Rcpts, func(r string) bool { return NormalizeAddress(r) == rcpt }) {
+				return true
+			}
+			it.Env.Body = nil // a listing shows no bodies; do not hold them
+			out = append(out, it)
+			return len(out) < limit
+		}
+	}
+	if f.Newest {
+		if f.State != StateDead {
+			return nil, errors.New("list: newest first is for dead letters only")
+		}
+		return out, q.scanBack(ctx, q.dead, keep(StateDead))
+	}
 	for _, st := range states {
 		stream, subs := q.where(st, f.Dest)
 		for _, sub := range subs {
-			err := q.scan(ctx, stream, sub, func(it Item) bool {
-				it.State = st
-				if f.Dest != "" && it.Env.Dest != f.Dest {
-					return true
-				}
-				if f.Tenant != "" && it.Env.Tenant != f.Tenant {
-					return true
-				}
-				if rcpt != "" && !slices.ContainsFunc(it.Env.Rcpts, func(r string) bool { return NormalizeAddress(r) == rcpt }) {
-					return true
-				}
-				it.Env.Body = nil // a listing shows no bodies; do not hold them
-				out = append(out, it)
-				return len(out) < limit
-			})
+			err := q.scan(ctx, stream, sub, keep(st))
 			if err != nil {
 				return nil, err
 			}
@@ -156,6 +168,29 @@ func (q *Queue) scan(ctx context.Context, stream jetstream.Stream, subject strin
 			return nil
 		}
 	}
+}
+
+// scanBack walks a stream that holds nothing but what is listed (dead
+// letters), newest first, calling fn until it returns false.
+func (q *Queue) scanBack(ctx context.Context, stream jetstream.Stream, fn func(Item) bool) error {
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return err
+	}
+	first, last := info.State.FirstSeq, info.State.LastSeq
+	for seq := last; seq >= first && seq > 0; seq-- {
+		m, err := stream.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // replayed or dropped since: a gap in the sequence
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", info.Config.Name, err)
+		}
+		if it, ok := itemOf(m); ok && !fn(it) {
+			return nil
+		}
+	}
+	return nil
 }
 
 func itemOf(m *jetstream.RawStreamMsg) (Item, bool) {

@@ -440,3 +440,57 @@ func TestListAll(t *testing.T) {
 		t.Fatalf("Limit 0: %d, %v; want 100", len(page), err)
 	}
 }
+
+// TestListNewestDead: the console's dead letters page reads the newest
+// first from the end of the stream, so the newest are on it however many
+// are older, and one replayed since (a gap) is skipped.
+func TestListNewestDead(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var dead []string
+	for i := range 6 {
+		rcpt := "r@a.example"
+		if i%2 == 1 {
+			rcpt = "r@b.example"
+		}
+		if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{rcpt}, Body: []byte("Subject: x\r\n\r\nbody\r\n")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	work, _ := q.Messages(ctx, LaneWork, 1)
+	for range 6 {
+		d := next(t, work)
+		if err := d.Dead(ctx, d.Env.Clone(), "max-attempts"); err != nil {
+			t.Fatal(err)
+		}
+		dead = append(dead, d.Env.ID)
+	}
+	if _, err := q.Replay(ctx, dead[5], nil); err != nil { // the newest leaves a gap
+		t.Fatal(err)
+	}
+	ids := func(f Filter) []string {
+		t.Helper()
+		items, err := q.List(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, it := range items {
+			if it.State != StateDead {
+				t.Errorf("%s listed as %s", it.Env.ID, it.State)
+			}
+			out = append(out, it.Env.ID)
+		}
+		return out
+	}
+	if got, want := ids(Filter{State: StateDead, Newest: true, Limit: 2}), []string{dead[4], dead[3]}; !slices.Equal(got, want) {
+		t.Errorf("newest 2 = %v, want %v", got, want)
+	}
+	if got, want := ids(Filter{State: StateDead, Newest: true, Dest: "a.example", Limit: 10}), []string{dead[4], dead[2], dead[0]}; !slices.Equal(got, want) {
+		t.Errorf("a.example's, newest first = %v, want %v", got, want)
+	}
+	if _, err := q.List(ctx, Filter{State: StateDeferred, Newest: true}); err == nil {
+		t.Error("newest first of the retry lane: no error")
+	}
+}
