@@ -55,7 +55,9 @@ type Item struct {
 type Filter struct {
 	State State
 	// Dest is a destination domain, matched as DNS names are: "D.Example."
-	// selects the envelopes of d.example.
+	// selects the envelopes of d.example. A name without a dot is a
+	// provider group: the envelopes a worker last found in it
+	// (Envelope.Group), and those of a domain of that name.
 	Dest   string
 	Tenant string
 	// Rcpt, when set, keeps the envelopes with this recipient (compared
@@ -111,12 +113,20 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 	// Envelopes carry their domain lower-cased without a trailing dot
 	// (Domain), and the subject filter below matches it byte for byte.
 	f.Dest = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(f.Dest), "."))
+	// A name without a dot is a provider group (google, microsoft): its
+	// envelopes are found by the group their last attempt found them in,
+	// reading the whole lane, since the subjects name domains.
+	group := f.Dest != "" && !strings.Contains(f.Dest, ".")
+	subjDest := f.Dest
+	if group {
+		subjDest = ""
+	}
 	rcpt := NormalizeAddress(f.Rcpt)
 	var out []Item
 	keep := func(st State) func(Item) bool {
 		return func(it Item) bool {
 			it.State = st
-			if f.Dest != "" && it.Env.Dest != f.Dest {
+			if f.Dest != "" && it.Env.Dest != f.Dest && (!group || it.Env.Group != f.Dest) {
 				return true
 			}
 			if f.Tenant != "" && it.Env.Tenant != f.Tenant {
@@ -137,7 +147,7 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 		return out, q.scanBack(ctx, q.dead, keep(StateDead))
 	}
 	for _, st := range states {
-		stream, subs := q.where(st, f.Dest)
+		stream, subs := q.where(st, subjDest)
 		for _, sub := range subs {
 			err := q.scan(ctx, stream, sub, keep(st))
 			if err != nil {

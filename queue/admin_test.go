@@ -494,3 +494,52 @@ func TestListNewestDead(t *testing.T) {
 		t.Error("newest first of the retry lane: no error")
 	}
 }
+
+// TestListByGroup: `queue list --dest google` finds the envelopes a worker
+// last found in that provider group, whatever their domains, and a domain
+// still finds its own.
+func TestListByGroup(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, rcpt := range []string{"r@a.example", "r@b.example", "r@c.example"} {
+		if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{rcpt}, Body: []byte("Subject: x\r\n\r\nbody\r\n")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	work, _ := q.Messages(ctx, LaneWork, 1)
+	byDest := map[string]string{}
+	for range 3 {
+		d := next(t, work)
+		n := d.Env.Clone()
+		if n.Dest != "c.example" {
+			n.Group = "google"
+		}
+		if err := d.Reschedule(ctx, n, LaneRetry, time.Now().Add(time.Hour), true); err != nil {
+			t.Fatal(err)
+		}
+		byDest[n.Dest] = n.ID
+	}
+	list := func(dest string) []string {
+		t.Helper()
+		items, err := q.List(ctx, Filter{State: StateDeferred, Dest: dest})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, it := range items {
+			out = append(out, it.Env.Dest)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got := list("Google"); !slices.Equal(got, []string{"a.example", "b.example"}) {
+		t.Errorf("group google: %v, want a.example and b.example", got)
+	}
+	if got := list("a.example"); !slices.Equal(got, []string{"a.example"}) {
+		t.Errorf("domain a.example: %v", got)
+	}
+	if got := list("microsoft"); len(got) != 0 {
+		t.Errorf("group microsoft: %v, want none", got)
+	}
+}

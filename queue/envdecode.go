@@ -97,6 +97,9 @@ func (e *Envelope) decodeJSONFast(data []byte) bool {
 		case "list_unsubscribe":
 			bit = 1 << 21
 			e.ListUnsubscribe, ok = d.bool()
+		case "group":
+			bit = 1 << 22
+			e.Group, ok = d.str()
 		default:
 			return 0, false
 		}

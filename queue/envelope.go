@@ -63,6 +63,11 @@ type Envelope struct {
 	From   string   `json:"from"`   // envelope sender
 	Rcpts  []string `json:"rcpts"`  // recipients still to deliver, all at Dest
 	Dest   string   `json:"dest"`   // destination: the recipients' domain
+	// Group is the provider group Dest belongs to when the workers group
+	// destinations by MX (google, microsoft, ...), as the last worker to
+	// try it found; "" before a first attempt, or for a domain of its
+	// own. `queue list --dest GROUP` finds the group's mail by it.
+	Group string `json:"group,omitempty"`
 	// BodyRef is the Object Store name of the body: MsgID for the submitted
 	// original, shared by all parts; any other name is a copy this envelope
 	// alone uses (DKIM-signed, or edited by a replay), deleted with it.

@@ -32,6 +32,7 @@ func (e *Envelope) appendJSON(b []byte) (_ []byte, ok bool) {
 	}
 	b = append(b, `,"dest":`...)
 	b = jsonenc.AppendString(b, e.Dest)
+	b = appendStringField(b, "group", e.Group)
 	b = append(b, `,"body_ref":`...)
 	b = jsonenc.AppendString(b, e.BodyRef)
 	if e.Signed {
@@ -87,7 +88,7 @@ func (e *Envelope) appendJSON(b []byte) (_ []byte, ok bool) {
 // jsonSizeHint is a generous guess at the length of e's JSON, so that
 // data allocates its buffer once.
 func (e *Envelope) jsonSizeHint() int {
-	n := 320 + len(e.ID) + len(e.MsgID) + len(e.Tenant) + len(e.From) + len(e.Dest) + len(e.BodyRef) + len(e.MessageID) + len(e.Source)
+	n := 320 + len(e.ID) + len(e.MsgID) + len(e.Tenant) + len(e.From) + len(e.Dest) + len(e.Group) + len(e.BodyRef) + len(e.MessageID) + len(e.Source)
 	for _, r := range e.Rcpts {
 		n += len(r) + 3
 	}

@@ -19,7 +19,7 @@ func sampleEnvelopes() []*Envelope {
 			Rcpts: []string{"a@one.example"}, Dest: "one.example", Body: body, Size: int64(len(body)), Parts: 1,
 			SubmittedAt: at, MessageID: "<x.1@billing.example>", Source: SourceSMTP},
 		// Object Store body, history, DSN, every flag.
-		{ID: "abc-2", MsgID: "abc", Tenant: "t", From: "", Rcpts: []string{"a@b", "c@b", weird}, Dest: "b", BodyRef: "abc",
+		{ID: "abc-2", MsgID: "abc", Tenant: "t", From: "", Rcpts: []string{"a@b", "c@b", weird}, Dest: "b", Group: "google", BodyRef: "abc",
 			Signed: true, SigLen: 812, Size: 1 << 40, Parts: 3, SubmittedAt: at.In(time.FixedZone("x", -(5*3600 + 30*60))),
 			History: []Attempt{
 				{At: at, Attempt: 1, Worker: "w/1", Class: "tempfail", Rule: "4xx", Code: 451, Enhanced: "4.7.1",

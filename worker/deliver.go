@@ -94,6 +94,12 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	}
 	now := w.now()
 	dest := w.cfg.Gate.Group(e.Dest)
+	// Every next state (a deferral, a dead letter) is cloned from e and
+	// carries its group, for an operator to find the group's mail by.
+	e.Group = ""
+	if dest != e.Dest {
+		e.Group = dest
+	}
 	// The first of the two max-age limits: the deadline, counted from
 	// submission by the process that accepted the message
 	// (queue.Options.DeadlineAfter). The second, Budget.MaxAge counted from the

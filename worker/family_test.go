@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emersion/go-smtp"
+
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/throttle"
@@ -121,5 +124,36 @@ func TestMixedFamilyEgress(t *testing.T) {
 	}
 	if n := len(gate.done["127.0.0.2"]); n != 4 {
 		t.Errorf("%d permits of the IPv4 address finished, want 4", n)
+	}
+}
+
+// groupGate is the open gate grouping every domain into one provider group.
+type groupGate struct{ throttle.OpenGate }
+
+func (groupGate) Group(string) string { return "bigco" }
+
+// TestDeferredEnvelopeCarriesItsGroup: an envelope deferred by a worker
+// that groups destinations carries the group it was found in, so that
+// `queue list --dest bigco` (and dest status bigco's counts, and the
+// runbook's loops) find the group's deferred mail.
+func TestDeferredEnvelopeCarriesItsGroup(t *testing.T) {
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+		}
+		return nil
+	})
+	e.startPool(func(c *Config) {
+		c.Gate = groupGate{}
+		c.Retry.Base, c.Retry.Min, c.Retry.Cap = time.Hour, time.Hour, time.Hour // stays deferred
+	})
+	id := e.submit("r@dest.test")
+	e.waitEvent(id, queue.EventDeferred)
+	items, err := e.q.List(context.Background(), queue.Filter{State: queue.StateDeferred, Dest: "bigco"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) != 1 || items[0].Env.ID != id || items[0].Env.Group != "bigco" || items[0].Env.Dest != "dest.test" {
+		t.Fatalf("deferred mail of group bigco: %+v, want %s", items, id)
 	}
 }
