@@ -135,7 +135,7 @@ func (f File) ConfigWith(defaults Limits) (Config, error) {
 		if name == DefaultDestination {
 			continue
 		}
-		d := normalizeDest(name)
+		d := NormalizeDest(name)
 		if d == "" {
 			return c, fmt.Errorf("destinations: empty destination name")
 		}

@@ -85,7 +85,7 @@ type mxEntry struct {
 func newGrouper(byMX bool, rules []GroupRule, overrides map[string]Limits, res MXResolver) *grouper {
 	g := &grouper{byMX: byMX, overrides: map[string]bool{}, domains: map[string]string{}, res: res, cache: map[string]*mxEntry{}}
 	for d := range overrides {
-		g.overrides[normalizeDest(d)] = true
+		g.overrides[NormalizeDest(d)] = true
 	}
 	for _, r := range rules {
 		nr := GroupRule{Name: r.Name}
@@ -100,7 +100,7 @@ func newGrouper(byMX bool, rules []GroupRule, overrides map[string]Limits, res M
 			nr.MXSuffixes = append(nr.MXSuffixes, s)
 		}
 		for _, d := range r.Domains {
-			if d = normalizeDest(d); d != "" {
+			if d = NormalizeDest(d); d != "" {
 				if _, dup := g.domains[d]; !dup {
 					g.domains[d] = r.Name
 				}
@@ -118,7 +118,7 @@ func newGrouper(byMX bool, rules []GroupRule, overrides map[string]Limits, res M
 // when grouping is off, when the domain has limits of its own, or when no
 // group's suffix matches its MX hosts (or the lookup fails).
 func (g *grouper) group(ctx context.Context, domain string) string {
-	d := normalizeDest(domain)
+	d := NormalizeDest(domain)
 	if !g.byMX || d == "" || g.overrides[d] || len(g.rules) == 0 {
 		return d
 	}

@@ -242,9 +242,9 @@ func DestFromKey(key string) string {
 	return b.String()
 }
 
-// normalizeDest lower-cases a domain and drops a trailing dot, so that
+// NormalizeDest lower-cases a domain and drops a trailing dot, so that
 // "Gmail.COM." and "gmail.com" share one budget.
-func normalizeDest(d string) string {
+func NormalizeDest(d string) string {
 	d = strings.TrimSuffix(strings.TrimSpace(d), ".")
 	for i := 0; i < len(d); i++ {
 		if 'A' <= d[i] && d[i] <= 'Z' {
@@ -282,7 +282,7 @@ func updateStateIn(ctx context.Context, kv jetstream.KeyValue, dest, by string, 
 	if kv == nil {
 		return before, after, 0, false, errors.New("dest state: no KV bucket")
 	}
-	dest = normalizeDest(dest)
+	dest = NormalizeDest(dest)
 	if dest == "" {
 		return before, after, 0, false, errors.New("dest state: empty destination")
 	}
@@ -416,7 +416,7 @@ func Forget(ctx context.Context, kv jetstream.KeyValue, dest, by string) (bool, 
 // "closed" when unset). A destination with no stored state has the zero
 // state and no error.
 func GetState(ctx context.Context, kv jetstream.KeyValue, dest string) (DestState, error) {
-	dest = normalizeDest(dest)
+	dest = NormalizeDest(dest)
 	key := StateKey(dest)
 	e, err := kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {

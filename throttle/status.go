@@ -35,7 +35,7 @@ type DestStatus struct {
 // Snapshot reports a destination (a domain or group name, not resolved
 // through Group) as this worker applies it now.
 func (t *Throttle) Snapshot(name string) DestStatus {
-	name = normalizeDest(name)
+	name = NormalizeDest(name)
 	now := t.now()
 	live := t.liveCount()
 	t.mu.RLock()
@@ -69,7 +69,7 @@ func (t *Throttle) Snapshot(name string) DestStatus {
 
 // LimitsOf returns a destination's configured limits (the override or the
 // defaults), e.g. for the sender's MaxMsgsPerConn.
-func (t *Throttle) LimitsOf(dest string) Limits { return t.limitsOf(normalizeDest(dest)) }
+func (t *Throttle) LimitsOf(dest string) Limits { return t.limitsOf(NormalizeDest(dest)) }
 
 // Live returns the number of live workers, this one included.
 func (t *Throttle) Live() int { return t.liveCount() }

@@ -209,7 +209,7 @@ func (c Config) withDefaults() (Config, error) {
 		if l.Rate < 0 || l.Conns < 0 || l.MaxMsgsPerConn < 0 {
 			return c, fmt.Errorf("throttle: limits of %q must be >= 0", d)
 		}
-		ov[normalizeDest(d)] = l
+		ov[NormalizeDest(d)] = l
 	}
 	c.Overrides = ov
 	defaults.Set(&c.BreakerFailures, DefaultBreakerFailures)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
@@ -150,6 +151,11 @@ func init() {
 				items, err := q.List(ctx, f)
 				if err != nil {
 					return err
+				}
+				if f.Limit > 0 && len(items) == f.Limit {
+					// A count (| wc -l) would otherwise read the limit as
+					// the total.
+					defer fmt.Fprintf(cmd.ErrOrStderr(), "outflow: the first %d listed; there may be more (--limit 0 lists all)\n", f.Limit)
 				}
 				out := cmd.OutOrStdout()
 				if idsOnly {
@@ -497,5 +503,9 @@ func short(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	return s[:n-1] + "…"
+	cut := n - 1
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut-- // not inside a character
+	}
+	return s[:cut] + "…"
 }

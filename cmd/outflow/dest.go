@@ -282,6 +282,9 @@ func destArg(_ *cobra.Command, args []string) error {
 			return usageError{fmt.Errorf("DEST %q: %q cannot be part of a domain, a provider group or a source address (one DEST per command)", d, c)}
 		}
 	}
+	// As it is stored and listed ("Gmail.COM." is gmail.com), so that
+	// what a command prints names the destination it changed.
+	args[0] = throttle.NormalizeDest(d)
 	return nil
 }
 
