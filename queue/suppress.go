@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outflow/outflow/internal/kvpurge"
 )
 
 // BucketSuppressions is the key-value bucket of the suppression list: one
@@ -85,8 +87,10 @@ type Suppressions struct {
 
 // Suppressions opens (creating it if need be) the suppression list.
 func (q *Queue) Suppressions(ctx context.Context) (*Suppressions, error) {
-	kv, err := q.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketSuppressions,
-		Description: "outflow suppression list: tenant, address -> reason", History: 1})
+	// A removed or expired entry is purged with a marker that expires
+	// (package kvpurge): nothing of it stays in the bucket for good.
+	kv, err := kvpurge.Open(ctx, jetstream.KeyValueConfig{Bucket: BucketSuppressions,
+		Description: "outflow suppression list: tenant, address -> reason", History: 1}, q.KeyValue)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +198,7 @@ func (l *Suppressions) Remove(ctx context.Context, tenant, addr string) error {
 	} else if s == nil {
 		return ErrNotSuppressed
 	}
-	if err := l.kv.Delete(ctx, key); err != nil {
+	if err := kvpurge.Purge(ctx, l.kv, key, 0, kvpurge.MarkerTTL); err != nil {
 		return fmt.Errorf("unsuppress %s: %w", addr, err)
 	}
 	return nil
@@ -219,7 +223,7 @@ func (l *Suppressions) Suppressed(ctx context.Context, tenant, addr string) (*Su
 	}
 	if !s.active(time.Now()) {
 		// Only this revision: a fresh Add meanwhile must survive.
-		_ = l.kv.Delete(ctx, key, jetstream.LastRevision(rev))
+		_ = kvpurge.Purge(ctx, l.kv, key, rev, kvpurge.MarkerTTL)
 		return nil, nil
 	}
 	return &s, nil
@@ -239,6 +243,15 @@ func (l *Suppressions) List(ctx context.Context, tenant string) ([]Suppression, 
 	defer func() { _ = w.Stop() }()
 	now := time.Now()
 	var out []Suppression
+	var expired []jetstream.KeyValueEntry
+	defer func() {
+		// Entries that have expired go now, each only if unchanged since
+		// (an address suppressed again meanwhile stays): they would
+		// otherwise stay until their address is looked up again.
+		for _, e := range expired {
+			_ = kvpurge.Purge(ctx, l.kv, e.Key(), e.Revision(), kvpurge.MarkerTTL)
+		}
+	}()
 	for {
 		var e jetstream.KeyValueEntry
 		select {
@@ -250,7 +263,11 @@ func (l *Suppressions) List(ctx context.Context, tenant string) ([]Suppression, 
 			break
 		}
 		var s Suppression
-		if json.Unmarshal(e.Value(), &s) != nil || !s.active(now) {
+		if json.Unmarshal(e.Value(), &s) != nil {
+			continue
+		}
+		if !s.active(now) {
+			expired = append(expired, e)
 			continue
 		}
 		out = append(out, s)

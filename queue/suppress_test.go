@@ -183,3 +183,48 @@ func TestSuppressionAddFirst(t *testing.T) {
 		t.Errorf("removing an expired entry: %v, want ErrNotSuppressed", err)
 	}
 }
+
+// TestSuppressionsLeaveNothing: an entry removed, or expired and met by a
+// look-up or a listing, leaves only a purge marker that expires (a KV
+// delete's marker stayed for good, one per address ever lifted).
+func TestSuppressionsLeaveNothing(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := q.Suppressions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-time.Minute)
+	for _, s := range []Suppression{
+		{Tenant: "acme", Address: "removed@example.com"},
+		{Tenant: "acme", Address: "looked-up@example.com", Expires: past},
+		{Tenant: "acme", Address: "listed@example.com", Expires: past},
+	} {
+		if err := l.Add(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Remove(ctx, "acme", "removed@example.com"); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := l.Suppressed(ctx, "acme", "looked-up@example.com"); err != nil || s != nil {
+		t.Fatalf("expired entry applied: %+v, %v", s, err)
+	}
+	if _, err := l.List(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := q.js.Stream(ctx, kvStream(BucketSuppressions))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{"removed@example.com", "looked-up@example.com", "listed@example.com"} {
+		m, err := st.GetLastMsgForSubject(ctx, kvSubject(BucketSuppressions, suppressKey("acme", addr)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if op, ttl := m.Header.Get("KV-Operation"), m.Header.Get("Nats-TTL"); op != "PURGE" || ttl == "" {
+			t.Errorf("%s: last message KV-Operation %q, Nats-TTL %q; want a purge marker that expires", addr, op, ttl)
+		}
+	}
+}

@@ -2,9 +2,10 @@ package throttle
 
 import (
 	"context"
-	"errors"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outflow/outflow/internal/kvpurge"
 )
 
 // The key-value buckets the throttle keeps its shared state in. Their names
@@ -27,18 +28,10 @@ type Bucketer interface {
 // OpenState opens (creating it if need be) the shared destination state
 // bucket. It keeps 5 revisions of each key, for an operator to see what a
 // destination's state was just before. The marker a deleted state leaves
-// (an idle destination forgotten) expires after an hour: markers of its
-// own need the bucket's LimitMarkerTTL, which an older bucket is given.
-// A server older than 2.11 has no marker TTLs: there the markers stay.
+// (an idle destination forgotten) expires (package kvpurge; an older
+// bucket is given marker TTLs, and a server before 2.11 keeps them).
 func OpenState(ctx context.Context, b Bucketer) (jetstream.KeyValue, error) {
-	cfg := jetstream.KeyValueConfig{Bucket: BucketState, Description: "shared destination throttle state", History: 5,
-		LimitMarkerTTL: markerTTL}
-	kv, err := b.KeyValue(ctx, cfg)
-	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
-		cfg.LimitMarkerTTL = 0
-		kv, err = b.KeyValue(ctx, cfg)
-	}
-	return kv, err
+	return kvpurge.Open(ctx, jetstream.KeyValueConfig{Bucket: BucketState, Description: "shared destination throttle state", History: 5}, b.KeyValue)
 }
 
 // OpenRegistry opens (creating it if need be) the live-worker registry. It

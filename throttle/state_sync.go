@@ -2,10 +2,11 @@ package throttle
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outflow/outflow/internal/kvpurge"
 )
 
 // getDest returns the live dest for a destination, creating it.
@@ -39,24 +40,13 @@ func (t *Throttle) limitsOf(name string) Limits {
 }
 
 // purge deletes a destination's state if it is still at revision rev: its
-// revisions go with it (a purge, not a delete), and the marker the purge
-// leaves, which tells the other workers, expires after markerTTL (the
-// bucket's LimitMarkerTTL allows that; a bucket made before it did not
-// get a plain purge). Without both, every destination ever forgotten
-// would keep its history and a marker for good, and every start would
-// read them all again.
+// revisions go with it, and the marker that tells the other workers
+// expires after markerTTL (package kvpurge). Without that, every
+// destination ever forgotten would keep its history and a marker for
+// good, and every start would read them all again.
 func (t *Throttle) purge(ctx context.Context, key string, rev uint64) error {
-	err := t.cfg.State.Purge(ctx, key, jetstream.LastRevision(rev), jetstream.PurgeTTL(t.cfg.markerTTL))
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeMsgTTLDisabled {
-		err = t.cfg.State.Purge(ctx, key, jetstream.LastRevision(rev))
-	}
-	return err
+	return kvpurge.Purge(ctx, t.cfg.State, key, rev, t.cfg.markerTTL)
 }
-
-// errCodeMsgTTLDisabled is JetStream's error for a message TTL on a stream
-// that does not allow them.
-const errCodeMsgTTLDisabled = 10166
 
 // expireMarkers purges again, with a TTL, markers left without one: each
 // only if it is still the key's latest entry.

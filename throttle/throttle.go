@@ -16,6 +16,7 @@ import (
 
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/defaults"
+	"github.com/outflow/outflow/internal/kvpurge"
 )
 
 // Limits are a destination's configured limits, for the whole fleet.
@@ -56,7 +57,7 @@ const (
 	opTimeout    = 5 * time.Second        // one KV transition
 	idleEvict    = 10 * time.Minute       // a destination with no state and no use is forgotten
 	stateIdleTTL = time.Hour              // a shared state with nothing in force is deleted this long after its last write
-	markerTTL    = time.Hour              // how long the marker of a deleted state stays (StateMarkerTTL)
+	markerTTL    = kvpurge.MarkerTTL      // how long the marker of a deleted state stays
 	opsBuffer    = 256                    // queued KV transitions before new ones are dropped (logged)
 	readyTimeout = 10 * time.Second       // initial load of the buckets
 
