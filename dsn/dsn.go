@@ -261,16 +261,45 @@ func humanText(r *Report) string {
 	}
 	b.WriteString("\r\n")
 	for _, rc := range r.Recipients {
-		b.WriteString("<" + ascii(rc.Final) + ">")
+		line := "<" + ascii(rc.Final) + ">"
 		if rc.Diagnostic != "" {
-			b.WriteString(": " + ascii(oneLine(rc.Diagnostic)))
+			line += ": " + ascii(diagnostic(rc.Diagnostic))
 		}
 		if rc.RemoteMTA != "" {
-			b.WriteString(" (" + ascii(rc.RemoteMTA) + ")")
+			line += " (" + ascii(rc.RemoteMTA) + ")"
 		}
-		b.WriteString("\r\n")
+		// Wrapped as a header is, so that no line of the notice passes
+		// RFC 5322's 998 octets: a long reply (a provider's policy text
+		// with its links) is one line here.
+		b.WriteString(fold(line, 0) + "\r\n")
 	}
 	return b.String()
+}
+
+// Bounds on a diagnostic as a notice repeats it: a server's reply may be
+// hundreds of lines (joined into one here) and a word of it (a link)
+// longer than a line may be.
+const (
+	maxDiagnostic     = 2000
+	maxDiagnosticWord = 400
+)
+
+// diagnostic is a reply as a notice repeats it: on one line, no word
+// longer than maxDiagnosticWord and the whole at most maxDiagnostic,
+// each cut marked with "...".
+func diagnostic(s string) string {
+	words := strings.Fields(s)
+	n := 0
+	for i, w := range words {
+		if len(w) > maxDiagnosticWord {
+			words[i] = w[:maxDiagnosticWord] + "..."
+		}
+		if n += len(words[i]) + 1; n > maxDiagnostic {
+			words = append(words[:i], "...")
+			break
+		}
+	}
+	return strings.Join(words, " ")
 }
 
 // statusFields writes the message/delivery-status body: the per-message
@@ -290,12 +319,8 @@ func statusFields(r *Report) string {
 	for _, rc := range r.Recipients {
 		b.WriteString("\r\n")
 		if rc.Original != "" {
-			typ := rc.OriginalType
-			if typ == "" {
-				typ = "rfc822"
-			}
-			// RFC 3464 §2.3.1: the ORCPT as given, xtext and all.
-			field("Original-Recipient", ascii(typ)+";"+XText(rc.Original))
+			// RFC 3464 §2.3.1: the ORCPT as given, encoded for its type.
+			field("Original-Recipient", ORCPT(rc.OriginalType, rc.Original))
 		}
 		field("Final-Recipient", "rfc822; "+ascii(rc.Final))
 		field("Action", string(rc.Action))
@@ -309,7 +334,7 @@ func statusFields(r *Report) string {
 				typ = "smtp"
 			}
 			typ = ascii(typ)
-			field("Diagnostic-Code", typ+"; "+fold(ascii(oneLine(rc.Diagnostic)), len("Diagnostic-Code: ; ")+len(typ)))
+			field("Diagnostic-Code", typ+"; "+fold(ascii(diagnostic(rc.Diagnostic)), len("Diagnostic-Code: ; ")+len(typ)))
 		}
 		if !rc.LastAttempt.IsZero() {
 			field("Last-Attempt-Date", rc.LastAttempt.UTC().Format(time.RFC1123Z))
@@ -323,8 +348,28 @@ func statusFields(r *Report) string {
 
 // status is the recipient's Status: its own, else the enhanced code in
 // its diagnostic, else the class of the diagnostic's basic code, else the
-// action's generic code.
+// action's generic code; in the class its action says (RFC 3464 2.3.4: a
+// failure is 5, a delay 4, a delivery 2). A reply such as Yahoo's "421
+// 4.7.0 ... permanently deferred", which classification made a failure,
+// is reported 5.7.0: software reading the Status as a soft bounce would
+// go on mailing the address.
 func status(rc Recipient) string {
+	s := reportedStatus(rc)
+	class := byte('2')
+	switch rc.Action {
+	case Failed:
+		class = '5'
+	case Delayed:
+		class = '4'
+	}
+	if s[0] != class {
+		s = string(class) + s[1:]
+	}
+	return s
+}
+
+// reportedStatus is status before its class is made the action's.
+func reportedStatus(rc Recipient) string {
 	if validStatus(rc.Status) {
 		return rc.Status
 	}
@@ -360,6 +405,40 @@ func validStatus(s string) bool {
 		}
 	}
 	return true
+}
+
+// ORCPT is an original recipient as an ORCPT parameter and an
+// Original-Recipient field carry it, "type;address" encoded for its type:
+// an address of type utf-8 with non-ASCII characters as RFC 6533
+// utf-8-addr-xtext, one of type utf-8 that is ASCII as rfc822 (which
+// every DSN-capable server reads), anything else as xtext.
+func ORCPT(typ, addr string) string {
+	if typ == "" {
+		typ = "rfc822"
+	}
+	switch {
+	case !strings.EqualFold(typ, "utf-8"):
+		return XText(typ) + ";" + XText(addr)
+	case usascii.IsString(addr):
+		return "rfc822;" + XText(addr)
+	}
+	return "utf-8;" + UTF8AddrXText(addr)
+}
+
+// UTF8AddrXText encodes s as RFC 6533 utf-8-addr-xtext, the form of an
+// address of type utf-8: "+", "=", "\", controls, space and every
+// non-ASCII character become "\x{HEX}" of its code point. (Plain xtext's
+// "+HH" is not valid there: a next hop refused it with 501.)
+func UTF8AddrXText(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r > ' ' && r < 0x7f && r != '+' && r != '=' && r != '\\' {
+			b.WriteRune(r)
+			continue
+		}
+		fmt.Fprintf(&b, "\\x{%02X}", r)
+	}
+	return b.String()
 }
 
 // XText encodes s as RFC 3461 §4 xtext: "+" and "=", controls, space and

@@ -264,6 +264,25 @@ func TestBuildEdges(t *testing.T) {
 	if d := p.rcpts[0].Get("Diagnostic-Code"); !strings.HasPrefix(d, "smtp; 550 5.7.1 refus") {
 		t.Errorf("Diagnostic-Code %q", d)
 	}
+
+	// A reply of many lines joined into one, with a link longer than a
+	// line may be: no line of the notice passes 998 octets (RFC 5322
+	// 2.1.1), in the text part either, and the cuts are marked.
+	r = failedReport()
+	r.Original = nil
+	r.Recipients[0].Diagnostic = "550 5.7.1 see https://policy.example/" + strings.Repeat("x", 1200) + " " +
+		strings.Repeat("Our policy does not allow this message. ", 100)
+	if msg, err = Build(r); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(msg), "\r\n") {
+		if len(l) > 998 {
+			t.Fatalf("line of %d octets", len(l))
+		}
+	}
+	if p = parse(t, msg); !strings.Contains(string(p.bodies[0]), "xxx...") || !strings.HasSuffix(p.rcpts[0].Get("Diagnostic-Code"), "...") {
+		t.Errorf("cuts not marked: text %q, Diagnostic-Code %q", p.bodies[0], p.rcpts[0].Get("Diagnostic-Code"))
+	}
 }
 
 func TestIsReport(t *testing.T) {
@@ -309,5 +328,29 @@ func TestBuildLater(t *testing.T) {
 	}
 	if got := p.hdr.Get("Subject"); got != "Undelivered Mail Returned to Sender" {
 		t.Errorf("Subject %q", got)
+	}
+}
+
+// TestStatusInTheActionsClass: a report's Status is in the class its
+// Action says (RFC 3464 2.3.4), whatever the reply's enhanced code: a
+// 421 4.7.0 that classification made permanent is reported 5.7.0, since
+// software that reads the Status would take a 4.x.x failure for a soft
+// bounce and go on mailing the address.
+func TestStatusInTheActionsClass(t *testing.T) {
+	for _, c := range []struct {
+		rc   Recipient
+		want string
+	}{
+		{Recipient{Action: Failed, Status: "4.7.0"}, "5.7.0"},
+		{Recipient{Action: Failed, Diagnostic: "421 4.7.0 [TS03] Messages from 192.0.2.1 permanently deferred"}, "5.7.0"},
+		{Recipient{Action: Failed, Diagnostic: "451 try later"}, "5.0.0"},
+		{Recipient{Action: Failed, Status: "5.1.1"}, "5.1.1"},
+		{Recipient{Action: Delayed, Status: "5.4.7"}, "4.4.7"},
+		{Recipient{Action: Delivered, Status: "5.0.0"}, "2.0.0"},
+		{Recipient{Action: Relayed}, "2.0.0"},
+	} {
+		if got := status(c.rc); got != c.want {
+			t.Errorf("%+v: Status %s, want %s", c.rc, got, c.want)
+		}
 	}
 }

@@ -423,9 +423,14 @@ func (w *deliverer) deadNotice(ctx context.Context, e, next *queue.Envelope, rea
 	rcpts := make([]dsn.Recipient, 0, len(next.Rcpts))
 	for _, r := range next.Rcpts {
 		rc := rcptReport(r, dsn.Failed, last, "", at)
-		if last.Code/100 == 4 {
-			// The last reply was temporary; the failure is outflow giving
-			// up: RFC 3463 4.4.7, delivery time expired.
+		switch {
+		case strings.HasPrefix(reason, "body missing"):
+			rc.Status = "5.3.0" // outflow's own store failed it
+		case last.Code/100 == 4 || last.Code == 0:
+			// The last reply was temporary, or there was none (a DNS or
+			// connection failure, or no attempt before the deadline):
+			// the failure is outflow giving up, RFC 3463 X.4.7,
+			// delivery time expired.
 			rc.Status = "5.4.7"
 		}
 		rcpts = append(rcpts, rc)
