@@ -44,6 +44,12 @@ func (q *Queue) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jet
 	return kv, nil
 }
 
+// KVStream is the stream that holds bucket's entries, for the few
+// operations the key-value API has not (kvpurge.DropThrough).
+func (q *Queue) KVStream(ctx context.Context, bucket string) (jetstream.Stream, error) {
+	return q.js.Stream(ctx, kvStream(bucket))
+}
+
 // DedupWindow is how long a resubmission with the same idempotency key is
 // recognised (Options.DedupWindow, default DefaultDedupWindow).
 func (q *Queue) DedupWindow() time.Duration { return q.opts.DedupWindow }

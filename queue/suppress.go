@@ -83,18 +83,25 @@ func (s *Suppression) active(now time.Time) bool {
 type Suppressions struct {
 	q  *Queue
 	kv jetstream.KeyValue
+	// st is kv's stream: an entry removed or expired is dropped from it
+	// (kvpurge.DropThrough), leaving no marker. Nobody watches the list
+	// (a look-up reads the key), so nobody needs one, and a KV delete's
+	// would stay for good, one per address ever lifted.
+	st jetstream.Stream
 }
 
 // Suppressions opens (creating it if need be) the suppression list.
 func (q *Queue) Suppressions(ctx context.Context) (*Suppressions, error) {
-	// A removed or expired entry is purged with a marker that expires
-	// (package kvpurge): nothing of it stays in the bucket for good.
-	kv, err := kvpurge.Open(ctx, jetstream.KeyValueConfig{Bucket: BucketSuppressions,
-		Description: "outflow suppression list: tenant, address -> reason", History: 1}, q.KeyValue)
+	kv, err := q.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketSuppressions,
+		Description: "outflow suppression list: tenant, address -> reason", History: 1})
 	if err != nil {
 		return nil, err
 	}
-	return &Suppressions{q: q, kv: kv}, nil
+	st, err := q.js.Stream(ctx, kvStream(BucketSuppressions))
+	if err != nil {
+		return nil, fmt.Errorf("suppressions: %w", err)
+	}
+	return &Suppressions{q: q, kv: kv, st: st}, nil
 }
 
 // NormalizeAddress is the form in which the list stores and matches an
@@ -193,12 +200,14 @@ func (l *Suppressions) AddFirst(ctx context.Context, s Suppression) (added bool,
 // show either).
 func (l *Suppressions) Remove(ctx context.Context, tenant, addr string) error {
 	key := suppressKey(tenant, addr)
-	if s, err := l.Suppressed(ctx, tenant, addr); err != nil {
+	s, rev, err := l.entryAt(ctx, tenant, addr)
+	if err != nil {
 		return err
 	} else if s == nil {
 		return ErrNotSuppressed
 	}
-	if err := kvpurge.Purge(ctx, l.kv, key, 0, kvpurge.MarkerTTL); err != nil {
+	// Through this revision only: an entry added again meanwhile stays.
+	if err := kvpurge.DropThrough(ctx, l.st, BucketSuppressions, key, rev); err != nil {
 		return fmt.Errorf("unsuppress %s: %w", addr, err)
 	}
 	return nil
@@ -206,27 +215,33 @@ func (l *Suppressions) Remove(ctx context.Context, tenant, addr string) error {
 
 // Suppressed returns tenant's entry for addr if one applies now, or nil.
 func (l *Suppressions) Suppressed(ctx context.Context, tenant, addr string) (*Suppression, error) {
+	s, _, err := l.entryAt(ctx, tenant, addr)
+	return s, err
+}
+
+// entryAt is Suppressed with the entry's revision.
+func (l *Suppressions) entryAt(ctx context.Context, tenant, addr string) (*Suppression, uint64, error) {
 	key := suppressKey(tenant, addr)
 	// One direct get (lastMsg), as KeyValue.Get makes but cheaper, or on
 	// the embedded server none for an address not on the list: it is made
 	// for every recipient submitted.
 	value, rev, found, err := l.q.lastMsg(ctx, OpSuppressGet, kvStream(BucketSuppressions), kvSubject(BucketSuppressions, key))
 	if err != nil {
-		return nil, fmt.Errorf("suppression %s: %w", addr, err)
+		return nil, 0, fmt.Errorf("suppression %s: %w", addr, err)
 	}
 	if !found {
-		return nil, nil
+		return nil, 0, nil
 	}
 	var s Suppression
 	if err := json.Unmarshal(value, &s); err != nil {
-		return nil, fmt.Errorf("suppression %s: %w", addr, err)
+		return nil, 0, fmt.Errorf("suppression %s: %w", addr, err)
 	}
 	if !s.active(time.Now()) {
 		// Only this revision: a fresh Add meanwhile must survive.
-		_ = kvpurge.Purge(ctx, l.kv, key, rev, kvpurge.MarkerTTL)
-		return nil, nil
+		_ = kvpurge.DropThrough(ctx, l.st, BucketSuppressions, key, rev)
+		return nil, 0, nil
 	}
-	return &s, nil
+	return &s, rev, nil
 }
 
 // List returns the entries that apply now, of tenant or, with tenant "",
@@ -249,7 +264,7 @@ func (l *Suppressions) List(ctx context.Context, tenant string) ([]Suppression, 
 		// (an address suppressed again meanwhile stays): they would
 		// otherwise stay until their address is looked up again.
 		for _, e := range expired {
-			_ = kvpurge.Purge(ctx, l.kv, e.Key(), e.Revision(), kvpurge.MarkerTTL)
+			_ = kvpurge.DropThrough(ctx, l.st, BucketSuppressions, e.Key(), e.Revision())
 		}
 	}()
 	for {

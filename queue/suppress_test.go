@@ -185,8 +185,9 @@ func TestSuppressionAddFirst(t *testing.T) {
 }
 
 // TestSuppressionsLeaveNothing: an entry removed, or expired and met by a
-// look-up or a listing, leaves only a purge marker that expires (a KV
-// delete's marker stayed for good, one per address ever lifted).
+// look-up or a listing, leaves nothing in the bucket's stream (a KV
+// delete's marker stayed for good, one per address ever lifted), and an
+// address suppressed again is suppressed.
 func TestSuppressionsLeaveNothing(t *testing.T) {
 	q, _ := startQueue(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -219,12 +220,17 @@ func TestSuppressionsLeaveNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, addr := range []string{"removed@example.com", "looked-up@example.com", "listed@example.com"} {
-		m, err := st.GetLastMsgForSubject(ctx, kvSubject(BucketSuppressions, suppressKey("acme", addr)))
-		if err != nil {
-			t.Fatal(err)
+		if m, err := st.GetLastMsgForSubject(ctx, kvSubject(BucketSuppressions, suppressKey("acme", addr))); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Errorf("%s: %v left (%v), want nothing", addr, m, err)
 		}
-		if op, ttl := m.Header.Get("KV-Operation"), m.Header.Get("Nats-TTL"); op != "PURGE" || ttl == "" {
-			t.Errorf("%s: last message KV-Operation %q, Nats-TTL %q; want a purge marker that expires", addr, op, ttl)
-		}
+	}
+	if err := l.Remove(ctx, "acme", "removed@example.com"); !errors.Is(err, ErrNotSuppressed) {
+		t.Errorf("removed twice: %v, want ErrNotSuppressed", err)
+	}
+	if added, err := l.AddFirst(ctx, Suppression{Tenant: "acme", Address: "removed@example.com"}); err != nil || !added {
+		t.Fatalf("suppressed again: %v %v", added, err)
+	}
+	if s, err := l.Suppressed(ctx, "acme", "removed@example.com"); err != nil || s == nil {
+		t.Errorf("suppressed again, not applied: %v %v", s, err)
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/outflow/outflow/internal/kvpurge"
 )
 
 // The key-value buckets the throttle keeps its shared state in. Their names
@@ -27,11 +25,9 @@ type Bucketer interface {
 
 // OpenState opens (creating it if need be) the shared destination state
 // bucket. It keeps 5 revisions of each key, for an operator to see what a
-// destination's state was just before. The marker a deleted state leaves
-// (an idle destination forgotten) expires (package kvpurge; an older
-// bucket is given marker TTLs, and a server before 2.11 keeps them).
+// destination's state was just before.
 func OpenState(ctx context.Context, b Bucketer) (jetstream.KeyValue, error) {
-	return kvpurge.Open(ctx, jetstream.KeyValueConfig{Bucket: BucketState, Description: "shared destination throttle state", History: 5}, b.KeyValue)
+	return b.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketState, Description: "shared destination throttle state", History: 5})
 }
 
 // OpenRegistry opens (creating it if need be) the live-worker registry. It

@@ -39,44 +39,107 @@ func (t *Throttle) limitsOf(name string) Limits {
 	return t.cfg.Defaults
 }
 
-// purge deletes a destination's state if it is still at revision rev: its
-// revisions go with it, and the marker that tells the other workers
-// expires after markerTTL (package kvpurge). Without that, every
-// destination ever forgotten would keep its history and a marker for
-// good, and every start would read them all again.
+// purge deletes a destination's state if it is still at revision rev:
+// its revisions go with it, and the marker that tells the other workers
+// is dropped later (dropMarkers).
 func (t *Throttle) purge(ctx context.Context, key string, rev uint64) error {
-	return kvpurge.Purge(ctx, t.cfg.State, key, rev, t.cfg.markerTTL)
+	return kvpurge.Purge(ctx, t.cfg.State, key, rev)
 }
 
-// expireMarkers purges again, with a TTL, markers left without one: each
-// only if it is still the key's latest entry.
-func (t *Throttle) expireMarkers(markers []jetstream.KeyValueEntry) {
-	n := 0
-	for _, e := range markers {
+// marker is the marker of a deleted state: its sequence, and when it was
+// written.
+type marker struct {
+	seq uint64
+	at  time.Time
+}
+
+// noteMarker keeps a marker for dropMarkers; a later write to its key
+// replaces it or, being a value, makes applyState forget it.
+func (t *Throttle) noteMarker(key string, seq uint64, at time.Time) {
+	if t.cfg.StateStream == nil {
+		return
+	}
+	t.mmu.Lock()
+	defer t.mmu.Unlock()
+	if t.markers == nil {
+		t.markers = map[string]marker{}
+	}
+	t.markers[key] = marker{seq: seq, at: at}
+}
+
+// forgetMarker drops key's marker from the list: the key has a value again.
+func (t *Throttle) forgetMarker(key string) {
+	t.mmu.Lock()
+	delete(t.markers, key)
+	t.mmu.Unlock()
+}
+
+// maxDropsPerSweep bounds the markers one sweep drops, one request each,
+// so that the maintenance loop is never held up for long.
+const maxDropsPerSweep = 500
+
+// dropMarkers removes from the state bucket's stream the markers written
+// markerTTL or more before now: by then every worker has applied them
+// (a worker that starts later finds no state, which is the same). Each is
+// removed only up to its own sequence, so a state written since stays;
+// every worker drops the same markers, and the second finds nothing.
+func (t *Throttle) dropMarkers(now time.Time) {
+	t.mmu.Lock()
+	var due []string
+	for key, m := range t.markers {
+		if now.Sub(m.at) >= t.cfg.markerTTL {
+			due = append(due, key)
+		}
+	}
+	t.mmu.Unlock()
+	if len(due) > maxDropsPerSweep {
+		due = due[:maxDropsPerSweep] // the rest at the next sweep
+	}
+	dropped := 0
+	for _, key := range due {
+		t.mmu.Lock()
+		m, ok := t.markers[key]
+		delete(t.markers, key)
+		t.mmu.Unlock()
+		if !ok {
+			continue
+		}
 		ctx, cancel := context.WithTimeout(t.ctx, opTimeout)
-		err := t.purge(ctx, e.Key(), e.Revision())
+		err := kvpurge.DropThrough(ctx, t.cfg.StateStream, BucketState, key, m.seq)
 		cancel()
 		if t.ctx.Err() != nil {
 			return
 		}
-		if err == nil {
-			n++
+		if err != nil {
+			t.log.Debug().Err(err).Str("key", key).Msg("could not drop the marker of a deleted destination state; another worker will")
+			continue
 		}
+		dropped++
 	}
-	t.log.Info().Int("markers", n).Msg("old markers of deleted destination states given a TTL")
+	if dropped > 0 {
+		t.log.Debug().Int("markers", dropped).Msg("markers of deleted destination states dropped")
+	}
 }
 
 // applyState follows one entry of the state bucket.
 func (t *Throttle) applyState(e jetstream.KeyValueEntry, initial bool) {
 	name := DestFromKey(e.Key())
 	deleted := e.Operation() == jetstream.KeyValueDelete || e.Operation() == jetstream.KeyValuePurge
-	if deleted && initial {
-		// A state deleted before this worker started: nothing to undo,
-		// and no destination to make for it.
-		if t.now().Sub(e.Created()) > 2*t.cfg.markerTTL {
-			t.oldMarkers = append(t.oldMarkers, e)
+	if deleted {
+		// The marker's time is the server's; markerTTL is far longer than
+		// any offset between the clocks.
+		t.noteMarker(e.Key(), e.Revision(), e.Created())
+		t.mu.RLock()
+		_, known := t.dests[name]
+		t.mu.RUnlock()
+		if initial || !known {
+			// A state deleted before this worker started, or of a
+			// destination it holds nothing of: nothing to undo, and no
+			// destination to make for it.
+			return
 		}
-		return
+	} else {
+		t.forgetMarker(e.Key())
 	}
 	d := t.getDest(name)
 	var s DestState
@@ -281,7 +344,7 @@ func (t *Throttle) liveCount() int {
 func (t *Throttle) maintain() {
 	tk := time.NewTicker(tickEvery)
 	defer tk.Stop()
-	lastSweep := t.now()
+	lastSweep, lastDrop := t.now(), t.now()
 	for {
 		select {
 		case <-t.ctx.Done():
@@ -290,6 +353,10 @@ func (t *Throttle) maintain() {
 			now := t.now()
 			t.pruneWorkers(now)
 			t.tickStates(now)
+			if now.Sub(lastDrop) >= t.cfg.markerSweep {
+				lastDrop = now
+				t.dropMarkers(now)
+			}
 			if now.Sub(lastSweep) >= time.Minute {
 				lastSweep = now
 				t.groups.prune(now)

@@ -16,7 +16,6 @@ import (
 
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/defaults"
-	"github.com/outflow/outflow/internal/kvpurge"
 )
 
 // Limits are a destination's configured limits, for the whole fleet.
@@ -57,7 +56,7 @@ const (
 	opTimeout    = 5 * time.Second        // one KV transition
 	idleEvict    = 10 * time.Minute       // a destination with no state and no use is forgotten
 	stateIdleTTL = time.Hour              // a shared state with nothing in force is deleted this long after its last write
-	markerTTL    = kvpurge.MarkerTTL      // how long the marker of a deleted state stays
+	markerTTL    = time.Hour              // how long the marker of a deleted state stays (Config.StateStream)
 	opsBuffer    = 256                    // queued KV transitions before new ones are dropped (logged)
 	readyTimeout = 10 * time.Second       // initial load of the buckets
 
@@ -191,10 +190,18 @@ type Config struct {
 	// other workers write.
 	Now func() time.Time
 
+	// StateStream, when set, is the stream of the State bucket: the
+	// markers that deleted states leave are dropped from it an hour after
+	// they were written, when every worker has seen them. Without it they
+	// stay, one per destination ever forgotten, and every start reads them
+	// all again.
+	StateStream jetstream.Stream
+
 	// stateIdleTTL replaces the package's stateIdleTTL (tests).
 	stateIdleTTL time.Duration
-	// markerTTL replaces the package's markerTTL (tests).
-	markerTTL time.Duration
+	// markerTTL replaces the package's markerTTL, and markerSweep the
+	// minute between two looks for markers due (tests).
+	markerTTL, markerSweep time.Duration
 }
 
 // withDefaults validates c and fills the defaults.
@@ -256,6 +263,7 @@ func (c Config) withDefaults() (Config, error) {
 	defaults.Set(&c.Heartbeat, DefaultHeartbeat)
 	defaults.Set(&c.stateIdleTTL, stateIdleTTL)
 	defaults.Set(&c.markerTTL, markerTTL)
+	defaults.Set(&c.markerSweep, time.Minute)
 	if c.WorkerID == "" {
 		c.WorkerID = DefaultWorkerID()
 	}
@@ -295,10 +303,11 @@ type Throttle struct {
 	rank      atomic.Int64 // this worker's place among the live ones, sorted by key (slots)
 	workerTTL time.Duration
 
-	// oldMarkers are the markers of deleted states found at start that
-	// are older than any marker with a TTL can be (written by a release
-	// that deleted without one); start gives them one.
-	oldMarkers []jetstream.KeyValueEntry
+	// markers are the markers of deleted states, by key, to be dropped
+	// from the bucket's stream markerTTL after they were written
+	// (dropMarkers).
+	mmu     sync.Mutex
+	markers map[string]marker
 
 	// offset is the server's clock minus this worker's, in nanoseconds,
 	// as last measured from the registry heartbeat (clock.go); offsetKnown
@@ -418,10 +427,6 @@ func (t *Throttle) start(ctx context.Context) error {
 
 	if err := t.follow(lctx, t.cfg.State, "state-watch", "dest state", t.applyState); err != nil {
 		return err
-	}
-	if old := t.oldMarkers; len(old) > 0 {
-		t.oldMarkers = nil
-		t.goSafe("old-markers", func() { t.expireMarkers(old) })
 	}
 
 	if reg := t.cfg.Registry; reg != nil {

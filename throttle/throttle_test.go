@@ -729,36 +729,41 @@ func TestIdleStateIsForgotten(t *testing.T) {
 }
 
 // TestForgottenStateLeavesNothing: an idle destination's state goes with
-// its history, and the marker that tells the other workers expires, so
-// that a bucket does not keep every destination ever forgotten and every
-// start read them all again. A marker a release before left without a TTL
-// is given one at start.
+// its history, and the marker that tells the other workers is dropped from
+// the stream once they have had the time to see it, so that a bucket does
+// not keep every destination ever forgotten and every start read them all
+// again. A marker a release before left is dropped too. The bucket's
+// configuration is not changed (a release before must still open it).
 func TestForgottenStateLeavesNothing(t *testing.T) {
-	env := startKVWith(t, func(c *jetstream.KeyValueConfig) { c.LimitMarkerTTL = time.Second })
+	env := startKV(t)
 	ctx := ctxT(t)
-	// The old way: a state deleted with a marker that never expires.
-	legacy := StateKey("legacy.test")
-	if _, err := env.state.Put(ctx, legacy, []byte(`{}`)); err != nil {
+	// The old way: states deleted with a marker that stays.
+	legacy, again := StateKey("legacy.test"), StateKey("again.test")
+	for _, key := range []string{legacy, again} {
+		if _, err := env.state.Put(ctx, key, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+		if err := env.state.Delete(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := env.js.Stream(ctx, "KV_outflow_dest")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := env.state.Delete(ctx, legacy); err != nil {
-		t.Fatal(err)
-	}
-	deletedAt := time.Now()
-	eventually(t, 10*time.Second, "the legacy marker older than two marker TTLs", func() bool {
-		return time.Since(deletedAt) > 2500*time.Millisecond
-	})
-
-	newThrottle(t, env, "a", func(c *Config) {
+	cfgBefore, _ := st.Info(ctx)
+	th := newThrottle(t, env, "a", func(c *Config) {
 		c.Defaults.Rate = 100
+		c.StateStream = st
 		c.stateIdleTTL = 300 * time.Millisecond
-		c.markerTTL = time.Second
+		c.markerTTL, c.markerSweep = time.Second, 200*time.Millisecond
 	})
 	if err := SetRate(ctx, env.state, "idle.test", 5, time.Now().Add(400*time.Millisecond), "ops"); err != nil {
 		t.Fatal(err)
 	}
-	st, err := env.js.Stream(ctx, "KV_outflow_dest")
-	if err != nil {
+	eventually(t, 5*time.Second, "idle.test's state applied", func() bool { return th.Snapshot("idle.test").FleetRate == 5 })
+	// Kept: a state written again after its key's marker.
+	if err := SetRate(ctx, env.state, "again.test", 7, time.Time{}, "ops"); err != nil {
 		t.Fatal(err)
 	}
 	for _, key := range []string{StateKey("idle.test"), legacy} {
@@ -766,6 +771,12 @@ func TestForgottenStateLeavesNothing(t *testing.T) {
 			_, err := st.GetLastMsgForSubject(ctx, "$KV.outflow_dest."+key)
 			return errors.Is(err, jetstream.ErrMsgNotFound)
 		})
+	}
+	if s, err := GetState(ctx, env.state, "again.test"); err != nil || s.RateOverride != 7 {
+		t.Errorf("the state written after its marker: %+v, %v", s, err)
+	}
+	if info, _ := st.Info(ctx); info.Config.AllowMsgTTL != cfgBefore.Config.AllowMsgTTL || info.Config.SubjectDeleteMarkerTTL != 0 {
+		t.Errorf("the bucket's stream was changed: %+v", info.Config)
 	}
 }
 
@@ -925,36 +936,5 @@ func TestAutomationFiresOnceForTheFleet(t *testing.T) {
 	}
 	if st, err := GetState(ctxT(t), env.state, "s.test"); err != nil || st.Suspended(time.Now()) {
 		t.Fatalf("one more match after the operator's Resume suspended again: %+v, %v", st, err)
-	}
-}
-
-// jsBucketer opens buckets as queue.Queue does, without replicas.
-type jsBucketer struct{ js jetstream.JetStream }
-
-func (b jsBucketer) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	return b.js.CreateOrUpdateKeyValue(ctx, cfg)
-}
-
-// TestOpenStateUpgradesBucket: a state bucket made by a release before
-// markers expired is given their TTL, keeping its states.
-func TestOpenStateUpgradesBucket(t *testing.T) {
-	env := startKV(t) // the old bucket: no LimitMarkerTTL
-	ctx := ctxT(t)
-	if _, err := env.state.Put(ctx, StateKey("kept.test"), []byte(`{}`)); err != nil {
-		t.Fatal(err)
-	}
-	kv, err := OpenState(ctx, jsBucketer{env.js})
-	if err != nil {
-		t.Fatalf("OpenState on an existing bucket: %v", err)
-	}
-	st, err := kv.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.LimitMarkerTTL() != markerTTL || st.History() != 5 {
-		t.Errorf("marker TTL %v, history %d: want %v and 5", st.LimitMarkerTTL(), st.History(), markerTTL)
-	}
-	if _, err := kv.Get(ctx, StateKey("kept.test")); err != nil {
-		t.Errorf("state lost in the upgrade: %v", err)
 	}
 }

@@ -451,6 +451,9 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 	if tc.State, err = throttle.OpenState(ctx, q); err != nil {
 		return nil, err
 	}
+	if tc.StateStream, err = q.KVStream(ctx, throttle.BucketState); err != nil {
+		return nil, err
+	}
 	if tc.Registry, err = throttle.OpenRegistry(ctx, q); err != nil {
 		return nil, err
 	}
