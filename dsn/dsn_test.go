@@ -354,3 +354,29 @@ func TestStatusInTheActionsClass(t *testing.T) {
 		}
 	}
 }
+
+// TestORCPT: an original recipient as ORCPT and Original-Recipient carry
+// it, in a notice as on the wire: utf-8 addresses as RFC 6533
+// utf-8-addr-xtext (xtext's "+HH" is not valid there), ASCII ones of type
+// utf-8 as rfc822, others as xtext.
+func TestORCPT(t *testing.T) {
+	for _, c := range [][3]string{
+		{"utf-8", "jörg@example.com", `utf-8;j\x{F6}rg@example.com`},
+		{"UTF-8", "a+b@example.com", "rfc822;a+2Bb@example.com"},
+		{"", "a=b@example.com", "rfc822;a+3Db@example.com"},
+		{"x-local", "ann", "x-local;ann"},
+	} {
+		if got := ORCPT(c[0], c[1]); got != c[2] {
+			t.Errorf("ORCPT(%q, %q) = %q, want %q", c[0], c[1], got, c[2])
+		}
+	}
+	r := failedReport()
+	r.Recipients[0].Original, r.Recipients[0].OriginalType = "jörg@example.com", "utf-8"
+	msg, err := Build(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(msg), "Original-Recipient: utf-8;j\\x{F6}rg@example.com\r\n") {
+		t.Errorf("notice lacks the utf-8-addr-xtext Original-Recipient:\n%s", msg)
+	}
+}
