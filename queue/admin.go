@@ -144,7 +144,8 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 		if f.State != StateDead {
 			return nil, errors.New("list: newest first is for dead letters only")
 		}
-		return out, q.scanBack(ctx, q.dead, keep(StateDead))
+		err := q.scanBack(ctx, q.dead, deadSubject("*"), keep(StateDead))
+		return out, err
 	}
 	for _, st := range states {
 		stream, subs := q.where(st, subjDest)
@@ -180,27 +181,56 @@ func (q *Queue) scan(ctx context.Context, stream jetstream.Stream, subject strin
 	}
 }
 
-// scanBack walks a stream that holds nothing but what is listed (dead
-// letters), newest first, calling fn until it returns false.
-func (q *Queue) scanBack(ctx context.Context, stream jetstream.Stream, fn func(Item) bool) error {
+// scanBackWindow is how many sequences scanBack reads forward at a time
+// (a test's smaller).
+var scanBackWindow uint64 = 512
+
+// scanBack walks stream's messages on subject newest first, calling fn
+// until it returns false. It reads windows of sequences from the end, each
+// forward as scan does (the server skips the gaps that replays and drops
+// leave), and hands each window's items over in reverse.
+func (q *Queue) scanBack(ctx context.Context, stream jetstream.Stream, subject string, fn func(Item) bool) error {
+	window := scanBackWindow
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return err
 	}
 	first, last := info.State.FirstSeq, info.State.LastSeq
-	for seq := last; seq >= first && seq > 0; seq-- {
-		m, err := stream.GetMsg(ctx, seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue // replayed or dropped since: a gap in the sequence
+	if last == 0 || first > last {
+		return nil
+	}
+	for hi := last; ; {
+		lo := first
+		if hi-first >= window {
+			lo = hi - window + 1
 		}
-		if err != nil {
-			return fmt.Errorf("read %s: %w", info.Config.Name, err)
+		var batch []Item
+		for seq := lo; seq <= hi; {
+			m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("read %s: %w", subject, err)
+			}
+			if m.Sequence > hi {
+				break
+			}
+			seq = m.Sequence + 1
+			if it, ok := itemOf(m); ok {
+				batch = append(batch, it)
+			}
 		}
-		if it, ok := itemOf(m); ok && !fn(it) {
+		for i := len(batch) - 1; i >= 0; i-- {
+			if !fn(batch[i]) {
+				return nil
+			}
+		}
+		if lo == first {
 			return nil
 		}
+		hi = lo - 1
 	}
-	return nil
 }
 
 func itemOf(m *jetstream.RawStreamMsg) (Item, bool) {

@@ -484,11 +484,15 @@ func TestListNewestDead(t *testing.T) {
 		}
 		return out
 	}
-	if got, want := ids(Filter{State: StateDead, Newest: true, Limit: 2}), []string{dead[4], dead[3]}; !slices.Equal(got, want) {
-		t.Errorf("newest 2 = %v, want %v", got, want)
-	}
-	if got, want := ids(Filter{State: StateDead, Newest: true, Dest: "a.example", Limit: 10}), []string{dead[4], dead[2], dead[0]}; !slices.Equal(got, want) {
-		t.Errorf("a.example's, newest first = %v, want %v", got, want)
+	defer func(w uint64) { scanBackWindow = w }(scanBackWindow)
+	for _, w := range []uint64{512, 2, 1} { // one window, and several across the gap
+		scanBackWindow = w
+		if got, want := ids(Filter{State: StateDead, Newest: true, Limit: 2}), []string{dead[4], dead[3]}; !slices.Equal(got, want) {
+			t.Errorf("window %d: newest 2 = %v, want %v", w, got, want)
+		}
+		if got, want := ids(Filter{State: StateDead, Newest: true, Dest: "a.example", Limit: 10}), []string{dead[4], dead[2], dead[0]}; !slices.Equal(got, want) {
+			t.Errorf("window %d: a.example's, newest first = %v, want %v", w, got, want)
+		}
 	}
 	if _, err := q.List(ctx, Filter{State: StateDeferred, Newest: true}); err == nil {
 		t.Error("newest first of the retry lane: no error")
