@@ -122,6 +122,21 @@ func (e *Egress) Candidates(tenant string) []Source {
 	return append(out, list[:start]...)
 }
 
+// HasFamily says whether the tenant's addresses include one of IPv4 (v4)
+// or IPv6, without taking a turn of the round-robin.
+func (e *Egress) HasFamily(tenant string, v4 bool) bool {
+	list := e.all
+	if p, ok := e.byTenant[tenant]; ok {
+		list = e.pools[p]
+	}
+	for _, s := range list {
+		if s.Addr.Unmap().Is4() == v4 {
+			return true
+		}
+	}
+	return false
+}
+
 // ehlo is the name to give in EHLO on c: its source's, or the host's.
 func (c *client) ehlo() string {
 	if c.src != nil && c.src.EHLO != "" {

@@ -206,9 +206,10 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		// destination; the attempt goes out from the other family, if
 		// the tenant has an address of it, and is not counted otherwise.
 		release(nil)
-		w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Str("source", src.String()).
-			Msg("destination has no MX address of the source's family; trying a source of the other family")
 		next, nextSrc, refusal := w.otherFamily(ctx, e, src)
+		w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Str("source", src.String()).
+			Str("next_source", nextSrc.String()).Bool("refused", refusal != nil).
+			Msg("destination has no MX address of the source's family")
 		if refusal != nil {
 			stop()
 			return w.refused(ctx, d, dest, *refusal)

@@ -66,6 +66,9 @@ func (w *deliverer) probeSource(e *queue.Envelope) *sender.Source {
 // its source without asking.
 func (w *deliverer) otherFamily(ctx context.Context, e *queue.Envelope, src *sender.Source) (throttle.Permit, *sender.Source, *throttle.Refusal) {
 	w.families.lack(e.Dest, src.Addr, w.now())
+	if !w.cfg.Egress.HasFamily(e.Tenant, !src.Addr.Unmap().Is4()) {
+		return nil, nil, nil // nothing to try: the attempt's failure stands
+	}
 	var permit throttle.Permit = probePermit{}
 	var r throttle.Refusal
 	var next *sender.Source

@@ -157,3 +157,31 @@ func TestDeferredEnvelopeCarriesItsGroup(t *testing.T) {
 		t.Fatalf("deferred mail of group bigco: %+v, want %s", items, id)
 	}
 }
+
+// TestOneFamilyPoolGetsTheFailure: a tenant whose addresses are all IPv6,
+// sending to an IPv4-only destination, gets the DNS failure as a transient
+// outcome (deferred), with one admission per attempt, not a second one
+// looking for an address it does not have.
+func TestOneFamilyPoolGetsTheFailure(t *testing.T) {
+	e := newEnv(t, nil)
+	eg, err := sender.NewEgress([]sender.EgressEntry{{Source: sender.Source{Addr: netip.MustParseAddr("2001:db8::1")}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snd := &v4OnlySender{next: e.snd}
+	gate := &doneGate{done: map[string][][]classify.Result{}}
+	e.startPool(func(c *Config) {
+		c.Workers, c.Egress, c.Sender, c.Gate = 1, eg, snd, gate
+		c.Retry.Base, c.Retry.Min, c.Retry.Cap = time.Hour, time.Hour, time.Hour
+	})
+	id := e.submit("bob@v4only.test")
+	e.waitEvent(id, queue.EventDeferred)
+	gate.mu.Lock()
+	defer gate.mu.Unlock()
+	if n := len(gate.done["2001:db8::1"]); n != 1 {
+		t.Errorf("%d admissions for one attempt, want 1", n)
+	}
+	if got := snd.sources(); len(got) != 1 {
+		t.Errorf("sent %v, want one attempt", got)
+	}
+}
