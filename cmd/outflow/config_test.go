@@ -241,11 +241,16 @@ func TestMisspeltArgumentsRefused(t *testing.T) {
 		{[]string{"queue", "list", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"queue", "list", "--limit", "many"}, "invalid argument"},
 		{[]string{"queue", "bogus"}, `unknown command "bogus"`},
+		{[]string{"queue", "lsit"}, `did you mean list?`},
+		{[]string{"queu"}, `unknown command "queu" for "outflow"`},
 	} {
-		err := execRoot(context.Background(), nil, append(c.args, "--data", t.TempDir())...)
-		var u usageError
-		if !errors.As(err, &u) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%q: error %v, want a usage error saying %s", c.args, err, c.want)
+		args := c.args
+		if len(args) > 1 {
+			args = append(args, "--data", t.TempDir())
+		}
+		err := execRoot(context.Background(), nil, args...)
+		if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want a usage error (exit 2) saying %s", c.args, err, c.want)
 		}
 	}
 }

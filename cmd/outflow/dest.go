@@ -85,8 +85,15 @@ func init() {
 				if a.json {
 					out := map[string]any{"dest": args[0], "state": st, "workers": views,
 						"deferred": len(deferred), "throttled": len(throttled)}
-					if err := errors.Join(derr, terr); err != nil {
-						out["deferred"], out["throttled"], out["waiting_error"] = nil, nil, err.Error()
+					var errs []string
+					if derr != nil {
+						out["deferred"], errs = nil, append(errs, derr.Error())
+					}
+					if terr != nil {
+						out["throttled"], errs = nil, append(errs, terr.Error())
+					}
+					if errs != nil {
+						out["waiting_error"] = strings.Join(errs, "; ")
 					}
 					return printJSON(cmd.OutOrStdout(), out)
 				}
@@ -125,12 +132,7 @@ func init() {
 					fmt.Fprintf(out, "learned:       nothing (no throttle has taught a limit)\n")
 				}
 				fmt.Fprintf(out, "breaker:       %s\n", st.BreakerAt(now))
-				switch {
-				case derr != nil || terr != nil:
-					fmt.Fprintf(out, "waiting:       unknown (%v)", errors.Join(derr, terr))
-				default:
-					fmt.Fprintf(out, "waiting:       %s deferred, %s throttled", waitingCount(deferred), waitingCount(throttled))
-				}
+				fmt.Fprintf(out, "waiting:       %s deferred, %s throttled", waitingCount(deferred, derr), waitingCount(throttled, terr))
 				if source != "" {
 					fmt.Fprintf(out, " (all of %s's mail, from any source: an envelope takes its source at each attempt)", base)
 				}
@@ -353,8 +355,11 @@ func plateauLine(s throttle.DestState, now time.Time) string {
 const waitingMax = 100000
 
 // waitingCount is a count of at most waitingMax envelopes, as a reader
-// should take it.
-func waitingCount[T any](list []T) string {
+// should take it, or what kept it from being made.
+func waitingCount[T any](list []T, err error) string {
+	if err != nil {
+		return "unknown (" + strings.Join(strings.Fields(err.Error()), " ") + ")"
+	}
 	if len(list) >= waitingMax {
 		return fmt.Sprintf("at least %d", len(list))
 	}

@@ -8,8 +8,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/spf13/cobra"
@@ -64,16 +66,25 @@ func markUsageErrors(root *cobra.Command) {
 					}
 					return nil
 				}
-			case c.HasSubCommands() && c.Run == nil && c.RunE == nil:
+			case c.HasParent() && c.HasSubCommands() && c.Run == nil && c.RunE == nil:
 				// A group (queue, dest ...) runs nothing itself: alone
 				// it shows its help, and any argument is an unknown
-				// subcommand.
+				// subcommand. (The root's own unknown commands are
+				// cobra's, with its suggestions and `help` topics;
+				// exitCode maps them.)
 				c.Args = cobra.ArbitraryArgs
 				c.RunE = func(cmd *cobra.Command, a []string) error {
-					if len(a) > 0 {
-						return usageError{fmt.Errorf("unknown command %q for %q", a[0], cmd.CommandPath())}
+					if len(a) == 0 {
+						return cmd.Help()
 					}
-					return cmd.Help()
+					msg := fmt.Sprintf("unknown command %q for %q", a[0], cmd.CommandPath())
+					if cmd.SuggestionsMinimumDistance <= 0 {
+						cmd.SuggestionsMinimumDistance = 2 // cobra's own default
+					}
+					if s := cmd.SuggestionsFor(a[0]); len(s) > 0 {
+						msg += "; did you mean " + strings.Join(s, " or ") + "?"
+					}
+					return usageError{errors.New(msg)}
 				}
 			}
 			for _, sub := range c.Commands() {
@@ -89,7 +100,7 @@ func markUsageErrors(root *cobra.Command) {
 // everything else.
 func exitCode(err error) int {
 	var u usageError
-	if ok := asUsage(err, &u); ok {
+	if asUsage(err, &u) || strings.HasPrefix(err.Error(), "unknown command ") {
 		return 2
 	}
 	return 1
