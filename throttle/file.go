@@ -154,8 +154,15 @@ func (f File) ConfigWith(defaults Limits) (Config, error) {
 
 	seen := map[string]bool{}
 	for i, g := range f.Groups {
+		// A group's name is matched as destinations are (lower case: its
+		// [destinations.X] table, `dest` commands, the queue's --dest),
+		// and is told from a domain by having no dot.
+		g.Name = strings.ToLower(strings.TrimSpace(g.Name))
 		if g.Name == "" {
 			return c, fmt.Errorf("groups #%d: no name", i+1)
+		}
+		if strings.ContainsAny(g.Name, ".@ \t,;*>") {
+			return c, fmt.Errorf("group %q: a group's name has no dot (it would read as a domain), @, space or wildcard", g.Name)
 		}
 		if seen[g.Name] {
 			return c, fmt.Errorf("group %q: defined twice", g.Name)

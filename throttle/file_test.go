@@ -96,6 +96,7 @@ func TestThrottleFileErrors(t *testing.T) {
 		{"[[automation]]\nname = \"odd\"\nrule = \"x\"\naction = \"reboot\"\nfor = \"1m\"\n", `automation rule "odd": unknown action "reboot"`},
 		{"[destinations.\"x.test\"]\nrate = -1\n", `destinations."x.test": rate`},
 		{"[[groups]]\nname = \"g\"\n", `group "g": needs mx-suffixes`},
+		{"[[groups]]\nname = \"big.co\"\nmx-suffixes = [\"mx.bigco.example\"]\n", `group "big.co": a group's name has no dot`},
 		{"[throttle]\ndecrease-factor = 1.5\n", `decrease-factor`},
 	} {
 		var f File
@@ -201,5 +202,32 @@ func TestThrottleFileDefaultsFromFlags(t *testing.T) {
 	}
 	if c.Defaults.Rate != 20 || c.Defaults.Conns != 8 {
 		t.Errorf("defaults %+v", c.Defaults)
+	}
+}
+
+// TestGroupNamesLowerCase: a group named in capitals is the group its
+// [destinations.X] table (whose names are case-insensitive) limits, and
+// the name a queue listing matches.
+func TestGroupNamesLowerCase(t *testing.T) {
+	var f File
+	if _, err := toml.Decode(`
+[[groups]]
+name = "BigCo"
+mx-suffixes = ["mx.bigco.example"]
+
+[destinations.BigCo]
+rate = 5
+`, &f); err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Groups[0].Name != "bigco" {
+		t.Errorf("group name %q, want bigco", c.Groups[0].Name)
+	}
+	if l, ok := c.Overrides["bigco"]; !ok || l.Rate != 5 {
+		t.Errorf("overrides %v: want bigco at 5/s", c.Overrides)
 	}
 }
