@@ -167,6 +167,16 @@ func (d *DKIMSigner) Sign(from string, body []byte) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
+// Signs says whether mail from domain would be signed (a key of its own or
+// of a parent domain).
+func (d *DKIMSigner) Signs(domain string) bool {
+	if d == nil {
+		return false
+	}
+	_, ok := d.keyFor(aLabels(domain))
+	return ok
+}
+
 // keyFor finds the key of domain or of its closest parent, so that
 // news.example.com is signed as example.com (aligned under DMARC's relaxed
 // mode) unless it has a key of its own.

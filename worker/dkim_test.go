@@ -99,3 +99,33 @@ func testDKIMSignedOnce(t *testing.T, text string, inline bool) {
 		t.Fatalf("verification: %v %+v", err, vs)
 	}
 }
+
+// TestNoticeFromAligns: a notice's From is MAILER-DAEMON at the original
+// sender's domain when a DKIM key signs that domain's mail (DMARC passes
+// on the signature), and at this host otherwise (DMARC of a domain nothing
+// here signs would fail, and a p=reject domain's own mail system would
+// drop the notice, which has a null sender to tell).
+func TestNoticeFromAligns(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		signed bool
+		want   string
+	}{{"signed", true, "MAILER-DAEMON@src.test"}, {"unsigned", false, "MAILER-DAEMON@outflow.test"}} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, bounceGone)
+			_, signer := testSigner(t)
+			e.startPool(func(cfg *Config) {
+				cfg.DSN = dsnConfig(nil)
+				if c.signed {
+					cfg.Signer = signer
+				}
+			})
+			e.submitSMTP("app@src.test", nil, "gone@dest.test")
+			waitUntil(t, "the report at the MX", func() bool { return len(reports(e.mx)) == 1 })
+			r := reports(e.mx)[0].Data
+			if !bytes.Contains(r, []byte("From: Mail Delivery System <"+c.want+">\r\n")) {
+				t.Errorf("notice not from %s:\n%s", c.want, r)
+			}
+		})
+	}
+}

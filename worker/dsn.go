@@ -307,7 +307,7 @@ func (w *deliverer) sendNotice(ctx context.Context, e *queue.Envelope, n noticeI
 	}
 	now := w.now()
 	msg, err := dsn.Build(&dsn.Report{
-		ReportingMTA: s.cfg.ReportingMTA, From: "MAILER-DAEMON@" + queue.Domain(e.From), To: to,
+		ReportingMTA: s.cfg.ReportingMTA, From: "MAILER-DAEMON@" + w.noticeDomain(e.From), To: to,
 		EnvelopeID: envID, ArrivalDate: e.SubmittedAt, Date: now, ID: n.key,
 		OriginalMessageID: e.MessageID, Recipients: rcpts, Original: body, Return: ret, Later: n.later,
 	})
@@ -758,6 +758,21 @@ func (w *deliverer) passDeferred(ctx context.Context, e *queue.Envelope) error {
 		return nil
 	}
 	return w.recordPass(ctx, e, passNote{}, nil)
+}
+
+// noticeDomain is the domain of a notice's From: the original sender's
+// when a DKIM key signs its mail, so that the notice passes DMARC as the
+// tenant's mail does; else this host's (ReportingMTA), as Postfix's
+// MAILER-DAEMON@myhostname: a notice from the null sender is checked by
+// SPF on the EHLO name, which aligns with that, and a From at a domain
+// with DMARC p=reject that nothing here signs would be refused by the
+// sender's own mail system, and lost.
+func (w *deliverer) noticeDomain(from string) string {
+	domain := queue.Domain(from)
+	if sf, ok := w.cfg.Signer.(interface{ Signs(string) bool }); ok && sf.Signs(domain) {
+		return domain
+	}
+	return w.dsn.cfg.ReportingMTA
 }
 
 // rcptReport is one recipient's block from a classified reply.
