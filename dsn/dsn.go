@@ -133,8 +133,9 @@ func Build(r *Report) ([]byte, error) {
 	hdr("Date", date.UTC().Format(time.RFC1123Z))
 	// "dsn." once: the worker's ids (its notice keys) already start so.
 	hdr("Message-ID", "<dsn."+strings.TrimPrefix(token(r.ID), "dsn.")+"@"+ascii(r.ReportingMTA)+">")
-	if r.OriginalMessageID != "" {
-		id := ascii(r.OriginalMessageID)
+	if id := ascii(r.OriginalMessageID); strings.HasPrefix(id, "<") && strings.HasSuffix(id, ">") && !strings.ContainsAny(id, " \t") {
+		// Only a whole msg-id: one cut short (the queue keeps 200
+		// characters of it) or malformed would make the fields invalid.
 		hdr("In-Reply-To", id)
 		hdr("References", id)
 	}
@@ -193,15 +194,19 @@ func (r *Report) returned() (part []byte, full bool) {
 	if r.Original == nil {
 		return nil, false
 	}
-	max := r.MaxFull
-	if max <= 0 {
-		max = DefaultMaxFull
-	}
 	failure := len(r.Recipients) > 0 && r.Recipients[0].Action == Failed
-	if r.Return == ReturnFull && failure && len(r.Original) <= max {
+	if r.Return == ReturnFull && failure && len(r.Original) <= r.maxFull() {
 		return crlf(r.Original), true
 	}
 	return headerBlock(r.Original), false
+}
+
+// maxFull is MaxFull or its default.
+func (r *Report) maxFull() int {
+	if r.MaxFull <= 0 {
+		return DefaultMaxFull
+	}
+	return r.MaxFull
 }
 
 // headerBlock returns msg's header, up to and without the empty line.
@@ -272,6 +277,9 @@ func humanText(r *Report) string {
 		// RFC 5322's 998 octets: a long reply (a provider's policy text
 		// with its links) is one line here.
 		b.WriteString(fold(line, 0) + "\r\n")
+	}
+	if r.Return == ReturnFull && r.Recipients[0].Action == Failed && r.Original != nil && len(r.Original) > r.maxFull() {
+		b.WriteString(fmt.Sprintf("\r\nThe message is larger than %d bytes: only its header is returned.\r\n", r.maxFull()))
 	}
 	return b.String()
 }

@@ -215,10 +215,25 @@ func TestBuildFullAndDelayed(t *testing.T) {
 		t.Errorf("returned message: %q / %q", inner.Header.Get("Subject"), body)
 	}
 
+	if bytes.Contains(p.bodies[0], []byte("only its header")) {
+		t.Error("the text part says the message was cut, and it was not")
+	}
 	r.MaxFull = 10
 	msg, _ = Build(r)
-	if ct := parse(t, msg).parts[2].Header.Get("Content-Type"); ct != "text/rfc822-headers" {
+	p = parse(t, msg)
+	if ct := p.parts[2].Header.Get("Content-Type"); ct != "text/rfc822-headers" {
 		t.Errorf("RET=FULL over MaxFull: %q, want the header only", ct)
+	}
+	if !bytes.Contains(p.bodies[0], []byte("larger than 10 bytes: only its header is returned")) {
+		t.Errorf("the text part does not say why only the header came back:\n%s", p.bodies[0])
+	}
+
+	// A Message-ID cut short (or malformed) is not repeated in
+	// In-Reply-To and References, which it would make invalid.
+	r.OriginalMessageID = "<" + strings.Repeat("x", 190) + "@sho"
+	msg, _ = Build(r)
+	if h := parse(t, msg).hdr; h.Get("In-Reply-To") != "" || h.Get("References") != "" {
+		t.Errorf("In-Reply-To %q References %q from a cut Message-ID", h.Get("In-Reply-To"), h.Get("References"))
 	}
 }
 
