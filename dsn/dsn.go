@@ -164,6 +164,16 @@ func Build(r *Report) ([]byte, error) {
 		if full {
 			ct, desc = "message/rfc822", "Undelivered message"
 		}
+		if !usascii.Is(headerBlock(original)) {
+			// Raw UTF-8 in a header makes it an internationalized message
+			// (RFC 6532), which RFC 6533 3 returns as message/global or
+			// message/global-headers. (An 8-bit body under an ASCII
+			// header is plain message/rfc822.)
+			ct = "message/global-headers"
+			if full {
+				ct = "message/global"
+			}
+		}
 		if action != Failed {
 			desc = strings.Replace(desc, "Undelivered", "Original", 1)
 		}

@@ -395,3 +395,30 @@ func TestORCPT(t *testing.T) {
 		t.Errorf("notice lacks the utf-8-addr-xtext Original-Recipient:\n%s", msg)
 	}
 }
+
+// TestReturnedInternationalized: an original whose header has raw UTF-8
+// (RFC 6532) comes back as message/global-headers, or message/global with
+// RET=FULL (RFC 6533 3); an 8-bit body under an ASCII header stays
+// message/rfc822.
+func TestReturnedInternationalized(t *testing.T) {
+	for _, c := range []struct {
+		name, orig string
+		ret        Return
+		want       string
+	}{
+		{"utf-8 header", "Subject: Grüße\r\nFrom: a@b.example\r\n\r\nhi\r\n", ReturnHeaders, "message/global-headers"},
+		{"utf-8 header, full", "Subject: Grüße\r\nFrom: a@b.example\r\n\r\nhi\r\n", ReturnFull, "message/global"},
+		{"8-bit body", "Subject: hi\r\nFrom: a@b.example\r\n\r\nGrüße\r\n", ReturnFull, "message/rfc822"},
+		{"ascii", "Subject: hi\r\nFrom: a@b.example\r\n\r\nhi\r\n", ReturnHeaders, "text/rfc822-headers"},
+	} {
+		r := failedReport()
+		r.Original, r.Return = []byte(c.orig), c.ret
+		msg, err := Build(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ct := parse(t, msg).parts[2].Header.Get("Content-Type"); ct != c.want {
+			t.Errorf("%s: returned as %q, want %q", c.name, ct, c.want)
+		}
+	}
+}
