@@ -6,7 +6,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -162,12 +162,19 @@ func BenchmarkFindEvents(b *testing.B) {
 // subject token.
 func TestEventTypesListsEveryType(t *testing.T) {
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	names, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0
-	for _, f := range pkgs["queue"].Files {
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
 		ast.Inspect(f, func(node ast.Node) bool {
 			vs, ok := node.(*ast.ValueSpec)
 			if !ok || len(vs.Values) != 1 {
