@@ -9,13 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // kvEnv is an embedded JetStream server with the two buckets, as `serve`
@@ -28,37 +27,10 @@ type kvEnv struct {
 
 func startKV(t testing.TB) *kvEnv {
 	t.Helper()
-	return startKVWith(t, nil)
-}
-
-// startKVWith is startKV with the state bucket's config adjusted by mod.
-func startKVWith(t testing.TB, mod func(*jetstream.KeyValueConfig)) *kvEnv {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), Port: -1, Host: "127.0.0.1", NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testutil.StartJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stateCfg := jetstream.KeyValueConfig{Bucket: "outflow_dest", History: 5, Storage: jetstream.FileStorage}
-	if mod != nil {
-		mod(&stateCfg)
-	}
-	state, err := js.CreateKeyValue(ctx, stateCfg)
+	state, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "outflow_dest", History: 5, Storage: jetstream.FileStorage})
 	if err != nil {
 		t.Fatal(err)
 	}

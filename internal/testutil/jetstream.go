@@ -35,3 +35,30 @@ func JetStream(t testing.TB, srv *server.Server, user, password string) jetstrea
 	}
 	return js
 }
+
+// StartJetStream starts a bare nats-server with JetStream on loopback (no
+// accounts, a store in the test's temporary directory) and returns a
+// client of it; both end with the test. For the packages below the queue,
+// which take buckets and streams, not a queue.
+func StartJetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), Port: -1, Host: "127.0.0.1", NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
