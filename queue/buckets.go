@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,12 +38,23 @@ func (q *Queue) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jet
 		}
 	}
 	kv, err := q.js.CreateOrUpdateKeyValue(ctx, cfg)
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStreamInvalidConfig && strings.Contains(apiErr.Description, "TTL status can not be disabled") {
+		// A bucket given message TTLs (by a build that turned on marker
+		// TTLs) cannot have them taken away again: use it as it is.
+		kv, err = q.js.KeyValue(ctx, cfg.Bucket)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("kv %s: %w", cfg.Bucket, err)
 	}
 	q.durableMeta(kvStream(cfg.Bucket), "")
 	return kv, nil
 }
+
+// errCodeStreamInvalidConfig is JetStream's refusal of a stream
+// configuration, among them an update that would turn per-message TTLs
+// off again ("message TTL status can not be disabled").
+const errCodeStreamInvalidConfig = 10052
 
 // KVStream is the stream that holds bucket's entries, for the few
 // operations the key-value API has not (kvpurge.DropThrough).

@@ -668,3 +668,25 @@ func TestConnectBoundedByContext(t *testing.T) {
 		t.Errorf("Connect took %v with a 500ms context: the handshake's own timeout ruled", took)
 	}
 }
+
+// TestKeyValueWithMessageTTLs: a bucket a build gave message TTLs (marker
+// TTLs) is opened as it is: the server refuses to take them away, and the
+// daemon would not start.
+func TestKeyValueWithMessageTTLs(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg := jetstream.KeyValueConfig{Bucket: "ttl_test", History: 5}
+	withTTL := cfg
+	withTTL.LimitMarkerTTL = time.Hour
+	if _, err := q.js.CreateOrUpdateKeyValue(ctx, withTTL); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := q.KeyValue(ctx, cfg)
+	if err != nil {
+		t.Fatalf("opening a bucket with message TTLs: %v", err)
+	}
+	if _, err := kv.Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+}
