@@ -74,51 +74,94 @@ func (t *Throttle) forgetMarker(key string) {
 	t.mmu.Unlock()
 }
 
-// maxDropsPerSweep bounds the markers one sweep drops, one request each,
-// so that the maintenance loop is never held up for long.
-const maxDropsPerSweep = 500
+// dropBudget bounds one sweep of dropMarkers: it runs beside the
+// maintenance loop, and stops at its first failure (a stream without a
+// leader fails every request after a timeout), the rest waiting for the
+// next sweep.
+const dropBudget = 30 * time.Second
 
-// dropMarkers removes from the state bucket's stream the markers written
-// markerTTL or more before now: by then every worker has applied them
-// (a worker that starts later finds no state, which is the same). Each is
-// removed only up to its own sequence, so a state written since stays;
-// every worker drops the same markers, and the second finds nothing.
+// dropMarkers removes from the state bucket's stream the markers whose
+// time has come, in its own goroutine (one sweep at a time): by then
+// every worker has applied them, and a worker that starts later finds no
+// state, which is the same. Each is removed only up to its own sequence,
+// so a state written since stays. One worker drops a given marker (the
+// one whose place among the live workers its key hashes to) markerTTL
+// after it was written; the others only at twice that, if it is still
+// there (that worker gone, or failing), so that a fleet makes one request
+// per marker, not one per worker.
 func (t *Throttle) dropMarkers(now time.Time) {
+	if !t.dropping.CompareAndSwap(false, true) {
+		return
+	}
+	live := int64(t.liveCount())
+	rank := t.rank.Load() % live
 	t.mmu.Lock()
 	var due []string
 	for key, m := range t.markers {
-		if now.Sub(m.at) >= t.cfg.markerTTL {
+		if t.markerDue(key, m, now, live, rank) {
 			due = append(due, key)
 		}
 	}
 	t.mmu.Unlock()
-	if len(due) > maxDropsPerSweep {
-		due = due[:maxDropsPerSweep] // the rest at the next sweep
+	if len(due) == 0 {
+		t.dropping.Store(false)
+		return
 	}
-	dropped := 0
-	for _, key := range due {
-		t.mmu.Lock()
-		m, ok := t.markers[key]
-		delete(t.markers, key)
-		t.mmu.Unlock()
-		if !ok {
-			continue
+	t.goSafe("drop-markers", func() {
+		defer t.dropping.Store(false)
+		ctx, cancel := context.WithTimeout(t.ctx, dropBudget)
+		defer cancel()
+		dropped := 0
+		for _, key := range due {
+			t.mmu.Lock()
+			m, ok := t.markers[key]
+			if ok && !t.markerDue(key, m, t.now(), live, rank) {
+				ok = false // written again since, and deleted again: a new marker
+			}
+			if ok {
+				delete(t.markers, key)
+			}
+			t.mmu.Unlock()
+			if !ok {
+				continue
+			}
+			if err := kvpurge.DropThrough(ctx, t.cfg.StateStream, BucketState, key, m.seq); err != nil {
+				t.mmu.Lock()
+				if _, again := t.markers[key]; !again {
+					t.markers[key] = m // for the next sweep
+				}
+				t.mmu.Unlock()
+				if t.ctx.Err() == nil {
+					t.log.Debug().Err(err).Int("dropped", dropped).Int("left", len(due)-dropped).
+						Msg("could not drop the markers of deleted destination states; again at the next sweep")
+				}
+				return
+			}
+			dropped++
 		}
-		ctx, cancel := context.WithTimeout(t.ctx, opTimeout)
-		err := kvpurge.DropThrough(ctx, t.cfg.StateStream, BucketState, key, m.seq)
-		cancel()
-		if t.ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			t.log.Debug().Err(err).Str("key", key).Msg("could not drop the marker of a deleted destination state; another worker will")
-			continue
-		}
-		dropped++
-	}
-	if dropped > 0 {
 		t.log.Debug().Int("markers", dropped).Msg("markers of deleted destination states dropped")
+	})
+}
+
+// markerDue says whether this worker, of place rank among live, drops m
+// now: markerTTL after it was written when its key is this worker's to
+// drop, twice that otherwise.
+func (t *Throttle) markerDue(key string, m marker, now time.Time, live, rank int64) bool {
+	wait := 2 * t.cfg.markerTTL
+	if int64(fnv32(key)%uint32(live)) == rank {
+		wait = t.cfg.markerTTL
 	}
+	return now.Sub(m.at) >= wait
+}
+
+// fnv32 is the FNV-1a hash of s.
+func fnv32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
 }
 
 // applyState follows one entry of the state bucket.

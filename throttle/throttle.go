@@ -306,8 +306,9 @@ type Throttle struct {
 	// markers are the markers of deleted states, by key, to be dropped
 	// from the bucket's stream markerTTL after they were written
 	// (dropMarkers).
-	mmu     sync.Mutex
-	markers map[string]marker
+	mmu      sync.Mutex
+	markers  map[string]marker
+	dropping atomic.Bool // a dropMarkers sweep runs
 
 	// offset is the server's clock minus this worker's, in nanoseconds,
 	// as last measured from the registry heartbeat (clock.go); offsetKnown

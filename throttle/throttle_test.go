@@ -910,3 +910,29 @@ func TestAutomationFiresOnceForTheFleet(t *testing.T) {
 		t.Fatalf("one more match after the operator's Resume suspended again: %+v, %v", st, err)
 	}
 }
+
+// TestMarkerDueOnceInAFleet: of the live workers, one drops a given
+// marker once markerTTL has passed; the others only at twice that, should
+// it still be there.
+func TestMarkerDueOnceInAFleet(t *testing.T) {
+	th := &Throttle{cfg: Config{markerTTL: time.Hour}}
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for _, key := range []string{"dest.gmail.com", "dest.yahoo.com", "dest.example.org"} {
+		m := marker{seq: 7, at: at}
+		owners := 0
+		for rank := int64(0); rank < 3; rank++ {
+			if th.markerDue(key, m, at.Add(30*time.Minute), 3, rank) {
+				t.Errorf("%s: due for rank %d before markerTTL", key, rank)
+			}
+			if th.markerDue(key, m, at.Add(time.Hour), 3, rank) {
+				owners++
+			}
+			if !th.markerDue(key, m, at.Add(2*time.Hour), 3, rank) {
+				t.Errorf("%s: not due for rank %d at twice markerTTL", key, rank)
+			}
+		}
+		if owners != 1 {
+			t.Errorf("%s: due for %d workers at markerTTL, want 1", key, owners)
+		}
+	}
+}
