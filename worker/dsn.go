@@ -772,7 +772,10 @@ func (w *deliverer) noticeDomain(from string) string {
 	if sf, ok := w.cfg.Signer.(interface{ Signs(string) bool }); ok && sf.Signs(domain) {
 		return domain
 	}
-	return w.dsn.cfg.ReportingMTA
+	if host := w.dsn.cfg.ReportingMTA; strings.Contains(strings.Trim(host, "."), ".") {
+		return host
+	}
+	return domain // a host name that is no domain (a container's id): the sender's, as before
 }
 
 // rcptReport is one recipient's block from a classified reply.

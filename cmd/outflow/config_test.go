@@ -243,9 +243,10 @@ func TestMisspeltArgumentsRefused(t *testing.T) {
 		{[]string{"queue", "bogus"}, `unknown command "bogus"`},
 		{[]string{"queue", "lsit"}, `did you mean list?`},
 		{[]string{"queu"}, `unknown command "queu" for "outflow"`},
+		{[]string{"help", "bogus"}, `unknown help topic "bogus"`},
 	} {
 		args := c.args
-		if len(args) > 1 {
+		if len(args) > 1 && args[0] != "help" {
 			args = append(args, "--data", t.TempDir())
 		}
 		err := execRoot(context.Background(), nil, args...)

@@ -55,6 +55,22 @@ var markOnce sync.Once
 func markUsageErrors(root *cobra.Command) {
 	markOnce.Do(func() {
 		root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+		// `help TOPIC` for a topic that is not a command: cobra prints
+		// "Unknown help topic" and exits 0.
+		root.InitDefaultHelpCmd()
+		for _, c := range root.Commands() {
+			if c.Name() != "help" || c.Run == nil {
+				continue
+			}
+			show := c.Run
+			c.Run, c.RunE = nil, func(cmd *cobra.Command, args []string) error {
+				if target, _, err := root.Find(args); target == nil || err != nil {
+					return usageError{fmt.Errorf("unknown help topic %q", strings.Join(args, " "))}
+				}
+				show(cmd, args)
+				return nil
+			}
+		}
 		var walk func(c *cobra.Command)
 		walk = func(c *cobra.Command) {
 			switch {
