@@ -172,6 +172,33 @@ type Queue struct {
 // connectTimeout bounds the NATS connection handshake.
 const connectTimeout = 10 * time.Second
 
+// connectCtx is nats.Connect, returning when ctx ends if that is first (a
+// command's --timeout bounds its connection as well); a connection made
+// after that is closed. The handshake's own timeout stays connectTimeout,
+// for the reconnects of a long-lived connection as well.
+func connectCtx(ctx context.Context, url string, nopts []nats.Option) (*nats.Conn, error) {
+	type result struct {
+		nc  *nats.Conn
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		nc, err := nats.Connect(url, nopts...)
+		done <- result{nc, err}
+	}()
+	select {
+	case r := <-done:
+		return r.nc, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.nc != nil {
+				r.nc.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
 // Connect connects to NATS and, unless opts.NoSetup, creates or updates
 // every stream, bucket and consumer idempotently.
 func Connect(ctx context.Context, opts Options) (*Queue, error) {
@@ -182,12 +209,6 @@ func Connect(ctx context.Context, opts Options) (*Queue, error) {
 // or in a test an earlier release's layout to upgrade from.
 func connect(ctx context.Context, opts Options, layout func(Options) []jetstream.StreamConfig) (*Queue, error) {
 	opts.defaults()
-	// The handshake's timeout is ctx's time left when that is shorter: a
-	// command's --timeout bounds its connection as well.
-	handshake := connectTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		handshake = min(handshake, max(time.Until(dl), 100*time.Millisecond))
-	}
 	nopts := []nats.Option{
 		nats.Name(opts.Name),
 		nats.MaxReconnects(-1),
@@ -197,7 +218,7 @@ func connect(ctx context.Context, opts Options, layout func(Options) []jetstream
 		// 2 s: a daemon starting on a busy machine, or the embedded server
 		// answering while bcrypt or a store recovery holds both cores, is
 		// slow, not gone. A refused connection still fails at once.
-		nats.Timeout(handshake),
+		nats.Timeout(connectTimeout),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				opts.Logger.Warn().Err(err).Msg("nats disconnected")
@@ -231,7 +252,7 @@ func connect(ctx context.Context, opts Options, layout func(Options) []jetstream
 	} else if url == "" {
 		return nil, errors.New("queue: no NATS url")
 	}
-	nc, err := nats.Connect(url, nopts...)
+	nc, err := connectCtx(ctx, url, nopts)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS %s: %w", redact(url), err)
 	}
