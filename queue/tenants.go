@@ -293,6 +293,7 @@ func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delive
 	t := time.NewTicker(q.tenantRefresh())
 	defer t.Stop()
 	var last time.Time // of the last look
+	failing := false   // the last look failed (said once)
 	every := time.Duration(0)
 	reconnects := q.nc.Stats().Reconnects
 	p.look <- struct{}{} // the first look at once
@@ -315,17 +316,23 @@ func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delive
 		case <-t.C:
 			// At once after a reconnection (wake-ups sent meanwhile
 			// are lost), otherwise when the look is due.
-			if r := q.nc.Stats().Reconnects; r != reconnects {
-				reconnects = r
-			} else if time.Since(last) < every {
+			if q.nc.Stats().Reconnects == reconnects && time.Since(last) < every {
 				continue
 			}
 		}
+		seen := q.nc.Stats().Reconnects
 		n, err := p.lookAll()
-		if err != nil && ctx.Err() == nil {
-			q.log.Warn().Err(err).Msg("look for tenants with mail")
+		if err != nil {
+			if ctx.Err() == nil && !failing {
+				q.log.Warn().Err(err).Msg("look for tenants with mail; again at each tick until it works")
+			}
+			// A look that failed (the connection still coming back) is
+			// made again at the next tick, not after the period.
+			failing = true
+			continue
 		}
-		last, every = time.Now(), cmp.Or(q.times.look, lookEvery(n, q.tenantRefresh()))
+		failing = false
+		reconnects, last, every = seen, time.Now(), cmp.Or(q.times.look, lookEvery(n, q.tenantRefresh()))
 	}
 }
 
