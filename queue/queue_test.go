@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -688,5 +690,45 @@ func TestKeyValueWithMessageTTLs(t *testing.T) {
 	}
 	if _, err := kv.Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDataDirLocked: a second embedded server on a data dir in use is
+// refused at once, naming the process that holds it (two servers would
+// write one store; the second used to "recover" the first's streams and
+// fail 30 s later on the listener); after a shutdown the dir is free. A
+// listener address in use is refused at once too.
+func TestDataDirLocked(t *testing.T) {
+	dir := t.TempDir()
+	first, err := StartEmbedded(EmbeddedConfig{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if second, err := StartEmbedded(EmbeddedConfig{DataDir: dir}); err == nil {
+		second.Shutdown()
+		first.Shutdown()
+		t.Fatal("a second server started on a data dir in use")
+	} else if !strings.Contains(err.Error(), "in use by another outflow (pid "+strconv.Itoa(os.Getpid())+")") || time.Since(start) > 5*time.Second {
+		t.Errorf("second start: %v after %v, want a refusal at once naming this pid", err, time.Since(start))
+	}
+	first.Shutdown()
+	again, err := StartEmbedded(EmbeddedConfig{DataDir: dir})
+	if err != nil {
+		t.Fatalf("after a shutdown: %v", err)
+	}
+	again.Shutdown()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	start = time.Now()
+	if e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), ListenAddr: ln.Addr().String()}); err == nil {
+		e.Shutdown()
+		t.Fatal("started on a listener address in use")
+	} else if !strings.Contains(err.Error(), "another outflow or NATS server") || time.Since(start) > 5*time.Second {
+		t.Errorf("address in use: %v after %v", err, time.Since(start))
 	}
 }

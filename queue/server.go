@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,7 +12,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -77,6 +80,7 @@ type Embedded struct {
 	syncer     *StoreSyncer           // nil unless Durability is disk
 	stopSync   context.CancelFunc     // ends the syncer's goroutine
 	syncPanics atomic.Uint64          // the syncer's recovered panics
+	lock       *os.File               // the data dir's lock (LockFile), held until Shutdown
 }
 
 // StartEmbedded starts nats-server in this process with JetStream on file
@@ -94,6 +98,16 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			_ = lock.Close()
+		}
+	}()
 	info, err := loadOrCreateCreds(filepath.Join(cfg.DataDir, ClientInfoFile))
 	if err != nil {
 		return nil, err
@@ -152,6 +166,12 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		}
 		if p == 0 {
 			p = server.RANDOM_PORT
+		} else if ln, err := net.Listen("tcp", cfg.ListenAddr); err != nil {
+			// Said now: nats-server only logs it, and the start would wait
+			// 30 s for a listener that never comes.
+			return nil, fmt.Errorf("embedded nats: --nats-addr %s: %w (another outflow or NATS server? give another --nats-addr)", cfg.ListenAddr, err)
+		} else {
+			ln.Close()
 		}
 		opts.Host, opts.Port = host, p
 	}
@@ -176,7 +196,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	// The running config names <StoreDir>/jetstream; EnableJetStream adds
 	// that suffix again, so a restart must be given the configured dir.
 	jsc.StoreDir = opts.StoreDir
-	e := &Embedded{srv: srv, info: info, inProcess: inProcess, storeDir: opts.StoreDir, jsConfig: jsc, writeErr: writeErr}
+	e := &Embedded{srv: srv, info: info, inProcess: inProcess, storeDir: opts.StoreDir, jsConfig: jsc, writeErr: writeErr, lock: lock}
 	if !opts.DontListen {
 		e.info.URL = srv.ClientURL()
 	} else {
@@ -195,7 +215,38 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		e.stopSync = cancel
 		go e.runSyncer(ctx, cfg.Logger)
 	}
+	started = true
 	return e, nil
+}
+
+// LockFile is the file in the data directory that a running embedded
+// server holds locked (flock), with its process id in it.
+const LockFile = "outflow.lock"
+
+// lockDataDir takes dir's lock, or says which process holds it: two
+// servers on one store would write the same block files (the second even
+// "recovers" the first's streams while they are written), and the second
+// would only fail 30 s later, on the listener address the first holds.
+// The kernel drops the lock when the process ends, however it ends.
+func lockDataDir(dir string) (*os.File, error) {
+	path := filepath.Join(dir, LockFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		pid, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("data dir %s is in use by another outflow (pid %s): stop it, or give this one another --data",
+				dir, cmp.Or(strings.TrimSpace(string(pid)), "unknown"))
+		}
+		return nil, fmt.Errorf("embedded nats: lock %s: %w", path, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return f, nil
 }
 
 // runSyncer runs the syncer until ctx ends. A panic is logged and ends
@@ -240,6 +291,9 @@ func (e *Embedded) Shutdown() {
 	}
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
+	if e.lock != nil {
+		_ = e.lock.Close()
+	}
 }
 
 // ReadClientInfo reads the credentials a running `serve` wrote into dataDir.
