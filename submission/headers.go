@@ -83,6 +83,13 @@ func missingFields(msg []byte, skip int, hostname, seed string, now time.Time) [
 	return add
 }
 
+// HasHeader reports whether msg starts with a header section (a field), one
+// that fields may be added to.
+func HasHeader(msg []byte) bool {
+	_, _, ok := scanHeader(msg)
+	return ok
+}
+
 // scanHeader reports whether the header section of msg has a Date and a
 // Message-ID field (names compared without case, as RFC 5322 says). ok is
 // false when msg does not start with a header field: a body with no header

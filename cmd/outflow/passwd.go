@@ -24,7 +24,7 @@ func init() {
 	)
 	cmd := &cobra.Command{
 		Use:   "passwd",
-		Short: "read a password on stdin and print its bcrypt hash for the users file",
+		Short: "read a password on stdin and print its bcrypt hash for the users file (read by serve at start)",
 		Long: `passwd reads one password from stdin (the first line, without its line
 ending) and prints its bcrypt hash. With --user NAME it prints a whole users
 file line, NAME:HASH. The password is never echoed back or written anywhere.

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outflow/outflow/api"
+	"github.com/outflow/outflow/internal/mailhdr"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/submission"
 )
@@ -77,6 +78,11 @@ func init() {
 			// message over, and when.
 			recv := fmt.Sprintf("Received: by %s (outflow submit, from userid %d);\r\n\t%s\r\n",
 				host, os.Getuid(), now.Format(time.RFC1123Z))
+			if from != "" && submission.HasHeader(body) && len(mailhdr.Values(body, "From")) == 0 {
+				// As sendmail(1) and Postfix's pickup do: RFC 5322 wants
+				// a From, and the large providers refuse mail without.
+				body = append([]byte("From: <"+from+">\r\n"), body...)
+			}
 			body = submission.CompleteHeaders(append([]byte(recv), body...), len(recv), host, seed, now)
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
 				sub := &queue.Submission{Tenant: tenant, From: from, Rcpts: to, Body: body,

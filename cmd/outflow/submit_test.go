@@ -73,8 +73,8 @@ func TestSubmitStoresDSN(t *testing.T) {
 	if got := items[0].Env.DSN; !reflect.DeepEqual(got, want) {
 		t.Fatalf("stored DSN %+v, want %+v", got, want)
 	}
-	// The bare message is stored under a trace field, with the Date and
-	// Message-ID it lacked.
+	// The bare message is stored under a trace field, with the From,
+	// Date and Message-ID it lacked.
 	it, err := q.Find(ctx, items[0].Env.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +90,8 @@ func TestSubmitStoresDSN(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v: %q", err, b)
 	}
-	if _, err := m.Header.Date(); err != nil || m.Header.Get("Message-ID") == "" || m.Header.Get("Subject") != "hi" {
+	if _, err := m.Header.Date(); err != nil || m.Header.Get("Message-ID") == "" || m.Header.Get("Subject") != "hi" ||
+		m.Header.Get("From") != "<app@src.example>" {
 		t.Fatalf("stored header %v (date: %v)", m.Header, err)
 	}
 }
