@@ -329,8 +329,18 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 // meanwhile stays; a replay interrupted half-way and run again publishes
 // the same message id, which the stream's deduplication absorbs.
 func (s *Store) Replay(ctx context.Context, id string) (int, error) {
-	if _, _, err := s.Get(ctx, id); err != nil {
+	ep, _, err := s.Get(ctx, id)
+	if err != nil {
 		return 0, err
+	}
+	if ep.Disabled {
+		// Enabled before the events go back, and only when it was
+		// disabled: the dispatcher restarts an endpoint's runner at every
+		// change to it, and a restart in the middle of a delivery (the
+		// first replayed event's) sends that event again.
+		if err := s.update(ctx, id, func(ep *Endpoint) { ep.Disabled, ep.DisabledReason = false, "" }); err != nil {
+			return 0, err
+		}
 	}
 	entries, err := s.deadEntries(ctx, id)
 	if err != nil {
@@ -348,8 +358,7 @@ func (s *Store) Replay(ctx context.Context, id string) (int, error) {
 			return len(entries), fmt.Errorf("remove replayed dead letter %s: %w", e.d.ID, err)
 		}
 	}
-	err = s.update(ctx, id, func(ep *Endpoint) { ep.Disabled, ep.DisabledReason = false, "" })
-	return len(entries), err
+	return len(entries), nil
 }
 
 // disable marks endpoint id disabled (a 410 Gone).

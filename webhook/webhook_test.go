@@ -757,3 +757,31 @@ func TestSlowEndpointInAFleet(t *testing.T) {
 		t.Fatalf("%d POSTs of one event, %d at once; want 1", posts, most)
 	}
 }
+
+// TestReplayLeavesAnEnabledEndpointAlone: replaying an enabled endpoint's
+// dead letters does not write the endpoint: the dispatcher restarts an
+// endpoint's runner at every change to it, and a restart during the first
+// replayed event's delivery sent that event twice.
+func TestReplayLeavesAnEnabledEndpointAlone(t *testing.T) {
+	f := newFixture(t, status(400), status(200))
+	f.q.Event(queue.EventBounced, &queue.Event{ID: "m1", Tenant: "acme"})
+	first := f.next(t)
+	ctx := context.Background()
+	waitUntil(t, "the event in dead letters", func() bool {
+		dead, _ := f.store.Dead(ctx, f.ep.ID)
+		return len(dead) == 1
+	})
+	_, before, err := f.store.Get(ctx, f.ep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.store.Replay(ctx, f.ep.ID); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	if _, after, err := f.store.Get(ctx, f.ep.ID); err != nil || after != before {
+		t.Errorf("the replay wrote the endpoint (revision %d to %d, %v): its runner restarts", before, after, err)
+	}
+	if d := f.next(t); d.id != first.id {
+		t.Errorf("replayed %s, want %s", d.id, first.id)
+	}
+}
