@@ -195,10 +195,10 @@ func (s *Server) authenticate(r *http.Request) (*KeyInfo, *Problem) {
 	auth := r.Header.Get("Authorization")
 	scheme, token, ok := strings.Cut(auth, " ")
 	if auth == "" {
-		return nil, problem(http.StatusUnauthorized, ProblemUnauthorized, "missing API key", "send Authorization: Bearer <key>")
+		return nil, problem(http.StatusUnauthorized, ProblemUnauthorized, "missing API key", "send Authorization: Bearer KEY, a key from outflow apikey create")
 	}
 	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
-		return nil, problem(http.StatusUnauthorized, ProblemUnauthorized, "bad Authorization header", "want the Bearer scheme: Authorization: Bearer <key>")
+		return nil, problem(http.StatusUnauthorized, ProblemUnauthorized, "bad Authorization header", "want the Bearer scheme: Authorization: Bearer KEY")
 	}
 	info, err := s.keys.Lookup(r.Context(), strings.TrimSpace(token))
 	if errors.Is(err, ErrNoKey) {
