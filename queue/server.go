@@ -98,7 +98,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
-	lock, err := lockDataDir(cfg.DataDir)
+	lock, err := lockDataDir(cfg.DataDir, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -169,7 +169,11 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		} else if ln, err := net.Listen("tcp", cfg.ListenAddr); err != nil {
 			// Said now: nats-server only logs it, and the start would wait
 			// 30 s for a listener that never comes.
-			return nil, fmt.Errorf("embedded nats: --nats-addr %s: %w (another outflow or NATS server? give another --nats-addr)", cfg.ListenAddr, err)
+			hint := ""
+			if errors.Is(err, syscall.EADDRINUSE) {
+				hint = " (another outflow or NATS server? give another --nats-addr)"
+			}
+			return nil, fmt.Errorf("embedded nats: --nats-addr %s: %w%s", cfg.ListenAddr, err, hint)
 		} else {
 			ln.Close()
 		}
@@ -228,13 +232,19 @@ const LockFile = "outflow.lock"
 // "recovers" the first's streams while they are written), and the second
 // would only fail 30 s later, on the listener address the first holds.
 // The kernel drops the lock when the process ends, however it ends.
-func lockDataDir(dir string) (*os.File, error) {
+func lockDataDir(dir string, log zerolog.Logger) (*os.File, error) {
 	path := filepath.Join(dir, LockFile)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		if errors.Is(err, syscall.ENOLCK) || errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS) {
+			// A file system without locks (some NFS, CIFS or FUSE
+			// mounts): go on unlocked, as the releases before did.
+			log.Warn().Err(err).Str("dir", dir).Msg("data dir cannot be locked on this file system; a second serve on it would not be refused")
+			return f, nil
+		}
 		pid, _ := os.ReadFile(path)
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {

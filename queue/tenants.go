@@ -293,7 +293,7 @@ func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delive
 	t := time.NewTicker(q.tenantRefresh())
 	defer t.Stop()
 	var last time.Time // of the last look
-	failing := false   // the last look failed (said once)
+	failed := 0        // looks failed in a row (the first is said)
 	every := time.Duration(0)
 	reconnects := q.nc.Stats().Reconnects
 	p.look <- struct{}{} // the first look at once
@@ -323,18 +323,27 @@ func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delive
 		seen := q.nc.Stats().Reconnects
 		n, err := p.lookAll()
 		if err != nil {
-			if ctx.Err() == nil && !failing {
-				q.log.Warn().Err(err).Msg("look for tenants with mail; again at each tick until it works")
+			if ctx.Err() == nil && failed == 0 {
+				q.log.Warn().Err(err).Msg("look for tenants with mail failed")
 			}
-			// A look that failed (the connection still coming back) is
-			// made again at the next tick, not after the period.
-			failing = true
-			continue
+			// A look that failed right after a reconnect (the connection
+			// still coming back) is made again at the next ticks; one
+			// that goes on failing (a consumer that cannot be made)
+			// waits the period, as a look that worked does.
+			if failed++; failed < lookRetries {
+				continue
+			}
+		} else if failed > 0 {
+			q.log.Info().Int("failed_looks", failed).Msg("look for tenants with mail works again")
+			failed = 0
 		}
-		failing = false
 		reconnects, last, every = seen, time.Now(), cmp.Or(q.times.look, lookEvery(n, q.tenantRefresh()))
 	}
 }
+
+// lookRetries is how many looks in a row may fail, one a tick, before the
+// next waits the period.
+const lookRetries = 3
 
 // lookEvery is how often a worker looks at every tenant consumer when
 // there are n of them: each look reads all n (about 70 µs each on the

@@ -107,15 +107,22 @@ func testDKIMSignedOnce(t *testing.T, text string, inline bool) {
 // drop the notice, which has a null sender to tell).
 func TestNoticeFromAligns(t *testing.T) {
 	for _, c := range []struct {
-		name   string
-		signed bool
-		want   string
-	}{{"signed", true, "MAILER-DAEMON@src.test"}, {"unsigned", false, "MAILER-DAEMON@outflow.test"}} {
+		name, host string
+		signed     bool
+		want       string
+	}{
+		{"signed", "outflow.test", true, "MAILER-DAEMON@src.test"},
+		{"unsigned", "outflow.test", false, "MAILER-DAEMON@outflow.test"},
+		// A host name that is no domain (a container's id): the sender's.
+		{"unsigned, bare host name", "3f2a9c", false, "MAILER-DAEMON@src.test"},
+		{"unsigned, localhost", "localhost.localdomain", false, "MAILER-DAEMON@src.test"},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t, bounceGone)
 			_, signer := testSigner(t)
 			e.startPool(func(cfg *Config) {
 				cfg.DSN = dsnConfig(nil)
+				cfg.DSN.ReportingMTA = c.host
 				if c.signed {
 					cfg.Signer = signer
 				}

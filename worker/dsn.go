@@ -772,7 +772,7 @@ func (w *deliverer) noticeDomain(from string) string {
 	if sf, ok := w.cfg.Signer.(interface{ Signs(string) bool }); ok && sf.Signs(domain) {
 		return domain
 	}
-	if host := w.dsn.cfg.ReportingMTA; strings.Contains(strings.Trim(host, "."), ".") {
+	if host := strings.ToLower(w.dsn.cfg.ReportingMTA); strings.Contains(strings.Trim(host, "."), ".") && !strings.HasPrefix(host, "localhost.") {
 		return host
 	}
 	return domain // a host name that is no domain (a container's id): the sender's, as before

@@ -244,6 +244,7 @@ func TestMisspeltArgumentsRefused(t *testing.T) {
 		{[]string{"queue", "lsit"}, `did you mean list?`},
 		{[]string{"queu"}, `unknown command "queu" for "outflow"`},
 		{[]string{"help", "bogus"}, `unknown help topic "bogus"`},
+		{[]string{"help", "queue", "bogus"}, `unknown help topic "queue bogus"`},
 	} {
 		args := c.args
 		if len(args) > 1 && args[0] != "help" {

@@ -64,7 +64,7 @@ func markUsageErrors(root *cobra.Command) {
 			}
 			show := c.Run
 			c.Run, c.RunE = nil, func(cmd *cobra.Command, args []string) error {
-				if target, _, err := root.Find(args); target == nil || err != nil {
+				if target, rest, err := root.Find(args); target == nil || err != nil || len(rest) > 0 {
 					return usageError{fmt.Errorf("unknown help topic %q", strings.Join(args, " "))}
 				}
 				show(cmd, args)

@@ -201,6 +201,12 @@ func init() {
 				if err != nil {
 					return err
 				}
+				if ep, _, err := s.Get(ctx, args[0]); err == nil && ep.Disabled {
+					// A 410 Gone meanwhile (from a replayed event, or
+					// another): said, not overridden.
+					fmt.Fprintf(cmd.ErrOrStderr(), "outflow: note: %s is disabled again (%s); replay it again once the receiver takes events\n",
+						args[0], ep.DisabledReason)
+				}
 				return report(cmd, a.json, map[string]any{"id": args[0], "replayed": n},
 					"replaying %d dead letter(s) of %s", n, args[0])
 			})
