@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"hash/fnv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -148,20 +149,12 @@ func (t *Throttle) dropMarkers(now time.Time) {
 // drop, twice that otherwise.
 func (t *Throttle) markerDue(key string, m marker, now time.Time, live, rank int64) bool {
 	wait := 2 * t.cfg.markerTTL
-	if int64(fnv32(key)%uint32(live)) == rank {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	if int64(h.Sum32()%uint32(live)) == rank {
 		wait = t.cfg.markerTTL
 	}
 	return now.Sub(m.at) >= wait
-}
-
-// fnv32 is the FNV-1a hash of s.
-func fnv32(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h ^= uint32(s[i])
-		h *= 16777619
-	}
-	return h
 }
 
 // applyState follows one entry of the state bucket.

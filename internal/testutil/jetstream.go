@@ -25,15 +25,7 @@ func JetStream(t testing.TB, srv *server.Server, user, password string) jetstrea
 			break
 		}
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return clientOf(t, nc, err)
 }
 
 // StartJetStream starts a bare nats-server with JetStream on loopback (no
@@ -52,6 +44,14 @@ func StartJetStream(t testing.TB) jetstream.JetStream {
 	}
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 	nc, err := nats.Connect(s.ClientURL())
+	return clientOf(t, nc, err)
+}
+
+// clientOf is the JetStream client of a connection just made (or the
+// test's end, when the connection failed); the connection closes with the
+// test.
+func clientOf(t testing.TB, nc *nats.Conn, err error) jetstream.JetStream {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
