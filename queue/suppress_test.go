@@ -13,13 +13,7 @@ import (
 )
 
 func TestSuppressionsAddCheckListRemove(t *testing.T) {
-	q, _ := startQueue(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	l, err := q.Suppressions(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, l, ctx := startSuppressions(t)
 	if err := l.Add(ctx, Suppression{Tenant: "acme", Address: "<Bob@Example.COM>", Reason: "550 5.1.1 no such user", Source: SuppressBounce}); err != nil {
 		t.Fatal(err)
 	}
@@ -57,13 +51,7 @@ func TestSuppressionsAddCheckListRemove(t *testing.T) {
 }
 
 func TestSuppressionExpires(t *testing.T) {
-	q, _ := startQueue(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	l, err := q.Suppressions(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, l, ctx := startSuppressions(t)
 	past := time.Now().Add(-time.Minute)
 	if err := l.Add(ctx, Suppression{Tenant: "acme", Address: "old@example.com", Expires: past}); err != nil {
 		t.Fatal(err)
@@ -84,13 +72,7 @@ func TestSuppressionExpires(t *testing.T) {
 }
 
 func TestSuppressionRefusedEvent(t *testing.T) {
-	q, _ := startQueue(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	l, err := q.Suppressions(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	q, l, ctx := startSuppressions(t)
 	c, err := q.js.OrderedConsumer(ctx, "OUTFLOW_EVENTS", jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjEvents + EventSuppressed + ".>"}})
 	if err != nil {
 		t.Fatal(err)
@@ -114,13 +96,7 @@ func TestSuppressionRefusedEvent(t *testing.T) {
 // an unsubscribe stays listed as one; it replaces one that expires, or has
 // expired. An expired entry is not there to remove.
 func TestSuppressionAddFirst(t *testing.T) {
-	q, _ := startQueue(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	l, err := q.Suppressions(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, l, ctx := startSuppressions(t)
 	complaint := func(addr string) bool {
 		t.Helper()
 		added, err := l.AddFirst(ctx, Suppression{Tenant: "acme", Address: addr, Source: SuppressComplaint, Reason: "complaint: abuse"})
@@ -189,13 +165,7 @@ func TestSuppressionAddFirst(t *testing.T) {
 // delete's marker stayed for good, one per address ever lifted), and an
 // address suppressed again is suppressed.
 func TestSuppressionsLeaveNothing(t *testing.T) {
-	q, _ := startQueue(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	l, err := q.Suppressions(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	q, l, ctx := startSuppressions(t)
 	past := time.Now().Add(-time.Minute)
 	for _, s := range []Suppression{
 		{Tenant: "acme", Address: "removed@example.com"},
@@ -233,4 +203,18 @@ func TestSuppressionsLeaveNothing(t *testing.T) {
 	if s, err := l.Suppressed(ctx, "acme", "removed@example.com"); err != nil || s == nil {
 		t.Errorf("suppressed again, not applied: %v %v", s, err)
 	}
+}
+
+// startSuppressions is a queue on a fresh embedded server, its
+// suppression list, and a context for the test's calls.
+func startSuppressions(t *testing.T) (*Queue, *Suppressions, context.Context) {
+	t.Helper()
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	l, err := q.Suppressions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q, l, ctx
 }

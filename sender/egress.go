@@ -130,7 +130,7 @@ func (e *Egress) HasFamily(tenant string, v4 bool) bool {
 		list = e.pools[p]
 	}
 	for _, s := range list {
-		if s.Addr.Unmap().Is4() == v4 {
+		if s.Addr.Is4() == v4 {
 			return true
 		}
 	}

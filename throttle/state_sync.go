@@ -40,13 +40,6 @@ func (t *Throttle) limitsOf(name string) Limits {
 	return t.cfg.Defaults
 }
 
-// purge deletes a destination's state if it is still at revision rev:
-// its revisions go with it, and the marker that tells the other workers
-// is dropped later (dropMarkers).
-func (t *Throttle) purge(ctx context.Context, key string, rev uint64) error {
-	return kvpurge.Purge(ctx, t.cfg.State, key, rev)
-}
-
 // marker is the marker of a deleted state: its sequence, and when it was
 // written.
 type marker struct {
@@ -275,7 +268,9 @@ func (t *Throttle) run(o op) {
 	defer cancel()
 	if o.forget != 0 {
 		// Only if nobody wrote since: a revision mismatch means it is in use.
-		if err := t.purge(ctx, StateKey(o.d.name), o.forget); err == nil {
+		// A purge: the revisions go with it, and the marker that tells
+		// the other workers is dropped later (dropMarkers).
+		if err := kvpurge.Purge(ctx, t.cfg.State, StateKey(o.d.name), o.forget); err == nil {
 			t.log.Debug().Str("dest", o.d.name).Msg("idle destination state deleted")
 		}
 		return

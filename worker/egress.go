@@ -66,7 +66,7 @@ func (w *deliverer) probeSource(e *queue.Envelope) *sender.Source {
 // its source without asking.
 func (w *deliverer) otherFamily(ctx context.Context, e *queue.Envelope, src *sender.Source) (throttle.Permit, *sender.Source, *throttle.Refusal) {
 	w.families.lack(e.Dest, src.Addr, w.now())
-	if !w.cfg.Egress.HasFamily(e.Tenant, !src.Addr.Unmap().Is4()) {
+	if !w.cfg.Egress.HasFamily(e.Tenant, !src.Addr.Is4()) {
 		return nil, nil, nil // nothing to try: the attempt's failure stands
 	}
 	var permit throttle.Permit = probePermit{}
@@ -77,7 +77,7 @@ func (w *deliverer) otherFamily(ctx context.Context, e *queue.Envelope, src *sen
 	} else if permit, r, next = w.admitFrom(ctx, e); permit == nil {
 		return nil, nil, &r
 	}
-	if next == nil || next.Addr.Unmap().Is4() == src.Addr.Unmap().Is4() {
+	if next == nil || next.Addr.Is4() == src.Addr.Is4() {
 		permit.Done(nil)
 		return nil, nil, nil
 	}

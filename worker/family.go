@@ -36,13 +36,14 @@ type families struct {
 type familyGap struct{ v4, v6 time.Time }
 
 func (g familyGap) lacks(a netip.Addr, now time.Time) bool {
-	if a.Unmap().Is4() {
+	if a.Is4() {
 		return now.Before(g.v4)
 	}
 	return now.Before(g.v6)
 }
 
-// lack records that dest has no MX address of a's family.
+// lack records that dest has no MX address of a's family. a is an egress
+// source, which NewEgress has unmapped (::ffff:a.b.c.d is IPv4).
 func (f *families) lack(dest string, a netip.Addr, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -63,7 +64,7 @@ func (f *families) lack(dest string, a netip.Addr, now time.Time) {
 		}
 	}
 	g := f.m[dest]
-	if a.Unmap().Is4() {
+	if a.Is4() {
 		g.v4 = now.Add(familyMemory)
 	} else {
 		g.v6 = now.Add(familyMemory)
