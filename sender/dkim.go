@@ -47,6 +47,36 @@ var signedHeaders = []string{
 	"Resent-Date", "Resent-From", "Resent-To", "Resent-Cc", "Sender",
 }
 
+// overSigned are the signed fields a message has at most once (RFC 5322
+// 3.6, RFC 2045 and RFC 8058): each is named in h= once more than it
+// occurs (RFC 6376 5.4.2, 8.15), so that a field of that name added in
+// transit, above or below the original, fails the signature instead of
+// being what a reader is shown. The true ones are named even when absent:
+// a From, Reply-To, Subject, To, Cc or Sender added to a replayed message
+// changes who it seems to be from or for.
+var overSigned = map[string]bool{
+	"From": true, "Reply-To": true, "Subject": true, "To": true, "Cc": true, "Sender": true,
+	"Date": false, "Message-ID": false, "In-Reply-To": false, "References": false,
+	"MIME-Version": false, "Content-Type": false, "Content-Transfer-Encoding": false,
+	"List-Unsubscribe": false, "List-Unsubscribe-Post": false,
+}
+
+// headerKeys lists the fields to sign, in h= order, for a header whose
+// fields occur count times (by lower-case name).
+func headerKeys(count map[string]int) []string {
+	var keys []string
+	for _, h := range signedHeaders {
+		n := count[strings.ToLower(h)]
+		if always, ok := overSigned[h]; ok && (n > 0 || always) {
+			n++
+		}
+		for range n {
+			keys = append(keys, h)
+		}
+	}
+	return keys
+}
+
 // NewDKIMSigner loads the keys. Two keys for one domain are an error.
 func NewDKIMSigner(keys []DKIMKey) (*DKIMSigner, error) {
 	d := &DKIMSigner{keys: map[string]DKIMKey{}}
@@ -139,17 +169,9 @@ func (d *DKIMSigner) Sign(from string, body []byte) ([]byte, error) {
 	if !ok {
 		return body, nil
 	}
-	present := mailhdr.Names(body)
-	var keys []string
-	for _, h := range signedHeaders {
-		if present[strings.ToLower(h)] {
-			keys = append(keys, h)
-		}
-	}
-	if len(keys) == 0 || keys[0] != "From" {
-		// RFC 6376 5.4: From must always be signed.
-		keys = append([]string{"From"}, keys...)
-	}
+	// From is first in signedHeaders and always over-signed, so it is
+	// always signed (RFC 6376 5.4).
+	keys := headerKeys(mailhdr.Names(body))
 	var out bytes.Buffer
 	out.Grow(len(body) + 600)
 	err := dkim.Sign(&out, bytes.NewReader(body), &dkim.SignOptions{

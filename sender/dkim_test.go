@@ -177,6 +177,38 @@ func TestDKIMSignAndVerify(t *testing.T) {
 		}
 	})
 
+	t.Run("fields added in transit fail the signature", func(t *testing.T) {
+		// Over-signing (RFC 6376 8.15): a second Subject or From, or a
+		// Reply-To the original did not have, added above or below the
+		// signed fields, no longer verifies; a trace field still does.
+		body := "From: alice@sender.test\r\nTo: bob@example.test\r\nSubject: invoice\r\nDate: Mon, 7 Dec 2026 01:00:00 +0000\r\n\r\nPay here.\r\n"
+		signed, err := signer.Sign("alice@sender.test", []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sigEnd := bytes.Index(signed, []byte("\r\nFrom:")) + 2
+		check := func(name, msg string, want bool) {
+			t.Helper()
+			vs, err := dkim.VerifyWithOptions(strings.NewReader(msg), &dkim.VerifyOptions{
+				LookupTXT: func(n string) ([]string, error) { return []string{records[n]}, nil },
+			})
+			if err != nil || len(vs) != 1 {
+				t.Fatalf("%s: %v, %d signatures", name, err, len(vs))
+			}
+			if got := vs[0].Err == nil; got != want {
+				t.Errorf("%s: verifies %v, want %v (%v)", name, got, want, vs[0].Err)
+			}
+		}
+		sig, rest := string(signed[:sigEnd]), string(signed[sigEnd:])
+		hdrEnd := strings.Index(rest, "\r\n\r\n") + 2
+		check("as signed", string(signed), true)
+		check("a trace field above", "Received: from relay.test\r\n"+string(signed), true)
+		for _, f := range []string{"Subject: urgent: new bank details", "From: ceo@sender.test", "Reply-To: thief@evil.test", "Cc: carol@example.test", "Date: Tue, 8 Dec 2026 01:00:00 +0000"} {
+			check(f+" above", sig+f+"\r\n"+rest, false)
+			check(f+" below", sig+rest[:hdrEnd]+f+"\r\n"+rest[hdrEnd:], false)
+		}
+	})
+
 	t.Run("no key leaves the body alone", func(t *testing.T) {
 		body := []byte("From: a@unsigned.test\r\n\r\nx\r\n")
 		out, err := signer.Sign("a@unsigned.test", body)

@@ -32,7 +32,9 @@
 // AUTH not offered, a cached relay AUTH refusal) say so in their Text.
 //
 // The package also signs messages with DKIM (DKIMSigner); the caller signs
-// once at submission, so that every retry sends the same bytes.
+// once at submission, so that every retry sends the same bytes. Fields a
+// message has at most once are over-signed, so that one added in transit
+// breaks the signature.
 //
 // docs/delivery.md describes delivery and every configuration field.
 package sender

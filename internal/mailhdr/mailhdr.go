@@ -48,10 +48,9 @@ func Values(msg []byte, name string) []string {
 	return out
 }
 
-// Names returns the lower-cased names of the fields in msg's header
-// section, each once.
-func Names(msg []byte) map[string]bool {
-	out := map[string]bool{}
+// Names counts the fields in msg's header section by lower-cased name.
+func Names(msg []byte) map[string]int {
+	out := map[string]int{}
 	for len(msg) > 0 {
 		var line []byte
 		line, msg = Line(msg)
@@ -62,7 +61,7 @@ func Names(msg []byte) map[string]bool {
 			continue
 		}
 		if n, _, ok := bytes.Cut(line, []byte(":")); ok {
-			out[strings.ToLower(string(bytes.TrimRight(n, " \t")))] = true
+			out[strings.ToLower(string(bytes.TrimRight(n, " \t")))]++
 		}
 	}
 	return out

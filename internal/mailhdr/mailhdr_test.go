@@ -22,7 +22,7 @@ func TestAddressesInAnyCharset(t *testing.T) {
 }
 
 func TestValuesAndNames(t *testing.T) {
-	msg := []byte("From: a@b.example\r\nSubject: \x1b$B$3$s\x1b(B\r\nTo: c@d.example,\r\n e@f.example\r\n\r\nFrom: not@header.example\r\n")
+	msg := []byte("From: a@b.example\r\nSubject: \x1b$B$3$s\x1b(B\r\nTo: c@d.example,\r\n e@f.example\r\nreceived: x\r\nReceived: y\r\n\r\nFrom: not@header.example\r\n")
 	if got := Values(msg, "to"); len(got) != 1 || got[0] != "c@d.example, e@f.example" {
 		t.Errorf("To %q", got)
 	}
@@ -32,7 +32,10 @@ func TestValuesAndNames(t *testing.T) {
 		list = append(list, n)
 	}
 	slices.Sort(list)
-	if !slices.Equal(list, []string{"from", "subject", "to"}) {
+	if !slices.Equal(list, []string{"from", "received", "subject", "to"}) {
 		t.Errorf("names %v (a raw control byte in Subject, a From in the body)", list)
+	}
+	if names["from"] != 1 || names["received"] != 2 {
+		t.Errorf("counts %v, want from 1 (the body's not counted) and received 2", names)
 	}
 }
