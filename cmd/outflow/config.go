@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"reflect"
@@ -207,10 +208,10 @@ func loadConfigFile(cmd *cobra.Command, c *serveConfig) error {
 	}
 	md, err := toml.Decode(string(b), c)
 	if err != nil {
-		return fmt.Errorf("config %s: %w", c.Config, err)
+		return fmt.Errorf("config %s: %w%s", c.Config, err, quoteHint(reflect.TypeOf(c).Elem(), b, err))
 	}
 	if und := md.Undecoded(); len(und) > 0 {
-		return fmt.Errorf("config %s: unknown key %q", c.Config, und[0].String())
+		return fmt.Errorf("config %s: unknown key %q%s", c.Config, und[0].String(), nearKey(reflect.TypeOf(c).Elem(), und[0]))
 	}
 	// The TOML decoder takes an integer for a time.Duration as
 	// nanoseconds, so `shutdown-grace = 30` would be 30 ns and `max-age =
@@ -281,6 +282,109 @@ func fieldByKey(t reflect.Type, key string) reflect.Type {
 		}
 	}
 	return nil
+}
+
+// quoteHint says how to write the value a TOML parse error stopped at
+// when it is a string left unquoted: `smtp-addr = 127.0.0.1:2525` is an
+// "Invalid float value" to the parser, `shutdown-grace = 30s` a top-level
+// item that does not end.
+func quoteHint(t reflect.Type, file []byte, err error) string {
+	var pe toml.ParseError
+	if !errors.As(err, &pe) {
+		return ""
+	}
+	path := pe.LastKey
+	if lines := strings.Split(string(file), "\n"); path == "" && pe.Position.Line > 0 && pe.Position.Line <= len(lines) {
+		// The error came before the key was taken; read it off the line,
+		// under the table the lines above open.
+		k, _, ok := strings.Cut(lines[pe.Position.Line-1], "=")
+		if !ok {
+			return ""
+		}
+		path = strings.TrimSpace(k)
+		for i := pe.Position.Line - 2; i >= 0; i-- {
+			if l := strings.TrimSpace(lines[i]); strings.HasPrefix(l, "[") {
+				path = strings.Trim(l, "[] ") + "." + path
+				break
+			}
+		}
+	}
+	if path == "" {
+		return ""
+	}
+	kt := keyType(t, strings.Split(path, "."))
+	if kt != nil && kt.Kind() == reflect.Slice {
+		kt = kt.Elem()
+	}
+	if kt == nil || (kt.Kind() != reflect.String && kt != durationType) {
+		return ""
+	}
+	key := path[strings.LastIndexByte(path, '.')+1:]
+	return fmt.Sprintf(" (%s takes a string: quote it, %s = \"...\")", key, key)
+}
+
+// nearKey suggests the known key nearest an unknown one, in the same
+// table: ` (did you mean "smtp-addr"?)`, or nothing when none is close.
+func nearKey(t reflect.Type, key toml.Key) string {
+	if len(key) == 0 {
+		return ""
+	}
+	table := keyType(t, key[:len(key)-1])
+	if table != nil && table.Kind() == reflect.Slice {
+		table = table.Elem()
+	}
+	if table == nil || table.Kind() != reflect.Struct {
+		return ""
+	}
+	name := strings.ToLower(key[len(key)-1])
+	best, bestD := "", len(name)/3+2 // more edits than that is another word
+	for _, k := range tomlKeys(table) {
+		if d := editDistance(name, k); d < bestD {
+			best, bestD = k, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+// tomlKeys lists the toml names of struct t's fields, embedded ones
+// included.
+func tomlKeys(t reflect.Type) []string {
+	var keys []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		switch {
+		case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
+			keys = append(keys, tomlKeys(f.Type)...)
+		case name != "" && name != "-":
+			keys = append(keys, name)
+		}
+	}
+	return keys
+}
+
+// editDistance is the Levenshtein distance of a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // durability resolves --durability: the flag, else the deprecated

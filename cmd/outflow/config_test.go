@@ -79,13 +79,27 @@ func TestDocumentedExampleParses(t *testing.T) {
 	}
 }
 
+// TestUnknownConfigKeyRefused: a misspelt key is refused with the known
+// key of its table nearest it, and a string left unquoted is told to be
+// quoted instead of getting the parser's "Invalid float value".
 func TestUnknownConfigKeyRefused(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "bad.toml")
-	if err := os.WriteFile(p, []byte("smtp-adr = \"x\"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := parseWith(t, p); err == nil || !strings.Contains(err.Error(), "smtp-adr") {
-		t.Fatalf("err = %v, want the unknown key named", err)
+	for _, c := range []struct{ file, want string }{
+		{"smtp-adr = \"x\"\n", `unknown key "smtp-adr" (did you mean "smtp-addr"?)`},
+		{"[throttle]\nbreaker-failure = 3\n", `unknown key "throttle.breaker-failure" (did you mean "breaker-failures"?)`},
+		{"[[dkim]]\ndomian = \"a.test\"\n", `unknown key "dkim.domian" (did you mean "domain"?)`},
+		{"zzzzzz = 1\n", `unknown key "zzzzzz"` + "\x00"},
+		{"smtp-addr = 127.0.0.1:2525\n", `(smtp-addr takes a string: quote it, smtp-addr = "...")`},
+		{"shutdown-grace = 30s\n", `(shutdown-grace takes a string: quote it, shutdown-grace = "...")`},
+		{"[[dkim]]\ndomain = a.test\n", `(domain takes a string: quote it, domain = "...")`},
+	} {
+		p := filepath.Join(t.TempDir(), "bad.toml")
+		if err := os.WriteFile(p, []byte(c.file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := parseWith(t, p)
+		if err == nil || !strings.Contains(err.Error()+"\x00", c.want) {
+			t.Errorf("%q: err = %v, want %q", c.file, err, c.want)
+		}
 	}
 }
 
