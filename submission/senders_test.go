@@ -111,4 +111,12 @@ func TestCheckFromAnyCharset(t *testing.T) {
 	if why := p.CheckFrom("shop", []byte("From: =?windows-1252?Q?Caf=E9?= <info@bank.example>\r\n\r\nx\r\n")); why == "" {
 		t.Error("another domain behind an encoded name was allowed")
 	}
+	// A field net/mail refuses, with an allowed address in brackets and
+	// another outside them, which a reader's mail program shows as the
+	// sender: refused, not read as the bracketed address alone.
+	for _, from := range []string{"ceo@bank.example; <a@shop.example>", "ceo@bank.example (<a@shop.example>"} {
+		if why := p.CheckFrom("shop", []byte("From: "+from+"\r\n\r\nx\r\n")); !strings.Contains(why, "cannot be read") {
+			t.Errorf("From: %s: %q, want it refused as unreadable", from, why)
+		}
+	}
 }

@@ -87,28 +87,36 @@ var parser = mail.AddressParser{WordDecoder: &mime.WordDecoder{
 // Addresses parses v, the value of an address field such as From. A
 // value net/mail cannot parse for its display names (raw 8-bit or
 // escape-sequence bytes, not encoded words) gives the addresses in its
-// angle brackets, when it has some; otherwise the parser's error.
+// angle brackets, when it has some and every one of them parses, and
+// nothing outside them has an "@"; otherwise the parser's error. So
+// `ceo@bank.example; <a@shop.example>` is an error, not a@shop.example
+// alone: a reader's mail program may show the address the brackets do
+// not hold, and the sender-domains check and the DKIM signer must read
+// every address a reader could be shown.
 func Addresses(v string) ([]*mail.Address, error) {
 	list, err := parser.ParseList(v)
 	if err == nil {
 		return list, nil
 	}
 	var out []*mail.Address
-	for rest := v; ; {
+	rest := v
+	for {
 		i := strings.IndexByte(rest, '<')
 		if i < 0 {
 			break
 		}
 		j := strings.IndexByte(rest[i:], '>')
 		if j < 0 {
-			break
+			return nil, err
 		}
-		if a, aerr := mail.ParseAddress(rest[i : i+j+1]); aerr == nil {
-			out = append(out, a)
+		a, aerr := mail.ParseAddress(rest[i : i+j+1])
+		if aerr != nil || strings.IndexByte(rest[:i], '@') >= 0 {
+			return nil, err
 		}
+		out = append(out, a)
 		rest = rest[i+j+1:]
 	}
-	if len(out) == 0 {
+	if len(out) == 0 || strings.IndexByte(rest, '@') >= 0 {
 		return nil, err
 	}
 	return out, nil

@@ -19,6 +19,20 @@ func TestAddressesInAnyCharset(t *testing.T) {
 			t.Errorf("%q: %v, %v", v, list, err)
 		}
 	}
+	// A value net/mail refuses is read from its angle brackets only when
+	// nothing outside them could be an address a reader is shown.
+	for _, v := range []string{
+		"ceo@bank.example; <a@shop.example>",
+		"ceo@bank.example (<a@shop.example>",
+		"Caf\xe9 <a@shop.example> ceo@bank.example",
+		"Caf\xe9 <a@shop.example>, ceo@bank.example",
+		"Caf\xe9 <a@shop.example>, Bank <ceo@bank.example", // an unclosed bracket
+		"Caf\xe9 <a@shop.example>, <not an address>",
+	} {
+		if list, err := Addresses(v); err == nil {
+			t.Errorf("%q: read as %v, want an error", v, list)
+		}
+	}
 }
 
 func TestValuesAndNames(t *testing.T) {
