@@ -227,7 +227,9 @@ func decodeStrict(body []byte, v any, what string) *Problem {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
-	if err == nil && dec.More() {
+	if err == nil && len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
+		// Not dec.More(), which says false before a "]" or "}": a body
+		// of `{...}]` was taken.
 		err = errors.New("data after the JSON object")
 	}
 	if err == nil {

@@ -493,6 +493,8 @@ func TestBadRequestsAreProblemsAndStoreNothing(t *testing.T) {
 		{"not an object", "POST", "/v1/messages", f.key, `["a"]`, nil, 400, ProblemBadJSON, ""},
 		{"wrong type", "POST", "/v1/messages", f.key, `{"from":"a@src.example","to":"b@one.example","text":"x"}`, nil, 400, ProblemBadJSON, "to"},
 		{"trailing data", "POST", "/v1/messages", f.key, `{"from":"a@src.example","to":["b@one.example"],"text":"x"} {}`, nil, 400, ProblemBadJSON, ""},
+		{"a closing brace after", "POST", "/v1/messages", f.key, `{"from":"a@src.example","to":["b@one.example"],"text":"x"}}`, nil, 400, ProblemBadJSON, ""},
+		{"closing brackets after", "POST", "/v1/messages", f.key, `{"from":"a@src.example","to":["b@one.example"],"text":"x"}]]garbage`, nil, 400, ProblemBadJSON, ""},
 		{"unknown field", "POST", "/v1/messages", f.key, ok(map[string]any{"subjcet": "x"}), nil, 400, ProblemUnknownField, "subjcet"},
 		{"missing from", "POST", "/v1/messages", f.key, ok(map[string]any{"from": nil}), nil, 400, ProblemMissingField, "from"},
 		{"missing to", "POST", "/v1/messages", f.key, ok(map[string]any{"to": nil}), nil, 400, ProblemMissingField, "to"},

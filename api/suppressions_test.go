@@ -103,6 +103,7 @@ func TestSuppressionRequestProblems(t *testing.T) {
 		{"not an object", `["a@one.example"]`, 400, ProblemBadJSON, "", "must be a JSON object"},
 		{"bad time", `{"address":"a@one.example","expires":"tomorrow"}`, 400, ProblemBadJSON, "", "RFC 3339"},
 		{"trailing data", `{"address":"a@one.example"} {}`, 400, ProblemBadJSON, "", "data after the JSON object"},
+		{"a closing bracket after", `{"address":"a@one.example"}]`, 400, ProblemBadJSON, "", "data after the JSON object"},
 		{"bad address", `{"address":"no-at-sign"}`, 422, ProblemBadAddress, "address", "address: missing @domain"},
 		{"missing address", `{"reason":"x"}`, 400, ProblemMissingField, "address", ""},
 		{"expires in the past", `{"address":"a@one.example","expires":"2020-01-01T00:00:00Z"}`, 422, ProblemBadExpires, "expires", "2020-01-01T00:00:00Z has passed"},
