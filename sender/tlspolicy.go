@@ -189,6 +189,15 @@ func (s *Sender) secure(ctx context.Context, log *msgLog, c *client, p *tlsPlan,
 			}
 			if c.verifyErr == nil {
 				s.reportHost(p, hp, c, false, tlsrpt.ResultValidationFailure, se.in.Text)
+				if se.in.Code >= 500 {
+					// STARTTLS offered and then refused with a 5xx: a
+					// fault of this host's TLS, not a refusal of the
+					// message, so a temporary failure that the next MX
+					// may not have (RFC 8461 5.1, RFC 7672 2.2; Postfix
+					// defers too). Passed on, the reply bounced the mail.
+					return nil, &stepErr{in: classify.Input{Stage: classify.StageTLS, Event: classify.EventTLSFailure,
+						Text: syntheticText(fmt.Sprintf("%s (%s) refused STARTTLS (%d %s) and %s; not delivering in plaintext", host, addr, se.in.Code, se.in.Text, what))}, err: err}
+				}
 				return nil, err
 			}
 			s.reportHost(p, hp, c, false, resultOf(c.verifyErr), errText(c.verifyErr))

@@ -388,3 +388,38 @@ func TestMTASTS(t *testing.T) {
 		}
 	})
 }
+
+// TestSTARTTLSRefusedUnderPolicy: a host that offers STARTTLS and then
+// answers it with a 5xx, under a policy that requires TLS (MTA-STS
+// enforce, DANE, required), is a temporary failure of that host: the
+// message is not bounced for the host's broken TLS, and not sent in
+// plaintext. Opportunistic TLS goes on in plaintext.
+func TestSTARTTLSRefusedUnderPolicy(t *testing.T) {
+	for _, mode := range []string{"sts-enforce", "required", "dane", "opportunistic"} {
+		t.Run(mode, func(t *testing.T) {
+			p := newPKIMX(t, fakemx.Options{ExtraExtensions: []string{"STARTTLS"}})
+			cfg := p.w.config()
+			cfg.RootCAs = p.root.Pool()
+			switch mode {
+			case "sts-enforce":
+				cfg.MTASTS = stsPolicy(mtasts.ModeEnforce, "mx.example.test")
+			case "required":
+				cfg.TLS = TLSRequired
+			case "dane":
+				cfg.DANE = tlsa(true, spkiTLSA(3, p.leaf.Cert))
+			}
+			r := p.w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+			o := r.Rcpts[0].Outcome
+			if mode == "opportunistic" {
+				if len(p.fake.Messages()) != 1 {
+					t.Fatalf("not delivered in plaintext: %+v", o)
+				}
+				return
+			}
+			c := classify.Default().Classify(o)
+			if len(p.fake.Messages()) != 0 || c.Class != classify.Transient || o.Stage != classify.StageTLS || !strings.Contains(o.Text, "refused STARTTLS") {
+				t.Fatalf("outcome %+v classified %s (%s), %d delivered; want a transient TLS failure and nothing sent", o, c.Class, c.Rule, len(p.fake.Messages()))
+			}
+		})
+	}
+}
