@@ -449,6 +449,17 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 			return nil, fmt.Errorf("replay %s: %w", id, err)
 		}
 		e.Body, e.Signed, e.SigLen, e.Size = edited, false, 0, int64(len(edited))
+		if len(edited) > q.opts.InlineBodyMax {
+			// Grown past what an envelope carries: stored as this
+			// envelope's edited copy, as a stored body's edit is. Inline,
+			// the worker refused it as malformed and the message was
+			// lost with the dead letter already deleted.
+			ref := EditedBodyRef(e)
+			if _, err := q.bodies.PutBytes(ctx, ref, edited); err != nil {
+				return nil, fmt.Errorf("replay %s: store edited body: %w", id, err)
+			}
+			e.Body, e.BodyRef = nil, ref
+		}
 	} else if len(editHeaders) > 0 {
 		// Edit the unsigned body, never a DKIM-signed copy (the edit would
 		// break the signature; the worker signs the edited body again
