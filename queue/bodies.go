@@ -407,3 +407,23 @@ func (q *Queue) BodyGone(ctx context.Context, ref string) (bool, error) {
 	}
 	return info.Deleted, nil
 }
+
+// BodyKeptUntil says when e's body expires with the Object Store's TTL,
+// for an envelope whose body is stored apart; zero for one that carries
+// its body. The TTL outlives every dead letter that can name the body,
+// but not a message held (unknown) or kept waiting past it: replayed
+// later, such a message finds its body gone.
+func (q *Queue) BodyKeptUntil(ctx context.Context, e *Envelope) (time.Time, error) {
+	if e.Inline() {
+		return time.Time{}, nil
+	}
+	q.count(OpDirectGet)
+	m, err := q.bodyStream.GetLastMsgForSubject(ctx, bodyMetaSubject(e.BodyRef))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return time.Time{}, jetstream.ErrObjectNotFound
+		}
+		return time.Time{}, err
+	}
+	return m.Time.Add(q.bodyStream.CachedInfo().Config.MaxAge), nil
+}

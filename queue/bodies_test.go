@@ -132,3 +132,33 @@ func TestBodiesOutliveDeadLetters(t *testing.T) {
 		t.Fatalf("bodies kept %v, less than the %v a dead letter can name one", st.TTL(), need)
 	}
 }
+
+// TestBodyKeptUntil: what queue inspect shows of a stored body's life,
+// the time it was stored plus the bucket's TTL; nothing for a body that
+// travels in its envelope.
+func TestBodyKeptUntil(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	before := time.Now()
+	big := "Subject: x\r\n\r\n" + strings.Repeat("a", InlineBodyMax) + "\r\n"
+	for _, body := range []string{"Subject: x\r\n\r\nsmall\r\n", big} {
+		if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	work, _ := q.Messages(ctx, LaneWork, 2)
+	ttl := q.opts.DeadMaxAge + q.opts.DeadlineAfter + MaxSendAhead + 24*time.Hour
+	for range 2 {
+		d := next(t, work)
+		until, err := q.BodyKeptUntil(ctx, d.Env)
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case d.Env.Inline() && !until.IsZero():
+			t.Errorf("inline body kept until %v, want nothing", until)
+		case !d.Env.Inline() && (until.Before(before.Add(ttl)) || until.After(time.Now().Add(ttl))):
+			t.Errorf("stored body kept until %v, want %v after it was stored", until, ttl)
+		}
+	}
+}

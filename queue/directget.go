@@ -59,3 +59,34 @@ func (q *Queue) lastMsg(ctx context.Context, op Op, stream, subject string) (dat
 // directGetTimeout bounds a direct get whose context has no deadline, as
 // nats.go's default API timeout does.
 const directGetTimeout = 5 * time.Second
+
+// lastMatching reads the last message stored on any subject matching
+// pattern (a wildcard) in stream with one direct get by its JSON form,
+// the only form that takes a wildcard. It returns the message's subject;
+// found is as lastMsg's.
+func (q *Queue) lastMatching(ctx context.Context, op Op, stream, pattern string) (subject string, found bool, err error) {
+	q.count(op)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, directGetTimeout)
+		defer cancel()
+	}
+	resp, err := q.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+stream, []byte(`{"last_by_subj":"`+pattern+`"}`))
+	if err != nil {
+		return "", false, err
+	}
+	if len(resp.Data) == 0 {
+		switch st := resp.Header.Get("Status"); st {
+		case "":
+		case "404":
+			return "", false, nil
+		default:
+			return "", false, fmt.Errorf("direct get %s: %s %s", pattern, st, resp.Header.Get("Description"))
+		}
+	}
+	switch resp.Header.Get("KV-Operation") {
+	case "DEL", "PURGE":
+		return "", false, nil
+	}
+	return resp.Header.Get(nats.JSSubject), true, nil
+}

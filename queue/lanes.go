@@ -131,6 +131,16 @@ func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane
 // fetchOnce makes one pull request for up to n envelopes, waiting up to
 // pullWait, and hands out what it gets; it reports how many it got, and
 // the request's failure, logged.
+//
+// The server's ack wait for an envelope runs from the fetch, not from the
+// moment a worker takes it. While every worker is busy (a destination
+// that holds its sessions for minutes), an envelope fetched and not taken
+// within half the ack wait is given back (a nak: the server hands it out
+// again at once, to whichever fleet member asks first): left waiting, the
+// server handed it out again after the ack wait while its stale copy was
+// still to be taken here, and both copies were sent. Given back unstarted,
+// it cannot be sent twice, and a worker that takes one keeps it alive
+// from then on.
 func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, n int, out chan<- *Delivery) (got int, err error) {
 	q.count(OpFetch)
 	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(q.pullWait()))
@@ -140,23 +150,64 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		}
 		return 0, err
 	}
-	for m := range batch.Messages() {
-		got++
-		q.count(OpFetched)
-		if ctx.Err() != nil {
-			// Not started: let the server hand it out again at once.
-			_ = m.Nak()
-			continue
+	type fetched struct {
+		d  *Delivery
+		at time.Time
+	}
+	var waiting []fetched // not yet taken, oldest first
+	maxWait := q.opts.AckWait / 2
+	var check *time.Ticker
+	var checkC <-chan time.Time
+	defer func() {
+		if check != nil {
+			check.Stop()
 		}
-		d, err := q.decode(m, lane)
-		if err != nil {
-			q.parkMalformed(ctx, m, err)
-			continue
+	}()
+	msgs, done := batch.Messages(), ctx.Done()
+	for msgs != nil || len(waiting) > 0 {
+		var send chan<- *Delivery
+		var head *Delivery
+		if len(waiting) > 0 {
+			send, head = out, waiting[0].d
+			if check == nil {
+				check = time.NewTicker(max(maxWait/4, time.Millisecond))
+				checkC = check.C
+			}
 		}
 		select {
-		case out <- d:
-		case <-ctx.Done():
-			_ = m.Nak()
+		case m, ok := <-msgs:
+			if !ok {
+				msgs = nil
+				continue
+			}
+			got++
+			q.count(OpFetched)
+			if ctx.Err() != nil {
+				// Not started: let the server hand it out again at once.
+				_ = m.Nak()
+				continue
+			}
+			d, err := q.decode(m, lane)
+			if err != nil {
+				q.parkMalformed(ctx, m, err)
+				continue
+			}
+			waiting = append(waiting, fetched{d, time.Now()})
+		case send <- head:
+			waiting[0] = fetched{}
+			waiting = waiting[1:]
+		case now := <-checkC:
+			for len(waiting) > 0 && now.Sub(waiting[0].at) > maxWait {
+				q.count(OpGivenBack)
+				_ = waiting[0].d.msg.Nak()
+				waiting[0] = fetched{}
+				waiting = waiting[1:]
+			}
+		case <-done:
+			for _, f := range waiting {
+				_ = f.d.msg.Nak()
+			}
+			waiting, done = nil, nil
 		}
 	}
 	if err := batch.Error(); err != nil {
@@ -236,16 +287,23 @@ func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
 	if !d.Redelivered {
 		return false, nil
 	}
+	// A later step finished already: a holder stored this step's next
+	// state (a schedule, a replay) and died before its ack, and the next
+	// state was delivered or bounced (its marker, Delivered and Done) and
+	// acknowledged before this copy came back. Its schedule is gone then,
+	// and only the marker says so.
+	if subj, found, err := d.q.lastMatching(ctx, OpSentGet, sentStreamName, sentSubject(e.ID)+".*"); err != nil {
+		return false, fmt.Errorf("SENT lookup: %w", err)
+	} else if found {
+		if step, err := strconv.Atoi(subj[strings.LastIndexByte(subj, '.')+1:]); err == nil && step > e.Step {
+			return true, nil
+		}
+	}
 	if d.Scheduled() {
 		// Moved to the work lane by a holder that died before its ack:
 		// the copy waits there, or was delivered since.
 		d.q.count(OpDirectGet)
 		if m, err := d.q.lanes[LaneWork].GetLastMsgForSubject(ctx, workSubject(e.Tenant, e.Dest, e.ID)); err == nil && m != nil && laterStep(m.Header, e) {
-			return true, nil
-		}
-		if _, _, found, err := d.q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject(e.ID+"."+itoa(e.Step+1))); err != nil {
-			return false, fmt.Errorf("SENT lookup: %w", err)
-		} else if found {
 			return true, nil
 		}
 	}
@@ -467,9 +525,19 @@ var sentStreamName = kvStream(BucketSent)
 
 func sentSubject(key string) string { return kvSubject(BucketSent, key) }
 
-// Done acknowledges an envelope that has reached its end without a SENT
-// marker (every recipient bounced) and releases its body.
+// Done acknowledges an envelope that has reached its end without a
+// delivery (every recipient bounced, or none left to send to) and releases
+// its body. It writes the step's marker first, empty: an earlier step of
+// the envelope that comes back after this one ended (its holder died
+// between storing this step and its own ack) finds it and is not sent
+// again (AlreadyHandled).
 func (d *Delivery) Done(ctx context.Context) error {
+	if err := retryStep(ctx, func(ctx context.Context) error {
+		d.q.count(OpSentPut)
+		return d.q.putSent(ctx, d.Env.SentKey(), nil)
+	}); err != nil {
+		return fmt.Errorf("SENT marker: %w", err)
+	}
 	if err := d.ack(ctx); err != nil {
 		return err
 	}

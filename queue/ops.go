@@ -33,6 +33,7 @@ const (
 	OpLocalGet                // a SENT or suppression look-up answered "nothing stored" by the embedded server's store in process, no round trip (instore.go)
 	OpPublishKeeper           // the work stream's block keeper, once per new block file (keeper.go)
 	OpWake                    // a wake-up for a tenant's pull loops, core NATS, at most one a wakeGap per tenant (tenants.go)
+	OpGivenBack               // a fetched envelope no worker took within half the ack wait, given back unstarted (a nak, lanes.go)
 	numOps
 )
 
@@ -41,7 +42,7 @@ var opNames = [numOps]string{
 	OpPublishDead: "publish_dead", OpPublishEvent: "publish_event", OpSentGet: "sent_get", OpSentPut: "sent_put",
 	OpDirectGet: "direct_get", OpAck: "ack", OpFetch: "fetch", OpFetched: "fetched", OpSync: "sync",
 	OpSuppressGet: "suppress_get", OpLocalGet: "local_get", OpPublishKeeper: "publish_keeper",
-	OpWake: "wake",
+	OpWake: "wake", OpGivenBack: "given_back",
 }
 
 // String is the op's label value.

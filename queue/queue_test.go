@@ -732,3 +732,62 @@ func TestDataDirLocked(t *testing.T) {
 		t.Errorf("address in use: %v after %v", err, time.Since(start))
 	}
 }
+
+// TestRedeliveredAfterItsNextStepFinished: a holder stores the next step
+// (a retry's schedule) and dies before its ack; the retry fires and ends,
+// delivered or bounced, and is acknowledged, all before the original
+// comes back. The original is then handled already: the retry's schedule
+// is gone, and only the later step's marker says so. Before, it was sent
+// again (a bounce left no marker at all).
+func TestRedeliveredAfterItsNextStepFinished(t *testing.T) {
+	for _, end := range []string{"delivered", "bounced"} {
+		t.Run(end, func(t *testing.T) {
+			q, _ := startQueue(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: x\r\n\r\nx\r\n")}); err != nil {
+				t.Fatal(err)
+			}
+			work, _ := q.Messages(ctx, LaneWork, 1)
+			retry, _ := q.Messages(ctx, LaneRetry, 1)
+			d := next(t, work)
+			n := d.Env.Clone()
+			n.Attempt = 1
+			if err := d.Reschedule(ctx, n, LaneRetry, time.Now(), false); err != nil {
+				t.Fatal(err)
+			}
+			r := next(t, retry)
+			if r.Env.Step != 1 {
+				t.Fatalf("retry at step %d", r.Env.Step)
+			}
+			if end == "delivered" {
+				err := r.Delivered(ctx, r.Env.Rcpts, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+			} else if err := r.Done(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// The first holder died before its ack: the original comes again.
+			if err := d.msg.Nak(); err != nil {
+				t.Fatal(err)
+			}
+			again := next(t, work)
+			if !again.Redelivered || again.Env.Step != 0 {
+				t.Fatalf("redelivered %+v, step %d", again.Redelivered, again.Env.Step)
+			}
+			if done, err := again.AlreadyHandled(ctx); err != nil || !done {
+				t.Fatalf("AlreadyHandled = %v, %v after its retry was %s", done, err, end)
+			}
+			// A fresh envelope of another message is not taken for handled.
+			if _, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"s@d.example"}, Body: []byte("Subject: y\r\n\r\ny\r\n")}); err != nil {
+				t.Fatal(err)
+			}
+			other := next(t, work)
+			other.Redelivered = true
+			if done, err := other.AlreadyHandled(ctx); err != nil || done {
+				t.Fatalf("AlreadyHandled = %v, %v for another message", done, err)
+			}
+		})
+	}
+}

@@ -79,6 +79,16 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		w.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Msg("redelivered envelope was already handled; acknowledging")
 		return d.Skip(ctx)
 	}
+	// Keep the ack alive from here to the outcome: an admission wait for
+	// a learned rate, a body fetch during a failover and the SMTP
+	// conversation can each outlast the ack wait, and an envelope the
+	// server hands out again meanwhile is sent by a second worker while
+	// this one sends it too (the check before the send cannot see a send
+	// in flight). The deferred stop matters when Send panics: a heartbeat
+	// left running would keep the envelope from ever being handed out
+	// again.
+	stop := w.keepAlive(d)
+	defer stop()
 	if d.Scheduled() {
 		// A message sent later whose time has come joins its tenant's
 		// fresh mail, and waits for its tenant's turn there.
@@ -194,11 +204,6 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	}
 	msg := &sender.Message{ID: e.ID, From: from, Rcpts: e.Rcpts, Domain: e.Dest, Body: body, DSN: messageDSN(e), Source: src,
 		MaxMsgsPerConn: permit.Limits().MaxMsgsPerConn}
-	// Keep the ack alive while the SMTP conversation runs. The deferred
-	// stop matters when Send panics: a heartbeat left running would keep
-	// the envelope from ever being handed out again.
-	stop := w.keepAlive(d)
-	defer stop()
 	res := w.cfg.Sender.Send(ctx, msg)
 	if res.WrongFamily && src != nil {
 		// Nothing left this host: the destination has no MX address of
@@ -252,9 +257,10 @@ func (w *deliverer) keepAlive(d *queue.Delivery) (stop func()) {
 
 // recheckAfter is how long after the first AlreadyHandled check an attempt
 // looks again before it sends. The time in between (an admission wait for
-// the rate, a body fetch during a failover, a process stopped by SIGSTOP
-// or a stalled VM) has no heartbeat, so the server may have handed the
-// envelope to another worker, which may have finished it since. A quick
+// the rate, a body fetch during a failover) is kept alive by the
+// heartbeat, but a process stopped by SIGSTOP, a stalled VM or a lost
+// connection sends none, so the server may have handed the envelope to
+// another worker, which may have finished it since. A quick
 // attempt skips the second look and its round trip: nobody else can have
 // had the envelope within a small fraction of the ack wait.
 const recheckAfter = 500 * time.Millisecond

@@ -620,17 +620,18 @@ func TestScheduledMailJoinsItsTenantsFreshMail(t *testing.T) {
 	if last := evs[len(evs)-1]; last.Time.Before(at) {
 		t.Fatalf("delivered at %v, before %v", last.Time, at)
 	}
-	found := false
-	for _, l := range strings.Split(logs.String(), "\n") {
-		var line map[string]any
-		if json.Unmarshal([]byte(l), &line) != nil || line["message"] != "scheduled message due: moved to its tenant's fresh mail" {
-			continue
+	// The move's line is written after the copy is stored, and a worker
+	// may deliver the copy before it is.
+	testutil.WaitFor(t, 10*time.Second, "the move's log line", func() bool {
+		for _, l := range strings.Split(logs.String(), "\n") {
+			var line map[string]any
+			if json.Unmarshal([]byte(l), &line) == nil && line["message"] == "scheduled message due: moved to its tenant's fresh mail" &&
+				line["msg_id"] == ids[0] && line["tenant"] == "t1" && line["send_at"] != nil {
+				return true
+			}
 		}
-		found = line["msg_id"] == ids[0] && line["tenant"] == "t1" && line["send_at"] != nil
-	}
-	if !found {
-		t.Fatalf("no move line for %s; logs:\n%s", ids[0], logs.String())
-	}
+		return false
+	})
 	if n := len(e.mx.Messages()); n != 1 {
 		t.Fatalf("delivered %d messages, want 1", n)
 	}

@@ -463,6 +463,11 @@ func inspectView(ctx context.Context, q *queue.Queue, it *queue.Item) map[string
 		} else {
 			v["body_error"] = err.Error()
 		}
+		// A body stored apart expires with its bucket: a held message
+		// replayed after it is a dead letter, "body missing".
+		if until, err := q.BodyKeptUntil(ctx, it.Env); err == nil && !until.IsZero() {
+			v["body_kept_until"] = until.UTC()
+		}
 	}
 	return v
 }
