@@ -14,7 +14,14 @@
 // fetch without a cached policy means "no policy" (delivery goes on as if
 // the domain had none, 3.3), and is not retried for FailureHold, so that
 // a broken policy host costs one fetch per hold instead of one per
-// message.
+// message. A fetch runs on its own, bounded by FetchTimeout, whoever
+// waits for it.
+//
+// Refresh (10.2). A policy in force is fetched again in the background
+// once half its max_age (at most a day) has passed, by the lookup that
+// finds it due or by Refresh, which the daemon calls hourly for domains
+// not mailed meanwhile; a failed refresh keeps the cached policy. A full
+// cache drops the entries without a policy in force before any policy.
 //
 // Lookup never blocks delivery on its own: it answers with the policy (or
 // none) and, for TLS reporting (RFC 8460), the reason a policy could not

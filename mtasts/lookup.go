@@ -89,6 +89,7 @@ type entry struct {
 	failType  string
 	failErr   error
 	fetching  chan struct{} // closed when the running fetch ends; nil when none runs
+	refreshAt time.Time     // no refresh of a valid policy before then (refreshDue)
 }
 
 // Client discovers, fetches and caches MTA-STS policies. It is safe for
@@ -150,11 +151,16 @@ func New(cfg Config) (*Client, error) {
 }
 
 // Lookup returns the policy that applies to domain now (RFC 8461 5.1).
+//
+// A fetch runs on its own, bounded by FetchTimeout: a caller whose
+// context ends stops waiting for it, and its end does not become the
+// failure every sender to the domain is given for FailureHold.
 func (c *Client) Lookup(ctx context.Context, domain string) Result {
 	domain = strings.ToLower(strings.TrimSuffix(domain, "."))
 	// A failed TXT lookup counts as no record: the cached policy, if
 	// any, still applies.
 	id, _ := c.txtID(ctx, domain)
+	started := false // this lookup started the fetch it waits for
 	for {
 		now := c.cfg.Now()
 		c.mu.Lock()
@@ -173,8 +179,9 @@ func (c *Client) Lookup(ctx context.Context, domain string) Result {
 			}
 			return Result{}
 		case valid != nil && valid.ID == id:
+			c.refreshDue(e, domain, id, now)
 			c.mu.Unlock()
-			return Result{Policy: valid, Cached: true}
+			return Result{Policy: valid, Cached: !started}
 		case e != nil && e.failID == id && now.Before(e.failUntil):
 			c.mu.Unlock()
 			if valid != nil {
@@ -186,6 +193,9 @@ func (c *Client) Lookup(ctx context.Context, domain string) Result {
 			c.mu.Unlock()
 			select {
 			case <-ch:
+				if r, ok := c.fetched(domain, id, started); ok {
+					return r
+				}
 				continue // look again at what the fetch left
 			case <-ctx.Done():
 				if valid != nil {
@@ -197,38 +207,128 @@ func (c *Client) Lookup(ctx context.Context, domain string) Result {
 		if e == nil {
 			e = c.newEntry(domain, now)
 		}
-		done := make(chan struct{})
-		e.fetching = done
+		c.startFetch(e, domain, id)
+		started = true
 		c.mu.Unlock()
+	}
+}
 
+// fetched is what a lookup that waited for a fetch of id answers: the
+// policy it got, even one whose max_age is 0 (used once, not cached), or
+// its failure with the cached policy that stays in force. ok is false
+// when the entry says neither (it left the cache meanwhile).
+func (c *Client) fetched(domain, id string, started bool) (Result, bool) {
+	now := c.cfg.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[domain]
+	switch {
+	case e == nil:
+		return Result{}, false
+	case e.failID == id && now.Before(e.failUntil):
+		if e.policy != nil && now.Before(e.policy.Expires()) {
+			// 5.1: a policy that cannot be refreshed stays in force
+			// until it expires.
+			return Result{Policy: e.policy, Cached: true}, true
+		}
+		return Result{Failure: e.failType, Err: e.failErr}, true
+	case e.policy != nil && e.policy.ID == id:
+		return Result{Policy: e.policy, Cached: !started}, true
+	}
+	return Result{}, false
+}
+
+// startFetch fetches domain's policy for TXT id in the background and
+// records the outcome in e. c.mu is held.
+func (c *Client) startFetch(e *entry, domain, id string) {
+	done := make(chan struct{})
+	e.fetching = done
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.FetchTimeout)
+		defer cancel()
 		p, ftype, err := c.fetch(ctx, domain)
-
 		c.mu.Lock()
+		defer c.mu.Unlock()
 		e.fetching = nil
 		close(done)
 		if err == nil {
 			p.ID, p.Fetched = id, c.cfg.Now()
 			e.policy, e.failID, e.failErr, e.failType = p, "", nil, ""
-			c.mu.Unlock()
-			return Result{Policy: p}
+			return
 		}
 		e.failID, e.failUntil, e.failType, e.failErr = id, c.cfg.Now().Add(c.cfg.FailureHold), ftype, err
-		c.mu.Unlock()
-		if valid != nil {
-			// 5.1: a policy that cannot be refreshed stays in force
-			// until it expires.
-			return Result{Policy: valid, Cached: true}
-		}
-		return Result{Failure: ftype, Err: err}
+	}()
+}
+
+// refreshAfter is how long after its fetch a policy is fetched again
+// while it is in use: half its max_age, and at least daily (RFC 8461 10.2
+// asks senders to refresh cached policies proactively, so that an
+// attacker who blocks the policy host around an expiry cannot strip
+// them). refreshRetry spaces the tries when the policy host fails.
+const (
+	refreshAfter = 24 * time.Hour
+	refreshRetry = time.Hour
+)
+
+// refreshDue starts a background fetch of the valid policy in e when it
+// is due (refreshAfter): the lookup that finds it due still answers with
+// the cached policy, and a refresh that fails keeps it. c.mu is held.
+func (c *Client) refreshDue(e *entry, domain, id string, now time.Time) {
+	p := e.policy
+	if e.fetching != nil || now.Before(e.refreshAt) || now.Before(p.Fetched.Add(min(p.MaxAge/2, refreshAfter))) {
+		return
 	}
+	e.refreshAt = now.Add(refreshRetry)
+	c.startFetch(e, domain, id)
+}
+
+// Refresh fetches again every cached policy that is due (refreshAfter)
+// and whose domain still announces one, in the background; it returns how
+// many it started. The daemon calls it periodically, so that policies of
+// domains not mailed in a while are refreshed before they expire too.
+func (c *Client) Refresh(ctx context.Context) int {
+	now := c.cfg.Now()
+	c.mu.Lock()
+	var due []string
+	for d, e := range c.entries {
+		if p := e.policy; p != nil && e.fetching == nil && now.Before(p.Expires()) && !now.Before(e.refreshAt) &&
+			!now.Before(p.Fetched.Add(min(p.MaxAge/2, refreshAfter))) {
+			due = append(due, d)
+		}
+	}
+	c.mu.Unlock()
+	n := 0
+	for _, d := range due {
+		if ctx.Err() != nil {
+			break
+		}
+		id, err := c.txtID(ctx, d)
+		if err != nil || id == "" {
+			continue // the cached policy stays in force until it expires
+		}
+		now := c.cfg.Now()
+		c.mu.Lock()
+		if e := c.entries[d]; e != nil && e.policy != nil && e.fetching == nil && !now.Before(e.refreshAt) {
+			e.refreshAt = now.Add(refreshRetry)
+			c.startFetch(e, d, id)
+			n++
+		}
+		c.mu.Unlock()
+	}
+	return n
 }
 
 // newEntry adds an entry for domain, first making room when the cache is
-// full: expired entries go, then arbitrary ones. c.mu is held.
+// full: expired entries go, then those without a policy in force (failed
+// fetches), and only then, when every entry holds one, the policy that
+// expires soonest. A valid policy is what protects the domain's mail, so
+// domains whose policies cannot be had (an attacker's, by the thousand)
+// must not push it out. c.mu is held.
 func (c *Client) newEntry(domain string, now time.Time) *entry {
 	if len(c.entries) >= c.cfg.MaxEntries {
+		inForce := func(e *entry) bool { return e.policy != nil && now.Before(e.policy.Expires()) }
 		for d, e := range c.entries {
-			if e.fetching == nil && (e.policy == nil || !now.Before(e.policy.Expires())) && !now.Before(e.failUntil) {
+			if e.fetching == nil && !inForce(e) && !now.Before(e.failUntil) {
 				delete(c.entries, d)
 			}
 		}
@@ -236,9 +336,21 @@ func (c *Client) newEntry(domain string, now time.Time) *entry {
 			if len(c.entries) < c.cfg.MaxEntries {
 				break
 			}
-			if e.fetching == nil {
+			if e.fetching == nil && !inForce(e) {
 				delete(c.entries, d)
 			}
+		}
+		for len(c.entries) >= c.cfg.MaxEntries {
+			soonest := ""
+			for d, e := range c.entries {
+				if e.fetching == nil && (soonest == "" || e.policy.Expires().Before(c.entries[soonest].policy.Expires())) {
+					soonest = d
+				}
+			}
+			if soonest == "" {
+				break // every entry is fetching: allow one more
+			}
+			delete(c.entries, soonest)
 		}
 	}
 	e := &entry{}

@@ -334,3 +334,155 @@ func TestCacheIsBounded(t *testing.T) {
 		t.Errorf("%d entries, want at most 3", n)
 	}
 }
+
+// waitFetches waits for the policy server to have answered n fetches.
+func waitFetches(t *testing.T, r *rig, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.srv.fetches.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d fetches, want %d", r.srv.fetches.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitPolicy waits for the cached policy of domain to satisfy ok.
+func waitPolicy(t *testing.T, c *Client, domain string, ok func(*Policy) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		e := c.entries[domain]
+		done := e != nil && e.fetching == nil && e.policy != nil && ok(e.policy)
+		c.mu.Unlock()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cached policy of %s never changed as expected", domain)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestPoliciesRefreshedBeforeTheyExpire: a policy in use is fetched again
+// in the background once half its max_age (at most a day) has passed,
+// the lookup that finds it due still answering with the cached one; a
+// refresh that fails keeps it in force; Refresh does the same for a
+// domain nobody looked up since. Before, a policy was fetched again only
+// at a new TXT id or after it expired, when an attacker who blocks the
+// policy host strips it.
+func TestPoliciesRefreshedBeforeTheyExpire(t *testing.T) {
+	r := newRig(t)
+	twoDays := "version: STSv1\nmode: enforce\nmx: mx.example.com\nmax_age: 172800\n"
+	r.dns.set("_mta-sts.example.com", "v=STSv1; id=one;")
+	r.srv.set("example.com", twoDays)
+	first := r.c.Lookup(ctxT(t), "example.com")
+	if first.Policy == nil {
+		t.Fatalf("first lookup: %+v", first)
+	}
+	r.clock.add(23 * time.Hour)
+	if res := r.c.Lookup(ctxT(t), "example.com"); res.Policy != first.Policy || r.srv.fetches.Load() != 1 {
+		t.Fatalf("before the refresh is due: %+v, %d fetches", res, r.srv.fetches.Load())
+	}
+	// Due: answered from the cache, fetched again meanwhile.
+	r.srv.set("example.com", strings.Replace(twoDays, "172800", "259200", 1))
+	r.clock.add(2 * time.Hour)
+	if res := r.c.Lookup(ctxT(t), "example.com"); res.Policy != first.Policy || !res.Cached {
+		t.Fatalf("the lookup that finds it due: %+v", res)
+	}
+	waitPolicy(t, r.c, "example.com", func(p *Policy) bool { return p.MaxAge == 72*time.Hour })
+	if res := r.c.Lookup(ctxT(t), "example.com"); res.Policy == nil || !res.Policy.Expires().Equal(r.clock.now().Add(72*time.Hour)) {
+		t.Fatalf("after the refresh: %+v", res)
+	}
+
+	// A refresh that fails keeps the policy in force to its end.
+	r.srv.set("example.com", "")
+	r.clock.add(25 * time.Hour)
+	fetches := r.srv.fetches.Load()
+	if res := r.c.Lookup(ctxT(t), "example.com"); res.Policy == nil {
+		t.Fatalf("lookup at the failing refresh: %+v", res)
+	}
+	waitFetches(t, r, fetches+1)
+	waitPolicy(t, r.c, "example.com", func(*Policy) bool { return true })
+	if res := r.c.Lookup(ctxT(t), "example.com"); res.Policy == nil || res.Policy.MaxAge != 72*time.Hour {
+		t.Fatalf("after the failed refresh: %+v, want the cached policy", res)
+	}
+
+	// A domain nobody looks up is refreshed by Refresh.
+	r.dns.set("_mta-sts.other.test", "v=STSv1; id=o;")
+	r.srv.set("other.test", "version: STSv1\nmode: enforce\nmx: mx.other.test\nmax_age: 172800\n")
+	if res := r.c.Lookup(ctxT(t), "other.test"); res.Policy == nil {
+		t.Fatalf("other.test: %+v", res)
+	}
+	r.srv.set("other.test", "version: STSv1\nmode: testing\nmx: mx.other.test\nmax_age: 172800\n")
+	if n := r.c.Refresh(ctxT(t)); n != 0 {
+		t.Fatalf("Refresh started %d fetches with none due", n)
+	}
+	r.clock.add(25 * time.Hour)
+	if n := r.c.Refresh(ctxT(t)); n < 1 {
+		t.Fatalf("Refresh started %d fetches, want other.test's", n)
+	}
+	waitPolicy(t, r.c, "other.test", func(p *Policy) bool { return p.Mode == ModeTesting })
+}
+
+// TestCancelledLookupLeavesTheFetch: a caller whose context ends while the
+// policy is fetched stops waiting, but the fetch goes on and its policy
+// is there for the next lookup. Before, the fetch ran on that caller's
+// context, and its cancellation was held as the domain's failure for
+// every sender for FailureHold.
+func TestCancelledLookupLeavesTheFetch(t *testing.T) {
+	r := newRig(t)
+	r.dns.set("_mta-sts.example.com", "v=STSv1; id=one;")
+	r.srv.set("example.com", enforce)
+	gate := make(chan struct{})
+	r.srv.mu.Lock()
+	r.srv.gate = gate
+	r.srv.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { waitFetches(t, r, 1); cancel() }()
+	if res := r.c.Lookup(ctx, "example.com"); res.Policy != nil || res.Err == nil {
+		t.Fatalf("cancelled lookup: %+v", res)
+	}
+	close(gate)
+	waitPolicy(t, r.c, "example.com", func(*Policy) bool { return true })
+	if res := r.c.Lookup(ctxT(t), "example.com"); res.Policy == nil || res.Failure != "" {
+		t.Fatalf("the next lookup: %+v, want the policy the fetch got", res)
+	}
+}
+
+// TestFullCacheKeepsPoliciesInForce: a full cache makes room from the
+// domains without a policy in force; domains whose policy cannot be had
+// (an attacker's, by the thousand) do not push out the policies that
+// protect mail.
+func TestFullCacheKeepsPoliciesInForce(t *testing.T) {
+	r := newRig(t)
+	c, err := New(Config{Resolver: r.dns, RootCAs: r.c.cfg.RootCAs, PolicyAddr: r.srv.addr, MaxEntries: 3, FetchTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.dns.set("_mta-sts.example.com", "v=STSv1; id=one;")
+	r.srv.set("example.com", enforce)
+	r.dns.set("_mta-sts.other.test", "v=STSv1; id=o;")
+	r.srv.set("other.test", "version: STSv1\nmode: enforce\nmx: mx.other.test\nmax_age: 3600\n")
+	for _, d := range []string{"example.com", "other.test"} {
+		if res := c.Lookup(ctxT(t), d); res.Policy == nil {
+			t.Fatalf("%s: %+v", d, res)
+		}
+	}
+	for _, d := range []string{"a.test", "b.test", "c.test", "d.test", "e.test"} {
+		r.dns.set("_mta-sts."+d, "v=STSv1; id=x;")
+		c.Lookup(ctxT(t), d) // fails (no certificate for it): an entry all the same
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.entries) > 3 {
+		t.Errorf("%d entries, want at most 3", len(c.entries))
+	}
+	for _, d := range []string{"example.com", "other.test"} {
+		if e := c.entries[d]; e == nil || e.policy == nil {
+			t.Errorf("%s's policy pushed out of the cache", d)
+		}
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"crypto/x509"
 	"net"
 	"path/filepath"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -93,9 +95,51 @@ func (m *tlsSessions) Record(ev tlsrpt.Event) {
 
 // tlsPolicies builds the MTA-STS client, the DANE resolver and the TLS
 // outcome reporter (metrics, and the report aggregator when reports are
-// kept) for the sender, and returns a function that runs the aggregator
-// until ctx ends (nil when there are no reports to keep).
+// kept) for the sender, and returns a function that runs, until ctx ends,
+// the aggregator and the MTA-STS policies' refresh (nil when there is
+// neither).
 func tlsPolicies(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname, workerID string, reg prometheus.Registerer, log zerolog.Logger) (
+	sts sender.MTASTSLookup, tlsa dane.Resolver, rep sender.TLSReporter, run func(context.Context), err error) {
+	sts, tlsa, rep, runReports, err := tlsPoliciesAndReports(c, res, roots, hostname, workerID, reg, log)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	cl, _ := sts.(*mtasts.Client)
+	if cl == nil {
+		return sts, tlsa, rep, runReports, nil
+	}
+	return sts, tlsa, rep, func(ctx context.Context) {
+		// Returns once the report loop has saved the day's counts too.
+		var wg sync.WaitGroup
+		if runReports != nil {
+			wg.Go(func() { runReports(ctx) })
+		}
+		refreshSTS(ctx, cl, stsRefreshEvery)
+		wg.Wait()
+	}, nil
+}
+
+// stsRefreshEvery is how often the cached MTA-STS policies due for a
+// refresh are fetched again (mtasts.Client.Refresh).
+const stsRefreshEvery = time.Hour
+
+// refreshSTS refreshes the MTA-STS policies that are due every period,
+// until ctx ends: a policy is fetched again at half its max_age (at most
+// a day) whether or not mail went to its domain meanwhile (RFC 8461 10.2).
+func refreshSTS(ctx context.Context, cl *mtasts.Client, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			cl.Refresh(ctx)
+		}
+	}
+}
+
+func tlsPoliciesAndReports(c *serveConfig, res tlsResolver, roots *x509.CertPool, hostname, workerID string, reg prometheus.Registerer, log zerolog.Logger) (
 	sts sender.MTASTSLookup, tlsa dane.Resolver, rep sender.TLSReporter, run func(context.Context), err error) {
 	t := &c.tlsPolicyConfig
 	sessions := &tlsSessions{c: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 )
 
 type ipResolver map[string][]net.IPAddr
@@ -54,5 +56,29 @@ func TestDialVia(t *testing.T) {
 	_ = c.Close()
 	if _, err := dialVia(res)(ctx, "tcp", "mta-sts.unknown.test:443"); err == nil {
 		t.Fatal("a name the resolver does not know was dialled")
+	}
+}
+
+// TestMTASTSRefreshRuns: with MTA-STS on, serve gets a function to run
+// even without TLS reports, the one that refreshes the cached policies
+// (mtasts.Client.Refresh), and it returns when its context ends.
+func TestMTASTSRefreshRuns(t *testing.T) {
+	c := &serveConfig{}
+	c.MTASTS = true
+	sts, _, _, run, err := tlsPolicies(c, ipResolver{}, nil, "outflow.test", "w1", prometheus.NewRegistry(), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sts == nil || run == nil {
+		t.Fatalf("MTA-STS on: lookup %v, run %v; want both", sts, run != nil)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); run(ctx) }()
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return after its context ended")
 	}
 }
