@@ -18,7 +18,8 @@ func (e *ErrPrivateAddress) Error() string {
 
 // private reports whether a is an address a tenant must not aim the
 // daemon at: loopback, RFC 1918 / RFC 4193 private, link-local (cloud
-// metadata services live there), unspecified, or multicast; and an IPv6
+// metadata services live there), unspecified, multicast, or another
+// special-purpose range (special); and an IPv6
 // address that carries such an IPv4 one to a translator (NAT64, RFC 6052
 // and 8215; 6to4, RFC 3056), which on a host behind one reaches it.
 func private(a netip.Addr) bool {
@@ -26,9 +27,32 @@ func private(a netip.Addr) bool {
 	if v4, ok := embeddedV4(a); ok && private(v4) {
 		return true
 	}
-	return a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() ||
-		a.IsUnspecified() || a.IsMulticast() || a.IsInterfaceLocalMulticast() ||
-		netip.MustParsePrefix("100.64.0.0/10").Contains(a) // carrier-grade NAT
+	if a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() ||
+		a.IsUnspecified() || a.IsMulticast() || a.IsInterfaceLocalMulticast() {
+		return true
+	}
+	for _, p := range special {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// special are the other ranges that are no public endpoint (RFC 6890's
+// registries): what one reaches there is the operator's network or
+// nobody's.
+var special = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),       // "this network" (0.x.y.z reaches the host itself on Linux)
+	netip.MustParsePrefix("100.64.0.0/10"),   // carrier-grade NAT (RFC 6598)
+	netip.MustParsePrefix("192.0.0.0/24"),    // IETF protocol assignments
+	netip.MustParsePrefix("198.18.0.0/15"),   // benchmarking (RFC 2544), used for internal networks
+	netip.MustParsePrefix("240.0.0.0/4"),     // reserved, and the broadcast address
+	netip.MustParsePrefix("fec0::/10"),       // site-local (deprecated, still routed inside some sites)
+	netip.MustParsePrefix("100::/64"),        // discard-only (RFC 6666)
+	netip.MustParsePrefix("2001:db8::/32"),   // documentation
+	netip.MustParsePrefix("2001:2::/48"),     // benchmarking
+	netip.MustParsePrefix("::ffff:0:0:0/96"), // IPv4-translated (RFC 2765), SIIT
 }
 
 // translators are the IPv6 prefixes whose addresses embed an IPv4 one, and
@@ -40,6 +64,7 @@ var translators = []struct {
 	{netip.MustParsePrefix("64:ff9b::/96"), 12},   // NAT64 well-known prefix (RFC 6052)
 	{netip.MustParsePrefix("64:ff9b:1::/48"), 12}, // local-use NAT64 (RFC 8215), in its last 32 bits here
 	{netip.MustParsePrefix("2002::/16"), 2},       // 6to4 (RFC 3056)
+	{netip.MustParsePrefix("::/96"), 12},          // IPv4-compatible (RFC 4291 2.5.5.1, deprecated; some stacks still reach the IPv4 address)
 }
 
 // embeddedV4 is the IPv4 address an IPv6 translator address carries.

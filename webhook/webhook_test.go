@@ -102,8 +102,9 @@ func TestPrivateAddressRefusedAtDial(t *testing.T) {
 }
 
 // TestPrivateThroughTranslators: an IPv6 address that carries a private
-// IPv4 one to a NAT64 or 6to4 translator is private too; one that carries
-// a public address is not.
+// IPv4 one to a NAT64, 6to4 or IPv4-compatible form is private too; one
+// that carries a public address is not; the special-purpose ranges that
+// are nobody's public endpoint are refused.
 func TestPrivateThroughTranslators(t *testing.T) {
 	for addr, want := range map[string]bool{
 		"64:ff9b::a00:1":      true,  // 10.0.0.1
@@ -113,8 +114,18 @@ func TestPrivateThroughTranslators(t *testing.T) {
 		"2002:a00:1::1":       true,  // 6to4 of 10.0.0.1
 		"64:ff9b::808:808":    false, // 8.8.8.8
 		"2002:808:808::1":     false,
-		"2001:db8::1":         false,
+		"2606:4700::1111":     false,
+		"8.8.8.8":             false,
 		"::ffff:192.168.1.10": true,
+		// IPv4-compatible, site-local and the other special ranges.
+		"::a00:1":         true, // ::10.0.0.1
+		"::7f00:1":        true, // ::127.0.0.1
+		"fec0::1":         true,
+		"192.0.0.8":       true,
+		"198.18.0.1":      true,
+		"0.1.2.3":         true,
+		"255.255.255.255": true,
+		"2001:db8::1":     true,
 	} {
 		if got := private(netip.MustParseAddr(addr)); got != want {
 			t.Errorf("private(%s) = %v, want %v", addr, got, want)
