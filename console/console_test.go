@@ -604,3 +604,23 @@ func TestFindByRecipient(t *testing.T) {
 		t.Fatalf("find of nobody:\n%s", body)
 	}
 }
+
+// TestCookieSecureBehindAProxy: a listener without TLS behind a reverse
+// proxy that ends it (X-Forwarded-Proto: https) still marks the session
+// cookie Secure, so the browser never sends it over plain HTTP; a plain
+// request without the header does not.
+func TestCookieSecureBehindAProxy(t *testing.T) {
+	c := &Console{}
+	for proto, want := range map[string]bool{"https": true, "HTTPS": true, "http": false, "": false} {
+		r := httptest.NewRequest("POST", "/ui/login", nil)
+		if proto != "" {
+			r.Header.Set("X-Forwarded-Proto", proto)
+		}
+		w := httptest.NewRecorder()
+		c.setCookie(w, r, sessionCookie, "tok", 60)
+		cs := w.Result().Cookies()
+		if len(cs) != 1 || cs[0].Secure != want {
+			t.Errorf("X-Forwarded-Proto %q: cookies %+v, want Secure %v", proto, cs, want)
+		}
+	}
+}

@@ -15,7 +15,8 @@
 // Sign-in takes an admin API key (`outflow apikey create --admin`). A
 // session lives in this process's memory, for SessionTTL (8 hours by
 // default) from sign-in or until sign-out; its cookie is HttpOnly,
-// SameSite=Strict and, under TLS, Secure, and holds only a random token.
+// SameSite=Strict and, under TLS (its own or a proxy's that sets
+// X-Forwarded-Proto), Secure, and holds only a random token.
 // The key is looked up again on every request, so revoking it ends its
 // sessions at once; a restart ends them all (sign in again). Every request
 // but the sign-in page and the stylesheet needs a session, and every

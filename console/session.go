@@ -139,9 +139,15 @@ func (c *Console) sessionOf(r *http.Request) *session {
 	return s
 }
 
-func (c *Console) setCookie(w http.ResponseWriter, name, value string, maxAge int) {
+// setCookie sets one of the console's cookies: Secure when this listener
+// serves TLS, or when the request reached a reverse proxy over HTTPS
+// (X-Forwarded-Proto: https, which the proxy sets; a forged one only makes
+// the cookie stricter), so a session behind a proxy that ends TLS is never
+// sent over plain HTTP.
+func (c *Console) setCookie(w http.ResponseWriter, r *http.Request, name, value string, maxAge int) {
+	secure := c.cfg.Secure || strings.EqualFold(strings.TrimSpace(r.Header.Get("X-Forwarded-Proto")), "https")
 	http.SetCookie(w, &http.Cookie{Name: name, Value: value, Path: Prefix, MaxAge: maxAge,
-		HttpOnly: true, Secure: c.cfg.Secure, SameSite: http.SameSiteStrictMode})
+		HttpOnly: true, Secure: secure, SameSite: http.SameSiteStrictMode})
 }
 
 // loginPage shows the sign-in form. Its token (in a cookie and the form)
@@ -152,7 +158,7 @@ func (c *Console) loginPage(w http.ResponseWriter, r *http.Request, _ *session) 
 
 func (c *Console) renderLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	tok := randomToken()
-	c.setCookie(w, preCookie, tok, 600)
+	c.setCookie(w, r, preCookie, tok, 600)
 	next := r.FormValue("next")
 	if !safeNext(next) {
 		next = ""
@@ -190,8 +196,8 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request, _ *session) {
 		return
 	}
 	s := c.sessions.create(key, *info)
-	c.setCookie(w, sessionCookie, s.token, int(c.cfg.SessionTTL/time.Second))
-	c.setCookie(w, preCookie, "", -1)
+	c.setCookie(w, r, sessionCookie, s.token, int(c.cfg.SessionTTL/time.Second))
+	c.setCookie(w, r, preCookie, "", -1)
 	c.log.Info().Str("key_id", info.ID).Str("tenant", info.Tenant).Str("remote", r.RemoteAddr).Msg("console sign-in")
 	next := r.PostForm.Get("next")
 	if !safeNext(next) {
@@ -202,7 +208,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request, _ *session) {
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
 	c.sessions.drop(s.token)
-	c.setCookie(w, sessionCookie, "", -1)
+	c.setCookie(w, r, sessionCookie, "", -1)
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
 }
 
