@@ -46,14 +46,16 @@ type Classifier struct {
 	enhNone    []uint64  // rules a reply without a valid enhanced code can match
 	// enhRules[((class*len(enhSub)+sub)*len(enhDet)+det)*ruleWords:] are
 	// the rules an enhanced code can match, with class 0, 1, 2 for 2, 4,
-	// 5, and sub and det the index of the code's subject and detail among
-	// the values some pattern names (enhSubIdx, enhDetIdx; 0 for a value
-	// no pattern names, which only a wildcard matches).
+	// 5, and sub and det the group of the code's subject and detail: the
+	// values the same patterns' values and ranges contain form one group
+	// (enhSubIdx, enhDetIdx; group 0 for a value no pattern names, which
+	// only a wildcard matches), and enhSub and enhDet hold one value of
+	// each group.
 	enhRules  []uint64
 	enhSub    []int16
 	enhDet    []int16
-	enhSubIdx [1000]uint8
-	enhDetIdx [1000]uint8
+	enhSubIdx [enhMax + 1]uint8
+	enhDetIdx [enhMax + 1]uint8
 }
 
 // numCodes bounds the basic codes the rule sets are indexed by; index 0
@@ -90,11 +92,18 @@ type rule struct {
 	events     uint16 // bit per Event; 0: replies only
 	codes      []codePattern
 	enh        []enhPattern // any of; empty: any
-	text       []uint16     // phrase ids, any of; empty: no condition
+	text       []uint16     // phrase ids, any of; empty: no condition (near phrases: their first part; tags without text: their start)
 	notText    []uint16     // phrase ids, none of
+	plain      []uint16     // the phrases of text without gaps
+	also       []uint16     // phrase ids, any of (a second condition on the text)
+	near       []nearPhrase // the phrases of text with gaps (checked per candidate)
+	tags       []tagPattern // provider codes, any of (checked per candidate)
 	textMask   matchSet     // text as a bit set, tested a word at a time
 	notMask    matchSet     // notText as a bit set
+	plainMask  matchSet     // plain as a bit set
+	alsoMask   matchSet     // also as a bit set
 	re         *regexp.Regexp
+	perCand    bool          // also, near, tags or re: conditions the rule sets leave to each candidate
 	retryAfter time.Duration // hint used when the text gives none
 	embedded   bool          // from the embedded rules, not an operator's file
 }
@@ -189,7 +198,8 @@ func (c *Classifier) compile(files []*ruleFile) error {
 	c.words = (len(c.idx.phrases) + 63) / 64
 	for i := range c.rules {
 		r := &c.rules[i]
-		r.textMask, r.notMask = c.mask(r.text), c.mask(r.notText)
+		r.textMask, r.notMask, r.plainMask, r.alsoMask = c.mask(r.text), c.mask(r.notText), c.mask(r.plain), c.mask(r.also)
+		r.perCand = len(r.also) > 0 || len(r.near) > 0 || len(r.tags) > 0 || r.re != nil
 	}
 	c.unitMask = c.mask(units)
 	c.compileSets()
@@ -250,31 +260,26 @@ func (c *Classifier) compileSets() {
 // enhClasses are the classes of a valid enhanced code (RFC 3463 2).
 var enhClasses = [3]int{2, 4, 5}
 
-// enhOther stands for a subject or detail that no pattern names.
-const enhOther = 1000
-
-// compileEnhSets builds the rule sets by enhanced code. Patterns name a
-// few subjects and details; every other value behaves alike (only a
-// wildcard matches it), so the sets are indexed by the values named and
-// one more for the rest, and each is computed with the rule's own match.
+// compileEnhSets builds the rule sets by enhanced code. Patterns name a few
+// subjects and details, or ranges of them; values that every pattern
+// treats alike (in the same ranges) behave alike, so the sets are indexed
+// by those groups of values (enhValueGroups) rather than by value, and each
+// is computed with the rule's own match on one value of its group.
 func (c *Classifier) compileEnhSets() {
 	rw := c.ruleWords
-	c.enhSub, c.enhDet = []int16{enhOther}, []int16{enhOther}
+	var subR, detR [][2]int16
 	for _, r := range c.rules {
 		for _, p := range r.enh {
 			if p.none {
 				continue
 			}
-			if p.subject >= 0 && p.subject < 1000 && c.enhSubIdx[p.subject] == 0 && len(c.enhSub) < 255 {
-				c.enhSubIdx[p.subject] = uint8(len(c.enhSub))
-				c.enhSub = append(c.enhSub, p.subject)
-			}
-			if p.detail >= 0 && p.detail < 1000 && c.enhDetIdx[p.detail] == 0 && len(c.enhDet) < 255 {
-				c.enhDetIdx[p.detail] = uint8(len(c.enhDet))
-				c.enhDet = append(c.enhDet, p.detail)
-			}
+			subR = append(subR, [2]int16{p.subLo, p.subHi})
+			detR = append(detR, [2]int16{p.detLo, p.detHi})
 		}
 	}
+	var okS, okD bool
+	c.enhSub, okS = enhValueGroups(subR, &c.enhSubIdx)
+	c.enhDet, okD = enhValueGroups(detR, &c.enhDetIdx)
 	ns, nd := len(c.enhSub), len(c.enhDet)
 	c.enhNone = make([]uint64, rw)
 	for i, r := range c.rules {
@@ -284,7 +289,7 @@ func (c *Classifier) compileEnhSets() {
 	}
 	// An operator's file naming hundreds of subjects or details would make
 	// the table large; then each candidate's patterns are tested instead.
-	if ns >= 255 || nd >= 255 || ns*nd > maxEnhCells {
+	if !okS || !okD || ns*nd > maxEnhCells {
 		c.enhRules = nil
 		return
 	}
@@ -301,6 +306,62 @@ func (c *Classifier) compileEnhSets() {
 			}
 		}
 	}
+}
+
+// enhValueGroups groups the values 0-999 of a subject or detail by the
+// ranges (of every pattern) that contain them: two values in the same
+// ranges are matched by the same patterns. It sets idx[v] to v's group,
+// group 0 being the values in no range (only a wildcard matches them), and
+// returns one value of each group; ok is false when there are too many
+// groups to index with a byte.
+func enhValueGroups(ranges [][2]int16, idx *[enhMax + 1]uint8) (reps []int16, ok bool) {
+	// Drop the wildcards and duplicates: they do not tell values apart.
+	seen := map[[2]int16]bool{}
+	var rs [][2]int16
+	for _, r := range ranges {
+		if r[0] == 0 && r[1] == enhMax || seen[r] {
+			continue
+		}
+		seen[r] = true
+		rs = append(rs, r)
+	}
+	groups := map[string]uint8{"": 0}
+	reps = []int16{-1}
+	words := (len(rs) + 63) / 64
+	key := make([]byte, 8*words)
+	for v := int16(0); v <= enhMax; v++ {
+		clear(key)
+		in := false
+		for k, r := range rs {
+			if r[0] <= v && v <= r[1] {
+				key[k>>3] |= 1 << (k & 7)
+				in = true
+			}
+		}
+		if !in {
+			idx[v] = 0
+			if reps[0] < 0 {
+				reps[0] = v
+			}
+			continue
+		}
+		g, found := groups[string(key)]
+		if !found {
+			if len(reps) >= 255 {
+				return nil, false
+			}
+			g = uint8(len(reps))
+			groups[string(key)] = g
+			reps = append(reps, v)
+		}
+		idx[v] = g
+	}
+	if reps[0] < 0 {
+		// Every value is in some range; group 0 is never looked up, and a
+		// value past the end stands for it.
+		reps[0] = enhMax + 1
+	}
+	return reps, true
 }
 
 // maxEnhCells bounds the subject and detail combinations compileEnhSets
@@ -485,7 +546,7 @@ func (c *Classifier) classifyReply(in Input) Result {
 	// text condition, it wins whatever the text says (a 250 to the final
 	// dot): the text need not be scanned.
 	if ri, ok := c.firstRule(f.code, in.Stage, enh); ok {
-		if r := &c.rules[ri]; len(r.text) == 0 && len(r.notText) == 0 && r.re == nil && !c.tokenOn[ri] && enh != nil {
+		if r := &c.rules[ri]; len(r.text) == 0 && len(r.notText) == 0 && !r.perCand && !c.tokenOn[ri] && enh != nil {
 			return c.decide(ri, &f, in.Stage, nil)
 		}
 	}
@@ -495,7 +556,7 @@ func (c *Classifier) classifyReply(in Input) Result {
 		for word != 0 {
 			ri := w<<6 | bits.TrailingZeros64(word)
 			word &= word - 1
-			if r := &c.rules[ri]; enh != nil && r.re == nil || r.finalOK(&f) {
+			if r := &c.rules[ri]; enh != nil && !r.perCand || r.finalOK(&f, m) {
 				return c.decide(ri, &f, in.Stage, m)
 			}
 		}
@@ -505,10 +566,47 @@ func (c *Classifier) classifyReply(in Input) Result {
 
 // finalOK tests the conditions of r that the rule sets may leave to each
 // candidate: its enhanced codes (when there were too many values to index
-// them) and its regexp.
-func (r *rule) finalOK(f *replyFields) bool {
-	return (len(r.enh) == 0 || anyEnh(r.enh, f.hasEnh, f.ec, f.es, f.ed)) &&
-		(r.re == nil || r.re.MatchString(f.text))
+// them), its also_text, near phrases, tags and regexp. m is the text's
+// match set.
+func (r *rule) finalOK(f *replyFields, m matchSet) bool {
+	return (len(r.enh) == 0 || anyEnh(r.enh, f.hasEnh, f.ec, f.es, f.ed)) && r.perCandOK(f.text, m)
+}
+
+// perCandOK tests r's also_text, near phrases, tags and regexp on text,
+// whose match set m already satisfies r's text and not_text as the rule
+// sets see them (a near phrase's first part counts there as the phrase).
+func (r *rule) perCandOK(text string, m matchSet) bool {
+	if !r.perCand {
+		return true
+	}
+	if len(r.also) > 0 && !m.any(r.alsoMask) {
+		return false
+	}
+	if len(r.near) > 0 && !m.any(r.plainMask) {
+		ok := false
+		for i := range r.near {
+			if np := &r.near[i]; np.present(m) && np.match(text) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	if len(r.tags) > 0 {
+		ok := false
+		for i := range r.tags {
+			if t := &r.tags[i]; m.has(t.id) && t.match(text) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return r.re == nil || r.re.MatchString(text)
 }
 
 // decide returns the result of rule ri, which matched the reply: the
@@ -573,7 +671,7 @@ func (c *Classifier) classifyEvent(in Input) Result {
 
 // matches scans text once for every rule phrase. buf avoids an allocation
 // when the phrases fit in it.
-// textOK reports whether r's phrase and regexp conditions hold for text.
+// textOK reports whether r's phrase, tag and regexp conditions hold for text.
 // The phrase matches are computed once per classification, on the first
 // rule that needs them (m is nil until then, backed by buf), and returned
 // for the next rule; returning rather than taking a pointer keeps them off
@@ -587,7 +685,10 @@ func (c *Classifier) textOK(r *rule, text string, m matchSet, buf []uint64) (mat
 			return m, false
 		}
 	}
-	return m, r.re == nil || r.re.MatchString(text)
+	if r.perCand && m == nil {
+		m = c.matches(text, buf)
+	}
+	return m, r.perCandOK(text, m)
 }
 
 func (c *Classifier) matches(text string, buf []uint64) matchSet {

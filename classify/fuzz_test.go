@@ -19,6 +19,10 @@ func FuzzParseReply(f *testing.F) {
 		"550 5.", "550 5.1.", "550 5.1.1", "550 #", "550 #5.1.1", "5.1.1", "4.7.1 x (451)", "x (451", "(451)",
 		"[552]", " 552", "said: 550", "host x said: ", "421 5.7.0 in 1", "in 99999999999999999999999 s",
 		"250-a\n250-b\n", "\r\n\r\n", "550-550-550-", "550 550 550", "timed out while sending end of data",
+		// Near phrases, tags, also_text and enhanced-code ranges.
+		"421 4.4.2 rate has exceeded the configured limit", "550 exceeded exceeded a b c d e limit", "too many too many ~3 sessions",
+		"550 5.1.0 sender rejected AUP#I-1310", "AUP#I-99999999999999999999", "AUP#I-", "421 HL:ICC", "HL:ICCC", "IB510IB510",
+		"451 4.7.550 Access denied", "451 4.7.999 x", "552 5.2.2 quota exceeded mailbox", "550 block spam too many",
 	} {
 		f.Add(s)
 	}

@@ -20,8 +20,8 @@ import "strings"
 //     5.1.2 bad system, 5.1.3 bad syntax, 5.1.6 moved, 5.1.10 null MX,
 //     5.2.1 disabled), or a rule that read it in the text (user unknown,
 //     a provider's "no such account");
-//   - and no word of policy, reputation, authentication, the sender or a
-//     limit in the text.
+//   - and no word of policy, reputation, authentication, the sender or
+//     the sending account, or a limit in the text.
 func (r Result) AddressGone(stage Stage) bool {
 	if r.Class != Permanent || r.Scope != ScopeRecipient {
 		return false
@@ -79,11 +79,14 @@ var providerAddressRules = map[string]bool{
 }
 
 // notAboutTheAddress are words that put a refusal on something other than
-// the address: the sending address or domain, the message, its
+// the address: the sending address or domain, the sending account ("message
+// sending for this account is disabled", "you have exceeded your quota":
+// the account is ours, not the recipient's), the message, its
 // authentication, a limit.
 var notAboutTheAddress = []string{
 	"spam", "block", "listed", "blacklist", "reputation", "policy",
 	"spf", "dkim", "dmarc", "authenticat", "sender", "relay access", "relaying",
+	"sending", "outgoing", "your account", "you have exceeded", "you've reached", "you have reached",
 	"quota", "limit", "too many", "mailbox full", "is full", "storage",
 	"message size", "too large",
 }

@@ -29,7 +29,7 @@ func referenceClassify(c *Classifier, in Input) Result {
 		if len(r.text) > 0 && !m.any(r.textMask) || len(r.notText) > 0 && m.any(r.notMask) {
 			continue
 		}
-		if r.finalOK(&f) {
+		if r.finalOK(&f, m) {
 			return c.decide(ri, &f, in.Stage, m)
 		}
 	}
@@ -118,11 +118,23 @@ regex = '(?i)policy|spamhaus'
 		} {
 			used[sameAsReference(t, c, Input{Raw: raw}).Rule] = true
 		}
+		// The replies of the review, their paraphrases and the guards
+		// (reviewed_test.go): near phrases, tags, also_text and
+		// enhanced-code ranges decide them.
+		for _, cases := range [][]replyCase{reviewedSlowDown, reviewedParaphrases, reviewedGuards} {
+			for _, tc := range cases {
+				p := Parse(tc.raw)
+				for _, st := range []Stage{StageUnknown, tc.stage} {
+					used[sameAsReference(t, c, Input{Raw: tc.raw, Stage: st}).Rule] = true
+					sameAsReference(t, c, Input{Code: p.Code, Enhanced: p.Enhanced, Text: p.Text, Stage: st})
+				}
+			}
+		}
 		for code := 0; code < 700; code += 7 {
 			sameAsReference(t, c, Input{Code: code, Text: "try again in " + strconv.Itoa(code) + " seconds"})
 		}
 	}
-	for _, name := range []string{"op-rcpt-quota", "op-regex", TokenRule} {
+	for _, name := range []string{"op-rcpt-quota", "op-regex", TokenRule, "limit-exceeded", "spectrum-connection-limit", "microsoft-rate-4.7.65x", "mailbox-full"} {
 		if !used[name] {
 			t.Errorf("rule %s never decided: the comparison does not reach it", name)
 		}

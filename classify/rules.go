@@ -57,7 +57,7 @@ func (e *RulesError) Unwrap() error { return e.Err }
 var ruleKeys = map[string]bool{
 	"name": true, "provider": true, "note": true, "class": true, "scope": true,
 	"codes": true, "enhanced": true, "stages": true, "events": true,
-	"text": true, "not_text": true, "regex": true, "retry_after": true,
+	"text": true, "not_text": true, "also_text": true, "tags": true, "regex": true, "retry_after": true,
 }
 
 // ruleSpec is one [[rule]] table as written.
@@ -73,6 +73,8 @@ type ruleSpec struct {
 	Events     []string
 	Text       []string
 	NotText    []string
+	AlsoText   []string
+	Tags       []string
 	Regex      string
 	RetryAfter string
 	line       int            // 1-based line of the [[rule]] header; 0 when unknown
@@ -193,6 +195,10 @@ func decodeRule(md toml.MetaData, t map[string]toml.Primitive, lines []string, s
 			dst = &spec.Text
 		case "not_text":
 			dst = &spec.NotText
+		case "also_text":
+			dst = &spec.AlsoText
+		case "tags":
+			dst = &spec.Tags
 		}
 		if err := md.PrimitiveDecode(p, dst); err != nil {
 			want := "a string"
@@ -295,7 +301,7 @@ func compileRule(spec ruleSpec, idx *textIndex) (rule, *RulesError) {
 	for _, e := range spec.Enhanced {
 		p, ok := parseEnhancedPattern(e)
 		if !ok {
-			return bad("enhanced", "bad enhanced code %q (want class.subject.detail with * for any part, like 5.7.* or *.2.2, or none)", e)
+			return bad("enhanced", "bad enhanced code %q (want class.subject.detail with * for any part and lo-hi for a range of subjects or details, like 5.7.*, *.2.2 or 4.7.500-699, or none)", e)
 		}
 		r.enh = append(r.enh, p)
 	}
@@ -304,14 +310,59 @@ func compileRule(spec ruleSpec, idx *textIndex) (rule, *RulesError) {
 		if p == "" {
 			return bad("text", "empty phrase in text")
 		}
-		r.text = append(r.text, idx.add(p))
+		np, gapped, err := parseNear(p)
+		if err != nil {
+			return bad("text", "%v", err)
+		}
+		if !gapped {
+			id := idx.add(p)
+			r.text = append(r.text, id)
+			r.plain = append(r.plain, id)
+			continue
+		}
+		// A near phrase makes the rule a candidate when its first part
+		// occurs; the rest is checked on the candidate (nearPhrase).
+		for _, part := range np.parts {
+			np.ids = append(np.ids, idx.add(part))
+		}
+		r.text = append(r.text, np.ids[0])
+		r.near = append(r.near, np)
 	}
 	for _, t := range spec.NotText {
 		p := normPhrase(t)
 		if p == "" {
 			return bad("not_text", "empty phrase in not_text")
 		}
+		if _, gapped, _ := parseNear(p); gapped {
+			return bad("not_text", "phrase %q: gaps (~, ~N) are for text, not not_text", t)
+		}
 		r.notText = append(r.notText, idx.add(p))
+	}
+	for _, t := range spec.AlsoText {
+		p := normPhrase(t)
+		if p == "" {
+			return bad("also_text", "empty phrase in also_text")
+		}
+		if _, gapped, _ := parseNear(p); gapped {
+			return bad("also_text", "phrase %q: gaps (~, ~N) are for text, not also_text", t)
+		}
+		r.also = append(r.also, idx.add(p))
+	}
+	for _, t := range spec.Tags {
+		tp, err := parseTag(t)
+		if err != nil {
+			return bad("tags", "%v", err)
+		}
+		tp.id = idx.add(normPhrase(tp.prefix))
+		r.tags = append(r.tags, tp)
+	}
+	// Without text, a tag's literal start is what makes the rule a
+	// candidate; with text, the text does, and the tags are checked on
+	// the candidate.
+	if len(spec.Text) == 0 {
+		for _, tp := range r.tags {
+			r.text = append(r.text, tp.id)
+		}
 	}
 	if len(idx.phrases) > maxPhrases-1 {
 		return bad("", "too many phrases (more than %d in all rules)", maxPhrases-1)
@@ -373,12 +424,20 @@ func (p codePattern) match(code int) bool {
 	return true
 }
 
-// enhPattern matches an enhanced code part by part; -1 is "*". none matches
-// replies without a valid enhanced code.
+// enhPattern matches an enhanced code part by part: the class exactly or
+// any (-1), the subject and the detail each within a range of values
+// ("*" is 0-999, "7" is 7-7, "500-699" is itself). none matches replies
+// without a valid enhanced code.
 type enhPattern struct {
-	class, subject, detail int16
-	none                   bool
+	class        int16
+	subLo, subHi int16
+	detLo, detHi int16
+	none         bool
 }
+
+// enhMax is the largest value of an enhanced code's subject or detail
+// (RFC 3463 2: one to three digits).
+const enhMax = 999
 
 func parseEnhancedPattern(s string) (enhPattern, bool) {
 	if s == "none" {
@@ -388,35 +447,58 @@ func parseEnhancedPattern(s string) (enhPattern, bool) {
 	if len(parts) != 3 {
 		return enhPattern{}, false
 	}
-	var v [3]int16
+	var lo, hi [3]int16
 	for i, p := range parts {
 		if p == "*" {
-			v[i] = -1
+			lo[i], hi[i] = 0, enhMax
+			if i == 0 {
+				lo[i], hi[i] = -1, -1
+			}
 			continue
 		}
-		if len(p) == 0 || len(p) > 3 {
+		a, b, isRange := strings.Cut(p, "-")
+		if isRange && i == 0 {
 			return enhPattern{}, false
 		}
-		n := 0
-		for j := 0; j < len(p); j++ {
-			if p[j] < '0' || p[j] > '9' {
+		x, ok := enhNumber(a)
+		if !ok {
+			return enhPattern{}, false
+		}
+		y := x
+		if isRange {
+			if y, ok = enhNumber(b); !ok || y < x {
 				return enhPattern{}, false
 			}
-			n = n*10 + int(p[j]-'0')
 		}
-		v[i] = int16(n)
+		lo[i], hi[i] = x, y
 	}
-	if v[0] != -1 && v[0] != 2 && v[0] != 4 && v[0] != 5 {
+	if lo[0] != -1 && lo[0] != 2 && lo[0] != 4 && lo[0] != 5 {
 		return enhPattern{}, false
 	}
-	return enhPattern{class: v[0], subject: v[1], detail: v[2]}, true
+	return enhPattern{class: lo[0], subLo: lo[1], subHi: hi[1], detLo: lo[2], detHi: hi[2]}, true
+}
+
+// enhNumber parses one to three digits.
+func enhNumber(p string) (int16, bool) {
+	if len(p) == 0 || len(p) > 3 {
+		return 0, false
+	}
+	n := int16(0)
+	for j := 0; j < len(p); j++ {
+		if p[j] < '0' || p[j] > '9' {
+			return 0, false
+		}
+		n = n*10 + int16(p[j]-'0')
+	}
+	return n, true
 }
 
 func (p enhPattern) match(has bool, c, s, d int) bool {
 	if !has {
 		return p.none
 	}
-	return !p.none && (p.class < 0 || int(p.class) == c) && (p.subject < 0 || int(p.subject) == s) && (p.detail < 0 || int(p.detail) == d)
+	return !p.none && (p.class < 0 || int(p.class) == c) &&
+		int(p.subLo) <= s && s <= int(p.subHi) && int(p.detLo) <= d && d <= int(p.detHi)
 }
 
 // loadRuleFiles reads the operator's file (if any) and the embedded files,

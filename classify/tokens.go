@@ -50,7 +50,8 @@ var tokenVocabulary = []tokenWeight{
 	{" minute", [3]float32{0, 0.5, 0}},
 	{"concurren", [3]float32{0, 2, 0}},
 	{"connections", [3]float32{0, 1.5, 0}},
-	{"too many", [3]float32{0, 1.5, 0}},
+	{"session", [3]float32{0, 1, 0}},
+	{"too many", [3]float32{0, 2, 0}},
 	{"too much", [3]float32{0, 1, 0}},
 	{"exceed", [3]float32{0, 1, 0}},
 	{"limit", [3]float32{0, 1, 0}},
@@ -110,6 +111,16 @@ var tokenFallbacks = map[string]bool{
 	"enhanced-class-5-in-4xx": true, "enhanced-class-4-in-5xx": true,
 	"rfc3463-permanent": true, "rfc3463-transient": true,
 	"transient": true, "permanent": true, "no-code": true,
+	// Rules that go by a code whose meaning servers stretch: 421 (any
+	// refusal that closes the connection), X.4.1/X.4.2 and X.4.5 (sent with
+	// "submission rate for this client exceeded" or "hourly volume"), and
+	// X.1.x (GoDaddy's 5.1.1 "too many recipients this hour", Spectrum's
+	// 5.1.0 connection limits). A user-unknown text never reaches X.1.x
+	// here: user-unknown comes first. Not rfc3463-too-many-recipients: its
+	// texts say "recipient limit exceeded" of one message, and against its
+	// class (transient) a 5xx's prior leaves those words nothing to beat.
+	"service-closing": true, "rfc3463-network-temporary": true, "rfc3463-congestion": true,
+	"rfc3463-bad-recipient": true,
 }
 
 // TokenRule is the rule name of a result the token layer decided.
