@@ -53,7 +53,7 @@ func TestDANE(t *testing.T) {
 	zone("dane-bad.test", spki(other), true)
 	zone("dane-noad.test", spki(other), false)
 
-	d := startDaemon(t, filepath.Join(dir, "data"), "--users", writeUsers(t, dir), "--dns", dns.Addr, "--smtp-port", port)
+	d := startDaemon(t, filepath.Join(dir, "data"), "--users", writeUsers(t, dir), "--dns", dns.Addr, "--mx-allow-loopback", "--smtp-port", port)
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	for _, to := range []string{"a@dane.test", "b@dane-bad.test", "c@dane-noad.test"} {
 		if err := submit(c, "app@sender.test", []string{to}, message("dane-"+strings.Split(to, "@")[1], "")); err != nil {

@@ -95,7 +95,7 @@ egress-pool = "bulk"
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, dir+"/data", "--config", conf, "--users", writeUsers(t, dir), "--dns", ns.Addr, "--smtp-port", port,
+	d := startDaemon(t, dir+"/data", "--config", conf, "--users", writeUsers(t, dir), "--dns", ns.Addr, "--mx-allow-loopback", "--smtp-port", port,
 		"--ratelimit-base", "500ms", "--ratelimit-min", "200ms", "--ratelimit-cap", "2s", "--retry-base", "500ms", "--retry-cap", "2s")
 	ehlo := map[string]string{"127.0.0.2": "o2.outflow.test", "127.0.0.3": "o3.outflow.test"}
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)

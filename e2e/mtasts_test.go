@@ -114,7 +114,7 @@ func TestMTASTSEnforce(t *testing.T) {
 		"unlisted.test": "version: STSv1\nmode: enforce\nmx: mx.elsewhere.test\nmax_age: 86400\n",
 	})
 
-	d := startDaemon(t, filepath.Join(dir, "data"), "--users", writeUsers(t, dir), "--dns", dns.Addr,
+	d := startDaemon(t, filepath.Join(dir, "data"), "--users", writeUsers(t, dir), "--dns", dns.Addr, "--mx-allow-loopback",
 		"--tls-ca-file", writeCA(t, dir, ca), "--smtp-port", port, "--mta-sts-policy-addr", policies,
 		"--tls-report-dir", filepath.Join(dir, "reports"))
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)

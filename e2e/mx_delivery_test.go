@@ -85,7 +85,7 @@ func TestMXDeliveryThroughDNS(t *testing.T) {
 	ns.Timeout("slow.test")
 
 	dir := t.TempDir()
-	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--dns", ns.Addr, "--smtp-port", port,
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--dns", ns.Addr, "--mx-allow-loopback", "--smtp-port", port,
 		"--connect-timeout", "2s", "--retry-base", "1m", "--retry-min", "1m")
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()

@@ -60,7 +60,7 @@ func TestMXDeliveryRealPeers(t *testing.T) {
 	})
 
 	dir := t.TempDir()
-	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--dns", nsAddr, "--smtp-port", port,
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--dns", nsAddr, "--mx-allow-loopback", "--smtp-port", port,
 		"--connect-timeout", "2s", "--retry-base", "1m", "--retry-min", "1m")
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()

@@ -17,6 +17,9 @@ type answer struct {
 	ad       bool   // the AD bit of the response
 	server   string // which server answered, for error messages
 	expires  time.Time
+	// target is the name the records are at: the question's name, or the
+	// end of the CNAME chain the server followed (lower-case FQDN).
+	target string
 }
 
 type cacheKey struct {

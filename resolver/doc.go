@@ -5,7 +5,9 @@
 // the AD bit of an answer (RFC 4035 3.2.3; DANE trusts TLSA records only
 // from a validating resolver that sets it, as Postfix's
 // smtp_dns_support_level=dnssec does), the SOA of a negative answer, and
-// TLSA records at all.
+// TLSA records at all. It also keeps where a CNAME chain the server
+// followed ends (CanonicalName), which DANE needs to look for TLSA records
+// at an MX alias's expanded name (RFC 7672 2.2.2).
 //
 // Answers are cached by their TTL (capped by Config.MaxTTL), in a cache
 // bounded in entries that drops the least recently used. NXDOMAIN and

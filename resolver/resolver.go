@@ -252,6 +252,46 @@ func (r *Resolver) AddrAuthenticated(ctx context.Context, host string) (bool, er
 	return false, nil
 }
 
+// CanonicalName returns the name host's address records are at: host
+// itself, or the end of the CNAME chain that leads to them (RFC 7672
+// 2.2.2's "fully CNAME-expanded" name, where DANE looks for TLSA records
+// first), without the trailing dot, and whether that answer came with
+// the AD bit. A validating resolver sets AD only when every RRset of the
+// answer, each CNAME of the chain included, validated (RFC 4035 3.2.3),
+// so authenticated says that the whole chain is secure. Of the AAAA and A
+// answers with records, an authenticated one is preferred. The answers are
+// the ones the dial reads, from the cache. An error when neither lookup
+// found an address; host and false through the standard library fallback,
+// which cannot tell.
+func (r *Resolver) CanonicalName(ctx context.Context, host string) (name string, authenticated bool, err error) {
+	host = strings.TrimSuffix(host, ".")
+	if r.fallback != nil {
+		return host, false, nil
+	}
+	var firstErr error
+	for _, qt := range []uint16{dns.TypeAAAA, dns.TypeA} {
+		a, err := r.lookup(ctx, host, qt)
+		if err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
+		if len(a.rrs) == 0 || (name != "" && !a.ad) {
+			continue
+		}
+		name, authenticated = strings.TrimSuffix(a.target, "."), a.ad
+		if a.ad {
+			break
+		}
+	}
+	if name == "" {
+		if firstErr == nil {
+			firstErr = notFound(host, "")
+		}
+		return "", false, firstErr
+	}
+	return name, authenticated, nil
+}
+
 // LookupIPAddr returns the IPv6 and IPv4 addresses of host, IPv6 first;
 // the caller orders them for dialing. It fails only when neither lookup
 // found an address: with IsNotFound when both say the name has none.
@@ -419,8 +459,9 @@ func (r *Resolver) exchange(ctx context.Context, srv string, key cacheKey) (*dns
 // answer may be cached.
 func (r *Resolver) toAnswer(srv string, key cacheKey, resp *dns.Msg) *answer {
 	now := r.cfg.Now()
-	a := &answer{ad: resp.AuthenticatedData, server: srv}
+	a := &answer{ad: resp.AuthenticatedData, server: srv, target: key.name}
 	ttl := r.cfg.MaxTTL
+	cnames := map[string]string{}
 	for _, rr := range resp.Answer {
 		h := rr.Header()
 		if h.Rrtype != key.qtype && h.Rrtype != dns.TypeCNAME {
@@ -429,7 +470,18 @@ func (r *Resolver) toAnswer(srv string, key cacheKey, resp *dns.Msg) *answer {
 		ttl = min(ttl, time.Duration(h.Ttl)*time.Second)
 		if h.Rrtype == key.qtype {
 			a.rrs = append(a.rrs, rr)
+		} else if c, ok := rr.(*dns.CNAME); ok {
+			cnames[strings.ToLower(h.Name)] = strings.ToLower(dns.Fqdn(c.Target))
 		}
+	}
+	// Follow the chain from the question (the server lists it in order,
+	// but nothing says it must); a loop ends at the length of the map.
+	for range len(cnames) {
+		next, ok := cnames[a.target]
+		if !ok {
+			break
+		}
+		a.target = next
 	}
 	if len(a.rrs) == 0 {
 		a.notFound = true

@@ -389,3 +389,35 @@ func TestServerAddr(t *testing.T) {
 		t.Error("New accepted a bad server")
 	}
 }
+
+// TestCanonicalName: the name at the end of a host's CNAME chain, across
+// zones, with the AD bit of the answer that carried it (for DANE's TLSA
+// lookup at the expanded name, RFC 7672 2.2.2), from the cache the second
+// time; the host itself when it is no alias.
+func TestCanonicalName(t *testing.T) {
+	r, srv, z, _ := setup(t, Config{})
+	z2 := srv.MustAddZone(t, "provider.test", "mx CNAME mx2.provider.test.", "mx2 A 127.0.0.9")
+	srv.MustAddZone(t, "alias.test", "mx CNAME mx.provider.test.", "loop CNAME loop2", "loop2 CNAME loop")
+	ctx := context.Background()
+	if name, ad, err := r.CanonicalName(ctx, "mx.alias.test."); err != nil || name != "mx2.provider.test" || ad {
+		t.Fatalf("unsigned chain: %q %v %v", name, ad, err)
+	}
+	z2.SetAD(true)
+	z.SetAD(true)
+	if name, ad, err := r.CanonicalName(ctx, "MX.provider.test"); err != nil || name != "mx2.provider.test" || !ad {
+		t.Fatalf("signed chain: %q %v %v", name, ad, err)
+	}
+	before := srv.Queries("mx.provider.test.", dns.TypeA)
+	if name, _, err := r.CanonicalName(ctx, "mx.provider.test"); err != nil || name != "mx2.provider.test" || srv.Queries("mx.provider.test.", dns.TypeA) != before {
+		t.Fatalf("from the cache: %q %v, queries %d -> %d", name, err, before, srv.Queries("mx.provider.test.", dns.TypeA))
+	}
+	if name, ad, err := r.CanonicalName(ctx, "mx1.example.test"); err != nil || name != "mx1.example.test" || !ad {
+		t.Fatalf("no alias: %q %v %v", name, ad, err)
+	}
+	if _, _, err := r.CanonicalName(ctx, "none.example.test"); err == nil {
+		t.Fatal("a name without addresses: no error")
+	}
+	if _, _, err := r.CanonicalName(ctx, "loop.alias.test"); err == nil {
+		t.Fatal("a CNAME loop: no error")
+	}
+}

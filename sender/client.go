@@ -60,6 +60,11 @@ type client struct {
 	chunkSent   bool              // a BDAT chunk of the transaction has left (readReplyStep)
 	idleSince   time.Time
 	broken      bool // the conversation is out of step; never reuse
+	// spent: the session failed before any recipient was accepted
+	// (softSessionFailure); QUIT rather than pool it.
+	spent bool
+	// rcptAccepted: a recipient of the current transaction was accepted.
+	rcptAccepted bool
 }
 
 // stepErr is a failed step: the classify.Input to report and the cause.

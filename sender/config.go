@@ -75,6 +75,11 @@ const (
 	DefaultIdleTimeout     = 30 * time.Second // idle pooled connection lifetime
 	DefaultAuthFailureHold = 5 * time.Minute  // relay AUTH 5xx answered from cache
 	DefaultPort            = 25               // SMTP port of MX hosts
+
+	// Per Send, as Postfix's smtp_mx_address_limit and
+	// smtp_mx_session_limit.
+	DefaultMXAddressLimit = 5 // MX host addresses tried
+	DefaultMXSessionLimit = 2 // MX sessions that failed before giving up
 )
 
 // Config configures a Sender. Zero values take the defaults noted on each
@@ -179,6 +184,25 @@ type Config struct {
 	// disables.
 	AuthFailureHold time.Duration
 
+	// MXAllowLoopback lets MX delivery connect to loopback addresses
+	// (127.0.0.0/8, ::1), which it refuses by default, as it refuses the
+	// unspecified address, link-local and multicast ones (mx.go,
+	// refusal): a recipient domain could otherwise steer outflow's SMTP at
+	// services of this host. For tests and labs whose MX hosts run on
+	// 127.0.0.x; the relay is never checked.
+	MXAllowLoopback bool
+	// MXAddressLimit caps the MX host addresses one Send connects to
+	// (distinct addresses, over every MX host, best first). Default
+	// DefaultMXAddressLimit; negative: no limit. Not for the relay.
+	MXAddressLimit int
+	// MXSessionLimit caps the MX sessions that may fail in one Send
+	// before it gives up: a session counts once its TCP connection was
+	// made and it then failed (greeting, EHLO, TLS policy, a 4xx to MAIL,
+	// a connection lost before any recipient was accepted). A refused
+	// connection does not count (MXAddressLimit does). Default
+	// DefaultMXSessionLimit; negative: no limit. Not for the relay.
+	MXSessionLimit int
+
 	// Port is the SMTP port for MX hosts. Default DefaultPort. Tests set
 	// it.
 	Port int
@@ -257,6 +281,12 @@ func (c Config) withDefaults() (Config, error) {
 	defaults.Set(&c.MaxMsgsPerConn, DefaultMaxMsgsPerConn)
 	if c.MaxConnsPerHost < 0 {
 		c.MaxConnsPerHost = 0
+	}
+	if c.MXAddressLimit == 0 {
+		c.MXAddressLimit = DefaultMXAddressLimit
+	}
+	if c.MXSessionLimit == 0 {
+		c.MXSessionLimit = DefaultMXSessionLimit
 	}
 	defaults.Set(&c.Port, DefaultPort)
 	if c.Resolver == nil {

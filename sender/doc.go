@@ -1,11 +1,17 @@
 // Package sender is in charge of handing messages to the mail servers of
 // their recipients, the way a trusted MTA does: it finds the destination's
-// MX hosts (RFC 5321 5.1, with the implicit MX and RFC 7505 null MX), or
+// MX hosts (RFC 5321 5.1, with the implicit MX and RFC 7505 null MX;
+// MX records that name an IP address are skipped), or
 // uses a configured smarthost with SASL AUTH; it tries a host's addresses
 // in RFC 6724 order (IPv6 first where the machine has a route, IPv4 as the
-// fallback); it connects from the message's egress address (Source, with
+// fallback), never connecting to an MX host's loopback, unspecified,
+// link-local or multicast address (MXAllowLoopback allows loopback for
+// tests), and at most MXAddressLimit addresses and MXSessionLimit failed
+// sessions per Send (Postfix's smtp_mx_address_limit and
+// smtp_mx_session_limit); it connects from the message's egress address (Source, with
 // its EHLO name) when one is given; it secures each MX session
-// as DANE (RFC 7672, package dane), then MTA-STS (RFC 8461, package mtasts),
+// as DANE (RFC 7672, package dane; TLSA records at an alias's expanded
+// name first), then MTA-STS (RFC 8461, package mtasts),
 // then the destination's configured TLS policy require (tlspolicy.go), and
 // hands the TLS outcomes to RFC 8460 reporting (package tlsrpt); it bounds
 // every step of the conversation with the RFC 5321 4.5.3.2 timeouts and
@@ -19,17 +25,26 @@
 // Failure semantics. Send never classifies and never retries a message on
 // its own (only a failed RSET on a pooled connection is retried on a new
 // one, when the server closed it or said 421, so that it took nothing).
+// Within one Send it moves on to the next MX host when a host cannot be
+// reached or fails before MAIL, and also, as Postfix does, when MAIL gets
+// a 4xx or the connection is lost before the server accepted any
+// recipient of the transaction (and before the message left); a 5xx to
+// MAIL and every reply to RCPT stay the recipients' outcome.
 // Each recipient gets exactly one classify.Input: the reply to its RCPT
 // when refused there; the reply to the final dot, or to the BDAT chunk,
 // when accepted there; otherwise the outcome that ended the
 // attempt for everyone still waiting (DNS failure, connect failure, greeting
 // or EHLO refusal, TLS failure under a "required" policy, DANE or MTA-STS, AUTH refusal,
-// MAIL or DATA refusal, timeout or lost connection). A timeout or lost
+// MAIL or DATA refusal, timeout or lost connection). When every host
+// failed, that outcome is the last 4xx reply a server gave, else the last
+// failure that was not a 5xx reply, else the last one; a limit that left
+// hosts untried says so at the end of its Text. A timeout or lost
 // connection after the final dot (or the whole BDAT chunk) was sent is
 // reported at StageDataEnd: the message may have been delivered, which
 // package classify calls "unknown".
 // Outcomes that outflow invents itself (SMTPUTF8 not offered, SIZE exceeded,
-// AUTH not offered, a cached relay AUTH refusal) say so in their Text.
+// AUTH not offered, a cached relay AUTH refusal, an MX host refused for its
+// addresses, MX records that name addresses) say so in their Text.
 //
 // The package also signs messages with DKIM (DKIMSigner); the caller signs
 // once at submission, so that every retry sends the same bytes. Fields a

@@ -166,6 +166,7 @@ func (w *world) config() Config {
 		Hostname:         testHostname,
 		Resolver:         &mockdns.Resolver{Zones: w.zones},
 		Dial:             w.dial,
+		MXAllowLoopback:  true, // the fakes are on 127.0.0.x
 		ConnectTimeout:   5 * time.Second,
 		GreetingTimeout:  5 * time.Second,
 		CommandTimeout:   5 * time.Second,

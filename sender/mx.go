@@ -16,7 +16,16 @@ import (
 
 // mxHosts returns the host names to try for domain, best first (RFC 5321
 // 5.1), or the DNS outcome that stops delivery.
-func (s *Sender) mxHosts(ctx context.Context, domain string) ([]string, *classify.Input) {
+//
+// An MX record whose target is an IP address ("MX 10 192.0.2.1.") is
+// skipped: MX data is a domain name (RFC 5321 5.1, RFC 1035 3.3.9), and
+// a number where a name belongs is a broken record, or a way to point
+// outflow at an address of the domain's choosing without even an address
+// record. Postfix skips such records too. When no other record is left,
+// the outcome is a temporary DNS failure, as for an MX host without an
+// address (hostAddrs): the domain exists and a broken record is often
+// fixed within the retry window.
+func (s *Sender) mxHosts(ctx context.Context, log *msgLog, domain string) ([]string, *classify.Input) {
 	domain = strings.ToLower(strings.TrimSuffix(domain, "."))
 	mxs, err := s.cfg.Resolver.LookupMX(ctx, domain)
 	if err != nil && !isNotFound(err) {
@@ -26,6 +35,7 @@ func (s *Sender) mxHosts(ctx context.Context, domain string) ([]string, *classif
 		return nil, &in
 	}
 	var hosts []*net.MX
+	var literals []string // MX targets that are IP addresses, skipped
 	nullMX := false
 	for _, mx := range mxs {
 		h := strings.ToLower(strings.TrimSuffix(mx.Host, "."))
@@ -34,11 +44,26 @@ func (s *Sender) mxHosts(ctx context.Context, domain string) ([]string, *classif
 			nullMX = true
 			continue
 		}
+		if isAddrLiteral(h) {
+			literals = append(literals, h)
+			continue
+		}
 		hosts = append(hosts, &net.MX{Host: h, Pref: mx.Pref})
+	}
+	if len(literals) > 0 {
+		log.Warn().Strs("mx", literals).Msg("MX records name IP addresses, not host names (RFC 5321 5.1); skipped")
 	}
 	if len(hosts) == 0 && nullMX {
 		in := classify.Input{Stage: classify.StageDNS, Event: classify.EventNullMX,
 			Text: domain + " publishes a null MX (RFC 7505): it accepts no mail"}
+		return nil, &in
+	}
+	if len(hosts) == 0 && len(literals) > 0 {
+		// Not the implicit MX either: the domain has MX records, broken
+		// ones.
+		in := classify.Input{Stage: classify.StageDNS, Event: classify.EventDNSServFail,
+			Text: syntheticText(fmt.Sprintf("the MX records of %s name IP addresses (%s), not host names (RFC 5321 5.1); none is used",
+				domain, strings.Join(literals, ", ")))}
 		return nil, &in
 	}
 	if len(hosts) == 0 {
@@ -76,29 +101,51 @@ var errWrongFamily = errors.New("no address of the source's family")
 
 // hostAddrs returns the ip:port addresses of one MX host in the order to
 // try them (orderAddrs); each is tried before the next MX host (RFC 5321
-// 5.1). With a source, only addresses of its family can be reached; when
-// the host has none, the failure wraps errWrongFamily.
-func (s *Sender) hostAddrs(ctx context.Context, host string, src *Source) ([]string, error) {
+// 5.1). Addresses MX delivery must not reach (refusal) are left out,
+// and a host that has no other is refused with a synthetic outcome. With
+// a source, only addresses of its family can be reached; when the host
+// has none, the failure wraps errWrongFamily.
+func (s *Sender) hostAddrs(ctx context.Context, log *msgLog, host string, src *Source) ([]string, error) {
 	port := strconv.Itoa(s.cfg.Port)
-	if ip := net.ParseIP(host); ip != nil {
-		return []string{net.JoinHostPort(host, port)}, nil
-	}
-	ips, err := s.cfg.Resolver.LookupIPAddr(ctx, host)
-	if err != nil || len(ips) == 0 {
-		// An MX host without an address is reported as a temporary
-		// DNS failure, not NXDOMAIN: the destination domain exists, and
-		// a broken MX record is often fixed within the retry window.
-		if err == nil {
-			err = errors.New("no addresses")
+	var addrs []netip.Addr
+	if a, err := netip.ParseAddr(host); err == nil {
+		// Only the implicit MX of a destination that is an address.
+		addrs = []netip.Addr{a.Unmap()}
+	} else {
+		ips, err := s.cfg.Resolver.LookupIPAddr(ctx, host)
+		if err != nil || len(ips) == 0 {
+			// An MX host without an address is reported as a temporary
+			// DNS failure, not NXDOMAIN: the destination domain exists, and
+			// a broken MX record is often fixed within the retry window.
+			if err == nil {
+				err = errors.New("no addresses")
+			}
+			return nil, &stepErr{in: classify.Input{Stage: classify.StageDNS, Event: classify.EventDNSServFail,
+				Text: fmt.Sprintf("MX host %s: address lookup: %v", host, err)}}
 		}
-		return nil, &stepErr{in: classify.Input{Stage: classify.StageDNS, Event: classify.EventDNSServFail,
-			Text: fmt.Sprintf("MX host %s: address lookup: %v", host, err)}}
-	}
-	addrs := make([]netip.Addr, 0, len(ips))
-	for _, ip := range ips {
-		if a, ok := netip.AddrFromSlice(ip.IP); ok {
-			addrs = append(addrs, a.Unmap())
+		addrs = make([]netip.Addr, 0, len(ips))
+		for _, ip := range ips {
+			if a, ok := netip.AddrFromSlice(ip.IP); ok {
+				addrs = append(addrs, a.Unmap())
+			}
 		}
+	}
+	var refused []netip.Addr
+	var whys []string
+	addrs = slices.DeleteFunc(addrs, func(a netip.Addr) bool {
+		why := s.cfg.refusal(a)
+		if why != "" {
+			refused = append(refused, a)
+			whys = append(whys, why)
+		}
+		return why != ""
+	})
+	if len(refused) > 0 {
+		log.Warn().Str("mx", host).Str("refused", joinAddrs(refused)).Strs("why", whys).
+			Bool("loopback_allowed", s.cfg.MXAllowLoopback).Msg("MX host addresses not used: MX delivery does not connect to them")
+	}
+	if len(addrs) == 0 && len(refused) > 0 {
+		return nil, &stepErr{in: refusedInput(host, refused, whys)}
 	}
 	var from netip.Addr
 	if src != nil {
@@ -188,6 +235,69 @@ func reachable(dst, src netip.Addr) bool {
 	}
 	_ = c.Close()
 	return true
+}
+
+// isAddrLiteral says whether an MX target is an IP address rather than a
+// host name ("192.0.2.1", "2001:db8::1", or either in brackets).
+func isAddrLiteral(h string) bool {
+	_, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(h, "["), "]"))
+	return err == nil
+}
+
+// refusal says why MX delivery must not connect to a, or "" when it may.
+// These addresses lead back to this host (loopback; the unspecified
+// address and the rest of 0.0.0.0/8, which the kernel takes as "this
+// host") or to whatever happens to sit on the local link (link-local), or
+// are no destination for TCP at all (multicast): a recipient domain that
+// publishes one would steer outflow's SMTP at local services. Private
+// ranges (10/8, 172.16/12, 192.168/16, fc00::/7) stay allowed, since
+// internal MX hosts are normal. MXAllowLoopback (tests, labs) allows
+// loopback only. The relay is never checked: the operator chose it.
+func (c *Config) refusal(a netip.Addr) string {
+	a = a.Unmap()
+	switch {
+	case a.IsLoopback():
+		if c.MXAllowLoopback {
+			return ""
+		}
+		return "loopback"
+	case a.IsUnspecified() || (a.Is4() && a.As4()[0] == 0):
+		return "unspecified"
+	case a.IsLinkLocalUnicast():
+		return "link-local"
+	case a.IsMulticast():
+		return "multicast"
+	}
+	return ""
+}
+
+// refusedInput is the outcome for an MX host all of whose addresses
+// MX delivery refuses (refusal). It is permanent, 554 5.4.6 (routing
+// loop) when one of them leads back to this host, 554 5.4.4 (unable to
+// route) otherwise, as Postfix bounces mail whose MX is itself ("mail for
+// example.com loops back to myself", 5.4.6) and RFC 5321 5.1 has a client
+// drop MX records that lead to itself: the address is what the domain
+// publishes, a retry would read the same records, and a domain that points
+// its MX at 127.0.0.1 usually does so to say that it takes no mail (the
+// way of saying it before RFC 7505's null MX). Only when no host was
+// reachable is this the message's outcome: when another MX host fails
+// temporarily, that failure is reported instead (acquire), and the
+// message waits.
+func refusedInput(host string, refused []netip.Addr, whys []string) classify.Input {
+	enhanced, what := "5.4.4", "no address MX delivery connects to"
+	if slices.Contains(whys, "loopback") || slices.Contains(whys, "unspecified") {
+		enhanced, what = "5.4.6", "mail to it would loop back to this host"
+	}
+	return synthetic(classify.StageConnect, 554, enhanced, fmt.Sprintf("MX host %s resolves only to %s (%s): %s; not delivering to it (RFC 5321 5.1)",
+		host, joinAddrs(refused), strings.Join(slices.Compact(slices.Sorted(slices.Values(whys))), ", "), what))
+}
+
+func joinAddrs(as []netip.Addr) string {
+	s := make([]string, len(as))
+	for i, a := range as {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ", ")
 }
 
 func isNotFound(err error) bool {

@@ -192,7 +192,7 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 		hosts = []string{host}
 	} else {
 		var dnsOut *classify.Input
-		hosts, dnsOut = s.mxHosts(ctx, m.Domain)
+		hosts, dnsOut = s.mxHosts(ctx, log, m.Domain)
 		if dnsOut != nil {
 			log.Debug().Str("event", "dns").Str("text", dnsOut.Text).Msg("no route to destination")
 			fill(pending, *dnsOut)
@@ -205,9 +205,10 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 	// The source rides on ctx down to dial, the pool key and the address
 	// order, so that the steps between need not know about it.
 	ctx = withSource(ctx, m.Source)
+	t := &tries{hosts: hosts, relay: relay, addrs: map[string]bool{}, wrongFamily: true}
 	first := true
 	for len(pending) > 0 {
-		c, reused, err := s.acquire(ctx, log, hosts, plan)
+		c, reused, err := s.acquire(ctx, log, t, plan)
 		if err != nil {
 			fill(pending, inputOf(err))
 			res.WrongFamily = first && errors.Is(err, errWrongFamily)
@@ -224,7 +225,22 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 		if m.MaxMsgsPerConn > 0 && (c.limit == 0 || m.MaxMsgsPerConn < c.limit) {
 			c.limit = m.MaxMsgsPerConn
 		}
+		soft := txErr != nil && softSessionFailure(ctx, c, txErr)
+		if soft {
+			// Never pooled: the next Send would meet the same state.
+			c.spent = true
+		}
 		s.giveBack(c, ctx)
+		if soft {
+			// Nothing of the pending recipients was accepted: they go
+			// to the next host, as Postfix keeps soft-failed recipients
+			// for the next MX (within MXSessionLimit; the relay is the
+			// only host, so its failure is the outcome).
+			log.Warn().Str("mx", c.host).Str("addr", c.addr).Int("code", inputOf(txErr).Code).Str("error", inputOf(txErr).Text).
+				Msg("MX session failed before any recipient was accepted; trying the next MX host")
+			t.failSession(txErr)
+			continue
+		}
 		if txErr != nil {
 			fill(pending, inputOf(txErr))
 			break
@@ -282,6 +298,29 @@ func (s *Sender) deliver(ctx context.Context, c *client, m *Message, info *msgIn
 	return pending, nil
 }
 
+// softSessionFailure says whether err, which ended a transaction on c for
+// every recipient still pending, leaves them free for the next MX host: a
+// 4xx reply to MAIL (421 or another temporary refusal of the session,
+// RFC 5321 4.2.5), or the connection lost or timed out before the server
+// accepted any recipient of the transaction and before the message left
+// (StageDataEnd never counts: the message may have been delivered). A
+// 5xx to MAIL, and any reply to RCPT, stay the recipients' outcome.
+func softSessionFailure(ctx context.Context, c *client, err error) bool {
+	var se *stepErr
+	if ctx.Err() != nil || c.rcptAccepted || !errors.As(err, &se) {
+		return false
+	}
+	in := se.in
+	lost := in.Code == 0 && (in.Event == classify.EventConnLost || in.Event == classify.EventTimeout)
+	switch in.Stage {
+	case classify.StageMail:
+		return lost || in.Code/100 == 4
+	case classify.StageRcpt, classify.StageData:
+		return lost
+	}
+	return false
+}
+
 // errStale says a reused connection did not answer its leading RSET: it
 // was closed, or said 421, or (without BDAT, the message not yet sent)
 // answered something else, so the server took nothing of the transaction.
@@ -306,7 +345,7 @@ func (c *client) usable() bool {
 	if c.limit > 0 {
 		limit = min(limit, c.limit) // the destination's own limit
 	}
-	return !c.broken && c.txs < limit
+	return !c.broken && !c.spent && c.txs < limit
 }
 
 // giveBack returns c to the pool, or closes it when it is spent or broken.
@@ -322,58 +361,156 @@ func (s *Sender) giveBack(c *client, ctx context.Context) {
 	}
 }
 
-// acquire gets a connection to the first host that answers: a pooled one
-// (checked with RSET by deliver) or a new one, trying every address of a
-// host before the next host. When none does, the failure reported is the
-// last one that was not a 5xx reply, if any: a backup MX that greets with
-// 554 while the primary cannot be reached is no reason to bounce, since
-// the primary may take the message on the next attempt (and the outcome
-// would otherwise depend on which host was tried last).
+// tries is one Send's walk through its hosts (the MX hosts, best first,
+// or the relay): where the next connection is looked for, what the MX
+// limits have counted, and the failures to report when no host is left.
+type tries struct {
+	hosts []string
+	relay bool
+	next  int // index of the host to try first
+	cur   int // index of the host of the connection in use
+	// addrs are the MX addresses dialled (MXAddressLimit); failed the
+	// MX sessions that failed after connecting (MXSessionLimit).
+	addrs  map[string]bool
+	failed int
+	// stopped says which limit ended the walk while hosts or addresses
+	// were left untried; it goes into the outcome's text.
+	stopped string
+	// The failures so far: the last 4xx reply, the last that was not a
+	// 5xx reply, and the last of all.
+	lastReply, lastTemp, last error
+	// wrongFamily: every host so far had no address of the source's
+	// family (and none was reached).
+	wrongFamily bool
+}
+
+func (t *tries) fail(err error) {
+	if !errors.Is(err, errWrongFamily) {
+		t.wrongFamily = false
+	}
+	t.last = err
+	in := inputOf(err)
+	if in.Code < 500 || in.Code > 599 {
+		t.lastTemp = err
+	}
+	if in.Code >= 400 && in.Code <= 499 {
+		t.lastReply = err
+	}
+}
+
+// failSession records the failure of the session in use, which moves
+// the walk on to the next host (softSessionFailure).
+func (t *tries) failSession(err error) {
+	t.fail(err)
+	t.failed++
+	t.next = t.cur + 1
+}
+
+// sessionsLeft says whether another MX session may be tried, and
+// records that the limit stopped the walk when not.
+func (t *tries) sessionsLeft(cfg *Config) bool {
+	if t.relay || cfg.MXSessionLimit < 0 || t.failed < cfg.MXSessionLimit {
+		return true
+	}
+	t.stopped = fmt.Sprintf("outflow tried no further MX host after %d failed sessions (session limit, as Postfix's smtp_mx_session_limit)", t.failed)
+	return false
+}
+
+// dialAllowed says whether addr may be dialled under the MX limits,
+// counts it when so, and records which limit stopped the walk when not.
+func (t *tries) dialAllowed(cfg *Config, addr string) bool {
+	if t.relay {
+		return true
+	}
+	if !t.sessionsLeft(cfg) {
+		return false
+	}
+	if !t.addrs[addr] && cfg.MXAddressLimit >= 0 && len(t.addrs) >= cfg.MXAddressLimit {
+		t.stopped = fmt.Sprintf("outflow tried no further MX address after %d (address limit, as Postfix's smtp_mx_address_limit)", len(t.addrs))
+		return false
+	}
+	t.addrs[addr] = true
+	return true
+}
+
+// outcome is the failure to report when no host is left: the last 4xx
+// reply from a server, else the last failure that was not a 5xx reply,
+// else the last one. A reply beats a failure to reach a server (a
+// primary's 421 is news about the destination, a backup's refused
+// connection is not), and a backup MX that greets with 554 while the
+// primary cannot be reached is no reason to bounce, since the primary may
+// take the message on the next attempt (and the outcome would otherwise
+// depend on which host was tried last).
 //
 // When every host failed for want of an address of the source's family,
 // the error wraps errWrongFamily; otherwise such a host's failure is
 // reported as a plain DNS failure, and never as errWrongFamily.
-func (s *Sender) acquire(ctx context.Context, log *msgLog, hosts []string, plan *tlsPlan) (*client, bool, error) {
-	var last, lastTemp error
-	wrongFamily := true // every host so far had no address of the source's family
-	fail := func(err error) {
-		if !errors.Is(err, errWrongFamily) {
-			wrongFamily = false
-		}
-		last = err
-		if in := inputOf(err); in.Code < 500 || in.Code > 599 {
-			lastTemp = err
-		}
+func (t *tries) outcome() error {
+	err := t.lastReply
+	if err == nil {
+		err = t.lastTemp
 	}
-	for _, host := range hosts {
+	if err == nil {
+		err = t.last
+	}
+	if err == nil {
+		err = &stepErr{in: classify.Input{Stage: classify.StageConnect, Event: classify.EventLocal, Text: "outflow: no MX host could be tried"}}
+	}
+	var se *stepErr
+	if !t.wrongFamily && errors.Is(err, errWrongFamily) && errors.As(err, &se) {
+		err = &stepErr{in: se.in} // another host failed otherwise
+	}
+	if t.stopped != "" {
+		in := inputOf(err)
+		in.Text += " [" + t.stopped + "]"
+		err = &stepErr{in: in, err: errors.Unwrap(err)}
+	}
+	return err
+}
+
+// errLimit says that an MX limit stopped acquireHost before it dialled.
+var errLimit = errors.New("MX limit reached")
+
+// acquire gets a connection to the first host that answers, from
+// t.next on: a pooled one (checked with RSET by deliver) or a new one,
+// trying every address of a host before the next host, within the MX
+// limits. When none does, it returns t.outcome().
+func (s *Sender) acquire(ctx context.Context, log *msgLog, t *tries, plan *tlsPlan) (*client, bool, error) {
+	for i := t.next; i < len(t.hosts); i++ {
+		host := t.hosts[i]
+		if !t.sessionsLeft(&s.cfg) {
+			break
+		}
 		hp, err := s.hostTLS(ctx, plan, host)
 		if err != nil {
 			// DANE or MTA-STS rules this host out; the next may do.
 			log.Warn().Str("mx", host).Str("error", inputOf(err).Text).Msg("MX host not used")
-			fail(err)
+			t.fail(err)
 			continue
 		}
-		c, reused, err := s.acquireHost(ctx, log, host, plan, hp)
+		c, reused, err := s.acquireHost(ctx, log, t, host, plan, hp)
 		if err == nil {
+			// A later connection (the server's limit of messages per
+			// connection, a stale pooled one) starts with this host.
+			t.next, t.cur = i, i
+			t.wrongFamily = false
 			return c, reused, nil
 		}
-		fail(err)
+		if !errors.Is(err, errLimit) {
+			t.fail(err)
+		}
 		var se *stepErr
-		if ctx.Err() != nil || (errors.As(err, &se) && se.in.Stage == classify.StageAuth) {
+		if t.stopped != "" || ctx.Err() != nil || (errors.As(err, &se) && se.in.Stage == classify.StageAuth) {
 			break
 		}
 	}
-	if lastTemp == nil {
-		lastTemp = last
+	if t.stopped != "" {
+		log.Warn().Str("limit", t.stopped).Msg("MX hosts left untried")
 	}
-	var se *stepErr
-	if !wrongFamily && errors.Is(lastTemp, errWrongFamily) && errors.As(lastTemp, &se) {
-		lastTemp = &stepErr{in: se.in} // another host failed otherwise
-	}
-	return nil, false, lastTemp
+	return nil, false, t.outcome()
 }
 
-func (s *Sender) acquireHost(ctx context.Context, log *msgLog, host string, plan *tlsPlan, hp *hostPlan) (*client, bool, error) {
+func (s *Sender) acquireHost(ctx context.Context, log *msgLog, t *tries, host string, plan *tlsPlan, hp *hostPlan) (*client, bool, error) {
 	key := "mx:" + host + hp.mode.poolSuffix()
 	if s.cfg.Relay != "" {
 		key = "relay:" + s.cfg.Relay
@@ -397,18 +534,24 @@ func (s *Sender) acquireHost(ctx context.Context, log *msgLog, host string, plan
 		addrs = []string{s.cfg.Relay}
 	} else {
 		var err error
-		if addrs, err = s.hostAddrs(ctx, host, sourceFrom(ctx)); err != nil {
+		if addrs, err = s.hostAddrs(ctx, log, host, sourceFrom(ctx)); err != nil {
 			s.pool.release(key)
 			return nil, false, err
 		}
 	}
-	var last error
+	last := errLimit
 	for _, addr := range addrs {
+		if !t.dialAllowed(&s.cfg, addr) {
+			break
+		}
 		c, err := s.open(ctx, log, host, addr, key, plan, hp)
 		if err == nil {
 			return c, false, nil
 		}
 		last = err
+		if inputOf(err).Stage != classify.StageConnect {
+			t.failed++ // connected, then failed: a session (MXSessionLimit)
+		}
 		log.Debug().Str("mx", host).Str("addr", addr).Err(err).Msg("connection attempt failed")
 		var se *stepErr
 		if ctx.Err() != nil || (errors.As(err, &se) && se.in.Stage == classify.StageAuth) {

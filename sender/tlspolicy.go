@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/miekg/dns"
@@ -103,18 +104,24 @@ func (s *Sender) hostTLS(ctx context.Context, p *tlsPlan, host string) (*hostPla
 		return hp, nil
 	}
 	if s.cfg.DANE != nil {
-		recs, err := dane.Lookup(ctx, s.cfg.DANE, host, s.cfg.Port)
+		recs, base, err := s.lookupTLSA(ctx, host)
 		if err != nil {
-			s.report(tlsrpt.Event{Domain: strings.ToLower(strings.TrimSuffix(host, ".")), PolicyType: tlsrpt.PolicyTLSA, ReceivingMX: host,
+			s.report(tlsrpt.Event{Domain: base, PolicyType: tlsrpt.PolicyTLSA, ReceivingMX: host,
 				Result: tlsrpt.ResultDNSSECInvalid, Detail: err.Error()})
 			return nil, &stepErr{in: classify.Input{Stage: classify.StageDNS, Event: classify.EventDNSServFail,
 				Text: syntheticText(fmt.Sprintf("%s: %v; its DANE status is unknown, so it is not used (RFC 7672 2.2)", host, err))}, err: err}
 		}
 		if recs.Secure {
 			hp.all, hp.tlsa = recs.All, recs.Usable
-			hp.names = []string{strings.ToLower(strings.TrimSuffix(host, "."))}
-			if p.domain != hp.names[0] {
-				hp.names = append(hp.names, p.domain)
+			// RFC 7672 3.2.2: a DANE-TA certificate may name the TLSA
+			// base domain, the MX host name when that is an alias, or
+			// the destination domain. The first is also the policy
+			// domain of reports (RFC 8460 3).
+			hp.names = []string{base}
+			for _, n := range []string{nameKey(host), p.domain} {
+				if !slices.Contains(hp.names, n) {
+					hp.names = append(hp.names, n)
+				}
 			}
 		}
 		if len(recs.Usable) > 0 {
@@ -153,6 +160,35 @@ func (s *Sender) hostTLS(ctx context.Context, p *tlsPlan, host string) (*hostPla
 	hp.mode = modeSTS
 	hp.sts = p.sts
 	return hp, nil
+}
+
+// canonicalNamer is a dane.Resolver that can also say where an MX host's
+// address records are: the name at the end of its CNAME chain, and
+// whether the chain validated (package resolver's does).
+type canonicalNamer interface {
+	CanonicalName(ctx context.Context, host string) (name string, authenticated bool, err error)
+}
+
+// lookupTLSA looks up host's TLSA records where RFC 7672 2.2.2 has them:
+// when host is an alias (CNAME) whose chain to its addresses validated,
+// at the fully expanded name first, and at host itself when there are
+// none there (no records, or an answer that did not validate); otherwise
+// at host. base is the TLSA base domain the records came from (or were
+// last looked for), lower case. An insecure chain is not followed: its
+// target is not the secure name's to vouch for (RFC 7671 7).
+func (s *Sender) lookupTLSA(ctx context.Context, host string) (recs dane.Records, base string, err error) {
+	host = nameKey(host)
+	if cn, ok := s.cfg.DANE.(canonicalNamer); ok {
+		if name, secure, cerr := cn.CanonicalName(ctx, host); cerr == nil && secure && nameKey(name) != host {
+			name = nameKey(name)
+			recs, err := dane.Lookup(ctx, s.cfg.DANE, name, s.cfg.Port)
+			if err != nil || recs.Secure {
+				return recs, name, err
+			}
+		}
+	}
+	recs, err = dane.Lookup(ctx, s.cfg.DANE, host, s.cfg.Port)
+	return recs, host, err
 }
 
 // secure runs the TLS part of a new MX session per hp. It returns the

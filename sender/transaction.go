@@ -139,6 +139,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 		return nil, &stepErr{in: synthetic(classify.StageMail, 552, "5.3.4",
 			fmt.Sprintf("message of %d bytes exceeds %s's SIZE limit of %d bytes", info.size, c.host, c.sizeMax))}
 	}
+	c.rcptAccepted = false
 	dsn := c.has("DSN")
 	// writeChunk marks the transaction's chunk as gone; the next starts
 	// without.
@@ -271,6 +272,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 			// Pipelined after a refused MAIL: these replies are noise.
 		case r.code/100 == 2:
 			accepted = append(accepted, i)
+			c.rcptAccepted = true
 		case tooManyRcpts(r, len(accepted)):
 			carry = append(carry, i)
 			// Learn the limit so the next transactions fit it.

@@ -23,6 +23,12 @@ import (
 type deliveryConfig struct {
 	DNS       []string `toml:"dns"`
 	TLSCAFile string   `toml:"tls-ca-file"`
+	// MX delivery's safety: loopback destinations (refused unless a test
+	// allows them) and the tries per attempt (sender.Config's fields of
+	// the same names; 0 = no limit here).
+	MXAllowLoopback bool `toml:"mx-allow-loopback"`
+	MXAddressLimit  int  `toml:"mx-address-limit"`
+	MXSessionLimit  int  `toml:"mx-session-limit"`
 
 	// Config-file-only: [[egress]], the source addresses. A tenant's pool
 	// is its [tenants.NAME] egress-pool (tenantConfig, cmd/outflow/dsn.go).
@@ -41,6 +47,19 @@ type egressConfig struct {
 func bindDeliveryFlags(fs *pflag.FlagSet, c *deliveryConfig) {
 	fs.StringSliceVar(&c.DNS, "dns", nil, "DNS servers for MX, A/AAAA, TXT and TLSA lookups (ADDR[:PORT][,ADDR…]; default: the nameservers of /etc/resolv.conf)")
 	fs.StringVar(&c.TLSCAFile, "tls-ca-file", "", "PEM file of extra root certificates for verifying the relay, MX hosts and MTA-STS policy hosts (added to the system roots)")
+	fs.BoolVar(&c.MXAllowLoopback, "mx-allow-loopback", false, "tests and labs only: let MX delivery connect to loopback addresses (127.0.0.0/8, ::1), which it refuses by default like unspecified, link-local and multicast ones (the relay is never checked)")
+	fs.IntVar(&c.MXAddressLimit, "mx-address-limit", sender.DefaultMXAddressLimit, "MX host addresses one delivery attempt connects to, over all of the destination's MX hosts, best first (0 = no limit)")
+	fs.IntVar(&c.MXSessionLimit, "mx-session-limit", sender.DefaultMXSessionLimit, "MX sessions that may fail after connecting (greeting, TLS, a 4xx to MAIL) in one delivery attempt before it gives up (0 = no limit)")
+}
+
+// mxLimit is an mx-*-limit setting as sender.Config takes it: 0 (or
+// less) is no limit there, as in Postfix, and negative in sender.Config,
+// whose 0 is the default.
+func mxLimit(n int) int {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }
 
 // newResolver builds the delivery resolver from --dns, or from

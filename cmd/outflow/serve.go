@@ -240,6 +240,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		ConnectTimeout: c.ConnectTimeout, GreetingTimeout: c.CommandTimeout, CommandTimeout: c.CommandTimeout,
 		DataInitTimeout: c.CommandTimeout, DataBlockTimeout: c.DataTimeout, FinalDotTimeout: c.FinalDotTimeout,
 		NoChunking: !c.SMTPChunking, NoChunkingFor: noChunking,
+		MXAllowLoopback: c.MXAllowLoopback, MXAddressLimit: mxLimit(c.MXAddressLimit), MXSessionLimit: mxLimit(c.MXSessionLimit),
 		Port: c.SMTPPort, Resolver: res, RootCAs: roots, MTASTS: sts, DANE: tlsa, TLSReport: tlsReport, Logger: log,
 	})
 	if err != nil {
