@@ -15,6 +15,10 @@
 //     for the fleet (LoadKey, in the outflow_bounces bucket). The domain's
 //     MX points at the listener; its SPF record must allow the addresses
 //     outflow sends from, since receivers check SPF on this domain now.
+//     serve splits such a tenant's submissions per recipient
+//     (queue.Submission.PerRecipient), so a return path names one
+//     recipient's envelope, and a report to it can only be about that
+//     recipient.
 //   - Server (server.go) is that listener: SMTP without AUTH that takes
 //     RCPT for this fleet's return-path addresses only (550 5.1.1 for any
 //     other), reads the message as a DSN or a feedback report (package dsn)

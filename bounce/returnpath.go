@@ -85,6 +85,9 @@ func (rp *ReturnPath) Domains() []string {
 	return out
 }
 
+// Applies reports whether tenant's mail goes out with a return path.
+func (rp *ReturnPath) Applies(tenant string) bool { return rp != nil && rp.domainOf(tenant) != "" }
+
 // domainOf is tenant's return-path domain, "" for none.
 func (rp *ReturnPath) domainOf(tenant string) string {
 	if d, ok := rp.tenants[tenant]; ok {

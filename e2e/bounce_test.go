@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -88,14 +89,25 @@ func TestAsyncBounceThroughReturnPath(t *testing.T) {
 	if err := submit(c, "app@sender.test", []string{"gone@dest.test", "ok@dest.test"}, message("later", "")); err != nil {
 		t.Fatal(err)
 	}
-	var m fakemx.Message
-	waitFor(t, 60*time.Second, "the delivery", func() bool {
-		msgs := mx.Messages()
-		if len(msgs) > 0 {
-			m = msgs[0]
+	// One transaction per recipient, each with a return path of its own:
+	// a recipient cannot report another bounced.
+	var m, other fakemx.Message
+	waitFor(t, 60*time.Second, "the two deliveries", func() bool {
+		for _, fm := range mx.Messages() {
+			switch {
+			case len(fm.Rcpts) != 1:
+				t.Fatalf("a transaction for %v; want one per recipient", fm.Rcpts)
+			case fm.Rcpts[0] == "gone@dest.test":
+				m = fm
+			case fm.Rcpts[0] == "ok@dest.test":
+				other = fm
+			}
 		}
-		return len(msgs) > 0
+		return m.From != "" && other.From != ""
 	})
+	if m.From == other.From {
+		t.Fatalf("both recipients' copies went out with return path %s", m.From)
+	}
 	returnPath := m.From
 	local, domain, _ := strings.Cut(returnPath, "@")
 	parts := strings.Split(local, ".")
@@ -281,11 +293,17 @@ func TestPostfixBouncesLaterToTheReturnPath(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// Each recipient's copy went in a transaction of its own, with a
+	// return path of its own: kept@'s reached the next hop (gone@'s was
+	// refused there at RCPT).
 	var id string
 	waitFor(t, 60*time.Second, "the message at the next hop", func() bool {
 		msgs := next.Messages()
 		if len(msgs) == 0 {
 			return false
+		}
+		if len(msgs[0].Rcpts) != 1 || msgs[0].Rcpts[0] != "kept@dest.test" {
+			t.Fatalf("the next hop got a message for %v; want kept@dest.test's alone", msgs[0].Rcpts)
 		}
 		local, _, _ := strings.Cut(msgs[0].From, "@")
 		if parts := strings.Split(local, "."); len(parts) == 4 {
@@ -297,9 +315,27 @@ func TestPostfixBouncesLaterToTheReturnPath(t *testing.T) {
 		t.Fatalf("the next hop saw MAIL FROM %q, not a return path", next.Messages()[0].From)
 	}
 	pf.waitLog(t, "sender non-delivery notification")
-	waitFor(t, 60*time.Second, "the later bounce in the history", func() bool {
-		return strings.Contains(d.cli(t, "queue", "history", id), "later, gone@dest.test: 550 5.1.1")
+	var goneID string
+	waitFor(t, 60*time.Second, "the later bounce in gone@'s history", func() bool {
+		out := d.cli(t, "queue", "find", "gone@dest.test", "--type", "bounced", "--json")
+		var ev struct {
+			ID, Reason string
+			Async      bool
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if json.Unmarshal([]byte(l), &ev) == nil && ev.Async && strings.Contains(ev.Reason, "550 5.1.1 gone@dest.test") {
+				goneID = ev.ID
+				return true
+			}
+		}
+		return false
 	})
+	if goneID == id || strings.Contains(d.cli(t, "queue", "history", id), "gone@dest.test") {
+		t.Fatalf("gone@ and kept@ shared envelope %s", id)
+	}
+	if h := d.cli(t, "queue", "history", goneID); !strings.Contains(h, "later, gone@dest.test: 550 5.1.1") {
+		t.Fatalf("gone@'s history:\n%s", h)
+	}
 	list := d.cli(t, "suppress", "list", "--tenant", testUser, "--json")
 	if !strings.Contains(list, "gone@dest.test") || strings.Contains(list, "kept@dest.test") {
 		t.Fatalf("suppress list:\n%s", list)

@@ -60,7 +60,8 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		return nil, fmt.Errorf("tenant consumer: %w", err)
 	}
 	unsub := s.ListUnsubscribe != nil && *s.ListUnsubscribe
-	parts := split(s.Rcpts, unsub)
+	perRcpt := unsub || s.PerRecipient
+	parts := split(s.Rcpts, perRcpt)
 	// One destination and a body of at most InlineBodyMax: the body goes
 	// inside the envelope, and the envelope's one acknowledged write stores
 	// both. Otherwise the body is stored once in the Object Store first.
@@ -70,7 +71,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	// and a body they shared would have each of them count itself out of
 	// one key (lastPart) at about the same moment.
 	inline := len(s.Body) <= q.opts.InlineBodyMax &&
-		(len(parts) == 1 || unsub && len(parts)*len(s.Body) <= perRecipientInlineMax)
+		(len(parts) == 1 || perRcpt && len(parts)*len(s.Body) <= perRecipientInlineMax)
 	bodyRef := msgID
 	switch {
 	case inline:

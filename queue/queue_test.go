@@ -791,3 +791,33 @@ func TestRedeliveredAfterItsNextStepFinished(t *testing.T) {
 		})
 	}
 }
+
+// TestPerRecipientSplit: a submission split per recipient (a return path
+// of its own for each) gives each recipient an envelope, deduplicated by
+// address, carrying the body inline; its parts still join their notices
+// (not Alone), unlike a split for unsubscribe links.
+func TestPerRecipientSplit(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@src.example", PerRecipient: true,
+		Rcpts: []string{"x@one.example", "y@one.example", "X@one.example", "z@two.example"}, Body: []byte("Subject: hi\r\n\r\nhello\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 3 {
+		t.Fatalf("ids %v, want one per recipient", ids)
+	}
+	work, _ := q.Messages(ctx, LaneWork, 4)
+	seen := map[string]bool{}
+	for range 3 {
+		d := next(t, work)
+		if len(d.Env.Rcpts) != 1 || !d.Env.Inline() || d.Env.Parts != 3 || d.Env.Alone() {
+			t.Fatalf("envelope %s: rcpts %v, inline %v, parts %d, alone %v", d.Env.ID, d.Env.Rcpts, d.Env.Inline(), d.Env.Parts, d.Env.Alone())
+		}
+		seen[strings.ToLower(d.Env.Rcpts[0])] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("recipients %v", seen)
+	}
+}

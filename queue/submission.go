@@ -32,6 +32,13 @@ type Submission struct {
 	// message (worker.Config.Unsubscribe). Nil is the tenant's setting,
 	// which serve applies before Enqueue; Enqueue takes nil as no.
 	ListUnsubscribe *bool
+	// PerRecipient gives each recipient an envelope, and so an SMTP
+	// transaction and a return path, of its own, as ListUnsubscribe does,
+	// while the parts still join their notices into one per pass. serve
+	// sets it for a tenant whose mail goes out with a return path: one
+	// shared by several recipients lets any of them forge a bounce or a
+	// complaint about another, and have that address suppressed.
+	PerRecipient bool
 
 	// Frame, when not nil, is the buffer Body was read into: Body is its
 	// tail, and the octets in front of Body are free. Enqueue writes an

@@ -25,6 +25,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/bounce"
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/gcpolicy"
 	"github.com/outflow/outflow/queue"
@@ -283,7 +284,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	if err != nil {
 		return err
 	}
-	enq := enqueuer{q: q, emb: emb, unsub: unsubPolicy}
+	enq := enqueuer{q: q, emb: emb, unsub: unsubPolicy, returnPath: returnPath}
 	dsnCfg, err := c.workerDSN(hostname, suppressions, worker.NewDSNMetrics(reg))
 	if err != nil {
 		return usageError{err}
@@ -533,11 +534,14 @@ func serveDestStatus(q *queue.Queue, t *throttle.Throttle, workerID string, egre
 // waiting for a publish timeout.
 //
 // It also applies the tenants' one-click unsubscribe setting to the
-// submissions that do not choose for themselves.
+// submissions that do not choose for themselves, and gives each recipient
+// of a tenant whose mail goes out with a return path an envelope of its
+// own (queue.Submission.PerRecipient).
 type enqueuer struct {
-	q     *queue.Queue
-	emb   *queue.Embedded // nil with --nats-url
-	unsub listUnsubscribe
+	q          *queue.Queue
+	emb        *queue.Embedded // nil with --nats-url
+	unsub      listUnsubscribe
+	returnPath *bounce.ReturnPath // nil without return paths
 }
 
 func (e enqueuer) Enqueue(ctx context.Context, s *queue.Submission) ([]string, error) {
@@ -546,8 +550,16 @@ func (e enqueuer) Enqueue(ctx context.Context, s *queue.Submission) ([]string, e
 			return nil, err
 		}
 	}
-	e.unsub.apply(s)
+	e.prepare(s)
 	return e.q.Enqueue(ctx, s)
+}
+
+// prepare applies the tenant's settings that s does not choose itself.
+func (e enqueuer) prepare(s *queue.Submission) {
+	e.unsub.apply(s)
+	if len(s.Rcpts) > 1 && e.returnPath.Applies(s.Tenant) {
+		s.PerRecipient = true
+	}
 }
 
 // waitClosed waits for a drained connection to finish closing.
