@@ -18,6 +18,15 @@
 // Every error is an RFC 9457 problem document (application/problem+json)
 // whose type names what was wrong. The API is described in docs/openapi.yaml.
 //
+// Memory: a message request holds its body several times over while it is
+// served, so each is charged a measured multiple of its size against a
+// process-wide budget of bytes in flight, and a tenant's share of it,
+// before its body is read; one that finds no room within a short wait is
+// refused, unread and unstored, 503 or 429 too-much-in-flight
+// (inflight.go). Lists are read a page at a time: GET /v1/suppressions
+// takes limit and an opaque cursor, answers next_cursor while more follow,
+// and reads only the page from the store.
+//
 // The listener also serves the recipients' side of one-click unsubscribe
 // links under /unsubscribe/ (Config.Unsubscribe, package unsubscribe),
 // without a key: the token in the link is the credential.

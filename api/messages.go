@@ -46,15 +46,35 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	if len(idemKey) > maxIdemKey || strings.ContainsAny(idemKey, "\r\n\x00") {
 		return problem(http.StatusBadRequest, ProblemBadIdemKey, "bad Idempotency-Key", fmt.Sprintf("at most %d octets of text", maxIdemKey))
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequest(s.cfg.MaxMessageBytes)))
+	limit := maxRequest(s.cfg.MaxMessageBytes)
+	if r.ContentLength > limit {
+		return tooLarge(s.cfg.MaxMessageBytes)
+	}
+	// Room for what the request will hold, before a byte of it is read
+	// (inflight.go); given back once the answer is written.
+	charge, p := s.chargeBody(r.Context(), key.Tenant, r.ContentLength, http.MaxBytesReader(w, r.Body, limit))
+	if p != nil {
+		s.refusedInflight(key, r.ContentLength, p)
+		return p
+	}
+	defer charge.release()
+	// The decoder reads the body itself: one copy of it in memory, not
+	// two. The hash covers every octet read, which is the whole body.
+	hash := sha256.New()
+	req, p, err := decodeRequestFrom(io.TeeReader(charge, hash))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return tooLarge(s.cfg.MaxMessageBytes)
 		}
+		var full *inflightFull
+		if errors.As(err, &full) || errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+			p := inflightProblem(err)
+			s.refusedInflight(key, r.ContentLength, p)
+			return p
+		}
 		return problem(http.StatusBadRequest, ProblemBadJSON, "unreadable request", err.Error())
 	}
-	req, p := decodeRequest(body)
 	if p != nil {
 		return p
 	}
@@ -82,8 +102,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 			"this server makes no one-click unsubscribe links: its operator has not set --unsubscribe-url")
 	}
 
-	sum := sha256.Sum256(body)
-	reqHash := hex.EncodeToString(sum[:])
+	reqHash := hex.EncodeToString(hash.Sum(nil))
 	date := time.Now().UTC().Truncate(time.Second)
 	seed := randomSeed()
 	var c *claim
@@ -122,13 +141,17 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	// gets its ids even if a recipient was suppressed since.
 	p = s.checkSuppressed(r.Context(), key.Tenant, rcpts, fields)
 	var msg []byte
+	raw := req.Raw != ""
 	if p == nil {
 		msg, p = s.message(req, date, seed, r.RemoteAddr)
+		// What the message was made of is garbage from here on, not
+		// held through the store's round trips beside the message.
+		req.Raw, req.Text, req.HTML, req.Attachments = "", "", "", nil
 	}
 	if p == nil {
 		if why := s.cfg.SenderDomains.CheckFrom(key.Tenant, msg); why != "" {
 			field := "headers.From"
-			if req.Raw != "" {
+			if raw {
 				field = "raw"
 			}
 			p = senderNotAllowed(field, why)
@@ -209,14 +232,15 @@ func tooLarge(limit int64) *Problem {
 	return problem(http.StatusRequestEntityTooLarge, ProblemTooLarge, "message too large", fmt.Sprintf("the limit is %d bytes", limit))
 }
 
-// decodeRequest parses the JSON body strictly: an unknown field is an
-// error, so that a misspelt "subjcet" is not silently dropped.
-func decodeRequest(body []byte) (*MessageRequest, *Problem) {
+// decodeRequestFrom parses the JSON body read from r strictly: an unknown
+// field is an error, so that a misspelt "subjcet" is not silently dropped.
+// A failure to read r is returned as err, for the caller to answer.
+func decodeRequestFrom(r io.Reader) (*MessageRequest, *Problem, error) {
 	var req MessageRequest
-	if p := decodeStrict(body, &req, "a message"); p != nil {
-		return nil, p
+	if p, err := decodeStrictFrom(r, &req, "a message"); p != nil || err != nil {
+		return nil, p, err
 	}
-	return &req, nil
+	return &req, nil, nil
 }
 
 // decodeStrict parses body into v, a pointer to a struct, strictly (an
@@ -224,17 +248,70 @@ func decodeRequest(body []byte) (*MessageRequest, *Problem) {
 // into its problem: unknown-field naming the field, or bad-json naming the
 // field of a wrong type. what names the object in the detail ("a message").
 func decodeStrict(body []byte, v any, what string) *Problem {
-	dec := json.NewDecoder(bytes.NewReader(body))
+	p, err := decodeStrictFrom(bytes.NewReader(body), v, what)
+	if err != nil { // a bytes.Reader does not fail
+		return problem(http.StatusBadRequest, ProblemBadJSON, "unreadable request", err.Error())
+	}
+	return p
+}
+
+// readErrs remembers the first error other than io.EOF that its reader
+// returned: the decoder's error is then the reader's, not the JSON's.
+type readErrs struct {
+	r   io.Reader
+	err error
+}
+
+func (e *readErrs) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF && e.err == nil {
+		e.err = err
+	}
+	return n, err
+}
+
+// decodeStrictFrom is decodeStrict reading from r, all of it (a body's
+// hash covers every octet); a failure to read r is returned as err, not
+// as a problem.
+func decodeStrictFrom(r io.Reader, v any, what string) (*Problem, error) {
+	rd := &readErrs{r: r}
+	dec := json.NewDecoder(rd)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
-	if err == nil && len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
+	if err == nil && !onlySpace(dec.Buffered(), rd) {
 		// Not dec.More(), which says false before a "]" or "}": a body
 		// of `{...}]` was taken.
 		err = errors.New("data after the JSON object")
 	}
-	if err == nil {
-		return nil
+	if rd.err != nil {
+		return nil, rd.err
 	}
+	if err == nil {
+		return nil, nil
+	}
+	return jsonProblem(err, what), nil
+}
+
+// onlySpace reads buffered, then r to its end, and reports whether they
+// hold nothing but JSON white space.
+func onlySpace(buffered, r io.Reader) bool {
+	buf := make([]byte, 4096)
+	for _, rd := range []io.Reader{buffered, r} {
+		for {
+			n, err := rd.Read(buf)
+			if len(bytes.TrimLeft(buf[:n], " \t\r\n")) > 0 {
+				return false
+			}
+			if err != nil {
+				break
+			}
+		}
+	}
+	return true
+}
+
+// jsonProblem is the problem of a JSON decoding error of what.
+func jsonProblem(err error, what string) *Problem {
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	var tpe *time.ParseError
@@ -399,33 +476,11 @@ func checkDSN(d *DSNRequest, rcpts []string) (*queue.DSNParams, *Problem) {
 }
 
 // message returns the bytes to queue: the raw message (with a Date and a
-// Message-ID if it had none), or the built one, under a Received line (RFC 5321 section 4.4), within the size limit.
+// Message-ID if it had none), or the built one, under a Received line (RFC
+// 5321 section 4.4), within the size limit. The Received line is written
+// into the buffer the message is made in, not copied in front of it
+// afterwards: a large message is in memory once here, not twice.
 func (s *Server) message(req *MessageRequest, date time.Time, seed, remote string) ([]byte, *Problem) {
-	var msg []byte
-	var err error
-	if req.Raw != "" {
-		if req.Subject != "" || req.Text != "" || req.HTML != "" || len(req.Headers) > 0 || len(req.Attachments) > 0 {
-			return nil, problem(http.StatusBadRequest, ProblemBadMessage, "raw and parts together",
-				"give either raw or subject/text/html/headers/attachments, not both")
-		}
-		msg, err = normalizeRaw(req.Raw)
-		if err == nil {
-			msg = submission.CompleteHeaders(msg, 0, s.cfg.Hostname, seed, date)
-		}
-	} else {
-		msg, err = build(req, date, s.cfg.Hostname, seed)
-	}
-	if err != nil {
-		var p *Problem
-		if errors.As(err, &p) {
-			return nil, p
-		}
-		s.log.Error().Err(err).Msg("build message")
-		return nil, problem(http.StatusInternalServerError, ProblemInternal, "internal error", "the message could not be built")
-	}
-	if int64(len(msg)) > s.cfg.MaxMessageBytes {
-		return nil, tooLarge(s.cfg.MaxMessageBytes)
-	}
 	host, _, _ := net.SplitHostPort(remote)
 	lit := "unknown"
 	if ip := net.ParseIP(host); ip != nil {
@@ -436,7 +491,58 @@ func (s *Server) message(req *MessageRequest, date time.Time, seed, remote strin
 		}
 	}
 	recv := "Received: from " + lit + "\r\n\tby " + s.cfg.Hostname + " (outflow) with HTTP;\r\n\t" + date.Format(time.RFC1123Z) + "\r\n"
-	return append([]byte(recv), msg...), nil
+	var msg []byte
+	var err error
+	if req.Raw != "" {
+		if req.Subject != "" || req.Text != "" || req.HTML != "" || len(req.Headers) > 0 || len(req.Attachments) > 0 {
+			return nil, problem(http.StatusBadRequest, ProblemBadMessage, "raw and parts together",
+				"give either raw or subject/text/html/headers/attachments, not both")
+		}
+		msg, err = s.rawMessage(req.Raw, recv, date, seed)
+	} else {
+		msg, err = buildAfter([]byte(recv), req, date, s.cfg.Hostname, seed)
+	}
+	if err != nil {
+		var p *Problem
+		if errors.As(err, &p) {
+			return nil, p
+		}
+		s.log.Error().Err(err).Msg("build message")
+		return nil, problem(http.StatusInternalServerError, ProblemInternal, "internal error", "the message could not be built")
+	}
+	if int64(len(msg)-len(recv)) > s.cfg.MaxMessageBytes {
+		return nil, tooLarge(s.cfg.MaxMessageBytes)
+	}
+	return msg, nil
+}
+
+// rawMessage is raw with CRLF line ends, and a Date and a Message-ID when
+// it has none (submission.CompleteHeaders), under recv: normalized into
+// one buffer with room in front for recv and the added fields.
+func (s *Server) rawMessage(raw, recv string, date time.Time, seed string) ([]byte, error) {
+	// Date (39 octets) and Message-ID (49 and the host name).
+	room := len(recv) + 96 + len(s.cfg.Hostname)
+	buf, err := normalizeRaw(raw, room)
+	if err != nil {
+		return nil, err
+	}
+	msg := buf[room:]
+	hdr := msg
+	if i := bytes.Index(msg, []byte("\r\n\r\n")); i >= 0 {
+		hdr = msg[:i+4]
+	}
+	// The fields missing from the header section go on top of it; the
+	// header alone is copied for that, not the whole message.
+	done := submission.CompleteHeaders(hdr, 0, s.cfg.Hostname, seed, date)
+	add := done[:len(done)-len(hdr)]
+	at := room - len(add) - len(recv)
+	if at < 0 { // more fields than room was left for: never today
+		out := make([]byte, 0, len(recv)+len(add)+len(msg))
+		return append(append(append(out, recv...), add...), msg...), nil
+	}
+	copy(buf[at:], recv)
+	copy(buf[at+len(recv):], add)
+	return buf[at:], nil
 }
 
 // MessageStatus is the answer of GET /v1/messages/{id}: where the message

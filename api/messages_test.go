@@ -266,6 +266,52 @@ func TestRawMessageGetsCRLF(t *testing.T) {
 	}
 }
 
+// The message under its Received line is made in one buffer now (the
+// Received line and any added Date and Message-ID written in front of the
+// normalized message): the same bytes as the Received line, then
+// CompleteHeaders of the normalized message, then nothing else, for a
+// message that lacks both fields, one, none, one with no body, under a
+// short host name and a long one; and a built message is the
+// Received line, then what build makes.
+func TestMessageUnderReceivedIsUnchanged(t *testing.T) {
+	date := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	for _, host := range []string{"mta.test", strings.Repeat("h", 200) + ".example"} {
+		s := &Server{cfg: Config{Hostname: host, MaxMessageBytes: 1 << 20}}
+		for _, raw := range []string{
+			"Subject: x\n\nbody\n",
+			"Date: Sun, 06 Dec 2026 10:00:00 +0000\nSubject: x\n\nbody\nMessage-ID: not a header\n",
+			"Message-ID: <a@b>\nDate: Sun, 06 Dec 2026 10:00:00 +0000\n\nbody\n",
+			"Subject: header only\n",
+		} {
+			got, p := s.message(&MessageRequest{Raw: raw}, date, "seed", "192.0.2.1:1234")
+			if p != nil {
+				t.Fatal(p)
+			}
+			norm, err := normalizeRaw(raw, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recv := "Received: from [192.0.2.1]\r\n\tby " + host + " (outflow) with HTTP;\r\n\tSun, 06 Dec 2026 10:00:00 +0000\r\n"
+			if want := recv + string(submission.CompleteHeaders(norm, 0, host, "seed", date)); string(got) != want {
+				t.Errorf("host %d octets, raw %q:\n got %q\nwant %q", len(host), raw, got, want)
+			}
+		}
+		req := &MessageRequest{From: "a@src.example", To: []string{"b@dst.example"}, Subject: "s", Text: "hi",
+			Attachments: []Attachment{{Filename: "a.bin", Content: "aGVsbG8="}}}
+		got, p := s.message(req, date, "seed", "192.0.2.1:1234")
+		if p != nil {
+			t.Fatal(p)
+		}
+		built, err := build(req, date, host, "seed")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, rest, ok := bytes.Cut(got, []byte("+0000\r\n")); !ok || !bytes.Equal(rest, built) {
+			t.Errorf("built under a Received line: %q, want %q after it", got, built)
+		}
+	}
+}
+
 // A raw message sent again with its Idempotency-Key stores the same bytes:
 // the Message-ID outflow adds is derived from the key.
 func TestRawMessageIdempotentMessageID(t *testing.T) {

@@ -155,6 +155,12 @@ func seeded(seed, label string, n int) string {
 // dated date, with a Message-ID at hostname unless the caller set one.
 // It returns a *Problem for a fault of the request.
 func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, error) {
+	return buildAfter(nil, req, date, hostname, seed)
+}
+
+// buildAfter is build, the message written after prefix (a Received line)
+// into a buffer sized for both.
+func buildAfter(prefix []byte, req *MessageRequest, date time.Time, hostname, seed string) ([]byte, error) {
 	var h mail.Header
 	h.SetDate(date)
 	h.SetAddressList("From", []*mail.Address{{Address: req.From}})
@@ -300,6 +306,8 @@ func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, 
 		top.Set(f.Key(), f.Value())
 	}
 	var buf bytes.Buffer
+	buf.Grow(builtSize(prefix, req, related, files))
+	buf.Write(prefix)
 	w, err := message.CreateWriter(&buf, top)
 	if err == nil {
 		if err = root.write(w); err == nil {
@@ -310,6 +318,21 @@ func build(req *MessageRequest, date time.Time, hostname, seed string) ([]byte, 
 		return nil, fmt.Errorf("build message: %w", err)
 	}
 	return buf.Bytes(), nil
+}
+
+// builtSize estimates the size of the message built of req after prefix,
+// so that its buffer is made once rather than doubled as it fills:
+// quoted-printable text about its size, base64 four thirds and a line end
+// every 76 octets, some room for the header and each part's.
+func builtSize(prefix []byte, req *MessageRequest, parts ...[]entity) int {
+	n := len(prefix) + 4096 + len(req.Text) + len(req.Text)/16 + len(req.HTML) + len(req.HTML)/16
+	for _, l := range parts {
+		for _, e := range l {
+			b64 := (len(e.body) + 2) / 3 * 4
+			n += b64 + b64/76*2 + 512
+		}
+	}
+	return n
 }
 
 // entity is one MIME entity of a message being built: a leaf with its
@@ -355,7 +378,9 @@ func decodeBase64(s string) ([]byte, error) {
 // normalizeRaw checks a raw message and gives it CRLF line endings: JSON
 // clients write "\n", SMTP wants CRLF (RFC 5321 section 2.3.8). It refuses
 // NUL, bare CR, lines over 998 octets and a message without a header.
-func normalizeRaw(raw string) ([]byte, error) {
+// The message begins room octets into the buffer returned: free room in
+// front of it for the fields to go on top.
+func normalizeRaw(raw string, room int) ([]byte, error) {
 	if strings.IndexByte(raw, 0) >= 0 {
 		return nil, fieldProblem(ProblemBadMessage, "bad message", "raw", "NUL in the message")
 	}
@@ -364,7 +389,8 @@ func normalizeRaw(raw string) ([]byte, error) {
 		return nil, fieldProblem(ProblemBadMessage, "bad message", "raw", "CR not followed by LF")
 	}
 	var out bytes.Buffer
-	out.Grow(len(s) + len(s)/32)
+	out.Grow(room + len(s) + len(s)/32)
+	out.Write(make([]byte, room))
 	for line := range strings.Lines(s) {
 		line = strings.TrimSuffix(line, "\n")
 		if len(line) > maxLine {
@@ -374,7 +400,7 @@ func normalizeRaw(raw string) ([]byte, error) {
 		out.WriteString("\r\n")
 	}
 	b := out.Bytes()
-	hdr, err := textproto.ReadHeader(bufio.NewReader(bytes.NewReader(b)))
+	hdr, err := textproto.ReadHeader(bufio.NewReader(bytes.NewReader(b[room:])))
 	if err != nil || hdr.Len() == 0 {
 		return nil, fieldProblem(ProblemBadMessage, "bad message", "raw", "not an RFC 5322 message: it needs header fields, then an empty line, then the body")
 	}

@@ -40,7 +40,7 @@ func TestHandlerMatchesOpenAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newFixture(t, func(c *Config) { c.Rate, c.Burst = 0.001, 25 }) // the 26th authenticated call is the 429
+	f := newFixture(t, func(c *Config) { c.Rate, c.Burst = 0.001, 28 }) // the 29th authenticated call is the 429
 
 	type call struct {
 		name, method, path string
@@ -70,6 +70,9 @@ func TestHandlerMatchesOpenAPI(t *testing.T) {
 		{"unsubscribes since", "GET", "/v1/suppressions?source=unsubscribe&since=2026-12-06T00:00:00Z", nil, nil, 200, true},
 		{"none since", "GET", "/v1/suppressions?since=2999-01-01T00:00:00Z", nil, nil, 200, true},
 		{"bad source", "GET", "/v1/suppressions?source=spam", nil, nil, 400, false},
+		{"suppression page", "GET", "/v1/suppressions?limit=1", nil, nil, 200, true},
+		{"suppressions over the limit", "GET", "/v1/suppressions?limit=5000", nil, nil, 400, false},
+		{"bad cursor", "GET", "/v1/suppressions?cursor=nonsense", nil, nil, 400, true},
 		{"events of a recipient", "GET", "/v1/events?recipient=b@one.example&type=queued,delivered&limit=10", nil, nil, 200, true},
 		{"events without a recipient", "GET", "/v1/events", nil, nil, 400, false},
 		{"events over the limit", "GET", "/v1/events?recipient=b@one.example&limit=5000", nil, nil, 400, false},

@@ -71,6 +71,10 @@ const (
 	// ProblemAlreadySent: the message to cancel has left the queue
 	// (delivered, bounced, dropped, dead); 409.
 	ProblemAlreadySent = typePrefix + "already-sent"
+	// ProblemInflight: the message requests in flight hold as many bytes
+	// as the server may (503), or as the tenant's share of them (429);
+	// nothing was stored, retry after retry_after (inflight.go).
+	ProblemInflight    = typePrefix + "too-much-in-flight"
 	ProblemMethod      = typePrefix + "method-not-allowed"
 	ProblemUnavailable = typePrefix + "store-unavailable"
 	ProblemInternal    = typePrefix + "internal"

@@ -66,6 +66,20 @@ type Config struct {
 	// EnqueueTimeout bounds one store of a submission (503 past it).
 	// Default DefaultEnqueueTimeout.
 	EnqueueTimeout time.Duration
+	// MaxInflightBytes bounds, process-wide, the memory the message
+	// requests in flight may hold: each POST /v1/messages is charged its
+	// Content-Length times what it holds at its peak before its body is
+	// read (inflight.go), and waits up to InflightWait for room, then
+	// is refused with 503 too-much-in-flight. Default
+	// DefaultMaxInflightBytes; negative: no bound.
+	MaxInflightBytes int64
+	// TenantInflightBytes is the most of MaxInflightBytes one tenant's
+	// requests may hold (429 too-much-in-flight beyond). Default half of
+	// MaxInflightBytes.
+	TenantInflightBytes int64
+	// InflightWait is how long a request waits for room under
+	// MaxInflightBytes. Default DefaultInflightWait.
+	InflightWait time.Duration
 	// SearchTimeout bounds one GET /v1/events, which reads through the
 	// events (422 query-too-broad past it). Default DefaultSearchTimeout.
 	SearchTimeout time.Duration
@@ -96,6 +110,10 @@ type Server struct {
 	log  zerolog.Logger
 	mux  *http.ServeMux
 
+	// inflight bounds the bytes of message requests in flight; nil: no
+	// bound.
+	inflight *inflightLimit
+
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by key id
 	// searching holds the keys with a GET /v1/events running (events.go).
@@ -119,6 +137,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	defaults.Set(&cfg.IdempotencyTTL, queue.DefaultDedupWindow)
 	defaults.Set(&cfg.EnqueueTimeout, DefaultEnqueueTimeout)
 	defaults.Set(&cfg.SearchTimeout, DefaultSearchTimeout)
+	if cfg.MaxInflightBytes == 0 { // negative: no bound
+		cfg.MaxInflightBytes = DefaultMaxInflightBytes
+	}
+	defaults.Set(&cfg.TenantInflightBytes, max(1, cfg.MaxInflightBytes/2))
+	defaults.Set(&cfg.InflightWait, DefaultInflightWait)
 	keys, err := OpenKeys(ctx, cfg.Buckets)
 	if err != nil {
 		return nil, err
@@ -128,7 +151,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, keys: keys, idem: idem, log: cfg.Logger.With().Str("component", "api").Logger(),
-		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{}, searching: map[string]bool{}}
+		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{}, searching: map[string]bool{},
+		inflight: newInflightLimit(cfg.MaxInflightBytes, cfg.TenantInflightBytes)}
 	s.mux.Handle("/v1/messages", s.route(map[string]handler{http.MethodPost: s.postMessage}))
 	s.mux.Handle("/v1/messages/{id}", s.route(map[string]handler{http.MethodGet: s.getMessage, http.MethodDelete: s.cancelMessage}))
 	s.mux.Handle("/v1/events", s.route(map[string]handler{http.MethodGet: s.listEvents}))

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,7 +28,7 @@ type Suppressions interface {
 	submission.Suppressor
 	Add(ctx context.Context, s queue.Suppression) error
 	Remove(ctx context.Context, tenant, addr string) error
-	List(ctx context.Context, tenant string) ([]queue.Suppression, error)
+	Page(ctx context.Context, tenant string, from uint64, limit, scan int, keep func(*queue.Suppression) bool) ([]queue.Suppression, uint64, error)
 }
 
 // SuppressionRequest is the body of POST /v1/suppressions.
@@ -41,7 +43,41 @@ type SuppressionRequest struct {
 
 // SuppressionList is the answer of GET /v1/suppressions.
 type SuppressionList struct {
+	// Suppressions are at most limit entries, in the order they were
+	// written (an entry replaced moves to the end).
 	Suppressions []queue.Suppression `json:"suppressions"`
+	// NextCursor, when present, is the cursor of the next page: more
+	// entries follow (or may: a page that read suppressionsScan entries
+	// without filling stops there). Absent on the last page.
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+// Limits of GET /v1/suppressions.
+const (
+	defaultSuppressionsLimit = 100
+	maxSuppressionsLimit     = 1000
+	// suppressionsScan is how many entries one page reads at most: a
+	// source or since that few entries match gives a short (even empty)
+	// page with a next_cursor rather than one request reading the whole
+	// list.
+	suppressionsScan = 10000
+)
+
+// suppressionCursor is the opaque cursor of the page that starts at the
+// list's stream sequence seq: base64url of "s" and seq.
+func suppressionCursor(seq uint64) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("s" + strconv.FormatUint(seq, 10)))
+}
+
+// parseSuppressionCursor is the sequence of a cursor suppressionCursor
+// made; ok is false for anything else.
+func parseSuppressionCursor(c string) (seq uint64, ok bool) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil || len(b) < 2 || b[0] != 's' {
+		return 0, false
+	}
+	seq, err = strconv.ParseUint(string(b[1:]), 10, 64)
+	return seq, err == nil && seq > 0
 }
 
 // checkSuppressed refuses a message with any recipient on the tenant's
@@ -129,9 +165,13 @@ func (s *Server) postSuppression(w http.ResponseWriter, r *http.Request, key *Ke
 	return nil
 }
 
-// listSuppressions is GET /v1/suppressions[?tenant=T][&source=S][&since=TIME]:
-// the key's tenant's entries (an admin key may name any tenant), those
-// added by one source, those added since a time.
+// listSuppressions is GET /v1/suppressions[?tenant=T][&source=S][&since=TIME]
+// [&limit=N][&cursor=C]: the key's tenant's entries (an admin key may name
+// any tenant), those added by one source, those added since a time, a page
+// at a time: limit entries (default 100, at most 1,000) in the order they
+// were written, and a next_cursor for the page after while more follow.
+// Only the page is read from the store (queue.Suppressions.Page), not the
+// list.
 func (s *Server) listSuppressions(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem {
 	tenant, p := s.tenantOf(key, r.URL.Query().Get("tenant"))
 	if p != nil {
@@ -146,13 +186,35 @@ func (s *Server) listSuppressions(w http.ResponseWriter, r *http.Request, key *K
 	if p != nil {
 		return p
 	}
-	list, err := s.cfg.Suppressions.List(r.Context(), tenant)
+	limit := defaultSuppressionsLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxSuppressionsLimit {
+			return queryProblem("limit", v, "a number from 1 to "+strconv.Itoa(maxSuppressionsLimit))
+		}
+		limit = n
+	}
+	var from uint64
+	if v := q.Get("cursor"); v != "" {
+		var ok bool
+		if from, ok = parseSuppressionCursor(v); !ok {
+			return queryProblem("cursor", v, "the next_cursor of a page of this list")
+		}
+	}
+	since = since.Truncate(time.Second)
+	keep := func(e *queue.Suppression) bool {
+		return (source == "" || e.Source == source) && !e.Created.Before(since)
+	}
+	list, next, err := s.cfg.Suppressions.Page(r.Context(), tenant, from, limit, suppressionsScan, keep)
 	if err != nil {
 		s.log.Error().Err(err).Msg("list suppressions")
 		return unavailable("the suppression list cannot be read")
 	}
-	list = queue.FilterSuppressions(list, source, since)
-	writeJSON(w, http.StatusOK, SuppressionList{Suppressions: list})
+	out := SuppressionList{Suppressions: list}
+	if next != 0 {
+		out.NextCursor = suppressionCursor(next)
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -2,7 +2,13 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"maps"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -159,11 +165,12 @@ func TestListSuppressionsFiltered(t *testing.T) {
 		return strings.Join(out, ",")
 	}
 	since := time.Now().Add(-24 * time.Hour).UTC().Format(time.RFC3339)
+	// In the order written (a page is read without the rest of the list).
 	for _, c := range []struct{ query, want string }{
-		{"", "gone@example.org,left-long-ago@example.org,left@example.org"},
-		{"?source=unsubscribe", "left-long-ago@example.org,left@example.org"},
+		{"", "left@example.org,left-long-ago@example.org,gone@example.org"},
+		{"?source=unsubscribe", "left@example.org,left-long-ago@example.org"},
 		{"?source=unsubscribe&since=" + since, "left@example.org"},
-		{"?since=" + since, "gone@example.org,left@example.org"},
+		{"?since=" + since, "left@example.org,gone@example.org"},
 		{"?source=complaint", ""},
 	} {
 		if r := f.do(t, "GET", "/v1/suppressions"+c.query, f.key, nil, nil); r.status != 200 || addresses(r) != c.want {
@@ -173,6 +180,115 @@ func TestListSuppressionsFiltered(t *testing.T) {
 	for _, q := range []string{"?source=spam", "?since=yesterday"} {
 		if r := f.do(t, "GET", "/v1/suppressions"+q, f.key, nil, nil); r.status != 400 || r.json["type"] != ProblemBadQuery {
 			t.Errorf("GET %s: %d %s, want 400 bad-query", q, r.status, r.raw)
+		}
+	}
+}
+
+// GET /v1/suppressions answers a page at a time: limit entries (100 by
+// default, at most 1,000), a next_cursor while more follow; walking the
+// cursors returns every entry of the tenant exactly once (none of another
+// tenant's, none expired), and so does a walk filtered by source.
+func TestListSuppressionsPages(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	sup := f.srv.cfg.Suppressions.(*queue.Suppressions)
+	want, unsub := map[string]bool{}, map[string]bool{}
+	for i := range 257 {
+		s := queue.Suppression{Tenant: "acme", Address: fmt.Sprintf("a%03d@example.org", i), Source: queue.SuppressBounce}
+		if i%10 == 3 {
+			s.Source = queue.SuppressUnsubscribe
+			unsub[s.Address] = true
+		}
+		want[s.Address] = true
+		if err := sup.Add(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		if i%50 == 0 { // another tenant's entries between them
+			if err := sup.Add(ctx, queue.Suppression{Tenant: "other", Address: fmt.Sprintf("o%03d@example.org", i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := sup.Add(ctx, queue.Suppression{Tenant: "acme", Address: "expired@example.org", Expires: time.Now().Add(-time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	page := func(query string) (addrs []string, next string) {
+		t.Helper()
+		r := f.do(t, "GET", "/v1/suppressions"+query, f.key, nil, nil)
+		if r.status != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", query, r.status, r.raw)
+		}
+		var l SuppressionList
+		if err := json.Unmarshal(r.raw, &l); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range l.Suppressions {
+			if s.Tenant != "acme" {
+				t.Fatalf("GET %s: another tenant's entry %+v", query, s)
+			}
+			addrs = append(addrs, s.Address)
+		}
+		return addrs, l.NextCursor
+	}
+	walk := func(query string, limit int) map[string]bool {
+		t.Helper()
+		seen := map[string]bool{}
+		cursor, pages := "", 0
+		for {
+			q := query + "&limit=" + strconv.Itoa(limit)
+			if cursor != "" {
+				q += "&cursor=" + url.QueryEscape(cursor)
+			}
+			addrs, next := page(q)
+			pages++
+			if len(addrs) > limit {
+				t.Fatalf("a page of %d entries for limit=%d", len(addrs), limit)
+			}
+			for _, a := range addrs {
+				if seen[a] {
+					t.Fatalf("%s twice in the walk %s", a, query)
+				}
+				seen[a] = true
+			}
+			if next == "" {
+				break
+			}
+			if pages > 1000 {
+				t.Fatal("the walk does not end")
+			}
+			cursor = next
+		}
+		return seen
+	}
+	if got := walk("?", 50); !maps.Equal(got, want) {
+		t.Fatalf("walked %d entries, want the %d of the tenant", len(got), len(want))
+	}
+	if got := walk("?source=unsubscribe", 7); !maps.Equal(got, unsub) {
+		t.Fatalf("walked %d unsubscribes, want %d", len(got), len(unsub))
+	}
+
+	// The default limit, the largest, and the last page without a cursor.
+	if addrs, next := page(""); len(addrs) != 100 || next == "" || addrs[0] != "a000@example.org" || addrs[99] != "a099@example.org" {
+		t.Fatalf("default page: %d entries (%v … ), next %q", len(addrs), addrs[:min(3, len(addrs))], next)
+	}
+	if addrs, next := page("?limit=1000"); len(addrs) != 257 || next != "" {
+		t.Fatalf("limit=1000: %d entries, next %q", len(addrs), next)
+	}
+	if addrs, next := page("?limit=257"); len(addrs) != 257 || next != "" {
+		t.Fatalf("limit=257: %d entries, next %q (nothing follows the last)", len(addrs), next)
+	}
+
+	// A cursor or limit the route did not give is a 400 bad-query naming it.
+	for _, c := range []struct{ query, field string }{
+		{"?limit=0", "limit"}, {"?limit=1001", "limit"}, {"?limit=ten", "limit"}, {"?limit=-5", "limit"},
+		{"?cursor=nonsense", "cursor"}, {"?cursor=" + base64.RawURLEncoding.EncodeToString([]byte("s0")), "cursor"},
+		{"?cursor=" + base64.RawURLEncoding.EncodeToString([]byte("x12")), "cursor"}, {"?cursor=%3D%3D", "cursor"},
+	} {
+		r := f.do(t, "GET", "/v1/suppressions"+c.query, f.key, nil, nil)
+		errs, _ := r.json["errors"].([]any)
+		if r.status != http.StatusBadRequest || r.json["type"] != ProblemBadQuery || r.header.Get("Content-Type") != "application/problem+json" ||
+			len(errs) != 1 || errs[0].(map[string]any)["field"] != c.field {
+			t.Errorf("GET %s: %d %s, want 400 bad-query naming %s", c.query, r.status, r.raw, c.field)
 		}
 	}
 }

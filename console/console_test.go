@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -551,6 +552,38 @@ func TestSuppressionsBySource(t *testing.T) {
 	if _, body := get(t, cl, f.ts.URL+"/ui/suppressions?tenant=srcfilter&source=spam"); !strings.Contains(body, "no such source: spam") ||
 		!strings.Contains(body, "gone@d.example") {
 		t.Fatalf("an unknown source:\n%s", body)
+	}
+}
+
+// The suppressions page reads only what it shows: the first 1,000
+// entries, with a note that more follow rather than a count it would
+// have to read the whole list for.
+func TestSuppressionsPageShowsAThousand(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	sup, err := f.q.Suppressions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1003 {
+		s := queue.Suppression{Tenant: "many", Address: fmt.Sprintf("r%04d@d.example", i), Source: queue.SuppressBounce}
+		if i%400 == 7 { // 7, 407, 807
+			s.Source = queue.SuppressUnsubscribe
+		}
+		if err := sup.Add(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cl := f.browser(t)
+	f.signIn(t, cl, f.admin)
+	_, body := get(t, cl, f.ts.URL+"/ui/suppressions?tenant=many")
+	if n := strings.Count(body, "@d.example</td>"); n != 1000 || !strings.Contains(body, "Showing 1000 of more than 1000;") ||
+		!strings.Contains(body, "r0999@d.example") || strings.Contains(body, "r1000@d.example") {
+		t.Fatalf("%d rows of 1003 entries; the note: %v", n, strings.Contains(body, "Showing 1000 of more than 1000;"))
+	}
+	_, body = get(t, cl, f.ts.URL+"/ui/suppressions?tenant=many&source=unsubscribe")
+	if n := strings.Count(body, "@d.example</td>"); n != 3 || strings.Contains(body, "Showing") {
+		t.Fatalf("unsubscribes: %d rows, want 3 and no note", n)
 	}
 }
 

@@ -1,9 +1,11 @@
 package console
 
 import (
+	"cmp"
 	"errors"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,7 +36,26 @@ func (c *Console) haveSuppressions(w http.ResponseWriter, r *http.Request, s *se
 	return true
 }
 
-// suppressionsPage is `outflow suppress list`, with add and remove.
+// suppressionsShown is how many entries the suppressions page shows, and
+// suppressionsScan how many it reads at most to find them (a source that
+// few entries have).
+const (
+	suppressionsShown = 1000
+	suppressionsScan  = 20 * suppressionsShown
+)
+
+// moreThan is the Total of a suppressions page that does not show the
+// whole list: the page reads only what it shows, so how many more there
+// are is not known. It compares as one more than shown and prints as
+// "more than" them.
+type moreThan int
+
+func (n moreThan) String() string { return "more than " + strconv.Itoa(int(n)-1) }
+
+// suppressionsPage is `outflow suppress list`, with add and remove: the
+// first suppressionsShown entries written (of a tenant, of a source),
+// sorted as the command sorts them; only they are read
+// (queue.Suppressions.Page), not the whole list.
 func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *session) {
 	if !c.haveSuppressions(w, r, s) {
 		return
@@ -48,14 +69,17 @@ func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *se
 		errs = append(errs, "no such source: "+source)
 		source = ""
 	}
-	list, err := c.cfg.Suppressions.List(ctx, tenant)
+	keep := func(e *queue.Suppression) bool { return source == "" || e.Source == source }
+	list, next, err := c.cfg.Suppressions.Page(ctx, tenant, 0, suppressionsShown, suppressionsScan, keep)
 	if err != nil {
 		errs = append(errs, err.Error())
 	}
-	list = queue.FilterSuppressions(list, source, time.Time{})
-	total := len(list)
-	if len(list) > 1000 {
-		list = list[:1000]
+	slices.SortFunc(list, func(a, b queue.Suppression) int {
+		return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Address, b.Address))
+	})
+	var total any = len(list)
+	if next != 0 {
+		total = moreThan(len(list) + 1)
 	}
 	c.render(w, r, s, http.StatusOK, "suppressions", "Suppressions", map[string]any{"Tenant": tenant, "Source": source,
 		"Sources": queue.SuppressionSources, "List": list, "Total": total, "Errors": errs})

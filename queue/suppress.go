@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outflow/outflow/internal/kvpurge"
@@ -294,6 +295,93 @@ func (l *Suppressions) List(ctx context.Context, tenant string) ([]Suppression, 
 		return out[i].Address < out[j].Address
 	})
 	return out, nil
+}
+
+// Page reads a page of the list, in the order the entries were written
+// (an entry replaced moves to the end), without reading the rest: up to
+// limit entries that apply now, of tenant (every tenant with ""), for
+// which keep (nil: every one) is true, from stream sequence from on (0:
+// the first), reading at most scan entries. next is the sequence to read
+// the rest from, 0 when no entry follows those read; a page can be short,
+// or empty, with a next (keep refused the entries read). Expired entries
+// met are deleted, as List deletes them.
+func (l *Suppressions) Page(ctx context.Context, tenant string, from uint64, limit, scan int, keep func(*Suppression) bool) (page []Suppression, next uint64, err error) {
+	filter := ">"
+	if tenant != "" {
+		filter = suppressTenantKey(tenant) + ".*"
+	}
+	cfg := jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckNonePolicy,
+		InactiveThreshold: time.Minute, MemoryStorage: true, Replicas: 1, FilterSubject: kvSubject(BucketSuppressions, filter)}
+	if from > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	cons, err := l.st.CreateConsumer(ctx, cfg)
+	if err != nil {
+		return nil, 0, fmt.Errorf("list suppressions: %w", err)
+	}
+	now := time.Now()
+	type revision struct {
+		key string
+		seq uint64
+	}
+	var expired []revision
+	defer func() {
+		_ = l.st.DeleteConsumer(context.WithoutCancel(ctx), cons.CachedInfo().Name)
+		for _, e := range expired {
+			_ = kvpurge.DropThrough(ctx, l.st, BucketSuppressions, e.key, e.seq)
+		}
+	}()
+	prefix := kvSubject(BucketSuppressions, "")
+	page = []Suppression{} // never nil: an empty page is []
+	scan = max(scan, limit)
+	left, scanned, more := cons.CachedInfo().NumPending, 0, false
+	for left > 0 && len(page) < limit && scanned < scan {
+		n := min(left, uint64(scan-scanned), uint64(max(limit-len(page), 64)))
+		batch, err := cons.Fetch(int(n), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, 0, fmt.Errorf("list suppressions: %w", err)
+		}
+		got := false
+		for m := range batch.Messages() {
+			got = true
+			if len(page) >= limit || scanned >= scan {
+				continue // read, not taken: the next page starts at it
+			}
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, 0, fmt.Errorf("list suppressions: %w", err)
+			}
+			scanned++
+			left = md.NumPending
+			next, more = md.Sequence.Stream+1, md.NumPending > 0
+			if op := m.Headers().Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+				continue
+			}
+			var s Suppression
+			if json.Unmarshal(m.Data(), &s) != nil {
+				continue
+			}
+			if !s.active(now) {
+				expired = append(expired, revision{strings.TrimPrefix(m.Subject(), prefix), md.Sequence.Stream})
+				continue
+			}
+			if keep == nil || keep(&s) {
+				page = append(page, s)
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, 0, fmt.Errorf("list suppressions: %w", err)
+		}
+		if !got {
+			// What was pending went meanwhile (removed, expired).
+			more = false
+			break
+		}
+	}
+	if !more {
+		next = 0
+	}
+	return page, next, nil
 }
 
 // Refused records that a submission to addr was refused because it is

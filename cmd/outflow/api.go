@@ -29,6 +29,9 @@ type apiConfig struct {
 	APITLSKey  string  `toml:"api-tls-key"`
 	APIRate    float64 `toml:"api-rate"`
 	APIBurst   int     `toml:"api-burst"`
+	// APIMaxInflightBytes bounds the memory of the message requests in
+	// flight, process-wide (api.Config.MaxInflightBytes).
+	APIMaxInflightBytes int64 `toml:"api-max-inflight-bytes"`
 }
 
 // bindAPIFlags registers the HTTP API's flags on fs.
@@ -38,6 +41,8 @@ func bindAPIFlags(fs *pflag.FlagSet, c *apiConfig) {
 	fs.StringVar(&c.APITLSKey, "api-tls-key", "", "key for --api-tls-cert")
 	fs.Float64Var(&c.APIRate, "api-rate", api.DefaultRate, "requests per second each API key may make (429 above; negative: no limit)")
 	fs.IntVar(&c.APIBurst, "api-burst", api.DefaultBurst, "requests an API key may make at once above --api-rate")
+	fs.Int64Var(&c.APIMaxInflightBytes, "api-max-inflight-bytes", api.DefaultMaxInflightBytes,
+		"bytes the message requests in flight may hold, each charged 5 times its size (503 when full, 429 past a tenant's half; negative: no bound)")
 }
 
 // apiQueue is the queue as the API sees it: its Enqueue fails at once
@@ -76,7 +81,7 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, enq enqueuer,
 	srv, err := api.New(setup, api.Config{
 		Queue: apiQueue{q, enq}, Buckets: q, Suppressions: sup, Hostname: hostname,
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients,
-		Rate: c.APIRate, Burst: c.APIBurst, IdempotencyTTL: q.DedupWindow(), SenderDomains: senders, Quota: limits, Unsubscribe: unsub, Logger: log,
+		Rate: c.APIRate, Burst: c.APIBurst, MaxInflightBytes: c.APIMaxInflightBytes, IdempotencyTTL: q.DedupWindow(), SenderDomains: senders, Quota: limits, Unsubscribe: unsub, Logger: log,
 	})
 	if err != nil {
 		return nil, err
