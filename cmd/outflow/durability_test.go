@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/outflow/outflow/queue"
 )
@@ -38,5 +41,37 @@ func TestDurabilityResolution(t *testing.T) {
 		if err != nil || d != tc.want || (note != "") != tc.note {
 			t.Errorf("%+v: got %s, note %q, %v", tc, d, note, err)
 		}
+	}
+}
+
+// TestStartOrStop: a stop asked while the embedded server starts is
+// answered at once, not after the start (which takes no context and can
+// last as long as its store's recovery); a start that ends first is
+// returned as it is.
+func TestStartOrStop(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := startOrStop(ctx, func() (int, error) { <-release; return 1, nil })
+		done <- err
+	}()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errStoppedWhileStarting) {
+			t.Fatalf("stopped during the start: %v, want errStoppedWhileStarting", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stop waited for the start")
+	}
+	v, err := startOrStop(context.Background(), func() (int, error) { return 7, nil })
+	if v != 7 || err != nil {
+		t.Fatalf("a start that ends: %d, %v", v, err)
+	}
+	boom := errors.New("boom")
+	if _, err := startOrStop(context.Background(), func() (int, error) { return 0, boom }); !errors.Is(err, boom) {
+		t.Fatalf("a start that fails: %v", err)
 	}
 }

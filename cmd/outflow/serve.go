@@ -149,8 +149,14 @@ func serve(parent context.Context, c *serveConfig) error {
 		EventsMaxAge: c.EventsMaxAge, SentTTL: c.SentTTL, Logger: log}
 	var emb *queue.Embedded
 	if c.NATSURL == "" {
-		emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: c.Data, ListenAddr: c.NATSAddr, Durability: durability,
-			SyncWindow: c.SyncWindow, Logger: log})
+		emb, err = startOrStop(ctx, func() (*queue.Embedded, error) {
+			return queue.StartEmbedded(queue.EmbeddedConfig{DataDir: c.Data, ListenAddr: c.NATSAddr, Durability: durability,
+				SyncWindow: c.SyncWindow, Logger: log})
+		})
+		if errors.Is(err, errStoppedWhileStarting) {
+			log.Warn().Msg("stop asked while the embedded NATS server starts: stopping without waiting for it (its store recovers at the next start, as after a crash)")
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -527,6 +533,36 @@ func serveDestStatus(q *queue.Queue, t *throttle.Throttle, workerID string, egre
 		b, _ := json.Marshal(throttle.WorkerStatus{Worker: workerID, DestStatus: st, Sources: sourceStatus(t, egress, name, source)})
 		return b
 	})
+}
+
+// errStoppedWhileStarting is startOrStop's answer to a stop that came
+// first.
+var errStoppedWhileStarting = errors.New("stopped while starting")
+
+// startOrStop runs start (the embedded server's start, which recovers its
+// store and may take long with a large one, and takes no context) and
+// returns what it returns, unless ctx ends first: then it returns
+// errStoppedWhileStarting at once, and the process exits without waiting
+// for the start, as it would after a crash, which the store survives. A
+// SIGTERM or Ctrl-C during a start went unanswered until the start ended,
+// up to its 30 s limit and longer while the store recovered.
+func startOrStop[T any](ctx context.Context, start func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := start()
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, errStoppedWhileStarting
+	}
 }
 
 // enqueuer hands submissions to the queue, failing at once while the
