@@ -367,7 +367,7 @@ func dial(ctx context.Context, cfg *Config, log zerolog.Logger, host, addr, key 
 	c.setConn(raw)
 	if implicitTLS {
 		// RFC 8314 3.3: TLS first, then the SMTP greeting.
-		if err := c.handshake(dctx, true, nil); err != nil {
+		if err := c.handshake(dctx, true, nil, tls.VersionTLS12); err != nil {
 			_ = raw.Close()
 			return nil, err
 		}
@@ -437,7 +437,7 @@ func (c *client) has(ext string) bool {
 // server said before TLS and ask again). mustVerify makes a certificate
 // that does not verify a failure; verify checks it (nil: WebPKI for
 // c.host, against Config.RootCAs).
-func (c *client) startTLS(ctx context.Context, mustVerify bool, verify func(tls.ConnectionState) error) error {
+func (c *client) startTLS(ctx context.Context, mustVerify bool, verify func(tls.ConnectionState) error, minVersion uint16) error {
 	if _, err := c.cmd(ctx, classify.StageTLS, c.cfg.CommandTimeout, 220, "STARTTLS"); err != nil {
 		return err
 	}
@@ -451,7 +451,7 @@ func (c *client) startTLS(ctx context.Context, mustVerify bool, verify func(tls.
 	if err := c.deadline(ctx, c.cfg.CommandTimeout); err != nil {
 		return c.netFail(ctx, classify.StageTLS, "before TLS handshake", err)
 	}
-	if err := c.handshake(ctx, mustVerify, verify); err != nil {
+	if err := c.handshake(ctx, mustVerify, verify, minVersion); err != nil {
 		return err
 	}
 	return c.hello(ctx)
@@ -461,8 +461,11 @@ func (c *client) startTLS(ctx context.Context, mustVerify bool, verify func(tls.
 // that opportunistic TLS can encrypt even when the certificate does not
 // check out (and say so), while required TLS refuses it. verify is the
 // check (nil: WebPKI for c.host); a DANE check is never skipped, since
-// InsecureSkipVerify is about the WebPKI.
-func (c *client) handshake(ctx context.Context, mustVerify bool, verify func(tls.ConnectionState) error) error {
+// InsecureSkipVerify is about the WebPKI. minVersion is the oldest TLS
+// version taken: 1.2 where a policy requires TLS, 1.0 for opportunistic
+// TLS, where the alternative to an old version is plaintext (RFC 7435;
+// Postfix's default takes TLS 1.0 too).
+func (c *client) handshake(ctx context.Context, mustVerify bool, verify func(tls.ConnectionState) error, minVersion uint16) error {
 	if verify == nil {
 		mustVerify = mustVerify && !c.cfg.InsecureSkipVerify
 		verify = func(cs tls.ConnectionState) error { return verifyChain(cs, c.host, c.cfg.RootCAs) }
@@ -470,7 +473,7 @@ func (c *client) handshake(ctx context.Context, mustVerify bool, verify func(tls
 	conf := &tls.Config{
 		ServerName:         c.host,
 		InsecureSkipVerify: true, // verified below, in VerifyConnection
-		MinVersion:         tls.VersionTLS12,
+		MinVersion:         minVersion,
 	}
 	verified := false
 	var verifyErr error

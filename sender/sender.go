@@ -2,6 +2,7 @@ package sender
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -585,7 +586,7 @@ func (s *Sender) open(ctx context.Context, log *msgLog, host, addr, key string, 
 				return fail(&stepErr{in: classify.Input{Stage: classify.StageTLS, Event: classify.EventTLSFailure,
 					Text: "outflow (synthetic, no server reply): relay " + host + " does not offer STARTTLS and RelayTLS is starttls"}})
 			}
-			if err := c.startTLS(ctx, true, nil); err != nil {
+			if err := c.startTLS(ctx, true, nil, tls.VersionTLS12); err != nil {
 				return fail(err)
 			}
 		}

@@ -1,6 +1,7 @@
 package sender
 
 import (
+	"crypto/tls"
 	"slices"
 	"strings"
 	"testing"
@@ -34,6 +35,26 @@ func TestOpportunisticTLSDoesNotRequireAValidCertificate(t *testing.T) {
 	checkDelivered(t, r)
 	if !r.TLS || r.TLSVerified || !fake.Messages()[0].TLS {
 		t.Errorf("TLS=%v verified=%v", r.TLS, r.TLSVerified)
+	}
+}
+
+// TestOpportunisticTLSTakesAnOldVersion: a server that speaks TLS 1.0 at
+// most gets an encrypted session under opportunistic TLS, where the
+// alternative is plaintext (the handshake failed, and the sender went on
+// in plaintext); a policy that requires TLS still wants 1.2.
+func TestOpportunisticTLSTakesAnOldVersion(t *testing.T) {
+	w, fake := oneMX(t, fakemx.Options{STARTTLS: true, MaxTLSVersion: tls.VersionTLS10, CertHosts: []string{"mx.example.test"}})
+	r := w.sender(w.config()).Send(ctxT(t), msg("example.test", "bob@example.test"))
+	checkDelivered(t, r)
+	if !r.TLS || !fake.Messages()[0].TLS {
+		t.Fatalf("opportunistic TLS to a TLS 1.0 server: TLS=%v; want an encrypted session, not plaintext", r.TLS)
+	}
+	cfg := w.config()
+	cfg.TLS, cfg.RootCAs = TLSRequired, fake.CertPool()
+	r = w.sender(cfg).Send(ctxT(t), msg("example.test", "bob@example.test"))
+	checkAll(t, r, classify.StageTLS, 0, classify.EventTLSFailure)
+	if len(fake.Messages()) != 1 {
+		t.Fatalf("required TLS delivered over TLS 1.0")
 	}
 }
 

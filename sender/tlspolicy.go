@@ -218,7 +218,7 @@ func (s *Sender) secure(ctx context.Context, log *msgLog, c *client, p *tlsPlan,
 		case modeDANEUnusable:
 			must = false
 		}
-		if err := c.startTLS(ctx, must, verify); err != nil {
+		if err := c.startTLS(ctx, must, verify, tls.VersionTLS12); err != nil {
 			var se *stepErr
 			if !errors.As(err, &se) || se.in.Stage != classify.StageTLS {
 				return nil, err
@@ -258,7 +258,7 @@ func (s *Sender) secure(ctx context.Context, log *msgLog, c *client, p *tlsPlan,
 		}
 		return c, nil
 	}
-	if err := c.startTLS(ctx, false, nil); err != nil {
+	if err := c.startTLS(ctx, false, nil, tls.VersionTLS10); err != nil {
 		var se *stepErr
 		if !errors.As(err, &se) || se.in.Stage != classify.StageTLS || ctx.Err() != nil {
 			return nil, err

@@ -62,6 +62,9 @@ type Options struct {
 	// BrokenTLS makes every TLS handshake fail on the server side (the
 	// server still offers STARTTLS), to exercise a client's fallback.
 	BrokenTLS bool
+	// MaxTLSVersion, when set, caps the TLS versions the server speaks
+	// (tls.VersionTLS10: a server too old for TLS 1.2).
+	MaxTLSVersion uint16
 	// CertHosts are extra DNS names for the certificate's SANs; it always
 	// covers "localhost" and 127.0.0.1.
 	CertHosts []string
@@ -200,6 +203,9 @@ func New(opts Options) (*Server, error) {
 			cert, s.certPool = *opts.Certificate, nil
 		}
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		if opts.MaxTLSVersion != 0 {
+			tlsConf.MinVersion, tlsConf.MaxVersion = tls.VersionTLS10, opts.MaxTLSVersion
+		}
 		if opts.BrokenTLS {
 			tlsConf = &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 				return nil, errors.New("fakemx: handshake broken on purpose")
