@@ -66,9 +66,20 @@ func parseNear(p string) (nearPhrase, bool, error) {
 	return np, true, nil
 }
 
-// maxNearParts bounds the parts of a near phrase, so that the search,
-// which tries each place a part may start, stays linear in the text.
+// maxNearParts bounds the parts of a near phrase.
 const maxNearParts = 4
+
+// The bounds that keep a near phrase's search linear in the text, whatever
+// a remote server puts in its reply: a bounded gap spans at most
+// nearWordMax octets per word it allows (a longer "word" is no word of a
+// sentence), and only the first nearTextMax octets of a reply are searched
+// for near phrases. Without them a reply of one long run without spaces
+// in which a first part recurs ("exceedexceed…", 800 KB) took seconds: each
+// place the first part starts scanned to the end of the text.
+const (
+	nearWordMax = 64
+	nearTextMax = 16 << 10
+)
 
 // gapWord reports whether w is a gap word: "~" (anywhere after) or "~N"
 // (at most N words between), N one digit.
@@ -98,6 +109,9 @@ func (np *nearPhrase) match(text string) bool {
 	// failed[i] is the smallest position from which parts[i:] were not
 	// found after an unbounded gap: they will not be found from any later
 	// one either, so each unbounded gap is searched past a position once.
+	if len(text) > nearTextMax {
+		text = text[:nearTextMax]
+	}
 	var failed [maxNearParts]int
 	for i := range failed {
 		failed[i] = len(text) + 1
@@ -135,7 +149,11 @@ func (np *nearPhrase) rest(text string, e, i int, failed *[maxNearParts]int) boo
 
 func (np *nearPhrase) restFrom(text string, e, i int, part string, gap int, failed *[maxNearParts]int) bool {
 	runs, inSpace := 0, false
-	for s := e; s < len(text); s++ {
+	end := len(text)
+	if gap >= 0 {
+		end = min(end, e+(gap+1)*nearWordMax+len(part))
+	}
+	for s := e; s < end; s++ {
 		if isSpace(text[s]) {
 			if !inSpace {
 				runs++

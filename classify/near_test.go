@@ -279,8 +279,21 @@ func TestNearPhraseLongText(t *testing.T) {
 			t.Errorf("%q matched", p)
 		}
 	}
-	if np, _, _ := parseNear("too many ~ x"); !np.match(text) {
-		t.Error("too many ~ x: not matched")
+	if np, _, _ := parseNear("too many ~ x"); !np.match(text[len(text)-nearTextMax+100:]) {
+		t.Error("too many ~ x: not matched within the searched length")
+	}
+	// Past nearTextMax a reply is not searched for near phrases, and a
+	// bounded gap does not cross a "word" longer than nearWordMax: each
+	// kept a reply without spaces from costing the square of its length.
+	if np, _, _ := parseNear("too many ~ x"); np.match(text) {
+		t.Error("too many ~ x: matched past nearTextMax")
+	}
+	np, _, _ := parseNear("exceed ~2 limit")
+	if !np.match("exceeded the " + strings.Repeat("a", nearWordMax-1) + " limit") {
+		t.Error("a gap of words of ordinary length not crossed")
+	}
+	if np.match("exceeded " + strings.Repeat("a", 4*nearWordMax) + " limit") {
+		t.Error("a gap crossed a word of 256 octets")
 	}
 	if _, _, err := parseNear("a ~ b ~ c ~ d ~ e"); err == nil {
 		t.Error("four gaps accepted")
@@ -288,5 +301,18 @@ func TestNearPhraseLongText(t *testing.T) {
 	r := Default().Classify(Input{Raw: "554 " + text})
 	if r.Class != Permanent {
 		t.Errorf("long text: %s (%s)", r.Class, r.Rule)
+	}
+}
+
+// BenchmarkNearPhraseAdversarial: a reply a hostile MX can send to every
+// RCPT, 200 lines of 4,096 octets without a space in which a near
+// phrase's first part recurs. Before the bounds on the search (nearTextMax,
+// nearWordMax), one classification took 9.7 s.
+func BenchmarkNearPhraseAdversarial(b *testing.B) {
+	raw := "550 limit " + strings.Repeat(strings.Repeat("exceed", 682)+"\r\n", 200)
+	c := Default()
+	b.SetBytes(int64(len(raw)))
+	for b.Loop() {
+		c.Classify(Input{Raw: raw})
 	}
 }

@@ -102,7 +102,7 @@ var reviewedParaphrases = []replyCase{
 	{"450 RP:QRC 163 smtp9", StageRcpt, Throttled, ScopeTenant, "netease-sender-rate"},
 	{"550 This IP has sent too many messages this hour. IB504", StageDataEnd, Throttled, ScopeDestination, "godaddy-rate"},
 	// A limit of one connection or session.
-	{"550 Maximum messages per session exceeded; open a new session", StageDataEnd, Throttled, ScopeConnection, "too-many-messages-per-connection"},
+	{"550 Maximum messages per session exceeded; open a new session", StageDataEnd, Throttled, ScopeConnection, "too-many-messages-per-session"},
 	{"421 Too many messages in this session, reconnect", StageDataEnd, Throttled, ScopeConnection, "too-many-messages-per-connection"},
 	{"452 Only 50 recipients per connection allowed", StageRcpt, Throttled, ScopeConnection, "too-many-messages-per-connection"},
 	// Connections, sessions and requests, with words between.
@@ -140,6 +140,11 @@ var reviewedGuards = []replyCase{
 	{"552 Too many recipients", StageDataEnd, Permanent, ScopeMessage, "permanent"},
 	// A user unknown stays a user unknown.
 	{"550 5.1.1 User unknown", StageRcpt, Permanent, ScopeRecipient, "user-unknown"},
+	// ... when the text also names the session, the connection or a limit.
+	{"550 5.1.1 User unknown; rejecting further recipients in this session", StageRcpt, Permanent, ScopeRecipient, "user-unknown"},
+	{"553 5.1.2 Invalid address; max 10 invalid recipients per connection", StageRcpt, Permanent, ScopeRecipient, ""},
+	{"550 5.1.1 Recipient unknown. Limit of unknown recipients exceeded", StageRcpt, Permanent, ScopeRecipient, ""},
+	{"554 5.7.1 Message refused: spam detected in this connection", StageDataEnd, Permanent, 0, ""},
 	{"550 5.1.1 <bob@dest.example>: Recipient address rejected: User unknown in virtual mailbox table", StageRcpt, Permanent, ScopeRecipient, "user-unknown"},
 	{"550 This account is disabled", StageRcpt, Permanent, ScopeRecipient, "user-unknown"},
 	// A spam or content block is a block, whatever volume it names.
