@@ -282,10 +282,16 @@ func (c *Client) refreshDue(e *entry, domain, id string, now time.Time) {
 	c.startFetch(e, domain, id)
 }
 
+// refreshParallel bounds the fetches Refresh has running at once: a cache
+// of thousands of policies fetched again in one burst would open as many
+// HTTPS connections.
+const refreshParallel = 8
+
 // Refresh fetches again every cached policy that is due (refreshAfter)
-// and whose domain still announces one, in the background; it returns how
-// many it started. The daemon calls it periodically, so that policies of
-// domains not mailed in a while are refreshed before they expire too.
+// and whose domain still announces one, refreshParallel at a time; it
+// returns how many it started, once all but the last refreshParallel have
+// ended. The daemon calls it periodically, so that policies of domains
+// not mailed in a while are refreshed before they expire too.
 func (c *Client) Refresh(ctx context.Context) int {
 	now := c.cfg.Now()
 	c.mu.Lock()
@@ -298,7 +304,15 @@ func (c *Client) Refresh(ctx context.Context) int {
 	}
 	c.mu.Unlock()
 	n := 0
+	var running []chan struct{}
 	for _, d := range due {
+		if len(running) == refreshParallel {
+			select {
+			case <-running[0]:
+			case <-ctx.Done():
+			}
+			running = running[1:]
+		}
 		if ctx.Err() != nil {
 			break
 		}
@@ -311,6 +325,7 @@ func (c *Client) Refresh(ctx context.Context) int {
 		if e := c.entries[d]; e != nil && e.policy != nil && e.fetching == nil && !now.Before(e.refreshAt) {
 			e.refreshAt = now.Add(refreshRetry)
 			c.startFetch(e, d, id)
+			running = append(running, e.fetching)
 			n++
 		}
 		c.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -484,5 +485,52 @@ func TestFullCacheKeepsPoliciesInForce(t *testing.T) {
 		if e := c.entries[d]; e == nil || e.policy == nil {
 			t.Errorf("%s's policy pushed out of the cache", d)
 		}
+	}
+}
+
+// TestRefreshBoundsItsFetches: Refresh fetches the due policies
+// refreshParallel at a time, not a connection per cached policy at once.
+func TestRefreshBoundsItsFetches(t *testing.T) {
+	ca, err := testpki.NewRoot("policy test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var domains, hosts []string
+	for i := range refreshParallel + 4 {
+		d := "d" + strconv.Itoa(i) + ".test"
+		domains, hosts = append(domains, d), append(hosts, "mta-sts."+d)
+	}
+	r := &rig{dns: &fakeTXT{recs: map[string][]string{}}, clock: &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}}
+	r.srv = startPolicyServer(t, ca, hosts...)
+	r.c, err = New(Config{Resolver: r.dns, RootCAs: ca.Pool(), PolicyAddr: r.srv.addr, Now: r.clock.now, FetchTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range domains {
+		r.dns.set("_mta-sts."+d, "v=STSv1; id=one;")
+		r.srv.set(d, "version: STSv1\nmode: enforce\nmx: mx."+d+"\nmax_age: 172800\n")
+		if res := r.c.Lookup(ctxT(t), d); res.Policy == nil {
+			t.Fatalf("%s: %+v", d, res)
+		}
+	}
+	base := r.srv.fetches.Load()
+	gate := make(chan struct{})
+	r.srv.mu.Lock()
+	r.srv.gate = gate
+	r.srv.mu.Unlock()
+	r.clock.add(25 * time.Hour)
+	started := make(chan int, 1)
+	go func() { started <- r.c.Refresh(ctxT(t)) }()
+	waitFetches(t, r, base+refreshParallel)
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if n := r.srv.fetches.Load() - base; n > refreshParallel {
+			t.Fatalf("%d fetches at once, want at most %d", n, refreshParallel)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(gate)
+	if n := <-started; n != len(domains) {
+		t.Fatalf("Refresh started %d, want %d", n, len(domains))
 	}
 }

@@ -22,9 +22,32 @@ import (
 // process (localStore), counted as OpLocalGet; a direct get is counted as
 // op.
 func (q *Queue) lastMsg(ctx context.Context, op Op, stream, subject string) (data []byte, seq uint64, found bool, err error) {
+	m, found, err := q.lastStored(ctx, op, stream, subject)
+	if err != nil || !found {
+		return nil, 0, false, err
+	}
+	seq, err = strconv.ParseUint(m.Header.Get(nats.JSSequence), 10, 64)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("direct get %s: sequence: %w", subject, err)
+	}
+	return m.Data, seq, true, nil
+}
+
+// lastHeader is lastMsg's look-up for the stored message's headers.
+func (q *Queue) lastHeader(ctx context.Context, op Op, stream, subject string) (nats.Header, bool, error) {
+	m, found, err := q.lastStored(ctx, op, stream, subject)
+	if err != nil || !found {
+		return nil, false, err
+	}
+	return m.Header, true, nil
+}
+
+// lastStored is lastMsg's direct get: the reply, whose headers are the
+// stored message's with the stream's (Nats-Sequence, Nats-Subject).
+func (q *Queue) lastStored(ctx context.Context, op Op, stream, subject string) (*nats.Msg, bool, error) {
 	if q.local != nil && q.local.absent(stream, subject) {
 		q.count(OpLocalGet)
-		return nil, 0, false, nil
+		return nil, false, nil
 	}
 	q.count(op)
 	if _, ok := ctx.Deadline(); !ok {
@@ -34,26 +57,22 @@ func (q *Queue) lastMsg(ctx context.Context, op Op, stream, subject string) (dat
 	}
 	resp, err := q.nc.RequestWithContext(ctx, directGetSubject(stream, subject), nil)
 	if err != nil {
-		return nil, 0, false, err
+		return nil, false, err
 	}
 	if len(resp.Data) == 0 {
 		switch st := resp.Header.Get("Status"); st {
 		case "":
 		case "404":
-			return nil, 0, false, nil
+			return nil, false, nil
 		default:
-			return nil, 0, false, fmt.Errorf("direct get %s: %s %s", subject, st, resp.Header.Get("Description"))
+			return nil, false, fmt.Errorf("direct get %s: %s %s", subject, st, resp.Header.Get("Description"))
 		}
 	}
 	switch resp.Header.Get("KV-Operation") {
 	case "DEL", "PURGE":
-		return nil, 0, false, nil
+		return nil, false, nil
 	}
-	seq, err = strconv.ParseUint(resp.Header.Get(nats.JSSequence), 10, 64)
-	if err != nil {
-		return nil, 0, false, fmt.Errorf("direct get %s: sequence: %w", subject, err)
-	}
-	return resp.Data, seq, true, nil
+	return resp, true, nil
 }
 
 // directGetTimeout bounds a direct get whose context has no deadline, as
@@ -62,9 +81,9 @@ const directGetTimeout = 5 * time.Second
 
 // lastMatching reads the last message stored on any subject matching
 // pattern (a wildcard) in stream with one direct get by its JSON form,
-// the only form that takes a wildcard. It returns the message's subject;
-// found is as lastMsg's.
-func (q *Queue) lastMatching(ctx context.Context, op Op, stream, pattern string) (subject string, found bool, err error) {
+// the only form that takes a wildcard. It returns the reply (its subject
+// in the Nats-Subject header); found is as lastMsg's.
+func (q *Queue) lastMatching(ctx context.Context, op Op, stream, pattern string) (m *nats.Msg, found bool, err error) {
 	q.count(op)
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -73,20 +92,20 @@ func (q *Queue) lastMatching(ctx context.Context, op Op, stream, pattern string)
 	}
 	resp, err := q.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+stream, []byte(`{"last_by_subj":"`+pattern+`"}`))
 	if err != nil {
-		return "", false, err
+		return nil, false, err
 	}
 	if len(resp.Data) == 0 {
 		switch st := resp.Header.Get("Status"); st {
 		case "":
 		case "404":
-			return "", false, nil
+			return nil, false, nil
 		default:
-			return "", false, fmt.Errorf("direct get %s: %s %s", pattern, st, resp.Header.Get("Description"))
+			return nil, false, fmt.Errorf("direct get %s: %s %s", pattern, st, resp.Header.Get("Description"))
 		}
 	}
 	switch resp.Header.Get("KV-Operation") {
 	case "DEL", "PURGE":
-		return "", false, nil
+		return nil, false, nil
 	}
-	return resp.Header.Get(nats.JSSubject), true, nil
+	return resp, true, nil
 }

@@ -26,7 +26,10 @@ type Delivery struct {
 	// Deliveries is how many times the server has handed it out, this
 	// time included.
 	Deliveries uint64
-	msg        jetstream.Msg
+	// Fetched is when this process received it: the server's ack wait
+	// runs from about then, not from when a worker took it.
+	Fetched time.Time
+	msg     jetstream.Msg
 	q          *Queue
 	// dropped caches Dropped's answer once droppedAsked.
 	dropped, droppedAsked bool
@@ -150,12 +153,8 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		}
 		return 0, err
 	}
-	type fetched struct {
-		d  *Delivery
-		at time.Time
-	}
-	var waiting []fetched // not yet taken, oldest first
-	maxWait := q.opts.AckWait / 2
+	var waiting []*Delivery // not yet taken, oldest first
+	var maxWait, stale time.Duration // set at the first envelope (waitLimits)
 	var check *time.Ticker
 	var checkC <-chan time.Time
 	defer func() {
@@ -165,10 +164,20 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 	}()
 	msgs, done := batch.Messages(), ctx.Done()
 	for msgs != nil || len(waiting) > 0 {
+		// A copy that waited past stale (this process stood still: a
+		// pause, a stalled VM, between the checks below) is neither
+		// handed out nor given back: the server has handed it out again,
+		// or is about to, and a nak now would have it hand out the new
+		// copy once more while a worker holds it.
+		for len(waiting) > 0 && time.Since(waiting[0].Fetched) >= stale {
+			q.count(OpGivenBack)
+			waiting[0] = nil
+			waiting = waiting[1:]
+		}
 		var send chan<- *Delivery
 		var head *Delivery
 		if len(waiting) > 0 {
-			send, head = out, waiting[0].d
+			send, head = out, waiting[0]
 			if check == nil {
 				check = time.NewTicker(max(maxWait/4, time.Millisecond))
 				checkC = check.C
@@ -192,20 +201,24 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 				q.parkMalformed(ctx, m, err)
 				continue
 			}
-			waiting = append(waiting, fetched{d, time.Now()})
+			d.Fetched = time.Now()
+			if stale == 0 {
+				maxWait, stale = waitLimits(q.opts.AckWait, cons)
+			}
+			waiting = append(waiting, d)
 		case send <- head:
-			waiting[0] = fetched{}
+			waiting[0] = nil
 			waiting = waiting[1:]
 		case now := <-checkC:
-			for len(waiting) > 0 && now.Sub(waiting[0].at) > maxWait {
+			for len(waiting) > 0 && now.Sub(waiting[0].Fetched) > maxWait {
 				q.count(OpGivenBack)
-				_ = waiting[0].d.msg.Nak()
-				waiting[0] = fetched{}
+				_ = waiting[0].msg.Nak()
+				waiting[0] = nil
 				waiting = waiting[1:]
 			}
 		case <-done:
-			for _, f := range waiting {
-				_ = f.d.msg.Nak()
+			for _, d := range waiting {
+				_ = d.msg.Nak()
 			}
 			waiting, done = nil, nil
 		}
@@ -217,6 +230,17 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		return got, err
 	}
 	return got, nil
+}
+
+// waitLimits are how long a fetched envelope may wait for a worker before
+// it is given back, and after which it is dropped unstarted (fetchOnce):
+// half and three quarters of the consumer's ack wait, its own should
+// another daemon have set it, else ackWait.
+func waitLimits(ackWait time.Duration, cons jetstream.Consumer) (giveBack, stale time.Duration) {
+	if ci := cons.CachedInfo(); ci != nil && ci.Config.AckWait > 0 {
+		ackWait = ci.Config.AckWait
+	}
+	return ackWait / 2, ackWait * 3 / 4
 }
 
 func (q *Queue) decode(m jetstream.Msg, lane Lane) (*Delivery, error) {
@@ -279,9 +303,9 @@ func (d *Delivery) InProgress() { _ = d.msg.InProgress() }
 // dies between the two.
 func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
 	e := d.Env
-	if _, _, found, err := d.q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject(e.SentKey())); err != nil {
+	if h, found, err := d.q.lastHeader(ctx, OpSentGet, sentStreamName, sentSubject(e.SentKey())); err != nil {
 		return false, fmt.Errorf("SENT lookup: %w", err)
-	} else if found {
+	} else if found && sameSubmission(h, e) {
 		return true, nil
 	}
 	if !d.Redelivered {
@@ -292,9 +316,10 @@ func (d *Delivery) AlreadyHandled(ctx context.Context) (bool, error) {
 	// state was delivered or bounced (its marker, Delivered and Done) and
 	// acknowledged before this copy came back. Its schedule is gone then,
 	// and only the marker says so.
-	if subj, found, err := d.q.lastMatching(ctx, OpSentGet, sentStreamName, sentSubject(e.ID)+".*"); err != nil {
+	if m, found, err := d.q.lastMatching(ctx, OpSentGet, sentStreamName, sentSubject(e.ID)+".*"); err != nil {
 		return false, fmt.Errorf("SENT lookup: %w", err)
-	} else if found {
+	} else if found && sameSubmission(m.Header, e) {
+		subj := m.Header.Get(nats.JSSubject)
 		if step, err := strconv.Atoi(subj[strings.LastIndexByte(subj, '.')+1:]); err == nil && step > e.Step {
 			return true, nil
 		}
@@ -488,7 +513,7 @@ func (d *Delivery) Skip(ctx context.Context) error {
 func (d *Delivery) Delivered(ctx context.Context, rcpts []string, done bool) error {
 	err := retryStep(ctx, func(ctx context.Context) error {
 		d.q.count(OpSentPut)
-		return d.q.putSent(ctx, d.Env.SentKey(), []byte(strings.Join(rcpts, ",")))
+		return d.q.putMarker(ctx, d.Env, []byte(strings.Join(rcpts, ",")))
 	})
 	if err != nil {
 		return fmt.Errorf("SENT marker: %w", err)
@@ -519,6 +544,34 @@ func (d *Delivery) ackMarked() error {
 	return nil
 }
 
+// HdrSubmitted stamps a SENT marker with its submission's time (Unix
+// nanoseconds). An idempotency-keyed message has the same id every time its
+// key is used, and the key may be used again once the work stream's
+// deduplication window (a day) has passed, while the markers of the first
+// use live on (SentTTL, three days): without the stamp the second message
+// was taken for handled by the first's markers, and dropped unsent.
+const HdrSubmitted = "Outflow-Submitted"
+
+// putMarker writes e's SENT marker for its current step, stamped with its
+// submission.
+func (q *Queue) putMarker(ctx context.Context, e *Envelope, value []byte) error {
+	key := e.SentKey()
+	if !validKVKey(key) {
+		return jetstream.ErrInvalidKey
+	}
+	m := &nats.Msg{Subject: sentSubject(key), Data: value, Header: nats.Header{}}
+	m.Header.Set(HdrSubmitted, strconv.FormatInt(e.SubmittedAt.UnixNano(), 10))
+	return q.publishConfirmed(ctx, m, sentStreamName)
+}
+
+// sameSubmission reports whether a marker with headers h is one of e's
+// submission: stamped with its time, or unstamped (written by an earlier
+// release, which could not tell).
+func sameSubmission(h nats.Header, e *Envelope) bool {
+	v := h.Get(HdrSubmitted)
+	return v == "" || v == strconv.FormatInt(e.SubmittedAt.UnixNano(), 10)
+}
+
 // sentStreamName is the SENT bucket's stream, and sentSubject a key's
 // subject in it.
 var sentStreamName = kvStream(BucketSent)
@@ -534,7 +587,7 @@ func sentSubject(key string) string { return kvSubject(BucketSent, key) }
 func (d *Delivery) Done(ctx context.Context) error {
 	if err := retryStep(ctx, func(ctx context.Context) error {
 		d.q.count(OpSentPut)
-		return d.q.putSent(ctx, d.Env.SentKey(), nil)
+		return d.q.putMarker(ctx, d.Env, nil)
 	}); err != nil {
 		return fmt.Errorf("SENT marker: %w", err)
 	}

@@ -821,3 +821,71 @@ func TestPerRecipientSplit(t *testing.T) {
 		t.Fatalf("recipients %v", seen)
 	}
 }
+
+// TestKeyedMessageAgainAfterTheWindow: an idempotency key used again once
+// the deduplication window has passed makes a new message with the old id
+// (ids derive from the key), while the first message's SENT markers live
+// on. The new one is not taken for handled by them, whether the first was
+// delivered or bounced, at its first step or a later one; a marker of its
+// own submission still counts.
+func TestKeyedMessageAgainAfterTheWindow(t *testing.T) {
+	for _, end := range []string{"delivered", "bounced", "delivered at a retry"} {
+		t.Run(end, func(t *testing.T) {
+			q, _ := startQueue(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			ids, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, IdempotencyKey: "order-1",
+				Body: []byte("Subject: x\r\n\r\nx\r\n")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			work, _ := q.Messages(ctx, LaneWork, 1)
+			retry, _ := q.Messages(ctx, LaneRetry, 1)
+			first := next(t, work)
+			d := first
+			if end == "delivered at a retry" {
+				n := d.Env.Clone()
+				if err := d.Reschedule(ctx, n, LaneRetry, time.Now(), true); err != nil {
+					t.Fatal(err)
+				}
+				d = next(t, retry)
+			}
+			if end == "bounced" {
+				err = d.Done(ctx)
+			} else {
+				err = d.Delivered(ctx, d.Env.Rcpts, true)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The key again a day later: the same id, a new submission.
+			again := first.Env.Clone()
+			again.Step, again.Attempt, again.SubmittedAt = 0, 0, first.Env.SubmittedAt.Add(25*time.Hour)
+			m, err := again.Encode(workSubject(again.Tenant, again.Dest, again.ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := q.js.PublishMsg(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+			d2 := next(t, work)
+			if d2.Env.ID != ids[0] {
+				t.Fatalf("got %s, want %s again", d2.Env.ID, ids[0])
+			}
+			for _, redelivered := range []bool{false, true} {
+				d2.Redelivered = redelivered
+				if done, err := d2.AlreadyHandled(ctx); err != nil || done {
+					t.Fatalf("redelivered %v: AlreadyHandled = %v, %v: the new message would be dropped unsent", redelivered, done, err)
+				}
+			}
+			// Its own marker counts.
+			if err := d2.Delivered(ctx, d2.Env.Rcpts, false); err != nil {
+				t.Fatal(err)
+			}
+			if done, err := d2.AlreadyHandled(ctx); err != nil || !done {
+				t.Fatalf("after its own marker: AlreadyHandled = %v, %v", done, err)
+			}
+			_ = d2.Skip(ctx)
+		})
+	}
+}

@@ -50,7 +50,6 @@ var special = []netip.Prefix{
 	netip.MustParsePrefix("240.0.0.0/4"),     // reserved, and the broadcast address
 	netip.MustParsePrefix("fec0::/10"),       // site-local (deprecated, still routed inside some sites)
 	netip.MustParsePrefix("100::/64"),        // discard-only (RFC 6666)
-	netip.MustParsePrefix("2001:db8::/32"),   // documentation
 	netip.MustParsePrefix("2001:2::/48"),     // benchmarking
 	netip.MustParsePrefix("::ffff:0:0:0/96"), // IPv4-translated (RFC 2765), SIIT
 }

@@ -125,7 +125,7 @@ func TestPrivateThroughTranslators(t *testing.T) {
 		"198.18.0.1":      true,
 		"0.1.2.3":         true,
 		"255.255.255.255": true,
-		"2001:db8::1":     true,
+		"2001:db8::1":     false, // documentation: unroutable, left to the network
 	} {
 		if got := private(netip.MustParseAddr(addr)); got != want {
 			t.Errorf("private(%s) = %v, want %v", addr, got, want)

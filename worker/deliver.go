@@ -88,7 +88,7 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	// left running would keep the envelope from ever being handed out
 	// again.
 	stop := w.keepAlive(d)
-	defer stop()
+	defer stop() // after the outcome's writes: a slow group commit is no reason to hand the envelope out again
 	if d.Scheduled() {
 		// A message sent later whose time has come joins its tenant's
 		// fresh mail, and waits for its tenant's turn there.
@@ -225,7 +225,6 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 			res = w.cfg.Sender.Send(ctx, msg)
 		}
 	}
-	stop()
 
 	o := w.outcomeOf(e, res)
 	o.noteDSN(res, body)
@@ -238,6 +237,12 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 // keepAlive tells the server every ProgressEvery that d is still being
 // worked on, until the returned stop is called (any number of times).
 func (w *deliverer) keepAlive(d *queue.Delivery) (stop func()) {
+	if !d.Fetched.IsZero() && time.Since(d.Fetched) > w.cfg.ProgressEvery/2 {
+		// It waited in the process before a worker took it, and the
+		// server's ack wait ran meanwhile: reset it now, not at the
+		// first tick.
+		d.InProgress()
+	}
 	done := make(chan struct{})
 	var once sync.Once
 	go func() {
