@@ -122,7 +122,7 @@ func (q *Queue) wakeGap() time.Duration       { return cmp.Or(q.times.wakeGap, w
 // client enforces too, so a lost request costs at most one pullWait.
 func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) (got bool) {
 	for ctx.Err() == nil {
-		g, err := q.fetchOnce(ctx, cons, lane, buffer, out)
+		g, _, err := q.fetchOnce(ctx, cons, lane, buffer, out)
 		got = got || g > 0
 		if err != nil {
 			return got
@@ -132,8 +132,9 @@ func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane
 }
 
 // fetchOnce makes one pull request for up to n envelopes, waiting up to
-// pullWait, and hands out what it gets; it reports how many it got, and
-// the request's failure, logged.
+// pullWait, and hands out what it gets; it reports how many it got, how
+// many of them a worker took (the others were given back), and the
+// request's failure, logged.
 //
 // The server's ack wait for an envelope runs from the fetch, not from the
 // moment a worker takes it. While every worker is busy (a destination
@@ -144,14 +145,14 @@ func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane
 // still to be taken here, and both copies were sent. Given back unstarted,
 // it cannot be sent twice, and a worker that takes one keeps it alive
 // from then on.
-func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, n int, out chan<- *Delivery) (got int, err error) {
+func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, n int, out chan<- *Delivery) (got, taken int, err error) {
 	q.count(OpFetch)
 	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(q.pullWait()))
 	if err != nil {
 		if ctx.Err() == nil {
 			q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
 		}
-		return 0, err
+		return 0, 0, err
 	}
 	var waiting []*Delivery // not yet taken, oldest first
 	var maxWait, stale time.Duration // set at the first envelope (waitLimits)
@@ -207,6 +208,7 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 			}
 			waiting = append(waiting, d)
 		case send <- head:
+			taken++
 			waiting[0] = nil
 			waiting = waiting[1:]
 		case now := <-checkC:
@@ -227,9 +229,9 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		if ctx.Err() == nil {
 			q.log.Warn().Err(err).Str("lane", string(lane)).Msg("pull")
 		}
-		return got, err
+		return got, taken, err
 	}
-	return got, nil
+	return got, taken, nil
 }
 
 // waitLimits are how long a fetched envelope may wait for a worker before

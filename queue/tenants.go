@@ -507,7 +507,7 @@ func (p *workPuller) run(t *tenantPull) {
 		t.woken = false
 		n := p.batch()
 		p.mu.Unlock()
-		n, err := p.q.fetchOnce(p.ctx, t.cons, LaneWork, n, p.out)
+		n, taken, err := p.q.fetchOnce(p.ctx, t.cons, LaneWork, n, p.out)
 		got := n > 0
 		if err != nil && p.ctx.Err() == nil {
 			// A failover or a lost consumer: pause before a wake-up may
@@ -523,7 +523,9 @@ func (p *workPuller) run(t *tenantPull) {
 			pause = 250 * time.Millisecond
 		}
 		p.mu.Lock()
-		p.received(n)
+		// The rate the batches follow is what the workers take: an
+		// envelope given back unstarted is no delivery.
+		p.received(taken)
 		if p.ctx.Err() != nil || (!got || err != nil) && !t.woken {
 			t.running = false
 			p.running--
