@@ -180,6 +180,16 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		if len(waiting) > 0 {
 			send, head = out, waiting[0]
 			if check == nil {
+				// A worker ready now takes it without the ticker: it is
+				// armed only for envelopes that have to wait.
+				select {
+				case send <- head:
+					taken++
+					waiting[0] = nil
+					waiting = waiting[1:]
+					continue
+				default:
+				}
 				check = time.NewTicker(max(maxWait/4, time.Millisecond))
 				checkC = check.C
 			}
