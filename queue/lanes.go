@@ -30,7 +30,7 @@ type Delivery struct {
 	// runs from about then, not from when a worker took it.
 	Fetched time.Time
 	msg     jetstream.Msg
-	q          *Queue
+	q       *Queue
 	// dropped caches Dropped's answer once droppedAsked.
 	dropped, droppedAsked bool
 }
@@ -154,7 +154,7 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		}
 		return 0, 0, err
 	}
-	var waiting []*Delivery // not yet taken, oldest first
+	var waiting []*Delivery          // not yet taken, oldest first
 	var maxWait, stale time.Duration // set at the first envelope (waitLimits)
 	var check *time.Ticker
 	var checkC <-chan time.Time
