@@ -51,6 +51,15 @@ type policyServer struct {
 	gate    chan struct{} // when set, each request waits for it to close
 }
 
+// hold makes every request wait until the returned channel is closed.
+func (ps *policyServer) hold() chan struct{} {
+	gate := make(chan struct{})
+	ps.mu.Lock()
+	ps.gate = gate
+	ps.mu.Unlock()
+	return gate
+}
+
 func (ps *policyServer) set(domain, body string) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
@@ -292,10 +301,7 @@ func TestConcurrentLookupsShareOneFetch(t *testing.T) {
 	r := newRig(t)
 	r.dns.set("_mta-sts.example.com", "v=STSv1; id=one;")
 	r.srv.set("example.com", enforce)
-	gate := make(chan struct{})
-	r.srv.mu.Lock()
-	r.srv.gate = gate
-	r.srv.mu.Unlock()
+	gate := r.srv.hold()
 	var wg sync.WaitGroup
 	results := make([]Result, 8)
 	for i := range results {
@@ -437,10 +443,7 @@ func TestCancelledLookupLeavesTheFetch(t *testing.T) {
 	r := newRig(t)
 	r.dns.set("_mta-sts.example.com", "v=STSv1; id=one;")
 	r.srv.set("example.com", enforce)
-	gate := make(chan struct{})
-	r.srv.mu.Lock()
-	r.srv.gate = gate
-	r.srv.mu.Unlock()
+	gate := r.srv.hold()
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { waitFetches(t, r, 1); cancel() }()
 	if res := r.c.Lookup(ctx, "example.com"); res.Policy != nil || res.Err == nil {
@@ -514,10 +517,7 @@ func TestRefreshBoundsItsFetches(t *testing.T) {
 		}
 	}
 	base := r.srv.fetches.Load()
-	gate := make(chan struct{})
-	r.srv.mu.Lock()
-	r.srv.gate = gate
-	r.srv.mu.Unlock()
+	gate := r.srv.hold()
 	r.clock.add(25 * time.Hour)
 	started := make(chan int, 1)
 	go func() { started <- r.c.Refresh(ctxT(t)) }()

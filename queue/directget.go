@@ -59,13 +59,19 @@ func (q *Queue) lastStored(ctx context.Context, op Op, stream, subject string) (
 	if err != nil {
 		return nil, false, err
 	}
+	return storedReply(resp, subject)
+}
+
+// storedReply reads a direct get's reply for what: the stored message, or
+// found false for none (404) and for a key-value delete or purge marker.
+func storedReply(resp *nats.Msg, what string) (*nats.Msg, bool, error) {
 	if len(resp.Data) == 0 {
 		switch st := resp.Header.Get("Status"); st {
 		case "":
 		case "404":
 			return nil, false, nil
 		default:
-			return nil, false, fmt.Errorf("direct get %s: %s %s", subject, st, resp.Header.Get("Description"))
+			return nil, false, fmt.Errorf("direct get %s: %s %s", what, st, resp.Header.Get("Description"))
 		}
 	}
 	switch resp.Header.Get("KV-Operation") {
@@ -94,18 +100,5 @@ func (q *Queue) lastMatching(ctx context.Context, op Op, stream, pattern string)
 	if err != nil {
 		return nil, false, err
 	}
-	if len(resp.Data) == 0 {
-		switch st := resp.Header.Get("Status"); st {
-		case "":
-		case "404":
-			return nil, false, nil
-		default:
-			return nil, false, fmt.Errorf("direct get %s: %s %s", pattern, st, resp.Header.Get("Description"))
-		}
-	}
-	switch resp.Header.Get("KV-Operation") {
-	case "DEL", "PURGE":
-		return nil, false, nil
-	}
-	return resp, true, nil
+	return storedReply(resp, pattern)
 }
