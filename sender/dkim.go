@@ -32,10 +32,10 @@ type DKIMKey struct {
 	Signer crypto.Signer
 }
 
-// DKIMSigner signs messages with the key of their sender domain. It is
+// DKIMSigner signs messages with the keys of their sender domain. It is
 // safe for concurrent use.
 type DKIMSigner struct {
-	keys map[string]DKIMKey // by lower-case domain, Signer loaded
+	keys map[string][]DKIMKey // by lower-case domain, in configuration order, Signer loaded
 }
 
 // signedHeaders are the fields signed when present (RFC 6376 5.4.1's
@@ -77,16 +77,22 @@ func headerKeys(count map[string]int) []string {
 	return keys
 }
 
-// NewDKIMSigner loads the keys. Two keys for one domain are an error.
+// NewDKIMSigner loads the keys. A domain may have several, each with a
+// selector of its own: mail is signed with each (an RSA and an Ed25519
+// key, as RFC 8463 3 advises while verifiers learn Ed25519; or the old and
+// the new selector while a key is rotated). Two keys with one domain and
+// selector are an error.
 func NewDKIMSigner(keys []DKIMKey) (*DKIMSigner, error) {
-	d := &DKIMSigner{keys: map[string]DKIMKey{}}
+	d := &DKIMSigner{keys: map[string][]DKIMKey{}}
 	for _, k := range keys {
 		dom := aLabels(k.Domain)
 		if dom == "" || k.Selector == "" {
 			return nil, errors.New("sender: DKIM key needs a Domain and a Selector")
 		}
-		if _, dup := d.keys[dom]; dup {
-			return nil, fmt.Errorf("sender: two DKIM keys for %s", dom)
+		for _, o := range d.keys[dom] {
+			if strings.EqualFold(o.Selector, k.Selector) {
+				return nil, fmt.Errorf("sender: two DKIM keys for %s with selector %s", dom, k.Selector)
+			}
 		}
 		if k.Signer == nil {
 			s, err := loadDKIMKey(k.KeyFile)
@@ -105,7 +111,7 @@ func NewDKIMSigner(keys []DKIMKey) (*DKIMSigner, error) {
 			return nil, fmt.Errorf("sender: DKIM key for %s: %T is neither RSA nor Ed25519", dom, pub)
 		}
 		k.Domain = dom
-		d.keys[dom] = k
+		d.keys[dom] = append(d.keys[dom], k)
 	}
 	return d, nil
 }
@@ -144,7 +150,7 @@ func loadDKIMKey(path string) (crypto.Signer, error) {
 }
 
 // Sign returns body with a DKIM-Signature field (RFC 6376, relaxed/relaxed
-// canonicalization, SHA-256) prepended, using the key for the domain of the
+// canonicalization, SHA-256) prepended for each key of the domain of the
 // From header, or of the envelope sender from when the header has none.
 // Without a matching key it returns body unchanged. Call it once, before
 // the first attempt, so that every retry sends identical bytes.
@@ -165,7 +171,7 @@ func (d *DKIMSigner) Sign(from string, body []byte) ([]byte, error) {
 	if domain == "" {
 		domain = domainOf(from)
 	}
-	key, ok := d.keyFor(domain)
+	signers, ok := d.keyFor(domain)
 	if !ok {
 		return body, nil
 	}
@@ -173,19 +179,27 @@ func (d *DKIMSigner) Sign(from string, body []byte) ([]byte, error) {
 	// always signed (RFC 6376 5.4).
 	keys := headerKeys(mailhdr.Names(body))
 	var out bytes.Buffer
-	out.Grow(len(body) + 600)
-	err := dkim.Sign(&out, bytes.NewReader(body), &dkim.SignOptions{
-		Domain:                 key.Domain,
-		Selector:               key.Selector,
-		Signer:                 key.Signer,
-		Hash:                   crypto.SHA256,
-		HeaderCanonicalization: dkim.CanonicalizationRelaxed,
-		BodyCanonicalization:   dkim.CanonicalizationRelaxed,
-		HeaderKeys:             keys,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("sender: DKIM sign as %s: %w", key.Domain, err)
+	out.Grow(len(body) + 600*len(signers))
+	for _, key := range signers {
+		// Each signature covers the message as submitted (no signature
+		// names another in h=), so they are made apart and stacked.
+		var one bytes.Buffer
+		one.Grow(len(body) + 600)
+		err := dkim.Sign(&one, bytes.NewReader(body), &dkim.SignOptions{
+			Domain:                 key.Domain,
+			Selector:               key.Selector,
+			Signer:                 key.Signer,
+			Hash:                   crypto.SHA256,
+			HeaderCanonicalization: dkim.CanonicalizationRelaxed,
+			BodyCanonicalization:   dkim.CanonicalizationRelaxed,
+			HeaderKeys:             keys,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("sender: DKIM sign as %s (selector %s): %w", key.Domain, key.Selector, err)
+		}
+		out.Write(one.Bytes()[:one.Len()-len(body)])
 	}
+	out.Write(body)
 	return out.Bytes(), nil
 }
 
@@ -199,10 +213,10 @@ func (d *DKIMSigner) Signs(domain string) bool {
 	return ok
 }
 
-// keyFor finds the key of domain or of its closest parent, so that
+// keyFor finds the keys of domain or of its closest parent, so that
 // news.example.com is signed as example.com (aligned under DMARC's relaxed
-// mode) unless it has a key of its own.
-func (d *DKIMSigner) keyFor(domain string) (DKIMKey, bool) {
+// mode) unless it has keys of its own.
+func (d *DKIMSigner) keyFor(domain string) ([]DKIMKey, bool) {
 	for domain != "" {
 		if k, ok := d.keys[domain]; ok {
 			return k, true
@@ -213,7 +227,7 @@ func (d *DKIMSigner) keyFor(domain string) (DKIMKey, bool) {
 		}
 		domain = parent
 	}
-	return DKIMKey{}, false
+	return nil, false
 }
 
 func domainOf(addr string) string {

@@ -49,7 +49,8 @@
 // The package also signs messages with DKIM (DKIMSigner); the caller signs
 // once at submission, so that every retry sends the same bytes. Fields a
 // message has at most once are over-signed, so that one added in transit
-// breaks the signature.
+// breaks the signature. A domain with several keys (RSA and Ed25519, or
+// two selectors during a rotation) gets a signature by each.
 //
 // docs/delivery.md describes delivery and every configuration field.
 package sender
