@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -79,6 +80,8 @@ type inflightLimit struct {
 	// waiters look again.
 	changed chan struct{}
 	peak    int64 // the most bytes ever charged at once
+
+	refusedFull, refusedShare atomic.Uint64 // requests refused, for the metrics
 }
 
 func newInflightLimit(total, share int64) *inflightLimit {
@@ -176,8 +179,23 @@ func (l *inflightLimit) full(tenant string, tenantFull bool, wait time.Duration)
 	e := &inflightFull{tenant: tenant, tenantFull: tenantFull, limit: l.total, wait: wait}
 	if tenantFull {
 		e.limit = l.share
+		l.refusedShare.Add(1)
+	} else {
+		l.refusedFull.Add(1)
 	}
 	return e
+}
+
+// Inflight reports the bytes the message requests in flight are charged
+// now, and how many requests were refused so far for a full budget (503)
+// and for a tenant at its share (429); zeros without a bound.
+func (s *Server) Inflight() (bytes int64, refusedFull, refusedShare uint64) {
+	l := s.inflight
+	if l == nil {
+		return 0, 0, 0
+	}
+	used, _ := l.inUse()
+	return used, l.refusedFull.Load(), l.refusedShare.Load()
 }
 
 // release gives back n bytes of tenant's.

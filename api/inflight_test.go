@@ -119,6 +119,9 @@ func TestInflightBudgetFullIs503(t *testing.T) {
 	if waited := time.Since(start); waited < 200*time.Millisecond {
 		t.Fatalf("refused after %v, before the wait was over", waited)
 	}
+	if b, full, share := f.srv.Inflight(); b != 8<<20 || full != 1 || share != 0 {
+		t.Fatalf("Inflight() = %d bytes, %d refused for the budget, %d for a share; want the budget held, 1, 0", b, full, share)
+	}
 	if n := len(queued(t, f.q)); n != 0 {
 		t.Fatalf("%d envelopes stored for a refused request", n)
 	}
@@ -166,6 +169,9 @@ func TestInflightTenantShareIs429(t *testing.T) {
 		t.Fatalf("charged %d, want the tenant's share", used)
 	}
 	checkInflightProblem(t, f.do(t, "POST", "/v1/messages", second, msg, nil), http.StatusTooManyRequests)
+	if _, full, share := f.srv.Inflight(); full != 0 || share != 1 {
+		t.Fatalf("Inflight() refusals: %d for the budget, %d for a share; want 0, 1", full, share)
+	}
 	f.do(t, "POST", "/v1/messages", other, msg, nil).ids(t)
 	if n := len(queued(t, f.q)); n != 1 {
 		t.Fatalf("%d envelopes stored, want the other tenant's one", n)

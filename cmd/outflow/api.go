@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -60,7 +61,7 @@ func (a apiQueue) Enqueue(ctx context.Context, s *queue.Submission) ([]string, e
 // called; stop lets requests in progress finish (their enqueue, then their
 // 202 or 503) within ctx. With --api-addr "" it serves nothing.
 func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, enq enqueuer, sup *queue.Suppressions, limits submission.Quota, t *throttle.Throttle,
-	unsub http.Handler, hostname string, log zerolog.Logger) (func(context.Context), error) {
+	unsub http.Handler, hostname string, reg prometheus.Registerer, log zerolog.Logger) (func(context.Context), error) {
 	if c.APIAddr == "" {
 		return func(context.Context) {}, nil
 	}
@@ -84,6 +85,9 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, enq enqueuer,
 		Rate: c.APIRate, Burst: c.APIBurst, MaxInflightBytes: c.APIMaxInflightBytes, IdempotencyTTL: q.DedupWindow(), SenderDomains: senders, Quota: limits, Unsubscribe: unsub, Logger: log,
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := registerAPIMetrics(reg, srv); err != nil {
 		return nil, err
 	}
 	// The operator's console shares the listener: /ui/, signed in with
@@ -210,4 +214,28 @@ func init() {
 	}
 	kc.AddCommand(create, list, revoke)
 	rootCmd.AddCommand(kc)
+}
+
+// registerAPIMetrics exposes the bound on the message requests in flight
+// (--api-max-inflight-bytes): what it holds now, and what it refused.
+func registerAPIMetrics(reg prometheus.Registerer, srv *api.Server) error {
+	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outflow_api_inflight_bytes",
+		Help: "Bytes the POST /v1/messages requests being served are charged against --api-max-inflight-bytes.",
+	}, func() float64 { b, _, _ := srv.Inflight(); return float64(b) })
+	refused := func(reason string, pick func(full, share uint64) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "outflow_api_inflight_refused_total",
+			Help:        "Message requests refused unread for want of room under --api-max-inflight-bytes, by reason: budget (503) or tenant-share (429).",
+			ConstLabels: prometheus.Labels{"reason": reason},
+		}, func() float64 { _, f, s := srv.Inflight(); return float64(pick(f, s)) })
+	}
+	for _, c := range []prometheus.Collector{inflight,
+		refused("budget", func(f, _ uint64) uint64 { return f }),
+		refused("tenant-share", func(_, s uint64) uint64 { return s })} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }

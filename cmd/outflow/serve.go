@@ -335,7 +335,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		return err
 	}
 	stopAPI, err := startAPI(ctx, c, q, enq, suppressions, limits, throttle,
-		unsubscribeHandler(links, q, suppressions, workerID, reg, log), hostname, log)
+		unsubscribeHandler(links, q, suppressions, workerID, reg, log), hostname, reg, log)
 	if err != nil {
 		ln.Close()
 		_ = httpSrv.Close()
