@@ -581,9 +581,22 @@ func TestSuppressionsPageShowsAThousand(t *testing.T) {
 		!strings.Contains(body, "r0999@d.example") || strings.Contains(body, "r1000@d.example") {
 		t.Fatalf("%d rows of 1003 entries; the note: %v", n, strings.Contains(body, "Showing 1000 of more than 1000;"))
 	}
+	// Its next link shows the rest, and no further link.
+	m := regexp.MustCompile(`href="(/ui/suppressions\?tenant=many&amp;source=&amp;after=\d+)">next<`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatal("no link to the next entries")
+	}
+	_, body = get(t, cl, f.ts.URL+strings.ReplaceAll(m[1], "&amp;", "&"))
+	if n := strings.Count(body, "@d.example</td>"); n != 3 || !strings.Contains(body, "r1002@d.example") || strings.Contains(body, ">next<") ||
+		!strings.Contains(body, ">first<") {
+		t.Fatalf("the next page: %d rows, want the last 3, a link to the first and none further", n)
+	}
 	_, body = get(t, cl, f.ts.URL+"/ui/suppressions?tenant=many&source=unsubscribe")
 	if n := strings.Count(body, "@d.example</td>"); n != 3 || strings.Contains(body, "Showing") {
 		t.Fatalf("unsubscribes: %d rows, want 3 and no note", n)
+	}
+	if _, body = get(t, cl, f.ts.URL+"/ui/suppressions?after=x"); !strings.Contains(body, "not a position in the list") {
+		t.Fatal("a bad position not reported")
 	}
 }
 

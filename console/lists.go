@@ -53,9 +53,10 @@ type moreThan int
 func (n moreThan) String() string { return "more than " + strconv.Itoa(int(n)-1) }
 
 // suppressionsPage is `outflow suppress list`, with add and remove: the
-// first suppressionsShown entries written (of a tenant, of a source),
-// sorted as the command sorts them; only they are read
-// (queue.Suppressions.Page), not the whole list.
+// first suppressionsShown entries written (of a tenant, of a source) from
+// the position ?after= gives, sorted as the command sorts them, with a
+// link to the next ones; only they are read (queue.Suppressions.Page),
+// not the whole list.
 func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *session) {
 	if !c.haveSuppressions(w, r, s) {
 		return
@@ -69,8 +70,16 @@ func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *se
 		errs = append(errs, "no such source: "+source)
 		source = ""
 	}
+	var from uint64
+	if a := r.URL.Query().Get("after"); a != "" {
+		v, err := strconv.ParseUint(a, 10, 64)
+		if err != nil {
+			errs = append(errs, "after: not a position in the list: "+a)
+		}
+		from = v
+	}
 	keep := func(e *queue.Suppression) bool { return source == "" || e.Source == source }
-	list, next, err := c.cfg.Suppressions.Page(ctx, tenant, 0, suppressionsShown, suppressionsScan, keep)
+	list, next, err := c.cfg.Suppressions.Page(ctx, tenant, from, suppressionsShown, suppressionsScan, keep)
 	if err != nil {
 		errs = append(errs, err.Error())
 	}
@@ -82,7 +91,7 @@ func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *se
 		total = moreThan(len(list) + 1)
 	}
 	c.render(w, r, s, http.StatusOK, "suppressions", "Suppressions", map[string]any{"Tenant": tenant, "Source": source,
-		"Sources": queue.SuppressionSources, "List": list, "Total": total, "Errors": errs})
+		"Sources": queue.SuppressionSources, "List": list, "Total": total, "Errors": errs, "Next": next, "From": from})
 }
 
 func (c *Console) suppressionAction(w http.ResponseWriter, r *http.Request, s *session) {
