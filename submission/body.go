@@ -97,11 +97,13 @@ func (s *session) readBody(r io.Reader, bb *bodyBuf, prefix []byte, headroom int
 	// once, at the DATA command, which would make the whole body fit into
 	// one ReadTimeout. Each read gets ReadTimeout instead, and the body as a
 	// whole DataTimeout. For BDAT go-smtp reads the socket itself, one
-	// command and chunk at a time, under its own timeouts.
+	// command and chunk at a time, and set the deadline once per command,
+	// so a chunk had to arrive whole within one ReadTimeout: the
+	// connection arms each read of the socket for it too.
 	_, chunked := r.(*io.PipeReader)
 	hard := start.Add(s.srv.cfg.DataTimeout)
 	nc := s.conn.Conn()
-	if !chunked && s.tc != nil {
+	if s.tc != nil {
 		// A Read below may wait for many reads of the socket (it returns
 		// when its buffer is full): the connection arms each of those.
 		s.tc.dataTimeouts(s.srv.cfg.ReadTimeout, hard)
@@ -148,7 +150,7 @@ func (s *session) readBody(r io.Reader, bb *bodyBuf, prefix []byte, headroom int
 			// Past go-smtp's hard limit (twice MaxLineLength): it closes
 			// the connection after this reply.
 			return nil, nil, reasonLineTooLong, s.srv.errLineTooLong
-		case errors.As(err, &ne) && ne.Timeout():
+		case errors.Is(err, errDataTimeout) || errors.As(err, &ne) && ne.Timeout():
 			if s.tc != nil {
 				s.tc.hangup("")
 			}

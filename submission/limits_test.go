@@ -599,3 +599,74 @@ func TestBDAT(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestBDATCutShort: a BDAT chunk the client cuts short (its side of the
+// connection ends inside the chunk) is no message: 451, nothing queued.
+// go-smtp took the end of the socket for the end of the chunk, and the
+// first part of the message was stored, answered 250 and sent, and the
+// client, seeing no reply it trusted, sent the whole message again.
+func TestBDATCutShort(t *testing.T) {
+	q := &fakeQueue{}
+	ts := startServer(t, Config{Users: testUsers(t)}, q)
+	for _, first := range []string{"", "Subject: important\r\n"} {
+		rc := ts.raw(t)
+		rc.login()
+		rc.cmd("MAIL FROM:<app@example.com>", 250)
+		rc.cmd("RCPT TO:<rcpt@example.org>", 250)
+		rest := "Subject: important\r\n\r\nPay invoice 1234 to account 99"
+		if first != "" {
+			rc.write("BDAT " + itoa(len(first)) + "\r\n" + first)
+			rc.expect(250)
+			rest = "\r\nPay invoice 1234 to account 99"
+		}
+		rc.write("BDAT 1000 LAST\r\n" + rest)
+		if err := rc.c.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		if code, msg, err := rc.reply(); code != 451 {
+			t.Fatalf("chunk cut short (after a first chunk: %v): %d %q %v, want 451", first != "", code, msg, err)
+		}
+	}
+	if subs := q.got(); len(subs) != 0 {
+		t.Fatalf("%d messages queued from chunks cut short: %q", len(subs), subs[0].Body)
+	}
+}
+
+// TestBDATSlowLink: a BDAT chunk that arrives steadily, each read well
+// within ReadTimeout, is taken however long the whole chunk takes (within
+// DataTimeout), as a DATA body is; a chunk that stalls gets the timeout's
+// 421 and the connection ends. Before, a chunk had to arrive whole within
+// one ReadTimeout of its command, and a stall was a permanent 554 naming
+// the server's and the client's addresses: the client bounced the mail.
+func TestBDATSlowLink(t *testing.T) {
+	q := &fakeQueue{}
+	ts := startServer(t, Config{Users: testUsers(t), ReadTimeout: 300 * time.Millisecond}, q)
+	rc := ts.raw(t)
+	rc.login()
+	rc.cmd("MAIL FROM:<app@example.com>", 250)
+	rc.cmd("RCPT TO:<rcpt@example.org>", 250)
+	body := "Subject: x\r\n\r\n" + strings.Repeat("0123456789abcdefghijklmnopqrstuvwxyz\r\n", 30)
+	rc.write("BDAT " + itoa(len(body)) + " LAST\r\n")
+	for i := 0; i < len(body); i += 100 {
+		rc.write(body[i:min(i+100, len(body))])
+		time.Sleep(100 * time.Millisecond) // a slow link: 1 KB/s, over 1 s in all
+	}
+	rc.expect(250)
+	if len(q.got()) != 1 {
+		t.Fatal("the slow chunk was not queued")
+	}
+
+	rc.cmd("MAIL FROM:<app@example.com>", 250)
+	rc.cmd("RCPT TO:<rcpt@example.org>", 250)
+	rc.write("BDAT 1000 LAST\r\nSubject: stalled\r\n")
+	code, msg, _ := rc.reply()
+	if code != 421 || strings.Contains(msg, "127.0.0.1") {
+		t.Fatalf("a stalled chunk: %d %q, want the timeout's 421 without addresses", code, msg)
+	}
+	if _, _, err := rc.reply(); err == nil {
+		t.Fatal("the connection stayed open after the timeout")
+	}
+	if len(q.got()) != 1 {
+		t.Fatal("the stalled chunk was queued")
+	}
+}

@@ -138,6 +138,11 @@ type trackedConn struct {
 
 	mu        sync.Mutex
 	inData    bool   // the session is reading or enqueueing a body
+	// cut says the client's side ended (or the connection was ended
+	// under it) while a body was read: go-smtp takes the end of the
+	// socket inside a BDAT chunk for the chunk's end, so without it a
+	// chunk cut short was a whole message.
+	cut bool
 	hung      bool   // end the connection at the next command read
 	hangupMsg string // one reply line to send before that, plaintext only
 	tls       bool   // STARTTLS happened: never write plaintext any more
@@ -386,7 +391,12 @@ func (c *trackedConn) isTLS() bool {
 const idleTimeoutReply = "421 4.4.2 Idle timeout, closing connection\r\n"
 
 // Read passes reads through unless the connection has been hung up.
-func (c *trackedConn) Read(b []byte) (int, error) {
+func (c *trackedConn) Read(b []byte) (n int, err error) {
+	defer func() {
+		if err == io.EOF {
+			c.noteCut()
+		}
+	}()
 	// Never wait for the client with a reply held back.
 	if err := c.flushHeld(); err != nil {
 		return 0, err
@@ -402,7 +412,7 @@ func (c *trackedConn) Read(b []byte) (int, error) {
 		// many reads of the socket before it returns.
 		_ = c.Conn.SetReadDeadline(minTime(time.Now().Add(idle), end))
 	}
-	n, err := c.readConn(b, body)
+	n, err = c.readConn(b, body)
 	if err == nil {
 		return n, nil
 	}
@@ -411,8 +421,16 @@ func (c *trackedConn) Read(b []byte) (int, error) {
 		return n, io.EOF
 	}
 	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() && c.idleTimeout() {
-		return n, io.EOF
+	if errors.As(err, &ne) && ne.Timeout() {
+		if c.idleTimeout() {
+			return n, io.EOF
+		}
+		// Inside a body. go-smtp reads a BDAT chunk itself, and would
+		// answer a read error with a permanent 554 naming both
+		// addresses: the reply is the timeout's own 421 instead, and
+		// the connection ends after it.
+		c.hangup("")
+		return n, errDataTimeout
 	}
 	return n, err
 }
@@ -573,8 +591,25 @@ func (c *trackedConn) setTLS() {
 
 func (c *trackedConn) beginData() {
 	c.mu.Lock()
-	c.inData = true
+	c.inData, c.cut = true, false
 	c.mu.Unlock()
+}
+
+// noteCut records an end of the socket while a body is read.
+func (c *trackedConn) noteCut() {
+	c.mu.Lock()
+	if c.inData {
+		c.cut = true
+	}
+	c.mu.Unlock()
+}
+
+// bodyCut reports whether the socket ended while the body was read: what
+// was read of it is not the message, whatever the reader made of it.
+func (c *trackedConn) bodyCut() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cut
 }
 
 // dataTimeouts gives each read of the socket for the DATA body being read

@@ -424,6 +424,12 @@ func (s *session) Data(r io.Reader) error {
 	}
 	frame, body, reason, rerr := s.readBody(r, bb, bb.hdr, queue.FrameHeadroom(from, rcpts, dsn != nil)+maxAddedHeaders, start)
 	putBodyBuf(bb)
+	if rerr == nil && s.tc != nil && s.tc.bodyCut() {
+		// A BDAT chunk the client cut short: go-smtp ended the chunk at
+		// the end of the socket, and the body looked whole.
+		recycleFrame(frame)
+		rerr, reason = errDataAborted, reasonAborted
+	}
 	if rerr != nil {
 		return s.reject(rerr, reason, true, func(e *zerolog.Event) { e.Int("rcpts", len(rcpts)) })
 	}
