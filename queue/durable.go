@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 )
@@ -128,8 +129,16 @@ func (q *Queue) watchFirings() error {
 	return nil
 }
 
-// remoteSyncer asks the daemon's syncer over NATS.
-type remoteSyncer struct{ nc *nats.Conn }
+// remoteSyncer asks the daemon's syncer over NATS. answered says a daemon
+// has answered once.
+type remoteSyncer struct {
+	nc       *nats.Conn
+	answered atomic.Bool
+}
+
+// ErrSyncUnanswered is a remote sync that nobody answered after a daemon
+// had: the write is not known to be on disk.
+var ErrSyncUnanswered = errors.New("sync at the daemon: the daemon that fsyncs this server's store no longer answers (restarting?); the write is not known to be on disk")
 
 // ServerSyncs reports whether a daemon answers sync requests at the
 // server this queue is connected to (a daemon running the embedded server
@@ -157,11 +166,21 @@ func askSync(ctx context.Context, nc *nats.Conn, streams ...string) (answered bo
 	return true, nil
 }
 
-// Sync implements Syncer. No responder means no daemon syncs for this
-// server (it runs with --durability replicas or none): the server's
-// acknowledgement is all there is to wait for.
-func (r remoteSyncer) Sync(ctx context.Context, streams ...string) error {
-	_, err := askSync(ctx, r.nc, streams...)
+// Sync implements Syncer. No responder, when none ever answered, means no
+// daemon syncs for this server (it runs with --durability replicas or
+// none): the server's acknowledgement is all there is to wait for. No
+// responder after one had answered is ErrSyncUnanswered: the daemon that
+// fsyncs is between its server's start and its own (a restart), and a
+// write its server took meanwhile may be only in the page cache; taken for
+// synced, it got a 250.
+func (r *remoteSyncer) Sync(ctx context.Context, streams ...string) error {
+	answered, err := askSync(ctx, r.nc, streams...)
+	switch {
+	case answered:
+		r.answered.Store(true)
+	case err == nil && r.answered.Load():
+		return ErrSyncUnanswered
+	}
 	return err
 }
 

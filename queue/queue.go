@@ -271,7 +271,7 @@ func connect(ctx context.Context, opts Options, layout func(Options) []jetstream
 		q.keeper.blocks = b
 	}
 	if q.syncer == nil && opts.RemoteSync {
-		q.syncer = remoteSyncer{nc}
+		q.syncer = &remoteSyncer{nc: nc}
 	}
 	if err := q.setup(ctx, layout); err != nil {
 		nc.Close()

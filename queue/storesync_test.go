@@ -3,7 +3,6 @@ package queue
 import (
 	"context"
 	"errors"
-	"github.com/nats-io/nats.go/jetstream"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -689,5 +690,40 @@ func TestEnqueueRefusedIsNotMaybeStored(t *testing.T) {
 	_, err := q.Enqueue(ctx, sub)
 	if err == nil || errors.Is(err, ErrMaybeStored) {
 		t.Fatalf("Enqueue with no work stream: %v, want an error not marked ErrMaybeStored", err)
+	}
+}
+
+// TestRemoteSyncUnansweredAfterAnswers: with no daemon answering sync
+// requests from the start (its server runs without fsyncs), the server's
+// acknowledgement is all there is; once one has answered, silence is an
+// error (the daemon restarts, and its server took the write before the
+// daemon could fsync it): the write is not reported synced, and the
+// client is not told 250.
+func TestRemoteSyncUnansweredAfterAnswers(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := &remoteSyncer{nc: q.nc}
+	if err := r.Sync(ctx, StreamWork); err != nil {
+		t.Fatalf("no daemon ever: %v, want nil", err)
+	}
+	sub, err := q.nc.Subscribe(subjSync, func(m *nats.Msg) { _ = m.Respond(nil) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Sync(ctx, StreamWork); err != nil {
+		t.Fatalf("a daemon answering: %v", err)
+	}
+	if err := sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Sync(ctx, StreamWork); !errors.Is(err, ErrSyncUnanswered) {
+		t.Fatalf("the daemon gone after answering: %v, want ErrSyncUnanswered", err)
 	}
 }
