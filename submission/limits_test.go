@@ -14,11 +14,14 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/emersion/go-sasl"
 	"github.com/emersion/go-smtp"
+	"golang.org/x/crypto/bcrypt"
 )
 
 func TestOversizeMessage(t *testing.T) {
@@ -668,5 +671,50 @@ func TestBDATSlowLink(t *testing.T) {
 	}
 	if len(q.got()) != 1 {
 		t.Fatal("the stalled chunk was queued")
+	}
+}
+
+// TestAuthLimitHoldsForParallelGuesses: the failure limit holds for
+// attempts from one address made at once on many connections: at most
+// the limit's worth of passwords is checked, the rest refused before
+// their check. Each attempt was tested against the limit at AUTH and
+// counted only after its bcrypt, so 40 parallel guesses were all checked
+// where 5 were allowed.
+func TestAuthLimitHoldsForParallelGuesses(t *testing.T) {
+	q := &fakeQueue{}
+	h, err := bcrypt.GenerateFromPassword([]byte(testPassword), bcrypt.DefaultCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := ParseUsers(strings.NewReader(testUser + ":" + string(h) + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit, n = 5, 24
+	ts := startServer(t, Config{Users: u, AuthFailLimit: limit}, q)
+	conns := make([]*raw, n)
+	for i := range conns {
+		conns[i] = ts.raw(t)
+		conns[i].cmd("EHLO x", 250)
+	}
+	var checked, refused atomic.Int32
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, rc := range conns {
+		wg.Go(func() {
+			<-start
+			rc.write("AUTH PLAIN " + plainIR("", testUser, "wrong") + "\r\n")
+			switch code, _, _ := rc.reply(); code {
+			case 535:
+				checked.Add(1)
+			case 421:
+				refused.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if checked.Load() > limit || checked.Load()+refused.Load() != n {
+		t.Fatalf("%d passwords checked (535) and %d refused (421) of %d parallel guesses, limit %d", checked.Load(), refused.Load(), n, limit)
 	}
 }

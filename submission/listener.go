@@ -136,13 +136,13 @@ type trackedConn struct {
 	client  netip.Prefix
 	counted bool
 
-	mu        sync.Mutex
-	inData    bool   // the session is reading or enqueueing a body
+	mu     sync.Mutex
+	inData bool // the session is reading or enqueueing a body
 	// cut says the client's side ended (or the connection was ended
 	// under it) while a body was read: go-smtp takes the end of the
 	// socket inside a BDAT chunk for the chunk's end, so without it a
 	// chunk cut short was a whole message.
-	cut bool
+	cut       bool
 	hung      bool   // end the connection at the next command read
 	hangupMsg string // one reply line to send before that, plaintext only
 	tls       bool   // STARTTLS happened: never write plaintext any more

@@ -193,13 +193,7 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 		return nil, errAuthInTransaction
 	}
 	if !s.trusted && s.srv.limiter.blocked(s.remote) {
-		s.srv.metrics.authBlocked.Inc()
-		s.logLine(s.srv.log.Warn()).Str("reason", "auth_rate_limited").Int("limit", s.srv.cfg.AuthFailLimit).
-			Dur("window", s.srv.cfg.AuthFailWindow).Msg("auth refused, closing connection")
-		if s.tc != nil {
-			s.tc.hangup("")
-		}
-		return nil, errAuthRateLimited
+		return nil, s.authRateLimited()
 	}
 	switch strings.ToUpper(mech) {
 	case mechPlain:
@@ -213,7 +207,18 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 // authenticate checks credentials. The password is never logged, and the
 // user name only when it is a known account (an unknown one may well be a
 // password typed into the wrong field).
+//
+// The check is reserved against the client's failure limit before it runs
+// (authLimiter.begin), so that parallel connections cannot each pass the
+// limit's test at AUTH and fail after it. A trusted network's client is
+// not counted against the per-address limit, as Postfix exempts
+// $mynetworks from its client limits: those addresses are the operator's
+// own hosts, and one application's wrong password would otherwise lock out
+// every other application on the same host.
 func (s *session) authenticate(identity, user, password string) error {
+	if !s.trusted && !s.srv.limiter.begin(s.remote) {
+		return s.authRateLimited()
+	}
 	ok := false
 	if identity == "" || identity == user {
 		// Acting for another identity (RFC 4616 authzid) is not
@@ -222,8 +227,12 @@ func (s *session) authenticate(identity, user, password string) error {
 		ok = s.srv.cfg.Users.Verify(user, password)
 		<-s.srv.bcryptSem
 	}
+	blocked := false
+	if !s.trusted {
+		blocked = s.srv.limiter.end(s.remote, !ok)
+	}
 	if !ok {
-		s.authFailure(user)
+		s.authFailure(user, blocked)
 		return authFailed
 	}
 	s.user = user
@@ -231,18 +240,29 @@ func (s *session) authenticate(identity, user, password string) error {
 	return nil
 }
 
-func (s *session) authMalformed() { s.authFailure("") }
-
-// authFailure logs and counts a failed AUTH. A trusted network's client is
-// not counted against the per-address limit, as Postfix exempts
-// $mynetworks from its client limits: those addresses are the operator's
-// own hosts, and one application's wrong password would otherwise lock out
-// every other application on the same host.
-func (s *session) authFailure(user string) {
+func (s *session) authMalformed() {
 	blocked := false
 	if !s.trusted {
 		blocked = s.srv.limiter.fail(s.remote)
 	}
+	s.authFailure("", blocked)
+}
+
+// authRateLimited refuses an AUTH from a client at its failure limit and
+// ends the connection after the reply.
+func (s *session) authRateLimited() error {
+	s.srv.metrics.authBlocked.Inc()
+	s.logLine(s.srv.log.Warn()).Str("reason", "auth_rate_limited").Int("limit", s.srv.cfg.AuthFailLimit).
+		Dur("window", s.srv.cfg.AuthFailWindow).Msg("auth refused, closing connection")
+	if s.tc != nil {
+		s.tc.hangup("")
+	}
+	return errAuthRateLimited
+}
+
+// authFailure logs and counts a failed AUTH, counted against the client's
+// limit already (blocked: it is now at it).
+func (s *session) authFailure(user string, blocked bool) {
 	s.srv.metrics.authFailures.Inc()
 	ev := s.logLine(s.srv.log.Warn()).Bool("user_known", s.srv.cfg.Users.Has(user)).Bool("now_blocked", blocked)
 	if s.srv.cfg.Users.Has(user) {
