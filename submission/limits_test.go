@@ -718,3 +718,34 @@ func TestAuthLimitHoldsForParallelGuesses(t *testing.T) {
 		t.Fatalf("%d passwords checked (535) and %d refused (421) of %d parallel guesses, limit %d", checked.Load(), refused.Load(), n, limit)
 	}
 }
+
+// TestAuthRequiredInTime: a client that must authenticate and does not
+// is let go at its first command past AuthTimeout, however busy it keeps
+// the connection with NOOPs (each within ReadTimeout); one that
+// authenticated is not.
+func TestAuthRequiredInTime(t *testing.T) {
+	q := &fakeQueue{}
+	ts := startServer(t, Config{Users: testUsers(t), AuthTimeout: 300 * time.Millisecond}, q)
+	idle, authed := ts.raw(t), ts.raw(t)
+	idle.cmd("EHLO client.test", 250)
+	authed.login()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		idle.write("NOOP\r\n")
+		code, msg, _ := idle.reply()
+		if code == 421 {
+			if !strings.Contains(msg, "Authentication required") {
+				t.Fatalf("421 %q", msg)
+			}
+			break
+		}
+		if code != 250 || time.Now().After(deadline) {
+			t.Fatalf("NOOP: %d %q; want 250 until the limit, then 421", code, msg)
+		}
+		time.Sleep(50 * time.Millisecond) // a client keeping its slot
+	}
+	if _, _, err := idle.reply(); err == nil {
+		t.Fatal("the connection stayed open")
+	}
+	authed.cmd("NOOP", 250)
+}

@@ -142,7 +142,11 @@ type trackedConn struct {
 	// under it) while a body was read: go-smtp takes the end of the
 	// socket inside a BDAT chunk for the chunk's end, so without it a
 	// chunk cut short was a whole message.
-	cut       bool
+	cut bool
+	// authBy is when a client that must authenticate has to have done
+	// so (Config.AuthTimeout), zero for none; authed says it did.
+	authBy    time.Time
+	authed    bool
 	hung      bool   // end the connection at the next command read
 	hangupMsg string // one reply line to send before that, plaintext only
 	tls       bool   // STARTTLS happened: never write plaintext any more
@@ -401,6 +405,7 @@ func (c *trackedConn) Read(b []byte) (n int, err error) {
 	if err := c.flushHeld(); err != nil {
 		return 0, err
 	}
+	c.authOverdue()
 	msg, stop, body, idle, end := c.readState()
 	if stop {
 		c.sendHangup(msg)
@@ -587,6 +592,37 @@ func (c *trackedConn) setTLS() {
 	c.tls = true
 	c.hangupMsg = ""
 	c.mu.Unlock()
+}
+
+// requireAuth gives a client that must authenticate until by to do so,
+// once per connection (a session after STARTTLS keeps the first limit).
+func (c *trackedConn) requireAuth(by time.Time) {
+	c.mu.Lock()
+	if c.authBy.IsZero() && !c.authed {
+		c.authBy = by
+	}
+	c.mu.Unlock()
+}
+
+// authDone lifts requireAuth's limit.
+func (c *trackedConn) authDone() {
+	c.mu.Lock()
+	c.authed = true
+	c.mu.Unlock()
+}
+
+// authOverdue hangs up, at a command read, on a client that has not
+// authenticated by its limit: without one, a client that never does could
+// hold its connection slot for good with a NOOP or a RSET per ReadTimeout,
+// and a few addresses all of them.
+func (c *trackedConn) authOverdue() {
+	c.mu.Lock()
+	overdue := !c.authed && !c.authBy.IsZero() && !c.inData && !c.hung && time.Now().After(c.authBy)
+	c.mu.Unlock()
+	if overdue {
+		c.srv.metrics.rejections.WithLabelValues(reasonAuthRequired).Inc()
+		c.hangup("421 4.7.0 Authentication required at the start of the session; closing connection\r\n")
+	}
 }
 
 func (c *trackedConn) beginData() {

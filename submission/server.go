@@ -37,7 +37,10 @@ const (
 	DefaultMaxLineLength = 1000
 	// DefaultReadTimeout is RFC 5321 section 4.5.3.2.7: a server should wait
 	// at least 5 minutes for the next command.
-	DefaultReadTimeout  = 5 * time.Minute
+	DefaultReadTimeout = 5 * time.Minute
+	// DefaultAuthTimeout: a submission client authenticates at once
+	// (RFC 6409 4.3); two minutes leave room for a slow TLS handshake.
+	DefaultAuthTimeout  = 2 * time.Minute
 	DefaultWriteTimeout = time.Minute
 	// DefaultDataTimeout bounds the whole DATA body, whatever the pace of the
 	// client; 10 minutes mirrors RFC 5321 section 4.5.3.2.6.
@@ -122,6 +125,11 @@ type Config struct {
 	// AuthFailWindow is the period over which AUTH failures are counted,
 	// from the first failure. Default DefaultAuthFailWindow.
 	AuthFailWindow time.Duration
+	// AuthTimeout is how long a client that must authenticate (not of
+	// TrustedNetworks) may stay connected without doing so; then, at its
+	// next command, 421 4.7.0 and the connection ends. Default
+	// DefaultAuthTimeout; negative: no limit.
+	AuthTimeout time.Duration
 	// EnqueueTimeout bounds Enqueuer.Enqueue; past it the client gets 451.
 	// Default DefaultEnqueueTimeout.
 	EnqueueTimeout time.Duration
@@ -224,6 +232,9 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 	defaults.Set(&cfg.DataTimeout, DefaultDataTimeout)
 	defaults.Set(&cfg.AuthFailLimit, DefaultAuthFailLimit)
 	defaults.Set(&cfg.AuthFailWindow, DefaultAuthFailWindow)
+	if cfg.AuthTimeout == 0 {
+		cfg.AuthTimeout = DefaultAuthTimeout // negative: no limit
+	}
 	defaults.Set(&cfg.EnqueueTimeout, DefaultEnqueueTimeout)
 	trusted := make([]netip.Prefix, 0, len(cfg.TrustedNetworks))
 	for i, p := range cfg.TrustedNetworks {

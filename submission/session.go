@@ -83,6 +83,9 @@ func (s *Server) newSession(c *smtp.Conn) *session {
 		tls:       isTLS,
 		trusted:   trusted,
 	}
+	if tc != nil && !trusted && s.cfg.Users != nil && s.cfg.AuthTimeout > 0 {
+		tc.requireAuth(time.Now().Add(s.cfg.AuthTimeout))
+	}
 	switch {
 	case tc != nil && isTLS:
 		tc.setTLS()
@@ -236,6 +239,9 @@ func (s *session) authenticate(identity, user, password string) error {
 		return authFailed
 	}
 	s.user = user
+	if s.tc != nil {
+		s.tc.authDone()
+	}
 	s.logLine(s.srv.log.Info()).Msg("authenticated")
 	return nil
 }
