@@ -28,9 +28,8 @@ type authLimiter struct {
 }
 
 type failures struct {
-	first   time.Time
-	count   int
-	pending int // attempts under way (begin without end)
+	first time.Time
+	count int
 }
 
 func newAuthLimiter(limit int, window time.Duration) *authLimiter {
@@ -63,37 +62,8 @@ func (l *authLimiter) fail(addr netip.Addr) bool {
 	return f.count >= l.limit
 }
 
-// begin reserves a password check for addr: false when its failures so far
-// and the checks under way reach the limit. The check at AUTH alone let
-// any number of connections from one address past it at once, each
-// failing only after its bcrypt: 40 parallel guesses where 5 were allowed.
-// Each begin is followed by one end.
-func (l *authLimiter) begin(addr netip.Addr) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	f := l.entry(addr)
-	if f.count+f.pending >= l.limit {
-		return false
-	}
-	f.pending++
-	return true
-}
-
-// end releases begin's reservation, counting a failure when failed, and
-// reports whether addr is now blocked.
-func (l *authLimiter) end(addr netip.Addr, failed bool) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	f := l.entry(addr)
-	f.pending = max(0, f.pending-1)
-	if failed {
-		f.count++
-	}
-	return f.count >= l.limit
-}
-
 // entry is addr's record, made afresh when it has none or its window has
-// passed (the attempts under way carried over). l.mu is held.
+// passed. l.mu is held.
 func (l *authLimiter) entry(addr netip.Addr) *failures {
 	now := l.now()
 	k := clientaddr.Prefix(addr)
@@ -102,11 +72,7 @@ func (l *authLimiter) entry(addr netip.Addr) *failures {
 		if f == nil && len(l.clients) >= maxTrackedClients {
 			l.sweep(now)
 		}
-		pending := 0
-		if f != nil {
-			pending = f.pending
-		}
-		f = &failures{first: now, pending: pending}
+		f = &failures{first: now}
 		l.clients[k] = f
 	}
 	return f

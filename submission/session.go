@@ -211,30 +211,35 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 // user name only when it is a known account (an unknown one may well be a
 // password typed into the wrong field).
 //
-// The check is reserved against the client's failure limit before it runs
-// (authLimiter.begin), so that parallel connections cannot each pass the
-// limit's test at AUTH and fail after it. A trusted network's client is
-// not counted against the per-address limit, as Postfix exempts
-// $mynetworks from its client limits: those addresses are the operator's
-// own hosts, and one application's wrong password would otherwise lock out
-// every other application on the same host.
+// The client's failure limit is tested again once the check's turn for
+// bcrypt comes (bcryptSem), not only at AUTH: attempts from one address
+// made at once on many connections all passed the test at AUTH and were
+// counted only after their bcrypt, so 40 parallel guesses were all checked
+// where 5 were allowed. Queued behind the semaphore, those past the limit
+// are refused unchecked; clients that do not fail are never held back,
+// however many authenticate at once. A trusted network's client is not
+// counted against the per-address limit, as Postfix exempts $mynetworks
+// from its client limits: those addresses are the operator's own hosts,
+// and one application's wrong password would otherwise lock out every
+// other application on the same host.
 func (s *session) authenticate(identity, user, password string) error {
-	if !s.trusted && !s.srv.limiter.begin(s.remote) {
-		return s.authRateLimited()
-	}
 	ok := false
 	if identity == "" || identity == user {
 		// Acting for another identity (RFC 4616 authzid) is not
 		// supported; such attempts fail like a wrong password.
 		s.srv.bcryptSem <- struct{}{}
+		if !s.trusted && s.srv.limiter.blocked(s.remote) {
+			<-s.srv.bcryptSem
+			return s.authRateLimited()
+		}
 		ok = s.srv.cfg.Users.Verify(user, password)
 		<-s.srv.bcryptSem
 	}
-	blocked := false
-	if !s.trusted {
-		blocked = s.srv.limiter.end(s.remote, !ok)
-	}
 	if !ok {
+		blocked := false
+		if !s.trusted {
+			blocked = s.srv.limiter.fail(s.remote)
+		}
 		s.authFailure(user, blocked)
 		return authFailed
 	}
