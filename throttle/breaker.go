@@ -26,6 +26,11 @@ type attemptOutcome struct {
 	failed    bool // not reached, and a connection/destination transient failure
 	throttled bool // a throttled reply about the destination (cuts the rate)
 	delivered bool // at least one recipient delivered
+	// answered: the server answered at least one result with other than
+	// a throttle (a delivery, a bounce, greylisting …): no push back
+	// against what it is sent, which widens a first-contact window
+	// (firstWindow).
+	answered bool
 	// connThrottled: a "too many connections" reply (teaches a
 	// connection limit; does not cut the rate).
 	connThrottled bool
@@ -44,10 +49,10 @@ func outcomeOf(results []classify.Result) attemptOutcome {
 		}
 		switch r.Class {
 		case classify.Delivered:
-			o.reached, o.delivered = true, true
+			o.reached, o.answered, o.delivered = true, true, true
 		case classify.Permanent:
 			if r.Scope != classify.ScopeDestination && r.Scope != classify.ScopeConnection {
-				o.reached = true
+				o.reached, o.answered = true, true
 			}
 		case classify.Throttled:
 			o.reached = true
@@ -72,7 +77,7 @@ func outcomeOf(results []classify.Result) attemptOutcome {
 			if r.Scope == classify.ScopeConnection || r.Scope == classify.ScopeDestination {
 				failure = true
 			} else {
-				o.reached = true
+				o.reached, o.answered = true, true
 			}
 		}
 	}

@@ -153,17 +153,16 @@ func TestBucketStartsAfterTheLastSend(t *testing.T) {
 // TestWaitingAdmissionTakesItsTurnAgainAfterACut: admissions waiting for
 // their tokens when the rate is cut do not go out at the old spacing: each
 // takes a new turn at the new rate when it wakes, in the order of the old
-// turns, and none is sent away, though the last new turns lie beyond
-// max-wait. Before, the five below went out 100 ms apart after the cut to
-// 2.5/s, as throttled as the send that caused the cut; and when they were
-// admitted afresh instead, those beyond max-wait went to the back of the
-// virtual queue, behind another tenant's backlog.
+// turns, and none whose new turn lies within max-wait is sent away (one
+// beyond it is: TestWaitingAdmissionBeyondMaxWaitAfterACut). Before, the
+// five below went out 100 ms apart after the cut to 2.5/s, as throttled as
+// the send that caused the cut.
 func TestWaitingAdmissionTakesItsTurnAgainAfterACut(t *testing.T) {
 	env := startKV(t)
 	a := newThrottle(t, env, "a", func(c *Config) {
 		c.Defaults.Rate = 10
 		c.DecreaseFactor = 0.25
-		c.MaxWait = time.Second
+		c.MaxWait = 2 * time.Second // the last new turn is 1.6 s from its wake-up
 	})
 	first := mustAdmit(t, a, "w.test") // the bucket's one token
 	admitted := make(chan time.Time, 5)
@@ -200,6 +199,71 @@ func TestWaitingAdmissionTakesItsTurnAgainAfterACut(t *testing.T) {
 	}
 	if el := times[4].Sub(cut); el < 1900*time.Millisecond {
 		t.Fatalf("fifth admission %s after the cut, want five periods of the new rate (2s)", el)
+	}
+}
+
+// TestWaitingAdmissionBeyondMaxWaitAfterACut: an admission waiting for its
+// turn when the rate drops takes a new turn at the new spacing, but one
+// whose new turn lies further than max-wait is refused as a new admission
+// would be: "rate", with its tenant's place in the virtual queue, its place
+// in flight given back. Before, all ten below, waiting at 10/s when an
+// operator pinned 1/s, were granted, the last 9 s after it asked with
+// max-wait 2 s, each holding a delivery slot and a connection meanwhile
+// (30 at 20/s: 27 s).
+func TestWaitingAdmissionBeyondMaxWaitAfterACut(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults.Rate = 10 }) // max-wait 2 s
+	type result struct {
+		p  Permit
+		r  Refusal
+		el time.Duration
+	}
+	results := make(chan result, 10)
+	start := time.Now()
+	for range 10 {
+		go func() {
+			p, r := a.Admit(context.Background(), "cw.test", "", "")
+			results <- result{p, r, time.Since(start)}
+		}()
+	}
+	d := a.getDest("cw.test")
+	eventually(t, 5*time.Second, "ten admissions, turns 100 ms apart", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.inflight == 10
+	})
+	if err := SetRate(ctxT(t), env.state, "cw.test", 1, time.Time{}, "ops"); err != nil {
+		t.Fatal(err)
+	}
+	var granted int
+	var places []time.Time
+	for range 10 {
+		res := <-results
+		// Its old turn (at most 0.9 s) and max-wait from there, at most.
+		if res.el > 3500*time.Millisecond {
+			t.Errorf("an admission answered %s after it asked (%q), beyond its turn and max-wait", res.el.Round(time.Millisecond), res.r.Reason)
+		}
+		switch res.r.Reason {
+		case "":
+			granted++
+			defer res.p.Done([]classify.Result{resDelivered})
+		case "rate":
+			places = append(places, res.r.Until)
+		default:
+			t.Errorf("refused: %+v, want granted or refused for the rate", res.r)
+		}
+	}
+	if len(places) < 3 {
+		t.Fatalf("%d granted, %d refused for the rate at 1/s: want the turns beyond max-wait refused", granted, len(places))
+	}
+	slices.SortFunc(places, func(x, y time.Time) int { return x.Compare(y) })
+	for i := 1; i < len(places); i++ {
+		if gap := places[i].Sub(places[i-1]); gap < 900*time.Millisecond {
+			t.Errorf("places %d and %d in the virtual queue %s apart, want the pinned rate's 1 s", i-1, i, gap)
+		}
+	}
+	if n := a.Snapshot("cw.test").InFlight; n != granted {
+		t.Errorf("%d in flight with %d granted: the refused did not give theirs back", n, granted)
 	}
 }
 

@@ -26,18 +26,27 @@ import (
 // Without a registry the worker cannot measure itself and takes its clock
 // to be the server's: writers' skew is still corrected, its own is not.
 // Differences under shiftTolerance are left alone (write latency and the
-// measurement's own noise). Token buckets, waits and timeouts are local
-// and use the monotonic clock; none of this concerns them.
+// measurement's own noise), except in a learned rate's grid of send
+// slots (DestState.Grid), which is moved by the difference whatever its
+// size, as the configured rate's epoch grid is by this worker's offset
+// (turn.next): two workers 250 ms apart under a grid of 4/s, one slot,
+// took their turns together, the pairs a grid exists to keep apart. A
+// state this worker wrote itself is on its own clock already: a small
+// difference there is the measurement's noise, and its grid stays. Token
+// buckets, waits and timeouts are local and use the monotonic clock; none
+// of this concerns them.
 
 // shiftTolerance is the smallest clock difference that moves a state's
 // times onto this worker's clock.
 const shiftTolerance = time.Second
 
-// frame is one worker's clock: its now, and how far the server's clock is
-// ahead of it (offset: server minus local).
+// frame is one worker's clock: its now, how far the server's clock is
+// ahead of it (offset: server minus local), and the worker's id (self; ""
+// for an operator's command), whose own writes are on this clock.
 type frame struct {
 	now    func() time.Time
 	offset time.Duration
+	self   string
 }
 
 // toLocal moves the times in s, stored by the server at created, from its
@@ -48,19 +57,20 @@ func (f frame) toLocal(s DestState, created time.Time) DestState {
 	}
 	// writer + (server - writer) = server; server - offset = local.
 	shift := created.Sub(s.UpdatedAt) - f.offset
-	if shift > -shiftTolerance && shift < shiftTolerance {
+	small := shift > -shiftTolerance && shift < shiftTolerance
+	if len(s.Grid) > 0 && shift != 0 && !(small && f.self != "" && s.UpdatedBy == f.self) {
+		s.Grid = slices.Clone(s.Grid) // shared with the state it came from
+		for i := range s.Grid {
+			s.Grid[i].From = s.Grid[i].From.Add(shift).UTC()
+		}
+	}
+	if small {
 		return s
 	}
 	for _, p := range []*time.Time{&s.SuspendedUntil, &s.FactorUntil, &s.RateUntil, &s.ConnsUntil, &s.BreakerUntil,
 		&s.LearnedHold, &s.LearnedNext, &s.LearnedProbeAt, &s.LearnedConnsHold, &s.LearnedSince, &s.LearnedCutAt, &s.UpdatedAt} {
 		if !p.IsZero() && !p.Equal(SuspendForever) {
 			*p = p.Add(shift).UTC()
-		}
-	}
-	if len(s.Grid) > 0 {
-		s.Grid = slices.Clone(s.Grid) // shared with the state it came from
-		for i := range s.Grid {
-			s.Grid[i].From = s.Grid[i].From.Add(shift).UTC()
 		}
 	}
 	if len(s.Rules) > 0 {
@@ -79,7 +89,7 @@ func (t *Throttle) now() time.Time { return t.cfg.Now() }
 // frame is this worker's clock with its last measured offset (zero until
 // measured).
 func (t *Throttle) frame() frame {
-	return frame{now: t.cfg.Now, offset: time.Duration(t.offset.Load())}
+	return frame{now: t.cfg.Now, offset: time.Duration(t.offset.Load()), self: t.cfg.WorkerID}
 }
 
 // measureOffset records the server's clock minus this worker's from this

@@ -160,3 +160,97 @@ func TestToLocalMovesEveryTimeField(t *testing.T) {
 		t.Error("the writer's rules map was changed in place")
 	}
 }
+
+// TestToLocalMovesTheGridExactly: a learned rate's grid of send slots is
+// moved onto the reader's clock by any difference, one under
+// shiftTolerance too (the rest of the state is not), except in a state
+// the reader wrote itself, which is on its own clock already.
+func TestToLocalMovesTheGridExactly(t *testing.T) {
+	server := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	writer := server.Add(-250 * time.Millisecond) // the writer's clock, 250 ms behind the server
+	s := DestState{UpdatedBy: "a", UpdatedAt: writer, LearnedHold: writer.Add(time.Second),
+		Grid: []GridSegment{{From: writer, Rate: 4}, {From: writer.Add(time.Second), Slot: 4, Rate: 8}}}
+	reader := frame{offset: -100 * time.Millisecond, self: "b"} // 100 ms ahead of the server
+	got := reader.toLocal(s, server)
+	shift := 350 * time.Millisecond
+	for i := range s.Grid {
+		if want := s.Grid[i].From.Add(shift); !got.Grid[i].From.Equal(want) {
+			t.Errorf("segment %d from %v, want %v (moved by %v)", i, got.Grid[i].From, want, shift)
+		}
+	}
+	if !got.LearnedHold.Equal(s.LearnedHold) || !got.UpdatedAt.Equal(s.UpdatedAt) {
+		t.Errorf("a %v difference moved the rest of the state: %+v", shift, got)
+	}
+	if !s.Grid[0].From.Equal(writer) {
+		t.Error("the writer's grid was changed in place")
+	}
+	// Its own write: the difference is the measurement's noise.
+	own := frame{offset: -100 * time.Millisecond, self: "a"}
+	if got := own.toLocal(s, server); !reflect.DeepEqual(got, s) {
+		t.Errorf("the writer's own state moved: %+v", got)
+	}
+	// A large difference moves its own write too (its clock was stepped).
+	s.UpdatedAt, s.Grid = server.Add(-time.Hour), []GridSegment{{From: server.Add(-time.Hour), Rate: 4}}
+	if got := own.toLocal(s, server); !got.Grid[0].From.Equal(server.Add(100 * time.Millisecond)) {
+		t.Errorf("own grid an hour off left at %v", got.Grid[0].From)
+	}
+}
+
+// TestSubSecondSkewKeepsTheLearnedGrid: two workers whose clocks are
+// 250 ms apart, under shiftTolerance, take turns on a learned rate's grid
+// one slot apart in real time, as on the configured rate's epoch grid.
+// Before, the one ahead read the grid's start as written, on its own
+// clock, and at 4/s fleet-wide (a slot of 250 ms) its turns fell on the
+// other's.
+func TestSubSecondSkewKeepsTheLearnedGrid(t *testing.T) {
+	env := startKV(t)
+	const skew = 250 * time.Millisecond
+	a := newThrottle(t, env, "a", nil)
+	b := newThrottle(t, env, "b", func(c *Config) { c.Now = skewedBy(skew) })
+	waitLive(t, 2, a, b)
+	if off, known := b.ClockOffset(); !known || (off+skew).Abs() > 100*time.Millisecond {
+		t.Fatalf("b's measured offset %v (known %v), want about %v", off, known, -skew)
+	}
+	// a writes a learned rate and its grid, as its seed would.
+	if _, _, _, _, err := updateStateIn(ctxT(t), env.state, "skew.test", "a", a.frame(), func(s *DestState, now time.Time) bool {
+		s.LearnedRate, s.LearnedHold, s.LearnedNext, s.LearnedCutAt = 4, now.Add(time.Hour), now.Add(time.Hour), now
+		s.regrid(now, 0, 4)
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, th := range []*Throttle{a, b} {
+		d := th.getDest("skew.test")
+		eventually(t, 5*time.Second, th.cfg.WorkerID+" has the learned rate", func() bool {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return d.state.LearnedRate == 4
+		})
+	}
+	// Each worker's next turns, in real time.
+	from := time.Now().Add(time.Second)
+	turns := func(th *Throttle, skew time.Duration) []time.Time {
+		d := th.getDest("skew.test")
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		k := th.turnOf(d, 4, 2, th.now())
+		if k.segs == nil {
+			t.Fatalf("%s: not on the learned grid", th.cfg.WorkerID)
+		}
+		var out []time.Time
+		for at := from.Add(skew); len(out) < 4; {
+			x := k.next(at)
+			out = append(out, x.Add(-skew))
+			at = x.Add(time.Nanosecond)
+		}
+		return out
+	}
+	ta, tb := turns(a, 0), turns(b, skew)
+	for _, x := range ta {
+		for _, y := range tb {
+			if gap := x.Sub(y).Abs(); gap < 200*time.Millisecond {
+				t.Fatalf("a's turn at +%v and b's at +%v, %v apart: want a slot (250 ms)", x.Sub(from).Round(time.Millisecond), y.Sub(from).Round(time.Millisecond), gap.Round(time.Millisecond))
+			}
+		}
+	}
+}

@@ -20,18 +20,24 @@
 // throttles, holds and steps judged over four deliveries at least at slow
 // rates, forgotten after a quiet hour). Until it has one, a
 // first-contact window holds the attempts in flight to a few, widened by
-// each delivery (learn.go, firstWindow). Each worker paces its share of a
-// rate with a chain of reservations (bucket.go), and its virtual queue, one tail
-// per tenant, paces both the envelopes refused for the rate and those a
-// throttle deferred (Gate.Pace), so that a backlog comes back at the
-// rate, oldest first, and tenants share a busy destination fairly.
+// each answer that is not a throttle (learn.go, firstWindow). Each
+// worker paces its share of a rate with a chain of reservations
+// (bucket.go), and its virtual queue, one tail per tenant, paces both
+// the envelopes refused for the rate and those a throttle deferred
+// (Gate.Pace), so that a backlog comes back at the rate, oldest first,
+// and tenants share a busy destination fairly. An admission waiting for
+// its token is asked again at each wake-up what a new one would be: a
+// suspension or an open breaker that came meanwhile refuses it, and so
+// does a rate gone down whose new turn for it lies beyond MaxWait
+// (Throttle.admit).
 //
 // With more than one live worker, the workers take turns: each send waits
 // for its worker's next slot on a grid the fleet shares per destination
 // (slots.go), so that the fleet's sends arrive spaced as one sender's
 // would; the learned rate's grid is kept in the shared state, in segments
 // that keep the turns already reserved across a step up (after a cut they
-// are taken again at the new rate).
+// are taken again at the new rate), their starts moved onto each worker's
+// clock however small the difference (clock.go).
 //
 // With egress addresses, every piece of that state is kept per
 // (destination, source address) pair instead, named "DEST@SOURCE"
@@ -42,7 +48,11 @@
 // the destination's group, admission in a tenant's share and from an
 // egress address, the attempt's limits on the Permit, the pace of
 // throttled mail and the clock offset to the NATS server. Throttle
-// implements it and OpenGate admits everything.
+// implements it and OpenGate admits everything. When a destination
+// recovers (a suspension ends, a breaker closes), one worker calls
+// Config.OnRecover, and serve releases the deferred mail of the domains
+// Throttle.Recovers names: a group's, or that of one domain suspended by
+// itself inside its group, at the group's rate.
 //
 // File is the [throttle], [destinations.X], [[groups]] and [[automation]]
 // part of the config file; Suspend, Resume, SetRate, Forget, GetState and

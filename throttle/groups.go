@@ -114,6 +114,16 @@ func newGrouper(byMX bool, rules []GroupRule, overrides map[string]Limits, res M
 	return g
 }
 
+// isGroup reports whether name is one of the provider groups' names.
+func (g *grouper) isGroup(name string) bool {
+	for _, r := range g.rules {
+		if r.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
 // group returns the destination of a recipient domain: the domain itself
 // when grouping is off, when the domain has limits of its own, or when no
 // group's suffix matches its MX hosts (or the lookup fails).

@@ -130,3 +130,63 @@ func TestSuspendOneDomainOfAGroup(t *testing.T) {
 	}
 	p.Done(nil)
 }
+
+// TestResumeOneDomainOfAGroup: the recovery of one domain of a provider
+// group, suspended by itself, releases that domain's deferred mail (and
+// only its), at the group's rate: its mail is admitted in the group's
+// budget. Before, serve matched the deferred envelopes by group alone
+// (a.test's group is google, never a.test), so none was released, and
+// the rate given was a.test's own limits, the defaults.
+func TestResumeOneDomainOfAGroup(t *testing.T) {
+	env := startKV(t)
+	res := &fakeMX{calls: map[string]int{}, zone: map[string][]string{"a.test": {"aspmx.l.google.com."}, "b.test": {"alt2.aspmx.l.google.com."}}}
+	type recovery struct {
+		dest string
+		rate float64
+	}
+	recovered := make(chan recovery, 4)
+	th := newThrottle(t, env, "a", func(c *Config) {
+		c.GroupByMX, c.Groups, c.Resolver = true, DefaultGroups(), res
+		c.Defaults.Rate = 5
+		c.Overrides = map[string]Limits{"google": {Rate: 50}}
+		c.OnRecover = func(dest string, rate float64) { recovered <- recovery{dest, rate} }
+	})
+	if g := th.Group("a.test"); g != "google" {
+		t.Fatalf("Group(a.test) = %q", g)
+	}
+	for _, c := range []struct {
+		dest, domain string
+		want         bool
+	}{
+		{"a.test", "a.test", true},
+		{"a.test", "A.Test.", true},
+		{"a.test", "b.test", false},
+		{"google", "a.test", true},
+		{"google", "b.test", true},
+		{"google", "c.test", false},
+		{"c.test", "c.test", true},
+		{"a.test@192.0.2.10", "a.test", true},
+	} {
+		if got := th.Recovers(c.dest, c.domain); got != c.want {
+			t.Errorf("Recovers(%q, %q) = %v, want %v", c.dest, c.domain, got, c.want)
+		}
+	}
+
+	for _, dest := range []string{"a.test", "google"} {
+		if err := Suspend(ctxT(t), env.state, dest, time.Now().Add(time.Hour), "for a while", "ops"); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 5*time.Second, dest+" suspended", func() bool { return th.Snapshot(dest).Suspended })
+		if _, err := Resume(ctxT(t), env.state, dest, "ops"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-recovered:
+			if r.dest != dest || r.rate != 50 {
+				t.Errorf("OnRecover(%q, %v), want (%q, 50): the group's rate", r.dest, r.rate, dest)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s resumed: no OnRecover", dest)
+		}
+	}
+}

@@ -143,11 +143,15 @@ var connSignal = regexp.MustCompile(`(?i)too many (concurrent |simultaneous |ope
 // open every delivery slot at once: 32 attempts against a provider that
 // takes four in a burst are 28 throttles before the first reply can seed
 // a rate. So each worker starts such a destination at its share of
-// LearnInitial attempts in flight, and widens by one for every delivered
-// attempt: the window doubles every round trip while the provider takes
-// all it is sent (TCP's slow start, Postfix's
+// LearnInitial attempts in flight, and widens by one for every attempt
+// the server answered with other than a throttle (delivered, bounced,
+// greylisted): the window doubles every round trip while the provider
+// keeps up with all it is sent (TCP's slow start, Postfix's
 // initial_destination_concurrency), and stops mattering once it is wider
-// than the worker's delivery slots. An admission beyond it is refused for
+// than the worker's delivery slots. (Widened by deliveries alone, a
+// destination that answers without delivering, greylisting or bouncing
+// most of a list, stayed at LearnInitial in flight fleet-wide for good.)
+// A throttle does not widen it. An admission beyond it is refused for
 // windowRetry ("window"), without an attempt. The first throttle seeds a
 // rate, which paces from then on; a rate forgotten later starts the window
 // afresh.
@@ -176,8 +180,8 @@ func (d *dest) firstWindow(cfg *Config, fleet float64, live int) int {
 	return d.window
 }
 
-// widen is one delivered attempt's growth of the first-contact window.
-// d.mu held.
+// widen is one answered attempt's growth of the first-contact window
+// (attemptOutcome.answered: any answer but a throttle). d.mu held.
 func (d *dest) widen() {
 	if d.window > 0 && d.window < windowOpen {
 		d.window++

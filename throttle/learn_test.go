@@ -999,6 +999,60 @@ func TestFirstContactWindow(t *testing.T) {
 	}
 }
 
+// TestFirstContactWindowWidensOnAnswers: the first-contact window widens
+// on every attempt the server answers with other than a throttle, not on
+// deliveries alone: a destination that greylists or bounces most of what
+// it is sent opens up round trip by round trip as one that delivers does.
+// Before, it stayed at LearnInitial (2) in flight fleet-wide for good:
+// 4,000 answered attempts left the window at 2. A throttle, about the
+// destination, a mailbox or connections, does not widen it.
+func TestFirstContactWindowWidensOnAnswers(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *Config) { c.MaxWait = time.Hour }) // LearnInitial 2
+	bounce := classify.Result{Class: classify.Permanent, Scope: classify.ScopeRecipient, Rule: "user-unknown", Code: 550}
+	grey := classify.Result{Class: classify.Transient, Scope: classify.ScopeRecipient, Rule: "greylist", Code: 450}
+	mailbox := classify.Result{Class: classify.Throttled, Scope: classify.ScopeRecipient, Rule: "mailbox-rate", Code: 452}
+	want := DefaultLearnInitial
+	for _, c := range []struct {
+		res    classify.Result
+		widens bool
+	}{{bounce, true}, {grey, true}, {mailbox, false}, {resConn, false}, {resConnFail, false}, {resDelivered, true}} {
+		attempt(t, a, "g.test", c.res)
+		if c.widens {
+			want++
+		}
+		if s := a.Snapshot("g.test"); s.FirstWindow != want {
+			t.Fatalf("after %s: window %d, want %d", c.res.Rule, s.FirstWindow, want)
+		}
+	}
+
+	// Round trips of answers that deliver nothing: the window doubles on
+	// each, as it does on deliveries, and is soon wider than a worker's
+	// delivery slots.
+	for round := range 5 {
+		var ps []Permit
+		for {
+			p, r := a.Admit(ctxT(t), "b.test", "", "")
+			if p == nil {
+				if r.Reason != "window" {
+					t.Fatalf("refused %+v, want the window", r)
+				}
+				break
+			}
+			ps = append(ps, p)
+		}
+		if want := DefaultLearnInitial << round; len(ps) != want {
+			t.Fatalf("round %d: %d admitted, want %d", round, len(ps), want)
+		}
+		for i, p := range ps {
+			p.Done([]classify.Result{[]classify.Result{bounce, grey}[i%2]})
+		}
+	}
+	if s := a.Snapshot("b.test"); s.FirstWindow < 64 {
+		t.Fatalf("window %d after five round trips of bounces and greylisting, want 64", s.FirstWindow)
+	}
+}
+
 // twoWorkers starts two workers on one KV store, both live.
 func twoWorkers(t *testing.T) (a, b *Throttle) {
 	env := startKV(t)

@@ -298,15 +298,56 @@ func (t *Throttle) transition(dest, change, from, to, reason string) {
 		Str("reason", reason).Str("by", t.cfg.WorkerID).Msg("destination state changed")
 }
 
-// recovered calls OnRecover for dest on its own goroutine.
+// recovered calls OnRecover for dest on its own goroutine (finding the
+// rate may look up the domain's group).
 func (t *Throttle) recovered(d *dest, s DestState, why string) {
-	rate := t.fleetRate(d.limits, s, t.now())
-	t.log.Info().Str("dest", d.name).Str("reason", why).Float64("rate", rate).Str("by", t.cfg.WorkerID).
-		Msg("destination recovered; releasing deferred envelopes")
-	if t.cfg.OnRecover == nil {
-		return
+	t.goSafe("on-recover", func() {
+		rate := t.recoverRate(d, s)
+		t.log.Info().Str("dest", d.name).Str("reason", why).Float64("rate", rate).Str("by", t.cfg.WorkerID).
+			Msg("destination recovered; releasing deferred envelopes")
+		if t.cfg.OnRecover != nil {
+			t.cfg.OnRecover(d.name, rate)
+		}
+	})
+}
+
+// recoverRate is the fleet rate at which d's deferred mail is released
+// when it recovers with the state s: its own, or for one domain of a
+// provider group suspended by itself, the group's. That domain's mail is
+// admitted in the group's budget, and its own limits are only the
+// defaults: with google configured at 50/s and no --dest-rate, the release
+// of a.test's mail was not paced at all.
+func (t *Throttle) recoverRate(d *dest, s DestState) float64 {
+	now := t.now()
+	name, source := SplitPair(d.name)
+	group := name
+	if !t.groups.isGroup(name) {
+		group = t.Group(name)
 	}
-	t.goSafe("on-recover", func() { t.cfg.OnRecover(d.name, rate) })
+	if group == name {
+		return t.fleetRate(d.limits, s, now)
+	}
+	group = PairName(group, source)
+	t.mu.RLock()
+	g := t.dests[group]
+	t.mu.RUnlock()
+	if g == nil {
+		return t.fleetRate(t.limitsOf(group), DestState{Dest: group}, now)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return t.fleetRate(g.limits, g.state, now)
+}
+
+// Recovers reports whether the recovery of dest (OnRecover) releases the
+// deferred mail to the recipient domain: dest is the domain's destination
+// (its group, with GroupByMX), or the domain itself, suspended by itself
+// inside its group. (Matched by group alone, a domain's own recovery
+// released none of its mail.)
+func (t *Throttle) Recovers(dest, domain string) bool {
+	dest, _ = SplitPair(dest)
+	domain = NormalizeDest(domain)
+	return domain == dest || t.Group(domain) == dest
 }
 
 // fleetRate is the destination's effective fleet rate: configured (or

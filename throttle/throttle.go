@@ -142,8 +142,9 @@ type Config struct {
 	LearnMin float64
 	// LearnInitial is the fleet's attempts in flight to a destination
 	// with no rate yet, split between the live workers (at least one
-	// each); each delivered attempt widens a worker's share by one (see
-	// firstWindow). Default DefaultLearnInitial; negative: no window.
+	// each); each attempt the server answered with other than a throttle
+	// (delivered, bounced, greylisted) widens a worker's share by one
+	// (see firstWindow). Default DefaultLearnInitial; negative: no window.
 	LearnInitial int
 	// TenantWeights weigh tenants' shares of a destination's rate when
 	// several have mail waiting for it; a tenant not listed weighs 1.
@@ -175,7 +176,9 @@ type Config struct {
 	// destination's suspension ends (by time or by Resume) or its breaker
 	// closes, with the destination's fleet rate (messages/s, 0 =
 	// unlimited): the deferred envelopes of that destination should be
-	// released at that rate, oldest first. It runs on its own goroutine;
+	// released at that rate, oldest first (those whose domain Recovers
+	// names: for one domain of a provider group suspended by itself, its
+	// own mail, and the rate is the group's). It runs on its own goroutine;
 	// Close waits for it, so a long release should watch its own context.
 	OnRecover func(dest string, rate float64)
 	// Logger receives one line per state transition. It is expected to
@@ -564,30 +567,52 @@ func (t *Throttle) Group(domain string) string {
 // rate share either grants (after waiting up to MaxWait for its token) or
 // refuses with the time of the token it reserved ("rate"), so deferred
 // envelopes come back spaced at the rate, in the tenant's share of the
-// destination's virtual queue (see slot). A context cancelled while
-// waiting refuses with "canceled".
+// destination's virtual queue (see slot). An admission waiting for its
+// token is refused as a new one would be when a suspension, an open
+// breaker or a slower rate that puts its turn beyond MaxWait comes
+// meanwhile. A context cancelled while waiting refuses with "canceled".
 func (t *Throttle) Admit(ctx context.Context, domain, tenant, source string) (Permit, Refusal) {
 	name := t.Group(domain)
+	var up above
 	if name != domain {
 		// One domain of a provider group suspended by itself (`dest
 		// suspend a.test` while a.test is in google's group) stops that
 		// domain's mail; the group's limits and state go on for the rest.
-		if r, suspended := t.wholeSuspended(domain); suspended {
-			return nil, r
-		}
+		up.domain = domain
 	}
 	if source != "" {
-		if r, suspended := t.wholeSuspended(name); suspended {
-			return nil, r
-		}
+		up.dest = name
 		name = PairName(name, source)
 	}
+	if r, suspended := t.suspendedAbove(up); suspended {
+		return nil, r
+	}
 	for {
-		p, r, again := t.admit(ctx, t.getDest(name), tenant)
+		p, r, again := t.admit(ctx, t.getDest(name), tenant, up)
 		if !again {
 			return p, r
 		}
 	}
+}
+
+// above names the suspensions an admission meets before its
+// destination's own state: the domain, when it is one of a provider
+// group's (suspended by itself), and the destination, when the admission
+// is for a (destination, source) pair. Empty: none.
+type above struct{ domain, dest string }
+
+// suspendedAbove refuses an admission that a suspension above its
+// destination's own state stops (see above).
+func (t *Throttle) suspendedAbove(up above) (Refusal, bool) {
+	for _, name := range [...]string{up.domain, up.dest} {
+		if name == "" {
+			continue
+		}
+		if r, suspended := t.wholeSuspended(name); suspended {
+			return r, true
+		}
+	}
+	return Refusal{}, false
 }
 
 // maxWait is how long an admission may wait for turn k: MaxWait, or on a
@@ -616,7 +641,7 @@ func suspendedRefusal(until, now time.Time) Refusal {
 	return Refusal{Until: until, Reason: "suspended"}
 }
 
-func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, Refusal, bool) {
+func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) (Permit, Refusal, bool) {
 	now := t.now()
 	live := t.liveCount()
 	d.mu.Lock()
@@ -630,23 +655,10 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 	d.lastUsed = now
 	d.seen(tenant, now)
 	st := &d.state
-	if st.Suspended(now) {
-		until := st.SuspendedUntil
-		d.mu.Unlock()
-		return nil, suspendedRefusal(until, now), false
-	}
 	probe := false
-	switch st.BreakerAt(now) {
-	case BreakerOpen:
-		until := st.BreakerUntil
+	if r, refused := t.stateRefuses(d, now, &probe); refused {
 		d.mu.Unlock()
-		return nil, Refusal{Until: until, Reason: "breaker-open"}, false
-	case BreakerHalfOpen:
-		if d.probing {
-			d.mu.Unlock()
-			return nil, Refusal{Until: now.Add(t.cfg.BreakerCooldown), Reason: "breaker-half-open"}, false
-		}
-		d.probing, probe = true, true
+		return nil, r, false
 	}
 	if c := shareConns(fleetConns(d.limits, *st, now), live); c > 0 && d.inflight >= c {
 		d.lastConnLim = now
@@ -722,13 +734,30 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		case <-ctx.Done():
 			tm.Stop()
 			d.mu.Lock()
-			d.inflight--
-			if probe {
-				d.probing = false
-			}
+			d.unreserve(probe)
 			d.bucket.refund(at) // the token was not used
 			d.mu.Unlock()
 			return nil, Refusal{Until: t.now(), Reason: "canceled"}, false
+		}
+		// What came while this admission waited refuses it as it would
+		// refuse a new one: a suspension (of the destination, or above
+		// it), an open breaker, a half-open one whose probe is out.
+		// Before, a send due 2 s after a suspension went out 1.8 s into it.
+		if r, suspended := t.suspendedAbove(up); suspended {
+			d.mu.Lock()
+			d.unreserve(probe)
+			d.bucket.refund(at)
+			d.mu.Unlock()
+			return nil, r, false
+		}
+		live := t.liveCount()
+		d.mu.Lock()
+		now = t.now()
+		if r, refused := t.stateRefuses(d, now, &probe); refused {
+			d.unreserve(probe)
+			d.bucket.refund(at)
+			d.mu.Unlock()
+			return nil, r, false
 		}
 		// When the rate went down while this admission waited, its turn
 		// was given at the old spacing: it takes the next turn at the new
@@ -737,9 +766,6 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		// turns in that order, so each tenant keeps its place: a tenant's
 		// mail within its share is not sent behind a backlog's
 		// re-reservations into the virtual queue.
-		live := t.liveCount()
-		d.mu.Lock()
-		now = t.now()
 		fleet := t.fleetRate(d.limits, d.state, now)
 		if fleet > 0 {
 			d.setShare(now, fleet/float64(live))
@@ -748,9 +774,24 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 			d.mu.Unlock()
 			break
 		}
-		gen, reserved, cutSeen = d.bucket.gen, now, d.state.LearnedCutAt
 		due := d.bucket.reserve(now)
-		at = t.turnOf(d, fleet, live, now).next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
+		k := t.turnOf(d, fleet, live, now)
+		next := k.next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
+		if next.Sub(now) > t.maxWait(k) {
+			// The new turn is further than a new admission would wait
+			// for: this one does not hold its delivery slot and its
+			// place in flight for it either (30 admissions waiting at
+			// 20/s when an operator pinned 1/s held theirs for up to
+			// 27 s). It hands the token back and takes its tenant's next
+			// place in the virtual queue, as a new admission would.
+			d.bucket.refund(due) // the new turn's; the old one's went with the cut
+			until := d.slot(tenant, next, now, fleet, t.weight, t.horizon(d, now))
+			d.unreserve(probe)
+			d.mu.Unlock()
+			return nil, Refusal{Until: until, Reason: "rate"}, false
+		}
+		gen, reserved, cutSeen = d.bucket.gen, now, d.state.LearnedCutAt
+		at = next
 		if at.After(d.lastTurn) {
 			d.lastTurn = at
 			d.bucket.spend(at)
@@ -759,6 +800,40 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string) (Permit, R
 		d.mu.Unlock()
 	}
 	return &permit{t: t, d: d, probe: probe, factor: factor, sent: laterOf(reserved, at), cutSeen: cutSeen}, Refusal{}, false
+}
+
+// stateRefuses is what d's state refuses an admission at now for: a
+// suspension, an open breaker, a half-open one whose probe is out
+// (otherwise the admission becomes the probe, *probe). It is asked of a
+// new admission and again of one waiting for its turn at each wake-up,
+// so that what came meanwhile stops it as it would stop a new one.
+// d.mu held.
+func (t *Throttle) stateRefuses(d *dest, now time.Time, probe *bool) (Refusal, bool) {
+	st := &d.state
+	if st.Suspended(now) {
+		return suspendedRefusal(st.SuspendedUntil, now), true
+	}
+	switch st.BreakerAt(now) {
+	case BreakerOpen:
+		return Refusal{Until: st.BreakerUntil, Reason: "breaker-open"}, true
+	case BreakerHalfOpen:
+		if !*probe {
+			if d.probing {
+				return Refusal{Until: now.Add(t.cfg.BreakerCooldown), Reason: "breaker-half-open"}, true
+			}
+			d.probing, *probe = true, true
+		}
+	}
+	return Refusal{}, false
+}
+
+// unreserve undoes an admission refused while it waited for its turn: its
+// place in flight, and its probe. d.mu held.
+func (d *dest) unreserve(probe bool) {
+	d.inflight--
+	if probe {
+		d.probing = false
+	}
 }
 
 // setShare sets this worker's share of the destination's rate on its
@@ -844,6 +919,11 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 	// learned rate where none is configured (learn.go).
 	if o.delivered {
 		d.delivered.add(now, 1, cfg.LearnWindow)
+	}
+	if o.answered {
+		// Any answer but a throttle: a destination that bounces or
+		// greylists most of what it is sent stayed at LearnInitial in
+		// flight for good when only deliveries widened the window.
 		d.widen()
 	}
 	if o.connThrottled {

@@ -266,6 +266,95 @@ func TestSuspensionEndsByTimeAndRecoversOnce(t *testing.T) {
 	}
 }
 
+// TestWaitingAdmissionMeetsWhatCameMeanwhile: an admission waiting for its
+// turn is refused, when it wakes, by a suspension or an open breaker that
+// came while it waited, as a new admission would be, and gives its place
+// in flight back. Before, it was granted: each below about a second after
+// the suspension or the breaker came.
+func TestWaitingAdmissionMeetsWhatCameMeanwhile(t *testing.T) {
+	type result struct {
+		p Permit
+		r Refusal
+	}
+	// waiting admits once (the bucket's token, returned), then starts an
+	// admission that waits for its turn a second later.
+	waiting := func(t *testing.T, th *Throttle, domain, name string) <-chan result {
+		t.Helper()
+		mustAdmit(t, th, domain).Done([]classify.Result{resDelivered})
+		got := make(chan result, 1)
+		go func() {
+			p, r := th.Admit(context.Background(), domain, "", "")
+			got <- result{p, r}
+		}()
+		d := th.getDest(name)
+		eventually(t, 5*time.Second, "an admission waiting for its turn", func() bool {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return d.inflight == 1
+		})
+		return got
+	}
+	refused := func(t *testing.T, th *Throttle, got <-chan result, name, reason string, until time.Time) {
+		t.Helper()
+		res := <-got
+		if res.p != nil {
+			res.p.Done(nil)
+			t.Fatalf("the waiting admission was granted, want refused %q: it came while it waited", reason)
+		}
+		if res.r.Reason != reason || res.r.Until.Sub(until).Abs() > time.Second {
+			t.Fatalf("refused %+v, want %q until %v", res.r, reason, until)
+		}
+		if n := th.Snapshot(name).InFlight; n != 0 {
+			t.Fatalf("%d in flight after the refusal, want 0", n)
+		}
+	}
+	slow := func(c *Config) { c.Defaults.Rate, c.MaxWait = 1, 3*time.Second }
+
+	t.Run("suspension", func(t *testing.T) {
+		env := startKV(t)
+		a := newThrottle(t, env, "a", slow)
+		got := waiting(t, a, "w.test", "w.test")
+		until := time.Now().Add(30 * time.Minute)
+		if err := Suspend(ctxT(t), env.state, "w.test", until, "stop now", "ops"); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, a, got, "w.test", "suspended", until)
+	})
+	t.Run("breaker", func(t *testing.T) {
+		env := startKV(t)
+		a := newThrottle(t, env, "a", func(c *Config) { slow(c); c.BreakerFailures, c.BreakerCooldown = 1, time.Minute })
+		p := mustAdmit(t, a, "w.test")
+		got := make(chan result, 1)
+		go func() {
+			p, r := a.Admit(context.Background(), "w.test", "", "")
+			got <- result{p, r}
+		}()
+		d := a.getDest("w.test")
+		eventually(t, 5*time.Second, "an admission waiting for its turn", func() bool {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return d.inflight == 2
+		})
+		p.Done([]classify.Result{resConnFail}) // opens the breaker for a minute
+		refused(t, a, got, "w.test", "breaker-open", time.Now().Add(time.Minute))
+	})
+	t.Run("one domain of a group", func(t *testing.T) {
+		env := startKV(t)
+		res := &fakeMX{calls: map[string]int{}, zone: map[string][]string{"a.test": {"aspmx.l.google.com."}}}
+		a := newThrottle(t, env, "a", func(c *Config) {
+			slow(c)
+			c.GroupByMX, c.Groups, c.Resolver = true, DefaultGroups(), res
+			c.Overrides = map[string]Limits{"google": {Rate: 1}}
+		})
+		got := waiting(t, a, "a.test", "google")
+		until := time.Now().Add(30 * time.Minute)
+		if err := Suspend(ctxT(t), env.state, "a.test", until, "its owner asked", "ops"); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, a, got, "google", "suspended", until)
+	})
+}
+
 func TestWorkerShareFollowsRegistry(t *testing.T) {
 	env := startKV(t)
 	mod := func(c *Config) {

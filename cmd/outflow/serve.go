@@ -475,13 +475,14 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 		// leaves the rest on their own schedules, each rewrite whole.
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 		defer cancel()
-		// A plain domain is found through the lane subjects; a provider
-		// group by asking, for each deferred envelope, which group its
-		// domain belongs to.
+		// A plain domain is found through the lane subjects; with provider
+		// groups by asking, for each deferred envelope, whether its domain
+		// is the destination or belongs to it: a group, or one domain of a
+		// group suspended by itself (whose mail the group's match missed).
 		dest, _ = throttle.SplitPair(dest) // one egress address recovered: release the destination's mail
 		domain, match := dest, (func(string) bool)(nil)
 		if t := tp.Load(); tc.GroupByMX && t != nil {
-			domain, match = "", func(d string) bool { return t.Group(d) == dest }
+			domain, match = "", func(d string) bool { return t.Recovers(dest, d) }
 		}
 		var offset time.Duration
 		if t := tp.Load(); t != nil {
