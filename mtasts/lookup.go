@@ -270,12 +270,20 @@ const (
 	refreshRetry = time.Hour
 )
 
-// refreshDue starts a background fetch of the valid policy in e when it
-// is due (refreshAfter): the lookup that finds it due still answers with
-// the cached policy, and a refresh that fails keeps it. c.mu is held.
-func (c *Client) refreshDue(e *entry, domain, id string, now time.Time) {
+// dueForRefresh reports whether e holds a policy in force that is due to
+// be fetched again (refreshAfter), with no fetch running and no refresh
+// tried within refreshRetry. c.mu is held.
+func (e *entry) dueForRefresh(now time.Time) bool {
 	p := e.policy
-	if e.fetching != nil || now.Before(e.refreshAt) || now.Before(p.Fetched.Add(min(p.MaxAge/2, refreshAfter))) {
+	return p != nil && e.fetching == nil && now.Before(p.Expires()) && !now.Before(e.refreshAt) &&
+		!now.Before(p.Fetched.Add(min(p.MaxAge/2, refreshAfter)))
+}
+
+// refreshDue starts a background fetch of the valid policy in e when it
+// is due: the lookup that finds it due still answers with the cached
+// policy, and a refresh that fails keeps it. c.mu is held.
+func (c *Client) refreshDue(e *entry, domain, id string, now time.Time) {
+	if !e.dueForRefresh(now) {
 		return
 	}
 	e.refreshAt = now.Add(refreshRetry)
@@ -297,8 +305,7 @@ func (c *Client) Refresh(ctx context.Context) int {
 	c.mu.Lock()
 	var due []string
 	for d, e := range c.entries {
-		if p := e.policy; p != nil && e.fetching == nil && now.Before(p.Expires()) && !now.Before(e.refreshAt) &&
-			!now.Before(p.Fetched.Add(min(p.MaxAge/2, refreshAfter))) {
+		if e.dueForRefresh(now) {
 			due = append(due, d)
 		}
 	}
@@ -322,7 +329,7 @@ func (c *Client) Refresh(ctx context.Context) int {
 		}
 		now := c.cfg.Now()
 		c.mu.Lock()
-		if e := c.entries[d]; e != nil && e.policy != nil && e.fetching == nil && !now.Before(e.refreshAt) {
+		if e := c.entries[d]; e != nil && e.dueForRefresh(now) {
 			e.refreshAt = now.Add(refreshRetry)
 			c.startFetch(e, d, id)
 			running = append(running, e.fetching)
