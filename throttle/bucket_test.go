@@ -267,6 +267,77 @@ func TestWaitingAdmissionBeyondMaxWaitAfterACut(t *testing.T) {
 	}
 }
 
+// TestWaitingAdmissionOverItsShareAfterACut: an admission that takes a new
+// turn after a cut is asked again whether its tenant is over its share of
+// the destination, as a new admission is: a tenant whose twelve
+// admissions wait for turns while another tenant's one waits too gives
+// up those beyond its share, into its virtual queue, rather than take
+// every new turn. Before, all twelve took new turns at the cut's spacing
+// (the last 2.4 s after the cut, within max-wait), ahead of the other
+// tenant's.
+func TestWaitingAdmissionOverItsShareAfterACut(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *Config) {
+		c.Defaults.Rate = 10         // turns 100 ms apart; the cut below halves it
+		c.MaxWait = 10 * time.Second // no new turn lies beyond it
+	})
+	const dom = "fair.test"
+	first, r := a.Admit(ctxT(t), dom, "campaign", "") // the bucket's one token
+	if first == nil {
+		t.Fatalf("refused: %+v", r)
+	}
+	type result struct {
+		tenant string
+		r      Refusal
+	}
+	results := make(chan result, 13)
+	ask := func(tenant string) {
+		p, r := a.Admit(context.Background(), dom, tenant, "")
+		if p != nil {
+			p.Done([]classify.Result{resDelivered})
+		}
+		results <- result{tenant, r}
+	}
+	d := a.getDest(dom)
+	inflight := func(n int) func() bool {
+		return func() bool {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return d.inflight == n
+		}
+	}
+	for range 12 {
+		go ask("campaign")
+	}
+	eventually(t, 5*time.Second, "twelve of the campaign's admissions waiting, 100 ms to 1.2 s ahead", inflight(13))
+	go ask("resets")
+	eventually(t, 5*time.Second, "the other tenant's admission waiting behind them", inflight(14))
+	first.Done([]classify.Result{resThrottled}) // 10/s × 0.5: one send per 200 ms
+	refused := map[string]int{}
+	for range 13 {
+		res := <-results
+		switch res.r.Reason {
+		case "":
+		case "rate":
+			refused[res.tenant]++
+		default:
+			t.Errorf("%s refused: %+v, want granted or refused for the rate", res.tenant, res.r)
+		}
+	}
+	if refused["resets"] != 0 {
+		t.Errorf("the other tenant's one admission refused")
+	}
+	// At 5/s a period is 200 ms: the campaign is over its share while
+	// its others waiting reach more than a second past the other
+	// tenant's one (200 ms): seven or more of them.
+	if n := refused["campaign"]; n < 3 {
+		t.Fatalf("%d of the campaign's 12 waiting admissions refused after the cut: want those over its share sent to the virtual queue", n)
+	}
+	if n := a.Snapshot(dom).InFlight; n != 0 {
+		t.Errorf("%d in flight after every admission was done or refused", n)
+	}
+}
+
 // TestRateThatComesBackSpacesFromTheLastSend: a destination that loses its
 // rate (forgotten, or cleared by an operator) drops its bucket, so a rate
 // that comes back later starts one period after the last send, made

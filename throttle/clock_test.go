@@ -254,3 +254,51 @@ func TestSubSecondSkewKeepsTheLearnedGrid(t *testing.T) {
 		}
 	}
 }
+
+// TestStatesReadAtStartAreOnTheWorkersClock: a worker that starts after a
+// learned grid and a suspension were written reads them onto its own
+// clock at once, not only after their destinations' next write: the grid
+// moved by its 250 ms, the suspension by its two hours. Before, the
+// states were loaded before the worker had measured its offset from the
+// server, and were moved by zero: its turns fell 250 ms off the grid, and
+// the worker two hours ahead took the suspension as over and sent.
+func TestStatesReadAtStartAreOnTheWorkersClock(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", nil)
+	var written time.Time
+	if _, after, _, _, err := updateStateIn(ctxT(t), env.state, "start.test", "a", a.frame(), func(s *DestState, now time.Time) bool {
+		s.LearnedRate, s.LearnedHold, s.LearnedNext, s.LearnedCutAt = 4, now.Add(time.Hour), now.Add(time.Hour), now
+		s.regrid(now, 0, 4)
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	} else {
+		written = after.Grid[0].From
+	}
+	if err := Suspend(ctxT(t), env.state, "held.test", time.Now().Add(10*time.Minute), "maintenance", "ops"); err != nil {
+		t.Fatal(err)
+	}
+
+	const skew = 250 * time.Millisecond
+	b := newThrottle(t, env, "b", func(c *Config) { c.Now = skewedBy(skew) })
+	d := b.lookDest("start.test")
+	if d == nil {
+		t.Fatal("b has no state for start.test after its start")
+	}
+	d.mu.Lock()
+	from := d.state.Grid[0].From
+	d.mu.Unlock()
+	if off := from.Sub(written.Add(skew)); off.Abs() > 100*time.Millisecond {
+		t.Errorf("b's grid starts %v off its clock's reading of it (written %v, read %v, b %v ahead)", off, written, from, skew)
+	}
+
+	ahead := newThrottle(t, env, "ahead", func(c *Config) { c.Now = skewedBy(2 * time.Hour) })
+	p, r := ahead.Admit(ctxT(t), "held.test", "", "")
+	if p != nil {
+		p.Done(nil)
+		t.Fatal("a worker two hours ahead, started after the suspension, sent to the suspended destination")
+	}
+	if left := r.Until.Sub(ahead.now()); r.Reason != "suspended" || (left-10*time.Minute).Abs() > 5*time.Second {
+		t.Errorf("refused %q for %v more on its clock, want suspended for about 10m", r.Reason, left.Round(time.Second))
+	}
+}

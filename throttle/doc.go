@@ -28,8 +28,10 @@
 // and tenants share a busy destination fairly. An admission waiting for
 // its token is asked again at each wake-up what a new one would be: a
 // suspension or an open breaker that came meanwhile refuses it, and so
-// does a rate gone down whose new turn for it lies beyond MaxWait
-// (Throttle.admit).
+// does a rate gone down whose new turn for it lies beyond MaxWait or
+// finds its tenant over its share (Throttle.admit). A virtual queue whose
+// rate climbs back by itself (learned, cut by a factor, pinned for a
+// while) gives places only a horizon ahead (learn_apply.go, parking).
 //
 // With more than one live worker, the workers take turns: each send waits
 // for its worker's next slot on a grid the fleet shares per destination
@@ -43,6 +45,10 @@
 // (destination, source address) pair instead, named "DEST@SOURCE"
 // (source.go, PairName), since providers limit and block per sending IP; a
 // suspension of the destination itself still holds for every source.
+//
+// A domain folded into a provider group is held to the limits set on it
+// by itself (a suspension, a rate pin, a connection limit, of the domain
+// or from one source) on top of the group's (own.go).
 //
 // Gate (gate.go) is everything the delivery loop gets from the throttle:
 // the destination's group, admission in a tenant's share and from an

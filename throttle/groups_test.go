@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/outflow/outflow/classify"
 )
 
 // fakeMX resolves from a map and counts lookups.
@@ -188,5 +190,157 @@ func TestResumeOneDomainOfAGroup(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%s resumed: no OnRecover", dest)
 		}
+	}
+}
+
+// ownFlight is th's attempts in flight under dest's own limits (own.go).
+func ownFlight(th *Throttle, dest string) int {
+	d := th.lookDest(dest)
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ownFlight
+}
+
+// TestOwnLimitsOfOneDomainOfAGroup: a rate pin, a connection limit and a
+// suspension from one source, set on a.test while a.test is in google's
+// group, hold for a.test's mail on top of the group's budget, and leave
+// the rest of the group alone. Before, the pin and the connection limit
+// were stored and printed as in force, and admission read google's state
+// alone; so was the pair a.test@SOURCE's suspension.
+func TestOwnLimitsOfOneDomainOfAGroup(t *testing.T) {
+	env := startKV(t)
+	res := &fakeMX{calls: map[string]int{}, zone: map[string][]string{"a.test": {"aspmx.l.google.com."}, "b.test": {"alt2.aspmx.l.google.com."}}}
+	th := newThrottle(t, env, "a", func(c *Config) {
+		c.GroupByMX, c.Groups, c.Resolver = true, DefaultGroups(), res
+		c.NoLearn = true // google without a rate: only a.test's own limits hold
+		c.MaxWait = -1   // never wait for a token: a second within the pin's period is refused
+	})
+	if g := th.Group("a.test"); g != "google" {
+		t.Fatalf("Group(a.test) = %q", g)
+	}
+	ctx := ctxT(t)
+	seen := func(dest string, cond func(s DestState) bool) {
+		t.Helper()
+		eventually(t, 5*time.Second, dest+"'s state seen", func() bool {
+			d := th.lookDest(dest)
+			if d == nil {
+				return false
+			}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return cond(d.state)
+		})
+	}
+
+	// A pin of 1/s: the first send goes, the next within the second is
+	// refused for the rate, at the pin's spacing; b.test goes on.
+	if err := SetRate(ctx, env.state, "a.test", 1, time.Time{}, "ops"); err != nil {
+		t.Fatal(err)
+	}
+	seen("a.test", func(s DestState) bool { return s.RateOverride == 1 })
+	if ok, r := admitted(t, th, "a.test", "", resDelivered); !ok {
+		t.Fatalf("a.test's first send refused: %+v", r)
+	}
+	ok, r := admitted(t, th, "a.test", "", resDelivered)
+	if ok || r.Reason != "rate" {
+		t.Fatalf("a.test's second send within its pinned 1/s: admitted %v, %+v; want refused for the rate", ok, r)
+	}
+	if ahead := time.Until(r.Until); ahead < 800*time.Millisecond || ahead > 1200*time.Millisecond {
+		t.Errorf("a.test's next place %v ahead, want the pin's period, 1 s", ahead.Round(time.Millisecond))
+	}
+	for range 5 {
+		if ok, r := admitted(t, th, "b.test", "", resDelivered); !ok {
+			t.Fatalf("b.test, of the same group, refused: %+v", r)
+		}
+	}
+	if n := ownFlight(th, "a.test"); n != 0 {
+		t.Errorf("a.test: %d in flight after every attempt was done or refused", n)
+	}
+	if err := SetRate(ctx, env.state, "a.test", 0, time.Time{}, "ops"); err != nil {
+		t.Fatal(err)
+	}
+	seen("a.test", func(s DestState) bool { return s.RateOverride == 0 })
+
+	// A connection limit of one: a second attempt while the first is out
+	// is refused "conns".
+	if err := SetConns(ctx, env.state, "a.test", 1, time.Time{}, "ops"); err != nil {
+		t.Fatal(err)
+	}
+	seen("a.test", func(s DestState) bool { return s.ConnsOverride == 1 })
+	first := mustAdmit(t, th, "a.test")
+	if ok, r := admitted(t, th, "a.test", "", resDelivered); ok || r.Reason != "conns" {
+		t.Errorf("a.test's second connection under its limit of one: admitted %v, %+v; want refused \"conns\"", ok, r)
+	}
+	if ok, r := admitted(t, th, "b.test", "", resDelivered); !ok {
+		t.Errorf("b.test refused while a.test holds its one connection: %+v", r)
+	}
+	first.Done([]classify.Result{resDelivered})
+	if ok, r := admitted(t, th, "a.test", "", resDelivered); !ok {
+		t.Errorf("a.test refused with its one connection free again: %+v", r)
+	}
+
+	// A suspension of a.test from one source stops that address only.
+	if err := Suspend(ctx, env.state, PairName("a.test", "192.0.2.10"), time.Now().Add(time.Hour), "blocked", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	seen(PairName("a.test", "192.0.2.10"), func(s DestState) bool { return !s.SuspendedUntil.IsZero() })
+	if ok, r := admitted(t, th, "a.test", "192.0.2.10", resDelivered); ok || r.Reason != "suspended" {
+		t.Errorf("a.test from its suspended address: admitted %v, %+v; want refused \"suspended\"", ok, r)
+	}
+	for _, c := range []struct{ domain, source string }{{"a.test", "192.0.2.11"}, {"b.test", "192.0.2.10"}} {
+		if ok, r := admitted(t, th, c.domain, c.source, resDelivered); !ok {
+			t.Errorf("%s from %s refused: %+v", c.domain, c.source, r)
+		}
+	}
+}
+
+// TestOwnPinWaitsApartFromTheGroup: an attempt to a domain pinned by
+// itself inside its group waits for the pin's token before it reserves
+// the group's, so the rest of the group is not held behind it.
+func TestOwnPinWaitsApartFromTheGroup(t *testing.T) {
+	env := startKV(t)
+	res := &fakeMX{calls: map[string]int{}, zone: map[string][]string{"a.test": {"aspmx.l.google.com."}, "b.test": {"alt2.aspmx.l.google.com."}}}
+	th := newThrottle(t, env, "a", func(c *Config) {
+		c.GroupByMX, c.Groups, c.Resolver = true, DefaultGroups(), res
+		c.Overrides = map[string]Limits{"google": {Rate: 20}}
+		c.MaxWait = 2 * time.Second
+	})
+	if err := SetRate(ctxT(t), env.state, "a.test", 2, time.Time{}, "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "a.test's pin seen", func() bool {
+		d := th.lookDest("a.test")
+		if d == nil {
+			return false
+		}
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.state.RateOverride == 2
+	})
+	attempt(t, th, "a.test", resDelivered)
+	start := time.Now()
+	second := make(chan time.Duration, 1)
+	go func() {
+		p, r := th.Admit(context.Background(), "a.test", "", "")
+		if p == nil {
+			t.Errorf("a.test's second send refused: %+v", r)
+			second <- 0
+			return
+		}
+		second <- time.Since(start)
+		p.Done([]classify.Result{resDelivered})
+	}()
+	eventually(t, 5*time.Second, "a.test's second send waiting for its token", func() bool {
+		return ownFlight(th, "a.test") == 1
+	})
+	attempt(t, th, "b.test", resDelivered)
+	if el := time.Since(start); el > 300*time.Millisecond {
+		t.Errorf("b.test admitted %v in, behind a.test's pinned turn", el.Round(time.Millisecond))
+	}
+	if el := <-second; el < 400*time.Millisecond {
+		t.Errorf("a.test's second send %v after its first, want the pin's 500 ms", el.Round(time.Millisecond))
 	}
 }

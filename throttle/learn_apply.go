@@ -162,6 +162,15 @@ func (d *dest) overShare(tenant string, now time.Time) bool {
 	return false
 }
 
+// overShareWaiting is overShare asked for an admission of tenant's that
+// is already waiting in process for its turn (counted in d.held): as a
+// new admission would be asked, without counting itself. d.mu held.
+func (d *dest) overShareWaiting(tenant string, now time.Time) bool {
+	d.hold(tenant, -1)
+	defer d.hold(tenant, 1)
+	return d.overShare(tenant, now)
+}
+
 // ahead is how far ahead tenant's part of d's virtual queues (refused and
 // throttled mail) reaches, or its admissions waiting in process for their
 // turns, one period of this worker's share each, whichever is further. The
@@ -263,11 +272,26 @@ func (t *Throttle) paceDest(d *dest, tenant string, earliest time.Time) (at time
 	return slotIn(&d.thr, &d.thrPark, tenant, first, now, fleet, t.weight, t.horizon(d, now)), by, true
 }
 
-// horizon is how far ahead d's virtual queue gives places: unbounded for a
-// configured rate (it does not climb), parkHorizon and up for a learned
-// one (see parking). d.mu held.
+// horizon is how far ahead d's virtual queue gives places: parkHorizon
+// and up (see parking) while the rate in force is one that climbs back by
+// itself: a learned rate, any rate cut by a factor (it ramps back), and a
+// pin with an end. Unbounded for a configured rate at its full factor and
+// a pin until changed: they stay. (Places given at a factor's cut kept
+// its spacing after the ramp: 10,000 envelopes refused at 10/s cut to
+// 0.5/s, the factor's floor, had places 2 s apart reaching 5.5 hours
+// ahead, and came back at 0.5/s for hours after the factor was 1 again,
+// less than three minutes later.) d.mu held.
 func (t *Throttle) horizon(d *dest, now time.Time) time.Duration {
-	if t.rateSource(d.limits, d.state, now) == "learned" {
+	s := &d.state
+	switch t.rateSource(d.limits, *s, now) {
+	case "learned":
+		return parkHorizon
+	case "pinned":
+		if !s.RateUntil.IsZero() {
+			return parkHorizon
+		}
+	}
+	if s.RateFactor() < 1 {
 		return parkHorizon
 	}
 	return 0

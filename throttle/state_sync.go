@@ -313,11 +313,21 @@ func (t *Throttle) recovered(d *dest, s DestState, why string) {
 
 // recoverRate is the fleet rate at which d's deferred mail is released
 // when it recovers with the state s: its own, or for one domain of a
-// provider group suspended by itself, the group's. That domain's mail is
-// admitted in the group's budget, and its own limits are only the
-// defaults: with google configured at 50/s and no --dest-rate, the release
-// of a.test's mail was not paced at all.
+// provider group suspended by itself, the group's, or the domain's own pin
+// when that is slower (own.go). That domain's mail is admitted in the
+// group's budget, and its configured limits are only the defaults: with
+// google configured at 50/s and no --dest-rate, the release of a.test's
+// mail was not paced at all.
 func (t *Throttle) recoverRate(d *dest, s DestState) float64 {
+	rate := t.groupRecoverRate(d, s)
+	if own, _ := ownLimits(s, t.now()); own > 0 && (rate <= 0 || own < rate) {
+		return own
+	}
+	return rate
+}
+
+// groupRecoverRate is recoverRate without the domain's own pin.
+func (t *Throttle) groupRecoverRate(d *dest, s DestState) float64 {
 	now := t.now()
 	name, source := SplitPair(d.name)
 	group := name
@@ -351,10 +361,15 @@ func (t *Throttle) Recovers(dest, domain string) bool {
 }
 
 // fleetRate is the destination's effective fleet rate: configured (or
-// overridden) times the factor; 0 = unlimited.
+// overridden, or learned) times the factor; 0 = unlimited.
 //
 // In order: an operator's pin (override) times the factor; a learned rate,
-// capped by the configured one; the configured rate times the factor.
+// capped by the configured one, times the factor; the configured rate times
+// the factor. A throttle never moves the factor of a destination that
+// learns (it cuts the learned rate instead), but an automation rule's
+// `factor` does, and it slows a learned rate as it slows a configured one,
+// until it ramps back (rampFactor). Before, a learned rate ignored it: the
+// rule was logged as applied and changed nothing.
 func (t *Throttle) fleetRate(l Limits, s DestState, now time.Time) float64 {
 	r, _ := t.effectiveRate(l, s, now)
 	return r
@@ -374,10 +389,11 @@ func (t *Throttle) effectiveRate(l Limits, s DestState, now time.Time) (float64,
 	}
 	ceil := l.Rate * s.RateFactor()
 	if s.LearnedRate > 0 && !t.cfg.NoLearn {
-		if l.Rate > 0 && ceil < s.LearnedRate {
+		learned := s.LearnedRate * s.RateFactor()
+		if l.Rate > 0 && ceil < learned {
 			return ceil, "configured"
 		}
-		return s.LearnedRate, "learned"
+		return learned, "learned"
 	}
 	if l.Rate <= 0 {
 		return 0, "unlimited"
@@ -504,7 +520,7 @@ func (t *Throttle) evictIdle(now time.Time) {
 	defer t.mu.Unlock()
 	for name, d := range t.dests {
 		d.mu.Lock()
-		if !d.hasState && d.inflight == 0 && d.waiting(now) == 0 && d.pending == 0 && now.Sub(d.lastUsed) > idleEvict {
+		if !d.hasState && d.inflight == 0 && d.ownFlight == 0 && d.waiting(now) == 0 && d.pending == 0 && now.Sub(d.lastUsed) > idleEvict {
 			d.evicted = true
 			delete(t.dests, name)
 		}

@@ -370,6 +370,12 @@ type dest struct {
 	pending  uint8
 	auto     []window // by rule index
 
+	// ownFlight counts the attempts in flight under the limits set on
+	// this domain by itself while it is in a provider group (own.go),
+	// apart from inflight: they are the group's attempts, and counted
+	// there.
+	ownFlight int
+
 	// Learning (learn.go).
 	window      int           // this worker's attempts in flight while the rate is unknown (firstWindow); 0: not in use
 	deferred    *deferredSeed // a first seed held back for another worker's (cutLearnedRate)
@@ -419,7 +425,10 @@ func New(ctx context.Context, cfg Config) (*Throttle, error) {
 	t.live.Store(1)
 	t.ctx, t.cancel = context.WithCancel(ctx)
 	if err := t.start(ctx); err != nil {
-		t.shutdown(false)
+		// Registered before the state was loaded (start): the other
+		// workers would count it live, and give it a share, until its
+		// key expired.
+		t.shutdown(t.cfg.Registry != nil)
 		return nil, err
 	}
 	return t, nil
@@ -429,10 +438,14 @@ func (t *Throttle) start(ctx context.Context) error {
 	lctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 
-	if err := t.follow(lctx, t.cfg.State, "state-watch", "dest state", t.applyState); err != nil {
-		return err
-	}
-
+	// The registry first: this worker's own record, read back, measures
+	// how far its clock is from the server's (clock.go), and the times in
+	// the shared state are moved onto its clock by that as they are read.
+	// Loaded before it, every state was moved by an offset of zero, and
+	// stayed so until its destination's next write: a learned rate's grid
+	// off by the whole offset (a worker 250 ms ahead took its turns with
+	// another's on a 4/s grid), and ends a second or more off kept where
+	// the server's clock put them.
 	if reg := t.cfg.Registry; reg != nil {
 		t.workerTTL = t.cfg.WorkerTTL
 		if t.workerTTL <= 0 {
@@ -448,6 +461,9 @@ func (t *Throttle) start(ctx context.Context) error {
 			return err
 		}
 		t.goSafe("heartbeat", t.heartbeatLoop)
+	}
+	if err := t.follow(lctx, t.cfg.State, "state-watch", "dest state", t.applyState); err != nil {
+		return err
 	}
 	t.goSafe("writer", t.writer)
 	t.goSafe("maintenance", t.maintain)
@@ -569,16 +585,23 @@ func (t *Throttle) Group(domain string) string {
 // envelopes come back spaced at the rate, in the tenant's share of the
 // destination's virtual queue (see slot). An admission waiting for its
 // token is refused as a new one would be when a suspension, an open
-// breaker or a slower rate that puts its turn beyond MaxWait comes
-// meanwhile. A context cancelled while waiting refuses with "canceled".
+// breaker, or a slower rate that puts its turn beyond MaxWait or its
+// tenant over its share comes meanwhile. A domain folded into a provider group is held first to the
+// limits set on it by itself, of the whole domain and from source (a
+// suspension, a rate pin, a connection limit; own.go), then to the
+// group's. A context cancelled while waiting refuses with "canceled".
 func (t *Throttle) Admit(ctx context.Context, domain, tenant, source string) (Permit, Refusal) {
 	name := t.Group(domain)
 	var up above
-	if name != domain {
-		// One domain of a provider group suspended by itself (`dest
-		// suspend a.test` while a.test is in google's group) stops that
-		// domain's mail; the group's limits and state go on for the rest.
-		up.domain = domain
+	if d := NormalizeDest(domain); name != d {
+		// One domain of a provider group with limits of its own (`dest
+		// suspend a.test`, `dest rate a.test --max 1`, or the same of
+		// a.test@SOURCE, while a.test is in google's group) is held to
+		// them; the group's limits and state go on for the rest (own.go).
+		up.domain = d
+		if source != "" {
+			up.pair = PairName(d, source)
+		}
 	}
 	if source != "" {
 		up.dest = name
@@ -587,24 +610,47 @@ func (t *Throttle) Admit(ctx context.Context, domain, tenant, source string) (Pe
 	if r, suspended := t.suspendedAbove(up); suspended {
 		return nil, r
 	}
+	var holds []ownHold
+	if up.domain != "" {
+		var r Refusal
+		var ok bool
+		if holds, r, ok = t.admitOwn(ctx, up, tenant); !ok {
+			return nil, r
+		}
+		if len(holds) > 0 {
+			// It may have waited for the domain's token: what came
+			// meanwhile stops it as it would a new admission.
+			if r, suspended := t.suspendedAbove(up); suspended {
+				t.releaseOwn(holds, true)
+				return nil, r
+			}
+		}
+	}
 	for {
 		p, r, again := t.admit(ctx, t.getDest(name), tenant, up)
-		if !again {
-			return p, r
+		if again {
+			continue
 		}
+		if p == nil {
+			t.releaseOwn(holds, true)
+		} else {
+			p.(*permit).own = holds
+		}
+		return p, r
 	}
 }
 
-// above names the suspensions an admission meets before its
-// destination's own state: the domain, when it is one of a provider
-// group's (suspended by itself), and the destination, when the admission
-// is for a (destination, source) pair. Empty: none.
-type above struct{ domain, dest string }
+// above names what an admission meets before its destination's own
+// state: the domain, when it is one of a provider group's (its own
+// suspension, pin and connection limit; own.go), and that domain from the
+// admission's source (pair); and the destination, when the admission is
+// for a (destination, source) pair (its suspension). Empty: none.
+type above struct{ domain, pair, dest string }
 
 // suspendedAbove refuses an admission that a suspension above its
 // destination's own state stops (see above).
 func (t *Throttle) suspendedAbove(up above) (Refusal, bool) {
-	for _, name := range [...]string{up.domain, up.dest} {
+	for _, name := range [...]string{up.domain, up.pair, up.dest} {
 		if name == "" {
 			continue
 		}
@@ -777,13 +823,19 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		due := d.bucket.reserve(now)
 		k := t.turnOf(d, fleet, live, now)
 		next := k.next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
-		if next.Sub(now) > t.maxWait(k) {
+		if next.Sub(now) > t.maxWait(k) || due.After(now) && d.overShareWaiting(tenant, now) {
 			// The new turn is further than a new admission would wait
 			// for: this one does not hold its delivery slot and its
 			// place in flight for it either (30 admissions waiting at
 			// 20/s when an operator pinned 1/s held theirs for up to
-			// 27 s). It hands the token back and takes its tenant's next
-			// place in the virtual queue, as a new admission would.
+			// 27 s). Nor when its tenant is over its share of the
+			// destination at the new spacing, as a new admission is
+			// asked (overShare): a tenant whose campaign filled the
+			// delivery slots kept them all across the cut, and its
+			// waiting admissions took every new turn before another
+			// tenant's mail. It hands the token back and takes its
+			// tenant's next place in the virtual queue, as a new
+			// admission would.
 			d.bucket.refund(due) // the new turn's; the old one's went with the cut
 			until := d.slot(tenant, next, now, fleet, t.weight, t.horizon(d, now))
 			d.unreserve(probe)
@@ -862,7 +914,10 @@ type permit struct {
 	// attempt paced at the rate that cut set shows the rate is still too
 	// high, and cuts again within the hold (cutRate, DestState.pacedAt).
 	sent, cutSeen time.Time
-	done          atomic.Bool
+	// own are its places under the limits set on its domain by itself,
+	// inside a provider group (own.go).
+	own  []ownHold
+	done atomic.Bool
 }
 
 // Done records the attempt's outcome: in-flight, breaker, adaptive rate
@@ -871,6 +926,7 @@ func (p *permit) Done(results []classify.Result) {
 	if !p.done.CompareAndSwap(false, true) {
 		return
 	}
+	p.t.releaseOwn(p.own, false)
 	p.t.done(p, results)
 }
 

@@ -593,6 +593,92 @@ func TestAdaptiveRateRampsBack(t *testing.T) {
 	}
 }
 
+// TestFactorRuleSlowsALearnedRate: an automation rule's factor slows a
+// destination whose rate was learned (nothing configured), as it slows a
+// configured one, and ramps back to the learned rate after its for.
+// Before, the rule was written and logged, and the learned rate went on
+// unchanged.
+func TestFactorRuleSlowsALearnedRate(t *testing.T) {
+	env := startKV(t)
+	rule := AutoRule{Name: "busy", Pattern: "slow down", Action: ActionFactor, Value: 0.5, For: 200 * time.Millisecond}
+	a := newThrottle(t, env, "a", func(c *Config) {
+		c.Automation = []AutoRule{rule}
+		c.IncreaseEvery = 50 * time.Millisecond
+		c.IncreaseStep = 0.25
+	})
+	// A learned 1000/s, as a seed would write it, neither cut nor stepped
+	// for the test's length.
+	if _, _, _, _, err := updateStateIn(ctxT(t), env.state, "fl.test", "a", a.frame(), func(s *DestState, now time.Time) bool {
+		s.LearnedRate, s.LearnedHold, s.LearnedNext, s.LearnedCutAt, s.LearnedSince = 1000, now.Add(time.Hour), now.Add(time.Hour), now, now
+		s.regrid(now, 0, 1000)
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the learned rate seen", func() bool { return a.Snapshot("fl.test").FleetRate == 1000 })
+	busy := classify.Result{Class: classify.Transient, Scope: classify.ScopeRecipient, Rule: "mailbox-busy", Code: 451, Enhanced: "4.2.1", Text: "slow down"}
+	attempt(t, a, "fl.test", busy)
+	if st := a.Snapshot("fl.test"); st.Factor != 0.5 || st.FleetRate != 500 || st.RateSource != "learned" {
+		t.Fatalf("after the factor rule: factor %v, fleet rate %v (%s); want 0.5 of the learned 1000/s", st.Factor, st.FleetRate, st.RateSource)
+	}
+	eventually(t, 5*time.Second, "ramped back to the learned rate", func() bool {
+		attempt(t, a, "fl.test", resDelivered)
+		st := a.Snapshot("fl.test")
+		return st.Factor == 1 && st.FleetRate == 1000
+	})
+	if lr := a.Snapshot("fl.test").LearnedRate; lr != 1000 {
+		t.Errorf("learned rate %v after the factor ended, want 1000 as it was", lr)
+	}
+}
+
+// TestPlacesUnderATemporaryRateReachAHorizon: envelopes refused while a
+// factor cut (or a pin with an end) holds a configured rate down take
+// places only a horizon ahead, and the rest are parked to ask again, as at
+// a learned rate: the rate climbs back by itself, and places given at the
+// cut's spacing would keep the backlog at it after the ramp. Before, 200
+// refusals at 10/s halved had places reaching 40 s ahead, 0.2 s apart,
+// whatever the factor did meanwhile.
+func TestPlacesUnderATemporaryRateReachAHorizon(t *testing.T) {
+	env := startKV(t)
+	a := newThrottle(t, env, "a", func(c *Config) {
+		c.Defaults.Rate = 10
+		c.MaxWait = -1 // never wait: every admission past the first is refused for the rate
+	})
+	furthest := func(dom string) time.Duration {
+		var far time.Duration
+		for range 200 {
+			p, r := a.Admit(ctxT(t), dom, "", "")
+			if p != nil {
+				p.Done([]classify.Result{resDelivered})
+				continue
+			}
+			if r.Reason != "rate" {
+				t.Fatalf("%s refused %+v, want for the rate", dom, r)
+			}
+			far = max(far, time.Until(r.Until))
+		}
+		return far
+	}
+	attempt(t, a, "cut.test", resThrottled) // factor 0.5: 5/s
+	if st := a.Snapshot("cut.test"); st.FleetRate != 5 {
+		t.Fatalf("fleet rate %v after a throttle, want 5", st.FleetRate)
+	}
+	if far := furthest("cut.test"); far > 2*parkHorizon+time.Second {
+		t.Errorf("factor cut: a place %v ahead, want none beyond two horizons (%v)", far.Round(time.Second), 2*parkHorizon)
+	}
+	if err := SetRate(ctxT(t), env.state, "pin.test", 5, time.Now().Add(time.Hour), "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the pin seen", func() bool { return a.Snapshot("pin.test").FleetRate == 5 })
+	if far := furthest("pin.test"); far > 2*parkHorizon+time.Second {
+		t.Errorf("pin with an end: a place %v ahead, want none beyond two horizons (%v)", far.Round(time.Second), 2*parkHorizon)
+	}
+	// A configured rate at its full factor stays: its places are not parked.
+	if far := furthest("full.test"); far < 15*time.Second {
+		t.Errorf("configured rate: the furthest place %v ahead, want 200 places at 10/s (20 s)", far.Round(time.Second))
+	}
+}
+
 func TestSetRateFromOutside(t *testing.T) {
 	env := startKV(t)
 	a := newThrottle(t, env, "a", func(c *Config) { c.Defaults.Rate = 10 })

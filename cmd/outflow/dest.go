@@ -100,6 +100,12 @@ func init() {
 				out := cmd.OutOrStdout()
 				now := time.Now()
 				fmt.Fprintf(out, "destination:   %s\n", args[0])
+				if g := groupOf(views, base); g != "" {
+					// Its own suspension, pin and connection limit (the
+					// lines below) hold on top of the group's (the
+					// workers' table): throttle/own.go.
+					fmt.Fprintf(out, "group:         %s (%s's mail is also held to what is set on %s itself)\n", g, base, base)
+				}
 				if st.Suspended(now) {
 					fmt.Fprintf(out, "suspended:     until %s (%s) by %s\n", st.SuspendedUntil.UTC().Format(time.RFC3339), dash(st.Reason), dash(st.UpdatedBy))
 				} else {
@@ -295,6 +301,17 @@ func (a *adminFlags) runState(cmd *cobra.Command, fn func(ctx context.Context, q
 	return runWith(a, cmd, func(ctx context.Context, q *queue.Queue) (jetstream.KeyValue, error) {
 		return throttle.OpenState(ctx, q)
 	}, fn)
+}
+
+// groupOf is the provider group the workers that answered put domain in
+// (their view's destination), or "" when it is its own destination.
+func groupOf(views []throttle.WorkerStatus, domain string) string {
+	for _, v := range views {
+		if g, _ := throttle.SplitPair(v.Dest); g != "" && g != domain {
+			return g
+		}
+	}
+	return ""
 }
 
 // learnedShort is a state's learned limits in a few words ("12.5/s, 4 conns").
