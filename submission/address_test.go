@@ -155,21 +155,21 @@ func TestBodyValidatorAcrossReads(t *testing.T) {
 
 func TestReceivedHeader(t *testing.T) {
 	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
-	h := string(appendReceived(nil, "evil\r\nX-Injected: yes (c) ;", netip.MustParseAddr("2001:db8::1"), "mx.test", true, true, at))
+	h := string(appendReceived(nil, "evil\r\nX-Injected: yes (c) ;", netip.MustParseAddr("2001:db8::1"), "mx.test", true, true, true, at))
 	want := "Received: from evil__X-Injected:_yes__c___ ([IPv6:2001:db8::1])\r\n" +
 		"\tby mx.test (outflow) with ESMTPSA;\r\n" +
 		"\tWed, 04 Mar 2026 05:06:07 +0000\r\n"
 	if h != want {
 		t.Errorf("got  %q\nwant %q", h, want)
 	}
-	h = string(appendReceived([]byte("X: y\r\n"), "client.test", netip.MustParseAddr("192.0.2.7"), "mx.test", true, false, at))
+	h = string(appendReceived([]byte("X: y\r\n"), "client.test", netip.MustParseAddr("192.0.2.7"), "mx.test", true, true, false, at))
 	want = "X: y\r\nReceived: from client.test ([192.0.2.7])\r\n" +
 		"\tby mx.test (outflow) with ESMTPS;\r\n" +
 		"\tWed, 04 Mar 2026 05:06:07 +0000\r\n"
 	if h != want {
 		t.Errorf("got  %q\nwant %q", h, want)
 	}
-	if h := string(appendReceived(nil, "", netip.Addr{}, "mx", false, false, at)); !strings.HasPrefix(h, "Received: from unknown (unknown)\r\n\tby mx (outflow) with ESMTP;") {
+	if h := string(appendReceived(nil, "", netip.Addr{}, "mx", true, false, false, at)); !strings.HasPrefix(h, "Received: from unknown (unknown)\r\n\tby mx (outflow) with ESMTP;") {
 		t.Errorf("got %q", h)
 	}
 }

@@ -92,7 +92,13 @@ func putFrame(b []byte) {
 // the connection stays in step and the client gets its reply; only a
 // timeout, a read error or go-smtp's size limit stop it early. On a fault
 // it returns the reason label and the reply.
-func (s *session) readBody(r io.Reader, bb *bodyBuf, prefix []byte, headroom int, start time.Time) (frame, body []byte, reason string, rerr *smtp.SMTPError) {
+//
+// ch is charged for each chunk before it is taken (inflight.go); a body
+// that finds no room is refused as for a fault. From a fault on, nothing
+// more is stored, and nothing is kept of what was: the extra chunks and
+// the charge go back at once, and the rest of the body passes through the
+// first chunk.
+func (s *session) readBody(r io.Reader, bb *bodyBuf, ch *bodyCharge, prefix []byte, headroom int, start time.Time) (frame, body []byte, reason string, rerr *smtp.SMTPError) {
 	// For DATA the session owns the socket's read deadline: go-smtp set it
 	// once, at the DATA command, which would make the whole body fit into
 	// one ReadTimeout. Each read gets ReadTimeout instead, and the body as a
@@ -111,7 +117,21 @@ func (s *session) readBody(r io.Reader, bb *bodyBuf, prefix []byte, headroom int
 
 	v := bodyValidator{maxLine: s.srv.cfg.MaxLineLength, lineTooLong: s.srv.errLineTooLong}
 	cur, filled, total := bb.read, 0, 0 // the chunk being filled; octets stored
+	if err := ch.cover(s.srv.baseCtx, bodyChunk); err != nil {
+		v.fail(s.refuseInflight(err, s.tenant(), 0, 0))
+	}
+	dropped := false // what the body held is given back
 	for {
+		if v.err != nil && !dropped {
+			dropped = true
+			ch.release()
+			for i, c := range bb.more {
+				bodyChunks.Put(c)
+				bb.more[i] = nil
+			}
+			bb.more = bb.more[:0]
+			cur, filled = bb.read, 0
+		}
 		if !chunked {
 			_ = nc.SetReadDeadline(minTime(time.Now().Add(s.srv.cfg.ReadTimeout), hard))
 		}
@@ -123,9 +143,13 @@ func (s *session) readBody(r io.Reader, bb *bodyBuf, prefix []byte, headroom int
 			filled += n
 			total += n
 			if filled == len(cur) {
-				c := bodyChunks.Get().(*[]byte)
-				bb.more = append(bb.more, c)
-				cur, filled = *c, 0
+				if err := ch.cover(s.srv.baseCtx, int64(total+bodyChunk)); err != nil {
+					v.fail(s.refuseInflight(err, s.tenant(), 0, total))
+				} else {
+					c := bodyChunks.Get().(*[]byte)
+					bb.more = append(bb.more, c)
+					cur, filled = *c, 0
+				}
 			}
 		} // else keep draining into the same octets, storing nothing
 		if err == nil {
@@ -343,11 +367,14 @@ func (v *bodyValidator) finish() {
 //		by <hostname> (outflow) with <protocol>;
 //		<date-time>
 //
-// with the protocol names of RFC 3848 (ESMTP, plus S for STARTTLS, plus A
-// for AUTH). The "for" clause is left out: it would disclose the other
-// recipients of the message. The client's HELO name is untrusted input and
-// is reduced to safe characters.
-func appendReceived(dst []byte, helo string, remote netip.Addr, hostname string, isTLS, auth bool, t time.Time) []byte {
+// with the protocol names of RFC 3848 for a client that said EHLO (esmtp):
+// ESMTP, plus S for STARTTLS, plus A for AUTH; and SMTP for one that said
+// HELO (RFC 5321 section 4.4 and the IANA mail transmission types, which
+// have no SMTP with S or A: TLS and AUTH are service extensions, which a
+// HELO client does not negotiate). The "for" clause is left out: it
+// would disclose the other recipients of the message. The client's HELO
+// name is untrusted input and is reduced to safe characters.
+func appendReceived(dst []byte, helo string, remote netip.Addr, hostname string, esmtp, isTLS, auth bool, t time.Time) []byte {
 	dst = append(dst, "Received: from "...)
 	dst = appendTraceToken(dst, helo)
 	dst = append(dst, " ("...)
@@ -366,12 +393,16 @@ func appendReceived(dst []byte, helo string, remote netip.Addr, hostname string,
 	}
 	dst = append(dst, ")\r\n\tby "...)
 	dst = appendTraceToken(dst, hostname)
-	dst = append(dst, " (outflow) with ESMTP"...)
-	if isTLS {
-		dst = append(dst, 'S')
-	}
-	if auth {
-		dst = append(dst, 'A')
+	if !esmtp {
+		dst = append(dst, " (outflow) with SMTP"...)
+	} else {
+		dst = append(dst, " (outflow) with ESMTP"...)
+		if isTLS {
+			dst = append(dst, 'S')
+		}
+		if auth {
+			dst = append(dst, 'A')
+		}
 	}
 	dst = append(dst, ";\r\n\t"...)
 	// RFC 5322 section 3.3 date-time.

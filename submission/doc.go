@@ -30,5 +30,9 @@
 // the queue writes the envelope instead of copying the body
 // (queue.Submission.Frame); the buffer goes back to its pool once Enqueue
 // has returned nil, after which the Enqueuer holds nothing of it (body.go).
+// The memory those bodies hold at once is bounded process-wide, with a
+// share per tenant: each transaction is charged for its body before it
+// holds it, and one that finds no room within a short wait is refused
+// with 452 4.3.1, nothing queued (inflight.go, on internal/membudget).
 // docs/submission.md lists every configuration field and every reply code.
 package submission

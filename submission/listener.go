@@ -11,6 +11,7 @@ import (
 	"net/textproto"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -163,6 +164,10 @@ type trackedConn struct {
 	// (amendReply), as the session counts any malformed one; nil under TLS,
 	// where tlsReplies has its own.
 	badAuth func()
+	// greeting is the greeting go-smtp last answered on this connection
+	// (greetingReply): greetNone before one, or after STARTTLS until the
+	// next; set by the reply writers, read by a session's Data.
+	greeting atomic.Int32
 
 	// wmu guards pending. go-smtp's connection goroutine is the only one
 	// that writes and reads, but go-smtp's Close (a shutdown that ran out
@@ -200,15 +205,19 @@ const maxHeld = 4 << 10
 // Only plaintext lines are held: a TLS record starts with a content type
 // below 0x20, never with a digit, and after STARTTLS nothing is held at all.
 //
-// Write also corrects the one go-smtp reply that amendReply knows.
+// Write also corrects the go-smtp replies that amendReply knows, and
+// notes which greeting go-smtp answers (greetingReply).
 func (c *trackedConn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if r, ok := amendReply(b); ok {
-		if c.badAuth != nil {
+	if a, ok := amendReply(b); ok {
+		if a.badAuth && c.badAuth != nil {
 			c.badAuth()
 		}
-		return writeAmended(c.Conn, &c.pending, b, r)
+		return writeAmended(c.Conn, &c.pending, b, a.line)
+	}
+	if greeting, ehlo := greetingReply(b); greeting {
+		c.greeted(ehlo)
 	}
 	if c.holds(b) {
 		c.pending = append(c.pending, b...)
@@ -320,8 +329,9 @@ var (
 // leaves c alone if go-smtp's writer is not of the known layout or holds
 // unwritten octets (go-smtp flushes every line, so it never does).
 //
-// badAuth is called for each AUTH response go-smtp could not decode.
-func joinTLSReplies(c *smtp.Conn, badAuth func()) {
+// badAuth is called for each AUTH response go-smtp could not decode,
+// greeted with each greeting go-smtp answers (nil: none).
+func joinTLSReplies(c *smtp.Conn, badAuth func(), greeted func(ehlo bool)) {
 	tp := textConn(c)
 	if tp == nil || tp.R == nil || tp.W == nil || tp.W.Buffered() > 0 {
 		return
@@ -329,7 +339,7 @@ func joinTLSReplies(c *smtp.Conn, badAuth func()) {
 	if _, ok := c.Conn().(*tls.Conn); !ok {
 		return
 	}
-	tp.W.Reset(&tlsReplies{w: c.Conn(), cmdIn: tp.R, badAuth: badAuth})
+	tp.W.Reset(&tlsReplies{w: c.Conn(), cmdIn: tp.R, badAuth: badAuth, greeted: greeted})
 }
 
 // tlsReplies joins reply lines above TLS, where trackedConn sees records.
@@ -345,15 +355,19 @@ type tlsReplies struct {
 	w       io.Writer // the *tls.Conn
 	cmdIn   *bufio.Reader
 	pending []byte
-	badAuth func() // see trackedConn.badAuth
+	badAuth func()          // see trackedConn.badAuth
+	greeted func(ehlo bool) // see trackedConn.greeting
 }
 
 func (t *tlsReplies) Write(b []byte) (int, error) {
-	if r, ok := amendReply(b); ok {
-		if t.badAuth != nil {
+	if a, ok := amendReply(b); ok {
+		if a.badAuth && t.badAuth != nil {
 			t.badAuth()
 		}
-		return writeAmended(t.w, &t.pending, b, r)
+		return writeAmended(t.w, &t.pending, b, a.line)
+	}
+	if greeting, ehlo := greetingReply(b); greeting && t.greeted != nil {
+		t.greeted(ehlo)
 	}
 	last, ok := replyLine(b)
 	if ok && len(t.pending)+len(b) <= maxHeld && (!last || (string(b[:4]) == "250 " && hasCommand(t.cmdIn))) {
@@ -592,6 +606,33 @@ func (c *trackedConn) setTLS() {
 	c.tls = true
 	c.hangupMsg = ""
 	c.mu.Unlock()
+	// The greeting before STARTTLS is void (RFC 3207 section 4.2); the
+	// one after it is seen by tlsReplies, when go-smtp's writer is of the
+	// known layout.
+	c.greeting.Store(greetNone)
+}
+
+// The values of trackedConn.greeting.
+const (
+	greetNone = iota
+	greetEHLO
+	greetHELO
+)
+
+// greeted records the greeting go-smtp answers: EHLO, or HELO.
+func (c *trackedConn) greeted(ehlo bool) {
+	if ehlo {
+		c.greeting.Store(greetEHLO)
+	} else {
+		c.greeting.Store(greetHELO)
+	}
+}
+
+// saidHELO reports whether the client's greeting in force is HELO, not
+// EHLO: then it speaks SMTP without service extensions (RFC 5321 section
+// 4.1.1.1). False when no greeting was seen.
+func (c *trackedConn) saidHELO() bool {
+	return c != nil && c.greeting.Load() == greetHELO
 }
 
 // requireAuth gives a client that must authenticate until by to do so,

@@ -41,6 +41,8 @@ const (
 //	outflow_submission_auth_blocked_total        AUTH refused by the per-address limit
 //	outflow_submission_connections               open client connections
 //	outflow_submission_connections_refused_total connections over MaxConnections
+//	outflow_submission_inflight_bytes            bytes charged against MaxInflightBytes
+//	outflow_submission_inflight_refused_total{reason} transactions refused for want of room there
 type metrics struct {
 	submissions   *prometheus.CounterVec
 	rejections    *prometheus.CounterVec
@@ -49,6 +51,10 @@ type metrics struct {
 	connections   prometheus.Gauge
 	connRejected  prometheus.Counter
 	acceptedBytes prometheus.Counter
+	// inflightBytes is set by the budget at every change, in order
+	// (membudget.Budget.OnChange).
+	inflightBytes   prometheus.Gauge
+	inflightRefused *prometheus.CounterVec
 
 	accepted prometheus.Counter // submissions{result="accepted"}, looked up once
 }
@@ -80,9 +86,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"SMTP submission connections refused with 421 because MaxConnections were open."),
 		acceptedBytes: counter("outflow_submission_accepted_bytes_total",
 			"Bytes of message bodies accepted (as sent by clients)."),
+		inflightBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outflow_submission_inflight_bytes",
+			Help: "Bytes the SMTP transactions in flight are charged against --smtp-max-inflight-bytes (twice their body octets).",
+		}),
+		inflightRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outflow_submission_inflight_refused_total",
+			Help: "SMTP transactions refused with 452 4.3.1 for want of room under --smtp-max-inflight-bytes, by reason: budget (all of it held) or tenant-share (the tenant's half held).",
+		}, []string{"reason"}),
 	}
 	for _, r := range []string{resultAccepted, resultRejected, resultTempfail} {
 		m.submissions.WithLabelValues(r)
+	}
+	for _, r := range []string{inflightBudget, inflightTenantShare} {
+		m.inflightRefused.WithLabelValues(r)
 	}
 	if reg == nil {
 		m.accepted = m.submissions.WithLabelValues(resultAccepted)
@@ -96,6 +113,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.connections = register(reg, m.connections, &err)
 	m.connRejected = register(reg, m.connRejected, &err)
 	m.acceptedBytes = register(reg, m.acceptedBytes, &err)
+	m.inflightBytes = register(reg, m.inflightBytes, &err)
+	m.inflightRefused = register(reg, m.inflightRefused, &err)
 	if err != nil {
 		return nil, err
 	}

@@ -104,24 +104,92 @@ func addressError(err error, sender bool) *smtp.SMTPError {
 		Message: "Bad " + what + " address syntax: " + reason}
 }
 
-// go-smtp (conn.go's handleAuth, in the pinned release) answers an AUTH
-// response that is not base64 with a temporary 454 4.7.0, which a client
-// may retry for ever. RFC 4954 section 4 asks for 501: "If the server
-// cannot BASE64 decode any client response, it MUST reject the AUTH command
-// with a 501 reply." go-smtp decodes before any sasl.Server sees the
-// response and has no hook there, so the connection's reply writers
-// (trackedConn, and tlsReplies under TLS) put the right line in place of
-// go-smtp's on its way out (amendReply).
+// go-smtp (conn.go, in the pinned release) answers some commands with a
+// code RFC 5321 does not give them, and has no hook where the session
+// could answer instead: it writes these replies before or without calling
+// the session. So the connection's reply writers (trackedConn, and
+// tlsReplies under TLS) put the right line in place of go-smtp's on its
+// way out (amendReply), matched whole, octet for octet:
+//
+//   - an AUTH response that is not base64 gets a temporary 454 4.7.0,
+//     which a client may retry for ever. RFC 4954 section 4 asks for 501:
+//     "If the server cannot BASE64 decode any client response, it MUST
+//     reject the AUTH command with a 501 reply." go-smtp decodes before
+//     any sasl.Server sees the response;
+//   - a command out of sequence (MAIL before EHLO or HELO, RCPT before
+//     MAIL, DATA or BDAT before RCPT, MAIL, RCPT or DATA inside a BDAT
+//     transfer) gets 502, "command not implemented", where RFC 5321
+//     section 4.3.2 lists 503 "bad sequence of commands" (section 4.2.4:
+//     502 is for a command the server does not implement at all). A client
+//     may take 502 for "never send this command here again";
+//   - AUTH without a mechanism gets 502 too, where the fault is in its
+//     arguments (501, RFC 5321 section 4.2.3);
+//   - a MAIL or RCPT parameter the server does not know gets 500, a
+//     syntax error, where RFC 5321 section 4.1.1.11 asks for 555 ("MAIL
+//     FROM/RCPT TO parameters not recognized or not implemented"), as
+//     Postfix answers.
+//
+// Under TLS the lines are amended once a session exists (after the first
+// EHLO or HELO on the TLS connection, joinTLSReplies): a MAIL sent before
+// it there gets go-smtp's 502 as it is.
+var amendedReplies = map[string]amended{
+	"454 4.7.0 Invalid base64 data\r\n": {
+		line: []byte("501 5.5.2 Malformed authentication response: not base64 (RFC 4954 section 4)\r\n"), badAuth: true},
+	"502 5.5.1 Please introduce yourself first.\r\n": {
+		line: []byte("503 5.5.1 Bad sequence of commands: send EHLO first\r\n")},
+	"502 5.5.1 Missing MAIL FROM command.\r\n": {
+		line: []byte("503 5.5.1 Bad sequence of commands: send MAIL FROM first\r\n")},
+	"502 5.5.1 Missing RCPT TO command.\r\n": {
+		line: []byte("503 5.5.1 Bad sequence of commands: send RCPT TO first\r\n")},
+	"502 5.5.1 MAIL not allowed during message transfer\r\n": {
+		line: []byte("503 5.5.1 Bad sequence of commands: MAIL not allowed during a BDAT transfer\r\n")},
+	"502 5.5.1 RCPT not allowed during message transfer\r\n": {
+		line: []byte("503 5.5.1 Bad sequence of commands: RCPT not allowed during a BDAT transfer\r\n")},
+	"502 5.5.1 DATA not allowed during message transfer\r\n": {
+		line: []byte("503 5.5.1 Bad sequence of commands: DATA not allowed during a BDAT transfer\r\n")},
+	// AUTH without a mechanism: a syntax error in its arguments (RFC 5321
+	// section 4.2.3, 501; RFC 4954 section 4: AUTH mechanism [initial-response]).
+	"502 5.5.4 Missing parameter\r\n": {
+		line: []byte("501 5.5.4 Syntax error: AUTH needs a mechanism name\r\n")},
+	"500 5.5.4 Unknown MAIL FROM argument\r\n": {
+		line: []byte("555 5.5.4 MAIL FROM parameter not recognized or not implemented (RFC 5321 section 4.1.1.11)\r\n")},
+	"500 5.5.4 Unknown RCPT TO argument\r\n": {
+		line: []byte("555 5.5.4 RCPT TO parameter not recognized or not implemented (RFC 5321 section 4.1.1.11)\r\n")},
+}
+
+// amended is a go-smtp reply line as this package writes it.
+type amended struct {
+	line    []byte // written in place of go-smtp's
+	badAuth bool   // go-smtp's line refused a malformed AUTH response: count it
+}
+
+// amendReply reports whether b, one reply line as go-smtp writes it, is
+// one this package corrects, and how.
+func amendReply(b []byte) (amended, bool) {
+	if len(b) < 6 || (b[0] != '4' && b[0] != '5') {
+		return amended{}, false // the common case: a 2xx or 3xx, not looked up
+	}
+	a, ok := amendedReplies[string(b)] // no allocation: a lookup by string(b)
+	return a, ok
+}
+
+// The first line of go-smtp's reply to a greeting: to EHLO a multi-line
+// reply without an enhanced code, to HELO one line with one (conn.go's
+// handleGreet). The reply writers see which (greetingReply), so that the
+// Received field can name the protocol (appendReceived).
 var (
-	goSMTPBadBase64 = []byte("454 4.7.0 Invalid base64 data\r\n")
-	replyBadBase64  = []byte("501 5.5.2 Malformed authentication response: not base64 (RFC 4954 section 4)\r\n")
+	ehloReply = []byte("250-Hello ")
+	heloReply = []byte("250 2.0.0 Hello ")
 )
 
-// amendReply reports whether b is one of go-smtp's replies that this
-// package corrects, and the line to write in its place.
-func amendReply(b []byte) ([]byte, bool) {
-	if len(b) == len(goSMTPBadBase64) && bytes.Equal(b, goSMTPBadBase64) {
-		return replyBadBase64, true
+// greetingReply reports whether b is the first line of go-smtp's reply to
+// a greeting, and whether the greeting was EHLO.
+func greetingReply(b []byte) (greeting, ehlo bool) {
+	switch {
+	case bytes.HasPrefix(b, ehloReply):
+		return true, true
+	case bytes.HasPrefix(b, heloReply):
+		return true, false
 	}
-	return nil, false
+	return false, false
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/internal/defaults"
+	"github.com/outflow/outflow/internal/membudget"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -133,6 +134,20 @@ type Config struct {
 	// EnqueueTimeout bounds Enqueuer.Enqueue; past it the client gets 451.
 	// Default DefaultEnqueueTimeout.
 	EnqueueTimeout time.Duration
+	// MaxInflightBytes bounds, process-wide, the memory the message
+	// bodies being received and stored may hold: each transaction is
+	// charged twice its body octets, at MAIL FROM for a declared SIZE and
+	// as the body arrives, and one that finds no room within InflightWait
+	// is refused with 452 4.3.1, nothing queued (inflight.go). Default
+	// DefaultMaxInflightBytes; negative: no bound.
+	MaxInflightBytes int64
+	// TenantInflightBytes is the most of MaxInflightBytes one tenant's
+	// transactions may hold, so that one tenant's large messages cannot
+	// take it all. Default half of MaxInflightBytes.
+	TenantInflightBytes int64
+	// InflightWait is how long a transaction waits for room under
+	// MaxInflightBytes before it is refused. Default DefaultInflightWait.
+	InflightWait time.Duration
 	// Suppressions, when set, refuses recipients on their tenant's
 	// suppression list at RCPT (550 5.7.1). Default nil: no list.
 	Suppressions Suppressor
@@ -160,6 +175,9 @@ type Server struct {
 	metrics *metrics
 	smtp    *smtp.Server
 	limiter *authLimiter
+	// inflight bounds the memory of the bodies in flight; nil: no bound
+	// (inflight.go).
+	inflight *membudget.Budget
 
 	errLineTooLong *smtp.SMTPError // names the configured limit
 
@@ -236,6 +254,11 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 		cfg.AuthTimeout = DefaultAuthTimeout // negative: no limit
 	}
 	defaults.Set(&cfg.EnqueueTimeout, DefaultEnqueueTimeout)
+	if cfg.MaxInflightBytes == 0 { // negative: no bound
+		cfg.MaxInflightBytes = DefaultMaxInflightBytes
+	}
+	defaults.Set(&cfg.TenantInflightBytes, max(1, cfg.MaxInflightBytes/2))
+	defaults.Set(&cfg.InflightWait, DefaultInflightWait)
 	trusted := make([]netip.Prefix, 0, len(cfg.TrustedNetworks))
 	for i, p := range cfg.TrustedNetworks {
 		if !p.IsValid() {
@@ -257,6 +280,11 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 		return nil, fmt.Errorf("submission: metrics: %w", err)
 	}
 
+	inflight := membudget.New(cfg.MaxInflightBytes, cfg.TenantInflightBytes)
+	if inflight != nil {
+		inflight.OnChange = func(used int64) { m.inflightBytes.Set(float64(used)) }
+	}
+
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		cfg:        cfg,
@@ -264,6 +292,7 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 		log:        cfg.Logger.With().Str("component", "submission").Logger(),
 		metrics:    m,
 		limiter:    newAuthLimiter(cfg.AuthFailLimit, cfg.AuthFailWindow),
+		inflight:   inflight,
 		bcryptSem:  make(chan struct{}, max(1, runtime.GOMAXPROCS(0))),
 		isLoopback: func(a netip.Addr) bool { return a.Unmap().IsLoopback() },
 		baseCtx:    ctx,

@@ -48,6 +48,10 @@ type session struct {
 	// quotaTaken counts the recipients of this transaction taken from the
 	// tenant's sending limit (quota.go) and not yet sent.
 	quotaTaken int
+	// charge is the transaction's hold on Config.MaxInflightBytes taken at
+	// MAIL FROM for a declared SIZE, until Data takes it over (inflight.go);
+	// zero when it took none.
+	charge bodyCharge
 }
 
 var (
@@ -94,7 +98,11 @@ func (s *Server) newSession(c *smtp.Conn) *session {
 		tc.setCommandReader(commandReader(c), ss.authMalformed)
 	}
 	if isTLS {
-		joinTLSReplies(c, ss.authMalformed)
+		var greeted func(bool)
+		if tc != nil {
+			greeted = tc.greeted
+		}
+		joinTLSReplies(c, ss.authMalformed, greeted)
 	}
 	ss.logLine(s.log.Debug()).Str("helo", c.Hostname()).Bool("trusted", trusted).Msg("session started")
 	return ss
@@ -319,8 +327,16 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 	if derr != nil {
 		return s.reject(derr, reasonBadDSN, true, nil)
 	}
+	var ch bodyCharge
+	if opts != nil && opts.Size > 0 {
+		// Last: a MAIL refused for another reason holds nothing.
+		var err error
+		if ch, err = s.reserveSize(s.tenant(), opts.Size); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
-	s.hasFrom, s.from, s.dsn = true, from, dsn
+	s.hasFrom, s.from, s.dsn, s.charge = true, from, dsn, ch
 	s.mu.Unlock()
 	return nil
 }
@@ -431,6 +447,11 @@ func (s *session) Data(r io.Reader) error {
 	s.mu.Lock()
 	hasFrom, from, rcpts, dsn := s.hasFrom, s.from, slices.Clone(s.rcpts), s.dsn
 	s.mu.Unlock()
+	// Whatever the end of this body, what it was charged goes back once
+	// nothing here holds it (inflight.go).
+	var own bodyCharge
+	ch := s.takeCharge(s.tenant(), &own)
+	defer ch.release()
 	if !s.authorized() {
 		return s.reject(errAuthRequired, reasonAuthRequired, true, nil)
 	}
@@ -445,7 +466,7 @@ func (s *session) Data(r io.Reader) error {
 	// RFC 5321 section 4.4: an SMTP server adds a Received line at the top
 	// of the message it accepts.
 	bb := bodyBufs.Get().(*bodyBuf)
-	bb.hdr = appendReceived(bb.hdr[:0], s.conn.Hostname(), s.remote, s.srv.cfg.Hostname, s.tls, s.user != "", start)
+	bb.hdr = appendReceived(bb.hdr[:0], s.conn.Hostname(), s.remote, s.srv.cfg.Hostname, !s.tc.saidHELO(), s.tls, s.user != "", start)
 	hdrLen := len(bb.hdr)
 	if !s.srv.plainData {
 		if d := newDotReader(r, s.conn); d != nil {
@@ -453,7 +474,7 @@ func (s *session) Data(r io.Reader) error {
 			r = d
 		}
 	}
-	frame, body, reason, rerr := s.readBody(r, bb, bb.hdr, queue.FrameHeadroom(from, rcpts, dsn != nil)+maxAddedHeaders, start)
+	frame, body, reason, rerr := s.readBody(r, bb, ch, bb.hdr, queue.FrameHeadroom(from, rcpts, dsn != nil)+maxAddedHeaders, start)
 	putBodyBuf(bb)
 	if rerr == nil && s.tc != nil && s.tc.bodyCut() {
 		// A BDAT chunk the client cut short: go-smtp ended the chunk at
@@ -550,11 +571,13 @@ func (s *session) Reset() {
 	s.hasFrom, s.from, s.rcpts, s.seen, s.dsn = false, "", nil, nil, nil
 	s.mu.Unlock()
 	s.returnQuota()
+	s.dropCharge()
 }
 
 // Logout implements smtp.Session: the connection closed or STARTTLS began.
 func (s *session) Logout() error {
 	s.returnQuota()
+	s.dropCharge()
 	s.logLine(s.srv.log.Debug()).Msg("session ended")
 	return nil
 }

@@ -83,6 +83,10 @@ type serveConfig struct {
 	SMTPChunking    bool          `toml:"smtp-chunking"`
 	NoChunkingFor   []string      `toml:"smtp-chunking-off"`
 
+	// SMTPMaxInflightBytes bounds the memory of the message bodies the
+	// submission listener holds at once (submission.Config.MaxInflightBytes).
+	SMTPMaxInflightBytes int64 `toml:"smtp-max-inflight-bytes"`
+
 	// Config-file-only sections.
 	TLSDestinations map[string]string `toml:"tls-destinations"` // destination domain -> opportunistic|required|none
 	DKIM            []dkimConfig      `toml:"dkim"`
@@ -146,6 +150,8 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.IntVar(&c.MaxClientConns, "max-client-connections", submission.DefaultMaxClientConnections, "most concurrent submission connections from one client address or IPv6 /64, trusted networks not counted (421 above; negative: no limit)")
 	fs.DurationVar(&c.SMTPReadTimeout, "smtp-read-timeout", submission.DefaultReadTimeout, "submission: idle time allowed between client commands (RFC 5321 4.5.3.2.7); past it 421 and close")
 	fs.DurationVar(&c.SMTPDataTimeout, "smtp-data-timeout", submission.DefaultDataTimeout, "submission: the longest a DATA transfer may take")
+	fs.Int64Var(&c.SMTPMaxInflightBytes, "smtp-max-inflight-bytes", submission.DefaultMaxInflightBytes,
+		"submission: bytes the message bodies being received may hold, each charged twice its size (452 4.3.1 when full or past a tenant's half; negative: no bound)")
 	fs.DurationVar(&c.AckWait, "ack-wait", queue.DefaultAckWait, "how long a worker may hold an envelope without reporting progress before NATS hands it to another")
 	fs.DurationVar(&c.EventsMaxAge, "events-max-age", queue.DefaultEventsMaxAge, "how long the events stream keeps outcomes (queue history)")
 	fs.DurationVar(&c.SentTTL, "sent-ttl", queue.DefaultSentTTL, "how long a delivery's SENT marker is kept, so an envelope whose ack was lost is not delivered twice (at least 1h and 4 × ack-wait)")

@@ -317,7 +317,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		Addr: c.SMTPAddr, Hostname: hostname, Users: users, TrustedNetworks: trusted, TLSConfig: tlsConf,
 		MaxMessageBytes: c.MaxMessageSize, MaxRecipients: c.MaxRecipients, MaxConnections: c.MaxConnections,
 		MaxClientConnections: c.MaxClientConns,
-		ReadTimeout:          c.SMTPReadTimeout, DataTimeout: c.SMTPDataTimeout,
+		ReadTimeout:          c.SMTPReadTimeout, DataTimeout: c.SMTPDataTimeout, MaxInflightBytes: c.SMTPMaxInflightBytes,
 		Suppressions: suppressions, SenderDomains: senders, Quota: limits, Registerer: reg, Logger: log,
 	}, enq)
 	if err != nil {
