@@ -522,7 +522,7 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 		return nil, fmt.Errorf("replay %s: %w", id, err)
 	}
 	q.wake(tenant)
-	if err := q.deleteItem(ctx, it); err != nil {
+	if _, err := q.deleteItem(ctx, it); err != nil {
 		return nil, err
 	}
 	q.Event(EventReplayed, &Event{Time: replayed, ID: id, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Worker: "admin", Recipients: e.Rcpts})
@@ -538,7 +538,8 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 // by an operator. An envelope a worker is delivering at this moment may
 // still be delivered by that attempt, but its next step (a retry, a hold, a
 // dead letter) is not written: the worker finds the drop's marker
-// (Delivery.Dropped).
+// (Delivery.Dropped). A copy a worker has fetched and not yet started, or
+// one its schedule fires while the drop runs, is not sent (see drop).
 func (q *Queue) Drop(ctx context.Context, id string) (*Item, error) {
 	return q.DropBy(ctx, id, "admin")
 }
@@ -551,14 +552,60 @@ func (q *Queue) DropBy(ctx context.Context, id, by string) (*Item, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The marker first: a worker holding the envelope now checks it
-	// before it writes the envelope's next step.
+	if err := q.drop(ctx, it, by); err != nil {
+		return nil, err
+	}
+	return it, nil
+}
+
+// drop is DropBy for the item Find returned.
+//
+// The server may fire a schedule between Find's read and the delete
+// here: nats-server stores the due copy and then removes the schedule,
+// both inside the stream, and the delete by the schedule's sequence finds
+// nothing. The drop then removes that due copy too, and, for a copy a
+// worker fetched before the removal (and for a queued envelope fetched
+// and not yet started), writes the SENT marker of the envelope's step (an
+// empty one, as a bounce's Done writes): the worker's first look,
+// AlreadyHandled, finds it and acknowledges the copy without sending it.
+// The dropped marker alone is asked only before a next step is written,
+// after the send. Before, a drop that lost that race stopped with an
+// error ("no message found", msgGone) and no dropped event, and the due
+// copy was sent; or, when its attempt was deferred, it vanished with no
+// event saying why.
+func (q *Queue) drop(ctx context.Context, it *Item, by string) error {
+	id := it.Env.ID
+	// The markers first: a worker holding the envelope now checks them
+	// before it sends (the SENT marker) and before it writes the
+	// envelope's next step (the dropped marker).
 	q.count(OpSentPut)
 	if _, err := q.sent.Put(ctx, droppedKey(it.Env), nil); err != nil {
-		return nil, fmt.Errorf("drop %s: %w", id, err)
+		return fmt.Errorf("drop %s: %w", id, err)
 	}
-	if err := q.deleteItem(ctx, it); err != nil {
-		return nil, err
+	marks := []*Envelope{it.Env}
+	if it.State == StateDeferred && scheduledFirst(it.Env) {
+		// A message sent later is moved to the work lane at the next
+		// step when it fires (Delivery.ToWork): a worker that fetched
+		// that copy before dropLaterCopy below removes it finds this
+		// marker.
+		moved := it.Env.Clone()
+		moved.Step++
+		marks = append(marks, moved)
+	}
+	for _, e := range marks {
+		q.count(OpSentPut)
+		if err := q.putMarker(ctx, e, nil); err != nil {
+			return fmt.Errorf("drop %s: %w", id, err)
+		}
+	}
+	deleted, err := q.deleteItem(ctx, it)
+	if err != nil {
+		return err
+	}
+	if !deleted && !it.Due && (it.State == StateDeferred || it.State == StateThrottled) {
+		// The schedule was gone: fired, made due by a fast-forward or
+		// rewritten by a release since Find read it.
+		q.dropFiredCopy(ctx, it)
 	}
 	if it.State != StateQueued {
 		// A scheduled message moved to the work lane between the look
@@ -569,7 +616,44 @@ func (q *Queue) DropBy(ctx context.Context, id, by string) (*Item, error) {
 	if it.Env.BodyRef != "-" {
 		q.releaseBody(ctx, it.Env)
 	}
-	return it, nil
+	return nil
+}
+
+// scheduledFirst reports whether e is a message sent later that has not
+// been tried yet: the schedule Enqueue made, whose firing a worker moves
+// to the work lane (Delivery.Scheduled).
+func scheduledFirst(e *Envelope) bool {
+	return e.Step == 0 && e.Attempt == 0 && !e.SendAt.IsZero() && !e.Probe
+}
+
+// dropFiredCopy deletes what holds the envelope of the schedule it at the
+// same step now that the schedule itself is gone: its due copy (the
+// schedule fired, or a fast-forward made it due), or a schedule that
+// replaced it (a release rewrites the schedule under a new sequence). A
+// later step is another envelope's: a worker's retry written before it
+// saw the drop's marker.
+func (q *Queue) dropFiredCopy(ctx context.Context, it *Item) {
+	lane := LaneRetry
+	if it.State == StateThrottled {
+		lane = LaneRateLimit
+	}
+	for _, subj := range []string{dueSubject(lane, it.Env.Dest, it.Env.ID), schedSubject(lane, it.Env.Dest, it.Env.ID)} {
+		m, err := q.lanes[lane].GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err == nil {
+			step, serr := intHeader(m.Header, HdrStep)
+			if serr != nil || step != it.Env.Step || m.Sequence == it.Seq {
+				continue
+			}
+			err = q.lanes[lane].DeleteMsg(ctx, m.Sequence)
+		}
+		if err != nil && !msgGone(err) {
+			q.log.Warn().Err(err).Str("msg_id", it.Env.ID).Str("subject", subj).
+				Msg("drop: a copy of a schedule that fired or moved meanwhile not removed; a worker acknowledges it unsent")
+		}
+	}
 }
 
 // dropLaterCopy deletes the work lane's copy of e at a later step, if
@@ -582,12 +666,14 @@ func (q *Queue) dropLaterCopy(ctx context.Context, e *Envelope) {
 	if err == nil && laterStep(m.Header, e) {
 		err = q.lanes[LaneWork].DeleteMsg(ctx, m.Sequence)
 	}
-	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if err != nil && !msgGone(err) {
 		q.log.Warn().Err(err).Str("msg_id", e.ID).Msg("drop: the work lane's copy of a scheduled message not removed")
 	}
 }
 
-func (q *Queue) deleteItem(ctx context.Context, it *Item) error {
+// deleteItem deletes the stored message it names, and reports whether it
+// was still there.
+func (q *Queue) deleteItem(ctx context.Context, it *Item) (bool, error) {
 	var s jetstream.Stream
 	switch it.State {
 	case StateQueued:
@@ -599,10 +685,34 @@ func (q *Queue) deleteItem(ctx context.Context, it *Item) error {
 	case StateDead:
 		s = q.dead
 	}
-	if err := s.DeleteMsg(ctx, it.Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Errorf("delete %s: %w", it.Env.ID, err)
+	err := s.DeleteMsg(ctx, it.Seq)
+	if msgGone(err) {
+		return false, nil
 	}
-	return nil
+	if err != nil {
+		return false, fmt.Errorf("delete %s: %w", it.Env.ID, err)
+	}
+	return true, nil
+}
+
+// msgGone reports whether a DeleteMsg error says the message was no
+// longer stored (removed meanwhile: a schedule that fired, an envelope a
+// worker acknowledged). nats.go does not return ErrMsgNotFound for it: it
+// wraps the server's answer as text after ErrMsgDeleteUnsuccessful, and
+// nats-server answers a missing sequence with JSStreamMsgDeleteFailedF
+// (10057) carrying its store's ErrStoreMsgNotFound, "no message found",
+// or with JSSequenceNotFoundErrF (10043) when the store removed nothing
+// (jsMsgDeleteRequest in server/jetstream_api.go). Taken for a failure,
+// a drop that lost the race with a firing stopped half-way with an error.
+func msgGone(err error) bool {
+	if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) {
+		return err != nil
+	}
+	if !errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		return false
+	}
+	s := err.Error()
+	return strings.Contains(s, "err_code=10057 description=no message found") || strings.Contains(s, "err_code=10043 ")
 }
 
 // ReleaseDest reschedules every deferred and throttled envelope of dest,

@@ -332,6 +332,57 @@ func TestReleaseDestLeavesScheduledMail(t *testing.T) {
 	}
 }
 
+// TestDropRacingItsSchedule: a drop that reads a deferred envelope's
+// schedule just before the server fires it into the due subject (it
+// stores the due copy and removes the schedule, in milliseconds). The
+// drop's delete of the schedule then finds nothing; before, the drop
+// stopped there with an error ("no message found"), no dropped event,
+// and the due copy waited for a worker, which sent it. Now the drop
+// completes, removes the due copy of the same step, and a worker that
+// fetched the copy first finds the drop's SENT marker and acknowledges
+// it unsent. A schedule a release rewrote meanwhile is removed as well.
+func TestDropRacingItsSchedule(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e := deferOne(t, q, LaneRetry, time.Now().Add(time.Second))
+	it, err := q.Find(ctx, e.ID) // the drop's look: the schedule, not yet fired
+	if err != nil || it.Due || it.State != StateDeferred {
+		t.Fatalf("find before the firing: %+v, %v", it, err)
+	}
+	retry, _ := q.Messages(ctx, LaneRetry, 1)
+	d := next(t, retry) // fired meanwhile, and fetched by a worker that has not looked at it yet
+	if d.Env.ID != e.ID || d.Env.Step != e.Step {
+		t.Fatalf("due %+v, want %s at step %d", d.Env, e.ID, e.Step)
+	}
+	if err := q.drop(ctx, it, "admin"); err != nil { // the rest of the drop
+		t.Fatal(err)
+	}
+	if again, err := q.Find(ctx, e.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after the drop the due copy waits on: %+v, %v", again, err)
+	}
+	if done, err := d.AlreadyHandled(ctx); err != nil || !done {
+		t.Fatalf("AlreadyHandled = %v, %v for the dropped message's due copy: a worker sends it", done, err)
+	}
+
+	// A release that rewrites the schedule (a new sequence on its
+	// subject) between the drop's read and its delete: the new schedule
+	// goes too, rather than fire later.
+	e = deferOne(t, q, LaneRetry, time.Now().Add(time.Hour))
+	if it, err = q.Find(ctx, e.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.ReleaseDest(ctx, "d.example", nil, 0, time.Hour); err != nil || n != 1 {
+		t.Fatalf("released %d, %v", n, err)
+	}
+	if err := q.drop(ctx, it, "admin"); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := q.Find(ctx, e.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after the drop the released schedule waits on: %+v, %v", again, err)
+	}
+}
+
 // TestDropInFlight: a message dropped while a worker holds it. A sibling
 // part of the same submission keeps the body they share, though the drop
 // and the worker's delivery both release the dropped part's share; and

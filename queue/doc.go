@@ -50,9 +50,11 @@
 // count of a multi-part submission's envelopes still holding its body, the
 // first-pass and delay records through which those envelopes send one
 // delivery status notification per message and event (RecordPass,
-// ClosePass, NoteDelay), and the fleet-wide allowance of notifications per
-// address (TakeAllowance). The per-tenant suppression
-// list that submission checks is a bucket of queue's too (suppress.go).
+// ClosePass, NoteDelay), the deadlines of first passes left open, which
+// any process takes up (WaitPass, PassWaits), and the fleet-wide
+// allowance of notifications per address (TakeAllowance). The per-tenant
+// suppression list that submission checks is a bucket of queue's too
+// (suppress.go).
 //
 // The events stream is read three ways: by envelope (History, the id's
 // shard of subjects), by type and tenant for consumers that follow it

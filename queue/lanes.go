@@ -437,7 +437,9 @@ func (d *Delivery) copyToWork(ctx context.Context) error {
 		return fmt.Errorf("to work %s: %w", next.ID, err)
 	}
 	// A drop that came while the copy was written: take the copy back
-	// (a worker that took it in these milliseconds still delivers it).
+	// (a worker that took it in these milliseconds finds the SENT marker
+	// the drop writes for the copy's step, unless it looked before the
+	// marker was written: that one is in flight, and still delivers it).
 	d.droppedAsked = false
 	if d.Dropped(ctx) {
 		d.q.dropLaterCopy(ctx, d.Env)

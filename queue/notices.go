@@ -153,6 +153,127 @@ func (q *Queue) ClosePass(ctx context.Context, msgID string) ([]json.RawMessage,
 	return out, owed, nil
 }
 
+// A first pass left open by a part's note is waited on until its deadline
+// by the process that wrote the note (worker/passwait.go), in memory. The
+// part that would complete the pass may never come: dropped by an
+// operator, it never reaches its pass, and then nothing but that timer
+// ends the pass; a process that stopped before the deadline took the
+// sender's notice with it. So the wait is also kept in the SENT bucket,
+// "passwait.<msg id>", holding what the report needs (a part's
+// per-message fields, the body it returns) and the deadline; a process
+// that starts, and every process from time to time, takes up the waits
+// listed there (PassWaits). The key goes once the pass's report is sent,
+// or the pass completed (EndPassWait): by a stream purge of its subject,
+// which leaves no marker, so listing the waits reads only the open ones,
+// not a marker for every multi-part message of the bucket's lifetime. A
+// wait left behind (a removal lost) ends at its deadline: ClosePass finds
+// the pass complete and owes nothing, and the key goes then.
+
+// PassWait is one first pass waited on, as WaitPass stored it.
+type PassWait struct {
+	// Env is a part of the message without its body or history: the
+	// report's per-message fields (sender, tenant, DSN parameters).
+	Env *Envelope `json:"env"`
+	// Body is what the report returns of the original, already bounded
+	// by the caller; nil to read it from the Object Store (Env.BodyRef).
+	Body []byte `json:"body,omitempty"`
+	// Due is the pass's deadline, on the clock of the process that
+	// wrote it.
+	Due time.Time `json:"due"`
+}
+
+func passWaitKey(msgID string) string { return "passwait." + msgID }
+
+// WaitPass records that e's first pass is waited on until due, unless a
+// wait is recorded already (the pass's deadline runs from its first
+// note), and syncs it: it must outlive a power loss as the note does. An
+// error means nothing may be assumed stored; the caller's durable step
+// must fail, as for RecordPass.
+func (q *Queue) WaitPass(ctx context.Context, e *Envelope, body []byte, due time.Time) error {
+	val, err := json.Marshal(&PassWait{Env: e, Body: body, Due: due.UTC()})
+	if err != nil {
+		return fmt.Errorf("pass wait: %w", err)
+	}
+	q.count(OpSentPut)
+	if _, err := q.sent.Create(ctx, passWaitKey(e.MsgID), val); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return nil
+		}
+		return fmt.Errorf("pass wait: %w", err)
+	}
+	return q.durable(ctx, kvStream(BucketSent))
+}
+
+// PassWaits lists every pass wait recorded, in no particular order. One
+// that cannot be read is left out (and logged).
+func (q *Queue) PassWaits(ctx context.Context) ([]PassWait, error) {
+	w, err := q.sent.WatchFiltered(ctx, []string{passWaitKey(">")}, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("pass waits: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []PassWait
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("pass waits: %w", ctx.Err())
+		case ent, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("pass waits: the listing ended early")
+			}
+			if ent == nil {
+				return out, nil // every wait stored when the listing began
+			}
+			var pw PassWait
+			if err := json.Unmarshal(ent.Value(), &pw); err != nil || pw.Env == nil || pw.Env.MsgID == "" {
+				q.log.Warn().Err(err).Str("key", ent.Key()).Msg("a pass wait is unreadable; left to expire")
+				continue
+			}
+			out = append(out, pw)
+		}
+	}
+}
+
+// PassWaited reports whether msgID's pass wait is still recorded: false
+// once its report went out or its pass completed (EndPassWait).
+func (q *Queue) PassWaited(ctx context.Context, msgID string) (bool, error) {
+	_, _, found, err := q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject(passWaitKey(msgID)))
+	if err != nil {
+		return false, fmt.Errorf("pass wait: %w", err)
+	}
+	return found, nil
+}
+
+// EndPassWait removes msgID's pass wait, leaving no marker. Not synced: a
+// removal lost to a power loss leaves a wait that ends at its deadline
+// finding nothing owed, or sends the report again under its one queue id,
+// which the work stream's deduplication absorbs.
+func (q *Queue) EndPassWait(ctx context.Context, msgID string) error {
+	st, err := q.sentStream(ctx)
+	if err == nil {
+		err = st.Purge(ctx, jetstream.WithPurgeSubject(sentSubject(passWaitKey(msgID))))
+	}
+	if err != nil {
+		return fmt.Errorf("pass wait: %w", err)
+	}
+	return nil
+}
+
+// sentStream is the SENT bucket's stream, looked up once, for the
+// operations the key-value API has not (a purge that leaves no marker).
+func (q *Queue) sentStream(ctx context.Context) (jetstream.Stream, error) {
+	q.sentStMu.Lock()
+	defer q.sentStMu.Unlock()
+	if q.sentSt == nil {
+		st, err := q.js.Stream(ctx, sentStreamName)
+		if err != nil {
+			return nil, err
+		}
+		q.sentSt = st
+	}
+	return q.sentSt, nil
+}
+
 // updateRecord is updateKey for a per-message record, synced when written:
 // the record decides whether a notice is owed, so it must outlive a power
 // loss like the envelope whose step follows it.

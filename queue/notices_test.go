@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestRecordPassOneCompleter: parts recording at once count once each;
@@ -210,4 +212,50 @@ func benchRecordPass(b *testing.B, q *Queue, prefix string) {
 	after := q.Ops()
 	kv := after["sent_get"] + after["sent_put"] - before["sent_get"] - before["sent_put"]
 	b.ReportMetric(float64(kv)/float64(b.N), "sent-ops/op")
+}
+
+// TestPassWaitsListOnlyOpen: a pass wait keeps its first deadline, is
+// listed with what its report needs until it is ended, and leaves nothing
+// in the bucket's stream once ended, so a listing reads open waits only.
+func TestPassWaitsListOnlyOpen(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	due := time.Now().Add(time.Minute).UTC()
+	for _, w := range []struct {
+		msg string
+		due time.Time
+	}{{"a", due}, {"b", due}, {"a", due.Add(time.Hour)}} {
+		e := &Envelope{ID: w.msg + "-1", MsgID: w.msg, Parts: 2, From: "s@src.example", Tenant: "t"}
+		if err := q.WaitPass(ctx, e, []byte("Subject: x\r\n\r\n"), w.due); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.EndPassWait(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	waits, err := q.PassWaits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(waits) != 1 || waits[0].Env.MsgID != "a" || waits[0].Env.From != "s@src.example" || !waits[0].Due.Equal(due) ||
+		string(waits[0].Body) != "Subject: x\r\n\r\n" {
+		t.Fatalf("waits %+v; want a's alone, with its first deadline", waits)
+	}
+	for msg, want := range map[string]bool{"a": true, "b": false} {
+		if got, err := q.PassWaited(ctx, msg); err != nil || got != want {
+			t.Errorf("PassWaited(%s) = %v, %v; want %v", msg, got, err, want)
+		}
+	}
+	st, err := q.sentStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(sentSubject(passWaitKey(">"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(info.State.Subjects); n != 1 {
+		t.Fatalf("%d pass-wait subjects in the stream, want 1 (an ended wait leaves no marker)", n)
+	}
 }

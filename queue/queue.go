@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -167,6 +168,9 @@ type Queue struct {
 	pulling atomic.Int64
 	// times are the work lane's waits; zero: the package's (lanes.go).
 	times laneTimes
+	// sentSt is the SENT bucket's stream, once sentStream looked it up.
+	sentSt   jetstream.Stream
+	sentStMu sync.Mutex
 }
 
 // connectTimeout bounds the NATS connection handshake.

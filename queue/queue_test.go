@@ -608,7 +608,8 @@ func TestScheduledMailMovesToWork(t *testing.T) {
 
 // TestScheduledMailDroppedDuringItsMove: a drop that lands while a
 // scheduled message is being moved to the work lane (after the worker's
-// look at the marker) takes the copy back.
+// look at the marker) takes the copy back, and a worker that fetched the
+// copy before that does not send it.
 func TestScheduledMailDroppedDuringItsMove(t *testing.T) {
 	q, _ := startQueue(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -631,6 +632,13 @@ func TestScheduledMailDroppedDuringItsMove(t *testing.T) {
 	}
 	if it, err := q.Find(ctx, ids[0]); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("the dropped message's copy waits on the work lane: %+v, %v", it, err)
+	}
+	// A worker that fetched the copy before it was taken back finds the
+	// drop's marker of the copy's step, and does not send it.
+	moved := d.Env.Clone()
+	moved.Step = 1
+	if done, err := (&Delivery{Env: moved, Lane: LaneWork, q: q}).AlreadyHandled(ctx); err != nil || !done {
+		t.Fatalf("AlreadyHandled = %v, %v for the dropped message's work copy", done, err)
 	}
 }
 

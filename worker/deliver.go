@@ -76,7 +76,13 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		return err
 	}
 	if done {
-		w.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Msg("redelivered envelope was already handled; acknowledging")
+		if d.Dropped(ctx) {
+			// A copy the drop could not remove (a schedule firing while
+			// it ran, or one fetched here already): its SENT marker.
+			w.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Msg("dropped by an operator; acknowledging without sending")
+		} else {
+			w.log.Info().Str("msg_id", e.ID).Int("step", e.Step).Msg("redelivered envelope was already handled; acknowledging")
+		}
 		return d.Skip(ctx)
 	}
 	// Keep the ack alive from here to the outcome: an admission wait for

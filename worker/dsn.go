@@ -699,10 +699,21 @@ func (w *deliverer) recordPass(ctx context.Context, e *queue.Envelope, note pass
 		if err := w.passNotices(ctx, e, w.readNotes(e, p.Notes), body, passReportKey(e.MsgID)); err != nil {
 			return err
 		}
+		if len(p.Notes) > 0 {
+			// A part that noted something may have recorded a wait.
+			w.endPassWait(ctx, e.MsgID)
+		}
 	case raw != nil && !p.Alone && w.dsn.cfg.PassTimeout > 0:
 		// The others may never come: this process sends the report at
-		// the pass's deadline if nobody completed it by then.
-		w.dsn.passes.wait(e, body, w.now().Add(w.dsn.cfg.PassTimeout))
+		// the pass's deadline if nobody completed it by then, or, if it
+		// stops first, whichever process takes up the wait it records
+		// (passWaits).
+		due := w.now().Add(w.dsn.cfg.PassTimeout)
+		c, b := waitCopy(e, body)
+		if err := w.cfg.Queue.WaitPass(ctx, c, b, due); err != nil {
+			return err
+		}
+		w.dsn.passes.wait(c, b, due)
 	}
 	e.PassNoted = true
 	return nil

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -154,6 +155,59 @@ func TestPassReportOnceAcrossCrash(t *testing.T) {
 	waitUntil(t, "the report at the MX", func() bool { return len(reports(e.mx)) == 1 })
 	if got := finalRcpts(reports(e.mx)[0].Data); strings.Join(got, ",") != "gone@dest.test,gone@other.test" {
 		t.Fatalf("report lists %v", got)
+	}
+}
+
+// TestPassReportSurvivesRestartAfterDrop: a process bounces one part of a
+// two-part message (its note in the pass record, the pass left open, a
+// timer for its deadline), an operator drops the other part before it
+// reaches its pass, and the process stops. Before, the timer was in its
+// memory only and nothing else could end the pass (the part that would
+// complete it was gone), so the sender never heard of the bounce. The
+// wait is now kept in the SENT bucket, and the process started next
+// takes it up and sends the report at the deadline.
+func TestPassReportSurvivesRestartAfterDrop(t *testing.T) {
+	e := newEnv(t, bounceGone)
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	cfg := dsnConfig(m)
+	cfg.PassTimeout = 500 * time.Millisecond
+	ids := e.submitParts("gone@one.test", "gone@two.test")
+	if len(ids) != 2 {
+		t.Fatalf("want two parts, got %v", ids)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pull, stopPull := context.WithCancel(ctx)
+	work, err := e.q.Messages(pull, queue.LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d *queue.Delivery
+	select {
+	case d = <-work:
+	case <-ctx.Done():
+		t.Fatal("no part pulled")
+	}
+	stopPull()
+	first := noticeDeliverer(t, e.q, e.snd, cfg) // the process that stops
+	if err := first.handle(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if n := counterValue(m.Sent.WithLabelValues("failed")); n != 0 {
+		t.Fatalf("%v failed notices with the other part still to come", n)
+	}
+	other := ids[0]
+	if other == d.Env.ID {
+		other = ids[1]
+	}
+	if _, err := e.q.Drop(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	// first stops here, before the deadline; the next process starts.
+	e.startPool(func(c *Config) { c.DSN = cfg })
+	testutil.WaitFor(t, 15*time.Second, "the report after the restart", func() bool { return len(reports(e.mx)) == 1 })
+	if got := finalRcpts(reports(e.mx)[0].Data); strings.Join(got, ",") != d.Env.Rcpts[0] {
+		t.Fatalf("report lists %v, want %s", got, d.Env.Rcpts[0])
 	}
 }
 

@@ -2,11 +2,14 @@ package worker
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/backoff"
@@ -214,5 +217,69 @@ func TestPanicEveryTimeIsHeld(t *testing.T) {
 	e.waitEvent(id, queue.EventDelivered)
 	if n := len(e.mx.Messages()); n != 1 {
 		t.Fatalf("%d messages delivered, want 1", n)
+	}
+}
+
+// TestGivenBackThenOnePanicIsNotHeld: an envelope that waited in a busy
+// process and was given back unstarted twice (queue's fetchOnce: a nak
+// after half the ack wait) comes back with the server's delivery count at
+// three or more. Its delivery then panics once while the fleet's panic
+// count cannot be kept (here an unreadable counter). Before, the count
+// fell back on the hand-outs, three, and the one panic held the envelope
+// for an operator; it now counts this process's panics, and the envelope
+// is left to be handed out again.
+func TestGivenBackThenOnePanicIsNotHeld(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id := e.submit("r@dest.test")
+	pull, stopPull := context.WithCancel(ctx)
+	defer stopPull()
+	work, err := e.q.Messages(pull, queue.LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nobody takes it: given back after each half ack wait (1 s).
+	testutil.WaitFor(t, 20*time.Second, "two give-backs", func() bool { return e.q.Ops()["given_back"] >= 2 })
+	var d *queue.Delivery
+	select {
+	case d = <-work:
+	case <-ctx.Done():
+		t.Fatal("the envelope was not handed out again")
+	}
+	stopPull()
+	if d.Env.ID != id || d.Deliveries < panicHold {
+		t.Fatalf("%s handed out %d times, want %s after two give-backs", d.Env.ID, d.Deliveries, id)
+	}
+	// The fleet's counter unreadable: CountPanic fails.
+	ci := e.emb.InProcessInfo()
+	nc, err := nats.Connect("", nats.InProcessServer(e.emb.Server()), nats.UserInfo(ci.User, ci.Password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, queue.BucketSent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := "panics." + d.Env.SentKey() + "." + strconv.FormatInt(d.Env.SubmittedAt.UnixNano(), 10)
+	if _, err := kv.Put(ctx, key, []byte("garbled")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.CountPanic(ctx); err == nil {
+		t.Fatal("CountPanic kept counting over an unreadable counter")
+	}
+	p, err := New(Config{WorkerID: "w", Queue: e.q, Sender: newPanickySender(e.snd, 1), Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	(&deliverer{Pool: p, id: "w/0"}).safeHandle(ctx, d)
+	it, err := e.q.Find(ctx, id)
+	if err != nil || it.State != queue.StateQueued {
+		t.Fatalf("after one panic: %+v, %v; want it queued, to be handed out again, not held", it, err)
 	}
 }

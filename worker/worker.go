@@ -144,6 +144,8 @@ type Pool struct {
 	// families: the address families destinations lack, for egress
 	// pools that mix IPv4 and IPv6.
 	families families
+	// panics counts this process's panicked deliveries (safeHandle).
+	panics panicCounts
 }
 
 // New checks cfg and returns a Pool; Run starts it.
@@ -270,8 +272,15 @@ func (w *deliverer) safeHandle(ctx context.Context, d *queue.Delivery) {
 			w.log.Error().Str("msg_id", d.Env.ID).Uint64("deliveries", d.Deliveries).Interface("panic", r).Bytes("stack", debug.Stack()).Msg("delivery panicked")
 			w.cfg.Metrics.panic()
 			n, err := d.CountPanic(ctx)
+			local := w.panics.add(d.Env)
 			if err != nil {
-				n = int(d.Deliveries) // the count cannot be kept: the hand-outs bound it
+				// The fleet's count cannot be kept: this process's own
+				// bounds it. Not the server's hand-outs
+				// (Delivery.Deliveries): an envelope given back unstarted
+				// while every worker was busy (queue's fetchOnce) comes
+				// back with that count raised, and one panic held it.
+				w.log.Warn().Err(err).Str("msg_id", d.Env.ID).Int("panics_here", local).Msg("panic count not kept; counting this process's")
+				n = local
 			}
 			if n >= panicHold {
 				w.holdPanicked(ctx, d, r, n)
@@ -289,6 +298,30 @@ func (w *deliverer) safeHandle(ctx context.Context, d *queue.Delivery) {
 // panicHold is how many panicked deliveries of an envelope hold it for an
 // operator rather than leave it to be handed out again.
 const panicHold = 3
+
+// panicCounts counts the panicked deliveries of each envelope step in
+// this process: what holds an envelope that keeps panicking while the
+// fleet's count (Delivery.CountPanic) cannot be kept. Bounded: past
+// maxPanicsTracked entries it starts again from empty, which lets an
+// envelope panic a few times more, never holds one sooner.
+type panicCounts struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+const maxPanicsTracked = 10_000
+
+// add counts one panic of e at its step and returns its count.
+func (c *panicCounts) add(e *queue.Envelope) int {
+	key := e.SentKey() + "." + strconv.FormatInt(e.SubmittedAt.UnixNano(), 10)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxPanicsTracked {
+		c.m = map[string]int{}
+	}
+	c.m[key]++
+	return c.m[key]
+}
 
 // holdPanicked parks an envelope whose delivery panicked again with the
 // held (unknown-outcome) envelopes, where `queue list --state unknown`
