@@ -23,7 +23,11 @@
 // process-wide budget of bytes in flight, and a tenant's share of it,
 // before its body is read; one that finds no room within a short wait is
 // refused, unread and unstored, 503 or 429 too-much-in-flight
-// (inflight.go). Lists are read a page at a time: GET /v1/suppressions
+// (inflight.go). A look-up (GET /v1/events) reads through the events
+// stream every tenant shares, unindexed, for up to SearchTimeout: a
+// process runs four at once, a key one, and the keys of one tenant two,
+// so that one tenant's slow look-ups cannot take them all; one past these
+// is refused before it reads, 429 or 503 too-many-searches (events.go). Lists are read a page at a time: GET /v1/suppressions
 // takes limit and an opaque cursor, answers next_cursor while more follow,
 // and reads only the page from the store.
 //

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -28,30 +29,63 @@ const (
 	// reading through the events on the NATS server every tenant shares;
 	// a key runs one at a time.
 	maxSearches = 4
+	// tenantSearches is how many of them the keys of one tenant run at
+	// once: half. A look-up can take SearchTimeout (30 s), and a tenant
+	// with four keys once held all four and refused every other tenant's
+	// for as long as its own slow ones ran; at half, however slow its
+	// look-ups, two are left to the other tenants.
+	tenantSearches = maxSearches / 2
+	// searchRetryAfter is the Retry-After of a refused look-up, in
+	// seconds: nothing was read for it, so asking again is cheap, and
+	// most look-ups end within a second or two.
+	searchRetryAfter = 1
 )
 
-// startSearch admits one look-up of key's, or says why not (429): the
-// key has one running, or the process has maxSearches. release ends it.
-func (s *Server) startSearch(key string) (release func(), p *Problem) {
+// searches counts the GET /v1/events running, under Server.mu.
+type searches struct {
+	keys    map[string]bool // key ids with a look-up running
+	tenants map[string]int  // look-ups running by the tenant of their key, only those with some
+	running int
+}
+
+// startSearch admits one look-up of key's, or refuses it with
+// too-many-searches: 429 when the key runs one or its tenant's keys run
+// tenantSearches (the client's own look-ups are in the way), 503 when the
+// process runs maxSearches (other tenants' are). The look-up is charged
+// to the tenant of the key, not to the tenant it names: an admin key
+// reading a tenant's events on an operator's behalf does not take that
+// tenant's share. release ends it.
+func (s *Server) startSearch(key *KeyInfo) (release func(), p *Problem) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	busy := ""
+	sr := &s.searches
 	switch {
-	case s.searching[key]:
-		busy = "this key has a look-up running; one at a time"
-	case len(s.searching) >= maxSearches:
-		busy = "too many look-ups running at once"
+	case sr.keys[key.ID]:
+		p = problem(http.StatusTooManyRequests, ProblemSearchBusy, "too many look-ups",
+			"this key has a look-up running; a key runs one at a time")
+	case sr.tenants[key.Tenant] >= tenantSearches:
+		p = problem(http.StatusTooManyRequests, ProblemSearchBusy, "too many look-ups",
+			fmt.Sprintf("tenant %s has %d look-ups running, its share of the %d this server runs at once", key.Tenant, tenantSearches, maxSearches))
+	case sr.running >= maxSearches:
+		p = problem(http.StatusServiceUnavailable, ProblemSearchBusy, "server busy",
+			fmt.Sprintf("this server runs %d look-ups at once, and runs as many now", maxSearches))
 	}
-	if busy != "" {
-		p := problem(http.StatusTooManyRequests, ProblemRateLimited, "rate limited", busy)
-		p.RetryAfter = 1
+	if p != nil {
+		p.RetryAfter = searchRetryAfter
 		return nil, p
 	}
-	s.searching[key] = true
+	sr.keys[key.ID] = true
+	sr.tenants[key.Tenant]++
+	sr.running++
 	return func() {
 		s.mu.Lock()
-		delete(s.searching, key)
-		s.mu.Unlock()
+		defer s.mu.Unlock()
+		delete(sr.keys, key.ID)
+		sr.tenants[key.Tenant]--
+		if sr.tenants[key.Tenant] <= 0 {
+			delete(sr.tenants, key.Tenant)
+		}
+		sr.running--
 	}, nil
 }
 
@@ -87,8 +121,11 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, key *KeyInfo
 		}
 		fq.Limit = n
 	}
-	release, p := s.startSearch(key.ID)
+	release, p := s.startSearch(key)
 	if p != nil {
+		// Operators see which tenant's look-ups fill the server.
+		s.log.Warn().Str("tenant", key.Tenant).Str("key_id", key.ID).Int("status", p.Status).Str("detail", p.Detail).
+			Msg("api look-up refused: too many running")
 		return p
 	}
 	defer release()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,37 +95,98 @@ func (b *blockingFind) FindEvents(ctx context.Context, q queue.EventQuery) ([]qu
 	return nil, 0, nil
 }
 
-// Look-ups run one at a time per key and maxSearches at once in the
-// process; past either, 429 with Retry-After.
+// Look-ups run one at a time per key, tenantSearches at once for the keys
+// of one tenant, and maxSearches at once in the process; past any of them
+// the answer is too-many-searches with Retry-After (429 for the key's or
+// its tenant's own, 503 for a full server). A tenant with as many keys as
+// the process has room does not take it all: another tenant's look-up
+// still runs.
 func TestListEventsConcurrency(t *testing.T) {
 	bf := &blockingFind{started: make(chan struct{}, 16), release: make(chan struct{})}
 	f := newFixture(t, func(c *Config) { bf.Queue = c.Queue; c.Queue = bf })
-	keys := []string{f.key}
-	for i := range maxSearches {
-		k, _, err := f.srv.Keys().Create(context.Background(), "tenant"+string(rune('a'+i)), false)
+	// A failure leaves look-ups blocked: release them before the server
+	// closes, which waits for its handlers.
+	var once sync.Once
+	release := func() { once.Do(func() { close(bf.release) }) }
+	t.Cleanup(release)
+	ctx := context.Background()
+	newKey := func(tenant string) string {
+		t.Helper()
+		k, _, err := f.srv.Keys().Create(ctx, tenant, false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		keys = append(keys, k)
+		return k
 	}
-	done := make(chan int, maxSearches)
-	for _, k := range keys[:maxSearches] {
-		go func() { done <- f.do(t, "GET", "/v1/events?recipient=ann@example.net", k, nil, nil).status }()
-		<-bf.started
+	acme := []string{f.key}
+	for range maxSearches - 1 {
+		acme = append(acme, newKey("acme"))
 	}
-	for _, k := range []string{keys[0], keys[maxSearches]} { // the same key again; a fifth key
-		r := f.do(t, "GET", "/v1/events?recipient=ann@example.net", k, nil, nil)
-		if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" {
-			t.Fatalf("a look-up past the limits: %d %s", r.status, r.raw)
+	other := []string{newKey("other"), newKey("other")}
+	third := newKey("third")
+
+	// try sends a look-up: admitted, it is running (its status comes on
+	// done once released); refused, its answer.
+	done := make(chan int, 16)
+	admitted := 0
+	try := func(k string) (bool, response) {
+		t.Helper()
+		res := make(chan response, 1)
+		go func() {
+			r := f.do(t, "GET", "/v1/events?recipient=ann@example.net", k, nil, nil)
+			if r.status == http.StatusOK {
+				done <- r.status
+			}
+			res <- r
+		}()
+		select {
+		case <-bf.started:
+			admitted++
+			return true, response{}
+		case r := <-res:
+			return false, r
+		case <-time.After(30 * time.Second):
+			t.Fatal("a look-up neither ran nor was refused within 30s")
+			return false, response{}
 		}
 	}
-	close(bf.release)
-	for range maxSearches {
+	refused := func(what, k string, status int) {
+		t.Helper()
+		ok, r := try(k)
+		if ok {
+			t.Fatalf("%s: admitted, want %d %s", what, status, ProblemSearchBusy)
+		}
+		if r.status != status || r.json["type"] != ProblemSearchBusy || r.header.Get("Retry-After") == "" || r.json["retry_after"] == nil {
+			t.Fatalf("%s: %d %s %q, want %d %s with Retry-After", what, r.status, r.raw, r.header.Get("Retry-After"), status, ProblemSearchBusy)
+		}
+	}
+	admit := func(what, k string) {
+		t.Helper()
+		if ok, r := try(k); !ok {
+			t.Fatalf("%s: refused, %d %s", what, r.status, r.raw)
+		}
+	}
+
+	for i := range tenantSearches {
+		admit("acme's look-up within its share", acme[i])
+	}
+	refused("the same key again", acme[0], http.StatusTooManyRequests)
+	refused("acme's look-up past its share", acme[tenantSearches], http.StatusTooManyRequests)
+	// acme's slow look-ups leave the rest to the other tenants.
+	for i := range maxSearches - tenantSearches {
+		admit("another tenant's look-up beside acme's", other[i])
+	}
+	refused("a look-up of a third tenant in a full server", third, http.StatusServiceUnavailable)
+
+	release()
+	for range admitted {
 		if s := <-done; s != http.StatusOK {
 			t.Fatalf("a look-up within the limits: %d", s)
 		}
 	}
-	if r := f.do(t, "GET", "/v1/events?recipient=ann@example.net", keys[0], nil, nil); r.status != http.StatusOK {
-		t.Fatalf("after the others ended: %d %s", r.status, r.raw)
+	for _, k := range []string{acme[tenantSearches], third} {
+		if r := f.do(t, "GET", "/v1/events?recipient=ann@example.net", k, nil, nil); r.status != http.StatusOK {
+			t.Fatalf("after the others ended: %d %s", r.status, r.raw)
+		}
 	}
 }

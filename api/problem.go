@@ -68,6 +68,11 @@ const (
 	// ProblemQueryTooBroad: GET /v1/events read for SearchTimeout without
 	// reaching the end of what it was asked to read; 422.
 	ProblemQueryTooBroad = typePrefix + "query-too-broad"
+	// ProblemSearchBusy: GET /v1/events refused before it read anything,
+	// for the look-ups running: 429 when they are the key's (one at a
+	// time) or its tenant's (its share), 503 when the process runs as
+	// many as it may; retry after retry_after (events.go).
+	ProblemSearchBusy = typePrefix + "too-many-searches"
 	// ProblemAlreadySent: the message to cancel has left the queue
 	// (delivered, bounced, dropped, dead); 409.
 	ProblemAlreadySent = typePrefix + "already-sent"

@@ -116,8 +116,9 @@ type Server struct {
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by key id
-	// searching holds the keys with a GET /v1/events running (events.go).
-	searching map[string]bool
+	// searches counts the GET /v1/events running, by key and by tenant
+	// (events.go).
+	searches searches
 }
 
 // New opens the key and idempotency buckets and returns the API.
@@ -151,7 +152,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, keys: keys, idem: idem, log: cfg.Logger.With().Str("component", "api").Logger(),
-		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{}, searching: map[string]bool{},
+		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{},
+		searches: searches{keys: map[string]bool{}, tenants: map[string]int{}},
 		inflight: newInflightLimit(cfg.MaxInflightBytes, cfg.TenantInflightBytes)}
 	s.mux.Handle("/v1/messages", s.route(map[string]handler{http.MethodPost: s.postMessage}))
 	s.mux.Handle("/v1/messages/{id}", s.route(map[string]handler{http.MethodGet: s.getMessage, http.MethodDelete: s.cancelMessage}))

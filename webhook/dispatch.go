@@ -307,9 +307,22 @@ func (d *Dispatcher) consume(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			Timestamp time.Time       `json:"timestamp"`
 			Data      json.RawMessage `json:"data"`
 		}{ev.Type, ev.Time, m.Data()})
-		id := "evt_" + strconv.FormatUint(md.Sequence.Stream, 10)
-		settle(ctx, m, d.deliver(ctx, log, ep, id, ev.Type, body, m))
+		settle(ctx, m, d.deliver(ctx, log, ep, webhookID(md), ev.Type, body, m))
 	}
+}
+
+// webhookID is the webhook-id of the event stored as md says: its
+// sequence in the events stream and the time the stream stored it, in
+// Unix nanoseconds. The sequence alone starts again at 1 when the events
+// stream is made again (deleted and created, by hand or by a new setup of
+// the cluster), and a receiver that deduplicates on webhook-id, as
+// Standard Webhooks asks, would drop the new stream's events as repeats
+// of the old one's. The events carry no id of their own to use instead:
+// their id (and Outflow-Event-Id) names the envelope, which has many
+// events. Both parts are fixed once the event is stored, so every retry,
+// a redelivery to another daemon and a replay send the same id.
+func webhookID(md *jetstream.MsgMetadata) string {
+	return "evt_" + strconv.FormatUint(md.Sequence.Stream, 10) + "_" + strconv.FormatInt(md.Timestamp.UnixNano(), 10)
 }
 
 // settle acknowledges an event deliver finished with (the endpoint took

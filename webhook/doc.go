@@ -17,7 +17,9 @@
 // its consumer) until it is replayed. Events that spend their budget in a
 // row open the endpoint's breaker, kept in a bucket so that it outlives a
 // restart and holds for the whole fleet. Delivery is at least once; the
-// webhook-id of an event never changes, so a receiver can deduplicate.
+// webhook-id of an event never changes, and no other event has it, even
+// after the events stream is made again and its sequences start over
+// (webhookID), so a receiver can deduplicate.
 // Each endpoint has its own consumer and goroutine, so a slow or dead
 // endpoint delays neither mail nor another endpoint.
 package webhook

@@ -141,6 +141,7 @@ type receiver struct {
 	secret string
 	script []func(w http.ResponseWriter)
 	got    chan delivery
+	seen   []string // the webhook-id of every request, as it arrives
 }
 
 type delivery struct {
@@ -156,6 +157,7 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.script = r.script[1:]
 	}
 	secret, got := r.secret, r.got
+	r.seen = append(r.seen, req.Header.Get("webhook-id"))
 	r.mu.Unlock()
 	if err := Verify(secret, req.Header.Get("webhook-id"), req.Header.Get("webhook-timestamp"), req.Header.Get("webhook-signature"), body, time.Now(), 5*time.Minute); err != nil {
 		r.t.Errorf("delivery does not verify: %v", err)
@@ -575,6 +577,14 @@ func TestStoppedDispatcherGivesTheEventBack(t *testing.T) {
 		if d.body["data"].(map[string]any)["id"] != "e1" {
 			t.Fatalf("delivered %v, want e1 again", d.body)
 		}
+		// Redelivered by the stream to another dispatcher: the same
+		// webhook-id, so the receiver can tell it is the same event.
+		f.rc.mu.Lock()
+		first := f.rc.seen[0]
+		f.rc.mu.Unlock()
+		if d.id != first {
+			t.Fatalf("webhook-id %q on redelivery, %q the first time: want one id", d.id, first)
+		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("e1 not delivered again within 20s: the stopped dispatcher kept it until the ack wait")
 	}
@@ -694,6 +704,62 @@ func TestLostConsumerIsMadeAgain(t *testing.T) {
 	}
 	if !strings.Contains(f.logs.String(), "webhook consumer failed; making it again") {
 		t.Fatalf("no log line for the lost consumer:\n%s", f.logs.String())
+	}
+}
+
+// TestWebhookIDAfterStreamMadeAgain: the events stream deleted and
+// created again starts its sequences over at 1; an event stored there at
+// the sequence of one delivered before still gets a webhook-id of its own,
+// not that one's, which a receiver that remembers ids would take for a
+// repeat and drop.
+func TestWebhookIDAfterStreamMadeAgain(t *testing.T) {
+	f := newFixture(t, status(200))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "m1", Tenant: "acme", Dest: "x.test"})
+	before := f.next(t)
+	seq := func(id string) uint64 {
+		t.Helper()
+		parts := strings.Split(id, "_")
+		n, err := strconv.ParseUint(parts[min(1, len(parts)-1)], 10, 64)
+		if len(parts) < 2 || parts[0] != "evt" || err != nil {
+			t.Fatalf("webhook-id %q: want evt_<sequence>...", id)
+		}
+		return n
+	}
+
+	s, err := f.js.Stream(ctx, queue.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	if err := f.js.DeleteStream(ctx, queue.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the endpoint's consumer made again on the new stream", func() bool {
+		_, err := f.js.Consumer(context.Background(), queue.StreamEvents, consumerName(f.ep.ID))
+		return err == nil
+	})
+	// Another tenant's events, which the endpoint does not get, bring the
+	// new stream up to the sequence m1 had.
+	for range seq(before.id) - 1 {
+		if err := f.q.PublishEvent(ctx, queue.EventDelivered, &queue.Event{ID: "filler", Tenant: "other", Dest: "x.test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "m2", Tenant: "acme", Dest: "x.test"})
+	after := f.next(t)
+	if data, _ := after.body["data"].(map[string]any); data["id"] != "m2" {
+		t.Fatalf("delivered %v, want m2", after.body)
+	}
+	if seq(after.id) != seq(before.id) {
+		t.Fatalf("m2 stored at %s, m1 at %s: want the same sequence, as the test means to check", after.id, before.id)
+	}
+	if after.id == before.id {
+		t.Fatalf("m2 has the webhook-id of m1, %q, delivered before the stream was made again", after.id)
 	}
 }
 

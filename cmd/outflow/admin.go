@@ -1,17 +1,20 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/rs/zerolog"
@@ -117,16 +120,6 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// printIndentedJSON is printJSON for a person: indented, and like it
-// without HTML escapes, so a Message-ID reads <id@host> (as the receiver's
-// log has it), not \u003cid@host\u003e.
-func printIndentedJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
 func init() {
 	a := &adminFlags{}
 	qc := &cobra.Command{Use: "queue", Short: "inspect and operate on queued, deferred, throttled, unknown (held) and dead messages"}
@@ -192,11 +185,13 @@ func init() {
 				if err != nil {
 					return err
 				}
-				view := inspectView(ctx, q, it)
+				in := inspectMessage(ctx, q, it)
+				// As the other verbs: lines for a person, one JSON
+				// object with --json for a script.
 				if a.json {
-					return printJSON(cmd.OutOrStdout(), view)
+					return printJSON(cmd.OutOrStdout(), in.view())
 				}
-				return printIndentedJSON(cmd.OutOrStdout(), view)
+				return in.writeText(cmd.OutOrStdout())
 			})
 		},
 	}
@@ -436,9 +431,52 @@ func listRow(it queue.Item) row {
 	return r
 }
 
-// inspectView is what `queue inspect` prints. The message's own headers
-// are shown; the body and any credentials never are.
-func inspectView(ctx context.Context, q *queue.Queue, it *queue.Item) map[string]any {
+// inspection is what `queue inspect` shows of one message: the item, and
+// what its stored body says. The message's own headers are shown; the
+// body and any credentials never are.
+type inspection struct {
+	it *queue.Item
+	// headers are the message's own header lines; nil when its body was
+	// not read.
+	headers []string
+	bodyErr string // why the body could not be read
+	// keptUntil is when a body stored apart expires with its bucket: a
+	// held message replayed after it is a dead letter, "body missing".
+	keptUntil time.Time
+}
+
+// inspectMessage reads what `queue inspect` shows of it.
+func inspectMessage(ctx context.Context, q *queue.Queue, it *queue.Item) inspection {
+	in := inspection{it: it}
+	if it.Env.BodyRef != "-" {
+		if body, err := q.EnvelopeBody(ctx, it.Env); err == nil {
+			in.headers = messageHeaders(body, 60)
+		} else {
+			in.bodyErr = err.Error()
+		}
+		if until, err := q.BodyKeptUntil(ctx, it.Env); err == nil && !until.IsZero() {
+			in.keptUntil = until.UTC()
+		}
+	}
+	return in
+}
+
+// meta returns the attempt metadata and schedule headers of the stored
+// message.
+func (in inspection) meta() map[string]string {
+	meta := map[string]string{}
+	for k := range in.it.Header {
+		if strings.HasPrefix(k, "Outflow-") || strings.HasPrefix(k, "Nats-Schedule") {
+			meta[k] = in.it.Header.Get(k)
+		}
+	}
+	return meta
+}
+
+// view is what `queue inspect --json` prints; its keys are those scripts
+// read, kept as they were.
+func (in inspection) view() map[string]any {
+	it := in.it
 	v := map[string]any{
 		"id": it.Env.ID, "state": it.State, "due": it.Due, "subject": it.Subject, "stream_seq": it.Seq, "stored": it.Stored,
 		"envelope": it.Env, "attempt": it.Env.Attempt, "throttle_count": it.Env.ThrottleCount, "replays": it.Env.Replays,
@@ -450,26 +488,170 @@ func inspectView(ctx context.Context, q *queue.Queue, it *queue.Item) map[string
 	if it.DeadReason != "" {
 		v["dead_reason"] = it.DeadReason
 	}
-	meta := map[string]string{}
-	for k := range it.Header {
-		if strings.HasPrefix(k, "Outflow-") || strings.HasPrefix(k, "Nats-Schedule") {
-			meta[k] = it.Header.Get(k)
-		}
+	v["headers"] = in.meta()
+	if in.headers != nil {
+		v["message_headers"] = in.headers
 	}
-	v["headers"] = meta
-	if it.Env.BodyRef != "-" {
-		if body, err := q.EnvelopeBody(ctx, it.Env); err == nil {
-			v["message_headers"] = messageHeaders(body, 60)
-		} else {
-			v["body_error"] = err.Error()
-		}
-		// A body stored apart expires with its bucket: a held message
-		// replayed after it is a dead letter, "body missing".
-		if until, err := q.BodyKeptUntil(ctx, it.Env); err == nil && !until.IsZero() {
-			v["body_kept_until"] = until.UTC()
-		}
+	if in.bodyErr != "" {
+		v["body_error"] = in.bodyErr
+	}
+	if !in.keptUntil.IsZero() {
+		v["body_kept_until"] = in.keptUntil
 	}
 	return v
+}
+
+// writeText prints the inspection for a person, as `dest status` prints a
+// destination: a line per field, then the attempts so far as a table (the
+// envelope keeps the newest; `queue history` has them all with their
+// decision records), the attempt metadata and the message's header lines.
+// A reply, a header or an address comes from a remote server or a tenant,
+// so each is made printable first.
+func (in inspection) writeText(w io.Writer) error {
+	it, env := in.it, in.it.Env
+	line := func(label, format string, args ...any) {
+		fmt.Fprintf(w, "%-17s%s\n", label+":", printable(fmt.Sprintf(format, args...)))
+	}
+	ts := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format(time.RFC3339)
+	}
+	line("id", "%s", env.ID)
+	if env.MsgID != "" && env.MsgID != env.ID {
+		line("message", "%s (%d part(s), one per destination)", env.MsgID, env.Parts)
+	}
+	state := string(it.State)
+	switch {
+	case it.Due:
+		state += ", due: waiting for a worker"
+	case !it.NextAt.IsZero():
+		state += ", next attempt " + ts(it.NextAt)
+	}
+	line("state", "%s", state)
+	line("tenant", "%s", dash(env.Tenant))
+	line("from", "%s", dash(env.From))
+	line("recipients", "%s", dash(strings.Join(env.Rcpts, ", ")))
+	dest := env.Dest
+	if env.Group != "" {
+		dest += " (provider group " + env.Group + ")"
+	}
+	line("destination", "%s", dest)
+	line("message-id", "%s", dash(env.MessageID))
+	line("size", "%d bytes", env.Size)
+	line("submitted", "%s", ts(env.SubmittedAt))
+	if !env.SendAt.IsZero() {
+		line("send at", "%s", ts(env.SendAt))
+	}
+	line("attempt", "%s, replay %d", row{Attempt: env.Attempt, Throttled: env.ThrottleCount}.attempts(), env.Replays)
+	line("first attempt", "%s", ts(env.FirstAttempt))
+	line("deadline", "%s", ts(env.Deadline))
+	line("last class", "%s", dash(env.LastClass))
+	// The reply and the dead letter's reason whole: they are the evidence
+	// an operator reads inspect for (the list cuts them short).
+	line("last reply", "%s", dash(strings.Join(strings.Fields(env.LastReply), " ")))
+	if it.DeadReason != "" {
+		line("dead reason", "%s", strings.Join(strings.Fields(it.DeadReason), " "))
+	}
+	line("stored", "%s on %s (sequence %d)", ts(it.Stored), it.Subject, it.Seq)
+	switch {
+	case env.BodyRef == "-":
+		line("body", "none: a parked malformed message, not an envelope")
+	case in.bodyErr != "":
+		line("body", "cannot be read: %s", in.bodyErr)
+	case env.Inline():
+		line("body", "in the envelope")
+	case !in.keptUntil.IsZero():
+		line("body", "stored apart (%s), kept until %s", env.BodyRef, ts(in.keptUntil))
+	default:
+		line("body", "stored apart (%s)", env.BodyRef)
+	}
+	if env.DSN != nil {
+		line("dsn", "%s", dsnLine(env.DSN))
+	}
+
+	if len(env.History) > 0 {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TIME\tATTEMPT\tWORKER\tCLASS\tRULE\tLANE\tDELAY\tREPLY")
+		for _, a := range env.History {
+			delay := "-"
+			if a.DelayMs > 0 {
+				delay = (time.Duration(a.DelayMs) * time.Millisecond).String()
+			}
+			reply := a.Reply
+			if a.Code != 0 {
+				reply = strings.TrimSpace(fmt.Sprintf("%d %s %s", a.Code, a.Enhanced, a.Reply))
+			}
+			fmt.Fprintln(tw, printable(fmt.Sprintf("%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s", a.At.UTC().Format(time.RFC3339Nano), a.Attempt,
+				dash(a.Worker), dash(a.Class), dash(a.Rule), dash(a.Lane), delay, dash(short(reply, 70)))))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+
+	meta := in.meta()
+	keys := slices.Sorted(maps.Keys(meta))
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "attempt metadata:")
+	for _, k := range keys {
+		fmt.Fprintf(w, "  %s: %s\n", k, printable(meta[k]))
+	}
+	if len(keys) == 0 {
+		fmt.Fprintln(w, "  (none)")
+	}
+	if in.headers != nil {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "message headers:")
+		for _, h := range in.headers {
+			fmt.Fprintf(w, "  %s\n", printable(h))
+		}
+	}
+	return nil
+}
+
+// dsnLine is an envelope's RFC 3461 parameters on one line.
+func dsnLine(d *queue.DSNParams) string {
+	parts := []string{"ret " + cmp.Or(d.Ret, "HDRS")}
+	if d.EnvID != "" {
+		parts = append(parts, "envid "+d.EnvID)
+	}
+	for _, rcpt := range slices.Sorted(maps.Keys(d.Rcpts)) {
+		r := d.Rcpts[rcpt]
+		p := rcpt + " notify " + cmp.Or(strings.Join(r.Notify, ","), "default")
+		if r.ORcpt != "" {
+			p += " orcpt " + cmp.Or(r.ORcptType, "rfc822") + ";" + r.ORcpt
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// printable shows the control characters of s (an escape sequence in a
+// header a tenant wrote, or in a remote server's reply, would otherwise act
+// on the operator's terminal) and any bytes that are not UTF-8 as Go
+// escapes them, \x1b; tabs stay, for the tables.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return r == utf8.RuneError || r != '\t' && unicode.IsControl(r) }) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n <= 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r != '\t' && unicode.IsControl(r):
+			q := strconv.QuoteRuneToASCII(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 // messageHeaders returns up to max header lines of an RFC 5322 message.

@@ -61,32 +61,26 @@ func TestListRowAttempts(t *testing.T) {
 	}
 }
 
-// TestInspectShowsMessageIDAsIs: queue inspect prints the Message-ID an
-// operator looks up in the receiver's logs as it is, <id@host>, not with
-// JSON's HTML escapes (\u003c...\u003e), indented or with --json.
+// TestInspectShowsMessageIDAsIs: queue inspect --json prints the
+// Message-ID an operator looks up in the receiver's logs as it is,
+// <id@host>, not with JSON's HTML escapes (\u003c...\u003e). The text form
+// is TestInspectTextShowsEvidence's.
 func TestInspectShowsMessageIDAsIs(t *testing.T) {
 	view := map[string]any{"envelope": &queue.Envelope{ID: "a", MessageID: "<20261205.1@vm>"},
 		"message_headers": []string{"Message-Id: <20261205.1@vm>", "Subject: a & b"}}
-	for name, print := range map[string]func(*bytes.Buffer) error{
-		"indented": func(b *bytes.Buffer) error { return printIndentedJSON(b, view) },
-		"--json":   func(b *bytes.Buffer) error { return printJSON(b, view) },
-	} {
-		var b bytes.Buffer
-		if err := print(&b); err != nil {
-			t.Fatal(err)
-		}
-		out := b.String()
-		if strings.Contains(out, `\u003c`) || strings.Contains(out, `\u0026`) ||
-			!strings.Contains(out, `"message_id": "<20261205.1@vm>"`) && !strings.Contains(out, `"message_id":"<20261205.1@vm>"`) ||
-			!strings.Contains(out, "Message-Id: <20261205.1@vm>") || !strings.Contains(out, "a & b") {
-			t.Errorf("%s output escapes the header text:\n%s", name, out)
-		}
+	var b bytes.Buffer
+	if err := printJSON(&b, view); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if strings.Contains(out, `\u003c`) || strings.Contains(out, `\u0026`) ||
+		!strings.Contains(out, `"message_id":"<20261205.1@vm>"`) ||
+		!strings.Contains(out, "Message-Id: <20261205.1@vm>") || !strings.Contains(out, "a & b") {
+		t.Errorf("--json output escapes the header text:\n%s", out)
 	}
 	var back map[string]any
-	var b bytes.Buffer
-	_ = printIndentedJSON(&b, view)
 	if err := json.Unmarshal(b.Bytes(), &back); err != nil {
-		t.Fatalf("indented output is not JSON: %v", err)
+		t.Fatalf("--json output is not JSON: %v", err)
 	}
 }
 
