@@ -7,9 +7,9 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/outflow/outflow/internal/membudget"
 )
 
 // The bound on the memory of message requests in flight.
@@ -24,7 +24,8 @@ import (
 // is charged, before its body is read, its Content-Length times
 // inflightFactor (plus inflightOverhead) against a process-wide budget
 // (Config.MaxInflightBytes) and its tenant's share of it
-// (Config.TenantInflightBytes); a request that finds no room waits up to
+// (Config.TenantInflightBytes), a membudget.Budget (the SMTP listener's
+// bodies have one of their own); a request that finds no room waits up to
 // Config.InflightWait for some, then is refused, unread and unstored: 503
 // when the budget is full, 429 when its tenant holds its share. A body of
 // unknown length (chunked) is charged as it is read, inflightStep at a
@@ -67,165 +68,50 @@ const (
 	inflightStep = 1 << 20
 )
 
-// inflightLimit is a weighted semaphore over the bytes of message
-// requests in flight, with a cap per tenant. A nil *inflightLimit bounds
-// nothing.
-type inflightLimit struct {
-	total, share int64
-
-	mu      sync.Mutex
-	used    int64
-	tenants map[string]int64 // charged bytes by tenant, only those with some
-	// changed is closed, and replaced, whenever bytes are released: the
-	// waiters look again.
-	changed chan struct{}
-	peak    int64 // the most bytes ever charged at once
-
-	refusedFull, refusedShare atomic.Uint64 // requests refused, for the metrics
-}
-
-func newInflightLimit(total, share int64) *inflightLimit {
-	if total <= 0 {
-		return nil
-	}
-	share = min(max(share, 1), total)
-	return &inflightLimit{total: total, share: share, tenants: map[string]int64{}, changed: make(chan struct{})}
-}
-
-// inflightFull is why a charge was refused: the budget was full, or the
-// tenant held its share.
-type inflightFull struct {
-	tenant     string
-	tenantFull bool
-	limit      int64
-	wait       time.Duration
-}
-
-func (e *inflightFull) Error() string {
-	if e.tenantFull {
-		return fmt.Sprintf("tenant %s holds its share (%d bytes) of the message requests in flight", e.tenant, e.limit)
-	}
-	return fmt.Sprintf("message requests in flight hold the whole budget (%d bytes)", e.limit)
-}
-
-// problem is the answer to a request refused for e: 429 for a tenant at
-// its share, 503 for a full budget; never stored, so safe to send again.
-func (e *inflightFull) problem() *Problem {
+// fullProblem is the answer to a request refused for e: 429 for a tenant
+// at its share, 503 for a full budget; never stored, so safe to send
+// again.
+func fullProblem(e *membudget.Full) *Problem {
 	var p *Problem
-	if e.tenantFull {
+	if e.TenantFull {
 		p = problem(http.StatusTooManyRequests, ProblemInflight, "too much in flight",
 			fmt.Sprintf("tenant %s has its share of the message bytes this server holds at once (%d bytes): nothing was stored; send fewer large messages at once, or again after retry_after",
-				e.tenant, e.limit))
+				e.Tenant, e.Limit))
 	} else {
 		p = problem(http.StatusServiceUnavailable, ProblemInflight, "server busy",
 			fmt.Sprintf("the server holds as many message bytes at once as it may (%d bytes, --api-max-inflight-bytes): nothing was stored; send it again after retry_after",
-				e.limit))
+				e.Limit))
 	}
-	p.RetryAfter = max(1, int(math.Ceil(e.wait.Seconds())))
+	p.RetryAfter = max(1, int(math.Ceil(e.Wait.Seconds())))
 	return p
 }
 
-// cost is the charge for a request body of n octets, at most a tenant's
-// share: a request larger than that runs alone for its tenant rather than
-// never.
-func (l *inflightLimit) cost(n int64) int64 {
+// inflightCost is the charge on l for a request body of n octets, at
+// most a tenant's share: a request larger than that runs alone for its
+// tenant rather than never.
+func inflightCost(l *membudget.Budget, n int64) int64 {
 	if n < 0 {
 		n = 0
 	}
 	if n > (math.MaxInt64-inflightOverhead)/inflightFactor {
-		return l.share
+		return l.Share()
 	}
-	return min(l.share, inflightOverhead+n*inflightFactor)
-}
-
-// acquire charges n more bytes to tenant, waiting up to wait for room;
-// n is at most l.share. It returns an *inflightFull when there was none,
-// or the context's error.
-func (l *inflightLimit) acquire(ctx context.Context, tenant string, n int64, wait time.Duration) error {
-	var timer *time.Timer
-	for {
-		l.mu.Lock()
-		tenantOK := l.tenants[tenant]+n <= l.share
-		if tenantOK && l.used+n <= l.total {
-			l.used += n
-			l.tenants[tenant] += n
-			l.peak = max(l.peak, l.used)
-			l.mu.Unlock()
-			return nil
-		}
-		changed := l.changed
-		l.mu.Unlock()
-		if timer == nil {
-			if wait <= 0 {
-				return l.full(tenant, !tenantOK, wait)
-			}
-			timer = time.NewTimer(wait)
-			defer timer.Stop()
-		}
-		select {
-		case <-changed:
-		case <-timer.C:
-			l.mu.Lock()
-			tenantFull := l.tenants[tenant]+n > l.share
-			l.mu.Unlock()
-			return l.full(tenant, tenantFull, wait)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-func (l *inflightLimit) full(tenant string, tenantFull bool, wait time.Duration) *inflightFull {
-	e := &inflightFull{tenant: tenant, tenantFull: tenantFull, limit: l.total, wait: wait}
-	if tenantFull {
-		e.limit = l.share
-		l.refusedShare.Add(1)
-	} else {
-		l.refusedFull.Add(1)
-	}
-	return e
+	return min(l.Share(), inflightOverhead+n*inflightFactor)
 }
 
 // Inflight reports the bytes the message requests in flight are charged
 // now, and how many requests were refused so far for a full budget (503)
 // and for a tenant at its share (429); zeros without a bound.
 func (s *Server) Inflight() (bytes int64, refusedFull, refusedShare uint64) {
-	l := s.inflight
-	if l == nil {
-		return 0, 0, 0
-	}
-	used, _ := l.inUse()
-	return used, l.refusedFull.Load(), l.refusedShare.Load()
-}
-
-// release gives back n bytes of tenant's.
-func (l *inflightLimit) release(tenant string, n int64) {
-	if n <= 0 {
-		return
-	}
-	l.mu.Lock()
-	l.used -= n
-	if left := l.tenants[tenant] - n; left > 0 {
-		l.tenants[tenant] = left
-	} else {
-		delete(l.tenants, tenant)
-	}
-	close(l.changed)
-	l.changed = make(chan struct{})
-	l.mu.Unlock()
-}
-
-// inUse returns the bytes charged now and the most ever charged at once.
-func (l *inflightLimit) inUse() (used, peak int64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.used, l.peak
+	used, _ := s.inflight.InUse()
+	full, share := s.inflight.Refused()
+	return used, full, share
 }
 
 // inflightCharge is one request's hold on the budget, and the reader of
 // its body that keeps the hold ahead of what is read.
 type inflightCharge struct {
-	l      *inflightLimit
+	l      *membudget.Budget
 	ctx    context.Context
 	tenant string
 	wait   time.Duration
@@ -263,8 +149,8 @@ func (c *inflightCharge) grow(n int64) error {
 	if c.l == nil {
 		return nil
 	}
-	if want := c.l.cost(n); want > c.held {
-		if err := c.l.acquire(c.ctx, c.tenant, want-c.held, c.wait); err != nil {
+	if want := inflightCost(c.l, n); want > c.held {
+		if err := c.l.Acquire(c.ctx, c.tenant, want-c.held, c.wait); err != nil {
 			return err
 		}
 		c.held = want
@@ -297,7 +183,7 @@ func (c *inflightCharge) Read(p []byte) (int, error) {
 // release gives the charge back.
 func (c *inflightCharge) release() {
 	if c != nil && c.l != nil {
-		c.l.release(c.tenant, c.held)
+		c.l.Release(c.tenant, c.held)
 		c.held = 0
 	}
 }
@@ -311,9 +197,9 @@ func (s *Server) refusedInflight(key *KeyInfo, length int64, p *Problem) {
 
 // inflightProblem is the answer to a charge refused with err.
 func inflightProblem(err error) *Problem {
-	var full *inflightFull
+	var full *membudget.Full
 	if errors.As(err, &full) {
-		return full.problem()
+		return fullProblem(full)
 	}
 	// The client went away while it waited: it reads no answer.
 	p := problem(http.StatusServiceUnavailable, ProblemInflight, "server busy", "the request was canceled while it waited for room")

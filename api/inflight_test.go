@@ -40,7 +40,7 @@ func attachmentRequest(t testing.TB, n int) []byte {
 // the server has charged it (used above before).
 func stalledRequest(t *testing.T, f *fixture, key string, length int64) (release func()) {
 	t.Helper()
-	before, _ := f.srv.inflight.inUse()
+	before, _ := f.srv.inflight.InUse()
 	pr, pw := io.Pipe()
 	req, err := http.NewRequest("POST", f.ts.URL+"/v1/messages", pr)
 	if err != nil {
@@ -58,7 +58,7 @@ func stalledRequest(t *testing.T, f *fixture, key string, length int64) (release
 		}
 	}()
 	_, _ = pw.Write([]byte(`{"from": "a@src.example", `)) // the request is under way
-	waitFor(t, "the stalled request's charge", func() bool { used, _ := f.srv.inflight.inUse(); return used > before })
+	waitFor(t, "the stalled request's charge", func() bool { used, _ := f.srv.inflight.InUse(); return used > before })
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
@@ -110,7 +110,7 @@ func TestInflightBudgetFullIs503(t *testing.T) {
 	msg := map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "text": "hi"}
 
 	release := stalledRequest(t, f, f.key, 2<<20) // 4 × 2 MiB: all of the budget
-	if used, _ := f.srv.inflight.inUse(); used != 8<<20 {
+	if used, _ := f.srv.inflight.InUse(); used != 8<<20 {
 		t.Fatalf("a 2 MiB request is charged %d bytes, want the whole budget", used)
 	}
 	start := time.Now()
@@ -126,7 +126,7 @@ func TestInflightBudgetFullIs503(t *testing.T) {
 		t.Fatalf("%d envelopes stored for a refused request", n)
 	}
 	release()
-	waitFor(t, "the budget to come back", func() bool { used, _ := f.srv.inflight.inUse(); return used == 0 })
+	waitFor(t, "the budget to come back", func() bool { used, _ := f.srv.inflight.InUse(); return used == 0 })
 	f.do(t, "POST", "/v1/messages", other, msg, nil).ids(t)
 
 	// A request that waits while the budget is full is served once there
@@ -140,7 +140,7 @@ func TestInflightBudgetFullIs503(t *testing.T) {
 	if r := <-got; r.status != http.StatusAccepted {
 		t.Fatalf("a request that waited for room: %d %s", r.status, r.raw)
 	}
-	if used, peak := f.srv.inflight.inUse(); used != 0 || peak > 8<<20 {
+	if used, peak := f.srv.inflight.InUse(); used != 0 || peak > 8<<20 {
 		t.Fatalf("in use %d after every request, peak %d over the budget", used, peak)
 	}
 }
@@ -165,7 +165,7 @@ func TestInflightTenantShareIs429(t *testing.T) {
 	msg := map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "text": "hi"}
 
 	release := stalledRequest(t, f, f.key, 1<<20)
-	if used, _ := f.srv.inflight.inUse(); used != 4<<20 {
+	if used, _ := f.srv.inflight.InUse(); used != 4<<20 {
 		t.Fatalf("charged %d, want the tenant's share", used)
 	}
 	checkInflightProblem(t, f.do(t, "POST", "/v1/messages", second, msg, nil), http.StatusTooManyRequests)
@@ -177,7 +177,7 @@ func TestInflightTenantShareIs429(t *testing.T) {
 		t.Fatalf("%d envelopes stored, want the other tenant's one", n)
 	}
 	release()
-	waitFor(t, "the share to come back", func() bool { used, _ := f.srv.inflight.inUse(); return used == 0 })
+	waitFor(t, "the share to come back", func() bool { used, _ := f.srv.inflight.InUse(); return used == 0 })
 	f.do(t, "POST", "/v1/messages", second, msg, nil).ids(t)
 }
 
@@ -208,18 +208,18 @@ func TestInflightChunkedBody(t *testing.T) {
 		_ = json.Unmarshal(raw, &r.json)
 		return r
 	}
-	if err := f.srv.inflight.acquire(context.Background(), "someone", 62<<20, 0); err != nil {
+	if err := f.srv.inflight.Acquire(context.Background(), "someone", 62<<20, 0); err != nil {
 		t.Fatal(err)
 	}
 	checkInflightProblem(t, post(), http.StatusServiceUnavailable)
-	f.srv.inflight.release("someone", 62<<20)
-	f.srv.inflight.peak = 0
+	f.srv.inflight.Release("someone", 62<<20)
+	f.srv.inflight.ResetPeak()
 
 	post().ids(t)
-	used, peak := f.srv.inflight.inUse()
-	if n := int64(len(body)); used != 0 || peak < f.srv.inflight.cost(n) || peak > f.srv.inflight.cost(n+inflightStep) {
+	used, peak := f.srv.inflight.InUse()
+	if n := int64(len(body)); used != 0 || peak < inflightCost(f.srv.inflight, n) || peak > inflightCost(f.srv.inflight, n+inflightStep) {
 		t.Fatalf("a chunked body of %d octets: in use %d, peak %d, want %d to %d", n, used, peak,
-			f.srv.inflight.cost(n), f.srv.inflight.cost(n+inflightStep))
+			inflightCost(f.srv.inflight, n), inflightCost(f.srv.inflight, n+inflightStep))
 	}
 }
 
@@ -246,12 +246,12 @@ func TestInflightLimits(t *testing.T) {
 	if err == nil && res.StatusCode != http.StatusRequestEntityTooLarge {
 		t.Fatalf("Content-Length over the limit: %d", res.StatusCode)
 	}
-	if _, peak := f.srv.inflight.inUse(); peak != 0 {
+	if _, peak := f.srv.inflight.InUse(); peak != 0 {
 		t.Fatalf("a request refused for its Content-Length was charged %d", peak)
 	}
 	big := map[string]any{"from": "a@src.example", "to": []string{"b@one.example"}, "text": string(bytes.Repeat([]byte("x"), 60<<10))}
 	f.do(t, "POST", "/v1/messages", f.key, big, nil).ids(t) // 4 × 60 KiB + 64 KiB > the share
-	if _, peak := f.srv.inflight.inUse(); peak != 128<<10 {
+	if _, peak := f.srv.inflight.InUse(); peak != 128<<10 {
 		t.Fatalf("peak %d, want the share", peak)
 	}
 }
@@ -263,47 +263,6 @@ func (neverEnding) Read(p []byte) (int, error) {
 		p[i] = ' '
 	}
 	return len(p), nil
-}
-
-// The semaphore itself: waiters wake on release, a canceled wait takes
-// nothing, the share and the budget are each enforced, tenants that hold
-// nothing are forgotten.
-func TestInflightLimitSemaphore(t *testing.T) {
-	l := newInflightLimit(100, 60)
-	ctx := context.Background()
-	if err := l.acquire(ctx, "a", 60, 0); err != nil {
-		t.Fatal(err)
-	}
-	var full *inflightFull
-	if err := l.acquire(ctx, "a", 1, 0); !errors.As(err, &full) || !full.tenantFull {
-		t.Fatalf("over the share: %v", err)
-	}
-	if err := l.acquire(ctx, "b", 40, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.acquire(ctx, "c", 1, 10*time.Millisecond); !errors.As(err, &full) || full.tenantFull {
-		t.Fatalf("over the budget: %v", err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
-	if err := l.acquire(cctx, "c", 1, time.Minute); !errors.Is(err, context.Canceled) {
-		t.Fatalf("canceled wait: %v", err)
-	}
-	got := make(chan error, 1)
-	go func() { got <- l.acquire(ctx, "c", 30, time.Minute) }()
-	time.Sleep(20 * time.Millisecond)
-	l.release("a", 60)
-	if err := <-got; err != nil {
-		t.Fatalf("a waiter after a release: %v", err)
-	}
-	l.release("b", 40)
-	l.release("c", 30)
-	if used, peak := l.inUse(); used != 0 || peak != 100 || len(l.tenants) != 0 {
-		t.Fatalf("used %d, peak %d, tenants %v", used, peak, l.tenants)
-	}
-	if newInflightLimit(-1, 0) != nil {
-		t.Fatal("a negative budget bounds something")
-	}
 }
 
 // heapPeak samples the heap while f runs and returns the most it grew
@@ -378,7 +337,7 @@ func TestInflightFactor(t *testing.T) {
 			t.Fatalf("%s: %d", c.name, code)
 		}
 		n := float64(len(c.body))
-		charge := f.srv.inflight.cost(int64(len(c.body)))
+		charge := inflightCost(f.srv.inflight, int64(len(c.body)))
 		t.Logf("%s: body %d, peak live heap %d (%.2f times), objects %d (%.2f times), charged %d",
 			c.name, len(c.body), live, float64(live)/n, alloc, float64(alloc)/n, charge)
 		if live > uint64(charge) {
@@ -428,10 +387,10 @@ func TestInflightBoundsHeap(t *testing.T) {
 		t.Logf("16 requests of %d octets without a bound: peak live heap %d MiB (objects %d MiB)", len(body), live>>20, alloc>>20)
 	}
 	live, alloc, f := run(budget)
-	used, charged := f.srv.inflight.inUse()
+	used, charged := f.srv.inflight.InUse()
 	t.Logf("16 requests of %d octets under a budget of %d MiB: peak live heap %d MiB (objects %d MiB), %d MiB charged at most",
 		len(body), budget>>20, live>>20, alloc>>20, charged>>20)
-	if used != 0 || charged > budget || charged < 2*f.srv.inflight.cost(int64(len(body))) {
+	if used != 0 || charged > budget || charged < 2*inflightCost(f.srv.inflight, int64(len(body))) {
 		t.Fatalf("charged %d at most (in use %d after), want two requests' worth within %d", charged, used, budget)
 	}
 	// The budget, and some room for what the store keeps a while after

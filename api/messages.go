@@ -21,6 +21,7 @@ import (
 
 	"github.com/emersion/go-smtp"
 
+	"github.com/outflow/outflow/internal/membudget"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/submission"
 )
@@ -67,7 +68,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 		if errors.As(err, &mbe) {
 			return tooLarge(s.cfg.MaxMessageBytes)
 		}
-		var full *inflightFull
+		var full *membudget.Full
 		if errors.As(err, &full) || errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 			p := inflightProblem(err)
 			s.refusedInflight(key, r.ContentLength, p)

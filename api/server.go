@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/outflow/outflow/internal/defaults"
+	"github.com/outflow/outflow/internal/membudget"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/submission"
 )
@@ -112,7 +113,7 @@ type Server struct {
 
 	// inflight bounds the bytes of message requests in flight; nil: no
 	// bound.
-	inflight *inflightLimit
+	inflight *membudget.Budget
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by key id
@@ -154,7 +155,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, keys: keys, idem: idem, log: cfg.Logger.With().Str("component", "api").Logger(),
 		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{},
 		searches: searches{keys: map[string]bool{}, tenants: map[string]int{}},
-		inflight: newInflightLimit(cfg.MaxInflightBytes, cfg.TenantInflightBytes)}
+		inflight: membudget.New(cfg.MaxInflightBytes, cfg.TenantInflightBytes)}
 	s.mux.Handle("/v1/messages", s.route(map[string]handler{http.MethodPost: s.postMessage}))
 	s.mux.Handle("/v1/messages/{id}", s.route(map[string]handler{http.MethodGet: s.getMessage, http.MethodDelete: s.cancelMessage}))
 	s.mux.Handle("/v1/events", s.route(map[string]handler{http.MethodGet: s.listEvents}))

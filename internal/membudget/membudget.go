@@ -174,6 +174,17 @@ func (b *Budget) InUse() (used, peak int64) {
 	return b.used, b.peak
 }
 
+// ResetPeak forgets the most bytes ever charged at once, so that InUse's
+// peak is that of what comes after: a measurement's start.
+func (b *Budget) ResetPeak() {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.peak = b.used
+}
+
 // TenantInUse returns the bytes charged to tenant now.
 func (b *Budget) TenantInUse(tenant string) int64 {
 	if b == nil {
