@@ -6,7 +6,11 @@
 //
 // The count lives in the outflow_quota bucket, one key per tenant and hour,
 // leased by each process in growing steps and given back when unused
-// (Limiter). A lease is a compare-and-set of its hour's key; since a
+// (Limiter). A limit counts the current hour and the 24 whole hours before
+// it, so that no 24 hours, wherever they start, hold more than the limit:
+// what is taken in an hour comes free 24 hours after that hour ends
+// (recipients taken at 10:00:00 and at 10:59:59 both come free at 11:00:00
+// the next day). A lease is a compare-and-set of its hour's key; since a
 // process whose clock has passed the hour writes the next hour's key, a
 // lease reads the hours beside its own again after its write and takes
 // itself back if together they went over the limit. The submission

@@ -16,18 +16,31 @@ import (
 
 // BucketQuota holds every limited tenant's counts, one key per tenant and
 // hour: <tenant, base64url>.<hours since 1970>, the value the recipients
-// taken in that hour by the whole fleet (decimal). Keys live 25 hours.
+// taken in that hour by the whole fleet (decimal). Keys live 26 hours, an
+// hour longer than the window; a bucket made by an earlier release with
+// keys of 25 hours is raised to 26 when a process opens it (a key last
+// written at the start of its hour still lives until its hour leaves the
+// window of 25: only clocks apart lose from the lower TTL).
 const BucketQuota = "outflow_quota"
 
-// window is how far back a limit counts, in hour slots.
-const window = 24
+// window is how many hour slots a limit counts: the current hour and the 24
+// before it. A slot holds a whole hour, so the oldest one counted must be
+// the hour of "now less 24 hours", all of it: with the 23 before the
+// current one only (an earlier release), a limit spent at 10:59:59 came
+// free at 10:00:00 the next day, and a leaked password sent twice the limit
+// in 23 hours. With 25, what is taken in an hour comes free 24 hours after
+// that hour ends: no 24 hours ever hold more than the limit, and a
+// recipient counts for 24 to 25 hours. The keys are the same as before, so
+// the counts an earlier release wrote count in full.
+const window = 25
 
 // Buckets opens key-value buckets (queue.Queue.KeyValue).
 type Buckets interface {
 	KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error)
 }
 
-// Config is the limits: recipients per rolling 24 hours per tenant.
+// Config is the limits: recipients per rolling 24 hours per tenant (no 24
+// hours hold more; see window).
 type Config struct {
 	// Default applies to every tenant not in Tenants; 0 is no limit.
 	Default int
@@ -108,7 +121,8 @@ type tenantState struct {
 }
 
 // until is when some of the limit comes free: the end of the window for
-// the oldest hour with a count.
+// the oldest hour with a count, 24 hours after that hour ends (slot+25
+// hours), which is when a Take first leaves it out.
 func (st *tenantState) until() time.Time {
 	first := st.hour - window + 1
 	for i, v := range st.slots {
@@ -327,15 +341,17 @@ func (l *Limiter) read(ctx context.Context, key string) (uint64, uint64, error) 
 }
 
 // Usage is a tenant's count in the window, as the fleet wrote it (leased
-// recipients included, given-back ones not).
+// recipients included, given-back ones not). Last24h is what the limit
+// counts now: this hour and the 24 whole hours before it (see window),
+// so up to 25 hours of sending.
 type Usage struct {
 	Tenant   string `json:"tenant"`
 	Last24h  uint64 `json:"last_24h"`
 	ThisHour uint64 `json:"this_hour"`
 }
 
-// Read returns the counts of every tenant with a count in the 24 hours up
-// to now (tenant "" for all, or the one named), by tenant: what `outflow
+// Read returns the counts of every tenant with a count in the window up to
+// now (tenant "" for all, or the one named), by tenant: what `outflow
 // quota list` prints.
 func Read(ctx context.Context, b Buckets, tenant string, now time.Time) ([]Usage, error) {
 	kv, err := openBucket(ctx, b)

@@ -162,7 +162,7 @@ func TestReturn(t *testing.T) {
 }
 
 // The window rolls by the hour: a limit spent now comes free 24 hours
-// after the hour it was spent in, and the refusal says when.
+// after the end of the hour it was spent in, and the refusal says when.
 func TestWindowRolls(t *testing.T) {
 	a, _ := openTwo(t, Config{Default: 5})
 	ctx := context.Background()
@@ -172,19 +172,83 @@ func TestWindowRolls(t *testing.T) {
 	if err := a.Take(ctx, "shop", 5); err != nil {
 		t.Fatal(err)
 	}
+	free := time.Date(2026, 12, 7, 11, 0, 0, 0, time.UTC)
 	now = start.Add(3 * time.Hour)
 	err := a.Take(ctx, "shop", 1)
 	var ex *Exceeded
-	if !errors.As(err, &ex) || ex.Limit != 5 || !ex.Until.Equal(time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)) {
-		t.Fatalf("3 h later: %v, want refused until the 10:00 hour leaves the window, at 10:00 the next day", err)
+	if !errors.As(err, &ex) || ex.Limit != 5 || !ex.Until.Equal(free) {
+		t.Fatalf("3 h later: %v, want refused until the 10:00 hour leaves the window, at 11:00 the next day", err)
 	}
-	now = start.Add(23*time.Hour + 29*time.Minute) // 09:59 the next day
-	if err := a.Take(ctx, "shop", 1); !errors.Is(err, ErrExceeded) {
-		t.Fatalf("23 h later: %v", err)
+	now = free.Add(-time.Second) // 10:59:59 the next day
+	if err := a.Take(ctx, "shop", 1); !errors.As(err, &ex) || !ex.Until.Equal(free) {
+		t.Fatalf("24 h 29 min later: %v", err)
 	}
-	now = start.Add(23*time.Hour + 30*time.Minute) // 10:00
+	now = free
 	if err := a.Take(ctx, "shop", 5); err != nil {
-		t.Fatalf("a day later: %v", err)
+		t.Fatalf("24 h after the hour ended: %v", err)
+	}
+}
+
+// No 24 hours hold more than the limit, at the worst moments too: the
+// whole limit spent in the last second of an hour still counts at the
+// start of the same hour the next day (23 h 0 min 1 s later), and the
+// refusal quotes the first moment a day has passed since then. Two
+// processes take from the limit in turn, every half hour and in the last
+// second of each hour for three days, as much as each is given.
+func TestNoDayHoldsMoreThanTheLimit(t *testing.T) {
+	const limit = 200 // leases grow to 2
+	a, b := openTwo(t, Config{Default: limit})
+	ctx := context.Background()
+	first := time.Date(2026, 12, 6, 10, 59, 59, 0, time.UTC)
+	now := first
+	a.now, b.now = func() time.Time { return now }, func() time.Time { return now }
+	if err := a.Take(ctx, "shop", limit); err != nil {
+		t.Fatal(err)
+	}
+	now = time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	var ex *Exceeded
+	if err := b.Take(ctx, "shop", 1); !errors.As(err, &ex) || !ex.Until.Equal(time.Date(2026, 12, 7, 11, 0, 0, 0, time.UTC)) {
+		t.Fatalf("the whole limit again 23 h 0 min 1 s later: %v, want refused until 11:00", err)
+	}
+
+	granted := slices.Repeat([]time.Time{first}, limit)
+	start := now
+	for step := range 3 * 24 * 3 {
+		// :00:00, :30:00 and :59:59 of each hour.
+		now = start.Add(time.Duration(step/3)*time.Hour + []time.Duration{0, 30 * time.Minute, 59*time.Minute + 59*time.Second}[step%3])
+		for open := 2; open > 0; {
+			open = 0
+			for _, l := range []*Limiter{a, b} {
+				err := l.Take(ctx, "shop", 1)
+				if err == nil {
+					granted = append(granted, now)
+					open++
+					continue
+				}
+				if !errors.As(err, &ex) {
+					t.Fatal(err)
+				}
+				if !ex.Until.After(now) || ex.Until.Sub(now) > 25*time.Hour {
+					t.Fatalf("at %s: refused until %s", now, ex.Until)
+				}
+			}
+		}
+	}
+	if len(granted) < 3*limit {
+		t.Fatalf("%d recipients in three days under a limit of %d a day", len(granted), limit)
+	}
+	// granted is in time order: for each grant, the grants in the 24 hours
+	// from it, both ends included.
+	for i, from := range granted {
+		n := 0
+		for _, at := range granted[i:] {
+			if at.Sub(from) <= 24*time.Hour {
+				n++
+			}
+		}
+		if n > limit {
+			t.Fatalf("%d recipients in the 24 hours from %s, for a limit of %d", n, from, limit)
+		}
 	}
 }
 

@@ -38,6 +38,10 @@ const (
 	MediaType          = "application/tlsrpt+gzip"
 )
 
+// DefaultSaveInterval is how often Run saves counts that changed: what a
+// process killed without a graceful stop loses at most.
+const DefaultSaveInterval = 5 * time.Minute
+
 // Config configures an Aggregator.
 type Config struct {
 	// Dir, when set, receives each report as
@@ -60,8 +64,13 @@ type Config struct {
 	// reports the sessions it made).
 	Instance string
 	// StateFile keeps the counts across restarts; "" keeps them in
-	// memory only.
+	// memory only. It is saved by each Flush that sends a day (before
+	// posting), by Run every SaveInterval while the counts change, and
+	// when Run ends.
 	StateFile string
+	// SaveInterval is how often Run saves changed counts (default
+	// DefaultSaveInterval): what a crash loses at most.
+	SaveInterval time.Duration
 	// MaxDomains bounds the domains counted per day (default
 	// DefaultMaxDomains) and MaxFailures the failure rows per policy
 	// (default DefaultMaxFailures; further failures are counted in the
@@ -79,8 +88,16 @@ type Aggregator struct {
 	cfg  Config
 	http *http.Client
 
-	mu   sync.Mutex
-	days map[string]map[string]*domainStats // day → policy domain → stats
+	mu      sync.Mutex
+	days    map[string]map[string]*domainStats // day → policy domain → stats
+	changes uint64                             // bumped by each change to days: Save skips a file that holds them already
+
+	saveMu sync.Mutex // one Save at a time: an older copy never renamed over a newer one
+	saved  uint64     // changes when the state file was last written
+
+	// after is Run's timer (time.After); tests replace it to step Run
+	// without waiting.
+	after func(time.Duration) <-chan time.Time
 }
 
 type domainStats struct {
@@ -101,10 +118,11 @@ func New(cfg Config) (*Aggregator, error) {
 	}
 	defaults.Set(&cfg.MaxDomains, DefaultMaxDomains)
 	defaults.Set(&cfg.MaxFailures, DefaultMaxFailures)
+	defaults.Set(&cfg.SaveInterval, DefaultSaveInterval)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	a := &Aggregator{cfg: cfg, days: map[string]map[string]*domainStats{},
+	a := &Aggregator{cfg: cfg, days: map[string]map[string]*domainStats{}, after: time.After,
 		http: &http.Client{
 			Timeout:   DefaultPostTimeout,
 			Transport: &http.Transport{DialContext: cfg.Dial, TLSClientConfig: &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12}},
@@ -134,10 +152,15 @@ func (a *Aggregator) Record(ev Event) {
 	if ev.Domain == "" {
 		return
 	}
-	day := dayOf(a.cfg.Now())
 	desc := PolicyDesc{Type: ev.PolicyType, String: ev.Policy, Domain: strings.ToLower(ev.Domain), MXHost: ev.MXHosts}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// The day is read under the lock that Flush takes: a session counted
+	// a moment before midnight lands before the flush of its day, not in
+	// a copy of that day that would be reported again, under the same
+	// report-id, at the next flush.
+	day := dayOf(a.cfg.Now())
+	a.changes++
 	doms := a.days[day]
 	if doms == nil {
 		doms = map[string]*domainStats{}
@@ -226,6 +249,13 @@ func (a *Aggregator) reportsLocked(day string) []Report {
 // those days. A report that cannot be written or posted is logged and
 // dropped: RFC 8460 reports are best effort, and a day's counts must not
 // pile up behind an endpoint that is down.
+//
+// The state file is rewritten without those days before the first POST:
+// a process killed after posting a day must not find it in the file again
+// and post it a second time under the same report-id. Reports are written
+// to Dir before that save, since writing one again after a crash only
+// replaces the file with the same report; a crash while posting loses the
+// posts not yet made, as a failed POST does.
 func (a *Aggregator) Flush(ctx context.Context) {
 	today := dayOf(a.cfg.Now())
 	a.mu.Lock()
@@ -238,31 +268,48 @@ func (a *Aggregator) Flush(ctx context.Context) {
 			delete(a.days, d)
 		}
 	}
-	a.mu.Unlock()
-	slices.Sort(days)
-	for _, d := range days {
-		for _, r := range reports[d] {
-			a.deliver(ctx, d, r)
-		}
+	if len(days) > 0 {
+		a.changes++
 	}
-}
-
-func (a *Aggregator) deliver(ctx context.Context, day string, r Report) {
-	dom := r.Policies[0].Policy.Domain
-	body, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		a.cfg.Logger.Error().Err(err).Str("policy_domain", dom).Msg("TLS report: encoding failed")
+	a.mu.Unlock()
+	if len(days) == 0 {
 		return
 	}
-	if a.cfg.Dir != "" {
-		if err := writeFile(filepath.Join(a.cfg.Dir, day), safeName(dom)+".json", body); err != nil {
-			a.cfg.Logger.Error().Err(err).Str("policy_domain", dom).Msg("TLS report: writing failed")
-		} else {
-			a.cfg.Logger.Info().Str("policy_domain", dom).Str("day", day).Msg("TLS report written")
+	slices.Sort(days)
+	type encoded struct {
+		dom  string
+		body []byte
+	}
+	var out []encoded
+	for _, d := range days {
+		for _, r := range reports[d] {
+			dom := r.Policies[0].Policy.Domain
+			body, err := json.MarshalIndent(r, "", "  ")
+			if err != nil {
+				a.cfg.Logger.Error().Err(err).Str("policy_domain", dom).Msg("TLS report: encoding failed")
+				continue
+			}
+			out = append(out, encoded{dom, body})
+			if a.cfg.Dir == "" {
+				continue
+			}
+			if err := writeFile(filepath.Join(a.cfg.Dir, d), safeName(dom)+".json", body); err != nil {
+				a.cfg.Logger.Error().Err(err).Str("policy_domain", dom).Msg("TLS report: writing failed")
+			} else {
+				a.cfg.Logger.Info().Str("policy_domain", dom).Str("day", d).Msg("TLS report written")
+			}
 		}
 	}
+	if err := a.Save(); err != nil {
+		// Posted all the same: the days are gone from memory, so the next
+		// save (Run's, or the one at a stop) drops them from the file;
+		// only a crash before it posts them again.
+		a.cfg.Logger.Error().Err(err).Msg("TLS report: saving state failed")
+	}
 	if a.cfg.Post {
-		a.post(ctx, dom, body)
+		for _, e := range out {
+			a.post(ctx, e.dom, e.body)
+		}
 	}
 }
 
@@ -330,8 +377,11 @@ func (a *Aggregator) ruas(ctx context.Context, dom string) ([]string, error) {
 	return out, nil
 }
 
-// Run flushes finished days shortly after each UTC midnight until ctx
-// ends, then saves the counts. It is the Aggregator's one goroutine.
+// Run flushes finished days shortly after each UTC midnight and saves the
+// counts every SaveInterval (when they changed) until ctx ends, then saves
+// them once more. It is the Aggregator's one goroutine. Saving only at the
+// end lost a crashed process's counts since its last stop and kept the
+// days it had posted in the file, to be posted again at the next start.
 func (a *Aggregator) Run(ctx context.Context) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -344,31 +394,51 @@ func (a *Aggregator) Run(ctx context.Context) {
 	for {
 		a.Flush(ctx)
 		now := a.cfg.Now().UTC()
-		next := now.Truncate(24 * time.Hour).Add(24*time.Hour + time.Minute)
-		t := time.NewTimer(next.Sub(now))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
+		flushAt := now.Truncate(24 * time.Hour).Add(24*time.Hour + time.Minute)
+		for wait := flushAt.Sub(now); wait > 0; wait = flushAt.Sub(a.cfg.Now()) {
+			if err := a.Save(); err != nil {
+				a.cfg.Logger.Error().Err(err).Msg("TLS report: saving state failed")
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-a.after(min(wait, a.cfg.SaveInterval)):
+			}
 		}
 	}
 }
 
-// Save writes the counts to StateFile (atomically, through a rename).
+// Save writes the counts to StateFile, unless it holds them already. The
+// file is replaced atomically and durably (a temporary file, fsync,
+// rename, fsync of the directory): a crash leaves the last complete save.
 func (a *Aggregator) Save() error {
 	if a.cfg.StateFile == "" {
 		return nil
 	}
+	a.saveMu.Lock()
+	defer a.saveMu.Unlock()
 	a.mu.Lock()
+	if a.changes == a.saved {
+		a.mu.Unlock()
+		return nil
+	}
+	gen := a.changes
 	b, err := json.Marshal(a.days)
 	a.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	return writeFile(filepath.Dir(a.cfg.StateFile), filepath.Base(a.cfg.StateFile), b)
+	if err := writeFile(filepath.Dir(a.cfg.StateFile), filepath.Base(a.cfg.StateFile), b); err != nil {
+		return err
+	}
+	a.saved = gen
+	return nil
 }
 
+// writeFile replaces dir/name with b: written to a temporary file in dir,
+// fsynced, renamed over name and the directory fsynced, so that a reader
+// (or a crash) sees the old contents or the new, never a part, and the new
+// ones survive a power loss once writeFile returns.
 func writeFile(dir, name string, b []byte) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return err
@@ -377,16 +447,34 @@ func writeFile(dir, name string, b []byte) error {
 	if err != nil {
 		return err
 	}
-	if _, err := tmp.Write(b); err != nil {
-		_ = tmp.Close()
+	_, err = tmp.Write(b)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), filepath.Join(dir, name))
+	}
+	if err != nil {
 		_ = os.Remove(tmp.Name())
 		return err
 	}
-	if err := tmp.Close(); err != nil {
-		_ = os.Remove(tmp.Name())
+	return syncDir(dir)
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), filepath.Join(dir, name))
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // safeName keeps a domain usable as a file name.

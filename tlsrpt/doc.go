@@ -7,7 +7,12 @@
 // domain's "_smtp._tls" TXT record, or both. Reports by mail ("mailto:"
 // rua) are not sent yet.
 //
-// The counts live in memory and are saved to a state file when the
-// process stops, and read back when it starts, so that a restart within
-// a day does not split or lose that day's report.
+// The counts live in memory and are saved to a state file, and read back
+// when the process starts, so that a restart within a day does not split
+// or lose that day's report. The file is saved every few minutes while the
+// counts change (Config.SaveInterval, what a crash loses at most), when a
+// finished day is flushed, before its reports are posted (so that a crash
+// after a POST does not post that day again under the same report-id), and
+// when the process stops; each save replaces the file atomically and
+// durably.
 package tlsrpt

@@ -48,7 +48,7 @@ func (c *serveConfig) sendingLimits(ctx context.Context, q *queue.Queue) (submis
 }
 
 // outflow quota list: each tenant's recipients counted against its sending
-// limit over the last 24 hours (quota.Read). The limits themselves are in
+// limit over this hour and the 24 before it (quota.Read). The limits themselves are in
 // serve's configuration, which this command does not read.
 func init() {
 	a := &adminFlags{}
@@ -57,7 +57,7 @@ func init() {
 	var tenant string
 	list := &cobra.Command{
 		Use:   "list [--tenant T]",
-		Short: "recipients each tenant sent in the last 24 hours and in this hour, as the fleet counted them for its limit",
+		Short: "recipients each tenant sent in this hour and the 24 before it (what its limit counts), and in this hour, as the fleet counted them",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
