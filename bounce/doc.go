@@ -16,7 +16,10 @@
 //     MX points at the listener; its SPF record must allow the addresses
 //     outflow sends from, since receivers check SPF on this domain now.
 //     serve splits such a tenant's submissions per recipient
-//     (queue.Submission.PerRecipient), so a return path names one
+//     (queue.Submission.PerRecipient), as `outflow submit` does whenever
+//     the fleet has made the key (InUse), and a worker gives a return
+//     path only to an envelope of one recipient, sending one of several
+//     with its own sender (worker/deliver.go): a return path names one
 //     recipient's envelope, and a report to it can only be about that
 //     recipient.
 //   - Server (server.go) is that listener: SMTP without AUTH that takes

@@ -5,11 +5,14 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base32"
+	"errors"
 	"hash"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outflow/outflow/internal/fleetkey"
 )
@@ -28,6 +31,36 @@ type Buckets = fleetkey.Buckets
 // processes making it at once both end with the one stored first.
 func LoadKey(ctx context.Context, b Buckets) ([]byte, error) {
 	return fleetkey.Load(ctx, b, BucketBounces, "outflow return path: the key of its addresses", keyName)
+}
+
+// Streams reads the stream that holds a key-value bucket
+// (queue.Queue.KVStream), without making the bucket.
+type Streams interface {
+	KVStream(ctx context.Context, bucket string) (jetstream.Stream, error)
+}
+
+// InUse reports whether a process of the fleet has made the return-path
+// key (LoadKey), which serve does at start when some tenant's mail goes
+// out with a return path. It makes nothing. `outflow submit`, which does
+// not read the daemon's tenant settings, asks it to know whether to give
+// each recipient an envelope of its own, as serve does for such a tenant
+// (queue.Submission.PerRecipient). A key deleted since still counts: the
+// processes that loaded it keep using it.
+func InUse(ctx context.Context, s Streams) (bool, error) {
+	st, err := s.KVStream(ctx, BucketBounces)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if _, err := st.GetLastMsgForSubject(ctx, "$KV."+BucketBounces+"."+keyName); err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
 }
 
 // ReturnPath makes the envelope senders (MAIL FROM) that bring a

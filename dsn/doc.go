@@ -40,7 +40,10 @@
 // their kind (a free-text bounce is for someone else to read) and, with
 // ErrMalformed, a report without a readable status part, without a
 // recipient block or Feedback-Type, with a status part over 256 KiB or
-// with more than 1,000 recipient blocks. go-message reads the MIME
+// with more than 1,000 recipient blocks. A field's value, unfolded, is cut
+// to its first 8 KiB (no address or diagnostic needs more), and reading
+// costs time linear in the message's length whatever its folding, since
+// the bounce listener reads reports from anyone. go-message reads the MIME
 // structure and undoes transfer encodings; the status fields are parsed
 // here, as their groups are not one header.
 //

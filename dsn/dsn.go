@@ -495,19 +495,25 @@ func IsReport(msg []byte) bool {
 	return mt == "multipart/report" && strings.EqualFold(params["report-type"], "delivery-status")
 }
 
-// headerValue finds the first field name in a header block, unfolded.
+// headerValue finds the first field name in a header block, unfolded (its
+// lines joined with a space, as fieldGroups joins a status field's) and
+// cut to maxFieldValue bytes. A field folded over thousands of lines costs
+// time linear in its length: its lines are gathered in one builder.
 func headerValue(hdr []byte, name string) (string, bool) {
-	lines := strings.Split(string(hdr), "\r\n")
-	for i := 0; i < len(lines); i++ {
-		k, v, ok := strings.Cut(lines[i], ":")
-		if !ok || !strings.EqualFold(strings.TrimSpace(k), name) || strings.HasPrefix(lines[i], " ") || strings.HasPrefix(lines[i], "\t") {
+	for len(hdr) > 0 {
+		var line []byte
+		line, hdr = nextLine(hdr)
+		k, v, ok := bytes.Cut(line, []byte(":"))
+		if !ok || line[0] == ' ' || line[0] == '\t' || !bytes.EqualFold(bytes.TrimSpace(k), []byte(name)) {
 			continue
 		}
-		for i+1 < len(lines) && (strings.HasPrefix(lines[i+1], " ") || strings.HasPrefix(lines[i+1], "\t")) {
-			i++
-			v += " " + strings.TrimSpace(lines[i])
+		var b strings.Builder
+		appendValue(&b, bytes.TrimSpace(v))
+		for len(hdr) > 0 && (hdr[0] == ' ' || hdr[0] == '\t') {
+			line, hdr = nextLine(hdr)
+			appendValue(&b, bytes.TrimSpace(line))
 		}
-		return strings.TrimSpace(v), true
+		return b.String(), true
 	}
 	return "", false
 }

@@ -37,6 +37,14 @@ const (
 	// maxDepth bounds how deep the report is looked for, so that hostile
 	// nesting costs little: the report itself, or inside a few wrappers.
 	maxDepth = 5
+	// maxFieldValue bounds one status field's value, unfolded: what is
+	// beyond it is dropped and the field kept with its start. No field of
+	// RFC 3464 or RFC 5965 needs as much (an address is at most 256
+	// octets, RFC 5321 §4.5.3.1.3; a diagnostic quoting a multi-line
+	// reply a few hundred), and a diagnostic's code, the part that is
+	// read, comes first; refusing the field instead would lose the block
+	// of a recipient whose server quoted a long reply.
+	maxFieldValue = 8 << 10
 )
 
 var (
@@ -457,12 +465,29 @@ func (g group) all(name string) []string {
 // in CRLF or a bare LF; a line starting with a space or a tab continues
 // the field above it and is joined to it with one space. A line that is
 // not a field (no colon, or a continuation with no field above it) is
-// skipped. Only the number of groups is limited here; their use is the
-// caller's.
+// skipped. A value is cut to maxFieldValue bytes (appendValue). Only the
+// number of groups is limited here; their use is the caller's.
+//
+// The work is linear in len(b): a field's lines are gathered in one
+// builder and the value made once the field ends. Joining each
+// continuation line to the value as a string copied the whole value per
+// line, and a status part of one field folded over 256 KiB of short lines
+// took seconds to read, from anyone who can mail the listener.
 func fieldGroups(b []byte) ([]group, error) {
 	var groups []group
 	var cur group
+	// val gathers the value of cur's last field while open.
+	var val strings.Builder
+	open := false
+	closeField := func() {
+		if open {
+			cur[len(cur)-1].value = val.String()
+			val.Reset()
+			open = false
+		}
+	}
 	end := func() {
+		closeField()
 		if len(cur) > 0 {
 			groups = append(groups, cur)
 			cur = nil
@@ -470,15 +495,10 @@ func fieldGroups(b []byte) ([]group, error) {
 	}
 	for len(b) > 0 {
 		var line []byte
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			line, b = b[:i], b[i+1:]
-		} else {
-			line, b = b, nil
-		}
-		line = bytes.TrimSuffix(line, []byte("\r"))
-		text := strings.TrimSpace(string(line))
+		line, b = nextLine(b)
+		text := bytes.TrimSpace(line)
 		switch {
-		case text == "":
+		case len(text) == 0:
 			end()
 			// One per-message group and at most maxRecipientBlocks
 			// more; stop before building a huge list.
@@ -486,25 +506,62 @@ func fieldGroups(b []byte) ([]group, error) {
 				return nil, fmt.Errorf("%w: more than %d recipient blocks", ErrMalformed, maxRecipientBlocks)
 			}
 		case line[0] == ' ' || line[0] == '\t':
-			if len(cur) > 0 {
-				f := &cur[len(cur)-1]
-				if f.value == "" {
-					f.value = text
-				} else {
-					f.value += " " + text
-				}
+			if open {
+				appendValue(&val, text)
 			}
 		default:
-			name, value, ok := strings.Cut(text, ":")
-			name = strings.ToLower(strings.TrimSpace(name))
-			if !ok || name == "" {
+			name, value, ok := bytes.Cut(text, []byte(":"))
+			name = bytes.TrimSpace(name)
+			if !ok || len(name) == 0 {
 				continue
 			}
-			cur = append(cur, field{name, strings.TrimSpace(value)})
+			closeField()
+			cur = append(cur, field{name: strings.ToLower(string(name))})
+			open = true
+			appendValue(&val, bytes.TrimSpace(value))
 		}
 	}
 	end()
 	return groups, nil
+}
+
+// nextLine splits off b's first line, without its LF or CRLF.
+func nextLine(b []byte) (line, rest []byte) {
+	i := bytes.IndexByte(b, '\n')
+	if i < 0 {
+		return bytes.TrimSuffix(b, []byte("\r")), nil
+	}
+	return bytes.TrimSuffix(b[:i], []byte("\r")), b[i+1:]
+}
+
+// appendValue adds one line's trimmed text t to the field value gathered
+// in v, after a space unless it is the first, and keeps the value within
+// maxFieldValue bytes: a line that does not fit is cut (at a character's
+// start, so that a UTF-8 value stays valid) and the lines after it are
+// dropped.
+func appendValue(v *strings.Builder, t []byte) {
+	if len(t) == 0 {
+		return
+	}
+	room := maxFieldValue - v.Len()
+	if v.Len() > 0 {
+		room-- // the space
+	}
+	if room <= 0 {
+		return
+	}
+	if len(t) > room {
+		for room > 0 && !utf8.RuneStart(t[room]) {
+			room--
+		}
+		if t = t[:room]; len(t) == 0 {
+			return
+		}
+	}
+	if v.Len() > 0 {
+		v.WriteByte(' ')
+	}
+	v.Write(t)
 }
 
 // typed splits a typed field value, "rfc822; user@example.com" or
@@ -615,7 +672,10 @@ func unescapeUnicode(s string) string {
 		}
 		b.WriteString(s[:i])
 		s = s[i:]
-		j := strings.IndexByte(s, '}')
+		// The closing brace is looked for only where it can be (at most
+		// six hex digits): searching the whole rest for each "\x{" made
+		// a value of escapes never closed quadratic.
+		j := strings.IndexByte(s[:min(len(s), 10)], '}')
 		if j > 3 && j <= 9 {
 			if v, err := strconv.ParseUint(s[3:j], 16, 32); err == nil && utf8.ValidRune(rune(v)) {
 				b.WriteRune(rune(v))

@@ -204,10 +204,7 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		}
 	}
 
-	from := e.From
-	if w.cfg.ReturnPath != nil {
-		from = w.cfg.ReturnPath.Address(e.Tenant, e.ID, e.From, time.Now())
-	}
+	from := w.envelopeSender(e)
 	msg := &sender.Message{ID: e.ID, From: from, Rcpts: e.Rcpts, Domain: e.Dest, Body: body, DSN: messageDSN(e), Source: src,
 		MaxMsgsPerConn: permit.Limits().MaxMsgsPerConn}
 	res := w.cfg.Sender.Send(ctx, msg)
@@ -238,6 +235,54 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	o.returnPath = from != e.From
 	release(o.results)
 	return w.record(ctx, d, dest, o, now)
+}
+
+// envelopeSender is the attempt's MAIL FROM: the tenant's return path
+// (Config.ReturnPath) for an envelope of one recipient, else the
+// envelope's own sender. A return path names an envelope, and the bounce
+// listener takes a report to it as about the recipients the envelope was
+// delivered to; shared by several, it let any of them (or anyone a copy
+// is forwarded to) mail a report naming another and have that address
+// suppressed and its sender told of a failure, and a forwarding mailbox's
+// real report, which names the address it forwarded to, matched none of
+// them. Envelopes of a tenant with a return path are split per recipient
+// when they are queued (queue.Submission.PerRecipient); one with several
+// recipients was queued by an intake that did not split it, or before the
+// return path was turned on, and goes with its own sender, its bounces to
+// the application as before.
+//
+// One recipient now is not enough when an earlier attempt had more (the
+// others delivered or bounced since): their delivered events are the same
+// envelope's, and a report to the return path could name them. The
+// history shows it when the envelope was deferred with several; a first
+// attempt that delivered all but one leaves no trace in the envelope, so
+// such an envelope, queued before its tenant's mail was split, still gets
+// a return path on its retry (docs/delivery.md, "Limits").
+func (w *deliverer) envelopeSender(e *queue.Envelope) string {
+	if w.cfg.ReturnPath == nil {
+		return e.From
+	}
+	rp := w.cfg.ReturnPath.Address(e.Tenant, e.ID, e.From, time.Now())
+	if rp == e.From || oneRecipient(e) {
+		return rp
+	}
+	w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Int("rcpts", len(e.Rcpts)).
+		Msg("envelope of several recipients sent with its own sender, not a return path: a return path names one recipient's envelope")
+	return e.From
+}
+
+// oneRecipient reports whether e is an envelope of one recipient as far as
+// it shows: one now, and no earlier attempt that left it more.
+func oneRecipient(e *queue.Envelope) bool {
+	if len(e.Rcpts) != 1 {
+		return false
+	}
+	for _, a := range e.History {
+		if a.Rcpts > 1 {
+			return false
+		}
+	}
+	return true
 }
 
 // keepAlive tells the server every ProgressEvery that d is still being

@@ -30,7 +30,10 @@ func (e *env) deliveredEvent(id string) queue.Event {
 // recipients whose NOTIFY asks for it, once however often the report
 // comes, with the remote server's status and diagnostic and the header it
 // returned, and the submitted ORCPT, never the report's. The MX offers DSN,
-// so it took NOTIFY and owes the success report itself.
+// so it took NOTIFY and owes the success report itself. The message is
+// split per recipient, as serve splits a tenant's with a return path (an
+// envelope of several goes out with its own sender), and the listener
+// hands each envelope's delivered event the report's blocks.
 func TestReportedLaterNotifiesTheSender(t *testing.T) {
 	e := newEnvMX(t, fakemx.Options{DSN: true})
 	m := NewDSNMetrics(prometheus.NewRegistry())
@@ -40,17 +43,36 @@ func TestReportedLaterNotifiesTheSender(t *testing.T) {
 		"never@dest.test": {Notify: []string{queue.NotifyNever}},
 		"yes@dest.test":   {Notify: []string{queue.NotifySuccess, queue.NotifyFailure}},
 	}}
-	id := e.submitSMTP("app@src.test", params, "Gone@dest.test", "never@dest.test", "ok@dest.test", "yes@dest.test")
-	ev := e.deliveredEvent(id)
-	n := ev.Notify
-	if n == nil || n.Sender != "app@src.test" || n.EnvID != "env-7" || n.MessageID != "<x@src.test>" || n.Submitted.IsZero() ||
-		n.Source != queue.SourceSMTP {
-		t.Fatalf("delivered event's notify: %+v", n)
+	ids, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t1", From: "app@src.test", Source: queue.SourceSMTP,
+		Rcpts: []string{"Gone@dest.test", "never@dest.test", "ok@dest.test", "yes@dest.test"}, DSN: params, PerRecipient: true,
+		Body: []byte("Subject: hi\r\nFrom: app@src.test\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")})
+	if err != nil || len(ids) != 4 {
+		t.Fatalf("ids %v, %v", ids, err)
 	}
-	if len(n.Rcpts) != 3 || n.Rcpts[0].Rcpt != "Gone@dest.test" || n.Rcpts[0].ORcpt != "gone@old.test" ||
-		n.Rcpts[1].Rcpt != "ok@dest.test" || strings.Join(n.Rcpts[1].Notify, ",") != "FAILURE,DELAY" ||
-		n.Rcpts[2].Rcpt != "yes@dest.test" || strings.Join(n.Rcpts[2].Notify, ",") != "FAILURE,SUCCESS" {
-		t.Fatalf("notify's recipients %+v, want Gone (with its ORCPT), ok and yes (with its NOTIFY), not the NOTIFY=NEVER one", n.Rcpts)
+	var evs []queue.Event // the delivered events that owe notices: Gone's, ok's and yes's
+	for i, id := range ids {
+		ev := e.deliveredEvent(id)
+		n := ev.Notify
+		if i == 1 {
+			if n != nil {
+				t.Fatalf("the NOTIFY=NEVER recipient's delivered event has notify %+v", n)
+			}
+			continue
+		}
+		if n == nil || n.Sender != "app@src.test" || n.EnvID != "env-7" || n.MessageID != "<x@src.test>" || n.Submitted.IsZero() ||
+			n.Source != queue.SourceSMTP || len(n.Rcpts) != 1 {
+			t.Fatalf("delivered event %s's notify: %+v", id, n)
+		}
+		evs = append(evs, ev)
+	}
+	if r := evs[0].Notify.Rcpts[0]; r.Rcpt != "Gone@dest.test" || r.ORcpt != "gone@old.test" {
+		t.Errorf("Gone's notify %+v, want it with its ORCPT", r)
+	}
+	if r := evs[1].Notify.Rcpts[0]; r.Rcpt != "ok@dest.test" || strings.Join(r.Notify, ",") != "FAILURE,DELAY" {
+		t.Errorf("ok's notify %+v, want the default kinds", r)
+	}
+	if r := evs[2].Notify.Rcpts[0]; r.Rcpt != "yes@dest.test" || strings.Join(r.Notify, ",") != "FAILURE,SUCCESS" {
+		t.Errorf("yes's notify %+v, want its NOTIFY", r)
 	}
 
 	later := []dsn.Recipient{
@@ -62,10 +84,12 @@ func TestReportedLaterNotifiesTheSender(t *testing.T) {
 		{Final: "ok@dest.test", Action: dsn.Delivered, Status: "2.0.0"},  // ok asked for no success notice
 		{Final: "yes@dest.test", Action: dsn.Delivered, Status: "2.0.0"}, // yes did
 	}
-	returned := []byte("Return-Path: <b." + id + "@rp.test>\r\nSubject: hi\r\nFrom: app@src.test")
-	for range 2 { // a report sent again queues no second notice
-		if err := e.pool.ReportedLater(context.Background(), &ev, later, returned); err != nil {
-			t.Fatal(err)
+	for _, ev := range evs {
+		returned := []byte("Return-Path: <b." + ev.ID + "@rp.test>\r\nSubject: hi\r\nFrom: app@src.test")
+		for range 2 { // a report sent again queues no second notice
+			if err := e.pool.ReportedLater(context.Background(), &ev, later, returned); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	waitUntil(t, "three notices at the MX", func() bool { return len(reports(e.mx)) == 3 })
@@ -107,9 +131,11 @@ func TestReportedLaterNotifiesTheSender(t *testing.T) {
 		}
 	}
 	var notices []string
-	for _, ev := range e.waitEvent(id, queue.EventDSN) {
-		if ev.Type == queue.EventDSN {
-			notices = append(notices, ev.Reason)
+	for _, d := range evs {
+		for _, ev := range e.waitEvent(d.ID, queue.EventDSN) {
+			if ev.Type == queue.EventDSN {
+				notices = append(notices, ev.Reason)
+			}
 		}
 	}
 	slices.Sort(notices)

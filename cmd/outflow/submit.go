@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outflow/outflow/api"
+	"github.com/outflow/outflow/bounce"
 	"github.com/outflow/outflow/internal/mailhdr"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/submission"
@@ -93,6 +94,19 @@ func init() {
 					// read the daemon's tenant settings).
 					sub.ListUnsubscribe = &listUnsub
 					listUnsubscribe{}.apply(sub)
+				}
+				if len(to) > 1 {
+					// serve gives each recipient of a tenant with a
+					// return path an envelope of its own, so that a
+					// return path names one recipient (bounce/doc.go);
+					// this command cannot read which tenants have one,
+					// so it splits whenever the fleet has made the
+					// return-path key, and when it cannot tell: a split
+					// costs a transaction per recipient, a shared
+					// envelope its return path (the workers send one of
+					// several recipients with the message's own sender).
+					inUse, err := bounce.InUse(ctx, q)
+					sub.PerRecipient = inUse || err != nil
 				}
 				ids, err := q.Enqueue(ctx, sub)
 				if err != nil {

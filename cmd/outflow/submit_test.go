@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outflow/outflow/bounce"
 	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
 )
@@ -93,5 +94,49 @@ func TestSubmitStoresDSN(t *testing.T) {
 	if _, err := m.Header.Date(); err != nil || m.Header.Get("Message-ID") == "" || m.Header.Get("Subject") != "hi" ||
 		m.Header.Get("From") != "<app@src.example>" {
 		t.Fatalf("stored header %v (date: %v)", m.Header, err)
+	}
+}
+
+// TestSubmitSplitsForReturnPaths: once the fleet has made its return-path
+// key (serve does, at start, when some tenant's mail goes out with a
+// return path), `outflow submit` gives each recipient an envelope of its
+// own, as serve does for such a tenant, so that no return path is shared
+// by two recipients. Before, it keeps one envelope per domain.
+func TestSubmitSplitsForReturnPaths(t *testing.T) {
+	dir := t.TempDir()
+	q := testqueue.Connect(t, testqueue.Listening(t, dir), queue.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	submit := func() []string {
+		t.Helper()
+		var out bytes.Buffer
+		rootCmd.SetIn(strings.NewReader("Subject: hi\n\nhello\n"))
+		if err := execRoot(ctx, &out, "submit", "--data", dir, "--from", "app@src.example",
+			"--to", "ann@one.example", "--to", "bob@one.example"); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Fields(out.String())
+	}
+	rcptsOf := func(ids []string) [][]string {
+		t.Helper()
+		var out [][]string
+		for _, id := range ids {
+			it, err := q.Find(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, it.Env.Rcpts)
+		}
+		return out
+	}
+
+	if got := rcptsOf(submit()); !reflect.DeepEqual(got, [][]string{{"ann@one.example", "bob@one.example"}}) {
+		t.Fatalf("without return paths: envelopes of %v, want one of both", got)
+	}
+	if _, err := bounce.LoadKey(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	if got := rcptsOf(submit()); !reflect.DeepEqual(got, [][]string{{"ann@one.example"}, {"bob@one.example"}}) {
+		t.Fatalf("with return paths: envelopes of %v, want one per recipient", got)
 	}
 }
