@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"time"
 
@@ -190,26 +189,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // ctx ends.
 func (d *Dispatcher) run(ctx context.Context, ep *Endpoint) {
 	log := d.log.With().Str("endpoint", ep.ID).Str("tenant", ep.Tenant).Logger()
-	// The server hands the consumer the events of ep's tenant's shard
-	// only, a few tenants' at most, not every tenant's (queue's
-	// EventTenantFilters); the tenant check below drops the others'.
-	filters := append(queue.EventTenantFilters(EventTest, ep.Tenant), replaySubject(ep.ID))
-	for _, t := range ep.Events {
-		// Each type once, also for an endpoint stored with one twice:
-		// overlapping filters would fail the consumer.
-		for _, f := range queue.EventTenantFilters(t, ep.Tenant) {
-			if !slices.Contains(filters, f) {
-				filters = append(filters, f)
-			}
-		}
-	}
-	cfg := jetstream.ConsumerConfig{
-		Durable: consumerName(ep.ID), Description: "webhook " + ep.ID + " (" + ep.Tenant + ")",
-		FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy, AckPolicy: jetstream.AckExplicitPolicy,
-		// One event in flight: an endpoint sees its events in order, and
-		// its backlog waits in the stream, not in memory.
-		MaxAckPending: 1, AckWait: d.cfg.ackWait, MaxDeliver: -1,
-	}
+	cfg := consumerConfig(ep, d.cfg.ackWait)
 	// A consumer that cannot be made (NATS not ready, a leader election)
 	// or that goes away (deleted, its stream recreated) is made again at
 	// the backoff's pace, for as long as the endpoint exists and is
@@ -273,6 +253,17 @@ func (d *Dispatcher) consume(ctx context.Context, log zerolog.Logger, ep *Endpoi
 		}
 	}()
 	defer awaitClosed(it)
+	// unburied is the event whose dead letter could not be stored, given
+	// back to the stream to come again. When it does (to this runner: one
+	// event in flight, and the others wait behind it), the endpoint's
+	// answer is known already and only the dead letter is written: posting
+	// it again would take a whole new budget of attempts (and open a
+	// breaker twice) for a write that failed on our side. Another daemon
+	// that gets it knows nothing of this and delivers it afresh, which is
+	// at least once all the same. It lives as long as this consumer: one
+	// made again may be on a stream made again, whose sequences start
+	// over.
+	var unburied *burial
 	for {
 		m, err := it.Next()
 		if err != nil {
@@ -294,7 +285,7 @@ func (d *Dispatcher) consume(ctx context.Context, log zerolog.Logger, ep *Endpoi
 				continue
 			}
 			log.Info().Str("webhook_id", dl.ID).Str("type", dl.Type).Time("dead_at", dl.At).Msg("webhook dead letter replayed")
-			settle(ctx, m, d.deliver(ctx, log, ep, dl.ID, dl.Type, dl.Body, m))
+			settle(ctx, m, d.handle(ctx, log, ep, &unburied, md.Sequence.Stream, dl.ID, dl.Type, dl.Body, m))
 			continue
 		}
 		var ev queue.Event
@@ -307,8 +298,29 @@ func (d *Dispatcher) consume(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			Timestamp time.Time       `json:"timestamp"`
 			Data      json.RawMessage `json:"data"`
 		}{ev.Type, ev.Time, m.Data()})
-		settle(ctx, m, d.deliver(ctx, log, ep, webhookID(md), ev.Type, body, m))
+		settle(ctx, m, d.handle(ctx, log, ep, &unburied, md.Sequence.Stream, webhookID(md), ev.Type, body, m))
 	}
+}
+
+// handle delivers the event stored at seq, or, when it is the one in
+// *unburied, only stores its dead letter, and says what became of it;
+// *unburied is left holding it if its dead letter could not be stored.
+func (d *Dispatcher) handle(ctx context.Context, log zerolog.Logger, ep *Endpoint, unburied **burial, seq uint64, id, typ string,
+	body []byte, m jetstream.Msg) outcome {
+	b := *unburied
+	*unburied = nil
+	if b == nil || b.seq != seq || b.dl.ID != id {
+		var taken bool
+		if taken, b = d.deliver(ctx, log, ep, id, typ, body, m); b == nil {
+			return outcome{finished: taken}
+		}
+		b.seq = seq
+	}
+	o := d.bury(ctx, log, ep, b, m)
+	if !o.finished {
+		*unburied = b
+	}
+	return o
 }
 
 // webhookID is the webhook-id of the event stored as md says: its
@@ -325,15 +337,30 @@ func webhookID(md *jetstream.MsgMetadata) string {
 	return "evt_" + strconv.FormatUint(md.Sequence.Stream, 10) + "_" + strconv.FormatInt(md.Timestamp.UnixNano(), 10)
 }
 
-// settle acknowledges an event deliver finished with (the endpoint took
-// it, or it is in the dead letters); one deliver gave up on because the
-// runner is stopping goes back to the stream for the next runner.
-func settle(ctx context.Context, m jetstream.Msg, finished bool) {
-	if finished || ctx.Err() == nil {
+// outcome is what became of an event, for settle to tell the stream.
+type outcome struct {
+	// finished: the endpoint took it, or it is in the dead letters.
+	finished bool
+	// again, when not finished: its dead letter could not be stored, and
+	// it is to come back after this long, at the backoff's pace.
+	again time.Duration
+}
+
+// settle acknowledges an event that is finished with (the endpoint took
+// it, or it is in the dead letters). Anything else goes back to the
+// stream, never acknowledged: one whose dead letter could not be stored
+// after o.again (it keeps the consumer's one ack-pending slot meanwhile,
+// so the endpoint's later events wait behind it, in order), and one given
+// up on because the runner is stopping at once, for the next runner.
+func settle(ctx context.Context, m jetstream.Msg, o outcome) {
+	switch {
+	case o.finished:
 		_ = m.Ack()
-		return
+	case o.again > 0 && ctx.Err() == nil:
+		_ = m.NakWithDelay(o.again)
+	default:
+		_ = m.Nak()
 	}
-	_ = m.Nak()
 }
 
 // awaitClosed stops it and waits (up to closeWait) until its subscription
@@ -357,16 +384,25 @@ func awaitClosed(it jetstream.MessagesContext) {
 // live connection, so this only matters when the connection is gone.
 const closeWait = 5 * time.Second
 
-// deliver POSTs one event until it is taken, refused for good or out of
-// budget; the last two end in the dead letters. It reports whether it
-// finished with the event, false only when ctx ended first: a runner
-// stopped just after a dead letter must not hand that event on again.
-// m, when not nil, is told InProgress every quarter of the ack wait for as
+// burial is an event on its way to the dead letters: refused for good, out
+// of budget, or refused with a 410 Gone.
+type burial struct {
+	dl    DeadLetter
+	gone  bool   // a 410: the endpoint is disabled once dl is stored
+	spent bool   // its budget ran out: counted toward the breaker once dl is stored
+	seq   uint64 // the event's sequence in the events stream, to know it when it comes back
+	tries int    // failed writes of dl so far: the pace of the event's return
+}
+
+// deliver POSTs one event until it is taken (true), refused for good or
+// out of budget (a burial, which bury finishes: the event is not done with
+// until its dead letter is stored), or ctx ends (false and no burial). m,
+// when not nil, is told InProgress every quarter of the ack wait for as
 // long as deliver has it, through its POSTs as well as the waits between
 // them: in a fleet, an event whose ack wait ran out during a slow POST was
 // handed to another daemon, and the endpoint got it twice at once, with
 // twice the attempts.
-func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoint, id, typ string, body []byte, m jetstream.Msg) bool {
+func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoint, id, typ string, body []byte, m jetstream.Msg) (bool, *burial) {
 	if m != nil {
 		stop := make(chan struct{})
 		defer close(stop)
@@ -386,7 +422,7 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 	for attempt := 1; ; attempt++ {
 		status, hint, err := Post(ctx, d.client, ep, id, body)
 		if ctx.Err() != nil {
-			return false
+			return false, nil
 		}
 		ev := log.Info().Str("webhook_id", id).Str("type", typ).Int("attempt", attempt).Int("status", status)
 		if err != nil {
@@ -402,33 +438,16 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			} else if was.Open {
 				log.Info().Time("open_since", was.Since).Msg("webhook breaker closed")
 			}
-			return true
+			return true, nil
 		case status == http.StatusGone:
-			ev.Str("class", "gone").Msg("webhook endpoint gone: disabled")
-			d.dead(ctx, log, ep, id, typ, body, "410 Gone: endpoint disabled")
-			if m != nil {
-				// Before the disable stops this runner: the event is in
-				// the dead letters now, not to be delivered again.
-				_ = m.Ack()
-			}
-			if err := d.cfg.Store.disable(context.WithoutCancel(ctx), ep.ID, "410 Gone"); err != nil {
-				log.Warn().Err(err).Msg("disable webhook endpoint")
-			}
-			return true
+			ev.Str("class", "gone").Msg("webhook endpoint gone: to be disabled")
+			return false, &burial{dl: deadLetter(ep, id, typ, body, "410 Gone: endpoint disabled"), gone: true}
 		case class == "permanent":
 			ev.Str("class", class).Msg("webhook refused")
-			d.dead(ctx, log, ep, id, typ, body, "refused: "+describe(status, err))
-			return true
+			return false, &burial{dl: deadLetter(ep, id, typ, body, "refused: "+describe(status, err))}
 		case attempt >= d.cfg.MaxAttempts && !d.br.get(ep.ID).Open:
 			ev.Str("class", class).Msg("webhook budget spent")
-			d.dead(ctx, log, ep, id, typ, body, fmt.Sprintf("%d attempts, last %s", attempt, describe(status, err)))
-			s, opened, err := d.br.spend(context.WithoutCancel(ctx), ep.ID, d.cfg.WorkerID, d.cfg.BreakerAfter)
-			if err != nil {
-				log.Warn().Err(err).Msg("count webhook breaker")
-			} else if opened {
-				log.Warn().Int("spent", s.Spent).Msg("webhook breaker open: events held until the endpoint answers")
-			}
-			return true
+			return false, &burial{dl: deadLetter(ep, id, typ, body, fmt.Sprintf("%d attempts, last %s", attempt, describe(status, err))), spent: true}
 		}
 		seed := backoff.NewSeed()
 		dec := d.cfg.Backoff.Decide(attempt, d.cfg.WorkerID, seed, hint)
@@ -437,7 +456,7 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			Str("jitter_seed", strconv.FormatUint(seed, 10)).Int64("jitter_ms", dec.JitterMs).Int64("offset_ms", dec.OffsetMs).
 			Int64("hint_ms", dec.HintMs).Int64("delay_ms", dec.DelayMs).Time("next_attempt_at", next).Msg("webhook deferred")
 		if !wait(ctx, dec.Delay) {
-			return false
+			return false, nil
 		}
 	}
 }
@@ -454,11 +473,60 @@ func wait(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func (d *Dispatcher) dead(ctx context.Context, log zerolog.Logger, ep *Endpoint, id, typ string, body []byte, reason string) {
-	dl := DeadLetter{Endpoint: ep.ID, ID: id, Type: typ, Body: body, Reason: reason, At: time.Now().UTC()}
-	if err := d.cfg.Store.putDead(context.WithoutCancel(ctx), dl); err != nil {
-		log.Error().Err(err).Str("webhook_id", id).Msg("store webhook dead letter")
+// bury stores b's dead letter, and only then does what follows from it: a
+// 410's disable, a spent budget's count toward the breaker. Until the dead
+// letter is stored the event is not finished: acknowledged without it, the
+// event would be nowhere, neither in the stream nor in the dead letters
+// for `webhook replay`, and a 410 would leave a disabled endpoint with
+// nothing to replay. So a failed write (the bucket in a leader election,
+// timing out, its stream full or gone) hands the event back to the stream
+// at the backoff's pace (outcome.again), and its next delivery tries the
+// write again; the endpoint stays enabled meanwhile.
+func (d *Dispatcher) bury(ctx context.Context, log zerolog.Logger, ep *Endpoint, b *burial, m jetstream.Msg) outcome {
+	if err := d.dead(ctx, b.dl); err != nil {
+		b.tries++
+		dec := d.cfg.Backoff.Decide(b.tries, d.cfg.WorkerID, backoff.NewSeed(), 0)
+		log.Error().Err(err).Str("webhook_id", b.dl.ID).Str("type", b.dl.Type).Str("reason", b.dl.Reason).Int("attempt", b.tries).
+			Int64("delay_ms", dec.DelayMs).Time("next_attempt_at", time.Now().Add(dec.Delay)).
+			Msg("webhook dead letter not stored; event kept in the stream")
+		return outcome{again: dec.Delay}
 	}
+	if b.tries > 0 {
+		log.Info().Str("webhook_id", b.dl.ID).Int("failed_writes", b.tries).Msg("webhook dead letter stored")
+	}
+	switch {
+	case b.gone:
+		if m != nil {
+			// Before the disable stops this runner: the event is in
+			// the dead letters now, not to be delivered again.
+			_ = m.Ack()
+		}
+		if err := d.cfg.Store.disable(context.WithoutCancel(ctx), ep.ID, "410 Gone"); err != nil {
+			log.Warn().Err(err).Msg("disable webhook endpoint")
+		} else {
+			log.Info().Str("webhook_id", b.dl.ID).Msg("webhook endpoint disabled: 410 Gone")
+		}
+	case b.spent:
+		s, opened, err := d.br.spend(context.WithoutCancel(ctx), ep.ID, d.cfg.WorkerID, d.cfg.BreakerAfter)
+		if err != nil {
+			log.Warn().Err(err).Msg("count webhook breaker")
+		} else if opened {
+			log.Warn().Int("spent", s.Spent).Msg("webhook breaker open: events held until the endpoint answers")
+		}
+	}
+	return outcome{finished: true}
+}
+
+// deadLetter is the dead letter of an event of ep's, parked now; it is
+// made once, so a write tried again stores the same.
+func deadLetter(ep *Endpoint, id, typ string, body []byte, reason string) DeadLetter {
+	return DeadLetter{Endpoint: ep.ID, ID: id, Type: typ, Body: body, Reason: reason, At: time.Now().UTC()}
+}
+
+// dead stores dl, and says whether it could: the caller must not let the
+// event go without it.
+func (d *Dispatcher) dead(ctx context.Context, dl DeadLetter) error {
+	return d.cfg.Store.putDead(context.WithoutCancel(ctx), dl)
 }
 
 func describe(status int, err error) string {

@@ -172,8 +172,10 @@ func LiteralPrivate(raw string) bool {
 	return h == "localhost" || strings.HasSuffix(h, ".localhost")
 }
 
-// Add registers an endpoint for tenant and returns it with its secret,
-// which only this call and the store hold.
+// Add registers an endpoint for tenant, with its consumer on the events
+// stream (which then holds the tenant's events for it from now on, whether
+// or not a daemon runs), and returns it with its secret, which only this
+// call and the store hold.
 func (s *Store) Add(ctx context.Context, tenant, rawURL string, events []string) (*Endpoint, error) {
 	if tenant == "" {
 		return nil, errors.New("webhook: empty tenant")
@@ -195,10 +197,57 @@ func (s *Store) Add(ctx context.Context, tenant, rawURL string, events []string)
 	}
 	ep := &Endpoint{ID: "wh_" + hex.EncodeToString(idb[:]), Tenant: tenant, URL: rawURL, Events: slices.Clone(events),
 		Secret: SecretPrefix + base64.StdEncoding.EncodeToString(sec[:]), Created: time.Now().UTC().Truncate(time.Second)}
+	// The consumer is made here, before the endpoint is stored, not left to
+	// the daemons' runners: a consumer starts at the events published from
+	// its creation on, and one first made when a daemon got round to the
+	// endpoint (or not at all while every daemon is down) would skip the
+	// events published since the add, the `webhook test` just after it
+	// among them. The stream itself marks the start, so no writer's clock
+	// is involved; the id is new, so no consumer of a removed endpoint is
+	// taken over; and the runners create the same configuration, which
+	// leaves this consumer where it is, for one daemon or a fleet.
+	name := consumerName(ep.ID)
+	if _, err := s.events.EventConsumer(ctx, consumerConfig(ep, eventAckWait)); err != nil {
+		return nil, fmt.Errorf("webhook %s: %w", ep.ID, err)
+	}
 	if err := s.put(ctx, ep, 0); err != nil {
+		// No endpoint will ever read it: a durable consumer left behind
+		// would be nobody's, kept by the server (and shown in its
+		// consumer list) for good.
+		if derr := s.events.DeleteEventConsumer(context.WithoutCancel(ctx), name); derr != nil {
+			err = fmt.Errorf("%w (and its consumer %s is left: %v)", err, name, derr)
+		}
 		return nil, err
 	}
 	return ep, nil
+}
+
+// consumerConfig is endpoint ep's durable consumer on the events stream.
+// Store.Add and every runner make it with this one configuration, so a
+// runner's create-or-update finds nothing to change but the ack wait and
+// never moves the consumer's position.
+func consumerConfig(ep *Endpoint, ackWait time.Duration) jetstream.ConsumerConfig {
+	// The server hands the consumer the events of ep's tenant's shard
+	// only, a few tenants' at most, not every tenant's (queue's
+	// EventTenantFilters); the dispatcher's tenant check drops the
+	// others'.
+	filters := append(queue.EventTenantFilters(EventTest, ep.Tenant), replaySubject(ep.ID))
+	for _, t := range ep.Events {
+		// Each type once, also for an endpoint stored with one twice:
+		// overlapping filters would fail the consumer.
+		for _, f := range queue.EventTenantFilters(t, ep.Tenant) {
+			if !slices.Contains(filters, f) {
+				filters = append(filters, f)
+			}
+		}
+	}
+	return jetstream.ConsumerConfig{
+		Durable: consumerName(ep.ID), Description: "webhook " + ep.ID + " (" + ep.Tenant + ")",
+		FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy, AckPolicy: jetstream.AckExplicitPolicy,
+		// One event in flight: an endpoint sees its events in order, and
+		// its backlog waits in the stream, not in memory.
+		MaxAckPending: 1, AckWait: ackWait, MaxDeliver: -1,
+	}
 }
 
 // allEvents are the event types an endpoint may ask for: DefaultEvents, and

@@ -230,7 +230,9 @@ func newFixtureWith(t testing.TB, mod func(*Config), script ...func(w http.Respo
 	}
 	f := &fixture{q: q, js: testutil.JetStream(t, emb.Server(), ci.User, ci.Password), store: store, logs: logs, rc: rc, ep: ep, cfg: cfg}
 	f.start(t, nil)
-	// The consumer delivers new events only: wait until it exists.
+	// The consumer delivers new events only; Add made it, so the events
+	// published from here on reach the endpoint, whenever its runner
+	// starts.
 	waitUntil(t, "the endpoint's consumer", func() bool {
 		_, err := f.js.Consumer(context.Background(), queue.StreamEvents, consumerName(ep.ID))
 		return err == nil
@@ -430,8 +432,9 @@ func TestPrivateEndpointEventIsDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	ep := &Endpoint{ID: f.ep.ID, Tenant: "acme", URL: f.ep.URL, Secret: f.ep.Secret}
-	if !d.deliver(ctx, zerolog.Nop(), ep, "evt_9", "delivered", []byte(`{}`), nil) {
-		t.Fatal("deliver reports the refused event unfinished")
+	var unburied *burial
+	if o := d.handle(ctx, zerolog.Nop(), ep, &unburied, 9, "evt_9", "delivered", []byte(`{}`), nil); !o.finished {
+		t.Fatal("the refused event is reported unfinished")
 	}
 	dead, err := f.store.Dead(ctx, ep.ID)
 	if err != nil || len(dead) != 1 || dead[0].ID != "evt_9" || !strings.Contains(dead[0].Reason, "loopback, private or link-local") {
@@ -606,25 +609,30 @@ func TestDeadLetteredEventIsFinished(t *testing.T) {
 	if d.br, err = watchBreakers(ctx, f.store.breakers, func(error) {}); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"evt_spent", "evt_refused"} {
-		if !d.deliver(ctx, zerolog.Nop(), f.ep, id, queue.EventDelivered, []byte(`{}`), nil) {
-			t.Fatalf("%s: deliver reports a dead-lettered event unfinished", id)
+	for i, id := range []string{"evt_spent", "evt_refused"} {
+		var unburied *burial
+		if o := d.handle(ctx, zerolog.Nop(), f.ep, &unburied, uint64(i+1), id, queue.EventDelivered, []byte(`{}`), nil); !o.finished {
+			t.Fatalf("%s: a dead-lettered event is reported unfinished", id)
 		}
 	}
 	if dead, err := f.store.Dead(ctx, f.ep.ID); err != nil || len(dead) != 2 {
 		t.Fatalf("dead letters %+v, %v", dead, err)
 	}
-	// Stopped: only an event deliver gave up on goes back.
+	// Stopped: only an event deliver gave up on goes back, at once; an
+	// event whose dead letter is not stored goes back later, unless the
+	// runner is stopping, and is never acknowledged.
 	stopped, stop := context.WithCancel(ctx)
 	stop()
 	for _, c := range []struct {
-		finished bool
-		want     string
-	}{{true, "ack"}, {false, "nak"}} {
+		ctx  context.Context
+		o    outcome
+		want string
+	}{{stopped, outcome{finished: true}, "ack"}, {stopped, outcome{}, "nak"},
+		{ctx, outcome{again: time.Second}, "nak 1s"}, {stopped, outcome{again: time.Second}, "nak"}} {
 		m := &settled{}
-		settle(stopped, m, c.finished)
+		settle(c.ctx, m, c.o)
 		if m.did != c.want {
-			t.Fatalf("settle(stopped, finished=%v) did %q, want %q", c.finished, m.did, c.want)
+			t.Fatalf("settle(stopped=%v, %+v) did %q, want %q", c.ctx.Err() != nil, c.o, m.did, c.want)
 		}
 	}
 }
@@ -635,8 +643,9 @@ type settled struct {
 	did string
 }
 
-func (m *settled) Ack() error { m.did = "ack"; return nil }
-func (m *settled) Nak() error { m.did = "nak"; return nil }
+func (m *settled) Ack() error                         { m.did = "ack"; return nil }
+func (m *settled) Nak() error                         { m.did = "nak"; return nil }
+func (m *settled) NakWithDelay(d time.Duration) error { m.did = "nak " + d.String(); return nil }
 
 // TestEventTypeNamedTwice: an endpoint that names an event type twice
 // (`webhook add --events delivered,delivered`) still gets its events. Add
