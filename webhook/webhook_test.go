@@ -700,6 +700,12 @@ func TestLostConsumerIsMadeAgain(t *testing.T) {
 	f := newFixture(t, status(200))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// The runner consuming first: Add made the consumer, and a runner that
+	// starts after the delete only makes it, with nothing lost to report.
+	f.q.Event(queue.EventDelivered, &queue.Event{ID: "m0", Tenant: "acme", Dest: "x.test"})
+	if d := f.next(t); d.body["type"] != queue.EventDelivered {
+		t.Fatalf("delivery %v", d.body)
+	}
 	if err := f.js.DeleteConsumer(ctx, queue.StreamEvents, consumerName(f.ep.ID)); err != nil {
 		t.Fatal(err)
 	}
