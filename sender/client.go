@@ -116,6 +116,25 @@ const (
 
 var errMalformed = errors.New("malformed SMTP reply")
 
+// malformedError is errMalformed with what was read of the reply, exactly
+// as received (lines joined by CRLF), kept as evidence.
+type malformedError struct {
+	detail string
+	raw    string
+}
+
+func (e *malformedError) Error() string { return errMalformed.Error() + ": " + e.detail }
+func (e *malformedError) Unwrap() error { return errMalformed }
+
+// malformedRaw returns the reply lines err carries, or its text.
+func malformedRaw(err error) string {
+	var me *malformedError
+	if errors.As(err, &me) {
+		return me.raw
+	}
+	return err.Error()
+}
+
 // deadline sets the I/O deadline to now+d, or the context's deadline when
 // that is sooner, and then reports the context's error: set first, check
 // after, so a concurrent cancellation (which sets a past deadline) is never
@@ -149,6 +168,17 @@ func (c *client) netFail(ctx context.Context, stage classify.Stage, what string,
 		err = fmt.Errorf("%w (%v)", err, context.Cause(ctx))
 	case errors.As(err, &ne) && ne.Timeout():
 		ev = classify.EventTimeout
+	case errors.Is(err, errMalformed) && stage == classify.StageDataEnd:
+		// After the final dot (or the whole BDAT chunk) a reply we cannot
+		// read is no refusal: the server may well have taken the message
+		// ("250-2.0.0 queued as X" followed by a line of another code).
+		// As for no reply at all, the outcome is unknown (RFC 5321 6.1:
+		// a retry may deliver it twice, which the unknown policy
+		// decides), so it is reported as a lost connection, which
+		// classify calls unknown at StageDataEnd; the reply stays in Raw
+		// and in the text as evidence. The connection is out of step.
+		return &stepErr{in: classify.Input{Stage: stage, Event: classify.EventConnLost, Raw: malformedRaw(err),
+			Text: fmt.Sprintf("%s (%s): %s: unreadable reply, the message may have been delivered: %v", c.host, c.addr, what, err)}, err: err}
 	case errors.Is(err, errMalformed):
 		// Keep the evidence: classify parses Raw when Code is 0.
 		return &stepErr{in: classify.Input{Stage: stage, Raw: err.Error(), Text: fmt.Sprintf("%s: %s: %v", c.host, what, err)}, err: err}
@@ -171,11 +201,17 @@ func (c *client) readReply() (reply, error) {
 	code := 0
 	for n := 0; ; n++ {
 		if n == maxReplyLines {
-			return reply{}, fmt.Errorf("%w: more than %d lines", errMalformed, maxReplyLines)
+			return reply{}, &malformedError{detail: fmt.Sprintf("more than %d lines", maxReplyLines), raw: string(buf)}
 		}
 		line, err := c.br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) || len(line) > maxReplyLine {
-			return reply{}, fmt.Errorf("%w: line longer than %d bytes", errMalformed, maxReplyLine)
+			// The evidence keeps the long line's first 512 octets, the
+			// longest reply line RFC 5321 4.5.3.1.5 allows.
+			if n > 0 {
+				buf = append(buf, '\r', '\n')
+			}
+			buf = append(buf, line[:min(len(line), 512)]...)
+			return reply{}, &malformedError{detail: fmt.Sprintf("line longer than %d bytes", maxReplyLine), raw: string(buf)}
 		}
 		if err != nil {
 			return reply{}, err
@@ -188,7 +224,7 @@ func (c *client) readReply() (reply, error) {
 		ends = append(ends, len(buf))
 		lc, ok := replyCode(line)
 		if !ok || (code != 0 && lc != code) || (len(line) > 3 && line[3] != '-' && line[3] != ' ') {
-			return reply{}, fmt.Errorf("%w: %q", errMalformed, buf)
+			return reply{}, &malformedError{detail: fmt.Sprintf("%q", buf), raw: string(buf)}
 		}
 		code = lc
 		if len(line) == 3 || line[3] != '-' {

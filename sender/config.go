@@ -181,7 +181,8 @@ type Config struct {
 	// credentials with a 5xx, Send answers every message with that same
 	// outcome without connecting, so that a bad password does not cost a
 	// login attempt per message. Default DefaultAuthFailureHold; negative
-	// disables.
+	// disables. Either way, until a login is known to work, one Send at a
+	// time logs in (loginTurn).
 	AuthFailureHold time.Duration
 
 	// MXAllowLoopback lets MX delivery connect to loopback addresses
@@ -198,8 +199,10 @@ type Config struct {
 	// MXSessionLimit caps the MX sessions that may fail in one Send
 	// before it gives up: a session counts once its TCP connection was
 	// made and it then failed (greeting, EHLO, TLS policy, a 4xx to MAIL,
-	// a connection lost before any recipient was accepted). A refused
-	// connection does not count (MXAddressLimit does). Default
+	// a connection lost before any recipient was accepted, a failed
+	// transaction that ended the connection while recipients were left
+	// for another). A refused connection does not count (MXAddressLimit
+	// does). Default
 	// DefaultMXSessionLimit; negative: no limit. Not for the relay.
 	MXSessionLimit int
 

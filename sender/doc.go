@@ -32,19 +32,29 @@
 // MAIL and every reply to RCPT stay the recipients' outcome.
 // Each recipient gets exactly one classify.Input: the reply to its RCPT
 // when refused there; the reply to the final dot, or to the BDAT chunk,
-// when accepted there; otherwise the outcome that ended the
-// attempt for everyone still waiting (DNS failure, connect failure, greeting
-// or EHLO refusal, TLS failure under a "required" policy, DANE or MTA-STS, AUTH refusal,
-// MAIL or DATA refusal, timeout or lost connection). When every host
+// when accepted there; the failure of its transaction (MAIL or DATA
+// refusal, timeout or lost connection) when that ended it; otherwise the
+// outcome that ended the attempt for everyone still waiting (DNS failure,
+// connect failure, greeting or EHLO refusal, TLS failure under a
+// "required" policy, DANE or MTA-STS, AUTH refusal). A transaction's
+// failure is never given to recipients it did not offer (a later batch,
+// those a 452 put off): they go in the next transaction, or on another
+// connection when it took its own with it (a failed session, for
+// MXSessionLimit), and when no connection is left for them they are
+// reported as not attempted (EventLocal, transient). When every host
 // failed, that outcome is the last 4xx reply a server gave, else the last
 // failure that was not a 5xx reply, else the last one; a limit that left
 // hosts untried says so at the end of its Text. A timeout or lost
-// connection after the final dot (or the whole BDAT chunk) was sent is
-// reported at StageDataEnd: the message may have been delivered, which
-// package classify calls "unknown".
+// connection after the final dot (or the whole BDAT chunk) was sent, or a
+// reply to it that cannot be read, is reported at StageDataEnd as
+// EventTimeout or EventConnLost: the message may have been delivered,
+// which package classify calls "unknown".
 // Outcomes that outflow invents itself (SMTPUTF8 not offered, SIZE exceeded,
 // AUTH not offered, a cached relay AUTH refusal, an MX host refused for its
-// addresses, MX records that name addresses) say so in their Text.
+// addresses, MX records that name addresses, recipients not attempted) say
+// so in their Text. Until a login to the relay is known to work (at
+// start, after a refusal), one Send at a time logs in, per source address,
+// and the others wait for its result.
 //
 // The package also signs messages with DKIM (DKIMSigner); the caller signs
 // once at submission, so that every retry sends the same bytes. Fields a

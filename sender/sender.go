@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -80,6 +81,9 @@ type Sender struct {
 	authMu     sync.Mutex
 	authUntil  time.Time // relay AUTH refused: answer from cache until then
 	authRefuse classify.Input
+	// authGates lets one login at a time through to the relay, per pool
+	// key (relay and source), until one succeeds (loginTurn).
+	authGates map[string]*authGate
 
 	stop      chan struct{}
 	reaperEnd chan struct{}
@@ -208,25 +212,46 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 	ctx = withSource(ctx, m.Source)
 	t := &tries{hosts: hosts, relay: relay, addrs: map[string]bool{}, wrongFamily: true}
 	first := true
+	// carried: the recipients pending were left over by a transaction
+	// that failed and took its connection with it, and nothing has been
+	// tried for them since.
+	carried := false
 	for len(pending) > 0 {
+		if carried && ctxOver(ctx) {
+			why := "the attempt ran out of time"
+			if errors.Is(ctx.Err(), context.Canceled) {
+				why = "the attempt was cancelled"
+			}
+			fill(pending, notAttempted(why))
+			break
+		}
 		c, reused, err := s.acquire(ctx, log, t, plan)
 		if err != nil {
-			fill(pending, inputOf(err))
+			in := inputOf(err)
+			if carried && t.last == nil {
+				// No connection was even tried for them (an MX
+				// limit): the failure of the transaction before is
+				// not theirs to report.
+				in = notAttempted(t.stopped)
+			}
+			fill(pending, in)
 			res.WrongFamily = first && errors.Is(err, errWrongFamily)
 			break
 		}
+		carried = false
 		res.Host, res.Addr, res.TLS, res.TLSVerified = c.host, c.addr, c.tls, c.tlsVerified
 		if first {
 			res.Reused, first = reused, false
 		}
 		txBefore := c.txs
 		var txErr error
-		pending, txErr = s.deliver(ctx, c, m, info, pending, out, decided)
+		var soft bool
+		pending, soft, txErr = s.deliver(ctx, c, m, info, pending, out, decided)
 		res.Transactions += c.txs - txBefore
 		if m.MaxMsgsPerConn > 0 && (c.limit == 0 || m.MaxMsgsPerConn < c.limit) {
 			c.limit = m.MaxMsgsPerConn
 		}
-		soft := txErr != nil && softSessionFailure(ctx, c, txErr)
+		broke := txErr != nil && c.broken
 		if soft {
 			// Never pooled: the next Send would meet the same state.
 			c.spent = true
@@ -242,9 +267,16 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 			t.failSession(txErr)
 			continue
 		}
-		if txErr != nil {
-			fill(pending, inputOf(txErr))
-			break
+		if broke && len(pending) > 0 {
+			// The failure was given to its own transaction's
+			// recipients (deliver); the others, never offered, go on
+			// another connection, to the same host first. The session
+			// counts as failed (MXSessionLimit), which bounds how
+			// often a host that breaks every transaction is tried.
+			log.Warn().Str("mx", c.host).Str("addr", c.addr).Int("code", inputOf(txErr).Code).Str("error", inputOf(txErr).Text).
+				Int("left", len(pending)).Msg("transaction failed and ended the connection; recipients not yet offered go on another connection")
+			t.failTransaction()
+			carried = true
 		}
 	}
 	log.Debug().Str("mx", res.Host).Str("addr", res.Addr).Bool("tls", res.TLS).
@@ -253,9 +285,19 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 }
 
 // deliver runs transactions on c until every pending recipient is decided
-// or c may carry no more. It returns the recipients still pending and, if
-// the attempt ended for all of them, the error carrying their outcome.
-func (s *Sender) deliver(ctx context.Context, c *client, m *Message, info *msgInfo, pending []int, out []classify.Input, decided []bool) ([]int, error) {
+// or c may carry no more, and returns the recipients still pending.
+//
+// A failed transaction's outcome goes to the recipients of that
+// transaction alone (after the final dot, to those accepted): recipients
+// in later batches, those a 452 put off (RFC 5321 4.5.3.1.10) and, without
+// PIPELINING, those whose RCPT was never sent were offered nothing, and a
+// 554 to DATA or a lost reply to the final dot says nothing about them.
+// They stay pending, for the next transaction on c when it is still in
+// step, else for another connection. err is the failure that left c unable
+// to carry more, if one did. soft says it was a soft session failure
+// (softSessionFailure): nothing of it was recorded, and its recipients are
+// among those pending, for the next host.
+func (s *Sender) deliver(ctx context.Context, c *client, m *Message, info *msgInfo, pending []int, out []classify.Input, decided []bool) (left []int, soft bool, err error) {
 	stop := context.AfterFunc(ctx, func() {
 		// Wake any blocked read or write now; deadlines set later
 		// check ctx first.
@@ -271,11 +313,11 @@ func (s *Sender) deliver(ctx context.Context, c *client, m *Message, info *msgIn
 			// (With PIPELINING, transaction sends RSET with MAIL.)
 			if err := c.reset(ctx); err != nil {
 				if ctx.Err() != nil {
-					return pending, err
+					return pending, false, err
 				}
 				// Nothing of this transaction was sent: try a fresh
 				// connection.
-				return pending, nil
+				return pending, false, nil
 			}
 		}
 		n := defaultBatch
@@ -287,16 +329,27 @@ func (s *Sender) deliver(ctx context.Context, c *client, m *Message, info *msgIn
 		carry, err := c.transaction(ctx, m, info, batch, out, decided)
 		if errors.Is(err, errStale) {
 			if ctx.Err() != nil {
-				return pending, c.netFail(ctx, classify.StageMail, "RSET", ctx.Err())
+				return pending, false, c.netFail(ctx, classify.StageMail, "RSET", ctx.Err())
 			}
-			return pending, nil // nothing was taken: a fresh connection
+			return pending, false, nil // nothing was taken: a fresh connection
+		}
+		if err != nil && softSessionFailure(ctx, c, err) {
+			return undecided(pending, decided), true, err
 		}
 		if err != nil {
-			return undecided(pending, decided), err
+			in := inputOf(err)
+			for _, i := range batch {
+				if !decided[i] && !slices.Contains(carry, i) {
+					out[i], decided[i] = in, true
+				}
+			}
 		}
 		pending = append(carry, rest...)
+		if err != nil && !c.usable() {
+			return pending, false, err
+		}
 	}
-	return pending, nil
+	return pending, false, nil
 }
 
 // softSessionFailure says whether err, which ended a transaction on c for
@@ -335,6 +388,33 @@ func undecided(idx []int, decided []bool) []int {
 		}
 	}
 	return out
+}
+
+// ctxOver says whether ctx is done, or past its deadline by the clock: a
+// read cut by the socket's deadline (ctx's, deadline) can end a moment
+// before ctx's own timer marks it done.
+func ctxOver(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
+
+// notAttempted is the outcome of recipients that no server was offered in
+// this attempt: left over, in a later batch or put off by a 452, when the
+// transaction before them failed and no connection was left to carry them
+// (why says what stopped it). It is outflow's own signal (EventLocal,
+// which classify calls transient, and which never feeds a breaker or an
+// automation rule), not a server's word about the destination; the
+// recipients simply go in the next attempt.
+func notAttempted(why string) classify.Input {
+	if why == "" {
+		why = "no connection was left for them"
+	}
+	in := synthetic(classify.StageMail, 0, "", "recipient not attempted, offered to no server after an earlier transaction of the message failed ("+why+")")
+	in.Event = classify.EventLocal
+	return in
 }
 
 // usable says whether c may start another transaction.
@@ -405,6 +485,17 @@ func (t *tries) failSession(err error) {
 	t.fail(err)
 	t.failed++
 	t.next = t.cur + 1
+}
+
+// failTransaction records that a transaction failed and ended the
+// session in use, leaving recipients that no server was offered. The
+// session counts as failed (MXSessionLimit), and the failures recorded so
+// far are set aside: what is reported for the recipients left is the
+// outcome of what is tried for them from here on, or, when nothing is,
+// that they were not attempted.
+func (t *tries) failTransaction() {
+	t.failed++
+	t.lastReply, t.lastTemp, t.last = nil, nil, nil
 }
 
 // sessionsLeft says whether another MX session may be tried, and
@@ -591,8 +682,17 @@ func (s *Sender) open(ctx context.Context, log *msgLog, host, addr, key string, 
 			}
 		}
 		if s.cfg.RelayUsername != "" {
-			if err := c.auth(ctx, s.cfg.RelayUsername, s.cfg.RelayPassword); err != nil {
+			end, err := s.loginTurn(ctx, key, host)
+			if err != nil {
+				return fail(err)
+			}
+			err = c.auth(ctx, s.cfg.RelayUsername, s.cfg.RelayPassword)
+			if err != nil {
+				// Before end: the Sends it wakes must find the refusal.
 				s.noteAuthFailure(log, host, err)
+			}
+			end(err == nil)
+			if err != nil {
 				return fail(err)
 			}
 		}
@@ -622,21 +722,96 @@ func (s *Sender) openPlain(ctx context.Context, log *msgLog, host, addr, key str
 	return c, nil
 }
 
+// authGate is the login state of one pool key of the relay (the relay,
+// and the source address when there is one).
+type authGate struct {
+	// ok: a login succeeded since the last refusal, so Sends log in
+	// at will.
+	ok bool
+	// busy is closed when the login going on ends; nil when none is.
+	busy chan struct{}
+}
+
+// loginTurn waits until a Send may log in to the relay on a connection of
+// pool key key, and returns end, to be called with the login's result.
+//
+// Until a login is known to have succeeded since the last refusal (at
+// start, after a refusal, once the refusal's hold is over), one login at
+// a time goes through per key; the other Sends wait for its result
+// (within ctx). A success lets them all log in; a refusal is held
+// (noteAuthFailure), and they take the held refusal instead, presenting
+// the bad credentials no further; any other end (a 454, a lost
+// connection) lets the next one try. Without this, every Send that got
+// past the check at its start logged in at once: 20 concurrent Sends with
+// a wrong password were 20 failed logins (and as many again each time
+// the hold ended), which locks the account or the address out at relays
+// that count them (fail2ban, Microsoft 365 smart lockout).
+func (s *Sender) loginTurn(ctx context.Context, key, host string) (end func(ok bool), err error) {
+	for {
+		s.authMu.Lock()
+		if in, held := s.authHeldLocked(); held {
+			s.authMu.Unlock()
+			return nil, &stepErr{in: in}
+		}
+		if s.authGates == nil {
+			s.authGates = map[string]*authGate{}
+		}
+		g := s.authGates[key]
+		if g == nil {
+			g = &authGate{}
+			s.authGates[key] = g
+		}
+		if g.ok {
+			s.authMu.Unlock()
+			return func(bool) {}, nil
+		}
+		if g.busy == nil {
+			busy := make(chan struct{})
+			g.busy = busy
+			s.authMu.Unlock()
+			return func(ok bool) {
+				s.authMu.Lock()
+				defer s.authMu.Unlock()
+				g.ok = g.ok || ok
+				g.busy = nil
+				close(busy)
+			}, nil
+		}
+		busy := g.busy
+		s.authMu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, &stepErr{in: classify.Input{Stage: classify.StageAuth, Event: classify.EventTimeout,
+				Text: fmt.Sprintf("waiting for another login to relay %s to end: %v", host, context.Cause(ctx))}, err: context.Cause(ctx)}
+		}
+	}
+}
+
 // noteAuthFailure remembers a permanent AUTH refusal from the relay so
 // that the next AuthFailureHold of Sends fail at once instead of each
-// presenting the same bad credentials again.
+// presenting the same bad credentials again. A refusal, held or not,
+// makes logins go one at a time again (loginTurn).
 func (s *Sender) noteAuthFailure(log *msgLog, host string, err error) {
 	var se *stepErr
 	if !errors.As(err, &se) {
 		return
 	}
 	ev := log.Error().Str("relay", host).Int("code", se.in.Code).Str("enhanced_code", se.in.Enhanced).Str("reply", se.in.Text)
-	if se.in.Code/100 != 5 || s.cfg.AuthFailureHold < 0 {
+	if se.in.Code/100 != 5 {
+		ev.Msg("relay AUTH failed")
+		return
+	}
+	s.authMu.Lock()
+	for _, g := range s.authGates {
+		g.ok = false
+	}
+	if s.cfg.AuthFailureHold < 0 {
+		s.authMu.Unlock()
 		ev.Msg("relay AUTH failed")
 		return
 	}
 	until := time.Now().Add(s.cfg.AuthFailureHold)
-	s.authMu.Lock()
 	s.authUntil = until
 	s.authRefuse = se.in
 	s.authMu.Unlock()
@@ -646,6 +821,11 @@ func (s *Sender) noteAuthFailure(log *msgLog, host string, err error) {
 func (s *Sender) authHeld() (classify.Input, bool) {
 	s.authMu.Lock()
 	defer s.authMu.Unlock()
+	return s.authHeldLocked()
+}
+
+// authHeldLocked is authHeld with authMu held.
+func (s *Sender) authHeldLocked() (classify.Input, bool) {
 	if time.Now().Before(s.authUntil) {
 		in := s.authRefuse
 		in.Text = fmt.Sprintf("outflow (cached relay AUTH refusal, not sent again until %s): %s",

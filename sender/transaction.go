@@ -110,10 +110,12 @@ func tooManyRcpts(r reply, acceptedSoFar int) bool {
 
 // transaction runs one mail transaction (MAIL, RCPT for each index in
 // batch, DATA, body, final dot) and records each decided recipient's
-// outcome in out/decided. It returns the recipients the server deferred
-// for its recipient limit (carry, to go in the next transaction) and, for a
-// failure that ends the transaction for everyone still undecided, an error
-// carrying that outcome.
+// outcome in out/decided. It returns the recipients that go in a later
+// transaction (carry: those the server deferred for its recipient limit
+// and, when the transaction failed, those it never offered) and, for a
+// failure that ends the transaction, an error carrying that outcome. The
+// failure is the outcome of the recipients of batch neither decided nor
+// carried, and of no one else (deliver).
 //
 // With PIPELINING (RFC 2920) MAIL, every RCPT and DATA go out in one write
 // and the replies are read back in order; RFC 2920 3.1 has the client check
@@ -265,7 +267,17 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 			r, err = c.cmd(ctx, classify.StageRcpt, c.cfg.CommandTimeout, 0, string(rcptCmd(nil, i)))
 		}
 		if err != nil {
-			return nil, err
+			if mailErr != nil {
+				// Pipelined after a refused MAIL: the server had no
+				// transaction, so the refusal stays the outcome.
+				return nil, mailErr
+			}
+			if !pipelined {
+				// Without PIPELINING the RCPTs after this one were
+				// never sent: nothing of this transaction is theirs.
+				carry = append(carry, batch[k+1:]...)
+			}
+			return carry, err
 		}
 		switch {
 		case mailErr != nil:
@@ -293,19 +305,26 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 	if pipelined {
 		r, err := c.readReplyStep(ctx, classify.StageData, c.cfg.DataInitTimeout, "DATA")
 		if err != nil {
-			return nil, err
+			if mailErr != nil {
+				return nil, mailErr // as for RCPT above
+			}
+			return carry, err
 		}
 		dataReply = r
 		if mailErr != nil || len(accepted) == 0 {
 			if r.code == 354 {
 				// RFC 2920 3.1: DATA was accepted with nobody to
 				// deliver to; send an empty message's final dot and
-				// ignore its (failed) reply.
-				if err := c.writeBody(ctx, nil); err != nil {
-					return nil, err
+				// ignore its (failed) reply. A failure here (the
+				// connection is then broken) delivered nothing: after
+				// a refused MAIL the refusal stays the outcome, and
+				// otherwise every recipient was decided at RCPT.
+				err := c.writeBody(ctx, nil)
+				if err == nil {
+					_, err = c.readReplyStep(ctx, classify.StageDataEnd, c.cfg.FinalDotTimeout, "final dot")
 				}
-				if _, err := c.readReplyStep(ctx, classify.StageDataEnd, c.cfg.FinalDotTimeout, "final dot"); err != nil {
-					return nil, err
+				if err != nil && mailErr == nil {
+					return carry, err
 				}
 			}
 			if mailErr != nil {
@@ -321,7 +340,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 		}
 		r, err := c.cmd(ctx, classify.StageData, c.cfg.DataInitTimeout, 0, "DATA")
 		if err != nil {
-			return nil, err
+			return carry, err
 		}
 		dataReply = r
 	}
@@ -331,11 +350,11 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 
 	// Body and final dot.
 	if err := c.writeBody(ctx, info.dataWire(m.Body)); err != nil {
-		return nil, err
+		return carry, err
 	}
 	r, err := c.readReplyStep(ctx, classify.StageDataEnd, c.cfg.FinalDotTimeout, "final dot")
 	if err != nil {
-		return nil, err
+		return carry, err
 	}
 	in := r.input(classify.StageDataEnd)
 	for _, i := range accepted {
@@ -359,15 +378,18 @@ func (c *client) chunkReply(ctx context.Context, m *Message, info *msgInfo, pipe
 			return carry, nil
 		}
 		if err := c.writeChunk(ctx, appendBDAT(c.wbuf[:0], len(chunk)), chunk); err != nil {
-			return nil, err
+			return carry, err
 		}
 	}
 	r, err := c.readReplyStep(ctx, classify.StageDataEnd, c.cfg.FinalDotTimeout, "BDAT")
-	if err != nil {
-		return nil, err
-	}
 	if mailErr != nil {
+		// MAIL was refused: the server had no transaction to put the
+		// chunk in, so whatever became of its reply, the refusal is the
+		// outcome (a lost reply is not an unknown one here).
 		return nil, mailErr
+	}
+	if err != nil {
+		return carry, err
 	}
 	if len(accepted) == 0 {
 		return carry, nil // the server's "no valid recipients" to the chunk
