@@ -13,8 +13,12 @@
 // nothing of the request may be taken as accepted. An Idempotency-Key makes
 // a retry safe: its record (a hash of the request, then the ids) is kept in
 // a bucket for the queue's deduplication window, the ids are derived from
-// tenant and key (queue.Enqueue), and the message is built identically on
-// every try, so a repeat of an interrupted request stores nothing new.
+// tenant, key and the key's first use in that window (queue.Enqueue), and
+// the message is built identically on every try, so a repeat of an
+// interrupted request stores nothing new. A 503 whose message may be
+// stored all the same (queue.ErrMaybeStored) keeps the key the request's:
+// its retry takes the record over, any other request is refused. Once the
+// window has passed, the key makes a new message, ids and all.
 // Every error is an RFC 9457 problem document (application/problem+json)
 // whose type names what was wrong. The API is described in docs/openapi.yaml.
 //

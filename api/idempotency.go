@@ -28,6 +28,16 @@ type idemRecord struct {
 	Request string    `json:"request"` // hex SHA-256 of the request body
 	First   time.Time `json:"first"`   // when the key was first used: the message's Date on every try
 	IDs     []string  `json:"ids,omitempty"`
+	// MaybeStored: a try failed once its message had reached the server
+	// (queue.ErrMaybeStored: a lost acknowledgement, a failed fsync), so
+	// the message may be stored, in part or whole, and is then delivered.
+	// The key stays the request's: an identical retry takes the record
+	// over at once, with its First, and so stores the same bytes under the
+	// same ids; a different request is refused as reusing it. Freed, the
+	// key would give a different message the first one's ids (the queue's
+	// record of the key names them for the whole window), and a message to
+	// several domains the first one's body.
+	MaybeStored bool `json:"maybe_stored,omitempty"`
 }
 
 // idempotency is the store of idemRecords.
@@ -68,7 +78,8 @@ var errIdemBusy = errors.New("idempotency key in use by a request in progress")
 
 // begin claims (tenant, key) for a request whose body hashes to reqHash.
 // It returns done with the ids of an earlier identical request; a claim to
-// go on with (a new record, or a stale one taken over); errIdemMismatch; or
+// go on with (a new record, or one taken over: stale, or of an identical
+// request that may have stored its message); errIdemMismatch; or
 // errIdemBusy when an identical request holds the key and is not stale
 // after waiting up to wait for it to finish.
 func (s *idempotency) begin(ctx context.Context, tenant, key, reqHash string, wait time.Duration) (*claim, error) {
@@ -123,11 +134,16 @@ func (s *idempotency) existing(ctx context.Context, name, reqHash string, wait t
 				return nil, errIdemMismatch
 			}
 			last = &claim{rec: rec, rev: e.Revision(), done: len(rec.IDs) > 0}
-			if last.done {
+			if last.done || rec.MaybeStored {
 				return last, nil
 			}
 			if time.Since(rec.First) > s.stale {
-				return last, nil // take it over; Enqueue's dedup absorbs a late first try
+				// Take it over; Enqueue's dedup absorbs a late first try.
+				// That try may have stored the message (its process died
+				// after the enqueue), so the key is kept as for one that
+				// did: should this try fail too, it is not freed.
+				last.rec.MaybeStored = true
+				return last, nil
 			}
 		case <-ctx.Done():
 			if last != nil && ctx.Err() == context.DeadlineExceeded {
@@ -149,7 +165,27 @@ func (s *idempotency) finish(ctx context.Context, tenant, key string, c *claim, 
 }
 
 // abandon removes the record of a claimed request that stored nothing, so
-// that the client's retry is not refused as in progress.
+// that the client's retry is not refused as in progress. A record that an
+// earlier try may have stored under (MaybeStored, or taken over stale)
+// stays as it is: this try storing nothing does not make that one's
+// message not stored.
 func (s *idempotency) abandon(ctx context.Context, tenant, key string, c *claim) {
+	if c.rec.MaybeStored {
+		return
+	}
 	_ = s.kv.Delete(ctx, idemEntry(tenant, key), jetstream.LastRevision(c.rev))
+}
+
+// maybeStored marks the record of a claimed request whose enqueue failed
+// after its message reached the server (queue.ErrMaybeStored). Only the
+// revision claimed is changed: a request that took the record over since
+// holds it now. A failed write leaves the record in progress, taken over
+// once stale, and kept for good then too (existing).
+func (s *idempotency) maybeStored(ctx context.Context, tenant, key string, c *claim) error {
+	c.rec.MaybeStored = true
+	b, _ := json.Marshal(c.rec)
+	if _, err := s.kv.Update(ctx, idemEntry(tenant, key), b, c.rev); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return fmt.Errorf("idempotency record: %w", err)
+	}
+	return nil
 }

@@ -191,7 +191,17 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 			// Not ctx: when the enqueue ran out of time, so has it, and
 			// the record left in progress would answer the client's
 			// retry 409 until it went stale.
-			s.idem.abandon(context.WithoutCancel(r.Context()), key.Tenant, idemKey, c)
+			rctx := context.WithoutCancel(r.Context())
+			if errors.Is(err, queue.ErrMaybeStored) {
+				// The key stays this request's (idemRecord.MaybeStored):
+				// its retry stores the same bytes under the same ids, and
+				// another message cannot take them.
+				if err := s.idem.maybeStored(rctx, key.Tenant, idemKey, c); err != nil {
+					s.log.Warn().Err(err).Msg("idempotency record not marked maybe stored")
+				}
+			} else {
+				s.idem.abandon(rctx, key.Tenant, idemKey, c)
+			}
 		}
 		// Not "nothing was stored": a message to several domains is
 		// several envelopes, and some may be stored before the failure

@@ -51,8 +51,11 @@
 // first-pass and delay records through which those envelopes send one
 // delivery status notification per message and event (RecordPass,
 // ClosePass, NoteDelay), the deadlines of first passes left open, which
-// any process takes up (WaitPass, PassWaits), and the fleet-wide
-// allowance of notifications per address (TakeAllowance). The per-tenant
+// any process takes up (WaitPass, PassWaits), the fleet-wide
+// allowance of notifications per address (TakeAllowance), and the record
+// of each idempotency key (`idem.<hash>`: when the key was first used,
+// part of its message id, and the ids of a keyed message held for later;
+// enqueue.go, keyedRecord). The per-tenant
 // suppression list that submission checks is a bucket of queue's too
 // (suppress.go).
 //

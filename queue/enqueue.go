@@ -33,23 +33,29 @@ var ErrNoRecipients = errors.New("no recipients")
 // error means nothing may be reported to the client as accepted (the
 // submission listener answers 451 and the client retries).
 //
-// With an IdempotencyKey the ids are derived from tenant and key, and the
-// work stream's deduplication window absorbs a resubmission, so a client
-// that resends after a timeout creates no duplicate.
+// With an IdempotencyKey the ids are derived from tenant, key and the
+// time the key was first used (keyedRecord), and the work stream's
+// deduplication window absorbs a resubmission, so a client that resends
+// after a timeout creates no duplicate. Once the window has passed, the
+// key makes a new message, with ids, body and records of its own.
 func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if len(s.Rcpts) == 0 {
 		return nil, ErrNoRecipients
 	}
 	msgID := nuid.Next()
+	var keyed *keyedRecord
 	if s.IdempotencyKey != "" {
-		sum := sha256.Sum256([]byte(s.Tenant + "\x00" + s.IdempotencyKey))
-		msgID = "k" + hex.EncodeToString(sum[:12])
-		// A keyed message once held for later (SendAt) went to the retry
-		// lane, whose deduplication window is minutes, not the work
-		// stream's day: its record answers a resubmission.
-		if ids, err := q.scheduledIDs(ctx, msgID); err != nil || ids != nil {
-			return ids, err
+		var err error
+		if keyed, err = q.keyedSubmission(ctx, s.Tenant, s.IdempotencyKey); err != nil {
+			return nil, err
 		}
+		if keyed.ids != nil {
+			// A keyed message held for later (SendAt) went to the retry
+			// lane, whose deduplication window is minutes, not the work
+			// stream's day: its record answers a resubmission.
+			return keyed.ids, nil
+		}
+		msgID = keyed.msgID(s.Tenant, s.IdempotencyKey)
 	}
 	received := s.ReceivedAt
 	if received.IsZero() {
@@ -60,7 +66,9 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		return nil, fmt.Errorf("tenant consumer: %w", err)
 	}
 	unsub := s.ListUnsubscribe != nil && *s.ListUnsubscribe
-	perRcpt := unsub || s.PerRecipient
+	// The tenant's own split (a return path) applies here rather than in
+	// each caller, so that no way in can skip it.
+	perRcpt := unsub || s.PerRecipient || q.opts.PerRecipient != nil && q.opts.PerRecipient(s.Tenant)
 	parts := split(s.Rcpts, perRcpt)
 	// One destination and a body of at most InlineBodyMax: the body goes
 	// inside the envelope, and the envelope's one acknowledged write stores
@@ -199,13 +207,18 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if !inline {
 		streams = append(streams, bodyStreamName)
 	}
+	if keyed != nil {
+		// The key's record names the ids: lost in a crash, a retry would
+		// store the message again under new ones.
+		streams = append(streams, sentStreamName)
+	}
 	if err := q.durable(ctx, streams...); err != nil {
 		return nil, maybeStored(fmt.Errorf("queue envelope: %w", err))
 	}
 	if !later {
 		q.wake(tenant)
-	} else if s.IdempotencyKey != "" {
-		if err := q.recordScheduled(ctx, msgID, ids); err != nil {
+	} else if keyed != nil {
+		if err := q.recordScheduled(ctx, keyed, ids); err != nil {
 			return nil, maybeStored(err)
 		}
 	}
@@ -325,32 +338,94 @@ func nextLine(b []byte) (line, rest []byte) {
 	return bytes.TrimSuffix(b[:i], []byte("\r")), b[i+1:]
 }
 
-// schedKey is the SENT-bucket key that records a keyed message held for
-// later: its envelope ids, comma-separated.
-func schedKey(msgID string) string { return "sched." + msgID }
-
-// scheduledIDs returns the ids of the keyed message msgID if it was held
-// for later before, nil if not.
-func (q *Queue) scheduledIDs(ctx context.Context, msgID string) ([]string, error) {
-	data, _, found, err := q.lastMsg(ctx, OpSentGet, sentStreamName, sentSubject(schedKey(msgID)))
-	if err != nil {
-		return nil, fmt.Errorf("scheduled message record: %w", err)
-	}
-	if !found || len(data) == 0 {
-		return nil, nil
-	}
-	return strings.Split(string(data), ","), nil
+// keyedRecord is the SENT-bucket record of an idempotency-keyed
+// submission: "<first> [<id>,<id>...]", the time the key was first used
+// (Unix nanoseconds), then, for a message held for later, its envelope
+// ids once they are stored.
+//
+// The time is part of the message id. A key may be used again once the
+// work stream's deduplication window has passed (the API's record of it
+// expires then too), while what the first message left under its id
+// lives on: its schedule and record until it is sent (send_at is up to
+// three days ahead), its body and parts count until its last envelope
+// ends (a dead letter's for weeks), its SENT markers and events for days.
+// With an id derived from tenant and key alone, the new message was
+// answered with the first one's ids and dropped when that one had been
+// held for later, or overwrote the body the first one's envelopes still
+// read and merged the two histories. A retry within the window finds the
+// record and makes the same ids; past it, the record is replaced and
+// every name is new.
+type keyedRecord struct {
+	name  string   // its SENT-bucket key
+	first string   // when the key was first used, Unix nanoseconds
+	ids   []string // the ids of a stored message held for later; nil otherwise
 }
 
-// recordScheduled records the ids of a keyed message held for later, for
-// as long as the SENT bucket keeps keys (sent-ttl: three days by default,
-// as far ahead as send_at may be), after its schedules are on disk. A crash between the
+// msgID is the message id of the keyed submission.
+func (k *keyedRecord) msgID(tenant, key string) string {
+	sum := sha256.Sum256([]byte(tenant + "\x00" + key + "\x00" + k.first))
+	return "k" + hex.EncodeToString(sum[:12])
+}
+
+// keyedSubmission returns the record of (tenant, key) for a submission
+// now: the one within its deduplication window, or a new one, made with
+// a compare-and-set so that concurrent first tries (or tries just after
+// the window) agree on one. The record lives as long as the SENT bucket
+// keeps keys (sent-ttl, three days by default), which must be at least
+// the window: a retry later than that is taken for a new message.
+func (q *Queue) keyedSubmission(ctx context.Context, tenant, key string) (*keyedRecord, error) {
+	sum := sha256.Sum256([]byte(tenant + "\x00" + key))
+	k := &keyedRecord{name: "idem." + hex.EncodeToString(sum[:16])}
+	for range 8 {
+		now := strconv.FormatInt(time.Now().UnixNano(), 10)
+		q.count(OpSentPut)
+		_, err := q.sent.Create(ctx, k.name, []byte(now))
+		if err == nil {
+			k.first = now
+			return k, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("idempotency record: %w", err)
+		}
+		q.count(OpSentGet)
+		e, err := q.sent.Get(ctx, k.name)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // expired or removed since: make it
+		}
+		if err != nil {
+			return nil, fmt.Errorf("idempotency record: %w", err)
+		}
+		first, ids, _ := strings.Cut(string(e.Value()), " ")
+		if ns, err := strconv.ParseInt(first, 10, 64); err == nil && time.Since(time.Unix(0, ns)) < q.opts.DedupWindow {
+			k.first = first
+			if ids != "" {
+				k.ids = strings.Split(ids, ",")
+			}
+			return k, nil
+		}
+		// The window has passed: a new message.
+		q.count(OpSentPut)
+		_, err = q.sent.Update(ctx, k.name, []byte(now), e.Revision())
+		if err == nil {
+			k.first = now
+			return k, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return nil, fmt.Errorf("idempotency record: %w", err)
+		}
+		// Another try replaced it first: read what it wrote.
+	}
+	return nil, errors.New("idempotency record: changing under too many tries at once")
+}
+
+// recordScheduled records the ids of a keyed message held for later in
+// its key's record, after its schedules are on disk. A crash between the
 // two leaves a resubmission to the schedules' own deduplication (minutes)
 // and, past it, to the schedule's subject, which a second schedule
 // replaces: a duplicate only if the first had already fired.
-func (q *Queue) recordScheduled(ctx context.Context, msgID string, ids []string) error {
+func (q *Queue) recordScheduled(ctx context.Context, k *keyedRecord, ids []string) error {
 	q.count(OpSentPut)
-	if err := q.putSent(ctx, schedKey(msgID), []byte(strings.Join(ids, ","))); err != nil {
+	if err := q.putSent(ctx, k.name, []byte(k.first+" "+strings.Join(ids, ","))); err != nil {
 		return fmt.Errorf("record the scheduled message: %w", err)
 	}
 	return nil

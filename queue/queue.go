@@ -64,7 +64,9 @@ type Options struct {
 	DeadMaxAge time.Duration
 	// DedupWindow is the publish deduplication window of the work stream,
 	// which bounds how late an `outflow submit --idempotency-key` retry is
-	// still recognised. Default DefaultDedupWindow.
+	// still recognised: after it, the key makes a new message with ids of
+	// its own (Enqueue). Keep SentTTL at least this long: the key's record
+	// is in the SENT bucket. Default DefaultDedupWindow.
 	DedupWindow time.Duration
 	// AckWait is how long a worker holds an envelope before the server
 	// redelivers it, unless the worker reports progress. Default
@@ -84,6 +86,12 @@ type Options struct {
 	// inside its envelope; larger ones go to the Object Store. Default and
 	// maximum InlineBodyMax; negative: every body goes to the Object Store.
 	InlineBodyMax int
+	// PerRecipient, when set, says which tenants' mail Enqueue splits per
+	// recipient, as Submission.PerRecipient does for one submission: serve
+	// sets it for the tenants whose mail goes out with a return path, so
+	// that every way in (SMTP, the API, the bounce listener's forwards,
+	// notices) splits alike.
+	PerRecipient func(tenant string) bool
 	// NoSetup skips creating or updating streams and buckets (admin clients).
 	NoSetup bool
 	// Syncer, when set, makes every write whose loss could lose mail

@@ -831,9 +831,11 @@ func TestPerRecipientSplit(t *testing.T) {
 }
 
 // TestKeyedMessageAgainAfterTheWindow: an idempotency key used again once
-// the deduplication window has passed makes a new message with the old id
-// (ids derive from the key), while the first message's SENT markers live
-// on. The new one is not taken for handled by them, whether the first was
+// the deduplication window has passed makes a new message, while the
+// first message's SENT markers live on. Its id is new as well since ids
+// derive from the key and its first use (keyedRecord); this test gives the
+// envelope the old id on purpose, as a daemon of an earlier release made
+// it. The new one is not taken for handled by them, whether the first was
 // delivered or bounced, at its first step or a later one; a marker of its
 // own submission still counts.
 func TestKeyedMessageAgainAfterTheWindow(t *testing.T) {

@@ -34,10 +34,11 @@ type Submission struct {
 	ListUnsubscribe *bool
 	// PerRecipient gives each recipient an envelope, and so an SMTP
 	// transaction and a return path, of its own, as ListUnsubscribe does,
-	// while the parts still join their notices into one per pass. serve
-	// sets it for a tenant whose mail goes out with a return path: one
-	// shared by several recipients lets any of them forge a bounce or a
-	// complaint about another, and have that address suppressed.
+	// while the parts still join their notices into one per pass.
+	// Options.PerRecipient sets it for a whole tenant (serve's: one whose
+	// mail goes out with a return path, since one shared by several
+	// recipients lets any of them forge a bounce or a complaint about
+	// another, and have that address suppressed).
 	PerRecipient bool
 
 	// Frame, when not nil, is the buffer Body was read into: Body is its

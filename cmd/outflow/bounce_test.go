@@ -9,7 +9,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/bounce"
-	"github.com/outflow/outflow/queue"
 )
 
 // A return-path domain that is no domain, and a bounce listener with
@@ -50,33 +49,22 @@ func TestReturnPathSettingsChecked(t *testing.T) {
 }
 
 // TestReturnPathGivesEachRecipientItsEnvelope: a submission of a tenant
-// whose mail goes out with a return path is split per recipient, so each
-// recipient sees a return path of its own: with one shared, any of them
-// could mail a forged bounce or complaint naming another, and have that
-// address suppressed for the tenant. A tenant without one keeps one
-// envelope per domain; a single recipient needs no split.
+// whose mail goes out with a return path is split per recipient (by the
+// queue, on serve's queue.Options.PerRecipient), so each recipient sees a
+// return path of its own: with one shared, any of them could mail a forged
+// bounce or complaint naming another, and have that address suppressed for
+// the tenant. A tenant without one keeps one envelope per domain.
 func TestReturnPathGivesEachRecipientItsEnvelope(t *testing.T) {
 	off := ""
-	rp := bounce.NewReturnPath(make([]byte, 32), "rp.example", map[string]*string{"own": &off})
-	e := enqueuer{returnPath: rp}
-	for _, c := range []struct {
-		tenant string
-		rcpts  []string
-		want   bool
-	}{
-		{"shop", []string{"a@x.example", "b@x.example"}, true},
-		{"shop", []string{"a@x.example"}, false},
-		{"own", []string{"a@x.example", "b@x.example"}, false},
-	} {
-		s := &queue.Submission{Tenant: c.tenant, Rcpts: c.rcpts}
-		e.prepare(s)
-		if s.PerRecipient != c.want {
-			t.Errorf("tenant %s, %d recipients: PerRecipient %v, want %v", c.tenant, len(c.rcpts), s.PerRecipient, c.want)
-		}
-	}
-	s := &queue.Submission{Tenant: "shop", Rcpts: []string{"a@x.example", "b@x.example"}}
-	enqueuer{}.prepare(s)
-	if s.PerRecipient {
+	var rp *bounce.ReturnPath
+	split := perRecipient(&rp)
+	if split("shop") {
 		t.Error("split without any return path")
+	}
+	rp = bounce.NewReturnPath(make([]byte, 32), "rp.example", map[string]*string{"own": &off})
+	for tenant, want := range map[string]bool{"shop": true, "own": false} {
+		if got := split(tenant); got != want {
+			t.Errorf("tenant %s: PerRecipient %v, want %v", tenant, got, want)
+		}
 	}
 }

@@ -144,9 +144,14 @@ func serve(parent context.Context, c *serveConfig) error {
 		log.Warn().Str("durability", string(durability)).Msg("durability none: 250 is answered before mail is on disk; a power loss or kernel crash can lose the last two minutes of accepted mail")
 	}
 
+	// The queue splits the mail of a tenant with a return path per
+	// recipient (perRecipient). The return path is read once the queue is
+	// up (its key is in a bucket), before anything is submitted.
+	var returnPath *bounce.ReturnPath
+
 	// NATS: the embedded server unless --nats-url names another.
 	qopts := queue.Options{Name: "outflow " + workerID, Replicas: c.NATSReplicas, DeadlineAfter: budget.MaxAge, AckWait: c.AckWait,
-		EventsMaxAge: c.EventsMaxAge, SentTTL: c.SentTTL, Logger: log}
+		EventsMaxAge: c.EventsMaxAge, SentTTL: c.SentTTL, PerRecipient: perRecipient(&returnPath), Logger: log}
 	var emb *queue.Embedded
 	if c.NATSURL == "" {
 		emb, err = startOrStop(ctx, func() (*queue.Embedded, error) {
@@ -282,7 +287,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		return err
 	}
 
-	returnPath, err := c.returnPath(ctx, q)
+	returnPath, err = c.returnPath(ctx, q)
 	if err != nil {
 		return err
 	}
@@ -290,7 +295,7 @@ func serve(parent context.Context, c *serveConfig) error {
 	if err != nil {
 		return err
 	}
-	enq := enqueuer{q: q, emb: emb, unsub: unsubPolicy, returnPath: returnPath}
+	enq := enqueuer{q: q, emb: emb, unsub: unsubPolicy}
 	dsnCfg, err := c.workerDSN(hostname, suppressions, worker.NewDSNMetrics(reg))
 	if err != nil {
 		return usageError{err}
@@ -571,14 +576,13 @@ func startOrStop[T any](ctx context.Context, start func() (T, error)) (T, error)
 // waiting for a publish timeout.
 //
 // It also applies the tenants' one-click unsubscribe setting to the
-// submissions that do not choose for themselves, and gives each recipient
-// of a tenant whose mail goes out with a return path an envelope of its
-// own (queue.Submission.PerRecipient).
+// submissions that do not choose for themselves. Each recipient of a
+// tenant whose mail goes out with a return path gets an envelope of its
+// own in the queue itself (perRecipient), whichever way the mail came in.
 type enqueuer struct {
-	q          *queue.Queue
-	emb        *queue.Embedded // nil with --nats-url
-	unsub      listUnsubscribe
-	returnPath *bounce.ReturnPath // nil without return paths
+	q     *queue.Queue
+	emb   *queue.Embedded // nil with --nats-url
+	unsub listUnsubscribe
 }
 
 func (e enqueuer) Enqueue(ctx context.Context, s *queue.Submission) ([]string, error) {
@@ -594,9 +598,15 @@ func (e enqueuer) Enqueue(ctx context.Context, s *queue.Submission) ([]string, e
 // prepare applies the tenant's settings that s does not choose itself.
 func (e enqueuer) prepare(s *queue.Submission) {
 	e.unsub.apply(s)
-	if len(s.Rcpts) > 1 && e.returnPath.Applies(s.Tenant) {
-		s.PerRecipient = true
-	}
+}
+
+// perRecipient is queue.Options.PerRecipient: a tenant whose mail goes out
+// with a return path has each recipient in an envelope of its own, so that
+// each sees a return path of its own (bounce/doc.go). *rp is read at each
+// submission: serve sets it once the queue is up, before taking mail; nil
+// is no return path.
+func perRecipient(rp **bounce.ReturnPath) func(tenant string) bool {
+	return func(tenant string) bool { return (*rp).Applies(tenant) }
 }
 
 // waitClosed waits for a drained connection to finish closing.
