@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -57,6 +58,9 @@ type outcome struct {
 	// returnPath says the attempt went out with a return path instead of
 	// the envelope's sender: later bounces come to outflow (later.go).
 	returnPath bool
+	// relayRefusal is the first result that refusesOutflow turned from
+	// a bounce into a deferral, nil when none was.
+	relayRefusal *rcptResult
 }
 
 type rcptResult struct {
@@ -230,6 +234,9 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	}
 
 	o := w.outcomeOf(e, res)
+	if o.relayRefusal != nil {
+		w.relayRefused(e, dest, res.Host, o.relayRefusal)
+	}
 	o.noteDSN(res, body)
 	o.source = src.String()
 	o.returnPath = from != e.From
@@ -510,12 +517,20 @@ func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result) *outcome {
 			in = classify.Input{Stage: classify.StageUnknown, Event: classify.EventConnLost}
 		}
 		r := w.cfg.Classifier.Classify(in)
-		if r.Class == classify.Permanent && in.Stage == classify.StageAuth {
-			// The smarthost refused our credentials: a configuration
-			// problem, not the message's. Defer rather than bounce (as
-			// Postfix's smtp_sasl_auth_soft_bounce does); the sender holds
-			// the refusal for a while, so waiting mail costs no logins.
+		if r.Class == classify.Permanent && w.refusesOutflow(in, r) {
+			// The smarthost refused outflow itself (our credentials, our
+			// address, the relay account), not this message: every
+			// message of every tenant would get the same answer, and
+			// bouncing them all loses the queue to one configuration
+			// problem. Defer rather than bounce (as Postfix's
+			// smtp_sasl_auth_soft_bounce does for AUTH); the attempt
+			// budget still ends in dead letters, and relayRefused says
+			// so at error level. The sender holds an AUTH refusal for a
+			// while, so waiting mail costs no logins.
 			r.Class, r.Rule = classify.Transient, r.Rule+"/soft-bounce"
+			if o.relayRefusal == nil {
+				o.relayRefusal = &rcptResult{rcpt, r, in.Stage}
+			}
 		}
 		o.results = append(o.results, r)
 		switch r.Class {
@@ -545,6 +560,100 @@ func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result) *outcome {
 		}
 	}
 	return o
+}
+
+// refusesOutflow reports whether a permanent result refuses outflow
+// itself (its connection, credentials or relay account) rather than the
+// message or a recipient, so that bouncing would be wrong: every message
+// would get the same answer until a person fixes it.
+//
+// A 5xx to AUTH always does: only a smarthost is sent AUTH. Through a
+// relay (Config.Relay) so does
+//   - a 5xx before MAIL (a lookup of the relay's name, the connection,
+//     the greeting, EHLO/HELO, STARTTLS): nothing of the message has been
+//     said yet ("554 5.7.1 Client host rejected: access denied" when the
+//     relay's allowlist lost our address). Postfix defers a 5xx greeting
+//     too (smtp_skip_5xx_greeting);
+//   - a refusal the classifier scopes to the tenant: the relay account or
+//     the sender identity at it ("421 4.7.0 Your account has been
+//     suspended", relay-account-state; an RFC 4954 code), at any stage;
+//   - a MAIL refused because the relay wants an AUTH outflow did not give
+//     (no relay user configured): 530-538, or a 5.7.x that names
+//     authentication, like go-smtp's "502 5.7.0 Please authenticate
+//     first", which the enhanced code's rule scopes to the message.
+//
+// Refusals of one recipient or of this message (550 5.1.1 at RCPT, 552
+// too big, 554 5.7.1 spam at the final dot) still bounce. Direct MX
+// delivery keeps every permanent result: a domain whose every MX host
+// greets with 5xx refuses that destination's mail (the sender has tried
+// its other hosts), and one broken destination cannot hold the rest.
+func (w *deliverer) refusesOutflow(in classify.Input, r classify.Result) bool {
+	if in.Stage == classify.StageAuth {
+		return true
+	}
+	if w.cfg.Relay == "" {
+		return false
+	}
+	switch in.Stage {
+	case classify.StageDNS, classify.StageConnect, classify.StageGreeting, classify.StageEHLO, classify.StageTLS:
+		return true
+	case classify.StageMail:
+		if r.Code >= 530 && r.Code <= 538 ||
+			strings.HasPrefix(r.Enhanced, "5.7.") && strings.Contains(strings.ToLower(r.Text), "authenticat") {
+			return true
+		}
+	}
+	// relay-account-state by name too: an operator's rule of that name
+	// replaces the embedded one and may not say its scope.
+	return r.Scope == classify.ScopeTenant || r.Rule == "relay-account-state"
+}
+
+// relayRefused tells the operator, at error level, that mail through the
+// relay is being deferred because the relay refuses outflow itself: the
+// deferrals' decision lines alone read like any retry, and the messages
+// spend their attempt budget until a person acts. One line a minute per
+// process at most (relayAlarm), each with how many refusals it stands
+// for; the decision lines still say it of every message (rule
+// ".../soft-bounce").
+func (w *deliverer) relayRefused(e *queue.Envelope, dest, relay string, rr *rcptResult) {
+	n, ok := w.relayAlarm.note(time.Now())
+	if !ok {
+		return
+	}
+	if relay == "" {
+		relay = w.cfg.Relay
+	}
+	r := rr.res
+	w.log.Error().Str("relay", relay).Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).
+		Str("stage", rr.stage.String()).Str("scope", r.Scope.String()).Str("rule", r.Rule).Int("code", r.Code).
+		Str("enhanced_code", r.Enhanced).Str("reply", oneLine(r.Text)).Int("refusals", n).
+		Msg("the relay refuses outflow itself (connection, credentials or account), not the message: mail deferred instead of bounced until this is fixed, and sent to dead letters when its budget (max-attempts, max-age) ends")
+}
+
+// relayAlarm paces relayRefused's lines. A relay that refuses outflow
+// refuses every attempt alike: a queue of a hundred thousand messages
+// would write as many error lines, and the first of them says it all.
+type relayAlarm struct {
+	mu     sync.Mutex
+	last   time.Time
+	unsaid int // refusals since the last line
+}
+
+// relayAlarmEvery is how often relayRefused may write a line.
+const relayAlarmEvery = time.Minute
+
+// note counts one refusal and says whether to write a line now, and for
+// how many refusals (this one and those not written since the last).
+func (a *relayAlarm) note(now time.Time) (int, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.unsaid++
+	if !a.last.IsZero() && now.Sub(a.last) < relayAlarmEvery {
+		return 0, false
+	}
+	n := a.unsaid
+	a.last, a.unsaid = now, 0
+	return n, true
 }
 
 // record writes the durable outcome of one attempt. Order matters: the next

@@ -136,9 +136,10 @@ func TestSinglePartDelayNoRecord(t *testing.T) {
 	if !one.DelayWarned || counterValue(m.Sent.WithLabelValues("delayed")) != 1 {
 		t.Fatal("no warning")
 	}
-	// The warning itself is one enqueue (and the rate's allowance, one
-	// read and one write); nothing else touched the SENT bucket.
-	if gets, puts := after["sent_get"]-before["sent_get"], after["sent_put"]-before["sent_put"]; gets != 1 || puts != 1 {
+	// The warning itself is one keyed enqueue (its key's record, one
+	// write) and the rate's allowance (one read and one write); nothing
+	// else touched the SENT bucket.
+	if gets, puts := after["sent_get"]-before["sent_get"], after["sent_put"]-before["sent_put"]; gets != 1 || puts != 2 {
 		t.Fatalf("%d SENT reads and %d writes for a single-destination warning", gets, puts)
 	}
 }

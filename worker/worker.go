@@ -107,6 +107,13 @@ type Config struct {
 	// (per tenant, round-robin) and the Gate is asked per (destination,
 	// source) pair; nil or empty sends from the system's choice.
 	Egress *sender.Egress
+	// Relay is the smarthost (host:port) Sender delivers everything
+	// through, as sender.Config.Relay (serve's --relay); "" for direct MX
+	// delivery. Through a relay, a permanent refusal of outflow itself
+	// (its address, its session, the relay account) defers the mail
+	// instead of bouncing it (refusesOutflow); a 5xx to AUTH does either
+	// way.
+	Relay string
 	// Logger receives the pool's lines (with worker_id added) and the
 	// decision lines (whose worker_id is the deliverer's own,
 	// "<worker-id>/<n>"). It must not carry a worker_id of its own, or
@@ -146,6 +153,9 @@ type Pool struct {
 	families families
 	// panics counts this process's panicked deliveries (safeHandle).
 	panics panicCounts
+	// relayAlarm paces the error lines about a relay that refuses
+	// outflow itself (relayRefused).
+	relayAlarm relayAlarm
 }
 
 // New checks cfg and returns a Pool; Run starts it.

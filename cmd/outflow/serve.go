@@ -304,7 +304,7 @@ func serve(parent context.Context, c *serveConfig) error {
 		WorkerID: workerID, Workers: c.Workers, Retry: retry, RateLimit: rl, ThrottleHold: throttle.LearnHold(), Budget: budget, ProgressEvery: c.AckWait / 4,
 		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier, Gate: throttle,
 		Signer: signer, Egress: egress, Logger: base, Metrics: worker.NewMetrics(reg), Suppressions: suppressions, DSN: dsnCfg,
-		ReturnPath: returnPathOrNil(returnPath), Unsubscribe: unsubscriberOrNil(links),
+		ReturnPath: returnPathOrNil(returnPath), Unsubscribe: unsubscriberOrNil(links), Relay: c.Relay,
 	})
 	if err != nil {
 		return usageError{err}
