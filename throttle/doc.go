@@ -44,11 +44,14 @@
 // With egress addresses, every piece of that state is kept per
 // (destination, source address) pair instead, named "DEST@SOURCE"
 // (source.go, PairName), since providers limit and block per sending IP; a
-// suspension of the destination itself still holds for every source.
+// suspension of the destination itself still holds for every source, and
+// its pin and connection limit hold on the total from every source, on
+// top of each pair's own (own.go).
 //
 // A domain folded into a provider group is held to the limits set on it
 // by itself (a suspension, a rate pin, a connection limit, of the domain
-// or from one source) on top of the group's (own.go).
+// or from one source) on top of the group's (own.go), which gives the
+// order of all these levels.
 //
 // Gate (gate.go) is everything the delivery loop gets from the throttle:
 // the destination's group, admission in a tenant's share and from an

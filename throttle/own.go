@@ -33,6 +33,46 @@ import (
 // the group's is reserved: a group token reserved for a turn as far
 // ahead as the domain's pin spaces them would hold every other domain's
 // mail in the group behind it.
+//
+// The same holds for a destination sending from egress addresses. Its
+// admissions are for (destination, source) pairs, each with its own state
+// and the destination's configured limits, since providers limit per
+// sending address; but a pin or a connection limit set on the whole
+// destination (`dest rate gmail.com --max 5`, SetConns on gmail.com) is
+// an operator's cap on what the destination gets, whatever address the
+// mail leaves from, as Postfix's per-destination concurrency is per
+// transport destination and KumoMTA's admin limit on a domain holds over
+// its per-source queues. So the whole destination is one more level above
+// the pair, held on the total from every source. Before, it was stored
+// and printed as in force, and only a suspension of the whole destination
+// held. Only what was set on it counts here too (ownLimits: a factor in
+// its state multiplies its pin, as any pin's): its configured limits are
+// each pair's, and a rate it learned and its breaker are those of mail
+// sent without a source, not about the pairs.
+//
+// The levels, in the order an admission takes them (each one's place in
+// flight first, then its token; Throttle.Admit):
+//
+//  1. the domain by itself, when it is one of a provider group's (a.test),
+//     and that domain from the source (a.test@SOURCE): their tokens are
+//     reserved together and waited for, since both hold back a.test's
+//     mail only;
+//  2. the whole destination, for an admission from a source: the group
+//     (google) or the domain (gmail.com), its token reserved only once
+//     the domain's has come, for the reason above: it is shared by every
+//     domain and every source of the destination;
+//  3. the destination's own state, the pair (google@SOURCE), with its own
+//     limits, learned rate, breaker and virtual queue (Throttle.admit).
+//
+// Each level locks its own mutex alone, never two at once, and a
+// connection limit refuses at once instead of waiting for a place, so
+// admissions waiting at different levels cannot wait for each other: a
+// wait is for a token's time only, at most MaxWait a level. An admission
+// refused at a level gives back the places and the tokens it took at the
+// levels before (releaseOwn), and those tokens go to the next admission
+// as if they had not been taken: a pair suspended, or with its own
+// connections full, does not spend the whole destination's pin on mail it
+// does not send.
 
 // ownLimits are the limits set on a domain by itself in its state s at
 // now: the fleet rate of a pin (times its factor, 1 unless a rule or cut
@@ -45,13 +85,26 @@ func ownLimits(s DestState, now time.Time) (rate float64, conns int) {
 	return rate, conns
 }
 
-// ownHold is an admission's place under one domain's own limits: its
+// OwnLimits are the limits set on the destination by an operator or a
+// rule in its state s at now (see ownLimits): what holds, above its own
+// state, for one domain of a provider group and for the total of a
+// destination's (destination, source) pairs. `dest status` prints them.
+func (s DestState) OwnLimits(now time.Time) (rate float64, conns int) {
+	return ownLimits(s, now)
+}
+
+// ownHold is an admission's place under one level's own limits: its
 // place in flight, and the turn its token was taken for (zero: no pin)
-// at the bucket generation gen.
+// at the bucket generation gen. prevTurn and prevSent are the dest's
+// lastTurn and lastSent before the hold moved them (to at, and sent), so
+// that a hold given back unused puts them back while they are still its
+// own: the next admission may then take the same turn.
 type ownHold struct {
-	d   *dest
-	at  time.Time
-	gen uint64
+	d                  *dest
+	at                 time.Time
+	gen                uint64
+	sent               time.Time
+	prevTurn, prevSent time.Time
 }
 
 // lookDest is the dest of name on this worker if it has one (every
@@ -62,15 +115,35 @@ func (t *Throttle) lookDest(name string) *dest {
 	return t.dests[name]
 }
 
+// admitAbove takes the places of an admission of tenant's mail at the
+// levels above its destination's own state (up), in the order the file's
+// comment gives: the domain by itself and from the source, then the whole
+// destination. It returns the holds to give back when the attempt is done
+// (or refused further on), or the refusal of the first level that stops
+// it, with what the levels before it took given back.
+func (t *Throttle) admitAbove(ctx context.Context, up above, tenant string) ([]ownHold, Refusal, bool) {
+	holds, r, ok := t.admitOwn(ctx, tenant, up.domain, up.pair)
+	if !ok {
+		return nil, r, false
+	}
+	whole, r, ok := t.admitOwn(ctx, tenant, up.dest)
+	if !ok {
+		t.releaseOwn(holds, true)
+		return nil, r, false
+	}
+	return append(holds, whole...), Refusal{}, true
+}
+
 // admitOwn takes the places of an admission of tenant's mail under the
-// limits set on its domain by itself (up.domain, and up.pair from a
-// source), waiting for their tokens up to MaxWait. It returns the holds to
-// give back when the attempt is done (or refused further on), or the
-// refusal of the first limit that stops it: "conns", or "rate" with the
-// tenant's place in that domain's virtual queue.
-func (t *Throttle) admitOwn(ctx context.Context, up above, tenant string) ([]ownHold, Refusal, bool) {
+// limits set on each of names by itself ("" skipped), waiting for their
+// tokens together, up to MaxWait. It returns the holds to give back when
+// the attempt is done (or refused further on), or the refusal of the
+// first limit that stops it: "conns", or "rate" with the tenant's place
+// in that level's virtual queue; the holds taken before it are given
+// back.
+func (t *Throttle) admitOwn(ctx context.Context, tenant string, names ...string) ([]ownHold, Refusal, bool) {
 	var holds []ownHold
-	for _, name := range [...]string{up.domain, up.pair} {
+	for _, name := range names {
 		if name == "" {
 			continue
 		}
@@ -135,6 +208,7 @@ func (t *Throttle) holdOwn(d *dest, tenant string) (ownHold, Refusal, bool) {
 		return ownHold{}, Refusal{Until: now.Add(connsRetry), Reason: "conns"}, false
 	}
 	var at time.Time
+	prevTurn := d.lastTurn
 	if rate > 0 {
 		var r Refusal
 		var ok bool
@@ -143,8 +217,10 @@ func (t *Throttle) holdOwn(d *dest, tenant string) (ownHold, Refusal, bool) {
 		}
 	}
 	d.ownFlight++
+	h := ownHold{d: d, at: at, gen: d.bucket.gen, prevTurn: prevTurn, prevSent: d.lastSent}
 	d.lastSent = laterOf(d.lastSent, laterOf(now, at))
-	return ownHold{d: d, at: at, gen: d.bucket.gen}, Refusal{}, true
+	h.sent = d.lastSent
+	return h, Refusal{}, true
 }
 
 // ownTurn reserves this worker's next token of d's own pin (rate, fleet
@@ -190,26 +266,48 @@ func (t *Throttle) rewaitOwn(h *ownHold, tenant string) (Refusal, bool) {
 	if h.at.IsZero() || d.bucket.gen == h.gen {
 		return Refusal{}, true
 	}
+	// The old turn went with the cut (the bucket restarted its chain);
+	// what a refund would put back is the new one's.
+	prevTurn, prevSent := d.lastTurn, d.lastSent
 	at, r, ok := t.ownTurn(d, tenant, rate, live, now)
 	if !ok {
 		d.ownFlight--
 		return r, false
 	}
-	h.at, h.gen = at, d.bucket.gen
+	h.at, h.gen, h.prevTurn, h.prevSent = at, d.bucket.gen, prevTurn, prevSent
 	d.lastSent = laterOf(d.lastSent, at)
+	h.sent = d.lastSent
 	return Refusal{}, true
 }
 
 // releaseOwn gives back the places of holds: when the attempt is done,
 // or, with unused, when it was refused before it went out, and then the
-// tokens too.
+// tokens too. A token is given back whole while it is still the latest
+// taken at its level: the bucket's reservation, the turn on the grid
+// (lastTurn: the next admission takes this worker's first turn after it,
+// n slots on with n live workers) and the send it counted as (lastSent:
+// a chain the refund emptied starts again one period after it,
+// bucket.startAfter). Refunding the bucket alone left both: the next
+// admission, from another address at the same moment, waited a period of
+// the pin for mail that was never sent, or was refused "rate" when that
+// was beyond MaxWait. When a later admission has moved them on, they
+// stay; that errs on the slow side, as bucket.refund does.
 func (t *Throttle) releaseOwn(holds []ownHold, unused bool) {
 	for _, h := range holds {
-		h.d.mu.Lock()
-		h.d.ownFlight--
-		if unused && !h.at.IsZero() {
-			h.d.bucket.refund(h.at)
+		d := h.d
+		d.mu.Lock()
+		d.ownFlight--
+		if unused {
+			if !h.at.IsZero() {
+				d.bucket.refund(h.at)
+				if d.lastTurn.Equal(h.at) {
+					d.lastTurn = h.prevTurn
+				}
+			}
+			if d.lastSent.Equal(h.sent) {
+				d.lastSent = h.prevSent
+			}
 		}
-		h.d.mu.Unlock()
+		d.mu.Unlock()
 	}
 }

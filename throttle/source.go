@@ -11,8 +11,11 @@ import "strings"
 // send at the configured rate), its own DestState in the outflow_dest
 // bucket, and its own metrics label. An operator addresses one source as
 // `dest suspend gmail.com@192.0.2.10`; a suspension of the destination
-// itself (`dest suspend gmail.com`) still holds for every source. Without
-// egress addresses no name carries a source and nothing here is used.
+// itself (`dest suspend gmail.com`) still holds for every source, and a
+// pin or a connection limit set on it (`dest rate gmail.com --max 5`)
+// holds on the total from every source, on top of each pair's own limits
+// (own.go). Without egress addresses no name carries a source and nothing
+// here is used.
 
 // PairName is the throttle's name for dest reached from source; just dest
 // when source is empty.

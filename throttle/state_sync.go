@@ -318,12 +318,51 @@ func (t *Throttle) recovered(d *dest, s DestState, why string) {
 // group's budget, and its configured limits are only the defaults: with
 // google configured at 50/s and no --dest-rate, the release of a.test's
 // mail was not paced at all.
+//
+// For a (destination, source) pair, a pin set on the whole destination
+// (the domain, and the group it is in) is slower still when it is under
+// the pair's rate: the released mail is admitted under it (own.go), and
+// released faster, most of it would only be refused "rate" again.
 func (t *Throttle) recoverRate(d *dest, s DestState) float64 {
 	rate := t.groupRecoverRate(d, s)
-	if own, _ := ownLimits(s, t.now()); own > 0 && (rate <= 0 || own < rate) {
-		return own
+	now := t.now()
+	if own, _ := ownLimits(s, now); own > 0 && (rate <= 0 || own < rate) {
+		rate = own
+	}
+	if pin := t.pinAbovePair(d.name, now); pin > 0 && (rate <= 0 || pin < rate) {
+		rate = pin
 	}
 	return rate
+}
+
+// pinAbovePair is the slowest pin set on the whole destination of the
+// pair name (its domain, and that domain's group), fleet msgs/s; 0 when
+// name is no pair or none is set. No dest's mutex held.
+func (t *Throttle) pinAbovePair(name string, now time.Time) float64 {
+	base, source := SplitPair(name)
+	if source == "" {
+		return 0
+	}
+	whole := []string{base}
+	if !t.groups.isGroup(base) {
+		if g := t.Group(base); g != base {
+			whole = append(whole, g)
+		}
+	}
+	var slowest float64
+	for _, n := range whole {
+		w := t.lookDest(n)
+		if w == nil {
+			continue
+		}
+		w.mu.Lock()
+		pin, _ := ownLimits(w.state, now)
+		w.mu.Unlock()
+		if pin > 0 && (slowest <= 0 || pin < slowest) {
+			slowest = pin
+		}
+	}
+	return slowest
 }
 
 // groupRecoverRate is recoverRate without the domain's own pin.

@@ -586,10 +586,14 @@ func (t *Throttle) Group(domain string) string {
 // destination's virtual queue (see slot). An admission waiting for its
 // token is refused as a new one would be when a suspension, an open
 // breaker, or a slower rate that puts its turn beyond MaxWait or its
-// tenant over its share comes meanwhile. A domain folded into a provider group is held first to the
-// limits set on it by itself, of the whole domain and from source (a
-// suspension, a rate pin, a connection limit; own.go), then to the
-// group's. A context cancelled while waiting refuses with "canceled".
+// tenant over its share comes meanwhile. A domain folded into a provider
+// group is held first to the limits set on it by itself, of the whole
+// domain and from source (a suspension, a rate pin, a connection limit;
+// own.go), then to the group's. From a source, the pin and the connection
+// limit set on the whole destination (the group, or the domain) hold on
+// the total from every source, after the domain's own and before the
+// pair's (own.go). A context cancelled while waiting refuses with
+// "canceled".
 func (t *Throttle) Admit(ctx context.Context, domain, tenant, source string) (Permit, Refusal) {
 	name := t.Group(domain)
 	var up above
@@ -611,15 +615,16 @@ func (t *Throttle) Admit(ctx context.Context, domain, tenant, source string) (Pe
 		return nil, r
 	}
 	var holds []ownHold
-	if up.domain != "" {
+	if up != (above{}) {
 		var r Refusal
 		var ok bool
-		if holds, r, ok = t.admitOwn(ctx, up, tenant); !ok {
+		if holds, r, ok = t.admitAbove(ctx, up, tenant); !ok {
 			return nil, r
 		}
 		if len(holds) > 0 {
-			// It may have waited for the domain's token: what came
-			// meanwhile stops it as it would a new admission.
+			// It may have waited for the domain's or the whole
+			// destination's token: what came meanwhile stops it as it
+			// would a new admission.
 			if r, suspended := t.suspendedAbove(up); suspended {
 				t.releaseOwn(holds, true)
 				return nil, r
@@ -643,8 +648,10 @@ func (t *Throttle) Admit(ctx context.Context, domain, tenant, source string) (Pe
 // above names what an admission meets before its destination's own
 // state: the domain, when it is one of a provider group's (its own
 // suspension, pin and connection limit; own.go), and that domain from the
-// admission's source (pair); and the destination, when the admission is
-// for a (destination, source) pair (its suspension). Empty: none.
+// admission's source (pair); and the whole destination, when the
+// admission is for a (destination, source) pair (its suspension, and its
+// pin and connection limit on the total from every source; own.go).
+// Empty: none.
 type above struct{ domain, pair, dest string }
 
 // suspendedAbove refuses an admission that a suspension above its

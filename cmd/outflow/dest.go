@@ -82,9 +82,23 @@ func init() {
 				// would send the operator the wrong way.
 				deferred, derr := q.List(ctx, queue.Filter{State: queue.StateDeferred, Dest: base, Limit: waitingMax})
 				throttled, terr := q.List(ctx, queue.Filter{State: queue.StateThrottled, Dest: base, Limit: waitingMax})
+				// From one source, what is set on the whole destination
+				// (and on the group a domain is in) holds too, on the
+				// total from every source (throttle/own.go).
+				var whole []throttle.DestState
+				var wholeErr error
+				if source != "" {
+					whole, wholeErr = wholeStates(ctx, kv, base, groupOf(views, base))
+				}
 				if a.json {
 					out := map[string]any{"dest": args[0], "state": st, "workers": views,
 						"deferred": len(deferred), "throttled": len(throttled)}
+					if source != "" {
+						out["whole"] = whole
+						if wholeErr != nil {
+							out["whole"], out["whole_error"] = nil, wholeErr.Error()
+						}
+					}
 					var errs []string
 					if derr != nil {
 						out["deferred"], errs = nil, append(errs, derr.Error())
@@ -122,6 +136,29 @@ func init() {
 						until = st.RateUntil.UTC().Format(time.RFC3339)
 					}
 					fmt.Fprintf(out, "rate override: %g/s until %s\n", st.RateOverride, until)
+				}
+				if st.ConnsOverride > 0 {
+					until := "changed"
+					if !st.ConnsUntil.IsZero() {
+						until = st.ConnsUntil.UTC().Format(time.RFC3339)
+					}
+					fmt.Fprintf(out, "conns:         %d (override) until %s\n", st.ConnsOverride, until)
+				}
+				if r, c := st.OwnLimits(now); source == "" && (r > 0 || c > 0) && hasSources(views) {
+					// The workers send from egress addresses: each address
+					// keeps its own limits (the per-source table), and the
+					// override holds on their total.
+					fmt.Fprintf(out, "all sources:   %s on the total from every source address, on top of each address's own limits\n", ownLimitsText(r, c))
+				}
+				if source != "" {
+					if wholeErr != nil {
+						fmt.Fprintf(out, "whole dest:    unknown (%s)\n", strings.Join(strings.Fields(wholeErr.Error()), " "))
+					}
+					for _, w := range whole {
+						if r, c := w.OwnLimits(now); r > 0 || c > 0 {
+							fmt.Fprintf(out, "whole dest:    %s: %s on the total from every source, on top of this address's own\n", w.Dest, ownLimitsText(r, c))
+						}
+					}
 				}
 				if st.LearnedRate > 0 || st.LearnedConns > 0 {
 					fmt.Fprintf(out, "learned:       %s since %s\n", learnedShort(st), st.LearnedSince.UTC().Format(time.RFC3339))
@@ -312,6 +349,51 @@ func groupOf(views []throttle.WorkerStatus, domain string) string {
 		}
 	}
 	return ""
+}
+
+// wholeStates are the states of what holds above the pair base@SOURCE on
+// the total from every source: the destination base itself, and the
+// provider group it is in (group; "" for none).
+func wholeStates(ctx context.Context, kv jetstream.KeyValue, base, group string) ([]throttle.DestState, error) {
+	names := []string{base}
+	if group != "" {
+		names = append(names, group)
+	}
+	var out []throttle.DestState
+	for _, n := range names {
+		s, err := throttle.GetState(ctx, kv, n)
+		if err != nil {
+			return nil, err
+		}
+		s.Dest = n
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// hasSources reports whether a worker that answered sends from egress
+// addresses (it listed the destination per source).
+func hasSources(views []throttle.WorkerStatus) bool {
+	for _, v := range views {
+		if len(v.Sources) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// ownLimitsText is a pin and a connection limit set on a destination
+// (DestState.OwnLimits: msgs/s, connections; 0 = none) in a few words:
+// "at most 5/s and 2 connections".
+func ownLimitsText(r float64, c int) string {
+	var parts []string
+	if r > 0 {
+		parts = append(parts, rate(r))
+	}
+	if c > 0 {
+		parts = append(parts, fmt.Sprintf("%d connections", c))
+	}
+	return "at most " + strings.Join(parts, " and ")
 }
 
 // learnedShort is a state's learned limits in a few words ("12.5/s, 4 conns").
