@@ -149,8 +149,11 @@ type trackedConn struct {
 	authBy    time.Time
 	authed    bool
 	hung      bool   // end the connection at the next command read
-	hangupMsg string // one reply line to send before that, plaintext only
-	tls       bool   // STARTTLS happened: never write plaintext any more
+	hangupMsg string // one reply line to send before that (sendHangup)
+	// tls says STARTTLS's 220 went out (Write): from then on the client
+	// speaks TLS on the socket, handshake first (RFC 3207 section 4), so
+	// nothing is ever written there in plaintext any more.
+	tls bool
 	// bodyIdle, while a DATA body is read, is how long each read of the
 	// socket may wait (ReadTimeout), and never past bodyEnd (DataTimeout).
 	bodyIdle time.Duration
@@ -169,12 +172,22 @@ type trackedConn struct {
 	// next; set by the reply writers, read by a session's Data.
 	greeting atomic.Int32
 
-	// wmu guards pending. go-smtp's connection goroutine is the only one
-	// that writes and reads, but go-smtp's Close (a shutdown that ran out
-	// of time) may close the connection from another.
+	// wmu guards pending, served and switched. go-smtp's connection
+	// goroutine is the only one that writes and reads, but go-smtp's Close
+	// (a shutdown that ran out of time) may close the connection from
+	// another.
 	wmu sync.Mutex
 	// pending holds reply lines not yet written (see Write).
 	pending []byte
+	// served says go-smtp's 220 greeting went out; switched, that a later
+	// 220, STARTTLS's go-ahead, did (Write).
+	served, switched bool
+	// tlsOut is the writer under go-smtp's on the TLS connection, put in
+	// place when STARTTLS succeeded (joinTLS) or, after a STARTTLS before
+	// any greeting, at the first greeting inside TLS (newSession); nil
+	// before, or if go-smtp's layout is not the known one. The connection
+	// goroutine alone uses it.
+	tlsOut *tlsReplies
 	// ahead holds octets of a body read from the socket and not yet passed
 	// up (see readConn); the same goroutine alone uses it.
 	ahead *readAhead
@@ -205,11 +218,22 @@ const maxHeld = 4 << 10
 // Only plaintext lines are held: a TLS record starts with a content type
 // below 0x20, never with a digit, and after STARTTLS nothing is held at all.
 //
-// Write also corrects the go-smtp replies that amendReply knows, and
-// notes which greeting go-smtp answers (greetingReply).
+// Write also corrects the go-smtp replies that amendReply knows, notes
+// which greeting go-smtp answers (greetingReply), and sees STARTTLS's
+// go-ahead (startsTLS), after which it writes TLS records only.
 func (c *trackedConn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if c.switched && len(b) > 0 && b[0] >= '0' && b[0] <= '9' {
+		// A plaintext reply after the go-ahead: go-smtp writes one there
+		// only when the handshake failed ("550 5.0.0 Handshake error"),
+		// also when a hangup cut it short. The client is in TLS or gone,
+		// and would read the reply as a broken record: it is dropped, and
+		// the connection ends at go-smtp's next read instead of serving
+		// plaintext commands on a socket the client speaks TLS on.
+		c.hangup("")
+		return len(b), nil
+	}
 	if a, ok := amendReply(b); ok {
 		if a.badAuth && c.badAuth != nil {
 			c.badAuth()
@@ -219,6 +243,13 @@ func (c *trackedConn) Write(b []byte) (int, error) {
 	if greeting, ehlo := greetingReply(b); greeting {
 		c.greeted(ehlo)
 	}
+	if c.startsTLS(b) {
+		// Written at once, with anything held before it: the client
+		// starts its handshake on reading it.
+		c.switched = true
+		c.setTLS()
+		c.cmdIn, c.badAuth = nil, nil // the plaintext reader go-smtp drops now
+	}
 	if c.holds(b) {
 		c.pending = append(c.pending, b...)
 		return len(b), nil
@@ -227,6 +258,25 @@ func (c *trackedConn) Write(b []byte) (int, error) {
 		return c.Conn.Write(b)
 	}
 	return c.writePending(b)
+}
+
+// startsTLS reports whether b, a line go-smtp writes, is STARTTLS's
+// go-ahead: a 220 reply after the greeting's. 220 is only ever the
+// greeting (RFC 5321 section 4.2.2) or the answer to STARTTLS (RFC 3207
+// section 4), after which go-smtp starts the TLS handshake on the socket
+// at once. Called with wmu held.
+func (c *trackedConn) startsTLS(b []byte) bool {
+	if len(b) < 5 || b[0] != '2' || b[1] != '2' || b[2] != '0' {
+		return false // the common case, not parsed further
+	}
+	if last, ok := replyLine(b); !ok || !last {
+		return false
+	}
+	if !c.served {
+		c.served = true
+		return false
+	}
+	return !c.switched
 }
 
 // writeAmended writes *held and then r, in place of b, to w in one write,
@@ -241,7 +291,7 @@ func writeAmended(w io.Writer, held *[]byte, b, r []byte) (int, error) {
 // holds reports whether Write keeps b back. Called with wmu held.
 func (c *trackedConn) holds(b []byte) bool {
 	last, ok := replyLine(b)
-	if !ok || len(c.pending)+len(b) > maxHeld || c.isTLS() {
+	if !ok || len(c.pending)+len(b) > maxHeld || c.switched {
 		return false
 	}
 	return !last || (c.cmdIn != nil && c.cmdIn.Buffered() > 0)
@@ -330,16 +380,44 @@ var (
 // unwritten octets (go-smtp flushes every line, so it never does).
 //
 // badAuth is called for each AUTH response go-smtp could not decode,
-// greeted with each greeting go-smtp answers (nil: none).
-func joinTLSReplies(c *smtp.Conn, badAuth func(), greeted func(ehlo bool)) {
+// greeted with each greeting go-smtp answers (nil: none). It returns the
+// writer it put in place, or nil.
+func joinTLSReplies(c *smtp.Conn, badAuth func(), greeted func(ehlo bool)) *tlsReplies {
+	if _, ok := c.Conn().(*tls.Conn); !ok {
+		return nil // first: a plaintext connection's Logout comes here too
+	}
 	tp := textConn(c)
 	if tp == nil || tp.R == nil || tp.W == nil || tp.W.Buffered() > 0 {
-		return
+		return nil
 	}
-	if _, ok := c.Conn().(*tls.Conn); !ok {
-		return
+	t := &tlsReplies{w: c.Conn(), cmdIn: tp.R, badAuth: badAuth, greeted: greeted}
+	tp.W.Reset(t)
+	return t
+}
+
+// joinTLS puts a tlsReplies under go-smtp's replies on sc as soon as
+// STARTTLS succeeded, not at the client's first greeting inside TLS:
+// RFC 3207 section 4.2 has the client greet again, and until it does
+// go-smtp answers the commands out of sequence itself (502 where
+// amendReply writes 503), with no session yet to put the writer in place
+// (newSession). go-smtp calls the plaintext session's Logout, whence this
+// is called, after it moved its reader and writer onto the TLS
+// connection and before it reads the next command. On that session's
+// other Logout, at the end of a plaintext connection, sc.Conn() is not a
+// TLS connection, and this does nothing.
+func (c *trackedConn) joinTLS(sc *smtp.Conn) {
+	if c.tlsOut == nil {
+		c.tlsOut = joinTLSReplies(sc, nil, c.greeted)
 	}
-	tp.W.Reset(&tlsReplies{w: c.Conn(), cmdIn: tp.R, badAuth: badAuth, greeted: greeted})
+}
+
+// tlsWriter returns the writer joinTLS put under go-smtp's, now
+// counting malformed AUTH responses with badAuth; nil if there is none.
+func (c *trackedConn) tlsWriter(badAuth func()) *tlsReplies {
+	if c.tlsOut != nil {
+		c.tlsOut.badAuth = badAuth
+	}
+	return c.tlsOut
 }
 
 // tlsReplies joins reply lines above TLS, where trackedConn sees records.
@@ -397,12 +475,6 @@ func (c *trackedConn) setCommandReader(r *bufio.Reader, badAuth func()) {
 	c.cmdIn = r
 	c.badAuth = badAuth
 	c.wmu.Unlock()
-}
-
-func (c *trackedConn) isTLS() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.tls
 }
 
 // idleTimeoutReply ends a connection whose command read timed out.
@@ -467,14 +539,11 @@ func (c *trackedConn) idleTimeout() bool {
 		return false
 	}
 	c.hung = true
-	plain := !c.tls
 	c.mu.Unlock()
 	c.srv.metrics.rejections.WithLabelValues(reasonTimeout).Inc()
 	c.srv.log.Info().Str("remote", c.RemoteAddr().String()).Str("reason", reasonTimeout).
 		Msg("idle timeout, closing connection")
-	if plain {
-		c.sendHangup(idleTimeoutReply)
-	}
+	c.sendHangup(idleTimeoutReply)
 	_ = c.Conn.Close()
 	return true
 }
@@ -559,12 +628,31 @@ func (c *trackedConn) readConn(b []byte, body bool) (int, error) {
 	return n, nil
 }
 
+// sendHangup writes msg, a reply of the connection's own before it ends,
+// where the client reads replies: on the socket before STARTTLS's 220,
+// inside TLS after it (RFC 3207 section 4.2), through the writer under
+// go-smtp's that joinTLS put in place once the handshake succeeded. In
+// between, while the handshake runs, and when that writer is missing
+// (STARTTLS before any greeting, or go-smtp's layout not the known
+// one), the connection is closed without it: a plaintext line there
+// reaches the client as a broken TLS record, not as a reply. Called on
+// the connection goroutine, from Read.
 func (c *trackedConn) sendHangup(msg string) {
 	if msg == "" {
 		return
 	}
+	c.mu.Lock()
+	isTLS := c.tls
+	c.mu.Unlock()
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(rejectWriteTimeout))
-	_, _ = io.WriteString(c.Conn, msg)
+	switch {
+	case !isTLS:
+		_, _ = io.WriteString(c.Conn, msg)
+	case c.tlsOut != nil:
+		// Inside the tls.Conn whose Read called this one: its Write takes
+		// only the output side's lock, and the handshake is complete.
+		_, _ = c.tlsOut.Write([]byte(msg))
+	}
 }
 
 // SetReadDeadline keeps a hung-up connection's deadline in the past, so
@@ -587,24 +675,27 @@ func (c *trackedConn) SetDeadline(t time.Time) error {
 }
 
 // hangup ends the connection at its next command read; msg (a full reply
-// line with CRLF, or "") is written first unless the connection uses TLS.
+// line with CRLF, or "") is written first where it can be (sendHangup).
 // A blocked read is woken at once unless a body is being read.
 func (c *trackedConn) hangup(msg string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.hung = true
-	if !c.tls {
-		c.hangupMsg = msg
-	}
+	c.hangupMsg = msg
 	if !c.inData {
 		_ = c.Conn.SetReadDeadline(pastDeadline)
 	}
 }
 
+// setTLS records that the client speaks TLS from now on. A hangup reply
+// meant for the plaintext connection is dropped: the hangup ends the
+// handshake that follows, so there is no TLS to write it in.
 func (c *trackedConn) setTLS() {
 	c.mu.Lock()
-	c.tls = true
-	c.hangupMsg = ""
+	if !c.tls {
+		c.tls = true
+		c.hangupMsg = ""
+	}
 	c.mu.Unlock()
 	// The greeting before STARTTLS is void (RFC 3207 section 4.2); the
 	// one after it is seen by tlsReplies, when go-smtp's writer is of the

@@ -129,9 +129,15 @@ func addressError(err error, sender bool) *smtp.SMTPError {
 //     FROM/RCPT TO parameters not recognized or not implemented"), as
 //     Postfix answers.
 //
-// Under TLS the lines are amended once a session exists (after the first
-// EHLO or HELO on the TLS connection, joinTLSReplies): a MAIL sent before
-// it there gets go-smtp's 502 as it is.
+// Under TLS the lines are amended by the writer under go-smtp's
+// (tlsReplies), from the end of the handshake on when the client greeted
+// before STARTTLS (joinTLS), as clients do: a MAIL before the greeting
+// RFC 3207 section 4.2 asks for inside TLS gets 503 there too. After a
+// STARTTLS sent before any greeting, from the first greeting inside TLS
+// on: until a greeting go-smtp calls nothing of this package that sees
+// its connection (a session is made at the first EHLO or HELO), so there
+// is nothing to put the writer in place with, and go-smtp's 502 to a
+// command before it goes out as it is.
 var amendedReplies = map[string]amended{
 	"454 4.7.0 Invalid base64 data\r\n": {
 		line: []byte("501 5.5.2 Malformed authentication response: not base64 (RFC 4954 section 4)\r\n"), badAuth: true},

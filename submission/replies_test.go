@@ -110,3 +110,35 @@ func TestReceivedProtocolFollowsGreeting(t *testing.T) {
 		}
 	}
 }
+
+// Under TLS the replies are amended from the handshake on, before the
+// client's first greeting inside TLS too (RFC 3207 section 4.2: the
+// client must greet again, and a command before that is out of
+// sequence). A reply held there while a pipelined greeting is buffered
+// still goes out when the greeting makes the session.
+func TestAmendedRepliesBeforeGreetingUnderTLS(t *testing.T) {
+	cert, pool := selfSigned(t)
+	q := &fakeQueue{}
+	ts := startServer(t, Config{Users: testUsers(t), TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}, q)
+	rc := ts.startTLS(t, pool)
+	for _, c := range []struct{ line, text string }{
+		{"MAIL FROM:<app@example.com>", "5.5.1 Bad sequence of commands: send EHLO first"},
+		{"AUTH PLAIN", "5.5.1 Bad sequence of commands: send EHLO first"},
+		{"RCPT TO:<rcpt@example.org>", "5.5.1 Bad sequence of commands: send MAIL FROM first"},
+		{"DATA", "5.5.1 Bad sequence of commands: send RCPT TO first"},
+	} {
+		if msg := rc.cmd(c.line, 503); msg != c.text {
+			t.Errorf("%q before EHLO under TLS: %q, want %q", c.line, msg, c.text)
+		}
+	}
+	rc.write("NOOP\r\nEHLO client.test\r\n")
+	rc.expect(250)
+	if msg := rc.expect(250); !strings.Contains(msg, "AUTH PLAIN") {
+		t.Errorf("EHLO under TLS: %q", msg)
+	}
+	rc.cmd("AUTH PLAIN "+plainIR("", testUser, testPassword), 235)
+	rc.cmd("MAIL FROM:<app@example.com>", 250)
+	if msg := rc.cmd("RCPT TO:<rcpt@example.org> FOO=1", 555); !strings.HasPrefix(msg, "5.5.4 RCPT TO parameter") {
+		t.Errorf("unknown RCPT parameter: %q", msg)
+	}
+}

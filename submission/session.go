@@ -92,17 +92,23 @@ func (s *Server) newSession(c *smtp.Conn) *session {
 	}
 	switch {
 	case tc != nil && isTLS:
+		// Both done at STARTTLS's 220 already (trackedConn.Write).
 		tc.setTLS()
 		tc.setCommandReader(nil, nil) // the plaintext reader go-smtp dropped at STARTTLS
 	case tc != nil:
 		tc.setCommandReader(commandReader(c), ss.authMalformed)
 	}
 	if isTLS {
-		var greeted func(bool)
-		if tc != nil {
-			greeted = tc.greeted
+		// The writer put in at STARTTLS (joinTLS) may hold a reply to a
+		// command pipelined before this greeting: it stays, and replacing
+		// it would lose that reply.
+		switch {
+		case tc == nil:
+			joinTLSReplies(c, ss.authMalformed, nil)
+		case tc.tlsWriter(ss.authMalformed) == nil:
+			// STARTTLS came before any greeting: no session saw it.
+			tc.tlsOut = joinTLSReplies(c, ss.authMalformed, tc.greeted)
 		}
-		joinTLSReplies(c, ss.authMalformed, greeted)
 	}
 	ss.logLine(s.log.Debug()).Str("helo", c.Hostname()).Bool("trusted", trusted).Msg("session started")
 	return ss
@@ -574,10 +580,19 @@ func (s *session) Reset() {
 	s.dropCharge()
 }
 
-// Logout implements smtp.Session: the connection closed or STARTTLS began.
+// Logout implements smtp.Session: the connection closed or STARTTLS
+// succeeded.
 func (s *session) Logout() error {
 	s.returnQuota()
 	s.dropCharge()
+	// After STARTTLS go-smtp answers the commands before the next
+	// greeting itself: joinTLS puts the reply writer in place for them.
+	// Not on a Logout from go-smtp's Close on Shutdown's goroutine, which
+	// runs only after baseCtx is cancelled: go-smtp's connection goroutine
+	// may be inside STARTTLS then, changing what joinTLS reads.
+	if !s.tls && s.tc != nil && s.srv.baseCtx.Err() == nil {
+		s.tc.joinTLS(s.conn)
+	}
 	s.logLine(s.srv.log.Debug()).Msg("session ended")
 	return nil
 }
