@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -471,6 +472,32 @@ func TestPagesRender(t *testing.T) {
 		}
 		if res.Header.Get("Content-Security-Policy") == "" {
 			t.Errorf("GET %s: no Content-Security-Policy", p)
+		}
+	}
+	// The error page's way on is a plain link: its own policy
+	// (script-src 'self') blocks a javascript: URL.
+	if res, body := get(t, cl, f.ts.URL+"/ui/messages/nosuchmessage12"); !strings.Contains(body, `href="/ui/queue"`) || strings.Contains(body, "javascript:") {
+		t.Errorf("not-found page (%d) links no messages list, or a javascript: URL:\n%s", res.StatusCode, body)
+	}
+}
+
+// TestTemplatesNeedNoInlineScript: the Content-Security-Policy allows
+// scripts from the console's own files only, so no page may count on a
+// javascript: URL, an inline event handler or an inline script, which a
+// browser would refuse.
+func TestTemplatesNeedNoInlineScript(t *testing.T) {
+	inline := regexp.MustCompile(`(?i)javascript:|\son[a-z]+\s*=|<script(\s[^>]*)?>\s*[^<\s]`)
+	names, err := fs.Glob(templateFS, "templates/*.html")
+	if err != nil || len(names) == 0 {
+		t.Fatalf("templates: %v %v", names, err)
+	}
+	for _, name := range names {
+		b, err := templateFS.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := inline.Find(b); m != nil {
+			t.Errorf("%s: %q, which the Content-Security-Policy blocks", name, m)
 		}
 	}
 }

@@ -675,7 +675,7 @@ func (s *Sender) open(ctx context.Context, log *msgLog, host, addr, key string, 
 		if s.cfg.RelayTLS == RelaySTARTTLS {
 			if !c.has("STARTTLS") {
 				return fail(&stepErr{in: classify.Input{Stage: classify.StageTLS, Event: classify.EventTLSFailure,
-					Text: "outflow (synthetic, no server reply): relay " + host + " does not offer STARTTLS and RelayTLS is starttls"}})
+					Text: "outflow (synthetic, no server reply): relay " + host + " does not offer STARTTLS and --relay-tls is starttls (a local relay without TLS: --relay-tls none)"}})
 			}
 			if err := c.startTLS(ctx, true, nil, tls.VersionTLS12); err != nil {
 				return fail(err)

@@ -61,11 +61,14 @@ func newClassifyCmd() *cobra.Command {
 		Short: "classify SMTP replies: delivered, transient, throttled, permanent or unknown",
 		Long: `Classify SMTP replies the way the workers do.
 
-Each argument is one reply; with no arguments, each line of standard input
-is one. A reply may be multi-line (with 250-/421- continuation prefixes),
-flattened onto one line, lack an enhanced code, or be a Postfix log
-diagnostic. --event classifies a transport event (timeout, conn-lost, ...)
-instead; --stage says which SMTP step the reply or event answered.
+Each argument is one reply. With no arguments, standard input holds one
+reply a line, except that a line whose code is followed by '-' ("421-4.7.0
+...") continues into the next line with the same code, as a server sends a
+multi-line reply: a multi-line reply pasted as it came is one reply. A reply
+may also be multi-line within one argument, flattened onto one line, lack
+an enhanced code, or be a Postfix log diagnostic. --event classifies a
+transport event (timeout, conn-lost, ...) instead; --stage says which SMTP
+step the reply or event answered.
 docs/classification.md describes the classes and the rules file format.`,
 		Example: `  outflow classify --json '421 4.7.28 Gmail has detected an unusual rate of email.'
   outflow classify --stage rcpt '552 Too many recipients'
@@ -75,12 +78,12 @@ docs/classification.md describes the classes and the rules file format.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			stage, err := classify.ParseStage(stageName)
 			if err != nil {
-				return usageError{fmt.Errorf("--stage: %w", err)}
+				return usageError{fmt.Errorf("--stage: %w; want %s", err, strings.Join(valueNames(classify.StageUnknown, classify.Stage.String), ", "))}
 			}
 			var event classify.Event
 			if eventName != "" {
 				if event, err = classify.ParseEvent(eventName); err != nil {
-					return usageError{fmt.Errorf("--event: %w", err)}
+					return usageError{fmt.Errorf("--event: %w; want %s", err, strings.Join(valueNames(classify.EventConnRefused, classify.Event.String), ", "))}
 				}
 			}
 			c, err := classify.New(classify.Options{ExtraRulesFile: rulesFile})
@@ -112,17 +115,19 @@ docs/classification.md describes the classes and the rules file format.`,
 			}
 			sc := bufio.NewScanner(cmd.InOrStdin())
 			sc.Buffer(make([]byte, 64*1024), 1<<20) // replies are short; 1 MiB bounds a runaway line
+			var r replyLines
 			for sc.Scan() {
-				line := strings.TrimRight(sc.Text(), "\r")
-				if strings.TrimSpace(line) == "" {
-					continue
-				}
-				if err := one(line); err != nil {
-					return err
+				for _, reply := range r.add(strings.TrimRight(sc.Text(), "\r")) {
+					if err := one(reply); err != nil {
+						return err
+					}
 				}
 			}
 			if err := sc.Err(); err != nil {
 				return fmt.Errorf("read stdin: %w", err)
+			}
+			if reply, ok := r.end(); ok {
+				return one(reply)
 			}
 			return nil
 		},
@@ -133,6 +138,96 @@ docs/classification.md describes the classes and the rules file format.`,
 	cmd.Flags().StringVar(&stageName, "stage", "unknown", "SMTP step the replies answered: greeting, ehlo, tls, auth, mail, rcpt, data, data-end, ...")
 	cmd.Flags().StringVar(&eventName, "event", "", "classify a transport event instead: conn-refused, timeout, conn-lost, tls-failure, dns-nxdomain, dns-servfail, null-mx, local")
 	return cmd
+}
+
+// replyLines gathers the lines of standard input into replies: one a
+// line, but a line whose code is followed by '-' ("421-4.7.0 [TSS04] ...")
+// goes on into the next lines with the same code, up to the one with a
+// space or nothing after it (RFC 5321 4.2.1), so a multi-line reply pasted
+// as the server sent it is classified once. A reply cut short (the next
+// line has another code, no code, or is blank; the input ends) is
+// classified as far as it goes.
+type replyLines struct {
+	lines []string // the reply being gathered
+	code  string   // its code; "" when no reply goes on
+}
+
+// add takes the next line and returns the replies it completes: none while
+// a reply goes on, the reply it ends, or the reply it cuts short followed
+// by the line itself when that is a reply of one line.
+func (r *replyLines) add(line string) []string {
+	trimmed := strings.TrimSpace(line)
+	code, more := replyCode(trimmed)
+	var done []string
+	if r.code != "" {
+		if code == r.code {
+			r.lines = append(r.lines, line)
+			if more {
+				return nil
+			}
+			return []string{r.flush()}
+		}
+		done = append(done, r.flush())
+	}
+	switch {
+	case trimmed == "":
+	case more:
+		r.lines, r.code = []string{line}, code
+	default:
+		done = append(done, line)
+	}
+	return done
+}
+
+// end returns the reply the input stopped in the middle of, if any.
+func (r *replyLines) end() (string, bool) {
+	if r.code == "" {
+		return "", false
+	}
+	return r.flush(), true
+}
+
+// flush returns the lines gathered as one reply and starts afresh.
+func (r *replyLines) flush() string {
+	reply := strings.Join(r.lines, "\n")
+	r.lines, r.code = nil, ""
+	return reply
+}
+
+// replyCode returns the three-digit code at the start of line, and whether
+// a '-' after it says the reply goes on ("421-4.7.0 ..."); "" for a line
+// that starts otherwise.
+func replyCode(line string) (string, bool) {
+	if len(line) < 3 || strings.Trim(line[:3], "0123456789") != "" {
+		return "", false
+	}
+	if len(line) == 3 {
+		return line, false
+	}
+	switch line[3] {
+	case '-':
+		return line[:3], true
+	case ' ', '\t':
+		return line[:3], false
+	}
+	return "", false
+}
+
+// valueNames lists the names of an enumeration's values from first on, up
+// to the first value without one, for an error that says what a flag
+// takes.
+func valueNames[T ~uint8](first T, name func(T) string) []string {
+	var names []string
+	for v := first; ; v++ {
+		n := name(v)
+		if strings.HasPrefix(n, "invalid(") {
+			return names
+		}
+		names = append(names, n)
+		if v == ^T(0) {
+			return names
+		}
+	}
 }
 
 // printResult writes one result, as JSON or as a tab-separated line

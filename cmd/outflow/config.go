@@ -3,8 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"net"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -330,19 +333,31 @@ func quoteHint(t reflect.Type, file []byte, err error) string {
 }
 
 // nearKey suggests the known key nearest an unknown one, in the same
-// table: ` (did you mean "smtp-addr"?)`, or nothing when none is close.
+// table: ` (did you mean "smtp-addr"?)`, or for a misspelt table's name
+// the table nearest it (` (did you mean "tenants"?)`), or nothing when
+// none is close.
 func nearKey(t reflect.Type, key toml.Key) string {
 	if len(key) == 0 {
 		return ""
 	}
-	table := keyType(t, key[:len(key)-1])
+	// The first part of the path that names nothing is the misspelt one:
+	// a table's name (`[tenant.shop]`, whose keys are then unknown too)
+	// as well as a key's.
+	i := len(key) - 1
+	for j := range key {
+		if keyType(t, key[:j+1]) == nil {
+			i = j
+			break
+		}
+	}
+	table := keyType(t, key[:i])
 	if table != nil && table.Kind() == reflect.Slice {
 		table = table.Elem()
 	}
 	if table == nil || table.Kind() != reflect.Struct {
 		return ""
 	}
-	name := strings.ToLower(key[len(key)-1])
+	name := strings.ToLower(key[i])
 	best, bestD := "", len(name)/3+2 // more edits than that is another word
 	for _, k := range tomlKeys(table) {
 		if d := editDistance(name, k); d < bestD {
@@ -425,4 +440,45 @@ func (c *serveConfig) durability() (queue.Durability, string, error) {
 		return queue.DurabilityReplicas, "", nil
 	}
 	return queue.DurabilityDisk, "", nil
+}
+
+// checkFlags refuses, before anything starts, the values that the packages
+// below would refuse only once serve builds them, late in the start and in
+// their own words, which name a Go field (`sender: RelayTLS "plain"`, not
+// --relay-tls). An empty value is the package's default.
+func (c *serveConfig) checkFlags() error {
+	if strings.ContainsAny(c.Hostname, " \t\r\n") {
+		return fmt.Errorf("--hostname %q: want one domain name, like mta1.example.com", c.Hostname)
+	}
+	switch sender.RelayTLS(c.RelayTLS) {
+	case "", sender.RelaySTARTTLS, sender.RelayImplicitTLS, sender.RelayNoTLS:
+	default:
+		return fmt.Errorf("--relay-tls %q: want starttls, tls or none", c.RelayTLS)
+	}
+	if c.Relay != "" {
+		if _, _, err := net.SplitHostPort(c.Relay); err != nil {
+			return fmt.Errorf("--relay %q: want host:port, like smtp.example.com:587 (%w)", c.Relay, err)
+		}
+	}
+	validTLS := func(p string) bool {
+		switch sender.TLSPolicy(p) {
+		case "", sender.TLSOpportunistic, sender.TLSRequired, sender.TLSNone:
+			return true
+		}
+		return false
+	}
+	if !validTLS(c.TLSPolicy) {
+		return fmt.Errorf("--tls-policy %q: want opportunistic, required or none", c.TLSPolicy)
+	}
+	for _, d := range slices.Sorted(maps.Keys(c.TLSDestinations)) {
+		if p := c.TLSDestinations[d]; p == "" || !validTLS(p) {
+			return fmt.Errorf("[tls-destinations] %q = %q: want opportunistic, required or none", d, p)
+		}
+	}
+	switch worker.UnknownPolicy(c.UnknownPolicy) {
+	case "", worker.UnknownRetry, worker.UnknownHold:
+	default:
+		return fmt.Errorf("--unknown-policy %q: want retry or hold", c.UnknownPolicy)
+	}
+	return nil
 }

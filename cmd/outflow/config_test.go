@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/outflow/outflow/internal/testutil"
+	"github.com/outflow/outflow/worker"
 )
 
 // docExample returns the ```toml block of docs/configuration.md.
@@ -88,6 +89,11 @@ func TestUnknownConfigKeyRefused(t *testing.T) {
 		{"[throttle]\nbreaker-failure = 3\n", `unknown key "throttle.breaker-failure" (did you mean "breaker-failures"?)`},
 		{"[[dkim]]\ndomian = \"a.test\"\n", `unknown key "dkim.domian" (did you mean "domain"?)`},
 		{"zzzzzz = 1\n", `unknown key "zzzzzz"` + "\x00"},
+		// A misspelt table's name: its keys are unknown too, and the
+		// table nearest it is named.
+		{"[tenant.shop]\nreturn-path = \"rp.shop.example\"\n", `(did you mean "tenants"?)`},
+		{"[destination.\"gmail.com\"]\nrate = 5\n", `(did you mean "destinations"?)`},
+		{"[tenants.shop]\nretrun-path = \"rp.shop.example\"\n", `unknown key "tenants.shop.retrun-path" (did you mean "return-path"?)`},
 		{"smtp-addr = 127.0.0.1:2525\n", `(smtp-addr takes a string: quote it, smtp-addr = "...")`},
 		{"shutdown-grace = 30s\n", `(shutdown-grace takes a string: quote it, shutdown-grace = "...")`},
 		{"[[dkim]]\ndomain = a.test\n", `(domain takes a string: quote it, domain = "...")`},
@@ -152,7 +158,7 @@ func TestSentTTLFloor(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = serve(context.Background(), c)
+		err = serve(context.Background(), c, io.Discard)
 		var u usageError
 		if !errors.As(err, &u) || !strings.Contains(err.Error(), "--sent-ttl") {
 			t.Errorf("%v: error %v, want a --sent-ttl usage error", args, err)
@@ -471,5 +477,89 @@ func TestServeLogsItsStopAsJSON(t *testing.T) {
 	}
 	if line.Level != "fatal" || !strings.Contains(line.Error, "--sent-ttl") || line.ExitCode != 2 || line.Message == "" {
 		t.Fatalf("stop line %+v", line)
+	}
+}
+
+// TestServeFlagValuesNamed: a value the packages below would refuse in
+// their own words, naming a Go field (`sender: RelayTLS "plain"`, `worker:
+// unknown policy`), is refused by serve first, naming the flag and what it
+// takes, before anything starts.
+func TestServeFlagValuesNamed(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--relay-tls", "plain"}, `--relay-tls "plain": want starttls, tls or none`},
+		{[]string{"--relay", "nohostport"}, `--relay "nohostport": want host:port`},
+		{[]string{"--tls-policy", "bogus"}, `--tls-policy "bogus": want opportunistic, required or none`},
+		{[]string{"--unknown-policy", "bogus"}, `--unknown-policy "bogus": want retry or hold`},
+		{[]string{"--hostname", "mta1 example"}, `--hostname "mta1 example": want one domain name`},
+	} {
+		cfg, err := parseWith(t, emptyConfig(t), append(c.args, "--data", t.TempDir())...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = serve(context.Background(), cfg, io.Discard)
+		var u usageError
+		if !errors.As(err, &u) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want a usage error saying %s", c.args, err, c.want)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "outflow.toml")
+	if err := os.WriteFile(p, []byte("[tls-destinations]\n\"bank.example\" = \"requried\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parseWith(t, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.checkFlags(); err == nil || !strings.Contains(err.Error(), `[tls-destinations] "bank.example" = "requried"`) {
+		t.Errorf("[tls-destinations]: %v", err)
+	}
+	for _, args := range [][]string{nil, {"--relay", "smtp.example.com:587", "--relay-tls", "none", "--tls-policy", "required", "--unknown-policy", "hold"}} {
+		cfg, err := parseWith(t, emptyConfig(t), args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.checkFlags(); err != nil {
+			t.Errorf("%q refused: %v", args, err)
+		}
+	}
+}
+
+// TestHostnameWarning: a hostname without a dot (the bare machine name
+// os.Hostname gives on many hosts) gets a warning naming --hostname; a
+// fully-qualified one none.
+func TestHostnameWarning(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		given bool
+		warn  bool
+	}{
+		{"vm", false, true},
+		{"localhost", true, true},
+		{"vm.", false, true},
+		{"mta1.example.com", true, false},
+		{"mta1.example.com.", false, false},
+		{"[IPv6:2001:db8::25]", true, false},
+	} {
+		msg := hostnameWarning(c.name, c.given)
+		if (msg != "") != c.warn {
+			t.Errorf("%q: warning %q", c.name, msg)
+			continue
+		}
+		if c.warn && (!strings.Contains(msg, "--hostname") || !strings.Contains(msg, "504") || !strings.Contains(msg, `"`+c.name+`"`)) {
+			t.Errorf("%q: warning %q does not name the name, --hostname and the refusal", c.name, msg)
+		}
+	}
+}
+
+// TestEffectiveWorkers: --workers 0 (or less) runs the default, and the
+// start's log line says that number, not 0.
+func TestEffectiveWorkers(t *testing.T) {
+	for n, want := range map[int]int{0: worker.DefaultWorkers, -3: worker.DefaultWorkers, 1: 1, 64: 64} {
+		if got := effectiveWorkers(n); got != want {
+			t.Errorf("--workers %d: %d, want %d", n, got, want)
+		}
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -27,7 +29,8 @@ func init() {
 		Short: "read a password on stdin and print its bcrypt hash for the users file (read by serve at start)",
 		Long: `passwd reads one password from stdin (the first line, without its line
 ending) and prints its bcrypt hash. With --user NAME it prints a whole users
-file line, NAME:HASH. The password is never echoed back or written anywhere.
+file line, NAME:HASH. The password is never echoed back or written anywhere;
+typed at a terminal, it is read without echo.
 
   outflow passwd --user app < password.txt >> data/users`,
 		Args: cobra.NoArgs,
@@ -37,14 +40,7 @@ file line, NAME:HASH. The password is never echoed back or written anywhere.
 					return usageError{fmt.Errorf("--user: %w", err)}
 				}
 			}
-			in := cmd.InOrStdin()
-			if f, ok := in.(*os.File); ok {
-				if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-					// A terminal: say what is expected. Typing will echo.
-					fmt.Fprint(cmd.ErrOrStderr(), "Password (will echo; pipe it in to avoid that): ")
-				}
-			}
-			pw, err := readPasswordLine(in)
+			pw, err := readPassword(cmd.InOrStdin(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -63,6 +59,44 @@ file line, NAME:HASH. The password is never echoed back or written anywhere.
 	cmd.Flags().StringVar(&user, "user", "", "print a users file line NAME:HASH instead of the hash alone")
 	cmd.Flags().IntVar(&cost, "cost", 10, "bcrypt cost, 4..31; each step doubles the work (10 is about 50 ms)")
 	rootCmd.AddCommand(cmd)
+}
+
+// readPassword reads the password from in: typed at a terminal, after a
+// prompt on prompt and with the terminal's echo off; else the first line
+// of what is piped in.
+func readPassword(in io.Reader, prompt io.Writer) (string, error) {
+	f, ok := in.(*os.File)
+	if !ok {
+		return readPasswordLine(in)
+	}
+	restore, ok := echoOff(f)
+	if !ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			// A terminal whose echo cannot be turned off here: say
+			// what is expected, and that typing will echo.
+			fmt.Fprint(prompt, "Password (will echo; pipe it in to avoid that): ")
+		}
+		return readPasswordLine(in)
+	}
+	// Interrupted, the process ends without its deferred calls: the echo
+	// is put back first, or the shell's terminal would stay without it.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		if _, ok := <-sig; ok {
+			restore()
+			fmt.Fprintln(prompt)
+			os.Exit(130)
+		}
+	}()
+	defer func() {
+		signal.Stop(sig)
+		close(sig)
+		restore()
+		fmt.Fprintln(prompt) // the Enter typed was not echoed either
+	}()
+	fmt.Fprint(prompt, "Password: ")
+	return readPasswordLine(f)
 }
 
 // readPasswordLine returns the first line of r without its "\n" or "\r\n".

@@ -27,6 +27,7 @@ import (
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/bounce"
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/defaults"
 	"github.com/outflow/outflow/internal/gcpolicy"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
@@ -46,7 +47,7 @@ func init() {
 			if err != nil {
 				err = usageError{err}
 			} else {
-				err = serve(cmd.Context(), c)
+				err = serve(cmd.Context(), c, cmd.OutOrStdout())
 			}
 			if err != nil {
 				logStop(cmd.ErrOrStderr(), err)
@@ -75,8 +76,9 @@ func logStop(w io.Writer, err error) {
 	log.WithLevel(zerolog.FatalLevel).Err(err).Int("exit_code", exitCode(err)).Msg("outflow stopped on an error")
 }
 
-// serve runs the daemon until SIGINT or SIGTERM.
-func serve(parent context.Context, c *serveConfig) error {
+// serve runs the daemon until SIGINT or SIGTERM. stdout gets the account
+// a first start generates, once the daemon is up.
+func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	log, err := newLogger(c.LogLevel)
 	if err != nil {
 		return usageError{err}
@@ -108,6 +110,9 @@ func serve(parent context.Context, c *serveConfig) error {
 	// logger that had one already would repeat the key.
 	base := log
 	log = log.With().Str("worker_id", workerID).Logger()
+	if msg := hostnameWarning(hostname, c.Hostname != ""); msg != "" {
+		log.Warn().Str("hostname", hostname).Msg(msg)
+	}
 
 	classifier, err := classify.New(classify.Options{ExtraRulesFile: c.ClassifyRules})
 	if err != nil {
@@ -129,6 +134,9 @@ func serve(parent context.Context, c *serveConfig) error {
 		trusted = append(trusted, p)
 	}
 
+	if err := c.checkFlags(); err != nil {
+		return usageError{err}
+	}
 	if floor := max(time.Hour, 4*c.AckWait); c.SentTTL < floor {
 		return usageError{fmt.Errorf("--sent-ttl %v: must be at least %v (1h and 4 × --ack-wait): an envelope whose ack was lost comes back after --ack-wait, and its SENT marker must still be there", c.SentTTL, floor)}
 	}
@@ -201,10 +209,11 @@ func serve(parent context.Context, c *serveConfig) error {
 		reg.MustRegister(emb.StoreSyncer()) // outflow_store_*: group commits and fsyncs
 	}
 
-	users, err := loadUsers(c)
+	users, pending, err := loadUsers(c, log)
 	if err != nil {
 		return err
 	}
+	defer pending.discard()
 	var tlsConf *tls.Config
 	if c.TLSCert != "" || c.TLSKey != "" {
 		cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
@@ -364,13 +373,24 @@ func serve(parent context.Context, c *serveConfig) error {
 		stopBounces(ctx)
 		return err
 	}
+	// Every listener is bound and every setting was taken: only now is
+	// a generated account stored and shown.
+	if err := pending.commit(stdout); err != nil {
+		ln.Close()
+		_ = httpSrv.Close()
+		stopAPI(ctx)
+		stopBounces(ctx)
+		stopWork()
+		stopWebhooks()
+		return err
+	}
 	poolDone := make(chan error, 1)
 	go func() { poolDone <- pool.Run(workCtx, c.ShutdownGrace) }()
 	subDone := make(chan error, 1)
 	go func() { subDone <- sub.Serve(ln) }()
 	ready.Store(true)
 	log.Info().Str("smtp_addr", ln.Addr().String()).Str("http_addr", httpLn.Addr().String()).
-		Str("relay", c.Relay).Int("workers", c.Workers).Msg("outflow serving")
+		Str("relay", c.Relay).Int("workers", effectiveWorkers(c.Workers)).Msg("outflow serving")
 
 	failed, poolFinished := awaitStop(ctx, subDone, poolDone, log)
 	ready.Store(false)
@@ -617,27 +637,6 @@ func waitClosed(q *queue.Queue, max time.Duration) {
 	}
 }
 
-func loadUsers(c *serveConfig) (*submission.Users, error) {
-	path := c.Users
-	if path == "" {
-		p, created, user, pass, err := submission.EnsureUsersFile(c.Data)
-		if err != nil {
-			return nil, err
-		}
-		path = p
-		if created {
-			// Printed once, on the first start, so `make run` can be tried at
-			// once; only the hash is stored.
-			fmt.Fprintf(os.Stdout, "outflow: created %s with one account\n  user:     %s\n  password: %s\n(this password is shown only now)\n", p, user, pass)
-		}
-	}
-	u, err := submission.LoadUsers(path)
-	if err != nil {
-		return nil, usageError{err}
-	}
-	return u, nil
-}
-
 func backoffFromConfig(c *serveConfig) (backoff.Backoff, backoff.Backoff, backoff.Budget, error) {
 	retry, rl, budget := backoff.DefaultRetry(), backoff.DefaultRateLimit(), backoff.DefaultBudget()
 	set := func(dst *time.Duration, v time.Duration) {
@@ -706,4 +705,29 @@ func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *que
 		}
 	}()
 	return srv, ln, nil
+}
+
+// hostnameWarning is what serve warns of a --hostname that is no
+// fully-qualified domain name (no dot: the bare machine name that is the
+// default on many hosts), or "". given says whether --hostname set it.
+// Receivers that check EHLO (Postfix's reject_non_fqdn_helo_hostname)
+// answer such a name 504 5.5.2, a permanent refusal: the mail bounces.
+func hostnameWarning(hostname string, given bool) string {
+	if strings.Contains(strings.TrimSuffix(hostname, "."), ".") || strings.HasPrefix(hostname, "[") {
+		return "" // a domain name, or an address literal ([IPv6:...])
+	}
+	from := "the host name"
+	if given {
+		from = "--hostname"
+	}
+	return fmt.Sprintf("hostname %q (%s) is not a fully-qualified domain name: receivers that require one in EHLO "+
+		"(Postfix's reject_non_fqdn_helo_hostname) refuse it with 504 5.5.2 and the mail bounces; "+
+		"set --hostname to this host's name in DNS, as mta1.example.com", hostname, from)
+}
+
+// effectiveWorkers is the number of concurrent deliveries --workers n
+// runs: worker.DefaultWorkers for 0 or less.
+func effectiveWorkers(n int) int {
+	defaults.Set(&n, worker.DefaultWorkers)
+	return n
 }
