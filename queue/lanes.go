@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -33,6 +35,9 @@ type Delivery struct {
 	q       *Queue
 	// dropped caches Dropped's answer once droppedAsked.
 	dropped, droppedAsked bool
+	// givenBack is set by the first GiveBack: a second one sends nothing
+	// (only its holder gives an envelope back, so no lock).
+	givenBack bool
 }
 
 // Messages starts pulling envelopes from lane and sends them on the
@@ -156,6 +161,7 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 	}
 	var waiting []*Delivery          // not yet taken, oldest first
 	var maxWait, stale time.Duration // set at the first envelope (waitLimits)
+	held := holdingOf(ctx)
 	var check *time.Ticker
 	var checkC <-chan time.Time
 	defer func() {
@@ -172,6 +178,7 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		// copy once more while a worker holds it.
 		for len(waiting) > 0 && time.Since(waiting[0].Fetched) >= stale {
 			q.count(OpGivenBack)
+			held.add(-1, 0)
 			waiting[0] = nil
 			waiting = waiting[1:]
 		}
@@ -185,6 +192,7 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 				select {
 				case send <- head:
 					taken++
+					held.add(-1, 0)
 					waiting[0] = nil
 					waiting = waiting[1:]
 					continue
@@ -202,14 +210,17 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 			}
 			got++
 			q.count(OpFetched)
+			held.add(1, 0) // until a worker takes it, or it goes back
 			if ctx.Err() != nil {
-				// Not started: let the server hand it out again at once.
-				_ = m.Nak()
+				// Fetched after the stop (the pull request was still
+				// open at the server): not started, so it goes back.
+				held.add(-1, q.giveBackAll(lane, []*Delivery{{msg: m, q: q}}))
 				continue
 			}
 			d, err := q.decode(m, lane)
 			if err != nil {
 				q.parkMalformed(ctx, m, err)
+				held.add(-1, 0)
 				continue
 			}
 			d.Fetched = time.Now()
@@ -219,19 +230,32 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 			waiting = append(waiting, d)
 		case send <- head:
 			taken++
+			held.add(-1, 0)
 			waiting[0] = nil
 			waiting = waiting[1:]
 		case now := <-checkC:
 			for len(waiting) > 0 && now.Sub(waiting[0].Fetched) > maxWait {
 				q.count(OpGivenBack)
+				held.add(-1, 0)
 				_ = waiting[0].msg.Nak()
 				waiting[0] = nil
 				waiting = waiting[1:]
 			}
 		case <-done:
+			// The process stops: what no worker took goes back now, for
+			// another process or this one restarted, rather than after
+			// the ack wait. The select took this case instead of handing
+			// the head to a worker, so none of them is being started. A
+			// copy past stale is left, as above.
+			var back []*Delivery
 			for _, d := range waiting {
-				_ = d.msg.Nak()
+				if time.Since(d.Fetched) < stale {
+					back = append(back, d)
+				} else {
+					q.count(OpGivenBack)
+				}
 			}
+			held.add(-len(waiting), q.giveBackAll(lane, back))
 			waiting, done = nil, nil
 		}
 	}
@@ -253,6 +277,159 @@ func waitLimits(ackWait time.Duration, cons jetstream.Consumer) (giveBack, stale
 		ackWait = ci.Config.AckWait
 	}
 	return ackWait / 2, ackWait * 3 / 4
+}
+
+// giveBackDelay is the delay of a give-back's nak (GiveBack).
+const giveBackDelay = time.Nanosecond
+
+// giveBackWait bounds how long the give-backs of a stop wait for the
+// server's answers.
+const giveBackWait = 5 * time.Second
+
+// GiveBack hands an envelope this process will not start (its pull or
+// its worker is stopping) back to the server, to be handed out again at
+// once, and waits for the server's answer. It is for an envelope whose
+// attempt sent nothing; nothing else may be done with d afterwards (the
+// caller stops its heartbeat first: an InProgress after the give-back
+// would set the ack wait running again).
+//
+// A plain nak is not enough at a stop: the server keeps "hand it out
+// again" in memory only (its redelivery queue), while the envelope stays
+// pending in the consumer's stored state with the time it was handed out.
+// The embedded server of a daemon being restarted stops right after its
+// workers, and the new one found the envelope pending and handed it out
+// only when the ack wait since then had run out: a minute of "queued,
+// attempt 0" after every restart. A nak with a delay moves that stored
+// time instead, to one ack wait (less a nanosecond) before now, so the
+// envelope is due at once, for a fleet member now or for the server that
+// reads its store again. It is no deferral (the design's rule against
+// NakWithDelay): it holds the envelope's MaxAckPending slot no longer
+// than a plain nak does. The answer is waited for because the server
+// takes acknowledgements off a queue of its own, which a server stopping
+// right after may not have read.
+func (d *Delivery) GiveBack(ctx context.Context) error {
+	if d.givenBack {
+		return nil
+	}
+	d.givenBack = true
+	// What nats.go's NakWithDelay sends (its nak is not confirmed).
+	body := fmt.Appendf(nil, `-NAK {"delay": %d}`, giveBackDelay.Nanoseconds())
+	if _, err := d.q.nc.RequestWithContext(ctx, d.msg.Reply(), body); err != nil {
+		return fmt.Errorf("give back %s: %w", d.id(), err)
+	}
+	if d.Lane == LaneWork && d.Env != nil {
+		// Fresh mail is pulled only for tenants that have some: the
+		// other processes hear of it now rather than at their next look
+		// at the consumers (tenants.go).
+		d.q.count(OpWake)
+		_ = d.q.nc.Publish(subjWorkWake, []byte(tenantConsumer(d.Env.Tenant)))
+	}
+	return nil
+}
+
+// id names d in a log line or error: its envelope's id, or the stream
+// sequence of a message not decoded.
+func (d *Delivery) id() string {
+	if d.Env != nil {
+		return d.Env.ID
+	}
+	if md, err := d.msg.Metadata(); err == nil {
+		return "stream sequence " + strconv.FormatUint(md.Sequence.Stream, 10)
+	}
+	return d.msg.Subject()
+}
+
+// giveBackAll gives back ds at once, each waiting for its answer within
+// giveBackWait, and returns how many the server confirmed. One that
+// failed is left for the ack wait, as a killed process's envelopes are.
+func (q *Queue) giveBackAll(lane Lane, ds []*Delivery) int {
+	if len(ds) == 0 {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), giveBackWait)
+	defer cancel()
+	var ok atomic.Int64
+	var wg sync.WaitGroup
+	for _, d := range ds {
+		wg.Go(func() {
+			if err := d.GiveBack(ctx); err != nil {
+				q.log.Warn().Err(err).Str("lane", string(lane)).
+					Msg("fetched envelope not given back at the stop; it waits for the ack wait")
+				return
+			}
+			ok.Add(1)
+		})
+	}
+	wg.Wait()
+	return int(ok.Load())
+}
+
+// Holding counts the envelopes a process's pulls hold fetched and not yet
+// taken by a worker, and how many of them went back to the server when
+// the pulls' context ended (GiveBack). A stopping worker.Pool waits until
+// none is held, so that every give-back has its answer before the
+// process goes on to close its connection, and says how many went back.
+// Messages counts into the Holding its ctx carries (WithHolding).
+type Holding struct {
+	mu      sync.Mutex
+	held    int
+	given   int
+	changed chan struct{} // closed at the next change of held, then replaced
+}
+
+type holdingKey struct{}
+
+// WithHolding returns ctx carrying h, for Messages.
+func WithHolding(ctx context.Context, h *Holding) context.Context {
+	return context.WithValue(ctx, holdingKey{}, h)
+}
+
+// holdingOf is the Holding ctx carries, or nil (whose methods do nothing).
+func holdingOf(ctx context.Context) *Holding {
+	h, _ := ctx.Value(holdingKey{}).(*Holding)
+	return h
+}
+
+// add counts held more envelopes held (fewer when negative) and given more
+// given back.
+func (h *Holding) add(held, given int) {
+	if h == nil || held == 0 && given == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.held += held
+	h.given += given
+	if h.changed != nil {
+		close(h.changed)
+		h.changed = nil
+	}
+}
+
+// Wait waits until no envelope is held, or ctx ends, and returns how many
+// were given back so far. Call it once the pulls' context has ended:
+// they then hold envelopes only until they have given them back.
+func (h *Holding) Wait(ctx context.Context) (givenBack int, err error) {
+	for {
+		h.mu.Lock()
+		if h.held <= 0 {
+			n := h.given
+			h.mu.Unlock()
+			return n, nil
+		}
+		if h.changed == nil {
+			h.changed = make(chan struct{})
+		}
+		ch := h.changed
+		h.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			return h.given, ctx.Err()
+		}
+	}
 }
 
 func (q *Queue) decode(m jetstream.Msg, lane Lane) (*Delivery, error) {

@@ -25,6 +25,10 @@ import (
 type deliverer struct {
 	*Pool
 	id string
+	// stop ends when the pool stops (Run's ctx): an attempt that has not
+	// begun its send by then is given back instead (stop.go). Nil in a
+	// deliverer made outside Run: it never stops.
+	stop context.Context
 }
 
 // probePermit stands in for a throttle permit on an operator's probe:
@@ -72,8 +76,24 @@ type rcptResult struct {
 // handle delivers one envelope and records exactly one durable outcome. An
 // error means the durable step could not be written; the envelope stays
 // unacknowledged and comes back.
-func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
+//
+// An attempt the stop catches before its send (the pool stopping, ctx
+// cancelled at the end of the shutdown grace) gives the envelope back
+// instead, to be handed out again at once (stop.go): whatever failed, no
+// server was offered the message. Durable steps it may have begun (a move
+// to the work lane, a deferral's schedule) are found by AlreadyHandled
+// when the envelope comes back.
+func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) (err error) {
 	e := d.Env
+	sending := false
+	defer func() {
+		// Runs after the heartbeat's stop and the permit's release
+		// (deferred later, so run earlier): nothing resets the ack
+		// wait after the give-back.
+		if err != nil && !sending && (ctx.Err() != nil || w.stopping()) {
+			err = w.giveBack(d, "stopped before its send: "+err.Error())
+		}
+	}()
 	checked := time.Now()
 	done, err := d.AlreadyHandled(ctx)
 	if err != nil {
@@ -144,8 +164,17 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 		w.log.Info().Str("msg_id", e.ID).Str("dest", dest).Msg("operator probe (fast-forward): bypassing the coordinator for this attempt")
 		src = w.probeSource(e)
 	} else {
+		// An admission wait (a learned rate's grid, a connection
+		// limit) ends at the stop: the envelope goes back rather than
+		// wait out the grace for a send that may not finish in it.
+		actx, endAdmit := w.untilStop(ctx)
 		var refusal throttle.Refusal
-		if permit, refusal, src = w.admitFrom(ctx, e); permit == nil {
+		permit, refusal, src = w.admitFrom(actx, e)
+		endAdmit()
+		if permit == nil {
+			if w.stopping() {
+				return errStopping
+			}
 			return w.refused(ctx, d, dest, refusal)
 		}
 	}
@@ -211,6 +240,12 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	from := w.envelopeSender(e)
 	msg := &sender.Message{ID: e.ID, From: from, Rcpts: e.Rcpts, Domain: e.Dest, Body: body, DSN: messageDSN(e), Source: src,
 		MaxMsgsPerConn: permit.Limits().MaxMsgsPerConn}
+	if w.stopping() {
+		// The last moment to go back unstarted: from the send on, the
+		// grace decides.
+		return errStopping
+	}
+	sending = true
 	res := w.cfg.Sender.Send(ctx, msg)
 	if res.WrongFamily && src != nil {
 		// Nothing left this host: the destination has no MX address of
@@ -234,6 +269,31 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) error {
 	}
 
 	o := w.outcomeOf(e, res)
+	if ctx.Err() != nil {
+		// The end of the shutdown grace cut the send: our own doing, no
+		// signal from the destination for the throttle.
+		release(nil)
+		if cutBeforeDot(e, res, o) {
+			// No server took the message: back for another process at
+			// once, with no attempt spent.
+			stop()
+			if err := w.giveBack(d, "its send cut before the final dot at the end of the shutdown grace"); err != nil {
+				return err
+			}
+			w.stops.cutBeforeDot.Add(1)
+			return nil
+		}
+		// The message may have been taken (a final dot without its
+		// reply), or some recipients were answered: the outcome is
+		// recorded as any other, a lost reply to the final dot by the
+		// unknown policy, with a context the cut did not end.
+		if o.unknown {
+			w.stops.cutAfterDot.Add(1)
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = recordAfterCut(ctx)
+		defer cancel()
+	}
 	if o.relayRefusal != nil {
 		w.relayRefused(e, dest, res.Host, o.relayRefusal)
 	}

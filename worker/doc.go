@@ -23,6 +23,13 @@
 // stop inside the SMTP conversation itself; the duplicates it can cause
 // are bounded by the envelopes this worker held in flight.
 //
+// A graceful stop (the end of Pool.Run's context) hands back what the
+// process holds and has not sent, to be handed out again at once rather
+// than after the ack wait (stop.go): envelopes fetched and not yet taken,
+// taken and not yet sent, and a send the end of the shutdown grace cuts
+// before its final dot. A send cut after its final dot may have been
+// delivered: its outcome is recorded as unknown, for the unknown policy.
+//
 // Before the first attempt the body is made final, and every retry sends
 // the same bytes: an envelope that asks for a one-click unsubscribe link
 // (one recipient each, queue.Envelope.ListUnsubscribe) gets the link's

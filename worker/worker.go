@@ -156,6 +156,9 @@ type Pool struct {
 	// relayAlarm paces the error lines about a relay that refuses
 	// outflow itself (relayRefused).
 	relayAlarm relayAlarm
+	// stops counts what the deliverers did with envelopes the stop
+	// caught before they were finished (stop.go).
+	stops stopCounts
 }
 
 // New checks cfg and returns a Pool; Run starts it.
@@ -198,12 +201,23 @@ func New(cfg Config) (*Pool, error) {
 
 // Run pulls and delivers until ctx ends, then waits for the deliveries in
 // progress to finish (each has up to grace to do so) and returns.
-// Envelopes pulled but not started are handed back to the server.
+//
+// Envelopes this process holds and has not started sending are given back
+// to the server as ctx ends, to be handed out again at once (stop.go):
+// those fetched and not yet taken by a worker, those a worker had taken
+// but not yet sent (an admission wait, a body fetch), and a send the end
+// of the grace cut before its final dot. A send cut after its final dot
+// may have been delivered, and is recorded as an unknown outcome instead.
+// Only a killed process's envelopes wait for the ack wait.
 func (p *Pool) Run(ctx context.Context, grace time.Duration) error {
 	lanes := []queue.Lane{queue.LaneWork, queue.LaneRetry, queue.LaneRateLimit}
 	chans := make([]<-chan *queue.Delivery, len(lanes))
+	// held counts what the pulls hold for the workers, and what they give
+	// back when ctx ends.
+	held := &queue.Holding{}
+	pullCtx := queue.WithHolding(ctx, held)
 	for i, l := range lanes {
-		ch, err := p.cfg.Queue.Messages(ctx, l, p.cfg.Workers)
+		ch, err := p.cfg.Queue.Messages(pullCtx, l, p.cfg.Workers)
 		if err != nil {
 			return err
 		}
@@ -211,11 +225,12 @@ func (p *Pool) Run(ctx context.Context, grace time.Duration) error {
 	}
 	// In-flight deliveries outlive ctx by up to grace: a shutdown must not
 	// cut an SMTP transaction in half and turn a delivery into an unknown.
-	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
+	// The cause names the stop in the text of a reply the cut loses.
+	workCtx, cancelWork := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelWork(nil)
 	for i := 0; i < p.cfg.Workers; i++ {
 		p.wg.Add(1)
-		w := &deliverer{Pool: p, id: p.cfg.WorkerID + "/" + strconv.Itoa(i)}
+		w := &deliverer{Pool: p, id: p.cfg.WorkerID + "/" + strconv.Itoa(i), stop: ctx}
 		go func() {
 			defer p.wg.Done()
 			w.loop(ctx, workCtx, chans[0], chans[1], chans[2])
@@ -235,9 +250,10 @@ func (p *Pool) Run(ctx context.Context, grace time.Duration) error {
 	case <-done:
 	case <-time.After(grace):
 		p.log.Warn().Dur("grace", grace).Msg("deliveries still running at the end of the shutdown grace; cancelling them")
-		cancelWork()
+		cancelWork(fmt.Errorf("%w (%v)", errGraceEnded, grace))
 		<-done
 	}
+	p.stopped(held)
 	return nil
 }
 
@@ -261,6 +277,16 @@ func (w *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 				return
 			}
 			continue
+		}
+		if ctx.Err() != nil {
+			// Taken as the pool stopped (select picks at random among
+			// ready cases): not started, so it goes back like the
+			// envelopes the pulls still held. The pull handed it over
+			// and keeps no copy, so it is given back once, here.
+			if err := w.giveBack(d, "taken as the workers stopped"); err != nil {
+				w.log.Warn().Err(err).Str("msg_id", d.Env.ID).Msg("envelope taken at the stop")
+			}
+			return
 		}
 		w.safeHandle(workCtx, d)
 	}
