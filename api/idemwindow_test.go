@@ -168,12 +168,16 @@ func expireKey(t *testing.T, f *fixture, key string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		first, rest, _ := strings.Cut(string(e.Value()), " ")
+		tok, rest, _ := strings.Cut(string(e.Value()), " ")
+		first, split, _ := strings.Cut(tok, "/") // "<first use>/<split>"
 		ns, err := strconv.ParseInt(first, 10, 64)
 		if err != nil {
 			t.Fatalf("queue's key record %q: %v", e.Value(), err)
 		}
 		v := strconv.FormatInt(ns-int64(25*time.Hour), 10)
+		if split != "" {
+			v += "/" + split
+		}
 		if rest != "" {
 			v += " " + rest
 		}

@@ -43,12 +43,18 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		return nil, ErrNoRecipients
 	}
 	msgID := nuid.Next()
+	unsub := s.ListUnsubscribe != nil && *s.ListUnsubscribe
+	// The tenant's own split (a return path) applies here rather than in
+	// each caller, so that no way in can skip it.
+	perRcpt := unsub || s.PerRecipient || q.opts.PerRecipient != nil && q.opts.PerRecipient(s.Tenant)
 	var keyed *keyedRecord
 	if s.IdempotencyKey != "" {
 		var err error
-		if keyed, err = q.keyedSubmission(ctx, s.Tenant, s.IdempotencyKey); err != nil {
+		if keyed, err = q.keyedSubmission(ctx, s.Tenant, s.IdempotencyKey, perRcpt); err != nil {
 			return nil, err
 		}
+		// A retry splits as the first try did (keyedRecord.perRcpt),
+		// whatever its caller decided this time.
 		if keyed.ids != nil {
 			// A keyed message held for later (SendAt) went to the retry
 			// lane, whose deduplication window is minutes, not the work
@@ -56,6 +62,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 			return keyed.ids, nil
 		}
 		msgID = keyed.msgID(s.Tenant, s.IdempotencyKey)
+		perRcpt = keyed.perRcpt
 	}
 	received := s.ReceivedAt
 	if received.IsZero() {
@@ -65,10 +72,6 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tenant consumer: %w", err)
 	}
-	unsub := s.ListUnsubscribe != nil && *s.ListUnsubscribe
-	// The tenant's own split (a return path) applies here rather than in
-	// each caller, so that no way in can skip it.
-	perRcpt := unsub || s.PerRecipient || q.opts.PerRecipient != nil && q.opts.PerRecipient(s.Tenant)
 	parts := split(s.Rcpts, perRcpt)
 	// One destination and a body of at most InlineBodyMax: the body goes
 	// inside the envelope, and the envelope's one acknowledged write stores
@@ -339,9 +342,19 @@ func nextLine(b []byte) (line, rest []byte) {
 }
 
 // keyedRecord is the SENT-bucket record of an idempotency-keyed
-// submission: "<first> [<id>,<id>...]", the time the key was first used
-// (Unix nanoseconds), then, for a message held for later, its envelope
-// ids once they are stored.
+// submission: "<first>/<split> [<id>,<id>...]", the time the key was
+// first used (Unix nanoseconds), how that first try split the message
+// ("r": an envelope per recipient, "d": per destination; absent in a
+// record of an earlier release), then, for a message held for later, its
+// envelope ids once they are stored.
+//
+// The split is kept because the envelope ids are the message id and a
+// part number: a retry that split otherwise (its caller's view of the
+// tenant's return path changed between the tries, or `outflow submit`
+// could not read it) numbered other recipients under the same ids, so
+// the deduplication dropped some of its envelopes as repeats and stored
+// others anew: a recipient sent the message twice, another's envelope
+// answered under a wrong id.
 //
 // The time is part of the message id. A key may be used again once the
 // work stream's deduplication window has passed (the API's record of it
@@ -356,9 +369,18 @@ func nextLine(b []byte) (line, rest []byte) {
 // record and makes the same ids; past it, the record is replaced and
 // every name is new.
 type keyedRecord struct {
-	name  string   // its SENT-bucket key
-	first string   // when the key was first used, Unix nanoseconds
-	ids   []string // the ids of a stored message held for later; nil otherwise
+	name    string   // its SENT-bucket key
+	first   string   // when the key was first used, Unix nanoseconds
+	perRcpt bool     // the first try split the message per recipient
+	ids     []string // the ids of a stored message held for later; nil otherwise
+}
+
+// token is the record's first field: first and the split.
+func (k *keyedRecord) token() string {
+	if k.perRcpt {
+		return k.first + "/r"
+	}
+	return k.first + "/d"
 }
 
 // msgID is the message id of the keyed submission.
@@ -373,15 +395,18 @@ func (k *keyedRecord) msgID(tenant, key string) string {
 // the window) agree on one. The record lives as long as the SENT bucket
 // keeps keys (sent-ttl, three days by default), which must be at least
 // the window: a retry later than that is taken for a new message.
-func (q *Queue) keyedSubmission(ctx context.Context, tenant, key string) (*keyedRecord, error) {
+//
+// perRcpt is this try's split, which a new record keeps; a record within
+// its window gives the first try's instead.
+func (q *Queue) keyedSubmission(ctx context.Context, tenant, key string, perRcpt bool) (*keyedRecord, error) {
 	sum := sha256.Sum256([]byte(tenant + "\x00" + key))
 	k := &keyedRecord{name: "idem." + hex.EncodeToString(sum[:16])}
 	for range 8 {
-		now := strconv.FormatInt(time.Now().UnixNano(), 10)
+		k.first, k.perRcpt, k.ids = strconv.FormatInt(time.Now().UnixNano(), 10), perRcpt, nil
+		now := k.token()
 		q.count(OpSentPut)
 		_, err := q.sent.Create(ctx, k.name, []byte(now))
 		if err == nil {
-			k.first = now
 			return k, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
@@ -395,9 +420,13 @@ func (q *Queue) keyedSubmission(ctx context.Context, tenant, key string) (*keyed
 		if err != nil {
 			return nil, fmt.Errorf("idempotency record: %w", err)
 		}
-		first, ids, _ := strings.Cut(string(e.Value()), " ")
+		tok, ids, _ := strings.Cut(string(e.Value()), " ")
+		first, split, _ := strings.Cut(tok, "/")
 		if ns, err := strconv.ParseInt(first, 10, 64); err == nil && time.Since(time.Unix(0, ns)) < q.opts.DedupWindow {
 			k.first = first
+			if split != "" {
+				k.perRcpt = split == "r"
+			}
 			if ids != "" {
 				k.ids = strings.Split(ids, ",")
 			}
@@ -407,7 +436,6 @@ func (q *Queue) keyedSubmission(ctx context.Context, tenant, key string) (*keyed
 		q.count(OpSentPut)
 		_, err = q.sent.Update(ctx, k.name, []byte(now), e.Revision())
 		if err == nil {
-			k.first = now
 			return k, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
@@ -425,7 +453,7 @@ func (q *Queue) keyedSubmission(ctx context.Context, tenant, key string) (*keyed
 // replaces: a duplicate only if the first had already fired.
 func (q *Queue) recordScheduled(ctx context.Context, k *keyedRecord, ids []string) error {
 	q.count(OpSentPut)
-	if err := q.putSent(ctx, k.name, []byte(k.first+" "+strings.Join(ids, ","))); err != nil {
+	if err := q.putSent(ctx, k.name, []byte(k.token()+" "+strings.Join(ids, ","))); err != nil {
 		return fmt.Errorf("record the scheduled message: %w", err)
 	}
 	return nil

@@ -30,12 +30,16 @@ func ageKey(t *testing.T, q *Queue, tenant, key string, d time.Duration) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, rest, _ := strings.Cut(string(e.Value()), " ")
+	tok, rest, _ := strings.Cut(string(e.Value()), " ")
+	first, split, _ := strings.Cut(tok, "/")
 	ns, err := strconv.ParseInt(first, 10, 64)
 	if err != nil {
 		t.Fatalf("record %q: %v", e.Value(), err)
 	}
 	v := strconv.FormatInt(ns-int64(d), 10)
+	if split != "" {
+		v += "/" + split
+	}
 	if rest != "" {
 		v += " " + rest
 	}
@@ -205,5 +209,45 @@ func TestKeyedConcurrentFirstTries(t *testing.T) {
 	}
 	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 2 {
 		t.Fatalf("work stream: %+v, %v; want the 2 envelopes once", info.State, err)
+	}
+}
+
+// TestKeyedRetrySplitsAsTheFirstTry: a retry whose caller would split the
+// message otherwise (per recipient where the first try went per domain:
+// the tenant's return path turned on between the tries, or `outflow
+// submit` unable to read it) makes the first try's envelopes again. Its
+// own split numbered other recipients under the same part ids: two of its
+// envelopes were dropped as repeats and the third stored anew, so one
+// recipient got the message twice.
+func TestKeyedRetrySplitsAsTheFirstTry(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sub := func(perRcpt bool) *Submission {
+		return &Submission{Tenant: "t", From: "a@src.example", Rcpts: []string{"a@x.example", "b@x.example", "c@y.example"},
+			IdempotencyKey: "k2", PerRecipient: perRcpt, Body: []byte("Subject: s\r\n\r\nx\r\n")}
+	}
+	first, err := q.Enqueue(ctx, sub(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := q.Enqueue(ctx, sub(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(again, first) {
+		t.Fatalf("retry split otherwise: ids %v, the first try's %v", again, first)
+	}
+	items, err := q.List(ctx, Filter{Tenant: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rcpts []string
+	for _, it := range items {
+		rcpts = append(rcpts, it.Env.Rcpts...)
+	}
+	slices.Sort(rcpts)
+	if len(items) != 2 || !slices.Equal(rcpts, []string{"a@x.example", "b@x.example", "c@y.example"}) {
+		t.Fatalf("stored %d envelopes for %v, want the first try's 2 for each recipient once", len(items), rcpts)
 	}
 }

@@ -157,7 +157,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 		"submission: bytes the message bodies being received may hold, each charged twice its size (452 4.3.1 when full or past a tenant's half; negative: no bound)")
 	fs.DurationVar(&c.AckWait, "ack-wait", queue.DefaultAckWait, "how long a worker may hold an envelope without reporting progress before NATS hands it to another")
 	fs.DurationVar(&c.EventsMaxAge, "events-max-age", queue.DefaultEventsMaxAge, "how long the events stream keeps outcomes (queue history)")
-	fs.DurationVar(&c.SentTTL, "sent-ttl", queue.DefaultSentTTL, "how long a delivery's SENT marker is kept, so an envelope whose ack was lost is not delivered twice (at least 1h and 4 × ack-wait)")
+	fs.DurationVar(&c.SentTTL, "sent-ttl", queue.DefaultSentTTL, "how long a delivery's SENT marker is kept, so an envelope whose ack was lost is not delivered twice (at least 24h and 4 × ack-wait)")
 	fs.IntVar(&c.Workers, "workers", worker.DefaultWorkers, "concurrent deliveries in this process")
 	fs.StringVar(&c.WorkerID, "worker-id", "", "worker id for logs and the contention offset (default hostname-pid)")
 	retry, rl, budget := backoff.DefaultRetry(), backoff.DefaultRateLimit(), backoff.DefaultBudget()

@@ -153,7 +153,7 @@ func TestSentTTLFloor(t *testing.T) {
 	if err := os.WriteFile(p, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{{"--sent-ttl", "30m"}, {"--sent-ttl", "2h", "--ack-wait", "1h"}} {
+	for _, args := range [][]string{{"--sent-ttl", "30m"}, {"--sent-ttl", "12h"}, {"--sent-ttl", "25h", "--ack-wait", "7h"}} {
 		c, err := parseWith(t, p, append(args, "--data", t.TempDir())...)
 		if err != nil {
 			t.Fatal(err)

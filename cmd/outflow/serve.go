@@ -137,8 +137,12 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	if err := c.checkFlags(); err != nil {
 		return usageError{err}
 	}
-	if floor := max(time.Hour, 4*c.AckWait); c.SentTTL < floor {
-		return usageError{fmt.Errorf("--sent-ttl %v: must be at least %v (1h and 4 × --ack-wait): an envelope whose ack was lost comes back after --ack-wait, and its SENT marker must still be there", c.SentTTL, floor)}
+	// The SENT bucket also holds each idempotency key's record, which
+	// names the key's message ids for the work stream's deduplication
+	// window: expired sooner, a client's retry within the window got new
+	// ids the deduplication did not know, and the message went out twice.
+	if floor := max(queue.DefaultDedupWindow, 4*c.AckWait); c.SentTTL < floor {
+		return usageError{fmt.Errorf("--sent-ttl %v: must be at least %v (24h, the idempotency keys' window, and 4 × --ack-wait): an envelope whose ack was lost comes back after --ack-wait, and its SENT marker must still be there; a retry with an idempotency key within 24h must still find its key's record", c.SentTTL, floor)}
 	}
 
 	durability, note, err := c.durability()
