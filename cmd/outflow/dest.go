@@ -390,7 +390,10 @@ func ownLimitsText(r float64, c int) string {
 	if r > 0 {
 		parts = append(parts, rate(r))
 	}
-	if c > 0 {
+	switch {
+	case c == 1:
+		parts = append(parts, "1 connection")
+	case c > 1:
 		parts = append(parts, fmt.Sprintf("%d connections", c))
 	}
 	return "at most " + strings.Join(parts, " and ")

@@ -172,6 +172,7 @@ func TestDestStatusHelpers(t *testing.T) {
 		{0, 2, "at most 2 connections"},
 		{5, 2, "at most 5/s and 2 connections"},
 		{4.134160073737176, 4, "at most 4.13/s and 4 connections"},
+		{0, 1, "at most 1 connection"},
 		{0.5, 0, "at most 0.5/s"},
 	} {
 		if got := ownLimitsText(c.r, c.c); got != c.want {
