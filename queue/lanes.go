@@ -282,9 +282,9 @@ func waitLimits(ackWait time.Duration, cons jetstream.Consumer) (giveBack, stale
 // giveBackDelay is the delay of a give-back's nak (GiveBack).
 const giveBackDelay = time.Nanosecond
 
-// giveBackWait bounds how long the give-backs of a stop wait for the
-// server's answers.
-const giveBackWait = 5 * time.Second
+// GiveBackWait bounds how long a give-back at a stop waits for the
+// server's answer, the pulls' and the workers' alike.
+const GiveBackWait = 5 * time.Second
 
 // GiveBack hands an envelope this process will not start (its pull or
 // its worker is stopping) back to the server, to be handed out again at
@@ -340,13 +340,13 @@ func (d *Delivery) id() string {
 }
 
 // giveBackAll gives back ds at once, each waiting for its answer within
-// giveBackWait, and returns how many the server confirmed. One that
+// GiveBackWait, and returns how many the server confirmed. One that
 // failed is left for the ack wait, as a killed process's envelopes are.
 func (q *Queue) giveBackAll(lane Lane, ds []*Delivery) int {
 	if len(ds) == 0 {
 		return 0
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), giveBackWait)
+	ctx, cancel := context.WithTimeout(context.Background(), GiveBackWait)
 	defer cancel()
 	var ok atomic.Int64
 	var wg sync.WaitGroup

@@ -167,10 +167,8 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) (err error) {
 		// An admission wait (a learned rate's grid, a connection
 		// limit) ends at the stop: the envelope goes back rather than
 		// wait out the grace for a send that may not finish in it.
-		actx, endAdmit := w.untilStop(ctx)
 		var refusal throttle.Refusal
-		permit, refusal, src = w.admitFrom(actx, e)
-		endAdmit()
+		permit, refusal, src = w.admitFrom(w.admitCtx(ctx), e)
 		if permit == nil {
 			if w.stopping() {
 				return errStopping

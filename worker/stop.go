@@ -48,18 +48,15 @@ var errStopping = errors.New("the workers are stopping")
 // shutdown grace: the text of a reply the cut loses names it.
 var errGraceEnded = errors.New("outflow stopping: the shutdown grace ended")
 
-// giveBackWait bounds the wait for the server's answer to a give-back.
-const giveBackWait = 5 * time.Second
-
 // recordAfterCutWait bounds the durable steps of an attempt cut after its
-// final dot (or the give-back of one cut before it: giveBackWait). serve
+// final dot (or the give-back of one cut before it: queue.GiveBackWait). serve
 // waits the grace and 10 s more for the workers before it closes the
 // connection; this and holdingWait together stay within that.
 const recordAfterCutWait = 5 * time.Second
 
 // holdingWait bounds Run's wait for the pulls' give-backs. They begin as
 // the stop comes, all at once, and each waits for the server's answer at
-// most as long as this (queue's giveBackWait), so they are over by the
+// most as long as this (queue.GiveBackWait), so they are over by the
 // time the deliverers are, but for a server that does not answer.
 const holdingWait = 5 * time.Second
 
@@ -76,15 +73,16 @@ func (w *deliverer) stopping() bool {
 	return w.stop != nil && w.stop.Err() != nil
 }
 
-// untilStop returns ctx, also ended by the pool's stop, for a wait that
-// should not outlast it.
-func (w *deliverer) untilStop(ctx context.Context) (context.Context, context.CancelFunc) {
+// admitCtx is the context of an admission wait for an attempt in ctx:
+// the pool's stop, which ends no later than ctx (Run's work context ends
+// only at the end of the grace that follows the stop) and carries the
+// same values; ctx itself for a deliverer made outside Run. Nothing is
+// derived per attempt: admissions are on every delivery's path.
+func (w *deliverer) admitCtx(ctx context.Context) context.Context {
 	if w.stop == nil {
-		return ctx, func() {}
+		return ctx
 	}
-	c, cancel := context.WithCancel(ctx)
-	unhook := context.AfterFunc(w.stop, cancel)
-	return c, func() { unhook(); cancel() }
+	return w.stop
 }
 
 // giveBack hands d back to the server unsent (queue.Delivery.GiveBack),
@@ -92,7 +90,7 @@ func (w *deliverer) untilStop(ctx context.Context) (context.Context, context.Can
 // give-back that fails leaves d for the ack wait, as before: the error
 // says so.
 func (w *deliverer) giveBack(d *queue.Delivery, why string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), giveBackWait)
+	ctx, cancel := context.WithTimeout(context.Background(), queue.GiveBackWait)
 	defer cancel()
 	if err := d.GiveBack(ctx); err != nil {
 		return fmt.Errorf("%s; not given back, so it waits for the ack wait: %w", why, err)
