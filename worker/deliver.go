@@ -638,7 +638,10 @@ func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result) *outcome {
 //   - a MAIL refused because the relay wants an AUTH outflow did not give
 //     (no relay user configured): 530-538, or a 5.7.x that names
 //     authentication, like go-smtp's "502 5.7.0 Please authenticate
-//     first", which the enhanced code's rule scopes to the message.
+//     first", which the enhanced code's rule scopes to the message;
+//   - a MAIL or RCPT refused as relaying ("554 5.7.1 <r@x>: Relay access
+//     denied", deniesRelaying): the relay does not relay for outflow, or
+//     not to that domain, and either is its configuration's to mend.
 //
 // Refusals of one recipient or of this message (550 5.1.1 at RCPT, 552
 // too big, 554 5.7.1 spam at the final dot) still bounce. Direct MX
@@ -661,9 +664,36 @@ func (w *deliverer) refusesOutflow(in classify.Input, r classify.Result) bool {
 			return true
 		}
 	}
+	if in.Stage == classify.StageMail || in.Stage == classify.StageRcpt {
+		if deniesRelaying(in.Text) {
+			return true
+		}
+	}
 	// relay-account-state by name too: an operator's rule of that name
 	// replaces the embedded one and may not say its scope.
 	return r.Scope == classify.ScopeTenant || r.Rule == "relay-account-state"
+}
+
+// relayDenials are the phrasings of a relay that does not relay for its
+// client, lower-cased: Postfix's and Sendmail's "Relay access denied",
+// Yahoo's "relaying denied", Exchange Online's "Unable to relay".
+var relayDenials = []string{"relay access denied", "relaying denied", "relay denied",
+	"relay not permitted", "relaying not permitted", "relaying not allowed",
+	"not permitted to relay", "unable to relay", "we do not relay", "relay prohibited"}
+
+// deniesRelaying reports whether a reply refuses to relay. From a
+// smarthost it refuses outflow, not the recipient: the relay does not
+// count outflow among its clients (a lost login, an address no longer
+// allowed) or does not relay to that domain, and either is the
+// operator's to fix, for every message alike.
+func deniesRelaying(text string) bool {
+	t := strings.ToLower(text)
+	for _, p := range relayDenials {
+		if strings.Contains(t, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // relayRefused tells the operator, at error level, that mail through the

@@ -55,7 +55,10 @@ func TestRefusalsOfOutflowThroughARelayDefer(t *testing.T) {
 		{"message too big for the relay's SIZE", reply(classify.StageMail, 552, "5.3.4", "outflow (synthetic, no server reply): message larger than the server's SIZE"), false, false},
 		{"spam content at the final dot", reply(classify.StageDataEnd, 554, "5.7.1", "spam content"), false, false},
 		{"sender domain refused at MAIL", reply(classify.StageMail, 553, "5.1.8", "Sender address rejected: Domain not found"), false, false},
-		{"relay access denied at RCPT", reply(classify.StageRcpt, 554, "5.7.1", "Relay access denied"), false, false},
+		{"relay access denied at RCPT", reply(classify.StageRcpt, 554, "5.7.1", "<r@dest.test>: Relay access denied"), true, false},
+		{"relaying denied at RCPT without enhanced code", reply(classify.StageRcpt, 550, "", "relaying denied for <r@dest.test>"), true, false},
+		{"Exchange Online's unable to relay at RCPT", reply(classify.StageRcpt, 550, "5.7.54", "SMTP; Unable to relay recipient in non-accepted domain"), true, false},
+		{"user unknown in the relay's recipient table", reply(classify.StageRcpt, 550, "5.1.1", "<r@dest.test>: Recipient address rejected: User unknown in relay recipient table"), false, false},
 	} {
 		for _, relay := range []bool{true, false} {
 			name := c.name + "/mx"
