@@ -175,6 +175,12 @@ func (d *DKIMSigner) Sign(from string, body []byte) ([]byte, error) {
 	if !ok {
 		return body, nil
 	}
+	// A message of header fields only, with no empty line after them
+	// (RFC 5322 allows it; SMTP submission takes it), is what the
+	// signature's reader cannot take: it wants the header section ended.
+	// The empty line is added to what is signed and sent, an empty body
+	// either way.
+	body = withHeaderEnd(body)
 	// From is first in signedHeaders and always over-signed, so it is
 	// always signed (RFC 6376 5.4).
 	keys := headerKeys(mailhdr.Names(body))
@@ -201,6 +207,22 @@ func (d *DKIMSigner) Sign(from string, body []byte) ([]byte, error) {
 	}
 	out.Write(body)
 	return out.Bytes(), nil
+}
+
+// withHeaderEnd returns body with its header section ended by an empty
+// line: body itself when it has one (or starts with it: no header at
+// all), else a copy with the line ending the last field where it is
+// missing and then the empty line.
+func withHeaderEnd(body []byte) []byte {
+	if bytes.HasPrefix(body, crlf) || bytes.Contains(body, []byte("\r\n\r\n")) {
+		return body
+	}
+	out := make([]byte, 0, len(body)+4)
+	out = append(out, body...)
+	if len(out) > 0 && !bytes.HasSuffix(out, crlf) {
+		out = append(out, crlf...)
+	}
+	return append(out, crlf...)
 }
 
 // Signs says whether mail from domain would be signed (a key of its own or

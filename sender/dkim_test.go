@@ -157,6 +157,27 @@ func TestDKIMSignAndVerify(t *testing.T) {
 		}
 	})
 
+	t.Run("header fields only, no empty line after them", func(t *testing.T) {
+		// RFC 5322 allows a message without a body, and SMTP submission
+		// takes one: it is signed (with the empty line that ends its
+		// header added), not sent unsigned.
+		for _, body := range []string{
+			"From: alice@sender.test\r\nSubject: s\r\n",
+			"From: alice@sender.test\r\nSubject: s",
+		} {
+			signed, err := signer.Sign("alice@sender.test", []byte(body))
+			if err != nil {
+				t.Fatalf("%q: %v", body, err)
+			}
+			if !bytes.HasSuffix(signed, []byte("Subject: s\r\n\r\n")) {
+				t.Errorf("%q signed as %q, want the header ended by an empty line", body, signed)
+			}
+			if d := verify(t, signed, records); len(d) != 1 || d[0] != "sender.test" {
+				t.Errorf("%q: verified %v", body, d)
+			}
+		}
+	})
+
 	t.Run("internationalised domain in either form", func(t *testing.T) {
 		// A key configured as bücher.example signs as its A-labels, for
 		// a From in either form.

@@ -882,6 +882,26 @@ func TestEightBitMIME(t *testing.T) {
 	}
 }
 
+// TestSizeCountsTheAddedLineEnd: a body without its final line ending
+// goes out with one (bdatChunk, dotStuffTo), and SIZE= says so (RFC 1870:
+// the octets transmitted, line ends included), so that a server whose
+// limit lies between the two does not take MAIL and then refuse the data.
+func TestSizeCountsTheAddedLineEnd(t *testing.T) {
+	for _, noChunking := range []bool{false, true} {
+		w, fake := oneMX(t, fakemx.Options{})
+		c := w.config()
+		c.NoChunking = noChunking
+		s := w.sender(c)
+		m := msg("example.test", "bob@example.test")
+		m.Body = []byte("From: alice@sender.test\r\nSubject: s\r\n\r\nlast line")
+		checkDelivered(t, s.Send(ctxT(t), m))
+		got := fake.Messages()
+		if len(got) != 1 || got[0].Size != int64(len(got[0].Data)) || !bytes.HasSuffix(got[0].Data, []byte("last line\r\n")) {
+			t.Errorf("NoChunking %v: declared SIZE=%d for %d octets received: %q", noChunking, got[0].Size, len(got[0].Data), got[0].Data)
+		}
+	}
+}
+
 func TestSizeLimitCheckedBeforeData(t *testing.T) {
 	w, fake := oneMX(t, fakemx.Options{MaxMessageBytes: 100})
 	s := w.sender(w.config())

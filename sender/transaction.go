@@ -72,7 +72,12 @@ func (info *msgInfo) dataWire(body []byte) []byte {
 }
 
 func inspect(m *Message) *msgInfo {
+	// SIZE= declares what goes over the wire: the final line ending that
+	// bdatChunk and dotStuffTo add where the body lacks one counts.
 	info := &msgInfo{size: int64(len(m.Body))}
+	if len(m.Body) > 0 && !bytes.HasSuffix(m.Body, crlf) {
+		info.size += int64(len(crlf))
+	}
 	info.eightBit = !ascii.Is(m.Body)
 	hdrEnd := bytes.Index(m.Body, []byte("\r\n\r\n"))
 	if hdrEnd < 0 {
