@@ -354,6 +354,26 @@ func (v *bodyValidator) scanBytes(p []byte) {
 	}
 }
 
+// CheckBody checks a whole message as the listener checks a body it
+// receives: no NUL, CR and LF only as CRLF, no line longer than maxLine
+// octets including its CRLF (0: DefaultMaxLineLength). The error, if
+// any, is the SMTP reply the listener would give, for the paths into the
+// queue that have no SMTP session of their own (outflow submit), so that
+// what they queue is what an SMTP client could have: mail a receiver will
+// refuse is refused before it is accepted, not bounced after.
+func CheckBody(body []byte, maxLine int) error {
+	if maxLine <= 0 {
+		maxLine = DefaultMaxLineLength
+	}
+	v := bodyValidator{maxLine: maxLine, lineTooLong: lineTooLongError(maxLine)}
+	v.scan(body)
+	v.finish()
+	if v.err != nil {
+		return v.err
+	}
+	return nil
+}
+
 // finish checks the end of the body: a trailing CR is a bare CR.
 func (v *bodyValidator) finish() {
 	if v.err == nil && v.prevCR {

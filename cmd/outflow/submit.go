@@ -23,6 +23,7 @@ func init() {
 	var from, tenant, key, ret, envID, sendAtArg string
 	var to, notify, orcpt []string
 	var listUnsub bool
+	var maxSize int64
 	cmd := &cobra.Command{
 		Use:   "submit --from A --to B [--to C] [--idempotency-key K] [--ret FULL|HDRS] [--envid ID] [--notify B=LIST] [--orcpt B=TYPE;ADDR] [--send-at TIME] [--list-unsubscribe] < message.eml",
 		Short: "submit a message through NATS (the second submission path) and print its id",
@@ -54,17 +55,32 @@ func init() {
 					return usageError{fmt.Errorf("--send-at %s: more than %s ahead", sendAtArg, api.MaxSendAhead)}
 				}
 			}
-			body, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), 64<<20+1))
+			if maxSize <= 0 {
+				return usageError{fmt.Errorf("--max-size %d: must be positive", maxSize)}
+			}
+			tooBig := func(n int) error {
+				return usageError{fmt.Errorf("message of %d bytes or more is larger than --max-size %d (the daemon's max-message-size; its SMTP listener answers 552)", n, maxSize)}
+			}
+			body, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), maxSize+1))
 			if err != nil {
 				return fmt.Errorf("read message: %w", err)
 			}
-			if len(body) > 64<<20 {
-				return usageError{errors.New("message larger than 64 MiB")}
+			if int64(len(body)) > maxSize {
+				return tooBig(len(body))
 			}
 			if len(body) == 0 {
 				return usageError{errors.New("empty message on stdin")}
 			}
 			body = toCRLF(body)
+			if int64(len(body)) > maxSize {
+				return tooBig(len(body)) // with its line ends made CRLF
+			}
+			if err := submission.CheckBody(body, 0); err != nil {
+				// Lines ending in LF alone were made CRLF above, as
+				// sendmail(1) does; what is left, the SMTP listener
+				// refuses too, and a receiver would.
+				return usageError{fmt.Errorf("message refused, as the SMTP listener would: %w", err)}
+			}
 			host, _ := os.Hostname()
 			if host == "" {
 				host = "localhost"
@@ -124,6 +140,7 @@ func init() {
 	cmd.Flags().StringVar(&from, "from", "", "envelope sender (empty for the null sender)")
 	cmd.Flags().StringArrayVar(&to, "to", nil, "recipient (repeat for more)")
 	cmd.Flags().StringVar(&tenant, "tenant", "nats", "tenant the message is accounted to")
+	cmd.Flags().Int64Var(&maxSize, "max-size", submission.DefaultMaxMessageBytes, "largest message accepted, in bytes: the daemon's max-message-size")
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "resubmitting with the same key within 24h creates no duplicate")
 	cmd.Flags().StringVar(&ret, "ret", "", "DSN RET: FULL or HDRS, what of the message a notification returns (RFC 3461)")
 	cmd.Flags().StringVar(&envID, "envid", "", "DSN ENVID: your id of the message, returned in notifications (RFC 3461)")

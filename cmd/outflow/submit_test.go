@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/mail"
 	"reflect"
 	"strings"
@@ -138,5 +139,57 @@ func TestSubmitSplitsForReturnPaths(t *testing.T) {
 	}
 	if got := rcptsOf(submit()); !reflect.DeepEqual(got, [][]string{{"ann@one.example"}, {"bob@one.example"}}) {
 		t.Fatalf("with return paths: envelopes of %v, want one per recipient", got)
+	}
+}
+
+// TestSubmitRefusesWhatSMTPRefuses: `outflow submit` queues only what the
+// SMTP listener would take, with its reason, and queues nothing else: a
+// NUL, a bare CR, a line over 1,000 octets, a message over --max-size.
+// Lines ending in LF alone are made CRLF, as sendmail(1) does, not refused.
+func TestSubmitRefusesWhatSMTPRefuses(t *testing.T) {
+	dir := t.TempDir()
+	q := testqueue.Connect(t, testqueue.Listening(t, dir), queue.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		name, body string
+		extra      []string
+		want       string // in the error; "" for queued
+	}{
+		{"LF line ends", "Subject: hi\n\nhello\n", nil, ""},
+		{"NUL", "Subject: hi\r\n\r\nnul\x00here\r\n", nil, "NUL"},
+		{"bare CR", "Subject: hi\r\n\r\nbare\rcr\r\n", nil, "bare CR"},
+		{"trailing CR", "Subject: hi\r\n\r\nend\r", nil, "bare CR"},
+		{"line of 999 octets and CRLF", "Subject: hi\r\n\r\n" + strings.Repeat("y", 999) + "\r\n", nil, "Line too long"},
+		{"line of 998 octets and CRLF", "Subject: hi\r\n\r\n" + strings.Repeat("y", 998) + "\r\n", nil, ""},
+		{"over --max-size", "Subject: hi\r\n\r\n" + strings.Repeat("z", 200) + "\r\n", []string{"--max-size", "100"}, "larger than --max-size 100"},
+		{"over --max-size once made CRLF", "Subject: hi\n\n" + strings.Repeat("z\n", 48), []string{"--max-size", "100"}, "larger than --max-size 100"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before, err := q.List(ctx, queue.Filter{State: queue.StateQueued})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rootCmd.SetIn(strings.NewReader(c.body))
+			args := append([]string{"submit", "--data", dir, "--from", "app@src.example", "--to", "ann@one.example"}, c.extra...)
+			err = execRoot(ctx, nil, args...)
+			after, lerr := q.List(ctx, queue.Filter{State: queue.StateQueued})
+			if lerr != nil {
+				t.Fatal(lerr)
+			}
+			if c.want == "" {
+				if err != nil || len(after) != len(before)+1 {
+					t.Fatalf("error %v, queued %d → %d; want it queued", err, len(before), len(after))
+				}
+				return
+			}
+			var ue usageError
+			if err == nil || !strings.Contains(err.Error(), c.want) || !errors.As(err, &ue) {
+				t.Fatalf("error %v, want a usage error naming %q", err, c.want)
+			}
+			if len(after) != len(before) {
+				t.Fatalf("queued %d → %d, want nothing queued", len(before), len(after))
+			}
+		})
 	}
 }
