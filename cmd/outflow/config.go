@@ -217,7 +217,15 @@ func loadConfigFile(cmd *cobra.Command, c *serveConfig) error {
 	}
 	md, err := toml.Decode(string(b), c)
 	if err != nil {
-		return fmt.Errorf("config %s: %w%s", c.Config, err, quoteHint(reflect.TypeOf(c).Elem(), b, err))
+		hint := quoteHint(reflect.TypeOf(c).Elem(), b, err)
+		var pe toml.ParseError
+		if errors.As(err, &pe) && secretKey(parseErrorKey(b, pe)) {
+			// The parser quotes what it found where a value should be:
+			// an unquoted password, written to the log for anyone who
+			// reads it. Say where, not what.
+			return fmt.Errorf("config %s: line %d: the value of %s is not valid TOML%s", c.Config, pe.Position.Line, parseErrorKey(b, pe), hint)
+		}
+		return fmt.Errorf("config %s: %w%s", c.Config, err, hint)
 	}
 	if und := md.Undecoded(); len(und) > 0 {
 		return fmt.Errorf("config %s: unknown key %q%s", c.Config, und[0].String(), nearKey(reflect.TypeOf(c).Elem(), und[0]))
@@ -302,6 +310,24 @@ func quoteHint(t reflect.Type, file []byte, err error) string {
 	if !errors.As(err, &pe) {
 		return ""
 	}
+	path := parseErrorKey(file, pe)
+	if path == "" {
+		return ""
+	}
+	kt := keyType(t, strings.Split(path, "."))
+	if kt != nil && kt.Kind() == reflect.Slice {
+		kt = kt.Elem()
+	}
+	if kt == nil || (kt.Kind() != reflect.String && kt != durationType) {
+		return ""
+	}
+	key := path[strings.LastIndexByte(path, '.')+1:]
+	return fmt.Sprintf(" (%s takes a string: quote it, %s = \"...\")", key, key)
+}
+
+// parseErrorKey is the dotted key whose value a TOML parse error stopped
+// at, or "" when it cannot tell.
+func parseErrorKey(file []byte, pe toml.ParseError) string {
 	path := pe.LastKey
 	if lines := strings.Split(string(file), "\n"); path == "" && pe.Position.Line > 0 && pe.Position.Line <= len(lines) {
 		// The error came before the key was taken; read it off the line,
@@ -318,18 +344,14 @@ func quoteHint(t reflect.Type, file []byte, err error) string {
 			}
 		}
 	}
-	if path == "" {
-		return ""
-	}
-	kt := keyType(t, strings.Split(path, "."))
-	if kt != nil && kt.Kind() == reflect.Slice {
-		kt = kt.Elem()
-	}
-	if kt == nil || (kt.Kind() != reflect.String && kt != durationType) {
-		return ""
-	}
-	key := path[strings.LastIndexByte(path, '.')+1:]
-	return fmt.Sprintf(" (%s takes a string: quote it, %s = \"...\")", key, key)
+	return path
+}
+
+// secretKey reports whether a config key holds a secret (relay-password),
+// whose value no error message may repeat.
+func secretKey(path string) bool {
+	k := strings.ToLower(path[strings.LastIndexByte(path, '.')+1:])
+	return strings.Contains(k, "password") || strings.Contains(k, "secret")
 }
 
 // nearKey suggests the known key nearest an unknown one, in the same

@@ -109,6 +109,32 @@ func TestUnknownConfigKeyRefused(t *testing.T) {
 	}
 }
 
+// TestSecretNotInParseError: a password left unquoted is what the TOML
+// parser quotes in its error ("found \"OnlyLettersPassword\""), which
+// serve logs at fatal level; the error names the key and the line, and
+// says to quote it, without the value.
+func TestSecretNotInParseError(t *testing.T) {
+	for _, file := range []string{
+		"relay-password = OnlyLettersPassword\n",
+		"relay-password = Sup3rSecret\n",
+		"smtp-addr = \"127.0.0.1:2525\"\nrelay-password = Sup3rSecret!x\n",
+	} {
+		p := filepath.Join(t.TempDir(), "outflow.toml")
+		if err := os.WriteFile(p, []byte(file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := parseWith(t, p)
+		if err == nil || !strings.Contains(err.Error(), "relay-password") || !strings.Contains(err.Error(), "quote it") {
+			t.Fatalf("%q: err = %v, want relay-password named and the hint to quote it", file, err)
+		}
+		for _, part := range []string{"OnlyLetters", `"Sup`, "Sup3r"} {
+			if strings.Contains(err.Error(), part) {
+				t.Errorf("%q: err = %v repeats the password", file, err)
+			}
+		}
+	}
+}
+
 // TestIntegerDurationRefused: the TOML decoder reads an integer into a
 // time.Duration as nanoseconds, so `shutdown-grace = 30` was 30 ns and
 // `max-age = 86400` expired every message at once. A duration key with an
