@@ -137,6 +137,9 @@ func init() {
 			if state != "" && !slices.Contains(queue.States, f.State) {
 				return usageError{fmt.Errorf("--state %q: want queued, deferred, throttled, unknown or dead", state)}
 			}
+			if f.Limit < 0 {
+				return usageError{fmt.Errorf("--limit %d: want 0 (all) or more", f.Limit)}
+			}
 			if f.Limit == 0 {
 				f.Limit = -1 // --limit 0: all
 			}

@@ -270,9 +270,10 @@ func TestHistorySinceMustBePositive(t *testing.T) {
 
 // TestMisspeltArgumentsRefused: a misspelt event type for `queue find`
 // (which would find nothing and exit 0), a negative --for for `dest rate`
-// (which set a cap that never ended), a state or webhook event that does
-// not exist, and the command line's own errors are usage errors (exit 2),
-// refused before any connection is tried.
+// (which set a cap that never ended) or `dest suspend`, a negative --limit
+// (which listed everything), a suppression of no address, a state or
+// webhook event that does not exist, and the command line's own errors are
+// usage errors (exit 2), refused before any connection is tried.
 func TestMisspeltArgumentsRefused(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -281,6 +282,9 @@ func TestMisspeltArgumentsRefused(t *testing.T) {
 		{[]string{"queue", "find", "ann@example.com", "--type", "delivered,bounce"}, `"bounce" is not an event type`},
 		{[]string{"dest", "rate", "slow.test", "--max", "5", "--for", "-1m"}, "--for must be > 0"},
 		{[]string{"queue", "list", "--state", "bogus"}, `--state "bogus"`},
+		{[]string{"queue", "list", "--limit", "-5"}, "--limit -5: want 0 (all) or more"},
+		{[]string{"dest", "suspend", "slow.test", "--for", "-5m"}, "--for -5m0s: must be positive"},
+		{[]string{"suppress", "add", "not an address", "--tenant", "shop"}, `"not an address"`},
 		{[]string{"webhook", "add", "--tenant", "shop", "--url", "https://hooks.example/x", "--events", "delivered,bogus"}, `unknown event "bogus"`},
 		// The command line's own errors, which cobra reports.
 		{[]string{"queue", "drop"}, "accepts 1 arg(s), received 0"},

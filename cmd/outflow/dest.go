@@ -204,7 +204,10 @@ func init() {
 		Short: "stop every worker from contacting DEST until the time is up (or dest resume)",
 		Args:  destArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if forDur <= 0 {
+			if forDur < 0 {
+				return usageError{fmt.Errorf("--for %s: must be positive (e.g. --for 30m)", forDur)}
+			}
+			if forDur == 0 {
 				return usageError{errors.New("--for is required (e.g. --for 30m)")}
 			}
 			return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
@@ -252,10 +255,20 @@ func init() {
 					return usageError{errors.New("--clear takes neither --max nor --for")}
 				}
 				return a.runState(cmd, func(ctx context.Context, q *queue.Queue, kv jetstream.KeyValue) error {
+					before, err := throttle.GetState(ctx, kv, args[0])
+					if err != nil {
+						return err
+					}
+					if before.RateOverride == 0 {
+						// Said as resume and forget say it: a cap
+						// mistyped or cleared already is not "cleared".
+						return report(cmd, a.json, map[string]any{"dest": args[0], "rate": 0, "cleared": false},
+							"%s: had no rate cap; nothing to clear", args[0])
+					}
 					if err := throttle.SetRate(ctx, kv, args[0], 0, time.Time{}, adminBy()); err != nil {
 						return err
 					}
-					return report(cmd, a.json, map[string]any{"dest": args[0], "rate": 0},
+					return report(cmd, a.json, map[string]any{"dest": args[0], "rate": 0, "cleared": true},
 						"%s: rate cap cleared (the configured or learned rate applies)", args[0])
 				})
 			}

@@ -180,3 +180,23 @@ func TestDestStatusHelpers(t *testing.T) {
 		}
 	}
 }
+
+// TestDestRateClearSaysWhetherThereWasACap: `dest rate --clear` of a
+// destination with no cap (a name mistyped, a cap cleared already) says
+// so, as `dest resume` and `dest forget` do, instead of "cleared".
+func TestDestRateClearSaysWhetherThereWasACap(t *testing.T) {
+	dir := t.TempDir()
+	testqueue.Connect(t, testqueue.Listening(t, dir), queue.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	run := func(args ...string) string { t.Helper(); return runAdmin(t, ctx, dir, false, args...) }
+	run("dest", "rate", "capped.example", "--max", "5")
+	if out := run("dest", "rate", "capped.example", "--clear"); !strings.Contains(out, "rate cap cleared") {
+		t.Errorf("clearing a cap: %q", out)
+	}
+	for _, dest := range []string{"capped.example", "never.example"} {
+		if out := run("dest", "rate", dest, "--clear"); !strings.Contains(out, "had no rate cap; nothing to clear") {
+			t.Errorf("clearing %s without a cap: %q", dest, out)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/submission"
 )
 
 // outflow suppress list|add|remove: the per-tenant suppression list
@@ -78,6 +79,9 @@ func init() {
 			}
 			if forDur < 0 {
 				return usageError{errors.New("--for must not be negative")}
+			}
+			if _, err := submission.ParseAddress(args[0]); err != nil {
+				return usageError{fmt.Errorf("%q: %w", args[0], err)}
 			}
 			return withList(cmd, func(ctx context.Context, l *queue.Suppressions) error {
 				// Address and Created as Add stores them, so that --json
