@@ -59,7 +59,9 @@ type client struct {
 	txs         int               // transactions started on this connection
 	chunkSent   bool              // a BDAT chunk of the transaction has left (readReplyStep)
 	idleSince   time.Time
-	broken      bool // the conversation is out of step; never reuse
+	idleSeq     uint64 // the pool's count at its last put (pool.order)
+	pooled      bool   // idle in the pool
+	broken      bool   // the conversation is out of step; never reuse
 	// spent: the session failed before any recipient was accepted
 	// (softSessionFailure); QUIT rather than pool it.
 	spent bool

@@ -73,6 +73,7 @@ const (
 
 	DefaultMaxMsgsPerConn  = 100              // transactions per connection
 	DefaultIdleTimeout     = 30 * time.Second // idle pooled connection lifetime
+	DefaultMaxIdleConns    = 1000             // idle pooled connections of all hosts
 	DefaultAuthFailureHold = 5 * time.Minute  // relay AUTH 5xx answered from cache
 	DefaultPort            = 25               // SMTP port of MX hosts
 
@@ -173,6 +174,10 @@ type Config struct {
 	// stay well below a server's own 5 minute timeout (RFC 5321
 	// 4.5.3.2.7). Default DefaultIdleTimeout.
 	IdleTimeout time.Duration
+	// MaxIdleConns caps the idle pooled connections of all hosts
+	// together; past it the one idle longest is closed. Default
+	// DefaultMaxIdleConns; negative: no cap.
+	MaxIdleConns int
 	// MaxConnsPerHost caps the open connections (busy and idle) to one
 	// MX host or relay; Send waits for a free one. 0 means no cap here
 	// (package throttle limits connections per destination).
@@ -278,6 +283,9 @@ func (c Config) withDefaults() (Config, error) {
 	defaults.Set(&c.DataBlockTimeout, DefaultDataBlockTimeout)
 	defaults.Set(&c.FinalDotTimeout, DefaultFinalDotTimeout)
 	defaults.Set(&c.IdleTimeout, DefaultIdleTimeout)
+	if c.MaxIdleConns == 0 {
+		c.MaxIdleConns = DefaultMaxIdleConns // negative stays: no cap
+	}
 	if c.AuthFailureHold == 0 {
 		c.AuthFailureHold = DefaultAuthFailureHold
 	}

@@ -3,6 +3,7 @@ package sender
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 )
@@ -11,14 +12,37 @@ import (
 var errClosed = errors.New("sender: closed")
 
 // pool keeps idle SMTP connections per destination host (MX host name, or
-// the relay) and caps how many are open per host.
+// the relay) and caps how many are open per host, and how many are idle
+// in all.
+//
+// The idle cap is for direct delivery to many domains: every MX host
+// contacted keeps a socket for idleFor, so a relay reaching a few hundred
+// new hosts a second would hold thousands of sockets that will mostly
+// never carry a second message, each also taking one of its receiver's
+// per-client connection slots. Past maxIdle the connection idle longest
+// is closed, whichever its host: a busy host's connections are used again
+// at once and are never the oldest.
 type pool struct {
 	maxPerHost int // 0 = no cap
+	maxIdle    int // idle connections of all hosts; 0 = no cap
 	idleFor    time.Duration
 
 	mu     sync.Mutex
 	hosts  map[string]*hostPool
 	closed bool
+	// order has the idle connections oldest first, by their idleSeq when
+	// they were put; an entry whose connection was taken since (its
+	// idleSeq changed, or it is no longer idle) is skipped and dropped
+	// when met. idle counts the idle connections of all hosts.
+	order []idleRef
+	seq   uint64
+	idle  int
+}
+
+// idleRef is one put of an idle connection, in pool.order.
+type idleRef struct {
+	c   *client
+	seq uint64
 }
 
 type hostPool struct {
@@ -30,8 +54,8 @@ type hostPool struct {
 	changed chan struct{}
 }
 
-func newPool(maxPerHost int, idleFor time.Duration) *pool {
-	return &pool{maxPerHost: maxPerHost, idleFor: idleFor, hosts: map[string]*hostPool{}}
+func newPool(maxPerHost, maxIdle int, idleFor time.Duration) *pool {
+	return &pool{maxPerHost: maxPerHost, maxIdle: maxIdle, idleFor: idleFor, hosts: map[string]*hostPool{}}
 }
 
 func (p *pool) host(key string) *hostPool {
@@ -66,6 +90,8 @@ func (p *pool) get(ctx context.Context, key string) (c *client, slot bool, stale
 		for len(hp.idle) > 0 {
 			c = hp.idle[len(hp.idle)-1]
 			hp.idle = hp.idle[:len(hp.idle)-1]
+			c.pooled = false
+			p.idle--
 			if time.Since(c.idleSince) < p.idleFor {
 				p.mu.Unlock()
 				return c, false, stale, nil
@@ -102,19 +128,69 @@ func (p *pool) release(key string) {
 
 // put returns a connection after use. It keeps it idle when reuse is true
 // and the pool is open, and otherwise reports that the caller must close
-// it (outside any lock: a QUIT can take a while).
-func (p *pool) put(c *client, reuse bool) (keep bool) {
+// it (outside any lock: a QUIT can take a while). Keeping it may put the
+// pool over maxIdle: the connection idle longest is then taken out and
+// returned in evicted, for the caller to close the same way.
+func (p *pool) put(c *client, reuse bool) (keep bool, evicted *client) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	hp := p.host(c.key)
 	defer hp.signal()
 	if reuse && !p.closed {
 		c.idleSince = time.Now()
+		p.seq++
+		c.idleSeq, c.pooled = p.seq, true
 		hp.idle = append(hp.idle, c)
-		return true
+		p.idle++
+		p.order = append(p.order, idleRef{c, p.seq})
+		if p.maxIdle > 0 && p.idle > p.maxIdle {
+			evicted = p.evictOldest()
+		}
+		p.compactOrder()
+		return true, evicted
 	}
 	hp.open--
-	return false
+	return false, nil
+}
+
+// evictOldest takes the connection idle longest out of the pool and
+// returns it, or nil when none is idle.
+func (p *pool) evictOldest() *client {
+	for len(p.order) > 0 {
+		ref := p.order[0]
+		p.order[0] = idleRef{}
+		p.order = p.order[1:]
+		c := ref.c
+		if !c.pooled || c.idleSeq != ref.seq {
+			continue // taken since, or put again later (a newer entry)
+		}
+		hp := p.hosts[c.key]
+		if i := slices.Index(hp.idle, c); i >= 0 {
+			hp.idle = slices.Delete(hp.idle, i, i+1)
+		}
+		c.pooled = false
+		p.idle--
+		hp.open--
+		hp.signal()
+		return c
+	}
+	return nil
+}
+
+// compactOrder drops the stale entries of order once they outnumber the
+// idle connections, so that it stays in proportion to them.
+func (p *pool) compactOrder() {
+	if len(p.order) < 2*p.idle+64 {
+		return
+	}
+	kept := p.order[:0]
+	for _, ref := range p.order {
+		if ref.c.pooled && ref.c.idleSeq == ref.seq {
+			kept = append(kept, ref)
+		}
+	}
+	clear(p.order[len(kept):]) // no connection kept reachable from the tail
+	p.order = kept
 }
 
 // reap removes the idle connections older than the idle timeout and
@@ -128,6 +204,8 @@ func (p *pool) reap(now time.Time) []*client {
 		for _, c := range hp.idle {
 			if now.Sub(c.idleSince) >= p.idleFor {
 				out = append(out, c)
+				c.pooled = false
+				p.idle--
 				hp.open--
 			} else {
 				kept = append(kept, c)
@@ -142,6 +220,7 @@ func (p *pool) reap(now time.Time) []*client {
 			delete(p.hosts, key)
 		}
 	}
+	p.compactOrder()
 	return out
 }
 
@@ -153,10 +232,14 @@ func (p *pool) closeAll() []*client {
 	p.closed = true
 	var out []*client
 	for _, hp := range p.hosts {
+		for _, c := range hp.idle {
+			c.pooled = false
+		}
 		out = append(out, hp.idle...)
 		hp.open -= len(hp.idle)
 		hp.idle = nil
 		hp.signal()
 	}
+	p.order, p.idle = nil, 0
 	return out
 }

@@ -100,7 +100,7 @@ func New(cfg Config) (*Sender, error) {
 	s := &Sender{
 		cfg:       c,
 		log:       c.Logger.With().Str("component", "sender").Logger(),
-		pool:      newPool(c.MaxConnsPerHost, c.IdleTimeout),
+		pool:      newPool(c.MaxConnsPerHost, c.MaxIdleConns, c.IdleTimeout),
 		stop:      make(chan struct{}),
 		reaperEnd: make(chan struct{}),
 	}
@@ -432,7 +432,11 @@ func (c *client) usable() bool {
 // giveBack returns c to the pool, or closes it when it is spent or broken.
 func (s *Sender) giveBack(c *client, ctx context.Context) {
 	reuse := c.usable() && ctx.Err() == nil
-	if s.pool.put(c, reuse) {
+	keep, evicted := s.pool.put(c, reuse)
+	if evicted != nil {
+		evicted.quit() // idle and healthy: QUIT, as at its idle timeout
+	}
+	if keep {
 		return
 	}
 	if c.broken {
