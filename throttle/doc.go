@@ -8,10 +8,19 @@
 // The shared state lives in two JetStream KV buckets, opened through the
 // queue (OpenState, OpenRegistry in buckets.go): outflow_dest holds one
 // DestState per destination and outflow_workers one heartbeat key per live
-// worker. Every Throttle watches them, so that a throttle, an outage or an
-// operator's command seen by one worker changes what every worker does
-// within a second. The hot path (Gate.Admit and Permit.Done) touches memory
-// only; the buckets are written on state transitions, never per message.
+// process (its worker id and a random instance, so that two processes
+// with one id are two workers; registry.go). Every Throttle watches them,
+// so that a throttle, an outage or an operator's command seen by one
+// worker changes what every worker does within a second (an operator's
+// change is logged at Info by every worker). The hot path (Gate.Admit and
+// Permit.Done) touches memory only; the buckets are written on state
+// transitions, never per message, by one writer goroutine that tries a
+// failed write again until it is written, needless or 10 minutes old.
+//
+// A fleet connection limit, configured or learned, and the first-contact
+// window are divided between the live workers by place, so that the
+// shares add up to the limit exactly: a worker's share may be none, and
+// it refuses "conns" while the others send (shareConns).
 //
 // A destination without a configured rate learns one from its throttles
 // (learn.go: seeded from the fleet's delivered rate, cut and probed upward

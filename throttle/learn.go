@@ -143,7 +143,8 @@ var connSignal = regexp.MustCompile(`(?i)too many (concurrent |simultaneous |ope
 // open every delivery slot at once: 32 attempts against a provider that
 // takes four in a burst are 28 throttles before the first reply can seed
 // a rate. So each worker starts such a destination at its share of
-// LearnInitial attempts in flight, and widens by one for every attempt
+// LearnInitial attempts in flight (which may be none, see firstWindow),
+// and widens by one for every attempt
 // the server answered with other than a throttle (delivered, bounced,
 // greylisted): the window doubles every round trip while the provider
 // keeps up with all it is sent (TCP's slow start, Postfix's
@@ -163,21 +164,35 @@ const DefaultLearnInitial = 2
 // no worker has that many delivery slots.
 const windowOpen = 1 << 16
 
-// firstWindow is this worker's limit on attempts in flight to d now, 0 for
-// none: the first-contact window while d has no rate and learning could
-// give it one. fleet is d's fleet rate (0: unlimited). d.mu held.
-func (d *dest) firstWindow(cfg *Config, fleet float64, live int) int {
+// firstWindow is this worker's limit on attempts in flight to d now
+// (on false: none): the first-contact window while d has no rate and
+// learning could give it one. fleet is d's fleet rate (0: unlimited);
+// place is this worker's place among live workers for d (Throttle.place).
+//
+// LearnInitial is split between the workers by place as a connection
+// limit is (shareConns), so that the fleet has LearnInitial attempts in
+// flight at first contact, not one per worker at least: three workers
+// sent three to a destination whose window was two. A worker whose share
+// is none has a window of 0 until peerDelivered reports that another
+// worker's attempts were delivered (their registry heartbeats carry
+// it): the destination has answered, and its window opens at one, widened
+// by its own answers as the others' are. d.mu held.
+func (d *dest) firstWindow(cfg *Config, fleet float64, live, place int, peerDelivered func() bool) (int, bool) {
 	if fleet > 0 || cfg.NoLearn || cfg.LearnInitial <= 0 {
 		d.window = 0 // a rate paces; without one later, the window starts afresh
-		return 0
+		return 0, false
 	}
 	if d.window == 0 {
-		d.window = max(1, (cfg.LearnInitial+live-1)/live)
+		share, _ := shareConns(cfg.LearnInitial, live, place)
+		if share == 0 && !peerDelivered() {
+			return 0, true
+		}
+		d.window = max(1, share)
 	}
 	if d.window >= windowOpen {
-		return 0
+		return 0, false
 	}
-	return d.window
+	return d.window, true
 }
 
 // widen is one answered attempt's growth of the first-contact window

@@ -985,15 +985,17 @@ func TestFirstContactWindow(t *testing.T) {
 
 	// Split between live workers; none with a configured rate or without
 	// learning.
-	d := &dest{}
-	if w := d.firstWindow(&Config{LearnInitial: 4}, 0, 3); w != 2 {
-		t.Fatalf("share of 4 for 3 workers: %d, want 2", w)
+	quiet := func() bool { return false }
+	for place, want := range []int{2, 1, 1} {
+		if w, on := (&dest{}).firstWindow(&Config{LearnInitial: 4}, 0, 3, place, quiet); !on || w != want {
+			t.Fatalf("share of 4 for 3 workers at place %d: %d (%v), want %d", place, w, on, want)
+		}
 	}
 	for _, c := range []struct {
 		cfg   Config
 		fleet float64
 	}{{Config{LearnInitial: 4}, 10}, {Config{LearnInitial: 4, NoLearn: true}, 0}, {Config{LearnInitial: -1}, 0}} {
-		if w := (&dest{}).firstWindow(&c.cfg, c.fleet, 1); w != 0 {
+		if w, on := (&dest{}).firstWindow(&c.cfg, c.fleet, 1, 0, quiet); on {
 			t.Fatalf("%+v at %v/s: window %d, want none", c.cfg, c.fleet, w)
 		}
 	}

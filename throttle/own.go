@@ -204,7 +204,7 @@ func (t *Throttle) holdOwn(d *dest, tenant string) (ownHold, Refusal, bool) {
 		return ownHold{}, Refusal{}, true
 	}
 	d.lastUsed = now
-	if c := shareConns(conns, live); c > 0 && d.ownFlight >= c {
+	if c, limited := shareConns(conns, live, t.place(d.name, live)); limited && d.ownFlight >= c {
 		return ownHold{}, Refusal{Until: now.Add(connsRetry), Reason: "conns"}, false
 	}
 	var at time.Time

@@ -2,6 +2,8 @@ package throttle
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,11 +15,13 @@ import (
 )
 
 // DefaultWorkerID returns the id a process goes by when none is configured:
-// hostname-pid, stable enough for logs and distinct per process on one
-// machine ("outflow-pid" when the hostname is unavailable). The id names
-// the process's registry key, its share of each rate, UpdatedBy in the
-// shared state, its per-worker backoff offset and its log lines, so serve,
-// the delivery loop and Config all take it from here.
+// hostname-pid, stable enough for logs ("outflow-pid" when the hostname is
+// unavailable). The id names UpdatedBy in the shared state, the process's
+// per-worker backoff offset and its log lines, so serve, the delivery loop
+// and Config all take it from here. It need not be unique: two containers
+// on a host network both run as PID 1, and a config file copied with its
+// worker-id gives two processes one id. The registry tells processes apart
+// by their instance (registryKey), not by the id.
 func DefaultWorkerID() string {
 	h, err := os.Hostname()
 	if err != nil || h == "" {
@@ -26,11 +30,32 @@ func DefaultWorkerID() string {
 	return h + "-" + strconv.Itoa(os.Getpid())
 }
 
+// registryKey is the registry key of a process with the worker id id:
+// the id's key, a dot, and instance, random per process (newInstance).
+// Keyed by the id alone, two processes with one id wrote one record, each
+// counted one live worker, and each sent at the whole fleet's rate with
+// every connection; one also measured its clock offset from the other's
+// heartbeat. The key is never read back for the id: the record carries
+// it.
+func registryKey(id, instance string) string {
+	return StateKey(id) + "." + instance
+}
+
+// newInstance is a random instance name for this process's registry key:
+// 64 bits, hex.
+func newInstance() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}
+
 // workerRecord is the value of a registry key.
 type workerRecord struct {
-	Worker  string    `json:"worker"`
-	Started time.Time `json:"started"`
-	At      time.Time `json:"at"`
+	Worker string `json:"worker"`
+	// Instance tells apart processes with one worker id (registryKey).
+	Instance string    `json:"instance,omitempty"`
+	Started  time.Time `json:"started"`
+	At       time.Time `json:"at"`
 	// Load is the worker's traffic per destination with any (delivered
 	// rate over the learning window, deliveries in flight), so that a
 	// learned limit is seeded from the whole fleet's traffic.
@@ -89,7 +114,7 @@ func (t *Throttle) peerLoad(dest string, now time.Time) (destLoad, int) {
 // heartbeat refreshes this worker's registry key.
 func (t *Throttle) heartbeat(ctx context.Context) error {
 	now := t.now()
-	b, _ := json.Marshal(workerRecord{Worker: t.cfg.WorkerID, Started: t.started, At: now.UTC(), Load: t.load(now)})
+	b, _ := json.Marshal(workerRecord{Worker: t.cfg.WorkerID, Instance: t.instance, Started: t.started, At: now.UTC(), Load: t.load(now)})
 	if _, err := t.cfg.Registry.Put(ctx, t.regKey, b); err != nil {
 		return fmt.Errorf("throttle: register worker %q: %w", t.cfg.WorkerID, err)
 	}
@@ -177,7 +202,14 @@ func (t *Throttle) recountLocked(now time.Time) {
 	if old := t.live.Swap(int64(n)); old != int64(n) {
 		ids := make([]string, 0, len(t.workers))
 		for k := range t.workers {
-			ids = append(ids, DestFromKey(k))
+			id := k // an unreadable record: its key
+			if rec, ok := t.peers[k]; ok {
+				id = rec.Worker
+				if rec.Instance != "" {
+					id += "/" + rec.Instance
+				}
+			}
+			ids = append(ids, id)
 		}
 		sort.Strings(ids)
 		t.log.Info().Int64("from", old).Int("to", n).Strs("workers", ids).Msg("live workers changed; rate shares recomputed")

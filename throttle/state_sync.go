@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"hash/fnv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -207,11 +208,37 @@ func (t *Throttle) applyState(e jetstream.KeyValueEntry, initial bool) {
 	}
 	if !initial && s.UpdatedBy != t.cfg.WorkerID {
 		now := t.now()
-		t.log.Debug().Str("dest", name).Str("by", s.UpdatedBy).
+		// An operator's change (a suspension, a pin, a resume, from
+		// `outflow dest` or the console) is logged at Info, so that the
+		// daemon's log says when it took effect and who made it; the
+		// workers' own transitions are logged at Info by their writer
+		// (transition), and seen here again by the others at Debug.
+		ev := t.log.Debug()
+		if operatorChange(s.UpdatedBy) {
+			ev = t.log.Info()
+		}
+		ev = ev.Str("dest", name).Str("by", s.UpdatedBy).
 			Str("breaker", prev.BreakerAt(now)+"->"+s.BreakerAt(now)).
 			Float64("factor_from", prev.RateFactor()).Float64("factor_to", s.RateFactor()).
-			Bool("suspended", s.Suspended(now)).Msg("observed destination state change")
+			Bool("suspended", s.Suspended(now))
+		if s.Suspended(now) {
+			ev = ev.Time("suspended_until", s.SuspendedUntil).Str("reason", s.Reason)
+		}
+		if rate, ok := s.rateOverride(now); ok {
+			ev = ev.Float64("rate_override", rate)
+		}
+		if conns, ok := s.connsOverride(now); ok {
+			ev = ev.Int("conns_override", conns)
+		}
+		ev.Msg("observed destination state change")
 	}
+}
+
+// operatorChange reports whether a state written by by (UpdatedBy) is an
+// operator's: `outflow dest` writes "admin:USER@HOST", the console
+// "console:SESSION(TENANT)".
+func operatorChange(by string) bool {
+	return strings.HasPrefix(by, "admin:") || strings.HasPrefix(by, "console:")
 }
 
 // applyWritten installs a state this worker just wrote, ahead of the
@@ -244,21 +271,75 @@ func (t *Throttle) enqueue(o op) {
 	}
 }
 
-// writer runs the queued KV transitions one at a time.
+// writer runs the queued KV transitions one at a time, and tries again
+// those whose write failed (later).
 func (t *Throttle) writer() {
+	// later holds the failed writes waiting for their next try, each
+	// with its own time; they are few (one per pending bit of a
+	// destination), so a slice does.
+	var later []op
+	tm := time.NewTimer(time.Hour)
+	tm.Stop()
+	defer tm.Stop()
 	for {
+		if len(later) > 0 {
+			next := later[0].retryAt
+			for _, o := range later[1:] {
+				if o.retryAt.Before(next) {
+					next = o.retryAt
+				}
+			}
+			tm.Reset(max(time.Until(next), 0))
+		}
 		select {
 		case <-t.ctx.Done():
 			return
 		case o := <-t.ops:
-			t.run(o)
+			if t.run(&o) {
+				later = append(later, o)
+			}
+		case <-tm.C:
+			due := later
+			later = nil
+			now := time.Now()
+			for _, o := range due {
+				if now.Before(o.retryAt) || t.ctx.Err() != nil {
+					later = append(later, o)
+					continue
+				}
+				if t.run(&o) {
+					later = append(later, o)
+				}
+			}
 		}
+		tm.Stop()
 	}
 }
 
-func (t *Throttle) run(o op) {
+// Retries of a transition whose write failed for another reason than a
+// conflict (a KV whose stream leader is being elected answers "no
+// responders" or times out for a few seconds): the first after
+// opRetryMin, each next after twice as long, at most opRetryMax apart,
+// for opRetryFor in all.
+const (
+	opRetryMin = 100 * time.Millisecond
+	opRetryMax = 5 * time.Second
+	opRetryFor = 10 * time.Minute
+	opRetryLog = time.Minute // between two lines about one write still failing
+)
+
+// run runs one transition; it reports whether its write failed and is
+// to be tried again at o.retryAt (its pending bit stays set meanwhile, so
+// the same transition is not queued twice). Before, a failed write was
+// logged and dropped: a throttle cut made while the KV had no leader was
+// never shared, and the worker that made it, having cut, did not cut
+// again for DecreaseFor while the next state it watched overwrote its
+// own cut. A try runs o.fn again on the state stored then, so a write
+// that another worker's made needless writes nothing (fn reports false)
+// and is done.
+func (t *Throttle) run(o *op) (retry bool) {
 	defer func() {
-		if o.flag != 0 {
+		if o.flag != 0 && !retry {
 			o.d.mu.Lock()
 			o.d.pending &^= o.flag
 			o.d.mu.Unlock()
@@ -269,27 +350,66 @@ func (t *Throttle) run(o op) {
 	if o.forget != 0 {
 		// Only if nobody wrote since: a revision mismatch means it is in use.
 		// A purge: the revisions go with it, and the marker that tells
-		// the other workers is dropped later (dropMarkers).
+		// the other workers is dropped later (dropMarkers). A failure is
+		// not tried again here: the idle state is found again at the next
+		// tick (tickStates).
 		if err := kvpurge.Purge(ctx, t.cfg.State, StateKey(o.d.name), o.forget); err == nil {
 			t.log.Debug().Str("dest", o.d.name).Msg("idle destination state deleted")
 		}
-		return
+		return false
 	}
 	before, after, rev, wrote, err := updateStateIn(ctx, t.cfg.State, o.d.name, t.cfg.WorkerID, t.frame(), o.fn)
 	if err != nil {
-		if t.ctx.Err() == nil {
-			t.log.Warn().Err(err).Str("dest", o.d.name).Str("change", o.change).Msg("could not write destination state; change kept locally only")
-		}
-		return
+		return t.failed(o, err)
+	}
+	if o.tries > 0 {
+		t.log.Info().Str("dest", o.d.name).Str("change", o.change).Int("tries", o.tries+1).
+			Dur("after", time.Since(o.failedAt)).Bool("wrote", wrote).Msg("destination state written after failed tries")
 	}
 	if !wrote {
-		return
+		return false
 	}
 	t.applyWritten(o.d, after, rev)
 	t.m.transitions.WithLabelValues(o.change).Inc()
 	if o.after != nil {
 		o.after(before, after)
 	}
+	return false
+}
+
+// failed handles a failed write of o: it sets o's next try and reports
+// true, or gives up (false) when the Throttle is closing or o has failed
+// for opRetryFor, by when what it meant is long out of date; the next
+// transition of the destination is written afresh. It logs the first
+// failure, then at most every opRetryLog while failures go on, and giving
+// up.
+func (t *Throttle) failed(o *op, err error) bool {
+	if t.ctx.Err() != nil {
+		return false
+	}
+	now := time.Now()
+	if o.tries == 0 {
+		o.failedAt = now
+	}
+	o.tries++
+	log := o.tries == 1 || now.Sub(o.loggedAt) >= opRetryLog
+	if now.Sub(o.failedAt) >= opRetryFor {
+		t.log.Error().Err(err).Str("dest", o.d.name).Str("change", o.change).Int("tries", o.tries).
+			Dur("failing_for", now.Sub(o.failedAt)).Msg("could not write destination state; gave up, change kept locally only")
+		return false
+	}
+	wait := opRetryMax
+	if o.tries < 16 {
+		wait = min(opRetryMin<<(o.tries-1), opRetryMax)
+	}
+	o.retryAt = now.Add(wait)
+	if log {
+		o.loggedAt = now
+		t.log.Warn().Err(err).Str("dest", o.d.name).Str("change", o.change).Int("tries", o.tries).
+			Dur("failing_for", now.Sub(o.failedAt)).Dur("retry_in", wait).
+			Msg("could not write destination state; trying again")
+	}
+	return true
 }
 
 // transition logs one state change: one line per transition.
@@ -453,12 +573,42 @@ func fleetConns(l Limits, s DestState, now time.Time) int {
 	return l.Conns
 }
 
-// shareConns is one worker's share of a fleet connection limit.
-func shareConns(conns, live int) int {
+// shareConns is one worker's share of a fleet connection limit conns,
+// by its place among the live workers (0 to live-1): conns/live each, and
+// one more for the first conns%live places, so that the shares add up to
+// conns exactly. A share may be 0: with one connection and three workers,
+// two of them hold none, and refuse "conns" while the third sends. Each
+// worker took at least one before, rounded up, which multiplied a limit
+// below the fleet's size by it (a provider that allows one connection got
+// three from three workers, and a learned limit could never go below the
+// number of workers). limited is false for conns 0, unlimited.
+func shareConns(conns, live, place int) (share int, limited bool) {
 	if conns <= 0 {
-		return 0
+		return 0, false
 	}
-	return max(1, (conns+live-1)/live)
+	live = max(1, live)
+	share = conns / live
+	if int(mod(int64(place), int64(live))) < conns%live {
+		share++
+	}
+	return share, true
+}
+
+// place is this worker's place among live workers for the limit of the
+// destination name: its rank, turned by a hash of name, so that the
+// connections a limit does not divide evenly (and a first-contact
+// window's attempts) go to different workers for different destinations,
+// rather than all to the worker ranked first.
+func (t *Throttle) place(name string, live int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(name))
+	return int(mod(t.rank.Load()+int64(h.Sum32()), int64(max(1, live))))
+}
+
+// connShare is this worker's share of d's fleet connection limit at now
+// among live workers, as shareConns. d.mu held.
+func (t *Throttle) connShare(d *dest, live int, now time.Time) (int, bool) {
+	return shareConns(fleetConns(d.limits, d.state, now), live, t.place(d.name, live))
 }
 
 // liveCount is the number of live workers, this one included.

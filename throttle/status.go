@@ -16,7 +16,7 @@ type DestStatus struct {
 	Share         float64   `json:"share"`                    // this worker's share: 1/LiveWorkers
 	LiveWorkers   int       `json:"live_workers"`             // live workers, this one included
 	FleetConns    int       `json:"fleet_conns"`              // effective fleet connection limit (override or configured); 0 = unlimited
-	WorkerConns   int       `json:"worker_conns"`             // this worker's share of FleetConns; 0 = unlimited
+	WorkerConns   int       `json:"worker_conns"`             // this worker's share of FleetConns; 0 = unlimited when FleetConns is 0, else none (its place is past the limit)
 	InFlight      int       `json:"in_flight"`                // this worker's deliveries in progress
 	FirstWindow   int       `json:"first_window,omitempty"`   // this worker's first-contact window, attempts in flight, while the rate is unknown; 0 = not in use
 	Deferred      int       `json:"deferred"`                 // envelopes this worker deferred for the rate that are not yet due (estimated from its virtual queue)
@@ -60,7 +60,7 @@ func (t *Throttle) Snapshot(name string) DestStatus {
 	st.FleetRate = t.fleetRate(st.Limits, s, now)
 	st.WorkerRate = st.FleetRate / float64(live)
 	st.FleetConns = fleetConns(st.Limits, s, now)
-	st.WorkerConns = shareConns(st.FleetConns, live)
+	st.WorkerConns, _ = shareConns(st.FleetConns, live, t.place(name, live))
 	st.Breaker, st.BreakerUntil = s.BreakerAt(now), s.BreakerUntil
 	st.Suspended, st.SuspendedTill = s.Suspended(now), s.SuspendedUntil
 	st.State = s.normalized()

@@ -26,7 +26,9 @@ type Limits struct {
 	Rate float64 `json:"rate"`
 	// Conns is the most concurrent deliveries (connections) to the
 	// destination by all workers together; 0 means unlimited. Each worker
-	// may hold ceil(Conns/live workers), at least 1.
+	// may hold Conns/live workers, and one more for the first Conns%live
+	// of them by place (shareConns), so that the fleet holds Conns
+	// exactly: with fewer connections than workers, some hold none.
 	Conns int `json:"conns"`
 	// MaxMsgsPerConn is the most messages the sender should deliver over
 	// one connection before opening another; 0 means no limit. The
@@ -141,8 +143,9 @@ type Config struct {
 	// DefaultLearnMin.
 	LearnMin float64
 	// LearnInitial is the fleet's attempts in flight to a destination
-	// with no rate yet, split between the live workers (at least one
-	// each); each attempt the server answered with other than a throttle
+	// with no rate yet, split between the live workers by place (a
+	// worker past it has none until another's attempts are delivered);
+	// each attempt the server answered with other than a throttle
 	// (delivered, bounced, greylisted) widens a worker's share by one
 	// (see firstWindow). Default DefaultLearnInitial; negative: no window.
 	LearnInitial int
@@ -156,7 +159,9 @@ type Config struct {
 	OnLearned func(dest, change string, s DestState)
 
 	// WorkerID names this worker in the registry, in UpdatedBy and in
-	// logs. Default: DefaultWorkerID(), hostname-pid.
+	// logs. Default: DefaultWorkerID(), hostname-pid. It need not be
+	// unique: the registry key adds a random instance per process, so two
+	// processes with one id count as two workers and share the rate.
 	WorkerID string
 	// State is the shared destination state bucket (outflow_dest).
 	// Required.
@@ -287,13 +292,14 @@ type Throttle struct {
 	log    zerolog.Logger
 	m      *throttleMetrics
 
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	ops     chan op
-	regKey  string
-	started time.Time // for the registry record
-	once    sync.Once
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	ops      chan op
+	regKey   string    // registryKey(WorkerID, instance)
+	instance string    // this process's instance (newInstance)
+	started  time.Time // for the registry record
+	once     sync.Once
 
 	mu       sync.RWMutex
 	dests    map[string]*dest
@@ -394,6 +400,12 @@ type op struct {
 	flag   uint8  // pending bit to clear afterwards
 	fn     func(s *DestState, now time.Time) bool
 	after  func(before, after DestState) // on a successful write
+
+	// A write that failed is tried again (Throttle.failed): tries is the
+	// failed tries so far, failedAt the first, loggedAt the last logged,
+	// retryAt when the next is due.
+	tries                       int
+	failedAt, loggedAt, retryAt time.Time
 }
 
 // New loads the shared state and the live workers, registers this
@@ -408,6 +420,7 @@ func New(ctx context.Context, cfg Config) (*Throttle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("throttle: %w", err)
 	}
+	instance := newInstance()
 	t := &Throttle{
 		cfg:      cfg,
 		rules:    rules,
@@ -415,7 +428,8 @@ func New(ctx context.Context, cfg Config) (*Throttle, error) {
 		log:      cfg.Logger.With().Str("component", "throttle").Logger(),
 		m:        newThrottleMetrics(cfg.Registerer),
 		ops:      make(chan op, opsBuffer),
-		regKey:   StateKey(cfg.WorkerID),
+		regKey:   registryKey(cfg.WorkerID, instance),
+		instance: instance,
 		started:  cfg.Now().UTC(),
 		dests:    map[string]*dest{},
 		stateful: map[string]*dest{},
@@ -713,7 +727,11 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		d.mu.Unlock()
 		return nil, r, false
 	}
-	if c := shareConns(fleetConns(d.limits, *st, now), live); c > 0 && d.inflight >= c {
+	if c, limited := t.connShare(d, live, now); limited && d.inflight >= c {
+		// A worker whose share is none refuses every attempt: the
+		// envelope goes back to its lane, where a worker with a
+		// connection may take it, and comes back here no sooner than
+		// connsRetry, as from a full share.
 		d.lastConnLim = now
 		d.probing = d.probing && !probe
 		d.mu.Unlock()
@@ -728,7 +746,11 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 	// A seed held back at first contact (cutLearnedRate) keeps the window
 	// shut while it waits.
 	fleet, seedWaits := t.seedDeferred(d, now, fleet)
-	if w := d.firstWindow(&t.cfg, fleet, live); w > 0 && (d.inflight >= w || seedWaits) {
+	peerDelivered := func() bool {
+		load, _ := t.peerLoad(d.name, now)
+		return load.Rate > 0
+	}
+	if w, on := d.firstWindow(&t.cfg, fleet, live, t.place(d.name, live), peerDelivered); on && (d.inflight >= w || seedWaits) {
 		d.probing = d.probing && !probe
 		d.mu.Unlock()
 		return nil, Refusal{Until: now.Add(windowRetry), Reason: "window"}, false

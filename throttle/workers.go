@@ -14,9 +14,12 @@ import (
 
 // Worker is one live worker as its registry key last said.
 type Worker struct {
-	ID      string    `json:"worker_id"`
-	Started time.Time `json:"started"`
-	At      time.Time `json:"at"` // its last heartbeat
+	ID string `json:"worker_id"`
+	// Instance tells apart processes that go by one worker id (random
+	// per process; empty for a worker of an older version).
+	Instance string    `json:"instance,omitempty"`
+	Started  time.Time `json:"started"`
+	At       time.Time `json:"at"` // its last heartbeat
 	// Dests is how many destinations it has traffic with; Rate its
 	// delivered messages per second over the learning window, summed over
 	// them; InFlight its deliveries in progress.
@@ -26,7 +29,7 @@ type Worker struct {
 }
 
 // ListWorkers reads the live-worker registry (the bucket's TTL removes a
-// worker that stopped heartbeating), by worker id.
+// worker that stopped heartbeating), by worker id, then instance.
 func ListWorkers(ctx context.Context, registry jetstream.KeyValue) ([]Worker, error) {
 	lister, err := registry.ListKeys(ctx)
 	if err != nil {
@@ -45,14 +48,19 @@ func ListWorkers(ctx context.Context, registry jetstream.KeyValue) ([]Worker, er
 		if json.Unmarshal(e.Value(), &rec) != nil {
 			continue
 		}
-		w := Worker{ID: rec.Worker, Started: rec.Started, At: rec.At, Dests: len(rec.Load)}
+		w := Worker{ID: rec.Worker, Instance: rec.Instance, Started: rec.Started, At: rec.At, Dests: len(rec.Load)}
 		for _, l := range rec.Load {
 			w.Rate += l.Rate
 			w.InFlight += l.InFlight
 		}
 		out = append(out, w)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].ID != out[j].ID {
+			return out[i].ID < out[j].ID
+		}
+		return out[i].Instance < out[j].Instance
+	})
 	return out, nil
 }
 
