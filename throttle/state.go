@@ -10,8 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/net/idna"
 )
 
 // Breaker states, as stored in DestState.Breaker and shown by `outflow dest
@@ -242,10 +244,22 @@ func DestFromKey(key string) string {
 	return b.String()
 }
 
-// NormalizeDest lower-cases a domain and drops a trailing dot, so that
-// "Gmail.COM." and "gmail.com" share one budget.
+// NormalizeDest lower-cases a domain, drops a trailing dot and writes an
+// internationalised name in A-labels, so that "Gmail.COM." and
+// "gmail.com" share one budget, and "bücher.example" is the
+// "xn--bcher-kva.example" that mail to it is queued under (submission
+// takes addresses in ASCII only). A DEST@SOURCE pair keeps its source.
 func NormalizeDest(d string) string {
 	d = strings.TrimSuffix(strings.TrimSpace(d), ".")
+	for i := 0; i < len(d); i++ {
+		if d[i] >= utf8.RuneSelf {
+			name, source := SplitPair(d)
+			if a, err := idna.Lookup.ToASCII(strings.TrimSuffix(name, ".")); err == nil {
+				d = PairName(a, source)
+			}
+			break
+		}
+	}
 	for i := 0; i < len(d); i++ {
 		if 'A' <= d[i] && d[i] <= 'Z' {
 			return strings.ToLower(d)

@@ -312,7 +312,7 @@ func TestMisspeltArgumentsRefused(t *testing.T) {
 // error before any connection is tried, and take domains, groups and
 // DEST@SOURCE pairs.
 func TestDestArgRefusesNonDestinations(t *testing.T) {
-	for _, bad := range []string{"", " ", "gmail.com,yahoo.com", "a b", "gmail.*", "a.>", "x\ty"} {
+	for _, bad := range []string{"", " ", "gmail.com,yahoo.com", "a b", "gmail.*", "a.>", "x\ty", "gmail.com/x", "\u0301bad.example"} {
 		for _, verb := range [][]string{{"status"}, {"suspend", "--for", "1m"}, {"resume"}, {"rate", "--max", "1"}, {"forget"}} {
 			args := append([]string{"dest", verb[0], bad}, verb[1:]...)
 			err := execRoot(context.Background(), nil, append(args, "--data", t.TempDir())...)
@@ -325,6 +325,15 @@ func TestDestArgRefusesNonDestinations(t *testing.T) {
 	for _, good := range []string{"gmail.com", "Gmail.COM.", "google", "gmail.com@192.0.2.10", "gmail.com@2001:db8::1", "xn--bcher-kva.example"} {
 		if err := destArg(nil, []string{good}); err != nil {
 			t.Errorf("%q refused: %v", good, err)
+		}
+	}
+	// An internationalised name is the A-label name mail to it is queued
+	// under (submission takes ASCII addresses only): suspending
+	// bücher.example suspended a destination no mail had.
+	for in, want := range map[string]string{"Bücher.Example": "xn--bcher-kva.example", "bücher.example@192.0.2.10": "xn--bcher-kva.example@192.0.2.10"} {
+		args := []string{in}
+		if err := destArg(nil, args); err != nil || args[0] != want {
+			t.Errorf("%q: %q, %v; want %q", in, args[0], err, want)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -336,13 +337,19 @@ func destArg(_ *cobra.Command, args []string) error {
 		return usageError{errors.New("empty DEST: want a domain, a provider group, or DEST@SOURCE")}
 	}
 	for _, c := range d {
-		if c <= ' ' || c == 0x7f || strings.ContainsRune(",;*>\\\"'<", c) {
+		if c <= ' ' || c == 0x7f || strings.ContainsRune(",;*>\\\"'</", c) {
 			return usageError{fmt.Errorf("DEST %q: %q cannot be part of a domain, a provider group or a source address (one DEST per command)", d, c)}
 		}
 	}
-	// As it is stored and listed ("Gmail.COM." is gmail.com), so that
-	// what a command prints names the destination it changed.
+	// As it is stored and listed ("Gmail.COM." is gmail.com, bücher.example
+	// is xn--bcher-kva.example), so that what a command prints names the
+	// destination it changed, and the one mail to it is queued under.
 	args[0] = throttle.NormalizeDest(d)
+	for _, c := range args[0] {
+		if c >= utf8.RuneSelf {
+			return usageError{fmt.Errorf("DEST %q: not a domain name (IDNA refuses it)", d)}
+		}
+	}
 	return nil
 }
 
