@@ -38,6 +38,13 @@ const (
 	MediaType          = "application/tlsrpt+gzip"
 )
 
+// The report POSTs' idle connections: closed after postIdle, at most
+// postMaxIdle of all endpoints kept.
+const (
+	postIdle    = 30 * time.Second
+	postMaxIdle = 16
+)
+
 // DefaultSaveInterval is how often Run saves counts that changed: what a
 // process killed without a graceful stop loses at most.
 const DefaultSaveInterval = 5 * time.Minute
@@ -125,7 +132,12 @@ func New(cfg Config) (*Aggregator, error) {
 	a := &Aggregator{cfg: cfg, days: map[string]map[string]*domainStats{}, after: time.After,
 		http: &http.Client{
 			Timeout:   DefaultPostTimeout,
-			Transport: &http.Transport{DialContext: cfg.Dial, TLSClientConfig: &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12}},
+			// Reports go out once a day, to endpoints of many domains: a
+			// connection idle after the day's posts is closed rather than
+			// kept until the far side drops it (http.Transport's zero
+			// values keep every one, without a limit).
+			Transport: &http.Transport{DialContext: cfg.Dial, TLSClientConfig: &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12},
+				IdleConnTimeout: postIdle, MaxIdleConns: postMaxIdle, MaxIdleConnsPerHost: 2},
 			// RFC 8460 5.3 does not ask for redirects; a report goes
 			// where the domain's record says, nowhere else.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

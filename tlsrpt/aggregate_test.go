@@ -295,3 +295,18 @@ func TestCrashAfterFlushPostsNoDayTwice(t *testing.T) {
 	}
 	noPost("a start after a crash after the periodic save")
 }
+
+// TestPostConnectionsDoNotStayOpen: the report POSTs' client closes a
+// connection left idle after the day's posts, and keeps few: the zero
+// http.Transport keeps every endpoint's connection, unbounded, until the
+// far side drops it.
+func TestPostConnectionsDoNotStayOpen(t *testing.T) {
+	a, err := New(Config{Post: true, Resolver: txt{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, ok := a.http.Transport.(*http.Transport)
+	if !ok || tr.IdleConnTimeout <= 0 || tr.IdleConnTimeout > time.Minute || tr.MaxIdleConns <= 0 {
+		t.Fatalf("report client's transport %+v: want idle connections closed within a minute, and a bound on them", a.http.Transport)
+	}
+}
