@@ -205,9 +205,9 @@ func TestChangeVerbsHonourJSON(t *testing.T) {
 		}
 		text("slow.test: at most 5/s until changed\n", "dest", "rate", "slow.test", "--max", "5", "--for", "0s")
 
-		// --clear removes the cap.
-		if cleared := oneObject(t, run(true, "dest", "rate", "slow.test", "--clear")); !reflect.DeepEqual(cleared, map[string]any{"dest": "slow.test", "rate": 0.0}) {
-			t.Errorf("dest rate --clear: %v, want dest and rate 0 only", cleared)
+		// --clear removes the cap, and says whether there was one.
+		if cleared := oneObject(t, run(true, "dest", "rate", "slow.test", "--clear")); !reflect.DeepEqual(cleared, map[string]any{"dest": "slow.test", "rate": 0.0, "cleared": true}) {
+			t.Errorf("dest rate --clear: %v, want dest, rate 0 and cleared", cleared)
 		}
 		kv, err := throttle.OpenState(ctx, q)
 		if err != nil {
@@ -216,6 +216,8 @@ func TestChangeVerbsHonourJSON(t *testing.T) {
 		if st, err := throttle.GetState(ctx, kv, "slow.test"); err != nil || st.RateOverride != 0 || !st.RateUntil.IsZero() {
 			t.Errorf("after --clear: override %v until %v (%v), want none", st.RateOverride, st.RateUntil, err)
 		}
+		text("slow.test: had no rate cap; nothing to clear\n", "dest", "rate", "slow.test", "--clear")
+		run(false, "dest", "rate", "slow.test", "--max", "5")
 		text("slow.test: rate cap cleared (the configured or learned rate applies)\n", "dest", "rate", "slow.test", "--clear")
 	})
 
