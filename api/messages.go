@@ -61,8 +61,11 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	defer charge.release()
 	// The decoder reads the body itself: one copy of it in memory, not
 	// two. The hash covers every octet read, which is the whole body.
+	// An octet that is not UTF-8 (8-bit text sent as is) is found on
+	// the way: the decoder would take it as U+FFFD (utf8.go).
 	hash := sha256.New()
-	req, p, err := decodeRequestFrom(io.TeeReader(charge, hash))
+	u8 := &utf8Reader{r: charge}
+	req, p, err := decodeRequestFrom(io.TeeReader(u8, hash))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -75,6 +78,9 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 			return p
 		}
 		return problem(http.StatusBadRequest, ProblemBadJSON, "unreadable request", err.Error())
+	}
+	if u8.bad {
+		return u8.problem()
 	}
 	if p != nil {
 		return p

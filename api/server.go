@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -120,6 +121,9 @@ type Server struct {
 	// searches counts the GET /v1/events running, by key and by tenant
 	// (events.go).
 	searches searches
+	// submitted counts the answers to POST /v1/messages by result
+	// (Submissions).
+	submitted [numResults]atomic.Uint64
 }
 
 // New opens the key and idempotency buckets and returns the API.
@@ -156,7 +160,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{},
 		searches: searches{keys: map[string]bool{}, tenants: map[string]int{}},
 		inflight: membudget.New(cfg.MaxInflightBytes, cfg.TenantInflightBytes)}
-	s.mux.Handle("/v1/messages", s.route(map[string]handler{http.MethodPost: s.postMessage}))
+	s.mux.Handle("/v1/messages", s.route(map[string]handler{http.MethodPost: s.postMessage}, s.countSubmission))
 	s.mux.Handle("/v1/messages/{id}", s.route(map[string]handler{http.MethodGet: s.getMessage, http.MethodDelete: s.cancelMessage}))
 	s.mux.Handle("/v1/events", s.route(map[string]handler{http.MethodGet: s.listEvents}))
 	if cfg.Suppressions != nil {
@@ -185,25 +189,30 @@ type handler func(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem
 
 // route dispatches by method, authenticates, applies the key's rate limit,
 // and writes a returned Problem. A panic in a handler is a 500, logged,
-// not the end of the process.
-func (s *Server) route(methods map[string]handler) http.Handler {
+// not the end of the process. Each observe, when given, is told how every
+// request of a known method ended: its problem, or nil for a success.
+func (s *Server) route(methods map[string]handler, observe ...func(*Problem)) http.Handler {
 	allow := make([]string, 0, len(methods))
 	for m := range methods {
 		allow = append(allow, m)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if p := recover(); p != nil {
-				s.log.Error().Str("panic", fmt.Sprint(p)).Str("path", r.URL.Path).Msg("api handler panicked")
-				writeProblem(w, problem(http.StatusInternalServerError, ProblemInternal, "internal error", ""))
-			}
-		}()
 		h, ok := methods[r.Method]
 		if !ok {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
 			writeProblem(w, problem(http.StatusMethodNotAllowed, ProblemMethod, "method not allowed", r.Method+" "+r.URL.Path))
 			return
 		}
+		defer func() {
+			if p := recover(); p != nil {
+				s.log.Error().Str("panic", fmt.Sprint(p)).Str("path", r.URL.Path).Msg("api handler panicked")
+				p := problem(http.StatusInternalServerError, ProblemInternal, "internal error", "")
+				writeProblem(w, p)
+				for _, o := range observe {
+					o(p)
+				}
+			}
+		}()
 		key, p := s.authenticate(r)
 		if p == nil {
 			p = s.limit(key)
@@ -213,6 +222,9 @@ func (s *Server) route(methods map[string]handler) http.Handler {
 		}
 		if p != nil {
 			writeProblem(w, p)
+		}
+		for _, o := range observe {
+			o(p)
 		}
 	})
 }

@@ -177,3 +177,55 @@ func TestDashboardsNameRealMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestAPISubmissionsCounted: mail submitted over the HTTP API is counted,
+// by result, in outflow_api_submissions_total, as SMTP's is in
+// outflow_submissions_total (it was in no metric: a spam run through a
+// leaked API key, or the store failing under API traffic, went unseen).
+// Every result is exported from the start, at 0, for the alerts.
+func TestAPISubmissionsCounted(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir))
+	if d.APIAddr == "" {
+		t.Fatalf("no HTTP API address in the log\n%s", d.Logs())
+	}
+	m := d.scrape(t)
+	for _, r := range []string{"accepted", "rejected", "tempfail"} {
+		if v, ok := m[`outflow_api_submissions_total{result="`+r+`"}`]; !ok || v != 0 {
+			t.Errorf("outflow_api_submissions_total{result=%q} = %v (present %v) at start, want 0", r, v, ok)
+		}
+	}
+	key := adminCLI(t, d.Data, "apikey", "create", "--tenant", "shop")
+	post := func(body string) int {
+		t.Helper()
+		req, _ := http.NewRequest("POST", "http://"+d.APIAddr+"/v1/messages", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if s := post(`{"from":"orders@shop.test","to":["buyer@dest.test"],"subject":"s","text":"hi"}`); s != http.StatusAccepted {
+		t.Fatalf("POST: %d", s)
+	}
+	if s := post(`{"from":"orders@shop.test","to":["buyer@dest.test"],"subjcet":"s","text":"hi"}`); s != http.StatusBadRequest {
+		t.Fatalf("POST of an unknown field: %d", s)
+	}
+	m = d.scrape(t)
+	for k, want := range map[string]float64{
+		`outflow_api_submissions_total{result="accepted"}`: 1,
+		`outflow_api_submissions_total{result="rejected"}`: 1,
+		`outflow_api_submissions_total{result="tempfail"}`: 0,
+		`outflow_submissions_total{result="accepted"}`:     0, // SMTP's
+	} {
+		if got, ok := m[k]; !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)
+		}
+	}
+	d.Stop()
+}

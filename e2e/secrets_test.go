@@ -153,3 +153,68 @@ func TestSecretsNeverLeak(t *testing.T) {
 		len(outputs), len(secrets), len(outputs["daemon log"]), events.Len())
 	d.Stop()
 }
+
+// TestWebhookURLTokenNeverLogged: a webhook URL may carry the endpoint's
+// credential in its query (?token=, Azure's sig=) or path (Slack's), which
+// `webhook add` accepts. A POST that fails (here: nothing listens) must
+// leave it neither in the daemon's log (the http client's error is
+// `Post "<the whole URL>": dial tcp …`) nor in the dead letter's reason.
+func TestWebhookURLTokenNeverLogged(t *testing.T) {
+	t.Parallel()
+	const querySecret, pathSecret = "QueryTok-Secret2", "PathSecret-7Hq"
+	dir := t.TempDir()
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--webhook-allow-private", "--webhook-max-attempts", "2")
+	url := "http://" + freeAddr(t) + "/services/T0/" + pathSecret + "?token=" + querySecret
+	adminCLI(t, d.Data, "webhook", "add", "--tenant", testUser, "--url", url)
+	list := adminCLI(t, d.Data, "webhook", "list")
+	epID := strings.Fields(strings.Split(list, "\n")[1])[0]
+	// The test event is published once the consumer exists, which the
+	// daemon makes as it sees the endpoint: repeat until one is spent.
+	waitFor(t, 90*time.Second, "the test event's budget spent", func() bool {
+		adminCLI(t, d.Data, "webhook", "test", epID)
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if strings.Contains(d.Logs(), `"webhook budget spent"`) {
+				return true
+			}
+			time.Sleep(100 * time.Millisecond) // polling the log with a deadline
+		}
+		return false
+	})
+	logs := d.Logs()
+	if !strings.Contains(logs, `"webhook deferred"`) || !strings.Contains(logs, "connection refused") {
+		t.Fatalf("no failed POST in the log:\n%s", logs)
+	}
+	js, err := jetstream.New(natsFor(t, d.Data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, "outflow_webhook_dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead strings.Builder
+	waitFor(t, 30*time.Second, "the dead letter", func() bool {
+		keys, err := kv.Keys(ctx)
+		if err != nil || len(keys) == 0 {
+			return false
+		}
+		dead.Reset()
+		for _, k := range keys {
+			if e, err := kv.Get(ctx, k); err == nil {
+				dead.Write(e.Value())
+			}
+		}
+		return strings.Contains(dead.String(), "connection refused")
+	})
+	for where, text := range map[string]string{"daemon log": logs, "dead letters": dead.String()} {
+		for _, secret := range []string{querySecret, pathSecret} {
+			if strings.Contains(text, secret) {
+				t.Errorf("the URL's secret %s appears in the %s", secret, where)
+			}
+		}
+	}
+	d.Stop()
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -452,7 +453,15 @@ func (d *Dispatcher) deliver(ctx context.Context, log zerolog.Logger, ep *Endpoi
 		seed := backoff.NewSeed()
 		dec := d.cfg.Backoff.Decide(attempt, d.cfg.WorkerID, seed, hint)
 		next := time.Now().Add(dec.Delay)
-		ev.Str("class", class).Str("lane", d.cfg.Backoff.Lane).Int64("nominal_ms", dec.NominalMs).Int64("cap_ms", dec.CapMs).
+		// Every input of the decision is on the line, as on mail's
+		// "backoff decision" lines (the worker_id is the logger's), so
+		// `outflow schedule --lane webhook` can replay it: --seed
+		// jitter_seed, --worker worker_id, --attempts backoff_attempt,
+		// --hint hint_ms, and the parameters for a backoff other than
+		// the default.
+		ev.Str("class", class).Str("lane", d.cfg.Backoff.Lane).Int("backoff_attempt", dec.Attempt).
+			Int64("base_ms", dec.BaseMs).Int64("min_ms", dec.MinMs).Float64("multiplier", dec.Multiplier).Int64("window_ms", dec.WindowMs).
+			Int64("nominal_ms", dec.NominalMs).Int64("cap_ms", dec.CapMs).
 			Str("jitter_seed", strconv.FormatUint(seed, 10)).Int64("jitter_ms", dec.JitterMs).Int64("offset_ms", dec.OffsetMs).
 			Int64("hint_ms", dec.HintMs).Int64("delay_ms", dec.DelayMs).Time("next_attempt_at", next).Msg("webhook deferred")
 		if !wait(ctx, dec.Delay) {
@@ -564,7 +573,7 @@ func Post(ctx context.Context, c *http.Client, ep *Endpoint, id string, body []b
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(body))
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, redactURL(err)
 	}
 	h := req.Header
 	h.Set("Content-Type", "application/json")
@@ -574,11 +583,50 @@ func Post(ctx context.Context, c *http.Client, ep *Endpoint, id string, body []b
 	h.Set("webhook-signature", sig)
 	res, err := c.Do(req)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, redactURL(err)
 	}
 	defer res.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
 	return res.StatusCode, retryAfter(res.Header.Get("Retry-After"), time.Now()), nil
+}
+
+// redactURL takes the endpoint's URL out of an HTTP client error, whose
+// text (a *url.Error's: Post "<the whole URL>": dial tcp …) is logged on
+// every failed POST and kept in the dead letter's reason, which `webhook
+// list`, the dead-letter listing and the API show. A URL may carry a
+// credential that CheckURL cannot refuse: a token in the query (Azure's
+// sig=, many a ?token=) or in the path (Slack's hooks.slack.com/services/…).
+// What is kept is the operation, the scheme and host (the dial error names
+// them anyway), and the inner error, still wrapped for errors.As
+// (ErrPrivateAddress); the log line names the endpoint by its id.
+func redactURL(err error) error {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return err
+	}
+	where := "endpoint"
+	if u, perr := url.Parse(ue.URL); perr == nil && u.Host != "" && (u.Scheme == "http" || u.Scheme == "https") {
+		where = u.Scheme + "://" + u.Host
+		if u.Path != "" || u.RawQuery != "" || u.Fragment != "" {
+			where += "/…"
+		}
+	}
+	return &postError{op: ue.Op, where: where, err: ue.Err}
+}
+
+// postError is a *url.Error without the URL's path and query.
+type postError struct {
+	op, where string
+	err       error
+}
+
+func (e *postError) Error() string { return fmt.Sprintf("%s %q: %v", e.op, e.where, e.err) }
+func (e *postError) Unwrap() error { return e.err }
+
+// Timeout answers as the *url.Error did.
+func (e *postError) Timeout() bool {
+	t, ok := e.err.(interface{ Timeout() bool })
+	return ok && t.Timeout()
 }
 
 // retryAfter parses Retry-After (RFC 9110 section 10.2.3): delay seconds

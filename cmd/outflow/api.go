@@ -216,8 +216,10 @@ func init() {
 	rootCmd.AddCommand(kc)
 }
 
-// registerAPIMetrics exposes the bound on the message requests in flight
-// (--api-max-inflight-bytes): what it holds now, and what it refused.
+// registerAPIMetrics exposes the message requests by result (as
+// outflow_submissions_total counts SMTP's), and the bound on the message
+// requests in flight (--api-max-inflight-bytes): what it holds now, and
+// what it refused.
 func registerAPIMetrics(reg prometheus.Registerer, srv *api.Server) error {
 	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "outflow_api_inflight_bytes",
@@ -230,9 +232,17 @@ func registerAPIMetrics(reg prometheus.Registerer, srv *api.Server) error {
 			ConstLabels: prometheus.Labels{"reason": reason},
 		}, func() float64 { _, f, s := srv.Inflight(); return float64(pick(f, s)) })
 	}
-	for _, c := range []prometheus.Collector{inflight,
+	cs := []prometheus.Collector{inflight,
 		refused("budget", func(f, _ uint64) uint64 { return f }),
-		refused("tenant-share", func(_, s uint64) uint64 { return s })} {
+		refused("tenant-share", func(_, s uint64) uint64 { return s })}
+	for i, result := range api.Results {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "outflow_api_submissions_total",
+			Help:        "POST /v1/messages requests by result: accepted (202, stored), rejected (4xx), tempfail (5xx, or 429 too-much-in-flight: not stored, the client retries).",
+			ConstLabels: prometheus.Labels{"result": result},
+		}, func() float64 { return float64(srv.Submissions()[i]) }))
+	}
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

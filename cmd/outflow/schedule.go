@@ -16,6 +16,7 @@ import (
 
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/internal/plot"
+	"github.com/outflow/outflow/webhook"
 )
 
 func init() { rootCmd.AddCommand(newScheduleCmd()) }
@@ -76,21 +77,27 @@ failure) for a worker id and a jitter seed, so that it can:
     independent timelines (seeds S, S+1, ...) and --plot FILE.svg draws the
     spread of retry times per attempt over those R runs.
 
-Parameters not given take the lane's defaults (--lane retry or ratelimit).
-Without --seed a random seed is drawn and printed.`,
+A "webhook deferred" line replays the same way with --lane webhook (the
+webhook retry schedule's defaults): its jitter_seed, worker_id and
+backoff_attempt (the POST's attempt number) as --seed, --worker and
+--attempts, its hint_ms as --hint.
+
+Parameters not given take the lane's defaults (--lane retry, ratelimit or
+webhook). Without --seed a random seed is drawn and printed.`,
 		Example: `  outflow schedule --attempts 8 --worker host-a/3 --seed 42
   outflow schedule --lane ratelimit --attempts 5 --seed 0x2a --json
+  outflow schedule --lane webhook --attempts 3 --worker host-a --seed 42 --hint 1s
   outflow schedule --runs 1000 --attempts 10 --plot retry.svg`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSchedule(cmd, &o) },
 	}
 	f := c.Flags()
-	f.StringVar(&o.lane, "lane", backoff.LaneRetry, "lane whose defaults fill the parameters not given: retry or ratelimit")
-	f.DurationVar(&o.base, "base", 0, "nominal delay of attempt 0; attempt n's is base*multiplier^n (default: the lane's, 5s retry, 30s ratelimit)")
+	f.StringVar(&o.lane, "lane", backoff.LaneRetry, "lane whose defaults fill the parameters not given: retry, ratelimit or webhook")
+	f.DurationVar(&o.base, "base", 0, "nominal delay of attempt 0; attempt n's is base*multiplier^n (default: the lane's, 5s retry, 30s ratelimit, 2s webhook)")
 	f.DurationVar(&o.min, "min", 0, "floor of the jittered delay (default: the lane's, 1s retry, 15s ratelimit)")
-	f.DurationVar(&o.cap, "cap", 0, "ceiling of the jitter range and of the jittered delay (default: the lane's, 15m retry, 30m ratelimit)")
+	f.DurationVar(&o.cap, "cap", 0, "ceiling of the jitter range and of the jittered delay (default: the lane's, 15m retry, 30m ratelimit, 5m webhook)")
 	f.Float64Var(&o.multiplier, "multiplier", 0, "growth factor per attempt (default: the lane's, 2)")
-	f.DurationVar(&o.window, "window", 0, "contention window the per-worker offset is spread over (default: the lane's, 2s retry, 30s ratelimit)")
+	f.DurationVar(&o.window, "window", 0, "contention window the per-worker offset is spread over (default: the lane's, 2s retry, 30s ratelimit, 2s webhook)")
 	f.DurationVar(&o.hint, "hint", 0, "server retry hint applied to every attempt; wins when longer than the computed delay")
 	f.IntVar(&o.attempts, "attempts", 10, "number of retries to compute (1..N)")
 	f.StringVar(&o.worker, "worker", "", "worker id whose contention offset is added (as in the log's worker_id)")
@@ -104,7 +111,7 @@ Without --seed a random seed is drawn and printed.`,
 // policy resolves the lane defaults and the flags given into a validated
 // Backoff.
 func (o *scheduleOpts) policy(cmd *cobra.Command) (backoff.Backoff, error) {
-	b, err := backoff.ForLane(o.lane)
+	b, err := scheduleLane(o.lane)
 	if err != nil {
 		return b, err
 	}
@@ -125,6 +132,20 @@ func (o *scheduleOpts) policy(cmd *cobra.Command) (backoff.Backoff, error) {
 		b.ContentionWindow = o.window
 	}
 	return b, b.Validate()
+}
+
+// scheduleLane is the default backoff of lane: mail's retry and
+// ratelimit lanes, or webhook, the schedule of webhook retries
+// (webhook.DefaultBackoff, what the daemon's dispatcher uses).
+func scheduleLane(lane string) (backoff.Backoff, error) {
+	if lane == webhook.DefaultBackoff().Lane {
+		return webhook.DefaultBackoff(), nil
+	}
+	b, err := backoff.ForLane(lane)
+	if err != nil {
+		return b, fmt.Errorf("unknown lane %q (want %q, %q or %q)", lane, backoff.LaneRetry, backoff.LaneRateLimit, webhook.DefaultBackoff().Lane)
+	}
+	return b, nil
 }
 
 // timeline is one run: its seed and a decision per attempt.

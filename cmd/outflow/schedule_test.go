@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/webhook"
 )
 
 // runScheduleCmd runs a fresh `outflow schedule` in process and returns its
@@ -222,5 +223,41 @@ func TestSchedulePlot(t *testing.T) {
 	}
 	if _, err := runScheduleCmd(t, "--plot", filepath.Join(dir, "missing", "x.svg")); err == nil {
 		t.Error("plot into a missing directory: no error")
+	}
+}
+
+// TestScheduleReplaysWebhookDeferral: a "webhook deferred" line (the
+// dispatcher's, with its default schedule) replays with --lane webhook and
+// only the line's jitter_seed, worker_id, backoff_attempt and hint_ms:
+// the last line printed has the logged delay_ms. The line here is made
+// with webhook.DefaultBackoff, which the dispatcher uses
+// (webhook.TestWebhookDeferralReplays checks a real line against it).
+func TestScheduleReplaysWebhookDeferral(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 3))
+	b := webhook.DefaultBackoff()
+	for j := range 20 {
+		attempt := 1 + rng.IntN(webhook.DefaultMaxAttempts-1)
+		worker := fmt.Sprintf("mx-%d", j)
+		seed := rng.Uint64()
+		hint := time.Duration(0)
+		if j%4 == 0 {
+			hint = time.Duration(1+rng.IntN(600)) * time.Second // Retry-After
+		}
+		d := b.Decide(attempt, worker, seed, hint)
+		args := []string{"--lane", "webhook", "--seed", strconv.FormatUint(d.JitterSeed, 10), "--worker", worker,
+			"--attempts", strconv.Itoa(d.Attempt), "--hint", fmt.Sprintf("%dms", d.HintMs), "--json"}
+		out, err := runScheduleCmd(t, args...)
+		if err != nil {
+			t.Fatalf("schedule %v: %v", args, err)
+		}
+		lines := parseLines(t, out)
+		last := lines[len(lines)-1]
+		if last["delay_ms"] != float64(d.DelayMs) || last["cap_ms"] != float64(d.CapMs) || last["nominal_ms"] != float64(d.NominalMs) {
+			t.Errorf("schedule %v: %v, the dispatcher decided %+v", args, last, d)
+		}
+	}
+	out, err := runScheduleCmd(t, "--lane", "webhook", "--seed", "1", "--attempts", "1")
+	if err != nil || !strings.Contains(out, "lane webhook  base 2s  min 1s  cap 5m0s  multiplier 2  window 2s") {
+		t.Errorf("--lane webhook: %v\n%s", err, out)
 	}
 }
