@@ -167,7 +167,8 @@ const windowOpen = 1 << 16
 // firstWindow is this worker's limit on attempts in flight to d now
 // (on false: none): the first-contact window while d has no rate and
 // learning could give it one. fleet is d's fleet rate (0: unlimited);
-// place is this worker's place among live workers for d (Throttle.place).
+// place gives this worker's place among live workers for d (Throttle.place:
+// a hash of the name, found only when the window opens).
 //
 // LearnInitial is split between the workers by place as a connection
 // limit is (shareConns), so that the fleet has LearnInitial attempts in
@@ -177,13 +178,13 @@ const windowOpen = 1 << 16
 // worker's attempts were delivered (their registry heartbeats carry
 // it): the destination has answered, and its window opens at one, widened
 // by its own answers as the others' are. d.mu held.
-func (d *dest) firstWindow(cfg *Config, fleet float64, live, place int, peerDelivered func() bool) (int, bool) {
+func (d *dest) firstWindow(cfg *Config, fleet float64, live int, place func() int, peerDelivered func() bool) (int, bool) {
 	if fleet > 0 || cfg.NoLearn || cfg.LearnInitial <= 0 {
 		d.window = 0 // a rate paces; without one later, the window starts afresh
 		return 0, false
 	}
 	if d.window == 0 {
-		share, _ := shareConns(cfg.LearnInitial, live, place)
+		share, _ := shareConns(cfg.LearnInitial, live, place())
 		if share == 0 && !peerDelivered() {
 			return 0, true
 		}

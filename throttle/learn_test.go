@@ -987,7 +987,7 @@ func TestFirstContactWindow(t *testing.T) {
 	// learning.
 	quiet := func() bool { return false }
 	for place, want := range []int{2, 1, 1} {
-		if w, on := (&dest{}).firstWindow(&Config{LearnInitial: 4}, 0, 3, place, quiet); !on || w != want {
+		if w, on := (&dest{}).firstWindow(&Config{LearnInitial: 4}, 0, 3, func() int { return place }, quiet); !on || w != want {
 			t.Fatalf("share of 4 for 3 workers at place %d: %d (%v), want %d", place, w, on, want)
 		}
 	}
@@ -995,7 +995,7 @@ func TestFirstContactWindow(t *testing.T) {
 		cfg   Config
 		fleet float64
 	}{{Config{LearnInitial: 4}, 10}, {Config{LearnInitial: 4, NoLearn: true}, 0}, {Config{LearnInitial: -1}, 0}} {
-		if w, on := (&dest{}).firstWindow(&c.cfg, c.fleet, 1, 0, quiet); on {
+		if w, on := (&dest{}).firstWindow(&c.cfg, c.fleet, 1, func() int { return 0 }, quiet); on {
 			t.Fatalf("%+v at %v/s: window %d, want none", c.cfg, c.fleet, w)
 		}
 	}

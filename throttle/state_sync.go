@@ -600,15 +600,29 @@ func shareConns(conns, live, place int) (share int, limited bool) {
 // window's attempts) go to different workers for different destinations,
 // rather than all to the worker ranked first.
 func (t *Throttle) place(name string, live int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(name))
-	return int(mod(t.rank.Load()+int64(h.Sum32()), int64(max(1, live))))
+	return int(mod(t.rank.Load()+int64(fnv32a(name)), int64(max(1, live))))
+}
+
+// fnv32a is FNV-1a of s, as hash/fnv's New32a gives, without the
+// hash.Hash around it: place finds it at every admission to a limited
+// destination.
+func fnv32a(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
 }
 
 // connShare is this worker's share of d's fleet connection limit at now
 // among live workers, as shareConns. d.mu held.
 func (t *Throttle) connShare(d *dest, live int, now time.Time) (int, bool) {
-	return shareConns(fleetConns(d.limits, d.state, now), live, t.place(d.name, live))
+	conns := fleetConns(d.limits, d.state, now)
+	if conns <= 0 {
+		return 0, false // unlimited: no place to find (a hash of the name)
+	}
+	return shareConns(conns, live, t.place(d.name, live))
 }
 
 // liveCount is the number of live workers, this one included.

@@ -750,7 +750,8 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		load, _ := t.peerLoad(d.name, now)
 		return load.Rate > 0
 	}
-	if w, on := d.firstWindow(&t.cfg, fleet, live, t.place(d.name, live), peerDelivered); on && (d.inflight >= w || seedWaits) {
+	place := func() int { return t.place(d.name, live) }
+	if w, on := d.firstWindow(&t.cfg, fleet, live, place, peerDelivered); on && (d.inflight >= w || seedWaits) {
 		d.probing = d.probing && !probe
 		d.mu.Unlock()
 		return nil, Refusal{Until: now.Add(windowRetry), Reason: "window"}, false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1112,6 +1113,17 @@ func TestMarkerDueOnceInAFleet(t *testing.T) {
 		}
 		if owners != 1 {
 			t.Errorf("%s: due for %d workers at markerTTL, want 1", key, owners)
+		}
+	}
+}
+
+// TestFNV32aMatchesHashFNV: place's own FNV-1a is hash/fnv's.
+func TestFNV32aMatchesHashFNV(t *testing.T) {
+	for _, s := range []string{"", "gmail.com", "xn--bcher-kva.example", "google@192.0.2.10"} {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(s))
+		if got, want := fnv32a(s), h.Sum32(); got != want {
+			t.Errorf("fnv32a(%q) = %#x, want %#x", s, got, want)
 		}
 	}
 }
