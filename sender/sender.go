@@ -434,7 +434,9 @@ func (s *Sender) giveBack(c *client, ctx context.Context) {
 	reuse := c.usable() && ctx.Err() == nil
 	keep, evicted := s.pool.put(c, reuse)
 	if evicted != nil {
-		evicted.quit() // idle and healthy: QUIT, as at its idle timeout
+		// Idle and healthy: QUIT, as at its idle timeout, and not on
+		// this Send's time (another host's reply may take seconds).
+		go evicted.quit()
 	}
 	if keep {
 		return

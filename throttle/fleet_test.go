@@ -311,3 +311,49 @@ func TestOperatorChangeLoggedAtInfo(t *testing.T) {
 		return strings.Contains(buf.String(), `"by":"console:s1(t1)"`)
 	})
 }
+
+// TestStaleBreakerOpenNotRetriedAfterClose: a breaker-open whose write
+// failed, and waits to be tried again, is out of date once the probe's
+// success has closed the breaker: tried again, it reopened a healthy
+// destination for the whole fleet for a cooldown. The window watched is
+// longer than the retry's longest wait (opRetryMax), so the retry is due
+// inside it.
+func TestStaleBreakerOpenNotRetriedAfterClose(t *testing.T) {
+	env := startKV(t)
+	fk := &failingKV{KeyValue: env.state, failed: make(chan struct{}, 1)}
+	a := newThrottle(t, env, "a", func(c *Config) {
+		c.State = fk
+		c.BreakerFailures, c.BreakerCooldown = 1, 200*time.Millisecond
+	})
+	fk.down.Store(true)
+	attempt(t, a, "x.test", resConnFail)
+	select {
+	case <-fk.failed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the breaker-open's write was never tried")
+	}
+	var probe Permit
+	eventually(t, 5*time.Second, "half-open", func() bool {
+		probe, _ = a.Admit(ctxT(t), "x.test", "", "")
+		return probe != nil
+	})
+	probe.Done([]classify.Result{resDelivered})
+	if s := a.Snapshot("x.test"); s.Breaker != BreakerClosed {
+		t.Fatalf("breaker %s after a good probe, want closed", s.Breaker)
+	}
+	fk.down.Store(false)
+	deadline := time.Now().Add(opRetryMax + time.Second)
+	for time.Now().Before(deadline) {
+		st, err := GetState(ctxT(t), env.state, "x.test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := st.BreakerAt(time.Now()); b == BreakerOpen {
+			t.Fatalf("stored breaker %s after the probe closed it (the failed open tried again)", b)
+		}
+		if s := a.Snapshot("x.test"); s.Breaker == BreakerOpen {
+			t.Fatalf("A's breaker open again after the probe closed it")
+		}
+		time.Sleep(50 * time.Millisecond) // a poll of a state that must not change
+	}
+}

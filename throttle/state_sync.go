@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"hash/fnv"
+	"math/bits"
 	"strings"
 	"time"
 
@@ -263,6 +264,11 @@ func (t *Throttle) statefulCount() int {
 // enqueue queues a KV transition for the writer; the caller holds d.mu and
 // has set op.flag in d.pending. A full queue drops it (logged).
 func (t *Throttle) enqueue(o op) {
+	if o.flag != 0 {
+		i := bits.TrailingZeros8(o.flag)
+		o.d.gens[i]++
+		o.gen = o.d.gens[i]
+	}
 	select {
 	case t.ops <- o:
 	default:
@@ -307,6 +313,13 @@ func (t *Throttle) writer() {
 					later = append(later, o)
 					continue
 				}
+				if !o.current() {
+					// A later transition of the same kind was queued
+					// (and has run, or will): this one is out of date.
+					// A breaker-open retried after the probe's close
+					// would reopen a healthy destination for the fleet.
+					continue
+				}
 				if t.run(&o) {
 					later = append(later, o)
 				}
@@ -314,6 +327,17 @@ func (t *Throttle) writer() {
 		}
 		tm.Stop()
 	}
+}
+
+// current reports whether o is the latest transition queued for its
+// pending bit (always, for one without a bit).
+func (o *op) current() bool {
+	if o.flag == 0 {
+		return true
+	}
+	o.d.mu.Lock()
+	defer o.d.mu.Unlock()
+	return o.d.gens[bits.TrailingZeros8(o.flag)] == o.gen
 }
 
 // Retries of a transition whose write failed for another reason than a
@@ -341,7 +365,9 @@ func (t *Throttle) run(o *op) (retry bool) {
 	defer func() {
 		if o.flag != 0 && !retry {
 			o.d.mu.Lock()
-			o.d.pending &^= o.flag
+			if o.d.gens[bits.TrailingZeros8(o.flag)] == o.gen {
+				o.d.pending &^= o.flag // not a later one's to clear
+			}
 			o.d.mu.Unlock()
 		}
 	}()

@@ -374,7 +374,11 @@ type dest struct {
 	lastThr  time.Time // last throttled reply
 	lastUsed time.Time
 	pending  uint8
-	auto     []window // by rule index
+	// gens counts the transitions queued per pending bit (by the bit's
+	// index): a retried write that a later transition of the same bit
+	// overtook is stale (op.current), and neither runs nor clears the bit.
+	gens [8]uint32
+	auto []window // by rule index
 
 	// ownFlight counts the attempts in flight under the limits set on
 	// this domain by itself while it is in a provider group (own.go),
@@ -398,6 +402,7 @@ type op struct {
 	forget uint64 // when set: delete the state if still at this revision
 	change string // "suspend", "factor-cut", "breaker-open", …
 	flag   uint8  // pending bit to clear afterwards
+	gen    uint32 // d.gens of flag when it was queued (enqueue)
 	fn     func(s *DestState, now time.Time) bool
 	after  func(before, after DestState) // on a successful write
 
