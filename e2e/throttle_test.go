@@ -151,6 +151,32 @@ func TestFleetSharesDestinationRate(t *testing.T) {
 	b.Stop()
 }
 
+// TestStoppedWorkerLeavesTheFleetAtOnce: a daemon stopped gracefully takes
+// its key out of the workers' registry before it lets go of NATS, so the
+// others' shares of each rate grow at once, not after the registry's TTL
+// (15 s). Its delete came after the connection's drain, and failed: with a
+// random instance in each key, every restart left a worker counted that
+// no longer was, holding a share of every rate and connection limit.
+func TestStoppedWorkerLeavesTheFleetAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	users := writeUsers(t, dir)
+	common := []string{"--users", users, "--relay", "127.0.0.1:9", "--relay-tls", "none", "--dest-rate", "10"}
+	a := startDaemon(t, dir+"/a", append(common, "--worker-id", "A")...)
+	b := startDaemon(t, dir+"/b", append(common, "--worker-id", "B", "--nats-url", natsURLOf(t, dir+"/a"))...)
+	waitFor(t, 20*time.Second, "both workers live", func() bool {
+		return strings.Contains(a.cli(t, "dest", "status", "rated.test"), "  2  ")
+	})
+	b.Stop()
+	stopped := time.Now()
+	waitFor(t, 20*time.Second, "A alone", func() bool {
+		return strings.Contains(a.cli(t, "dest", "status", "rated.test"), "  1  ")
+	})
+	if took := time.Since(stopped); took > 5*time.Second {
+		t.Fatalf("A counted the stopped worker for %s after it exited, want its key deleted at its stop", took)
+	}
+	a.Stop()
+}
+
 // outageProxy forwards to target while up; while down it accepts and hangs
 // up at once, as a destination that is unreachable does.
 type outageProxy struct {

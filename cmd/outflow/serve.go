@@ -417,6 +417,17 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 		case <-shCtx.Done():
 		}
 	}
+	if poolFinished {
+		// The workers are done: leave the fleet's registry now, while
+		// the connection still works (the deferred Close runs after the
+		// drain below, and its delete failed), so that the others'
+		// shares of rates and connections grow at once, not after the
+		// registry's TTL. A restarted process is a new instance: until
+		// then the old one counted as a live worker holding its share.
+		if err := throttle.Close(); err != nil {
+			log.Warn().Err(err).Msg("throttle stop")
+		}
+	}
 	_ = httpSrv.Shutdown(shCtx)
 	if err := q.Close(); err != nil {
 		log.Warn().Err(err).Msg("nats drain")
