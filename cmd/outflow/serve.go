@@ -414,6 +414,7 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	if !poolFinished {
 		select {
 		case <-poolDone:
+			poolFinished = true
 		case <-shCtx.Done():
 		}
 	}
