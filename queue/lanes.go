@@ -38,6 +38,9 @@ type Delivery struct {
 	// givenBack is set by the first GiveBack: a second one sends nothing
 	// (only its holder gives an envelope back, so no lock).
 	givenBack bool
+	// held is the Holding of the pulls that fetched it, if any: GiveBack
+	// asks it about their pull requests still open.
+	held *Holding
 }
 
 // Messages starts pulling envelopes from lane and sends them on the
@@ -139,7 +142,7 @@ func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane
 // fetchOnce makes one pull request for up to n envelopes, waiting up to
 // pullWait, and hands out what it gets; it reports how many it got, how
 // many of them a worker took (the others were given back), and the
-// request's failure, logged.
+// request's failure, logged. Once ctx has ended it makes none.
 //
 // The server's ack wait for an envelope runs from the fetch, not from the
 // moment a worker takes it. While every worker is busy (a destination
@@ -150,7 +153,33 @@ func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane
 // still to be taken here, and both copies were sent. Given back unstarted,
 // it cannot be sent twice, and a worker that takes one keeps it alive
 // from then on.
+//
+// A pull request still open at the stop stays open, and is read, until
+// it ends at the server (pullWait at most): nats.go ends one early only
+// by unsubscribing its inbox, and drops whatever the server sent it
+// meanwhile, which then waited for the ack wait (mail published in the
+// same instant by this process, or by any other). The requests open are
+// counted in the Holding, with when they end, so that a give-back does
+// not come due while one of them could take it (GiveBack).
 func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, n int, out chan<- *Delivery) (got, taken int, err error) {
+	held := holdingOf(ctx)
+	key := held.pullKey(cons)
+	// No pull request once the stop has come: the give-backs' own wake-up
+	// started a loop for their tenant, whose request, open for pullWait,
+	// the server handed them to 10 ms later, while this process was
+	// closing its connection; the restarted server, or another process,
+	// then waited for the ack wait.
+	if !held.startPull(ctx, key, time.Now().Add(q.pullWait())) {
+		return 0, 0, ctx.Err()
+	}
+	open := true // the request, counted in held until it ends
+	ended := func() {
+		if open {
+			open = false
+			held.endPull(key)
+		}
+	}
+	defer ended()
 	q.count(OpFetch)
 	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(q.pullWait()))
 	if err != nil {
@@ -161,7 +190,6 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 	}
 	var waiting []*Delivery          // not yet taken, oldest first
 	var maxWait, stale time.Duration // set at the first envelope (waitLimits)
-	held := holdingOf(ctx)
 	var check *time.Ticker
 	var checkC <-chan time.Time
 	defer func() {
@@ -206,15 +234,19 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		case m, ok := <-msgs:
 			if !ok {
 				msgs = nil
+				ended()
 				continue
 			}
 			got++
+			if got >= n {
+				ended() // its last message: the server took it off its list
+			}
 			q.count(OpFetched)
 			held.add(1, 0) // until a worker takes it, or it goes back
 			if ctx.Err() != nil {
 				// Fetched after the stop (the pull request was still
 				// open at the server): not started, so it goes back.
-				held.add(-1, q.giveBackAll(lane, []*Delivery{{msg: m, q: q}}))
+				held.add(-1, q.giveBackAll(lane, []*Delivery{{Lane: lane, msg: m, q: q, held: held}}))
 				continue
 			}
 			d, err := q.decode(m, lane)
@@ -224,6 +256,7 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 				continue
 			}
 			d.Fetched = time.Now()
+			d.held = held
 			if stale == 0 {
 				maxWait, stale = waitLimits(q.opts.AckWait, cons)
 			}
@@ -279,8 +312,15 @@ func waitLimits(ackWait time.Duration, cons jetstream.Consumer) (giveBack, stale
 	return ackWait / 2, ackWait * 3 / 4
 }
 
-// giveBackDelay is the delay of a give-back's nak (GiveBack).
+// giveBackDelay is the delay of a give-back's nak (GiveBack), when no
+// pull request of the process is open on the envelope's consumer.
 const giveBackDelay = time.Nanosecond
+
+// giveBackMargin is added to the time a pull request of the process has
+// left at the server, for a give-back's nak on its consumer (GiveBack):
+// the server starts the request's wait when it has read the request,
+// somewhat after the process sent it.
+const giveBackMargin = 500 * time.Millisecond
 
 // GiveBackWait bounds how long a give-back at a stop waits for the
 // server's answer, the pulls' and the workers' alike.
@@ -302,18 +342,32 @@ const GiveBackWait = 5 * time.Second
 // attempt 0" after every restart. A nak with a delay moves that stored
 // time instead, to one ack wait (less a nanosecond) before now, so the
 // envelope is due at once, for a fleet member now or for the server that
-// reads its store again. It is no deferral (the design's rule against
-// NakWithDelay): it holds the envelope's MaxAckPending slot no longer
-// than a plain nak does. The answer is waited for because the server
+// reads its store again. The answer is waited for because the server
 // takes acknowledgements off a queue of its own, which a server stopping
 // right after may not have read.
+//
+// While a pull request of this process is still open on the envelope's
+// consumer (one made before the stop, waiting for more: fetchOnce), the
+// delay runs until that request has ended at the server (pullWait at
+// most, plus giveBackMargin) instead: due at once, the envelope went to
+// that request, the first waiting, of a process about to close its
+// connection, which never saw it, and the server (restarted, or another
+// process's) waited for the ack wait. It is no deferral (the design's
+// rule against NakWithDelay): it holds the envelope's MaxAckPending slot
+// for seconds at most, for a process that stops.
 func (d *Delivery) GiveBack(ctx context.Context) error {
 	if d.givenBack {
 		return nil
 	}
 	d.givenBack = true
+	delay := giveBackDelay
+	if md, err := d.msg.Metadata(); err == nil && d.held != nil {
+		if until, open := d.held.openUntil(md.Stream + "/" + md.Consumer); open {
+			delay = max(delay, time.Until(until)+giveBackMargin)
+		}
+	}
 	// What nats.go's NakWithDelay sends (its nak is not confirmed).
-	body := fmt.Appendf(nil, `-NAK {"delay": %d}`, giveBackDelay.Nanoseconds())
+	body := fmt.Appendf(nil, `-NAK {"delay": %d}`, delay.Nanoseconds())
 	if _, err := d.q.nc.RequestWithContext(ctx, d.msg.Reply(), body); err != nil {
 		return fmt.Errorf("give back %s: %w", d.id(), err)
 	}
@@ -370,11 +424,86 @@ func (q *Queue) giveBackAll(lane Lane, ds []*Delivery) int {
 // none is held, so that every give-back has its answer before the
 // process goes on to close its connection, and says how many went back.
 // Messages counts into the Holding its ctx carries (WithHolding).
+//
+// It keeps the pulls' pull requests open too, by consumer, with when
+// they end at the latest, for GiveBack.
 type Holding struct {
 	mu      sync.Mutex
 	held    int
 	given   int
 	changed chan struct{} // closed at the next change of held, then replaced
+	pulls   map[string]*openPulls
+}
+
+// openPulls are the pull requests open on one consumer.
+type openPulls struct {
+	n     int
+	until time.Time // the latest end of those open
+}
+
+// pullKey names cons in h's pulls: its stream and name ("" without h).
+func (h *Holding) pullKey(cons jetstream.Consumer) string {
+	if h == nil {
+		return ""
+	}
+	if ci := cons.CachedInfo(); ci != nil {
+		return ci.Stream + "/" + ci.Name
+	}
+	return ""
+}
+
+// startPull counts a pull request on the consumer key about to be made,
+// waiting at the server until until at most, unless ctx has ended: then
+// it counts nothing and reports false, and none may be made. It counts
+// first and looks at ctx second, so that a give-back after the stop that
+// found no request open (openUntil) is followed by none.
+func (h *Holding) startPull(ctx context.Context, key string, until time.Time) bool {
+	if h != nil && key != "" {
+		h.mu.Lock()
+		if h.pulls == nil {
+			h.pulls = map[string]*openPulls{}
+		}
+		p := h.pulls[key]
+		if p == nil {
+			p = &openPulls{}
+			h.pulls[key] = p
+		}
+		p.n++
+		if until.After(p.until) {
+			p.until = until
+		}
+		h.mu.Unlock()
+	}
+	if ctx.Err() != nil {
+		h.endPull(key)
+		return false
+	}
+	return true
+}
+
+// endPull counts a pull request on the consumer key ended.
+func (h *Holding) endPull(key string) {
+	if h == nil || key == "" {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p := h.pulls[key]; p != nil {
+		if p.n--; p.n <= 0 {
+			delete(h.pulls, key)
+		}
+	}
+}
+
+// openUntil reports whether a pull request is open on the consumer key,
+// and until when at the latest.
+func (h *Holding) openUntil(key string) (time.Time, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p := h.pulls[key]; p != nil {
+		return p.until, true
+	}
+	return time.Time{}, false
 }
 
 type holdingKey struct{}

@@ -151,13 +151,14 @@ func (h *holdFirstSend) Send(ctx context.Context, m *sender.Message) sender.Resu
 }
 
 // stopWithOneWaiting runs a pool of one worker busy with the first of
-// three envelopes while the second waits fetched in its pull, and stops
-// it; the busy worker finishes its delivery within the grace.
+// two envelopes while the second waits fetched in its pull, and stops
+// it; the busy worker finishes its delivery within the grace. (With a
+// third, the pull may or may not have fetched it by the stop.)
 func stopWithOneWaiting(t *testing.T, e *env) *stoppable {
 	t.Helper()
 	snd := &holdFirstSend{Sender: e.snd, started: make(chan struct{}), release: make(chan struct{})}
 	a := e.runPool(e.q, 10*time.Second, func(c *Config) { c.Sender = snd })
-	for _, r := range []string{"a@dest.test", "b@dest.test", "c@dest.test"} {
+	for _, r := range []string{"a@dest.test", "b@dest.test"} {
 		e.submit(r)
 	}
 	waitClosed(t, snd.started, "the first send")
@@ -192,7 +193,7 @@ func TestStopGivesBackFetchedEnvelopes(t *testing.T) {
 		q := connect(t, e.emb, stopAckWait)
 		defer q.Close()
 		e.runPool(q, 5*time.Second, nil)
-		if err := e.mx.WaitForMessages(3, soon); err != nil {
+		if err := e.mx.WaitForMessages(2, soon); err != nil {
 			t.Fatal(err)
 		}
 		saysOneFetchedGivenBack(t, a)
@@ -209,7 +210,8 @@ func TestStopGivesBackFetchedEnvelopes(t *testing.T) {
 		e.emb = emb
 		e.q = connect(t, emb, stopAckWait)
 		e.runPool(e.q, 5*time.Second, nil)
-		if err := e.mx.WaitForMessages(3, soon); err != nil {
+		if err := e.mx.WaitForMessages(2, soon); err != nil {
+			t.Log(a.stoppedLine(t))
 			t.Fatal(err)
 		}
 		saysOneFetchedGivenBack(t, a)
