@@ -131,7 +131,7 @@ func New(cfg Config) (*Aggregator, error) {
 	}
 	a := &Aggregator{cfg: cfg, days: map[string]map[string]*domainStats{}, after: time.After,
 		http: &http.Client{
-			Timeout:   DefaultPostTimeout,
+			Timeout: DefaultPostTimeout,
 			// Reports go out once a day, to endpoints of many domains: a
 			// connection idle after the day's posts is closed rather than
 			// kept until the far side drops it (http.Transport's zero
