@@ -163,7 +163,21 @@ func TestAdminVerbs(t *testing.T) {
 			t.Fatal("dead.test got mail while refusing")
 		}
 		allow("dead.test")
-		d.cli(t, "queue", "replay", ids[0])
+		// Suppressed since it died: the replay is refused, naming the
+		// address, and nothing is queued; --include-suppressed sends it.
+		d.cli(t, "suppress", "add", "b@dead.test", "--tenant", testUser, "--reason", "hard bounce")
+		out, err := d.cliErr("queue", "replay", ids[0])
+		if err == nil || !strings.Contains(out, "b@dead.test") || !strings.Contains(out, "suppressed") || !strings.Contains(out, "--include-suppressed") {
+			t.Fatalf("replay to a suppressed recipient: %v\n%s", err, out)
+		}
+		if dead := d.listIDs(t, "--state", "dead"); len(dead) != 1 || len(d.listIDs(t, "--state", "queued")) != 0 {
+			t.Fatalf("after the refused replay: dead %v, want the dead letter kept and nothing queued", dead)
+		}
+		out = d.cli(t, "queue", "replay", ids[0], "--include-suppressed", "--json")
+		var replayed struct{ Result string }
+		if err := json.Unmarshal([]byte(out), &replayed); err != nil || replayed.Result != "queued" {
+			t.Fatalf("replay --include-suppressed: %q, %v", out, err)
+		}
 		waitFor(t, 30*time.Second, "delivery of the replayed dead letter", func() bool { return countTo(mx.Messages(), "dead.test") == 1 })
 		if ids := d.listIDs(t, "--state", "dead"); len(ids) != 0 {
 			t.Fatalf("dead letters after replay: %v", ids)

@@ -10,11 +10,14 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/net/idna"
 )
 
 // State is where an envelope is, as operators see it.
@@ -111,8 +114,11 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 		states = []State{f.State}
 	}
 	// Envelopes carry their domain lower-cased without a trailing dot
-	// (Domain), and the subject filter below matches it byte for byte.
-	f.Dest = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(f.Dest), "."))
+	// (Domain), in ASCII (submission takes addresses in ASCII only, so an
+	// internationalised domain is queued in A-labels), and the subject
+	// filter below matches it byte for byte: "Bücher.example." lists the
+	// mail of xn--bcher-kva.example.
+	f.Dest = asciiDomain(strings.ToLower(strings.TrimSuffix(strings.TrimSpace(f.Dest), ".")))
 	// A name without a dot is a provider group (google, microsoft): its
 	// envelopes are found by the group their last attempt found them in,
 	// reading the whole lane, since the subjects name domains.
@@ -122,6 +128,9 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 		subjDest = ""
 	}
 	rcpt := NormalizeAddress(f.Rcpt)
+	if at := strings.LastIndexByte(rcpt, '@'); at >= 0 {
+		rcpt = rcpt[:at+1] + asciiDomain(strings.TrimSuffix(rcpt[at+1:], "."))
+	}
 	var out []Item
 	keep := func(st State) func(Item) bool {
 		return func(it Item) bool {
@@ -160,6 +169,21 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 		}
 	}
 	return out, nil
+}
+
+// asciiDomain writes a domain typed with non-ASCII letters in A-labels
+// (IDNA lookup rules, as throttle.NormalizeDest does), lower-case; an
+// ASCII one, or one IDNA refuses, is returned as it is.
+func asciiDomain(d string) string {
+	for i := 0; i < len(d); i++ {
+		if d[i] >= utf8.RuneSelf {
+			if a, err := idna.Lookup.ToASCII(d); err == nil {
+				return strings.ToLower(a)
+			}
+			return d
+		}
+	}
+	return d
 }
 
 // scan walks stream's messages on subject in sequence order, calling fn
@@ -422,13 +446,73 @@ func (q *Queue) FastForward(ctx context.Context, id string) (*Item, error) {
 	return it, nil
 }
 
+// ErrSuppressed matches, with errors.Is, Replay's refusal of a message
+// with a recipient on its tenant's suppression list (SuppressedError names
+// them).
+var ErrSuppressed = errors.New("recipient suppressed")
+
+// SuppressedError is Replay's refusal: the recipients of the envelope that
+// are on its tenant's suppression list now (added since the message was
+// submitted, most often by its own bounce or a complaint).
+type SuppressedError struct {
+	ID    string
+	Rcpts []string
+}
+
+func (e *SuppressedError) Error() string {
+	return fmt.Sprintf("%s: not replayed: %d recipient(s) suppressed since it was submitted: %s (lift them with `outflow suppress remove`, or replay with --include-suppressed to send to them all the same)",
+		e.ID, len(e.Rcpts), strings.Join(e.Rcpts, ", "))
+}
+
+func (e *SuppressedError) Is(target error) bool { return target == ErrSuppressed }
+
+// ReplayOptions are what an operator may ask of a replay (ReplayWith).
+type ReplayOptions struct {
+	// EditHeaders, when non-empty, is a block of RFC 5322 header lines
+	// applied to the message first (see Replay).
+	EditHeaders []byte
+	// IncludeSuppressed replays a message even to recipients on its
+	// tenant's suppression list, which Replay otherwise refuses.
+	IncludeSuppressed bool
+}
+
 // Replay moves a dead or held envelope back to fresh work with a new
 // budget (attempts and age start again). editHeaders, when non-empty, is a
 // block of RFC 5322 header lines applied to the message first ("Name:
 // value" replaces or adds that header; "Name:" alone removes it); the
 // edited body is stored under a new name so other parts of the same
 // submission keep the original.
+//
+// A message with a recipient on its tenant's suppression list (put there
+// since it was submitted, often by this very message's bounce) is not
+// replayed: the error, a *SuppressedError matching ErrSuppressed, names
+// them, and nothing is queued (ReplayWith's IncludeSuppressed overrides).
 func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Envelope, error) {
+	return q.ReplayWith(ctx, id, ReplayOptions{EditHeaders: editHeaders})
+}
+
+// suppressedRcpts returns those of rcpts on tenant's suppression list.
+func (q *Queue) suppressedRcpts(ctx context.Context, tenant string, rcpts []string) ([]string, error) {
+	list, err := q.Suppressions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range rcpts {
+		s, err := list.Suppressed(ctx, tenant, r)
+		if err != nil {
+			return nil, err
+		}
+		if s != nil {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// ReplayWith is Replay with opts.
+func (q *Queue) ReplayWith(ctx context.Context, id string, opts ReplayOptions) (*Envelope, error) {
+	editHeaders := opts.EditHeaders
 	it, err := q.Find(ctx, id)
 	if err != nil {
 		return nil, err
@@ -438,6 +522,19 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 	}
 	if it.Env.BodyRef == "-" {
 		return nil, fmt.Errorf("%w: %s is a parked malformed message, not an envelope; inspect it and drop it", ErrWrongState, id)
+	}
+	if !opts.IncludeSuppressed {
+		// Submission checks the list and the worker checks it only for
+		// bulk mail: a replay is the one way in that would otherwise
+		// send to an address suppressed since, e.g. by the hard bounce
+		// that made this dead letter.
+		sup, err := q.suppressedRcpts(ctx, it.Env.Tenant, it.Env.Rcpts)
+		if err != nil {
+			return nil, fmt.Errorf("replay %s: suppression list: %w", id, err)
+		}
+		if len(sup) > 0 {
+			return nil, &SuppressedError{ID: id, Rcpts: sup}
+		}
 	}
 	e := it.Env.Clone()
 	oldCopy := "" // a signed copy the edit replaces
@@ -494,6 +591,13 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 		}
 		e.BodyRef, e.Signed, e.Size = ref, false, int64(len(edited))
 	}
+	if len(editHeaders) == 0 && !e.Inline() {
+		// An edit stored a new body above; otherwise the stored one must
+		// last as long as the replayed envelope can need it.
+		if err := q.refreshBody(ctx, e); err != nil {
+			return nil, fmt.Errorf("replay %s: %w", id, err)
+		}
+	}
 	e.Replays++
 	e.Step++
 	e.Attempt, e.ThrottleCount = 0, 0
@@ -532,6 +636,63 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 		}
 	}
 	return e, nil
+}
+
+// bodyKeepSlack is what refreshBody keeps a replayed envelope's body
+// beyond the latest its dead letter could need it, as the bucket's TTL has
+// a day of slack.
+const bodyKeepSlack = 24 * time.Hour
+
+// refreshBody stores e's body again, under the same name, when the Object
+// Store's TTL would take it before the replayed envelope could need it
+// last: dead-lettered again at its new deadline (DeadlineAfter from now)
+// and kept there the dead letters' age. The bucket's TTL counts from
+// when the body was stored, and outlives every dead letter of the first
+// life only: a body stored at T0, dead at T0+1d, replayed at T0+14d and
+// dead again by T0+15d, its dead letter kept to T0+29d, expired at T0+19d,
+// and a second replay found "body missing". Storing it again replaces the
+// object (new chunk and info, the old chunk purged) with the same bytes,
+// which the submission's other envelopes share unchanged. A DKIM-signed
+// envelope's unsigned original, which a replay with --edit-headers
+// reads, is refreshed too when it is still there.
+func (q *Queue) refreshBody(ctx context.Context, e *Envelope) error {
+	deadAge := q.opts.DeadMaxAge
+	if q.dead != nil && q.dead.CachedInfo() != nil && q.dead.CachedInfo().Config.MaxAge > 0 {
+		deadAge = q.dead.CachedInfo().Config.MaxAge // the daemons' --dead-max-age, whatever this client's
+	}
+	need := time.Now().Add(q.opts.DeadlineAfter + deadAge + bodyKeepSlack)
+	refs := []string{e.BodyRef}
+	if e.Signed && e.BodyRef != e.MsgID {
+		refs = append(refs, e.MsgID)
+	}
+	for i, ref := range refs {
+		until, err := q.BodyKeptUntil(ctx, &Envelope{BodyRef: ref})
+		if errors.Is(err, jetstream.ErrObjectNotFound) && i > 0 {
+			continue // the original of a signed copy, already gone: nothing delivers it
+		}
+		if err != nil {
+			return fmt.Errorf("body %s: %w", ref, err)
+		}
+		if !until.Before(need) {
+			continue
+		}
+		body, err := q.Body(ctx, ref)
+		if err != nil {
+			if i > 0 && errors.Is(err, ErrBodyMissing) {
+				continue
+			}
+			return err
+		}
+		if err := q.putBody(ctx, ref, body); err != nil {
+			return fmt.Errorf("store body %s again: %w", ref, err)
+		}
+		// The info Body remembered names the chunk just replaced: a
+		// release would purge that one and leave the new one.
+		q.bodyInfos.take(ref)
+		q.log.Info().Str("msg_id", e.ID).Str("body", ref).Time("was_kept_until", until).
+			Msg("replay: body stored again to outlive the replayed envelope")
+	}
+	return nil
 }
 
 // Drop removes an envelope wherever it waits and records a "dropped" event
@@ -730,7 +891,36 @@ func msgGone(err error) bool {
 // on which the schedules fire, is ahead of this process's (the throttle's
 // ClockOffset; 0 when unknown): a release paced on a clock behind the
 // server's would be written in the past and fire at once.
+//
+// Each envelope released gets a "released" event (EventReleased) with the
+// time written to its schedule; ReleaseDestBy also returns them, for the
+// daemon's log.
 func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain string) bool, rate float64, offset time.Duration) (int, error) {
+	r, err := q.ReleaseDestBy(ctx, "", dest, match, rate, offset)
+	return len(r), err
+}
+
+// Released is one envelope a release rescheduled (ReleaseDestBy).
+type Released struct {
+	ID     string
+	MsgID  string
+	Tenant string
+	Dest   string
+	Lane   Lane
+	// Position is the envelope's place in the release, from 1, oldest
+	// submission first; with Rate, it gives At.
+	Position int
+	// Of is how many envelopes the release found.
+	Of   int
+	Rate float64
+	// At is the time written to the envelope's schedule (HdrNotBefore,
+	// Nats-Schedule), on the NATS server's clock.
+	At time.Time
+}
+
+// ReleaseDestBy is ReleaseDest in the name of by (its events' worker_id),
+// returning each envelope it rescheduled, in order.
+func (q *Queue) ReleaseDestBy(ctx context.Context, by, dest string, match func(domain string) bool, rate float64, offset time.Duration) ([]Released, error) {
 	var items []Item
 	now := time.Now()
 	for _, st := range []State{StateDeferred, StateThrottled} {
@@ -750,11 +940,11 @@ func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain 
 			return true
 		})
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
 	sort.SliceStable(items, func(i, j int) bool { return items[i].Env.SubmittedAt.Before(items[j].Env.SubmittedAt) })
-	n := 0
+	var out []Released
 	for i, it := range items {
 		at := now.Add(offset)
 		if rate > 0 {
@@ -770,7 +960,7 @@ func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain 
 				continue // fired meanwhile
 			}
 			if err != nil {
-				return n, fmt.Errorf("release %s: %w", it.Env.ID, err)
+				return out, fmt.Errorf("release %s: %w", it.Env.ID, err)
 			}
 			again, err := DecodeEnvelope(raw.Data, raw.Header)
 			if err != nil || again.ID != it.Env.ID {
@@ -780,7 +970,7 @@ func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain 
 		}
 		data, err := it.Env.data()
 		if err != nil {
-			return n, fmt.Errorf("release %s: %w", it.Env.ID, err)
+			return out, fmt.Errorf("release %s: %w", it.Env.ID, err)
 		}
 		m := nats.NewMsg(it.Subject)
 		for k, v := range it.Header {
@@ -797,11 +987,29 @@ func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain 
 			if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
 				continue // fired or changed meanwhile
 			}
-			return n, fmt.Errorf("release %s: %w", it.Env.ID, err)
+			return out, fmt.Errorf("release %s: %w", it.Env.ID, err)
 		}
-		n++
+		r := Released{ID: it.Env.ID, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Lane: lane,
+			Position: i + 1, Of: len(items), Rate: rate, At: at.UTC()}
+		out = append(out, r)
+		// The envelope's own record of the re-timing, beside the
+		// daemon's log line: `queue history` shows when it was released
+		// and for when.
+		q.Event(EventReleased, &Event{ID: r.ID, MsgID: r.MsgID, Tenant: r.Tenant, Dest: r.Dest, Attempt: it.Env.Attempt,
+			Worker: by, Reason: r.reason()})
 	}
-	return n, nil
+	return out, nil
+}
+
+// reason is a released event's reason: the time written to the schedule
+// and the envelope's place in the release ("next attempt
+// 2026-12-01T10:00:01.5Z, 3 of 40 at 2/s, retry lane").
+func (r Released) reason() string {
+	pace := "all at once"
+	if r.Rate > 0 {
+		pace = "at " + strconv.FormatFloat(r.Rate, 'g', 4, 64) + "/s"
+	}
+	return fmt.Sprintf("next attempt %s, %d of %d %s, %s lane", r.At.Format(time.RFC3339Nano), r.Position, r.Of, pace, r.Lane)
 }
 
 // EditHeaders applies edits (RFC 5322 header lines) to body's header block:

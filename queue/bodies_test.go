@@ -133,6 +133,107 @@ func TestBodiesOutliveDeadLetters(t *testing.T) {
 	}
 }
 
+// TestReplayedBodyOutlivesItsNextDeadLetter: the bucket's TTL counts from
+// when a body was stored, so a replay late in a dead letter's life gave
+// the replayed envelope a body that could expire before its own dead
+// letter did (stored T0, dead T0+1d, replayed T0+14d, dead again T0+15d
+// and kept to T0+29d, the body gone at T0+19d). With a short TTL standing
+// in for that: a replay that finds its body kept for less than a new life
+// needs stores it again (the same bytes, which a sibling still reads), and
+// one that finds it kept long enough leaves it alone.
+func TestReplayedBodyOutlivesItsNextDeadLetter(t *testing.T) {
+	q, emb := startQueueWith(t, Options{InlineBodyMax: -1}) // bodies in the Object Store
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	work, err := q.Messages(ctx, LaneWork, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte("Subject: twice\r\n\r\nhello\r\n")
+	// A: one destination; B: two, one of which dies while the other waits.
+	idsA, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@src.example", Rcpts: []string{"x@one.example"}, Body: body})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idsB, err := q.Enqueue(ctx, &Submission{Tenant: "t", From: "a@src.example", Rcpts: []string{"x@one.example", "y@two.example"}, Body: body})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]*Delivery{}
+	for range 3 {
+		d := next(t, work)
+		byID[d.Env.ID] = d
+	}
+	die := func(id string) *Envelope {
+		t.Helper()
+		d := byID[id]
+		n := d.Env.Clone()
+		n.Attempt = 5
+		if err := d.Dead(ctx, n, "max-attempts"); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	a, b := die(idsA[0]), die(idsB[0])
+	sibling := byID[idsB[1]]
+
+	// A bucket TTL far beyond a new life's need: nothing is stored again.
+	keptA, err := q.BodyKeptUntil(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Replay(ctx, a.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := q.BodyKeptUntil(ctx, a); err != nil || !again.Equal(keptA) {
+		t.Errorf("a body kept long enough was stored again: kept until %v, was %v (%v)", again, keptA, err)
+	}
+
+	// A short TTL: the body would expire before the replayed envelope's
+	// dead letter could.
+	info, err := q.bodyStream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.MaxAge = time.Hour
+	if _, err := q.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := connectTo(emb, Options{NoSetup: true}) // `outflow queue replay`, seeing the TTL now in force
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	keptB, err := admin.BodyKeptUntil(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayed := time.Now()
+	if _, err := admin.Replay(ctx, b.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	again, err := admin.BodyKeptUntil(ctx, b)
+	if err != nil || !again.After(keptB) || again.Before(replayed.Add(time.Hour)) {
+		t.Fatalf("replay late in the body's life: kept until %v (was %v), want stored again, kept to %v or later (%v)",
+			again, keptB, replayed.Add(time.Hour), err)
+	}
+	for _, d := range []*Delivery{next(t, work), next(t, work), sibling} {
+		got, err := q.EnvelopeBody(ctx, d.Env)
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("%s reads %q, %v after the body was stored again", d.Env.ID, got, err)
+		}
+		if err := d.Delivered(ctx, d.Env.Rcpts, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Stored again, the body left no chunk behind: all three delivered,
+	// the body stream is empty.
+	if info, err := q.bodyStream.Info(ctx); err != nil || info.State.Msgs != 0 {
+		t.Fatalf("body stream after every envelope was delivered: %+v, %v; want empty", info.State, err)
+	}
+}
+
 // TestBodyKeptUntil: what queue inspect shows of a stored body's life,
 // the time it was stored plus the bucket's TTL; nothing for a body that
 // travels in its envelope.

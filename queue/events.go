@@ -93,6 +93,11 @@ const (
 	EventDropped   = "dropped"   // removed by an operator
 	EventReplayed  = "replayed"  // moved back to fresh work by an operator
 	EventFastFwd   = "fast-forwarded"
+	// EventReleased: a recovered destination's deferred or throttled
+	// envelope was given a new time at the destination's rate
+	// (ReleaseDest); Reason has the time written and its place in the
+	// release.
+	EventReleased  = "released"
 	EventMalformed = "malformed" // an undecodable envelope was parked
 	// EventComplained: a recipient reported the delivered message as
 	// spam (an ARF feedback report received at the return path, package
@@ -115,7 +120,7 @@ const (
 // endpoints' test events aside), for the look-ups that take types to refuse
 // a misspelt one rather than find nothing.
 var EventTypes = []string{EventQueued, EventDelivered, EventDeferred, EventThrottled, EventBounced, EventUnknown,
-	EventHeld, EventDead, EventExpired, EventDropped, EventReplayed, EventFastFwd, EventMalformed, EventComplained,
+	EventHeld, EventDead, EventExpired, EventDropped, EventReplayed, EventFastFwd, EventReleased, EventMalformed, EventComplained,
 	EventUnsubscribed, EventDSN, EventSuppressed, EventLearned}
 
 // CheckEventTypes returns an error naming the first of types that is not

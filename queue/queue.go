@@ -79,8 +79,11 @@ type Options struct {
 	// submission: the envelope's Deadline, stamped at enqueue and at replay,
 	// is this long after. It is not the worker's backoff.Budget.MaxAge,
 	// which counts from the first attempt; serve sets both from --max-age.
-	// Default backoff.DefaultBudget().MaxAge, the same as the worker's, so
-	// `outflow submit` and `queue replay` stamp what serve would.
+	// Default backoff.DefaultBudget().MaxAge, the same as the worker's.
+	// Setup publishes it on the work stream (metaDeadlineAfter), and a
+	// NoSetup client (`outflow submit`, `queue replay`) that leaves it
+	// zero takes the daemon's from there, so that it stamps what serve
+	// would with its --max-age; the default only when no daemon wrote it.
 	DeadlineAfter time.Duration
 	// InlineBodyMax is the largest body of one destination that travels
 	// inside its envelope; larger ones go to the Object Store. Default and
@@ -174,6 +177,9 @@ type Queue struct {
 	keeper keeper
 	// pulling counts the tenants' pull loops running (tenants.go).
 	pulling atomic.Int64
+	// tenantHandles counts the tenant consumers' handles the work
+	// pullers hold (tenants.go).
+	tenantHandles atomic.Int64
 	// times are the work lane's waits; zero: the package's (lanes.go).
 	times laneTimes
 	// sentSt is the SENT bucket's stream, once sentStream looked it up.
@@ -220,6 +226,9 @@ func Connect(ctx context.Context, opts Options) (*Queue, error) {
 // connect is Connect with the streams laid out by layout: streamConfigs,
 // or in a test an earlier release's layout to upgrade from.
 func connect(ctx context.Context, opts Options, layout func(Options) []jetstream.StreamConfig) (*Queue, error) {
+	// An admin client takes the daemon's message age budget unless it
+	// was given one (adoptSettings).
+	adopt := opts.NoSetup && opts.DeadlineAfter == 0
 	opts.defaults()
 	nopts := []nats.Option{
 		nats.Name(opts.Name),
@@ -288,6 +297,9 @@ func connect(ctx context.Context, opts Options, layout func(Options) []jetstream
 	if err := q.setup(ctx, layout); err != nil {
 		nc.Close()
 		return nil, err
+	}
+	if adopt {
+		q.adoptSettings()
 	}
 	if all, ok := opts.Syncer.(interface{ SyncAll() error }); ok && !opts.NoSetup {
 		// Stream and consumer metadata written by setup.
@@ -399,6 +411,8 @@ func streamConfigs(o Options) []jetstream.StreamConfig {
 		{
 			Name:        StreamWork,
 			Description: "outflow fresh mail: one envelope per destination",
+			// What admin clients stamp as the daemon does (adoptSettings).
+			Metadata:    map[string]string{metaDeadlineAfter: o.DeadlineAfter.String()},
 			Subjects:    []string{laneSubjects(LaneWork)},
 			Retention:   jetstream.WorkQueuePolicy,
 			Storage:     jetstream.FileStorage,
@@ -432,6 +446,36 @@ func streamConfigs(o Options) []jetstream.StreamConfig {
 			AllowDirect: true,
 		},
 	}
+}
+
+// metaDeadlineAfter is the work stream's metadata key under which setup
+// publishes Options.DeadlineAfter (a Go duration: serve's --max-age), so
+// that `outflow submit` and `queue replay`, which connect without setting
+// anything up (NoSetup) and perhaps with no more than --nats-url, stamp a
+// message's deadline as the daemons do. Every daemon of a fleet writes it
+// at start; the last one started wins, as it does for the body bucket's
+// TTL, which is derived from the same value.
+const metaDeadlineAfter = "outflow.deadline_after"
+
+// adoptSettings takes, for an admin client given none, the message age
+// budget the daemons published on the work stream (metaDeadlineAfter).
+// With none published (a daemon of an earlier release), or one that does
+// not parse, the default stands.
+func (q *Queue) adoptSettings() {
+	work := q.lanes[LaneWork]
+	if work == nil || work.CachedInfo() == nil {
+		return
+	}
+	v, ok := work.CachedInfo().Config.Metadata[metaDeadlineAfter]
+	if !ok {
+		return
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		q.log.Warn().Str("value", v).Msg("the daemon's published message age budget does not parse: using the default")
+		return
+	}
+	q.opts.DeadlineAfter = d
 }
 
 // setup creates or updates the streams (as layout lays them out for the

@@ -146,6 +146,39 @@ func (q *Queue) createTenant(ctx context.Context, tenant string, force bool) (*t
 	return meta, nil
 }
 
+// pruneTenants forgets the tenants this process ensured a consumer for
+// whose consumer is gone: not in listed (the consumers a look listed at
+// listedAt; nil: no listing) though ensured before the listing, or
+// ensured longer than tenantIdle before now, so that the server may have
+// removed it. The tenant's next mail ensures the consumer again (an
+// idempotent create). Without this, a process remembered every tenant it
+// ever stored mail for, and for up to half of tenantIdle trusted a
+// consumer an operator had removed, leaving the tenant's mail to the
+// workers' look to adopt.
+func (q *Queue) pruneTenants(listed map[string]bool, listedAt, now time.Time) {
+	idle := q.tenantIdle()
+	q.tenants.mu.Lock()
+	defer q.tenants.mu.Unlock()
+	for tenant, meta := range q.tenants.seen {
+		if listed != nil && !listed[string(meta.name)] && meta.ensured.Before(listedAt) || now.Sub(meta.ensured) > idle {
+			delete(q.tenants.seen, tenant)
+		}
+	}
+}
+
+// forgetConsumer forgets the tenant whose work consumer is name, found
+// gone: its next mail makes the consumer again.
+func (q *Queue) forgetConsumer(name string) {
+	q.tenants.mu.Lock()
+	defer q.tenants.mu.Unlock()
+	for tenant, meta := range q.tenants.seen {
+		if string(meta.name) == name {
+			delete(q.tenants.seen, tenant)
+			return
+		}
+	}
+}
+
 // wakeGap is the shortest time between two wake-ups one process sends for
 // one tenant. A worker's pull loop, once woken, waits pullWait for more
 // mail, so a busy tenant needs no wake-up per message; the gap only bounds
@@ -282,6 +315,9 @@ func (q *Queue) workMessages(ctx context.Context, buffer int, out chan<- *Delive
 		p.closed = true
 		p.mu.Unlock()
 		p.wg.Wait()
+		p.mu.Lock()
+		q.tenantHandles.Add(-int64(len(p.tenants)))
+		p.mu.Unlock()
 		close(out)
 	}()
 	onWake := func(m *nats.Msg) { p.wake(string(m.Data)) }
@@ -384,8 +420,13 @@ type workPuller struct {
 
 // tenantPull is one tenant consumer as this process pulls it.
 type tenantPull struct {
+	name    string // the consumer's
 	cons    jetstream.Consumer
 	running bool // its pull loop runs
+	// idleSince is when the handle was got or its loop last stopped:
+	// a handle idle past tenantIdle is dropped (pruneHandles), as the
+	// server drops the consumer.
+	idleSince time.Time
 	// woken: a wake-up came while the loop ran, so it pulls once more
 	// before it stops, whatever its last pull got.
 	woken bool
@@ -436,10 +477,47 @@ func (p *workPuller) add(name string) error {
 	}
 	p.mu.Lock()
 	if p.tenants[name] == nil {
-		p.tenants[name] = &tenantPull{cons: cons}
+		p.tenants[name] = &tenantPull{name: name, cons: cons, idleSince: time.Now()}
+		p.q.tenantHandles.Add(1)
 	}
 	p.mu.Unlock()
 	return nil
+}
+
+// consumerGone reports whether err says a consumer no longer exists: not
+// found by a look-up, deleted under a pull, or a pull request nobody
+// answered (a consumer's pull requests are answered by the consumer).
+func consumerGone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, jetstream.ErrConsumerDoesNotExist) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// drop forgets the named consumer's handle, under p.mu, unless its loop
+// runs.
+func (p *workPuller) drop(name string) {
+	if t := p.tenants[name]; t != nil && !t.running {
+		delete(p.tenants, name)
+		p.q.tenantHandles.Add(-1)
+	}
+}
+
+// pruneHandles drops, under p.mu, the handles of consumers whose loops do
+// not run and that are gone or idle: not in listed (the consumers a look
+// listed at listedAt, nil when it listed none) though idle since before
+// the listing, or idle longer than tenantIdle at now, after which the
+// server has removed the consumer. A tenant that sends again is woken by
+// name, and its handle got again (add). Without this, a worker process
+// kept a handle for every tenant it ever pulled.
+func (p *workPuller) pruneHandles(listed map[string]bool, listedAt, now time.Time) {
+	idle := p.q.tenantIdle()
+	for name, t := range p.tenants {
+		if t.running {
+			continue
+		}
+		if listed != nil && !listed[name] && t.idleSince.Before(listedAt) || now.Sub(t.idleSince) > idle {
+			p.drop(name)
+		}
+	}
 }
 
 // lookAll wakes the loop of every tenant consumer with mail pending, and
@@ -447,7 +525,20 @@ func (p *workPuller) add(name string) error {
 // consumers it read. Nothing to do, and no listing, while the work stream
 // is empty.
 func (p *workPuller) lookAll() (int, error) {
+	listedAt := time.Now()
 	c, err := p.q.adoptTenants(p.ctx)
+	// What this process remembers of tenants whose consumers are gone,
+	// or idle past the server's threshold, goes; only on a whole
+	// listing (none while the work stream is empty: idleness alone).
+	listed := c.names
+	if err != nil {
+		listed = nil
+	}
+	now := time.Now()
+	p.mu.Lock()
+	p.pruneHandles(listed, listedAt, now)
+	p.mu.Unlock()
+	p.q.pruneTenants(listed, listedAt, now)
 	return len(c.names), errors.Join(err, p.wakeEach(c.pending))
 }
 
@@ -461,6 +552,8 @@ func (p *workPuller) wakeEach(names []string) error {
 		if err := p.add(name); err != nil {
 			if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 				errs = append(errs, fmt.Errorf("consumer %s: %w", name, err))
+			} else {
+				p.q.forgetConsumer(name)
 			}
 			continue
 		}
@@ -526,11 +619,21 @@ func (p *workPuller) run(t *tenantPull) {
 		// The rate the batches follow is what the workers take: an
 		// envelope given back unstarted is no delivery.
 		p.received(taken)
-		if p.ctx.Err() != nil || (!got || err != nil) && !t.woken {
-			t.running = false
+		if p.ctx.Err() != nil || (!got || err != nil) && !t.woken || consumerGone(err) {
+			t.running, t.idleSince = false, time.Now()
 			p.running--
 			p.q.pulling.Add(-1)
+			gone := consumerGone(err) && p.ctx.Err() == nil
+			if gone {
+				// Removed as idle, or by an operator: a wake-up for
+				// the tenant gets the consumer again, and this
+				// process makes it again for the tenant's next mail.
+				p.drop(t.name)
+			}
 			p.mu.Unlock()
+			if gone {
+				p.q.forgetConsumer(t.name)
+			}
 			return
 		}
 		p.mu.Unlock()

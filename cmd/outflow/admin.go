@@ -304,6 +304,7 @@ func init() {
 	}
 
 	var editFile string
+	var includeSuppressed bool
 	replay := &cobra.Command{
 		Use:   "replay ID",
 		Short: "move a dead or held message back to fresh work with a new budget",
@@ -318,7 +319,7 @@ func init() {
 				edits = b
 			}
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				e, err := q.Replay(ctx, args[0], edits)
+				e, err := q.ReplayWith(ctx, args[0], queue.ReplayOptions{EditHeaders: edits, IncludeSuppressed: includeSuppressed})
 				if err != nil {
 					return err
 				}
@@ -328,6 +329,7 @@ func init() {
 		},
 	}
 	replay.Flags().StringVar(&editFile, "edit-headers", "", "file of header lines to set (\"Name: value\") or remove (\"Name:\") first")
+	replay.Flags().BoolVar(&includeSuppressed, "include-suppressed", false, "replay even when a recipient is on the tenant's suppression list now (refused by default, naming them)")
 
 	drop := &cobra.Command{
 		Use:   "drop ID",

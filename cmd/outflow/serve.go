@@ -529,8 +529,16 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 		if t := tp.Load(); t != nil {
 			offset, _ = t.ClockOffset() // 0 until measured
 		}
-		n, err := q.ReleaseDest(rctx, domain, match, rate, offset)
-		log.Info().Err(err).Str("dest", dest).Float64("rate", rate).Int("released", n).
+		released, err := q.ReleaseDestBy(rctx, workerID, domain, match, rate, offset)
+		// One line per envelope re-timed (each also has a released event),
+		// so that a postmortem sees when each message was given its new
+		// time, as it sees every backoff decision; then the summary.
+		for _, r := range released {
+			log.Info().Str("msg_id", r.ID).Str("tenant", r.Tenant).Str("dest", r.Dest).Str("recovered", dest).
+				Str("lane", string(r.Lane)).Int("position", r.Position).Int("of", r.Of).Float64("rate", rate).
+				Time("next_attempt_at", r.At).Msg("released: deferred envelope rescheduled at the recovered destination's rate")
+		}
+		log.Info().Err(err).Str("dest", dest).Float64("rate", rate).Int("released", len(released)).
 			Msg("destination recovered: deferred mail released oldest first at its rate")
 	}
 	// Every change of a learned limit is an event, beside its log line,
