@@ -13,11 +13,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/net/idna"
+
+	"github.com/outflow/outflow/internal/ascii"
 )
 
 // State is where an envelope is, as operators see it.
@@ -118,7 +118,7 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 	// internationalised domain is queued in A-labels), and the subject
 	// filter below matches it byte for byte: "Bücher.example." lists the
 	// mail of xn--bcher-kva.example.
-	f.Dest = asciiDomain(strings.ToLower(strings.TrimSuffix(strings.TrimSpace(f.Dest), ".")))
+	f.Dest = ascii.Domain(strings.TrimSpace(f.Dest))
 	// A name without a dot is a provider group (google, microsoft): its
 	// envelopes are found by the group their last attempt found them in,
 	// reading the whole lane, since the subjects name domains.
@@ -129,7 +129,7 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 	}
 	rcpt := NormalizeAddress(f.Rcpt)
 	if at := strings.LastIndexByte(rcpt, '@'); at >= 0 {
-		rcpt = rcpt[:at+1] + asciiDomain(strings.TrimSuffix(rcpt[at+1:], "."))
+		rcpt = rcpt[:at+1] + ascii.Domain(rcpt[at+1:])
 	}
 	var out []Item
 	keep := func(st State) func(Item) bool {
@@ -169,21 +169,6 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 		}
 	}
 	return out, nil
-}
-
-// asciiDomain writes a domain typed with non-ASCII letters in A-labels
-// (IDNA lookup rules, as throttle.NormalizeDest does), lower-case; an
-// ASCII one, or one IDNA refuses, is returned as it is.
-func asciiDomain(d string) string {
-	for i := 0; i < len(d); i++ {
-		if d[i] >= utf8.RuneSelf {
-			if a, err := idna.Lookup.ToASCII(d); err == nil {
-				return strings.ToLower(a)
-			}
-			return d
-		}
-	}
-	return d
 }
 
 // scan walks stream's messages on subject in sequence order, calling fn

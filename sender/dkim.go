@@ -13,8 +13,8 @@ import (
 	"strings"
 
 	"github.com/emersion/go-msgauth/dkim"
-	"golang.org/x/net/idna"
 
+	"github.com/outflow/outflow/internal/ascii"
 	"github.com/outflow/outflow/internal/mailhdr"
 )
 
@@ -261,14 +261,7 @@ func domainOf(addr string) string {
 }
 
 // aLabels is domain in the form the key map holds and d= names (RFC 6376
-// 3.5 wants its A-labels): lower case, no final dot, an internationalised
-// name as xn-- labels, so that a From at bücher.example finds the key for
-// xn--bcher-kva.example and the other way round. A name idna refuses is
-// kept as it is (lower-cased).
-func aLabels(domain string) string {
-	d := strings.ToLower(strings.TrimSuffix(domain, "."))
-	if a, err := idna.Lookup.ToASCII(d); err == nil {
-		return a
-	}
-	return d
-}
+// 3.5 wants its A-labels): ascii.Domain's, so that a From at
+// bücher.example finds the key for xn--bcher-kva.example and the other way
+// round.
+func aLabels(domain string) string { return ascii.Domain(domain) }

@@ -10,10 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/net/idna"
+
+	"github.com/outflow/outflow/internal/ascii"
 )
 
 // Breaker states, as stored in DestState.Breaker and shown by `outflow dest
@@ -250,22 +250,11 @@ func DestFromKey(key string) string {
 // "xn--bcher-kva.example" that mail to it is queued under (submission
 // takes addresses in ASCII only). A DEST@SOURCE pair keeps its source.
 func NormalizeDest(d string) string {
-	d = strings.TrimSuffix(strings.TrimSpace(d), ".")
-	for i := 0; i < len(d); i++ {
-		if d[i] >= utf8.RuneSelf {
-			name, source := SplitPair(d)
-			if a, err := idna.Lookup.ToASCII(strings.TrimSuffix(name, ".")); err == nil {
-				d = PairName(a, source)
-			}
-			break
-		}
+	name, source := SplitPair(strings.TrimSpace(d))
+	if source == "" {
+		return ascii.Domain(name)
 	}
-	for i := 0; i < len(d); i++ {
-		if 'A' <= d[i] && d[i] <= 'Z' {
-			return strings.ToLower(d)
-		}
-	}
-	return d
+	return PairName(ascii.Domain(name), strings.ToLower(strings.TrimSuffix(source, ".")))
 }
 
 // decodeState parses a stored value; dest fills in a missing Dest.

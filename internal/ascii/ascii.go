@@ -3,7 +3,12 @@
 // every address outflow writes into a header: one fast loop, shared.
 package ascii
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"strings"
+
+	"golang.org/x/net/idna"
+)
 
 // Is reports whether b holds only US-ASCII octets (below 0x80).
 func Is(b []byte) bool {
@@ -37,4 +42,21 @@ func IsString(s string) bool {
 		}
 	}
 	return true
+}
+
+// Domain is a domain name as outflow keys, queues and compares it: lower
+// case, without a final dot, an internationalised name in A-labels (IDNA's
+// lookup rules: bücher.example is xn--bcher-kva.example), since mail is
+// queued under the ASCII form. A name IDNA refuses is returned as it is,
+// lower-cased. An ASCII name is not given to IDNA, whose rules would also
+// refuse names mail uses (an underscore).
+func Domain(d string) string {
+	d = strings.ToLower(strings.TrimSuffix(d, "."))
+	if IsString(d) {
+		return d
+	}
+	if a, err := idna.Lookup.ToASCII(d); err == nil {
+		return a
+	}
+	return d
 }

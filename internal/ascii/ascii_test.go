@@ -32,3 +32,18 @@ func BenchmarkIs(b *testing.B) {
 		}
 	}
 }
+
+// TestDomain: the form a domain is keyed and queued under.
+func TestDomain(t *testing.T) {
+	for in, want := range map[string]string{
+		"Gmail.COM.":            "gmail.com",
+		"Bücher.Example":        "xn--bcher-kva.example",
+		"xn--bcher-kva.example": "xn--bcher-kva.example",
+		"_dmarc.Example.com":    "_dmarc.example.com", // ASCII: not IDNA's to refuse
+		"\u0301bad.example":     "\u0301bad.example",  // refused by IDNA: as it is
+	} {
+		if got := Domain(in); got != want {
+			t.Errorf("Domain(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
