@@ -861,31 +861,7 @@ func msgGone(err error) bool {
 	return strings.Contains(s, "err_code=10057 description=no message found") || strings.Contains(s, "err_code=10043 ")
 }
 
-// ReleaseDest reschedules every deferred and throttled envelope of dest,
-// oldest submission first, to fire at rate per second from now (all at
-// once when rate <= 0). The throttle calls it when a destination
-// recovers, so a backlog drains at the destination's pace instead of each
-// envelope waiting out its own backoff. Each rewrite replaces the schedule
-// on its subject and expects the sequence it read, so an envelope that
-// fired meanwhile is left alone. Mail sent later (Submission.SendAt) whose
-// time has not come is left alone too. It returns how many were released.
-//
-// dest is a recipient domain, found through the lane subjects. For a
-// provider group, pass dest "" and match, which is asked about every
-// deferred envelope's domain. offset is how far the NATS server's clock,
-// on which the schedules fire, is ahead of this process's (the throttle's
-// ClockOffset; 0 when unknown): a release paced on a clock behind the
-// server's would be written in the past and fire at once.
-//
-// Each envelope released gets a "released" event (EventReleased) with the
-// time written to its schedule; ReleaseDestBy also returns them, for the
-// daemon's log.
-func (q *Queue) ReleaseDest(ctx context.Context, dest string, match func(domain string) bool, rate float64, offset time.Duration) (int, error) {
-	r, err := q.ReleaseDestBy(ctx, "", dest, match, rate, offset)
-	return len(r), err
-}
-
-// Released is one envelope a release rescheduled (ReleaseDestBy).
+// Released is one envelope a release rescheduled (ReleaseDest).
 type Released struct {
 	ID     string
 	MsgID  string
@@ -903,9 +879,27 @@ type Released struct {
 	At time.Time
 }
 
-// ReleaseDestBy is ReleaseDest in the name of by (its events' worker_id),
-// returning each envelope it rescheduled, in order.
-func (q *Queue) ReleaseDestBy(ctx context.Context, by, dest string, match func(domain string) bool, rate float64, offset time.Duration) ([]Released, error) {
+// ReleaseDest reschedules every deferred and throttled envelope of dest,
+// oldest submission first, to fire at rate per second from now (all at
+// once when rate <= 0). The throttle calls it when a destination
+// recovers, so a backlog drains at the destination's pace instead of each
+// envelope waiting out its own backoff. Each rewrite replaces the schedule
+// on its subject and expects the sequence it read, so an envelope that
+// fired meanwhile is left alone. Mail sent later (Submission.SendAt) whose
+// time has not come is left alone too. It returns each envelope it
+// rescheduled, in order.
+//
+// dest is a recipient domain, found through the lane subjects. For a
+// provider group, pass dest "" and match, which is asked about every
+// deferred envelope's domain. offset is how far the NATS server's clock,
+// on which the schedules fire, is ahead of this process's (the throttle's
+// ClockOffset; 0 when unknown): a release paced on a clock behind the
+// server's would be written in the past and fire at once.
+//
+// Each envelope released gets a "released" event (EventReleased) in the
+// name of by (its worker_id) with the time written to its schedule; the
+// daemon also logs the returned records.
+func (q *Queue) ReleaseDest(ctx context.Context, by, dest string, match func(domain string) bool, rate float64, offset time.Duration) ([]Released, error) {
 	var items []Item
 	now := time.Now()
 	for _, st := range []State{StateDeferred, StateThrottled} {

@@ -212,7 +212,7 @@ func TestReleaseDestReportsEachEnvelope(t *testing.T) {
 	ids = append(ids, deferOne(t, q, LaneRateLimit, time.Now().Add(2*time.Hour)).ID)
 	// An hour's clock offset keeps the released schedules from firing
 	// while the test reads them.
-	released, err := q.ReleaseDestBy(ctx, "w1", "d.example", nil, 2, time.Hour)
+	released, err := q.ReleaseDest(ctx, "w1", "d.example", nil, 2, time.Hour)
 	if err != nil || len(released) != 3 {
 		t.Fatalf("released %d, %v; want 3 records", len(released), err)
 	}

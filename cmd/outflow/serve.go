@@ -529,7 +529,7 @@ func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 		if t := tp.Load(); t != nil {
 			offset, _ = t.ClockOffset() // 0 until measured
 		}
-		released, err := q.ReleaseDestBy(rctx, workerID, domain, match, rate, offset)
+		released, err := q.ReleaseDest(rctx, workerID, domain, match, rate, offset)
 		// One line per envelope re-timed (each also has a released event),
 		// so that a postmortem sees when each message was given its new
 		// time, as it sees every backoff decision; then the summary.
