@@ -580,8 +580,9 @@ type MessageStatus struct {
 
 // lastOutcome is the state of a message no longer stored: its last event
 // that is an outcome. A notification about it (dsn) comes after the outcome
-// it reports, and says nothing new of the message. A last queued or
-// replayed event means stored and being delivered: queued.
+// it reports, and says nothing new of the message. A last queued,
+// replayed, released or fast-forwarded event means stored and being
+// delivered (the last three put it back on fresh work): queued.
 func lastOutcome(hist []queue.Event) string {
 	for i := len(hist) - 1; i >= 0; i-- {
 		switch t := hist[i].Type; t {
@@ -589,7 +590,7 @@ func lastOutcome(hist []queue.Event) string {
 			// A notice sent, a complaint or an unsubscribe received:
 			// about the message, not what became of it.
 			continue
-		case queue.EventQueued, queue.EventReplayed:
+		case queue.EventQueued, queue.EventReplayed, queue.EventReleased, queue.EventFastFwd:
 			return string(queue.StateQueued)
 		default:
 			return t

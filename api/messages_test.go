@@ -691,6 +691,11 @@ func TestLastOutcomeAfterDelivery(t *testing.T) {
 		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDelivered, false), ev(queue.EventComplained, true)}, queue.EventDelivered},
 		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventBounced, false), ev(queue.EventDSN, false)}, queue.EventBounced},
 		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDelivered, false), ev(queue.EventUnsubscribed, true)}, queue.EventDelivered},
+		// Put back on fresh work by an operator or a recovered
+		// destination, and not yet picked up: queued, not a state of its
+		// own that the API does not document.
+		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventThrottled, false), ev(queue.EventReleased, false)}, string(queue.StateQueued)},
+		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDeferred, false), ev(queue.EventFastFwd, false)}, string(queue.StateQueued)},
 	} {
 		if got := lastOutcome(tc.hist); got != tc.want {
 			t.Errorf("%v: %s, want %s", tc.hist, got, tc.want)
