@@ -853,6 +853,26 @@ func TestSMTPUTF8(t *testing.T) {
 			t.Error("MAIL was sent")
 		}
 	})
+	// The refusal names what needs it: an 8-bit header is often not
+	// UTF-8 at all (Latin-1 from an old application), and an address is
+	// not the message's to fix.
+	t.Run("says why", func(t *testing.T) {
+		w, _ := oneMX(t, fakemx.Options{})
+		s := w.sender(w.config())
+		latin1 := msg("example.test", "bob@example.test")
+		latin1.Body = []byte("From: alice@sender.test\r\nSubject: caf\xe9\r\n\r\nbody\r\n")
+		addr := msg("example.test", "用户@example.test")
+		for _, c := range []struct {
+			name string
+			m    *Message
+			want string
+		}{{"latin-1 header", latin1, "8-bit octets in the header section"}, {"address", addr, "non-ASCII recipient address"}} {
+			r := s.Send(ctxT(t), c.m)
+			if o := r.Rcpts[0].Outcome; o.Enhanced != "5.6.7" || !contains(o.Text, c.want) || contains(o.Text, "UTF-8 in") {
+				t.Errorf("%s: outcome %+v, want its text to say %q", c.name, o, c.want)
+			}
+		}
+	})
 	t.Run("offered", func(t *testing.T) {
 		w, fake := oneMX(t, fakemx.Options{SMTPUTF8: true})
 		s := w.sender(w.config())

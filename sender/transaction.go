@@ -26,6 +26,10 @@ type msgInfo struct {
 	size      int64  // len(Body), declared with SIZE=
 	eightBit  bool   // the body has octets above 127
 	needsUTF8 bool   // UTF-8 in an envelope address or a header field
+	// utf8Why says what needsUTF8 was set by, for the refusal's text:
+	// an 8-bit header may well not be UTF-8 (Latin-1), and an address
+	// is the sender's to fix, not the message's.
+	utf8Why string
 	// dsnRelayed lists the recipients (indexes into Message.Rcpts)
 	// accepted by a server that offers DSN.
 	dsnRelayed []int
@@ -86,12 +90,18 @@ func inspect(m *Message) *msgInfo {
 	// RFC 6531 3.2/3.4: SMTPUTF8 is needed when an envelope address or a
 	// header field carries UTF-8; 8-bit bytes in the body alone only need
 	// 8BITMIME.
-	info.needsUTF8 = !ascii.IsString(m.From) || !ascii.Is(m.Body[:hdrEnd])
+	switch {
+	case !ascii.IsString(m.From):
+		info.utf8Why = "a non-ASCII envelope sender"
+	case !ascii.Is(m.Body[:hdrEnd]):
+		info.utf8Why = "8-bit octets in the header section (UTF-8 or another charset; RFC 2047 encoded words need none)"
+	}
 	for _, r := range m.Rcpts {
-		if !ascii.IsString(r) {
-			info.needsUTF8 = true
+		if info.utf8Why == "" && !ascii.IsString(r) {
+			info.utf8Why = "a non-ASCII recipient address"
 		}
 	}
+	info.needsUTF8 = info.utf8Why != ""
 	return info
 }
 
@@ -139,7 +149,7 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 		// RFC 6531: without SMTPUTF8 offered, UTF-8 addresses or headers
 		// must not be sent; no later attempt to this host will differ.
 		return nil, &stepErr{in: synthetic(classify.StageMail, 553, "5.6.7",
-			fmt.Sprintf("the message needs SMTPUTF8 (UTF-8 in an address or header) but %s does not offer it", c.host))}
+			fmt.Sprintf("the message needs SMTPUTF8 (%s) but %s does not offer it", info.utf8Why, c.host))}
 	}
 	if c.sizeMax > 0 && info.size > c.sizeMax {
 		// RFC 1870: don't send what the server's fixed maximum refuses.
