@@ -624,6 +624,12 @@ func (p *workPuller) run(t *tenantPull) {
 			p.running--
 			p.q.pulling.Add(-1)
 			gone := consumerGone(err) && p.ctx.Err() == nil
+			// A wake-up that came meanwhile says the tenant has mail
+			// now. "No responders" also answers a pull while a
+			// cluster elects the consumer's leader: the name is looked
+			// up again (and woken if it is there) rather than left to
+			// the periodic look, up to a minute away.
+			rewake := gone && t.woken
 			if gone {
 				// Removed as idle, or by an operator: a wake-up for
 				// the tenant gets the consumer again, and this
@@ -633,6 +639,9 @@ func (p *workPuller) run(t *tenantPull) {
 			p.mu.Unlock()
 			if gone {
 				p.q.forgetConsumer(t.name)
+			}
+			if rewake {
+				p.wake(t.name)
 			}
 			return
 		}

@@ -833,3 +833,42 @@ func TestLookWakesPastAGoneConsumer(t *testing.T) {
 		t.Fatalf("got tenant %q's envelope", d.Env.Tenant)
 	}
 }
+
+// noResponders is a consumer whose pull nobody answers (a cluster electing
+// its leader, or a consumer deleted), with a wake-up arriving meanwhile.
+type noResponders struct {
+	jetstream.Consumer
+	during func()
+}
+
+func (c noResponders) Fetch(int, ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	c.during()
+	return nil, nats.ErrNoResponders
+}
+
+// A pull answered "no responders" while a wake-up came: the loop stops
+// and forgets the handle, but the wake-up is not lost with it. The name
+// goes to be looked up again, as a wake-up for an unknown consumer does,
+// not left for the periodic look (up to a minute).
+func TestWakeUpDuringNoRespondersKept(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := tenantConsumer("electing")
+	p := &workPuller{q: q, ctx: ctx, buffer: 4, out: make(chan *Delivery, 4),
+		tenants: map[string]*tenantPull{}, look: make(chan struct{}, 1), unknown: make(chan string, 64)}
+	t.Cleanup(func() {
+		cancel()
+		p.wg.Wait()
+	})
+	p.tenants[name] = &tenantPull{name: name, cons: noResponders{during: func() { p.wake(name) }}}
+	p.wake(name)
+	select {
+	case got := <-p.unknown:
+		if got != name {
+			t.Fatalf("%q looked up, want %q", got, name)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wake-up that came during the failed pull was lost")
+	}
+}
