@@ -35,7 +35,10 @@
 // NATS after the store, and a periodic look at the consumers' pending
 // counts finds what a lost wake-up would leave (tenants.go). So tenants that
 // are not sending cost no goroutine and no waiting pull request, and the
-// pulls share the process's buffer among the tenants that are. A tenant's
+// pulls share the process's buffer among the tenants that are. The pulls
+// hand an envelope to a delivery slot only when the caller's Admission
+// (WithAdmission: the worker pool's share of slots per tenant) admits its
+// tenant, and go past one it refuses (admission.go). A tenant's
 // consumer unpulled for a day is removed by the server and made again by
 // the tenant's next mail.
 //

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,8 +81,12 @@ func (q *Queue) pull(ctx context.Context, cons jetstream.Consumer, lane Lane, bu
 	// pulling a lane then would strand its mail, so pulling starts again
 	// (with a growing pause) until ctx ends.
 	wait := 250 * time.Millisecond
+	carry := &carried{}
+	// What is carried when the pulls end goes back, as fetchOnce gives
+	// back what it holds at the stop.
+	defer carry.giveBack(q, lane, holdingOf(ctx))
 	for ctx.Err() == nil {
-		if q.pullOnce(ctx, cons, lane, buffer, out) {
+		if q.pullOnce(ctx, cons, lane, buffer, out, carry) {
 			wait = 250 * time.Millisecond
 		}
 		if ctx.Err() != nil {
@@ -128,9 +133,13 @@ func (q *Queue) wakeGap() time.Duration       { return cmp.Or(q.times.wakeGap, w
 // pull request left at the server, no error, no heartbeat error) with
 // envelopes pending. A fetch is one pull request with an expiry that the
 // client enforces too, so a lost request costs at most one pullWait.
-func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) (got bool) {
+//
+// A lane every tenant shares carries over from one pull to the next the
+// envelopes the Admission refused (carry): the next pull asks for fewer,
+// and the other tenants' mail behind them is still fetched and handed out.
+func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery, carry *carried) (got bool) {
 	for ctx.Err() == nil {
-		g, _, err := q.fetchOnce(ctx, cons, lane, buffer, out)
+		g, _, err := q.fetchOnce(ctx, cons, lane, buffer, out, carry)
 		got = got || g > 0
 		if err != nil {
 			return got
@@ -161,8 +170,22 @@ func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane
 // same instant by this process, or by any other). The requests open are
 // counted in the Holding, with when they end, so that a give-back does
 // not come due while one of them could take it (GiveBack).
-func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, n int, out chan<- *Delivery) (got, taken int, err error) {
-	held := holdingOf(ctx)
+//
+// With carry (a lane every tenant shares), envelopes carried from the last
+// call are handed out first, the request asks for that many fewer (at
+// least one), and the call returns once the request has ended and nothing
+// it holds is admitted, carrying those. Without, it returns only once it
+// holds nothing: a tenant's lane is all its own, and fetching more of it
+// would only add to what waits.
+func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, n int, out chan<- *Delivery, carry *carried) (got, taken int, err error) {
+	held, adm := holdingOf(ctx), admissionOf(ctx)
+	var waiting []*Delivery          // not yet taken, oldest first
+	var maxWait, stale time.Duration // set at the first envelope (waitLimits)
+	if carry != nil {
+		waiting, carry.waiting = carry.waiting, nil
+		defer func() { carry.waiting, carry.stale = waiting, stale }()
+		n = max(1, n-len(waiting))
+	}
 	key := held.pullKey(cons)
 	// No pull request once the stop has come: the give-backs' own wake-up
 	// started a loop for their tenant, whose request, open for pullWait,
@@ -170,7 +193,7 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 	// closing its connection; the restarted server, or another process,
 	// then waited for the ack wait.
 	if !held.startPull(ctx, key, time.Now().Add(q.pullWait())) {
-		return 0, 0, ctx.Err()
+		return 0, 0, ctx.Err() // what is carried goes back as pull returns
 	}
 	open := true // the request, counted in held until it ends
 	ended := func() {
@@ -188,8 +211,9 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		}
 		return 0, 0, err
 	}
-	var waiting []*Delivery          // not yet taken, oldest first
-	var maxWait, stale time.Duration // set at the first envelope (waitLimits)
+	if len(waiting) > 0 {
+		maxWait, stale = waitLimits(q.opts.AckWait, cons)
+	}
 	var check *time.Ticker
 	var checkC <-chan time.Time
 	defer func() {
@@ -212,23 +236,39 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		}
 		var send chan<- *Delivery
 		var head *Delivery
-		if len(waiting) > 0 {
-			send, head = out, waiting[0]
-			if check == nil {
-				// A worker ready now takes it without the ticker: it is
-				// armed only for envelopes that have to wait.
+		var changed <-chan struct{} // set while none waiting is admitted
+		at := nextAdmitted(adm, waiting)
+		if at < 0 && len(waiting) > 0 {
+			// Watched first, asked again second: a delivery that ends
+			// in between is not missed.
+			changed = adm.Changed()
+			if at = nextAdmitted(adm, waiting); at >= 0 {
+				changed = nil
+			}
+		}
+		if at >= 0 {
+			send, head = out, waiting[at]
+		} else if carry != nil && msgs == nil && done != nil {
+			// The request has ended and all that is left is refused:
+			// carried to the next request, not in front of it.
+			return got, taken, nil
+		}
+		if len(waiting) > 0 && check == nil {
+			// A worker ready now takes it without the ticker: it is
+			// armed only for envelopes that have to wait.
+			if send != nil {
 				select {
 				case send <- head:
 					taken++
 					held.add(-1, 0)
-					waiting[0] = nil
-					waiting = waiting[1:]
+					started(adm, head)
+					waiting = slices.Delete(waiting, at, at+1)
 					continue
 				default:
 				}
-				check = time.NewTicker(max(maxWait/4, time.Millisecond))
-				checkC = check.C
 			}
+			check = time.NewTicker(max(maxWait/4, time.Millisecond))
+			checkC = check.C
 		}
 		select {
 		case m, ok := <-msgs:
@@ -264,8 +304,9 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		case send <- head:
 			taken++
 			held.add(-1, 0)
-			waiting[0] = nil
-			waiting = waiting[1:]
+			started(adm, head)
+			waiting = slices.Delete(waiting, at, at+1)
+		case <-changed:
 		case now := <-checkC:
 			for len(waiting) > 0 && now.Sub(waiting[0].Fetched) > maxWait {
 				q.count(OpGivenBack)

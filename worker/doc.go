@@ -23,6 +23,12 @@
 // stop inside the SMTP conversation itself; the duplicates it can cause
 // are bounded by the envelopes this worker held in flight.
 //
+// The pool's slots are shared between tenants (slots.go): no tenant holds
+// more than all but an eighth of them, nor more than its weighted share
+// while others have deliveries in flight, so that a tenant whose hosts hold
+// every session for minutes cannot make the others' mail wait for a slot.
+// The pulls ask before they hand an envelope over (queue.Admission).
+//
 // A graceful stop (the end of Pool.Run's context) hands back what the
 // process holds and has not sent, to be handed out again at once rather
 // than after the ack wait (stop.go): envelopes fetched and not yet taken,

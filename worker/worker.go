@@ -83,6 +83,11 @@ type Config struct {
 	Budget backoff.Budget
 	// Unknown is the unknown-outcome policy. Default "retry".
 	Unknown UnknownPolicy
+	// TenantWeights weigh the tenants' shares of the delivery slots while
+	// several have deliveries in flight (slots.go), as they weigh their
+	// shares of a busy destination's rate (throttle's tenant-weights);
+	// default 1 each.
+	TenantWeights map[string]float64
 	// ProgressEvery is how often a long send tells the server it is still
 	// working on the envelope. Default 15s (a quarter of the ack wait).
 	ProgressEvery time.Duration
@@ -159,6 +164,9 @@ type Pool struct {
 	// stops counts what the deliverers did with envelopes the stop
 	// caught before they were finished (stop.go).
 	stops stopCounts
+	// slots keeps each tenant to its share of the delivery slots; the
+	// pulls hand out only what it admits (slots.go).
+	slots *tenantSlots
 }
 
 // New checks cfg and returns a Pool; Run starts it.
@@ -196,7 +204,8 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.Budget == (backoff.Budget{}) {
 		cfg.Budget = backoff.DefaultBudget()
 	}
-	return &Pool{cfg: cfg, dsn: newDSNState(cfg.DSN), log: cfg.Logger.With().Str("worker_id", cfg.WorkerID).Logger()}, nil
+	return &Pool{cfg: cfg, dsn: newDSNState(cfg.DSN), slots: newTenantSlots(cfg.Workers, cfg.TenantWeights),
+		log: cfg.Logger.With().Str("worker_id", cfg.WorkerID).Logger()}, nil
 }
 
 // Run pulls and delivers until ctx ends, then waits for the deliveries in
@@ -215,7 +224,7 @@ func (p *Pool) Run(ctx context.Context, grace time.Duration) error {
 	// held counts what the pulls hold for the workers, and what they give
 	// back when ctx ends.
 	held := &queue.Holding{}
-	pullCtx := queue.WithHolding(ctx, held)
+	pullCtx := queue.WithAdmission(queue.WithHolding(ctx, held), p.slots)
 	for i, l := range lanes {
 		ch, err := p.cfg.Queue.Messages(pullCtx, l, p.cfg.Workers)
 		if err != nil {
@@ -278,7 +287,10 @@ func (w *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 			}
 			continue
 		}
+		// The hand-off counted it for its tenant (slots.Started); it
+		// is counted out when this slot is done with it.
 		if ctx.Err() != nil {
+			w.slots.end(d.Env.Tenant)
 			// Taken as the pool stopped (select picks at random among
 			// ready cases): not started, so it goes back like the
 			// envelopes the pulls still held. The pull handed it over
@@ -289,6 +301,7 @@ func (w *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 			return
 		}
 		w.safeHandle(workCtx, d)
+		w.slots.end(d.Env.Tenant)
 	}
 }
 

@@ -318,6 +318,7 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 		Unknown: worker.UnknownPolicy(c.UnknownPolicy), Queue: q, Sender: snd, Classifier: classifier, Gate: throttle,
 		Signer: signer, Egress: egress, Logger: base, Metrics: worker.NewMetrics(reg), Suppressions: suppressions, DSN: dsnCfg,
 		ReturnPath: returnPathOrNil(returnPath), Unsubscribe: unsubscriberOrNil(links), Relay: c.Relay,
+		TenantWeights: c.File.Throttle.TenantWeights,
 	})
 	if err != nil {
 		return usageError{err}

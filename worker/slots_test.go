@@ -1,0 +1,138 @@
+package worker
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/sender"
+)
+
+func TestTenantSlotShares(t *testing.T) {
+	s := newTenantSlots(32, map[string]float64{"heavy": 3})
+	take := func(tenant string, n int) {
+		for range n {
+			s.Started(tenant)
+		}
+	}
+	// Alone, a tenant takes all but the reserve (32/8 = 4).
+	take("a", 27)
+	if !s.Admits("a") {
+		t.Fatal("a refused its 28th slot while alone")
+	}
+	take("a", 1)
+	if s.Admits("a") {
+		t.Fatal("a admitted past the reserve")
+	}
+	// Another tenant comes: it is under its share (16), a is over it.
+	if !s.Admits("b") {
+		t.Fatal("b refused with a holding 28 of 32")
+	}
+	take("b", 1)
+	if s.Admits("a") {
+		t.Fatal("a admitted over its share of two")
+	}
+	for range 12 {
+		s.end("a")
+	}
+	if got := s.inflight["a"]; got != 16 || s.Admits("a") {
+		t.Fatalf("a holds %d and is admitted: %v, want 16 and refused (its share)", got, s.Admits("a"))
+	}
+	s.end("a")
+	if !s.Admits("a") {
+		t.Fatal("a refused below its share")
+	}
+	// Weights: heavy (3) against a and b (1 each) gets 32×3/5 = 20.
+	take("heavy", 20)
+	if s.Admits("heavy") {
+		t.Fatal("heavy admitted past its weighted share of 20")
+	}
+	s.end("heavy")
+	if !s.Admits("heavy") {
+		t.Fatal("heavy refused below its weighted share")
+	}
+	// Everyone gone: back to the start, the weights' sum without drift.
+	for tenant, n := range map[string]int{"a": 15, "b": 1, "heavy": 19} {
+		for range n {
+			s.end(tenant)
+		}
+	}
+	if len(s.inflight) != 0 || s.sum != 0 {
+		t.Fatalf("inflight %v, sum %v after every end", s.inflight, s.sum)
+	}
+	// Fewer than 8 workers: no reserve, but shares still hold.
+	small := newTenantSlots(4, nil)
+	small.Started("a")
+	small.Started("a")
+	small.Started("a")
+	if !small.Admits("a") {
+		t.Fatal("a alone refused its 4th of 4 slots")
+	}
+	small.Started("b")
+	if small.Admits("a") || !small.Admits("b") {
+		t.Fatal("shares of 4 slots between two: a holds 3, b 1; a must wait and b may start")
+	}
+}
+
+// blockingSender holds every send to slow.test until release closes (a
+// host that accepts a connection and never answers), and counts them.
+type blockingSender struct {
+	Sender
+	release chan struct{}
+	blocked atomic.Int32
+}
+
+func (b *blockingSender) Send(ctx context.Context, m *sender.Message) sender.Result {
+	if m.Domain == "slow.test" {
+		b.blocked.Add(1)
+		select {
+		case <-b.release:
+		case <-ctx.Done():
+		}
+	}
+	return b.Sender.Send(ctx, m)
+}
+
+// A tenant whose mail goes to a host that holds every session does not
+// take every delivery slot: another tenant's message, coming after the
+// first filled all it may hold, is delivered at once, not once a slow
+// session ends (the command timeout, 5 minutes by default).
+func TestSlowTenantLeavesSlotsForOthers(t *testing.T) {
+	e := newEnvMX(t, fakemx.Options{})
+	bs := &blockingSender{Sender: e.snd, release: make(chan struct{})}
+	t.Cleanup(func() {
+		select {
+		case <-bs.release:
+		default:
+			close(bs.release)
+		}
+	})
+	const workers = 8 // a tenant alone holds 7
+	e.startPool(func(c *Config) { c.Workers, c.Sender = workers, bs })
+	ctx := t.Context()
+	submit := func(tenant, rcpt string) string {
+		ids, err := e.q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: "app@src.test", Rcpts: []string{rcpt},
+			Body: []byte("Subject: hi\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids[0]
+	}
+	for range 12 {
+		submit("campaign", "r@slow.test")
+	}
+	for end := time.Now().Add(20 * time.Second); bs.blocked.Load() < workers-1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("only %d sends to the slow host started", bs.blocked.Load())
+		}
+	}
+	id := submit("shop", "r@fast.test")
+	e.waitEvent(id, queue.EventDelivered)
+	if n := bs.blocked.Load(); n != workers-1 {
+		t.Fatalf("%d slow sends in flight, want the campaign's %d (all but the reserve)", n, workers-1)
+	}
+	close(bs.release)
+}
