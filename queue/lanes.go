@@ -876,6 +876,9 @@ func (d *Delivery) Delivered(ctx context.Context, rcpts []string, done bool) err
 		d.q.count(OpSentPut)
 		return d.q.putMarker(ctx, d.Env, []byte(strings.Join(rcpts, ",")))
 	})
+	if err != nil && done {
+		return d.ackUnmarked(ctx, err)
+	}
 	if err != nil {
 		return fmt.Errorf("SENT marker: %w", err)
 	}
@@ -902,6 +905,28 @@ func (d *Delivery) ackMarked() error {
 	if err := d.msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 		return fmt.Errorf("ack %s: %w", d.Env.ID, err)
 	}
+	return nil
+}
+
+// ackUnmarked acknowledges a delivered envelope whose SENT marker the
+// store refused (markerErr): full (JetStream's store limit, a full disk)
+// or failing. Left unacknowledged, the envelope came back after the ack
+// wait with no marker to find, and was sent again: every ack wait, for as
+// long as the store refused, each delivered message went to its
+// recipients once a minute. An acknowledgement takes no room (it removes
+// the envelope); once the server confirms it, nothing comes back, and the
+// marker is not needed. Only when the acknowledgement fails too is the
+// step an error, and the envelope redelivered.
+func (d *Delivery) ackUnmarked(ctx context.Context, markerErr error) error {
+	d.q.count(OpAck)
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := d.msg.DoubleAck(actx); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		return fmt.Errorf("SENT marker: %w; acknowledgement: %v", markerErr, err)
+	}
+	d.q.log.Warn().Err(markerErr).Str("msg_id", d.Env.ID).Str("dest", d.Env.Dest).
+		Msg("SENT marker not stored; the delivered envelope was acknowledged without it")
+	d.q.releaseBody(ctx, d.Env)
 	return nil
 }
 
