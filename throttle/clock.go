@@ -68,7 +68,8 @@ func (f frame) toLocal(s DestState, created time.Time) DestState {
 		return s
 	}
 	for _, p := range []*time.Time{&s.SuspendedUntil, &s.FactorUntil, &s.RateUntil, &s.ConnsUntil, &s.BreakerUntil,
-		&s.LearnedHold, &s.LearnedNext, &s.LearnedProbeAt, &s.LearnedConnsHold, &s.LearnedSince, &s.LearnedCutAt, &s.UpdatedAt} {
+		&s.LearnedHold, &s.LearnedNext, &s.LearnedProbeAt, &s.LearnedConnsHold, &s.LearnedConnsNext, &s.LearnedConnsProbeAt,
+		&s.LearnedSince, &s.LearnedCutAt, &s.UpdatedAt} {
 		if !p.IsZero() && !p.Equal(SuspendForever) {
 			*p = p.Add(shift).UTC()
 		}

@@ -115,6 +115,9 @@ func TestLearnedConnsFloorFleetWide(t *testing.T) {
 		eventually(t, 5*time.Second, "cut to 1 seen", func() bool { return th.Snapshot("k.test").FleetConns == 1 })
 	}
 	ps[0].Done([]classify.Result{resDelivered})
+	// The worker that met the throttle opens nothing in the refused
+	// attempt's place for connsRetry (connPaused).
+	time.Sleep(connsRetry)
 	for round := range 3 {
 		ps, _ = grantAll(t, "k.test", ths...)
 		if len(ps) != 1 {

@@ -67,7 +67,10 @@ import (
 //
 // "Too many connections" replies teach a connection limit the same way
 // (seeded from the fleet's deliveries in flight, cut by DecreaseFactor,
-// stepped up by one connection per LearnEvery while the limit binds).
+// stepped up by one connection per LearnEvery while the limit binds, with
+// a plateau one under the limit the last cut answered; cutConns), and
+// pause this worker's new connections to the destination for connsRetry
+// (dest.connPaused).
 //
 // A configured rate or connection limit is a ceiling the learned one
 // never exceeds. Both decay back to "unknown" when no throttle has cut
@@ -472,43 +475,108 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	return true
 }
 
-// cutConns is the multiplicative decrease of the learned connection limit
-// on a "too many connections" reply, seeded from inflight (the fleet's
-// deliveries in progress to the destination when the reply came).
-func (lc learnConfig) cutConns(s *DestState, now time.Time, inflight, ceiling int, why string) bool {
-	if s.LearnedConns > 0 && now.Before(s.LearnedConnsHold) {
+// cutConns is the decrease of the learned connection limit on a "too
+// many connections" reply at now, seeded from inflight (the fleet's
+// deliveries in progress to the destination when the reply came). At most
+// one cut per hold fleet-wide (LearnedConnsHold): the attempts in flight
+// at a cut were admitted under the limit before it. paced says the
+// throttled attempt was admitted under the limit this cut set (its worker
+// knew the hold): the limit is still too high, and is cut again at once,
+// hold or not (a seed at twice the cap was otherwise kept for the whole
+// hold, a refused connection per attempt). A step up does not
+// hold a cut back (its wait is LearnedConnsNext): the throttle right after
+// a probe is the probe's answer, and it cuts at once. (A step used to set
+// the hold, and for the 2 s after each probe no throttle could cut: under
+// a cap of 2 the limit climbed back over it every 2 s, and the provider
+// refused more connections than it took messages.)
+//
+// The plateau, as the rate's: a throttle of a probe over
+// LearnedConnsPlateau takes the limit back to the plateau, which held,
+// and doubles the wait before the next probe (learnProbeWait steps' time,
+// then 2, 4 … times that, at most learnProbeMax); a throttle at or under
+// it says the limit fell: it is cut by DecreaseFactor (at least to one),
+// and the plateau moves one under the limit throttled, with the waits
+// afresh. The seed's plateau is one under the connections in flight at
+// its throttle. A throttle at one connection cuts nothing, and writes
+// nothing (it had logged a cut "from 1 to 1").
+func (lc learnConfig) cutConns(s *DestState, now time.Time, inflight, ceiling int, why string, paced bool) bool {
+	from := s.LearnedConns
+	if from > 0 && now.Before(s.LearnedConnsHold) && !paced {
 		return false
 	}
-	var next int
+	next, plateau, probes := 0, s.LearnedConnsPlateau, s.LearnedConnsProbes
 	var reason string
-	if s.LearnedConns <= 0 {
-		next = int(math.Floor(float64(inflight) * lc.decrease))
+	switch {
+	case from <= 0:
+		next, plateau, probes = int(math.Floor(float64(inflight)*lc.decrease)), max(1, inflight-1), 0
 		reason = fmt.Sprintf("seeded: %d connections in flight fleet-wide at a connection throttle (%s), times %.2f", inflight, why, lc.decrease)
-		if s.LearnedSince.IsZero() {
-			s.LearnedSince = now.UTC()
-		}
-	} else {
-		next = int(math.Floor(float64(s.LearnedConns) * lc.decrease))
-		reason = fmt.Sprintf("cut: connection throttle (%s) at %d connections, times %.2f", why, s.LearnedConns, lc.decrease)
+	case plateau > 0 && from > plateau:
+		next, probes = plateau, probes+1
+		reason = fmt.Sprintf("cut: connection throttle (%s) at %d connections, a probe over the plateau: back to %d, next probe in %s", why, from, plateau, reasonSpan(lc.hold+lc.probeWait(probes)))
+	default:
+		next, plateau, probes = int(math.Floor(float64(from)*lc.decrease)), max(1, from-1), 0
+		reason = fmt.Sprintf("cut: connection throttle (%s) at %d connections, times %.2f", why, from, lc.decrease)
 	}
 	if ceiling > 0 && next > ceiling {
 		next = ceiling
 	}
-	s.LearnedConns = max(1, next)
+	next = max(1, next)
+	if from > 0 && next >= from {
+		return false // at one already: nothing to cut
+	}
+	if from <= 0 && s.LearnedSince.IsZero() {
+		s.LearnedSince = now.UTC()
+	}
+	s.LearnedConns, s.LearnedConnsPlateau, s.LearnedConnsProbes = next, plateau, probes
 	s.LearnedConnsHold = now.Add(lc.hold).UTC()
+	s.LearnedConnsNext = s.LearnedConnsHold
+	s.LearnedConnsProbeAt = time.Time{} // set when the steps reach the plateau
+	if next >= plateau {
+		s.LearnedConnsProbeAt = s.LearnedConnsHold.Add(lc.probeWait(probes)).UTC()
+	}
 	s.LearnedCutAt = now.UTC()
 	s.LearnedConnsReason = reason
 	return true
 }
 
-// raiseConns is one step of one more connection.
-func (lc learnConfig) raiseConns(s *DestState, now time.Time, ceiling int) bool {
-	if s.LearnedConns <= 0 || now.Before(s.LearnedConnsHold) || ceiling > 0 && s.LearnedConns >= ceiling {
+// connsStepDue reports whether the learned connection limit may step up
+// at now: past the hold of its last cut and the wait of its last step,
+// under the ceiling, and not waiting at its plateau.
+func (s DestState) connsStepDue(now time.Time, ceiling int) bool {
+	if s.LearnedConns <= 0 || now.Before(s.LearnedConnsHold) || now.Before(s.LearnedConnsNext) || ceiling > 0 && s.LearnedConns >= ceiling {
 		return false
 	}
+	return s.LearnedConnsPlateau <= 0 || s.LearnedConns < s.LearnedConnsPlateau || !now.Before(s.LearnedConnsProbeAt)
+}
+
+// raiseConns is one step of one more connection. Up to the plateau each
+// step is judged over LearnEvery; the first probe over it over
+// learnProbeWait steps' time (a connection that opens while the others
+// are busy is all it tests); a probe that held is the plateau now, and
+// the steps go on from it.
+func (lc learnConfig) raiseConns(s *DestState, now time.Time, ceiling int) bool {
+	if !s.connsStepDue(now, ceiling) {
+		return false
+	}
+	from, p := s.LearnedConns, s.LearnedConnsPlateau
+	judged, how := lc.every, "+1 connection"
+	switch {
+	case p <= 0:
+	case from < p:
+		if from+1 >= p {
+			s.LearnedConnsProbeAt = now.Add(lc.probeWait(s.LearnedConnsProbes)).UTC()
+			how = fmt.Sprintf("+1 connection, to the plateau %d (under the last connection throttle), waits %s", p, reasonSpan(lc.probeWait(s.LearnedConnsProbes)))
+		}
+	case from > p:
+		// A probe over the plateau held: the limit rose at least that far.
+		s.LearnedConnsPlateau, s.LearnedConnsProbes = from, 0
+		how = "+1 connection (the last probe over the plateau held, and is the plateau now)"
+	default:
+		judged, how = lc.probeWait(0), "+1 connection over the plateau"
+	}
 	s.LearnedConns++
-	s.LearnedConnsHold = now.Add(lc.every).UTC()
-	s.LearnedConnsReason = fmt.Sprintf("probe up: +1 connection after %s without a connection throttle while the limit was binding", reasonSpan(lc.every))
+	s.LearnedConnsNext = now.Add(judged).UTC()
+	s.LearnedConnsReason = fmt.Sprintf("probe up: %s after %s without a connection throttle while the limit was binding", how, reasonSpan(lc.every))
 	return true
 }
 
@@ -519,7 +587,8 @@ func forgetLearned(s *DestState) bool {
 	}
 	s.LearnedRate, s.LearnedStep, s.LearnedHold, s.LearnedNext, s.LearnedReason, s.LearnedSlowStart = 0, 0, time.Time{}, time.Time{}, "", false
 	s.LearnedPlateau, s.LearnedProbeAt, s.LearnedProbes, s.LearnedPaced = 0, time.Time{}, 0, false
-	s.LearnedConns, s.LearnedConnsHold, s.LearnedConnsReason = 0, time.Time{}, ""
+	s.LearnedConns, s.LearnedConnsHold, s.LearnedConnsNext, s.LearnedConnsReason = 0, time.Time{}, time.Time{}, ""
+	s.LearnedConnsPlateau, s.LearnedConnsProbeAt, s.LearnedConnsProbes = 0, time.Time{}, 0
 	s.LearnedSince, s.LearnedCutAt = time.Time{}, time.Time{}
 	s.Grid = nil
 	return true

@@ -252,24 +252,60 @@ func (t *Throttle) paceDest(d *dest, tenant string, earliest time.Time) (at time
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	fleet, source := t.effectiveRate(d.limits, d.state, now)
+	horizon := t.horizon(d, now)
 	if fleet <= 0 {
 		if !learnsRate(!t.cfg.NoLearn, d.limits, d.state, now) {
 			return time.Time{}, "", false
 		}
-		// First contact: the throttle is one whose seed waits for the
-		// rest of the burst (cutLearnedRate), and the rate comes within
-		// milliseconds. Without a place the envelope took the rate-limit
-		// lane's draw, up to a minute: one such message, the last of 600,
-		// made a 35 s drain 60 s. It comes back at the first-contact rate
-		// instead, and is admitted at the learned rate by then.
-		fleet, source = learnFirstContact, "first-contact"
+		if d.seedPending(now) {
+			// First contact: the throttle is one whose seed waits for
+			// the rest of the burst (cutLearnedRate), and the rate comes
+			// within milliseconds. Without a place the envelope took the
+			// rate-limit lane's draw, up to a minute: one such message,
+			// the last of 600, made a 35 s drain 60 s. It comes back at
+			// the first-contact rate instead, and is admitted at the
+			// learned rate by then.
+			fleet, source = learnFirstContact, "first-contact"
+		} else {
+			// No rate is coming: a connection throttle teaches
+			// learned_conns, never a rate, and the connection limit
+			// paces the attempts. Paced at first contact's 1/s, the
+			// backlog of a provider that capped connections drained
+			// at 1/s for good, its places reaching as far ahead as
+			// it did, while the provider took 10/s. It comes back at
+			// the rate the fleet is delivered at.
+			observed, _ := t.observedRate(d, now)
+			if observed <= 0 {
+				return time.Time{}, "", false // nothing delivered: the lane's backoff
+			}
+			fleet, source = observed, "delivered"
+		}
+		// Either rate is of the moment: the queue reaches only a horizon
+		// ahead.
+		horizon = parkHorizon
 	}
 	first := now.Add(time.Duration(float64(time.Second) / fleet))
 	if first.Before(earliest) {
 		first = earliest
 	}
 	by = strconv.FormatFloat(fleet, 'f', 2, 64) + "/s " + source
-	return slotIn(&d.thr, &d.thrPark, tenant, first, now, fleet, t.weight, t.horizon(d, now)), by, true
+	return slotIn(&d.thr, &d.thrPark, tenant, first, now, fleet, t.weight, horizon), by, true
+}
+
+// seedPending reports whether a rate throttle at first contact waits for
+// its seed at now (cutLearnedRate): held back for another worker's seed
+// (deferred), or come within learnMinElapsed of the burst's start, while
+// the rest of the burst was in flight, no longer than learnMinElapsed
+// ago. A connection throttle seeds no rate, and never waits for one.
+// d.mu held.
+func (d *dest) seedPending(now time.Time) bool {
+	if d.state.LearnedRate > 0 {
+		return false
+	}
+	if d.deferred != nil {
+		return true
+	}
+	return !d.lastThr.Before(d.burstFrom) && d.lastThr.Sub(d.burstFrom) < learnMinElapsed && now.Sub(d.lastThr) < learnMinElapsed
 }
 
 // horizon is how far ahead d's virtual queue gives places: parkHorizon
@@ -441,10 +477,14 @@ func (s DestState) pacedAt(sent, cutSeen time.Time) bool {
 }
 
 // cutLearnedConns seeds or cuts d's learned connection limit after a "too
-// many connections" reply. d.mu held.
-func (t *Throttle) cutLearnedConns(d *dest, now time.Time, why classify.Result) {
+// many connections" reply to the attempt of p, admitted when its worker
+// knew the cut whose hold is p.connsHold (cutConns' paced). d.mu held.
+func (t *Throttle) cutLearnedConns(d *dest, now time.Time, why classify.Result, p *permit) {
 	lc, inflight, ceiling, reply := t.learning(), t.fleetInflight(d, now), d.limits.Conns, learnedWhy(why)
-	t.cutLearned(d, now, learnedConns, func(s *DestState, now time.Time) bool { return lc.cutConns(s, now, inflight, ceiling, reply) })
+	seen := p.connsHold
+	t.cutLearned(d, now, learnedConns, func(s *DestState, now time.Time) bool {
+		return lc.cutConns(s, now, inflight, ceiling, reply, !seen.IsZero() && seen.Equal(s.LearnedConnsHold))
+	})
 }
 
 // cutLearned applies the cut fn of l first locally, then in the shared
@@ -481,9 +521,8 @@ func (t *Throttle) raiseLearned(d *dest, now time.Time) {
 		ceiling := d.limits.Rate
 		t.changeLearned(d, learnedRate, "step", func(s *DestState, now time.Time) bool { return lc.raiseRate(s, now, ceiling) })
 	}
-	if s.LearnedConns > 0 && d.pending&pendLearnConn == 0 && !now.Before(s.LearnedConnsHold) &&
+	if ceiling := d.limits.Conns; d.pending&pendLearnConn == 0 && s.connsStepDue(now, ceiling) &&
 		now.Sub(d.lastConnThr) >= lc.every && now.Sub(d.lastConnLim) <= lc.every {
-		ceiling := d.limits.Conns
 		t.changeLearned(d, learnedConns, "step", func(s *DestState, now time.Time) bool { return lc.raiseConns(s, now, ceiling) })
 	}
 }

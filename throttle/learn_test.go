@@ -312,7 +312,7 @@ func TestLearnCeiling(t *testing.T) {
 func TestLearnDecayAndForget(t *testing.T) {
 	var s DestState
 	lcTest.cutRate(&s, t0, 20, 0, 0, "why", false)
-	lcTest.cutConns(&s, t0, 8, 0, "why")
+	lcTest.cutConns(&s, t0, 8, 0, "why", false)
 	if s.idle(t0.Add(2 * time.Hour)) {
 		t.Fatal("a state with learned limits reads as idle and would be deleted")
 	}
@@ -332,20 +332,24 @@ func TestLearnDecayAndForget(t *testing.T) {
 
 func TestLearnConns(t *testing.T) {
 	var s DestState
-	lcTest.cutConns(&s, t0, 9, 0, "why")
+	lcTest.cutConns(&s, t0, 9, 0, "why", false)
 	if s.LearnedConns != 4 {
 		t.Fatalf("seed from 9 in flight: %d, want 4", s.LearnedConns)
 	}
-	if lcTest.cutConns(&s, t0.Add(time.Second), 9, 0, "why") {
+	if lcTest.cutConns(&s, t0.Add(time.Second), 9, 0, "why", false) {
 		t.Fatal("cut within the hold")
 	}
-	lcTest.cutConns(&s, t0.Add(3*time.Second), 9, 0, "why")
-	lcTest.cutConns(&s, t0.Add(6*time.Second), 9, 0, "why")
-	lcTest.cutConns(&s, t0.Add(9*time.Second), 9, 0, "why")
+	lcTest.cutConns(&s, t0.Add(3*time.Second), 9, 0, "why", false)
+	lcTest.cutConns(&s, t0.Add(6*time.Second), 9, 0, "why", false)
+	lcTest.cutConns(&s, t0.Add(9*time.Second), 9, 0, "why", false)
 	if s.LearnedConns != 1 {
 		t.Fatalf("floor: %d, want 1", s.LearnedConns)
 	}
-	if !lcTest.raiseConns(&s, t0.Add(12*time.Second), 0) || s.LearnedConns != 2 {
+	// At one, the plateau: the next step waits for it.
+	if s.LearnedConnsPlateau != 1 || lcTest.raiseConns(&s, s.LearnedConnsProbeAt.Add(-time.Millisecond), 0) {
+		t.Fatalf("stepped before the plateau's wait: %+v", s)
+	}
+	if !lcTest.raiseConns(&s, s.LearnedConnsProbeAt, 0) || s.LearnedConns != 2 {
 		t.Fatalf("step up: %d", s.LearnedConns)
 	}
 	if c := fleetConns(Limits{Conns: 10}, DestState{LearnedConns: 3}, t0); c != 3 {
@@ -591,8 +595,16 @@ func TestPaceSpacesThrottledMail(t *testing.T) {
 	}
 	// Nothing learned yet (a throttle whose seed waits for the rest of
 	// the burst): paced at the first-contact rate, not the lane's draw.
-	if at, by, ok := newThrottle(t, env, "first", nil).Pace("none.test", "", "", time.Time{}); !ok || by != "1.00/s first-contact" || time.Until(at) > time.Second {
+	first := newThrottle(t, env, "first", func(c *Config) { c.LearnInitial = -1 })
+	p1, p2 := mustAdmit(t, first, "none.test"), mustAdmit(t, first, "none.test")
+	p1.Done([]classify.Result{resThrottled})
+	if at, by, ok := first.Pace("none.test", "", "", time.Time{}); !ok || by != "1.00/s first-contact" || time.Until(at) > time.Second {
 		t.Fatalf("first contact: paced %v by %q, %s ahead; want 1/s", ok, by, time.Until(at))
+	}
+	p2.Done([]classify.Result{resDelivered})
+	// Nor without a throttle waiting for a seed (TestPaceAfterAConnectionThrottle).
+	if _, _, ok := first.Pace("other.test", "", "", time.Time{}); ok {
+		t.Fatal("paced a destination with no rate and no seed coming")
 	}
 	earliest := time.Now().Add(time.Minute)
 	prev := earliest
@@ -1025,6 +1037,9 @@ func TestFirstContactWindowWidensOnAnswers(t *testing.T) {
 		}
 		if s := a.Snapshot("g.test"); s.FirstWindow != want {
 			t.Fatalf("after %s: window %d, want %d", c.res.Rule, s.FirstWindow, want)
+		}
+		if c.res.Text == resConn.Text {
+			time.Sleep(connsRetry) // no new connection at once after it (connPaused)
 		}
 	}
 

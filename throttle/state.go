@@ -96,11 +96,20 @@ type DestState struct {
 	LearnedProbeAt time.Time `json:"learned_probe_at,omitzero"`
 	LearnedProbes  int       `json:"learned_probes,omitempty"`
 	// LearnedConns is the fleet connection limit learned from "too many
-	// connections" replies; 0 means unknown. LearnedConnsHold and
-	// LearnedConnsReason are as for the rate.
-	LearnedConns       int       `json:"learned_conns,omitempty"`
-	LearnedConnsHold   time.Time `json:"learned_conns_hold,omitzero"`
-	LearnedConnsReason string    `json:"learned_conns_reason,omitempty"`
+	// connections" replies; 0 means unknown. LearnedConnsHold is the
+	// earliest time of its next cut, LearnedConnsNext that of its next
+	// step up, and LearnedConnsReason why it last changed, as for the
+	// rate. LearnedConnsPlateau is where the steps up after a cut stop,
+	// one under the limit the cut answered, until LearnedConnsProbeAt;
+	// LearnedConnsProbes counts the probes above it that met a connection
+	// throttle in a row, each of which doubles the next wait (learn.go).
+	LearnedConns        int       `json:"learned_conns,omitempty"`
+	LearnedConnsHold    time.Time `json:"learned_conns_hold,omitzero"`
+	LearnedConnsNext    time.Time `json:"learned_conns_next,omitzero"`
+	LearnedConnsReason  string    `json:"learned_conns_reason,omitempty"`
+	LearnedConnsPlateau int       `json:"learned_conns_plateau,omitempty"`
+	LearnedConnsProbeAt time.Time `json:"learned_conns_probe_at,omitzero"`
+	LearnedConnsProbes  int       `json:"learned_conns_probes,omitempty"`
 	// LearnedSince is when the destination first learned a limit;
 	// LearnedCutAt the last throttle that cut one. What was learned is
 	// forgotten LearnForget after LearnedCutAt.

@@ -394,6 +394,12 @@ type dest struct {
 	burstFrom   time.Time     // the first admission, or the first after LearnWindow without one
 	lastConnLim time.Time     // the connection limit last refused an attempt
 	lastConnThr time.Time     // last "too many connections" reply
+	// After a "too many connections" reply this worker opens no attempt
+	// beyond the connAfter still in flight then until connPause
+	// (connsRetry later): the refused attempt's place is not taken again
+	// at once (connPaused).
+	connPause time.Time
+	connAfter int
 }
 
 // op is one KV transition, run by the writer goroutine.
@@ -742,6 +748,11 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		d.mu.Unlock()
 		return nil, Refusal{Until: now.Add(connsRetry), Reason: "conns"}, false
 	}
+	if d.connPaused(now) {
+		d.probing = d.probing && !probe
+		d.mu.Unlock()
+		return nil, Refusal{Until: d.connPause, Reason: "conns"}, false
+	}
 	fleet := t.fleetRate(d.limits, *st, now)
 	if fleet <= 0 && d.bucket.rate > 0 {
 		// No rate any more: the next one starts its bucket from the last
@@ -801,7 +812,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 	}
 	factor := d.state.RateFactor()
 	gen := d.bucket.gen
-	reserved, cutSeen := now, d.state.LearnedCutAt
+	reserved, cutSeen, connsHold := now, d.state.LearnedCutAt, d.state.LearnedConnsHold
 	d.mu.Unlock()
 
 	for {
@@ -886,7 +897,18 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		d.lastSent = laterOf(d.lastSent, at)
 		d.mu.Unlock()
 	}
-	return &permit{t: t, d: d, probe: probe, factor: factor, sent: laterOf(reserved, at), cutSeen: cutSeen}, Refusal{}, false
+	return &permit{t: t, d: d, probe: probe, factor: factor, sent: laterOf(reserved, at), cutSeen: cutSeen, connsHold: connsHold}, Refusal{}, false
+}
+
+// connPaused reports whether an admission at now would open an attempt
+// beyond those in flight at the last "too many connections" reply, within
+// connsRetry of it. The refused attempt ends within milliseconds of its
+// greeting and gives its place in flight back; taken again at once, it
+// met the provider's limit again, and between a learned limit's cuts (one
+// per hold) a worker refused dozens of connections a second. Attempts may
+// still reuse the places that were working. d.mu held.
+func (d *dest) connPaused(now time.Time) bool {
+	return now.Before(d.connPause) && d.inflight >= d.connAfter
 }
 
 // stateRefuses is what d's state refuses an admission at now for: a
@@ -949,6 +971,11 @@ type permit struct {
 	// attempt paced at the rate that cut set shows the rate is still too
 	// high, and cuts again within the hold (cutRate, DestState.pacedAt).
 	sent, cutSeen time.Time
+	// connsHold is the hold of the last cut of the learned connection
+	// limit this worker knew of when it admitted the attempt: a "too many
+	// connections" reply to it says the limit that cut set is too high
+	// (cutConns' paced).
+	connsHold time.Time
 	// own are its places under the limits set on its domain by itself,
 	// inside a provider group (own.go).
 	own  []ownHold
@@ -1019,7 +1046,8 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 	}
 	if o.connThrottled {
 		d.lastConnThr = now
-		t.cutLearnedConns(d, now, o.connWhy)
+		d.connPause, d.connAfter = now.Add(connsRetry), d.inflight
+		t.cutLearnedConns(d, now, o.connWhy, p)
 	}
 	if o.throttled {
 		d.lastThr = now
