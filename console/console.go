@@ -8,6 +8,8 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -181,6 +183,13 @@ func (c *Console) guard(auth bool, h func(http.ResponseWriter, *http.Request, *s
 				w.WriteHeader(http.StatusUnauthorized)
 				return
 			}
+			if r.Method == http.MethodPost && r.URL.Path != Prefix+"logout" {
+				// An action posted after the session ended (a restart
+				// ends them all) was not done: the sign-in page says so
+				// and leads back to the page it was posted from.
+				http.Redirect(w, r, Prefix+"login"+c.lostQuery(r), http.StatusSeeOther)
+				return
+			}
 			next := ""
 			if r.Method == http.MethodGet {
 				next = r.URL.RequestURI()
@@ -216,6 +225,35 @@ func nextQuery(next string) string {
 		return ""
 	}
 	return "?next=" + urlQueryEscape(next)
+}
+
+// lostQuery is the query of the sign-in page for a POST that came
+// without a session: lost=1, and as next the console page the form was
+// on (its Referer, which the console's Referrer-Policy sends within the
+// origin), when that is a page inside the console. A confirmation page
+// has the URL of the action that showed it (POST only): next is then the
+// page above it (/ui/messages/ID for /ui/messages/ID/drop).
+func (c *Console) lostQuery(r *http.Request) string {
+	v := url.Values{"lost": {"1"}}
+	ref, err := url.Parse(r.Referer())
+	if err != nil || ref.Path == "" {
+		return "?" + v.Encode()
+	}
+	page := &url.URL{Path: ref.Path, RawPath: ref.RawPath, RawQuery: ref.RawQuery}
+	if !c.isPage(page) {
+		page = &url.URL{Path: path.Dir(ref.Path)}
+	}
+	if next := page.RequestURI(); c.isPage(page) && safeNext(next) && !strings.HasPrefix(next, Prefix+"login") {
+		v.Set("next", next)
+	}
+	return "?" + v.Encode()
+}
+
+// isPage reports whether u is a page of the console: a GET of it finds a
+// handler other than the one for no such page.
+func (c *Console) isPage(u *url.URL) bool {
+	_, pattern := c.mux.Handler(&http.Request{Method: http.MethodGet, URL: u, Host: "console"})
+	return pattern != "" && pattern != Prefix
 }
 
 func safeNext(next string) bool {

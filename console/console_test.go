@@ -85,7 +85,35 @@ type fixture struct {
 
 func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	t.Helper()
-	q := sharedQueue(t)
+	return newFixtureOn(t, sharedQueue(t), mod)
+}
+
+// ownQueue starts an embedded JetStream of the test's own, for a test
+// whose volume of mail (hundreds of destinations, of dead letters) the
+// others should not see.
+func ownQueue(t *testing.T) *queue.Queue {
+	t.Helper()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	q, err := testqueue.ConnectInProcess(ctx, emb, queue.Options{})
+	if err != nil {
+		emb.Shutdown()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		q.Close()
+		emb.Shutdown()
+	})
+	return q
+}
+
+// newFixtureOn is newFixture on the queue q.
+func newFixtureOn(t *testing.T, q *queue.Queue, mod func(*Config)) *fixture {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	keys, err := api.OpenKeys(ctx, q)

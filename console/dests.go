@@ -1,33 +1,40 @@
 package console
 
 import (
-	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/outflow/outflow/internal/destname"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/throttle"
 )
 
-// maxDestName bounds a destination in a URL: a domain is at most 253.
-const maxDestName = 255
+// destsShown is how many rows the Destinations page shows at most.
+const destsShown = 500
 
+// destList is every destination with mail waiting or with shared state:
+// those whose state is worth seeing (destRow.Notable) first, then those
+// with mail waiting only, destsShown at most, of those whose name
+// contains ?dest= when it is given.
 func (c *Console) destList(w http.ResponseWriter, r *http.Request, s *session) {
-	rows, errs := c.destRows(r, 500)
-	c.render(w, r, s, http.StatusOK, "dests", "Destinations", map[string]any{"Dests": rows, "Errors": errs})
+	match := strings.ToLower(strings.TrimSpace(r.URL.Query().Get("dest")))
+	rows, total, errs := c.destRows(r, destQuery{limit: destsShown, match: match, notableFirst: true})
+	c.render(w, r, s, http.StatusOK, "dests", "Destinations", map[string]any{"Dests": rows, "Total": total, "Match": match, "Errors": errs})
 }
 
-// forDest is h for the request's {dest}, lower-cased; a {dest} that is
-// not a destination name is answered 400 without calling h.
+// forDest is h for the request's {dest} as the shared state names it
+// (destname.Check, the check of `outflow dest …`); a {dest} that is not a
+// destination name is answered 400 without calling h.
 func (c *Console) forDest(h func(w http.ResponseWriter, r *http.Request, s *session, dest string)) func(http.ResponseWriter, *http.Request, *session) {
 	return func(w http.ResponseWriter, r *http.Request, s *session) {
-		d := strings.ToLower(strings.TrimSpace(r.PathValue("dest")))
-		if d == "" || len(d) > maxDestName || strings.ContainsAny(d, " \t\r\n*>/") {
-			c.fail(w, r, s, http.StatusBadRequest, fmt.Sprintf("%q is not a destination", d))
+		d, err := destname.Check(r.PathValue("dest"))
+		if err != nil {
+			c.fail(w, r, s, http.StatusBadRequest, "This is not a destination: "+err.Error())
 			return
 		}
 		h(w, r, s, d)
@@ -79,7 +86,7 @@ func (c *Console) destAction(w http.ResponseWriter, r *http.Request, s *session,
 	case "suspend":
 		d, perr := positiveDuration(f.Get("for"))
 		if perr != nil {
-			c.fail(w, r, s, http.StatusBadRequest, "Suspend for: "+perr.Error())
+			c.fail(w, r, s, http.StatusBadRequest, "Suspend, for (for): "+perr.Error()+"; nothing was changed.")
 			return
 		}
 		reason := strings.TrimSpace(f.Get("reason"))
@@ -97,16 +104,16 @@ func (c *Console) destAction(w http.ResponseWriter, r *http.Request, s *session,
 			msg = dest + " was neither suspended nor held by its breaker: nothing to resume."
 		}
 	case "rate":
-		rate, perr := strconv.ParseFloat(strings.TrimSpace(f.Get("max")), 64)
-		if perr != nil || rate <= 0 || rate > 1e6 {
-			c.fail(w, r, s, http.StatusBadRequest, "Rate: want messages per second above 0.")
+		rate, perr := messagesPerSecond(f.Get("max"))
+		if perr != nil {
+			c.fail(w, r, s, http.StatusBadRequest, "Set rate, at most (max): "+perr.Error()+"; nothing was changed.")
 			return
 		}
 		var until time.Time
 		if v := strings.TrimSpace(f.Get("for")); v != "" {
 			d, perr := positiveDuration(v)
 			if perr != nil {
-				c.fail(w, r, s, http.StatusBadRequest, "Rate for: "+perr.Error())
+				c.fail(w, r, s, http.StatusBadRequest, "Set rate, for (for): "+perr.Error()+"; nothing was changed.")
 				return
 			}
 			until = c.cfg.Now().Add(d)
@@ -114,8 +121,16 @@ func (c *Console) destAction(w http.ResponseWriter, r *http.Request, s *session,
 		err = throttle.SetRate(ctx, kv, dest, rate, until, author(s))
 		msg = fmt.Sprintf("%s: at most %g/s across the fleet.", dest, rate)
 	case "rate-clear":
-		err = throttle.SetRate(ctx, kv, dest, 0, time.Time{}, author(s))
-		msg = dest + ": rate cap removed; the configured or learned rate applies again."
+		// Said as `dest rate --clear` says it: a cap mistyped or cleared
+		// already is not "removed".
+		var before throttle.DestState
+		if before, err = throttle.GetState(ctx, kv, dest); err == nil {
+			msg = dest + " had no rate cap; nothing to clear."
+			if before.RateOverride != 0 {
+				err = throttle.SetRate(ctx, kv, dest, 0, time.Time{}, author(s))
+				msg = dest + ": rate cap removed; the configured or learned rate applies again."
+			}
+		}
 	case "forget":
 		var had bool
 		had, err = throttle.Forget(ctx, kv, dest, author(s))
@@ -136,17 +151,37 @@ func (c *Console) destAction(w http.ResponseWriter, r *http.Request, s *session,
 	c.done(w, r, s, back, msg)
 }
 
-// positiveDuration parses a Go duration ("30m", "2h"), above zero and at
-// most a year.
+// minDuration is the shortest duration a form takes: a shorter one would
+// end before the change reached the workers (within a second), and is a
+// typo ("1ns", "30ms" for 30m).
+const minDuration = time.Second
+
+// positiveDuration parses a Go duration ("30m", "2h"), at least
+// minDuration and at most a year.
 func positiveDuration(v string) (time.Duration, error) {
-	d, err := time.ParseDuration(strings.TrimSpace(v))
+	v = strings.TrimSpace(v)
+	d, err := time.ParseDuration(v)
 	if err != nil {
-		return 0, errors.New("want a duration such as 30m or 2h")
+		return 0, fmt.Errorf("%q is not a duration: want one such as 30m or 2h", short(v, 40))
 	}
-	if d <= 0 || d > 366*24*time.Hour {
-		return 0, errors.New("want a duration above 0 and at most a year")
+	if d < minDuration || d > 366*24*time.Hour {
+		return 0, fmt.Errorf("%s: want a duration of at least 1s and at most a year", d)
 	}
 	return d, nil
+}
+
+// maxRate bounds a rate typed into a form (messages per second).
+const maxRate = 1e6
+
+// messagesPerSecond parses a rate typed into a form: a number above 0 and
+// at most maxRate (not NaN, not Inf, which ParseFloat takes).
+func messagesPerSecond(v string) (float64, error) {
+	v = strings.TrimSpace(v)
+	rate, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(rate) || math.IsInf(rate, 0) || rate <= 0 || rate > maxRate {
+		return 0, fmt.Errorf("%q: want messages per second, a number above 0 and at most %.0f", short(v, 40), float64(maxRate))
+	}
+	return rate, nil
 }
 
 func short(s string, n int) string {

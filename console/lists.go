@@ -3,6 +3,7 @@ package console
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -10,20 +11,38 @@ import (
 	"time"
 
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/submission"
 )
 
-// deadPage lists the dead letters, newest first, with replay and drop.
+// deadShown is how many dead letters a page of them shows.
+const deadShown = 200
+
+// deadPage lists the dead letters, newest first, deadShown a page, with
+// replay and drop, and how many there are in all (the dead-letter
+// stream's count, read from its info: a filter's matches are not
+// counted, which would read them all).
 func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := c.ctx(r)
 	defer cancel()
-	var errs []string
-	f := queue.Filter{State: queue.StateDead, Dest: strings.TrimSpace(r.URL.Query().Get("dest")),
-		Tenant: strings.TrimSpace(r.URL.Query().Get("tenant")), Limit: 200, Newest: true}
-	items, err := c.cfg.Queue.List(ctx, f)
+	q := r.URL.Query()
+	f := queue.Filter{State: queue.StateDead, Dest: strings.TrimSpace(q.Get("dest")), Tenant: strings.TrimSpace(q.Get("tenant")), Newest: true}
+	at, errs := pageOf(q)
+	items, more, err := c.listPage(ctx, f, at, deadShown)
 	if err != nil {
 		errs = append(errs, err.Error())
 	}
-	c.render(w, r, s, http.StatusOK, "dead", "Dead letters", map[string]any{"Filter": f, "Items": rows(items), "Errors": errs})
+	total := int64(-1) // unknown
+	if stats, err := c.cfg.Queue.LaneStats(ctx); err == nil {
+		for _, st := range stats {
+			if st.Lane == "dead" {
+				total = int64(st.Depth)
+			}
+		}
+	}
+	first, next := pageLinks(Prefix+"dead", q, at, items, more)
+	c.render(w, r, s, http.StatusOK, "dead", "Dead letters", map[string]any{"Filter": f, "Items": rows(items), "Errors": errs,
+		"From": at.shown + 1, "To": at.shown + len(items), "Total": total, "First": first, "Next": next, "PageSize": deadShown,
+		"Back": r.URL.RequestURI()})
 }
 
 // haveSuppressions says whether this daemon keeps a suppression list, and
@@ -111,6 +130,18 @@ func (c *Console) suppressionAction(w http.ResponseWriter, r *http.Request, s *s
 	var err error
 	switch r.PathValue("action") {
 	case "add":
+		// The check of `outflow suppress add` and POST /v1/suppressions:
+		// an address that submission refuses (user@Bücher.example, without
+		// SMTPUTF8) is no recipient any mail can have.
+		if _, perr := submission.ParseAddress(addr); perr != nil {
+			reason := perr.Error()
+			var ae *submission.AddressError
+			if errors.As(perr, &ae) {
+				reason = ae.Reason
+			}
+			c.fail(w, r, s, http.StatusBadRequest, fmt.Sprintf("Address (address) %q: %s; nothing was stored.", short(addr, 254), reason))
+			return
+		}
 		sup := queue.Suppression{Tenant: tenant, Address: addr, Reason: short(strings.TrimSpace(f.Get("reason")), 200), Source: queue.SuppressAdmin}
 		if sup.Reason == "" {
 			sup.Reason = "added from the console"
@@ -118,7 +149,7 @@ func (c *Console) suppressionAction(w http.ResponseWriter, r *http.Request, s *s
 		if v := strings.TrimSpace(f.Get("for")); v != "" {
 			d, perr := positiveDuration(v)
 			if perr != nil {
-				c.fail(w, r, s, http.StatusBadRequest, "For: "+perr.Error())
+				c.fail(w, r, s, http.StatusBadRequest, "For (for): "+perr.Error()+"; nothing was stored.")
 				return
 			}
 			sup.Expires = c.cfg.Now().Add(d).UTC().Truncate(time.Second)

@@ -37,7 +37,15 @@ func rows(items []queue.Item) []itemRow {
 	return out
 }
 
-// queuePage is `outflow queue list` with its filters (and a look-up by id).
+// The queue page's rows a page: queueDefault unless ?limit= says, at most
+// queueMax.
+const (
+	queueDefault = 100
+	queueMax     = 1000
+)
+
+// queuePage is `outflow queue list` with its filters (and a look-up by
+// id), a page at a time (?limit= rows, with a link to the next ones).
 func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, s *session) {
 	q := r.URL.Query()
 	if id := strings.TrimSpace(q.Get("id")); id != "" {
@@ -45,20 +53,36 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, s *session) 
 		return
 	}
 	f := queue.Filter{State: queue.State(q.Get("state")), Dest: strings.TrimSpace(q.Get("dest")), Tenant: strings.TrimSpace(q.Get("tenant")),
-		Rcpt: strings.TrimSpace(q.Get("rcpt"))}
-	f.Limit, _ = strconv.Atoi(q.Get("limit"))
-	if f.Limit <= 0 || f.Limit > 1000 {
-		f.Limit = 100
+		Rcpt: strings.TrimSpace(q.Get("rcpt")), Limit: queueDefault}
+	var notice string
+	if v := strings.TrimSpace(q.Get("limit")); v != "" {
+		n, err := strconv.Atoi(v)
+		switch {
+		case err != nil || n <= 0:
+			notice = fmt.Sprintf("At most (limit): %q is not a number of rows from 1 to %d; showing %d.", short(v, 40), queueMax, queueDefault)
+		case n > queueMax:
+			f.Limit = queueMax
+			notice = fmt.Sprintf("At most (limit): %d is over the %d rows a page can show; showing %d, and a link to the next ones.", n, queueMax, queueMax)
+		default:
+			f.Limit = n
+		}
 	}
+	at, errs := pageOf(q)
 	ctx, cancel := c.ctx(r)
 	defer cancel()
-	var errs []string
-	items, err := c.cfg.Queue.List(ctx, f)
+	items, more, err := c.listPage(ctx, f, at, f.Limit)
 	if err != nil {
 		errs = append(errs, err.Error())
 	}
+	if f.Limit != queueDefault {
+		q.Set("limit", strconv.Itoa(f.Limit))
+	} else {
+		q.Del("limit")
+	}
+	first, next := pageLinks(Prefix+"queue", q, at, items, more)
 	c.render(w, r, s, http.StatusOK, "queue", "Queue", map[string]any{
 		"Filter": f, "States": queue.States, "Items": rows(items), "Errors": errs, "FindQuery": rcptQuery(f.Rcpt, f.Tenant),
+		"Notice": notice, "From": at.shown + 1, "To": at.shown + len(items), "First": first, "Next": next,
 	})
 }
 

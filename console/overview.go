@@ -3,6 +3,8 @@ package console
 import (
 	"html/template"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/outflow/outflow/queue"
@@ -44,7 +46,18 @@ type destRow struct {
 	Waiting   queue.Waiting
 	Suspended bool
 	Breaker   string
-	Flags     []string // suspended, throttled, learning, breaker open
+	Flags     []string // suspended, pinned, throttled, learning, breaker open
+	// Notable: its shared state is worth seeing whatever mail waits (a
+	// suspension, a pinned rate or connection limit, an open or half-open
+	// breaker, a rate factor under 1, learned limits).
+	Notable bool
+}
+
+// destQuery selects the rows of destRows.
+type destQuery struct {
+	limit        int    // at most this many rows (0: all)
+	match        string // only the destinations whose name contains it ("": all)
+	notableFirst bool   // the Notable rows before the others
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
@@ -82,7 +95,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	if err != nil {
 		errs = append(errs, err.Error())
 	}
-	dests, derrs := c.destRows(r, 10)
+	dests, _, derrs := c.destRows(r, destQuery{limit: 10})
 	errs = append(errs, derrs...)
 	c.render(w, r, s, http.StatusOK, "overview", "Overview", map[string]any{
 		"Lanes": lanes, "Charts": charts, "Workers": workers, "Dests": dests, "Errors": errs,
@@ -98,8 +111,10 @@ func (r *rates) startedAt() time.Time {
 
 // destRows joins the shared state of every destination that has one with
 // the mail waiting per destination: those with waiting mail first (most
-// first), then the rest by name. limit bounds the rows (0: all).
-func (c *Console) destRows(r *http.Request, limit int) ([]destRow, []string) {
+// first), then the rest by name; with q.notableFirst, the Notable rows
+// before the others, each part in that order. It returns at most q.limit
+// rows and how many there are in all.
+func (c *Console) destRows(r *http.Request, q destQuery) ([]destRow, int, []string) {
 	ctx, cancel := c.ctx(r)
 	defer cancel()
 	var errs []string
@@ -119,29 +134,35 @@ func (c *Console) destRows(r *http.Request, limit int) ([]destRow, []string) {
 	var rows []destRow
 	seen := map[string]bool{}
 	addRow := func(name string, w queue.Waiting) {
+		seen[name] = true
+		if q.match != "" && !strings.Contains(name, q.match) {
+			return
+		}
 		st, ok := byName[name]
 		if !ok {
 			st = throttle.DestState{Dest: name}
 		}
 		row := destRow{Dest: name, State: st, Waiting: w, Suspended: st.Suspended(now), Breaker: st.BreakerAt(now)}
-		if c.cfg.Local != nil {
-			l := c.cfg.Local(name)
-			row.Local = &l
-		}
+		pinRate, pinConns := st.OwnLimits(now)
+		learned := st.LearnedRate > 0 || st.LearnedConns > 0
+		open := row.Breaker != "" && row.Breaker != throttle.BreakerClosed
+		row.Notable = row.Suspended || pinRate > 0 || pinConns > 0 || open || st.RateFactor() < 1 || learned
 		if row.Suspended {
 			row.Flags = append(row.Flags, "suspended")
+		}
+		if pinRate > 0 || pinConns > 0 {
+			row.Flags = append(row.Flags, "pinned")
 		}
 		if st.RateFactor() < 1 || w.Throttled > 0 {
 			row.Flags = append(row.Flags, "throttled")
 		}
-		if st.LearnedRate > 0 || st.LearnedConns > 0 {
+		if learned {
 			row.Flags = append(row.Flags, "learning")
 		}
-		if row.Breaker != "" && row.Breaker != "closed" {
+		if open {
 			row.Flags = append(row.Flags, "breaker "+row.Breaker)
 		}
 		rows = append(rows, row)
-		seen[name] = true
 	}
 	for _, w := range waiting {
 		addRow(w.Dest, w)
@@ -151,8 +172,26 @@ func (c *Console) destRows(r *http.Request, limit int) ([]destRow, []string) {
 			addRow(st.Dest, queue.Waiting{Dest: st.Dest})
 		}
 	}
-	if limit > 0 && len(rows) > limit {
-		rows = rows[:limit]
+	if q.notableFirst {
+		slices.SortStableFunc(rows, func(a, b destRow) int {
+			switch {
+			case a.Notable == b.Notable:
+				return 0
+			case a.Notable:
+				return -1
+			}
+			return 1
+		})
 	}
-	return rows, errs
+	total := len(rows)
+	if q.limit > 0 && len(rows) > q.limit {
+		rows = rows[:q.limit]
+	}
+	if c.cfg.Local != nil {
+		for i := range rows {
+			l := c.cfg.Local(rows[i].Dest)
+			rows[i].Local = &l
+		}
+	}
+	return rows, total, errs
 }

@@ -20,7 +20,11 @@ type page struct {
 	Signed  string // who is signed in ("key 3f2a… (ops)")
 	Flash   string
 	Refresh int // the live tables' poll period in seconds
-	Data    any
+	// Now is when the page (or a live refresh's fragment) was rendered:
+	// each live block says "updated" with it, and the script says how old
+	// it is when the refreshes stop.
+	Now  time.Time
+	Data any
 }
 
 var funcs = template.FuncMap{
@@ -46,6 +50,9 @@ var funcs = template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05Z")
 	},
+	// clock is a time of day, UTC, as the live blocks' "updated" shows it.
+	"clock": func(t time.Time) string { return t.UTC().Format("15:04:05Z") },
+	"iso":   func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 	"ms": func(ms int64) string {
 		if ms == 0 {
 			return "-"
@@ -116,7 +123,7 @@ func parsePages() (map[string]*template.Template, error) {
 // (?fragment=1), only its "live" block.
 func (c *Console) render(w http.ResponseWriter, r *http.Request, s *session, status int, name, title string, data any) {
 	t := c.pages[name]
-	p := page{Title: title, Nav: name, Data: data, Refresh: int(c.cfg.Refresh / time.Second)}
+	p := page{Title: title, Nav: name, Data: data, Refresh: int(c.cfg.Refresh / time.Second), Now: c.cfg.Now()}
 	if s != nil {
 		p.CSRF = s.csrf
 		p.Signed = "key " + s.info.ID + " (" + s.info.Tenant + ")"

@@ -164,7 +164,9 @@ func (c *Console) renderLogin(w http.ResponseWriter, r *http.Request, status int
 		next = ""
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	c.render(w, r, nil, status, "login", "Sign in", map[string]any{"Token": tok, "Next": next, "Error": msg})
+	// lost=1: a form was posted after the session ended (lostQuery).
+	lost := r.FormValue("lost") == "1"
+	c.render(w, r, nil, status, "login", "Sign in", map[string]any{"Token": tok, "Next": next, "Error": msg, "Lost": lost})
 }
 
 // login checks an admin key and starts a session.

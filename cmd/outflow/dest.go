@@ -10,11 +10,11 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/outflow/outflow/internal/destname"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/throttle"
 )
@@ -332,24 +332,18 @@ func destArg(_ *cobra.Command, args []string) error {
 	if len(args) != 1 {
 		return usageError{fmt.Errorf("want one DEST (a domain, a provider group, or DEST@SOURCE), got %d arguments", len(args))}
 	}
-	d := args[0]
-	if strings.TrimSpace(d) == "" {
+	if strings.TrimSpace(args[0]) == "" {
 		return usageError{errors.New("empty DEST: want a domain, a provider group, or DEST@SOURCE")}
-	}
-	for _, c := range d {
-		if c <= ' ' || c == 0x7f || strings.ContainsRune(",;*>\\\"'</", c) {
-			return usageError{fmt.Errorf("DEST %q: %q cannot be part of a domain, a provider group or a source address (one DEST per command)", d, c)}
-		}
 	}
 	// As it is stored and listed ("Gmail.COM." is gmail.com, bücher.example
 	// is xn--bcher-kva.example), so that what a command prints names the
-	// destination it changed, and the one mail to it is queued under.
-	args[0] = throttle.NormalizeDest(d)
-	for _, c := range args[0] {
-		if c >= utf8.RuneSelf {
-			return usageError{fmt.Errorf("DEST %q: not a domain name (IDNA refuses it)", d)}
-		}
+	// destination it changed, and the one mail to it is queued under. The
+	// console checks the destinations in its URLs with the same function.
+	d, err := destname.Check(args[0])
+	if err != nil {
+		return usageError{fmt.Errorf("DEST %w", err)}
 	}
+	args[0] = d
 	return nil
 }
 
