@@ -602,8 +602,16 @@ func (q *Queue) ReplayWith(ctx context.Context, id string, opts ReplayOptions) (
 	// Stamped before the publish, as Enqueue's queued event: a worker may
 	// deliver the replayed envelope before its replayed event is written.
 	replayed := time.Now().UTC()
-	if _, err := q.js.PublishMsg(ctx, m, jetstream.WithMsgID("replay."+e.ID+"."+itoa(e.Replays))); err != nil {
+	ack, err := q.js.PublishMsg(ctx, m, jetstream.WithMsgID("replay."+e.ID+"."+itoa(e.Replays)))
+	if err != nil {
 		return nil, fmt.Errorf("replay %s: %w", id, err)
+	}
+	if ack.Duplicate {
+		// Another replay of the same dead letter (a second operator,
+		// the console and the CLI at once) published first: the mail is
+		// queued once, by it, and it removes the dead letter. Both were
+		// told "queued again"; this one is told it was not its doing.
+		return nil, fmt.Errorf("%w: %s was replayed by another operator at the same moment (replay %d); this replay did nothing", ErrWrongState, id, e.Replays)
 	}
 	// The new work envelope (and an edited body) on disk before the dead
 	// letter goes.

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // deadOne enqueues s, pulls its first envelope from work and parks it in
@@ -367,4 +369,48 @@ func TestGoneTenantForgotten(t *testing.T) {
 	if len(p.tenants) != 0 || remembered("other") || remembered("gone") {
 		t.Errorf("idle past %v: %d handles and other remembered %v, gone %v; want none", q.tenantIdle(), len(p.tenants), remembered("other"), remembered("gone"))
 	}
+}
+
+// Two replays of one dead letter at once (two operators, the console and
+// the CLI): the deduplicated publish queues the mail once, and the one
+// that came second is told it did nothing, not "queued again".
+func TestConcurrentReplayToldItDidNothing(t *testing.T) {
+	q, _ := startQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	work, err := q.Messages(ctx, LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := deadOne(t, q, work, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"},
+		Body: []byte("Subject: x\r\n\r\nbody\r\n")})
+	// The other replay's publish, as it lands between this one's look
+	// at the dead letter and its own publish: the same deduplication id,
+	// on a subject this one's look does not read (as the other's was not
+	// there yet when it looked).
+	other := dead.Clone()
+	other.Replays, other.Step = dead.Replays+1, dead.Step+1
+	m, err := other.Encode(workSubject(other.Tenant, other.Dest, "other"+other.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.js.PublishMsg(ctx, m, jetstream.WithMsgID("replay."+other.ID+"."+itoa(other.Replays))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Replay(ctx, dead.ID, nil); !errors.Is(err, ErrWrongState) || !strings.Contains(err.Error(), "another operator") {
+		t.Fatalf("the second replay: %v, want told it did nothing", err)
+	}
+	if evs, _ := q.History(ctx, dead.ID, time.Time{}); countType(evs, EventReplayed) != 0 {
+		t.Fatalf("the second replay wrote a replayed event: %v", evs)
+	}
+}
+
+func countType(evs []Event, typ string) int {
+	n := 0
+	for _, ev := range evs {
+		if ev.Type == typ {
+			n++
+		}
+	}
+	return n
 }
