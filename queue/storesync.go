@@ -151,6 +151,9 @@ type StoreSyncer struct {
 	fsyncDelay atomic.Int64
 	// fsyncFail is a fault hook for tests: the next fsync fails with it.
 	fsyncFail atomic.Pointer[error]
+	// openFail is a fault hook for tests: the next openFail opens for an
+	// fsync fail with EMFILE, as when the process is out of descriptors.
+	openFail atomic.Int32
 
 	// failed is the first fsync failure (Failed). The kernel reports a
 	// writeback error once, to the file descriptor open at the time, and
@@ -488,7 +491,7 @@ func (s *StoreSyncer) syncBlocks(dir string, prev blockStates) (blockStates, boo
 }
 
 func (s *StoreSyncer) fsyncPath(path string) error {
-	f, err := os.Open(path)
+	f, err := s.openForSync(path)
 	if err != nil {
 		return err
 	}
@@ -508,6 +511,34 @@ func (s *StoreSyncer) fsyncPath(path string) error {
 	}
 	return f.Close()
 }
+
+// openForSync opens path for an fsync. The process out of file
+// descriptors (EMFILE, or the system's ENFILE) is a moment, as sessions
+// end and give theirs back: the open is tried again for up to
+// openRetryFor rather than failing the group commit. Failed, the commit
+// answered its writes "not stored" (451) after the server had them, and
+// the clients sent the messages again: each went out twice.
+func (s *StoreSyncer) openForSync(path string) (*os.File, error) {
+	wait, deadline := 5*time.Millisecond, time.Now().Add(openRetryFor)
+	for {
+		var f *os.File
+		var err error
+		if s.openFail.Load() > 0 && s.openFail.Add(-1) >= 0 {
+			err = &os.PathError{Op: "open", Path: path, Err: syscall.EMFILE}
+		} else {
+			f, err = os.Open(path)
+		}
+		if err == nil || !errors.Is(err, syscall.EMFILE) && !errors.Is(err, syscall.ENFILE) || time.Now().Add(wait).After(deadline) {
+			return f, err
+		}
+		time.Sleep(wait)
+		wait = min(wait*2, 200*time.Millisecond)
+	}
+}
+
+// openRetryFor is how long openForSync tries again an open that found the
+// process or the system out of file descriptors.
+const openRetryFor = 3 * time.Second
 
 // SyncMeta fsyncs a directory tree of one stream's store, the whole
 // stream's (consumer "") or one consumer's, and the directories above it.

@@ -727,3 +727,29 @@ func TestRemoteSyncUnansweredAfterAnswers(t *testing.T) {
 		t.Fatalf("the daemon gone after answering: %v, want ErrSyncUnanswered", err)
 	}
 }
+
+// The process out of file descriptors for a moment (the SMTP listener's
+// sessions hold them) does not fail the group commit after the server has
+// the writes: the opens for the fsyncs are tried again, and the
+// submission is answered stored. Failed, it was answered 451 and sent by
+// its client again: a duplicate of every message.
+func TestSyncRidesOutFileDescriptorShortage(t *testing.T) {
+	q, emb := syncedQueueWith(t, EmbeddedConfig{SweepEvery: -1})
+	ss := emb.StoreSyncer()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sub := &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: x\r\n\r\nx\r\n")}
+	if _, err := q.Enqueue(ctx, sub); err != nil {
+		t.Fatal(err)
+	}
+	ss.openFail.Store(4)
+	if _, err := q.Enqueue(ctx, sub); err != nil {
+		t.Fatalf("refused through a shortage of descriptors: %v", err)
+	}
+	if n := ss.openFail.Load(); n > 0 {
+		t.Fatalf("%d injected failures left: the sync did not open anything", n)
+	}
+	if err := emb.Healthy(); err != nil {
+		t.Fatalf("unhealthy after the shortage: %v", err)
+	}
+}
