@@ -136,3 +136,22 @@ func TestSlowTenantLeavesSlotsForOthers(t *testing.T) {
 	}
 	close(bs.release)
 }
+
+// BenchmarkTenantSlots is what each delivery adds to the hand-off: the
+// pull asks, counts it started, and the slot counts it ended.
+func BenchmarkTenantSlots(b *testing.B) {
+	s := newTenantSlots(32, nil)
+	tenants := []string{"a", "b", "c", "d"}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			t := tenants[i%len(tenants)]
+			i++
+			if s.Admits(t) {
+				s.Started(t)
+				s.end(t)
+			}
+		}
+	})
+}
