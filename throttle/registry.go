@@ -111,29 +111,66 @@ func (t *Throttle) peerLoad(dest string, now time.Time) (destLoad, int) {
 	return sum, n
 }
 
-// heartbeat refreshes this worker's registry key.
+// heartbeat refreshes this worker's registry key. A revision no later
+// than its last one's says the registry's stream was made again (by this
+// worker or another): the watchers are watching again (rewatch).
 func (t *Throttle) heartbeat(ctx context.Context) error {
 	now := t.now()
 	b, _ := json.Marshal(workerRecord{Worker: t.cfg.WorkerID, Instance: t.instance, Started: t.started, At: now.UTC(), Load: t.load(now)})
-	if _, err := t.cfg.Registry.Put(ctx, t.regKey, b); err != nil {
+	rev, err := t.cfg.Registry.Put(ctx, t.regKey, b)
+	if err != nil {
 		return fmt.Errorf("throttle: register worker %q: %w", t.cfg.WorkerID, err)
+	}
+	if last := t.regRev.Swap(rev); rev <= last {
+		t.rewatch(last, rev)
 	}
 	return nil
 }
 
+// heartbeatLoop refreshes this worker's registry key every Heartbeat. A
+// registry whose stream is gone (a JetStream restarted in process comes
+// back without it, being kept in memory) is made again, after
+// reopenBackoff(tries) since the last try, and the heartbeat written at
+// once: nothing made it again before, and every heartbeat failed with "no
+// response from stream" until the process restarted, every other worker
+// counting this one gone. A failing heartbeat is logged when it starts
+// failing and when it succeeds again.
 func (t *Throttle) heartbeatLoop() {
 	tk := time.NewTicker(t.cfg.Heartbeat)
 	defer tk.Stop()
+	var failing error // the first failure since the last success
+	var tries int     // failed tries to make the registry again
+	var nextTry time.Time
 	for {
 		select {
 		case <-t.ctx.Done():
 			return
 		case <-tk.C:
-			ctx, cancel := context.WithTimeout(t.ctx, opTimeout)
-			if err := t.heartbeat(ctx); err != nil && t.ctx.Err() == nil {
-				t.log.Warn().Err(err).Msg("worker heartbeat failed")
+		}
+		ctx, cancel := context.WithTimeout(t.ctx, opTimeout)
+		err := t.heartbeat(ctx)
+		if r, ok := t.cfg.Registry.(reopener); ok && bucketGone(err) && !time.Now().Before(nextTry) {
+			if rerr := r.reopen(ctx); rerr != nil {
+				tries++
+				nextTry = time.Now().Add(reopenBackoff(tries))
+				err = fmt.Errorf("%w (making the registry again: %v)", err, rerr)
+			} else {
+				tries, nextTry = 0, time.Time{}
+				t.log.Info().Str("bucket", BucketRegistry).Msg("worker registry was gone; made it again")
+				err = t.heartbeat(ctx)
 			}
-			cancel()
+		}
+		cancel()
+		switch {
+		case t.ctx.Err() != nil:
+		case err != nil && failing == nil:
+			failing = err
+			t.log.Warn().Err(err).Msg("worker heartbeat failed; trying again every heartbeat")
+		case err != nil:
+			t.log.Debug().Err(err).Msg("worker heartbeat failed")
+		case failing != nil:
+			failing = nil
+			t.log.Info().Msg("worker heartbeat succeeds again")
 		}
 	}
 }
@@ -169,8 +206,11 @@ func (t *Throttle) applyWorker(e jetstream.KeyValueEntry, initial bool) {
 
 // pruneWorkers forgets workers whose heartbeat is older than the TTL
 // (their key expired without a delete marker).
+//
+// Not while the registry's watch is lost (keepWatching): no heartbeat is
+// seen then, and dropping the workers would give this one their shares.
 func (t *Throttle) pruneWorkers(now time.Time) {
-	if t.cfg.Registry == nil {
+	if t.cfg.Registry == nil || t.regLost.Load() {
 		return
 	}
 	t.wmu.Lock()

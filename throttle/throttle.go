@@ -311,6 +311,9 @@ type Throttle struct {
 	live      atomic.Int64
 	rank      atomic.Int64 // this worker's place among the live ones, sorted by key (slots)
 	workerTTL time.Duration
+	regLost   atomic.Bool   // the registry's watch is lost (keepWatching)
+	regRev    atomic.Uint64 // the revision of this worker's last heartbeat
+	watching  sync.Map      // watcher name -> its jetstream.KeyWatcher (keepWatching)
 
 	// markers are the markers of deleted states, by key, to be dropped
 	// from the bucket's stream markerTTL after they were written
@@ -556,7 +559,7 @@ func (t *Throttle) follow(lctx context.Context, kv jetstream.KeyValue, name, wha
 		return fmt.Errorf("throttle: watch %s: %w", what, err)
 	}
 	ready := make(chan struct{})
-	t.goSafe(name, func() { t.watch(w, ready, apply) })
+	t.goSafe(name, func() { t.keepWatching(kv, w, ready, name, apply) })
 	if err := waitReady(lctx, ready); err != nil {
 		return fmt.Errorf("throttle: load %s: %w", what, err)
 	}
@@ -564,7 +567,8 @@ func (t *Throttle) follow(lctx context.Context, kv jetstream.KeyValue, name, wha
 }
 
 // watch feeds a KV watcher's entries to apply; ready is closed after the
-// initial values.
+// initial values. It returns when the watcher ends (keepWatching watches
+// again).
 func (t *Throttle) watch(w jetstream.KeyWatcher, ready chan struct{}, apply func(jetstream.KeyValueEntry, bool)) {
 	defer func() { _ = w.Stop() }()
 	initial := true
@@ -574,9 +578,6 @@ func (t *Throttle) watch(w jetstream.KeyWatcher, ready chan struct{}, apply func
 			return
 		case e, ok := <-w.Updates():
 			if !ok {
-				if t.ctx.Err() == nil {
-					t.log.Error().Msg("KV watcher closed; shared state is no longer followed")
-				}
 				return
 			}
 			if e == nil {
