@@ -40,7 +40,11 @@
 // (WithAdmission: the worker pool's share of slots per tenant) admits its
 // tenant, and go past one it refuses (admission.go). A tenant's
 // consumer unpulled for a day is removed by the server and made again by
-// the tenant's next mail.
+// the tenant's next mail. Setup gives every tenant's consumer that exists
+// the process's ack wait, replicas and MaxAckPending, as it does the
+// lanes' consumers, and a Delivery says the ack wait of the consumer it
+// came from (AckWait, ackwait.go), which the worker's keep-alive follows:
+// the server goes by the consumer's, which the last daemon started set.
 //
 // The same in-process access answers the two look-ups every message makes,
 // the suppression check at RCPT and the SENT check before a send, when

@@ -182,6 +182,9 @@ type Queue struct {
 	tenantHandles atomic.Int64
 	// times are the work lane's waits; zero: the package's (lanes.go).
 	times laneTimes
+	// ackWaits are the consumers' ack waits as the server last gave them
+	// (Delivery.AckWait, ackwait.go).
+	ackWaits ackWaits
 	// sentSt is the SENT bucket's stream, once sentStream looked it up.
 	sentSt   jetstream.Stream
 	sentStMu sync.Mutex
@@ -588,6 +591,48 @@ func (q *Queue) setup(ctx context.Context, layout func(Options) []jetstream.Stre
 		if err != nil {
 			return fmt.Errorf("consumer %s on %s: %w", c.name, c.stream, err)
 		}
+		q.ackWaits.learn(c.stream, c.name, o.AckWait)
+	}
+	return q.updateTenantConsumers(ctx)
+}
+
+// updateTenantConsumers gives every tenant's work consumer this process's
+// AckWait, Replicas and MaxAckPending, and leaves the rest of its
+// configuration (its filter, its inactivity threshold) as it is. A
+// tenant's consumer is otherwise made or updated only when mail is stored
+// for the tenant (createTenant), so one made before a restart kept the
+// ack wait of the daemon that made it: with --ack-wait raised, a send
+// longer than the old ack wait was handed out again and went out twice.
+// A consumer removed between the listing and its update (idle) is not
+// made again.
+func (q *Queue) updateTenantConsumers(ctx context.Context) error {
+	o := q.opts
+	stale := map[string]jetstream.ConsumerConfig{} // by consumer name
+	l := q.lanes[LaneWork].ListConsumers(ctx)
+	for ci := range l.Info() {
+		if !strings.HasPrefix(ci.Name, tenantConsumerPrefix) {
+			continue
+		}
+		cfg := ci.Config
+		if cfg.AckWait == o.AckWait && cfg.Replicas == o.Replicas && cfg.MaxAckPending == o.MaxAckPending {
+			q.ackWaits.learn(StreamWork, ci.Name, cfg.AckWait)
+			continue
+		}
+		cfg.AckWait, cfg.Replicas, cfg.MaxAckPending = o.AckWait, o.Replicas, o.MaxAckPending
+		stale[ci.Name] = cfg
+	}
+	if err := l.Err(); err != nil {
+		return fmt.Errorf("list the consumers of %s: %w", StreamWork, err)
+	}
+	for name, cfg := range stale {
+		_, err := q.js.UpdateConsumer(ctx, StreamWork, cfg)
+		if errors.Is(err, jetstream.ErrConsumerDoesNotExist) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("consumer %s on %s: %w", name, StreamWork, err)
+		}
+		q.ackWaits.learn(StreamWork, name, cfg.AckWait)
 	}
 	return nil
 }

@@ -288,6 +288,22 @@ func TestClientConnectionLimit(t *testing.T) {
 	}
 }
 
+// TestNoClientConnectionLimit: a negative MaxClientConnections is no
+// limit, as documented: more than DefaultMaxClientConnections connections
+// from one address are all greeted. Before, it was taken for unset and
+// the 251st was told 421.
+func TestNoClientConnectionLimit(t *testing.T) {
+	ts := startServer(t, Config{Users: testUsers(t), MaxClientConnections: -1}, &fakeQueue{})
+	n := DefaultMaxClientConnections + 10
+	for range n {
+		_ = ts.raw(t) // greeted 220, or the test fails
+	}
+	eventually(t, strconv.Itoa(n)+" connections", func() bool { return ts.counter(t, "outflow_submission_connections") == float64(n) })
+	if got := ts.counter(t, "outflow_submission_connections_refused_total"); got != 0 {
+		t.Errorf("refused = %v", got)
+	}
+}
+
 func TestSlowLoris(t *testing.T) {
 	t.Run("command", func(t *testing.T) {
 		ts := startServer(t, Config{Users: testUsers(t), ReadTimeout: time.Second}, &fakeQueue{})

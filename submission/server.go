@@ -243,7 +243,9 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 	defaults.Set(&cfg.MaxMessageBytes, DefaultMaxMessageBytes)
 	defaults.Set(&cfg.MaxRecipients, DefaultMaxRecipients)
 	defaults.Set(&cfg.MaxConnections, DefaultMaxConnections)
-	defaults.Set(&cfg.MaxClientConnections, DefaultMaxClientConnections)
+	if cfg.MaxClientConnections == 0 { // negative: no limit
+		cfg.MaxClientConnections = DefaultMaxClientConnections
+	}
 	defaults.Set(&cfg.MaxLineLength, DefaultMaxLineLength)
 	defaults.Set(&cfg.ReadTimeout, DefaultReadTimeout)
 	defaults.Set(&cfg.WriteTimeout, DefaultWriteTimeout)

@@ -350,10 +350,11 @@ func oneRecipient(e *queue.Envelope) bool {
 	return true
 }
 
-// keepAlive tells the server every ProgressEvery that d is still being
+// keepAlive tells the server every progressEvery(d) that d is still being
 // worked on, until the returned stop is called (any number of times).
 func (w *deliverer) keepAlive(d *queue.Delivery) (stop func()) {
-	if !d.Fetched.IsZero() && time.Since(d.Fetched) > w.cfg.ProgressEvery/2 {
+	every := w.progressEvery(d)
+	if !d.Fetched.IsZero() && time.Since(d.Fetched) > every/2 {
 		// It waited in the process before a worker took it, and the
 		// server's ack wait ran meanwhile: reset it now, not at the
 		// first tick.
@@ -362,7 +363,7 @@ func (w *deliverer) keepAlive(d *queue.Delivery) (stop func()) {
 	done := make(chan struct{})
 	var once sync.Once
 	go func() {
-		t := time.NewTicker(w.cfg.ProgressEvery)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
@@ -370,10 +371,31 @@ func (w *deliverer) keepAlive(d *queue.Delivery) (stop func()) {
 				return
 			case <-t.C:
 				d.InProgress()
+				// A daemon started meanwhile may have changed the
+				// consumer's ack wait.
+				if e := w.progressEvery(d); e != every {
+					every = e
+					t.Reset(every)
+				}
 			}
 		}
 	}()
 	return func() { once.Do(func() { close(done) }) }
+}
+
+// progressEvery is how often a send of d tells the server it is still
+// being worked on: ProgressEvery, or a quarter of the ack wait of the
+// consumer that handed d out when that is shorter. ProgressEvery follows
+// this process's --ack-wait, but the server goes by the consumer's, which
+// the last daemon of the fleet started set: a worker that kept to its own
+// longer one let the server hand a long send out again, and it went out
+// twice.
+func (w *deliverer) progressEvery(d *queue.Delivery) time.Duration {
+	every := w.cfg.ProgressEvery
+	if aw := d.AckWait(); aw > 0 {
+		every = min(every, max(aw/4, time.Millisecond))
+	}
+	return every
 }
 
 // recheckAfter is how long after the first AlreadyHandled check an attempt

@@ -21,7 +21,12 @@
 // wait, a stopped process) checks again before it sends: the server may
 // have handed the envelope to another worker meanwhile. What is left is a
 // stop inside the SMTP conversation itself; the duplicates it can cause
-// are bounded by the envelopes this worker held in flight.
+// are bounded by the envelopes this worker held in flight. From its SENT
+// check to its outcome an attempt tells the server it is still at work
+// (queue.Delivery.InProgress) every Config.ProgressEvery, or every quarter
+// of its consumer's ack wait when that is shorter (queue.Delivery.AckWait:
+// another daemon of the fleet may have set a shorter one than this
+// process's).
 //
 // The pool's slots are shared between tenants (slots.go): no tenant holds
 // more than all but an eighth of them, nor more than its weighted share

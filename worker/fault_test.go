@@ -154,11 +154,21 @@ func (e *env) startSecondPool(id string) {
 // first SENT check and the send (longer than the ack wait) must look again
 // before sending; another worker got the envelope meanwhile and delivered
 // it.
+//
+// Its heartbeat is what stands still here: its process connected with an
+// ack wait of a minute, which it gave the consumers at its start and goes
+// by (queue.Delivery.AckWait, asked again only once a minute old), and the
+// second process's start lowers them to 2 s while the first one waits, so
+// the first one's heartbeat (every 15 s) comes too late, as a stopped
+// process's would not come at all.
 func TestResumedWorkerDoesNotResend(t *testing.T) {
 	e := newEnv(t, nil)
+	id := e.submit("r@dest.test")
+	slow := connect(t, e.emb, time.Minute)
+	defer slow.Close()
 	gate := newPausingGate()
 	var logs syncBuf
-	e.startPool(func(c *Config) { c.Gate, c.Workers, c.Logger = gate, 1, zerolog.New(&logs) })
+	e.startPool(func(c *Config) { c.Queue, c.Gate, c.Workers, c.Logger = slow, gate, 1, zerolog.New(&logs) })
 	defer e.stopPool()
 	defer func() {
 		select {
@@ -167,7 +177,6 @@ func TestResumedWorkerDoesNotResend(t *testing.T) {
 			close(gate.resume) // a failed test must not leave the worker waiting
 		}
 	}()
-	id := e.submit("r@dest.test")
 	select {
 	case <-gate.paused:
 	case <-time.After(30 * time.Second):

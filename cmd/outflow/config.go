@@ -8,6 +8,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -142,7 +143,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.DurationVar(&c.SyncWindow, "sync-window", queue.DefaultSyncWindow, "durability disk: how long a group commit collects writes before its fsync while the store is busy (the previous one had more than one write, or more are waiting); an isolated write is synced at once (0: never wait; a batch is what arrived during the previous fsync)")
 	fs.StringVar(&c.JetStreamSync, "jetstream-sync", "", "deprecated: --durability (always is disk, default is none)")
 	_ = fs.MarkDeprecated("jetstream-sync", "use --durability disk|replicas|none (always = disk, default = none)")
-	fs.StringVar(&c.HTTPAddr, "http-addr", "127.0.0.1:9090", "metrics and health listener")
+	fs.StringVar(&c.HTTPAddr, "http-addr", "127.0.0.1:9090", "metrics and health listener (\"\" for none)")
 	fs.StringVar(&c.Users, "users", "", "users file (name:bcrypt-hash lines); default: DATA/users, generated on first start")
 	fs.StringSliceVar(&c.TrustedNetworks, "trusted-networks", nil, "client networks that may submit without AUTH (CIDR[,CIDR])")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "certificate for STARTTLS on the submission listener")
@@ -467,8 +468,12 @@ func (c *serveConfig) durability() (queue.Durability, string, error) {
 // checkFlags refuses, before anything starts, the values that the packages
 // below would refuse only once serve builds them, late in the start and in
 // their own words, which name a Go field (`sender: RelayTLS "plain"`, not
-// --relay-tls). An empty value is the package's default.
+// --relay-tls), and the numbers they would silently replace
+// (checkNumbers). An empty string is the package's default.
 func (c *serveConfig) checkFlags() error {
+	if err := c.checkNumbers(); err != nil {
+		return err
+	}
 	if strings.ContainsAny(c.Hostname, " \t\r\n") {
 		return fmt.Errorf("--hostname %q: want one domain name, like mta1.example.com", c.Hostname)
 	}
@@ -503,4 +508,113 @@ func (c *serveConfig) checkFlags() error {
 		return fmt.Errorf("--unknown-policy %q: want retry or hold", c.UnknownPolicy)
 	}
 	return nil
+}
+
+// numberCheck is one numeric setting as checkNumbers sees it: its flag
+// (and key), its value, and what 0 and a negative value mean, when
+// docs/configuration.md gives them a meaning ("" refuses them).
+type numberCheck struct {
+	flag           string
+	value          float64
+	duration       bool // value is a time.Duration's nanoseconds
+	zero, negative string
+}
+
+// checkNumbers refuses the numbers and durations that would not do what
+// they say. The packages below take a zero or negative value for "unset"
+// and put their default in its place (internal/defaults): `max-age =
+// "0s"`, meant as "never expire", was a day, `max-attempts = 0` was 250,
+// `ack-wait = "-1s"` a minute. So a zero or a negative value is refused,
+// naming the key and what it takes, unless the key's row in
+// docs/configuration.md gives it a meaning (`dest-rate` 0: unlimited,
+// `max-client-connections` negative: no limit), and so is a port out of
+// range. --workers keeps its documented "0 or less is the default", and
+// --sent-ttl has its own floor (serve).
+func (c *serveConfig) checkNumbers() error {
+	if c.SMTPPort < 1 || c.SMTPPort > 65535 {
+		return fmt.Errorf("--smtp-port %d: want a TCP port, 1 to 65535", c.SMTPPort)
+	}
+	dur := func(flag string, v time.Duration, zero string) numberCheck {
+		return numberCheck{flag: flag, value: float64(v), duration: true, zero: zero}
+	}
+	num := func(flag string, v float64, zero, negative string) numberCheck {
+		return numberCheck{flag: flag, value: v, zero: zero, negative: negative}
+	}
+	for _, n := range []numberCheck{
+		num("nats-replicas", float64(c.NATSReplicas), "", ""),
+		dur("sync-window", c.SyncWindow, "never wait"),
+		num("max-message-size", float64(c.MaxMessageSize), "", ""),
+		num("max-recipients", float64(c.MaxRecipients), "", ""),
+		num("max-connections", float64(c.MaxConnections), "", ""),
+		num("max-client-connections", float64(c.MaxClientConns), "", "no limit"),
+		dur("smtp-read-timeout", c.SMTPReadTimeout, ""),
+		dur("smtp-data-timeout", c.SMTPDataTimeout, ""),
+		num("smtp-max-inflight-bytes", float64(c.SMTPMaxInflightBytes), "", "no bound"),
+		dur("ack-wait", c.AckWait, ""),
+		dur("events-max-age", c.EventsMaxAge, ""),
+		dur("retry-base", c.RetryBase, ""),
+		dur("retry-min", c.RetryMin, ""),
+		dur("retry-cap", c.RetryCap, ""),
+		num("retry-multiplier", c.RetryMultiplier, "", ""),
+		num("max-attempts", float64(c.MaxAttempts), "", ""),
+		dur("max-age", c.MaxAge, ""),
+		dur("ratelimit-base", c.RateLimitBase, ""),
+		dur("ratelimit-cap", c.RateLimitCap, ""),
+		dur("ratelimit-min", c.RateLimitMin, ""),
+		num("dest-rate", c.DestRate, "unlimited", ""),
+		num("dest-conns", float64(c.DestConns), "unlimited", ""),
+		dur("shutdown-grace", c.ShutdownGrace, "deliveries in progress are cut at once"),
+		num("gc-percent", float64(c.GCPercent), "", ""),
+		num("gc-min-heap", float64(c.GCMinHeap), "no floor", ""),
+		dur("connect-timeout", c.ConnectTimeout, ""),
+		dur("command-timeout", c.CommandTimeout, ""),
+		dur("data-timeout", c.DataTimeout, ""),
+		dur("final-dot-timeout", c.FinalDotTimeout, ""),
+		num("mx-address-limit", float64(c.MXAddressLimit), "no limit", ""),
+		num("mx-session-limit", float64(c.MXSessionLimit), "no limit", ""),
+		num("api-rate", c.APIRate, "", "no limit"),
+		num("api-burst", float64(c.APIBurst), "", ""),
+		num("api-max-inflight-bytes", float64(c.APIMaxInflightBytes), "", "no bound"),
+		num("webhook-max-attempts", float64(c.WebhookMaxAttempts), "", ""),
+		dur("webhook-timeout", c.WebhookTimeout, ""),
+		num("webhook-breaker-after", float64(c.WebhookBreakerAfter), "", ""),
+		dur("webhook-dead-max-age", c.WebhookDeadMaxAge, ""),
+		dur("dsn-delay-warning", c.DSNDelayWarning, "never warn"),
+		num("dsn-sender-rate", c.DSNSenderRate, "no limit", ""),
+		dur("dsn-pass-timeout", c.DSNPassTimeout, "wait for every destination"),
+		num("max-recipients-per-day", float64(c.MaxRecipientsPerDay), "none", ""),
+	} {
+		if err := n.check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// check refuses n's value when it is 0 or negative and that means
+// nothing for n, saying what n takes.
+func (n numberCheck) check() error {
+	if n.value > 0 || n.value == 0 && n.zero != "" || n.value < 0 && n.negative != "" {
+		return nil
+	}
+	what := "a positive number"
+	if n.duration {
+		what = "a positive duration"
+	}
+	if n.zero != "" {
+		what = fmt.Sprintf("0 (%s) or %s", n.zero, what)
+	}
+	if n.negative != "" {
+		what += fmt.Sprintf(", or a negative one for %s", n.negative)
+	}
+	shown := strconv.FormatFloat(n.value, 'g', -1, 64)
+	if n.duration {
+		shown = time.Duration(n.value).String()
+	}
+	note := ""
+	if n.value == 0 {
+		// The mistake this catches: 0 taken for "none" or "never".
+		note = "; 0 would be taken as unset and replaced by the default"
+	}
+	return fmt.Errorf("--%s %s: want %s%s", n.flag, shown, what, note)
 }

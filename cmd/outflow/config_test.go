@@ -602,3 +602,101 @@ func TestEffectiveWorkers(t *testing.T) {
 		}
 	}
 }
+
+// TestZeroAndNegativeNumbersRefused: a zero or negative number or duration
+// that the packages below would silently replace by their default is
+// refused at start, naming its key and what it takes (`max-age = "0s"`,
+// meant as "never expire", was a day; `max-attempts = 0` was 250), as is
+// a port out of range; the zeros and negatives that
+// docs/configuration.md gives a meaning to are taken.
+func TestZeroAndNegativeNumbersRefused(t *testing.T) {
+	for _, c := range []struct {
+		file string   // config file, or
+		args []string // flags
+		want string
+	}{
+		{file: "max-age = \"0s\"\n", want: "--max-age 0s: want a positive duration; 0 would be taken as unset"},
+		{file: "max-age = \"-1s\"\n", want: "--max-age -1s: want a positive duration"},
+		{file: "max-attempts = 0\n", want: "--max-attempts 0: want a positive number"},
+		{args: []string{"--max-attempts", "-1"}, want: "--max-attempts -1: want a positive number"},
+		{file: "events-max-age = \"0s\"\n", want: "--events-max-age 0s"},
+		{args: []string{"--ack-wait", "-1s"}, want: "--ack-wait -1s"},
+		{args: []string{"--ack-wait", "0s"}, want: "--ack-wait 0s"},
+		{args: []string{"--retry-base", "-5s"}, want: "--retry-base -5s"},
+		{args: []string{"--retry-min", "0s"}, want: "--retry-min 0s"},
+		{args: []string{"--retry-cap", "0s"}, want: "--retry-cap 0s"},
+		{args: []string{"--retry-multiplier", "0"}, want: "--retry-multiplier 0"},
+		{args: []string{"--ratelimit-base", "0s"}, want: "--ratelimit-base 0s"},
+		{args: []string{"--shutdown-grace", "-1s"}, want: "--shutdown-grace -1s: want 0 (deliveries in progress are cut at once) or a positive duration"},
+		{file: "connect-timeout = \"0s\"\n", want: "--connect-timeout 0s"},
+		{args: []string{"--final-dot-timeout", "-1m"}, want: "--final-dot-timeout -1m0s"},
+		{args: []string{"--smtp-port", "70000"}, want: "--smtp-port 70000: want a TCP port, 1 to 65535"},
+		{args: []string{"--smtp-port", "0"}, want: "--smtp-port 0"},
+		{args: []string{"--dest-rate", "-1"}, want: "--dest-rate -1: want 0 (unlimited) or a positive number"},
+		{args: []string{"--dest-conns", "-2"}, want: "--dest-conns -2: want 0 (unlimited)"},
+		{args: []string{"--nats-replicas", "0"}, want: "--nats-replicas 0"},
+		{args: []string{"--max-message-size", "0"}, want: "--max-message-size 0"},
+		{args: []string{"--max-connections", "-1"}, want: "--max-connections -1"},
+		{args: []string{"--max-client-connections", "0"}, want: "--max-client-connections 0: want a positive number, or a negative one for no limit"},
+		{args: []string{"--smtp-max-inflight-bytes", "0"}, want: "--smtp-max-inflight-bytes 0"},
+		{args: []string{"--smtp-read-timeout", "0s"}, want: "--smtp-read-timeout 0s"},
+		{args: []string{"--sync-window", "-1ms"}, want: "--sync-window -1ms: want 0 (never wait)"},
+		{args: []string{"--gc-percent", "-1"}, want: "--gc-percent -1"},
+		{args: []string{"--gc-min-heap", "-1"}, want: "--gc-min-heap -1"},
+		{args: []string{"--mx-address-limit", "-1"}, want: "--mx-address-limit -1: want 0 (no limit)"},
+		{args: []string{"--api-rate", "0"}, want: "--api-rate 0: want a positive number, or a negative one for no limit"},
+		{args: []string{"--api-burst", "0"}, want: "--api-burst 0"},
+		{args: []string{"--webhook-timeout", "0s"}, want: "--webhook-timeout 0s"},
+		{args: []string{"--webhook-max-attempts", "-3"}, want: "--webhook-max-attempts -3"},
+		{args: []string{"--dsn-pass-timeout", "-1s"}, want: "--dsn-pass-timeout -1s"},
+	} {
+		file := emptyConfig(t)
+		if c.file != "" {
+			file = filepath.Join(t.TempDir(), "outflow.toml")
+			if err := os.WriteFile(file, []byte(c.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cfg, err := parseWith(t, file, c.args...)
+		if err != nil {
+			t.Fatalf("%q %q: %v", c.file, c.args, err)
+		}
+		if err := cfg.checkFlags(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q %q: error %v, want one saying %s", c.file, c.args, err, c.want)
+		}
+	}
+	// Refused by serve as a usage error before anything starts: no data
+	// directory is made. (Taken, the daemon would run: until ctx ends.)
+	data := filepath.Join(t.TempDir(), "data")
+	cfg, err := parseWith(t, emptyConfig(t), serveArgs(data, "--max-age", "0s")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = serve(ctx, cfg, io.Discard)
+	var u usageError
+	if !errors.As(err, &u) || !strings.Contains(err.Error(), "--max-age 0s") {
+		t.Errorf("serve --max-age 0s: error %v, want a usage error naming --max-age", err)
+	}
+	if _, err := os.Stat(data); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("serve --max-age 0s made its data directory (%v)", err)
+	}
+
+	for _, args := range [][]string{
+		nil, // the defaults
+		{"--max-client-connections", "-1", "--smtp-max-inflight-bytes", "-1", "--api-rate", "-1", "--api-max-inflight-bytes", "-1"},
+		{"--dest-rate", "0", "--dest-conns", "0", "--sync-window", "0", "--gc-min-heap", "0", "--shutdown-grace", "0s"},
+		{"--mx-address-limit", "0", "--mx-session-limit", "0", "--workers", "0", "--max-recipients-per-day", "0"},
+		{"--dsn-delay-warning", "0s", "--dsn-sender-rate", "0", "--dsn-pass-timeout", "0s"},
+		{"--max-age", "96h", "--max-attempts", "1", "--ack-wait", "2m", "--smtp-port", "2525", "--retry-multiplier", "1.5"},
+	} {
+		cfg, err := parseWith(t, emptyConfig(t), args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.checkFlags(); err != nil {
+			t.Errorf("%q refused: %v", args, err)
+		}
+	}
+}

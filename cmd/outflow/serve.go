@@ -88,6 +88,9 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if err := c.checkFlags(); err != nil {
+		return usageError{err}
+	}
 
 	// The collector's target paces how often a deferred backlog's
 	// long-lived JetStream state is marked again; without a backlog, the
@@ -134,9 +137,6 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 		trusted = append(trusted, p)
 	}
 
-	if err := c.checkFlags(); err != nil {
-		return usageError{err}
-	}
 	// The SENT bucket also holds each idempotency key's record, which
 	// names the key's message ids for the work stream's deduplication
 	// window: expired sooner, a client's retry within the window got new
@@ -394,8 +394,11 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	subDone := make(chan error, 1)
 	go func() { subDone <- sub.Serve(ln) }()
 	ready.Store(true)
-	log.Info().Str("smtp_addr", ln.Addr().String()).Str("http_addr", httpLn.Addr().String()).
-		Str("relay", c.Relay).Int("workers", effectiveWorkers(c.Workers)).Msg("outflow serving")
+	serving := log.Info().Str("smtp_addr", ln.Addr().String())
+	if httpLn != nil {
+		serving = serving.Str("http_addr", httpLn.Addr().String())
+	}
+	serving.Str("relay", c.Relay).Int("workers", effectiveWorkers(c.Workers)).Msg("outflow serving")
 
 	failed, poolFinished := awaitStop(ctx, subDone, poolDone, log)
 	ready.Store(false)
@@ -692,7 +695,11 @@ func backoffFromConfig(c *serveConfig) (backoff.Backoff, backoff.Backoff, backof
 }
 
 // startHTTP serves /metrics, /healthz (the process is up) and /readyz (it
-// is accepting and delivering: NATS connected, JetStream answering).
+// is accepting and delivering: NATS connected, JetStream answering). With
+// addr "" it serves nothing: it returns a server that was never started
+// (its Close and Shutdown do nothing) and no listener. (net.Listen takes
+// "" for every interface at a port of its choosing: metrics and health
+// on every address, where "" turns the other listeners off.)
 //
 // /readyz's body names the durability (`ready (durability disk)`), and says
 // what none costs, so a check that reads it sees a weakened promise.
@@ -719,11 +726,14 @@ func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *que
 		}
 		fmt.Fprintf(w, "ready (durability %s)\n", durability)
 	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if addr == "" {
+		return srv, nil, nil
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--http-addr: %w", err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error().Err(err).Str("addr", addr).Msg("metrics and health endpoint stopped")
