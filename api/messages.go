@@ -209,6 +209,9 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 				s.idem.abandon(rctx, key.Tenant, idemKey, c)
 			}
 		}
+		if errors.Is(err, queue.ErrNoRoom) {
+			return storeFull()
+		}
 		// Not "nothing was stored": a message to several domains is
 		// several envelopes, and some may be stored before the failure
 		// (or all of them, when it was their fsync that failed); no

@@ -287,3 +287,14 @@ func unavailable(detail string) *Problem {
 	p.RetryAfter = 5
 	return p
 }
+
+// storeFull is the 503 store-unavailable for queue.ErrNoRoom: the store
+// is near its limit and keeps the rest for the mail already queued.
+// Refused before anything was written; deliveries free the room, so the
+// client is asked to come back in a minute rather than in 5 s.
+func storeFull() *Problem {
+	p := problem(http.StatusServiceUnavailable, ProblemUnavailable, "store full",
+		"the queue's store is near its limit, the rest kept for the mail already queued: nothing was stored; send it again later")
+	p.RetryAfter = 60
+	return p
+}

@@ -31,7 +31,9 @@ var ErrNoRecipients = errors.New("no recipients")
 // body up to InlineBodyMax) or stored once in the Object Store first. It returns
 // the envelope ids only when JetStream has acknowledged every write; an
 // error means nothing may be reported to the client as accepted (the
-// submission listener answers 451 and the client retries).
+// submission listener answers 451 and the client retries). Near the
+// embedded store's limit new mail is refused with ErrNoRoom before
+// anything is written (storeroom.go; 452 over SMTP).
 //
 // With an IdempotencyKey the ids are derived from tenant, key and the
 // time the key was first used (keyedRecord), and the work stream's
@@ -41,6 +43,12 @@ var ErrNoRecipients = errors.New("no recipients")
 func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if len(s.Rcpts) == 0 {
 		return nil, ErrNoRecipients
+	}
+	// Near the store's limit new mail is refused before anything is
+	// written, so that what is left is the mail already accepted's
+	// (storeroom.go). No round trip: the last look at the store.
+	if err := q.roomFor(s); err != nil {
+		return nil, err
 	}
 	msgID := nuid.Next()
 	unsub := s.ListUnsubscribe != nil && *s.ListUnsubscribe
@@ -218,6 +226,13 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	if err := q.durable(ctx, streams...); err != nil {
 		return nil, maybeStored(fmt.Errorf("queue envelope: %w", err))
 	}
+	// Counted until the next look at the store reads it (StoreRoom.charge):
+	// the bodies, once or in each envelope, and some for the envelopes.
+	charged := len(s.Body)
+	if inline {
+		charged *= len(parts)
+	}
+	q.storeRoom().charge(charged + 512*len(parts))
 	if !later {
 		q.wake(tenant)
 	} else if keyed != nil {

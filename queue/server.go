@@ -62,8 +62,11 @@ type EmbeddedConfig struct {
 	// time; docs/benchmarks.md). Kept to measure against; Durability disk
 	// gives the same promise for one fsync per batch.
 	SyncAlways bool
-	// MaxStore bounds JetStream's file storage in bytes; 0 means the
-	// server's default (most of the disk).
+	// MaxStore bounds JetStream's file storage in bytes (serve's
+	// --store-max); 0 means nats-server's own: 75% of the file system's
+	// free space at start, plus 75% of what the store already holds. The
+	// limit in force is StoreRoom().Limit(), and new mail is refused once
+	// the store is within StoreReserve of it (ErrNoRoom).
 	MaxStore int64
 	// Logger receives the server's warnings and errors; zero value: none.
 	Logger zerolog.Logger
@@ -80,6 +83,8 @@ type Embedded struct {
 	syncer     *StoreSyncer           // nil unless Durability is disk
 	stopSync   context.CancelFunc     // ends the syncer's goroutine
 	syncPanics atomic.Uint64          // the syncer's recovered panics
+	room       *StoreRoom             // the store's use against its limit
+	stopRoom   context.CancelFunc     // ends the room's polls
 	lock       *os.File               // the data dir's lock (LockFile), held until Shutdown
 }
 
@@ -94,6 +99,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	if cfg.Durability == DurabilityReplicas {
 		return nil, errors.New("embedded nats: durability replicas needs a cluster (--nats-url); the embedded server is one node: use disk")
+	}
+	if cfg.MaxStore < 0 {
+		return nil, fmt.Errorf("embedded nats: --store-max %d: want a number of bytes, or 0 for nats-server's default", cfg.MaxStore)
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
@@ -210,6 +218,18 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		srv.Shutdown()
 		return nil, err
 	}
+	// The limit in force, as the server computed it when MaxStore is 0,
+	// and its use; watched from here on, so that new mail is refused
+	// while the rest of the store's writes still find room.
+	e.room = newStoreRoom(srv)
+	storeRooms.Store(srv, e.room)
+	roomCtx, stopRoom := context.WithCancel(context.Background())
+	e.stopRoom = stopRoom
+	go e.room.run(roomCtx, StoreRoomEvery)
+	if err := e.room.Err(); err != nil {
+		cfg.Logger.Error().Err(err).Str("store", opts.StoreDir).Int64("store_bytes", e.room.Used()).Int64("store_limit_bytes", e.room.Limit()).
+			Msg("the store is short of room at start: new mail is refused until deliveries free it; raise --store-max or free disk space")
+	}
 	if cfg.Durability == DurabilityDisk {
 		e.syncer = NewStoreSyncer(srv, cfg.SyncWindow)
 		if cfg.SweepEvery != 0 {
@@ -284,6 +304,11 @@ func (e *Embedded) Syncer() Syncer {
 // StoreSyncer returns the syncer itself (for its Stats), or nil.
 func (e *Embedded) StoreSyncer() *StoreSyncer { return e.syncer }
 
+// StoreRoom returns the watch on the store's use against its limit: its
+// Err refuses new mail near the limit, and it is the collector of
+// outflow_store_bytes, outflow_store_limit_bytes and the rest.
+func (e *Embedded) StoreRoom() *StoreRoom { return e.room }
+
 // Server returns the underlying nats-server, for in-process connections.
 func (e *Embedded) Server() *server.Server { return e.srv }
 
@@ -298,6 +323,10 @@ func (e *Embedded) InProcessInfo() ClientInfo { return e.inProcess }
 func (e *Embedded) Shutdown() {
 	if e.stopSync != nil {
 		e.stopSync()
+	}
+	if e.stopRoom != nil {
+		e.stopRoom()
+		storeRooms.Delete(e.srv)
 	}
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()

@@ -63,6 +63,11 @@ var (
 		Message: "Queue unavailable, message not accepted; try again later"}
 	errQueueTimeout = &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0},
 		Message: "Queue did not confirm in time, message not accepted; try again later"}
+	// The store is near its limit, the rest kept for the mail already
+	// queued (queue.ErrNoRoom): RFC 5321 section 4.2.3's 452 and RFC 3463
+	// X.3.1, mail system full; nothing was stored, the client retries.
+	errStoreFull = &smtp.SMTPError{Code: 452, EnhancedCode: smtp.EnhancedCode{4, 3, 1},
+		Message: "Insufficient system storage: the queue is full, message not accepted; try again later"}
 	// RFC 5321 section 2.3.8: CR and LF only as CRLF. Bare ones are also
 	// how SMTP smuggling hides a second message inside the first.
 	errBareLF = &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 6, 0},

@@ -528,13 +528,18 @@ func (s *session) Data(r io.Reader) error {
 		s.mu.Unlock()
 	}
 	if err != nil {
-		reply := errQueueFailed
-		if errors.Is(err, context.DeadlineExceeded) {
+		reply, reason := errQueueFailed, reasonQueueError
+		switch {
+		case errors.Is(err, queue.ErrNoRoom):
+			// Nothing was written: the store keeps its last room for
+			// the mail already queued (queue.StoreReserve).
+			reply, reason = errStoreFull, reasonInsufficientStorage
+		case errors.Is(err, context.DeadlineExceeded):
 			reply = errQueueTimeout
 		}
-		s.srv.metrics.reject(reasonQueueError, reply.Code, true)
+		s.srv.metrics.reject(reason, reply.Code, true)
 		s.logLine(s.srv.log.Error()).Err(err).Func(s.tenantField(sub.Tenant)).Int("size", size).Int("rcpts", len(sub.Rcpts)).
-			Str("reason", reasonQueueError).Int("code", reply.Code).Msg("submission not queued")
+			Str("reason", reason).Int("code", reply.Code).Msg("submission not queued")
 		return reply
 	}
 	s.srv.metrics.accepted.Inc()

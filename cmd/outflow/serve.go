@@ -168,7 +168,7 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	if c.NATSURL == "" {
 		emb, err = startOrStop(ctx, func() (*queue.Embedded, error) {
 			return queue.StartEmbedded(queue.EmbeddedConfig{DataDir: c.Data, ListenAddr: c.NATSAddr, Durability: durability,
-				SyncWindow: c.SyncWindow, Logger: log})
+				SyncWindow: c.SyncWindow, MaxStore: c.StoreMax, Logger: log})
 		})
 		if errors.Is(err, errStoppedWhileStarting) {
 			log.Warn().Msg("stop asked while the embedded NATS server starts: stopping without waiting for it (its store recovers at the next start, as after a crash)")
@@ -182,7 +182,8 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 		ci := emb.InProcessInfo()
 		qopts.InProcess, qopts.User, qopts.Password = emb.Server(), ci.User, ci.Password
 		qopts.Syncer = emb.Syncer()
-		log.Info().Str("store", c.Data).Str("client_url", emb.ClientInfo().URL).Str("durability", string(durability)).Msg("embedded NATS JetStream started")
+		log.Info().Str("store", c.Data).Str("client_url", emb.ClientInfo().URL).Str("durability", string(durability)).
+			Int64("store_bytes", emb.StoreRoom().Used()).Int64("store_limit_bytes", emb.StoreRoom().Limit()).Msg("embedded NATS JetStream started")
 	} else {
 		qopts.URL, qopts.CredsFile = c.NATSURL, c.NATSCreds
 		// Streams of one replica have one store, and the daemon whose
@@ -211,6 +212,9 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	reg.MustRegister(queue.NewDepthCollector(q))
 	if emb != nil && emb.StoreSyncer() != nil {
 		reg.MustRegister(emb.StoreSyncer()) // outflow_store_*: group commits and fsyncs
+	}
+	if emb != nil {
+		reg.MustRegister(emb.StoreRoom()) // outflow_store_bytes, _limit_bytes: the store's use against its limit
 	}
 
 	users, pending, err := loadUsers(c, log)
@@ -717,6 +721,12 @@ func startHTTP(addr string, reg *prometheus.Registry, ready *atomic.Bool, q *que
 		if emb != nil {
 			if err := emb.Healthy(); err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			// New mail is refused for want of room: a load balancer
+			// sends it to another instance meanwhile.
+			if err := emb.StoreRoom().Err(); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 				return
 			}
 		}

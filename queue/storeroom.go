@@ -1,0 +1,204 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ErrNoRoom is returned by Enqueue (and Embedded.Healthy) while the
+// embedded store's use is within StoreReserve of its limit: new mail is
+// refused, before anything is written, so that the room left is kept for
+// the mail already accepted. The submission listener answers it 452 4.3.1
+// (insufficient system storage), the API 503 store-unavailable with
+// Retry-After; the client keeps the message and retries.
+//
+// nats-server refuses every write once its store is at its limit (503,
+// err_code 10023, insufficient resources): without a reserve, a backlog
+// that grows to the limit (a relay down for hours) stops the deferred
+// lanes' schedules from firing, the SENT markers, the dead letters, the
+// events and the admin commands (queue drop, fast-forward, apikey create)
+// as well, and a restart computes the limit again at the same place.
+var ErrNoRoom = errors.New("insufficient system storage: the store is short of room for new mail")
+
+// MinStoreReserve is the least StoreReserve keeps (unless the limit is
+// under twice it). Between two looks at the store's use (every
+// StoreRoomEvery) Enqueue counts the bodies it stores itself, but another
+// process's submissions are seen only at the next look: the floor covers
+// a second of them at some 60 MB/s.
+const MinStoreReserve = 64 << 20
+
+// StoreRoomEvery is how often the embedded store's use is read: the hot
+// path (Enqueue) reads only what the last look found.
+const StoreRoomEvery = time.Second
+
+// StoreReserve is the part of a store limit that new mail may not take:
+// a tenth of it, at least MinStoreReserve, at most half the limit. It is
+// what the mail already accepted needs to move on while no more comes
+// in: a deferral or a scheduled firing writes the envelope again (inline
+// bodies up to 128 KiB) before the old copy goes, each attempt writes
+// events, a delivery its SENT marker (kept 72 h), a failure its dead
+// letter, and the operator's commands their records.
+func StoreReserve(limit int64) int64 {
+	if limit <= 0 {
+		return 0
+	}
+	return min(max(limit/10, MinStoreReserve), limit/2)
+}
+
+// StoreRoom watches the embedded store's use against its limit
+// (JetStreamMaxStore, as the server enforces it) and says, without a
+// round trip, whether new mail may be stored. It is also a
+// prometheus.Collector: outflow_store_bytes, outflow_store_limit_bytes,
+// outflow_store_reserve_bytes and outflow_store_full.
+type StoreRoom struct {
+	srv *server.Server
+
+	used  atomic.Int64 // the last look's use, plus what Enqueue stored since
+	limit atomic.Int64 // bytes; 0: not known (JetStream down), nothing refused
+	short atomic.Bool  // new mail is refused (ErrNoRoom)
+
+	descs struct{ used, limit, reserve, full *prometheus.Desc }
+}
+
+func newStoreRoom(srv *server.Server) *StoreRoom {
+	r := &StoreRoom{srv: srv}
+	r.descs.used = prometheus.NewDesc("outflow_store_bytes", "Bytes the embedded JetStream store holds, as the server counts them against its limit.", nil, nil)
+	r.descs.limit = prometheus.NewDesc("outflow_store_limit_bytes", "The embedded JetStream store's limit (--store-max, or what the server computed from the free disk space at start).", nil, nil)
+	r.descs.reserve = prometheus.NewDesc("outflow_store_reserve_bytes", "The part of the limit kept for the mail already accepted: new mail is refused once outflow_store_bytes reaches the limit less this.", nil, nil)
+	r.descs.full = prometheus.NewDesc("outflow_store_full", "1 while new mail is refused for lack of room in the store (452 4.3.1, API 503), else 0.", nil, nil)
+	r.poll()
+	return r
+}
+
+// poll reads the server's use and limit. While JetStream is down (the
+// supervisor restarts it) the last look stands.
+func (r *StoreRoom) poll() {
+	jsz, err := r.srv.Jsz(&server.JSzOptions{})
+	if err != nil || jsz == nil || jsz.Disabled {
+		return
+	}
+	r.set(int64(jsz.Store), jsz.Config.MaxStore)
+}
+
+// set records a look at the store: used of limit bytes. Short from used
+// at limit less the reserve; room again only once used is an eighth of
+// the reserve under that, so that a store at the mark does not flap
+// (/readyz, the alert) with each delivery and each submission.
+func (r *StoreRoom) set(used, limit int64) {
+	r.used.Store(used)
+	r.limit.Store(limit)
+	r.short.Store(r.isShort(used, limit, r.short.Load()))
+}
+
+func (r *StoreRoom) isShort(used, limit int64, was bool) bool {
+	if limit <= 0 {
+		return false
+	}
+	reserve := StoreReserve(limit)
+	mark := limit - reserve
+	if was {
+		mark -= reserve / 8
+	}
+	return used >= mark
+}
+
+// run polls every until ctx ends.
+func (r *StoreRoom) run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.poll()
+		}
+	}
+}
+
+// Err is nil while new mail may be stored, else an error wrapping
+// ErrNoRoom that says how full the store is. No round trip: it reads the
+// last look (StoreRoomEvery).
+func (r *StoreRoom) Err() error {
+	if r == nil || !r.short.Load() {
+		return nil
+	}
+	used, limit := r.used.Load(), r.limit.Load()
+	return fmt.Errorf("%w (%d of its limit of %d bytes used; the last %d are kept for the mail already queued: "+
+		"deliveries free it, or raise --store-max; docs/runbook.md, \"The store is full\")",
+		ErrNoRoom, used, limit, StoreReserve(limit))
+}
+
+// charge counts n bytes Enqueue stored, until the next look reads the
+// store's own count: a burst between two looks cannot take the reserve.
+func (r *StoreRoom) charge(n int) {
+	if r == nil {
+		return
+	}
+	used := r.used.Add(int64(n))
+	if limit := r.limit.Load(); !r.short.Load() && r.isShort(used, limit, false) {
+		r.short.Store(true)
+	}
+}
+
+// Used is the store's use in bytes, as last seen (plus what Enqueue
+// stored since).
+func (r *StoreRoom) Used() int64 { return r.used.Load() }
+
+// Limit is the store's limit in bytes; 0 while not known.
+func (r *StoreRoom) Limit() int64 { return r.limit.Load() }
+
+// Reserve is StoreReserve of Limit.
+func (r *StoreRoom) Reserve() int64 { return StoreReserve(r.limit.Load()) }
+
+// Describe implements prometheus.Collector.
+func (r *StoreRoom) Describe(ch chan<- *prometheus.Desc) {
+	ch <- r.descs.used
+	ch <- r.descs.limit
+	ch <- r.descs.reserve
+	ch <- r.descs.full
+}
+
+// Collect implements prometheus.Collector.
+func (r *StoreRoom) Collect(ch chan<- prometheus.Metric) {
+	full := 0.0
+	if r.short.Load() {
+		full = 1
+	}
+	ch <- prometheus.MustNewConstMetric(r.descs.used, prometheus.GaugeValue, float64(r.Used()))
+	ch <- prometheus.MustNewConstMetric(r.descs.limit, prometheus.GaugeValue, float64(r.Limit()))
+	ch <- prometheus.MustNewConstMetric(r.descs.reserve, prometheus.GaugeValue, float64(r.Reserve()))
+	ch <- prometheus.MustNewConstMetric(r.descs.full, prometheus.GaugeValue, full)
+}
+
+// storeRooms holds the StoreRoom of each embedded server running in this
+// process, for Enqueue on an in-process connection (Options.InProcess).
+var storeRooms sync.Map // *server.Server → *StoreRoom
+
+// storeRoom returns the StoreRoom of the embedded server q is connected
+// to in process, or nil (a socket: another process's server, a cluster).
+func (q *Queue) storeRoom() *StoreRoom {
+	if q.opts.InProcess == nil {
+		return nil
+	}
+	r, _ := storeRooms.Load(q.opts.InProcess)
+	rr, _ := r.(*StoreRoom)
+	return rr
+}
+
+// roomFor is the check Enqueue makes before it writes anything: nil, or
+// ErrNoRoom. Delivery status notifications the workers write pass: they
+// report on mail already accepted, and are few and small.
+func (q *Queue) roomFor(s *Submission) error {
+	if s.Source == SourceDSN {
+		return nil
+	}
+	return q.storeRoom().Err()
+}
