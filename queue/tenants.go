@@ -286,6 +286,10 @@ func (q *Queue) workConsumers(ctx context.Context) (workCover, error) {
 	l := q.lanes[LaneWork].ListConsumers(ctx)
 	for ci := range l.Info() {
 		c.names[ci.Name] = true
+		// The consumer's ack wait as the server has it, for the
+		// keep-alives of its sends (ackwait.go): a daemon started since
+		// may have changed it.
+		q.ackWaits.learn(StreamWork, ci.Name, ci.Config.AckWait)
 		c.covered += ci.NumPending + uint64(max(ci.NumAckPending, 0))
 		// Mail awaiting its ack counts as well: a worker that died or
 		// stopped holding it will not ack, and when the ack wait ends the
