@@ -10,8 +10,13 @@ import (
 // SenderDomains is the sender policy of a shared deployment: for each
 // tenant it names, the domains that tenant may send as, in the envelope
 // sender (MAIL FROM, the API's from) and in the From header's addresses.
-// A tenant it does not name may use any domain, as before the policy
-// existed; so may every tenant with a nil policy.
+// A tenant it does not name has the OtherTenants entry's domains when
+// there is one (the config file's top-level sender-domains), else may use
+// any domain, as before the policy existed; so may every tenant with a nil
+// policy. The OtherTenants entry is what closes the policy: without it a
+// tenant left out, or spelled otherwise than in the users file ("shopa"
+// for [tenants.shopA]), sent as anyone's domain, and had it signed with
+// that domain's DKIM key.
 //
 // Without it one tenant could send as another's domain, and since DKIM
 // picks its key by the From domain (docs/delivery.md), have that mail
@@ -23,6 +28,22 @@ import (
 // compared without case and without a trailing dot; CheckSenderDomain
 // validates an entry.
 type SenderDomains map[string][]string
+
+// OtherTenants is the SenderDomains key whose domains are those of every
+// tenant the policy does not name: the config file's top-level
+// sender-domains. No tenant can have that name (ValidateUserName; an API
+// key's tenant takes letters, digits and "-_.@+").
+const OtherTenants = "*"
+
+// list is tenant's entry, or the OtherTenants one; ok false when neither
+// exists.
+func (p SenderDomains) list(tenant string) ([]string, bool) {
+	if l, ok := p[tenant]; ok {
+		return l, true
+	}
+	l, ok := p[OtherTenants]
+	return l, ok
+}
 
 // CheckSenderDomain reports what is wrong with a SenderDomains entry, or
 // nil.
@@ -36,14 +57,14 @@ func CheckSenderDomain(entry string) error {
 
 // Restricted reports whether tenant's senders are limited.
 func (p SenderDomains) Restricted(tenant string) bool {
-	_, ok := p[tenant]
+	_, ok := p.list(tenant)
 	return ok
 }
 
 // Allows reports whether tenant may send as addr (user@domain, or ""
 // for the null sender, which names no domain and is allowed).
 func (p SenderDomains) Allows(tenant, addr string) bool {
-	list, ok := p[tenant]
+	list, ok := p.list(tenant)
 	if !ok || addr == "" {
 		return true
 	}

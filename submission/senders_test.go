@@ -29,6 +29,18 @@ func TestSenderDomainsAllows(t *testing.T) {
 			t.Errorf("%s as %q: %v, want %v", c.tenant, c.addr, got, c.want)
 		}
 	}
+	// With an entry for the other tenants, a tenant not named has its
+	// domains, and is restricted.
+	closed := SenderDomains{"shop": p["shop"], OtherTenants: {"tenants.example"}}
+	if closed.Allows("other", "a@bank.example") || !closed.Allows("other", "a@tenants.example") || !closed.Restricted("other") {
+		t.Error("a tenant not named is not held to the other tenants' domains")
+	}
+	if !closed.Allows("shop", "a@shop.example") || closed.Allows("shop", "a@tenants.example") {
+		t.Error("a named tenant is held to the other tenants' domains, not its own")
+	}
+	if err := ValidateUserName(OtherTenants); err == nil {
+		t.Errorf("user name %q accepted: it would be taken for every other tenant", OtherTenants)
+	}
 	for _, bad := range []string{"", "*", "*.", "a*.example", "shop..example", "-a.example", "*.*.example"} {
 		if CheckSenderDomain(bad) == nil {
 			t.Errorf("entry %q accepted", bad)

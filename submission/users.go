@@ -111,6 +111,9 @@ func ValidateUserName(name string) error {
 	if name == TrustedTenant {
 		return fmt.Errorf("user name %q is reserved: it is the tenant of mail from trusted networks", name)
 	}
+	if name == OtherTenants {
+		return fmt.Errorf("user name %q is reserved: it names every tenant the sender policy does not name (sender-domains)", name)
+	}
 	if name == queue.PostmasterTenant {
 		return fmt.Errorf("user name %q is reserved: it is the tenant of the postmaster and abuse mail forwarded to the operator", name)
 	}
@@ -134,6 +137,18 @@ func (u *Users) Len() int {
 		return 0
 	}
 	return len(u.hashes)
+}
+
+// Names returns the accounts' names, in no order.
+func (u *Users) Names() []string {
+	if u == nil {
+		return nil
+	}
+	names := make([]string, 0, len(u.hashes))
+	for name := range u.hashes {
+		names = append(names, name)
+	}
+	return names
 }
 
 // Has reports whether name is an account. Used to decide whether a failed

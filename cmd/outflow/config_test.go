@@ -488,6 +488,57 @@ func TestSenderDomainsConfig(t *testing.T) {
 	}
 }
 
+// TestSenderDomainsForOtherTenants: the top-level sender-domains is the
+// policy of every tenant without a section of its own, which closes the
+// policy: a tenant left out, or spelled otherwise than in the users file,
+// no longer sends as anyone's domain. A section spelled otherwise than an
+// account is said at start.
+func TestSenderDomainsForOtherTenants(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "outflow.toml")
+	conf := "sender-domains = []\n[tenants.shopA]\nsender-domains = [\"a.example\"]\n[tenants.billing]\nsender-domains = [\"b.example\"]\n"
+	if err := os.WriteFile(p, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseWith(t, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := c.senderDomains()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		tenant, from string
+		want         bool
+	}{
+		{"shopA", "x@a.example", true},
+		{"shopA", "x@b.example", false},
+		{"shopa", "x@b.example", false}, // not named: the top-level list, empty
+		{"shopa", "x@a.example", false},
+		{"newcomer", "x@anything.example", false},
+	} {
+		if got := pol.Allows(tc.tenant, tc.from); got != tc.want {
+			t.Errorf("%s as %s: %v, want %v", tc.tenant, tc.from, got, tc.want)
+		}
+	}
+	near := c.tenantNearMisses([]string{"shopa", "billing", "other"})
+	if len(near) != 1 || !strings.Contains(near[0], "[tenants.shopA]") || !strings.Contains(near[0], `"shopa"`) {
+		t.Errorf("near misses %q, want one naming [tenants.shopA] and the account shopa", near)
+	}
+	// Without the top-level key, a tenant without a section may use any
+	// domain, as before.
+	open := filepath.Join(t.TempDir(), "outflow.toml")
+	if err := os.WriteFile(open, []byte("[tenants.shopA]\nsender-domains = [\"a.example\"]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = parseWith(t, open); err != nil {
+		t.Fatal(err)
+	}
+	if pol, err = c.senderDomains(); err != nil || !pol.Allows("shopa", "x@b.example") {
+		t.Errorf("no top-level list: shopa refused (%v)", err)
+	}
+}
+
 // TestServeLogsItsStopAsJSON: the error serve stops on is also a JSON log
 // line (level fatal, the error, the exit status), as the daemon's other
 // lines are, for a collector that reads only those.

@@ -20,6 +20,10 @@ type dsnConfig struct {
 	DSNSenderRate   float64                 `toml:"dsn-sender-rate"`
 	DSNPassTimeout  time.Duration           `toml:"dsn-pass-timeout"`
 	Tenants         map[string]tenantConfig `toml:"tenants"`
+	// SenderDomains is every tenant's sender-domains, that of a
+	// [tenants.NAME] section replacing it; unset: any domain for the
+	// tenants whose section sets none (cmd/outflow/senders.go).
+	SenderDomains *[]string `toml:"sender-domains"`
 }
 
 // tenantConfig is one [tenants.NAME] section: NAME is the tenant (the

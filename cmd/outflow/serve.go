@@ -332,6 +332,9 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	for _, line := range c.tenantNearMisses(users.Names()) {
+		log.Warn().Msg(line)
+	}
 	limits, err := c.sendingLimits(ctx, q)
 	if err != nil {
 		return err
