@@ -178,6 +178,36 @@ func TestDashboardsNameRealMetrics(t *testing.T) {
 	}
 }
 
+// TestSharedGaugesNotSummed: the gauges every process of a fleet reads
+// from the shared streams and state (the lanes', a destination's) are
+// the same number in each process; summed across a fleet, the dashboard
+// showed the dead letters of two processes as twice as many. The alerts
+// and the dashboard take their max, or one series, never their sum.
+// And the breaker's alert fires for a destination that times out, whose
+// breaker shows open only for the cooldown and half-open (1) while its
+// probe waits: "== 2" held for 30 minutes never fired.
+func TestSharedGaugesNotSummed(t *testing.T) {
+	summed := regexp.MustCompile(`sum\s*(by\s*\([^)]*\)\s*)?\(\s*(outflow_queue_[a-z_]+|outflow_dest_(suspended|breaker_state|rate_factor|rate|conns)[a-z_]*)\b`)
+	for _, doc := range []string{"../docs/alerts.yaml", "../docs/grafana-dashboard.json"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range summed.FindAllString(string(b), -1) {
+			if !strings.Contains(m, "_total") {
+				t.Errorf("%s sums a shared gauge: %s (take its max)", doc, m)
+			}
+		}
+	}
+	b, err := os.ReadFile("../docs/alerts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "outflow_dest_breaker_state) == 2") {
+		t.Error("OutflowBreakerOpen fires only while the breaker shows open (2), not while its probe waits (1)")
+	}
+}
+
 // TestAPISubmissionsCounted: mail submitted over the HTTP API is counted,
 // by result, in outflow_api_submissions_total, as SMTP's is in
 // outflow_submissions_total (it was in no metric: a spam run through a

@@ -983,7 +983,7 @@ func (q *Queue) ReleaseDest(ctx context.Context, by, dest string, match func(dom
 		// daemon's log line: `queue history` shows when it was released
 		// and for when.
 		q.Event(EventReleased, &Event{ID: r.ID, MsgID: r.MsgID, Tenant: r.Tenant, Dest: r.Dest, Attempt: it.Env.Attempt,
-			Worker: by, Reason: r.reason()})
+			Worker: by, Reason: r.reason(), Recipients: it.Env.Rcpts})
 	}
 	return out, nil
 }

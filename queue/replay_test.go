@@ -267,6 +267,12 @@ func TestReleaseDestReportsEachEnvelope(t *testing.T) {
 			t.Errorf("%s: released event %+v, want one by w1 naming %s", r.ID, ev, at)
 		}
 	}
+	// `queue find ADDRESS --type released` (the runbook's look at what a
+	// resume re-timed) finds them by their recipient.
+	found, _, err := q.FindEvents(ctx, EventQuery{Rcpt: "r@d.example", Types: []string{EventReleased}})
+	if err != nil || len(found) != 3 {
+		t.Errorf("find released by recipient: %d events, %v; want 3", len(found), err)
+	}
 }
 
 // TestListIDNDest: mail to an internationalised domain is queued under its
