@@ -42,6 +42,10 @@ type client struct {
 	addr string  // ip:port (or relay host:port) dialled
 	key  string  // pool key
 	src  *Source // egress address, nil for the default
+	// dest is the destination domain (lower case) of the Send using it
+	// last, "" through the relay: the pool notes its host as one of that
+	// domain's when it is put back (pool.noteDest, Sender.CloseIdle).
+	dest string
 
 	tls         bool
 	tlsVerified bool

@@ -37,7 +37,31 @@ type pool struct {
 	order []idleRef
 	seq   uint64
 	idle  int
+	// dests are the keys each destination domain put connections back
+	// on lately (put, client.dest), so that closeIdle can find that
+	// domain's hosts: a key is an MX host (with a TLS mode and a source
+	// address), and one host may serve many domains. An entry unused for
+	// idleFor goes at the next reap, when every connection its domain put
+	// back has expired; past maxDests the stale ones go at once, then any
+	// (pruneDests).
+	dests map[string]*destKeys
 }
+
+// destKeys are the pool keys a domain's connections were put back on,
+// most recent last, and when last.
+type destKeys struct {
+	keys []string
+	used time.Time
+}
+
+const (
+	// maxDests bounds pool.dests: the domains sent to within an idle
+	// timeout, a few hundred a second at most in direct delivery.
+	maxDests = 10000
+	// maxDestKeys bounds the keys kept per domain: its MX hosts, each
+	// with a TLS mode and a source address, the most recent kept.
+	maxDestKeys = 16
+)
 
 // idleRef is one put of an idle connection, in pool.order.
 type idleRef struct {
@@ -55,7 +79,7 @@ type hostPool struct {
 }
 
 func newPool(maxPerHost, maxIdle int, idleFor time.Duration) *pool {
-	return &pool{maxPerHost: maxPerHost, maxIdle: maxIdle, idleFor: idleFor, hosts: map[string]*hostPool{}}
+	return &pool{maxPerHost: maxPerHost, maxIdle: maxIdle, idleFor: idleFor, hosts: map[string]*hostPool{}, dests: map[string]*destKeys{}}
 }
 
 func (p *pool) host(key string) *hostPool {
@@ -130,7 +154,8 @@ func (p *pool) release(key string) {
 // and the pool is open, and otherwise reports that the caller must close
 // it (outside any lock: a QUIT can take a while). Keeping it may put the
 // pool over maxIdle: the connection idle longest is then taken out and
-// returned in evicted, for the caller to close the same way.
+// returned in evicted, for the caller to close the same way. A connection
+// kept notes its host as one of c.dest's (noteDest), for closeIdle.
 func (p *pool) put(c *client, reuse bool) (keep bool, evicted *client) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -138,6 +163,9 @@ func (p *pool) put(c *client, reuse bool) (keep bool, evicted *client) {
 	defer hp.signal()
 	if reuse && !p.closed {
 		c.idleSince = time.Now()
+		if c.dest != "" {
+			p.noteDest(c.dest, c.key, c.idleSince)
+		}
 		p.seq++
 		c.idleSeq, c.pooled = p.seq, true
 		hp.idle = append(hp.idle, c)
@@ -175,6 +203,79 @@ func (p *pool) evictOldest() *client {
 		return c
 	}
 	return nil
+}
+
+// noteDest records that a connection of dest's was put back on key at
+// now. p.mu held.
+func (p *pool) noteDest(dest, key string, now time.Time) {
+	dk := p.dests[dest]
+	if dk == nil {
+		if len(p.dests) >= maxDests {
+			p.pruneDests(now)
+		}
+		dk = &destKeys{}
+		p.dests[dest] = dk
+	}
+	dk.used = now
+	if slices.Contains(dk.keys, key) {
+		return
+	}
+	if len(dk.keys) == maxDestKeys {
+		dk.keys = slices.Delete(dk.keys, 0, 1)
+	}
+	dk.keys = append(dk.keys, key)
+}
+
+// pruneDests forgets the domains unused for idleFor and, when that leaves
+// maxDests or more, any others down to three quarters of it: a domain
+// forgotten early only has its idle connections wait for their timeout
+// again, as they did before closeIdle. p.mu held.
+func (p *pool) pruneDests(now time.Time) {
+	for d, dk := range p.dests {
+		if now.Sub(dk.used) >= p.idleFor {
+			delete(p.dests, d)
+		}
+	}
+	if len(p.dests) < maxDests {
+		return
+	}
+	for d := range p.dests {
+		if len(p.dests) <= maxDests*3/4 {
+			break
+		}
+		delete(p.dests, d)
+	}
+}
+
+// closeIdle takes out of the pool every idle connection to the hosts dest
+// used lately (noteDest), whichever domain each last carried, and returns
+// them for the caller to close outside the lock. Busy connections are
+// left alone.
+func (p *pool) closeIdle(dest string) []*client {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	dk := p.dests[dest]
+	if p.closed || dk == nil {
+		return nil
+	}
+	var out []*client
+	for _, key := range dk.keys {
+		hp := p.hosts[key]
+		if hp == nil || len(hp.idle) == 0 {
+			continue
+		}
+		for _, c := range hp.idle {
+			c.pooled = false
+		}
+		out = append(out, hp.idle...)
+		p.idle -= len(hp.idle)
+		hp.open -= len(hp.idle)
+		clear(hp.idle)
+		hp.idle = hp.idle[:0]
+		hp.signal()
+	}
+	p.compactOrder()
+	return out
 }
 
 // compactOrder drops the stale entries of order once they outnumber the
@@ -221,6 +322,11 @@ func (p *pool) reap(now time.Time) []*client {
 		}
 	}
 	p.compactOrder()
+	for d, dk := range p.dests {
+		if now.Sub(dk.used) >= p.idleFor {
+			delete(p.dests, d)
+		}
+	}
 	return out
 }
 

@@ -111,7 +111,7 @@ func BenchmarkPoolGetPut(b *testing.B) {
 	ctx := context.Background()
 	for i := range 100 {
 		p.get(ctx, fmt.Sprintf("h%d", i))
-		p.put(&client{key: fmt.Sprintf("h%d", i)}, true)
+		p.put(&client{key: fmt.Sprintf("h%d", i), dest: fmt.Sprintf("d%d.test", i)}, true)
 	}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {

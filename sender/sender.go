@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -145,6 +146,37 @@ func (s *Sender) Close() error {
 		wg.Wait()
 	})
 	return nil
+}
+
+// CloseIdle closes the idle pooled connections to the MX hosts that
+// domain's messages were sent to lately (within IdleTimeout), whichever
+// domain each last carried, and returns how many it took out of the pool;
+// connections busy in a Send are left alone. Each is sent QUIT in the
+// background, as the idle cap's eviction does, not on the caller's time.
+//
+// It is for a caller that may not open another connection to the
+// destination now (the throttle refused "conns": this worker's deliveries
+// in flight to it are at or over its share of the fleet's connection
+// limit): an idle socket is then surplus, and holds one of the
+// provider's per-client connection slots that the worker holding the
+// share needs. Through a relay it does nothing and returns 0: every
+// destination shares the relay's connections, which hold no slot of the
+// destination's provider.
+func (s *Sender) CloseIdle(domain string) int {
+	if s.cfg.Relay != "" {
+		return 0
+	}
+	cs := s.pool.closeIdle(destName(domain))
+	for _, c := range cs {
+		go c.quit()
+	}
+	return len(cs)
+}
+
+// destName is a destination domain as the TLS plan (tlsPlan.domain) and
+// the pool (client.dest) know it: lower case, without a trailing dot.
+func destName(domain string) string {
+	return strings.ToLower(strings.TrimSuffix(domain, "."))
 }
 
 // Send delivers m and reports one outcome per recipient. It does not
@@ -588,6 +620,9 @@ func (s *Sender) acquire(ctx context.Context, log *msgLog, t *tries, plan *tlsPl
 		}
 		c, reused, err := s.acquireHost(ctx, log, t, host, plan, hp)
 		if err == nil {
+			if !t.relay {
+				c.dest = plan.domain
+			}
 			// A later connection (the server's limit of messages per
 			// connection, a stale pooled one) starts with this host.
 			t.next, t.cur = i, i

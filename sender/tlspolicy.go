@@ -70,7 +70,7 @@ type hostPlan struct {
 
 // planTLS looks up the destination's MTA-STS policy, once per Send.
 func (s *Sender) planTLS(ctx context.Context, log *msgLog, domain string) *tlsPlan {
-	p := &tlsPlan{domain: strings.ToLower(strings.TrimSuffix(domain, ".")), policy: s.cfg.policyFor(domain)}
+	p := &tlsPlan{domain: destName(domain), policy: s.cfg.policyFor(domain)}
 	if s.cfg.Relay != "" || p.policy == TLSNone || s.cfg.MTASTS == nil {
 		return p
 	}

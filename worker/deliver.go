@@ -922,9 +922,17 @@ func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queu
 	return false, nil
 }
 
+// idleCloser is a Sender that can close its idle pooled connections to a
+// destination's hosts (*sender.Sender.CloseIdle).
+type idleCloser interface {
+	CloseIdle(domain string) int
+}
+
 // refused handles a throttle refusal: no attempt was made, so neither
 // the attempt count nor the budget changes; the envelope waits in the lane
-// it came from (fresh mail in the retry lane) until the refusal ends.
+// it came from (fresh mail in the retry lane) until the refusal ends. A
+// "conns" refusal closes the Sender's idle connections to the
+// destination's hosts (idleCloser).
 func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string, r throttle.Refusal) error {
 	e := d.Env
 	lane := d.Lane
@@ -936,9 +944,21 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 		at = w.now().Add(time.Second)
 	}
 	w.cfg.Metrics.refusal(r.Reason)
-	w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", e.Attempt).
-		Str("class", "local").Str("rule", "local-"+r.Reason).Str("lane", string(lane)).
-		Time("next_attempt_at", at).Msg("coordinator refused; deferred without an attempt")
+	closed := 0
+	if ic, ok := w.cfg.Sender.(idleCloser); ok && r.Reason == "conns" {
+		// This worker's deliveries in flight to the destination are at
+		// or over its share of the connection limit (none, when its
+		// share is none): an idle pooled connection to its hosts is
+		// surplus, and holds one of the provider's slots that the worker
+		// with the share needs, until its idle timeout.
+		closed = ic.CloseIdle(e.Dest)
+	}
+	ev := w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", e.Attempt).
+		Str("class", "local").Str("rule", "local-"+r.Reason).Str("lane", string(lane))
+	if closed > 0 {
+		ev = ev.Int("idle_closed", closed)
+	}
+	ev.Time("next_attempt_at", at).Msg("coordinator refused; deferred without an attempt")
 	if err := w.passDeferred(ctx, e); err != nil {
 		return err
 	}
