@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -216,6 +217,7 @@ func init() {
 				if err := throttle.Suspend(ctx, kv, args[0], until, reason, adminBy()); err != nil {
 					return err
 				}
+				warnUnknownSource(cmd, q, args[0])
 				return report(cmd, a.json, map[string]any{"dest": args[0], "suspended_until": until.UTC()},
 					"%s: suspended until %s", args[0], until.UTC().Format(time.RFC3339))
 			})
@@ -287,6 +289,7 @@ func init() {
 				if err := throttle.SetRate(ctx, kv, args[0], maxRate, until, adminBy()); err != nil {
 					return err
 				}
+				warnUnknownSource(cmd, q, args[0])
 				v := map[string]any{"dest": args[0], "rate": maxRate} // no "until": until changed
 				when := "until changed"
 				if !until.IsZero() {
@@ -383,6 +386,48 @@ func wholeStates(ctx context.Context, kv jetstream.KeyValue, base, group string)
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// warnUnknownSource says on stderr when name is DEST@SOURCE and none of
+// the running workers that answer sends from SOURCE: the state is written
+// (a worker started later may have the address), but as things stand it
+// matches no mail, and a mistyped address leaves the blocked one sending
+// (runbook section 11). Nothing is said when no worker answers.
+func warnUnknownSource(cmd *cobra.Command, q *queue.Queue, name string) {
+	base, source := throttle.SplitPair(name)
+	if source == "" {
+		return
+	}
+	views, err := throttle.AskStatus(q, base, throttle.DefaultStatusWait)
+	if err != nil || len(views) == 0 {
+		return
+	}
+	if known, ok := unknownSource(views, source); !ok {
+		have := "no [[egress]] addresses"
+		if len(known) > 0 {
+			have = "only " + strings.Join(known, ", ")
+		}
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: no running worker sends from %s (they have %s): %s matches no mail unless a worker with that address starts\n", source, have, name)
+	}
+}
+
+// unknownSource reports the source addresses the workers of views send
+// from, sorted, and whether source is one of them.
+func unknownSource(views []throttle.WorkerStatus, source string) ([]string, bool) {
+	seen := map[string]bool{}
+	for _, v := range views {
+		for _, s := range v.Sources {
+			if _, src := throttle.SplitPair(s.Dest); src != "" {
+				seen[src] = true
+			}
+		}
+	}
+	known := make([]string, 0, len(seen))
+	for s := range seen {
+		known = append(known, s)
+	}
+	slices.Sort(known)
+	return known, seen[source]
 }
 
 // hasSources reports whether a worker that answered sends from egress
