@@ -137,38 +137,132 @@ func (d *dest) seen(tenant string, now time.Time) {
 	}
 }
 
-// overShare reports whether tenant's backlog in d's virtual queue, or its
-// turns given to admissions waiting in process, reach further ahead (by
-// more than a second) than those of another tenant sending to d now: it
-// has had more than its share for the moment, and the next token should go
-// to the other. A tenant is sending while it
-// asks for admission (within tenantActive) and while it has envelopes
-// waiting for their places in the virtual queue: those may be further
-// off than tenantActive, and the tokens must still be free when they
-// come back. d.mu held.
-func (d *dest) overShare(tenant string, now time.Time) bool {
-	mine := d.ahead(tenant, now)
-	if mine <= time.Second {
-		return false
-	}
+// overShare reports whether tenant has had more than its share of d for
+// the moment, and the next token should go to another tenant sending to
+// d now. A tenant is sending while it asks for admission (within
+// tenantActive) and while it has envelopes waiting for their places in
+// the virtual queue: those may be further off than tenantActive, and the
+// tokens must still be free when they come back. Against such another
+// tenant of the same weight, it is over its share when its backlog in d's
+// virtual queues, or its turns given to admissions waiting in process,
+// reach further ahead (by more than a second) than the other's: a tenant
+// with a few messages goes before a campaign. Against one of another
+// weight, when
+//
+//   - the other has a backlog too, and the turns this one was given reach
+//     further ahead at its weighted share (serve) by more than a second
+//     than the other's: the weights' split between two backlogs; or
+//   - its backlog reaches further ahead as above, each weighed by its
+//     tenant's weight over the mean of the two (weighed: the envelopes,
+//     not their spacing, are compared), and the other is not ahead of it
+//     by the first test.
+//
+// The backlog alone takes no weight: the admissions of two tenants with
+// backlogs went to whichever asked when a turn was within max-wait, and
+// the work lane hands their envelopes out in equal turns, so a tenant
+// weighing 3 had 45 to 50 % of them. Compared unweighed, a lighter
+// tenant's places, spaced wider, reach further ahead: at a configured
+// rate it yielded nearly every token (TestTenantWeightsShareABusyDestination).
+// Tenants of one weight keep the backlog test alone: the turns' test
+// had two backlogs yield to a third tenant's message waiting for its
+// turn, and leave turns untaken (a sixth of them with a message every
+// 0.7 s). d.mu held.
+func (d *dest) overShare(tenant string, now time.Time, weight func(string) float64) bool {
+	mine, myTurns, w := d.ahead(tenant, now), d.servedAhead(tenant, now), weight(tenant)
 	for other, at := range d.tenants {
 		if other == tenant {
 			continue
 		}
-		if theirs := d.ahead(other, now); (theirs > 0 || now.Sub(at) <= tenantActive) && theirs+time.Second < mine {
+		theirs := d.ahead(other, now)
+		if theirs <= 0 && now.Sub(at) > tenantActive {
+			continue // not sending
+		}
+		ow := weight(other)
+		if ow == w {
+			// Equal weights: the backlogs alone, as they always were.
+			if mine > time.Second && theirs+time.Second < mine {
+				return true
+			}
+			continue
+		}
+		theirTurns := d.servedAhead(other, now)
+		if theirs > 0 && myTurns > theirTurns+time.Second {
+			return true
+		}
+		m, o := weighed(mine, w, ow), weighed(theirs, ow, w)
+		if m > time.Second && o+time.Second < m && theirTurns <= myTurns {
 			return true
 		}
 	}
 	return false
 }
 
+// weighed is a tenant's backlog reaching a ahead at weight w, against
+// another's at weight o: a times w over the mean of the two. A tenant's
+// places are spaced by its weight, so this compares the envelopes
+// waiting; at equal weights it is a.
+func weighed(a time.Duration, w, o float64) time.Duration {
+	if w == o {
+		return a
+	}
+	return time.Duration(float64(a) * 2 * w / (w + o))
+}
+
 // overShareWaiting is overShare asked for an admission of tenant's that
-// is already waiting in process for its turn (counted in d.held): as a
-// new admission would be asked, without counting itself. d.mu held.
-func (d *dest) overShareWaiting(tenant string, now time.Time) bool {
+// is already waiting in process for its turn (counted in d.held, and in
+// d.served by its turn's share, own): as a new admission would be asked,
+// without counting itself. d.mu held.
+func (d *dest) overShareWaiting(tenant string, now time.Time, own time.Duration, weight func(string) float64) bool {
 	d.hold(tenant, -1)
 	defer d.hold(tenant, 1)
-	return d.overShare(tenant, now)
+	d.unserve(tenant, own)
+	defer d.unserve(tenant, -own)
+	return d.overShare(tenant, now, weight)
+}
+
+// serve counts one turn of d given to tenant at now: its served end
+// moves on by one period of this worker's share of the rate over
+// tenant's part of it, weight(tenant) over the weights of the tenants
+// with a backlog in d (ahead; itself included). A tenant's served end is
+// then as far ahead of now as the turns it was given would take at its
+// weighted share; one that was given nothing for a while starts again
+// from now, with no credit for the time it was quiet. It returns what
+// the turn added, for unserve. d.mu held; the bucket has a rate.
+func (d *dest) serve(tenant string, now time.Time, weight func(string) float64) time.Duration {
+	own := weight(tenant)
+	total := own
+	for other := range d.tenants {
+		if other != tenant && d.ahead(other, now) > 0 {
+			total += weight(other)
+		}
+	}
+	add := time.Duration(float64(d.bucket.period()) * total / own)
+	if d.served == nil {
+		d.served = map[string]time.Time{}
+	}
+	if len(d.served) > 64 { // forget the ones long past now and then
+		for k, end := range d.served {
+			if end.Before(now) {
+				delete(d.served, k)
+			}
+		}
+	}
+	d.served[tenant] = laterOf(d.served[tenant], now).Add(add)
+	return add
+}
+
+// unserve takes back what serve added for a turn of tenant's that was not
+// used (a refused or cancelled admission). d.mu held.
+func (d *dest) unserve(tenant string, add time.Duration) {
+	if end, ok := d.served[tenant]; ok {
+		d.served[tenant] = end.Add(-add)
+	}
+}
+
+// servedAhead is how far ahead of now tenant's served end reaches (see
+// serve); 0 when it does not. d.mu held.
+func (d *dest) servedAhead(tenant string, now time.Time) time.Duration {
+	return max(0, d.served[tenant].Sub(now))
 }
 
 // ahead is how far ahead tenant's part of d's virtual queues (refused and
@@ -513,8 +607,17 @@ func (t *Throttle) raiseLearned(d *dest, now time.Time) {
 	// comes back in bunches waits, at any average) nor the peers' reports
 	// (a heartbeat old) say so; paced mail, which returns on time and so
 	// never waits, binds by its delivered rate like the rest.
+	//
+	// Nor does it bind while a live peer's share goes unused (idlePeer):
+	// each worker paces its share, rate over live workers, so a worker
+	// killed without a goodbye left a third of a 3-worker fleet's rate
+	// untaken for the 15 s its record counted; the survivors' shares
+	// looked binding, and the rate stepped from 11 to 14/s while the
+	// fleet delivered 8/s, then met the provider's limit at 14/s when
+	// the record expired.
 	binding := func() bool {
-		return d.delivered.sustainedRate(now, lc.every) >= learnBinding*s.inForce(now)/float64(t.liveCount())
+		return d.delivered.sustainedRate(now, lc.every) >= learnBinding*s.inForce(now)/float64(t.liveCount()) &&
+			!t.idlePeer(d, now, lc.every)
 	}
 	if s.LearnedRate > 0 && d.pending&pendLearn == 0 && !now.Before(s.LearnedHold) && !now.Before(s.LearnedNext) &&
 		!s.atPlateau(now) && now.Sub(d.lastThr) >= lc.every && binding() {
@@ -525,6 +628,37 @@ func (t *Throttle) raiseLearned(d *dest, now time.Time) {
 		now.Sub(d.lastConnThr) >= lc.every && now.Sub(d.lastConnLim) <= lc.every {
 		t.changeLearned(d, learnedConns, "step", func(s *DestState, now time.Time) bool { return lc.raiseConns(s, now, ceiling) })
 	}
+}
+
+// idlePeer reports whether a live peer is taking no share of d's rate
+// that the fleet's rate in force counts on: its heartbeat is overdue
+// (half a heartbeat late: a worker gone without a goodbye, whose record
+// counts until the registry's TTL ends it), or it reported no traffic to
+// d in a heartbeat sent every or more after this worker's burst to d
+// began (a report from before it may just predate the peer's first
+// envelope). Its share then goes unused, and this worker's own share
+// binding says nothing of the fleet's rate. d.mu held.
+func (t *Throttle) idlePeer(d *dest, now time.Time, every time.Duration) bool {
+	if t.cfg.Registry == nil {
+		return false
+	}
+	overdue := t.cfg.Heartbeat + t.cfg.Heartbeat/2
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	for k, seen := range t.workers {
+		if k == t.regKey || now.Sub(seen) > t.workerTTL {
+			continue
+		}
+		if now.Sub(seen) > overdue {
+			return true
+		}
+		if rec, ok := t.peers[k]; ok && seen.Sub(d.burstFrom) >= every {
+			if _, sends := rec.Load[d.name]; !sends {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // decayLearned forgets d's learned limits once no throttle has cut them

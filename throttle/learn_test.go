@@ -642,14 +642,14 @@ func TestOverShare(t *testing.T) {
 	for range 200 {
 		d.slot("a", t0, t0, 20, one, 0) // 10 s ahead
 	}
-	if d.overShare("a", t0) {
+	if d.overShare("a", t0, unweighted) {
 		t.Fatal("a lone tenant is over its share")
 	}
 	d.seen("b", t0)
-	if !d.overShare("a", t0) || d.overShare("b", t0) {
-		t.Fatalf("with b sending: a over %v, b over %v; want a yields to b", d.overShare("a", t0), d.overShare("b", t0))
+	if !d.overShare("a", t0, unweighted) || d.overShare("b", t0, unweighted) {
+		t.Fatalf("with b sending: a over %v, b over %v; want a yields to b", d.overShare("a", t0, unweighted), d.overShare("b", t0, unweighted))
 	}
-	if d.overShare("a", t0.Add(tenantActive+time.Second)) {
+	if d.overShare("a", t0.Add(tenantActive+time.Second), unweighted) {
 		t.Fatal("b stopped sending, yet a still yields to it")
 	}
 	// b's few envelopes wait for places beyond tenantActive (behind
@@ -659,8 +659,8 @@ func TestOverShare(t *testing.T) {
 	for range 5 {
 		d.slot("b", later, t0, 20, one, 0)
 	}
-	if !d.overShare("a", later) || d.overShare("b", later) {
-		t.Fatalf("b's envelopes waiting in the queue: a over %v, b over %v; want a yields to b", d.overShare("a", later), d.overShare("b", later))
+	if !d.overShare("a", later, unweighted) || d.overShare("b", later, unweighted) {
+		t.Fatalf("b's envelopes waiting in the queue: a over %v, b over %v; want a yields to b", d.overShare("a", later, unweighted), d.overShare("b", later, unweighted))
 	}
 }
 
@@ -1192,19 +1192,19 @@ func TestOverShareCountsWaitingAdmissions(t *testing.T) {
 	for range 32 {
 		d.hold("a", 1)
 	}
-	if d.overShare("a", t0) {
+	if d.overShare("a", t0, unweighted) {
 		t.Fatal("a lone tenant is over its share")
 	}
 	d.seen("b", t0)
 	d.hold("b", 1)
-	if !d.overShare("a", t0) || d.overShare("b", t0) {
-		t.Fatalf("a with 32 waiting, b with 1: a over %v, b over %v; want a yields to b", d.overShare("a", t0), d.overShare("b", t0))
+	if !d.overShare("a", t0, unweighted) || d.overShare("b", t0, unweighted) {
+		t.Fatalf("a with 32 waiting, b with 1: a over %v, b over %v; want a yields to b", d.overShare("a", t0, unweighted), d.overShare("b", t0, unweighted))
 	}
 	// a's turns come and go: with 20 waiting it is within a second of b.
 	for range 12 {
 		d.hold("a", -1)
 	}
-	if d.overShare("a", t0) {
+	if d.overShare("a", t0, unweighted) {
 		t.Fatal("a yields with 20 waiting against b's 1 (a second of turns)")
 	}
 }

@@ -370,6 +370,7 @@ type dest struct {
 	thrPark  parking
 	tenants  map[string]time.Time // tenant -> last asked for admission
 	held     map[string]int       // tenant -> its admissions waiting in process for their turns
+	served   map[string]time.Time // tenant -> how far its turns given reach at its weighted share (serve)
 	inflight int
 	probing  bool // a half-open probe is out
 	failures int  // consecutive failed attempts
@@ -786,7 +787,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		// tenant sends to the destination: its envelope takes its own
 		// tenant's next place at once, and the tokens go to whoever is
 		// within its share (see fairShare).
-		if at.Sub(now) > t.maxWait(k) || due.After(now) && d.overShare(tenant, now) {
+		if at.Sub(now) > t.maxWait(k) || due.After(now) && d.overShare(tenant, now, t.weight) {
 			// Too long to wait here. The refused envelope goes back to a
 			// lane and may return to any worker, so this worker keeps no
 			// token for it: it hands the token back and gives the envelope
@@ -811,6 +812,10 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		d.hold(tenant, 1)
 		defer d.release(tenant)
 	}
+	var served time.Duration // the turn's part of its tenant's share (serve); taken back if unused
+	if fleet > 0 {
+		served = d.serve(tenant, now, t.weight)
+	}
 	factor := d.state.RateFactor()
 	gen := d.bucket.gen
 	reserved, cutSeen, connsHold := now, d.state.LearnedCutAt, d.state.LearnedConnsHold
@@ -828,6 +833,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 			tm.Stop()
 			d.mu.Lock()
 			d.unreserve(probe)
+			d.unserve(tenant, served)
 			d.bucket.refund(at) // the token was not used
 			d.mu.Unlock()
 			return nil, Refusal{Until: t.now(), Reason: "canceled"}, false
@@ -839,6 +845,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		if r, suspended := t.suspendedAbove(up); suspended {
 			d.mu.Lock()
 			d.unreserve(probe)
+			d.unserve(tenant, served)
 			d.bucket.refund(at)
 			d.mu.Unlock()
 			return nil, r, false
@@ -848,6 +855,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		now = t.now()
 		if r, refused := t.stateRefuses(d, now, &probe); refused {
 			d.unreserve(probe)
+			d.unserve(tenant, served)
 			d.bucket.refund(at)
 			d.mu.Unlock()
 			return nil, r, false
@@ -870,7 +878,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		due := d.bucket.reserve(now)
 		k := t.turnOf(d, fleet, live, now)
 		next := k.next(laterOf(due, d.lastTurn.Add(time.Nanosecond)))
-		if next.Sub(now) > t.maxWait(k) || due.After(now) && d.overShareWaiting(tenant, now) {
+		if next.Sub(now) > t.maxWait(k) || due.After(now) && d.overShareWaiting(tenant, now, served, t.weight) {
 			// The new turn is further than a new admission would wait
 			// for: this one does not hold its delivery slot and its
 			// place in flight for it either (30 admissions waiting at
@@ -886,6 +894,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 			d.bucket.refund(due) // the new turn's; the old one's went with the cut
 			until := d.slot(tenant, next, now, fleet, t.weight, t.horizon(d, now))
 			d.unreserve(probe)
+			d.unserve(tenant, served)
 			d.mu.Unlock()
 			return nil, Refusal{Until: until, Reason: "rate"}, false
 		}

@@ -1,0 +1,63 @@
+package throttle
+
+import (
+	"testing"
+	"time"
+)
+
+// TestLearnedStepWaitsForAnIdlePeer: a learned rate is split between the
+// live workers, so a step up needs every share taken: with a live peer
+// that reports no traffic to the destination, or whose heartbeat is
+// overdue (killed without a goodbye, its record counting until the
+// registry's TTL ends it), this worker's own share binding does not
+// raise the rate. Before, a fleet of three that lost a worker to kill -9
+// stepped its learned rate from 11 to 14/s over the 15 s the record
+// counted, delivering 8/s, and met the provider's limit at 14/s when the
+// record expired.
+func TestLearnedStepWaitsForAnIdlePeer(t *testing.T) {
+	env := startKV(t)
+	th := newThrottle(t, env, "a", nil)
+	const dom = "b.test"
+	d := th.getDest(dom)
+	now := th.now()
+	peers := func(idleSeen time.Time, idleLoad bool) {
+		th.wmu.Lock()
+		defer th.wmu.Unlock()
+		th.workers["busy"] = now
+		th.peers["busy"] = workerRecord{Worker: "busy", Load: map[string]destLoad{dom: {Rate: 10.0 / 3}}}
+		th.workers["idle"] = idleSeen
+		rec := workerRecord{Worker: "idle"}
+		if idleLoad {
+			rec.Load = map[string]destLoad{dom: {Rate: 10.0 / 3}}
+		}
+		th.peers["idle"] = rec
+		th.recountLocked(now)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.state.LearnedRate, d.state.Grid = 10, []GridSegment{{From: now.Add(-time.Minute), Rate: 10}}
+	d.burstFrom = now.Add(-10 * time.Second)
+	// This worker delivers its share, 10/s over three: binding by itself.
+	for at := now.Add(-3 * time.Second); !at.After(now); at = at.Add(300 * time.Millisecond) {
+		d.delivered.add(at, 1, th.cfg.LearnWindow)
+	}
+	for _, c := range []struct {
+		what     string
+		seen     time.Time
+		load     bool
+		stepping bool
+	}{
+		{"a live peer reporting no traffic to the destination", now.Add(-time.Second), false, false},
+		{"a peer whose heartbeat is overdue (its last report with traffic)", now.Add(-8 * time.Second), true, false},
+		{"every peer sending, heartbeats on time", now.Add(-time.Second), true, true},
+	} {
+		peers(c.seen, c.load)
+		if n := th.liveCount(); n != 3 {
+			t.Fatalf("%d live workers, want 3", n)
+		}
+		th.raiseLearned(d, now)
+		if stepped := d.pending&pendLearn != 0; stepped != c.stepping {
+			t.Fatalf("%s: stepped up %v, want %v", c.what, stepped, c.stepping)
+		}
+	}
+}
