@@ -1,9 +1,6 @@
 package queue
 
-import (
-	"context"
-	"time"
-)
+import "context"
 
 // Admission is the delivery side's say in the hand-off: whether a delivery
 // of a tenant's may start now. The worker pool keeps each tenant to its
@@ -12,12 +9,13 @@ import (
 // every slot, and every other tenant's mail would wait those minutes for
 // one to come free, whatever order the hand-off gave it.
 //
-// fetchOnce hands out the oldest envelope it holds whose tenant Admits,
-// not always the oldest: on the retry and rate-limit lanes, shared by
-// every tenant, one tenant at its share does not hold back the others'
-// envelopes behind its own. An envelope that is not admitted waits in the
-// process, as one no worker is free for does (given back after half the
-// ack wait), until Changed says the answer may have changed.
+// fetchOnce asks it on the work lane, whose consumers are one tenant's
+// each: an envelope that is not admitted waits in the process, as one no
+// worker is free for does (given back after half the ack wait), until
+// Changed says the answer may have changed, and the other tenants' pulls
+// go on. The retry and rate-limit lanes, shared by every tenant, do not
+// ask (fetchOnce): the worker sends an envelope of a tenant at its share
+// back to its lane for later.
 type Admission interface {
 	// Admits reports whether a delivery of tenant's may start now.
 	Admits(tenant string) bool
@@ -76,29 +74,4 @@ func nextAdmitted(a Admission, waiting []*Delivery) int {
 		refused, asked = t, true
 	}
 	return -1
-}
-
-// carried are the envelopes of a shared lane's pulls that the Admission
-// refused when the last request ended (fetchOnce): still held, counted in
-// the Holding, and handed out first by the next.
-type carried struct {
-	waiting []*Delivery
-	stale   time.Duration // the lane's (waitLimits)
-}
-
-// giveBack gives back what is carried: the pulls have ended.
-func (c *carried) giveBack(q *Queue, lane Lane, held *Holding) {
-	if len(c.waiting) == 0 {
-		return
-	}
-	var back []*Delivery
-	for _, d := range c.waiting {
-		if time.Since(d.Fetched) < c.stale {
-			back = append(back, d)
-		} else {
-			q.count(OpGivenBack)
-		}
-	}
-	held.add(-len(c.waiting), q.giveBackAll(lane, back))
-	c.waiting = nil
 }

@@ -41,9 +41,9 @@ func (g *gate) admit(tenant string) {
 	}
 }
 
-// retryEach puts one envelope of each tenant named on the retry lane, due
-// now, in that order.
-func retryEach(t *testing.T, q *Queue, tenants ...string) {
+// workEach stores one message of each tenant named, in that order, on the
+// work lane.
+func workEach(t *testing.T, q *Queue, tenants ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -51,106 +51,84 @@ func retryEach(t *testing.T, q *Queue, tenants ...string) {
 		if _, err := q.Enqueue(ctx, &Submission{Tenant: tenant, From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: x\r\n\r\nbody\r\n")}); err != nil {
 			t.Fatal(err)
 		}
-		wctx, wcancel := context.WithCancel(ctx)
-		work, err := q.Messages(wctx, LaneWork, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d := next(t, work)
-		n := d.Env.Clone()
-		n.Attempt = 1
-		if err := d.Reschedule(ctx, n, LaneRetry, time.Now(), true); err != nil {
-			t.Fatal(err)
-		}
-		wcancel()
 	}
 }
 
-// On the retry lane, which every tenant shares, a tenant the Admission
-// refuses (at its share of the delivery slots) does not hold back another
-// tenant's envelope behind its own: neither those of the same pull, nor
-// those the next pull gets, which is made with the refused ones carried.
-// At the stop what is carried goes back at once, not after the ack wait.
-func TestAdmissionRefusedTenantHoldsBackNoOther(t *testing.T) {
+// heldReaches waits until held counts n envelopes fetched and not handed
+// out.
+func heldReaches(t *testing.T, held *Holding, n int) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		held.mu.Lock()
+		got := held.held
+		held.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d envelopes held, want %d", got, n)
+		}
+	}
+}
+
+// On the work lane, a tenant the Admission refuses (at its share of the
+// delivery slots) does not hold back another tenant's fresh mail, and its
+// own is handed out as soon as the Admission changes its answer.
+func TestAdmissionOnTheWorkLane(t *testing.T) {
 	q, _ := startQueue(t)
-	retryEach(t, q, "big", "big", "small")
+	workEach(t, q, "big", "big", "small")
 	g := &gate{refused: map[string]bool{"big": true}}
-	ctx, cancel := context.WithCancel(context.Background())
 	held := &Holding{}
-	// Two at a time: the first pull gets big's two, and small's comes
-	// only with the next one.
-	retry, err := q.Messages(WithAdmission(WithHolding(ctx, held), g), LaneRetry, 2)
+	work, err := q.Messages(WithAdmission(WithHolding(t.Context(), held), g), LaneWork, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case d := <-retry:
+	case d := <-work:
 		if d.Env.Tenant != "small" {
 			t.Fatalf("handed out tenant %q's envelope, refused", d.Env.Tenant)
-		}
-		if err := d.Delivered(context.Background(), d.Env.Rcpts, true); err != nil {
-			t.Fatal(err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("small's envelope waited behind big's refused ones")
 	}
-	cancel()
-	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer wcancel()
-	if n, err := held.Wait(wctx); err != nil || n != 2 {
-		t.Fatalf("given back %d at the stop (%v), want big's 2", n, err)
-	}
-	again, err := q.Messages(t.Context(), LaneRetry, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		select {
-		case d := <-again:
-			if d.Env.Tenant != "big" {
-				t.Fatalf("tenant %q", d.Env.Tenant)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("big's carried envelopes were not given back at the stop")
-		}
-	}
-}
-
-// A refused tenant's envelope is handed out as soon as the Admission
-// changes its answer, not at the next give-back.
-func TestAdmissionChangeHandsOut(t *testing.T) {
-	q, _ := startQueue(t)
-	retryEach(t, q, "big")
-	g := &gate{refused: map[string]bool{"big": true}}
-	held := &Holding{}
-	retry, err := q.Messages(WithAdmission(WithHolding(t.Context(), held), g), LaneRetry, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		held.mu.Lock()
-		n := held.held
-		held.mu.Unlock()
-		if n == 1 {
-			break // fetched, and held back
-		}
-		if time.Now().After(end) {
-			t.Fatal("the envelope was never fetched")
-		}
-	}
+	heldReaches(t, held, 2) // big's two, fetched and held back
 	select {
-	case d := <-retry:
+	case d := <-work:
 		t.Fatalf("tenant %q handed out while refused", d.Env.Tenant)
 	default:
 	}
 	g.admit("big")
+	for range 2 {
+		select {
+		case d := <-work:
+			if d.Env.Tenant != "big" {
+				t.Fatalf("tenant %q", d.Env.Tenant)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("not handed out once admitted")
+		}
+	}
+}
+
+// The retry and rate-limit lanes, which every tenant shares, do not ask:
+// their envelopes go to the workers as they come (the worker sends one of
+// a tenant at its share back to its lane). Left waiting in the pull, a
+// refused tenant's envelopes held back every other tenant's behind them.
+func TestAdmissionNotAskedOnSharedLanes(t *testing.T) {
+	q, _ := startQueue(t)
+	e := deferOne(t, q, LaneRetry, time.Now())
+	g := &gate{refused: map[string]bool{e.Tenant: true}}
+	retry, err := q.Messages(WithAdmission(t.Context(), g), LaneRetry, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case d := <-retry:
-		if d.Env.Tenant != "big" {
-			t.Fatalf("tenant %q", d.Env.Tenant)
+		if d.Env.ID != e.ID {
+			t.Fatalf("got %s", d.Env.ID)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("not handed out once admitted")
+	case <-time.After(10 * time.Second):
+		t.Fatal("a refused tenant's retry was held in the pull")
 	}
 }
 

@@ -35,10 +35,11 @@
 // NATS after the store, and a periodic look at the consumers' pending
 // counts finds what a lost wake-up would leave (tenants.go). So tenants that
 // are not sending cost no goroutine and no waiting pull request, and the
-// pulls share the process's buffer among the tenants that are. The pulls
-// hand an envelope to a delivery slot only when the caller's Admission
-// (WithAdmission: the worker pool's share of slots per tenant) admits its
-// tenant, and go past one it refuses (admission.go). A tenant's
+// pulls share the process's buffer among the tenants that are. A tenant's
+// pull hands an envelope to a delivery slot only when the caller's
+// Admission (WithAdmission: the worker pool's share of slots per tenant)
+// admits the tenant, and waits meanwhile while the others go on
+// (admission.go); the shared retry and rate-limit lanes do not ask. A tenant's
 // consumer unpulled for a day is removed by the server and made again by
 // the tenant's next mail. Setup gives every tenant's consumer that exists
 // the process's ack wait, replicas and MaxAckPending, as it does the

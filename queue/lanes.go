@@ -81,12 +81,8 @@ func (q *Queue) pull(ctx context.Context, cons jetstream.Consumer, lane Lane, bu
 	// pulling a lane then would strand its mail, so pulling starts again
 	// (with a growing pause) until ctx ends.
 	wait := 250 * time.Millisecond
-	carry := &carried{}
-	// What is carried when the pulls end goes back, as fetchOnce gives
-	// back what it holds at the stop.
-	defer carry.giveBack(q, lane, holdingOf(ctx))
 	for ctx.Err() == nil {
-		if q.pullOnce(ctx, cons, lane, buffer, out, carry) {
+		if q.pullOnce(ctx, cons, lane, buffer, out) {
 			wait = 250 * time.Millisecond
 		}
 		if ctx.Err() != nil {
@@ -133,13 +129,10 @@ func (q *Queue) wakeGap() time.Duration       { return cmp.Or(q.times.wakeGap, w
 // pull request left at the server, no error, no heartbeat error) with
 // envelopes pending. A fetch is one pull request with an expiry that the
 // client enforces too, so a lost request costs at most one pullWait.
-//
-// A lane every tenant shares carries over from one pull to the next the
-// envelopes the Admission refused (carry): the next pull asks for fewer,
-// and the other tenants' mail behind them is still fetched and handed out.
-func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery, carry *carried) (got bool) {
+
+func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, buffer int, out chan<- *Delivery) (got bool) {
 	for ctx.Err() == nil {
-		g, _, err := q.fetchOnce(ctx, cons, lane, buffer, out, carry)
+		g, _, err := q.fetchOnce(ctx, cons, lane, buffer, out)
 		got = got || g > 0
 		if err != nil {
 			return got
@@ -171,20 +164,18 @@ func (q *Queue) pullOnce(ctx context.Context, cons jetstream.Consumer, lane Lane
 // counted in the Holding, with when they end, so that a give-back does
 // not come due while one of them could take it (GiveBack).
 //
-// With carry (a lane every tenant shares), envelopes carried from the last
-// call are handed out first, the request asks for that many fewer (at
-// least one), and the call returns once the request has ended and nothing
-// it holds is admitted, carrying those. Without, it returns only once it
-// holds nothing: a tenant's lane is all its own, and fetching more of it
-// would only add to what waits.
-func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, n int, out chan<- *Delivery, carry *carried) (got, taken int, err error) {
+// On a tenant's work lane it hands out only what the Admission ctx
+// carries admits (admission.go): the lane is all one tenant's, and what
+// waits for the tenant's turn waits as what waits for a free worker does.
+// The retry and rate-limit lanes, which every tenant shares, ask none: an
+// envelope left waiting there held back the other tenants' envelopes
+// behind it, and one carried over to the next pull held the lane's
+// envelopes out of the fleet's reach; the worker sends one of a tenant at
+// its share back to its lane for later instead (worker's slots.go).
+func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lane, n int, out chan<- *Delivery) (got, taken int, err error) {
 	held, adm := holdingOf(ctx), admissionOf(ctx)
-	var waiting []*Delivery          // not yet taken, oldest first
-	var maxWait, stale time.Duration // set at the first envelope (waitLimits)
-	if carry != nil {
-		waiting, carry.waiting = carry.waiting, nil
-		defer func() { carry.waiting, carry.stale = waiting, stale }()
-		n = max(1, n-len(waiting))
+	if lane != LaneWork {
+		adm = nil
 	}
 	key := held.pullKey(cons)
 	// No pull request once the stop has come: the give-backs' own wake-up
@@ -193,7 +184,7 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 	// closing its connection; the restarted server, or another process,
 	// then waited for the ack wait.
 	if !held.startPull(ctx, key, time.Now().Add(q.pullWait())) {
-		return 0, 0, ctx.Err() // what is carried goes back as pull returns
+		return 0, 0, ctx.Err()
 	}
 	open := true // the request, counted in held until it ends
 	ended := func() {
@@ -211,9 +202,8 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		}
 		return 0, 0, err
 	}
-	if len(waiting) > 0 {
-		maxWait, stale = waitLimits(q.opts.AckWait, cons)
-	}
+	var waiting []*Delivery          // not yet taken, oldest first
+	var maxWait, stale time.Duration // set at the first envelope (waitLimits)
 	var check *time.Ticker
 	var checkC <-chan time.Time
 	defer func() {
@@ -248,10 +238,6 @@ func (q *Queue) fetchOnce(ctx context.Context, cons jetstream.Consumer, lane Lan
 		}
 		if at >= 0 {
 			send, head = out, waiting[at]
-		} else if carry != nil && msgs == nil && done != nil {
-			// The request has ended and all that is left is refused:
-			// carried to the next request, not in front of it.
-			return got, taken, nil
 		}
 		if len(waiting) > 0 && check == nil {
 			// A worker ready now takes it without the ticker: it is

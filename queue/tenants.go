@@ -604,7 +604,7 @@ func (p *workPuller) run(t *tenantPull) {
 		t.woken = false
 		n := p.batch()
 		p.mu.Unlock()
-		n, taken, err := p.q.fetchOnce(p.ctx, t.cons, LaneWork, n, p.out, nil)
+		n, taken, err := p.q.fetchOnce(p.ctx, t.cons, LaneWork, n, p.out)
 		got := n > 0
 		if err != nil && p.ctx.Err() == nil {
 			// A failover or a lost consumer: pause before a wake-up may

@@ -32,7 +32,10 @@
 // more than all but an eighth of them, nor more than its weighted share
 // while others have deliveries in flight, so that a tenant whose hosts hold
 // every session for minutes cannot make the others' mail wait for a slot.
-// The pulls ask before they hand an envelope over (queue.Admission).
+// The work lane's pulls ask before they hand an envelope over
+// (queue.Admission); an envelope from the retry or rate-limit lane, which
+// every tenant shares, of a tenant at its share goes back to its lane for
+// 30 s without an attempt.
 //
 // A graceful stop (the end of Pool.Run's context) hands back what the
 // process holds and has not sent, to be handed out again at once rather

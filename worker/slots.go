@@ -24,13 +24,23 @@ import (
 //
 // A tenant alone uses all but the reserve; with fewer than 8 workers there
 // is no reserve, and shares still apply.
+//
+// The work lane's hand-off asks before it hands an envelope over (Admits,
+// Started: queue.Admission). The retry and rate-limit lanes, which every
+// tenant shares, do not (a refused envelope left there held the others
+// back): the slot that takes one asks (TryStart), and sends one of a
+// tenant at its share back to its lane for later, without an attempt.
+//
+// The hand-off counts a delivery started after the slot has taken it, so
+// the slot may count it ended first: a count may go below zero for a
+// moment, and a tenant is in flight while its count is above zero.
 type tenantSlots struct {
 	mu       sync.Mutex
 	workers  int
 	limit    int                // workers less the reserve
 	weights  map[string]float64 // tenant weights (default 1)
-	inflight map[string]int     // deliveries in flight, by tenant (none: absent)
-	sum      float64            // weights of the tenants in inflight
+	inflight map[string]int     // deliveries in flight, by tenant (zero: absent)
+	sum      float64            // weights of the tenants whose count is above zero
 	changed  chan struct{}      // closed at the next end, then replaced; nil unwatched
 }
 
@@ -56,11 +66,49 @@ func (s *tenantSlots) Admits(tenant string) bool {
 // capLocked is how many slots tenant, holding n, may hold now.
 func (s *tenantSlots) capLocked(tenant string, n int) int {
 	w, sum := s.weight(tenant), s.sum
-	if n == 0 {
+	if n <= 0 {
 		sum += w
+	}
+	if sum < w {
+		sum = w // a float sum's drift: never a share above the whole
 	}
 	share := int(math.Ceil(float64(s.workers) * w / sum))
 	return max(1, min(s.limit, share))
+}
+
+// TryStart counts a delivery of tenant's started and reports true when it
+// may start now, else counts nothing and reports false: Admits and
+// Started at once, for a slot that took an envelope nobody asked about.
+func (s *tenantSlots) TryStart(tenant string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.inflight[tenant]
+	if n >= s.capLocked(tenant, n) {
+		return false
+	}
+	s.addLocked(tenant, 1)
+	return true
+}
+
+// addLocked moves tenant's count by d, keeping sum to the weights of the
+// tenants above zero.
+func (s *tenantSlots) addLocked(tenant string, d int) {
+	was := s.inflight[tenant]
+	now := was + d
+	switch {
+	case was <= 0 && now > 0:
+		s.sum += s.weight(tenant)
+	case was > 0 && now <= 0:
+		s.sum -= s.weight(tenant)
+	}
+	if now == 0 {
+		delete(s.inflight, tenant)
+	} else {
+		s.inflight[tenant] = now
+	}
+	if len(s.inflight) == 0 || s.sum < 0 {
+		s.sum = 0 // no drift from the float sums while idle
+	}
 }
 
 // Changed returns a channel closed when the next delivery ends.
@@ -78,9 +126,7 @@ func (s *tenantSlots) Changed() <-chan struct{} {
 func (s *tenantSlots) Started(tenant string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.inflight[tenant]++; s.inflight[tenant] == 1 {
-		s.sum += s.weight(tenant)
-	}
+	s.addLocked(tenant, 1)
 }
 
 // end counts a delivery of tenant's ended, and wakes the hand-offs that
@@ -88,12 +134,7 @@ func (s *tenantSlots) Started(tenant string) {
 func (s *tenantSlots) end(tenant string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.inflight[tenant]--; s.inflight[tenant] <= 0 {
-		delete(s.inflight, tenant)
-		if s.sum -= s.weight(tenant); len(s.inflight) == 0 {
-			s.sum = 0 // no drift from the float sums while idle
-		}
-	}
+	s.addLocked(tenant, -1)
 	if s.changed != nil {
 		close(s.changed)
 		s.changed = nil

@@ -2,11 +2,17 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/emersion/go-smtp"
+	"github.com/rs/zerolog"
+
+	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 )
@@ -74,6 +80,31 @@ func TestTenantSlotShares(t *testing.T) {
 	small.Started("b")
 	if small.Admits("a") || !small.Admits("b") {
 		t.Fatal("shares of 4 slots between two: a holds 3, b 1; a must wait and b may start")
+	}
+}
+
+// The hand-off counts a delivery started after the slot has taken it, so
+// the slot may count it ended first. The counts come out right whatever
+// the order: no delivery left counted, no tenant refused for good.
+func TestTenantSlotsEndBeforeStarted(t *testing.T) {
+	s := newTenantSlots(32, nil)
+	s.Started("b")
+	s.end("a") // a's slot ended before its hand-off counted it
+	s.Started("a")
+	s.end("b")
+	if len(s.inflight) != 0 || s.sum != 0 {
+		t.Fatalf("inflight %v, sum %v after every delivery ended", s.inflight, s.sum)
+	}
+	for range 28 {
+		if !s.TryStart("a") {
+			t.Fatalf("a refused with %d in flight, alone", s.inflight["a"])
+		}
+	}
+	if s.TryStart("a") {
+		t.Fatal("a started past the reserve")
+	}
+	if !s.TryStart("b") {
+		t.Fatal("b refused with a holding 28 of 32")
 	}
 }
 
@@ -154,4 +185,58 @@ func BenchmarkTenantSlots(b *testing.B) {
 			}
 		}
 	})
+}
+
+// An envelope of a tenant at its share that comes due on the retry lane,
+// which every tenant shares, is not sent past the share: it goes back to
+// its lane for later, without an attempt, and another tenant's mail still
+// finds the slot free.
+func TestSharedLaneEnvelopeOverShareSentBack(t *testing.T) {
+	var tries atomic.Int32
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && strings.Contains(arg, "retry.test") && tries.Add(1) == 1 {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+		}
+		return nil
+	})
+	bs := &blockingSender{Sender: e.snd, release: make(chan struct{})}
+	t.Cleanup(func() {
+		select {
+		case <-bs.release:
+		default:
+			close(bs.release)
+		}
+	})
+	var logs syncBuf
+	const workers = 8 // a tenant alone holds 7
+	slowRetry := backoff.Backoff{Lane: backoff.LaneRetry, Base: time.Second, Min: time.Second, Cap: time.Second, Multiplier: 2, ContentionWindow: 10 * time.Millisecond}
+	e.startPool(func(c *Config) { c.Workers, c.Sender, c.Retry, c.Logger = workers, bs, slowRetry, zerolog.New(&logs) })
+	ctx := t.Context()
+	submit := func(tenant, rcpt string) string {
+		ids, err := e.q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: "app@src.test", Rcpts: []string{rcpt},
+			Body: []byte("Subject: hi\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids[0]
+	}
+	deferred := submit("campaign", "r@retry.test")
+	e.waitEvent(deferred, queue.EventDeferred) // due again in a second
+	for range workers - 1 {
+		submit("campaign", "r@slow.test")
+	}
+	for end := time.Now().Add(20 * time.Second); bs.blocked.Load() < workers-1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("only %d sends to the slow host started", bs.blocked.Load())
+		}
+	}
+	testutil.WaitFor(t, 20*time.Second, "the retry sent back for its tenant's share", func() bool {
+		return strings.Contains(logs.String(), "local-tenant-share")
+	})
+	if n := tries.Load(); n != 1 {
+		t.Fatalf("retry.test tried %d times while its tenant held its share", n)
+	}
+	id := submit("shop", "r@fast.test")
+	e.waitEvent(id, queue.EventDelivered)
+	close(bs.release)
 }

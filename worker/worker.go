@@ -287,10 +287,10 @@ func (w *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 			}
 			continue
 		}
-		// The hand-off counted it for its tenant (slots.Started); it
-		// is counted out when this slot is done with it.
 		if ctx.Err() != nil {
-			w.slots.end(d.Env.Tenant)
+			if d.Lane == queue.LaneWork {
+				w.slots.end(d.Env.Tenant) // the hand-off's count (slots.Started)
+			}
 			// Taken as the pool stopped (select picks at random among
 			// ready cases): not started, so it goes back like the
 			// envelopes the pulls still held. The pull handed it over
@@ -300,10 +300,38 @@ func (w *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 			}
 			return
 		}
+		// The work lane's hand-off counted it for its tenant
+		// (slots.Started); a shared lane's is counted here, or, of a
+		// tenant at its share, sent back to its lane for later. It is
+		// counted out when this slot is done with it.
+		if d.Lane != queue.LaneWork && !w.slots.TryStart(d.Env.Tenant) {
+			w.overShare(workCtx, d)
+			continue
+		}
 		w.safeHandle(workCtx, d)
 		w.slots.end(d.Env.Tenant)
 	}
 }
+
+// overShare sends d, taken from a shared lane while its tenant holds its
+// share of the slots, back to its lane for tenantShareRetry, without an
+// attempt (the throttle's refusals take the same way, deliverer.refused).
+// Left waiting in the pull, it held back the other tenants' envelopes
+// behind it; handed to a slot, it took one past its tenant's share.
+func (w *deliverer) overShare(ctx context.Context, d *queue.Delivery) {
+	r := throttle.Refusal{Until: w.now().Add(tenantShareRetry), Reason: "tenant-share"}
+	if err := w.refused(ctx, d, d.Env.Dest, r); err != nil {
+		// Left unacknowledged: the server hands it out again after the
+		// ack wait.
+		w.log.Error().Err(err).Str("msg_id", d.Env.ID).Str("dest", d.Env.Dest).Msg("envelope over its tenant's share not sent back; it will be redelivered")
+	}
+}
+
+// tenantShareRetry is how long an envelope of a tenant at its share of
+// the slots waits on its lane before it is taken again: long enough that
+// a large backlog of such a tenant's due retries is written back a few
+// hundred times a second at most, short next to the retry lane's backoff.
+const tenantShareRetry = 30 * time.Second
 
 // safeHandle runs one delivery, turning a panic into a logged error and a
 // counted event; the envelope is left unacknowledged so the server hands it
