@@ -1,36 +1,17 @@
 package throttle
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
 )
-
-// lockedBuf is a log sink a test reads while the throttle writes to it.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), s)
-}
 
 // TestFollowsBucketsAfterJetStreamRestart: the embedded JetStream
 // restarted in process (queue's Supervise, after the disk filled up)
@@ -59,12 +40,10 @@ func TestFollowsBucketsAfterJetStreamRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuf
+	var logs testutil.SyncBuffer
 	t.Cleanup(func() {
 		if t.Failed() {
-			logs.mu.Lock()
-			defer logs.mu.Unlock()
-			t.Logf("throttle log:\n%s", logs.b.String())
+			t.Logf("throttle log:\n%s", logs.String())
 		}
 	})
 	newWorker := func(id string) *Throttle {
@@ -118,7 +97,7 @@ func TestFollowsBucketsAfterJetStreamRestart(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, "A sees B leave", func() bool { return a.Live() == 1 })
 	phase("A sees B leave")
-	if n := logs.count("worker heartbeat failed"); n > 1 {
+	if n := strings.Count(logs.String(), "worker heartbeat failed"); n > 1 {
 		t.Errorf("heartbeat failure logged %d times, want once", n)
 	}
 }
