@@ -95,16 +95,20 @@ func TestTenantSlotsEndBeforeStarted(t *testing.T) {
 	if len(s.inflight) != 0 || s.sum != 0 {
 		t.Fatalf("inflight %v, sum %v after every delivery ended", s.inflight, s.sum)
 	}
-	for range 28 {
+	// From a shared lane, alone, all 32 (no reserve: its retries).
+	for range 32 {
 		if !s.TryStart("a") {
 			t.Fatalf("a refused with %d in flight, alone", s.inflight["a"])
 		}
 	}
 	if s.TryStart("a") {
-		t.Fatal("a started past the reserve")
+		t.Fatal("a started past the slots")
 	}
 	if !s.TryStart("b") {
-		t.Fatal("b refused with a holding 28 of 32")
+		t.Fatal("b refused with a holding its share and more")
+	}
+	if s.TryStart("a") {
+		t.Fatal("a started past its share with b in flight")
 	}
 }
 
@@ -187,10 +191,10 @@ func BenchmarkTenantSlots(b *testing.B) {
 	})
 }
 
-// An envelope of a tenant at its share that comes due on the retry lane,
-// which every tenant shares, is not sent past the share: it goes back to
-// its lane for later, without an attempt, and another tenant's mail still
-// finds the slot free.
+// An envelope of a tenant at its share (another tenant has deliveries in
+// flight) that comes due on the retry lane, which every tenant shares, is
+// not sent past the share: it goes back to its lane for later, without an
+// attempt, and the other tenant's mail still finds a slot free.
 func TestSharedLaneEnvelopeOverShareSentBack(t *testing.T) {
 	var tries atomic.Int32
 	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
@@ -222,10 +226,13 @@ func TestSharedLaneEnvelopeOverShareSentBack(t *testing.T) {
 	}
 	deferred := submit("campaign", "r@retry.test")
 	e.waitEvent(deferred, queue.EventDeferred) // due again in a second
-	for range workers - 1 {
+	// shop in flight too: the campaign's share is 4 of the 8 slots, and
+	// it holds them.
+	submit("shop", "r@slow.test")
+	for range workers / 2 {
 		submit("campaign", "r@slow.test")
 	}
-	for end := time.Now().Add(20 * time.Second); bs.blocked.Load() < workers-1; time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(20 * time.Second); bs.blocked.Load() < workers/2+1; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatalf("only %d sends to the slow host started", bs.blocked.Load())
 		}
