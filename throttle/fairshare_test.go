@@ -163,8 +163,11 @@ func TestTenantWeightsShareABusyDestination(t *testing.T) {
 			if n := total + got[c.trickle]; float64(n) < c.used*c.rate*secs {
 				t.Errorf("%d admitted in %.0f s at %v/s: the rate is not used", n, secs, c.rate)
 			}
-			if share < 0.70 || share > 0.80 {
-				t.Errorf("the tenant weighing 3 of 4 had %.1f%% of the two backlogs' admissions, want 70–80%%", 100*share)
+			// 75 % in theory; a run of 10 s on the wall clock, under
+			// -race on a shared machine, has seen 73 to 81 %. Without
+			// the weights it is 50 %.
+			if share < 0.65 || share > 0.85 {
+				t.Errorf("the tenant weighing 3 of 4 had %.1f%% of the two backlogs' admissions, want 65–85%% (75 in theory)", 100*share)
 			}
 			// A third tenant's few messages go before both backlogs.
 			if c.trickle != "" && (run.slowest > 3*time.Second || got[c.trickle] < got["submitted"]-3) {
