@@ -51,6 +51,9 @@ deps:
 
 test: deps build
 	PATH="$$PATH:/usr/sbin" $(GO) test -race -shuffle=on -timeout 20m $(PKGS)
+	# Built without -race (nats-server races with itself when JetStream
+	# restarts in process): throttle/restart_test.go.
+	$(GO) test -count=1 -run 'TestFollowsBucketsAfterJetStreamRestart' ./throttle
 	$(MAKE) fuzz
 
 test-short: build

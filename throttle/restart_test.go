@@ -1,3 +1,12 @@
+// nats-server's EnableJetStream, which an in-process JetStream restart
+// calls (queue's Embedded.Supervise), writes its API export state while
+// the API goroutines of the JetStream it restarts still read it: a data
+// race inside the server, which the race detector reports whatever the
+// caller does. This test therefore runs without -race: `make test` runs it
+// on its own after the race-detecting run.
+
+//go:build !race
+
 package throttle
 
 import (
