@@ -385,7 +385,9 @@ func TestClusterFailover(t *testing.T) {
 	waitAllDelivered(t, map[string]bool{"<after-failover@e2e.test>": true}, mx, 60*time.Second, logs)
 	// The other submission path, and a message's history, on the R3
 	// streams of the cluster that lost a node.
-	cmd := exec.Command(binary, "submit", "--nats-url", url, "--from", "app@sender.test", "--to", "z@dest.test")
+	// The streams may still be electing leaders on a loaded machine; the
+	// command asks again within its --timeout (queue.lookUp).
+	cmd := exec.Command(binary, "submit", "--nats-url", url, "--timeout", "60s", "--from", "app@sender.test", "--to", "z@dest.test")
 	cmd.Stdin = strings.NewReader("Subject: via nats\nMessage-ID: <cluster-nats@e2e.test>\n\nhello\n")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

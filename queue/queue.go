@@ -481,6 +481,33 @@ func (q *Queue) adoptSettings() {
 	q.opts.DeadlineAfter = d
 }
 
+// lookUpAttempt bounds one JetStream look-up of an admin client's setup.
+// A replicated stream whose leader was lost answers nothing until its
+// group elects another, so a request sent in the election waits out
+// whatever deadline it was given; asked again, it is answered.
+const lookUpAttempt = 3 * time.Second
+
+// lookUp runs get with lookUpAttempt per try, again while the try timed
+// out or found no responder and ctx still has time: `outflow submit`
+// against a cluster that has just lost a node then rides out the
+// election within its --timeout instead of failing on the first request.
+func lookUp[T any](ctx context.Context, get func(context.Context) (T, error)) (T, error) {
+	for {
+		actx, cancel := context.WithTimeout(ctx, lookUpAttempt)
+		v, err := get(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil ||
+			!(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout)) {
+			return v, err
+		}
+		select { // "no responders" comes at once: not a busy loop
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
 // setup creates or updates the streams (as layout lays them out for the
 // options), buckets and consumers, or with NoSetup only looks them up.
 func (q *Queue) setup(ctx context.Context, layout func(Options) []jetstream.StreamConfig) error {
@@ -499,7 +526,7 @@ func (q *Queue) setup(ctx context.Context, layout func(Options) []jetstream.Stre
 		var s jetstream.Stream
 		var err error
 		if o.NoSetup {
-			s, err = q.js.Stream(ctx, c.Name)
+			s, err = lookUp(ctx, func(ctx context.Context) (jetstream.Stream, error) { return q.js.Stream(ctx, c.Name) })
 		} else {
 			s, err = q.js.CreateOrUpdateStream(ctx, c)
 		}
@@ -524,7 +551,7 @@ func (q *Queue) setup(ctx context.Context, layout func(Options) []jetstream.Stre
 	}
 	var err error
 	if o.NoSetup {
-		q.bodies, err = q.js.ObjectStore(ctx, BucketBodies)
+		q.bodies, err = lookUp(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) { return q.js.ObjectStore(ctx, BucketBodies) })
 	} else {
 		q.bodies, err = q.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
 			Bucket:      BucketBodies,
@@ -542,7 +569,7 @@ func (q *Queue) setup(ctx context.Context, layout func(Options) []jetstream.Stre
 	if err != nil {
 		return fmt.Errorf("object store %s: %w", BucketBodies, err)
 	}
-	if q.bodyStream, err = q.js.Stream(ctx, bodyStreamName); err != nil {
+	if q.bodyStream, err = lookUp(ctx, func(ctx context.Context) (jetstream.Stream, error) { return q.js.Stream(ctx, bodyStreamName) }); err != nil {
 		return fmt.Errorf("object store %s: %w", BucketBodies, err)
 	}
 	kvs := []struct {
@@ -554,7 +581,7 @@ func (q *Queue) setup(ctx context.Context, layout func(Options) []jetstream.Stre
 	for _, k := range kvs {
 		var kv jetstream.KeyValue
 		if o.NoSetup {
-			kv, err = q.js.KeyValue(ctx, k.cfg.Bucket)
+			kv, err = lookUp(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return q.js.KeyValue(ctx, k.cfg.Bucket) })
 		} else {
 			kv, err = q.js.CreateOrUpdateKeyValue(ctx, k.cfg)
 		}

@@ -61,6 +61,9 @@ func (a *adminFlags) connect(ctx context.Context) (*queue.Queue, error) {
 		opts.URL, opts.User, opts.Password = ci.URL, ci.User, ci.Password
 	}
 	q, err := queue.Connect(ctx, opts)
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		return nil, fmt.Errorf("the outflow daemon's NATS did not answer within --timeout %v: %w (a cluster that lost a node answers once it has elected new leaders: try again, or raise --timeout)", a.timeout, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the outflow daemon: %w", err)
 	}
