@@ -1,7 +1,7 @@
 // Package classify is in charge of deciding what every SMTP reply and
 // transport event means for a message: delivered, transient, throttled,
 // permanent or unknown, how far that applies (recipient, message, tenant,
-// destination or connection), which rule said so, and any retry hint the
+// destination, connection or source), which rule said so, and any retry hint the
 // server gave. It decides every retry, so it is written against the replies
 // real mailbox providers send, not only against the first digit.
 //

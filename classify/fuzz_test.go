@@ -46,7 +46,7 @@ func FuzzParseReply(f *testing.F) {
 		}
 		for _, x := range []Input{in, {Raw: raw, Stage: StageRcpt}, {Code: 451, Text: raw}, {Code: 552, Enhanced: raw, Text: raw, Stage: StageRcpt}} {
 			res := c.Classify(x)
-			if res.Class < Delivered || res.Class > Unknown || res.Scope < ScopeRecipient || res.Scope > ScopeConnection || res.Rule == "" {
+			if res.Class < Delivered || res.Class > Unknown || res.Scope < ScopeRecipient || res.Scope > ScopeSource || res.Rule == "" {
 				t.Fatalf("Classify(%+v) = %+v", x, res)
 			}
 			if res.RetryAfter < 0 || res.RetryAfter > maxHint {

@@ -35,7 +35,7 @@ func TestFiveHundredThatMeansSlowDown(t *testing.T) {
 // sending IP's reputation.
 func TestFourHundredThatWillNeverSucceed(t *testing.T) {
 	check(t, Input{Stage: StageMail, Raw: "421 4.7.0 [TS03] All messages from 192.0.2.25 will be permanently deferred; Retrying will NOT succeed. See https://postmaster.yahooinc.com/error-codes"},
-		Permanent, ScopeDestination, "yahoo-permanent-deferral")
+		Permanent, ScopeSource, "yahoo-permanent-deferral")
 	check(t, Input{Stage: StageDataEnd, Code: 421, Enhanced: "5.7.32", Text: "Your email was blocked because the From: header (RFC5322) in this message isn't aligned with either the authenticated SPF or DKIM organizational domain."},
 		Permanent, ScopeMessage, "gmail-dmarc-alignment-5.7.32")
 	check(t, Input{Raw: "451 Message rejected, retrying will not succeed"}, Permanent, 0, "will-not-succeed")

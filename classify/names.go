@@ -20,6 +20,7 @@ var scopeNames = [...]string{
 	ScopeTenant:      "tenant",
 	ScopeDestination: "destination",
 	ScopeConnection:  "connection",
+	ScopeSource:      "source",
 }
 
 var stageNames = [...]string{

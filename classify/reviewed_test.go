@@ -148,7 +148,7 @@ var reviewedGuards = []replyCase{
 	{"550 5.1.1 <bob@dest.example>: Recipient address rejected: User unknown in virtual mailbox table", StageRcpt, Permanent, ScopeRecipient, "user-unknown"},
 	{"550 This account is disabled", StageRcpt, Permanent, ScopeRecipient, "user-unknown"},
 	// A spam or content block is a block, whatever volume it names.
-	{"554 This IP has been blocked for the day, for attempting to send too many messages containing content judged to be spam by the Internet community. IB111", StageDataEnd, Permanent, ScopeDestination, "godaddy-ip-block"},
+	{"554 This IP has been blocked for the day, for attempting to send too many messages containing content judged to be spam by the Internet community. IB111", StageDataEnd, Permanent, ScopeSource, "godaddy-ip-block"},
 	{"554 5.7.1 Message rejected: too many spam complaints from your IP", StageDataEnd, Permanent, 0, "spam-block"},
 	{"550 High volume of spam detected from your network, blocked", StageDataEnd, Permanent, 0, "spam-block"},
 	{"554 5.7.1 Service unavailable; Client host [192.0.2.1] blocked using zen.spamhaus.org", StageRcpt, Permanent, 0, ""},
@@ -191,7 +191,7 @@ func TestSenderAccountIsNotTheAddressGone(t *testing.T) {
 		{"550 Sending of messages from this account has been disabled", Permanent, ScopeTenant},
 		{"550 Outgoing mail is disabled for your account", Permanent, ScopeTenant},
 		{"554 5.7.1 <email@example.com>: Recipient address rejected: You have exceeded your Outmail quota.", Throttled, ScopeTenant},
-		{"554 This IP has been temporarily blocked for attempting to mail too many invalid recipients. IB112", Permanent, ScopeDestination},
+		{"554 This IP has been temporarily blocked for attempting to mail too many invalid recipients. IB112", Permanent, ScopeSource},
 		{"554 Your IP is temporarily blocked: too many invalid recipients", Permanent, 0},
 		{"550 5.1.90 Your message can't be sent because you've reached your daily limit for message recipients", Throttled, ScopeTenant},
 		{"550 Send quota exceeded", Throttled, ScopeTenant},

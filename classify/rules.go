@@ -261,7 +261,7 @@ func compileRule(spec ruleSpec, idx *textIndex) (rule, *RulesError) {
 	}
 	if spec.Scope != "" {
 		if r.scope, err = ParseScope(spec.Scope); err != nil {
-			return bad("scope", "%v (want recipient, message, tenant, destination or connection)", err)
+			return bad("scope", "%v (want recipient, message, tenant, destination, connection or source)", err)
 		}
 	}
 	for _, s := range spec.Stages {

@@ -44,6 +44,13 @@ const (
 	// ScopeConnection: about this connection only (421 closing, timeout,
 	// refused connect); another connection or MX may do.
 	ScopeConnection
+	// ScopeSource: about the address the mail was sent from, at this
+	// destination: a DNS blocklist or a provider's block list names our
+	// IP, or the receiver will not take its reverse DNS. Another egress
+	// address may well be taken, so with several the worker defers the
+	// message and the throttle suspends the (destination, source) pair
+	// (docs/delivery.md, "Egress addresses").
+	ScopeSource
 )
 
 // Stage is the point in the SMTP conversation a reply or transport event

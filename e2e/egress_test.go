@@ -181,3 +181,84 @@ egress-pool = "bulk"
 		t.Errorf("the other address learned a rate it was never throttled to: %v", three)
 	}
 }
+
+// TestBlocklistedSourceIsSuspended: the MX refuses 127.0.0.2 at RCPT as
+// listed in a DNS blocklist. outflow reads the reply as a refusal of the
+// address (classify scope source): nothing bounces, every message is
+// delivered from 127.0.0.3, and the pair eg.test@127.0.0.2 is suspended
+// with the reply as its reason, so that later mail does not try the
+// blocked address at all.
+func TestBlocklistedSourceIsSuspended(t *testing.T) {
+	var refused atomic.Int32
+	mxs, port := mxFleet(t, fakemx.Options{SourceHook: func(source string, stage fakemx.Stage, _ string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && source == "127.0.0.2" {
+			refused.Add(1)
+			return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 7, 1},
+				Message: "Service unavailable; Client host [127.0.0.2] blocked using zen.spamhaus.org"}
+		}
+		return nil
+	}}, "127.0.0.30")
+	mx := mxs[0]
+	ns := fakedns.Start(t)
+	ns.MustAddZone(t, "eg.test", "@ MX 10 mx", "mx A 127.0.0.30")
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "outflow.toml")
+	if err := os.WriteFile(conf, []byte(`
+[[egress]]
+address = "127.0.0.2"
+ehlo = "o2.outflow.test"
+
+[[egress]]
+address = "127.0.0.3"
+ehlo = "o3.outflow.test"
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, dir+"/data", "--config", conf, "--users", writeUsers(t, dir), "--dns", ns.Addr, "--mx-allow-loopback", "--smtp-port", port,
+		"--retry-base", "500ms", "--retry-cap", "2s")
+	ehlo := map[string]string{"127.0.0.3": "o3.outflow.test"}
+	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+	defer c.Close()
+	send := func(prefix string, n int) {
+		t.Helper()
+		for i := range n {
+			id := prefix + string(rune('a'+i))
+			if err := submit(c, "app@sender.test", []string{id + "@eg.test"}, message(id, "")); err != nil {
+				t.Fatalf("submit %s: %v", id, err)
+			}
+		}
+	}
+	send("first", 6)
+	if err := mx.WaitForMessages(6, 60*time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, d.Logs())
+	}
+	if got := sourcesOf(t, mx.Messages(), ehlo); got["127.0.0.3"] != 6 {
+		t.Fatalf("sources %v: want all 6 from 127.0.0.3", got)
+	}
+	if refused.Load() == 0 {
+		t.Fatal("127.0.0.2 was never tried: the test tested nothing")
+	}
+	if strings.Contains(d.Logs(), `"message":"bounced"`) {
+		t.Errorf("a message bounced for the blocked address:\n%s", tail(d.Logs(), 30))
+	}
+	var two map[string]any
+	waitFor(t, 60*time.Second, "the pair suspended, with the reply as its reason", func() bool {
+		two = destSources(t, d, "eg.test")["eg.test@127.0.0.2"]
+		return two != nil && two["suspended"] == true
+	})
+	st, _ := json.Marshal(two)
+	if !strings.Contains(string(st), "blocked using zen.spamhaus.org") {
+		t.Errorf("the pair's state does not give the reply: %s", st)
+	}
+
+	// Later mail goes out from the other address without trying the
+	// blocked one.
+	before, tried := len(mx.Messages()), refused.Load()
+	send("later", 4)
+	if err := mx.WaitForMessages(before+4, 60*time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, d.Logs())
+	}
+	if n := refused.Load() - tried; n != 0 {
+		t.Errorf("the suspended address was tried %d more times", n)
+	}
+}

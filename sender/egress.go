@@ -122,6 +122,18 @@ func (e *Egress) Candidates(tenant string) []Source {
 	return append(out, list[:start]...)
 }
 
+// PoolLen is the number of addresses a tenant sends from, without taking
+// a turn of the round-robin.
+func (e *Egress) PoolLen(tenant string) int {
+	if e == nil {
+		return 0
+	}
+	if p, ok := e.byTenant[tenant]; ok {
+		return len(e.pools[p])
+	}
+	return len(e.all)
+}
+
 // HasFamily says whether the tenant's addresses include one of IPv4 (v4)
 // or IPv6, without taking a turn of the round-robin.
 func (e *Egress) HasFamily(tenant string, v4 bool) bool {

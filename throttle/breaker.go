@@ -36,6 +36,12 @@ type attemptOutcome struct {
 	connThrottled bool
 	why           classify.Result // the first rate throttle, for the learned rate's reason
 	connWhy       classify.Result // the first connection throttle
+	// sourceBlocked: a reply about the address the attempt went out
+	// from (classify.ScopeSource: a blocklist, a reverse DNS refused),
+	// whatever its class; blockWhy is the first. Neither a failure nor
+	// an answer: the pair's suspension (sourceblock.go) deals with it.
+	sourceBlocked bool
+	blockWhy      classify.Result
 }
 
 // outcomeOf folds one attempt's results. outflow's own signals are skipped.
@@ -45,6 +51,13 @@ func outcomeOf(results []classify.Result) attemptOutcome {
 	for i := range results {
 		r := &results[i]
 		if isLocal(*r) {
+			continue
+		}
+		if r.Scope == classify.ScopeSource {
+			if !o.sourceBlocked {
+				o.blockWhy = *r
+			}
+			o.sourceBlocked = true
 			continue
 		}
 		switch r.Class {

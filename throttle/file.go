@@ -37,14 +37,15 @@ type Settings struct {
 	// DefaultGroups adds DefaultGroups() after the file's own groups (a
 	// file group with the same name replaces the built-in one). Default true.
 	DefaultGroups   *bool         `toml:"default-groups"`
-	BreakerFailures int           `toml:"breaker-failures"` // default DefaultBreakerFailures
-	BreakerCooldown time.Duration `toml:"breaker-cooldown"` // default DefaultBreakerCooldown
-	MaxWait         time.Duration `toml:"max-wait"`         // default DefaultMaxWait
-	DecreaseFactor  float64       `toml:"decrease-factor"`  // default DefaultDecreaseFactor
-	DecreaseFor     time.Duration `toml:"decrease-for"`     // default DefaultDecreaseFor
-	IncreaseStep    float64       `toml:"increase-step"`    // default DefaultIncreaseStep
-	IncreaseEvery   time.Duration `toml:"increase-every"`   // default DefaultIncreaseEvery
-	MinFactor       float64       `toml:"min-factor"`       // default DefaultMinFactor
+	BreakerFailures int           `toml:"breaker-failures"`  // default DefaultBreakerFailures
+	BreakerCooldown time.Duration `toml:"breaker-cooldown"`  // default DefaultBreakerCooldown
+	SourceBlockHold time.Duration `toml:"source-block-hold"` // default DefaultSourceBlockHold
+	MaxWait         time.Duration `toml:"max-wait"`          // default DefaultMaxWait
+	DecreaseFactor  float64       `toml:"decrease-factor"`   // default DefaultDecreaseFactor
+	DecreaseFor     time.Duration `toml:"decrease-for"`      // default DefaultDecreaseFor
+	IncreaseStep    float64       `toml:"increase-step"`     // default DefaultIncreaseStep
+	IncreaseEvery   time.Duration `toml:"increase-every"`    // default DefaultIncreaseEvery
+	MinFactor       float64       `toml:"min-factor"`        // default DefaultMinFactor
 
 	// Learn turns learned limits on for destinations without a
 	// configured rate. Default true.
@@ -88,6 +89,7 @@ func (f File) ConfigWith(defaults Limits) (Config, error) {
 	var c Config
 	s := f.Throttle
 	c.BreakerFailures, c.BreakerCooldown, c.MaxWait = s.BreakerFailures, s.BreakerCooldown, s.MaxWait
+	c.SourceBlockHold = s.SourceBlockHold
 	c.DecreaseFactor, c.DecreaseFor = s.DecreaseFactor, s.DecreaseFor
 	c.IncreaseStep, c.IncreaseEvery, c.MinFactor = s.IncreaseStep, s.IncreaseEvery, s.MinFactor
 	c.NoLearn = s.Learn != nil && !*s.Learn
@@ -105,7 +107,7 @@ func (f File) ConfigWith(defaults Limits) (Config, error) {
 		return c, fmt.Errorf("throttle: learn-initial %d: want >= 1, or -1 for no first-contact window", s.LearnInitial)
 	case s.BreakerFailures < 0:
 		return c, fmt.Errorf("throttle: breaker-failures %d: want >= 1", s.BreakerFailures)
-	case s.BreakerCooldown < 0, s.DecreaseFor < 0, s.IncreaseEvery < 0:
+	case s.BreakerCooldown < 0, s.SourceBlockHold < 0, s.DecreaseFor < 0, s.IncreaseEvery < 0:
 		return c, fmt.Errorf("throttle: durations must be > 0")
 	case s.DecreaseFactor != 0 && !(s.DecreaseFactor > 0 && s.DecreaseFactor < 1):
 		return c, fmt.Errorf("throttle: decrease-factor %v: want 0 < f < 1", s.DecreaseFactor)

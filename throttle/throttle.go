@@ -40,6 +40,7 @@ type Limits struct {
 const (
 	DefaultBreakerFailures = 10
 	DefaultBreakerCooldown = 3 * time.Second
+	DefaultSourceBlockHold = time.Hour
 	DefaultMaxWait         = 2 * time.Second
 	DefaultDecreaseFactor  = 0.5
 	DefaultDecreaseFor     = 60 * time.Second
@@ -96,6 +97,10 @@ type Config struct {
 	// BreakerCooldown is how long an open breaker stays open before one
 	// probe per worker is let through. Default DefaultBreakerCooldown.
 	BreakerCooldown time.Duration
+	// SourceBlockHold is how long a (destination, source) pair is
+	// suspended after a reply about its source address (a blocklist, a
+	// refused reverse DNS; sourceblock.go). Default DefaultSourceBlockHold.
+	SourceBlockHold time.Duration
 	// MaxWait is how long Admit may block for a rate token before it
 	// refuses with the token's time instead. Default DefaultMaxWait;
 	// negative: never block.
@@ -230,6 +235,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.Overrides = ov
 	defaults.Set(&c.BreakerFailures, DefaultBreakerFailures)
 	defaults.Set(&c.BreakerCooldown, DefaultBreakerCooldown)
+	defaults.Set(&c.SourceBlockHold, DefaultSourceBlockHold)
 	switch {
 	case c.MaxWait == 0:
 		c.MaxWait = DefaultMaxWait
@@ -1084,6 +1090,10 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 			t.rampFactor(d)
 		}
 		t.raiseLearned(d, now)
+	}
+
+	if o.sourceBlocked {
+		t.blockSource(d, o.blockWhy, now)
 	}
 
 	// Automation.

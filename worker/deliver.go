@@ -266,7 +266,7 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) (err error) {
 		}
 	}
 
-	o := w.outcomeOf(e, res)
+	o := w.outcomeOf(e, res, src)
 	if ctx.Err() != nil {
 		// The end of the shutdown grace cut the send: our own doing, no
 		// signal from the destination for the throttle.
@@ -581,9 +581,10 @@ func hasFieldName(line []byte, name string) bool {
 	return len(rest) > 0 && rest[0] == ':'
 }
 
-// outcomeOf classifies each recipient's reply and groups the recipients by
-// what happens to them next.
-func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result) *outcome {
+// outcomeOf classifies each recipient's reply to the attempt from src (nil
+// without egress addresses) and groups the recipients by what happens to
+// them next.
+func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result, src *sender.Source) *outcome {
 	o := &outcome{}
 	byRcpt := make(map[string]classify.Input, len(res.Rcpts))
 	for _, r := range res.Rcpts {
@@ -611,6 +612,15 @@ func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result) *outcome {
 			if o.relayRefusal == nil {
 				o.relayRefusal = &rcptResult{rcpt, r, in.Stage}
 			}
+		}
+		if r.Class == classify.Permanent && r.Scope == classify.ScopeSource && w.hasOtherSource(e, src) {
+			// The receiver refused the address the attempt went out
+			// from (a blocklist, its reverse DNS), not the message:
+			// the throttle suspends that (destination, source) pair
+			// (throttle/sourceblock.go), and the retry goes out from
+			// another of the tenant's addresses. Bounced, the message
+			// would be lost to a block on one address of several.
+			r.Class, r.Rule = classify.Transient, r.Rule+"/other-source"
 		}
 		o.results = append(o.results, r)
 		switch r.Class {
@@ -640,6 +650,12 @@ func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result) *outcome {
 		}
 	}
 	return o
+}
+
+// hasOtherSource reports whether e's tenant has an egress address besides
+// src to send from.
+func (w *deliverer) hasOtherSource(e *queue.Envelope, src *sender.Source) bool {
+	return src != nil && w.cfg.Egress.PoolLen(e.Tenant) > 1
 }
 
 // refusesOutflow reports whether a permanent result refuses outflow

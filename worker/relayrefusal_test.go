@@ -73,7 +73,7 @@ func TestRefusalsOfOutflowThroughARelayDefer(t *testing.T) {
 				}
 				w := &deliverer{Pool: &Pool{cfg: cfg}, id: "w-test/0"}
 				e := &queue.Envelope{ID: "m1", Tenant: "t1", Rcpts: []string{"r@dest.test"}}
-				o := w.outcomeOf(e, sender.Result{Rcpts: []sender.RcptResult{{Rcpt: "r@dest.test", Outcome: c.in}}})
+				o := w.outcomeOf(e, sender.Result{Rcpts: []sender.RcptResult{{Rcpt: "r@dest.test", Outcome: c.in}}}, nil)
 				deferred := len(o.again) == 1 && len(o.bounced) == 0
 				if deferred != want || len(o.again)+len(o.bounced) != 1 {
 					t.Fatalf("deferred %v (again %v, bounced %v), want deferred %v", deferred, o.again, o.bounced, want)

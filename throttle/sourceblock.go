@@ -1,0 +1,69 @@
+package throttle
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/outflow/outflow/classify"
+)
+
+// A reply scoped to the source (classify.ScopeSource: "Client host
+// [192.0.2.10] blocked using zen.spamhaus.org", Microsoft's S3150, Gmail's
+// 5.7.25 on a missing PTR record) says the receiver will take nothing from
+// that address, whatever the message. With egress addresses the attempt
+// went out from one of several, so the (destination, source) pair is
+// suspended for Config.SourceBlockHold, like `outflow dest suspend
+// DEST@SOURCE`, and the destination's mail goes out from the tenant's
+// other addresses at once (the worker defers the refused message instead
+// of bouncing it). When the hold ends, the next attempt from the address
+// shows whether the block is gone; another such reply suspends it again.
+// Without egress addresses there is nothing else to send from: the reply
+// bounces its mail, and nothing is suspended.
+
+// blockSource suspends d, a (destination, source) pair, after why, a
+// reply about its source. d.mu held.
+func (t *Throttle) blockSource(d *dest, why classify.Result, now time.Time) {
+	if _, src := SplitPair(d.name); src == "" {
+		return
+	}
+	until := now.Add(t.cfg.SourceBlockHold)
+	reason := "source blocked (" + why.Rule + "): " + replyLine(why)
+	fn := func(s *DestState, _ time.Time) bool {
+		if !s.SuspendedUntil.Before(until) {
+			return false // already suspended at least as long
+		}
+		s.SuspendedUntil, s.Reason = until, reason
+		return true
+	}
+	if !fn(&d.state, now) {
+		return
+	}
+	t.enqueue(op{d: d, change: "suspend", fn: fn, after: func(b, a DestState) {
+		t.transition(d.name, "suspend", fmtUntil(b.SuspendedUntil, now), "suspended until "+a.SuspendedUntil.Format(time.RFC3339), reason)
+	}})
+}
+
+// maxReasonReply bounds the reply quoted in a suspension's reason: dest
+// list shows it, and providers' block replies run to several hundred
+// bytes of links and tracking ids.
+const maxReasonReply = 160
+
+// replyLine is r as a reply line ("550 5.7.1 text"), cut at
+// maxReasonReply bytes.
+func replyLine(r classify.Result) string {
+	line := r.Text
+	if r.Enhanced != "" {
+		line = r.Enhanced + " " + line
+	}
+	if r.Code != 0 {
+		line = strconv.Itoa(r.Code) + " " + line
+	}
+	if len(line) > maxReasonReply {
+		cut := maxReasonReply
+		for cut > 0 && line[cut]&0xC0 == 0x80 { // not inside a UTF-8 sequence
+			cut--
+		}
+		line = line[:cut] + "…"
+	}
+	return line
+}

@@ -1,0 +1,86 @@
+package throttle
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outflow/outflow/classify"
+)
+
+// TestSourceBlockSuspendsThePair: a reply about the source address
+// ("blocked using zen.spamhaus.org") suspends that (destination, source)
+// pair for source-block-hold, in the shared state and at once here, with
+// the reply as the reason; the destination's other addresses, and the
+// destination without a source, go on. A second block does not shorten
+// the hold, and one with no source (no egress addresses) suspends nothing.
+func TestSourceBlockSuspendsThePair(t *testing.T) {
+	env := startKV(t)
+	th := newThrottle(t, env, "a", func(c *Config) { c.SourceBlockHold = 2 * time.Hour })
+	block := classify.Default().Classify(classify.Input{Stage: classify.StageRcpt,
+		Raw: "554 5.7.1 Service unavailable; Client host [127.0.0.2] blocked using zen.spamhaus.org"})
+	if block.Scope != classify.ScopeSource {
+		t.Fatalf("the block is scoped %s", block.Scope)
+	}
+	// The worker defers such a reply when the tenant has another
+	// address; the throttle reads the scope, whatever the class.
+	deferred := block
+	deferred.Class, deferred.Rule = classify.Transient, block.Rule+"/other-source"
+
+	start := time.Now()
+	if ok, r := admitted(t, th, "example.com", "127.0.0.2", deferred, resDelivered); !ok {
+		t.Fatalf("first attempt refused: %+v", r)
+	}
+	ok, r := admitted(t, th, "example.com", "127.0.0.2")
+	if ok || r.Reason != "suspended" {
+		t.Fatalf("the blocked pair was not suspended at once: admitted %v, %+v", ok, r)
+	}
+	if ok, r := admitted(t, th, "example.com", "127.0.0.3", resDelivered); !ok {
+		t.Fatalf("the other address was refused: %+v", r)
+	}
+	st := th.Snapshot("example.com@127.0.0.2")
+	if !st.Suspended || !strings.Contains(st.State.Reason, "source-blocked") || !strings.Contains(st.State.Reason, "554 5.7.1 Service unavailable") {
+		t.Errorf("snapshot of the pair: suspended %v, reason %q", st.Suspended, st.State.Reason)
+	}
+	if until := st.State.SuspendedUntil; until.Before(start.Add(2*time.Hour-time.Minute)) || until.After(time.Now().Add(2*time.Hour)) {
+		t.Errorf("suspended until %v, want two hours from now", until)
+	}
+	eventually(t, 5*time.Second, "the suspension in the shared state", func() bool {
+		e, err := env.state.Get(ctxT(t), StateKey("example.com@127.0.0.2"))
+		return err == nil && strings.Contains(string(e.Value()), "source-blocked")
+	})
+
+	// Blocked again on an attempt that was in flight: the hold is not
+	// shortened, nor moved.
+	p := hold(t, th, "example.com", "127.0.0.3")
+	th.cfg.SourceBlockHold = time.Minute
+	p.Done([]classify.Result{block})
+	if st := th.Snapshot("example.com@127.0.0.3"); !st.Suspended {
+		t.Error("a block of the second address did not suspend it")
+	}
+	if st := th.Snapshot("example.com@127.0.0.2"); !st.State.SuspendedUntil.After(time.Now().Add(time.Hour)) {
+		t.Errorf("the first pair's hold moved: %v", st.State.SuspendedUntil)
+	}
+
+	// Without egress addresses the name carries no source: the reply
+	// bounces its mail, and the destination is not suspended.
+	if ok, r := admitted(t, th, "plain.test", "", block); !ok {
+		t.Fatalf("refused: %+v", r)
+	}
+	if ok, r := admitted(t, th, "plain.test", "", resDelivered); !ok {
+		t.Fatalf("a block without a source suspended the destination: %+v", r)
+	}
+}
+
+// TestSourceBlockIsNoFailure: replies about the source neither open the
+// pair's breaker nor count as its answers; the suspension deals with them.
+func TestSourceBlockIsNoFailure(t *testing.T) {
+	block := classify.Result{Class: classify.Permanent, Scope: classify.ScopeSource, Rule: "source-blocked", Code: 554}
+	o := outcomeOf([]classify.Result{block, block})
+	if !o.sourceBlocked || o.failed || o.reached || o.answered || o.blockWhy.Rule != "source-blocked" {
+		t.Errorf("outcome %+v", o)
+	}
+	if got := replyLine(classify.Result{Code: 550, Enhanced: "5.7.1", Text: strings.Repeat("é", 200)}); len(got) > maxReasonReply+len("…") || !strings.HasPrefix(got, "550 5.7.1 é") || !strings.HasSuffix(got, "é…") {
+		t.Errorf("replyLine cut to %q", got)
+	}
+}
