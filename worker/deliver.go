@@ -925,6 +925,7 @@ func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queu
 	rec.NextAttemptAt = at
 	w.logRecord(rec, "deferred", next.Rcpts)
 	w.cfg.Metrics.retryDelay(string(lane), dec.Delay)
+	w.cfg.Metrics.deferredTo(string(lane), e.ReadyAt())
 	next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
 	if err := w.delayNotice(ctx, e, next, o); err != nil {
 		return false, err
@@ -978,6 +979,7 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 	if err := w.passDeferred(ctx, e); err != nil {
 		return err
 	}
+	w.cfg.Metrics.deferredTo(string(lane), e.ReadyAt())
 	next := e.Clone()
 	return d.Reschedule(ctx, next, lane, w.serverTime(at), true)
 }

@@ -27,7 +27,63 @@ type Metrics struct {
 	Panics          prometheus.Counter       // outflow_worker_panics_total
 	Refusals        *prometheus.CounterVec   // outflow_gate_refusals_total{reason}
 
-	dests destSeries
+	dests    destSeries
+	deferred deferredAges // outflow_deferred_message_age_seconds{lane}
+}
+
+// deferredAges keeps, per lane, the age of the oldest message deferred to
+// it: how long ago it was ready to go (Envelope.ReadyAt). A message still
+// being retried six hours after submission is what an operator wants to
+// hear of (OutflowLongLivedRetries); the lane's oldest write does not say
+// it, since every deferral rewrites the message, and a message sent later
+// sits in the lane for as long as it was asked to. The gauge is the age
+// now of the oldest message deferred in the current span of deferredSpan
+// or the one before: a message deferred again within a span (retry-cap
+// and ratelimit-cap are under it by default) keeps it up, and it falls to
+// 0 two spans after the last deferral.
+type deferredAges struct {
+	mu        sync.Mutex
+	start     time.Time            // of the current span
+	cur, prev map[string]time.Time // lane -> the oldest ReadyAt deferred in the span
+	now       func() time.Time     // time.Now; a test's clock
+}
+
+// deferredSpan is a span of deferredAges.
+const deferredSpan = 30 * time.Minute
+
+// rotate moves the spans on to now. a.mu held.
+func (a *deferredAges) rotate(now time.Time) {
+	switch since := now.Sub(a.start); {
+	case since >= 2*deferredSpan:
+		a.cur, a.prev, a.start = map[string]time.Time{}, map[string]time.Time{}, now
+	case since >= deferredSpan:
+		a.prev, a.cur, a.start = a.cur, map[string]time.Time{}, a.start.Add(deferredSpan)
+	}
+}
+
+func (a *deferredAges) observe(lane string, ready time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rotate(a.now())
+	if old, ok := a.cur[lane]; !ok || ready.Before(old) {
+		a.cur[lane] = ready
+	}
+}
+
+// age is how long ago the oldest message of the two spans was ready.
+func (a *deferredAges) age(lane string) float64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.now()
+	a.rotate(now)
+	oldest, ok := a.cur[lane]
+	if prev, pok := a.prev[lane]; pok && (!ok || prev.Before(oldest)) {
+		oldest, ok = prev, true
+	}
+	if !ok {
+		return 0
+	}
+	return max(now.Sub(oldest).Seconds(), 0)
 }
 
 // Per-destination series (outflow_dest_attempts_total,
@@ -113,8 +169,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outflow_gate_refusals_total", Help: "Envelopes deferred by the coordinator without an attempt, by reason.",
 		}, []string{"reason"}),
-		dests: destSeries{last: map[string]time.Time{}, now: time.Now, max: destSeriesMax},
+		dests:    destSeries{last: map[string]time.Time{}, now: time.Now, max: destSeriesMax},
+		deferred: deferredAges{cur: map[string]time.Time{}, prev: map[string]time.Time{}, now: time.Now},
 	}
+	m.deferred.start = m.deferred.now()
 	// Every class and lane is exported from the start, at 0: a series
 	// that does not exist yet makes a ratio or comparison in PromQL empty,
 	// so OutflowRetryStorm (docs/alerts.yaml), which compares failures with
@@ -127,6 +185,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Attempts, m.Delivered, m.Bounced, m.DeadLetters, m.Unknown, m.Throttles, m.DestAttempts,
 		m.DeliveryLatency, m.RetryDelay, m.Panics, m.Refusals)
+	for _, lane := range []queue.Lane{queue.LaneRetry, queue.LaneRateLimit} {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "outflow_deferred_message_age_seconds",
+			Help:        "How long ago the oldest message this process deferred to the lane in the last 30 to 60 minutes was ready to go (submitted, or its send_at); 0 when none.",
+			ConstLabels: prometheus.Labels{"lane": string(lane)},
+		}, func() float64 { return m.deferred.age(string(lane)) }))
+	}
 	return m
 }
 
@@ -187,6 +252,13 @@ func (m *Metrics) throttled(dest string) {
 func (m *Metrics) retryDelay(lane string, d time.Duration) {
 	if m != nil {
 		m.RetryDelay.WithLabelValues(lane).Observe(d.Seconds())
+	}
+}
+
+// deferredTo counts a message deferred to lane, ready to go since ready.
+func (m *Metrics) deferredTo(lane string, ready time.Time) {
+	if m != nil {
+		m.deferred.observe(lane, ready)
 	}
 }
 

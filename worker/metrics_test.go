@@ -109,3 +109,56 @@ func TestDestSeriesBounded(t *testing.T) {
 		t.Errorf("throttle series kept after an hour idle: %v", th)
 	}
 }
+
+// TestDeferredMessageAge: outflow_deferred_message_age_seconds is how long
+// ago the oldest message deferred to the lane in the current half hour and
+// the one before was ready to go, per lane: a message still
+// retrying six hours after submission shows as six hours, however recently
+// it was last rewritten (OutflowLongLivedRetries read the lane's oldest
+// write, which each deferral renews). It falls to 0 two half hours after
+// the last deferral.
+func TestDeferredMessageAge(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	m.deferred.now = func() time.Time { return now }
+	m.deferred.start = now
+	ages := func() map[string]float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, mf := range mfs {
+			if mf.GetName() == "outflow_deferred_message_age_seconds" {
+				for _, s := range mf.GetMetric() {
+					out[s.GetLabel()[0].GetValue()] = s.GetGauge().GetValue()
+				}
+			}
+		}
+		return out
+	}
+	if got := ages(); len(got) != 2 || got["retry"] != 0 || got["ratelimit"] != 0 {
+		t.Fatalf("before any deferral: %v, want 0 for retry and ratelimit", got)
+	}
+	m.deferredTo("retry", now.Add(-6*time.Hour))
+	m.deferredTo("retry", now.Add(-time.Minute))
+	m.deferredTo("ratelimit", now.Add(-2*time.Hour))
+	if got := ages(); got["retry"] != 6*3600 || got["ratelimit"] != 2*3600 {
+		t.Fatalf("after deferrals: %v, want retry 6h and ratelimit 2h", got)
+	}
+	now = now.Add(40 * time.Minute) // the next span: the last one still counts, and the message ages
+	if got := ages()["retry"]; got != 6*3600+40*60 {
+		t.Errorf("40 minutes on: retry %v, want the 6h message, 40 minutes older", got)
+	}
+	m.deferredTo("retry", now.Add(-3*time.Hour))
+	now = now.Add(30 * time.Minute) // 70 minutes on: only the 3h message's span is left
+	if got := ages(); got["retry"] != 3*3600+30*60 || got["ratelimit"] != 0 {
+		t.Errorf("70 minutes on: %v, want retry the 3h message 30 minutes older, ratelimit 0", got)
+	}
+	now = now.Add(2 * time.Hour)
+	if got := ages(); got["retry"] != 0 {
+		t.Errorf("two hours without a deferral: %v, want 0", got)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-smtp"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/backoff"
@@ -168,11 +169,29 @@ func TestTransientThenSuccess(t *testing.T) {
 		}
 		return nil
 	})
-	e.startPool(nil)
+	reg := prometheus.NewRegistry()
+	e.startPool(func(c *Config) { c.Metrics = NewMetrics(reg) })
 	id := e.submit("r@dest.test")
 	e.waitEvent(id, queue.EventDelivered)
 	if got := len(e.mx.Messages()); got != 1 {
 		t.Fatalf("delivered %d messages, want 1", got)
+	}
+	// The deferral is counted for OutflowLongLivedRetries: a message ready
+	// since its submission, moments ago.
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var age float64 = -1
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			if mf.GetName() == "outflow_deferred_message_age_seconds" && s.GetLabel()[0].GetValue() == "retry" {
+				age = s.GetGauge().GetValue()
+			}
+		}
+	}
+	if age <= 0 || age > 60 {
+		t.Errorf("outflow_deferred_message_age_seconds{lane=retry} = %v after the deferral, want the message's age (a few seconds)", age)
 	}
 	evs := e.events(id)
 	if strings.Join(evs, ",") != "queued,deferred,delivered" {
