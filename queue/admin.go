@@ -476,6 +476,13 @@ func (q *Queue) Replay(ctx context.Context, id string, editHeaders []byte) (*Env
 	return q.ReplayWith(ctx, id, ReplayOptions{EditHeaders: editHeaders})
 }
 
+// SuppressedAmong returns those of rcpts on tenant's suppression list, for
+// an intake that stores through the queue alone (`outflow submit`): the
+// SMTP listener and the API check the list themselves before they store.
+func (q *Queue) SuppressedAmong(ctx context.Context, tenant string, rcpts []string) ([]string, error) {
+	return q.suppressedRcpts(ctx, tenant, rcpts)
+}
+
 // suppressedRcpts returns those of rcpts on tenant's suppression list.
 func (q *Queue) suppressedRcpts(ctx context.Context, tenant string, rcpts []string) ([]string, error) {
 	list, err := q.Suppressions(ctx)

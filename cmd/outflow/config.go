@@ -509,6 +509,12 @@ func (c *serveConfig) checkFlags() error {
 	default:
 		return fmt.Errorf("--unknown-policy %q: want retry or hold", c.UnknownPolicy)
 	}
+	if _, ok := c.Tenants[submission.OtherTenants]; ok {
+		// The key of every tenant without a section of its own
+		// (senders.go): a section so named silently replaced the
+		// top-level sender-domains.
+		return fmt.Errorf("[tenants.%q]: the name is reserved for every tenant without a section of its own; set the top-level sender-domains instead", submission.OtherTenants)
+	}
 	return nil
 }
 

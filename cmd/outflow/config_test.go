@@ -537,6 +537,18 @@ func TestSenderDomainsForOtherTenants(t *testing.T) {
 	if pol, err = c.senderDomains(); err != nil || !pol.Allows("shopa", "x@b.example") {
 		t.Errorf("no top-level list: shopa refused (%v)", err)
 	}
+	// A section named "*", the key of every tenant without one, silently
+	// replaced the top-level list (x@evil.example allowed to all): refused.
+	star := filepath.Join(t.TempDir(), "outflow.toml")
+	if err := os.WriteFile(star, []byte("sender-domains = [\"common.example\"]\n[tenants.\"*\"]\nsender-domains = [\"evil.example\"]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = parseWith(t, star); err == nil {
+		err = c.checkFlags()
+	}
+	if err == nil || !strings.Contains(err.Error(), `[tenants."*"]`) || !strings.Contains(err.Error(), "reserved") {
+		t.Errorf(`a [tenants."*"] section: %v, want it refused as reserved`, err)
+	}
 }
 
 // TestServeLogsItsStopAsJSON: the error serve stops on is also a JSON log

@@ -22,7 +22,7 @@ func init() {
 	a := &adminFlags{}
 	var from, tenant, key, ret, envID, sendAtArg string
 	var to, notify, orcpt []string
-	var listUnsub bool
+	var listUnsub, includeSuppressed bool
 	var maxSize int64
 	cmd := &cobra.Command{
 		Use:   "submit --from A --to B [--to C] [--idempotency-key K] [--ret FULL|HDRS] [--envid ID] [--notify B=LIST] [--orcpt B=TYPE;ADDR] [--send-at TIME] [--list-unsubscribe] < message.eml",
@@ -31,6 +31,11 @@ func init() {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(to) == 0 {
 				return usageError{errors.New("at least one --to is required")}
+			}
+			if tenant == "" || tenant == submission.OtherTenants || tenant == queue.PostmasterTenant {
+				// "*" names every tenant without a sender-domains section
+				// of its own, postmaster the forwarded reports' tenant.
+				return usageError{fmt.Errorf("--tenant %q: want a tenant's name (%q and %q are reserved)", tenant, submission.OtherTenants, queue.PostmasterTenant)}
 			}
 			if from != "" {
 				if _, err := submission.ParseAddress(from); err != nil {
@@ -102,6 +107,19 @@ func init() {
 			}
 			body = submission.CompleteHeaders(append([]byte(recv), body...), len(recv), host, seed, now)
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
+				if !includeSuppressed {
+					// As the SMTP listener (550 at RCPT) and the API (422)
+					// refuse them: an unsubscribe or a hard bounce holds
+					// on every way in.
+					sup, err := q.SuppressedAmong(ctx, tenant, to)
+					if err != nil {
+						return fmt.Errorf("suppression list: %w", err)
+					}
+					if len(sup) > 0 {
+						return fmt.Errorf("not queued: %d recipient(s) on tenant %s's suppression list: %s (lift them with `outflow suppress remove`, or pass --include-suppressed to send to them all the same)",
+							len(sup), tenant, strings.Join(sup, ", "))
+					}
+				}
 				sub := &queue.Submission{Tenant: tenant, From: from, Rcpts: to, Body: body,
 					ReceivedAt: now, IdempotencyKey: key, Source: queue.SourceNATS, DSN: dsnp, SendAt: sendAt}
 				if cmd.Flags().Changed("list-unsubscribe") {
@@ -140,6 +158,7 @@ func init() {
 	cmd.Flags().StringVar(&from, "from", "", "envelope sender (empty for the null sender)")
 	cmd.Flags().StringArrayVar(&to, "to", nil, "recipient (repeat for more)")
 	cmd.Flags().StringVar(&tenant, "tenant", "nats", "tenant the message is accounted to")
+	cmd.Flags().BoolVar(&includeSuppressed, "include-suppressed", false, "send even to recipients on the tenant's suppression list (refused by default, naming them)")
 	cmd.Flags().Int64Var(&maxSize, "max-size", submission.DefaultMaxMessageBytes, "largest message accepted, in bytes: the daemon's max-message-size")
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "resubmitting with the same key within 24h creates no duplicate")
 	cmd.Flags().StringVar(&ret, "ret", "", "DSN RET: FULL or HDRS, what of the message a notification returns (RFC 3461)")

@@ -193,3 +193,57 @@ func TestSubmitRefusesWhatSMTPRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestSubmitHonoursSuppressions: `outflow submit` refuses recipients on the
+// tenant's suppression list, naming them, and queues nothing, as the SMTP
+// listener (550) and the API (422) do: an unsubscribe or a hard bounce
+// held on every way in but this one. Another tenant's entry does not
+// count, --include-suppressed sends all the same, and the reserved tenant
+// names are refused.
+func TestSubmitHonoursSuppressions(t *testing.T) {
+	dir := t.TempDir()
+	q := testqueue.Connect(t, testqueue.Listening(t, dir), queue.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list, err := q.Suppressions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := list.Add(ctx, queue.Suppression{Tenant: "shop", Address: "gone@one.example", Source: queue.SuppressUnsubscribe}); err != nil {
+		t.Fatal(err)
+	}
+	submit := func(args ...string) (string, error) {
+		t.Helper()
+		var out bytes.Buffer
+		rootCmd.SetIn(strings.NewReader("Subject: hi\n\nhello\n"))
+		err := execRoot(ctx, &out, append([]string{"submit", "--data", dir, "--from", "app@src.example",
+			"--to", "ann@one.example", "--to", "Gone@one.example"}, args...)...)
+		return out.String(), err
+	}
+	depth := func() uint64 {
+		t.Helper()
+		n, err := q.Depth(ctx, queue.LaneWork)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if _, err := submit("--tenant", "shop"); err == nil || !strings.Contains(err.Error(), "Gone@one.example") || !strings.Contains(err.Error(), "suppression list") {
+		t.Fatalf("a suppressed recipient: %v, want a refusal naming it", err)
+	}
+	if n := depth(); n != 0 {
+		t.Fatalf("%d envelopes queued after the refusal", n)
+	}
+	if out, err := submit("--tenant", "other"); err != nil || len(strings.Fields(out)) != 1 {
+		t.Fatalf("another tenant's entry: %q, %v, want it queued", out, err)
+	}
+	if out, err := submit("--tenant", "shop", "--include-suppressed"); err != nil || len(strings.Fields(out)) != 1 {
+		t.Fatalf("--include-suppressed: %q, %v, want it queued", out, err)
+	}
+	for _, reserved := range []string{"*", "postmaster", ""} {
+		var u usageError
+		if _, err := submit("--tenant", reserved); !errors.As(err, &u) {
+			t.Errorf("--tenant %q: %v, want a usage error", reserved, err)
+		}
+	}
+}
