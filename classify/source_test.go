@@ -22,6 +22,8 @@ func TestSourceBlocked(t *testing.T) {
 		"550 5.7.1 Your IP address is blocked",
 		"550 5.7.606 Access denied, banned sending IP [192.0.2.1]",
 		"550 5.7.25 The IP address sending this message does not have a PTR record setup",
+		"554 rejected: [2001:db8::1] listed in dnsbl.sorbs.net",
+		"550 5.7.1 Service unavailable, Client host [192.0.2.1] blocked using Customer Block list (AS16012607)",
 	}
 	for _, reply := range source {
 		for _, st := range []Stage{StageGreeting, StageMail, StageRcpt, StageDataEnd} {
@@ -37,6 +39,10 @@ func TestSourceBlocked(t *testing.T) {
 		"550 5.7.1 Recipient address rejected: blacklisted",
 		"550 5.1.1 User not listed in public Name & Address Book",
 		"450 4.7.25 Client host rejected: cannot find your hostname, [192.0.2.1]", // a 4xx: retried anyway
+		// The same lists and words for a domain, which follows the mail
+		// to every address: no IP address in the text.
+		"550 The sending domain example.com is listed on Spamhaus",
+		"550 Rejected because example.com is in a black list at fresh.spameatingmonkey.net",
 	}
 	for _, reply := range notSource {
 		if r := c.Classify(Input{Raw: reply, Stage: StageRcpt}); r.Scope == ScopeSource {

@@ -122,16 +122,16 @@ func (e *Egress) Candidates(tenant string) []Source {
 	return append(out, list[:start]...)
 }
 
-// PoolLen is the number of addresses a tenant sends from, without taking
-// a turn of the round-robin.
-func (e *Egress) PoolLen(tenant string) int {
+// Pool is the addresses a tenant sends from, in configuration order,
+// without taking a turn of the round-robin. The caller must not change it.
+func (e *Egress) Pool(tenant string) []Source {
 	if e == nil {
-		return 0
+		return nil
 	}
 	if p, ok := e.byTenant[tenant]; ok {
-		return len(e.pools[p])
+		return e.pools[p]
 	}
-	return len(e.all)
+	return e.all
 }
 
 // HasFamily says whether the tenant's addresses include one of IPv4 (v4)

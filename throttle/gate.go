@@ -58,6 +58,9 @@ type Permit interface {
 type Refusal struct {
 	Until  time.Time
 	Reason string // "suspended", "breaker-open", "rate", "conns", "window", …
+	// Detail says more for an operator: for "suspended", what was
+	// suspended and why ("a.test@192.0.2.10: source blocked (…): 550 …").
+	Detail string
 }
 
 // OpenGate admits everything: no limits configured, no rates to pace by,

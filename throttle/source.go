@@ -52,10 +52,10 @@ func (t *Throttle) wholeSuspended(dest string) (Refusal, bool) {
 		return Refusal{}, false
 	}
 	whole.mu.Lock()
-	suspended, until := whole.state.Suspended(now), whole.state.SuspendedUntil
+	s := whole.state
 	whole.mu.Unlock()
-	if !suspended {
+	if !s.Suspended(now) {
 		return Refusal{}, false
 	}
-	return suspendedRefusal(until, now), true
+	return suspendedRefusal(dest, s, now), true
 }

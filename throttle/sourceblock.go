@@ -19,13 +19,22 @@ import (
 // shows whether the block is gone; another such reply suspends it again.
 // Without egress addresses there is nothing else to send from: the reply
 // bounces its mail, and nothing is suspended.
+//
+// The pair suspended is the recipient domain's, not its provider group's:
+// one Microsoft 365 customer's own block list ("blocked using Customer
+// Block list") is that customer's, and suspending microsoft@SOURCE held
+// the tenant's mail to every domain Microsoft hosts, outlook.com
+// included. Inside a group the domain's pair holds above the group's
+// (own.go); each domain that refuses the address is suspended in turn.
 
-// blockSource suspends d, a (destination, source) pair, after why, a
-// reply about its source. d.mu held.
+// blockSource suspends d, a (domain, source) pair, after why, a reply
+// about its source.
 func (t *Throttle) blockSource(d *dest, why classify.Result, now time.Time) {
 	if _, src := SplitPair(d.name); src == "" {
 		return
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	until := now.Add(t.cfg.SourceBlockHold)
 	reason := "source blocked (" + why.Rule + "): " + replyLine(why)
 	fn := func(s *DestState, _ time.Time) bool {
@@ -41,6 +50,20 @@ func (t *Throttle) blockSource(d *dest, why classify.Result, now time.Time) {
 	t.enqueue(op{d: d, change: "suspend", fn: fn, after: func(b, a DestState) {
 		t.transition(d.name, "suspend", fmtUntil(b.SuspendedUntil, now), "suspended until "+a.SuspendedUntil.Format(time.RFC3339), reason)
 	}})
+}
+
+// SourceSuspended reports whether mail for domain from source is held by a
+// suspension now: of the domain or its provider group, as a whole or from
+// that source. The worker asks it before deferring a message refused as
+// from a blocked address, to know whether another address can take it.
+func (t *Throttle) SourceSuspended(domain, source string) bool {
+	group, d := t.Group(domain), NormalizeDest(domain)
+	for _, name := range []string{d, PairName(d, source), group, PairName(group, source)} {
+		if _, suspended := t.wholeSuspended(name); suspended {
+			return true
+		}
+	}
+	return false
 }
 
 // maxReasonReply bounds the reply quoted in a suspension's reason: dest

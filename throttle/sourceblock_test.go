@@ -35,6 +35,9 @@ func TestSourceBlockSuspendsThePair(t *testing.T) {
 	if ok || r.Reason != "suspended" {
 		t.Fatalf("the blocked pair was not suspended at once: admitted %v, %+v", ok, r)
 	}
+	if !strings.HasPrefix(r.Detail, "example.com@127.0.0.2: source blocked (source-blocked") {
+		t.Errorf("the refusal's detail %q does not say what is suspended and why", r.Detail)
+	}
 	if ok, r := admitted(t, th, "example.com", "127.0.0.3", resDelivered); !ok {
 		t.Fatalf("the other address was refused: %+v", r)
 	}
@@ -82,5 +85,47 @@ func TestSourceBlockIsNoFailure(t *testing.T) {
 	}
 	if got := replyLine(classify.Result{Code: 550, Enhanced: "5.7.1", Text: strings.Repeat("é", 200)}); len(got) > maxReasonReply+len("…") || !strings.HasPrefix(got, "550 5.7.1 é") || !strings.HasSuffix(got, "é…") {
 		t.Errorf("replyLine cut to %q", got)
+	}
+}
+
+// TestSourceBlockInAGroupHoldsTheDomainOnly: one domain of a provider
+// group refuses an address as blocked (a Microsoft 365 customer's own
+// block list): that domain is suspended from that address, and neither
+// the group from it (its other domains' mail) nor the domain from other
+// addresses. Suspending the group's pair held a tenant's mail to every
+// domain the provider hosts for an hour. SourceSuspended says which.
+func TestSourceBlockInAGroupHoldsTheDomainOnly(t *testing.T) {
+	env := startKV(t)
+	res := &fakeMX{calls: map[string]int{}, zone: map[string][]string{"a.test": {"aspmx.l.google.com."}, "b.test": {"alt2.aspmx.l.google.com."}}}
+	th := newThrottle(t, env, "a", func(c *Config) {
+		c.GroupByMX, c.Groups, c.Resolver = true, DefaultGroups(), res
+	})
+	if g := th.Group("a.test"); g != "google" {
+		t.Fatalf("Group(a.test) = %q", g)
+	}
+	block := classify.Result{Class: classify.Transient, Scope: classify.ScopeSource, Rule: "source-blocked/other-source", Code: 550,
+		Enhanced: "5.7.1", Text: "Service unavailable, Client host [127.0.0.2] blocked using Customer Block list (AS16012607)"}
+	if ok, r := admitted(t, th, "a.test", "127.0.0.2", block); !ok {
+		t.Fatalf("refused: %+v", r)
+	}
+	if ok, r := admitted(t, th, "a.test", "127.0.0.2"); ok || r.Reason != "suspended" {
+		t.Fatalf("a.test from the blocked address: admitted %v, %+v; want suspended", ok, r)
+	}
+	if !th.SourceSuspended("a.test", "127.0.0.2") {
+		t.Error("SourceSuspended(a.test, 127.0.0.2) = false")
+	}
+	for _, c := range []struct{ domain, source string }{{"b.test", "127.0.0.2"}, {"a.test", "127.0.0.3"}} {
+		if ok, r := admitted(t, th, c.domain, c.source, resDelivered); !ok {
+			t.Errorf("%s from %s refused: %+v", c.domain, c.source, r)
+		}
+		if th.SourceSuspended(c.domain, c.source) {
+			t.Errorf("SourceSuspended(%s, %s) = true", c.domain, c.source)
+		}
+	}
+	if st := th.Snapshot("google@127.0.0.2"); st.Suspended {
+		t.Errorf("the group's pair was suspended: %+v", st.State)
+	}
+	if st := th.Snapshot("a.test@127.0.0.2"); !st.Suspended || !strings.Contains(st.State.Reason, "Customer Block list") {
+		t.Errorf("a.test@127.0.0.2: suspended %v, reason %q", st.Suspended, st.State.Reason)
 	}
 }

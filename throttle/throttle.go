@@ -672,7 +672,11 @@ func (t *Throttle) Admit(ctx context.Context, domain, tenant, source string) (Pe
 		if p == nil {
 			t.releaseOwn(holds, true)
 		} else {
-			p.(*permit).own = holds
+			pm := p.(*permit)
+			pm.own = holds
+			if source != "" {
+				pm.blocks = PairName(NormalizeDest(domain), source)
+			}
 		}
 		return p, r
 	}
@@ -720,11 +724,16 @@ func (t *Throttle) maxWait(k turn) time.Duration {
 // suspendedRefusal refuses an attempt to a destination suspended until
 // until, capped at maxSuspendRefusal ahead: look again now and then, the
 // suspension may be shortened.
-func suspendedRefusal(until, now time.Time) Refusal {
+func suspendedRefusal(name string, s DestState, now time.Time) Refusal {
+	until := s.SuspendedUntil
 	if cap := now.Add(maxSuspendRefusal); until.After(cap) {
 		until = cap
 	}
-	return Refusal{Until: until, Reason: "suspended"}
+	detail := name
+	if s.Reason != "" {
+		detail += ": " + s.Reason
+	}
+	return Refusal{Until: until, Reason: "suspended", Detail: detail}
 }
 
 func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) (Permit, Refusal, bool) {
@@ -936,7 +945,7 @@ func (d *dest) connPaused(now time.Time) bool {
 func (t *Throttle) stateRefuses(d *dest, now time.Time, probe *bool) (Refusal, bool) {
 	st := &d.state
 	if st.Suspended(now) {
-		return suspendedRefusal(st.SuspendedUntil, now), true
+		return suspendedRefusal(d.name, *st, now), true
 	}
 	switch st.BreakerAt(now) {
 	case BreakerOpen:
@@ -994,8 +1003,13 @@ type permit struct {
 	connsHold time.Time
 	// own are its places under the limits set on its domain by itself,
 	// inside a provider group (own.go).
-	own  []ownHold
-	done atomic.Bool
+	own []ownHold
+	// blocks is the (domain, source) pair a reply about the source
+	// suspends (sourceblock.go): the recipient domain's from the
+	// admission's source, also inside a provider group; "" without a
+	// source.
+	blocks string
+	done   atomic.Bool
 }
 
 // Done records the attempt's outcome: in-flight, breaker, adaptive rate
@@ -1024,6 +1038,12 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 				break // one match per attempt
 			}
 		}
+	}
+
+	if o.sourceBlocked && p.blocks != "" {
+		// Before d.mu: the pair it suspends may be another dest (one
+		// domain of a provider group), and no two are locked at once.
+		t.blockSource(t.getDest(p.blocks), o.blockWhy, now)
 	}
 
 	d.mu.Lock()
@@ -1090,10 +1110,6 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 			t.rampFactor(d)
 		}
 		t.raiseLearned(d, now)
-	}
-
-	if o.sourceBlocked {
-		t.blockSource(d, o.blockWhy, now)
 	}
 
 	// Automation.

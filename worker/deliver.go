@@ -652,10 +652,37 @@ func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result, src *sender.
 	return o
 }
 
+// sourceSuspensions is what hasOtherSource asks of a Gate that keeps
+// suspensions (the throttle's).
+type sourceSuspensions interface {
+	SourceSuspended(domain, source string) bool
+}
+
 // hasOtherSource reports whether e's tenant has an egress address besides
-// src to send from.
+// src that its destination may take mail from now: one of a family the
+// destination has MX addresses of (families), and not suspended for it
+// (a block of that address as well: a whole range is often listed). With
+// none, a block of src bounces the message, as with one address: deferred,
+// it would go from blocked address to suspension until max-age.
 func (w *deliverer) hasOtherSource(e *queue.Envelope, src *sender.Source) bool {
-	return src != nil && w.cfg.Egress.PoolLen(e.Tenant) > 1
+	if src == nil {
+		return false
+	}
+	pool := w.cfg.Egress.Pool(e.Tenant)
+	if len(pool) < 2 {
+		return false
+	}
+	susp, _ := w.cfg.Gate.(sourceSuspensions)
+	for _, s := range pool {
+		if s.Addr == src.Addr || w.families.lacks(e.Dest, s.Addr, w.now()) {
+			continue
+		}
+		if susp != nil && susp.SourceSuspended(e.Dest, s.String()) {
+			continue
+		}
+		return true
+	}
+	return false
 }
 
 // refusesOutflow reports whether a permanent result refuses outflow
@@ -975,12 +1002,22 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 	if closed > 0 {
 		ev = ev.Int("idle_closed", closed)
 	}
+	if r.Detail != "" {
+		ev = ev.Str("detail", r.Detail)
+	}
 	ev.Time("next_attempt_at", at).Msg("coordinator refused; deferred without an attempt")
 	if err := w.passDeferred(ctx, e); err != nil {
 		return err
 	}
 	w.cfg.Metrics.deferredTo(string(lane), e.ReadyAt())
 	next := e.Clone()
+	if r.Reason == "suspended" && r.Detail != "" && e.Attempt == 0 {
+		// Not tried yet: `queue list` and the console say why it waits
+		// (a source blocked at another domain of the same address, an
+		// operator's suspension), where they showed a deferral with no
+		// reply at all. A tried message keeps its last reply.
+		next.LastClass, next.LastReply = "local", "suspended: "+r.Detail
+	}
 	return d.Reschedule(ctx, next, lane, w.serverTime(at), true)
 }
 

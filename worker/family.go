@@ -72,6 +72,14 @@ func (f *families) lack(dest string, a netip.Addr, now time.Time) {
 	f.m[dest] = g
 }
 
+// lacks reports whether dest is known to have no MX address of a's family.
+func (f *families) lacks(dest string, a netip.Addr, now time.Time) bool {
+	f.mu.Lock()
+	g, ok := f.m[dest]
+	f.mu.Unlock()
+	return ok && g.lacks(a, now)
+}
+
 // usable is cands without the sources of a family dest is known to lack,
 // in the same order; all of cands when that would leave none (the attempt
 // then fails as it would have, and says why).

@@ -6,10 +6,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
+	"github.com/outflow/outflow/throttle"
 )
 
 // blockedSourceSender stands for a destination whose MX refuses one of
@@ -18,8 +20,11 @@ import (
 type blockedSourceSender struct {
 	next    Sender
 	blocked map[string]bool
-	mu      sync.Mutex
-	from    []string
+	// keepSource hands the others' mail on with its source (to a
+	// v4OnlySender), not to the fake MX through the relay.
+	keepSource bool
+	mu         sync.Mutex
+	from       []string
 }
 
 func (s *blockedSourceSender) Send(ctx context.Context, m *sender.Message) sender.Result {
@@ -33,6 +38,9 @@ func (s *blockedSourceSender) Send(ctx context.Context, m *sender.Message) sende
 				Text: "Service unavailable; Client host [" + src + "] blocked using zen.spamhaus.org"}})
 		}
 		return res
+	}
+	if s.keepSource {
+		return s.next.Send(ctx, m)
 	}
 	relayed := *m
 	relayed.Source = nil // the fake MX is reached through the relay
@@ -104,5 +112,117 @@ func TestBlockedSourceDefersToAnotherAddress(t *testing.T) {
 	e.waitEvent(ids[0], queue.EventBounced)
 	if n := countPrefix(e.events(ids[0]), queue.EventDeferred); n != 0 {
 		t.Errorf("the one-address tenant's message was deferred %d times", n)
+	}
+}
+
+// blockGate is doneGate that keeps suspensions as the throttle does for a
+// reply about the source: the address is suspended for the destination
+// from then on (SourceSuspended; admission is not refused, the test sees
+// what the worker decides).
+type blockGate struct {
+	doneGate
+	blocked sync.Map // source -> true
+}
+
+type blockPermit struct {
+	donePermit
+	g *blockGate
+}
+
+func (p blockPermit) Done(rs []classify.Result) {
+	for _, r := range rs {
+		if r.Scope == classify.ScopeSource {
+			p.g.blocked.Store(p.src, true)
+		}
+	}
+	p.donePermit.Done(rs)
+}
+
+func (g *blockGate) Admit(_ context.Context, _, _, source string) (throttle.Permit, throttle.Refusal) {
+	return blockPermit{donePermit{&g.doneGate, source}, g}, throttle.Refusal{}
+}
+
+func (g *blockGate) SourceSuspended(_, source string) bool {
+	_, ok := g.blocked.Load(source)
+	return ok
+}
+
+// TestBlockedEverywhereBounces: a block of the sending address is deferred
+// only while the tenant has another address the destination may take:
+// one not suspended there (here both addresses are listed: the second
+// block bounces), and one of a family the destination has MX addresses of
+// (an IPv6 address for an IPv4-only destination is none). Deferred with
+// no such address, the message went from block to suspension until
+// max-age, a day, where a tenant with one address bounces at once.
+func TestBlockedEverywhereBounces(t *testing.T) {
+	t.Run("both listed", func(t *testing.T) {
+		e := newEnv(t, nil)
+		eg, err := sender.NewEgress([]sender.EgressEntry{
+			{Source: sender.Source{Addr: netip.MustParseAddr("127.0.0.2")}},
+			{Source: sender.Source{Addr: netip.MustParseAddr("127.0.0.3")}},
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snd := &blockedSourceSender{next: e.snd, blocked: map[string]bool{"127.0.0.2": true, "127.0.0.3": true}}
+		gate := &blockGate{doneGate: doneGate{done: map[string][][]classify.Result{}}}
+		e.startPool(func(c *Config) { c.Workers, c.Egress, c.Sender, c.Gate = 1, eg, snd, gate })
+		id := e.submit("bob@blocks.test")
+		e.waitEvent(id, queue.EventBounced)
+		if evs := e.events(id); countPrefix(evs, queue.EventDeferred) != 1 {
+			t.Errorf("events %v: want one deferral (to the other address), then the bounce", evs)
+		}
+		if got := snd.sources(); len(got) != 2 || got[0] == got[1] {
+			t.Errorf("sources tried %v: want each address once", got)
+		}
+	})
+	t.Run("the other of a family the destination lacks", func(t *testing.T) {
+		e := newEnv(t, nil)
+		eg, err := sender.NewEgress([]sender.EgressEntry{
+			{Source: sender.Source{Addr: netip.MustParseAddr("2001:db8::1")}},
+			{Source: sender.Source{Addr: netip.MustParseAddr("127.0.0.2")}},
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snd := &blockedSourceSender{next: &v4OnlySender{next: e.snd}, blocked: map[string]bool{"127.0.0.2": true}, keepSource: true}
+		gate := &blockGate{doneGate: doneGate{done: map[string][][]classify.Result{}}}
+		e.startPool(func(c *Config) { c.Workers, c.Egress, c.Sender, c.Gate = 1, eg, snd, gate })
+		id := e.submit("bob@v4only.test")
+		e.waitEvent(id, queue.EventBounced)
+		if evs := e.events(id); countPrefix(evs, queue.EventDeferred) != 0 {
+			t.Errorf("events %v: want the bounce at once: the IPv6 address cannot reach the destination", evs)
+		}
+	})
+}
+
+// suspendedGate refuses every admission as suspended, with a detail.
+type suspendedGate struct{ throttle.OpenGate }
+
+func (suspendedGate) Admit(context.Context, string, string, string) (throttle.Permit, throttle.Refusal) {
+	return nil, throttle.Refusal{Until: time.Now().Add(time.Hour), Reason: "suspended",
+		Detail: "blocks.test@127.0.0.2: source blocked (source-blocked): 554 5.7.1 listed"}
+}
+
+// TestSuspendedMessageSaysWhy: a message held by a suspension before any
+// attempt shows the suspension as its last reply (queue list, the
+// console), where it showed a deferral with no reply at all.
+func TestSuspendedMessageSaysWhy(t *testing.T) {
+	e := newEnv(t, nil)
+	e.startPool(func(c *Config) { c.Workers, c.Gate = 1, suspendedGate{} })
+	id := e.submit("bob@blocks.test")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		it, err := e.q.Find(context.Background(), id)
+		if err == nil && it.Env.LastReply != "" {
+			if it.Env.LastClass != "local" || it.Env.LastReply != "suspended: blocks.test@127.0.0.2: source blocked (source-blocked): 554 5.7.1 listed" {
+				t.Fatalf("last class %q, reply %q", it.Env.LastClass, it.Env.LastReply)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no last reply on the held message within 30s (%v, %v)", it, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
