@@ -37,6 +37,9 @@ func Parse(raw string) Input {
 			if code, ok = leadingCode(s[i+7:]); ok {
 				s = s[i+7:]
 			}
+		} else if i := eximReply(s); i >= 0 {
+			code, ok = leadingCode(s[i:])
+			s = s[i:]
 		}
 	}
 	if !ok {
@@ -82,11 +85,41 @@ func Parse(raw string) Input {
 	return in
 }
 
-// leadingCode reads a basic reply code at the start of s. RFC 5321 4.2: three
-// digits, the first 2 to 5, the second 0 to 5, followed by a space, a hyphen
-// (continuation) or the end of the line. 1yz replies do not exist in SMTP.
+// eximReply is the offset of the reply in an Exim diagnostic ("SMTP error
+// from remote mail server after RCPT TO:<a@b.example>: host mx.b.example
+// [192.0.2.1]: 550 5.1.1 User unknown", or Exim 4.9x's "SMTP error from
+// remote server for RCPT TO command, host: mx.b.example (192.0.2.1)
+// reason: 550 5.1.1 …"): the first code after a ": " or "reason: ", or -1.
+// Only in a line that says it is one: elsewhere a number after a colon is
+// text ("Rejected: 421 times").
+func eximReply(s string) int {
+	if indexFold(s, "smtp error from remote") < 0 {
+		return -1
+	}
+	for i := 0; i+2 < len(s); i++ {
+		if s[i] != ':' || s[i+1] != ' ' {
+			continue
+		}
+		j := i + 2
+		for j < len(s) && s[j] == ' ' {
+			j++
+		}
+		if _, ok := leadingCode(s[j:]); ok && len(s) > j+3 {
+			return j
+		}
+	}
+	return -1
+}
+
+// leadingCode reads a basic reply code at the start of s: three digits,
+// the first 2 to 5, followed by a space, a hyphen (continuation) or the end
+// of the line. 1yz replies do not exist in SMTP. RFC 5321 4.2 has the
+// second digit 0 to 5; 6 to 9 are taken too, since servers send them ("571
+// No PTR Record found. Reverse DNS required", in sisimai's corpus): the
+// first digit says what the reply means, and refused, such a reply was
+// read as text without a code, transient, and retried for days.
 func leadingCode(s string) (int, bool) {
-	if len(s) < 3 || s[0] < '2' || s[0] > '5' || s[1] < '0' || s[1] > '5' || s[2] < '0' || s[2] > '9' {
+	if len(s) < 3 || s[0] < '2' || s[0] > '5' || s[1] < '0' || s[1] > '9' || s[2] < '0' || s[2] > '9' {
 		return 0, false
 	}
 	if len(s) > 3 {
@@ -291,6 +324,9 @@ func stageFromDiagnostic(s string) Stage {
 	}
 	if i < 0 {
 		i = indexFold(s, " after ")
+	}
+	if i < 0 {
+		i = indexFold(s, "smtp error from remote server for ") // Exim 4.9x
 	}
 	if i < 0 {
 		return StageUnknown

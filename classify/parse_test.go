@@ -33,6 +33,15 @@ func TestParse(t *testing.T) {
 			552, "5.2.2", "The recipient's inbox is out of storage space and inactive. Please direct the recipient to https://support.google.com/mail/?p=OverQuotaPerm c2-202229zmZBNM3agi23.222 - gsmtp", 0, 0},
 		{"451-216.194.173.80 is not yet authorized to deliver mail from 451 <chris@example.net> to <docs@example.com>. Please try later.",
 			451, "", "216.194.173.80 is not yet authorized to deliver mail from <chris@example.net> to <docs@example.com>. Please try later.", 0, 0},
+		// A second digit past RFC 5321's 5, as servers send it.
+		{"571 No PTR Record found. Reverse DNS required: 203.0.113.22", 571, "", "No PTR Record found. Reverse DNS required: 203.0.113.22", 0, 0},
+		// Exim's diagnostics, older and 4.9x; a number after a colon
+		// elsewhere is text.
+		{"SMTP error from remote mail server after RCPT TO:<a@b.example>: host mx.b.example [192.0.2.1]: 550 5.1.1 User unknown",
+			550, "5.1.1", "User unknown", StageRcpt, 0},
+		{"SMTP error from remote server for RCPT TO command, host: mx.b.example (192.0.2.1) reason: 550 5.1.1 <a@b.example>: Recipient address rejected: User unknown",
+			550, "5.1.1", "<a@b.example>: Recipient address rejected: User unknown", StageRcpt, 0},
+		{"Rejected: 421 times", 0, "", "Rejected: 421 times", 0, 0},
 		// Code after the text.
 		{`4.7.1 Ratelimit "user" exceeded (451)`, 451, "4.7.1", `Ratelimit "user" exceeded`, 0, 0},
 		{"Mailbox full [552]", 552, "", "Mailbox full", 0, 0},
