@@ -440,7 +440,7 @@ func (c *Classifier) candidates(code int, stage Stage, enh []uint64, m matchSet,
 	// Text conditions: first the rules that one of the phrases found
 	// satisfies, then those a found phrase excludes. The text rules not
 	// satisfied are those still clear in sat.
-	var satBuf [8]uint64
+	var satBuf [stackWords]uint64
 	var sat []uint64
 	if rw <= len(satBuf) {
 		sat = satBuf[:rw]
@@ -550,7 +550,7 @@ func (c *Classifier) classifyReply(in Input) Result {
 			return c.decide(ri, &f, in.Stage, nil)
 		}
 	}
-	var buf, cbuf [8]uint64
+	var buf, cbuf [stackWords]uint64
 	m := c.matches(f.text, buf[:])
 	for w, word := range c.candidates(f.code, in.Stage, enh, m, cbuf[:]) {
 		for word != 0 {
@@ -646,7 +646,7 @@ func (c *Classifier) classifyEvent(in Input) Result {
 		text = in.Event.String()
 	}
 	if int(in.Event) < len(c.byEvent) {
-		var buf [8]uint64
+		var buf [stackWords]uint64
 		var m matchSet
 		for _, ri := range c.byEvent[in.Event] {
 			r := &c.rules[ri]

@@ -32,6 +32,13 @@ type textIndex struct {
 // set on the stack for the usual case (see matchSet).
 const maxPhrases = 1 << 16
 
+// stackWords is the size, in 64-bit words, of the bit sets Classify keeps
+// on the stack (the phrases found, the candidate rules): up to 1,024
+// phrases and rules it does not allocate. The embedded rules have about
+// 510 phrases; with 512 words of room, an operator's rules file of a
+// few dozen phrases made every classification allocate.
+const stackWords = 16
+
 // normPhrase lower-cases ASCII letters and collapses whitespace runs to one
 // space, the same folding the scan applies to reply text.
 func normPhrase(p string) string {
