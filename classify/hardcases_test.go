@@ -364,3 +364,18 @@ func TestUnresolvableNameIsNotARateLimit(t *testing.T) {
 	// A 5xx keeps its code's meaning.
 	check(t, Input{Raw: "550 5.1.8 Domain of sender address bounce@sender.example does not resolve"}, Permanent, 0, "")
 }
+
+// TestGmailAuthRateLimitIsTheTenants: Gmail's "rate limited because it is
+// unauthenticated" (4.7.26, and SPF, DKIM and DMARC's 4.7.24/27/30/32/40)
+// is about the sending tenant's domain: scope tenant, so that the
+// throttle does not cut Gmail's rate for every tenant over one tenant's
+// broken DKIM. The PTR record and TLS deferrals (4.7.23, 4.7.29) are about
+// how outflow connects, every tenant's: the destination's.
+func TestGmailAuthRateLimitIsTheTenants(t *testing.T) {
+	check(t, Input{Stage: StageDataEnd, Raw: "421 4.7.26 This mail has been rate limited because it is unauthenticated. Gmail requires all senders to authenticate with either SPF or DKIM."},
+		Throttled, ScopeTenant, "gmail-auth-rate-limited")
+	check(t, Input{Stage: StageDataEnd, Raw: "421 4.7.32 Your email has been rate limited because the From: header (RFC5322) in this message isn't aligned with either the authenticated SPF or DKIM organizational domain."},
+		Throttled, ScopeTenant, "gmail-auth-rate-limited")
+	check(t, Input{Stage: StageMail, Raw: "421 4.7.29 Your email has been rate limited because you're not using a TLS connection."},
+		Throttled, ScopeDestination, "gmail-transport-rate-limited")
+}

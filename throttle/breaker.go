@@ -70,11 +70,14 @@ func outcomeOf(results []classify.Result) attemptOutcome {
 		case classify.Throttled:
 			o.reached = true
 			// "Too many messages on this connection" is about the
-			// connection, and a per-mailbox rate about one recipient:
-			// neither is a reason to slow the whole destination. "Too
-			// many connections" is about concurrency, not rate.
+			// connection, a per-mailbox rate about one recipient, and a
+			// sending quota or Gmail's "rate limited because it is
+			// unauthenticated" about one tenant's account or domain:
+			// none is a reason to slow the whole destination for every
+			// tenant. "Too many connections" is about concurrency, not
+			// rate.
 			switch {
-			case r.Scope == classify.ScopeRecipient:
+			case r.Scope == classify.ScopeRecipient, r.Scope == classify.ScopeTenant:
 			case connSignal.MatchString(r.Text):
 				if !o.connThrottled {
 					o.connWhy = *r
