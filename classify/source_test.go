@@ -43,6 +43,12 @@ func TestSourceBlocked(t *testing.T) {
 		// to every address: no IP address in the text.
 		"550 The sending domain example.com is listed on Spamhaus",
 		"550 Rejected because example.com is in a black list at fresh.spameatingmonkey.net",
+		// An SPF or DKIM failure names the IP too: it is the sender
+		// domain's record, which every address would meet.
+		"550 SPF check failed: the ip 192.0.2.1 is not listed as a permitted sender",
+		"550 5.7.1 Rejected: the IP address 192.0.2.1 is not listed in example.com's SPF record",
+		"550 5.7.1 Sender IP address 192.0.2.1 is not listed in SPF record for example.com",
+		"550 5.7.1 DKIM signature invalid: (no TXT record; ptr record found)",
 	}
 	for _, reply := range notSource {
 		if r := c.Classify(Input{Raw: reply, Stage: StageRcpt}); r.Scope == ScopeSource {

@@ -21,7 +21,9 @@ import (
 // `serve` with --api-addr.
 func (q *Queue) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	if q.opts.NoSetup {
-		kv, err := q.js.KeyValue(ctx, cfg.Bucket)
+		// lookUp: an admin command against a cluster electing the
+		// bucket's leader asks again rather than wait out its timeout.
+		kv, err := lookUp(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return q.js.KeyValue(ctx, cfg.Bucket) })
 		if err == nil {
 			return kv, nil
 		}

@@ -98,7 +98,9 @@ func (q *Queue) Suppressions(ctx context.Context) (*Suppressions, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := q.js.Stream(ctx, kvStream(BucketSuppressions))
+	st, err := lookUp(ctx, func(ctx context.Context) (jetstream.Stream, error) {
+		return q.js.Stream(ctx, kvStream(BucketSuppressions))
+	})
 	if err != nil {
 		return nil, fmt.Errorf("suppressions: %w", err)
 	}

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/outflow/outflow/classify"
@@ -36,7 +37,7 @@ func (t *Throttle) blockSource(d *dest, why classify.Result, now time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	until := now.Add(t.cfg.SourceBlockHold)
-	reason := "source blocked (" + why.Rule + "): " + replyLine(why)
+	reason := sourceBlockReason + why.Rule + "): " + replyLine(why)
 	fn := func(s *DestState, _ time.Time) bool {
 		if !s.SuspendedUntil.Before(until) {
 			return false // already suspended at least as long
@@ -52,14 +53,20 @@ func (t *Throttle) blockSource(d *dest, why classify.Result, now time.Time) {
 	}})
 }
 
-// SourceSuspended reports whether mail for domain from source is held by a
-// suspension now: of the domain or its provider group, as a whole or from
-// that source. The worker asks it before deferring a message refused as
-// from a blocked address, to know whether another address can take it.
-func (t *Throttle) SourceSuspended(domain, source string) bool {
+// sourceBlockReason starts the reason of a suspension blockSource wrote.
+const sourceBlockReason = "source blocked ("
+
+// SourceBlocked reports whether domain refused source as blocked: the
+// domain's pair, or its provider group's, is suspended by blockSource
+// now. The worker asks it before deferring a message refused as from a
+// blocked address, to know whether another address can take it. Another
+// suspension (an automation rule's 15 minutes after throttles, an
+// operator's) ends and the address is then taken: the message waits for
+// it rather than bounce.
+func (t *Throttle) SourceBlocked(domain, source string) bool {
 	group, d := t.Group(domain), NormalizeDest(domain)
-	for _, name := range []string{d, PairName(d, source), group, PairName(group, source)} {
-		if _, suspended := t.wholeSuspended(name); suspended {
+	for _, name := range []string{PairName(d, source), PairName(group, source)} {
+		if r, suspended := t.wholeSuspended(name); suspended && strings.HasPrefix(r.Detail, name+": "+sourceBlockReason) {
 			return true
 		}
 	}

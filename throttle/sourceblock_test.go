@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/outflow/outflow/classify"
 )
@@ -28,6 +29,7 @@ func TestSourceBlockSuspendsThePair(t *testing.T) {
 	deferred.Class, deferred.Rule = classify.Transient, block.Rule+"/other-source"
 
 	start := time.Now()
+	inFlight := hold(t, th, "example.com", "127.0.0.2") // answered later, below
 	if ok, r := admitted(t, th, "example.com", "127.0.0.2", deferred, resDelivered); !ok {
 		t.Fatalf("first attempt refused: %+v", r)
 	}
@@ -53,16 +55,20 @@ func TestSourceBlockSuspendsThePair(t *testing.T) {
 		return err == nil && strings.Contains(string(e.Value()), "source-blocked")
 	})
 
-	// Blocked again on an attempt that was in flight: the hold is not
-	// shortened, nor moved.
+	// Blocked again, with a shorter hold, on an attempt that was in
+	// flight: the hold is not shortened.
 	p := hold(t, th, "example.com", "127.0.0.3")
 	th.cfg.SourceBlockHold = time.Minute
+	inFlight.Done([]classify.Result{block})
+	if st := th.Snapshot("example.com@127.0.0.2"); !st.State.SuspendedUntil.After(time.Now().Add(time.Hour)) {
+		t.Errorf("the pair's hold was shortened by a second block: until %v", st.State.SuspendedUntil)
+	}
 	p.Done([]classify.Result{block})
 	if st := th.Snapshot("example.com@127.0.0.3"); !st.Suspended {
 		t.Error("a block of the second address did not suspend it")
 	}
-	if st := th.Snapshot("example.com@127.0.0.2"); !st.State.SuspendedUntil.After(time.Now().Add(time.Hour)) {
-		t.Errorf("the first pair's hold moved: %v", st.State.SuspendedUntil)
+	if !th.SourceBlocked("example.com", "127.0.0.3") {
+		t.Error("SourceBlocked(example.com, 127.0.0.3) = false after its block")
 	}
 
 	// Without egress addresses the name carries no source: the reply
@@ -83,8 +89,11 @@ func TestSourceBlockIsNoFailure(t *testing.T) {
 	if !o.sourceBlocked || o.failed || o.reached || o.answered || o.blockWhy.Rule != "source-blocked" {
 		t.Errorf("outcome %+v", o)
 	}
-	if got := replyLine(classify.Result{Code: 550, Enhanced: "5.7.1", Text: strings.Repeat("é", 200)}); len(got) > maxReasonReply+len("…") || !strings.HasPrefix(got, "550 5.7.1 é") || !strings.HasSuffix(got, "é…") {
-		t.Errorf("replyLine cut to %q", got)
+	for _, text := range []string{strings.Repeat("é", 200), "x" + strings.Repeat("é", 200)} {
+		got := replyLine(classify.Result{Code: 550, Enhanced: "5.7.1", Text: text})
+		if len(got) > maxReasonReply+len("…") || !strings.HasPrefix(got, "550 5.7.1 ") || !strings.HasSuffix(got, "é…") || !utf8.ValidString(got) {
+			t.Errorf("replyLine cut to %q", got)
+		}
 	}
 }
 
@@ -93,7 +102,7 @@ func TestSourceBlockIsNoFailure(t *testing.T) {
 // block list): that domain is suspended from that address, and neither
 // the group from it (its other domains' mail) nor the domain from other
 // addresses. Suspending the group's pair held a tenant's mail to every
-// domain the provider hosts for an hour. SourceSuspended says which.
+// domain the provider hosts for an hour. SourceBlocked says which.
 func TestSourceBlockInAGroupHoldsTheDomainOnly(t *testing.T) {
 	env := startKV(t)
 	res := &fakeMX{calls: map[string]int{}, zone: map[string][]string{"a.test": {"aspmx.l.google.com."}, "b.test": {"alt2.aspmx.l.google.com."}}}
@@ -111,15 +120,15 @@ func TestSourceBlockInAGroupHoldsTheDomainOnly(t *testing.T) {
 	if ok, r := admitted(t, th, "a.test", "127.0.0.2"); ok || r.Reason != "suspended" {
 		t.Fatalf("a.test from the blocked address: admitted %v, %+v; want suspended", ok, r)
 	}
-	if !th.SourceSuspended("a.test", "127.0.0.2") {
-		t.Error("SourceSuspended(a.test, 127.0.0.2) = false")
+	if !th.SourceBlocked("a.test", "127.0.0.2") {
+		t.Error("SourceBlocked(a.test, 127.0.0.2) = false")
 	}
 	for _, c := range []struct{ domain, source string }{{"b.test", "127.0.0.2"}, {"a.test", "127.0.0.3"}} {
 		if ok, r := admitted(t, th, c.domain, c.source, resDelivered); !ok {
 			t.Errorf("%s from %s refused: %+v", c.domain, c.source, r)
 		}
-		if th.SourceSuspended(c.domain, c.source) {
-			t.Errorf("SourceSuspended(%s, %s) = true", c.domain, c.source)
+		if th.SourceBlocked(c.domain, c.source) {
+			t.Errorf("SourceBlocked(%s, %s) = true", c.domain, c.source)
 		}
 	}
 	if st := th.Snapshot("google@127.0.0.2"); st.Suspended {
@@ -127,5 +136,33 @@ func TestSourceBlockInAGroupHoldsTheDomainOnly(t *testing.T) {
 	}
 	if st := th.Snapshot("a.test@127.0.0.2"); !st.Suspended || !strings.Contains(st.State.Reason, "Customer Block list") {
 		t.Errorf("a.test@127.0.0.2: suspended %v, reason %q", st.Suspended, st.State.Reason)
+	}
+}
+
+// TestOtherSuspensionsAreNoBlock: SourceBlocked is true only for a
+// suspension a reply about the source wrote. An automation rule's 15
+// minutes after throttles, or an operator's suspension, end and the
+// address is taken again: a block of another address then defers the
+// message to it rather than bounce it.
+func TestOtherSuspensionsAreNoBlock(t *testing.T) {
+	env := startKV(t)
+	th := newThrottle(t, env, "a", nil)
+	until := time.Now().Add(15 * time.Minute)
+	for name, reason := range map[string]string{
+		"gmail.com@127.0.0.2": "automation: gmail-unusual-rate",
+		"gmail.com@127.0.0.3": "provider blocks 127.0.0.3; delisting requested",
+		"gmail.com":           "source blocked (source-blocked): but of the whole destination",
+	} {
+		if err := Suspend(ctxT(t), env.state, name, until, reason, "ops"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 5*time.Second, "the suspensions seen", func() bool {
+		return th.Snapshot("gmail.com@127.0.0.2").Suspended && th.Snapshot("gmail.com@127.0.0.3").Suspended && th.Snapshot("gmail.com").Suspended
+	})
+	for _, src := range []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"} {
+		if th.SourceBlocked("gmail.com", src) {
+			t.Errorf("SourceBlocked(gmail.com, %s) = true for a suspension that is not a source block", src)
+		}
 	}
 }

@@ -652,18 +652,20 @@ func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result, src *sender.
 	return o
 }
 
-// sourceSuspensions is what hasOtherSource asks of a Gate that keeps
+// sourceBlocks is what hasOtherSource asks of a Gate that keeps
 // suspensions (the throttle's).
-type sourceSuspensions interface {
-	SourceSuspended(domain, source string) bool
+type sourceBlocks interface {
+	SourceBlocked(domain, source string) bool
 }
 
 // hasOtherSource reports whether e's tenant has an egress address besides
-// src that its destination may take mail from now: one of a family the
-// destination has MX addresses of (families), and not suspended for it
-// (a block of that address as well: a whole range is often listed). With
-// none, a block of src bounces the message, as with one address: deferred,
-// it would go from blocked address to suspension until max-age.
+// src that its destination may take mail from: one of a family the
+// destination has MX addresses of (families), and not refused by it as
+// blocked too (a whole range is often listed; another suspension, an
+// automation rule's or an operator's, ends, and the message waits for
+// it). With none, a block of src bounces the message, as with one
+// address: deferred, it would go from blocked address to suspension until
+// max-age.
 func (w *deliverer) hasOtherSource(e *queue.Envelope, src *sender.Source) bool {
 	if src == nil {
 		return false
@@ -672,12 +674,12 @@ func (w *deliverer) hasOtherSource(e *queue.Envelope, src *sender.Source) bool {
 	if len(pool) < 2 {
 		return false
 	}
-	susp, _ := w.cfg.Gate.(sourceSuspensions)
+	blocks, _ := w.cfg.Gate.(sourceBlocks)
 	for _, s := range pool {
 		if s.Addr == src.Addr || w.families.lacks(e.Dest, s.Addr, w.now()) {
 			continue
 		}
-		if susp != nil && susp.SourceSuspended(e.Dest, s.String()) {
+		if blocks != nil && blocks.SourceBlocked(e.Dest, s.String()) {
 			continue
 		}
 		return true

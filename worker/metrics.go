@@ -36,16 +36,17 @@ type Metrics struct {
 // being retried six hours after submission is what an operator wants to
 // hear of (OutflowLongLivedRetries); the lane's oldest write does not say
 // it, since every deferral rewrites the message, and a message sent later
-// sits in the lane for as long as it was asked to. The gauge is the age
-// now of the oldest message deferred in the current span of deferredSpan
-// or the one before: a message deferred again within a span (retry-cap
-// and ratelimit-cap are under it by default) keeps it up, and it falls to
-// 0 two spans after the last deferral.
+// sits in the lane for as long as it was asked to. The gauge is the
+// largest age a message had when it was deferred, in the current span of
+// deferredSpan or the one before: a message still deferred is deferred
+// again within a span (retry-cap and ratelimit-cap are under it by
+// default) and keeps it up at its age then; one delivered since does not
+// age there, and it falls to 0 two spans after the last deferral.
 type deferredAges struct {
 	mu        sync.Mutex
-	start     time.Time            // of the current span
-	cur, prev map[string]time.Time // lane -> the oldest ReadyAt deferred in the span
-	now       func() time.Time     // time.Now; a test's clock
+	start     time.Time          // of the current span
+	cur, prev map[string]float64 // lane -> the largest age at a deferral in the span, in seconds
+	now       func() time.Time   // time.Now; a test's clock
 }
 
 // deferredSpan is a span of deferredAges.
@@ -55,35 +56,28 @@ const deferredSpan = 30 * time.Minute
 func (a *deferredAges) rotate(now time.Time) {
 	switch since := now.Sub(a.start); {
 	case since >= 2*deferredSpan:
-		a.cur, a.prev, a.start = map[string]time.Time{}, map[string]time.Time{}, now
+		a.cur, a.prev, a.start = map[string]float64{}, map[string]float64{}, now
 	case since >= deferredSpan:
-		a.prev, a.cur, a.start = a.cur, map[string]time.Time{}, a.start.Add(deferredSpan)
+		a.prev, a.cur, a.start = a.cur, map[string]float64{}, a.start.Add(deferredSpan)
 	}
 }
 
 func (a *deferredAges) observe(lane string, ready time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.rotate(a.now())
-	if old, ok := a.cur[lane]; !ok || ready.Before(old) {
-		a.cur[lane] = ready
+	now := a.now()
+	a.rotate(now)
+	if age := now.Sub(ready).Seconds(); age > a.cur[lane] {
+		a.cur[lane] = age
 	}
 }
 
-// age is how long ago the oldest message of the two spans was ready.
+// age is the largest age at a deferral of the two spans.
 func (a *deferredAges) age(lane string) float64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	now := a.now()
-	a.rotate(now)
-	oldest, ok := a.cur[lane]
-	if prev, pok := a.prev[lane]; pok && (!ok || prev.Before(oldest)) {
-		oldest, ok = prev, true
-	}
-	if !ok {
-		return 0
-	}
-	return max(now.Sub(oldest).Seconds(), 0)
+	a.rotate(a.now())
+	return max(a.cur[lane], a.prev[lane])
 }
 
 // Per-destination series (outflow_dest_attempts_total,
@@ -170,7 +164,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outflow_gate_refusals_total", Help: "Envelopes deferred by the coordinator without an attempt, by reason.",
 		}, []string{"reason"}),
 		dests:    destSeries{last: map[string]time.Time{}, now: time.Now, max: destSeriesMax},
-		deferred: deferredAges{cur: map[string]time.Time{}, prev: map[string]time.Time{}, now: time.Now},
+		deferred: deferredAges{cur: map[string]float64{}, prev: map[string]float64{}, now: time.Now},
 	}
 	m.deferred.start = m.deferred.now()
 	// Every class and lane is exported from the start, at 0: a series
@@ -188,7 +182,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, lane := range []queue.Lane{queue.LaneRetry, queue.LaneRateLimit} {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "outflow_deferred_message_age_seconds",
-			Help:        "How long ago the oldest message this process deferred to the lane in the last 30 to 60 minutes was ready to go (submitted, or its send_at); 0 when none.",
+			Help:        "The largest age (since it was ready to go: submitted, or its send_at) a message had when this process deferred it to the lane, in the last 30 to 60 minutes; 0 when none.",
 			ConstLabels: prometheus.Labels{"lane": string(lane)},
 		}, func() float64 { return m.deferred.age(string(lane)) }))
 	}

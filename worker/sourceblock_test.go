@@ -5,10 +5,14 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/emersion/go-smtp"
+
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/throttle"
@@ -142,7 +146,7 @@ func (g *blockGate) Admit(_ context.Context, _, _, source string) (throttle.Perm
 	return blockPermit{donePermit{&g.doneGate, source}, g}, throttle.Refusal{}
 }
 
-func (g *blockGate) SourceSuspended(_, source string) bool {
+func (g *blockGate) SourceBlocked(_, source string) bool {
 	_, ok := g.blocked.Load(source)
 	return ok
 }
@@ -204,10 +208,53 @@ func (suspendedGate) Admit(context.Context, string, string, string) (throttle.Pe
 		Detail: "blocks.test@127.0.0.2: source blocked (source-blocked): 554 5.7.1 listed"}
 }
 
+// suspendedAfterGate admits the first attempt, then refuses as
+// suspendedGate does.
+type suspendedAfterGate struct {
+	suspendedGate
+	admitted atomic.Bool
+}
+
+func (g *suspendedAfterGate) Admit(ctx context.Context, d, t, s string) (throttle.Permit, throttle.Refusal) {
+	if g.admitted.CompareAndSwap(false, true) {
+		return g.OpenGate.Admit(ctx, d, t, s)
+	}
+	return g.suspendedGate.Admit(ctx, d, t, s)
+}
+
 // TestSuspendedMessageSaysWhy: a message held by a suspension before any
 // attempt shows the suspension as its last reply (queue list, the
-// console), where it showed a deferral with no reply at all.
+// console), where it showed a deferral with no reply at all. One that was
+// tried keeps the reply of its last attempt.
 func TestSuspendedMessageSaysWhy(t *testing.T) {
+	t.Run("tried before", func(t *testing.T) {
+		e := newEnv(t, func(stage fakemx.Stage, _ string) *smtp.SMTPError {
+			if stage == fakemx.StageRcpt {
+				return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+			}
+			return nil
+		})
+		gate := &suspendedAfterGate{}
+		e.startPool(func(c *Config) { c.Workers, c.Gate = 1, gate })
+		id := e.submit("bob@blocks.test")
+		e.waitEvent(id, queue.EventDeferred)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			// The retry (fastRetry: within a second or two) is refused.
+			it, err := e.q.Find(context.Background(), id)
+			if err == nil && it.Env.Attempt == 1 && it.NextAt.After(time.Now().Add(30*time.Minute)) { // rescheduled by the refusal
+				if it.Env.LastClass != "transient" || !strings.Contains(it.Env.LastReply, "try again later") {
+					t.Fatalf("after the refusal: last class %q, reply %q, want the attempt's", it.Env.LastClass, it.Env.LastReply)
+				}
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the held message: %+v, %v", it, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+
 	e := newEnv(t, nil)
 	e.startPool(func(c *Config) { c.Workers, c.Gate = 1, suspendedGate{} })
 	id := e.submit("bob@blocks.test")
@@ -218,7 +265,7 @@ func TestSuspendedMessageSaysWhy(t *testing.T) {
 			if it.Env.LastClass != "local" || it.Env.LastReply != "suspended: blocks.test@127.0.0.2: source blocked (source-blocked): 554 5.7.1 listed" {
 				t.Fatalf("last class %q, reply %q", it.Env.LastClass, it.Env.LastReply)
 			}
-			return
+			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no last reply on the held message within 30s (%v, %v)", it, err)
