@@ -78,6 +78,23 @@ func (q *Queue) serveSync() error {
 	return nil
 }
 
+// serveRoom answers, on subjRoom, whether the embedded store has room for
+// new mail, for the processes that store through it (remoteRoom): its
+// reserve holds for their new mail too.
+func (q *Queue) serveRoom() error {
+	room := q.storeRoom()
+	if _, err := q.nc.Subscribe(subjRoom, func(m *nats.Msg) {
+		var reply []byte
+		if err := room.Err(); err != nil {
+			reply = []byte(err.Error())
+		}
+		_ = m.Respond(reply)
+	}); err != nil {
+		return fmt.Errorf("serve %s: %w", subjRoom, err)
+	}
+	return nil
+}
+
 // watchFirings syncs a deferred lane's stream whenever the server stores a
 // due message in it (a schedule fired), learned from the stream's
 // republish on firedSubjects. Nobody waits on these syncs; they close the

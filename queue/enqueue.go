@@ -47,7 +47,7 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 	// Near the store's limit new mail is refused before anything is
 	// written, so that what is left is the mail already accepted's
 	// (storeroom.go). No round trip: the last look at the store.
-	if err := q.roomFor(s); err != nil {
+	if err := q.roomFor(ctx, s); err != nil {
 		return nil, err
 	}
 	msgID := nuid.Next()

@@ -188,6 +188,9 @@ type Queue struct {
 	// sentSt is the SENT bucket's stream, once sentStream looked it up.
 	sentSt   jetstream.Stream
 	sentStMu sync.Mutex
+	// remote is the daemon's last answer about its store's room, for a
+	// process that stores through another's embedded server (roomFor).
+	remote remoteRoom
 }
 
 // connectTimeout bounds the NATS connection handshake.
@@ -309,6 +312,12 @@ func connect(ctx context.Context, opts Options, layout func(Options) []jetstream
 		if err := all.SyncAll(); err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("sync store: %w", err)
+		}
+	}
+	if q.storeRoom() != nil && !opts.NoSetup {
+		if err := q.serveRoom(); err != nil {
+			nc.Close()
+			return nil, err
 		}
 	}
 	if opts.Syncer != nil {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -195,10 +197,50 @@ func (q *Queue) storeRoom() *StoreRoom {
 
 // roomFor is the check Enqueue makes before it writes anything: nil, or
 // ErrNoRoom. Delivery status notifications the workers write pass: they
-// report on mail already accepted, and are few and small.
-func (q *Queue) roomFor(s *Submission) error {
+// report on mail already accepted, and are few and small. A process that
+// stores through another daemon's embedded server (`outflow submit`, a
+// fleet worker with --nats-url) asks that daemon (remoteRoom): its new
+// mail took the reserve kept for the mail already queued.
+func (q *Queue) roomFor(ctx context.Context, s *Submission) error {
 	if s.Source == SourceDSN {
 		return nil
 	}
-	return q.storeRoom().Err()
+	if r := q.storeRoom(); r != nil {
+		return r.Err()
+	}
+	return q.remote.err(ctx, q.nc)
+}
+
+// remoteRoomEvery is how long a daemon's answer about its store's room is
+// used: as long as the daemon's own look (StoreRoomEvery).
+const remoteRoomEvery = StoreRoomEvery
+
+// remoteRoomWait bounds the question; a daemon that does not answer in it
+// (or none listening: a cluster's servers, an older release) is taken as
+// room: the server still refuses at its limit.
+const remoteRoomWait = 2 * time.Second
+
+// remoteRoom is the last answer of the daemon whose embedded server this
+// process stores through, about its store's room.
+type remoteRoom struct {
+	mu     sync.Mutex
+	at     time.Time
+	answer error
+}
+
+func (r *remoteRoom) err(ctx context.Context, nc *nats.Conn) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.at.IsZero() && time.Since(r.at) < remoteRoomEvery {
+		return r.answer
+	}
+	ctx, cancel := context.WithTimeout(ctx, remoteRoomWait)
+	defer cancel()
+	r.at, r.answer = time.Now(), nil
+	m, err := nc.RequestWithContext(ctx, subjRoom, nil)
+	if err == nil && len(m.Data) > 0 {
+		r.answer = fmt.Errorf("%w, at the daemon this process stores through %s", ErrNoRoom,
+			strings.TrimPrefix(string(m.Data), ErrNoRoom.Error()+" "))
+	}
+	return r.answer
 }

@@ -143,3 +143,69 @@ func TestStoreReserve(t *testing.T) {
 		t.Errorf("no limit known: %v", err)
 	}
 }
+
+// TestStoreReserveHoldsForRemoteWriters: a process that stores through the
+// daemon's embedded server over a socket (`outflow submit`, a fleet worker
+// with --nats-url) is refused new mail with ErrNoRoom once the daemon's
+// store is short of room, as the daemon's own listeners are: its mail took
+// the reserve kept for the mail already queued.
+func TestStoreReserveHoldsForRemoteWriters(t *testing.T) {
+	const limit = 4 << 20
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), MaxStore: limit, ListenAddr: "127.0.0.1:0", Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	daemon, err := connectTo(emb, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { daemon.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ci := emb.ClientInfo()
+	remote, err := Connect(ctx, Options{URL: ci.URL, User: ci.User, Password: ci.Password, NoSetup: true, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { remote.Close() })
+	small := &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: x\r\n\r\nbody\r\n")}
+	if _, err := remote.Enqueue(ctx, small); err != nil {
+		t.Fatalf("with room: %v", err)
+	}
+	body := []byte("Subject: filler\r\n\r\n" + strings.Repeat("x", 100<<10) + "\r\n")
+	for range 200 {
+		if _, err := daemon.Enqueue(ctx, &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: body}); err != nil {
+			if !errors.Is(err, ErrNoRoom) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if err := emb.StoreRoom().Err(); !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("the daemon's store still has room: %v", err)
+	}
+	// The remote writer's last answer is at most StoreRoomEvery old.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := remote.Enqueue(ctx, small)
+		if errors.Is(err, ErrNoRoom) {
+			if !strings.Contains(err.Error(), "at the daemon") {
+				t.Errorf("the refusal does not say whose store: %v", err)
+			}
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the remote writer was never refused")
+		}
+		time.Sleep(100 * time.Millisecond) // polling for the next look, with a deadline
+	}
+	// A notification on mail already accepted still passes.
+	if _, err := remote.Enqueue(ctx, &Submission{Tenant: "t", Rcpts: []string{"a@b.example"}, Body: []byte("Subject: dsn\r\n\r\nreport\r\n"),
+		Source: SourceDSN, IsReport: true}); err != nil {
+		t.Fatalf("notification refused: %v", err)
+	}
+}

@@ -38,6 +38,11 @@ const (
 // the error. It lies outside every stream's subjects.
 const subjSync = "outflow.ctl.sync"
 
+// subjRoom is the core NATS subject on which the daemon answers whether
+// its embedded store has room for new mail (storeroom.go): an empty reply
+// means room, anything else is the refusal, ErrNoRoom's text.
+const subjRoom = "outflow.ctl.room"
+
 // subjTenantKick is a core NATS subject: whoever creates a tenant's work
 // consumer announces it there, so every worker starts pulling from it at
 // once instead of at its next periodic look (a fresh tenant's first mail
