@@ -108,13 +108,16 @@ func simShares(t *testing.T, th *Throttle, dom string, tenants []string, trickle
 }
 
 // TestTenantWeightsShareABusyDestination: two tenants with backlogs to a
-// destination limited to 10/s, asking for admission at equal rates (the
+// destination limited to 20/s, asking for admission at equal rates (the
 // work lane hands envelopes out in equal turns), one weighing 3: the
 // admissions follow the weights, 75:25, at a configured rate and at a
 // learned one alike. Before, the weight entered only the spacing of the
 // virtual queue, while most admissions were granted to whichever tenant
 // asked when a turn was within max-wait: the hunt's three daemons with
-// `tenant-weights = { "tenant-a" = 3 }` delivered 45:55.
+// `tenant-weights = { "tenant-a" = 3 }` delivered 45:55. With a third
+// tenant's message every 0.7 s besides, its messages go within the
+// turns already given, and the rate is still used: 95 % of it at least
+// (85 to 88 % before tokenNear).
 func TestTenantWeightsShareABusyDestination(t *testing.T) {
 	weights := map[string]float64{"heavy": 3}
 	for _, c := range []struct {
@@ -126,10 +129,11 @@ func TestTenantWeightsShareABusyDestination(t *testing.T) {
 	}{
 		{"configured", 20, false, "", 0.95},
 		{"learned", 20, true, "", 0.95},
-		// The third tenant's message waiting for its turn has the
-		// tenant weighing 3 yield, and some turns go untaken: 85 to 88 %
-		// of the rate (with equal weights, 100 %).
-		{"learned with a trickle", 20, true, "resets", 0.75},
+		// A third tenant's message now and then: the backlogs yielded
+		// the tokens due next to it while it had nothing waiting, and
+		// 12 to 15 % of the rate went untaken (overShare, tokenNear).
+		{"learned with a trickle", 20, true, "resets", 0.95},
+		{"configured with a trickle", 20, false, "resets", 0.95},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			env := startKV(t)
