@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -260,5 +261,88 @@ ehlo = "o3.outflow.test"
 	}
 	if n := refused.Load() - tried; n != 0 {
 		t.Errorf("the suspended address was tried %d more times", n)
+	}
+}
+
+// TestBlocklistedSourceInAProviderGroup: two domains hosted by Microsoft
+// 365 (MX under .mail.protection.outlook.com, group-by-mx on: one
+// destination, microsoft). One customer's own block list refuses
+// 127.0.0.2. Only that domain is suspended from that address: the other
+// domain goes on sending from both, and `dest status` of the refusing
+// domain shows its address suspended (it showed the group's pair, not).
+func TestBlocklistedSourceInAProviderGroup(t *testing.T) {
+	var refused atomic.Int32
+	mxs, port := mxFleet(t, fakemx.Options{SourceHook: func(source string, stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && source == "127.0.0.2" && strings.HasSuffix(strings.Trim(arg, "<>"), "@a.test") {
+			refused.Add(1)
+			return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 7, 1},
+				Message: "Service unavailable, Client host [127.0.0.2] blocked using Customer Block list (AS16012607)"}
+		}
+		return nil
+	}}, "127.0.0.30")
+	mx := mxs[0]
+	ns := fakedns.Start(t)
+	ns.MustAddZone(t, "a.test", "@ MX 10 a-test.mail.protection.outlook.com.")
+	ns.MustAddZone(t, "b.test", "@ MX 10 b-test.mail.protection.outlook.com.")
+	ns.MustAddZone(t, "mail.protection.outlook.com", "a-test A 127.0.0.30", "b-test A 127.0.0.30")
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "outflow.toml")
+	if err := os.WriteFile(conf, []byte(`
+[[egress]]
+address = "127.0.0.2"
+ehlo = "o2.outflow.test"
+
+[[egress]]
+address = "127.0.0.3"
+ehlo = "o3.outflow.test"
+
+[throttle]
+group-by-mx = true
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, dir+"/data", "--config", conf, "--users", writeUsers(t, dir), "--dns", ns.Addr, "--mx-allow-loopback", "--smtp-port", port,
+		"--retry-base", "500ms", "--retry-cap", "2s")
+	ehlo := map[string]string{"127.0.0.2": "o2.outflow.test", "127.0.0.3": "o3.outflow.test"}
+	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+	defer c.Close()
+	for i := range 4 {
+		for _, dom := range []string{"a.test", "b.test"} {
+			id := fmt.Sprintf("g%d-%s", i, strings.TrimSuffix(dom, ".test"))
+			if err := submit(c, "app@sender.test", []string{id + "@" + dom}, message(id, "")); err != nil {
+				t.Fatalf("submit %s: %v", id, err)
+			}
+		}
+	}
+	if err := mx.WaitForMessages(8, 60*time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, d.Logs())
+	}
+	if refused.Load() == 0 {
+		t.Fatal("127.0.0.2 was never tried for a.test: the test tested nothing")
+	}
+	bySource := map[string]map[string]int{"a.test": {}, "b.test": {}}
+	for _, m := range mx.Messages() {
+		_, dom, _ := strings.Cut(m.Rcpts[0], "@")
+		bySource[dom][m.Source]++
+		if want := ehlo[m.Source]; m.Hostname != want {
+			t.Errorf("message from %s came with EHLO %q, want %q", m.Source, m.Hostname, want)
+		}
+	}
+	if bySource["a.test"]["127.0.0.3"] != 4 {
+		t.Errorf("a.test's mail from %v: want all 4 from 127.0.0.3", bySource["a.test"])
+	}
+	if bySource["b.test"]["127.0.0.2"] == 0 {
+		t.Errorf("b.test's mail from %v: the other customer's block held it from 127.0.0.2 too", bySource["b.test"])
+	}
+	var a, b map[string]any
+	waitFor(t, 60*time.Second, "dest status per source of both domains", func() bool {
+		a, b = destSources(t, d, "a.test")["a.test@127.0.0.2"], destSources(t, d, "b.test")["microsoft@127.0.0.2"]
+		return a != nil && b != nil
+	})
+	if a["suspended"] != true || !strings.Contains(fmt.Sprint(a["state"]), "Customer Block list") {
+		t.Errorf("dest status a.test: 127.0.0.2 is not shown suspended, with the reply: %v", a)
+	}
+	if b["suspended"] != false {
+		t.Errorf("dest status b.test: 127.0.0.2 shown suspended: %v", b)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"net/netip"
 	"sort"
 	"strings"
-	"sync/atomic"
+	"sync"
 )
 
 // Source is an egress address: the local address a connection to an MX
@@ -40,21 +40,33 @@ type EgressEntry struct {
 }
 
 // Egress picks source addresses for a tenant's mail: its pool's addresses
-// (all of them when the tenant has none), in round-robin order. It is
-// safe for concurrent use.
+// (all of them when the tenant has none), in round-robin order per
+// destination. It is safe for concurrent use.
+//
+// The turn is kept per (pool, destination): with one counter for all,
+// a tenant whose mail alternated between two domains sent every message
+// for one of them from the same address (each provider's limit per
+// address then halved the domain's rate, and a block the classifier did
+// not read as one bounced every message instead of half).
 type Egress struct {
 	all      []Source
 	pools    map[string][]Source
 	byTenant map[string]string
-	next     atomic.Uint64
+	mu       sync.Mutex
+	next     map[string]uint64 // "pool\x00dest" -> the next turn
 }
+
+// maxTurns bounds Egress.next: past it the turns start again from none
+// (one message per destination may then go from the first address twice
+// in a row).
+const maxTurns = 50000
 
 // NewEgress checks the entries and the tenant → pool assignments: every
 // entry has a unicast address, listed once, and every pool a tenant names
 // has addresses. (Whether an address is on a local interface shows when
 // binding it; `outflow serve` tries that at start.)
 func NewEgress(entries []EgressEntry, tenantPools map[string]string) (*Egress, error) {
-	e := &Egress{pools: map[string][]Source{}, byTenant: map[string]string{}}
+	e := &Egress{pools: map[string][]Source{}, byTenant: map[string]string{}, next: map[string]uint64{}}
 	seen := map[netip.Addr]bool{}
 	for _, en := range entries {
 		// ::ffff:192.0.2.10 is 192.0.2.10: one address, of family IPv4.
@@ -105,18 +117,28 @@ func (e *Egress) Len() int {
 // All returns every configured source, in configuration order.
 func (e *Egress) All() []Source { return append([]Source(nil), e.all...) }
 
-// Candidates returns the sources for a tenant's next attempt, starting at
-// the next one in round-robin order and then the rest of its pool, so the
-// caller can move on when the first is blocked or throttled.
-func (e *Egress) Candidates(tenant string) []Source {
+// Candidates returns the sources for a tenant's next attempt to dest,
+// starting at the next one in the round-robin order of the tenant's pool
+// for dest and then the rest of its pool, so the caller can move on when
+// the first is blocked or throttled.
+func (e *Egress) Candidates(tenant, dest string) []Source {
 	list := e.all
-	if p, ok := e.byTenant[tenant]; ok {
-		list = e.pools[p]
+	pool, ok := e.byTenant[tenant]
+	if ok {
+		list = e.pools[pool]
 	}
 	if len(list) == 0 {
 		return nil
 	}
-	start := int((e.next.Add(1) - 1) % uint64(len(list)))
+	key := pool + "\x00" + dest
+	e.mu.Lock()
+	if _, seen := e.next[key]; !seen && len(e.next) >= maxTurns {
+		clear(e.next)
+	}
+	turn := e.next[key]
+	e.next[key] = turn + 1
+	e.mu.Unlock()
+	start := int(turn % uint64(len(list)))
 	out := make([]Source, 0, len(list))
 	out = append(out, list[start:]...)
 	return append(out, list[:start]...)

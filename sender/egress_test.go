@@ -67,19 +67,34 @@ func TestEgressCandidates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := func(tenant string) string { return e.Candidates(tenant)[0].Addr.String() }
-	if got := e.Candidates("alice"); len(got) != 1 || got[0].Addr.String() != "127.0.0.4" {
+	first := func(tenant string) string { return e.Candidates(tenant, "d.test")[0].Addr.String() }
+	if got := e.Candidates("alice", "d.test"); len(got) != 1 || got[0].Addr.String() != "127.0.0.4" {
 		t.Errorf("alice's pool: %v", got)
 	}
 	a, b := first("bob"), first("bob")
 	if a == b || !strings.HasPrefix(a, "127.0.0.") || (a != "127.0.0.2" && a != "127.0.0.3") {
 		t.Errorf("bob's pool is not round-robin: %s then %s", a, b)
 	}
-	if got := e.Candidates("bob"); len(got) != 2 || got[0] == got[1] {
+	if got := e.Candidates("bob", "d.test"); len(got) != 2 || got[0] == got[1] {
 		t.Errorf("the rest of the pool follows the first: %v", got)
 	}
-	if got := e.Candidates("carol"); len(got) != 3 {
+	if got := e.Candidates("carol", "d.test"); len(got) != 3 {
 		t.Errorf("a tenant without a pool gets every address: %v", got)
+	}
+	// The turn is per destination: a tenant's mail alternating between
+	// two domains still alternates its addresses for each of them. With
+	// one counter for all, every message to one domain left from one
+	// address.
+	seen := map[string]map[netip.Addr]bool{"x.test": {}, "y.test": {}}
+	for range 4 {
+		for _, dest := range []string{"x.test", "y.test"} {
+			seen[dest][e.Candidates("bob", dest)[0].Addr] = true
+		}
+	}
+	for dest, addrs := range seen {
+		if len(addrs) != 2 {
+			t.Errorf("%s, its mail alternating with another domain's, went from %v only", dest, addrs)
+		}
 	}
 	if _, err := NewEgress([]EgressEntry{{Source: Source{Addr: netip.MustParseAddr("127.0.0.2")}}}, map[string]string{"x": "nope"}); err == nil || !strings.Contains(err.Error(), "nope") {
 		t.Errorf("unknown pool: %v", err)

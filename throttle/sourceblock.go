@@ -37,7 +37,9 @@ func (t *Throttle) blockSource(d *dest, why classify.Result, now time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	until := now.Add(t.cfg.SourceBlockHold)
-	reason := sourceBlockReason + why.Rule + "): " + replyLine(why)
+	// The classifier's rule: the worker's deferral adds "/other-source".
+	rule, _, _ := strings.Cut(why.Rule, "/")
+	reason := sourceBlockReason + rule + "): " + replyLine(why)
 	fn := func(s *DestState, _ time.Time) bool {
 		if !s.SuspendedUntil.Before(until) {
 			return false // already suspended at least as long

@@ -37,7 +37,7 @@ func TestSourceBlockSuspendsThePair(t *testing.T) {
 	if ok || r.Reason != "suspended" {
 		t.Fatalf("the blocked pair was not suspended at once: admitted %v, %+v", ok, r)
 	}
-	if !strings.HasPrefix(r.Detail, "example.com@127.0.0.2: source blocked (source-blocked") {
+	if !strings.HasPrefix(r.Detail, "example.com@127.0.0.2: source blocked (source-blocked): 554 5.7.1") {
 		t.Errorf("the refusal's detail %q does not say what is suspended and why", r.Detail)
 	}
 	if ok, r := admitted(t, th, "example.com", "127.0.0.3", resDelivered); !ok {

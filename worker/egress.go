@@ -31,7 +31,7 @@ func (w *deliverer) admitFrom(ctx context.Context, e *queue.Envelope) (throttle.
 		permit, r := w.cfg.Gate.Admit(ctx, e.Dest, e.Tenant, "")
 		return permit, r, nil
 	}
-	cands := w.families.usable(e.Dest, w.cfg.Egress.Candidates(e.Tenant), w.now())
+	cands := w.families.usable(e.Dest, w.cfg.Egress.Candidates(e.Tenant, e.Dest), w.now())
 	var best throttle.Refusal
 	for i := range cands {
 		permit, r := w.cfg.Gate.Admit(ctx, e.Dest, e.Tenant, cands[i].String())
@@ -54,7 +54,7 @@ func (w *deliverer) probeSource(e *queue.Envelope) *sender.Source {
 	if w.cfg.Egress.Len() == 0 {
 		return nil
 	}
-	return &w.families.usable(e.Dest, w.cfg.Egress.Candidates(e.Tenant), w.now())[0]
+	return &w.families.usable(e.Dest, w.cfg.Egress.Candidates(e.Tenant, e.Dest), w.now())[0]
 }
 
 // otherFamily is called after an attempt from src found that e's

@@ -138,13 +138,24 @@ func newEgress(c *deliveryConfig, tenants map[string]tenantConfig) (*sender.Egre
 
 // sourceStatus is dest's state per egress address, for `dest status` of a
 // destination asked without a source; nil without egress addresses.
-func sourceStatus(t *throttle.Throttle, egress *sender.Egress, dest, source string) []throttle.DestStatus {
+func sourceStatus(t *throttle.Throttle, egress *sender.Egress, domain, dest, source string) []throttle.DestStatus {
 	if egress.Len() == 0 || source != "" {
 		return nil
 	}
+	domain = throttle.NormalizeDest(domain)
 	var out []throttle.DestStatus
 	for _, src := range egress.All() {
-		out = append(out, t.Snapshot(throttle.PairName(dest, src.String())))
+		st := t.Snapshot(throttle.PairName(dest, src.String()))
+		if domain != dest {
+			// One domain of a provider group: a suspension of the domain
+			// from this address (a block it answered, `dest suspend
+			// a.test@SOURCE`) holds its mail, though the group's pair is
+			// not suspended. Shown as the group's row showed nothing.
+			if own := t.Snapshot(throttle.PairName(domain, src.String())); own.Suspended && !st.Suspended {
+				st.Dest, st.Suspended, st.SuspendedTill, st.State.Reason = own.Dest, true, own.SuspendedTill, own.State.Reason
+			}
+		}
+		out = append(out, st)
 	}
 	return out
 }

@@ -57,7 +57,7 @@ func TestEgressConfig(t *testing.T) {
 	if err != nil || eg.Len() != 2 {
 		t.Fatalf("newEgress: %v", err)
 	}
-	if c := eg.Candidates("app"); len(c) != 1 || c[0].Addr.String() != "127.0.0.2" || c[0].EHLO != "o2.test" {
+	if c := eg.Candidates("app", "a.test"); len(c) != 1 || c[0].Addr.String() != "127.0.0.2" || c[0].EHLO != "o2.test" {
 		t.Errorf("app's pool: %v", c)
 	}
 	for _, bad := range []struct {

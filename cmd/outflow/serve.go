@@ -588,10 +588,10 @@ func learnedEventID(dest string) string {
 // group name, or DEST@SOURCE) with this worker's throttle.WorkerStatus as JSON.
 func serveDestStatus(q *queue.Queue, t *throttle.Throttle, workerID string, egress *sender.Egress) (func(), error) {
 	return q.ServeDestStatus(func(dest string) []byte {
-		name, source := throttle.SplitPair(strings.TrimSpace(dest))
-		name = t.Group(name)
+		domain, source := throttle.SplitPair(strings.TrimSpace(dest))
+		name := t.Group(domain)
 		st := t.Snapshot(throttle.PairName(name, source))
-		b, _ := json.Marshal(throttle.WorkerStatus{Worker: workerID, DestStatus: st, Sources: sourceStatus(t, egress, name, source)})
+		b, _ := json.Marshal(throttle.WorkerStatus{Worker: workerID, DestStatus: st, Sources: sourceStatus(t, egress, domain, name, source)})
 		return b
 	})
 }
