@@ -575,8 +575,14 @@ type MessageStatus struct {
 	// State is queued, deferred, throttled, unknown or dead while the
 	// message is stored; afterwards the last outcome: delivered, bounced,
 	// dropped, or dead and expired once a dead letter is purged.
-	State      string        `json:"state"`
-	NextAt     *time.Time    `json:"next_attempt_at,omitempty"`
+	State  string     `json:"state"`
+	NextAt *time.Time `json:"next_attempt_at,omitempty"`
+	// LastClass and LastReply say why a stored message waits: its last
+	// attempt's class and reply, or for one not tried yet the
+	// coordinator's reason ("local", "suspended: a.test@192.0.2.10:
+	// source blocked (…): 550 …"), which no event records.
+	LastClass  string        `json:"last_class,omitempty"`
+	LastReply  string        `json:"last_reply,omitempty"`
 	Recipients []string      `json:"recipients,omitempty"`
 	History    []queue.Event `json:"history"`
 }
@@ -644,6 +650,7 @@ func (s *Server) getMessage(w http.ResponseWriter, r *http.Request, key *KeyInfo
 	switch {
 	case it != nil:
 		st.Tenant, st.Dest, st.State, st.Recipients = it.Env.Tenant, it.Env.Dest, string(it.State), it.Env.Rcpts
+		st.LastClass, st.LastReply = it.Env.LastClass, it.Env.LastReply
 		// A delivered envelope's acknowledgement is not waited for (the
 		// SENT marker makes a lost one harmless), so for a moment it is
 		// still on the work lane behind its outcome: the outcome is the

@@ -360,6 +360,9 @@ func TestGetMessageFollowsItsEvents(t *testing.T) {
 	if got.status != 200 || got.json["state"] != "delivered" {
 		t.Fatalf("GET after delivery: %d %s", got.status, got.raw)
 	}
+	if _, ok := got.json["last_reply"]; ok {
+		t.Fatalf("a delivered message has a last reply: %s", got.raw)
+	}
 	hist, _ := got.json["history"].([]any)
 	if len(hist) != 2 {
 		t.Fatalf("history %s: want queued then delivered", got.raw)
@@ -910,5 +913,45 @@ func TestBuildIsStable(t *testing.T) {
 		if b, _ := build(req, date, "h.example", "seed"); !bytes.Equal(b, first) {
 			t.Fatalf("two builds of one request differ:\n%s\n---\n%s", first, b)
 		}
+	}
+}
+
+// TestGetMessageSaysWhyItWaits: a stored message's status carries its last
+// class and reply, here the coordinator's reason for holding it before any
+// attempt (a source address blocked by its destination), which no event
+// records: the history alone showed a queued message deferred for an
+// hour with no reason.
+func TestGetMessageSaysWhyItWaits(t *testing.T) {
+	f := newFixture(t, nil)
+	ids := f.do(t, "POST", "/v1/messages", f.key, map[string]any{"from": "a@src.example", "to": []string{"b@dst.example"}, "text": "hi"}, nil).ids(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ch, err := f.q.Messages(ctx, queue.LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d *queue.Delivery
+	select {
+	case d = <-ch:
+	case <-ctx.Done():
+		t.Fatal("no envelope")
+	}
+	next := d.Env.Clone()
+	next.LastClass, next.LastReply = "local", "suspended: dst.example@192.0.2.10: source blocked (source-listed): 554 5.7.1 listed"
+	if err := d.Reschedule(ctx, next, queue.LaneRetry, time.Now().Add(time.Hour), true); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		got := f.do(t, "GET", "/v1/messages/"+ids[0], f.key, nil, nil)
+		if got.json["state"] == "deferred" {
+			if got.json["last_class"] != "local" || got.json["last_reply"] != next.LastReply {
+				t.Fatalf("status of a held message: %s", got.raw)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never deferred: %s", got.raw)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
