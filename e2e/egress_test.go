@@ -58,6 +58,44 @@ func destSources(t *testing.T, d *daemon, dest string) map[string]map[string]any
 	return res
 }
 
+// twoEgress is the [[egress]] part of the tests' configs: 127.0.0.2 and
+// 127.0.0.3, each with an EHLO name of its own, for every tenant.
+const twoEgress = `
+[[egress]]
+address = "127.0.0.2"
+ehlo = "o2.outflow.test"
+
+[[egress]]
+address = "127.0.0.3"
+ehlo = "o3.outflow.test"
+`
+
+// startEgressDaemon starts outflow with config (TOML), delivering to the
+// MX hosts ns names, on port, and retrying within seconds; extra flags
+// come last.
+func startEgressDaemon(t *testing.T, config string, ns *fakedns.Server, port string, extra ...string) *daemon {
+	t.Helper()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "outflow.toml")
+	if err := os.WriteFile(conf, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return startDaemon(t, dir+"/data", append([]string{"--config", conf, "--users", writeUsers(t, dir), "--dns", ns.Addr,
+		"--mx-allow-loopback", "--smtp-port", port, "--retry-base", "500ms", "--retry-cap", "2s"}, extra...)...)
+}
+
+// sendEach submits n messages over c, one to each of prefix+"a"@dom,
+// prefix+"b"@dom, …, each with its address's local part as Message-ID.
+func sendEach(t *testing.T, c *smtp.Client, prefix, dom string, n int) {
+	t.Helper()
+	for i := range n {
+		id := prefix + string(rune('a'+i))
+		if err := submit(c, "app@sender.test", []string{id + "@" + dom}, message(id, "")); err != nil {
+			t.Fatalf("submit %s: %v", id, err)
+		}
+	}
+}
+
 // TestEgressAddresses sends from two egress addresses, 127.0.0.2 and
 // 127.0.0.3, through DNS to a fake MX on 127.0.0.30. The MX sees each
 // message from one of them with that address's EHLO name; an operator's
@@ -78,9 +116,7 @@ func TestEgressAddresses(t *testing.T) {
 	ns := fakedns.Start(t)
 	ns.MustAddZone(t, "eg.test", "@ MX 10 mx", "mx A 127.0.0.30")
 
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "outflow.toml")
-	if err := os.WriteFile(conf, []byte(`
+	d := startEgressDaemon(t, `
 [[egress]]
 address = "127.0.0.2"
 ehlo = "o2.outflow.test"
@@ -93,26 +129,13 @@ pool = "bulk"
 
 [tenants.app]
 egress-pool = "bulk"
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d := startDaemon(t, dir+"/data", "--config", conf, "--users", writeUsers(t, dir), "--dns", ns.Addr, "--mx-allow-loopback", "--smtp-port", port,
-		"--ratelimit-base", "500ms", "--ratelimit-min", "200ms", "--ratelimit-cap", "2s", "--retry-base", "500ms", "--retry-cap", "2s")
+`, ns, port, "--ratelimit-base", "500ms", "--ratelimit-min", "200ms", "--ratelimit-cap", "2s")
 	ehlo := map[string]string{"127.0.0.2": "o2.outflow.test", "127.0.0.3": "o3.outflow.test"}
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()
-	send := func(prefix string, n int) {
-		t.Helper()
-		for i := range n {
-			id := prefix + string(rune('a'+i))
-			if err := submit(c, "app@sender.test", []string{id + "@eg.test"}, message(id, "")); err != nil {
-				t.Fatalf("submit %s: %v", id, err)
-			}
-		}
-	}
 
 	// Both addresses in turn.
-	send("both", 4)
+	sendEach(t, c, "both", "eg.test", 4)
 	if err := mx.WaitForMessages(4, 60*time.Second); err != nil {
 		t.Fatalf("%v\n%s", err, d.Logs())
 	}
@@ -130,7 +153,7 @@ egress-pool = "bulk"
 		return s != nil && s["suspended"] == true
 	})
 	before := len(mx.Messages())
-	send("block", 4)
+	sendEach(t, c, "block", "eg.test", 4)
 	if err := mx.WaitForMessages(before+4, 60*time.Second); err != nil {
 		t.Fatalf("while 127.0.0.2 is blocked: %v\n%s", err, d.Logs())
 	}
@@ -159,7 +182,7 @@ egress-pool = "bulk"
 	})
 	throttleTwo.Store(true)
 	before = len(mx.Messages())
-	send("thr", 6)
+	sendEach(t, c, "thr", "eg.test", 6)
 	if err := mx.WaitForMessages(before+6, 90*time.Second); err != nil {
 		t.Fatalf("while 127.0.0.2 is throttled: %v\n%s", err, d.Logs())
 	}
@@ -202,34 +225,11 @@ func TestBlocklistedSourceIsSuspended(t *testing.T) {
 	mx := mxs[0]
 	ns := fakedns.Start(t)
 	ns.MustAddZone(t, "eg.test", "@ MX 10 mx", "mx A 127.0.0.30")
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "outflow.toml")
-	if err := os.WriteFile(conf, []byte(`
-[[egress]]
-address = "127.0.0.2"
-ehlo = "o2.outflow.test"
-
-[[egress]]
-address = "127.0.0.3"
-ehlo = "o3.outflow.test"
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d := startDaemon(t, dir+"/data", "--config", conf, "--users", writeUsers(t, dir), "--dns", ns.Addr, "--mx-allow-loopback", "--smtp-port", port,
-		"--retry-base", "500ms", "--retry-cap", "2s")
+	d := startEgressDaemon(t, twoEgress, ns, port)
 	ehlo := map[string]string{"127.0.0.3": "o3.outflow.test"}
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()
-	send := func(prefix string, n int) {
-		t.Helper()
-		for i := range n {
-			id := prefix + string(rune('a'+i))
-			if err := submit(c, "app@sender.test", []string{id + "@eg.test"}, message(id, "")); err != nil {
-				t.Fatalf("submit %s: %v", id, err)
-			}
-		}
-	}
-	send("first", 6)
+	sendEach(t, c, "first", "eg.test", 6)
 	if err := mx.WaitForMessages(6, 60*time.Second); err != nil {
 		t.Fatalf("%v\n%s", err, d.Logs())
 	}
@@ -255,7 +255,7 @@ ehlo = "o3.outflow.test"
 	// Later mail goes out from the other address without trying the
 	// blocked one.
 	before, tried := len(mx.Messages()), refused.Load()
-	send("later", 4)
+	sendEach(t, c, "later", "eg.test", 4)
 	if err := mx.WaitForMessages(before+4, 60*time.Second); err != nil {
 		t.Fatalf("%v\n%s", err, d.Logs())
 	}
@@ -285,24 +285,7 @@ func TestBlocklistedSourceInAProviderGroup(t *testing.T) {
 	ns.MustAddZone(t, "a.test", "@ MX 10 a-test.mail.protection.outlook.com.")
 	ns.MustAddZone(t, "b.test", "@ MX 10 b-test.mail.protection.outlook.com.")
 	ns.MustAddZone(t, "mail.protection.outlook.com", "a-test A 127.0.0.30", "b-test A 127.0.0.30")
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "outflow.toml")
-	if err := os.WriteFile(conf, []byte(`
-[[egress]]
-address = "127.0.0.2"
-ehlo = "o2.outflow.test"
-
-[[egress]]
-address = "127.0.0.3"
-ehlo = "o3.outflow.test"
-
-[throttle]
-group-by-mx = true
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d := startDaemon(t, dir+"/data", "--config", conf, "--users", writeUsers(t, dir), "--dns", ns.Addr, "--mx-allow-loopback", "--smtp-port", port,
-		"--retry-base", "500ms", "--retry-cap", "2s")
+	d := startEgressDaemon(t, twoEgress+"\n[throttle]\ngroup-by-mx = true\n", ns, port)
 	ehlo := map[string]string{"127.0.0.2": "o2.outflow.test", "127.0.0.3": "o3.outflow.test"}
 	c := dialAuth(t, d.SMTPAddr, testUser, testPassword)
 	defer c.Close()

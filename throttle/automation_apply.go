@@ -18,13 +18,7 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 	switch r.Action {
 	case ActionSuspend:
 		change = "suspend"
-		fn = func(s *DestState, _ time.Time) bool {
-			if !s.SuspendedUntil.Before(until) {
-				return false // already suspended at least as long
-			}
-			s.SuspendedUntil, s.Reason = until, reason
-			return true
-		}
+		fn = suspendTill(until, reason)
 		from = func(s DestState) string { return fmtUntil(s.SuspendedUntil, now) }
 		to = func(s DestState) string { return "suspended until " + s.SuspendedUntil.Format(time.RFC3339) }
 	case ActionRate:
@@ -105,6 +99,20 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 	t.enqueue(op{d: d, change: change, fn: fn, after: func(b, a DestState) {
 		t.transition(d.name, change, from(b), to(a), reason)
 	}})
+}
+
+// suspendTill is the state change of a suspension until until for reason,
+// made by a rule or a block of a source address (sourceblock.go): none
+// when the destination is already suspended at least as long, so that a
+// suspension is never shortened.
+func suspendTill(until time.Time, reason string) func(s *DestState, now time.Time) bool {
+	return func(s *DestState, _ time.Time) bool {
+		if !s.SuspendedUntil.Before(until) {
+			return false
+		}
+		s.SuspendedUntil, s.Reason = until, reason
+		return true
+	}
 }
 
 // narrow applies a rule's limit value until until to an override (value

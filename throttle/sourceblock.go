@@ -1,7 +1,6 @@
 package throttle
 
 import (
-	"strconv"
 	"strings"
 	"time"
 
@@ -40,13 +39,7 @@ func (t *Throttle) blockSource(d *dest, why classify.Result, now time.Time) {
 	// The classifier's rule: the worker's deferral adds "/other-source".
 	rule, _, _ := strings.Cut(why.Rule, "/")
 	reason := sourceBlockReason + rule + "): " + replyLine(why)
-	fn := func(s *DestState, _ time.Time) bool {
-		if !s.SuspendedUntil.Before(until) {
-			return false // already suspended at least as long
-		}
-		s.SuspendedUntil, s.Reason = until, reason
-		return true
-	}
+	fn := suspendTill(until, reason)
 	if !fn(&d.state, now) {
 		return
 	}
@@ -80,16 +73,10 @@ func (t *Throttle) SourceBlocked(domain, source string) bool {
 // bytes of links and tracking ids.
 const maxReasonReply = 160
 
-// replyLine is r as a reply line ("550 5.7.1 text"), cut at
+// replyLine is r as a reply line ("550 5.7.1 text", replyText), cut at
 // maxReasonReply bytes.
 func replyLine(r classify.Result) string {
-	line := r.Text
-	if r.Enhanced != "" {
-		line = r.Enhanced + " " + line
-	}
-	if r.Code != 0 {
-		line = strconv.Itoa(r.Code) + " " + line
-	}
+	line := replyText(r)
 	if len(line) > maxReasonReply {
 		cut := maxReasonReply
 		for cut > 0 && line[cut]&0xC0 == 0x80 { // not inside a UTF-8 sequence
