@@ -565,11 +565,13 @@ func TestAlertsLinkConsolePages(t *testing.T) {
 	}
 }
 
-// A bounce mailed back after delivery is no attempt: the retry timeline
-// is the one the attempts alone draw.
+// A bounce mailed back after delivery is no attempt, nor is a
+// suspension's refusal: the retry timeline is the one the attempts alone
+// draw.
 func TestTimelineLeavesOutLaterBounces(t *testing.T) {
 	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
-	attempts := []queue.Event{{Type: queue.EventDeferred, Time: t0}, {Type: queue.EventDelivered, Time: t0.Add(30 * time.Second)}}
+	attempts := []queue.Event{{Type: queue.EventDeferred, Time: t0, Attempt: 1, Reason: "451 4.3.0 try later", Decision: []byte(`{"attempt":1}`)},
+		{Type: queue.EventDelivered, Time: t0.Add(30 * time.Second), Attempt: 2}}
 	later := append(slices.Clone(attempts), queue.Event{Type: queue.EventBounced, Time: t0.Add(2 * time.Hour), Async: true})
 	want := timeline("m1", nil, attempts)
 	if want == "" {
@@ -577,6 +579,11 @@ func TestTimelineLeavesOutLaterBounces(t *testing.T) {
 	}
 	if got := timeline("m1", nil, later); got != want {
 		t.Fatal("a later bounce was drawn as an attempt")
+	}
+	held := slices.Insert(slices.Clone(attempts), 1, queue.Event{Type: queue.EventDeferred, Time: t0.Add(10 * time.Second),
+		Attempt: 1, Reason: "suspended: a.test: suspended by an operator"})
+	if got := timeline("m1", nil, held); got != want {
+		t.Fatal("a suspension's refusal was drawn as an attempt")
 	}
 }
 

@@ -241,8 +241,11 @@ func timeline(id string, it *queue.Item, evs []queue.Event) template.HTML {
 	for _, ev := range evs {
 		// One attempt can end in several events (some recipients
 		// delivered, others bounced), published together.
-		// A bounce mailed back later (Async) was no attempt.
-		if !attemptEvents[ev.Type] || ev.Async || ev.Time.Sub(last) < 50*time.Millisecond {
+		// A bounce mailed back later (Async) was no attempt, nor was a
+		// suspension's refusal (a deferred event without a decision
+		// record; every attempt's deferral has one).
+		if !attemptEvents[ev.Type] || ev.Async || (ev.Type == queue.EventDeferred && ev.Decision == nil) ||
+			ev.Time.Sub(last) < 50*time.Millisecond {
 			continue
 		}
 		last = ev.Time

@@ -1013,14 +1013,31 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 	}
 	w.cfg.Metrics.deferredTo(string(lane), e.ReadyAt())
 	next := e.Clone()
-	if r.Reason == "suspended" && r.Detail != "" && e.Attempt == 0 {
+	suspended := r.Reason == "suspended" && r.Detail != ""
+	switch {
+	case suspended && e.Attempt == 0:
 		// Not tried yet: `queue list` and the console say why it waits
 		// (a source blocked at another domain of the same address, an
 		// operator's suspension), where they showed a deferral with no
 		// reply at all. A tried message keeps its last reply.
 		next.LastClass, next.LastReply = "local", "suspended: "+r.Detail
+	case !suspended && e.Attempt == 0 && strings.HasPrefix(e.LastReply, "suspended: "):
+		// The suspension has ended: it no longer says why the message
+		// waits (a turn at the rate, a connection slot).
+		next.LastClass, next.LastReply = "", ""
 	}
-	return d.Reschedule(ctx, next, lane, w.serverTime(at), true)
+	if err := d.Reschedule(ctx, next, lane, w.serverTime(at), true); err != nil {
+		return err
+	}
+	if suspended && !w.droppedMeanwhile(ctx, d, "deferred") {
+		// The application hears that its mail waits, and why, as it
+		// does of a deferral after an attempt: once per refusal, which
+		// a suspension gives at most hourly (the throttle's
+		// maxSuspendRefusal). Other refusals come back within seconds
+		// and say nothing about the mail.
+		w.event(queue.EventDeferred, e, e.Attempt, e.Rcpts, "suspended: "+r.Detail, nil)
+	}
+	return nil
 }
 
 // dead moves the envelope to dead letters with its evidence and reason;

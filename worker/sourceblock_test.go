@@ -222,11 +222,52 @@ func (g *suspendedAfterGate) Admit(ctx context.Context, d, t, s string) (throttl
 	return g.suspendedGate.Admit(ctx, d, t, s)
 }
 
+// suspendedThenRateGate refuses the first attempt for a suspension that
+// ends at once, then every later one for a turn at the rate an hour ahead.
+type suspendedThenRateGate struct {
+	throttle.OpenGate
+	refused atomic.Int32
+}
+
+func (g *suspendedThenRateGate) Admit(context.Context, string, string, string) (throttle.Permit, throttle.Refusal) {
+	if g.refused.Add(1) == 1 {
+		return nil, throttle.Refusal{Until: time.Now().Add(100 * time.Millisecond), Reason: "suspended",
+			Detail: "blocks.test: suspended by an operator"}
+	}
+	return nil, throttle.Refusal{Until: time.Now().Add(time.Hour), Reason: "rate"}
+}
+
 // TestSuspendedMessageSaysWhy: a message held by a suspension before any
 // attempt shows the suspension as its last reply (queue list, the
-// console), where it showed a deferral with no reply at all. One that was
-// tried keeps the reply of its last attempt.
+// console), where it showed a deferral with no reply at all, and the
+// application hears of it in a deferred event. One that was tried keeps
+// the reply of its last attempt; once the suspension has ended, the
+// untried message no longer shows it.
 func TestSuspendedMessageSaysWhy(t *testing.T) {
+	t.Run("suspension ended", func(t *testing.T) {
+		e := newEnv(t, nil)
+		gate := &suspendedThenRateGate{}
+		e.startPool(func(c *Config) { c.Workers, c.Gate = 1, gate })
+		id := e.submit("bob@blocks.test")
+		e.waitEvent(id, queue.EventDeferred)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			it, err := e.q.Find(context.Background(), id)
+			if err == nil && gate.refused.Load() >= 2 && it.NextAt.After(time.Now().Add(30*time.Minute)) {
+				if it.Env.LastClass != "" || it.Env.LastReply != "" {
+					t.Fatalf("after the suspension: last class %q, reply %q, want none", it.Env.LastClass, it.Env.LastReply)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the held message: %+v, %v (refusals %d)", it, err, gate.refused.Load())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if n := countPrefix(e.events(id), queue.EventDeferred); n != 1 {
+			t.Fatalf("deferred events %d, want 1 (the suspension's only): %v", n, e.events(id))
+		}
+	})
 	t.Run("tried before", func(t *testing.T) {
 		e := newEnv(t, func(stage fakemx.Stage, _ string) *smtp.SMTPError {
 			if stage == fakemx.StageRcpt {
@@ -271,5 +312,14 @@ func TestSuspendedMessageSaysWhy(t *testing.T) {
 			t.Fatalf("no last reply on the held message within 30s (%v, %v)", it, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	evs := e.waitEvent(id, queue.EventDeferred)
+	for _, ev := range evs {
+		if ev.Type == queue.EventDeferred {
+			if ev.Reason != "suspended: blocks.test@127.0.0.2: source blocked (source-blocked): 554 5.7.1 listed" ||
+				ev.Attempt != 0 || len(ev.Recipients) != 1 || ev.Recipients[0] != "bob@blocks.test" {
+				t.Fatalf("the suspension's deferred event: %+v", ev)
+			}
+		}
 	}
 }
