@@ -53,8 +53,12 @@ type Egress struct {
 	pools    map[string][]Source
 	byTenant map[string]string
 	mu       sync.Mutex
-	next     map[string]uint64 // "pool\x00dest" -> the next turn
+	next     map[turnKey]uint64 // the next turn of each pool for each destination
 }
+
+// turnKey is a pool and a recipient domain (a key of Egress.next; a
+// struct, where a joined string cost an allocation on every attempt).
+type turnKey struct{ pool, dest string }
 
 // maxTurns bounds Egress.next: past it the turns start again from none
 // (one message per destination may then go from the first address twice
@@ -66,7 +70,7 @@ const maxTurns = 50000
 // has addresses. (Whether an address is on a local interface shows when
 // binding it; `outflow serve` tries that at start.)
 func NewEgress(entries []EgressEntry, tenantPools map[string]string) (*Egress, error) {
-	e := &Egress{pools: map[string][]Source{}, byTenant: map[string]string{}, next: map[string]uint64{}}
+	e := &Egress{pools: map[string][]Source{}, byTenant: map[string]string{}, next: map[turnKey]uint64{}}
 	seen := map[netip.Addr]bool{}
 	for _, en := range entries {
 		// ::ffff:192.0.2.10 is 192.0.2.10: one address, of family IPv4.
@@ -130,7 +134,7 @@ func (e *Egress) Candidates(tenant, dest string) []Source {
 	if len(list) == 0 {
 		return nil
 	}
-	key := pool + "\x00" + dest
+	key := turnKey{pool, dest}
 	e.mu.Lock()
 	if _, seen := e.next[key]; !seen && len(e.next) >= maxTurns {
 		clear(e.next)

@@ -269,3 +269,22 @@ func TestWrongFamily(t *testing.T) {
 		t.Error("WrongFamily set on a delivery")
 	}
 }
+
+// BenchmarkEgressCandidates: the round-robin turn every attempt from an
+// egress address takes (a lock and the per-destination counter).
+func BenchmarkEgressCandidates(b *testing.B) {
+	e, err := NewEgress([]EgressEntry{
+		{Source: Source{Addr: netip.MustParseAddr("127.0.0.2")}, Pool: "bulk"},
+		{Source: Source{Addr: netip.MustParseAddr("127.0.0.3")}, Pool: "bulk"},
+	}, map[string]string{"bob": "bulk"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	dests := []string{"gmail.com", "outlook.com", "yahoo.com", "example.org"}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if len(e.Candidates("bob", dests[i%len(dests)])) != 2 {
+			b.Fatal("two candidates")
+		}
+	}
+}
