@@ -1,9 +1,12 @@
 package queue
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,6 +84,14 @@ type Envelope struct {
 	// in front of it (Submission.Frame); nil otherwise. data encodes the
 	// envelope there instead of copying Body.
 	frame []byte
+	// unknown holds the top-level members of the JSON this envelope was
+	// decoded from that this release does not know (a later release's
+	// fields, met in a rolling upgrade or after a rollback), each as
+	// `,"key":value`, so that writing the envelope again (a deferral, a
+	// hold, a dead letter) keeps them for the release that knows them.
+	// Nil for envelopes of this release. Members inside history entries
+	// or the DSN parameters are not kept.
+	unknown []byte
 	// Signed is set once the body carries outflow's DKIM signature.
 	// Retries send the signed bytes unchanged. In the Object Store the
 	// signed copy has its own name and the unsigned original stays under
@@ -452,7 +463,56 @@ func unmarshalEnvelope(data []byte, e *Envelope) error {
 		return nil
 	}
 	*e = Envelope{}
-	return json.Unmarshal(data, e)
+	if err := json.Unmarshal(data, e); err != nil {
+		return err
+	}
+	e.unknown = unknownMembers(data)
+	return nil
+}
+
+// envelopeKeys are the JSON names of Envelope's fields.
+var envelopeKeys = func() []string {
+	var keys []string
+	t := reflect.TypeFor[Envelope]()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			keys = append(keys, name)
+		}
+	}
+	return keys
+}()
+
+// unknownMembers returns the top-level members of the JSON object data
+// that json.Unmarshal matched to no field of Envelope (it matches names
+// without regard to case), compacted, in key order, each as
+// `,"key":value`; nil when there are none.
+func unknownMembers(data []byte) []byte {
+	var all map[string]json.RawMessage
+	if json.Unmarshal(data, &all) != nil {
+		return nil
+	}
+	var keys []string
+	for k := range all {
+		if !slices.ContainsFunc(envelopeKeys, func(n string) bool { return strings.EqualFold(n, k) }) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	var b bytes.Buffer
+	for _, k := range keys {
+		kb, _ := json.Marshal(k)
+		b.WriteByte(',')
+		b.Write(kb)
+		b.WriteByte(':')
+		if json.Compact(&b, all[k]) != nil {
+			return nil
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	return b.Bytes()
 }
 
 // headerReader reads typed headers in a row and keeps the first error,

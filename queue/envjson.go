@@ -82,13 +82,14 @@ func (e *Envelope) appendJSON(b []byte) (_ []byte, ok bool) {
 	if e.ListUnsubscribe {
 		b = append(b, `,"list_unsubscribe":true`...)
 	}
+	b = append(b, e.unknown...) // a later release's fields, kept (Envelope.unknown)
 	return append(b, '}'), true
 }
 
 // jsonSizeHint is a generous guess at the length of e's JSON, so that
 // data allocates its buffer once.
 func (e *Envelope) jsonSizeHint() int {
-	n := 320 + len(e.ID) + len(e.MsgID) + len(e.Tenant) + len(e.From) + len(e.Dest) + len(e.Group) + len(e.BodyRef) + len(e.MessageID) + len(e.Source)
+	n := 320 + len(e.unknown) + len(e.ID) + len(e.MsgID) + len(e.Tenant) + len(e.From) + len(e.Dest) + len(e.Group) + len(e.BodyRef) + len(e.MessageID) + len(e.Source)
 	for _, r := range e.Rcpts {
 		n += len(r) + 3
 	}
