@@ -19,6 +19,9 @@
 // lost and nothing is sent twice because of our own retry. Deferred envelopes
 // are ordinary stored messages (JetStream message schedules), never
 // NAK-with-delay, so ack-pending holds only what is really in flight.
+// Each of those steps writes the envelope again; the top-level JSON fields
+// of a release that knows more than this one are kept as they came
+// (Envelope.unknown), so workers of two releases can share the lanes.
 //
 // "Acknowledged by JetStream" is not "on disk" on a single server: with
 // --durability disk, each of those writes also waits for a group-committed
