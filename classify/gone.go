@@ -79,13 +79,19 @@ var providerAddressRules = map[string]bool{
 }
 
 // notAboutTheAddress are words that put a refusal on something other than
-// the address: the sending address or domain, the sending account ("message
-// sending for this account is disabled", "you have exceeded your quota":
-// the account is ours, not the recipient's), the message, its
-// authentication, a limit.
+// the address: the sending address or domain, also in the words of other
+// languages ("sender" is in German's "Absender") and of the envelope
+// ("Expéditeur inconnu", "Remitente desconocido", "MAIL FROM address
+// unknown": sender-refused reads English only and the 5.1.x in front of them
+// scopes them to the recipient, who must not be suppressed for them), the
+// sending account ("message sending for this account is disabled", "you
+// have exceeded your quota": the account is ours, not the recipient's), the
+// message, its authentication, a limit.
 var notAboutTheAddress = []string{
 	"spam", "block", "listed", "blacklist", "reputation", "policy",
 	"spf", "dkim", "dmarc", "authenticat", "sender", "relay access", "relaying",
+	"emetteur", "émetteur", "expediteur", "expéditeur", "remitente", "mittente",
+	"mail from", "envelope from", "from address", "return-path",
 	"sending", "outgoing", "your account", "you have exceeded", "you've reached", "you have reached",
 	"quota", "limit", "too many", "mailbox full", "is full", "storage",
 	"message size", "too large",

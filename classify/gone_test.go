@@ -36,6 +36,17 @@ func TestAddressGone(t *testing.T) {
 		{"550 5.2.0 Message rejected due to DMARC", StageDataEnd, false},
 		{"550 4.2.1 Mailbox disabled temporarily", StageRcpt, false},
 		{"550 5.1.1 <bob@dest.example>: Recipient address rejected: blocked by policy", StageRcpt, false},
+		// A refusal of our sender, at RCPT under an address code, in
+		// other words than sender-refused reads: the recipient stays.
+		{"550 5.1.1 Absender unbekannt", StageRcpt, false},
+		{"550 5.1.1 Expéditeur inconnu", StageRcpt, false},
+		{"550 5.1.1 Remitente desconocido", StageRcpt, false},
+		{"550 5.1.1 Mittente sconosciuto", StageRcpt, false},
+		{"550 5.1.1 MAIL FROM address unknown", StageRcpt, false},
+		// And in the words sender-refused reads: scoped to the message.
+		{"550 5.1.1 Emetteur invalide", StageRcpt, false},
+		{"553 5.1.0 <bounce@shop.example>: Sender address rejected: not owned by user", StageRcpt, false},
+		{"550 coolexample.com From: Domain is invalid. Provide a valid From: IB506", StageRcpt, false},
 	} {
 		in := Parse(tc.reply)
 		in.Stage = tc.stage

@@ -30,8 +30,10 @@ func TestFiveHundredThatMeansSlowDown(t *testing.T) {
 		Throttled, ScopeTenant, "gmail-daily-sending-limit")
 	check(t, Input{Raw: "550 Ip frequency limited [V2VkIEFw Blocked IP 192.0.2.22]. http://service.mail.qq.com/cgi-bin/help?subtype=1&&id=20022&&no=1000725"},
 		Throttled, ScopeDestination, "qq-frequency-limited")
+	// The sending address's frequency is that sender's (one tenant's):
+	// QQ's rate is not cut for every tenant.
 	check(t, Input{Raw: "550 Sender frequency limited. http://service.exmail.qq.com/cgi-bin/help?subtype=1&&id=20022&&no=1000723"},
-		Throttled, ScopeDestination, "qq-frequency-limited")
+		Throttled, ScopeTenant, "qq-sender-frequency-limited")
 }
 
 // A 4xx can say it will never succeed: Yahoo's [TS03] permanent deferral,
@@ -312,11 +314,13 @@ func TestFiveHundredWithRateSignalIsThrottled(t *testing.T) {
 	for _, raw := range []string{
 		"550 5.7.1 This email has been rate limited.",
 		"554 Sending too fast, slow down",
-		"550 Too many messages from this sender in last 60 minutes",
 		"552 5.7.1 Sender exceeded the number of messages per hour",
 	} {
 		check(t, Input{Raw: raw}, Throttled, 0, "rate-signal")
 	}
+	// A rate of one sending address is that sender's, one tenant's: a
+	// throttle, but not of the whole destination.
+	check(t, Input{Raw: "550 Too many messages from this sender in last 60 minutes"}, Throttled, ScopeTenant, "sender-rate")
 	// A size limit says "limit exceeded" too, and is not a rate.
 	check(t, Input{Raw: "552 5.2.2 Mailbox size limit exceeded"}, Permanent, ScopeRecipient, "")
 	// Nor is a span of time alone: a mailbox unused in the last year is

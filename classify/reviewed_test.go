@@ -170,8 +170,11 @@ var reviewedGuards = []replyCase{
 	{"451 4.7.700 Access denied, please try again later", StageRcpt, Transient, 0, "rfc3463-transient"},
 	{"451 4.7.849 Access denied, please try again later", StageRcpt, Transient, 0, "rfc3463-transient"},
 	{"550 5.7.550 Access denied", StageRcpt, Permanent, 0, ""},
-	{"550 5.1.0 sender rejected AUP#I-1350", StageRcpt, Permanent, ScopeRecipient, "rfc3463-bad-recipient"},
-	{"550 5.1.0 sender rejected AUP#I-1010", StageRcpt, Permanent, ScopeRecipient, "rfc3463-bad-recipient"},
+	// Outside Spectrum's table, "sender rejected" is a refusal of our
+	// sender, for the whole message, not of the recipient at whose RCPT it
+	// came (sender-refused).
+	{"550 5.1.0 sender rejected AUP#I-1350", StageRcpt, Permanent, ScopeMessage, "sender-refused"},
+	{"550 5.1.0 sender rejected AUP#I-1010", StageRcpt, Permanent, ScopeMessage, "sender-refused"},
 	{"554 cmsmtp 192.0.2.1 IP blocked. AUP#CXBL", StageConnect, Permanent, 0, ""},
 	{"554 DT:SPM 163 mx2,please see http://mail.163.com/help/help_spam_16.htm", StageDataEnd, Permanent, 0, ""},
 	{"550 Your reference is XHL:ICC2", StageDataEnd, Permanent, 0, "permanent"},

@@ -124,8 +124,8 @@ func TestEmbeddedRulesAreUsed(t *testing.T) {
 	for _, file := range append(allCorpusFiles, "testdata/extra-replies.tsv") {
 		for _, row := range readReplies(t, file) {
 			res := c.Classify(Input{Raw: row.text})
-			if file == "testdata/extra-replies.tsv" && res.Class != row.class {
-				t.Errorf("%s:%d: class %s (rule %s), want %s", file, row.line, res.Class, res.Rule, row.class)
+			if file == "testdata/extra-replies.tsv" && (res.Class != row.class || res.Scope != row.scope) {
+				t.Errorf("%s:%d: %s/%s (rule %s), want %s/%s", file, row.line, res.Class, res.Scope, res.Rule, row.class, row.scope)
 			}
 			used[res.Rule] = true
 			used[c.Classify(Input{Raw: row.text, Stage: StageRcpt}).Rule] = true

@@ -154,11 +154,17 @@ func TestValidationSplit(t *testing.T) {
 	for _, r := range append(unsafe, uunsafe...) {
 		t.Errorf("retryable reply called permanent (%s, want %s): %s", r.provider, r.class, r.text)
 	}
+	// The scope is not part of the figure: every row's was set by a
+	// review of that row (what the reply is about), and each must hold,
+	// held out or not.
+	for _, m := range scopeMisses(Default(), held) {
+		t.Error(m)
+	}
 }
 
 // TestTrainingSplit reports agreement on the rows the rules and the model
 // were written from; a drop here is a regression, not a generalization
-// question.
+// question. Every row must also get its expected scope.
 func TestTrainingSplit(t *testing.T) {
 	train, _ := split(t)
 	got, misses, unsafe := agreement(Default(), train)
@@ -169,5 +175,8 @@ func TestTrainingSplit(t *testing.T) {
 	}
 	for _, r := range unsafe {
 		t.Errorf("retryable reply called permanent (%s): %s", r.provider, r.text)
+	}
+	for _, m := range scopeMisses(Default(), train) {
+		t.Error(m)
 	}
 }

@@ -34,7 +34,7 @@ const maxPhrases = 1 << 16
 
 // stackWords is the size, in 64-bit words, of the bit sets Classify keeps
 // on the stack (the phrases found, the candidate rules): up to 1,024
-// phrases and rules it does not allocate. The embedded rules have 513
+// phrases and rules it does not allocate. The embedded rules have 566
 // phrases: with room for 512 (8 words), every classification allocated
 // its sets, and an operator's rules file only adds to them.
 const stackWords = 16

@@ -51,3 +51,85 @@ func TestScopesOfUnseenReplies(t *testing.T) {
 		}
 	}
 }
+
+// TestScopesOfTheCorpusReview: replies of the corpus (or their published
+// shape) whose scope a review of every row found wrong, each at the stage it
+// comes at, and the guards beside them. A refusal of our sender was scoped
+// to the recipient (by 5.1.0, or by the RCPT it came at), so the recipient
+// bounced alone; an IP's block read as the message's; one tenant's domain,
+// sender address or DMARC slowed a destination for every tenant; one
+// mailbox's delivery threads slowed its whole destination.
+func TestScopesOfTheCorpusReview(t *testing.T) {
+	c := Default()
+	rows := []struct {
+		reply string
+		stage Stage
+		class Class
+		scope Scope
+		rule  string
+	}{
+		// sender-refused
+		{"553 5.1.0 <bounce@example.com>: Sender address rejected: not owned by user", StageMail, Permanent, ScopeMessage, "sender-refused"},
+		{"550 5.1.0 <bounce@example.com>... Sender address rejected", StageRcpt, Permanent, ScopeMessage, "sender-refused"},
+		{"501 5.1.0 Emetteur invalide. Invalid Sender. OFR004_405 [405]", StageMail, Permanent, ScopeMessage, "sender-refused"},
+		{"550 Sender verify failed", StageRcpt, Permanent, ScopeMessage, "sender-refused"},
+		{"550 5.1.0 <bounce@example.com> sender rejected", StageRcpt, Permanent, ScopeMessage, "sender-refused"},
+		// ... not a code another rule retries, nor 5.1.8, nor the recipient.
+		{"550 4.1.8 <bounce@example.com>: Sender address rejected: Domain not found", StageRcpt, Transient, ScopeRecipient, "enhanced-class-4-in-5xx"},
+		{"553 5.1.8 <bounce@example.com>: Sender address rejected: Domain not found", StageMail, Permanent, ScopeMessage, "rfc3463-bad-sender"},
+		{"550 5.1.0 <bob@dest.example>: Recipient address rejected: User unknown in local recipient table", StageRcpt, Permanent, ScopeRecipient, "user-unknown"},
+		{"550 5.1.0 Address rejected.", StageRcpt, Permanent, ScopeRecipient, "rfc3463-bad-recipient"},
+		{"530 5.7.0 Sender address rejected: authentication required", StageMail, Permanent, ScopeMessage, "rfc3463-permanent"},
+		// godaddy-sender-refused
+		{"550 coolexample.com From: Domain is invalid. Provide a valid From: IB506", StageRcpt, Permanent, ScopeMessage, "godaddy-sender-refused"},
+		{"550 jane@coolexample.com Blank From: addresses are not allowed. Provide a valid From. IB501", StageRcpt, Permanent, ScopeMessage, "godaddy-sender-refused"},
+		// message-refused-with-address-code
+		{"550 5.2.0 Mail rejete. Mail rejected. ofr_506 [506]", StageDataEnd, Permanent, ScopeMessage, "message-refused-with-address-code"},
+		{"550 5.2.0 Message rejected due to DMARC. Please see http://postmaster.comcast.net/smtp-error-codes.php#DM000001", StageDataEnd, Permanent, ScopeMessage, "message-refused-with-address-code"},
+		{"550 5.2.0 Message Filtered", StageDataEnd, Permanent, ScopeMessage, "message-refused-with-address-code"},
+		{"550 5.2.0 <example@comcast.net> - Recipient unavailable", StageRcpt, Permanent, ScopeRecipient, "rfc3463-mailbox-status"},
+		// source-blocked: the sending IP in other words
+		{"550 5.7.1 Service unavailable; client [mail.example.net] blocked using prs.proofpoint.com", StageRcpt, Permanent, ScopeSource, "source-blocked"},
+		{"553 5.7.1 [BL23] Connections not accepted from IP addresses on Spamhaus XBL; see http://postmaster.yahoo.com/errors/550-bl23.html", StageMail, Permanent, ScopeSource, "source-blocked"},
+		{"550 5.7.708 Access denied, traffic not accepted from this IP.", StageRcpt, Permanent, ScopeSource, "source-blocked"},
+		{"550 <example@web.de>: Reject due to policy restrictions (IP based)", StageRcpt, Permanent, ScopeSource, "source-blocked"},
+		{"550 <example@web.de>: Reject due to policy restrictions (header based)", StageDataEnd, Permanent, ScopeMessage, "permanent"},
+		{"550 5.7.510 Access denied, contoso.com does not accept email over IPv6", StageRcpt, Permanent, ScopeSource, "source-blocked"},
+		// relay-account-state's guard and source-blocked
+		{"550-5.7.1 The IP you're using to send mail is not authorized to send email directly to our servers. Please use the SMTP relay at your service provider instead.", StageRcpt, Permanent, ScopeSource, "source-blocked"},
+		{"550 5.7.1 You are not authorized to send as this sender", StageMail, Permanent, ScopeTenant, "relay-account-state"},
+		// gmx-service-refused's guard
+		{"554-gmx.net (mxgmx114) Nemesis ESMTP Service not available 554-No SMTP service 554 IP address is block listed.", StageGreeting, Permanent, ScopeSource, "source-blocked"},
+		{"554 gmx.net (mxgmx114) Nemesis ESMTP Service not available", StageGreeting, Permanent, ScopeDestination, "gmx-service-refused"},
+		// apple-policy-block
+		{"550 5.7.1 [CS01] Message rejected due to local policy. Please visit https://support.apple.com/en-us/HT204137", StageDataEnd, Permanent, ScopeMessage, "apple-policy-block"},
+		// recipient-receiving-rate
+		{"432 4.3.2 STOREDRV.Deliver; recipient thread limit exceeded", StageDataEnd, Throttled, ScopeRecipient, "recipient-receiving-rate"},
+		// sender-rate
+		{"450 4.7.1 <account@domain.com>: Sender address rejected: Deferring: Too many messages from sender in last 60", StageRcpt, Throttled, ScopeTenant, "sender-rate"},
+		{"450 4.7.1 Error: too many recipients from 192.0.2.1", StageRcpt, Throttled, ScopeDestination, "rate-signal"},
+		// qq-sender-frequency-limited
+		{"550 Sender frequency limited. http://service.exmail.qq.com/cgi-bin/help?subtype=1&&id=20022&&no=1000723", StageMail, Throttled, ScopeTenant, "qq-sender-frequency-limited"},
+		{"550 Ip frequency limited [V2VkIEFw Blocked IP 192.0.2.22]. http://service.mail.qq.com/cgi-bin/help?subtype=1&&id=20022&&no=1000725", StageMail, Throttled, ScopeDestination, "qq-frequency-limited"},
+		// gmail-auth-rate-limited without the basic code
+		{"4.7.32 This mail has been rate limited because there is no DMARC alignment", StageUnknown, Throttled, ScopeTenant, "gmail-auth-rate-limited"},
+		// gmail-domain-rate-4.7.28 and its guard
+		{"421 4.7.28 Gmail has detected an unusual rate of unsolicited email originating from your SPF domain example.com. To protect our users from spam, email sent from your domain has been temporarily rate limited.", StageDataEnd, Throttled, ScopeTenant, "gmail-domain-rate-4.7.28"},
+		{"421 4.7.28 Gmail has detected an unusual rate of unsolicited email originating from your DKIM domain example.com.", StageDataEnd, Throttled, ScopeTenant, "gmail-domain-rate-4.7.28"},
+		{"421 4.7.28 Gmail has detected an unusual rate of unsolicited email originating from your IP address 192.0.2.1.", StageDataEnd, Throttled, ScopeDestination, "gmail-rate-4.7.28"},
+		// gmail-domain-reputation and its guard
+		{"421 4.7.0 [192.0.2.1] Our system has detected that this message is suspicious due to the very low reputation of the sending domain. To best protect our users from spam, the message has been blocked.", StageDataEnd, Throttled, ScopeTenant, "gmail-domain-reputation"},
+		{"421 4.7.0 This message is suspicious due to the very low reputation of the sending IP address. To protect our users from spam, email sent from your IP address has been rate limited.", StageDataEnd, Throttled, ScopeDestination, "gmail-low-reputation"},
+	}
+	for _, row := range rows {
+		in := Parse(row.reply)
+		in.Stage = row.stage
+		r := c.Classify(in)
+		if r.Class != row.class || r.Scope != row.scope || r.Rule != row.rule {
+			t.Errorf("%q at %s: %s/%s (%s), want %s/%s (%s)", row.reply, row.stage, r.Class, r.Scope, r.Rule, row.class, row.scope, row.rule)
+		}
+		if row.scope != ScopeRecipient && r.AddressGone(row.stage) {
+			t.Errorf("%q at %s: AddressGone", row.reply, row.stage)
+		}
+	}
+}
