@@ -1008,8 +1008,10 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 		ev = ev.Str("detail", r.Detail)
 	}
 	ev.Time("next_attempt_at", at).Msg("coordinator refused; deferred without an attempt")
-	if err := w.passDeferred(ctx, e); err != nil {
-		return err
+	if longRefusal(r.Reason) {
+		if err := w.passDeferred(ctx, e); err != nil {
+			return err
+		}
 	}
 	w.cfg.Metrics.deferredTo(string(lane), e.ReadyAt())
 	next := e.Clone()
@@ -1038,6 +1040,22 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 		w.event(queue.EventDeferred, e, e.Attempt, e.Rcpts, "suspended: "+r.Detail, nil)
 	}
 	return nil
+}
+
+// longRefusal says whether a refusal's reason keeps an envelope from its
+// destination for longer than a moment: a suspension or an open breaker,
+// which end its share of the message's first pass (passDeferred) so that
+// its siblings' notice is not held. A turn at the rate, a connection slot
+// or the first-contact window comes back within seconds, as in a fleet
+// splitting `learn-initial` most parts' first admissions do: ending the
+// pass there sent a sender one notice per domain instead of one. A long
+// wait at the rate is the pass deadline's (`dsn-pass-timeout`).
+func longRefusal(reason string) bool {
+	switch reason {
+	case "suspended", "breaker-open", "breaker-half-open":
+		return true
+	}
+	return false
 }
 
 // dead moves the envelope to dead letters with its evidence and reason;

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/throttle"
 )
 
 // submitParts submits one SMTP message and returns every part's id.
@@ -88,6 +90,55 @@ func TestMultiPartFailuresShareOneDSN(t *testing.T) {
 	}
 	if len(reasons) != 2 || reasons[0] != reasons[1] || !strings.HasPrefix(reasons[0], "failed notice k") {
 		t.Fatalf("dsn events %q", reasons)
+	}
+}
+
+// windowOnceGate refuses each destination's first admission for the
+// first-contact window, as a worker of a fleet splitting learn-initial
+// does, then admits.
+type windowOnceGate struct {
+	throttle.OpenGate
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func (g *windowOnceGate) Admit(ctx context.Context, dest, tenant, source string) (throttle.Permit, throttle.Refusal) {
+	g.mu.Lock()
+	first := !g.seen[dest]
+	if g.seen == nil {
+		g.seen = map[string]bool{}
+	}
+	g.seen[dest] = true
+	g.mu.Unlock()
+	if first {
+		return nil, throttle.Refusal{Until: time.Now().Add(100 * time.Millisecond), Reason: "window"}
+	}
+	return g.OpenGate.Admit(ctx, dest, tenant, source)
+}
+
+// TestMomentaryRefusalKeepsThePass: a part refused for a moment (the
+// first-contact window) has not had its first pass; both parts' failures
+// are one report. Ending the pass at such a refusal sent one report per
+// domain.
+func TestMomentaryRefusalKeepsThePass(t *testing.T) {
+	e := newEnv(t, bounceGone)
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	gate := &windowOnceGate{}
+	e.startPool(func(c *Config) { c.DSN, c.Gate = dsnConfig(m), gate })
+	ids := e.submitParts("gone@dest.test", "gone@other.test")
+	for _, id := range ids {
+		e.waitEvent(id, queue.EventBounced)
+	}
+	waitUntil(t, "the report at the MX", func() bool { return len(reports(e.mx)) >= 1 })
+	waitUntil(t, "the queue empty", func() bool {
+		items, err := e.q.List(context.Background(), queue.Filter{})
+		return err == nil && len(items) == 0
+	})
+	if n := counterValue(m.Sent.WithLabelValues("failed")); n != 1 || len(reports(e.mx)) != 1 {
+		t.Fatalf("%v failed notices queued, %d reports at the MX; want one listing both", n, len(reports(e.mx)))
+	}
+	if got := finalRcpts(reports(e.mx)[0].Data); strings.Join(got, ",") != "gone@dest.test,gone@other.test" {
+		t.Fatalf("report lists %v", got)
 	}
 }
 
