@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -200,6 +201,59 @@ func (r *remoteSyncer) Sync(ctx context.Context, streams ...string) error {
 	}
 	return err
 }
+
+// storedAcrossRestart is Enqueue's answer to ErrSyncUnanswered: the
+// daemon that fsyncs the server's store stopped answering after the server
+// had acknowledged the envelopes, so it is restarting, and it stops (or
+// crashes) with its server. Answered at once, the client was told 451 for
+// a message its server had taken and then delivered, and sent it again: a
+// duplicate for each submission caught in a restart of the fleet's
+// embedded server. So Enqueue waits, within its deadline, for a daemon to
+// answer again (nats.go reconnects to the restarted server meanwhile),
+// has it sync the streams, and then looks for each envelope: stored
+// (waiting in a lane, or delivered or bounced already, which leaves its
+// SENT marker), the message was on disk when the sync returned and is
+// accepted; one missing, lost with the old server's page cache, or no
+// daemon back in time, and the caller answers as before (ErrMaybeStored).
+func (q *Queue) storedAcrossRestart(ctx context.Context, streams []string, ids []string) bool {
+	started := time.Now()
+	tick := time.NewTicker(syncAgainEvery)
+	defer tick.Stop()
+	for {
+		actx, cancel := context.WithTimeout(ctx, syncAgainEvery*4)
+		q.count(OpSync)
+		answered, err := askSync(actx, q.nc, streams...)
+		cancel()
+		if answered {
+			if err != nil {
+				return false
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+	for _, id := range ids {
+		if _, err := q.Find(ctx, id); err == nil {
+			continue
+		} else if !errors.Is(err, ErrNotFound) {
+			return false
+		}
+		if _, found, err := q.lastMatching(ctx, OpSentGet, sentStreamName, sentSubject(id)+".*"); err != nil || !found {
+			return false
+		}
+	}
+	q.log.Info().Strs("ids", ids).Dur("waited", time.Since(started)).
+		Msg("the daemon that syncs the store answered again after its restart, and the message is stored: accepted")
+	return true
+}
+
+// syncAgainEvery is how often storedAcrossRestart asks whether a daemon
+// syncs again.
+const syncAgainEvery = 250 * time.Millisecond
 
 // flights runs one call per key at a time; callers that arrive while one
 // runs wait for it and share its result.

@@ -224,7 +224,9 @@ func (q *Queue) Enqueue(ctx context.Context, s *Submission) ([]string, error) {
 		streams = append(streams, sentStreamName)
 	}
 	if err := q.durable(ctx, streams...); err != nil {
-		return nil, maybeStored(fmt.Errorf("queue envelope: %w", err))
+		if !errors.Is(err, ErrSyncUnanswered) || !q.storedAcrossRestart(ctx, streams, ids) {
+			return nil, maybeStored(fmt.Errorf("queue envelope: %w", err))
+		}
 	}
 	// Counted until the next look at the store reads it (StoreRoom.charge):
 	// the bodies, once or in each envelope, and some for the envelopes.

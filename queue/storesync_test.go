@@ -728,6 +728,101 @@ func TestRemoteSyncUnansweredAfterAnswers(t *testing.T) {
 	}
 }
 
+// TestEnqueueWaitsOutTheSyncingDaemonsRestart: a worker of a fleet
+// stores through another daemon's embedded server, which that daemon
+// fsyncs. When the daemon restarts, its sync responder goes before its
+// server stops taking writes: a submission the server acknowledged in that
+// window was answered 451 "not accepted", and then delivered, and its
+// client sent it again. Now Enqueue waits for a daemon to answer again and
+// accepts the message when it is still stored; one lost with the server,
+// or no daemon back within the deadline, is answered as before.
+func TestEnqueueWaitsOutTheSyncingDaemonsRestart(t *testing.T) {
+	q, _ := startQueueWith(t, Options{RemoteSync: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	respond := func() *nats.Subscription {
+		sub, err := q.nc.Subscribe(subjSync, func(m *nats.Msg) { _ = m.Respond(nil) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := q.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		return sub
+	}
+	gone := func(sub *nats.Subscription) {
+		if err := sub.Unsubscribe(); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub := &Submission{Tenant: "t", From: "a@b.example", Rcpts: []string{"r@d.example"}, Body: []byte("Subject: x\r\n\r\nx\r\n")}
+	daemon := respond()
+	if _, err := q.Enqueue(ctx, sub); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		ids []string
+		err error
+	}
+	// enqueueWhileRestarting starts an Enqueue with the daemon gone and
+	// returns once Enqueue has asked again at least twice.
+	enqueueWhileRestarting := func(ctx context.Context) <-chan result {
+		before := q.Ops()["sync"]
+		done := make(chan result, 1)
+		go func() {
+			ids, err := q.Enqueue(ctx, sub)
+			done <- result{ids, err}
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for q.Ops()["sync"] < before+3 {
+			if time.Now().After(deadline) {
+				t.Fatal("Enqueue did not ask again for a sync")
+			}
+			select {
+			case r := <-done:
+				t.Fatalf("Enqueue returned while no daemon syncs: %v, %v", r.ids, r.err)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		return done
+	}
+
+	t.Run("back and stored", func(t *testing.T) {
+		gone(daemon)
+		done := enqueueWhileRestarting(ctx)
+		daemon = respond()
+		r := <-done
+		if r.err != nil {
+			t.Fatalf("the daemon back, the envelope stored: %v, want accepted", r.err)
+		}
+		if _, err := q.Find(ctx, r.ids[0]); err != nil {
+			t.Fatalf("the accepted envelope: %v", err)
+		}
+	})
+	t.Run("back and lost", func(t *testing.T) {
+		gone(daemon)
+		done := enqueueWhileRestarting(ctx)
+		if err := q.lanes[LaneWork].Purge(ctx); err != nil { // lost with the old server's page cache
+			t.Fatal(err)
+		}
+		daemon = respond()
+		if r := <-done; !errors.Is(r.err, ErrMaybeStored) {
+			t.Fatalf("the envelope lost: %v, %v, want ErrMaybeStored", r.ids, r.err)
+		}
+	})
+	t.Run("not back in time", func(t *testing.T) {
+		gone(daemon)
+		short, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if r := <-enqueueWhileRestarting(short); !errors.Is(r.err, ErrSyncUnanswered) || !errors.Is(r.err, ErrMaybeStored) {
+			t.Fatalf("no daemon within the deadline: %v, %v, want ErrSyncUnanswered and ErrMaybeStored", r.ids, r.err)
+		}
+	})
+}
+
 // The process out of file descriptors for a moment (the SMTP listener's
 // sessions hold them) does not fail the group commit after the server has
 // the writes: the opens for the fsyncs are tried again, and the
