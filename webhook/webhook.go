@@ -46,9 +46,14 @@ func replaySubject(endpoint string) string { return queue.EventKeySubject(EventR
 // SecretPrefix starts every signing secret (Standard Webhooks).
 const SecretPrefix = "whsec_"
 
-// DefaultEvents are the event types an endpoint receives when it names none.
+// DefaultEvents are the event types an endpoint receives when it names
+// none: every outcome that ends or changes a recipient's story, dropped
+// (the API's DELETE, an operator's `queue drop`) among them, without which
+// an application that follows its mail by webhooks waited for ever on a
+// message the API already called dropped.
 var DefaultEvents = []string{queue.EventDelivered, queue.EventBounced, queue.EventDeferred,
-	queue.EventThrottled, queue.EventDead, queue.EventSuppressed, queue.EventComplained, queue.EventUnsubscribed}
+	queue.EventThrottled, queue.EventDead, queue.EventSuppressed, queue.EventComplained, queue.EventUnsubscribed,
+	queue.EventDropped}
 
 // ErrNoEndpoint is returned for an endpoint id that does not exist.
 var ErrNoEndpoint = errors.New("no such webhook endpoint")
@@ -252,9 +257,12 @@ func consumerConfig(ep *Endpoint, ackWait time.Duration) jetstream.ConsumerConfi
 	}
 }
 
-// allEvents are the event types an endpoint may ask for: DefaultEvents, and
-// expired and queued.
-var allEvents = append(slices.Clone(DefaultEvents), queue.EventExpired, queue.EventQueued)
+// allEvents are the event types an endpoint may ask for: DefaultEvents,
+// and the other events of a tenant's mail (queue.EventTypes less the
+// malformed envelope's and a destination's learned limits, which belong
+// to no tenant).
+var allEvents = append(slices.Clone(DefaultEvents), queue.EventExpired, queue.EventQueued, queue.EventHeld,
+	queue.EventReplayed, queue.EventFastFwd, queue.EventReleased, queue.EventDSN)
 
 // CheckEvents returns the event types of a new endpoint, each once, in the
 // order given (spaces around a name ignored; none: DefaultEvents), or an

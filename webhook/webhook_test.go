@@ -692,6 +692,32 @@ func TestEventTypeNamedTwice(t *testing.T) {
 	}
 }
 
+// TestDroppedReachesADefaultEndpoint: a message cancelled through the API
+// or dropped by an operator ends in a dropped event, which an endpoint of
+// the default set receives; before, it could not even ask for it, and an
+// application following its mail by webhooks waited for ever on it. The
+// other events of a tenant's mail can be asked for.
+func TestDroppedReachesADefaultEndpoint(t *testing.T) {
+	f := newFixture(t, status(200))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f.q.Event(queue.EventDropped, &queue.Event{ID: "m1", Tenant: "acme", Dest: "x.test", Worker: "api", Recipients: []string{"r@x.test"}})
+	d := f.next(t)
+	if data, _ := d.body["data"].(map[string]any); d.body["type"] != queue.EventDropped || data["id"] != "m1" {
+		t.Fatalf("delivery %v, want the dropped event", d.body)
+	}
+	for _, typ := range []string{queue.EventHeld, queue.EventReplayed, queue.EventFastFwd, queue.EventReleased, queue.EventDSN} {
+		if _, err := f.store.Add(ctx, "acme", "https://hooks.example/"+typ, []string{typ}); err != nil {
+			t.Errorf("an endpoint for %s: %v", typ, err)
+		}
+	}
+	for _, typ := range []string{queue.EventMalformed, queue.EventLearned} {
+		if _, err := f.store.Add(ctx, "acme", "https://hooks.example/"+typ, []string{typ}); err == nil {
+			t.Errorf("an endpoint for %s, which belongs to no tenant: accepted", typ)
+		}
+	}
+}
+
 // TestLostConsumerIsMadeAgain: when an endpoint's consumer goes away
 // under a running dispatcher (deleted by hand, its stream recreated), the
 // runner makes it again and the endpoint's next events arrive; it does
