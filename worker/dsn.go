@@ -372,7 +372,12 @@ func (w *deliverer) attemptNotices(ctx context.Context, e *queue.Envelope, o *ou
 	if !w.inPass(e) {
 		return w.bounceNotice(ctx, e, o)
 	}
-	if !w.dsn.eligible(e) {
+	if why := w.dsn.ineligible(e); why != "" {
+		// Counted as skipped only when the attempt owed a notice, as a
+		// one-part message's are: a part delivered in full owed none.
+		if len(o.bounced) > 0 || len(w.relayedReports(e, o)) > 0 {
+			w.dsn.skip(why)
+		}
 		return nil
 	}
 	note := passNote{
@@ -637,8 +642,8 @@ func (w *deliverer) relayedReports(e *queue.Envelope, o *outcome) []dsn.Recipien
 // first pass owes, and the part whose record completes the pass sends one
 // failed notice (and one relayed notice) for all of them. A part's first
 // pass ends at its first durable outcome: delivered, bounced or dead (all
-// final), deferred, held or refused by the coordinator (its first
-// deferral). So a deferred part does not hold back its siblings' failures
+// final), deferred, held or refused by the coordinator for a suspension
+// or an open breaker (its first deferral; longRefusal). So a deferred part does not hold back its siblings' failures
 // longer than its own first attempt; what fails after its pass (a later
 // bounce, the budget spent) is a notice of its own, as for a message of one
 // destination. A part that is not attempted at all (its destination

@@ -127,6 +127,19 @@ func TestDSNSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "an API submission skipped", func() bool { return skipped(skipTenantOff) == 2 })
+	// A two-part API message delivered in full owed no notice: none is
+	// counted skipped (each part counted one).
+	both, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: []string{"ok@dest.test", "ok@other.test"},
+		Source: queue.SourceAPI, Body: []byte("Subject: x\r\n\r\nx\r\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range both {
+		e.waitEvent(id, queue.EventDelivered)
+	}
+	if n := skipped(skipTenantOff); n != 2 {
+		t.Fatalf("skipped for a tenant turned off: %v, want still 2", n)
+	}
 	e.waitEvent(ids[0], queue.EventBounced)
 	if n := len(reports(e.mx)); n != 0 || counterValue(m.Sent.WithLabelValues("failed")) != 0 {
 		t.Fatalf("%d reports sent", n)
