@@ -580,7 +580,7 @@ type MessageStatus struct {
 	// LastClass and LastReply say why a stored message waits: its last
 	// attempt's class and reply, or for one not tried yet the
 	// coordinator's reason ("local", "suspended: a.test@192.0.2.10:
-	// source blocked (…): 550 …"), which no event records.
+	// source blocked (…): 550 …"), which a deferred event records too.
 	LastClass  string        `json:"last_class,omitempty"`
 	LastReply  string        `json:"last_reply,omitempty"`
 	Recipients []string      `json:"recipients,omitempty"`
