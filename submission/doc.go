@@ -1,7 +1,8 @@
 // Package submission is in charge of the authenticated SMTP submission
 // listener: it accepts mail from applications over SMTP (RFC 5321, RFC 6409),
 // authenticates them with AUTH PLAIN or LOGIN (RFC 4954) against a users file
-// of bcrypt hashes, enforces the limits and input rules that keep bad input
+// of bcrypt hashes (read again on a reload: Server.SetUsers, which also ends
+// the sessions of accounts it removed or changed), enforces the limits and input rules that keep bad input
 // out of the queue (size, recipients, line length, bare LF and CR, NUL,
 // malformed addresses, slow clients, connection count, AUTH brute force), and
 // hands every accepted message to the queue through an Enqueuer.

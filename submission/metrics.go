@@ -17,6 +17,7 @@ const (
 // user name, address or reply text.
 const (
 	reasonAuthRequired  = "auth_required"
+	reasonAuthRevoked   = "auth_revoked"
 	reasonBadSender     = "bad_sender"
 	reasonBadRecipient  = "bad_recipient"
 	reasonTooManyRcpts  = "too_many_recipients"

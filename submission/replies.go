@@ -15,6 +15,11 @@ var (
 	// RFC 4954 section 6: authentication required.
 	errAuthRequired = &smtp.SMTPError{Code: 530, EnhancedCode: smtp.EnhancedCode{5, 7, 0},
 		Message: "Authentication required"}
+	// The account this session authenticated as was removed, or its
+	// password changed, by a reload of the users file (Server.SetUsers);
+	// the connection ends after it.
+	errCredentialsChanged = &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 7, 0},
+		Message: "This account's credentials have changed; connect and authenticate again"}
 	// RFC 3207 section 4: the server requires TLS before anything else.
 	errStartTLSFirst = &smtp.SMTPError{Code: 530, EnhancedCode: smtp.EnhancedCode{5, 7, 0},
 		Message: "Must issue a STARTTLS command first, then AUTH"}

@@ -169,12 +169,15 @@ type Config struct {
 
 // Server is the submission listener. Create it with New.
 type Server struct {
-	cfg     Config
-	q       Enqueuer
-	log     zerolog.Logger
-	metrics *metrics
-	smtp    *smtp.Server
-	limiter *authLimiter
+	cfg Config
+	q   Enqueuer
+	// accounts is what AUTH checks: cfg.Users, or the file read again
+	// since (SetUsers). Nil when AUTH is off.
+	accounts atomic.Pointer[Users]
+	log      zerolog.Logger
+	metrics  *metrics
+	smtp     *smtp.Server
+	limiter  *authLimiter
 	// inflight bounds the memory of the bodies in flight; nil: no bound
 	// (inflight.go).
 	inflight *membudget.Budget
@@ -305,6 +308,7 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 
 		errLineTooLong: lineTooLongError(cfg.MaxLineLength),
 	}
+	s.accounts.Store(cfg.Users)
 
 	ss := smtp.NewServer(backend{s})
 	ss.Addr = cfg.Addr
@@ -458,3 +462,23 @@ type errorLog struct{ l zerolog.Logger }
 
 func (e errorLog) Printf(format string, v ...any) { e.l.Warn().Msgf(format, v...) }
 func (e errorLog) Println(v ...any)               { e.l.Warn().Msg(fmt.Sprint(v...)) }
+
+// SetUsers replaces the accounts AUTH checks with u (the users file read
+// again, on a reload): new sessions authenticate against it at once, and a
+// session authenticated with an account u no longer has, or whose hash
+// changed, is asked to authenticate again at its next MAIL
+// (errCredentialsChanged). An error when AUTH is off (Config.Users nil) or
+// u is nil.
+func (s *Server) SetUsers(u *Users) error {
+	if u == nil {
+		return errors.New("submission: no users")
+	}
+	if s.cfg.Users == nil {
+		return errors.New("submission: AUTH is off (no users file): a users file takes a restart")
+	}
+	s.accounts.Store(u)
+	return nil
+}
+
+// users is the accounts AUTH checks now.
+func (s *Server) users() *Users { return s.accounts.Load() }

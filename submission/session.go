@@ -1,6 +1,7 @@
 package submission
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -35,6 +36,9 @@ type session struct {
 	trusted   bool
 
 	user string // authenticated user, "" before AUTH
+	// userHash is user's hash in the users file at AUTH: a reload that
+	// changes it ends the session's right to send (Server.SetUsers).
+	userHash []byte
 
 	// mu guards the transaction: with BDAT, go-smtp runs Data in its own
 	// goroutine and may call Reset (RSET, connection end) meanwhile.
@@ -238,6 +242,7 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 // other application on the same host.
 func (s *session) authenticate(identity, user, password string) error {
 	ok := false
+	var hash []byte
 	if identity == "" || identity == user {
 		// Acting for another identity (RFC 4616 authzid) is not
 		// supported; such attempts fail like a wrong password.
@@ -246,7 +251,10 @@ func (s *session) authenticate(identity, user, password string) error {
 			<-s.srv.bcryptSem
 			return s.authRateLimited()
 		}
-		ok = s.srv.cfg.Users.Verify(user, password)
+		us := s.srv.users()
+		if ok = us.Verify(user, password); ok {
+			hash = us.hash(user)
+		}
 		<-s.srv.bcryptSem
 	}
 	if !ok {
@@ -257,7 +265,7 @@ func (s *session) authenticate(identity, user, password string) error {
 		s.authFailure(user, blocked)
 		return authFailed
 	}
-	s.user = user
+	s.user, s.userHash = user, hash
 	if s.tc != nil {
 		s.tc.authDone()
 	}
@@ -289,8 +297,9 @@ func (s *session) authRateLimited() error {
 // limit already (blocked: it is now at it).
 func (s *session) authFailure(user string, blocked bool) {
 	s.srv.metrics.authFailures.Inc()
-	ev := s.logLine(s.srv.log.Warn()).Bool("user_known", s.srv.cfg.Users.Has(user)).Bool("now_blocked", blocked)
-	if s.srv.cfg.Users.Has(user) {
+	us := s.srv.users()
+	ev := s.logLine(s.srv.log.Warn()).Bool("user_known", us.Has(user)).Bool("now_blocked", blocked)
+	if us.Has(user) {
 		ev = ev.Str("user", user)
 	}
 	ev.Msg("authentication failed")
@@ -306,6 +315,20 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 	}
 	if s.hasFrom {
 		return s.reject(errNestedMail, reasonProtocolOrder, false, nil)
+	}
+	if s.user != "" && !bytes.Equal(s.srv.users().hash(s.user), s.userHash) {
+		// The users file was read again (a reload) without this
+		// account, or with a new password for it: a session that
+		// authenticated with the old one sends no more as it, as a
+		// new session could not. go-smtp allows one AUTH a
+		// connection, so the session ends; the client connects again
+		// with the new credentials.
+		user := s.user
+		s.user, s.userHash = "", nil
+		if s.tc != nil {
+			s.tc.hangup("")
+		}
+		return s.reject(errCredentialsChanged, reasonAuthRevoked, true, func(e *zerolog.Event) { e.Str("user", user) })
 	}
 	if !s.authorized() {
 		// No AUTH, no mail: this is what keeps outflow from ever being an

@@ -2,6 +2,7 @@ package submission
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"unicode"
@@ -34,12 +36,38 @@ const maxPasswordBytes = 72
 const maxUserName = 255
 
 // Users is the set of accounts allowed to AUTH: name to bcrypt hash. It is
-// read-only after loading and safe for concurrent use.
+// read-only after loading and safe for concurrent use; a reload makes a
+// new one (Server.SetUsers).
 type Users struct {
 	hashes map[string][]byte
 	// dummy is compared against for unknown names, at the highest cost in
 	// the file, so that a miss takes as long as a hit.
 	dummy func() []byte
+}
+
+// hash is name's bcrypt hash, nil for no such account.
+func (u *Users) hash(name string) []byte { return u.hashes[name] }
+
+// Diff compares u with older: the accounts added, removed, and whose hash
+// changed (a new password), each sorted.
+func (u *Users) Diff(older *Users) (added, removed, changed []string) {
+	for name, h := range u.hashes {
+		switch old, ok := older.hashes[name]; {
+		case !ok:
+			added = append(added, name)
+		case !bytes.Equal(old, h):
+			changed = append(changed, name)
+		}
+	}
+	for name := range older.hashes {
+		if _, ok := u.hashes[name]; !ok {
+			removed = append(removed, name)
+		}
+	}
+	slices.Sort(added)
+	slices.Sort(removed)
+	slices.Sort(changed)
+	return added, removed, changed
 }
 
 // LoadUsers reads a users file: one "name:bcrypt-hash" per line; blank lines

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outflow/outflow/api"
 	"github.com/outflow/outflow/console"
+	"github.com/outflow/outflow/internal/certfile"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/submission"
 	"github.com/outflow/outflow/throttle"
@@ -61,23 +62,23 @@ func (a apiQueue) Enqueue(ctx context.Context, s *queue.Submission) ([]string, e
 // called; stop lets requests in progress finish (their enqueue, then their
 // 202 or 503) within ctx. With --api-addr "" it serves nothing.
 func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, enq enqueuer, sup *queue.Suppressions, limits submission.Quota, t *throttle.Throttle,
-	unsub http.Handler, hostname string, reg prometheus.Registerer, log zerolog.Logger) (func(context.Context), error) {
+	unsub http.Handler, hostname string, reg prometheus.Registerer, log zerolog.Logger) (_ func(context.Context), _ *certfile.Cert, err error) {
 	if c.APIAddr == "" {
-		return func(context.Context) {}, nil
+		return func(context.Context) {}, nil, nil
 	}
 	var tlsConf *tls.Config
+	var cert *certfile.Cert
 	if c.APITLSCert != "" || c.APITLSKey != "" {
-		cert, err := tls.LoadX509KeyPair(c.APITLSCert, c.APITLSKey)
-		if err != nil {
-			return nil, usageError{fmt.Errorf("--api-tls-cert/--api-tls-key: %w", err)}
+		if cert, err = certfile.Load(c.APITLSCert, c.APITLSKey); err != nil {
+			return nil, nil, usageError{fmt.Errorf("--api-tls-cert/--api-tls-key: %w", err)}
 		}
-		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		tlsConf = cert.ServerConfig()
 	}
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	senders, err := c.senderDomains()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	srv, err := api.New(setup, api.Config{
 		Queue: apiQueue{q, enq}, Buckets: q, Suppressions: sup, Hostname: hostname,
@@ -85,17 +86,17 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, enq enqueuer,
 		Rate: c.APIRate, Burst: c.APIBurst, MaxInflightBytes: c.APIMaxInflightBytes, IdempotencyTTL: q.DedupWindow(), SenderDomains: senders, Quota: limits, Unsubscribe: unsub, Logger: log,
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := registerAPIMetrics(reg, srv); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// The operator's console shares the listener: /ui/, signed in with
 	// an admin key (docs/console.md).
 	con, err := console.New(ctx, console.Config{Queue: q, Keys: srv.Keys(), Suppressions: sup, Secure: tlsConf != nil,
 		Local: func(dest string) throttle.DestStatus { return t.Snapshot(t.Group(dest)) }, Logger: log})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle(console.Prefix, con.Handler())
@@ -103,7 +104,7 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, enq enqueuer,
 	ln, err := net.Listen("tcp", c.APIAddr)
 	if err != nil {
 		con.Close()
-		return nil, fmt.Errorf("--api-addr: %w", err)
+		return nil, nil, fmt.Errorf("--api-addr: %w", err)
 	}
 	if tlsConf != nil {
 		ln = tls.NewListener(ln, tlsConf)
@@ -126,7 +127,7 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, enq enqueuer,
 			log.Warn().Err(err).Msg("api shutdown")
 		}
 		con.Close()
-	}, nil
+	}, cert, nil
 }
 
 // keyRow is one key as `apikey list` shows it: never the key itself.

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -27,6 +28,7 @@ import (
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/bounce"
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/certfile"
 	"github.com/outflow/outflow/internal/defaults"
 	"github.com/outflow/outflow/internal/gcpolicy"
 	"github.com/outflow/outflow/queue"
@@ -88,6 +90,12 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP reads the users file and the certificates again (reload.go);
+	// one that comes while the daemon starts waits until it is up,
+	// rather than end it (the default action).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	if err := c.checkFlags(); err != nil {
 		return usageError{err}
 	}
@@ -223,12 +231,12 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	}
 	defer pending.discard()
 	var tlsConf *tls.Config
+	var smtpCert *certfile.Cert
 	if c.TLSCert != "" || c.TLSKey != "" {
-		cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
-		if err != nil {
+		if smtpCert, err = certfile.Load(c.TLSCert, c.TLSKey); err != nil {
 			return usageError{fmt.Errorf("--tls-cert/--tls-key: %w", err)}
 		}
-		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		tlsConf = smtpCert.ServerConfig()
 	}
 
 	res, err := newResolver(&c.deliveryConfig, reg)
@@ -360,7 +368,7 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 		ln.Close()
 		return err
 	}
-	stopAPI, err := startAPI(ctx, c, q, enq, suppressions, limits, throttle,
+	stopAPI, apiCert, err := startAPI(ctx, c, q, enq, suppressions, limits, throttle,
 		unsubscribeHandler(links, q, suppressions, workerID, reg, log), hostname, reg, log)
 	if err != nil {
 		ln.Close()
@@ -401,6 +409,17 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	subDone := make(chan error, 1)
 	go func() { subDone <- sub.Serve(ln) }()
 	ready.Store(true)
+	usersPath := ""
+	if users != nil {
+		usersPath = c.Users
+		if usersPath == "" {
+			usersPath = filepath.Join(c.Data, submission.UsersFileName)
+		}
+	}
+	reloads := newReloader(usersPath, sub, users, reg, log)
+	reloads.cert("smtp-tls", smtpCert, reg)
+	reloads.cert("api-tls", apiCert, reg)
+	go reloads.run(workCtx, hup)
 	serving := log.Info().Str("smtp_addr", ln.Addr().String())
 	if httpLn != nil {
 		serving = serving.Str("http_addr", httpLn.Addr().String())

@@ -61,7 +61,7 @@ func loadUsers(c *serveConfig, log zerolog.Logger) (*submission.Users, *pendingA
 			// on a terminal or a log nobody may have kept.
 			log.Info().Str("users_file", path).Str("user", submission.DefaultUser).
 				Msg("submission account made by the first start (its password was printed then, and only then); to set a new one, " +
-					"replace its line with the one `outflow passwd --user " + submission.DefaultUser + "` prints and restart")
+					"replace its line with the one `outflow passwd --user " + submission.DefaultUser + "` prints and reload (kill -HUP the daemon)")
 		}
 		return u, nil, nil
 	case !errors.Is(err, fs.ErrNotExist):
