@@ -584,7 +584,48 @@ type MessageStatus struct {
 	LastClass  string        `json:"last_class,omitempty"`
 	LastReply  string        `json:"last_reply,omitempty"`
 	Recipients []string      `json:"recipients,omitempty"`
-	History    []queue.Event `json:"history"`
+	// Outcomes is what became of each recipient the history names: one
+	// attempt can deliver some of a part's recipients and bounce others,
+	// and State, the part's last outcome, says one of them.
+	Outcomes []RecipientOutcome `json:"outcomes,omitempty"`
+	History  []queue.Event      `json:"history"`
+}
+
+// RecipientOutcome is one recipient's state: the last event that names
+// it, as its type (queued for one stored and not yet tried, or put back on
+// fresh work by an operator), with its reason and time.
+type RecipientOutcome struct {
+	Recipient string    `json:"recipient"`
+	State     string    `json:"state"`
+	Reason    string    `json:"reason,omitempty"`
+	Time      time.Time `json:"time"`
+}
+
+// recipientOutcomes reads each recipient's state from hist (oldest
+// first), in the order the recipients first appear. A notice sent about
+// it, a complaint or an unsubscribe says nothing of its delivery.
+func recipientOutcomes(hist []queue.Event) []RecipientOutcome {
+	var out []RecipientOutcome
+	at := map[string]int{}
+	for _, ev := range hist {
+		state := ev.Type
+		switch ev.Type {
+		case queue.EventDSN, queue.EventComplained, queue.EventUnsubscribed:
+			continue
+		case queue.EventQueued, queue.EventReplayed, queue.EventReleased, queue.EventFastFwd:
+			state = string(queue.StateQueued)
+		}
+		for _, r := range ev.Recipients {
+			o := RecipientOutcome{Recipient: r, State: state, Reason: ev.Reason, Time: ev.Time}
+			if i, ok := at[r]; ok {
+				out[i] = o
+				continue
+			}
+			at[r] = len(out)
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // lastOutcome is the state of a message no longer stored: its last event
@@ -670,6 +711,7 @@ func (s *Server) getMessage(w http.ResponseWriter, r *http.Request, key *KeyInfo
 	if !key.Admin && st.Tenant != key.Tenant {
 		return notFound
 	}
+	st.Outcomes = recipientOutcomes(hist)
 	writeJSON(w, http.StatusOK, st)
 	return nil
 }

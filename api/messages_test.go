@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"io"
 	"maps"
@@ -400,6 +401,62 @@ func TestGetMessageFollowsItsEvents(t *testing.T) {
 	}
 	if r := f.do(t, "GET", "/v1/messages/"+ids[0], admin, nil, nil); r.status != 200 {
 		t.Fatalf("admin key: %d %s", r.status, r.raw)
+	}
+}
+
+// TestGetMessageSaysEachRecipientsOutcome: one attempt delivered one of a
+// part's recipients and bounced the other. The part's state is one of
+// them (its last outcome); outcomes says what became of each, and a later
+// notice about the message changes neither.
+func TestGetMessageSaysEachRecipientsOutcome(t *testing.T) {
+	f := newFixture(t, nil)
+	ids := f.do(t, "POST", "/v1/messages", f.key, map[string]any{"from": "a@src.example",
+		"to": []string{"ok@dst.example", "gone@dst.example"}, "text": "hi"}, nil).ids(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ch, err := f.q.Messages(ctx, queue.LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d *queue.Delivery
+	select {
+	case d = <-ch:
+	case <-ctx.Done():
+		t.Fatal("no envelope")
+	}
+	if err := d.Delivered(ctx, d.Env.Rcpts, true); err != nil {
+		t.Fatal(err)
+	}
+	ev := func(typ, rcpt, reason string) {
+		f.q.Event(typ, &queue.Event{ID: d.Env.ID, MsgID: d.Env.MsgID, Tenant: d.Env.Tenant, Dest: d.Env.Dest, Attempt: 1,
+			Reason: reason, Recipients: []string{rcpt}})
+	}
+	ev(queue.EventBounced, "gone@dst.example", "550 5.1.1 no such user")
+	ev(queue.EventDelivered, "ok@dst.example", "250 ok")
+	ev(queue.EventDSN, "gone@dst.example", "failed notice k1")
+	var got response
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		got = f.do(t, "GET", "/v1/messages/"+ids[0], f.key, nil, nil)
+		if hist, _ := got.json["history"].([]any); len(hist) == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("history %s: want queued, bounced, delivered, dsn", got.raw)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var st MessageStatus
+	if err := json.Unmarshal(got.raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"ok@dst.example": "delivered 250 ok", "gone@dst.example": "bounced 550 5.1.1 no such user"}
+	if len(st.Outcomes) != 2 {
+		t.Fatalf("outcomes %+v, want one per recipient", st.Outcomes)
+	}
+	for _, o := range st.Outcomes {
+		if want[o.Recipient] != o.State+" "+o.Reason || o.Time.IsZero() {
+			t.Errorf("outcome of %s: %s %q at %v", o.Recipient, o.State, o.Reason, o.Time)
+		}
 	}
 }
 
