@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/emersion/go-sasl"
@@ -32,16 +33,22 @@ import (
 // PIPELINING. Each of those would need a wrapper that reaches into its
 // wire traffic; the conversation below is short enough to own outright.
 type client struct {
-	cfg  *Config
-	log  zerolog.Logger
-	raw  net.Conn // the TCP connection; deadlines set here reach TLS too
-	nc   net.Conn // raw, or the *tls.Conn on top of it
-	br   *bufio.Reader
-	bw   *bufio.Writer
-	host string  // MX host name or relay host: TLS server name, logs
-	addr string  // ip:port (or relay host:port) dialled
-	key  string  // pool key
-	src  *Source // egress address, nil for the default
+	cfg *Config
+	log zerolog.Logger
+	raw net.Conn // the TCP connection; deadlines set here reach TLS too
+	nc  net.Conn // raw, or the *tls.Conn on top of it
+	// sys, peekFn, peeked and peekBuf are unsolicited's, made at its
+	// first look at the connection.
+	sys     syscall.RawConn
+	peekFn  func(uintptr) bool
+	peeked  bool
+	peekBuf [1]byte
+	br      *bufio.Reader
+	bw      *bufio.Writer
+	host    string  // MX host name or relay host: TLS server name, logs
+	addr    string  // ip:port (or relay host:port) dialled
+	key     string  // pool key
+	src     *Source // egress address, nil for the default
 	// dest is the destination domain (lower case) of the Send using it
 	// last, "" through the relay: the pool notes its host as one of that
 	// domain's when it is put back (pool.noteDest, Sender.CloseIdle).
@@ -131,6 +138,68 @@ type malformedError struct {
 
 func (e *malformedError) Error() string { return errMalformed.Error() + ": " + e.detail }
 func (e *malformedError) Unwrap() error { return errMalformed }
+
+// outOfStep is the error of a positive or intermediate reply (below 400)
+// that is not the one the step asked for: a 250 greeting, a 250 to DATA, a
+// 354 to MAIL, a second answer to a command the server had answered. The
+// conversation is out of step, and the reply is the answer to something
+// else: it is no outcome of this step. Taken for one, a 2xx anywhere read
+// as delivered a message the server never got. The connection is broken,
+// and the attempt ends as a lost connection (transient before the final
+// dot), the reply quoted in the text only: in Raw, classify would read its
+// code again.
+func (c *client) outOfStep(stage classify.Stage, what string, r reply) error {
+	c.broken = true
+	return &stepErr{in: classify.Input{Stage: stage, Event: classify.EventConnLost,
+		Text: fmt.Sprintf("%s (%s): reply to %s out of step, the session is confused: %q", c.host, c.addr, what, shortRaw(r.raw))}}
+}
+
+// shortRaw is at most 200 octets of a reply's lines, for a message.
+func shortRaw(raw string) string {
+	if len(raw) > 200 {
+		return raw[:200] + "…"
+	}
+	return raw
+}
+
+// unsolicited reports whether a pooled connection has something to read
+// before anything was asked on it: a reply nobody asked for (a server that
+// answered twice) or the server's close. Taken up, its next command would
+// read that reply as its own, and each after it the one before: a BDAT
+// read the RCPT's 250 as the message's, and the server's refusal of the
+// message was never seen. The look does not wait: bytes in the reader's
+// buffer, or a peek at the socket that does not block.
+func (c *client) unsolicited() bool {
+	if c.br.Buffered() > 0 {
+		return true
+	}
+	if c.sys == nil {
+		sc, ok := c.raw.(syscall.Conn)
+		if !ok {
+			return false
+		}
+		rc, err := sc.SyscallConn()
+		if err != nil {
+			return false
+		}
+		c.sys, c.peekFn = rc, c.peek
+	}
+	c.peeked = false
+	if c.sys.Read(c.peekFn) != nil {
+		// The last command's deadline has passed, and fails the read
+		// before the peek: cleared (the next command sets its own).
+		_ = c.raw.SetReadDeadline(time.Time{})
+		_ = c.sys.Read(c.peekFn)
+	}
+	return c.peeked
+}
+
+// peek is unsolicited's look at the socket, for syscall.RawConn.Read.
+func (c *client) peek(fd uintptr) bool {
+	n, _, err := syscall.Recvfrom(int(fd), c.peekBuf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	c.peeked = n > 0 || (n == 0 && err == nil) // a byte, or the end of the stream
+	return true
+}
 
 // malformedRaw returns the reply lines err carries, or its text.
 func malformedRaw(err error) string {
@@ -360,6 +429,9 @@ func (c *client) expect(ctx context.Context, stage classify.Stage, want int, wha
 		c.broken = true
 	}
 	if !codeIs(r.code, want) {
+		if r.code < 400 {
+			return r, c.outOfStep(stage, what, r)
+		}
 		return r, &stepErr{in: r.input(stage)}
 	}
 	return r, nil
@@ -612,6 +684,8 @@ func (c *client) auth(ctx context.Context, user, pass string) error {
 				return &stepErr{in: r.input(classify.StageAuth), err: err}
 			}
 			line = base64.StdEncoding.EncodeToString(resp)
+		case r.code < 400:
+			return c.outOfStep(classify.StageAuth, "AUTH", r)
 		default:
 			return &stepErr{in: r.input(classify.StageAuth)}
 		}

@@ -26,6 +26,10 @@ type peer struct {
 	ln     net.Listener
 	ext    []string
 	answer func(conn int, cmd string) string
+	// late, when set, is asked after each reply to the end of a message
+	// (".", or a BDAT chunk), may block, and what it returns is written then: a reply
+	// nobody asked for, arriving after the client read the real one.
+	late func(conn int) string
 
 	mu    sync.Mutex
 	conns int
@@ -38,11 +42,17 @@ type peer struct {
 // parameters, e.g. "PIPELINING", "LIMITS RCPTMAX=1", "AUTH PLAIN").
 func startPeer(t testing.TB, ext []string, answer func(conn int, cmd string) string) *peer {
 	t.Helper()
+	return startPeerLate(t, ext, answer, nil)
+}
+
+// startPeerLate is startPeer with a late writer (peer.late).
+func startPeerLate(t testing.TB, ext []string, answer func(conn int, cmd string) string, late func(conn int) string) *peer {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("peer: %v", err)
 	}
-	p := &peer{ln: ln, ext: ext, answer: answer, live: map[net.Conn]bool{}}
+	p := &peer{ln: ln, ext: ext, answer: answer, late: late, live: map[net.Conn]bool{}}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -147,6 +157,11 @@ func (p *peer) serve(n int, c net.Conn) {
 		if _, err := io.WriteString(c, rep); err != nil {
 			return
 		}
+		if verb == "BDAT" && p.late != nil {
+			if _, err := io.WriteString(c, p.late(n)); err != nil {
+				return
+			}
+		}
 		if verb != "DATA" || !strings.HasPrefix(rep, "354") {
 			continue
 		}
@@ -165,6 +180,11 @@ func (p *peer) serve(n int, c net.Conn) {
 		}
 		if _, err := io.WriteString(c, rep); err != nil {
 			return
+		}
+		if p.late != nil {
+			if _, err := io.WriteString(c, p.late(n)); err != nil {
+				return
+			}
 		}
 	}
 }

@@ -463,6 +463,10 @@ func (c *client) usable() bool {
 
 // giveBack returns c to the pool, or closes it when it is spent or broken.
 func (s *Sender) giveBack(c *client, ctx context.Context) {
+	if c.br != nil && c.br.Buffered() > 0 {
+		// A reply nobody asked for came with the last one: out of step.
+		c.broken = true
+	}
 	reuse := c.usable() && ctx.Err() == nil
 	keep, evicted := s.pool.put(c, reuse)
 	if evicted != nil {
@@ -652,6 +656,18 @@ func (s *Sender) acquireHost(ctx context.Context, log *msgLog, t *tries, host st
 	c, slot, stale, err := s.pool.get(ctx, key)
 	for _, sc := range stale {
 		sc.quit()
+	}
+	for err == nil && !slot && c.unsolicited() {
+		// Out of step, or closed by the server while it waited: never
+		// taken up (client.unsolicited). Its slot goes to the next.
+		log.Debug().Str("mx", host).Str("addr", c.addr).Msg("pooled connection had unread data or was closed; dropped")
+		c.broken = true
+		s.pool.put(c, false)
+		c.close()
+		c, slot, stale, err = s.pool.get(ctx, key)
+		for _, sc := range stale {
+			sc.quit()
+		}
 	}
 	if err != nil {
 		if errors.Is(err, errClosed) {

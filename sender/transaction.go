@@ -300,6 +300,10 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 		case r.code/100 == 2:
 			accepted = append(accepted, i)
 			c.rcptAccepted = true
+		case r.code < 400:
+			// A 1xx or 3xx to RCPT: the replies are out of step, and
+			// nothing of this transaction can be read right.
+			return carry, c.outOfStep(classify.StageRcpt, "RCPT", r)
 		case tooManyRcpts(r, len(accepted)):
 			carry = append(carry, i)
 			// Learn the limit so the next transactions fit it.
@@ -360,6 +364,9 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 		dataReply = r
 	}
 	if dataReply.code != 354 {
+		if dataReply.code < 400 {
+			return carry, c.outOfStep(classify.StageData, "DATA", dataReply)
+		}
 		return carry, &stepErr{in: dataReply.input(classify.StageData)}
 	}
 
@@ -462,6 +469,9 @@ func (c *client) readStep(ctx context.Context, stage classify.Stage, timeout tim
 		return err
 	}
 	if !codeIs(r.code, want) {
+		if r.code < 400 {
+			return c.outOfStep(stage, what, r)
+		}
 		return &stepErr{in: r.input(stage)}
 	}
 	return nil
