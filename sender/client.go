@@ -717,7 +717,7 @@ func (l *loginClient) Next(chal []byte) ([]byte, error) {
 // that has carried one; it doubles as the liveness check of a pooled
 // connection.
 func (c *client) reset(ctx context.Context) error {
-	_, err := c.cmd(ctx, classify.StageMail, c.cfg.CommandTimeout, 250, "RSET")
+	_, err := c.cmd(ctx, classify.StageMail, c.cfg.ResetTimeout, 250, "RSET")
 	if err != nil {
 		c.broken = true
 	}

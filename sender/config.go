@@ -66,7 +66,8 @@ type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 const (
 	DefaultConnectTimeout   = 30 * time.Second // not in the RFC; Postfix's smtp_connect_timeout
 	DefaultGreetingTimeout  = 5 * time.Minute  // RFC 5321 4.5.3.2.1 initial 220 message
-	DefaultCommandTimeout   = 5 * time.Minute  // RFC 5321 4.5.3.2.2 MAIL, 4.5.3.2.3 RCPT (also EHLO, STARTTLS, AUTH, RSET)
+	DefaultCommandTimeout   = 5 * time.Minute  // RFC 5321 4.5.3.2.2 MAIL, 4.5.3.2.3 RCPT (also EHLO, STARTTLS, AUTH)
+	DefaultResetTimeout     = 20 * time.Second // not in the RFC; Postfix's smtp_rset_timeout: a pooled connection's RSET
 	DefaultDataInitTimeout  = 2 * time.Minute  // RFC 5321 4.5.3.2.4 DATA initiation (the 354)
 	DefaultDataBlockTimeout = 3 * time.Minute  // RFC 5321 4.5.3.2.5 each data block write
 	DefaultFinalDotTimeout  = 10 * time.Minute // RFC 5321 4.5.3.2.6 DATA termination (the reply to ".")
@@ -140,8 +141,14 @@ type Config struct {
 	// DefaultGreetingTimeout.
 	GreetingTimeout time.Duration
 	// CommandTimeout bounds each command's reply: EHLO, STARTTLS and its
-	// handshake, AUTH, MAIL, RCPT, RSET, QUIT. Default DefaultCommandTimeout.
+	// handshake, AUTH, MAIL, RCPT, QUIT. Default DefaultCommandTimeout.
 	CommandTimeout time.Duration
+	// ResetTimeout bounds the reply to the RSET that starts each
+	// transaction on a reused connection: a pooled connection the
+	// server has gone quiet on costs this, not CommandTimeout, before
+	// the message goes to a fresh one (Postfix's smtp_rset_timeout).
+	// Default DefaultResetTimeout.
+	ResetTimeout time.Duration
 	// DataInitTimeout bounds the wait for the 354 after DATA. Default
 	// DefaultDataInitTimeout.
 	DataInitTimeout time.Duration
@@ -279,6 +286,7 @@ func (c Config) withDefaults() (Config, error) {
 	defaults.Set(&c.ConnectTimeout, DefaultConnectTimeout)
 	defaults.Set(&c.GreetingTimeout, DefaultGreetingTimeout)
 	defaults.Set(&c.CommandTimeout, DefaultCommandTimeout)
+	defaults.Set(&c.ResetTimeout, DefaultResetTimeout)
 	defaults.Set(&c.DataInitTimeout, DefaultDataInitTimeout)
 	defaults.Set(&c.DataBlockTimeout, DefaultDataBlockTimeout)
 	defaults.Set(&c.FinalDotTimeout, DefaultFinalDotTimeout)

@@ -1,6 +1,7 @@
 package sender
 
 import (
+	"context"
 	"net"
 	"strings"
 	"sync"
@@ -213,5 +214,41 @@ func BenchmarkUnsolicited(b *testing.B) {
 		if c.unsolicited() {
 			b.Fatal("unsolicited")
 		}
+	}
+}
+
+// TestQuietPooledConnection: a pooled connection the server has gone
+// quiet on (no close, no reply) costs the RSET's short timeout, not a
+// command timeout, before the message goes to a fresh connection. The
+// Send's deadline here is shorter than the command timeout: waited for
+// that, the message was not sent at all.
+func TestQuietPooledConnection(t *testing.T) {
+	for _, ext := range [][]string{nil, {"PIPELINING"}} {
+		t.Run(strings.Join(ext, "+"), func(t *testing.T) {
+			quiet := make(chan struct{})
+			p := startPeer(t, ext, func(conn int, cmd string) string {
+				if conn == 1 && cmd == "RSET" {
+					<-quiet // the first connection says nothing more
+				}
+				return ""
+			})
+			t.Cleanup(func() { close(quiet) })
+			w := peerMX(t, p)
+			cfg := w.config()
+			cfg.CommandTimeout, cfg.ResetTimeout = time.Minute, 200*time.Millisecond
+			s := w.sender(cfg)
+			if r := s.Send(ctxT(t), msg("example.test", "a@example.test")); classify.Default().Classify(r.Rcpts[0].Outcome).Class != classify.Delivered {
+				t.Fatalf("first message: %+v", r.Rcpts[0].Outcome)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			r := s.Send(ctx, msg("example.test", "b@example.test"))
+			p.mu.Lock()
+			conns := p.conns
+			p.mu.Unlock()
+			if res := classify.Default().Classify(r.Rcpts[0].Outcome); res.Class != classify.Delivered || conns < 2 {
+				t.Fatalf("second message: %+v (%v) on %d connections (%q)", r.Rcpts[0].Outcome, res.Class, conns, p.commands())
+			}
+		})
 	}
 }

@@ -231,7 +231,16 @@ func (c *client) transaction(ctx context.Context, m *Message, info *msgInfo, bat
 			return nil, err
 		}
 		if resetFirst {
-			r, err := c.readReplyStep(ctx, classify.StageMail, c.cfg.CommandTimeout, "RSET")
+			// The RSET's own timeout, short: a pooled connection the
+			// server went quiet on is given up in seconds. Not with a
+			// chunk in the same write: a server may hold its replies to
+			// the group until it has taken the message, as long as a
+			// final dot's reply may take.
+			timeout := c.cfg.ResetTimeout
+			if chunking {
+				timeout = c.cfg.FinalDotTimeout
+			}
+			r, err := c.readReplyStep(ctx, classify.StageMail, timeout, "RSET")
 			switch {
 			case err == nil && r.code == 250:
 			case chunking && err == nil && r.code != 421:

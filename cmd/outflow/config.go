@@ -83,6 +83,7 @@ type serveConfig struct {
 	SentTTL         time.Duration `toml:"sent-ttl"`
 	ConnectTimeout  time.Duration `toml:"connect-timeout"`
 	CommandTimeout  time.Duration `toml:"command-timeout"`
+	ResetTimeout    time.Duration `toml:"rset-timeout"`
 	DataTimeout     time.Duration `toml:"data-timeout"`
 	FinalDotTimeout time.Duration `toml:"final-dot-timeout"`
 	SMTPChunking    bool          `toml:"smtp-chunking"`
@@ -184,6 +185,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.IntVar(&c.SMTPPort, "smtp-port", sender.DefaultPort, "port of MX hosts (tests use another)")
 	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", sender.DefaultConnectTimeout, "TCP connect to an MX or the relay")
 	fs.DurationVar(&c.CommandTimeout, "command-timeout", sender.DefaultCommandTimeout, "each SMTP command's reply, including the greeting (RFC 5321 4.5.3.2)")
+	fs.DurationVar(&c.ResetTimeout, "rset-timeout", sender.DefaultResetTimeout, "the reply to the RSET that starts a transaction on a reused connection (a quiet pooled connection costs this before a fresh one is opened)")
 	fs.DurationVar(&c.DataTimeout, "data-timeout", sender.DefaultDataBlockTimeout, "each block of the message body written to the server (RFC 5321 4.5.3.2.5)")
 	fs.DurationVar(&c.FinalDotTimeout, "final-dot-timeout", sender.DefaultFinalDotTimeout, "the reply to the final dot; past it the outcome is unknown (RFC 5321 4.5.3.2.6)")
 	fs.StringSliceVar(&c.NoChunkingFor, "smtp-chunking-off", nil, "destination domains, or MX or relay host names, always sent DATA, never BDAT, whatever their servers offer (NAME[,NAME])")
@@ -577,6 +579,7 @@ func (c *serveConfig) checkNumbers() error {
 		num("gc-min-heap", float64(c.GCMinHeap), "no floor", ""),
 		dur("connect-timeout", c.ConnectTimeout, ""),
 		dur("command-timeout", c.CommandTimeout, ""),
+		dur("rset-timeout", c.ResetTimeout, ""),
 		dur("data-timeout", c.DataTimeout, ""),
 		dur("final-dot-timeout", c.FinalDotTimeout, ""),
 		num("mx-address-limit", float64(c.MXAddressLimit), "no limit", ""),

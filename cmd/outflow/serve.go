@@ -274,7 +274,7 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	snd, err := sender.New(sender.Config{
 		Hostname: hostname, Relay: c.Relay, RelayUsername: c.RelayUser, RelayPassword: c.RelayPassword,
 		RelayTLS: sender.RelayTLS(c.RelayTLS), TLS: sender.TLSPolicy(c.TLSPolicy), TLSPerDestination: tlsDest,
-		ConnectTimeout: c.ConnectTimeout, GreetingTimeout: c.CommandTimeout, CommandTimeout: c.CommandTimeout,
+		ConnectTimeout: c.ConnectTimeout, GreetingTimeout: c.CommandTimeout, CommandTimeout: c.CommandTimeout, ResetTimeout: c.ResetTimeout,
 		DataInitTimeout: c.CommandTimeout, DataBlockTimeout: c.DataTimeout, FinalDotTimeout: c.FinalDotTimeout,
 		NoChunking: !c.SMTPChunking, NoChunkingFor: noChunking,
 		MXAllowLoopback: c.MXAllowLoopback, MXAddressLimit: mxLimit(c.MXAddressLimit), MXSessionLimit: mxLimit(c.MXSessionLimit),
