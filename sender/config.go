@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -172,6 +173,10 @@ type Config struct {
 	// server's host name (an MX host, or the relay host), so that one
 	// broken server can be named whatever domains it receives for.
 	NoChunkingFor map[string]bool
+	// bdatRefused holds the hosts (nameKey) whose server refused BDAT as
+	// a command it does not know, though it offered CHUNKING: sent DATA
+	// from then on, by every connection of the Sender (chunkReply).
+	bdatRefused *sync.Map
 
 	// MaxMsgsPerConn is how many transactions one connection carries
 	// before it is closed; a server's LIMITS MAILMAX lowers it.
@@ -238,6 +243,9 @@ type Config struct {
 // withDefaults returns a copy of c with every zero field set to its
 // default, or an error for values that cannot work.
 func (c Config) withDefaults() (Config, error) {
+	if c.bdatRefused == nil {
+		c.bdatRefused = new(sync.Map)
+	}
 	if c.Hostname == "" {
 		h, err := os.Hostname()
 		if err != nil || h == "" {
@@ -326,6 +334,9 @@ func (c Config) withDefaults() (Config, error) {
 // server offers CHUNKING.
 func (c *Config) chunkingFor(domain, host string) bool {
 	if c.NoChunking {
+		return false
+	}
+	if _, refused := c.bdatRefused.Load(nameKey(host)); refused {
 		return false
 	}
 	return !c.NoChunkingFor[nameKey(domain)] && !c.NoChunkingFor[nameKey(host)]

@@ -252,3 +252,30 @@ func TestQuietPooledConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestBDATRefusedAsUnknown: a server that offers CHUNKING and then
+// answers BDAT "500 unrecognized command" never took the message: the
+// attempt is retried, not bounced, and the host gets DATA from then on.
+// Read as the message's reply, the 500 bounced every message to it.
+func TestBDATRefusedAsUnknown(t *testing.T) {
+	for _, ext := range [][]string{{"CHUNKING"}, {"PIPELINING", "CHUNKING"}} {
+		t.Run(strings.Join(ext, "+"), func(t *testing.T) {
+			p := startPeer(t, ext, func(_ int, cmd string) string {
+				if strings.HasPrefix(cmd, "BDAT") {
+					return "500 5.5.1 unrecognized command\r\n"
+				}
+				return ""
+			})
+			w := peerMX(t, p)
+			s := w.sender(w.config())
+			r := s.Send(ctxT(t), msg("example.test", "a@example.test"))
+			if res := classify.Default().Classify(r.Rcpts[0].Outcome); res.Class != classify.Transient {
+				t.Fatalf("first attempt: %+v classified %v, want transient", r.Rcpts[0].Outcome, res.Class)
+			}
+			r = s.Send(ctxT(t), msg("example.test", "a@example.test"))
+			if res := classify.Default().Classify(r.Rcpts[0].Outcome); res.Class != classify.Delivered || p.count("DATA") == 0 {
+				t.Fatalf("the retry: %+v classified %v, want delivered with DATA (%q)", r.Rcpts[0].Outcome, res.Class, p.commands())
+			}
+		})
+	}
+}

@@ -425,6 +425,20 @@ func (c *client) chunkReply(ctx context.Context, m *Message, info *msgInfo, pipe
 	if len(accepted) == 0 {
 		return carry, nil // the server's "no valid recipients" to the chunk
 	}
+	if r.code == 500 || r.code == 502 || r.code == 504 {
+		// BDAT refused as a command the server does not know, though it
+		// offered CHUNKING: no refusal of the message, which it never
+		// took (and whose octets it may have read as commands). Read as
+		// the message's reply, it bounced every message sent to the host.
+		// The host gets DATA from now on, the connection is closed, and
+		// the attempt is retried.
+		c.broken = true
+		c.cfg.bdatRefused.Store(nameKey(c.host), true)
+		c.log.Warn().Str("mx", c.host).Str("reply", shortRaw(r.raw)).
+			Msg("server offers CHUNKING but refused BDAT as unknown; DATA to it from now on")
+		return carry, &stepErr{in: classify.Input{Stage: classify.StageData, Event: classify.EventConnLost,
+			Text: fmt.Sprintf("%s (%s): BDAT refused as unknown though CHUNKING was offered, DATA next time: %q", c.host, c.addr, shortRaw(r.raw))}}
+	}
 	in := r.input(classify.StageDataEnd)
 	for _, i := range accepted {
 		out[i], decided[i] = in, true
