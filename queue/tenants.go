@@ -119,13 +119,20 @@ func (q *Queue) createTenant(ctx context.Context, tenant string, force bool) (*t
 		// consumer like the daemons' retry-lane one (which they keep up to
 		// date), with the work stream's replicas (0), and leaves an existing
 		// one as the daemons made it.
-		lane, err := q.js.Consumer(ctx, StreamRetry, consumerRetry)
+		// Both asked again while a cluster elects leaders (lookUp), as
+		// the command's other look-ups are: a request sent during the
+		// election waited out the whole --timeout.
+		lane, err := lookUp(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+			return q.js.Consumer(ctx, StreamRetry, consumerRetry)
+		})
 		if err != nil {
 			return nil, fmt.Errorf("the daemons' retry-lane consumer (is outflow serve running?): %w", err)
 		}
 		lc := lane.CachedInfo().Config
 		cfg.AckWait, cfg.MaxAckPending, cfg.Replicas = lc.AckWait, lc.MaxAckPending, 0
-		if _, err := q.js.CreateConsumer(ctx, StreamWork, cfg); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+		if _, err := lookUp(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+			return q.js.CreateConsumer(ctx, StreamWork, cfg)
+		}); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
 			return nil, err
 		}
 	} else if _, err := q.js.CreateOrUpdateConsumer(ctx, StreamWork, cfg); err != nil {
