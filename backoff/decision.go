@@ -41,8 +41,9 @@ type Record struct {
 	// PacedBy, when set, says that the delay is the envelope's place in
 	// the destination's virtual queue at this rate ("10.00/s learned"),
 	// not the backoff draw: throttled mail of a destination with a rate
-	// comes back at that rate (Throttle.Pace). Delay and DelayMs are then
-	// the paced delay; the draw's fields are kept for the record.
+	// comes back at that rate (Throttle.Pace), or "deadline": the wait
+	// cut short at the message's end, where it expires. Delay and DelayMs
+	// are then the paced delay; the draw's fields are kept for the record.
 	PacedBy string
 
 	// NextAttemptAt is when the attempt is due: the decision time plus

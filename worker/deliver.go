@@ -946,6 +946,14 @@ func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queu
 			at, pacedBy = pat, by
 		}
 	}
+	if end := w.expiresAt(next); !end.IsZero() && at.After(end) {
+		// A draw, a server's hint (up to days) or a pace past the
+		// message's end: the attempt comes at the end, where the
+		// message expires with its notice, not when the wait was over.
+		ms := max(0, (end.Sub(now) + time.Millisecond - 1).Milliseconds())
+		dec.DelayMs, dec.Delay = ms, time.Duration(ms)*time.Millisecond
+		at, pacedBy = now.Add(dec.Delay), "deadline"
+	}
 	rec := w.baseRecord(e, dest, o.lead)
 	rec.Lane = string(lane)
 	rec.Attempt = next.Attempt
@@ -968,6 +976,30 @@ func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queu
 	return false, nil
 }
 
+// expiresAt is when e's age ends, a moment past which its next pickup
+// moves it to dead letters as expired: the earlier of its deadline from
+// submission and Budget.MaxAge from its first attempt; zero for neither.
+// A retry is never scheduled after it (deferRest; a refusal, after the
+// deadline): scheduled at a server's hint of days, or at a suspension's
+// end, the message stayed deferred past the Will-Retry-Until its delay
+// notice gave, and its failure notice came that much later.
+func (w *deliverer) expiresAt(e *queue.Envelope) time.Time {
+	end := e.Deadline
+	if ma := w.cfg.Budget.MaxAge; ma > 0 && !e.FirstAttempt.IsZero() {
+		if byAge := e.FirstAttempt.Add(ma); end.IsZero() || byAge.Before(end) {
+			end = byAge
+		}
+	}
+	if end.IsZero() {
+		return end
+	}
+	return end.Add(expirySlack)
+}
+
+// expirySlack puts a retry capped at a message's end just past it, so
+// the pickup finds it expired.
+const expirySlack = 100 * time.Millisecond
+
 // idleCloser is a Sender that can close its idle pooled connections to a
 // destination's hosts (*sender.Sender.CloseIdle).
 type idleCloser interface {
@@ -988,6 +1020,13 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 	at := r.Until
 	if at.IsZero() {
 		at = w.now().Add(time.Second)
+	}
+	if !e.Deadline.IsZero() && at.After(e.Deadline.Add(expirySlack)) {
+		// A suspension past the message's deadline: it expires then,
+		// at its pickup. (Not Budget.MaxAge's end, which only an
+		// attempt's outcome checks: refused again there, the envelope
+		// would come straight back.)
+		at = e.Deadline.Add(expirySlack)
 	}
 	w.cfg.Metrics.refusal(r.Reason)
 	closed := 0
