@@ -466,9 +466,9 @@ func (e errorLog) Println(v ...any)               { e.l.Warn().Msg(fmt.Sprint(v.
 // SetUsers replaces the accounts AUTH checks with u (the users file read
 // again, on a reload): new sessions authenticate against it at once, and a
 // session authenticated with an account u no longer has, or whose hash
-// changed, is asked to authenticate again at its next MAIL
-// (errCredentialsChanged). An error when AUTH is off (Config.Users nil) or
-// u is nil.
+// changed, is answered errCredentialsChanged at its next MAIL and ends
+// (go-smtp allows one AUTH a connection). An error when AUTH is off
+// (Config.Users nil) or u is nil.
 func (s *Server) SetUsers(u *Users) error {
 	if u == nil {
 		return errors.New("submission: no users")
