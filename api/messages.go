@@ -581,9 +581,9 @@ type MessageStatus struct {
 	// attempt's class and reply, or for one not tried yet the
 	// coordinator's reason ("local", "suspended: a.test@192.0.2.10:
 	// source blocked (…): 550 …"), which a deferred event records too.
-	LastClass  string        `json:"last_class,omitempty"`
-	LastReply  string        `json:"last_reply,omitempty"`
-	Recipients []string      `json:"recipients,omitempty"`
+	LastClass  string   `json:"last_class,omitempty"`
+	LastReply  string   `json:"last_reply,omitempty"`
+	Recipients []string `json:"recipients,omitempty"`
 	// Outcomes is what became of each recipient the history names: one
 	// attempt can deliver some of a part's recipients and bounce others,
 	// and State, the part's last outcome, says one of them.
