@@ -337,21 +337,28 @@ func TestRawMessageIdempotentMessageID(t *testing.T) {
 	}
 }
 
+// takeWork takes the next envelope from the work lane, as a worker would.
+func (f *fixture) takeWork(ctx context.Context, t *testing.T) *queue.Delivery {
+	t.Helper()
+	ch, err := f.q.Messages(ctx, queue.LaneWork, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-ch:
+		return d
+	case <-ctx.Done():
+		t.Fatal("no envelope")
+		return nil
+	}
+}
+
 func TestGetMessageFollowsItsEvents(t *testing.T) {
 	f := newFixture(t, nil)
 	ids := f.do(t, "POST", "/v1/messages", f.key, map[string]any{"from": "a@src.example", "to": []string{"b@dst.example"}, "text": "hi"}, nil).ids(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ch, err := f.q.Messages(ctx, queue.LaneWork, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d *queue.Delivery
-	select {
-	case d = <-ch:
-	case <-ctx.Done():
-		t.Fatal("no envelope")
-	}
+	d := f.takeWork(ctx, t)
 	if err := d.Delivered(ctx, d.Env.Rcpts, true); err != nil {
 		t.Fatal(err)
 	}
@@ -414,16 +421,7 @@ func TestGetMessageSaysEachRecipientsOutcome(t *testing.T) {
 		"to": []string{"ok@dst.example", "gone@dst.example"}, "text": "hi"}, nil).ids(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ch, err := f.q.Messages(ctx, queue.LaneWork, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d *queue.Delivery
-	select {
-	case d = <-ch:
-	case <-ctx.Done():
-		t.Fatal("no envelope")
-	}
+	d := f.takeWork(ctx, t)
 	if err := d.Delivered(ctx, d.Env.Rcpts, true); err != nil {
 		t.Fatal(err)
 	}
@@ -983,16 +981,7 @@ func TestGetMessageSaysWhyItWaits(t *testing.T) {
 	ids := f.do(t, "POST", "/v1/messages", f.key, map[string]any{"from": "a@src.example", "to": []string{"b@dst.example"}, "text": "hi"}, nil).ids(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ch, err := f.q.Messages(ctx, queue.LaneWork, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d *queue.Delivery
-	select {
-	case d = <-ch:
-	case <-ctx.Done():
-		t.Fatal("no envelope")
-	}
+	d := f.takeWork(ctx, t)
 	next := d.Env.Clone()
 	next.LastClass, next.LastReply = "local", "suspended: dst.example@192.0.2.10: source blocked (source-listed): 554 5.7.1 listed"
 	if err := d.Reschedule(ctx, next, queue.LaneRetry, time.Now().Add(time.Hour), true); err != nil {
