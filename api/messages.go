@@ -602,18 +602,15 @@ type RecipientOutcome struct {
 }
 
 // recipientOutcomes reads each recipient's state from hist (oldest
-// first), in the order the recipients first appear. A notice sent about
-// it, a complaint or an unsubscribe says nothing of its delivery.
+// first, stateAfter of the last event naming it), in the order the
+// recipients first appear.
 func recipientOutcomes(hist []queue.Event) []RecipientOutcome {
 	var out []RecipientOutcome
 	at := map[string]int{}
 	for _, ev := range hist {
-		state := ev.Type
-		switch ev.Type {
-		case queue.EventDSN, queue.EventComplained, queue.EventUnsubscribed:
+		state, ok := stateAfter(ev.Type)
+		if !ok {
 			continue
-		case queue.EventQueued, queue.EventReplayed, queue.EventReleased, queue.EventFastFwd:
-			state = string(queue.StateQueued)
 		}
 		for _, r := range ev.Recipients {
 			o := RecipientOutcome{Recipient: r, State: state, Reason: ev.Reason, Time: ev.Time}
@@ -635,18 +632,26 @@ func recipientOutcomes(hist []queue.Event) []RecipientOutcome {
 // delivered (the last three put it back on fresh work): queued.
 func lastOutcome(hist []queue.Event) string {
 	for i := len(hist) - 1; i >= 0; i-- {
-		switch t := hist[i].Type; t {
-		case queue.EventDSN, queue.EventComplained, queue.EventUnsubscribed:
-			// A notice sent, a complaint or an unsubscribe received:
-			// about the message, not what became of it.
-			continue
-		case queue.EventQueued, queue.EventReplayed, queue.EventReleased, queue.EventFastFwd:
-			return string(queue.StateQueued)
-		default:
-			return t
+		if state, ok := stateAfter(hist[i].Type); ok {
+			return state
 		}
 	}
 	return string(queue.StateQueued)
+}
+
+// stateAfter is the state an event of type typ leaves its message (or
+// recipient) in: the type, or queued for one stored, replayed, released
+// or fast-forwarded (put back on fresh work). ok is false for a notice
+// sent, a complaint or an unsubscribe received: about the message, not
+// what became of it.
+func stateAfter(typ string) (state string, ok bool) {
+	switch typ {
+	case queue.EventDSN, queue.EventComplained, queue.EventUnsubscribed:
+		return "", false
+	case queue.EventQueued, queue.EventReplayed, queue.EventReleased, queue.EventFastFwd:
+		return string(queue.StateQueued), true
+	}
+	return typ, true
 }
 
 // history reads message id's events for key. Only the tenant's events are

@@ -217,24 +217,17 @@ func (r *remoteSyncer) Sync(ctx context.Context, streams ...string) error {
 // daemon back in time, and the caller answers as before (ErrMaybeStored).
 func (q *Queue) storedAcrossRestart(ctx context.Context, streams []string, ids []string) bool {
 	started := time.Now()
-	tick := time.NewTicker(syncAgainEvery)
-	defer tick.Stop()
-	for {
-		actx, cancel := context.WithTimeout(ctx, syncAgainEvery*4)
+	// Asked again, as an admin client's look-ups are (lookUp), while
+	// nobody answers; a daemon that answers with a failed sync ends it.
+	if _, err := lookUp(ctx, func(ctx context.Context) (struct{}, error) {
 		q.count(OpSync)
-		answered, err := askSync(actx, q.nc, streams...)
-		cancel()
-		if answered {
-			if err != nil {
-				return false
-			}
-			break
+		answered, err := askSync(ctx, q.nc, streams...)
+		if !answered && err == nil {
+			err = nats.ErrNoResponders
 		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-tick.C:
-		}
+		return struct{}{}, err
+	}); err != nil {
+		return false
 	}
 	for _, id := range ids {
 		if _, err := q.Find(ctx, id); err == nil {
@@ -250,10 +243,6 @@ func (q *Queue) storedAcrossRestart(ctx context.Context, streams []string, ids [
 		Msg("the daemon that syncs the store answered again after its restart, and the message is stored: accepted")
 	return true
 }
-
-// syncAgainEvery is how often storedAcrossRestart asks whether a daemon
-// syncs again.
-const syncAgainEvery = 250 * time.Millisecond
 
 // flights runs one call per key at a time; callers that arrive while one
 // runs wait for it and share its result.

@@ -237,6 +237,21 @@ func (g *suspendedThenRateGate) Admit(context.Context, string, string, string) (
 	return nil, throttle.Refusal{Until: time.Now().Add(time.Hour), Reason: "rate"}
 }
 
+// waitFound waits until the stored message id meets cond, and returns it.
+func (e *env) waitFound(id, what string, cond func(*queue.Item) bool) *queue.Item {
+	e.t.Helper()
+	var it *queue.Item
+	waitUntil(e.t, what, func() bool {
+		found, err := e.q.Find(context.Background(), id)
+		if err == nil && cond(found) {
+			it = found
+			return true
+		}
+		return false
+	})
+	return it
+}
+
 // TestSuspendedMessageSaysWhy: a message held by a suspension before any
 // attempt shows the suspension as its last reply (queue list, the
 // console), where it showed a deferral with no reply at all, and the
@@ -250,19 +265,11 @@ func TestSuspendedMessageSaysWhy(t *testing.T) {
 		e.startPool(func(c *Config) { c.Workers, c.Gate = 1, gate })
 		id := e.submit("bob@blocks.test")
 		e.waitEvent(id, queue.EventDeferred)
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			it, err := e.q.Find(context.Background(), id)
-			if err == nil && gate.refused.Load() >= 2 && it.NextAt.After(time.Now().Add(30*time.Minute)) {
-				if it.Env.LastClass != "" || it.Env.LastReply != "" {
-					t.Fatalf("after the suspension: last class %q, reply %q, want none", it.Env.LastClass, it.Env.LastReply)
-				}
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the held message: %+v, %v (refusals %d)", it, err, gate.refused.Load())
-			}
-			time.Sleep(50 * time.Millisecond)
+		it := e.waitFound(id, "the rate's refusal after the suspension", func(it *queue.Item) bool {
+			return gate.refused.Load() >= 2 && it.NextAt.After(time.Now().Add(30*time.Minute))
+		})
+		if it.Env.LastClass != "" || it.Env.LastReply != "" {
+			t.Fatalf("after the suspension: last class %q, reply %q, want none", it.Env.LastClass, it.Env.LastReply)
 		}
 		if n := countPrefix(e.events(id), queue.EventDeferred); n != 1 {
 			t.Fatalf("deferred events %d, want 1 (the suspension's only): %v", n, e.events(id))
@@ -279,39 +286,21 @@ func TestSuspendedMessageSaysWhy(t *testing.T) {
 		e.startPool(func(c *Config) { c.Workers, c.Gate = 1, gate })
 		id := e.submit("bob@blocks.test")
 		e.waitEvent(id, queue.EventDeferred)
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			// The retry (fastRetry: within a second or two) is refused.
-			it, err := e.q.Find(context.Background(), id)
-			if err == nil && it.Env.Attempt == 1 && it.NextAt.After(time.Now().Add(30*time.Minute)) { // rescheduled by the refusal
-				if it.Env.LastClass != "transient" || !strings.Contains(it.Env.LastReply, "try again later") {
-					t.Fatalf("after the refusal: last class %q, reply %q, want the attempt's", it.Env.LastClass, it.Env.LastReply)
-				}
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the held message: %+v, %v", it, err)
-			}
-			time.Sleep(50 * time.Millisecond)
+		// The retry (fastRetry: within a second or two) is refused.
+		it := e.waitFound(id, "the retry rescheduled by the refusal", func(it *queue.Item) bool {
+			return it.Env.Attempt == 1 && it.NextAt.After(time.Now().Add(30*time.Minute))
+		})
+		if it.Env.LastClass != "transient" || !strings.Contains(it.Env.LastReply, "try again later") {
+			t.Fatalf("after the refusal: last class %q, reply %q, want the attempt's", it.Env.LastClass, it.Env.LastReply)
 		}
 	})
 
 	e := newEnv(t, nil)
 	e.startPool(func(c *Config) { c.Workers, c.Gate = 1, suspendedGate{} })
 	id := e.submit("bob@blocks.test")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		it, err := e.q.Find(context.Background(), id)
-		if err == nil && it.Env.LastReply != "" {
-			if it.Env.LastClass != "local" || it.Env.LastReply != "suspended: blocks.test@127.0.0.2: source blocked (source-blocked): 554 5.7.1 listed" {
-				t.Fatalf("last class %q, reply %q", it.Env.LastClass, it.Env.LastReply)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no last reply on the held message within 30s (%v, %v)", it, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	it := e.waitFound(id, "a last reply on the held message", func(it *queue.Item) bool { return it.Env.LastReply != "" })
+	if it.Env.LastClass != "local" || it.Env.LastReply != "suspended: blocks.test@127.0.0.2: source blocked (source-blocked): 554 5.7.1 listed" {
+		t.Fatalf("last class %q, reply %q", it.Env.LastClass, it.Env.LastReply)
 	}
 	evs := e.waitEvent(id, queue.EventDeferred)
 	for _, ev := range evs {

@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -411,10 +410,7 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	ready.Store(true)
 	usersPath := ""
 	if users != nil {
-		usersPath = c.Users
-		if usersPath == "" {
-			usersPath = filepath.Join(c.Data, submission.UsersFileName)
-		}
+		usersPath = c.usersFile()
 	}
 	reloads := newReloader(usersPath, sub, users, reg, log)
 	reloads.cert("smtp-tls", smtpCert, reg)

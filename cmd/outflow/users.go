@@ -37,18 +37,27 @@ type pendingAccount struct {
 	password string
 }
 
+// usersFile is the users file: --users, or DATA/users (the one a first
+// start generates there).
+func (c *serveConfig) usersFile() string {
+	if c.Users != "" {
+		return c.Users
+	}
+	return filepath.Join(c.Data, submission.UsersFileName)
+}
+
 // loadUsers reads the users file: --users, or DATA/users. Without either,
 // it generates an account and returns it as pending: the caller commits it
 // once the daemon is up and discards it otherwise.
 func loadUsers(c *serveConfig, log zerolog.Logger) (*submission.Users, *pendingAccount, error) {
+	path := c.usersFile()
 	if c.Users != "" {
-		u, err := submission.LoadUsers(c.Users)
+		u, err := submission.LoadUsers(path)
 		if err != nil {
 			return nil, nil, usageError{usersFileError(err)}
 		}
 		return u, nil, nil
 	}
-	path := filepath.Join(c.Data, submission.UsersFileName)
 	_, err := os.Stat(path)
 	switch {
 	case err == nil:
