@@ -485,6 +485,14 @@ func awaitStop(ctx context.Context, subDone, poolDone <-chan error, log zerolog.
 	case err := <-subDone:
 		return stopped("submission listener", err), false
 	case err := <-poolDone:
+		if ctx.Err() != nil {
+			// The stop came while the workers were ending because of
+			// it (a pool still starting returns "context canceled"):
+			// select picks either at random, and the clean stop read as
+			// a failure.
+			log.Info().Msg("shutting down: no new submissions; the workers have stopped")
+			return nil, true
+		}
 		return stopped("workers", err), true
 	}
 }
