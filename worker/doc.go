@@ -34,8 +34,10 @@
 // every session for minutes cannot make the others' mail wait for a slot.
 // The work lane's pulls ask before they hand an envelope over
 // (queue.Admission); an envelope from the retry or rate-limit lane, which
-// every tenant shares, of a tenant at its share goes back to its lane for
-// 30 s without an attempt.
+// every tenant shares, of a tenant holding all it may waits in its slot
+// until one of its tenant's deliveries ends, the slot serving the other
+// tenants' fresh mail meanwhile; with an eighth of the slots waiting so, it
+// goes back to its lane for 30 s without an attempt.
 //
 // A graceful stop (the end of Pool.Run's context) hands back what the
 // process holds and has not sent, to be handed out again at once rather

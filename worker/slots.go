@@ -28,8 +28,11 @@ import (
 // The work lane's hand-off asks before it hands an envelope over (Admits,
 // Started: queue.Admission). The retry and rate-limit lanes, which every
 // tenant shares, do not (a refused envelope left there held the others
-// back): the slot that takes one asks (TryStart), and sends one of a
-// tenant at its share back to its lane for later, without an attempt.
+// back): the slot that takes one asks (TryStart). One past its tenant's
+// reserve or share waits in the slot (slotWait) until one of its tenant's
+// deliveries ends, serving the other tenants' fresh mail meanwhile; at
+// most maxWait slots wait at once, and the envelopes past those go back
+// to their lane for later, without an attempt (slotBack).
 //
 // The hand-off counts a delivery started after the slot has taken it, so
 // the slot may count it ended first: a count may go below zero for a
@@ -41,11 +44,14 @@ type tenantSlots struct {
 	weights  map[string]float64 // tenant weights (default 1)
 	inflight map[string]int     // deliveries in flight, by tenant (zero: absent)
 	sum      float64            // weights of the tenants whose count is above zero
+	waiting  int                // slots holding an envelope that waits (slotWait)
+	maxWait  int                // at most this many
 	changed  chan struct{}      // closed at the next end, then replaced; nil unwatched
 }
 
 func newTenantSlots(workers int, weights map[string]float64) *tenantSlots {
-	return &tenantSlots{workers: workers, limit: workers - workers/8, weights: weights, inflight: map[string]int{}}
+	return &tenantSlots{workers: workers, limit: workers - workers/8, maxWait: max(1, workers/8),
+		weights: weights, inflight: map[string]int{}}
 }
 
 func (s *tenantSlots) weight(tenant string) float64 {
@@ -77,20 +83,70 @@ func (s *tenantSlots) capLocked(tenant string, n, limit int) int {
 	return max(1, min(limit, share))
 }
 
-// TryStart counts a delivery of tenant's started and reports true when it
-// may start now, else counts nothing and reports false: Admits and
-// Started at once, for a slot that took an envelope from a shared lane.
-// The reserve does not hold there, only the shares: a tenant alone takes
-// every slot for its retries. (A destination recovering from an outage
-// releases its deferred mail onto the retry lane, and its slots wait for
-// the rate's tokens; held to the reserve, the envelopes past it went back
-// for half a minute, and a 6 s drain took 34.) A tenant's fresh mail
-// keeps the reserve free for the next tenant.
-func (s *tenantSlots) TryStart(tenant string) bool {
+// slotVerdict is what a slot does with an envelope it took from a shared
+// lane (TryStart).
+type slotVerdict int
+
+const (
+	// slotStart: counted started; deliver it.
+	slotStart slotVerdict = iota
+	// slotWait: its tenant holds all it may; the slot holds the envelope
+	// (counted among the waiting) until StartWaiting starts it or
+	// StopWaiting gives it up.
+	slotWait
+	// slotBack: its tenant holds all it may and maxWait slots wait
+	// already; the envelope goes back to its lane for later.
+	slotBack
+)
+
+// TryStart is Admits and Started at once, for a slot that took an
+// envelope of tenant's from a shared lane: slotStart when it counted the
+// delivery started, else slotWait or slotBack.
+//
+// The reserve holds here as on the work lane: a tenant alone holding all
+// but the reserve with retries to a host that never answers left the next
+// tenant's password reset waiting for one of those sessions to time out.
+// Its envelope past the reserve waits in the slot rather than going back
+// for tenantShareRetry: when a destination recovers from an outage and
+// releases its deferred mail onto the retry lane, the slots wait for the
+// rate's tokens, and a 6 s drain whose envelopes past the reserve went
+// back for half a minute took 34.
+func (s *tenantSlots) TryStart(tenant string) slotVerdict {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.startLocked(tenant) {
+		return slotStart
+	}
+	if s.waiting >= s.maxWait {
+		return slotBack
+	}
+	s.waiting++
+	return slotWait
+}
+
+// StartWaiting counts a waiting envelope of tenant's started, and no
+// longer waiting, when its tenant may start one now.
+func (s *tenantSlots) StartWaiting(tenant string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.startLocked(tenant) {
+		return false
+	}
+	s.waiting--
+	return true
+}
+
+// StopWaiting counts a waiting envelope given up (sent back or given
+// back at a stop).
+func (s *tenantSlots) StopWaiting() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waiting--
+}
+
+func (s *tenantSlots) startLocked(tenant string) bool {
 	n := s.inflight[tenant]
-	if n >= s.capLocked(tenant, n, s.workers) {
+	if n >= s.capLocked(tenant, n, s.limit) {
 		return false
 	}
 	s.addLocked(tenant, 1)

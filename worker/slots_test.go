@@ -2,7 +2,9 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -95,20 +97,43 @@ func TestTenantSlotsEndBeforeStarted(t *testing.T) {
 	if len(s.inflight) != 0 || s.sum != 0 {
 		t.Fatalf("inflight %v, sum %v after every delivery ended", s.inflight, s.sum)
 	}
-	// From a shared lane, alone, all 32 (no reserve: its retries).
-	for range 32 {
-		if !s.TryStart("a") {
-			t.Fatalf("a refused with %d in flight, alone", s.inflight["a"])
+	// From a shared lane, alone, all but the reserve (28 of 32); the next
+	// ones wait in a slot, up to 4 slots (32/8), and the rest go back.
+	for range 28 {
+		if v := s.TryStart("a"); v != slotStart {
+			t.Fatalf("a got %v with %d in flight, alone", v, s.inflight["a"])
 		}
 	}
-	if s.TryStart("a") {
-		t.Fatal("a started past the slots")
+	for range 4 {
+		if v := s.TryStart("a"); v != slotWait {
+			t.Fatalf("a past the reserve got %v, want to wait", v)
+		}
 	}
-	if !s.TryStart("b") {
-		t.Fatal("b refused with a holding its share and more")
+	if v := s.TryStart("a"); v != slotBack {
+		t.Fatalf("a past the reserve with 4 slots waiting got %v, want back", v)
 	}
-	if s.TryStart("a") {
-		t.Fatal("a started past its share with b in flight")
+	if s.StartWaiting("a") {
+		t.Fatal("a waiting started past the reserve")
+	}
+	if v := s.TryStart("b"); v != slotStart {
+		t.Fatalf("b got %v with a holding its share and more", v)
+	}
+	// a's share is now 16: its waiting envelopes start only below it.
+	for range 12 {
+		s.end("a")
+	}
+	if s.StartWaiting("a") {
+		t.Fatalf("a waiting started holding %d, its share 16", s.inflight["a"])
+	}
+	s.end("a")
+	if !s.StartWaiting("a") {
+		t.Fatalf("a waiting refused holding %d, under its share 16", s.inflight["a"])
+	}
+	for range 3 {
+		s.StopWaiting()
+	}
+	if v := s.TryStart("a"); v != slotWait || s.waiting != 1 {
+		t.Fatalf("a got %v with %d waiting, want to wait, the only one", v, s.waiting)
 	}
 }
 
@@ -193,9 +218,11 @@ func BenchmarkTenantSlots(b *testing.B) {
 
 // An envelope of a tenant at its share (another tenant has deliveries in
 // flight) that comes due on the retry lane, which every tenant shares, is
-// not sent past the share: it goes back to its lane for later, without an
-// attempt, and the other tenant's mail still finds a slot free.
-func TestSharedLaneEnvelopeOverShareSentBack(t *testing.T) {
+// not sent past the share: it waits in a slot, without an attempt, until
+// one of its tenant's deliveries ends, and then goes at once (it used to
+// go back to its lane for 30 s); the other tenant's mail still finds a
+// slot free meanwhile.
+func TestSharedLaneEnvelopeWaitsForItsTenantsTurn(t *testing.T) {
 	var tries atomic.Int32
 	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
 		if stage == fakemx.StageRcpt && strings.Contains(arg, "retry.test") && tries.Add(1) == 1 {
@@ -237,13 +264,86 @@ func TestSharedLaneEnvelopeOverShareSentBack(t *testing.T) {
 			t.Fatalf("only %d sends to the slow host started", bs.blocked.Load())
 		}
 	}
-	testutil.WaitFor(t, 20*time.Second, "the retry sent back for its tenant's share", func() bool {
-		return strings.Contains(logs.String(), "local-tenant-share")
+	testutil.WaitFor(t, 20*time.Second, "the retry waiting in a slot for its tenant's turn", func() bool {
+		return strings.Contains(logs.String(), `"msg_id":"`+deferred+`"`) && strings.Contains(logs.String(), "waiting in a slot")
 	})
 	if n := tries.Load(); n != 1 {
 		t.Fatalf("retry.test tried %d times while its tenant held its share", n)
 	}
 	id := submit("shop", "r@fast.test")
 	e.waitEvent(id, queue.EventDelivered)
+	bs.release <- struct{}{} // one slow session ends: the campaign is under its share
+	e.waitEvent(deferred, queue.EventDelivered)
+	if strings.Contains(logs.String(), "local-tenant-share") {
+		t.Fatalf("an envelope went back to its lane, with no other slot waiting:\n%s", logs.String())
+	}
 	close(bs.release)
+}
+
+// retryBlocker passes each message's first send to Sender and holds its
+// later ones to slow.test until release closes: mail that a host deferred
+// and that, due again, finds the host answering no more.
+type retryBlocker struct {
+	Sender
+	release chan struct{}
+	blocked atomic.Int32
+	mu      sync.Mutex
+	seen    map[string]bool
+}
+
+func (b *retryBlocker) Send(ctx context.Context, m *sender.Message) sender.Result {
+	b.mu.Lock()
+	again := b.seen[m.ID]
+	b.seen[m.ID] = true
+	b.mu.Unlock()
+	if again && m.Domain == "slow.test" {
+		b.blocked.Add(1)
+		select {
+		case <-b.release:
+		case <-ctx.Done():
+		}
+	}
+	return b.Sender.Send(ctx, m)
+}
+
+// A tenant alone whose retries go to a host that holds every session keeps
+// the reserve free as its fresh mail does: another tenant's message,
+// coming after the retries filled all the first may hold, is delivered at
+// once, not once a held session ends (up to the command timeout). The
+// retry past the reserve waits in a slot, which delivers the other
+// tenant's message meanwhile.
+func TestLoneTenantsRetriesKeepTheReserve(t *testing.T) {
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && strings.Contains(arg, "slow.test") {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+		}
+		return nil
+	})
+	rb := &retryBlocker{Sender: e.snd, release: make(chan struct{}), seen: map[string]bool{}}
+	t.Cleanup(func() { close(rb.release) })
+	var logs syncBuf
+	const workers = 8 // a tenant alone holds 7, one slot waits
+	slowRetry := backoff.Backoff{Lane: backoff.LaneRetry, Base: time.Second, Min: time.Second, Cap: time.Second, Multiplier: 2, ContentionWindow: 10 * time.Millisecond}
+	e.startPool(func(c *Config) { c.Workers, c.Sender, c.Retry, c.Logger = workers, rb, slowRetry, zerolog.New(&logs) })
+	ctx := t.Context()
+	submit := func(tenant, rcpt string) string {
+		ids, err := e.q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: "app@src.test", Rcpts: []string{rcpt},
+			Body: []byte("Subject: hi\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids[0]
+	}
+	for i := range 12 {
+		submit("campaign", fmt.Sprintf("r%d@slow.test", i))
+	}
+	testutil.WaitFor(t, 20*time.Second, "the campaign's retries to hold all it may, and one more to wait (or every slot)", func() bool {
+		n := rb.blocked.Load()
+		return n == workers-1 && strings.Contains(logs.String(), "waiting in a slot") || n == workers
+	})
+	id := submit("shop", "r@fast.test")
+	e.waitEvent(id, queue.EventDelivered)
+	if n := rb.blocked.Load(); n != workers-1 {
+		t.Fatalf("%d of the campaign's retries in flight, want %d (all but the reserve)", n, workers-1)
+	}
 }

@@ -287,37 +287,86 @@ func (w *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 			}
 			continue
 		}
-		if ctx.Err() != nil {
-			if d.Lane == queue.LaneWork {
-				w.slots.end(d.Env.Tenant) // the hand-off's count (slots.Started)
-			}
-			// Taken as the pool stopped (select picks at random among
-			// ready cases): not started, so it goes back like the
-			// envelopes the pulls still held. The pull handed it over
-			// and keeps no copy, so it is given back once, here.
-			if err := w.giveBack(d, "taken as the workers stopped"); err != nil {
-				w.log.Warn().Err(err).Str("msg_id", d.Env.ID).Msg("envelope taken at the stop")
-			}
-			return
-		}
-		// The work lane's hand-off counted it for its tenant
-		// (slots.Started); a shared lane's is counted here, or, of a
-		// tenant at its share, sent back to its lane for later. It is
-		// counted out when this slot is done with it.
-		if d.Lane != queue.LaneWork && !w.slots.TryStart(d.Env.Tenant) {
-			w.overShare(workCtx, d)
-			continue
-		}
-		w.safeHandle(workCtx, d)
-		w.slots.end(d.Env.Tenant)
+		w.take(ctx, workCtx, d, work)
 	}
 }
 
-// overShare sends d, taken from a shared lane while its tenant holds its
-// share of the slots, back to its lane for tenantShareRetry, without an
-// attempt (the throttle's refusals take the same way, deliverer.refused).
-// Left waiting in the pull, it held back the other tenants' envelopes
-// behind it; handed to a slot, it took one past its tenant's share.
+// take runs d, which this slot took from its lane. work is the work lane,
+// for a slot that holds d while it waits for its tenant's turn to serve
+// the other tenants' fresh mail meanwhile (nil when d came from there).
+func (w *deliverer) take(ctx, workCtx context.Context, d *queue.Delivery, work <-chan *queue.Delivery) {
+	if ctx.Err() != nil {
+		if d.Lane == queue.LaneWork {
+			w.slots.end(d.Env.Tenant) // the hand-off's count (slots.Started)
+		}
+		// Taken as the pool stopped (select picks at random among
+		// ready cases): not started, so it goes back like the
+		// envelopes the pulls still held. The pull handed it over
+		// and keeps no copy, so it is given back once, here.
+		if err := w.giveBack(d, "taken as the workers stopped"); err != nil {
+			w.log.Warn().Err(err).Str("msg_id", d.Env.ID).Msg("envelope taken at the stop")
+		}
+		return
+	}
+	// The work lane's hand-off counted it for its tenant
+	// (slots.Started); a shared lane's is counted here, or, of a tenant
+	// holding all it may, waits here or goes back to its lane for later.
+	// It is counted out when this slot is done with it.
+	if d.Lane != queue.LaneWork {
+		switch w.slots.TryStart(d.Env.Tenant) {
+		case slotBack:
+			w.overShare(workCtx, d)
+			return
+		case slotWait:
+			if !w.waitForSlot(ctx, workCtx, d, work) {
+				return
+			}
+		}
+	}
+	w.safeHandle(workCtx, d)
+	w.slots.end(d.Env.Tenant)
+}
+
+// waitForSlot holds d, taken from a shared lane while its tenant holds
+// all the slots it may (its reserve or share, tenantSlots.TryStart), until
+// one of its tenant's deliveries ends and it may start, and reports true
+// then, counted started. Meanwhile the slot delivers the fresh mail the
+// work lane hands it, which is other tenants' (the hand-off gives none of
+// a tenant holding all it may), and keeps d's ack alive. At the stop it
+// gives d back and reports false.
+func (w *deliverer) waitForSlot(ctx, workCtx context.Context, d *queue.Delivery, work <-chan *queue.Delivery) bool {
+	stop := w.keepAlive(d)
+	defer stop()
+	w.log.Debug().Str("msg_id", d.Env.ID).Str("tenant", d.Env.Tenant).Str("dest", d.Env.Dest).Str("lane", string(d.Lane)).
+		Msg("waiting in a slot for one of its tenant's deliveries to end: it holds all the slots it may")
+	for {
+		ended := w.slots.Changed() // before the look, so that an end between them is not missed
+		if w.slots.StartWaiting(d.Env.Tenant) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			w.slots.StopWaiting()
+			stop()
+			if err := w.giveBack(d, "waiting for its tenant's slot as the workers stopped"); err != nil {
+				w.log.Warn().Err(err).Str("msg_id", d.Env.ID).Msg("envelope waiting for a slot at the stop")
+			}
+			return false
+		case <-ended:
+		case f, ok := <-work:
+			if ok {
+				w.take(ctx, workCtx, f, nil)
+			}
+		}
+	}
+}
+
+// overShare sends d, taken from a shared lane while its tenant holds all
+// the slots it may and other slots wait with its envelopes already, back
+// to its lane for tenantShareRetry, without an attempt (the throttle's
+// refusals take the same way, deliverer.refused). Left waiting in the
+// pull, it held back the other tenants' envelopes behind it; handed to a
+// slot, it took one past its tenant's share.
 func (w *deliverer) overShare(ctx context.Context, d *queue.Delivery) {
 	r := throttle.Refusal{Until: w.now().Add(tenantShareRetry), Reason: "tenant-share"}
 	if err := w.refused(ctx, d, d.Env.Dest, r); err != nil {
