@@ -602,19 +602,24 @@ type RecipientOutcome struct {
 }
 
 // recipientOutcomes reads each recipient's state from hist (oldest
-// first, stateAfter of the last event naming it), in the order the
-// recipients first appear.
+// first, stateAfter of the events naming it), in the order the recipients
+// first appear.
 func recipientOutcomes(hist []queue.Event) []RecipientOutcome {
 	var out []RecipientOutcome
 	at := map[string]int{}
 	for _, ev := range hist {
-		state, ok := stateAfter(ev.Type)
-		if !ok {
-			continue
-		}
 		for _, r := range ev.Recipients {
+			i, seen := at[r]
+			prev := ""
+			if seen {
+				prev = out[i].State
+			}
+			state, ok := stateAfter(prev, ev.Type)
+			if !ok {
+				continue
+			}
 			o := RecipientOutcome{Recipient: r, State: state, Reason: ev.Reason, Time: ev.Time}
-			if i, ok := at[r]; ok {
+			if seen {
 				out[i] = o
 				continue
 			}
@@ -625,31 +630,40 @@ func recipientOutcomes(hist []queue.Event) []RecipientOutcome {
 	return out
 }
 
-// lastOutcome is the state of a message no longer stored: its last event
-// that is an outcome. A notification about it (dsn) comes after the outcome
-// it reports, and says nothing new of the message. A last queued,
-// replayed, released or fast-forwarded event means stored and being
-// delivered (the last three put it back on fresh work): queued.
+// lastOutcome is the state of a message no longer stored, its events
+// read in order with stateAfter. A notification about it (dsn) comes after
+// the outcome it reports, and says nothing new of the message. A last
+// queued, replayed, released or fast-forwarded event means stored and
+// being delivered (the last three put it back on fresh work): queued.
 func lastOutcome(hist []queue.Event) string {
-	for i := len(hist) - 1; i >= 0; i-- {
-		if state, ok := stateAfter(hist[i].Type); ok {
-			return state
+	state := string(queue.StateQueued)
+	for _, ev := range hist {
+		if s, ok := stateAfter(state, ev.Type); ok {
+			state = s
 		}
 	}
-	return string(queue.StateQueued)
+	return state
 }
 
 // stateAfter is the state an event of type typ leaves its message (or
-// recipient) in: the type, or queued for one stored, replayed, released
-// or fast-forwarded (put back on fresh work). ok is false for a notice
-// sent, a complaint or an unsubscribe received: about the message, not
-// what became of it.
-func stateAfter(typ string) (state string, ok bool) {
+// recipient) in, from state prev: the type, or queued for one stored,
+// replayed, released or fast-forwarded (put back on fresh work). ok is
+// false for a notice sent, a complaint or an unsubscribe received: about
+// the message, not what became of it. An attempt under way when the
+// message was dropped writes its event after the dropped one, but not the
+// step it names: held, deferred, throttled, dead or expired after dropped
+// leave it dropped (delivered or bounced do not: that attempt's server
+// took or refused the message).
+func stateAfter(prev, typ string) (state string, ok bool) {
 	switch typ {
 	case queue.EventDSN, queue.EventComplained, queue.EventUnsubscribed:
 		return "", false
 	case queue.EventQueued, queue.EventReplayed, queue.EventReleased, queue.EventFastFwd:
 		return string(queue.StateQueued), true
+	case queue.EventHeld, queue.EventDeferred, queue.EventThrottled, queue.EventDead, queue.EventExpired:
+		if prev == queue.EventDropped {
+			return prev, true
+		}
 	}
 	return typ, true
 }

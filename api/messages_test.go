@@ -754,9 +754,22 @@ func TestLastOutcomeAfterDelivery(t *testing.T) {
 		// own that the API does not document.
 		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventThrottled, false), ev(queue.EventReleased, false)}, string(queue.StateQueued)},
 		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDeferred, false), ev(queue.EventFastFwd, false)}, string(queue.StateQueued)},
+		// Dropped while an attempt was under way: the attempt's event
+		// comes after, and its step was not written; its server's
+		// delivery or refusal stands.
+		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDropped, false), ev(queue.EventHeld, false)}, queue.EventDropped},
+		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDropped, false), ev(queue.EventDeferred, false)}, queue.EventDropped},
+		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDropped, false), ev(queue.EventExpired, false)}, queue.EventDropped},
+		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDropped, false), ev(queue.EventDelivered, false)}, queue.EventDelivered},
 	} {
 		if got := lastOutcome(tc.hist); got != tc.want {
 			t.Errorf("%v: %s, want %s", tc.hist, got, tc.want)
+		}
+		for i := range tc.hist {
+			tc.hist[i].Recipients = []string{"r@x.test"}
+		}
+		if out := recipientOutcomes(tc.hist); len(out) != 1 || out[0].State != tc.want {
+			t.Errorf("%v: recipient outcomes %+v, want %s", tc.hist, out, tc.want)
 		}
 	}
 }

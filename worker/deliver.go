@@ -858,9 +858,7 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 				return err
 			}
 			acked = true
-			if !w.droppedMeanwhile(ctx, d, "held") {
-				w.event(queue.EventHeld, e, next.Attempt, next.Rcpts, o.lead.Text, &rec)
-			}
+			w.event(queue.EventHeld, e, next.Attempt, next.Rcpts, w.attemptReason(ctx, d, "held", o.lead.Text), &rec)
 		} else {
 			next.Rcpts = o.again
 			var err error
@@ -970,9 +968,7 @@ func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queu
 	if err := d.Reschedule(ctx, next, lane, w.serverTime(at), false); err != nil {
 		return false, err
 	}
-	if !w.droppedMeanwhile(ctx, d, "deferred") {
-		w.event(evType, e, next.Attempt, next.Rcpts, o.lead.Text, &rec)
-	}
+	w.event(evType, e, next.Attempt, next.Rcpts, w.attemptReason(ctx, d, "deferred", o.lead.Text), &rec)
 	return false, nil
 }
 
@@ -1112,6 +1108,10 @@ func (w *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Env
 		return err
 	}
 	if w.droppedMeanwhile(ctx, d, "dead") {
+		if rec != nil {
+			// The attempt's evidence, as attemptReason keeps it.
+			w.event(evType, e, next.Attempt, next.Rcpts, reason+droppedNote("dead"), rec)
+		}
 		return nil
 	}
 	w.cfg.Metrics.deadLetter()
@@ -1119,10 +1119,30 @@ func (w *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Env
 	return nil
 }
 
+// attemptReason is the reason of the event that records an attempt's
+// outcome and the step it leads to (held, deferred): reason, or, when the
+// message was dropped while the attempt ran, reason saying that step was
+// not written. The event is written either way: it is the only record of
+// the attempt, whose server may have taken the message (an unknown
+// outcome after the final dot), and without it the history said only
+// queued and dropped. A held, deferred, throttled, dead or expired event
+// after a dropped one leaves the message dropped (the API's state, the
+// console's).
+func (w *deliverer) attemptReason(ctx context.Context, d *queue.Delivery, step, reason string) string {
+	if w.droppedMeanwhile(ctx, d, step) {
+		return reason + droppedNote(step)
+	}
+	return reason
+}
+
+func droppedNote(step string) string {
+	return " (dropped while this attempt ran: not " + step + ")"
+}
+
 // droppedMeanwhile reports whether d was dropped (queue drop, the API's
 // DELETE) while this worker held it, in which case its next step was not
-// written (queue.Delivery.Dropped) and no event says it was; the line
-// logged here says what became of it.
+// written (queue.Delivery.Dropped); the line logged here says what became
+// of it.
 func (w *deliverer) droppedMeanwhile(ctx context.Context, d *queue.Delivery, step string) bool {
 	if !d.Dropped(ctx) {
 		return false

@@ -657,41 +657,62 @@ func TestScheduledMailJoinsItsTenantsFreshMail(t *testing.T) {
 }
 
 // TestDroppedWhileDelivering: a message cancelled while its attempt is
-// under way, which the destination then defers, is not rescheduled: no
-// deferred event, nothing left in the queue, a line saying why.
+// under way is not rescheduled, nor held, after it: nothing left in the
+// queue, a line saying why, and the attempt's own event, its only record
+// (after the final dot the server may have taken the message), saying
+// that its step was not written.
 func TestDroppedWhileDelivering(t *testing.T) {
-	inRcpt, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
-		if stage == fakemx.StageRcpt {
-			once.Do(func() { close(inRcpt); <-release })
-			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
-		}
-		return nil
-	})
-	var logs testutil.SyncBuffer
-	e.startPool(func(c *Config) { c.Logger = zerolog.New(&logs) })
-	id := e.submit("r@dest.test")
-	select {
-	case <-inRcpt:
-	case <-time.After(15 * time.Second):
-		t.Fatal("no attempt within 15s")
-	}
-	if _, err := e.q.DropBy(context.Background(), id, "api"); err != nil {
-		t.Fatal(err)
-	}
-	close(release)
-	deadline := time.Now().Add(15 * time.Second)
-	for !strings.Contains(logs.String(), "dropped while being delivered") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no drop line; logs:\n%s", logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if _, err := e.q.Find(context.Background(), id); !errors.Is(err, queue.ErrNotFound) {
-		t.Fatalf("the dropped message is still queued: %v", err)
-	}
-	if got := strings.Join(e.events(id), ","); got != "queued,dropped" {
-		t.Fatalf("events %s, want queued,dropped", got)
+	for _, tc := range []struct {
+		name   string
+		stage  fakemx.Stage
+		reply  *smtp.SMTPError
+		policy UnknownPolicy
+		event  string
+		says   string
+	}{
+		{"deferred at RCPT", fakemx.StageRcpt, &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"},
+			UnknownRetry, queue.EventDeferred, "try again later"},
+		{"cut after the final dot, unknown-policy hold", fakemx.StageDot, fakemx.Drop, UnknownHold, queue.EventHeld, "reading reply to BDAT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inStage, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+				if stage == tc.stage {
+					once.Do(func() { close(inStage); <-release })
+					return tc.reply
+				}
+				return nil
+			})
+			var logs testutil.SyncBuffer
+			e.startPool(func(c *Config) { c.Logger, c.Unknown = zerolog.New(&logs), tc.policy })
+			id := e.submit("r@dest.test")
+			select {
+			case <-inStage:
+			case <-time.After(15 * time.Second):
+				t.Fatal("no attempt within 15s")
+			}
+			if _, err := e.q.DropBy(context.Background(), id, "api"); err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			testutil.WaitFor(t, 15*time.Second, "the drop's line", func() bool {
+				return strings.Contains(logs.String(), "dropped while being delivered")
+			})
+			if _, err := e.q.Find(context.Background(), id); !errors.Is(err, queue.ErrNotFound) {
+				t.Fatalf("the dropped message is still queued: %v", err)
+			}
+			evs := e.waitEvent(id, tc.event)
+			var types []string
+			for _, ev := range evs {
+				types = append(types, ev.Type)
+			}
+			if got, want := strings.Join(types, ","), "queued,dropped,"+tc.event; got != want {
+				t.Fatalf("events %s, want %s", got, want)
+			}
+			if r := evs[2].Reason; !strings.Contains(r, tc.says) || !strings.Contains(r, "dropped while this attempt ran: not "+tc.event) {
+				t.Fatalf("the attempt's event says %q, want %q and that it was not %s", r, tc.says, tc.event)
+			}
+		})
 	}
 }
