@@ -36,8 +36,17 @@
 //     Reports about envelopes whose events have expired are taken and
 //     counted, not recorded; free-text bounces, auto-replies and reports
 //     that cannot be read are refused (550 5.6.0), so that a 250 always
-//     means a report was read. It also takes fbl@ (feedback loops) and,
-//     with Config.Postmaster, postmaster@ and abuse@ each return-path
+//     means a report was read. It also takes fbl@ each return-path domain,
+//     the address registered with providers' feedback loops, where a report
+//     names its envelope by the return path it was sent from: its
+//     Original-Mail-From, else the original's Return-Path, else another of
+//     the original's fields (Authentication-Results' smtp.mailfrom=,
+//     Received-SPF's envelope-from=), whichever comes first with a MAC that
+//     verifies (record.go, withOriginal). There alone, a message that is no
+//     report but attaches the original (message/rfc822) naming such a
+//     return path, Microsoft JMRP's older format, is an abuse complaint by
+//     the original's X-HmXmrOriginalRecipient (record.go, attached). With
+//     Config.Postmaster it takes postmaster@ and abuse@ each return-path
 //     domain: those are forwarded to the operator through the queue, from
 //     the null sender, stored before the 250 (server.go, forward).
 //

@@ -1,6 +1,7 @@
 package bounce
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -141,15 +142,17 @@ type unreadable struct {
 
 func (u *unreadable) Error() string { return u.err.Error() }
 
-// record handles one received message addressed to the return paths refs:
-// it reads msg as a DSN or an ARF report and records what it says about
-// each envelope. An *unreadable error refuses a message that is neither,
-// or a report that cannot be read. Any other error means nothing may be
-// taken as recorded (the sender is answered 451 and sends again; what was
-// recorded before the error is recorded again, which costs a repeated
-// event, never a lost one).
-func (s *Server) record(ctx context.Context, refs []ref, msg []byte) (string, error) {
-	result, err := s.read(ctx, refs, msg)
+// record handles one received message addressed to the return paths refs
+// and, with fbl, to a feedback-loop address: it reads msg as a DSN or an
+// ARF report and records what it says about each envelope; sent to a
+// feedback-loop address alone, it reads a message that is neither as a
+// complaint without a report (attached). An *unreadable error refuses a
+// message that is none of these, or a report that cannot be read. Any
+// other error means nothing may be taken as recorded (the sender is
+// answered 451 and sends again; what was recorded before the error is
+// recorded again, which costs a repeated event, never a lost one).
+func (s *Server) record(ctx context.Context, refs []ref, fbl bool, msg []byte) (string, error) {
+	result, err := s.read(ctx, refs, fbl, msg)
 	if err == nil && (result == ResultBounced || result == ResultComplaint) {
 		// What was recorded is on disk before the 250, which the
 		// reporting server takes as the end of its duty to tell.
@@ -161,40 +164,120 @@ func (s *Server) record(ctx context.Context, refs []ref, msg []byte) (string, er
 }
 
 // read is record before the sync: it reads msg and stores what it says.
-func (s *Server) read(ctx context.Context, refs []ref, msg []byte) (string, error) {
+func (s *Server) read(ctx context.Context, refs []ref, fbl bool, msg []byte) (string, error) {
 	rep, err := dsn.ParseDSN(msg)
 	if errors.Is(err, dsn.ErrNotReport) {
 		fb, ferr := dsn.ParseFeedback(msg)
 		switch {
 		case errors.Is(ferr, dsn.ErrNotReport):
+			if fbl && len(refs) == 0 {
+				if afb, arefs := s.attached(msg); len(arefs) > 0 {
+					return s.recordFeedback(ctx, arefs, afb)
+				}
+			}
 			return "", &unreadable{ResultUnparsed, errors.New("neither a delivery status notification (RFC 3464) nor a feedback report (RFC 5965)")}
 		case ferr != nil:
 			return "", &unreadable{ResultMalformed, ferr}
 		}
-		return s.recordFeedback(ctx, s.withOriginal(refs, fb.OriginalHeader), fb)
+		return s.recordFeedback(ctx, s.withOriginal(refs, fb.OriginalMailFrom, fb.OriginalHeader), fb)
 	}
 	if err != nil {
 		return "", &unreadable{ResultMalformed, err}
 	}
-	return s.recordDSN(ctx, s.withOriginal(refs, rep.OriginalHeader), rep)
+	return s.recordDSN(ctx, s.withOriginal(refs, "", rep.OriginalHeader), rep)
+}
+
+// attached reads msg, sent to a feedback-loop address and to no return
+// path, as a complaint without a report: Microsoft's JMRP in its older
+// format sends the message complained about attached (message/rfc822,
+// dsn.ParseAttached) and nothing else. It is an abuse complaint about the
+// envelope whose return path the original's header names (withOriginal),
+// by the original's X-HmXmrOriginalRecipient when it has one, else by the
+// envelope's only delivered recipient (as an ARF report without
+// Original-Rcpt-To). refs is empty for any other message, which is refused
+// like any that is no report: at a return path itself, where auto-replies
+// come with the original attached, this is never called.
+func (s *Server) attached(msg []byte) (*dsn.Feedback, []ref) {
+	h, err := dsn.ParseAttached(msg)
+	if err != nil {
+		return nil, nil
+	}
+	refs := s.withOriginal(nil, "", h)
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	fb := &dsn.Feedback{Type: "abuse", OriginalHeader: h}
+	for _, v := range headerValues(h, "X-HmXmrOriginalRecipient") {
+		if a := queue.NormalizeAddress(v); a != "" {
+			fb.OriginalRcptTo = append(fb.OriginalRcptTo, a)
+		}
+	}
+	return fb, refs
 }
 
 // withOriginal is refs, or, for a report sent to the feedback-loop
-// address (no return path among its recipients), the return paths its
-// original's header names: a receiving system writes the envelope sender
-// into the delivered message's Return-Path field.
-func (s *Server) withOriginal(refs []ref, header []byte) []ref {
-	if len(refs) > 0 || len(header) == 0 {
+// address (no return path among its recipients), the return paths that
+// name its envelope, from the first of these that names one that
+// verifies: the report's Original-Mail-From (mailFrom; RFC 5965 §3.5: the
+// original's envelope sender); the Return-Path fields of the original's
+// header, where a receiving system writes the envelope sender; any other
+// field of that header (Authentication-Results' smtp.mailfrom=,
+// Received-SPF's envelope-from=, a Received field's "for"), as
+// ReturnPath.Find reads them. Only a return path whose MAC verifies
+// counts.
+func (s *Server) withOriginal(refs []ref, mailFrom string, header []byte) []ref {
+	if len(refs) > 0 {
 		return refs
 	}
-	for _, a := range s.cfg.ReturnPath.Find(header, s.cfg.MaxRecipients) {
-		// Each envelope once, however its return path is spelt (as Rcpt
-		// does): one complaint is one event.
-		if id, at, ok := s.cfg.ReturnPath.Check(a); ok && !slices.ContainsFunc(refs, func(r ref) bool { return r.id == id }) {
-			refs = append(refs, ref{id: id, at: at})
+	if id, at, ok := s.cfg.ReturnPath.Check(mailFrom); ok {
+		return []ref{{id: id, at: at}}
+	}
+	if len(header) == 0 {
+		return nil
+	}
+	for _, text := range [][]byte{[]byte(strings.Join(headerValues(header, "Return-Path"), "\n")), header} {
+		for _, a := range s.cfg.ReturnPath.Find(text, s.cfg.MaxRecipients) {
+			// Each envelope once, however its return path is spelt (as
+			// Rcpt does): one complaint is one event.
+			if id, at, ok := s.cfg.ReturnPath.Check(a); ok && !slices.ContainsFunc(refs, func(r ref) bool { return r.id == id }) {
+				refs = append(refs, ref{id: id, at: at})
+			}
+		}
+		if len(refs) > 0 {
+			break
 		}
 	}
 	return refs
+}
+
+// headerValues is the values of the fields named name (in any case) of
+// header, each unfolded (its continuation lines joined with a space) and
+// trimmed.
+func headerValues(header []byte, name string) []string {
+	var out []string
+	var cur *strings.Builder
+	for line := range bytes.Lines(header) {
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) > 0 && (line[0] == ' ' || line[0] == '\t') {
+			if cur != nil {
+				cur.WriteByte(' ')
+				cur.Write(bytes.TrimSpace(line))
+			}
+			continue
+		}
+		if cur != nil {
+			out = append(out, strings.TrimSpace(cur.String()))
+			cur = nil
+		}
+		if k, v, ok := bytes.Cut(line, []byte(":")); ok && strings.EqualFold(string(bytes.TrimSpace(k)), name) {
+			cur = &strings.Builder{}
+			cur.Write(v)
+		}
+	}
+	if cur != nil {
+		out = append(out, strings.TrimSpace(cur.String()))
+	}
+	return out
 }
 
 // lookUp reads the envelope a return path names.

@@ -215,7 +215,10 @@ func (rp *ReturnPath) Check(addr string) (id string, at time.Time, ok bool) {
 // domain that takes feedback reports (ARF) from providers' feedback loops,
 // which send them to one registered address rather than to the message's
 // envelope sender: fbl@<domain>. Such a report names its envelope by the
-// return path in the original's header (its Return-Path field).
+// return path it was sent from: its Original-Mail-From, else one in the
+// original's header (Return-Path, else Authentication-Results'
+// smtp.mailfrom= and the like); see Server.withOriginal. Microsoft's JMRP
+// in its older format sends no report, only the original attached.
 const FeedbackLocal = "fbl"
 
 // IsFeedbackAddress reports whether addr is FeedbackLocal at one of the
@@ -260,8 +263,11 @@ func (rp *ReturnPath) IsRoleAddress(addr string) bool {
 }
 
 // Find returns the return paths of this fleet that appear in text (an
-// original's header: its Return-Path, or a Received field's "for"), each
-// once, at most max.
+// original's header: its Return-Path, a Received field's "for", the
+// smtp.mailfrom= of an Authentication-Results field or the envelope-from=
+// of a Received-SPF field), each once, at most max. A word is a return
+// path as it stands, or its value after its first '=' (key=value, as
+// RFC 8601 and RFC 7208 §9.1 write the envelope sender).
 func (rp *ReturnPath) Find(text []byte, max int) []string {
 	var out []string
 	seen := map[string]bool{}
@@ -271,6 +277,9 @@ func (rp *ReturnPath) Find(text []byte, max int) []string {
 	for _, f := range fields {
 		if len(out) >= max {
 			break
+		}
+		if _, v, ok := strings.Cut(f, "="); ok && !strings.HasPrefix(f, "b.") && !strings.HasPrefix(f, "B.") {
+			f = v
 		}
 		if !strings.HasPrefix(f, "b.") && !strings.HasPrefix(f, "B.") || seen[f] {
 			continue

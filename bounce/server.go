@@ -369,7 +369,7 @@ func (ss *session) Data(r io.Reader) error {
 		ss.s.log.Warn().Strs("to", ss.role).Int64("bytes_kept", ss.s.cfg.MaxMessageBytes).
 			Msg("a report over the size kept, also addressed to postmaster or abuse: recorded, not forwarded")
 	}
-	result, err := ss.s.record(ctx, ss.refs, buf.Bytes())
+	result, err := ss.s.record(ctx, ss.refs, ss.fbl, buf.Bytes())
 	var u *unreadable
 	if errors.As(err, &u) && len(ss.role) > 0 {
 		return nil // not a report, but a person's mail the postmaster has

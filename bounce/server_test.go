@@ -883,3 +883,235 @@ func TestFeedbackLoopReturnPathSpeltTwice(t *testing.T) {
 		t.Fatalf("%d events, want one complaint", n)
 	}
 }
+
+// fblARF is an abuse report to the feedback-loop address about a message
+// to alice@dest.example, whose report part has mailFrom as its
+// Original-Mail-From (none when "") and whose returned header starts with
+// the fields fields (lines ended by \n), with no Return-Path unless they
+// have one.
+func fblARF(mailFrom, fields string) []byte {
+	omf := ""
+	if mailFrom != "" {
+		omf = "Original-Mail-From: <" + mailFrom + ">\n"
+	}
+	return []byte(strings.ReplaceAll(`From: staff@fbl.dest.example
+To: fbl@rp.example.org
+Subject: complaint about message from 192.0.2.10
+MIME-Version: 1.0
+Content-Type: multipart/report; report-type=feedback-report; boundary="arf"
+
+--arf
+Content-Type: text/plain
+
+This is an email abuse report.
+
+--arf
+Content-Type: message/feedback-report
+
+Feedback-Type: abuse
+User-Agent: DestFBL/1.0
+Version: 1
+`+omf+`Original-Rcpt-To: <alice@dest.example>
+Source-IP: 192.0.2.10
+
+--arf
+Content-Type: text/rfc822-headers
+
+`+fields+`Received: from out.shop.example (192.0.2.10) by mx.dest.example; Sun, 6 Dec 2026 12:00:00 +0000
+Message-ID: <m1@shop.example>
+Subject: hi
+
+--arf--
+`, "\n", "\r\n"))
+}
+
+// addEnvelope gives the listener's store another envelope of tenant shop,
+// delivered to rcpts.
+func (l *listener) addEnvelope(id string, rcpts ...string) {
+	l.store.mu.Lock()
+	defer l.store.mu.Unlock()
+	l.store.hist[id] = []queue.Event{{Type: queue.EventDelivered, ID: id, MsgID: "msg-" + id, Tenant: "shop",
+		Dest: "dest.example", Recipients: rcpts}}
+}
+
+// A report at the feedback-loop address names its envelope where its
+// reporter put the return path, with no Return-Path in the original's
+// header: in its Original-Mail-From (RFC 5965 §3.5, the original's
+// envelope sender), or only in the original's Authentication-Results
+// (smtp.mailfrom=, as Microsoft's JMRP returns it) or Received-SPF
+// (envelope-from=). Each is a complaint recorded, the complainer
+// suppressed.
+func TestComplaintNamedWithoutReturnPathField(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		mailFrom, fields func(rp string) string
+	}{
+		{"Original-Mail-From", func(rp string) string { return rp }, func(string) string { return "" }},
+		{"Authentication-Results", func(string) string { return "" }, func(rp string) string {
+			return "Authentication-Results: mx.dest.example; spf=pass (sender IP is 192.0.2.10)\n smtp.mailfrom=" + rp +
+				"; dkim=pass header.d=shop.example\n"
+		}},
+		{"Received-SPF", func(string) string { return "" }, func(rp string) string {
+			return "Received-SPF: Pass (mx.dest.example: domain of rp.example.org designates 192.0.2.10 as permitted sender)\n" +
+				" client-ip=192.0.2.10; envelope-from=" + rp + "; helo=out.shop.example;\n"
+		}},
+	} {
+		l := startListener(t, nil)
+		rp := l.returnPath("env1")
+		if err := l.send(t, []string{"fbl@rp.example.org"}, fblARF(tc.mailFrom(rp), tc.fields(rp))); err != nil {
+			t.Fatalf("%s: answered %v", tc.name, err)
+		}
+		evs := l.store.events()
+		if len(evs) != 1 || evs[0].Type != queue.EventComplained || evs[0].ID != "env1" || evs[0].Recipients[0] != "alice@dest.example" {
+			t.Errorf("%s: events %+v", tc.name, evs)
+		}
+		if sup := l.sup.entries(); len(sup) != 1 || sup[0].Address != "alice@dest.example" || sup[0].Source != queue.SuppressComplaint {
+			t.Errorf("%s: suppressions %+v", tc.name, sup)
+		}
+		if n, u := l.count(ResultComplaint), l.count(ResultUnmatched); n != 1 || u != 0 {
+			t.Errorf("%s: complaint counted %v, unmatched %v", tc.name, n, u)
+		}
+	}
+}
+
+// Where a report names its envelope in several places, the first that
+// names a return path of this fleet decides: its Original-Mail-From, then
+// the original's Return-Path, then its other fields. A return path whose
+// MAC does not verify names nothing.
+func TestFeedbackLoopReturnPathPrecedence(t *testing.T) {
+	other := NewReturnPath([]byte("another key, another fleet......"), "rp.example.org", nil)
+	for _, tc := range []struct {
+		name             string
+		mailFrom, fields func(l *listener) string
+	}{
+		{"Original-Mail-From before Return-Path", func(l *listener) string { return l.returnPath("env1") },
+			func(l *listener) string { return "Return-Path: <" + l.returnPath("env2") + ">\n" }},
+		{"Return-Path before Authentication-Results", func(*listener) string { return "" }, func(l *listener) string {
+			return "Authentication-Results: mx.dest.example; spf=pass smtp.mailfrom=" + l.returnPath("env2") +
+				"\nReturn-Path: <" + l.returnPath("env1") + ">\n"
+		}},
+		{"a forged Original-Mail-From", func(*listener) string { return other.Address("shop", "env2", "a@shop.example", time.Now()) },
+			func(l *listener) string {
+				return "Authentication-Results: mx.dest.example; spf=pass smtp.mailfrom=" + l.returnPath("env1") + "\n"
+			}},
+	} {
+		l := startListener(t, nil)
+		l.addEnvelope("env2", "alice@dest.example")
+		if err := l.send(t, []string{"fbl@rp.example.org"}, fblARF(tc.mailFrom(l), tc.fields(l))); err != nil {
+			t.Fatalf("%s: answered %v", tc.name, err)
+		}
+		if evs := l.store.events(); len(evs) != 1 || evs[0].ID != "env1" {
+			t.Errorf("%s: events %+v, want one complaint on env1", tc.name, evs)
+		}
+	}
+}
+
+// jmrpComplaint is a complaint as Microsoft's JMRP sends it in its older
+// format (modelled on sisimai's set-of-emails arf-22.eml): no report, the
+// message complained about attached as message/rfc822, the complainer in
+// its X-HmXmrOriginalRecipient field (none when rcpt is "") and the
+// return path only in its Authentication-Results.
+func jmrpComplaint(rcpt, returnPath string) []byte {
+	xhm := ""
+	if rcpt != "" {
+		xhm = "X-HmXmrOriginalRecipient: " + rcpt + "\n"
+	}
+	return []byte(`Received: from BAY004-MC1F22.hotmail.example ([203.0.113.25]) by mx.rp.example.org
+    with ESMTPS; Thu, 3 Dec 2026 23:34:45 +0000 (UTC)
+Date: Thu, 3 Dec 2026 23:34:45 +0000
+From: staff@hotmail.example
+Subject:  complaint about message from 192.0.2.10
+To: fbl@rp.example.org
+MIME-Version: 1.0 
+Content-Type: multipart/mixed; boundary="F0000EEE2-0000-2111-AAB0-000000000000"
+Message-ID: <BAY0-XMR-0022@BAY0-XMR.hotmail.example>
+Return-Path: staff@hotmail.example
+
+--F0000EEE2-0000-2111-AAB0-000000000000
+Content-Type: message/rfc822
+Content-Disposition: inline
+
+` + xhm + `X-Reporter-IP: 192.0.2.22
+Authentication-Results: hotmail.example; spf=pass (sender IP is 192.0.2.10; identity alignment result is pass and alignment mode is relaxed) smtp.mailfrom=` + returnPath + `; dkim=pass (identity alignment result is pass and alignment mode is relaxed) header.d=shop.example; x-hmca=pass header.id=app@shop.example
+X-SID-PRA: app@shop.example
+Received: from out.shop.example ([192.0.2.10]) by BAY004-MC1F22.hotmail.example over TLS
+    secured channel with Microsoft SMTPSVC(7.5.7601.23008);
+    Thu, 3 Dec 2026 23:30:00 +0000
+Date: Thu, 3 Dec 2026 23:30:00 +0000
+To: alice@dest.example
+From: Shop <app@shop.example>
+Subject: hi
+MIME-Version: 1.0
+Content-Type: text/plain; charset="utf-8"
+Message-ID: <m1@shop.example>
+
+hi
+
+--F0000EEE2-0000-2111-AAB0-000000000000--
+`)
+}
+
+// Microsoft's JMRP in its older format sends no ARF report, only the
+// message complained about, attached. At the feedback-loop address, where
+// the runbook has it registered, one whose original names a return path
+// that verifies is an abuse complaint: by its X-HmXmrOriginalRecipient,
+// else by the envelope's only recipient (as an ARF report without
+// Original-Rcpt-To). At a return path itself, where auto-replies come with
+// the original attached, and with a return path that does not verify, it
+// is refused as before.
+func TestOldJMRPComplaintAtTheFeedbackAddress(t *testing.T) {
+	l := startListener(t, nil)
+	l.addEnvelope("env2", "carol@dest.example")
+	if err := l.send(t, []string{"fbl@rp.example.org"}, jmrpComplaint("alice@dest.example", l.returnPath("env1"))); err != nil {
+		t.Fatalf("answered %v", err)
+	}
+	evs := l.store.events()
+	if len(evs) != 1 || evs[0].Type != queue.EventComplained || !evs[0].Async || evs[0].ID != "env1" ||
+		evs[0].Recipients[0] != "alice@dest.example" || evs[0].Reason != "abuse" {
+		t.Fatalf("events %+v", evs)
+	}
+	if sup := l.sup.entries(); len(sup) != 1 || sup[0].Address != "alice@dest.example" || sup[0].Source != queue.SuppressComplaint {
+		t.Fatalf("suppressions %+v", sup)
+	}
+	if n := l.count(ResultComplaint); n != 1 {
+		t.Fatalf("complaint counted %v", n)
+	}
+	// Without X-HmXmrOriginalRecipient: the envelope's only recipient;
+	// of an envelope delivered to two, nobody (taken, unmatched).
+	if err := l.send(t, []string{"fbl@bounces.shop.example"}, jmrpComplaint("", l.returnPath("env2"))); err != nil {
+		t.Fatalf("no complainer named: answered %v", err)
+	}
+	if evs := l.store.events(); len(evs) != 2 || evs[1].ID != "env2" || evs[1].Recipients[0] != "carol@dest.example" {
+		t.Fatalf("no complainer named: events %+v", evs)
+	}
+	if err := l.send(t, []string{"fbl@rp.example.org"}, jmrpComplaint("", l.returnPath("env1"))); err != nil {
+		t.Fatalf("no complainer named, two delivered: answered %v", err)
+	}
+	if n, u := len(l.store.events()), l.count(ResultUnmatched); n != 2 || u != 1 {
+		t.Fatalf("no complainer named, two delivered: %d events, unmatched counted %v", n, u)
+	}
+
+	other := NewReturnPath([]byte("another key, another fleet......"), "rp.example.org", nil)
+	for _, tc := range []struct {
+		name string
+		to   string
+		msg  []byte
+	}{
+		{"at the return path itself", l.returnPath("env1"), jmrpComplaint("alice@dest.example", l.returnPath("env1"))},
+		{"a forged return path", "fbl@rp.example.org", jmrpComplaint("alice@dest.example", other.Address("shop", "env1", "a@shop.example", time.Now()))},
+		{"no return path", "fbl@rp.example.org", jmrpComplaint("alice@dest.example", "app@shop.example")},
+	} {
+		before := l.count(ResultUnparsed)
+		err := l.send(t, []string{tc.to}, tc.msg)
+		var se *smtp.SMTPError
+		if !errors.As(err, &se) || se.Code != 550 || se.EnhancedCode != (smtp.EnhancedCode{5, 6, 0}) {
+			t.Errorf("%s: answered %v, want 550 5.6.0", tc.name, err)
+		}
+		if n := l.count(ResultUnparsed); n != before+1 {
+			t.Errorf("%s: unparsed counted %v, want %v", tc.name, n, before+1)
+		}
+	}
+	if n := len(l.store.events()); n != 2 {
+		t.Fatalf("%d events after the refusals, want 2", n)
+	}
+}

@@ -45,7 +45,11 @@
 // costs time linear in the message's length whatever its folding, since
 // the bounce listener reads reports from anyone. go-message reads the MIME
 // structure and undoes transfer encodings; the status fields are parsed
-// here, as their groups are not one header.
+// here, as their groups are not one header. ParseAttached reads a
+// complaint sent with no report, the message complained about attached as
+// message/rfc822 to a multipart/mixed (Microsoft JMRP's older format), for
+// the attached original's header; what such a message means, and where,
+// is for the caller to say.
 //
 // The package writes and reads messages only; deciding when one is due,
 // for whom and how it is sent is package worker's (worker/dsn.go), and

@@ -244,6 +244,44 @@ func ParseFeedback(msg []byte) (*Feedback, error) {
 	return f, nil
 }
 
+// ParseAttached reads msg as a complaint written without a report: a
+// multipart/mixed message whose part is the message complained about, as
+// message/rfc822. Microsoft's JMRP sends that in its older format, the
+// complainer in the original's X-HmXmrOriginalRecipient field and the
+// envelope sender in its Authentication-Results (smtp.mailfrom=), with no
+// Return-Path. It returns the header of the first message/rfc822 part
+// among the message's own parts, without the empty line that ends it, as
+// Feedback.OriginalHeader holds an ARF report's.
+//
+// The error is ErrNotReport for any other message: one that is not
+// multipart/mixed (a multipart/report of any type is some report, not
+// this), or that has no such part or an empty one. Any mail may attach a
+// message; where one may be taken as a complaint is the caller's to say.
+func ParseAttached(msg []byte) ([]byte, error) {
+	e, err := message.Read(bytes.NewReader(msg))
+	if e == nil {
+		return nil, fmt.Errorf("%w: reading the header: %v", ErrNotReport, err)
+	}
+	mt, params := contentType(e.Header.Get("Content-Type"))
+	if mt != "multipart/mixed" || params["boundary"] == "" {
+		return nil, fmt.Errorf("%w: the message is %s, not multipart/mixed with an attached message", ErrNotReport, mt)
+	}
+	parts := textproto.NewMultipartReader(e.Body, params["boundary"])
+	for {
+		p, err := parts.NextPart()
+		if err != nil {
+			break
+		}
+		if pt, _ := contentType(p.Header.Get("Content-Type")); pt == "message/rfc822" {
+			if h := headerOf(decoded(p)); h != nil {
+				return h, nil
+			}
+			break
+		}
+	}
+	return nil, fmt.Errorf("%w: multipart/mixed without an attached message (message/rfc822)", ErrNotReport)
+}
+
 // report is what readReport found: the decoded status part and the
 // returned original's header.
 type report struct {

@@ -486,6 +486,44 @@ func TestParseFeedback(t *testing.T) {
 	}
 }
 
+// A complaint in Microsoft JMRP's older format, no report but the
+// original attached: its header, with the complainer and the envelope
+// sender that Authentication-Results names; any other message, reports
+// included, is none.
+func TestParseAttached(t *testing.T) {
+	h, err := ParseAttached(readSample(t, "jmrp-hotmail.eml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"X-HmXmrOriginalRecipient: reader@example.net", "smtp.mailfrom=bounces+a1b2@bounces.example.com",
+		"Message-ID: <20261203233000.a1b2@example.com>"} {
+		if !bytes.Contains(h, []byte(s)) {
+			t.Errorf("header lacks %q:\n%s", s, h)
+		}
+	}
+	if bytes.Contains(h, []byte("selection is here")) || bytes.Contains(h, []byte("staff@hotmail.example")) {
+		t.Errorf("header has the body or the wrapper's fields:\n%s", h)
+	}
+	// A part before the attached message (the reporter's note) is passed.
+	msg := "Content-Type: multipart/mixed; boundary=m\r\n\r\n--m\r\nContent-Type: text/plain\r\n\r\nSpam.\r\n" +
+		"--m\r\nContent-Type: message/rfc822\r\nContent-Transfer-Encoding: base64\r\n\r\n" +
+		"UmV0dXJuLVBhdGg6IDxhQGIuZXhhbXBsZT4NCg0KYm9keQ0K\r\n--m--\r\n"
+	if h, err := ParseAttached([]byte(msg)); err != nil || string(h) != "Return-Path: <a@b.example>\r\n" {
+		t.Errorf("base64 attachment after a note: %q, %v", h, err)
+	}
+	for name, msg := range map[string][]byte{
+		"an ARF report": readSample(t, "arf-abuse.eml"),
+		"a DSN":         readSample(t, "postfix-failed.eml"),
+		"free text":     readSample(t, "freetext-bounce.eml"),
+		"no attachment": []byte("Content-Type: multipart/mixed; boundary=m\r\n\r\n--m\r\nContent-Type: text/plain\r\n\r\nhi\r\n--m--\r\n"),
+		"an empty one":  []byte("Content-Type: multipart/mixed; boundary=m\r\n\r\n--m\r\nContent-Type: message/rfc822\r\n\r\n\r\n--m--\r\n"),
+	} {
+		if _, err := ParseAttached(msg); !errors.Is(err, ErrNotReport) {
+			t.Errorf("%s: %v, want ErrNotReport", name, err)
+		}
+	}
+}
+
 func TestXTextDecode(t *testing.T) {
 	for _, s := range []string{"", "plain", "a+b=c d\x01é", "env 42", "+"} {
 		if got := xtextDecode(XText(s)); got != s {
@@ -517,8 +555,9 @@ func TestUnescapeUnicode(t *testing.T) {
 	}
 }
 
-// FuzzParseDSN checks that no input makes ParseDSN or ParseFeedback panic
-// and that every recipient ParseDSN returns has a Final.
+// FuzzParseDSN checks that no input makes ParseDSN, ParseFeedback or
+// ParseAttached panic and that every recipient ParseDSN returns has a
+// Final.
 func FuzzParseDSN(f *testing.F) {
 	files, err := filepath.Glob(filepath.Join("testdata", "received", "*.eml"))
 	if err != nil || len(files) == 0 {
@@ -548,6 +587,9 @@ func FuzzParseDSN(f *testing.F) {
 		}
 		if fb, err := ParseFeedback(msg); err == nil && (fb == nil || fb.Type == "") {
 			t.Errorf("feedback %+v without a Type", fb)
+		}
+		if h, err := ParseAttached(msg); err == nil && len(h) == 0 {
+			t.Error("an attached original without a header")
 		}
 	})
 }
