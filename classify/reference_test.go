@@ -96,7 +96,7 @@ regex = '(?i)policy|spamhaus'
 	if wide.enhRules != nil {
 		t.Fatal("300 distinct details indexed: the unindexed path is not tested")
 	}
-	files := append(append([]string(nil), allCorpusFiles...), "testdata/extra-replies.tsv")
+	files := everyReplyFile
 	n := 0
 	used := map[string]bool{}
 	for _, c := range []*Classifier{Default(), op, wide} {

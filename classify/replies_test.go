@@ -21,6 +21,7 @@ type replyRow struct {
 	text     string
 	class    Class
 	scope    Scope // 0 when the row says none
+	stage    Stage // the stage the source shows the reply at; StageUnknown when the row says none
 	source   string
 	verified bool // found at source; set by split, not by readReplies
 }
@@ -37,14 +38,15 @@ const smtpRepliesScopes = "testdata/smtp-replies-scopes.tsv"
 // full_text, expected_class and source_url; the package's files add a
 // seventh, expected_scope, and the scopes of smtp-replies.tsv are in
 // smtp-replies-scopes.tsv (by row, with the text to check the row is the
-// same).
+// same). The unseen files add an eighth, stage: the row is classified at
+// that stage, and its expected scope is the scope there.
 func readReplies(t testing.TB, path string) []replyRow {
 	t.Helper()
 	recs := readTSV(t, path)
 	var rows []replyRow
 	for i, rec := range recs[1:] {
-		if len(rec) != 6 && len(rec) != 7 {
-			t.Fatalf("%s: row %d has %d fields, want 6 or 7", path, i+2, len(rec))
+		if len(rec) < 6 || len(rec) > len(recs[0]) || len(rec) == 8 && recs[0][7] != "stage" {
+			t.Fatalf("%s: row %d has %d fields, want 6 or 7, or 8 under a stage column", path, i+2, len(rec))
 		}
 		row := replyRow{file: filepath.Base(path), line: i + 2, provider: rec[0], enhanced: rec[2], text: rec[3], source: rec[5]}
 		var err error
@@ -56,8 +58,13 @@ func readReplies(t testing.TB, path string) []replyRow {
 		if row.class, err = ParseClass(rec[4]); err != nil {
 			t.Fatalf("%s: row %d: %v", path, i+2, err)
 		}
-		if len(rec) == 7 {
+		if len(rec) >= 7 {
 			if row.scope, err = ParseScope(rec[6]); err != nil {
+				t.Fatalf("%s: row %d: %v", path, i+2, err)
+			}
+		}
+		if len(rec) == 8 && rec[7] != "" {
+			if row.stage, err = ParseStage(rec[7]); err != nil {
 				t.Fatalf("%s: row %d: %v", path, i+2, err)
 			}
 		}
@@ -127,12 +134,13 @@ func addScopes(t testing.TB, rows []replyRow, path string) {
 
 // scopeMisses returns the rows, of those with their expected class, whose
 // scope is not the expected one when classified as log lines (stage
-// unknown), with the scope they got; a row that names no scope fails.
+// unknown, or the row's stage), with the scope they got; a row that names
+// no scope fails.
 func scopeMisses(c *Classifier, rows []replyRow) (misses []string) {
 	for _, r := range rows {
-		res := c.Classify(Input{Raw: r.text})
+		res := c.Classify(Input{Raw: r.text, Stage: r.stage})
 		if res.Class == r.class && res.Scope != r.scope {
-			misses = append(misses, fmt.Sprintf("%s row %d (%s): scope %s (rule %s), want %s: %s", r.file, r.line, r.provider, res.Scope, res.Rule, r.scope, r.text))
+			misses = append(misses, fmt.Sprintf("%s row %d (%s, stage %s): scope %s (rule %s), want %s: %s", r.file, r.line, r.provider, r.stage, res.Scope, res.Rule, r.scope, r.text))
 		}
 	}
 	return misses
