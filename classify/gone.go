@@ -22,6 +22,12 @@ import "strings"
 //     a provider's "no such account");
 //   - and no word of policy, reputation, authentication, the sender or
 //     the sending account, or a limit in the text.
+//
+// The words are looked for in the text less its addresses, host names and
+// links (wordsOnly): the recipient's own spelling says nothing of the
+// refusal. Read whole, "ann@blockchain.example … User unknown" was kept
+// (a "block"), and "jo@disabledsports.example … Access denied" suppressed
+// (a "disabled").
 func (r Result) AddressGone(stage Stage) bool {
 	if r.Class != Permanent || r.Scope != ScopeRecipient {
 		return false
@@ -31,7 +37,7 @@ func (r Result) AddressGone(stage Stage) bool {
 	default:
 		return false
 	}
-	text := strings.ToLower(r.Text)
+	text := wordsOnly(strings.ToLower(r.Text))
 	byCode := false
 	switch r.Enhanced {
 	case "5.1.1", "5.1.2", "5.1.3", "5.1.6", "5.1.10", "5.2.1":
@@ -50,7 +56,48 @@ func (r Result) AddressGone(stage Stage) bool {
 	default:
 		return false
 	}
-	return !containsAny(text, notAboutTheAddress)
+	// Domino's "not listed in Domino Directory" is no listing of ours.
+	return !containsAny(strings.ReplaceAll(text, "not listed in", " "), notAboutTheAddress)
+}
+
+// wordsOnly is text (lower case) without the words that name something
+// rather than say something of it: an address (with an @), a host or
+// domain name (dotted, ending in a label of letters), a link. What is
+// left is joined with single spaces.
+func wordsOnly(text string) string {
+	fields := strings.FieldsFunc(text, func(c rune) bool {
+		switch c {
+		case ' ', '\t', '\r', '\n', '<', '>', '(', ')', '[', ']', ';', ',', '"', '\'':
+			return true
+		}
+		return false
+	})
+	kept := fields[:0]
+	for _, f := range fields {
+		if !names(f) {
+			kept = append(kept, f)
+		}
+	}
+	return strings.Join(kept, " ")
+}
+
+// names reports whether word (lower case) is an address, a link or a
+// dotted host or domain name. "5.1.1" and "e.g." are not.
+func names(word string) bool {
+	if strings.ContainsRune(word, '@') || strings.Contains(word, "://") {
+		return true
+	}
+	w := strings.TrimRight(word, ".:")
+	i := strings.LastIndexByte(w, '.')
+	if i <= 0 || len(w)-i-1 < 2 {
+		return false
+	}
+	for _, c := range w[i+1:] {
+		if c < 'a' || c > 'z' {
+			return false
+		}
+	}
+	return true
 }
 
 func containsAny(text string, words []string) bool {
@@ -68,6 +115,7 @@ var saysNoSuchAddress = []string{
 	"user unknown", "unknown user", "no such user", "does not exist", "doesn't exist", "not exist",
 	"not found", "no such mailbox", "invalid recipient", "invalid mailbox", "recipientnotfound",
 	"not our customer", "disabled", "no mailbox", "unknown recipient", "recipient unknown", "unknown in",
+	"not listed in",
 }
 
 // providerAddressRules are the providers' rules whose match says, from
@@ -94,5 +142,5 @@ var notAboutTheAddress = []string{
 	"mail from", "envelope from", "from address", "return-path",
 	"sending", "outgoing", "your account", "you have exceeded", "you've reached", "you have reached",
 	"quota", "limit", "too many", "mailbox full", "is full", "storage",
-	"message size", "too large",
+	"message size", "too large", "whitelist", "white list", "allowlist", "allow list", "allowed list",
 }

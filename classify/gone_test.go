@@ -47,6 +47,19 @@ func TestAddressGone(t *testing.T) {
 		{"550 5.1.1 Emetteur invalide", StageRcpt, false},
 		{"553 5.1.0 <bounce@shop.example>: Sender address rejected: not owned by user", StageRcpt, false},
 		{"550 coolexample.com From: Domain is invalid. Provide a valid From: IB506", StageRcpt, false},
+		// The recipient's own spelling, or a host's, says nothing of the
+		// refusal: a word of a limit or policy in the address does not
+		// keep it, one of "no such address" does not strike it.
+		{"550 5.1.1 <ann@blockchain.test>: Recipient address rejected: User unknown in virtual mailbox table", StageUnknown, true},
+		{"550 5.1.1 <info@unlimited.test>: Recipient address rejected: User unknown in virtual mailbox table", StageUnknown, true},
+		{"550 5.1.1 <claims@policy-direct.test>: Recipient address rejected: User unknown", StageRcpt, true},
+		{"550 5.1.1 <quotations@shop.test>: Recipient address rejected: User unknown", StageRcpt, true},
+		{"host mx.spamfilter.example said: 550 5.1.1 <bob@dest.example>: Recipient address rejected: User unknown", StageUnknown, true},
+		{"550 5.7.1 <jo@disabledsports.test>: Recipient address rejected: Access denied", StageUnknown, false},
+		{"550 5.7.1 <jo@notfound.test>: Recipient address rejected: Access denied", StageRcpt, false},
+		// Lotus Domino's words for an unknown user.
+		{"550 5.1.1 User dom2 (dom2@dest.test) not listed in Domino Directory", StageUnknown, true},
+		{"550 5.1.1 <bob@dest.example>: Recipient address rejected: not listed in our whitelist", StageRcpt, false},
 	} {
 		in := Parse(tc.reply)
 		in.Stage = tc.stage
