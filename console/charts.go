@@ -17,7 +17,8 @@ const (
 // chartColors match the badges of each type in the stylesheet.
 var chartColors = map[string]string{"delivered": "#2e7d32", "deferred": "#ef6c00", "throttled": "#c62828", "bounced": "#6a1b9a"}
 
-// minuteChart draws counts (one per minute, oldest first) as a small bar
+// minuteChart draws counts of recipients (one per minute, oldest first;
+// typ their outcome) as a small bar
 // chart: drawn here, as SVG, so the page needs no script and no library.
 // The text is only numbers and fixed words; nothing from a message or a
 // peer is drawn.
@@ -28,8 +29,8 @@ func minuteChart(typ string, counts []int) template.HTML {
 		total += n
 	}
 	var b bytes.Buffer
-	fmt.Fprintf(&b, `<svg class="chart" viewBox="0 0 %d %d" role="img" aria-label="%s per minute, last hour">`, chartW, chartH, typ)
-	fmt.Fprintf(&b, `<title>%s per minute over the last hour: %d in all, at most %d in a minute</title>`, typ, total, peak)
+	fmt.Fprintf(&b, `<svg class="chart" viewBox="0 0 %d %d" role="img" aria-label="recipients %s per minute, last hour">`, chartW, chartH, typ)
+	fmt.Fprintf(&b, `<title>recipients %s per minute over the last hour: %d in all, at most %d in a minute</title>`, typ, total, peak)
 	innerH := float64(chartH - chartLabel - chartPad)
 	bw := float64(chartW-2*chartPad) / float64(len(counts))
 	base := float64(chartH - chartLabel)

@@ -1,7 +1,6 @@
 package console
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -73,9 +72,9 @@ func (n moreThan) String() string { return "more than " + strconv.Itoa(int(n)-1)
 
 // suppressionsPage is `outflow suppress list`, with add and remove: the
 // first suppressionsShown entries written (of a tenant, of a source) from
-// the position ?after= gives, sorted as the command sorts them, with a
-// link to the next ones; only they are read (queue.Suppressions.Page),
-// not the whole list.
+// the position ?after= gives, in the order they were written (oldest
+// first), with a link to the next ones; only they are read
+// (queue.Suppressions.Page), not the whole list.
 func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *session) {
 	if !c.haveSuppressions(w, r, s) {
 		return
@@ -102,9 +101,11 @@ func (c *Console) suppressionsPage(w http.ResponseWriter, r *http.Request, s *se
 	if err != nil {
 		errs = append(errs, err.Error())
 	}
-	slices.SortFunc(list, func(a, b queue.Suppression) int {
-		return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Address, b.Address))
-	})
+	// In the order written, as GET /v1/suppressions lists them: a page is
+	// a stretch of the list from ?after=, so sorting it (by address, as
+	// `suppress list` sorts the whole list) would interleave the pages'
+	// addresses and an operator scanning for one would look on the wrong
+	// page.
 	var total any = len(list)
 	if next != 0 {
 		total = moreThan(len(list) + 1)

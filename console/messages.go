@@ -136,13 +136,98 @@ func rcptQuery(rcpt, tenant string) template.URL {
 
 // attemptRow is one event of a message's history with its decision.
 type attemptRow struct {
-	Time    time.Time
-	Type    string
-	Attempt int
-	Worker  string
-	Reason  string
-	Rec     *backoff.Record
-	Seed    string
+	Time       time.Time
+	Type       string
+	Attempt    int
+	Worker     string
+	Reason     string
+	Recipients []string // the recipients the event names
+	Rec        *backoff.Record
+	Seed       string
+}
+
+// rcptOutcome is what became of one recipient: the last event that names
+// it, as the state it leaves the recipient in (stateAfter), with that
+// event's reason, or its attempt's reply when it has no reason (a
+// delivered event names its recipients, its reply is in its decision).
+type rcptOutcome struct {
+	Recipient string
+	State     string
+	Reason    string
+	Time      time.Time
+}
+
+// The message page computes a message's state and its recipients'
+// outcomes from its events with the rules of GET /v1/messages/{id}
+// (package api: stateAfter, lastOutcome, recipientOutcomes, which are
+// unexported there; console may not change api, and queue has no such
+// function), so that the console and the API say the same of a message.
+// TestOutcomesAsTheAPI checks them against the API's answer.
+
+// stateAfter is the state an event of type typ leaves its message (or
+// recipient) in: the type, or queued for one stored, replayed, released
+// or fast-forwarded (put back on fresh work). ok is false for a notice
+// sent, a complaint or an unsubscribe received: about the message, not
+// what became of it.
+func stateAfter(typ string) (state string, ok bool) {
+	switch typ {
+	case queue.EventDSN, queue.EventComplained, queue.EventUnsubscribed:
+		return "", false
+	case queue.EventQueued, queue.EventReplayed, queue.EventReleased, queue.EventFastFwd:
+		return string(queue.StateQueued), true
+	}
+	return typ, true
+}
+
+// lastOutcome is the state of a message no longer stored: its last event
+// that is an outcome (stateAfter); queued when there is none.
+func lastOutcome(evs []queue.Event) string {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if state, ok := stateAfter(evs[i].Type); ok {
+			return state
+		}
+	}
+	return string(queue.StateQueued)
+}
+
+// recipientOutcomes reads each recipient's state from evs (oldest first:
+// stateAfter of the last event naming it), in the order the recipients
+// first appear. One attempt can deliver some of a part's recipients and
+// bounce others, which the message's one state cannot say.
+func recipientOutcomes(evs []queue.Event) []rcptOutcome {
+	var out []rcptOutcome
+	at := map[string]int{}
+	for _, ev := range evs {
+		state, ok := stateAfter(ev.Type)
+		if !ok {
+			continue
+		}
+		reason := ev.Reason
+		if reason == "" && len(ev.Decision) > 0 {
+			var rec backoff.Record
+			if json.Unmarshal(ev.Decision, &rec) == nil {
+				reason = strings.TrimSpace(replyOf(rec))
+			}
+		}
+		for _, r := range ev.Recipients {
+			o := rcptOutcome{Recipient: r, State: state, Reason: reason, Time: ev.Time}
+			if i, ok := at[r]; ok {
+				out[i] = o
+				continue
+			}
+			at[r] = len(out)
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// replyOf is a decision record's reply as the events table shows it.
+func replyOf(rec backoff.Record) string {
+	if rec.Code != 0 {
+		return strings.TrimSpace(fmt.Sprintf("%d %s %s", rec.Code, rec.EnhancedCode, rec.Reply))
+	}
+	return rec.Reply
 }
 
 // maxHeaderLines bounds the header lines shown (as `queue inspect`).
@@ -183,7 +268,7 @@ func (c *Console) messagePage(w http.ResponseWriter, r *http.Request, s *session
 	}
 	var attempts []attemptRow
 	for _, ev := range evs {
-		a := attemptRow{Time: ev.Time, Type: ev.Type, Attempt: ev.Attempt, Worker: ev.Worker, Reason: ev.Reason}
+		a := attemptRow{Time: ev.Time, Type: ev.Type, Attempt: ev.Attempt, Worker: ev.Worker, Reason: ev.Reason, Recipients: ev.Recipients}
 		if len(ev.Decision) > 0 {
 			var rec backoff.Record
 			if json.Unmarshal(ev.Decision, &rec) == nil {
@@ -203,9 +288,32 @@ func (c *Console) messagePage(w http.ResponseWriter, r *http.Request, s *session
 			}
 		}
 	}
+	// The message's state as GET /v1/messages/{id} gives it: where it is
+	// while stored, then its last outcome.
+	state, tenant, dest := "", "", ""
+	switch {
+	case it != nil:
+		state, tenant, dest = string(it.State), it.Env.Tenant, it.Env.Dest
+		// A delivered envelope's acknowledgement is not waited for, so for
+		// a moment it is still on the work lane behind its outcome.
+		if out := lastOutcome(evs); it.State == queue.StateQueued && (out == queue.EventDelivered || out == queue.EventBounced) {
+			state = out
+		}
+	case len(evs) > 0:
+		state, tenant, dest = lastOutcome(evs), evs[0].Tenant, evs[0].Dest
+	}
+	// Fast-forward applies to mail its destination deferred, not to mail
+	// held for its send_at (queue.FastForward refuses it).
+	var sendAt time.Time
+	if it != nil && it.Env.SendAt.After(c.cfg.Now()) {
+		sendAt = it.Env.SendAt
+	}
+	canFF := it != nil && (it.State == queue.StateDeferred || it.State == queue.StateThrottled) && sendAt.IsZero()
 	c.render(w, r, s, http.StatusOK, "message", "Message "+id, map[string]any{
 		"ID": id, "Item": it, "Headers": headers, "Meta": meta, "Attempts": attempts,
 		"Timeline": timeline(id, it, evs), "Errors": errs,
+		"State": state, "Tenant": tenant, "Dest": dest, "Outcomes": recipientOutcomes(evs),
+		"CanFastForward": canFF, "SendAt": sendAt,
 	})
 }
 
@@ -235,10 +343,18 @@ var attemptEvents = map[string]bool{queue.EventDelivered: true, queue.EventDefer
 // --plot`: one strip per retry at its time since the first failure, the
 // attempts made (from the events) and the one scheduled next. Nil when
 // there is no retry to draw.
+//
+// A replay starts a new run (its attempts have a new budget, and the old
+// run ended in dead letters or held): only the run since the last
+// replayed event is drawn, the earlier ones are in the events table.
 func timeline(id string, it *queue.Item, evs []queue.Event) template.HTML {
-	var first, last time.Time
+	var first, last, replayed time.Time
 	var at [][]int64
 	for _, ev := range evs {
+		if ev.Type == queue.EventReplayed {
+			first, last, replayed, at = time.Time{}, time.Time{}, ev.Time, nil
+			continue
+		}
 		// One attempt can end in several events (some recipients
 		// delivered, others bounced), published together.
 		// A bounce mailed back later (Async) was no attempt, nor was a
@@ -266,6 +382,10 @@ func timeline(id string, it *queue.Item, evs []queue.Event) template.HTML {
 	var b bytes.Buffer
 	heading := "Retry timeline (time since the first failure, log scale)"
 	title := fmt.Sprintf("message %s: first failure %s%s", id, first.UTC().Format(time.RFC3339), next)
+	if !replayed.IsZero() {
+		title = fmt.Sprintf("message %s: since its replay at %s, first failure %s%s", id, replayed.UTC().Format(time.RFC3339),
+			first.UTC().Format(time.RFC3339), next)
+	}
 	if err := plot.Retries(&b, heading, title, at); err != nil {
 		return ""
 	}
@@ -286,6 +406,18 @@ func (c *Console) messageAction(w http.ResponseWriter, r *http.Request, s *sessi
 		return
 	}
 	edits := strings.ReplaceAll(f.Get("edits"), "\r\n", "\n")
+	var eb []byte // the edits as queue.Replay takes them
+	if action == "replay" && strings.TrimSpace(edits) != "" {
+		eb = []byte(strings.ReplaceAll(strings.TrimRight(edits, "\n")+"\n", "\n", "\r\n"))
+		// Bad input is the operator's to fix, not the store's failure: the
+		// edits are checked (queue.EditHeaders, which the replay applies)
+		// on a stand-in message before the confirmation and again before
+		// the replay, and refused with 400 and the reason.
+		if _, err := queue.EditHeaders([]byte("Subject: check\r\n\r\n"), eb); err != nil {
+			c.fail(w, r, s, http.StatusBadRequest, labels[action]+" not done: the header edits cannot be applied: "+err.Error())
+			return
+		}
+	}
 	if f.Get("confirm") != "yes" {
 		c.render(w, r, s, http.StatusOK, "confirm", labels[action]+" "+id+"?", map[string]any{
 			"ID": id, "Action": action, "Label": labels[action], "Edits": edits, "Back": f.Get("back"),
@@ -308,10 +440,6 @@ func (c *Console) messageAction(w http.ResponseWriter, r *http.Request, s *sessi
 		}
 	case "replay":
 		var e *queue.Envelope
-		var eb []byte
-		if strings.TrimSpace(edits) != "" {
-			eb = []byte(strings.ReplaceAll(strings.TrimRight(edits, "\n")+"\n", "\n", "\r\n"))
-		}
 		if e, err = c.cfg.Queue.Replay(ctx, id, eb); err == nil {
 			msg = fmt.Sprintf("%s: queued again for %d recipient(s) (replay %d).", e.ID, len(e.Rcpts), e.Replays)
 		}
@@ -325,10 +453,13 @@ func (c *Console) messageAction(w http.ResponseWriter, r *http.Request, s *sessi
 		}
 	}
 	if err != nil {
+		// 502 is for a store that could not be read or written; the
+		// message's state or its recipients' refuse the action (409).
 		status := http.StatusBadGateway
-		if errors.Is(err, queue.ErrNotFound) {
+		switch {
+		case errors.Is(err, queue.ErrNotFound):
 			status = http.StatusNotFound
-		} else if errors.Is(err, queue.ErrWrongState) {
+		case errors.Is(err, queue.ErrWrongState), errors.Is(err, queue.ErrSuppressed):
 			status = http.StatusConflict
 		}
 		c.fail(w, r, s, status, labels[action]+" failed: "+err.Error())

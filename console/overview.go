@@ -19,6 +19,9 @@ type laneRow struct {
 	Due    uint64
 	Oldest time.Time
 	State  queue.State // what `queue list --state` calls it
+	// OldestNote qualifies Oldest when it is not the lane's oldest
+	// envelope ("" when it is).
+	OldestNote string
 }
 
 var laneLabels = map[string]struct {
@@ -69,9 +72,10 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 		errs = append(errs, err.Error())
 	}
 	var held uint64
+	var heldOldest time.Time
 	for _, st := range stats {
 		if st.Lane == queue.LaneHeld {
-			held = st.Depth
+			held, heldOldest = st.Depth, st.Oldest
 		}
 	}
 	var lanes []laneRow
@@ -79,6 +83,15 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 		l := laneRow{Lane: st.Lane, Label: laneLabels[st.Lane].label, State: laneLabels[st.Lane].state, Depth: st.Depth, Due: st.Due, Oldest: st.Oldest}
 		if st.Lane == "retry" {
 			l.Depth -= min(held, l.Depth) // shown on their own line
+			if held > 0 && !heldOldest.After(st.Oldest) {
+				// The held envelopes share the retry lane's stream, and its
+				// oldest message is one of them: its age is the held line's.
+				oldest, note, err := c.oldestDeferred(r, l)
+				if err != nil {
+					errs = append(errs, err.Error())
+				}
+				l.Oldest, l.OldestNote = oldest, note
+			}
 		}
 		lanes = append(lanes, l)
 	}
@@ -101,6 +114,30 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 		"Lanes": lanes, "Charts": charts, "Workers": workers, "Dests": dests, "Errors": errs,
 		"Since": c.rates.startedAt(),
 	})
+}
+
+// oldestDeferred is the retry lane's oldest deferred envelope, held
+// envelopes left out, for when the lane's stream has a held envelope
+// first: the first scheduled deferral (queue list --state deferred reads
+// the scheduled ones first, a single look-up). Deferrals already due and
+// waiting for a worker are not read (they would take reading every
+// scheduled one first): when there are some, note says the age is that
+// of the scheduled ones. Zero when none is scheduled.
+func (c *Console) oldestDeferred(r *http.Request, l laneRow) (time.Time, string, error) {
+	if l.Depth == 0 {
+		return time.Time{}, "", nil
+	}
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	items, err := c.cfg.Queue.List(ctx, queue.Filter{State: queue.StateDeferred, Limit: 1})
+	if err != nil || len(items) == 0 {
+		return time.Time{}, "", err
+	}
+	note := ""
+	if !items[0].Due && l.Due > 0 { // a due one was listed: none is scheduled
+		note = "of those scheduled; not of those due now"
+	}
+	return items[0].Stored, note, nil
 }
 
 func (r *rates) startedAt() time.Time {

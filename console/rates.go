@@ -32,8 +32,17 @@ type bounce struct {
 	Reply  string
 }
 
-// rates counts events per type and minute over the last hour, from the
-// events stream, and keeps the newest bounces.
+// rates counts recipients per outcome and minute over the last hour, from
+// the events stream, and keeps the newest bounces.
+//
+// The unit is the recipient, for every chart: a delivered, deferred or
+// throttled event is one per attempt and lists the recipients it was for,
+// a bounced event one per recipient; counting events would put a delivery
+// to fifty recipients beside one bounce as one each. A deferred event
+// without an attempt (a suspension's refusal, "suspended: …", which has
+// no decision record) is left out, as the retry timeline leaves it out:
+// no server was asked. A bounce mailed back after delivery (Async) is
+// counted: the recipient did bounce.
 type rates struct {
 	now     func() time.Time
 	mu      sync.Mutex
@@ -46,7 +55,35 @@ func newRates(now func() time.Time) *rates {
 	return &rates{now: now, counts: map[int64]*[4]int{}}
 }
 
-func (r *rates) add(typ string, at time.Time, ev []byte) {
+// chartEvent is what the charts read of an event.
+type chartEvent struct {
+	ID         string          `json:"id"`
+	Tenant     string          `json:"tenant"`
+	Dest       string          `json:"dest"`
+	Reason     string          `json:"reason"`
+	Rcpts      int             `json:"rcpts"`
+	Recipients []string        `json:"recipients"`
+	Decision   json.RawMessage `json:"decision"`
+}
+
+// recipients is how many recipients ev counts for in the charts: those it
+// names (or counts), one when it says neither; 0 for a deferral that was
+// no attempt.
+func (ev *chartEvent) recipients(typ string) int {
+	if (typ == queue.EventDeferred || typ == queue.EventThrottled) && len(ev.Decision) == 0 {
+		return 0
+	}
+	switch {
+	case len(ev.Recipients) > 0:
+		return len(ev.Recipients)
+	case ev.Rcpts > 0:
+		return ev.Rcpts
+	}
+	return 1
+}
+
+// add counts the event of type typ stored at at, whose JSON is data.
+func (r *rates) add(typ string, at time.Time, data []byte) {
 	i := -1
 	for k, t := range chartTypes {
 		if t == typ {
@@ -54,6 +91,14 @@ func (r *rates) add(typ string, at time.Time, ev []byte) {
 		}
 	}
 	if i < 0 {
+		return
+	}
+	var ev chartEvent
+	if json.Unmarshal(data, &ev) != nil {
+		return
+	}
+	n := ev.recipients(typ)
+	if n == 0 {
 		return
 	}
 	min := at.Unix() / 60
@@ -73,19 +118,16 @@ func (r *rates) add(typ string, at time.Time, ev []byte) {
 			}
 		}
 	}
-	c[i]++
-	if typ == queue.EventBounced && ev != nil {
-		var e queue.Event
-		if json.Unmarshal(ev, &e) == nil {
-			r.bounces = append(r.bounces, bounce{Time: at, ID: e.ID, Tenant: e.Tenant, Dest: e.Dest, Reply: e.Reason})
-			if len(r.bounces) > maxBounces {
-				r.bounces = append(r.bounces[:0:0], r.bounces[len(r.bounces)-maxBounces:]...)
-			}
+	c[i] += n
+	if typ == queue.EventBounced {
+		r.bounces = append(r.bounces, bounce{Time: at, ID: ev.ID, Tenant: ev.Tenant, Dest: ev.Dest, Reply: ev.Reason})
+		if len(r.bounces) > maxBounces {
+			r.bounces = append(r.bounces[:0:0], r.bounces[len(r.bounces)-maxBounces:]...)
 		}
 	}
 }
 
-// series returns, per chart type, the counts of the last chartMinutes
+// series returns, per chart type, the recipients of the last chartMinutes
 // minutes, oldest first (the current minute last).
 func (r *rates) series() [][]int {
 	r.mu.Lock()
@@ -183,10 +225,6 @@ func (r *rates) consume(ctx context.Context, q *queue.Queue, filters []string, s
 		if len(tok) != 4 && len(tok) != 5 {
 			continue
 		}
-		var body []byte
-		if tok[2] == queue.EventBounced {
-			body = m.Data()
-		}
-		r.add(tok[2], meta.Timestamp, body)
+		r.add(tok[2], meta.Timestamp, m.Data())
 	}
 }

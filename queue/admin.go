@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"mime"
+	"net/mail"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -1011,12 +1014,129 @@ func (r Released) reason() string {
 // removes them. A name on several lines sets one field per line, in order
 // (two "Comments:" lines leave two Comments fields); a name both removed
 // and set is refused, as is a line that is not a header field.
+//
+// The fields are written as the API writes those of a message it builds,
+// since outflow relays without SMTPUTF8 and a raw 8-bit header is refused
+// by the next hop (553 5.6.7):
+//
+//   - A name must be an RFC 5322 field name: printable ASCII (33 to 126)
+//     other than ':'.
+//   - A value with a control character (a bare CR or LF, NUL, any other
+//     C0 or C1 control or DEL; a tab is white space) or that is not UTF-8
+//     is refused.
+//   - A non-ASCII value of an unstructured field (Subject, Comments, an
+//     X- field, any field not named below) is written as RFC 2047 encoded
+//     words (mime.QEncoding in UTF-8, what the API's headers and subject
+//     get through go-message's SetText).
+//   - In an address field (From, Sender, Reply-To, To, Cc, Bcc, their
+//     Resent- forms, Disposition-Notification-To), only display names are
+//     encoded (net/mail's Address.String, as the API's address fields): a
+//     non-ASCII address (its local part or its domain) is refused, since
+//     it needs SMTPUTF8 (write an internationalised domain in its A-label,
+//     xn--…), and so is a non-ASCII value that is not an address list.
+//   - Non-ASCII in a structured field where encoded words are not allowed
+//     (Date, Message-ID, In-Reply-To, References, Content-*, MIME-Version,
+//     Received, Return-Path, List-*, DKIM-Signature …) is refused.
+//   - A field longer than 78 octets is folded at white space into lines
+//     of at most 998 octets (RFC 5322 section 2.1.1); a word too long to
+//     fit a line of 998 is refused (splitting it would change the value).
 func EditHeaders(body, edits []byte) ([]byte, error) {
 	type edit struct {
 		name   string
 		values []string // empty: remove
 		line   int      // the first line naming it
 		remove int      // the line of a "Name:" without a value, or 0
+	}
+	addressFields := map[string]bool{"from": true, "sender": true, "reply-to": true, "to": true, "cc": true, "bcc": true,
+		"resent-from": true, "resent-sender": true, "resent-to": true, "resent-cc": true, "resent-bcc": true,
+		"disposition-notification-to": true}
+	structuredFields := map[string]bool{"date": true, "message-id": true, "in-reply-to": true, "references": true,
+		"resent-date": true, "resent-message-id": true, "return-path": true, "received": true, "mime-version": true,
+		"dkim-signature": true, "arc-seal": true, "arc-message-signature": true, "arc-authentication-results": true,
+		"authentication-results": true, "feedback-id": true, "precedence": true, "auto-submitted": true}
+	structuredPrefix := []string{"content-", "list-"}
+	// encode returns value as it is written after "name: ", or why it
+	// cannot be.
+	encode := func(name, value string) (string, error) {
+		if !utf8.ValidString(value) {
+			return "", errors.New("the value is not UTF-8")
+		}
+		for _, r := range value {
+			switch {
+			case r == '\r' || r == '\n':
+				return "", fmt.Errorf("a CR or LF in the value (%U): a value is one line; long values are folded", r)
+			case r == 0:
+				return "", errors.New("a NUL in the value")
+			case r != '\t' && (r < 0x20 || r == 0x7f || r >= 0x80 && r <= 0x9f):
+				return "", fmt.Errorf("a control character in the value (%U)", r)
+			}
+		}
+		if ascii.IsString(value) {
+			return value, nil
+		}
+		lower := strings.ToLower(name)
+		switch {
+		case addressFields[lower]:
+			list, err := mail.ParseAddressList(value)
+			if err != nil || len(list) == 0 {
+				return "", errors.New("non-ASCII in an address field that is not a list of addresses (write display names as \"Name\" <user@example.com>)")
+			}
+			out := make([]string, len(list))
+			for i, a := range list {
+				if !ascii.IsString(a.Address) {
+					return "", fmt.Errorf("the address %q is not ASCII: it needs SMTPUTF8, which outflow does not send (write an internationalised domain in its A-label, xn--…); only display names may be non-ASCII", a.Address)
+				}
+				out[i] = a.String() // a non-ASCII name as encoded words
+			}
+			return strings.Join(out, ", "), nil
+		case structuredFields[lower] || slices.ContainsFunc(structuredPrefix, func(p string) bool { return strings.HasPrefix(lower, p) }):
+			return "", errors.New("non-ASCII in a structured field, where RFC 2047 encoded words are not allowed: write it in ASCII")
+		}
+		return mime.QEncoding.Encode("utf-8", value), nil
+	}
+	// fold writes "name: value" as lines of at most 78 octets where it
+	// can, breaking before white space, and refuses a line over 998.
+	fold := func(name, value string) (string, error) {
+		field := name + ": " + value
+		var b strings.Builder
+		line := name + ":"
+		for rest := " " + value; rest != ""; {
+			// The next part: white space and the word after it.
+			i := 0
+			for i < len(rest) && (rest[i] == ' ' || rest[i] == '\t') {
+				i++
+			}
+			j := strings.IndexAny(rest[i:], " \t")
+			if j < 0 {
+				j = len(rest)
+			} else {
+				j += i
+			}
+			part := rest[:j]
+			rest = rest[j:]
+			if len(line)+len(part) > 78 && strings.TrimSpace(line) != name+":" {
+				b.WriteString(line + "\r\n")
+				line = ""
+			}
+			line += part
+		}
+		b.WriteString(line + "\r\n")
+		out := b.String()
+		for _, l := range strings.Split(strings.TrimSuffix(out, "\r\n"), "\r\n") {
+			if len(l) > 998 {
+				return "", errors.New("a word too long to fold into lines of 998 octets (folding breaks only at spaces; splitting the word would change the value)")
+			}
+		}
+		if strings.ReplaceAll(out, "\r\n", "") != field {
+			return "", errors.New("the value cannot be folded without changing it")
+		}
+		return out, nil
+	}
+	short := func(s string) string {
+		if len(s) > 80 {
+			return s[:80] + "…"
+		}
+		return s
 	}
 	var list []*edit
 	byName := map[string]*edit{}
@@ -1028,7 +1148,12 @@ func EditHeaders(body, edits []byte) ([]byte, error) {
 		}
 		name, value, ok := strings.Cut(line, ":")
 		if !ok || name == "" || strings.ContainsAny(name, " \t") {
-			return nil, fmt.Errorf("edit-headers line %d: %q is not a \"Name: value\" header line", ln, line)
+			return nil, fmt.Errorf("edit-headers line %d: %q is not a \"Name: value\" header line", ln, short(line))
+		}
+		for i := 0; i < len(name); i++ {
+			if c := name[i]; c < 33 || c > 126 {
+				return nil, fmt.Errorf("edit-headers line %d: %q is not a header field name: RFC 5322 allows only printable ASCII other than ':' (33 to 126)", ln, short(name))
+			}
 		}
 		e := byName[strings.ToLower(name)]
 		if e == nil {
@@ -1036,14 +1161,24 @@ func EditHeaders(body, edits []byte) ([]byte, error) {
 			byName[strings.ToLower(name)] = e
 			list = append(list, e)
 		}
-		if value = strings.TrimSpace(value); value == "" {
+		if value = strings.Trim(value, " \t"); value == "" {
 			e.remove = ln
 		} else {
-			e.values = append(e.values, value)
+			enc, err := encode(name, value)
+			if err == nil {
+				enc, err = fold(name, enc)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("edit-headers line %d: %s: %w", ln, name, err)
+			}
+			e.values = append(e.values, enc)
 		}
 		if e.remove != 0 && len(e.values) > 0 {
 			return nil, fmt.Errorf("edit-headers line %d: %s is both removed (line %d) and set: say one", ln, e.name, e.remove)
 		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("edit-headers: %w", err)
 	}
 	end := bytes.Index(body, []byte("\r\n\r\n"))
 	if end < 0 {
@@ -1071,9 +1206,8 @@ func EditHeaders(body, edits []byte) ([]byte, error) {
 			}
 		}
 		fields = kept
-		for _, v := range e.values {
-			fields = append(fields, e.name+": "+v+"\r\n")
-		}
+		fields = append(fields, e.values...) // each "Name: value\r\n", encoded and folded
+
 	}
 	var b bytes.Buffer
 	for _, f := range fields {
