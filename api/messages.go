@@ -591,82 +591,9 @@ type MessageStatus struct {
 	History  []queue.Event      `json:"history"`
 }
 
-// RecipientOutcome is one recipient's state: the last event that names
-// it, as its type (queued for one stored and not yet tried, or put back on
-// fresh work by an operator), with its reason and time.
-type RecipientOutcome struct {
-	Recipient string    `json:"recipient"`
-	State     string    `json:"state"`
-	Reason    string    `json:"reason,omitempty"`
-	Time      time.Time `json:"time"`
-}
-
-// recipientOutcomes reads each recipient's state from hist (oldest
-// first, stateAfter of the events naming it), in the order the recipients
-// first appear.
-func recipientOutcomes(hist []queue.Event) []RecipientOutcome {
-	var out []RecipientOutcome
-	at := map[string]int{}
-	for _, ev := range hist {
-		for _, r := range ev.Recipients {
-			i, seen := at[r]
-			prev := ""
-			if seen {
-				prev = out[i].State
-			}
-			state, ok := stateAfter(prev, ev.Type)
-			if !ok {
-				continue
-			}
-			o := RecipientOutcome{Recipient: r, State: state, Reason: ev.Reason, Time: ev.Time}
-			if seen {
-				out[i] = o
-				continue
-			}
-			at[r] = len(out)
-			out = append(out, o)
-		}
-	}
-	return out
-}
-
-// lastOutcome is the state of a message no longer stored, its events
-// read in order with stateAfter. A notification about it (dsn) comes after
-// the outcome it reports, and says nothing new of the message. A last
-// queued, replayed, released or fast-forwarded event means stored and
-// being delivered (the last three put it back on fresh work): queued.
-func lastOutcome(hist []queue.Event) string {
-	state := string(queue.StateQueued)
-	for _, ev := range hist {
-		if s, ok := stateAfter(state, ev.Type); ok {
-			state = s
-		}
-	}
-	return state
-}
-
-// stateAfter is the state an event of type typ leaves its message (or
-// recipient) in, from state prev: the type, or queued for one stored,
-// replayed, released or fast-forwarded (put back on fresh work). ok is
-// false for a notice sent, a complaint or an unsubscribe received: about
-// the message, not what became of it. An attempt under way when the
-// message was dropped writes its event after the dropped one, but not the
-// step it names: held, deferred, throttled, dead or expired after dropped
-// leave it dropped (delivered or bounced do not: that attempt's server
-// took or refused the message).
-func stateAfter(prev, typ string) (state string, ok bool) {
-	switch typ {
-	case queue.EventDSN, queue.EventComplained, queue.EventUnsubscribed:
-		return "", false
-	case queue.EventQueued, queue.EventReplayed, queue.EventReleased, queue.EventFastFwd:
-		return string(queue.StateQueued), true
-	case queue.EventHeld, queue.EventDeferred, queue.EventThrottled, queue.EventDead, queue.EventExpired:
-		if prev == queue.EventDropped {
-			return prev, true
-		}
-	}
-	return typ, true
-}
+// RecipientOutcome is one recipient's state, the `outcomes` of a
+// message's status (queue.RecipientOutcomes).
+type RecipientOutcome = queue.RecipientOutcome
 
 // history reads message id's events for key. Only the tenant's events are
 // read when it is known, a sixty-fourth of the stream's with many tenants
@@ -715,7 +642,7 @@ func (s *Server) getMessage(w http.ResponseWriter, r *http.Request, key *KeyInfo
 		// SENT marker makes a lost one harmless), so for a moment it is
 		// still on the work lane behind its outcome: the outcome is the
 		// state.
-		if out := lastOutcome(hist); it.State == queue.StateQueued && (out == queue.EventDelivered || out == queue.EventBounced) {
+		if out := queue.LastOutcome(hist); it.State == queue.StateQueued && (out == queue.EventDelivered || out == queue.EventBounced) {
 			st.State = out
 		}
 		if !it.NextAt.IsZero() {
@@ -723,14 +650,14 @@ func (s *Server) getMessage(w http.ResponseWriter, r *http.Request, key *KeyInfo
 			st.NextAt = &t
 		}
 	case len(hist) > 0:
-		st.Tenant, st.Dest, st.State = hist[0].Tenant, hist[0].Dest, lastOutcome(hist)
+		st.Tenant, st.Dest, st.State = hist[0].Tenant, hist[0].Dest, queue.LastOutcome(hist)
 	default:
 		return notFound
 	}
 	if !key.Admin && st.Tenant != key.Tenant {
 		return notFound
 	}
-	st.Outcomes = recipientOutcomes(hist)
+	st.Outcomes = queue.RecipientOutcomes(hist, nil)
 	writeJSON(w, http.StatusOK, st)
 	return nil
 }
@@ -773,7 +700,7 @@ func (s *Server) cancelMessage(w http.ResponseWriter, r *http.Request, key *KeyI
 			return notFound
 		}
 		return problem(http.StatusConflict, ProblemAlreadySent, "already sent",
-			"message "+id+" has left the queue: "+lastOutcome(hist))
+			"message "+id+" has left the queue: "+queue.LastOutcome(hist))
 	case err != nil:
 		s.log.Error().Err(err).Str("msg_id", id).Msg("api find")
 		return unavailable("the queue cannot be read")

@@ -737,43 +737,6 @@ func TestSenderDomains(t *testing.T) {
 	}
 }
 
-// A bounce mailed back after delivery makes the message bounced; a
-// complaint about it, like a notification, leaves it delivered.
-func TestLastOutcomeAfterDelivery(t *testing.T) {
-	ev := func(typ string, async bool) queue.Event { return queue.Event{Type: typ, Async: async} }
-	for _, tc := range []struct {
-		hist []queue.Event
-		want string
-	}{
-		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDelivered, false), ev(queue.EventBounced, true)}, queue.EventBounced},
-		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDelivered, false), ev(queue.EventComplained, true)}, queue.EventDelivered},
-		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventBounced, false), ev(queue.EventDSN, false)}, queue.EventBounced},
-		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDelivered, false), ev(queue.EventUnsubscribed, true)}, queue.EventDelivered},
-		// Put back on fresh work by an operator or a recovered
-		// destination, and not yet picked up: queued, not a state of its
-		// own that the API does not document.
-		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventThrottled, false), ev(queue.EventReleased, false)}, string(queue.StateQueued)},
-		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDeferred, false), ev(queue.EventFastFwd, false)}, string(queue.StateQueued)},
-		// Dropped while an attempt was under way: the attempt's event
-		// comes after, and its step was not written; its server's
-		// delivery or refusal stands.
-		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDropped, false), ev(queue.EventHeld, false)}, queue.EventDropped},
-		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDropped, false), ev(queue.EventDeferred, false)}, queue.EventDropped},
-		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDropped, false), ev(queue.EventExpired, false)}, queue.EventDropped},
-		{[]queue.Event{ev(queue.EventQueued, false), ev(queue.EventDropped, false), ev(queue.EventDelivered, false)}, queue.EventDelivered},
-	} {
-		if got := lastOutcome(tc.hist); got != tc.want {
-			t.Errorf("%v: %s, want %s", tc.hist, got, tc.want)
-		}
-		for i := range tc.hist {
-			tc.hist[i].Recipients = []string{"r@x.test"}
-		}
-		if out := recipientOutcomes(tc.hist); len(out) != 1 || out[0].State != tc.want {
-			t.Errorf("%v: recipient outcomes %+v, want %s", tc.hist, out, tc.want)
-		}
-	}
-}
-
 // A tenant's sending limit takes a message's recipients all or none: past
 // it, 429 quota-exceeded with Retry-After and nothing stored; a retry of
 // a stored request (the same Idempotency-Key) is answered from its record

@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"html"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/outflow/outflow/api"
 	"github.com/outflow/outflow/internal/mailhdr"
 	"github.com/outflow/outflow/queue"
 )
@@ -147,56 +145,6 @@ func TestMessagePageShowsOutcomes(t *testing.T) {
 	}
 	if strings.Contains(page, "Not waiting anywhere") {
 		t.Error("the state is not named")
-	}
-}
-
-// The console's state and outcomes are those GET /v1/messages/{id}
-// answers for the same events (the rules are copied from package api,
-// where they are unexported).
-func TestOutcomesAsTheAPI(t *testing.T) {
-	q := sharedQueue(t)
-	ctx := context.Background()
-	srv, err := api.New(ctx, api.Config{Queue: q, Buckets: q})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := api.OpenKeys(ctx, q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _, err := keys.Create(ctx, "outc", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := fmt.Sprintf("outcome-api-%d", time.Now().UnixNano())
-	evs := outcomeEvents(id, time.Now().UTC())
-	evs = append(evs, queue.Event{Type: queue.EventComplained, Time: evs[2].Time.Add(time.Minute), ID: id, Tenant: "outc",
-		Dest: "o.example", Recipients: []string{"ann@o.example"}, Reason: "abuse"})
-	for _, ev := range evs {
-		if err := q.PublishEvent(ctx, ev.Type, &ev); err != nil {
-			t.Fatal(err)
-		}
-	}
-	req := httptest.NewRequest(http.MethodGet, "/v1/messages/"+id, nil)
-	req.Header.Set("Authorization", "Bearer "+key)
-	rec := httptest.NewRecorder()
-	srv.Handler().ServeHTTP(rec, req)
-	var st api.MessageStatus
-	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil || rec.Code != 200 {
-		t.Fatalf("GET: %d %v\n%s", rec.Code, err, rec.Body)
-	}
-	if got := lastOutcome(st.History); got != st.State {
-		t.Errorf("console state %q, API %q", got, st.State)
-	}
-	got := recipientOutcomes(st.History)
-	if len(got) != len(st.Outcomes) {
-		t.Fatalf("console outcomes %+v, API %+v", got, st.Outcomes)
-	}
-	for i, o := range st.Outcomes {
-		g := got[i]
-		if g.Recipient != o.Recipient || g.State != o.State || !g.Time.Equal(o.Time) || o.Reason != "" && g.Reason != o.Reason {
-			t.Errorf("outcome %d: console %+v, API %+v", i, g, o)
-		}
 	}
 }
 

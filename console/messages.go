@@ -146,80 +146,18 @@ type attemptRow struct {
 	Seed       string
 }
 
-// rcptOutcome is what became of one recipient: the last event that names
-// it, as the state it leaves the recipient in (stateAfter), with that
-// event's reason, or its attempt's reply when it has no reason (a
-// delivered event names its recipients, its reply is in its decision).
-type rcptOutcome struct {
-	Recipient string
-	State     string
-	Reason    string
-	Time      time.Time
-}
-
-// The message page computes a message's state and its recipients'
-// outcomes from its events with the rules of GET /v1/messages/{id}
-// (package api: stateAfter, lastOutcome, recipientOutcomes, which are
-// unexported there; console may not change api, and queue has no such
-// function), so that the console and the API say the same of a message.
-// TestOutcomesAsTheAPI checks them against the API's answer.
-
-// stateAfter is the state an event of type typ leaves its message (or
-// recipient) in: the type, or queued for one stored, replayed, released
-// or fast-forwarded (put back on fresh work). ok is false for a notice
-// sent, a complaint or an unsubscribe received: about the message, not
-// what became of it.
-func stateAfter(typ string) (state string, ok bool) {
-	switch typ {
-	case queue.EventDSN, queue.EventComplained, queue.EventUnsubscribed:
-		return "", false
-	case queue.EventQueued, queue.EventReplayed, queue.EventReleased, queue.EventFastFwd:
-		return string(queue.StateQueued), true
-	}
-	return typ, true
-}
-
-// lastOutcome is the state of a message no longer stored: its last event
-// that is an outcome (stateAfter); queued when there is none.
-func lastOutcome(evs []queue.Event) string {
-	for i := len(evs) - 1; i >= 0; i-- {
-		if state, ok := stateAfter(evs[i].Type); ok {
-			return state
+// outcomeReason is the reason the message page gives a recipient's
+// outcome (queue.RecipientOutcomes): the event's, or, for one without a
+// reason (a delivered event names its recipients; its reply is in its
+// decision), its attempt's reply.
+func outcomeReason(ev queue.Event) string {
+	if ev.Reason == "" && len(ev.Decision) > 0 {
+		var rec backoff.Record
+		if json.Unmarshal(ev.Decision, &rec) == nil {
+			return strings.TrimSpace(replyOf(rec))
 		}
 	}
-	return string(queue.StateQueued)
-}
-
-// recipientOutcomes reads each recipient's state from evs (oldest first:
-// stateAfter of the last event naming it), in the order the recipients
-// first appear. One attempt can deliver some of a part's recipients and
-// bounce others, which the message's one state cannot say.
-func recipientOutcomes(evs []queue.Event) []rcptOutcome {
-	var out []rcptOutcome
-	at := map[string]int{}
-	for _, ev := range evs {
-		state, ok := stateAfter(ev.Type)
-		if !ok {
-			continue
-		}
-		reason := ev.Reason
-		if reason == "" && len(ev.Decision) > 0 {
-			var rec backoff.Record
-			if json.Unmarshal(ev.Decision, &rec) == nil {
-				reason = strings.TrimSpace(replyOf(rec))
-			}
-		}
-		for _, r := range ev.Recipients {
-			o := rcptOutcome{Recipient: r, State: state, Reason: reason, Time: ev.Time}
-			if i, ok := at[r]; ok {
-				out[i] = o
-				continue
-			}
-			at[r] = len(out)
-			out = append(out, o)
-		}
-	}
-	return out
+	return ev.Reason
 }
 
 // replyOf is a decision record's reply as the events table shows it.
@@ -296,11 +234,11 @@ func (c *Console) messagePage(w http.ResponseWriter, r *http.Request, s *session
 		state, tenant, dest = string(it.State), it.Env.Tenant, it.Env.Dest
 		// A delivered envelope's acknowledgement is not waited for, so for
 		// a moment it is still on the work lane behind its outcome.
-		if out := lastOutcome(evs); it.State == queue.StateQueued && (out == queue.EventDelivered || out == queue.EventBounced) {
+		if out := queue.LastOutcome(evs); it.State == queue.StateQueued && (out == queue.EventDelivered || out == queue.EventBounced) {
 			state = out
 		}
 	case len(evs) > 0:
-		state, tenant, dest = lastOutcome(evs), evs[0].Tenant, evs[0].Dest
+		state, tenant, dest = queue.LastOutcome(evs), evs[0].Tenant, evs[0].Dest
 	}
 	// Fast-forward applies to mail its destination deferred, not to mail
 	// held for its send_at (queue.FastForward refuses it).
@@ -312,7 +250,7 @@ func (c *Console) messagePage(w http.ResponseWriter, r *http.Request, s *session
 	c.render(w, r, s, http.StatusOK, "message", "Message "+id, map[string]any{
 		"ID": id, "Item": it, "Headers": headers, "Meta": meta, "Attempts": attempts,
 		"Timeline": timeline(id, it, evs), "Errors": errs,
-		"State": state, "Tenant": tenant, "Dest": dest, "Outcomes": recipientOutcomes(evs),
+		"State": state, "Tenant": tenant, "Dest": dest, "Outcomes": queue.RecipientOutcomes(evs, outcomeReason),
 		"CanFastForward": canFF, "SendAt": sendAt,
 	})
 }
