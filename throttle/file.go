@@ -107,6 +107,8 @@ func (f File) ConfigWith(defaults Limits) (Config, error) {
 		return c, fmt.Errorf("throttle: learn-initial %d: want >= 1, or -1 for no first-contact window", s.LearnInitial)
 	case s.BreakerFailures < 0:
 		return c, fmt.Errorf("throttle: breaker-failures %d: want >= 1", s.BreakerFailures)
+	case s.MaxWait < 0:
+		return c, fmt.Errorf("throttle: max-wait %v: want > 0", s.MaxWait)
 	case s.BreakerCooldown < 0, s.SourceBlockHold < 0, s.DecreaseFor < 0, s.IncreaseEvery < 0:
 		return c, fmt.Errorf("throttle: durations must be > 0")
 	case s.DecreaseFactor != 0 && !(s.DecreaseFactor > 0 && s.DecreaseFactor < 1):

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -68,26 +69,30 @@ type serveConfig struct {
 	RateLimitMin    time.Duration `toml:"ratelimit-min"`
 	DestRate        float64       `toml:"dest-rate"`
 	DestConns       int           `toml:"dest-conns"`
-	UnknownPolicy   string        `toml:"unknown-policy"`
-	ClassifyRules   string        `toml:"classify-rules"`
-	LogLevel        string        `toml:"log-level"`
-	ShutdownGrace   time.Duration `toml:"shutdown-grace"`
-	GCPercent       int           `toml:"gc-percent"`
-	GCMinHeap       int64         `toml:"gc-min-heap"`
-	SMTPPort        int           `toml:"smtp-port"`
-	TLSPolicy       string        `toml:"tls-policy"`
-	SMTPReadTimeout time.Duration `toml:"smtp-read-timeout"`
-	SMTPDataTimeout time.Duration `toml:"smtp-data-timeout"`
-	AckWait         time.Duration `toml:"ack-wait"`
-	EventsMaxAge    time.Duration `toml:"events-max-age"`
-	SentTTL         time.Duration `toml:"sent-ttl"`
-	ConnectTimeout  time.Duration `toml:"connect-timeout"`
-	CommandTimeout  time.Duration `toml:"command-timeout"`
-	ResetTimeout    time.Duration `toml:"rset-timeout"`
-	DataTimeout     time.Duration `toml:"data-timeout"`
-	FinalDotTimeout time.Duration `toml:"final-dot-timeout"`
-	SMTPChunking    bool          `toml:"smtp-chunking"`
-	NoChunkingFor   []string      `toml:"smtp-chunking-off"`
+	// destRateSet and destConnsSet: dest-rate or dest-conns given, on the
+	// command line or in the file; a 0 given replaces
+	// [destinations.default]'s limit with none (startThrottle).
+	destRateSet, destConnsSet bool
+	UnknownPolicy             string        `toml:"unknown-policy"`
+	ClassifyRules             string        `toml:"classify-rules"`
+	LogLevel                  string        `toml:"log-level"`
+	ShutdownGrace             time.Duration `toml:"shutdown-grace"`
+	GCPercent                 int           `toml:"gc-percent"`
+	GCMinHeap                 int64         `toml:"gc-min-heap"`
+	SMTPPort                  int           `toml:"smtp-port"`
+	TLSPolicy                 string        `toml:"tls-policy"`
+	SMTPReadTimeout           time.Duration `toml:"smtp-read-timeout"`
+	SMTPDataTimeout           time.Duration `toml:"smtp-data-timeout"`
+	AckWait                   time.Duration `toml:"ack-wait"`
+	EventsMaxAge              time.Duration `toml:"events-max-age"`
+	SentTTL                   time.Duration `toml:"sent-ttl"`
+	ConnectTimeout            time.Duration `toml:"connect-timeout"`
+	CommandTimeout            time.Duration `toml:"command-timeout"`
+	ResetTimeout              time.Duration `toml:"rset-timeout"`
+	DataTimeout               time.Duration `toml:"data-timeout"`
+	FinalDotTimeout           time.Duration `toml:"final-dot-timeout"`
+	SMTPChunking              bool          `toml:"smtp-chunking"`
+	NoChunkingFor             []string      `toml:"smtp-chunking-off"`
 
 	// SMTPMaxInflightBytes bounds the memory of the message bodies the
 	// submission listener holds at once (submission.Config.MaxInflightBytes).
@@ -205,6 +210,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 // flags given on the command line, decodes the file over the defaults, and
 // sets the remembered flags again, so the command line wins.
 func loadConfigFile(cmd *cobra.Command, c *serveConfig) error {
+	c.destRateSet, c.destConnsSet = cmd.Flags().Changed("dest-rate"), cmd.Flags().Changed("dest-conns")
 	if c.Config == "" {
 		return nil
 	}
@@ -235,6 +241,11 @@ func loadConfigFile(cmd *cobra.Command, c *serveConfig) error {
 	if und := md.Undecoded(); len(und) > 0 {
 		return fmt.Errorf("config %s: unknown key %q%s", c.Config, und[0].String(), nearKey(reflect.TypeOf(c).Elem(), und[0]))
 	}
+	c.destRateSet = c.destRateSet || md.IsDefined("dest-rate")
+	c.destConnsSet = c.destConnsSet || md.IsDefined("dest-conns")
+	if err := zeroKnobs(md, c.Throttle); err != nil {
+		return fmt.Errorf("config %s: %w", c.Config, err)
+	}
 	// The TOML decoder takes an integer for a time.Duration as
 	// nanoseconds, so `shutdown-grace = 30` would be 30 ns and `max-age =
 	// 86400` would send every message to dead letters at once.
@@ -262,6 +273,27 @@ func loadConfigFile(cmd *cobra.Command, c *serveConfig) error {
 }
 
 var durationType = reflect.TypeOf(time.Duration(0))
+
+// zeroKnobs refuses a [throttle] number or duration the file sets to 0:
+// the throttle takes 0 as "the default" (breaker-failures = 0 was 10,
+// max-wait = "0s" 2 s), not what the operator wrote. Left out, a key
+// takes its default.
+func zeroKnobs(md toml.MetaData, s throttle.Settings) error {
+	v := reflect.ValueOf(s)
+	for i := range v.NumField() {
+		key, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("toml"), ",")
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Int, reflect.Int64, reflect.Float64:
+		default:
+			continue // a switch (*bool), the weights
+		}
+		if md.IsDefined("throttle", key) && f.IsZero() {
+			return fmt.Errorf("[throttle] %s = 0: the throttle would take its default for it, not 0; leave the key out for the default (docs/configuration.md)", key)
+		}
+	}
+	return nil
+}
 
 // keyType returns the Go type the config file's key path decodes into, as
 // the TOML decoder finds it (toml tags, embedded structs, map keys, arrays
@@ -327,6 +359,15 @@ func quoteHint(t reflect.Type, file []byte, err error) string {
 		return ""
 	}
 	key := path[strings.LastIndexByte(path, '.')+1:]
+	if lines := strings.Split(string(file), "\n"); pe.Position.Line > 0 && pe.Position.Line <= len(lines) {
+		if _, v, ok := strings.Cut(lines[pe.Position.Line-1], "="); ok && strings.HasPrefix(strings.TrimSpace(v), `"`) {
+			// Quoted already: the value itself is wrong (max-age = "2d").
+			if kt == durationType {
+				return fmt.Sprintf(" (%s is a duration with a unit of h, m, s or ms, like \"48h\")", key)
+			}
+			return ""
+		}
+	}
 	return fmt.Sprintf(" (%s takes a string: quote it, %s = \"...\")", key, key)
 }
 
@@ -469,6 +510,64 @@ func (c *serveConfig) durability() (queue.Durability, string, error) {
 	return queue.DurabilityDisk, "", nil
 }
 
+// checkHostname says what is wrong with name as the name this host gives
+// in EHLO and its greetings, nil for none ("" is the system's): a domain
+// name in ASCII (A-labels for an internationalized one: a receiver reads
+// the EHLO argument as such, RFC 5321 4.1.2), labels of letters, digits and
+// hyphens, or an address literal ([192.0.2.1], [IPv6:2001:db8::1]). A bare
+// address, a port or a non-ASCII name went out as written, and receivers
+// that check EHLO refuse it.
+func checkHostname(name string) error {
+	if name == "" {
+		return nil
+	}
+	if strings.HasPrefix(name, "[") && strings.HasSuffix(name, "]") {
+		lit := strings.TrimPrefix(name[1:len(name)-1], "IPv6:")
+		if ip, err := netip.ParseAddr(lit); err == nil && ip.Is6() == strings.HasPrefix(name, "[IPv6:") {
+			return nil
+		}
+		return errors.New("not an address literal")
+	}
+	if _, err := netip.ParseAddr(name); err == nil {
+		return errors.New("an address goes in brackets, [192.0.2.1]")
+	}
+	if len(strings.TrimSuffix(name, ".")) > 253 {
+		return errors.New("longer than 253 octets")
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(name, "."), ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return fmt.Errorf("label %q is not a host name's", label)
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+				if r > 127 {
+					return errors.New("not ASCII: write an internationalized name as A-labels (xn--…)")
+				}
+				return fmt.Errorf("%q is not a host name's character", r)
+			}
+		}
+	}
+	return nil
+}
+
+// checkHostPort says what is wrong with addr as a server to connect to,
+// host:port: a host, and a port from 1 to 65535 (a name like "submission"
+// is no port here: net.SplitHostPort took any word, and each delivery
+// failed on it, deferred until max-age).
+func checkHostPort(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if host == "" {
+		return errors.New("no host")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("bad port %q", port)
+	}
+	return nil
+}
+
 // checkFlags refuses, before anything starts, the values that the packages
 // below would refuse only once serve builds them, late in the start and in
 // their own words, which name a Go field (`sender: RelayTLS "plain"`, not
@@ -478,16 +577,29 @@ func (c *serveConfig) checkFlags() error {
 	if err := c.checkNumbers(); err != nil {
 		return err
 	}
-	if strings.ContainsAny(c.Hostname, " \t\r\n") {
-		return fmt.Errorf("--hostname %q: want one domain name, like mta1.example.com", c.Hostname)
+	if floor := int64(2 * queue.MinStoreReserve); c.StoreMax > 0 && c.StoreMax < floor {
+		// Started, the store was full at once (its reserve a few bytes):
+		// the first message's SENT marker was lost, and no mail was taken
+		// after it.
+		return fmt.Errorf("--store-max %d: it counts bytes, and at least %d (128 MiB): the store keeps a tenth of it, at least 64 MiB, for the mail already queued (20 GiB is 21474836480; 0 is nats-server's default)", c.StoreMax, floor)
+	}
+	if err := checkHostname(c.Hostname); err != nil {
+		return fmt.Errorf("--hostname %q: %v; want one domain name, like mta1.example.com", c.Hostname, err)
 	}
 	switch sender.RelayTLS(c.RelayTLS) {
 	case "", sender.RelaySTARTTLS, sender.RelayImplicitTLS, sender.RelayNoTLS:
 	default:
 		return fmt.Errorf("--relay-tls %q: want starttls, tls or none", c.RelayTLS)
 	}
+	if c.Relay == "" && (c.RelayUser != "" || c.RelayPassword != "") {
+		// Ignored, the mail went straight to the recipients' MX hosts.
+		return errors.New("--relay-user and --relay-password are the smarthost's: set --relay too, or leave them out to deliver to the recipients' MX hosts")
+	}
+	if c.NATSURL == "" && c.NATSCreds != "" {
+		return errors.New("--nats-creds is for --nats-url: set it too, or leave --nats-creds out for the embedded server")
+	}
 	if c.Relay != "" {
-		if _, _, err := net.SplitHostPort(c.Relay); err != nil {
+		if err := checkHostPort(c.Relay); err != nil {
 			return fmt.Errorf("--relay %q: want host:port, like smtp.example.com:587 (%w)", c.Relay, err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/outflow/outflow/internal/testutil"
+	"github.com/outflow/outflow/throttle"
 	"github.com/outflow/outflow/worker"
 )
 
@@ -97,6 +98,8 @@ func TestUnknownConfigKeyRefused(t *testing.T) {
 		{"smtp-addr = 127.0.0.1:2525\n", `(smtp-addr takes a string: quote it, smtp-addr = "...")`},
 		{"shutdown-grace = 30s\n", `(shutdown-grace takes a string: quote it, shutdown-grace = "...")`},
 		{"[[dkim]]\ndomain = a.test\n", `(domain takes a string: quote it, domain = "...")`},
+		// Quoted already: the unit is what is wrong, not the quotes.
+		{"max-age = \"2d\"\n", `invalid duration: "2d" (max-age is a duration with a unit of h, m, s or ms, like "48h")` + "\x00"},
 	} {
 		p := filepath.Join(t.TempDir(), "bad.toml")
 		if err := os.WriteFile(p, []byte(c.file), 0o600); err != nil {
@@ -608,7 +611,24 @@ func TestServeFlagValuesNamed(t *testing.T) {
 		{[]string{"--relay", "nohostport"}, `--relay "nohostport": want host:port`},
 		{[]string{"--tls-policy", "bogus"}, `--tls-policy "bogus": want opportunistic, required or none`},
 		{[]string{"--unknown-policy", "bogus"}, `--unknown-policy "bogus": want retry or hold`},
-		{[]string{"--hostname", "mta1 example"}, `--hostname "mta1 example": want one domain name`},
+		{[]string{"--hostname", "mta1 example"}, `--hostname "mta1 example": ' ' is not a host name's character; want one domain name`},
+		// What went out in EHLO as written, and receivers that check it
+		// refused: a port, a non-ASCII name, a bare address.
+		{[]string{"--hostname", "mta1.example.com:25"}, `--hostname "mta1.example.com:25": ':' is not a host name's character`},
+		{[]string{"--hostname", "mtä.example.com"}, `not ASCII: write an internationalized name as A-labels`},
+		{[]string{"--hostname", "192.0.2.1"}, `an address goes in brackets`},
+		{[]string{"--hostname", "[192.0.2.300]"}, `not an address literal`},
+		{[]string{"--hostname", "-mta.example.com"}, `label "-mta" is not a host name's`},
+		// Started, every message was deferred a day on the relay's
+		// address and then dead-lettered.
+		{[]string{"--relay", "127.0.0.1:99999"}, `--relay "127.0.0.1:99999": want host:port, like smtp.example.com:587 (bad port "99999")`},
+		{[]string{"--relay", "127.0.0.1:abc"}, `bad port "abc"`},
+		{[]string{"--relay", ":25"}, `(no host)`},
+		// Ignored: the mail went straight to MX, or to the embedded server.
+		{[]string{"--relay-user", "u", "--relay-password", "p"}, `--relay-user and --relay-password are the smarthost's: set --relay too`},
+		{[]string{"--nats-creds", "/etc/outflow/nats.creds"}, `--nats-creds is for --nats-url`},
+		// Meant as GiB: the store was full from the first message on.
+		{[]string{"--store-max", "20"}, `--store-max 20: it counts bytes, and at least 134217728 (128 MiB)`},
 	} {
 		cfg, err := parseWith(t, emptyConfig(t), append(c.args, "--data", t.TempDir())...)
 		if err != nil {
@@ -631,7 +651,9 @@ func TestServeFlagValuesNamed(t *testing.T) {
 	if err := cfg.checkFlags(); err == nil || !strings.Contains(err.Error(), `[tls-destinations] "bank.example" = "requried"`) {
 		t.Errorf("[tls-destinations]: %v", err)
 	}
-	for _, args := range [][]string{nil, {"--relay", "smtp.example.com:587", "--relay-tls", "none", "--tls-policy", "required", "--unknown-policy", "hold"}} {
+	for _, args := range [][]string{nil, {"--relay", "smtp.example.com:587", "--relay-tls", "none", "--tls-policy", "required", "--unknown-policy", "hold"},
+		{"--hostname", "xn--mt-via.example.com."}, {"--hostname", "[192.0.2.1]"}, {"--hostname", "[IPv6:2001:db8::1]"}, {"--hostname", "vm"},
+		{"--relay", "[::1]:2525"}} {
 		cfg, err := parseWith(t, emptyConfig(t), args...)
 		if err != nil {
 			t.Fatal(err)
@@ -774,5 +796,75 @@ func TestZeroAndNegativeNumbersRefused(t *testing.T) {
 		if err := cfg.checkFlags(); err != nil {
 			t.Errorf("%q refused: %v", args, err)
 		}
+	}
+}
+
+// TestDestLimitsGivenAsZero: dest-rate and dest-conns given as 0 (flag or
+// key) lift [destinations.default]'s limits, as a value above 0 replaces
+// them; not given, the table's stand. The file's 50/s stayed in force.
+func TestDestLimitsGivenAsZero(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "outflow.toml")
+	if err := os.WriteFile(p, []byte("[destinations.default]\nrate = 50\nconns = 20\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args        []string
+		rate, conns float64
+	}{
+		{nil, 50, 20},
+		{[]string{"--dest-rate", "0"}, 0, 20},
+		{[]string{"--dest-conns", "0"}, 50, 0},
+		{[]string{"--dest-rate", "0", "--dest-conns", "0"}, 0, 0},
+		{[]string{"--dest-rate", "7"}, 7, 20},
+	} {
+		cfg, err := parseWith(t, p, c.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc, err := cfg.throttleFile().ConfigWith(throttle.Limits{Rate: cfg.DestRate, Conns: cfg.DestConns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.Defaults.Rate != c.rate || float64(tc.Defaults.Conns) != c.conns {
+			t.Errorf("%q: default rate %v, conns %d; want %v and %v", c.args, tc.Defaults.Rate, tc.Defaults.Conns, c.rate, c.conns)
+		}
+	}
+	p2 := filepath.Join(t.TempDir(), "outflow.toml")
+	if err := os.WriteFile(p2, []byte("dest-rate = 0\n[destinations.default]\nrate = 50\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parseWith(t, p2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tc, err := cfg.throttleFile().ConfigWith(throttle.Limits{}); err != nil || tc.Defaults.Rate != 0 {
+		t.Errorf("dest-rate = 0 in the file: default rate %v (%v), want 0", tc.Defaults.Rate, err)
+	}
+}
+
+// TestThrottleKnobsGivenAsZero: a [throttle] number set to 0 is refused,
+// naming the key: the throttle took its default for it (breaker-failures
+// = 0 was 10, max-wait = "0s" 2 s). A negative max-wait too.
+func TestThrottleKnobsGivenAsZero(t *testing.T) {
+	for _, line := range []string{`max-wait = "0s"`, "breaker-failures = 0", "learn-initial = 0", `learn-forget = "0s"`, "decrease-factor = 0.0", `max-wait = "-5s"`} {
+		p := filepath.Join(t.TempDir(), "outflow.toml")
+		if err := os.WriteFile(p, []byte("[throttle]\n"+line+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		key, _, _ := strings.Cut(line, " ")
+		cfg, err := parseWith(t, p)
+		if err == nil {
+			_, err = cfg.throttleFile().Config()
+		}
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s: %v, want an error naming %s", line, err, key)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "outflow.toml")
+	if err := os.WriteFile(p, []byte("[throttle]\nmax-wait = \"1s\"\nlearn-initial = -1\nlearn = false\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parseWith(t, p); err != nil {
+		t.Errorf("values that are not 0 refused: %v", err)
 	}
 }

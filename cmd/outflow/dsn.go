@@ -105,6 +105,9 @@ func (c *dsnConfig) workerDSN(hostname string, sup worker.SuppressionChecker, m 
 		}
 		if t.DSNDelayWarning != nil {
 			d := t.DSNDelayWarning.Duration
+			if d < 0 {
+				return nil, fmt.Errorf("[tenants.%s] dsn-delay-warning %v: must not be negative (\"0s\": never)", name, d)
+			}
 			td.DelayWarning = &d
 		}
 		w.Tenants[name] = td

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -520,6 +521,31 @@ func remoteDurability(ctx context.Context, q *queue.Queue, asked queue.Durabilit
 	}
 }
 
+// throttleFile is the throttle's file as serve applies it: with
+// --dest-rate or --dest-conns given as 0 ("unlimited", in an incident),
+// [destinations.default]'s limit lifted too, as a value above 0 replaces
+// it (ConfigWith takes a 0 as not given, and the file's limit stayed).
+func (c *serveConfig) throttleFile() throttle.File {
+	file := c.File
+	rate, conns := c.destRateSet && c.DestRate == 0, c.destConnsSet && c.DestConns == 0
+	if !rate && !conns {
+		return file
+	}
+	file.Destinations = maps.Clone(file.Destinations)
+	if file.Destinations == nil {
+		file.Destinations = map[string]throttle.LimitsFile{}
+	}
+	def := file.Destinations[throttle.DefaultDestination]
+	if rate {
+		def.Rate = new(float64)
+	}
+	if conns {
+		def.Conns = new(int)
+	}
+	file.Destinations[throttle.DefaultDestination] = def
+	return file
+}
+
 // startThrottle builds the coordinator's per-destination limits from the
 // config file sections and the --dest-rate/--dest-conns defaults, shares
 // state through the queue's KV buckets, and releases a destination's
@@ -527,7 +553,8 @@ func remoteDurability(ctx context.Context, q *queue.Queue, asked queue.Durabilit
 func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, res throttle.MXResolver, reg prometheus.Registerer, log zerolog.Logger) (*throttle.Throttle, error) {
 	// --dest-rate and --dest-conns are the defaults every
 	// [destinations.X] table inherits what it does not set.
-	tc, err := c.File.ConfigWith(throttle.Limits{Rate: c.DestRate, Conns: c.DestConns})
+	file := c.throttleFile()
+	tc, err := file.ConfigWith(throttle.Limits{Rate: c.DestRate, Conns: c.DestConns})
 	if err != nil {
 		return nil, usageError{fmt.Errorf("config: %w", err)}
 	}
