@@ -466,6 +466,19 @@ func (c *Classifier) candidates(code int, stage Stage, enh []uint64, m matchSet,
 	return cand
 }
 
+// RuleScopes is the name of every rule c knows, the embedded ones and
+// those of its rules file, with the scope the rule declares (zero where
+// its scope follows from the class and the stage). An automation rule
+// names rules by these (throttle checks the names at start: a typo
+// matched nothing and never fired).
+func (c *Classifier) RuleScopes() map[string]Scope {
+	out := make(map[string]Scope, len(c.rules))
+	for _, r := range c.rules {
+		out[r.name] = r.scope
+	}
+	return out
+}
+
 // Classify says what one reply or transport event means. It does no I/O,
 // keeps no state, and for a typical reply does not allocate (a multi-line
 // text costs one allocation to join its lines).

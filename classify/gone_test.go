@@ -1,6 +1,9 @@
 package classify
 
-import "testing"
+import (
+	"os"
+	"testing"
+)
 
 // TestAddressGone: what a suppression may rest on. A reply that says the
 // address does not exist, or its mailbox is disabled, does; a refusal of
@@ -135,5 +138,27 @@ func TestRateWordsInOtherLanguages(t *testing.T) {
 		if r := c.Classify(in); r.Class != Throttled {
 			t.Errorf("%q: %s (%s), want throttled", reply, r.Class, r.Rule)
 		}
+	}
+}
+
+// TestRuleScopes: every rule's name, the operator's among them, with the
+// scope it declares: what an automation rule's rule is checked against.
+func TestRuleScopes(t *testing.T) {
+	p := t.TempDir() + "/rules.toml"
+	if err := os.WriteFile(p, []byte("[[rule]]\nname = \"acme-zorgon\"\nclass = \"throttled\"\nscope = \"destination\"\ntext = [\"zorgon gate\"]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Options{ExtraRulesFile: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.RuleScopes()
+	for name, want := range map[string]Scope{"acme-zorgon": ScopeDestination, "gmail-auth-rate-limited": ScopeTenant, "user-unknown": ScopeRecipient} {
+		if s, ok := got[name]; !ok || s != want {
+			t.Errorf("%s: scope %v (known %v), want %v", name, s, ok, want)
+		}
+	}
+	if len(got) < 100 {
+		t.Errorf("%d rules, want every embedded one", len(got))
 	}
 }
