@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/dane"
 	"github.com/outflow/outflow/internal/defaults"
 )
@@ -179,9 +180,18 @@ type Config struct {
 	bdatRefused *sync.Map
 
 	// MaxMsgsPerConn is how many transactions one connection carries
-	// before it is closed; a server's LIMITS MAILMAX lowers it.
+	// before it is closed; a server's LIMITS MAILMAX lowers it, and so
+	// does a limit learned from the server's refusal (perconn.go).
 	// Default DefaultMaxMsgsPerConn.
 	MaxMsgsPerConn int
+	// Classifier reads a refusal to MAIL on a connection that carried
+	// messages before, to learn a server's limit of messages per
+	// connection (perconn.go). Default classify.Default(); serve gives
+	// the one with the operator's rules.
+	Classifier *classify.Classifier
+	// perConn holds the limits of messages per connection learned from
+	// servers' refusals, by pool key (perconn.go).
+	perConn *sync.Map
 	// IdleTimeout is how long an idle pooled connection is kept; it must
 	// stay well below a server's own 5 minute timeout (RFC 5321
 	// 4.5.3.2.7). Default DefaultIdleTimeout.
@@ -245,6 +255,12 @@ type Config struct {
 func (c Config) withDefaults() (Config, error) {
 	if c.bdatRefused == nil {
 		c.bdatRefused = new(sync.Map)
+	}
+	if c.perConn == nil {
+		c.perConn = new(sync.Map)
+	}
+	if c.Classifier == nil {
+		c.Classifier = classify.Default()
 	}
 	if c.Hostname == "" {
 		h, err := os.Hostname()

@@ -248,6 +248,7 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 	// that failed and took its connection with it, and nothing has been
 	// tried for them since.
 	carried := false
+	freshTries := 0 // fresh connections after a limit of messages per connection (perconn.go)
 	for len(pending) > 0 {
 		if carried && ctxOver(ctx) {
 			why := "the attempt ran out of time"
@@ -271,6 +272,7 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 			break
 		}
 		carried = false
+		s.applyLearned(c)
 		res.Host, res.Addr, res.TLS, res.TLSVerified = c.host, c.addr, c.tls, c.tlsVerified
 		if first {
 			res.Reused, first = reused, false
@@ -289,6 +291,12 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 			c.spent = true
 		}
 		s.giveBack(c, ctx)
+		if soft && freshTries < perConnRetries && s.connLimited(c, txErr, log) {
+			// The server's limit of messages per connection
+			// (perconn.go): a fresh connection to the same host.
+			freshTries++
+			continue
+		}
 		if soft {
 			// Nothing of the pending recipients was accepted: they go
 			// to the next host, as Postfix keeps soft-failed recipients
@@ -924,6 +932,7 @@ func (ml *msgLog) event(level zerolog.Level) *zerolog.Event {
 }
 
 func (ml *msgLog) Debug() *zerolog.Event { return ml.event(zerolog.DebugLevel) }
+func (ml *msgLog) Info() *zerolog.Event  { return ml.event(zerolog.InfoLevel) }
 func (ml *msgLog) Warn() *zerolog.Event  { return ml.event(zerolog.WarnLevel) }
 func (ml *msgLog) Error() *zerolog.Event { return ml.event(zerolog.ErrorLevel) }
 

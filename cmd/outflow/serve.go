@@ -276,7 +276,7 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 		RelayTLS: sender.RelayTLS(c.RelayTLS), TLS: sender.TLSPolicy(c.TLSPolicy), TLSPerDestination: tlsDest,
 		ConnectTimeout: c.ConnectTimeout, GreetingTimeout: c.CommandTimeout, CommandTimeout: c.CommandTimeout, ResetTimeout: c.ResetTimeout,
 		DataInitTimeout: c.CommandTimeout, DataBlockTimeout: c.DataTimeout, FinalDotTimeout: c.FinalDotTimeout,
-		NoChunking: !c.SMTPChunking, NoChunkingFor: noChunking,
+		NoChunking: !c.SMTPChunking, NoChunkingFor: noChunking, Classifier: classifier,
 		MXAllowLoopback: c.MXAllowLoopback, MXAddressLimit: mxLimit(c.MXAddressLimit), MXSessionLimit: mxLimit(c.MXSessionLimit),
 		Port: c.SMTPPort, Resolver: res, RootCAs: roots, MTASTS: sts, DANE: tlsa, TLSReport: tlsReport, Logger: log,
 	})

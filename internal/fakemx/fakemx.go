@@ -120,6 +120,12 @@ type Options struct {
 	// ReadBuffer, when > 0, shrinks each accepted TCP connection's
 	// receive buffer (bytes), so that a stalled body fills up quickly.
 	ReadBuffer int
+	// MaxMsgsPerConn, when > 0, is how many messages one connection may
+	// carry: the MAIL after them gets MaxMsgsReply (default Yahoo's "421
+	// Max message per connection reached, closing transmission
+	// channel"), and the connection is closed.
+	MaxMsgsPerConn int
+	MaxMsgsReply   string
 }
 
 // Message is one message the server accepted with 250 after the final dot.
@@ -154,18 +160,20 @@ type Server struct {
 	serveErr chan error
 	wg       sync.WaitGroup // the greeting-reject goroutines we start ourselves
 
-	mu       sync.Mutex
-	msgs     []Message
-	ehlos    []string
-	conns    int
-	txs      int
-	resets   int
-	authOK   int
-	authFail int
-	notify   chan struct{} // closed and replaced whenever msgs grows
-	closed   bool
-	live     map[net.Conn]struct{} // accepted TCP connections not yet closed
-	rawLn    net.Listener
+	mu    sync.Mutex
+	msgs  []Message
+	ehlos []string
+	conns int
+	// perConnRefused counts the MAILs refused past MaxMsgsPerConn.
+	perConnRefused int
+	txs            int
+	resets         int
+	authOK         int
+	authFail       int
+	notify         chan struct{} // closed and replaced whenever msgs grows
+	closed         bool
+	live           map[net.Conn]struct{} // accepted TCP connections not yet closed
+	rawLn          net.Listener
 }
 
 // Start starts a Server and registers its Close with tb.Cleanup; it fails
@@ -321,6 +329,13 @@ func (s *Server) DropConnections() {
 	for _, c := range conns {
 		_ = c.Close()
 	}
+}
+
+// PerConnRefused is how many MAIL commands MaxMsgsPerConn refused.
+func (s *Server) PerConnRefused() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.perConnRefused
 }
 
 // Connections is the number of TCP connections accepted so far.
@@ -522,6 +537,7 @@ type session struct {
 	// afterData is set by Data so that the reset go-smtp runs after every
 	// DATA is not counted as an RSET.
 	afterData bool
+	taken     int // messages accepted on this connection
 }
 
 func (s *Server) newSession(c *smtp.Conn) (smtp.Session, error) {
@@ -559,6 +575,17 @@ func (se *session) Mail(from string, opts *smtp.MailOptions) error {
 			return se.hangUp()
 		}
 		return e
+	}
+	if n := se.s.opts.MaxMsgsPerConn; n > 0 && se.taken >= n {
+		reply := se.s.opts.MaxMsgsReply
+		if reply == "" {
+			reply = "421 Max message per connection reached, closing transmission channel"
+		}
+		se.s.mu.Lock()
+		se.s.perConnRefused++
+		se.s.mu.Unlock()
+		_, _ = se.conn.Conn().Write([]byte(reply + "\r\n"))
+		return se.hangUp()
 	}
 	se.from = from
 	se.rcpts, se.rcptOpts = nil, nil
@@ -622,6 +649,7 @@ func (se *session) Data(r io.Reader) error {
 	}
 	se.s.mu.Lock()
 	se.s.msgs = append(se.s.msgs, m)
+	se.taken++
 	close(se.s.notify)
 	se.s.notify = make(chan struct{})
 	se.s.mu.Unlock()
