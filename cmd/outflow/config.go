@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/outflow/outflow/backoff"
+	"github.com/outflow/outflow/internal/editdist"
 	"github.com/outflow/outflow/internal/gcpolicy"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
@@ -428,7 +429,7 @@ func nearKey(t reflect.Type, key toml.Key) string {
 	name := strings.ToLower(key[i])
 	best, bestD := "", len(name)/3+2 // more edits than that is another word
 	for _, k := range tomlKeys(table) {
-		if d := editDistance(name, k); d < bestD {
+		if d := editdist.Distance(name, k); d < bestD {
 			best, bestD = k, d
 		}
 	}
@@ -453,27 +454,6 @@ func tomlKeys(t reflect.Type) []string {
 		}
 	}
 	return keys
-}
-
-// editDistance is the Levenshtein distance of a and b, in bytes.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // durability resolves --durability: the flag, else the deprecated
