@@ -172,15 +172,7 @@ func TestSlowTenantLeavesSlotsForOthers(t *testing.T) {
 	})
 	const workers = 8 // a tenant alone holds 7
 	e.startPool(func(c *Config) { c.Workers, c.Sender = workers, bs })
-	ctx := t.Context()
-	submit := func(tenant, rcpt string) string {
-		ids, err := e.q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: "app@src.test", Rcpts: []string{rcpt},
-			Body: []byte("Subject: hi\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids[0]
-	}
+	submit := e.submitAs
 	for range 12 {
 		submit("campaign", "r@slow.test")
 	}
@@ -242,15 +234,7 @@ func TestSharedLaneEnvelopeWaitsForItsTenantsTurn(t *testing.T) {
 	const workers = 8 // a tenant alone holds 7
 	slowRetry := backoff.Backoff{Lane: backoff.LaneRetry, Base: time.Second, Min: time.Second, Cap: time.Second, Multiplier: 2, ContentionWindow: 10 * time.Millisecond}
 	e.startPool(func(c *Config) { c.Workers, c.Sender, c.Retry, c.Logger = workers, bs, slowRetry, zerolog.New(&logs) })
-	ctx := t.Context()
-	submit := func(tenant, rcpt string) string {
-		ids, err := e.q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: "app@src.test", Rcpts: []string{rcpt},
-			Body: []byte("Subject: hi\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids[0]
-	}
+	submit := e.submitAs
 	deferred := submit("campaign", "r@retry.test")
 	e.waitEvent(deferred, queue.EventDeferred) // due again in a second
 	// shop in flight too: the campaign's share is 4 of the 8 slots, and
@@ -325,15 +309,7 @@ func TestLoneTenantsRetriesKeepTheReserve(t *testing.T) {
 	const workers = 8 // a tenant alone holds 7, one slot waits
 	slowRetry := backoff.Backoff{Lane: backoff.LaneRetry, Base: time.Second, Min: time.Second, Cap: time.Second, Multiplier: 2, ContentionWindow: 10 * time.Millisecond}
 	e.startPool(func(c *Config) { c.Workers, c.Sender, c.Retry, c.Logger = workers, rb, slowRetry, zerolog.New(&logs) })
-	ctx := t.Context()
-	submit := func(tenant, rcpt string) string {
-		ids, err := e.q.Enqueue(ctx, &queue.Submission{Tenant: tenant, From: "app@src.test", Rcpts: []string{rcpt},
-			Body: []byte("Subject: hi\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids[0]
-	}
+	submit := e.submitAs
 	for i := range 12 {
 		submit("campaign", fmt.Sprintf("r%d@slow.test", i))
 	}

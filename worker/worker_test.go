@@ -113,7 +113,13 @@ func (e *env) stopPool() {
 
 func (e *env) submit(rcpts ...string) string {
 	e.t.Helper()
-	ids, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: rcpts,
+	return e.submitAs("t1", rcpts...)
+}
+
+// submitAs is submit for tenant.
+func (e *env) submitAs(tenant string, rcpts ...string) string {
+	e.t.Helper()
+	ids, err := e.q.Enqueue(context.Background(), &queue.Submission{Tenant: tenant, From: "app@src.test", Rcpts: rcpts,
 		Body: []byte("Subject: hi\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")})
 	if err != nil {
 		e.t.Fatal(err)
