@@ -336,9 +336,14 @@ func statusFields(r *Report) string {
 	}
 	for _, rc := range r.Recipients {
 		b.WriteString("\r\n")
-		if rc.Original != "" {
+		if o := ORCPT(rc.OriginalType, rc.Original); rc.Original != "" && len("Original-Recipient: ")+len(o) <= 998 {
 			// RFC 3464 §2.3.1: the ORCPT as given, encoded for its type.
-			field("Original-Recipient", ORCPT(rc.OriginalType, rc.Original))
+			// An xtext has no white space to fold at: one whose encoding
+			// (up to three times the 500 characters RFC 3461 allows)
+			// would make the line longer than RFC 5322's 998 octets is
+			// left out, as an optional field, rather than break the
+			// notice.
+			field("Original-Recipient", o)
 		}
 		field("Final-Recipient", "rfc822; "+ascii(rc.Final))
 		field("Action", string(rc.Action))

@@ -298,6 +298,29 @@ func TestBuildEdges(t *testing.T) {
 	if p = parse(t, msg); !strings.Contains(string(p.bodies[0]), "xxx...") || !strings.HasSuffix(p.rcpts[0].Get("Diagnostic-Code"), "...") {
 		t.Errorf("cuts not marked: text %q, Diagnostic-Code %q", p.bodies[0], p.rcpts[0].Get("Diagnostic-Code"))
 	}
+
+	// An ORCPT within RFC 3461's 500 characters whose xtext is three
+	// times that (every "+" is "+2B"): an Original-Recipient line of 1,500
+	// octets, which has no white space to fold at, is left out; a usual
+	// one is kept.
+	r = failedReport()
+	r.Original = nil
+	r.Recipients[0].Original = strings.Repeat("a+", 245) + "@x.test"
+	if msg, err = Build(r); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(msg), "\r\n") {
+		if len(l) > 998 {
+			t.Fatalf("line of %d octets: %.60s…", len(l), l)
+		}
+	}
+	r.Recipients[0].Original = "bob+tag@x.test"
+	if msg, err = Build(r); err != nil {
+		t.Fatal(err)
+	}
+	if p = parse(t, msg); p.rcpts[0].Get("Original-Recipient") != "rfc822;bob+2Btag@x.test" {
+		t.Errorf("Original-Recipient %q", p.rcpts[0].Get("Original-Recipient"))
+	}
 }
 
 func TestIsReport(t *testing.T) {

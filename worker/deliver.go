@@ -53,6 +53,9 @@ type outcome struct {
 	// first of their results. A bounced recipient's result never leads.
 	lead    classify.Result
 	results []classify.Result
+	// refused: no attempt, a refusal of the throttle's (a suspension,
+	// an open breaker) holds the mail; lead says why (refusalDelay).
+	refused bool
 	// For delivery status notifications (dsn.go): the server that
 	// answered, the body sent, the recipients a DSN-capable server took.
 	host       string
@@ -1063,6 +1066,16 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 		// waits (a turn at the rate, a connection slot).
 		next.LastClass, next.LastReply = "", ""
 	}
+	if longRefusal(r.Reason) {
+		// Held past dsn-delay-warning by a suspension or an open
+		// breaker, the sender hears of it as of mail an attempt left
+		// deferred: nothing said so, and the first notice was the
+		// failure at the deadline.
+		o := &outcome{refused: true, lead: classify.Result{Class: classify.Transient, Text: "outflow: " + refusalWhy(r)}}
+		if err := w.delayNotice(ctx, e, next, o); err != nil {
+			return err
+		}
+	}
 	if err := d.Reschedule(ctx, next, lane, w.serverTime(at), true); err != nil {
 		return err
 	}
@@ -1075,6 +1088,17 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 		w.event(queue.EventDeferred, e, e.Attempt, e.Rcpts, "suspended: "+r.Detail, nil)
 	}
 	return nil
+}
+
+// refusalWhy says why a refusal holds mail, for a delay notice.
+func refusalWhy(r throttle.Refusal) string {
+	switch {
+	case r.Reason == "suspended" && r.Detail != "":
+		return "delivery to the destination is suspended: " + r.Detail
+	case r.Reason == "suspended":
+		return "delivery to the destination is suspended"
+	}
+	return "the destination's last attempts failed; delivery resumes once it answers again (" + r.Reason + ")"
 }
 
 // longRefusal says whether a refusal's reason keeps an envelope from its

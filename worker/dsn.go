@@ -416,11 +416,10 @@ func (w *deliverer) deadNotice(ctx context.Context, e, next *queue.Envelope, rea
 		return nil
 	}
 	var last classify.Result
-	at := w.now()
+	at := lastAttemptAt(next) // RFC 3464 §2.3.7: none without an attempt
 	if n := len(next.History); n > 0 {
 		h := next.History[n-1]
 		last = classify.Result{Code: h.Code, Enhanced: h.Enhanced, Text: h.Reply}
-		at = h.At
 	}
 	if last.Text == "" {
 		last.Text = reason
@@ -530,6 +529,9 @@ func (w *deliverer) delayNotice(ctx context.Context, e, next *queue.Envelope, o 
 // every deferral, so the look-up is by map, not a search per recipient.
 func (w *deliverer) delayReports(e, next *queue.Envelope, o *outcome) []dsn.Recipient {
 	at := w.now()
+	if o.refused {
+		at = lastAttemptAt(next) // none now: a refusal holds it
+	}
 	pos := make(map[string]int, len(e.Rcpts))
 	for i, r := range e.Rcpts {
 		pos[r] = i
@@ -795,6 +797,15 @@ func (w *deliverer) noticeDomain(from string) string {
 }
 
 // rcptReport is one recipient's block from a classified reply.
+// lastAttemptAt is when e was last tried, zero when never (a notice then
+// has no Last-Attempt-Date).
+func lastAttemptAt(e *queue.Envelope) time.Time {
+	if n := len(e.History); n > 0 {
+		return e.History[n-1].At
+	}
+	return time.Time{}
+}
+
 func rcptReport(rcpt string, a dsn.Action, r classify.Result, host string, at time.Time) dsn.Recipient {
 	rc := dsn.Recipient{Final: rcpt, Action: a, Status: r.Enhanced, RemoteMTA: host, LastAttempt: at}
 	if r.Code != 0 {

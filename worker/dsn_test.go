@@ -6,6 +6,7 @@ import (
 	"mime"
 	"net/mail"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,7 +17,9 @@ import (
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/internal/testutil"
+	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/throttle"
 )
 
 func bounceGone(stage fakemx.Stage, arg string) *smtp.SMTPError {
@@ -229,5 +232,70 @@ func TestDeadLetterSendsDSN(t *testing.T) {
 		if !bytes.Contains(r, []byte(want)) {
 			t.Errorf("report lacks %q:\n%s", want, r)
 		}
+	}
+}
+
+// suspendDestGate refuses dest.test as suspended, for a moment at a time,
+// and admits every other destination.
+type suspendDestGate struct {
+	throttle.OpenGate
+	refused atomic.Int32
+}
+
+func (g *suspendDestGate) Admit(ctx context.Context, dest, tenant, source string) (throttle.Permit, throttle.Refusal) {
+	if dest == "dest.test" {
+		g.refused.Add(1)
+		return nil, throttle.Refusal{Until: time.Now().Add(100 * time.Millisecond), Reason: "suspended", Detail: "dest.test: suspended by an operator"}
+	}
+	return g.OpenGate.Admit(ctx, dest, tenant, source)
+}
+
+// TestSuspendedMailIsWarnedOfItsDelay: mail a suspension holds past
+// dsn-delay-warning gets its delay notice, as mail an attempt deferred
+// does, saying why and with no Last-Attempt-Date (there was none); the
+// first notice used to be the failure at the deadline.
+func TestSuspendedMailIsWarnedOfItsDelay(t *testing.T) {
+	e := newEnv(t, nil)
+	m := NewDSNMetrics(prometheus.NewRegistry())
+	gate := &suspendDestGate{}
+	e.startPool(func(c *Config) {
+		c.DSN = dsnConfig(m)
+		c.DSN.DelayWarning = 300 * time.Millisecond
+		c.Gate = gate
+	})
+	// Submitted with a deadline 3 s on, as --max-age 3s would.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	short, err := testqueue.ConnectInProcess(ctx, e.emb, queue.Options{AckWait: 2 * time.Second, DeadlineAfter: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer short.Close()
+	if _, err := short.Enqueue(ctx, &queue.Submission{Tenant: "t1", From: "app@src.test", Rcpts: []string{"held@dest.test"}, Source: queue.SourceSMTP,
+		Body: []byte("Subject: hi\r\nFrom: app@src.test\r\nMessage-ID: <x@src.test>\r\n\r\nhello\r\n")}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the delay notice at the MX", func() bool { return len(reports(e.mx)) == 1 })
+	r := reports(e.mx)[0].Data
+	for _, want := range []string{"Final-Recipient: rfc822; held@dest.test", "Action: delayed", "Status: 4.0.0",
+		"Diagnostic-Code: x-outflow; outflow: delivery to the destination is", "suspended by an operator", "Will-Retry-Until:"} {
+		if !bytes.Contains(r, []byte(want)) {
+			t.Errorf("notice lacks %q:\n%s", want, r)
+		}
+	}
+	if bytes.Contains(r, []byte("Last-Attempt-Date")) {
+		t.Errorf("a Last-Attempt-Date for mail never tried:\n%s", r)
+	}
+	n := gate.refused.Load()
+	waitUntil(t, "more refusals after the notice", func() bool { return gate.refused.Load() > n+2 })
+	if got := counterValue(m.Sent.WithLabelValues("delayed")); got != 1 {
+		t.Errorf("outflow_dsn_total{action=delayed} = %v, want one warning", got)
+	}
+	// Past its deadline, never tried: the failure has no
+	// Last-Attempt-Date either (RFC 3464 §2.3.7).
+	waitUntil(t, "the failure notice at the MX", func() bool { return len(reports(e.mx)) == 2 })
+	r = reports(e.mx)[1].Data
+	if !bytes.Contains(r, []byte("Action: failed")) || !bytes.Contains(r, []byte("Status: 5.4.7")) || bytes.Contains(r, []byte("Last-Attempt-Date")) {
+		t.Errorf("the failure of mail never tried:\n%s", r)
 	}
 }
