@@ -20,6 +20,7 @@ func (t *Throttle) cutFactor(d *dest, now time.Time, admitted float64) {
 			return false
 		}
 		s.Factor = math.Max(t.cfg.MinFactor, f*t.cfg.DecreaseFactor)
+		s.FactorBy = "" // a throttle's cut now, not a rule's
 		// Never sooner than an automation rule's factor asked to hold.
 		s.FactorUntil = laterOf(s.FactorUntil, now.Add(t.cfg.DecreaseFor))
 		return true
@@ -45,7 +46,7 @@ func (t *Throttle) rampFactor(d *dest) {
 		if nf := f + t.cfg.IncreaseStep; nf < 1-1e-9 {
 			s.Factor, s.FactorUntil = nf, now.Add(t.cfg.IncreaseEvery)
 		} else {
-			s.Factor, s.FactorUntil = 1, time.Time{}
+			s.Factor, s.FactorUntil, s.FactorBy = 1, time.Time{}, ""
 		}
 		return true
 	}

@@ -1,13 +1,17 @@
 package throttle
 
 import (
+	"errors"
 	"fmt"
+	"hash/fnv"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/internal/editdist"
 )
 
 // Automation actions (AutoRule.Action).
@@ -50,6 +54,14 @@ type AutoRule struct {
 	Value float64 `toml:"value"`
 	// For is how long the action lasts. Required.
 	For time.Duration `toml:"for"`
+	// WholeDestination makes a reply scoped to one tenant (classify scope
+	// tenant: Gmail's 4.7.26 for one tenant's unauthenticated mail, a
+	// sending quota) act on the whole destination, every tenant's mail,
+	// as any other reply does. Without it such a reply acts on that
+	// tenant's part only: a suspend suspends that tenant's mail to the
+	// destination (DestState.Tenants), and a rate, factor or conns, which
+	// has no part of one tenant, is not counted for it.
+	WholeDestination bool `toml:"whole-destination"`
 }
 
 // defaultAutoWindow is AutoRule.Window when unset.
@@ -60,10 +72,34 @@ type autoRule struct {
 	AutoRule
 	re    *regexp.Regexp
 	class classify.Class // 0: any
+	// key is the rule's key in DestState.Rules: its name and a hash of
+	// its definition (ruleKey).
+	key string
+}
+
+// ruleKey is r's key in DestState.Rules: "NAME#" and 8 hex digits of a hash
+// of what the rule matches and does (defaults filled), so that a rule
+// edited under the same name is another rule there, not held by its old
+// version's end.
+func ruleKey(r AutoRule) string {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%q|%q|%q|%d|%d|%q|%g|%d|%t", r.Pattern, r.Rule, r.Class, r.Threshold, r.Window, r.Action, r.Value, r.For, r.WholeDestination)
+	return fmt.Sprintf("%s#%08x", r.Name, h.Sum32())
+}
+
+// CheckAutomation validates c's automation rules against c's
+// ClassifyRules as New does, for serve to refuse a bad rule at start
+// before it opens anything; an error names the offending rule.
+func (c Config) CheckAutomation() error {
+	_, err := compileAutoRules(c.Automation, c.ClassifyRules)
+	return err
 }
 
 // compileAutoRules validates rules; an error names the offending rule.
-func compileAutoRules(rules []AutoRule) ([]autoRule, error) {
+// known, when not nil, are the classify rules replies can be given (name
+// to the scope the rule declares, 0 for one derived from the reply):
+// a rule's Rule must then be the start of one of them (checkRuleName).
+func compileAutoRules(rules []AutoRule, known map[string]classify.Scope) ([]autoRule, error) {
 	out := make([]autoRule, 0, len(rules))
 	seen := map[string]bool{}
 	for i, r := range rules {
@@ -85,6 +121,9 @@ func compileAutoRules(rules []AutoRule) ([]autoRule, error) {
 				return nil, fmt.Errorf("automation rule %q: pattern: %w", name, err)
 			}
 			ar.re = re
+		}
+		if err := checkRuleName(r, known); err != nil {
+			return nil, err
 		}
 		if r.Class != "" {
 			if err := ar.class.UnmarshalText([]byte(r.Class)); err != nil {
@@ -125,9 +164,124 @@ func compileAutoRules(rules []AutoRule) ([]autoRule, error) {
 		default:
 			return nil, fmt.Errorf("automation rule %q: unknown action %q (want suspend, rate, factor or conns)", name, r.Action)
 		}
+		if err := checkRuleScope(r, known); err != nil {
+			return nil, err
+		}
+		ar.key = ruleKey(ar.AutoRule)
 		out = append(out, ar)
 	}
 	return out, nil
+}
+
+// builtinRules are the rule names a result can carry beside the rules
+// files': no rule matched, the token layer decided.
+var builtinRules = []string{"no-rule", classify.TokenRule}
+
+// knownMatches are the names in known that a rule's Rule matches: those
+// it starts, and the one it names with a suffix the worker adds after a
+// "/" ("rfc3463-permanent/soft-bounce").
+func knownMatches(rule string, known map[string]classify.Scope) []string {
+	var out []string
+	for name := range known {
+		if strings.HasPrefix(name, rule) || strings.HasPrefix(rule, name+"/") {
+			out = append(out, name)
+		}
+	}
+	for _, name := range builtinRules {
+		if _, dup := known[name]; !dup && strings.HasPrefix(name, rule) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// checkRuleName refuses a rule whose Rule can never match: outflow's own
+// signals ("local…"), which never feed automation, and, when the known
+// classify rules are given, a Rule that is the start of none of them (a
+// typo, "gmial-auth", was accepted and never fired). The error names the
+// nearest known names.
+func checkRuleName(r AutoRule, known map[string]classify.Scope) error {
+	if r.Rule == "" {
+		return nil
+	}
+	if strings.HasPrefix(r.Rule, "local") {
+		return fmt.Errorf("automation rule %q: rule %q: outflow's own signals (local suspensions, refusals, open breakers) never feed automation", r.Name, r.Rule)
+	}
+	if known == nil || len(knownMatches(r.Rule, known)) > 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("automation rule %q: rule %q is the start of no classify rule (embedded or in classify-rules), so it would never fire", r.Name, r.Rule)
+	if near := nearestNames(r.Rule, known, 3); len(near) > 0 {
+		msg += "; did you mean " + strings.Join(near, ", ") + "?"
+	}
+	return errors.New(msg)
+}
+
+// checkRuleScope refuses, when the known classify rules are given, a rate,
+// factor or conns rule whose Rule matches only rules scoped to the tenant,
+// without WholeDestination: such a reply is about one tenant's mail, and
+// those actions have no part of one tenant, so the rule would never act.
+// And WholeDestination on a rule whose Rule matches no tenant-scoped rule,
+// where it means nothing (a rule meant for another reply, most likely).
+func checkRuleScope(r AutoRule, known map[string]classify.Scope) error {
+	if r.Rule == "" || known == nil {
+		return nil
+	}
+	names := knownMatches(r.Rule, known)
+	tenant := 0
+	for _, n := range names {
+		if known[n] == classify.ScopeTenant {
+			tenant++
+		}
+	}
+	switch {
+	case len(names) > 0 && tenant == len(names) && r.Action != ActionSuspend && !r.WholeDestination:
+		return fmt.Errorf("automation rule %q: rule %q matches only classify rules scoped to the tenant (%s): such a reply is about one tenant's mail, and action %s would slow every tenant, so it is not applied for it and the rule would never act; use action = \"suspend\" (that tenant's mail to the destination only) or, to act on every tenant's mail, whole-destination = true",
+			r.Name, r.Rule, strings.Join(names, ", "), r.Action)
+	case r.WholeDestination && tenant == 0:
+		return fmt.Errorf("automation rule %q: whole-destination is for replies scoped to one tenant, and rule %q matches none (%s)", r.Name, r.Rule, strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// nearestNames are up to n known names (and built-in ones) nearest to s by
+// edit distance, each name compared whole and cut to s's length (s may be
+// a prefix), nearest first; none further than half of s's length.
+func nearestNames(s string, known map[string]classify.Scope, n int) []string {
+	type cand struct {
+		name string
+		d    int
+	}
+	var cands []cand
+	add := func(name string) {
+		d := editdist.Distance(s, name)
+		if len(name) > len(s) {
+			d = min(d, editdist.Distance(s, name[:len(s)]))
+		}
+		if d <= max(2, len(s)/2) {
+			cands = append(cands, cand{name, d})
+		}
+	}
+	for name := range known {
+		add(name)
+	}
+	for _, name := range builtinRules {
+		if _, dup := known[name]; !dup {
+			add(name)
+		}
+	}
+	slices.SortFunc(cands, func(a, b cand) int {
+		if a.d != b.d {
+			return a.d - b.d
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	var out []string
+	for i := 0; i < len(cands) && i < n; i++ {
+		out = append(out, strconv.Quote(cands[i].name))
+	}
+	return out
 }
 
 // isLocal reports whether a result is outflow's own signal (a local
@@ -184,6 +338,30 @@ type window struct {
 	// activeUntil: the rule's action is in force until then (this worker's
 	// view); it does not fire again before.
 	activeUntil time.Time
+	// idleLogged: a firing that changed nothing was logged at Info since
+	// the rule last acted (the next are logged at Debug).
+	idleLogged bool
+}
+
+// tenantKey is a window of one rule for one tenant's part of a
+// destination (dest.autoTenant).
+type tenantKey struct {
+	rule   int
+	tenant string
+}
+
+// tenantWindow is rule's window for tenant's part of d; d.mu held.
+func (d *dest) tenantWindow(rule int, tenant string) *window {
+	k := tenantKey{rule, tenant}
+	if w := d.autoTenant[k]; w != nil {
+		return w
+	}
+	if d.autoTenant == nil {
+		d.autoTenant = map[tenantKey]*window{}
+	}
+	w := &window{}
+	d.autoTenant[k] = w
+	return w
 }
 
 // add records a match at now and reports whether the rule fires.

@@ -3,22 +3,33 @@ package throttle
 import (
 	"math"
 	"strconv"
+	"strings"
 	"time"
 )
 
-// automate applies a fired automation rule's action for its duration.
-// d.mu held.
-func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
+// automate applies a fired automation rule's action for its duration
+// and reports whether it changed anything in this worker's view of the
+// state, and when not, why. A firing that changes nothing (an operator's
+// cap with no end already lower, a suspension already longer) does not
+// hold the rule: done starts its hold only for one that acts, so that the
+// rule acts at its next firing once the cap is gone rather than stay
+// silent for its for. d.mu held.
+func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) (bool, string) {
 	until := now.Add(r.For)
 	reason := "automation: " + r.Name
 	lim := d.limits // read under d.mu; fn may run later, in the writer
-	var fn func(s *DestState, now time.Time) bool
+	var act func(s *DestState, now time.Time) (bool, string)
 	var change string
 	var from, to func(s DestState) string
 	switch r.Action {
 	case ActionSuspend:
 		change = "suspend"
-		fn = suspendTill(until, reason)
+		act = func(s *DestState, now time.Time) (bool, string) {
+			if !suspendTill(until, reason)(s, now) {
+				return false, "destination already suspended until " + s.SuspendedUntil.Format(time.RFC3339) + " (" + s.Reason + ")"
+			}
+			return true, ""
+		}
 		from = func(s DestState) string { return fmtUntil(s.SuspendedUntil, now) }
 		to = func(s DestState) string { return "suspended until " + s.SuspendedUntil.Format(time.RFC3339) }
 	case ActionRate:
@@ -31,9 +42,13 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 		// counted: the throttle reply that fired the rule has usually
 		// just cut it, for a minute, and the rule is for its for.
 		change = "rate-override"
-		fn = func(s *DestState, now time.Time) bool {
+		act = func(s *DestState, now time.Time) (bool, string) {
 			ov, ok := s.rateOverride(now)
-			return narrow(&s.RateOverride, &s.RateUntil, ov, ok, t.baseRate(lim, *s), r.Value, until)
+			changed, why := narrow(&s.RateOverride, &s.RateUntil, ov, ok, t.baseRate(lim, *s), r.Value, until, fmtRateValue)
+			if changed {
+				s.RateBy = reason
+			}
+			return changed, why
 		}
 		from = func(s DestState) string { return fmtRate(s.rateOverride(now)) }
 		to = func(s DestState) string {
@@ -41,26 +56,33 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 		}
 	case ActionFactor:
 		change = "factor-cut"
-		fn = func(s *DestState, _ time.Time) bool {
+		act = func(s *DestState, _ time.Time) (bool, string) {
 			if s.RateFactor() <= r.Value && !s.FactorUntil.Before(until) {
-				return false
+				return false, "factor already " + fmtFactor(s.RateFactor()) + ", held until " + s.FactorUntil.Format(time.RFC3339)
+			}
+			if s.RateFactor() > r.Value {
+				s.FactorBy = reason
 			}
 			s.Factor = math.Min(s.RateFactor(), r.Value)
 			if s.FactorUntil.Before(until) {
 				s.FactorUntil = until
 			}
-			return true
+			return true, ""
 		}
 		from = func(s DestState) string { return fmtFactor(s.RateFactor()) }
 		to = func(s DestState) string { return fmtFactor(s.RateFactor()) }
 	case ActionConns:
 		change = "conns-override"
 		n := int(r.Value)
-		fn = func(s *DestState, now time.Time) bool {
+		act = func(s *DestState, now time.Time) (bool, string) {
 			// As for rate: never more connections, never an operator's
 			// pin taken away.
 			ov, ok := s.connsOverride(now)
-			return narrow(&s.ConnsOverride, &s.ConnsUntil, ov, ok, fleetConns(lim, *s, now), n, until)
+			changed, why := narrow(&s.ConnsOverride, &s.ConnsUntil, ov, ok, fleetConns(lim, *s, now), n, until, strconv.Itoa)
+			if changed {
+				s.ConnsBy = reason
+			}
+			return changed, why
 		}
 		from = func(s DestState) string {
 			if ov, ok := s.connsOverride(now); ok {
@@ -72,33 +94,131 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) {
 			return strconv.Itoa(s.ConnsOverride) + " until " + s.ConnsUntil.Format(time.RFC3339)
 		}
 	default:
-		return // validated at construction
+		return false, "unknown action" // validated at construction
 	}
 	// Fired once for the fleet: while the rule's action is in force
 	// (Rules), a firing by any worker changes nothing; one that applies
 	// records its end.
-	act := fn
-	fn = func(s *DestState, now time.Time) bool {
-		if end, ok := s.Rules[r.Name]; ok && now.Before(end) {
-			return false
+	apply := func(s *DestState, now time.Time) (bool, string) {
+		if end := autoEnd(*s, r); now.Before(end) {
+			return false, "in force until " + end.Format(time.RFC3339) + " (fired by another worker)"
 		}
-		if !act(s, now) {
-			return false
+		if changed, why := act(s, now); !changed {
+			return false, why
 		}
-		rules := make(map[string]time.Time, len(s.Rules)+1)
-		for name, end := range s.Rules {
-			if now.Before(end) {
-				rules[name] = end
-			}
-		}
-		rules[r.Name] = until
-		s.Rules = rules
-		return true
+		s.Rules = withRule(s.Rules, now, until, r.key, r.Name)
+		return true, ""
 	}
-	fn(&d.state, now)
+	if changed, why := apply(&d.state, now); !changed {
+		return false, why
+	}
+	fn := func(s *DestState, now time.Time) bool {
+		changed, _ := apply(s, now)
+		return changed
+	}
 	t.enqueue(op{d: d, change: change, fn: fn, after: func(b, a DestState) {
 		t.transition(d.name, change, from(b), to(a), reason)
 	}})
+	return true, ""
+}
+
+// automateTenant applies a fired suspend rule to tenant's part of d only
+// (DestState.Tenants): the reply that fired it was about that tenant's
+// own mail (classify scope tenant), and suspending the destination held
+// every tenant's mail for one tenant's broken DKIM. Reported as automate.
+// d.mu held.
+func (t *Throttle) automateTenant(d *dest, r *autoRule, tenant string, now time.Time) (bool, string) {
+	until := now.Add(r.For)
+	reason := "automation: " + r.Name
+	key := r.key + "/" + tenant
+	apply := func(s *DestState, now time.Time) (bool, string) {
+		if end := s.Rules[key]; now.Before(end) {
+			return false, "in force for the tenant until " + end.Format(time.RFC3339) + " (fired by another worker)"
+		}
+		if h, ok := s.TenantSuspended(tenant, now); ok && !h.Until.Before(until) {
+			return false, "tenant already suspended until " + h.Until.Format(time.RFC3339) + " (" + h.Reason + ")"
+		}
+		tenants := make(map[string]TenantHold, len(s.Tenants)+1)
+		for k, h := range s.Tenants {
+			if now.Before(h.Until) {
+				tenants[k] = h
+			}
+		}
+		tenants[tenant] = TenantHold{Until: until, Reason: reason}
+		s.Tenants = tenants
+		s.Rules = withRule(s.Rules, now, until, key, "")
+		return true, ""
+	}
+	if changed, why := apply(&d.state, now); !changed {
+		return false, why
+	}
+	fn := func(s *DestState, now time.Time) bool {
+		changed, _ := apply(s, now)
+		return changed
+	}
+	t.enqueue(op{d: d, change: "suspend-tenant", fn: fn, after: func(b, a DestState) {
+		from := "active"
+		if h, ok := b.TenantSuspended(tenant, now); ok {
+			from = "suspended until " + h.Until.Format(time.RFC3339)
+		}
+		t.log.Info().Str("dest", d.name).Str("tenant", tenant).Str("change", "suspend-tenant").Str("from", from).
+			Str("to", "suspended until "+a.Tenants[tenant].Until.Format(time.RFC3339)).
+			Str("reason", reason).Str("by", t.cfg.WorkerID).Msg("destination state changed for one tenant")
+	}})
+	return true, ""
+}
+
+// withRule is rules with key (and legacy, the plain name older daemons
+// read, when not "") ending at until, and without the entries ended at now.
+// A new map: a state's maps are never modified in place.
+func withRule(rules map[string]time.Time, now, until time.Time, key, legacy string) map[string]time.Time {
+	out := make(map[string]time.Time, len(rules)+2)
+	for name, end := range rules {
+		if now.Before(end) {
+			out[name] = end
+		}
+	}
+	out[key] = until
+	if legacy != "" {
+		out[legacy] = laterOf(out[legacy], until)
+	}
+	return out
+}
+
+// autoEnd is when r's action on the destination is in force until
+// according to s.Rules: its own entry (name and definition, ruleKey); none
+// when another version of the rule (the same name, another definition) is
+// in force, which an edited rule is not held by; else the plain name an
+// older daemon wrote, which may be this version's.
+func autoEnd(s DestState, r *autoRule) time.Time {
+	if end, ok := s.Rules[r.key]; ok {
+		return end
+	}
+	prefix := r.Name + "#"
+	for k := range s.Rules {
+		if rest, ok := strings.CutPrefix(k, prefix); ok && !strings.Contains(rest, "/") {
+			return time.Time{} // another version's: not this one's
+		}
+	}
+	return s.Rules[r.Name]
+}
+
+// tenantRefuses refuses an admission of tenant's when a rule suspended
+// its part of d (DestState.Tenants). d.mu held.
+func tenantRefuses(d *dest, tenant string, now time.Time) (Refusal, bool) {
+	h, ok := d.state.TenantSuspended(tenant, now)
+	if !ok {
+		return Refusal{}, false
+	}
+	until := h.Until
+	if cap := now.Add(maxSuspendRefusal); until.After(cap) {
+		until = cap
+	}
+	detail := d.name + " for tenant " + tenant
+	if h.Reason != "" {
+		detail += ": " + h.Reason
+	}
+	return Refusal{Until: until, Reason: "suspended", Detail: detail}, true
 }
 
 // suspendTill is the state change of a suspension until until for reason,
@@ -116,25 +236,25 @@ func suspendTill(until time.Time, reason string) func(s *DestState, now time.Tim
 }
 
 // narrow applies a rule's limit value until until to an override (value
-// *v until *end) and reports whether it changed it. An override in force
-// (ov, inForce) until changed is an operator's pin, left alone; one with an
-// end is joined: the lower value until the later end. Without one, base,
-// the limit otherwise in force (0 = unlimited), already at or under value
-// leaves it alone.
-func narrow[T int | float64](v *T, end *time.Time, ov T, inForce bool, base, value T, until time.Time) bool {
+// *v until *end) and reports whether it changed it, and when not, why
+// (values written by show). An override in force (ov, inForce) until
+// changed is an operator's pin, left alone; one with an end is joined: the
+// lower value until the later end. Without one, base, the limit otherwise
+// in force (0 = unlimited), already at or under value leaves it alone.
+func narrow[T int | float64](v *T, end *time.Time, ov T, inForce bool, base, value T, until time.Time, show func(T) string) (bool, string) {
 	if inForce {
 		if end.IsZero() {
-			return false
+			return false, "an operator's cap of " + show(ov) + " until changed is in force"
 		}
 		value, until = min(ov, value), laterOf(*end, until)
 	} else if base > 0 && base <= value {
-		return false
+		return false, "the limit in force, " + show(base) + ", is already at or under the rule's " + show(value)
 	}
 	if value == *v && until.Equal(*end) {
-		return false
+		return false, "a cap of " + show(value) + " until " + until.Format(time.RFC3339) + " is in force already"
 	}
 	*v, *end = value, until
-	return true
+	return true, ""
 }
 
 // baseRate is the rate a destination's sending comes back to without a
@@ -149,6 +269,8 @@ func (t *Throttle) baseRate(l Limits, s DestState) float64 {
 }
 
 func fmtFactor(f float64) string { return strconv.FormatFloat(f, 'f', 3, 64) }
+
+func fmtRateValue(r float64) string { return strconv.FormatFloat(r, 'f', -1, 64) + "/s" }
 
 func fmtRate(r float64, ok bool) string {
 	if !ok {

@@ -13,7 +13,7 @@ func TestAutoRuleMatch(t *testing.T) {
 		{Name: "pat", Pattern: `^421 4\.7\.28 `, Action: ActionSuspend, For: time.Minute},
 		{Name: "rule", Rule: "gmail-", Action: ActionSuspend, For: time.Minute},
 		{Name: "both", Rule: "rate-signal", Class: "throttled", Action: ActionConns, Value: 1, For: time.Minute},
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestAutoRuleValidation(t *testing.T) {
 		{AutoRule{Name: "k", Class: "bogus", Action: "suspend", For: time.Minute}, `"k": class`},
 		{AutoRule{Pattern: "a", Action: "suspend", For: time.Minute}, `#1: no name`},
 	} {
-		_, err := compileAutoRules([]AutoRule{c.r})
+		_, err := compileAutoRules([]AutoRule{c.r}, nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: error %v, want one containing %q", c.r, err, c.want)
 		}

@@ -199,7 +199,7 @@ func (f File) ConfigWith(defaults Limits) (Config, error) {
 			return c, fmt.Errorf("throttle: tenant-weights.%q = %v: want > 0", tenant, w)
 		}
 	}
-	if _, err := compileAutoRules(f.Automation); err != nil {
+	if _, err := compileAutoRules(f.Automation, nil); err != nil {
 		return c, err
 	}
 	c.Automation = append([]AutoRule(nil), f.Automation...)

@@ -715,12 +715,68 @@ const (
 
 // drainMarks are throttle moments with the deliveries and throttles
 // counted then, at most one per drainHorizon/len, newest last.
+//
+// The reading is a floor under the limit only while the provider, not the
+// sender, set the pace: a bucket that the sender let fill wastes what it
+// refills, and the deliveries over the time read the sender's own
+// slowness. One daemon at a 30/s demand, under a limit of 20/s that fell
+// to 5/s and rose to 40/s, climbed back from 5/s without a throttle; the
+// first throttles after the rise read the span since a throttle of the
+// 5/s phase (10 to 18.7/s while the provider took 35 to 43/s) and cut
+// 54/s to the halving floor four times in two minutes. Two tenants whose
+// admissions left a learned 20/s half unused (a third tenant's trickle,
+// overShare) read the same way. So a mark is read only when the sender
+// kept its rate busy all through its span (press):
+//
+//   - this worker's tokens went unused for at most pressSlack of the span:
+//     an admission that finds its bucket's next token due some time ago
+//     counts that time as idle (a burst of one keeps nothing), less
+//     pressLate or half a period, whichever is less, so the sender used
+//     the tokens as they came, its demand at or above its supply (a
+//     backlog waiting, refusals for the rate). The allowance is for mail
+//     the rate-limit lane brings back in its bunches, up to 250 ms after
+//     its place, at slow rates; half a period, so that a sender using
+//     every other token (one period late each time) is not forgiven; and
+//   - the rate in force did not go under what a cut from now may set
+//     (decrease times the rate now, drainedAbove's floor) since the mark:
+//     a span that holds such a rate holds a climb the sender made by
+//     itself, below the provider's limit and without a throttle, and the
+//     reading is the climb's, not the limit's.
+//
+// A mark that fails either is skipped for a newer one; without one the
+// cut rests on the window's reading alone, as before the first cut.
 type drainMarks struct {
 	marks [8]struct {
 		at     time.Time
-		n, thr uint64 // deliveries and throttles counted at
+		n, thr uint64        // deliveries and throttles counted at
+		idle   time.Duration // idle counted at (press)
+		low    float64       // the lowest rate in force an admission met since (press); 0: none yet
 	}
-	throttles uint64 // throttles counted so far
+	throttles uint64        // throttles counted so far
+	idle      time.Duration // this worker's tokens unused so far (press)
+}
+
+// pressSlack is the part of a span between throttles that this worker's
+// tokens may have gone unused for the reading to stand, and pressLate
+// how late a send may be without counting as unused (drainMarks).
+const (
+	pressSlack = 0.1
+	pressLate  = 300 * time.Millisecond
+)
+
+// press notes an admission at now, asking for a token of this worker's
+// bucket whose next token was due at next (zero: none yet), one period
+// after the one before, while the fleet's rate in force is rate. See
+// drainMarks.
+func (m *drainMarks) press(now, next time.Time, period time.Duration, rate float64) {
+	if late := now.Sub(next) - min(pressLate, period/2); !next.IsZero() && late > 0 {
+		m.idle += late
+	}
+	for i := range m.marks {
+		if k := &m.marks[i]; !k.at.IsZero() && (k.low == 0 || rate < k.low) {
+			k.low = rate
+		}
+	}
 }
 
 // mark counts a throttle at now after total deliveries.
@@ -731,7 +787,7 @@ func (m *drainMarks) mark(now time.Time, total uint64) {
 		return
 	}
 	copy(m.marks[:], m.marks[1:])
-	last.at, last.n, last.thr = now, total, m.throttles
+	last.at, last.n, last.thr, last.idle, last.low = now, total, m.throttles, m.idle, 0
 }
 
 // drained is the delivered rate since the oldest throttle within
@@ -742,8 +798,17 @@ func (m *drainMarks) mark(now time.Time, total uint64) {
 // drainMin deliveries since. Called before mark counts the throttle at
 // now.
 func (m *drainMarks) drained(now time.Time, total uint64) float64 {
+	return m.drainedAbove(now, total, 0)
+}
+
+// drainedAbove is drained over the marks whose spans the sender kept
+// busy (drainMarks), the rate in force no lower than floor in them.
+func (m *drainMarks) drainedAbove(now time.Time, total uint64, floor float64) float64 {
 	for _, k := range m.marks {
 		if k.at.IsZero() || now.Sub(k.at) > drainHorizon || m.throttles == k.thr {
+			continue
+		}
+		if span := now.Sub(k.at); m.idle-k.idle > time.Duration(pressSlack*float64(span)) || k.low > 0 && k.low < floor {
 			continue
 		}
 		d := total - k.n

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -127,7 +128,34 @@ type DestState struct {
 	// one more match after an operator's Resume suspended again). Never
 	// modified in place: a write replaces the map (copies of a state
 	// share it).
+	//
+	// A rule is keyed by its name and a short hash of its definition,
+	// "NAME#1a2b3c4d" (ruleKey), so that a rule edited under the same
+	// name and restarted is not held by its old version's end; for a
+	// tenant's part (a tenant-scoped reply, Tenants) the tenant follows,
+	// "NAME#1a2b3c4d/TENANT". The plain "NAME" that older daemons wrote
+	// and read is written beside the destination's key, so that they
+	// still leave a rule in force alone in a fleet that rolls through
+	// versions; it is read only where no keyed entry of the name is in
+	// force (autoEnd).
 	Rules map[string]time.Time `json:"rules,omitempty"`
+
+	// RateBy, ConnsBy and FactorBy say who set RateOverride, ConnsOverride
+	// and Factor when it was not an operator or a throttle: "automation:
+	// NAME" for a rule's action ("" otherwise), for `dest list` and `dest
+	// status`. An operator's SetRate or SetConns clears its own, a
+	// throttle's cut of the factor FactorBy.
+	RateBy   string `json:"rate_by,omitempty"`
+	ConnsBy  string `json:"conns_by,omitempty"`
+	FactorBy string `json:"factor_by,omitempty"`
+
+	// Tenants holds the suspensions of one tenant's part of the
+	// destination, by tenant: an automation rule's suspend fired by
+	// replies about that tenant's own mail (classify scope tenant, e.g.
+	// Gmail's 4.7.26 for its unauthenticated mail) holds that tenant's
+	// mail only, not every tenant's. Never modified in place, as Rules.
+	// A daemon older than this field neither applies nor keeps it.
+	Tenants map[string]TenantHold `json:"tenants,omitempty"`
 
 	// Recover is set by Resume: the next worker to clear it (by revision
 	// CAS, so exactly one) calls Config.OnRecover for the
@@ -140,6 +168,40 @@ type DestState struct {
 
 // Suspended reports whether the destination is suspended at now.
 func (s DestState) Suspended(now time.Time) bool { return now.Before(s.SuspendedUntil) }
+
+// TenantHold is a suspension of one tenant's part of a destination
+// (DestState.Tenants).
+type TenantHold struct {
+	Until  time.Time `json:"until"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+// TenantSuspended reports whether tenant's part of the destination is
+// suspended at now, and its hold.
+func (s DestState) TenantSuspended(tenant string, now time.Time) (TenantHold, bool) {
+	h, ok := s.Tenants[tenant]
+	return h, ok && now.Before(h.Until)
+}
+
+// TenantsSuspended are the tenants whose part is suspended at now, sorted.
+func (s DestState) TenantsSuspended(now time.Time) []string {
+	var out []string
+	for tenant, h := range s.Tenants {
+		if now.Before(h.Until) {
+			out = append(out, tenant)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// RateOverrideAt is the fleet rate override in force at now, if any: an
+// override whose end has passed is not (`dest list` showed caps ended
+// hours ago).
+func (s DestState) RateOverrideAt(now time.Time) (float64, bool) { return s.rateOverride(now) }
+
+// ConnsOverrideAt is the fleet connection override in force at now, if any.
+func (s DestState) ConnsOverrideAt(now time.Time) (int, bool) { return s.connsOverride(now) }
 
 // RateFactor is the effective factor: Factor, with 0 read as 1, clamped to
 // (0, 1].
@@ -188,7 +250,7 @@ func (s DestState) idle(now time.Time) bool {
 	_, rate := s.rateOverride(now)
 	_, conns := s.connsOverride(now)
 	return s.SuspendedUntil.IsZero() && s.RateFactor() >= 1 && s.BreakerAt(now) == BreakerClosed &&
-		!rate && !conns && !s.Recover && !s.learned() && !s.ruleInForce(now)
+		!rate && !conns && !s.Recover && !s.learned() && !s.ruleInForce(now) && len(s.TenantsSuspended(now)) == 0
 }
 
 // ruleInForce reports whether some automation rule's action is in force
@@ -357,16 +419,18 @@ func Suspend(ctx context.Context, kv jetstream.KeyValue, dest string, until time
 	return err
 }
 
-// Resume lifts a suspension of dest and closes its breaker, and asks the
-// workers to release its deferred envelopes (one worker calls OnRecover).
-// It reports whether dest was suspended or its breaker open; resuming a
-// destination that is neither changes nothing and reports false.
+// Resume lifts a suspension of dest (and those of its tenants' parts,
+// Tenants) and closes its breaker, and asks the workers to release its
+// deferred envelopes (one worker calls OnRecover). It reports whether dest
+// was suspended or its breaker open; resuming a destination that is
+// neither changes nothing and reports false.
 func Resume(ctx context.Context, kv jetstream.KeyValue, dest, by string) (bool, error) {
 	_, _, _, wrote, err := updateState(ctx, kv, dest, by, func(s *DestState, now time.Time) bool {
-		if s.SuspendedUntil.IsZero() && s.BreakerAt(now) == BreakerClosed {
+		if s.SuspendedUntil.IsZero() && s.BreakerAt(now) == BreakerClosed && len(s.TenantsSuspended(now)) == 0 {
 			return false
 		}
 		s.SuspendedUntil, s.Reason = time.Time{}, ""
+		s.Tenants = nil // a rule's suspension of one tenant's part ends too
 		s.Breaker, s.BreakerUntil = BreakerClosed, time.Time{}
 		s.Recover = true
 		return true
@@ -381,7 +445,7 @@ func SetRate(ctx context.Context, kv jetstream.KeyValue, dest string, rate float
 	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
 		return fmt.Errorf("set rate %q: rate %v: want a number >= 0", dest, rate)
 	}
-	return setOverride(ctx, kv, dest, by, rate, until, func(s *DestState) (*float64, *time.Time) { return &s.RateOverride, &s.RateUntil })
+	return setOverride(ctx, kv, dest, by, rate, until, func(s *DestState) (*float64, *time.Time, *string) { return &s.RateOverride, &s.RateUntil, &s.RateBy })
 }
 
 // SetConns overrides dest's fleet connection limit until until (zero: until
@@ -390,15 +454,18 @@ func SetConns(ctx context.Context, kv jetstream.KeyValue, dest string, conns int
 	if conns < 0 {
 		return fmt.Errorf("set conns %q: %d: want >= 0", dest, conns)
 	}
-	return setOverride(ctx, kv, dest, by, conns, until, func(s *DestState) (*int, *time.Time) { return &s.ConnsOverride, &s.ConnsUntil })
+	return setOverride(ctx, kv, dest, by, conns, until, func(s *DestState) (*int, *time.Time, *string) { return &s.ConnsOverride, &s.ConnsUntil, &s.ConnsBy })
 }
 
 // setOverride writes one of dest's overrides, v until until, or removes it
-// when v is 0; field picks the override and its end in the state.
+// when v is 0; field picks the override, its end and who set it (an
+// automation rule's name, cleared: an operator's is not a rule's) in the
+// state.
 func setOverride[T int | float64](ctx context.Context, kv jetstream.KeyValue, dest, by string, v T, until time.Time,
-	field func(*DestState) (*T, *time.Time)) error {
+	field func(*DestState) (*T, *time.Time, *string)) error {
 	_, _, _, _, err := updateState(ctx, kv, dest, by, func(s *DestState, _ time.Time) bool {
-		val, end := field(s)
+		val, end, setBy := field(s)
+		*setBy = ""
 		if v == 0 {
 			*val, *end = 0, time.Time{}
 		} else {

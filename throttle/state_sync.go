@@ -393,6 +393,9 @@ func (t *Throttle) run(o *op) (retry bool) {
 			Dur("after", time.Since(o.failedAt)).Bool("wrote", wrote).Msg("destination state written after failed tries")
 	}
 	if !wrote {
+		// The stored state already says what the change would (another
+		// worker's write, an operator's): nothing to write or log at Info.
+		t.log.Debug().Str("dest", o.d.name).Str("change", o.change).Msg("destination state already as the change would make it; nothing written")
 		return false
 	}
 	t.applyWritten(o.d, after, rev)

@@ -89,6 +89,15 @@ type Config struct {
 	GroupByMX bool
 	// Automation rules (see AutoRule).
 	Automation []AutoRule
+	// ClassifyRules are the classify rules replies can be given, name to
+	// the scope the rule declares (0: derived from the reply), from the
+	// classifier serve uses (embedded rules and the operator's
+	// classify-rules file). When set, New refuses an automation rule
+	// whose Rule starts none of them (a typo never fires), naming the
+	// nearest, and a rate, factor or conns rule that matches only
+	// tenant-scoped ones without whole-destination (it would never act).
+	// Nil: not checked.
+	ClassifyRules map[string]classify.Scope
 
 	// BreakerFailures is the number of consecutive failed attempts (seen
 	// by one worker) that opens the destination's breaker. Default
@@ -389,6 +398,9 @@ type dest struct {
 	// overtook is stale (op.current), and neither runs nor clears the bit.
 	gens [8]uint32
 	auto []window // by rule index
+	// autoTenant are the windows of rules counting replies about one
+	// tenant's own mail, by rule index and tenant (AutoRule.WholeDestination).
+	autoTenant map[tenantKey]*window
 
 	// ownFlight counts the attempts in flight under the limits set on
 	// this domain by itself while it is in a provider group (own.go),
@@ -437,7 +449,7 @@ func New(ctx context.Context, cfg Config) (*Throttle, error) {
 	if err != nil {
 		return nil, err
 	}
-	rules, err := compileAutoRules(cfg.Automation)
+	rules, err := compileAutoRules(cfg.Automation, cfg.ClassifyRules)
 	if err != nil {
 		return nil, fmt.Errorf("throttle: %w", err)
 	}
@@ -755,6 +767,12 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		d.mu.Unlock()
 		return nil, r, false
 	}
+	if r, refused := tenantRefuses(d, tenant, now); refused {
+		// A rule suspended this tenant's part only (automateTenant).
+		d.probing = d.probing && !probe
+		d.mu.Unlock()
+		return nil, r, false
+	}
 	if c, limited := t.connShare(d, live, now); limited && d.inflight >= c {
 		// A worker whose share is none refuses every attempt: the
 		// envelope goes back to its lane, where a worker with a
@@ -792,6 +810,9 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 	var at time.Time
 	if fleet > 0 {
 		d.setShare(now, fleet/float64(live))
+		// Whether this worker keeps its rate busy, for the reading
+		// between throttles (drainMarks.press).
+		d.drains.press(now, d.bucket.next, d.bucket.period(), fleet)
 		due := d.bucket.reserve(now)
 		// Sent on this worker's next turn of the fleet's grid (slots.go),
 		// never one it already gave out.
@@ -868,7 +889,11 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		live := t.liveCount()
 		d.mu.Lock()
 		now = t.now()
-		if r, refused := t.stateRefuses(d, now, &probe); refused {
+		r, refused := t.stateRefuses(d, now, &probe)
+		if !refused {
+			r, refused = tenantRefuses(d, tenant, now)
+		}
+		if refused {
 			d.unreserve(probe)
 			d.unserve(tenant, served)
 			d.bucket.refund(at)
@@ -922,7 +947,7 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		d.lastSent = laterOf(d.lastSent, at)
 		d.mu.Unlock()
 	}
-	return &permit{t: t, d: d, probe: probe, factor: factor, sent: laterOf(reserved, at), cutSeen: cutSeen, connsHold: connsHold}, Refusal{}, false
+	return &permit{t: t, d: d, tenant: tenant, probe: probe, factor: factor, sent: laterOf(reserved, at), cutSeen: cutSeen, connsHold: connsHold}, Refusal{}, false
 }
 
 // connPaused reports whether an admission at now would open an attempt
@@ -984,9 +1009,10 @@ func (d *dest) setShare(now time.Time, share float64) {
 
 // permit is one admitted attempt.
 type permit struct {
-	t     *Throttle
-	d     *dest
-	probe bool
+	t      *Throttle
+	d      *dest
+	tenant string // the admission's tenant
+	probe  bool
 	// factor is the destination's rate factor when the attempt was
 	// admitted: a throttled reply to it cuts from there (cutFactor).
 	factor float64
@@ -1030,11 +1056,16 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 	d, probe := p.d, p.probe
 	now := t.now()
 	o := outcomeOf(results)
-	var fired []int
+	type match struct {
+		rule   int
+		tenant bool   // the reply was about the tenant's mail (scope tenant): the tenant's part
+		reply  string // the reply's classify rule
+	}
+	var fired []match
 	for i := range t.rules {
 		for j := range results {
 			if t.rules[i].match(results[j]) {
-				fired = append(fired, i)
+				fired = append(fired, match{i, results[j].Scope == classify.ScopeTenant && !t.rules[i].WholeDestination, results[j].Rule})
 				break // one match per attempt
 			}
 		}
@@ -1113,16 +1144,47 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 	}
 
 	// Automation.
-	for _, i := range fired {
-		r := &t.rules[i]
-		if end := d.state.Rules[r.Name]; d.auto[i].activeUntil.Before(end) {
+	for _, m := range fired {
+		r := &t.rules[m.rule]
+		w, end := &d.auto[m.rule], autoEnd(d.state, r)
+		if m.tenant {
+			// A reply about one tenant's own mail acts on that tenant's
+			// part only (AutoRule.WholeDestination), counted apart.
+			if r.Action != ActionSuspend {
+				t.log.Debug().Str("dest", d.name).Str("tenant", p.tenant).Str("rule", r.Name).Str("reply_rule", m.reply).
+					Msg("automation rule not counted: the reply is about one tenant's mail, and a " + r.Action + " has no part of one tenant (whole-destination = true acts on every tenant's)")
+				continue
+			}
+			w, end = d.tenantWindow(m.rule, p.tenant), d.state.Rules[r.key+"/"+p.tenant]
+		}
+		if w.activeUntil.Before(end) {
 			// In force, fired by another worker (or before a restart):
 			// this one does not count towards firing it again either.
-			d.auto[i].activeUntil = end
+			w.activeUntil = end
 		}
-		if d.auto[i].add(now, r.Threshold, r.Window) {
-			d.auto[i].activeUntil = now.Add(r.For)
-			t.automate(d, r, now)
+		if !w.add(now, r.Threshold, r.Window) {
+			continue
 		}
+		var acted bool
+		var why string
+		if m.tenant {
+			acted, why = t.automateTenant(d, r, p.tenant, now)
+		} else {
+			acted, why = t.automate(d, r, now)
+		}
+		if acted {
+			// Held for its for only when it changed something: a firing
+			// that changed nothing (an operator's lower cap with no end)
+			// held the rule silent for its whole for after the cap went.
+			w.activeUntil, w.idleLogged = now.Add(r.For), false
+			continue
+		}
+		ev := t.log.Debug()
+		if !w.idleLogged {
+			ev = t.log.Info() // once until it acts again; then at debug
+			w.idleLogged = true
+		}
+		ev.Str("dest", d.name).Str("rule", r.Name).Str("action", r.Action).Str("why", why).
+			Msg("automation rule fired but changed nothing; it may fire again at its next match")
 	}
 }

@@ -6,13 +6,14 @@ import (
 )
 
 // TestOverShareKeepsTheNextToken: a tenant with a backlog in the virtual
-// queue does not yield a token due within one period to a tenant that
-// only asked lately and has nothing waiting: nothing of the other's can
-// take it, and it went untaken (TestTenantWeightsShareABusyDestination,
-// "with a trickle"). A token further ahead it still yields, so that the
-// other's next message does not wait behind the backlog's reservations;
-// and to a tenant with envelopes waiting it yields as before. At either
-// weight of the backlog's tenant.
+// queue does not yield a token due within yieldLead (1 s; one period
+// before) to a tenant that only asked lately and has nothing waiting:
+// nothing of the other's can take it, and it went untaken
+// (TestTenantWeightsShareABusyDestination, "with a trickle";
+// TestTrickleKeepsALearnedRateBusy). A token further ahead it still
+// yields, so that the other's next message does not wait behind the
+// backlog's reservations; and to a tenant with envelopes waiting it
+// yields as before. At either weight of the backlog's tenant.
 func TestOverShareKeepsTheNextToken(t *testing.T) {
 	weights := map[string]float64{"heavy": 3}
 	weight := func(tn string) float64 {
@@ -38,7 +39,13 @@ func TestOverShareKeepsTheNextToken(t *testing.T) {
 			if d.overShare(tenant, now, weight) {
 				t.Error("yields the token due in 30 ms to a tenant with nothing waiting")
 			}
-			for range 10 {
+			for range 10 { // 530 ms ahead: still kept
+				d.bucket.reserve(now)
+			}
+			if d.overShare(tenant, now, weight) {
+				t.Errorf("yields a token due %s ahead to a tenant with nothing waiting", d.bucket.last.Sub(now))
+			}
+			for range 10 { // 1.03 s ahead
 				d.bucket.reserve(now)
 			}
 			if !d.overShare(tenant, now, weight) {

@@ -868,3 +868,27 @@ func TestThrottleKnobsGivenAsZero(t *testing.T) {
 		t.Errorf("values that are not 0 refused: %v", err)
 	}
 }
+
+// TestAutomationRuleNameChecked: an automation rule whose rule names no
+// classify rule, embedded or the operator's, is refused at start, naming
+// it and the nearest names: it would never fire, and nothing said so.
+func TestAutomationRuleNameChecked(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "outflow.toml")
+	conf := "[[automation]]\nname = \"gmail-auth\"\nrule = \"gmial-auth\"\naction = \"suspend\"\nfor = \"15m\"\n"
+	if err := os.WriteFile(p, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parseWith(t, p, "--data", filepath.Join(dir, "data"), "--smtp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--api-addr", "", "--nats-addr", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = serve(ctx, cfg, io.Discard)
+	var u usageError
+	if !errors.As(err, &u) || !strings.Contains(err.Error(), `rule "gmial-auth" is the start of no classify rule`) || !strings.Contains(err.Error(), "did you mean") {
+		t.Fatalf("serve: %v, want a usage error naming the rule", err)
+	}
+}

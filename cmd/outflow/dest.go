@@ -52,10 +52,10 @@ func init() {
 						susp = s.SuspendedUntil.UTC().Format(time.RFC3339)
 					}
 					over := "-"
-					if s.RateOverride > 0 {
-						over = fmt.Sprintf("%g/s", s.RateOverride)
+					if ov, ok := s.RateOverrideAt(now); ok { // a cap whose end has passed is none
+						over = fmt.Sprintf("%g/s", ov)
 					}
-					return fmt.Sprintf("%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s", s.Dest, susp, s.RateFactor(), over, learnedShort(s), s.BreakerAt(now), dash(s.Reason), dash(s.UpdatedBy))
+					return fmt.Sprintf("%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s", s.Dest, susp, s.RateFactor(), over, learnedShort(s), s.BreakerAt(now), dash(destReason(s, now)), dash(s.UpdatedBy))
 				})
 			})
 		},
@@ -127,24 +127,35 @@ func init() {
 				} else {
 					fmt.Fprintf(out, "suspended:     no\n")
 				}
+				for _, t := range st.TenantsSuspended(now) {
+					// A rule's suspend fired by replies about one
+					// tenant's own mail holds that tenant's part only.
+					h, _ := st.TenantSuspended(t, now)
+					fmt.Fprintf(out, "  tenant %s:  suspended until %s (%s); other tenants' mail goes on\n", t, h.Until.UTC().Format(time.RFC3339), dash(h.Reason))
+				}
 				fmt.Fprintf(out, "rate factor:   %.2f", st.RateFactor())
+				if st.RateFactor() < 1 && st.FactorBy != "" {
+					fmt.Fprintf(out, " (%s)", st.FactorBy)
+				}
 				if !st.FactorUntil.IsZero() {
 					fmt.Fprintf(out, " (next ramp step not before %s)", st.FactorUntil.UTC().Format(time.RFC3339))
 				}
 				fmt.Fprintln(out)
-				if st.RateOverride > 0 {
+				// Only a cap in force: one whose end has passed holds
+				// nothing, and was shown as if it did.
+				if ov, ok := st.RateOverrideAt(now); ok {
 					until := "changed"
 					if !st.RateUntil.IsZero() {
 						until = st.RateUntil.UTC().Format(time.RFC3339)
 					}
-					fmt.Fprintf(out, "rate override: %g/s until %s\n", st.RateOverride, until)
+					fmt.Fprintf(out, "rate override: %g/s until %s%s\n", ov, until, byText(st.RateBy))
 				}
-				if st.ConnsOverride > 0 {
+				if ov, ok := st.ConnsOverrideAt(now); ok {
 					until := "changed"
 					if !st.ConnsUntil.IsZero() {
 						until = st.ConnsUntil.UTC().Format(time.RFC3339)
 					}
-					fmt.Fprintf(out, "conns:         %d (override) until %s\n", st.ConnsOverride, until)
+					fmt.Fprintf(out, "conns:         %d (override) until %s%s\n", ov, until, byText(st.ConnsBy))
 				}
 				if r, c := st.OwnLimits(now); source == "" && (r > 0 || c > 0) && hasSources(views) {
 					// The workers send from egress addresses: each address
@@ -185,7 +196,7 @@ func init() {
 				tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "WORKER\tGROUP\tCONFIGURED\tFLEET RATE\tFROM\tWORKER RATE\tLIVE\tCONNS\tIN FLIGHT\tBREAKER")
 				for _, v := range views {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", v.Worker, v.Dest, rate(v.Limits.Rate), rate(v.FleetRate), dash(v.RateSource),
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", v.Worker, v.Dest, rate(v.Limits.Rate), rate(v.FleetRate), dash(rateFrom(v.DestStatus, now)),
 						rate(v.WorkerRate), v.LiveWorkers, conns(v.FleetConns), v.InFlight, v.Breaker)
 				}
 				if len(views) == 0 {
@@ -194,7 +205,7 @@ func init() {
 				if err := tw.Flush(); err != nil {
 					return err
 				}
-				return printSources(out, views)
+				return printSources(out, sourcesByRule(views, now))
 			})
 		},
 	}
@@ -262,11 +273,15 @@ func init() {
 					if err != nil {
 						return err
 					}
-					if before.RateOverride == 0 {
+					if _, ok := before.RateOverrideAt(time.Now()); !ok {
 						// Said as resume and forget say it: a cap
-						// mistyped or cleared already is not "cleared".
-						return report(cmd, a.json, map[string]any{"dest": args[0], "rate": 0, "cleared": false},
-							"%s: had no rate cap; nothing to clear", args[0])
+						// mistyped, cleared already or ended is not
+						// "cleared".
+						msg := "%s: had no rate cap; nothing to clear"
+						if before.RateOverride > 0 {
+							msg = "%s: had no rate cap in force (the last one ended at " + before.RateUntil.UTC().Format(time.RFC3339) + "); nothing to clear"
+						}
+						return report(cmd, a.json, map[string]any{"dest": args[0], "rate": 0, "cleared": false}, msg, args[0])
 					}
 					if err := throttle.SetRate(ctx, kv, args[0], 0, time.Time{}, adminBy()); err != nil {
 						return err
@@ -325,6 +340,73 @@ func init() {
 
 	dc.AddCommand(list, status, suspend, resume, rateCmd, forget)
 	rootCmd.AddCommand(dc)
+}
+
+// destReason is what `dest list` says a destination is held by at now:
+// the suspension's reason, the tenants a rule suspended, and the
+// automation rules that set the rate override, the connection override
+// or the factor in force ("automation: NAME"); "" for none. Suspensions
+// said their rule already, the others "-".
+func destReason(s throttle.DestState, now time.Time) string {
+	var parts []string
+	add := func(p string) {
+		if p != "" && !slices.Contains(parts, p) {
+			parts = append(parts, p)
+		}
+	}
+	if s.Suspended(now) {
+		add(s.Reason)
+	}
+	if t := s.TenantsSuspended(now); len(t) > 0 {
+		h, _ := s.TenantSuspended(t[0], now)
+		add("tenant " + strings.Join(t, ", ") + " suspended (" + dash(h.Reason) + ")")
+	}
+	if _, ok := s.RateOverrideAt(now); ok {
+		add(s.RateBy)
+	}
+	if _, ok := s.ConnsOverrideAt(now); ok {
+		add(s.ConnsBy)
+	}
+	if s.RateFactor() < 1 {
+		add(s.FactorBy)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// byText is " (automation: NAME)" for an override a rule set (by), ""
+// for an operator's.
+func byText(by string) string {
+	if by == "" {
+		return ""
+	}
+	return " (" + by + ")"
+}
+
+// rateFrom is a worker's FROM column: its rate source, or for a pin that
+// an automation rule set, "automation: NAME" (an operator's pin stays
+// "pinned").
+func rateFrom(v throttle.DestStatus, now time.Time) string {
+	if v.RateSource == "pinned" && v.State.RateBy != "" {
+		if _, ok := v.State.RateOverrideAt(now); ok {
+			return v.State.RateBy
+		}
+	}
+	return v.RateSource
+}
+
+// sourcesByRule are views with each per-source view's rate source as
+// rateFrom says it, for the per-source table.
+func sourcesByRule(views []throttle.WorkerStatus, now time.Time) []throttle.WorkerStatus {
+	out := make([]throttle.WorkerStatus, len(views))
+	for i, v := range views {
+		out[i] = v
+		out[i].Sources = make([]throttle.DestStatus, len(v.Sources))
+		for j, s := range v.Sources {
+			s.RateSource = rateFrom(s, now)
+			out[i].Sources[j] = s
+		}
+	}
+	return out
 }
 
 // destArg takes exactly one DEST: a recipient domain, a provider group,

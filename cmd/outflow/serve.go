@@ -297,7 +297,7 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 		signer = s
 	}
 
-	throttle, err := startThrottle(ctx, c, q, workerID, res, reg, log)
+	throttle, err := startThrottle(ctx, c, q, workerID, res, classifier.RuleScopes(), reg, log)
 	if err != nil {
 		return err
 	}
@@ -547,15 +547,23 @@ func (c *serveConfig) throttleFile() throttle.File {
 }
 
 // startThrottle builds the coordinator's per-destination limits from the
-// config file sections and the --dest-rate/--dest-conns defaults, shares
+// config file sections and the --dest-rate/--dest-conns defaults, checks
+// the automation rules against the classifier's rules, shares
 // state through the queue's KV buckets, and releases a destination's
 // deferred mail at its rate when it recovers.
-func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, res throttle.MXResolver, reg prometheus.Registerer, log zerolog.Logger) (*throttle.Throttle, error) {
+func startThrottle(ctx context.Context, c *serveConfig, q *queue.Queue, workerID string, res throttle.MXResolver, rules map[string]classify.Scope, reg prometheus.Registerer, log zerolog.Logger) (*throttle.Throttle, error) {
 	// --dest-rate and --dest-conns are the defaults every
 	// [destinations.X] table inherits what it does not set.
 	file := c.throttleFile()
 	tc, err := file.ConfigWith(throttle.Limits{Rate: c.DestRate, Conns: c.DestConns})
 	if err != nil {
+		return nil, usageError{fmt.Errorf("config: %w", err)}
+	}
+	// The automation rules' rule names are checked against these, the
+	// embedded ones and the operator's classify-rules (a typo matched
+	// nothing and never fired).
+	tc.ClassifyRules = rules
+	if err := tc.CheckAutomation(); err != nil {
 		return nil, usageError{fmt.Errorf("config: %w", err)}
 	}
 	if tc.State, err = throttle.OpenState(ctx, q); err != nil {
