@@ -37,7 +37,8 @@
 // every tenant shares, of a tenant holding all it may waits in its slot
 // until one of its tenant's deliveries ends, the slot serving the other
 // tenants' fresh mail meanwhile; with an eighth of the slots waiting so, it
-// goes back to its lane for 30 s without an attempt.
+// goes back to its lane without an attempt, for twice as long as its
+// tenant's deliveries hold a slot (1 to 30 s, tenantSlots.BackFor).
 //
 // A graceful stop (the end of Pool.Run's context) hands back what the
 // process holds and has not sent, to be handed out again at once rather

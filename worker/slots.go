@@ -3,6 +3,7 @@ package worker
 import (
 	"math"
 	"sync"
+	"time"
 )
 
 // tenantSlots keeps each tenant to its share of the pool's delivery slots
@@ -46,12 +47,16 @@ type tenantSlots struct {
 	sum      float64            // weights of the tenants whose count is above zero
 	waiting  int                // slots holding an envelope that waits (slotWait)
 	maxWait  int                // at most this many
-	changed  chan struct{}      // closed at the next end, then replaced; nil unwatched
+	// held is, by tenant, how long its deliveries hold a slot: a
+	// moving average of the last ones' (end), for the time an
+	// envelope sent back waits (BackFor).
+	held    map[string]time.Duration
+	changed chan struct{} // closed at the next end, then replaced; nil unwatched
 }
 
 func newTenantSlots(workers int, weights map[string]float64) *tenantSlots {
 	return &tenantSlots{workers: workers, limit: workers - workers/8, maxWait: max(1, workers/8),
-		weights: weights, inflight: map[string]int{}}
+		weights: weights, inflight: map[string]int{}, held: map[string]time.Duration{}}
 }
 
 func (s *tenantSlots) weight(tenant string) float64 {
@@ -193,13 +198,47 @@ func (s *tenantSlots) Started(tenant string) {
 }
 
 // end counts a delivery of tenant's ended, and wakes the hand-offs that
-// wait for one.
-func (s *tenantSlots) end(tenant string) {
+// wait for one. took is how long it held its slot, 0 for one that did not
+// start (counted by the hand-off, given back at a stop).
+func (s *tenantSlots) end(tenant string, took time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if took > 0 {
+		// A moving average over about the last eight.
+		if h, ok := s.held[tenant]; ok {
+			s.held[tenant] = h + (took-h)/8
+		} else {
+			s.held[tenant] = took
+		}
+	}
 	s.addLocked(tenant, -1)
 	if s.changed != nil {
 		close(s.changed)
 		s.changed = nil
 	}
 }
+
+// BackFor is how long an envelope of tenant's that no slot could take
+// (slotBack) waits on its lane before it comes again: twice as long as
+// its tenant's deliveries hold a slot, by which time one of those it
+// holds has most likely ended, between backMin and tenantShareRetry.
+// A fixed half minute left every slot idle: two tenants with backlogs
+// returning from the rate-limit lane, pushed over their shares as a
+// third tenant came, sent the whole of them back for 30 s while their
+// own deliveries (waits for the rate's turns) ended within two seconds,
+// and the destination got 2 to 7 of its 20 messages a second for 25 s.
+// A tenant whose hosts hold each session for minutes still waits the
+// half minute, which bounds how often its backlog is written back.
+func (s *tenantSlots) BackFor(tenant string) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.held[tenant]
+	if !ok {
+		return tenantShareRetry
+	}
+	return min(max(2*h, backMin), tenantShareRetry)
+}
+
+// backMin is the least time an envelope sent back for its tenant's share
+// waits.
+const backMin = time.Second

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -44,12 +45,12 @@ func TestTenantSlotShares(t *testing.T) {
 		t.Fatal("a admitted over its share of two")
 	}
 	for range 12 {
-		s.end("a")
+		s.end("a", 0)
 	}
 	if got := s.inflight["a"]; got != 16 || s.Admits("a") {
 		t.Fatalf("a holds %d and is admitted: %v, want 16 and refused (its share)", got, s.Admits("a"))
 	}
-	s.end("a")
+	s.end("a", 0)
 	if !s.Admits("a") {
 		t.Fatal("a refused below its share")
 	}
@@ -58,14 +59,14 @@ func TestTenantSlotShares(t *testing.T) {
 	if s.Admits("heavy") {
 		t.Fatal("heavy admitted past its weighted share of 20")
 	}
-	s.end("heavy")
+	s.end("heavy", 0)
 	if !s.Admits("heavy") {
 		t.Fatal("heavy refused below its weighted share")
 	}
 	// Everyone gone: back to the start, the weights' sum without drift.
 	for tenant, n := range map[string]int{"a": 15, "b": 1, "heavy": 19} {
 		for range n {
-			s.end(tenant)
+			s.end(tenant, 0)
 		}
 	}
 	if len(s.inflight) != 0 || s.sum != 0 {
@@ -91,9 +92,9 @@ func TestTenantSlotShares(t *testing.T) {
 func TestTenantSlotsEndBeforeStarted(t *testing.T) {
 	s := newTenantSlots(32, nil)
 	s.Started("b")
-	s.end("a") // a's slot ended before its hand-off counted it
+	s.end("a", 0) // a's slot ended before its hand-off counted it
 	s.Started("a")
-	s.end("b")
+	s.end("b", 0)
 	if len(s.inflight) != 0 || s.sum != 0 {
 		t.Fatalf("inflight %v, sum %v after every delivery ended", s.inflight, s.sum)
 	}
@@ -120,12 +121,12 @@ func TestTenantSlotsEndBeforeStarted(t *testing.T) {
 	}
 	// a's share is now 16: its waiting envelopes start only below it.
 	for range 12 {
-		s.end("a")
+		s.end("a", 0)
 	}
 	if s.StartWaiting("a") {
 		t.Fatalf("a waiting started holding %d, its share 16", s.inflight["a"])
 	}
-	s.end("a")
+	s.end("a", 0)
 	if !s.StartWaiting("a") {
 		t.Fatalf("a waiting refused holding %d, under its share 16", s.inflight["a"])
 	}
@@ -202,7 +203,7 @@ func BenchmarkTenantSlots(b *testing.B) {
 			i++
 			if s.Admits(t) {
 				s.Started(t)
-				s.end(t)
+				s.end(t, 0)
 			}
 		}
 	})
@@ -321,5 +322,80 @@ func TestLoneTenantsRetriesKeepTheReserve(t *testing.T) {
 	e.waitEvent(id, queue.EventDelivered)
 	if n := rb.blocked.Load(); n != workers-1 {
 		t.Fatalf("%d of the campaign's retries in flight, want %d (all but the reserve)", n, workers-1)
+	}
+}
+
+// TestBackForFollowsTheTenantsDeliveries: an envelope no slot could take
+// waits on its lane about twice as long as its tenant's deliveries hold a
+// slot (1 s at least), not a fixed half minute: a tenant whose
+// deliveries wait 1.6 s for the rate's turns is taken again within
+// seconds, one whose hosts hold sessions for minutes after 30 s.
+func TestBackForFollowsTheTenantsDeliveries(t *testing.T) {
+	s := newTenantSlots(32, nil)
+	if got := s.BackFor("new"); got != tenantShareRetry {
+		t.Fatalf("a tenant with no delivery ended: %v, want %v", got, tenantShareRetry)
+	}
+	for range 20 {
+		s.Started("fast")
+		s.end("fast", 1600*time.Millisecond)
+		s.Started("slow")
+		s.end("slow", 5*time.Minute)
+		s.Started("instant")
+		s.end("instant", time.Millisecond)
+	}
+	s.Started("fast")
+	s.end("fast", 0) // not started: does not count
+	if got := s.BackFor("fast"); got < 3*time.Second || got > 3400*time.Millisecond {
+		t.Errorf("fast: %v, want about 3.2 s", got)
+	}
+	if got := s.BackFor("slow"); got != tenantShareRetry {
+		t.Errorf("slow: %v, want %v", got, tenantShareRetry)
+	}
+	if got := s.BackFor("instant"); got != backMin {
+		t.Errorf("instant: %v, want %v", got, backMin)
+	}
+}
+
+// TestSentBackForAsLongAsTheTenantsDeliveries: retries of a tenant at its
+// share that no slot may take, past the one waiting in a slot, go back to
+// their lane for twice as long as the tenant's deliveries hold a slot
+// (here their first attempts, milliseconds: the least, a second), not for
+// half a minute while the slots stand idle.
+func TestSentBackForAsLongAsTheTenantsDeliveries(t *testing.T) {
+	var tries atomic.Int32
+	e := newEnv(t, func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage == fakemx.StageRcpt && strings.Contains(arg, "retry.test") && tries.Add(1) <= 4 {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+		}
+		return nil
+	})
+	bs := &blockingSender{Sender: e.snd, release: make(chan struct{})}
+	t.Cleanup(func() { close(bs.release) })
+	var logs syncBuf
+	const workers = 8
+	slowRetry := backoff.Backoff{Lane: backoff.LaneRetry, Base: time.Second, Min: time.Second, Cap: time.Second, Multiplier: 2, ContentionWindow: 10 * time.Millisecond}
+	e.startPool(func(c *Config) { c.Workers, c.Sender, c.Retry, c.Logger = workers, bs, slowRetry, zerolog.New(&logs) })
+	submit := e.submitAs
+	for i := range 4 {
+		e.waitEvent(submit("campaign", fmt.Sprintf("r%d@retry.test", i)), queue.EventDeferred) // due again in a second
+	}
+	// shop in flight: the campaign's share is 4 of the 8 slots, and it
+	// holds them; 3 are free for its 4 retries, one of which waits.
+	submit("shop", "r@slow.test")
+	for range workers / 2 {
+		submit("campaign", "r@slow.test")
+	}
+	testutil.WaitFor(t, 20*time.Second, "a retry sent back", func() bool { return strings.Contains(logs.String(), "local-tenant-share") })
+	for _, l := range strings.Split(logs.String(), "\n") {
+		var line struct {
+			Rule string    `json:"rule"`
+			Next time.Time `json:"next_attempt_at"`
+		}
+		if json.Unmarshal([]byte(l), &line) != nil || line.Rule != "local-tenant-share" {
+			continue
+		}
+		if wait := time.Until(line.Next); wait > 5*time.Second {
+			t.Fatalf("a retry sent back for %v", wait)
+		}
 	}
 }

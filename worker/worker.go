@@ -297,7 +297,7 @@ func (w *deliverer) loop(ctx, workCtx context.Context, work, retry, rl <-chan *q
 func (w *deliverer) take(ctx, workCtx context.Context, d *queue.Delivery, work <-chan *queue.Delivery) {
 	if ctx.Err() != nil {
 		if d.Lane == queue.LaneWork {
-			w.slots.end(d.Env.Tenant) // the hand-off's count (slots.Started)
+			w.slots.end(d.Env.Tenant, 0) // the hand-off's count (slots.Started)
 		}
 		// Taken as the pool stopped (select picks at random among
 		// ready cases): not started, so it goes back like the
@@ -323,8 +323,9 @@ func (w *deliverer) take(ctx, workCtx context.Context, d *queue.Delivery, work <
 			}
 		}
 	}
+	started := time.Now()
 	w.safeHandle(workCtx, d)
-	w.slots.end(d.Env.Tenant)
+	w.slots.end(d.Env.Tenant, time.Since(started))
 }
 
 // waitForSlot holds d, taken from a shared lane while its tenant holds
@@ -368,7 +369,7 @@ func (w *deliverer) waitForSlot(ctx, workCtx context.Context, d *queue.Delivery,
 // pull, it held back the other tenants' envelopes behind it; handed to a
 // slot, it took one past its tenant's share.
 func (w *deliverer) overShare(ctx context.Context, d *queue.Delivery) {
-	r := throttle.Refusal{Until: w.now().Add(tenantShareRetry), Reason: "tenant-share"}
+	r := throttle.Refusal{Until: w.now().Add(w.slots.BackFor(d.Env.Tenant)), Reason: "tenant-share"}
 	if err := w.refused(ctx, d, d.Env.Dest, r); err != nil {
 		// Left unacknowledged: the server hands it out again after the
 		// ack wait.
@@ -376,10 +377,12 @@ func (w *deliverer) overShare(ctx context.Context, d *queue.Delivery) {
 	}
 }
 
-// tenantShareRetry is how long an envelope of a tenant at its share of
-// the slots waits on its lane before it is taken again: long enough that
-// a large backlog of such a tenant's due retries is written back a few
-// hundred times a second at most, short next to the retry lane's backoff.
+// tenantShareRetry is the most an envelope of a tenant at its share of
+// the slots waits on its lane before it is taken again (tenantSlots.BackFor
+// waits less for a tenant whose deliveries end quickly): long enough that
+// a large backlog of a tenant whose hosts hold sessions for minutes is
+// written back a few hundred times a second at most, short next to the
+// retry lane's backoff.
 const tenantShareRetry = 30 * time.Second
 
 // safeHandle runs one delivery, turning a panic into a logged error and a
