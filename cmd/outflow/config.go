@@ -575,6 +575,11 @@ func (c *serveConfig) checkFlags() error {
 		// Ignored, the mail went straight to the recipients' MX hosts.
 		return errors.New("--relay-user and --relay-password are the smarthost's: set --relay too, or leave them out to deliver to the recipients' MX hosts")
 	}
+	if c.NATSURL == "" && c.NATSReplicas > 1 {
+		// nats-server said only "replicas > 1 not supported in
+		// non-clustered mode", naming no flag.
+		return fmt.Errorf("--nats-replicas %d: the embedded server is one node; replicas need a cluster (--nats-url)", c.NATSReplicas)
+	}
 	if c.NATSURL == "" && c.NATSCreds != "" {
 		return errors.New("--nats-creds is for --nats-url: set it too, or leave --nats-creds out for the embedded server")
 	}

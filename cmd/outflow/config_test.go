@@ -627,6 +627,7 @@ func TestServeFlagValuesNamed(t *testing.T) {
 		// Ignored: the mail went straight to MX, or to the embedded server.
 		{[]string{"--relay-user", "u", "--relay-password", "p"}, `--relay-user and --relay-password are the smarthost's: set --relay too`},
 		{[]string{"--nats-creds", "/etc/outflow/nats.creds"}, `--nats-creds is for --nats-url`},
+		{[]string{"--nats-replicas", "3"}, `--nats-replicas 3: the embedded server is one node; replicas need a cluster (--nats-url)`},
 		// Meant as GiB: the store was full from the first message on.
 		{[]string{"--store-max", "20"}, `--store-max 20: it counts bytes, and at least 134217728 (128 MiB)`},
 	} {

@@ -359,7 +359,7 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	}
 	ln, err := sub.Listen()
 	if err != nil {
-		return err
+		return fmt.Errorf("--smtp-addr: %w", err) // named as --api-addr and --http-addr are
 	}
 
 	var ready atomic.Bool
