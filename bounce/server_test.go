@@ -470,6 +470,18 @@ func arfOfType(to, originalReturnPath, typ string) []byte {
 	if originalReturnPath != "" {
 		rpLine = "Return-Path: <" + originalReturnPath + ">\n"
 	}
+	return arf(to, typ, to, rpLine)
+}
+
+// arf is a report of type typ to to about a message to alice@dest.example,
+// whose report part has mailFrom as its Original-Mail-From (none when "")
+// and whose returned header starts with the fields fields (lines ended by
+// \n).
+func arf(to, typ, mailFrom, fields string) []byte {
+	omf := ""
+	if mailFrom != "" {
+		omf = "Original-Mail-From: <" + mailFrom + ">\n"
+	}
 	return []byte(strings.ReplaceAll(`From: staff@fbl.dest.example
 To: `+to+`
 Subject: complaint about message from 192.0.2.10
@@ -487,14 +499,13 @@ Content-Type: message/feedback-report
 Feedback-Type: `+typ+`
 User-Agent: DestFBL/1.0
 Version: 1
-Original-Mail-From: <`+to+`>
-Original-Rcpt-To: <alice@dest.example>
+`+omf+`Original-Rcpt-To: <alice@dest.example>
 Source-IP: 192.0.2.10
 
 --arf
 Content-Type: text/rfc822-headers
 
-`+rpLine+`Received: from out.shop.example (192.0.2.10) by mx.dest.example; Sun, 6 Dec 2026 12:00:00 +0000
+`+fields+`Received: from out.shop.example (192.0.2.10) by mx.dest.example; Sun, 6 Dec 2026 12:00:00 +0000
 Message-ID: <m1@shop.example>
 Subject: hi
 
@@ -890,39 +901,7 @@ func TestFeedbackLoopReturnPathSpeltTwice(t *testing.T) {
 // the fields fields (lines ended by \n), with no Return-Path unless they
 // have one.
 func fblARF(mailFrom, fields string) []byte {
-	omf := ""
-	if mailFrom != "" {
-		omf = "Original-Mail-From: <" + mailFrom + ">\n"
-	}
-	return []byte(strings.ReplaceAll(`From: staff@fbl.dest.example
-To: fbl@rp.example.org
-Subject: complaint about message from 192.0.2.10
-MIME-Version: 1.0
-Content-Type: multipart/report; report-type=feedback-report; boundary="arf"
-
---arf
-Content-Type: text/plain
-
-This is an email abuse report.
-
---arf
-Content-Type: message/feedback-report
-
-Feedback-Type: abuse
-User-Agent: DestFBL/1.0
-Version: 1
-`+omf+`Original-Rcpt-To: <alice@dest.example>
-Source-IP: 192.0.2.10
-
---arf
-Content-Type: text/rfc822-headers
-
-`+fields+`Received: from out.shop.example (192.0.2.10) by mx.dest.example; Sun, 6 Dec 2026 12:00:00 +0000
-Message-ID: <m1@shop.example>
-Subject: hi
-
---arf--
-`, "\n", "\r\n"))
+	return arf("fbl@rp.example.org", "abuse", mailFrom, fields)
 }
 
 // addEnvelope gives the listener's store another envelope of tenant shop,

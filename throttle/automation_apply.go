@@ -109,6 +109,16 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) (bool, string) 
 		s.Rules = withRule(s.Rules, now, until, r.key, r.Name)
 		return true, ""
 	}
+	return t.act(d, now, change, apply, func(b, a DestState) {
+		t.transition(d.name, change, from(b), to(a), reason)
+	})
+}
+
+// act applies a fired rule's change (apply) to this worker's view of d's
+// state and, when it changed something, queues it for the shared state
+// (where apply runs again on the state as stored) with after to log the
+// transition. It reports apply's answer. d.mu held.
+func (t *Throttle) act(d *dest, now time.Time, change string, apply func(s *DestState, now time.Time) (bool, string), after func(b, a DestState)) (bool, string) {
 	if changed, why := apply(&d.state, now); !changed {
 		return false, why
 	}
@@ -116,9 +126,7 @@ func (t *Throttle) automate(d *dest, r *autoRule, now time.Time) (bool, string) 
 		changed, _ := apply(s, now)
 		return changed
 	}
-	t.enqueue(op{d: d, change: change, fn: fn, after: func(b, a DestState) {
-		t.transition(d.name, change, from(b), to(a), reason)
-	}})
+	t.enqueue(op{d: d, change: change, fn: fn, after: after})
 	return true, ""
 }
 
@@ -149,14 +157,7 @@ func (t *Throttle) automateTenant(d *dest, r *autoRule, tenant string, now time.
 		s.Rules = withRule(s.Rules, now, until, key, "")
 		return true, ""
 	}
-	if changed, why := apply(&d.state, now); !changed {
-		return false, why
-	}
-	fn := func(s *DestState, now time.Time) bool {
-		changed, _ := apply(s, now)
-		return changed
-	}
-	t.enqueue(op{d: d, change: "suspend-tenant", fn: fn, after: func(b, a DestState) {
+	return t.act(d, now, "suspend-tenant", apply, func(b, a DestState) {
 		from := "active"
 		if h, ok := b.TenantSuspended(tenant, now); ok {
 			from = "suspended until " + h.Until.Format(time.RFC3339)
@@ -164,8 +165,7 @@ func (t *Throttle) automateTenant(d *dest, r *autoRule, tenant string, now time.
 		t.log.Info().Str("dest", d.name).Str("tenant", tenant).Str("change", "suspend-tenant").Str("from", from).
 			Str("to", "suspended until "+a.Tenants[tenant].Until.Format(time.RFC3339)).
 			Str("reason", reason).Str("by", t.cfg.WorkerID).Msg("destination state changed for one tenant")
-	}})
-	return true, ""
+	})
 }
 
 // withRule is rules with key (and legacy, the plain name older daemons

@@ -54,7 +54,7 @@ type outcome struct {
 	lead    classify.Result
 	results []classify.Result
 	// refused: no attempt, a refusal of the throttle's (a suspension,
-	// an open breaker) holds the mail; lead says why (refusalDelay).
+	// an open breaker) holds the mail; lead says why (refused).
 	refused bool
 	// For delivery status notifications (dsn.go): the server that
 	// answered, the body sent, the recipients a DSN-capable server took.
