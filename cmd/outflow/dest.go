@@ -205,6 +205,13 @@ func init() {
 				if err := tw.Flush(); err != nil {
 					return err
 				}
+				if n := unanswered(views); n > 0 {
+					// A killed worker stays live in the registry until its
+					// record expires (worker-ttl): its share of the rate
+					// goes unused meanwhile, and its row is missing.
+					fmt.Fprintf(out, "%d of the %d live workers did not answer (killed, stopped or slow): their rows are missing, and their shares of FLEET RATE are not being sent until their registry records expire\n",
+						n, maxLive(views))
+				}
 				return printSources(out, sourcesByRule(views, now))
 			})
 		},
@@ -340,6 +347,25 @@ func init() {
 
 	dc.AddCommand(list, status, suspend, resume, rateCmd, forget)
 	rootCmd.AddCommand(dc)
+}
+
+// maxLive is the most live workers an answering worker counted.
+func maxLive(views []throttle.WorkerStatus) int {
+	n := 0
+	for _, v := range views {
+		n = max(n, v.LiveWorkers)
+	}
+	return n
+}
+
+// unanswered is how many of the live workers the answering ones count
+// did not answer the status request.
+func unanswered(views []throttle.WorkerStatus) int {
+	answered := map[string]bool{}
+	for _, v := range views {
+		answered[v.Worker] = true
+	}
+	return max(0, maxLive(views)-len(answered))
 }
 
 // destReason is what `dest list` says a destination is held by at now:

@@ -101,3 +101,26 @@ func TestDestShowsCapsInForceAndWhichRuleSetThem(t *testing.T) {
 		t.Errorf("dest status: the FROM columns should say automation: slow, not pinned:\n%s", out)
 	}
 }
+
+// TestUnansweredWorkers: `dest status` says how many of the live workers
+// did not answer. A worker killed with -9 stays live in the registry until
+// its record expires, its share of the rate unused, and its row was
+// simply missing: FLEET RATE read as twice what went out.
+func TestUnansweredWorkers(t *testing.T) {
+	view := func(id string, live int) throttle.WorkerStatus {
+		return throttle.WorkerStatus{Worker: id, DestStatus: throttle.DestStatus{LiveWorkers: live}}
+	}
+	for _, c := range []struct {
+		views []throttle.WorkerStatus
+		want  int
+	}{
+		{nil, 0},
+		{[]throttle.WorkerStatus{view("d1", 2)}, 1},
+		{[]throttle.WorkerStatus{view("d1", 2), view("d2", 2)}, 0},
+		{[]throttle.WorkerStatus{view("d1", 3), view("d2", 2)}, 1},
+	} {
+		if got := unanswered(c.views); got != c.want {
+			t.Errorf("%+v: %d unanswered, want %d", c.views, got, c.want)
+		}
+	}
+}
