@@ -1,7 +1,6 @@
 package bounce
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/dsn"
+	"github.com/outflow/outflow/internal/mailhdr"
 	"github.com/outflow/outflow/queue"
 )
 
@@ -207,7 +207,7 @@ func (s *Server) attached(msg []byte) (*dsn.Feedback, []ref) {
 		return nil, nil
 	}
 	fb := &dsn.Feedback{Type: "abuse", OriginalHeader: h}
-	for _, v := range headerValues(h, "X-HmXmrOriginalRecipient") {
+	for _, v := range mailhdr.Values(h, "X-HmXmrOriginalRecipient") {
 		if a := queue.NormalizeAddress(v); a != "" {
 			fb.OriginalRcptTo = append(fb.OriginalRcptTo, a)
 		}
@@ -235,7 +235,7 @@ func (s *Server) withOriginal(refs []ref, mailFrom string, header []byte) []ref 
 	if len(header) == 0 {
 		return nil
 	}
-	for _, text := range [][]byte{[]byte(strings.Join(headerValues(header, "Return-Path"), "\n")), header} {
+	for _, text := range [][]byte{[]byte(strings.Join(mailhdr.Values(header, "Return-Path"), "\n")), header} {
 		for _, a := range s.cfg.ReturnPath.Find(text, s.cfg.MaxRecipients) {
 			// Each envelope once, however its return path is spelt (as
 			// Rcpt does): one complaint is one event.
@@ -248,36 +248,6 @@ func (s *Server) withOriginal(refs []ref, mailFrom string, header []byte) []ref 
 		}
 	}
 	return refs
-}
-
-// headerValues is the values of the fields named name (in any case) of
-// header, each unfolded (its continuation lines joined with a space) and
-// trimmed.
-func headerValues(header []byte, name string) []string {
-	var out []string
-	var cur *strings.Builder
-	for line := range bytes.Lines(header) {
-		line = bytes.TrimRight(line, "\r\n")
-		if len(line) > 0 && (line[0] == ' ' || line[0] == '\t') {
-			if cur != nil {
-				cur.WriteByte(' ')
-				cur.Write(bytes.TrimSpace(line))
-			}
-			continue
-		}
-		if cur != nil {
-			out = append(out, strings.TrimSpace(cur.String()))
-			cur = nil
-		}
-		if k, v, ok := bytes.Cut(line, []byte(":")); ok && strings.EqualFold(string(bytes.TrimSpace(k)), name) {
-			cur = &strings.Builder{}
-			cur.Write(v)
-		}
-	}
-	if cur != nil {
-		out = append(out, strings.TrimSpace(cur.String()))
-	}
-	return out
 }
 
 // lookUp reads the envelope a return path names.
