@@ -733,9 +733,14 @@ func (t *Throttle) learnedChanged(d *dest, change, from, to, reason string, a De
 
 // observedRate is the fleet's delivered rate to d over the learning window:
 // this worker's, plus what the other live workers last reported in their
-// registry heartbeat. When none of them has reported the destination yet
-// (a burst younger than a heartbeat), this worker's rate times the live
-// workers stands in: the work lanes spread mail evenly over workers. Not
+// registry heartbeat. For a peer whose last heartbeat may predate its
+// first envelope of the burst (peerLoadSince's unheard), this worker's
+// rate stands in: the work lanes spread mail evenly over workers. (Read
+// as nothing, three daemons under a 20/s limit read 14.7/s a few seconds
+// into a burst, while the provider took 20 to 22/s, and cut 30 % deeper
+// than the fleet's delivered rate allowed.) When none of them has
+// reported the destination yet (a burst younger than a heartbeat), this
+// worker's rate times the live workers stands in. Not
 // for a single delivery, though: a provider that took one message of a
 // burst took it from one worker, and two daemons learning a 2/s limit
 // seeded 5/s from one delivery counted twice. thin reports that case, or
@@ -743,7 +748,7 @@ func (t *Throttle) learnedChanged(d *dest, change, from, to, reason string, a De
 // alone while the provider took the rest of the fleet's burst from them.
 func (t *Throttle) observedRate(d *dest, now time.Time) (rate float64, thin bool) {
 	local := d.delivered.spanRate(now, t.cfg.LearnWindow)
-	peers, n := t.peerLoad(d.name, now)
+	peers, n, unheard := t.peerLoadSince(d.name, now, d.burstFrom)
 	if n == 0 {
 		live := t.liveCount()
 		if d.delivered.count(now, t.cfg.LearnWindow) <= 1 {
@@ -751,7 +756,7 @@ func (t *Throttle) observedRate(d *dest, now time.Time) (rate float64, thin bool
 		}
 		return local * float64(live), false
 	}
-	return local + peers.Rate, false
+	return local*float64(1+unheard) + peers.Rate, false
 }
 
 // drainedRate is the fleet's delivered rate to d between throttles
@@ -783,14 +788,15 @@ func (t *Throttle) drainedRate(d *dest, now time.Time) float64 {
 }
 
 // fleetInflight is the fleet's deliveries in progress to d, counting the
-// one whose reply is being handled (done has already taken it off).
+// one whose reply is being handled (done has already taken it off), this
+// worker's standing in for a peer not heard from yet (as in observedRate).
 func (t *Throttle) fleetInflight(d *dest, now time.Time) int {
 	local := d.inflight + 1
-	peers, n := t.peerLoad(d.name, now)
+	peers, n, unheard := t.peerLoadSince(d.name, now, d.burstFrom)
 	if n == 0 {
 		return local * t.liveCount()
 	}
-	return local + peers.InFlight
+	return local*(1+unheard) + peers.InFlight
 }
 
 // fmtLearned prints a learned rate for a transition line.

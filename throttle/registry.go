@@ -94,21 +94,33 @@ func (t *Throttle) load(now time.Time) map[string]destLoad {
 // peerLoad sums what the other live workers last reported for dest, and
 // how many of them reported it.
 func (t *Throttle) peerLoad(dest string, now time.Time) (destLoad, int) {
-	var sum destLoad
-	n := 0
+	sum, n, _ := t.peerLoadSince(dest, now, now)
+	return sum, n
+}
+
+// peerLoadSince is peerLoad, and counts in unheard the live workers that
+// reported no traffic to dest in a heartbeat sent less than LearnEvery
+// after from (the start of this worker's burst to dest): a report that may
+// predate the peer's first envelope of the burst, as idlePeer reads it.
+// Such a peer is sending its share, most likely, and will say so in its
+// next heartbeat.
+func (t *Throttle) peerLoadSince(dest string, now, from time.Time) (sum destLoad, n, unheard int) {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	for k, rec := range t.peers {
-		if k == t.regKey || now.Sub(t.workers[k]) > t.workerTTL {
+		seen := t.workers[k]
+		if k == t.regKey || now.Sub(seen) > t.workerTTL {
 			continue
 		}
 		if l, ok := rec.Load[dest]; ok {
 			sum.Rate += l.Rate
 			sum.InFlight += l.InFlight
 			n++
+		} else if seen.Sub(from) < t.cfg.LearnEvery {
+			unheard++
 		}
 	}
-	return sum, n
+	return sum, n, unheard
 }
 
 // heartbeat refreshes this worker's registry key. A revision no later
