@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"regexp"
-	"strconv"
 	"time"
 )
 
@@ -270,7 +269,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 	if s.LearnedRate <= 0 {
 		if observed > 0 {
 			next = observed * lc.decrease
-			reason = fmt.Sprintf("seeded: fleet delivered %.2f/s just before a throttle (%s), times %.2f", observed, why, lc.decrease)
+			reason = fmt.Sprintf("seeded: fleet delivered %s just before a throttle (%s), times %.2f", fmtPerSec(observed), why, lc.decrease)
 		} else {
 			next = learnFirstContact
 			reason = fmt.Sprintf("seeded: throttled (%s) before any delivery in the window", why)
@@ -283,7 +282,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 		// answered.
 		from = s.inForce(now)
 		next = from * lc.decrease
-		reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, times %.2f", why, from, lc.decrease)
+		reason = fmt.Sprintf("cut: throttled (%s) at %s, times %.2f", why, fmtPerSec(from), lc.decrease)
 		// A paced throttle of the rate the seed or a paced cut after it
 		// set, with no step since, while the window says the fleet got
 		// through at least that rate: the floor under the cut, what the
@@ -302,7 +301,7 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 		// 200/s limit in TestLearnedRateSteadyState.
 		again = paced && s.LearnedPaced && observed >= from
 		if again {
-			reason = fmt.Sprintf("cut: throttled (%s) again at %.2f/s since the seed, times %.2f", why, from, lc.decrease)
+			reason = fmt.Sprintf("cut: throttled (%s) again at %s since the seed, times %.2f", why, fmtPerSec(from), lc.decrease)
 		}
 		if kept := observed * learnAccepted; kept > next && !again {
 			next = math.Min(kept, from)
@@ -314,18 +313,22 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 				// at 2.15/s under a 2/s limit for three more throttles.
 				next = math.Min(next, from*learnAccepted)
 			}
-			reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, to %.0f%% of the %.2f/s the fleet was delivered at", why, from, learnAccepted*100, observed)
+			reason = fmt.Sprintf("cut: throttled (%s) at %s, to %.0f%% of the %s the fleet was delivered at", why, fmtPerSec(from), learnAccepted*100, fmtPerSec(observed))
 		}
 		if d := drained * (1 - learnPlateauMargin); drained > 0 && d < next {
 			next = math.Max(d, from*lc.decrease)
-			reason = fmt.Sprintf("cut: throttled (%s) at %.2f/s, to %.0f%% of the %.2f/s the fleet was delivered at between throttles", why, from, (1-learnPlateauMargin)*100, drained)
+			reason = fmt.Sprintf("cut: throttled (%s) at %s, to %.0f%% of the %s the fleet was delivered at between throttles", why, fmtPerSec(from), (1-learnPlateauMargin)*100, fmtPerSec(drained))
 		}
 		s.LearnedSlowStart = false
 	}
 	if ceiling > 0 && next > ceiling {
 		next = ceiling
+		reason += fmt.Sprintf("; at most the configured %s", fmtPerSec(ceiling))
 	}
-	next = math.Max(lc.min, next)
+	if next < lc.min {
+		next = lc.min
+		reason += fmt.Sprintf("; at least learn-min's %s", fmtPerSec(lc.min))
+	}
 	if s.LearnedRate > 0 && now.Before(s.LearnedHold) && next >= s.LearnedRate {
 		return false // a paced attempt's throttle, but what was delivered keeps the rate
 	}
@@ -413,7 +416,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	if step <= 0 {
 		step = lc.stepOf(s.LearnedRate)
 	}
-	how := "+" + strconv.FormatFloat(step, 'f', 2, 64) + "/s"
+	how := "+" + fmtPerSec(step)
 	if s.LearnedSlowStart {
 		step, how = s.LearnedRate, "doubled (no cut since the seed)"
 	}
@@ -424,7 +427,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	case p <= 0:
 	case s.LearnedRate < p && next >= p-1e-9:
 		next, reaches = p, true
-		how = "to the plateau " + strconv.FormatFloat(p, 'f', 2, 64) + "/s (under the last throttle's rate), waits " + reasonSpan(lc.probeWait(s.LearnedProbes))
+		how = "to the plateau " + fmtPerSec(p) + " (under the last throttle's rate), waits " + reasonSpan(lc.probeWait(s.LearnedProbes))
 	case s.LearnedRate > p+1e-9:
 		// A probe over the plateau held: the limit rose at
 		// least that far. It is the plateau now, and the steps double
@@ -434,7 +437,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 		step = min(2*step, s.LearnedRate/2)
 		s.LearnedPlateau, s.LearnedProbes, s.LearnedStep = s.LearnedRate, 0, step
 		next = s.LearnedRate + step
-		how = "+" + strconv.FormatFloat(step, 'f', 2, 64) + "/s (doubled: the last probe over the plateau held, and is the plateau now)"
+		how = "+" + fmtPerSec(step) + " (doubled: the last probe over the plateau held, and is the plateau now)"
 	case s.LearnedRate >= p-1e-9:
 		// The first probe over it is half a step: the plateau is already
 		// close to the limit, and a smaller overshoot that holds moves
@@ -442,7 +445,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 		// failed nearly every time and kept the rate 3 % under it).
 		firstProbe = true
 		next = s.LearnedRate + step/2
-		how = "+" + strconv.FormatFloat(step/2, 'f', 2, 64) + "/s over the plateau"
+		how = "+" + fmtPerSec(step/2) + " over the plateau"
 	}
 	if ceiling > 0 && next > ceiling {
 		next = ceiling

@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"math"
 	"strconv"
 	"time"
 
@@ -427,7 +428,7 @@ func (t *Throttle) paceDest(d *dest, tenant string, earliest time.Time) (at time
 	if first.Before(earliest) {
 		first = earliest
 	}
-	by = strconv.FormatFloat(fleet, 'f', 2, 64) + "/s " + source
+	by = fmtPerSec(fleet) + " " + source
 	return slotIn(&d.thr, &d.thrPark, tenant, first, now, fleet, t.weight, horizon), by, true
 }
 
@@ -804,7 +805,19 @@ func fmtLearned(r float64) string {
 	if r <= 0 {
 		return "unknown"
 	}
-	return strconv.FormatFloat(r, 'f', 2, 64) + "/s"
+	return fmtPerSec(r)
+}
+
+// fmtPerSec prints a rate in messages a second for a log line or a reason,
+// with two decimals and at least three significant digits: a learned rate
+// of 0.125/s printed as 0.12/s made a cut to 0.1/s read "0.12/s to
+// 0.12/s".
+func fmtPerSec(r float64) string {
+	prec := 2
+	if r > 0 && r < 1 {
+		prec = max(prec, 2-int(math.Floor(math.Log10(r))))
+	}
+	return strconv.FormatFloat(r, 'f', prec, 64) + "/s"
 }
 
 // learnedWhy is the throttled reply behind a change, for its reason: the

@@ -1428,3 +1428,31 @@ func TestFirstContactHalvingsStartAtOnce(t *testing.T) {
 		t.Fatalf("a cut off the chain starts its segment at %v, the cut at %v", from, off)
 	}
 }
+
+// TestLearnedReasonSaysWhatDecided: a learned rate's reason prints rates
+// under 1/s with three significant digits, and says when learn-min or the
+// configured rate, not the cut, set the rate. A postmortem read "cut …
+// at 0.12/s, times 0.50" for a rate that landed on 0.10/s, and "0.12/s"
+// to "0.12/s" for 0.125 to 0.1.
+func TestLearnedReasonSaysWhatDecided(t *testing.T) {
+	for _, c := range []struct {
+		r    float64
+		want string
+	}{{0.125, "0.125/s"}, {0.1, "0.100/s"}, {0.0123, "0.0123/s"}, {1.5, "1.50/s"}, {20, "20.00/s"}} {
+		if got := fmtPerSec(c.r); got != c.want {
+			t.Errorf("fmtPerSec(%v) = %q, want %q", c.r, got, c.want)
+		}
+	}
+	s := DestState{LearnedRate: 0.125, LearnedStep: 0.0125, LearnedHold: t0, LearnedNext: t0}
+	if !lcTest.cutRate(&s, t0.Add(time.Second), 0, 0, 0, "why", false) || !near(s.LearnedRate, lcTest.min) {
+		t.Fatalf("cut 0.125/s to %v, want learn-min's %v", s.LearnedRate, lcTest.min)
+	}
+	if want := "cut: throttled (why) at 0.125/s, times 0.50; at least learn-min's 0.100/s"; s.LearnedReason != want {
+		t.Errorf("reason %q, want %q", s.LearnedReason, want)
+	}
+	var seeded DestState
+	lcTest.cutRate(&seeded, t0, 40, 0, 8, "why", false)
+	if !near(seeded.LearnedRate, 8) || !strings.HasSuffix(seeded.LearnedReason, "; at most the configured 8.00/s") {
+		t.Errorf("seed under a configured 8/s: %v, %q", seeded.LearnedRate, seeded.LearnedReason)
+	}
+}
