@@ -226,7 +226,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 		}
 	}
 	s.log.Info().Strs("ids", ids).Str("tenant", key.Tenant).Str("key_id", key.ID).Str("from", req.From).
-		Int("rcpts", len(rcpts)).Int("size", len(msg)).Msg("api submission accepted")
+		Int("rcpt_count", len(rcpts)).Int("size", len(msg)).Msg("api submission accepted")
 	writeJSON(w, http.StatusAccepted, Accepted{IDs: ids})
 	return nil
 }

@@ -46,6 +46,23 @@ type Record struct {
 	// are then the paced delay; the draw's fields are kept for the record.
 	PacedBy string
 
+	// AdmitWaitMs is how long the attempt waited for the throttle's
+	// admission before it began, in whole milliseconds: up to max-wait
+	// for a token, up to one of the worker's turns on a learned rate's
+	// grid. The attempt went out that long after its envelope was taken,
+	// so up to that long after the next_attempt_at of the decision before
+	// it. 0 (left out) when it did not wait.
+	AdmitWaitMs int64
+
+	// Deliveries is how many times the queue server had handed the
+	// envelope out when this attempt was made (JetStream's delivery
+	// count), kept only above 1 (left out otherwise): an earlier holder
+	// had it and did not finish (killed, stalled past the ack wait, or it
+	// gave the envelope back unsent). If that holder had begun its
+	// attempt, the attempt may have reached the server, and this one may
+	// be a duplicate (docs/reliability.md).
+	Deliveries uint64
+
 	// NextAttemptAt is when the attempt is due: the decision time plus
 	// Decision.Delay.
 	NextAttemptAt time.Time
@@ -80,6 +97,8 @@ type recordJSON struct {
 	HintMs         int64   `json:"hint_ms"`
 	DelayMs        int64   `json:"delay_ms"`
 	PacedBy        string  `json:"paced_by,omitempty"`
+	AdmitWaitMs    int64   `json:"admit_wait_ms,omitempty"`
+	Deliveries     uint64  `json:"deliveries,omitempty"`
 	NextAttemptAt  string  `json:"next_attempt_at"`
 }
 
@@ -90,6 +109,15 @@ func (r Record) attempt() int {
 		return r.Attempt
 	}
 	return r.Decision.Attempt
+}
+
+// deliveries is the delivery count to record: Deliveries above 1, else 0
+// (not written).
+func (r Record) deliveries() uint64 {
+	if r.Deliveries > 1 {
+		return r.Deliveries
+	}
+	return 0
 }
 
 // nextAt formats NextAttemptAt in UTC with nanoseconds, independent of
@@ -127,6 +155,8 @@ func (r Record) wire() recordJSON {
 		HintMs:         r.HintMs,
 		DelayMs:        r.DelayMs,
 		PacedBy:        r.PacedBy,
+		AdmitWaitMs:    r.AdmitWaitMs,
+		Deliveries:     r.deliveries(),
 		NextAttemptAt:  r.nextAt(),
 	}
 }
@@ -135,7 +165,8 @@ func (r Record) wire() recordJSON {
 // names of the log line (msg_id, tenant, dest, attempt, backoff_attempt,
 // worker_id, class, rule, code, enhanced_code, reply, lane, base_ms, min_ms,
 // multiplier, window_ms, nominal_ms, cap_ms, jitter_seed, jitter_ms,
-// offset_ms, hint_ms, delay_ms, next_attempt_at).
+// offset_ms, hint_ms, delay_ms, paced_by, admit_wait_ms and deliveries when
+// set, next_attempt_at).
 func (r Record) MarshalJSON() ([]byte, error) {
 	if b, ok := r.AppendJSON(make([]byte, 0, 1024)); ok {
 		return b, nil
@@ -189,6 +220,13 @@ func (r Record) AppendJSON(b []byte) (_ []byte, ok bool) {
 	num("delay_ms", r.DelayMs)
 	if r.PacedBy != "" {
 		str("paced_by", r.PacedBy)
+	}
+	if r.AdmitWaitMs != 0 {
+		num("admit_wait_ms", r.AdmitWaitMs)
+	}
+	if n := r.deliveries(); n != 0 {
+		b = append(b, `,"deliveries":`...)
+		b = strconv.AppendUint(b, n, 10)
 	}
 	b = append(b, `,"next_attempt_at":"`...)
 	if !r.NextAttemptAt.IsZero() {
@@ -248,6 +286,8 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 			Delay:      time.Duration(w.DelayMs) * time.Millisecond,
 		},
 		PacedBy:       w.PacedBy,
+		AdmitWaitMs:   w.AdmitWaitMs,
+		Deliveries:    w.Deliveries,
 		NextAttemptAt: next,
 	}
 	return nil
@@ -282,6 +322,12 @@ func (r Record) MarshalZerologObject(e *zerolog.Event) {
 		Int64("delay_ms", w.DelayMs)
 	if w.PacedBy != "" {
 		e.Str("paced_by", w.PacedBy)
+	}
+	if w.AdmitWaitMs != 0 {
+		e.Int64("admit_wait_ms", w.AdmitWaitMs)
+	}
+	if w.Deliveries != 0 {
+		e.Uint64("deliveries", w.Deliveries)
 	}
 	e.Str("next_attempt_at", w.NextAttemptAt)
 }

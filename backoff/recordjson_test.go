@@ -19,6 +19,9 @@ func TestRecordAppendJSONMatchesMarshal(t *testing.T) {
 	odd := base
 	odd.Reply, odd.PacedBy, odd.Attempt = "550 <a@b> & \"q\" \\ \x00\x1f\u2028 ü \xff", "10.00/s learned", 0
 	recs = append(recs, odd)
+	waited := base
+	waited.AdmitWaitMs, waited.Deliveries = 9999, 2
+	recs = append(recs, waited)
 	for _, m := range []float64{0, 1.5, 2, 1e-7, 1e21, 123456789.125, -3.25e-9} {
 		r := base
 		r.Multiplier = m

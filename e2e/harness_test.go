@@ -290,9 +290,17 @@ func freeAddr(t *testing.T) string {
 var _ = context.Background
 
 // assertNoRepeatedKeys fails for a JSON log line that carries a key twice
-// (a child logger's field added again by the caller).
+// (a child logger's field added again by the caller), and for a key whose
+// values have two JSON types (number, string, array, object, bool; null
+// is no type) across the lines of one run: a log store that types a field
+// by its first value (Elasticsearch) rejects the lines of the other type,
+// as it did the decision lines' list of rcpts after the count on
+// "submission accepted".
 func assertNoRepeatedKeys(t *testing.T, logs string) {
 	t.Helper()
+	type firstSeen struct{ typ, line string }
+	types := map[string]firstSeen{}
+	mixed := map[string]bool{}
 	for _, line := range strings.Split(logs, "\n") {
 		if !strings.HasPrefix(line, "{") {
 			continue
@@ -313,10 +321,42 @@ func assertNoRepeatedKeys(t *testing.T, logs string) {
 				return
 			}
 			seen[key] = true
-			var skip json.RawMessage
-			if err := dec.Decode(&skip); err != nil {
+			var v json.RawMessage
+			if err := dec.Decode(&v); err != nil {
 				break
+			}
+			typ := jsonType(v)
+			if typ == "" || mixed[key] {
+				continue
+			}
+			if f, ok := types[key]; !ok {
+				types[key] = firstSeen{typ, line}
+			} else if f.typ != typ {
+				mixed[key] = true
+				t.Errorf("log key %q has two JSON types: %s here, %s on an earlier line:\n%s\n%s", key, typ, f.typ, line, f.line)
 			}
 		}
 	}
+}
+
+// jsonType is the JSON type of an encoded value: number, string, array,
+// object or bool; "" for null.
+func jsonType(v json.RawMessage) string {
+	v = bytes.TrimLeft(v, " \t\r\n")
+	if len(v) == 0 {
+		return ""
+	}
+	switch v[0] {
+	case '"':
+		return "string"
+	case '[':
+		return "array"
+	case '{':
+		return "object"
+	case 't', 'f':
+		return "bool"
+	case 'n':
+		return ""
+	}
+	return "number"
 }

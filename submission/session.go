@@ -512,7 +512,7 @@ func (s *session) Data(r io.Reader) error {
 		rerr, reason = errDataAborted, reasonAborted
 	}
 	if rerr != nil {
-		return s.reject(rerr, reason, true, func(e *zerolog.Event) { e.Int("rcpts", len(rcpts)) })
+		return s.reject(rerr, reason, true, func(e *zerolog.Event) { e.Int("rcpt_count", len(rcpts)) })
 	}
 	size := len(body) - hdrLen
 	if why := s.srv.cfg.SenderDomains.CheckFrom(s.tenant(), body[hdrLen:]); why != "" {
@@ -561,14 +561,14 @@ func (s *session) Data(r io.Reader) error {
 			reply = errQueueTimeout
 		}
 		s.srv.metrics.reject(reason, reply.Code, true)
-		s.logLine(s.srv.log.Error()).Err(err).Func(s.tenantField(sub.Tenant)).Int("size", size).Int("rcpts", len(sub.Rcpts)).
+		s.logLine(s.srv.log.Error()).Err(err).Func(s.tenantField(sub.Tenant)).Int("size", size).Int("rcpt_count", len(sub.Rcpts)).
 			Str("reason", reason).Int("code", reply.Code).Msg("submission not queued")
 		return reply
 	}
 	s.srv.metrics.accepted.Inc()
 	s.srv.metrics.acceptedBytes.Add(float64(size))
 	s.logLine(s.srv.log.Info()).Strs("ids", ids).Func(s.tenantField(sub.Tenant)).Str("from", sub.From).Int("size", size).
-		Int("rcpts", len(sub.Rcpts)).Dur("took", time.Since(start)).Msg("submission accepted")
+		Int("rcpt_count", len(sub.Rcpts)).Dur("took", time.Since(start)).Msg("submission accepted")
 	return queuedReply(ids)
 }
 

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/queue"
@@ -68,6 +70,12 @@ type outcome struct {
 	// relayRefusal is the first result that refusesOutflow turned from
 	// a bounce into a deferral, nil when none was.
 	relayRefusal *rcptResult
+	// admitWait is how long the attempt waited for its admission (the
+	// throttle's Admit: a token, a learned rate's turn), and deliveries
+	// how many times the server had handed the envelope out: the
+	// decision records' admit_wait_ms and deliveries (baseRecord).
+	admitWait  time.Duration
+	deliveries uint64
 }
 
 type rcptResult struct {
@@ -135,6 +143,9 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) (err error) {
 			Msg("scheduled message due: moved to its tenant's fresh mail")
 		return nil
 	}
+	if d.Redelivered {
+		w.redelivered(d)
+	}
 	now := w.now()
 	dest := w.cfg.Gate.Group(e.Dest)
 	// Every next state (a deferral, a dead letter) is cloned from e and
@@ -163,6 +174,12 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) (err error) {
 
 	var permit throttle.Permit = probePermit{}
 	var src *sender.Source // egress address; nil without [[egress]]
+	// admitWait is how long the admission held the attempt back: a
+	// refused envelope comes back just after its turn on a learned rate's
+	// grid and waits here for the next one, up to 1/rate after the
+	// next_attempt_at its refusal logged. The decision record says so
+	// (admit_wait_ms), or that time is in no line.
+	var admitWait time.Duration
 	if e.Probe {
 		w.log.Info().Str("msg_id", e.ID).Str("dest", dest).Msg("operator probe (fast-forward): bypassing the coordinator for this attempt")
 		src = w.probeSource(e)
@@ -171,12 +188,14 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) (err error) {
 		// limit) ends at the stop: the envelope goes back rather than
 		// wait out the grace for a send that may not finish in it.
 		var refusal throttle.Refusal
+		admitStart := time.Now()
 		permit, refusal, src = w.admitFrom(w.admitCtx(ctx), e)
+		admitWait = time.Since(admitStart)
 		if permit == nil {
 			if w.stopping() {
 				return errStopping
 			}
-			return w.refused(ctx, d, dest, refusal)
+			return w.refused(ctx, d, dest, refusal, admitWait)
 		}
 	}
 	// From here on the permit is given back exactly once, whatever happens:
@@ -254,13 +273,15 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) (err error) {
 		// destination; the attempt goes out from the other family, if
 		// the tenant has an address of it, and is not counted otherwise.
 		release(nil)
+		admitStart := time.Now()
 		next, nextSrc, refusal := w.otherFamily(ctx, e, src)
+		admitWait += time.Since(admitStart)
 		w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Str("source", src.String()).
 			Str("next_source", nextSrc.String()).Bool("refused", refusal != nil).
 			Msg("destination has no MX address of the source's family")
 		if refusal != nil {
 			stop()
-			return w.refused(ctx, d, dest, *refusal)
+			return w.refused(ctx, d, dest, *refusal, admitWait)
 		}
 		if next != nil {
 			permit, released, src = next, false, nextSrc
@@ -270,6 +291,7 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) (err error) {
 	}
 
 	o := w.outcomeOf(e, res, src)
+	o.admitWait, o.deliveries = admitWait, d.Deliveries
 	if ctx.Err() != nil {
 		// The end of the shutdown grace cut the send: our own doing, no
 		// signal from the destination for the throttle.
@@ -334,7 +356,7 @@ func (w *deliverer) envelopeSender(e *queue.Envelope) string {
 	if rp == e.From || oneRecipient(e) {
 		return rp
 	}
-	w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Int("rcpts", len(e.Rcpts)).
+	w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Int("rcpt_count", len(e.Rcpts)).
 		Msg("envelope of several recipients sent with its own sender, not a return path: a return path names one recipient's envelope")
 	return e.From
 }
@@ -826,7 +848,7 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 
 	for _, b := range o.bounced {
 		w.cfg.Metrics.attempt("permanent", lane, dest)
-		rec := w.baseRecord(e, dest, b.res)
+		rec := w.baseRecord(e, dest, o, b.res)
 		w.logRecord(rec, "bounced", []string{b.rcpt})
 		w.event(queue.EventBounced, e, e.Attempt+1, []string{b.rcpt}, b.res.Text, &rec)
 		w.suppressBounce(ctx, e, b)
@@ -854,7 +876,7 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 		if len(o.held) > 0 {
 			next.Rcpts = append(append([]string(nil), o.held...), o.again...)
 			w.cfg.Metrics.attempt("unknown", lane, dest)
-			rec := w.baseRecord(e, dest, o.lead)
+			rec := w.baseRecord(e, dest, o, o.lead)
 			w.logRecord(rec, "held for an operator (unknown-policy hold)", next.Rcpts)
 			next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
 			if err := d.Hold(ctx, next); err != nil {
@@ -877,9 +899,9 @@ func (w *deliverer) record(ctx context.Context, d *queue.Delivery, dest string, 
 	if len(o.delivered) > 0 {
 		w.cfg.Metrics.attempt("delivered", lane, dest)
 		w.cfg.Metrics.delivered(len(o.delivered), e.ReadyAt())
-		rec := w.baseRecord(e, dest, classify.Result{Class: classify.Delivered, Rule: "delivered"})
+		rec := w.baseRecord(e, dest, o, classify.Result{Class: classify.Delivered, Rule: "delivered"})
 		if r := firstDelivered(o); r != nil {
-			rec = w.baseRecord(e, dest, *r)
+			rec = w.baseRecord(e, dest, o, *r)
 		}
 		w.logRecord(rec, "delivered", o.delivered)
 		if err := w.successNotice(ctx, e, o); err != nil {
@@ -921,7 +943,7 @@ func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queu
 	// The attempt budget: Budget.MaxAttempts, and Budget.MaxAge counted
 	// from the first attempt (the deadline from submission was handle's).
 	if over, why := w.cfg.Budget.Exhausted(next.Spent(), next.FirstAttempt, w.expiryNow(d, now)); over {
-		rec := w.baseRecord(e, dest, o.lead)
+		rec := w.baseRecord(e, dest, o, o.lead)
 		next.AddAttempt(attemptOf(rec, now, len(next.Rcpts)))
 		ev := queue.EventDead
 		if why == "max-age" {
@@ -955,7 +977,7 @@ func (w *deliverer) deferRest(ctx context.Context, d *queue.Delivery, next *queu
 		dec.DelayMs, dec.Delay = ms, time.Duration(ms)*time.Millisecond
 		at, pacedBy = now.Add(dec.Delay), "deadline"
 	}
-	rec := w.baseRecord(e, dest, o.lead)
+	rec := w.baseRecord(e, dest, o, o.lead)
 	rec.Lane = string(lane)
 	rec.Attempt = next.Attempt
 	rec.Decision = dec
@@ -1010,7 +1032,7 @@ type idleCloser interface {
 // it came from (fresh mail in the retry lane) until the refusal ends. A
 // "conns" refusal closes the Sender's idle connections to the
 // destination's hosts (idleCloser).
-func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string, r throttle.Refusal) error {
+func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string, r throttle.Refusal, waited time.Duration) error {
 	e := d.Env
 	lane := d.Lane
 	if lane == queue.LaneWork {
@@ -1037,15 +1059,26 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 		// with the share needs, until its idle timeout.
 		closed = ic.CloseIdle(e.Dest)
 	}
-	ev := w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", e.Attempt).
-		Str("class", "local").Str("rule", "local-"+r.Reason).Str("lane", string(lane))
+	// The keys of the decision lines, with their meanings: worker_id is
+	// this deliverer's, rcpts the recipients, next_attempt_at in UTC with
+	// nanoseconds. No attempt was made, so there is no attempt number:
+	// attempts_made counts the ones before (attempt, on a decision line,
+	// is that attempt's own number, attempts_made + 1).
+	ev := w.info().Strs("rcpts", e.Rcpts).Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).
+		Int("attempts_made", e.Attempt).Str("class", "local").Str("rule", "local-"+r.Reason).Str("lane", string(lane))
 	if closed > 0 {
 		ev = ev.Int("idle_closed", closed)
 	}
 	if r.Detail != "" {
 		ev = ev.Str("detail", r.Detail)
 	}
-	ev.Time("next_attempt_at", at).Msg("coordinator refused; deferred without an attempt")
+	if ms := waited.Milliseconds(); ms > 0 {
+		ev = ev.Int64("admit_wait_ms", ms)
+	}
+	if d.Deliveries > 1 {
+		ev = ev.Uint64("deliveries", d.Deliveries)
+	}
+	ev.Str("next_attempt_at", at.UTC().Format(time.RFC3339Nano)).Msg("coordinator refused; deferred without an attempt")
 	if longRefusal(r.Reason) {
 		if err := w.passDeferred(ctx, e); err != nil {
 			return err
@@ -1122,7 +1155,10 @@ func longRefusal(reason string) bool {
 // when no attempt was made (a deadline passed while waiting, a body lost).
 func (w *deliverer) dead(ctx context.Context, d *queue.Delivery, next *queue.Envelope, dest, evType, reason string, rec *backoff.Record) error {
 	e := d.Env
-	w.log.Warn().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempt", next.Attempt).
+	// attempts_made, not attempt: no attempt is made now when the
+	// deadline passed or the body is gone, and after the last attempt
+	// its decision line gave its number.
+	w.log.Warn().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Int("attempts_made", next.Attempt).
 		Str("reason", reason).Msg("moved to dead letters")
 	if err := w.deadNotice(ctx, e, next, reason); err != nil {
 		return err
@@ -1176,11 +1212,38 @@ func (w *deliverer) droppedMeanwhile(ctx context.Context, d *queue.Delivery, ste
 	return true
 }
 
-func (w *deliverer) baseRecord(e *queue.Envelope, dest string, r classify.Result) backoff.Record {
+// baseRecord is the decision record of the attempt o is the outcome of,
+// for result r: attempt is this attempt's number (e.Attempt+1), worker_id
+// this deliverer's own.
+func (w *deliverer) baseRecord(e *queue.Envelope, dest string, o *outcome, r classify.Result) backoff.Record {
 	return backoff.Record{
 		MsgID: e.ID, Tenant: e.Tenant, Dest: dest, Attempt: e.Attempt + 1, WorkerID: w.id,
 		Class: r.Class.String(), Rule: r.Rule, Code: r.Code, EnhancedCode: r.Enhanced, Reply: r.Text,
+		AdmitWaitMs: o.admitWait.Milliseconds(), Deliveries: o.deliveries,
 	}
+}
+
+// info starts an Info line about one envelope's attempt (or the lack of
+// one) with this deliverer's own worker_id, "<worker-id>/<n>", as the
+// decision lines have it; w.log's is the process's.
+func (w *deliverer) info() *zerolog.Event {
+	return w.cfg.Logger.Info().Str("worker_id", w.id)
+}
+
+// redelivered says, for an envelope the server handed out again that no
+// earlier holder finished (AlreadyHandled found no next step), that the
+// earlier holder's attempt, if it began one, may have reached the server:
+// a process killed while it waited for the reply to the final dot leaves
+// nothing else in the log, and the attempt made now counts as the same
+// one (its decision line has the same attempt number, and deliveries).
+// The holder may also have stalled past the ack wait, or given the
+// envelope back unsent (the stop, a busy process): deliveries counts
+// those hand-outs too, so the line says "may".
+func (w *deliverer) redelivered(d *queue.Delivery) {
+	e := d.Env
+	w.info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", e.Dest).Int("attempts_made", e.Attempt).
+		Uint64("deliveries", d.Deliveries).Str("lane", string(d.Lane)).Int("step", e.Step).Strs("rcpts", e.Rcpts).
+		Msg("redelivered: an earlier holder did not finish its attempt; if it had begun its send, that attempt may have reached the server (a possible duplicate)")
 }
 
 // logRecord writes the decision line. Decision lines are never sampled.

@@ -120,9 +120,10 @@ type Config struct {
 	// way.
 	Relay string
 	// Logger receives the pool's lines (with worker_id added) and the
-	// decision lines (whose worker_id is the deliverer's own,
-	// "<worker-id>/<n>"). It must not carry a worker_id of its own, or
-	// those lines would repeat the key.
+	// lines about one attempt: the decision lines, the refusals
+	// ("coordinator refused") and the redeliveries, whose worker_id is
+	// the deliverer's own, "<worker-id>/<n>". It must not carry a
+	// worker_id of its own, or those lines would repeat the key.
 	Logger zerolog.Logger
 	// ReturnPath, when set, gives each attempt its envelope sender (MAIL
 	// FROM): a tenant's return-path address, which brings the message's
@@ -370,7 +371,7 @@ func (w *deliverer) waitForSlot(ctx, workCtx context.Context, d *queue.Delivery,
 // slot, it took one past its tenant's share.
 func (w *deliverer) overShare(ctx context.Context, d *queue.Delivery) {
 	r := throttle.Refusal{Until: w.now().Add(w.slots.BackFor(d.Env.Tenant)), Reason: "tenant-share"}
-	if err := w.refused(ctx, d, d.Env.Dest, r); err != nil {
+	if err := w.refused(ctx, d, d.Env.Dest, r, 0); err != nil {
 		// Left unacknowledged: the server hands it out again after the
 		// ack wait.
 		w.log.Error().Err(err).Str("msg_id", d.Env.ID).Str("dest", d.Env.Dest).Msg("envelope over its tenant's share not sent back; it will be redelivered")
