@@ -143,6 +143,9 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, key *KeyInfo
 	if evs == nil {
 		evs = []queue.Event{}
 	}
+	if !key.Admin {
+		evs = queue.EventsForTenant(evs)
+	}
 	writeJSON(w, http.StatusOK, EventList{Events: evs, Scanned: scanned})
 	return nil
 }

@@ -608,7 +608,11 @@ func (s *Server) history(ctx context.Context, key *KeyInfo, it *queue.Item, id s
 		}
 	}
 	if tenant != "" {
-		return s.cfg.Queue.TenantHistory(ctx, tenant, id, time.Time{})
+		evs, err := s.cfg.Queue.TenantHistory(ctx, tenant, id, time.Time{})
+		if !key.Admin {
+			evs = queue.EventsForTenant(evs)
+		}
+		return evs, err
 	}
 	return s.cfg.Queue.History(ctx, id, time.Time{})
 }

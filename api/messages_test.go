@@ -977,3 +977,35 @@ func TestGetMessageSaysWhyItWaits(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// An operator's action on a message (here a drop by `outflow queue drop`,
+// worker_id admin:USER@HOST) is shown to the tenant's key as "admin", in
+// the message's status and in GET /v1/events; an admin key sees who.
+func TestOperatorNamedOnlyToOperators(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	adminKey, _, err := f.srv.Keys().Create(ctx, "acme", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := map[string]any{"from": "news@shop.example", "to": []string{"ann@one.example"}, "text": "x",
+		"send_at": time.Now().Add(time.Hour).Format(time.RFC3339)}
+	id := f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t)[0]
+	const by = "admin:bob@ops-1"
+	if _, err := f.q.DropBy(ctx, id, by); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/v1/messages/" + id, "/v1/events?recipient=ann@one.example"} {
+		var r response
+		waitFor(t, path+" showing the drop", func() bool {
+			r = f.do(t, "GET", path, f.key, nil, nil)
+			return strings.Contains(string(r.raw), "dropped")
+		})
+		if strings.Contains(string(r.raw), "bob@ops-1") || !strings.Contains(string(r.raw), `"worker_id":"admin"`) {
+			t.Errorf("%s to the tenant's key names the operator: %s", path, r.raw)
+		}
+		if a := f.do(t, "GET", path, adminKey, nil, nil); !strings.Contains(string(a.raw), `"worker_id":"`+by+`"`) {
+			t.Errorf("%s to an admin key does not name the operator: %s", path, a.raw)
+		}
+	}
+}

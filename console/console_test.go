@@ -22,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/api"
+	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/throttle"
@@ -462,6 +463,22 @@ func TestMessagePageEscapesHeaders(t *testing.T) {
 	}
 	if _, err := f.q.Find(ctx, ids[0]); err == nil {
 		t.Error("confirmed drop left the message")
+	}
+	// The dropped event names the session, as `outflow queue drop` names
+	// the operator.
+	var by string
+	testutil.WaitFor(t, 10*time.Second, "the dropped event", func() bool {
+		evs, _ := f.q.History(ctx, ids[0], time.Time{})
+		for _, ev := range evs {
+			if ev.Type == queue.EventDropped {
+				by = ev.Worker
+				return true
+			}
+		}
+		return false
+	})
+	if !strings.HasPrefix(by, "admin:console:") {
+		t.Errorf("dropped by %q, want the console session (admin:console:…)", by)
 	}
 }
 

@@ -367,10 +367,13 @@ func (c *Console) messageAction(w http.ResponseWriter, r *http.Request, s *sessi
 	back := Prefix + "messages/" + url.PathEscape(id)
 	var msg string
 	var err error
+	// The message's event names the session, as `outflow queue` names
+	// the operator (its tenant is told "admin": queue.ForTenant).
+	by := queue.OperatorAdmin + ":" + author(s)
 	switch action {
 	case "fast-forward":
 		var it *queue.Item
-		if it, err = c.cfg.Queue.FastForward(ctx, id); err == nil {
+		if it, err = c.cfg.Queue.FastForwardBy(ctx, id, by); err == nil {
 			msg = id + ": due now (was " + string(it.State) + "); its next attempt bypasses the destination's throttle."
 			if it.Due {
 				msg = id + ": already due, waiting for a worker."
@@ -378,12 +381,12 @@ func (c *Console) messageAction(w http.ResponseWriter, r *http.Request, s *sessi
 		}
 	case "replay":
 		var e *queue.Envelope
-		if e, err = c.cfg.Queue.Replay(ctx, id, eb); err == nil {
+		if e, err = c.cfg.Queue.ReplayWith(ctx, id, queue.ReplayOptions{EditHeaders: eb, By: by}); err == nil {
 			msg = fmt.Sprintf("%s: queued again for %d recipient(s) (replay %d).", e.ID, len(e.Rcpts), e.Replays)
 		}
 	case "drop":
 		var it *queue.Item
-		if it, err = c.cfg.Queue.Drop(ctx, id); err == nil {
+		if it, err = c.cfg.Queue.DropBy(ctx, id, by); err == nil {
 			msg = id + ": dropped (was " + string(it.State) + ")."
 			if b := f.Get("back"); safeNext(b) {
 				back = b

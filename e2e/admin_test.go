@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -175,7 +176,10 @@ func TestAdminVerbs(t *testing.T) {
 		}
 		out = d.cli(t, "queue", "replay", ids[0], "--include-suppressed", "--json")
 		var replayed struct{ Result string }
-		if err := json.Unmarshal([]byte(out), &replayed); err != nil || replayed.Result != "queued" {
+		// Standard output has the JSON object; standard error (here in
+		// the same buffer, after it) says who did it.
+		line, _, _ := strings.Cut(out, "\n")
+		if err := json.Unmarshal([]byte(line), &replayed); err != nil || replayed.Result != "queued" {
 			t.Fatalf("replay --include-suppressed: %q, %v", out, err)
 		}
 		waitFor(t, 30*time.Second, "delivery of the replayed dead letter", func() bool { return countTo(mx.Messages(), "dead.test") == 1 })
@@ -234,5 +238,140 @@ func TestAdminVerbs(t *testing.T) {
 			t.Fatalf("unreachable daemon: %v %q", err, out)
 		}
 	})
+	d.Stop()
+}
+
+// daemonLines returns the daemon's JSON log lines whose message is msg.
+func daemonLines(d *daemon, msg string) []map[string]any {
+	var out []map[string]any
+	for _, line := range strings.Split(d.Logs(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["message"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestOperatorActionsInTheDaemonLog: what an operator does to a message
+// from a shell is in the daemon's log, which is what operators collect: a
+// message submitted over NATS (`outflow submit`) gets the "submission
+// accepted" line the SMTP listener writes, a replayed dead letter and a
+// dropped message one line each with msg_id and by, the operator as
+// `outflow dest` names one (admin:USER@HOST). `queue history` shows by,
+// and the command itself says who did it on standard error.
+func TestOperatorActionsInTheDaemonLog(t *testing.T) {
+	var mu sync.Mutex
+	refuse := true
+	mx := fakemx.Start(t, fakemx.Options{Hook: func(stage fakemx.Stage, arg string) *smtp.SMTPError {
+		if stage != fakemx.StageRcpt {
+			return nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if refuse && strings.HasSuffix(arg, "@dead.test") {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "not now"}
+		}
+		return nil
+	}})
+	dir := t.TempDir()
+	// One attempt: the first 451 makes a dead letter; retries an hour away.
+	d := startDaemon(t, dir+"/data", "--users", writeUsers(t, dir), "--relay", mx.Addr(), "--relay-tls", "none",
+		"--retry-base", "1h", "--retry-min", "1h", "--retry-cap", "2h", "--max-attempts", "1")
+	host, _ := os.Hostname()
+	by := "admin:e2e-operator@" + host
+	run := func(stdin string, args ...string) (stdout, stderr string) {
+		t.Helper()
+		cmd := exec.Command(binary, append(args, "--data", d.Data)...)
+		cmd.Env = append(os.Environ(), "USER=e2e-operator")
+		cmd.Stdin = strings.NewReader(stdin)
+		var o, e bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &e
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("outflow %s: %v\n%s%s", strings.Join(args, " "), err, o.String(), e.String())
+		}
+		return o.String(), e.String()
+	}
+	// waitLine waits for the one line msg with these fields.
+	waitLine := func(msg string, fields map[string]any) map[string]any {
+		t.Helper()
+		var got []map[string]any
+		waitFor(t, 30*time.Second, "the daemon's "+msg+" line", func() bool {
+			got = nil
+			for _, m := range daemonLines(d, msg) {
+				match := true
+				for k, v := range fields {
+					if m[k] != v {
+						match = false
+					}
+				}
+				if match {
+					got = append(got, m)
+				}
+			}
+			return len(got) > 0
+		})
+		time.Sleep(time.Second) // a second line would come now: a fleet of one logs each once
+		if n := len(daemonLines(d, msg)); n != 1 {
+			t.Fatalf("%d %q lines, want 1:\n%s", n, msg, d.Logs())
+		}
+		return got[0]
+	}
+
+	// A message submitted over NATS, to be sent in an hour: no listener
+	// of the daemon saw it.
+	subOut, subErr := run("Subject: nats\nMessage-ID: <op-1@e2e.test>\n\nhello\n", "submit", "--from", "app@sender.test", "--to", "c@drop.test",
+		"--send-at", time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+	dropID := strings.TrimSpace(subOut)
+	if dropID == "" || subErr != "" {
+		t.Fatalf("submit: stdout %q, stderr %q", subOut, subErr)
+	}
+	sub := waitLine("submission accepted", map[string]any{"source": "nats", "by": by})
+	if ids, _ := sub["ids"].([]any); len(ids) != 1 || ids[0] != dropID || sub["tenant"] != "nats" {
+		t.Fatalf("submission accepted line %v, want ids [%s]", sub, dropID)
+	}
+
+	// A dead letter, replayed.
+	cl := dialAuth(t, d.SMTPAddr, testUser, testPassword)
+	defer cl.Close()
+	if err := submit(cl, "app@sender.test", []string{"b@dead.test"}, message("op-dead", "")); err != nil {
+		t.Fatal(err)
+	}
+	var dead []string
+	waitFor(t, 30*time.Second, "a dead letter", func() bool { dead = d.listIDs(t, "--state", "dead"); return len(dead) == 1 })
+	mu.Lock()
+	refuse = false
+	mu.Unlock()
+	out, errOut := run("", "queue", "replay", dead[0])
+	if want := dead[0] + ": queued again for 1 recipient(s) (replay 1)\n"; out != want {
+		t.Errorf("replay printed %q, want %q", out, want)
+	}
+	if !strings.Contains(errOut, dead[0]+" replayed by "+by) {
+		t.Errorf("replay's standard error %q does not say who replayed it", errOut)
+	}
+	rp := waitLine("message replayed", map[string]any{"msg_id": dead[0]})
+	if rp["by"] != by || rp["event"] != "replayed" || rp["attempts_made"] != 1.0 || rp["attempt_budget_reset"] != true ||
+		!strings.HasPrefix(rp["reason"].(string), "attempt budget reset: was dead after 1 attempt(s)") {
+		t.Errorf("replayed line %v, want by %s, the attempt spent and the budget reset", rp, by)
+	}
+	waitFor(t, 30*time.Second, "delivery of the replayed dead letter", func() bool { return countTo(mx.Messages(), "dead.test") == 1 })
+
+	// The NATS submission, waiting for its time, dropped.
+	if deferred := d.listIDs(t, "--state", "deferred", "--dest", "drop.test"); len(deferred) != 1 || deferred[0] != dropID {
+		t.Fatalf("deferred to drop.test: %v, want %s", deferred, dropID)
+	}
+	if _, errOut := run("", "queue", "drop", dropID); !strings.Contains(errOut, dropID+" dropped by "+by) {
+		t.Errorf("drop's standard error %q does not say who dropped it", errOut)
+	}
+	dr := waitLine("message dropped", map[string]any{"msg_id": dropID})
+	if dr["by"] != by || dr["event"] != "dropped" || !strings.HasPrefix(dr["reason"].(string), "was deferred, next attempt ") {
+		t.Errorf("dropped line %v, want by %s and where it was", dr, by)
+	}
+	// queue history shows who, in its WORKER column.
+	for _, id := range []string{dead[0], dropID} {
+		if hist := d.cli(t, "queue", "history", id); !strings.Contains(hist, by) {
+			t.Errorf("queue history %s does not name %s:\n%s", id, by, hist)
+		}
+	}
 	d.Stop()
 }

@@ -386,6 +386,13 @@ func (q *Queue) readEvents(ctx context.Context, id, filter string, since time.Ti
 // already due (it fired, or a release made it due) is reported with
 // Item.Due set and no error: it is as "now" as it can be.
 func (q *Queue) FastForward(ctx context.Context, id string) (*Item, error) {
+	return q.FastForwardBy(ctx, id, OperatorAdmin)
+}
+
+// FastForwardBy is FastForward in the name of by, the fast-forwarded
+// event's worker_id: who asked (`outflow queue fast-forward` passes
+// "admin:USER@HOST"; empty is OperatorAdmin).
+func (q *Queue) FastForwardBy(ctx context.Context, id, by string) (*Item, error) {
 	it, err := q.Find(ctx, id)
 	if err != nil {
 		return nil, err
@@ -430,7 +437,11 @@ func (q *Queue) FastForward(ctx context.Context, id string) (*Item, error) {
 		}
 		return it, fmt.Errorf("fast-forward %s: %w", id, err)
 	}
-	q.Event(EventFastFwd, &Event{ID: id, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Attempt: it.Env.Attempt, Worker: "admin"})
+	// What changed, for `queue history` and the daemon's log line
+	// (OperatorEventTypes): the schedule it had, and that this attempt
+	// bypasses the throttle.
+	q.Event(EventFastFwd, &Event{ID: id, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Attempt: it.Env.Attempt,
+		Worker: operator(by), Reason: fastForwardReason(it, lane), Recipients: it.Env.Rcpts})
 	return it, nil
 }
 
@@ -462,6 +473,10 @@ type ReplayOptions struct {
 	// IncludeSuppressed replays a message even to recipients on its
 	// tenant's suppression list, which Replay otherwise refuses.
 	IncludeSuppressed bool
+	// By names who replays it, the replayed event's worker_id
+	// (`outflow queue replay` passes "admin:USER@HOST"); empty is
+	// OperatorAdmin.
+	By string
 }
 
 // Replay moves a dead or held envelope back to fresh work with a new
@@ -632,7 +647,10 @@ func (q *Queue) ReplayWith(ctx context.Context, id string, opts ReplayOptions) (
 	if _, err := q.deleteItem(ctx, it); err != nil {
 		return nil, err
 	}
-	q.Event(EventReplayed, &Event{Time: replayed, ID: id, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Worker: "admin", Recipients: e.Rcpts})
+	// Attempt is the attempts spent before the replay; the reason says
+	// what the replay changed (OperatorEventTypes).
+	q.Event(EventReplayed, &Event{Time: replayed, ID: id, MsgID: e.MsgID, Tenant: e.Tenant, Dest: e.Dest, Attempt: it.Env.Attempt,
+		Worker: operator(opts.By), Reason: replayReason(it, e, opts), Recipients: e.Rcpts})
 	if oldCopy != "" {
 		if err := q.deleteBody(ctx, oldCopy); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 			q.log.Warn().Err(err).Str("msg_id", e.MsgID).Str("body", oldCopy).Msg("replay: delete the replaced signed copy")
@@ -705,12 +723,12 @@ func (q *Queue) refreshBody(ctx context.Context, e *Envelope) error {
 // (Delivery.Dropped). A copy a worker has fetched and not yet started, or
 // one its schedule fires while the drop runs, is not sent (see drop).
 func (q *Queue) Drop(ctx context.Context, id string) (*Item, error) {
-	return q.DropBy(ctx, id, "admin")
+	return q.DropBy(ctx, id, OperatorAdmin)
 }
 
-// DropBy is Drop for the envelope it, found by Find, in the name of by (the
-// dropped event's worker_id: "admin", or "api" for a tenant's own
-// cancellation).
+// DropBy is Drop in the name of by (the dropped event's worker_id:
+// "admin:USER@HOST" from `outflow queue drop`, "api" for a tenant's own
+// cancellation; empty is OperatorAdmin).
 func (q *Queue) DropBy(ctx context.Context, id, by string) (*Item, error) {
 	it, err := q.Find(ctx, id)
 	if err != nil {
@@ -776,7 +794,8 @@ func (q *Queue) drop(ctx context.Context, it *Item, by string) error {
 		// above and the marker (Delivery.ToWork): its copy goes too.
 		q.dropLaterCopy(ctx, it.Env)
 	}
-	q.Event(EventDropped, &Event{ID: id, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Worker: by, Recipients: it.Env.Rcpts})
+	q.Event(EventDropped, &Event{ID: id, MsgID: it.Env.MsgID, Tenant: it.Env.Tenant, Dest: it.Env.Dest, Attempt: it.Env.Attempt,
+		Worker: operator(by), Reason: dropReason(it), Recipients: it.Env.Rcpts})
 	if it.Env.BodyRef != "-" {
 		q.releaseBody(ctx, it.Env)
 	}

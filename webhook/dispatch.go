@@ -294,11 +294,17 @@ func (d *Dispatcher) consume(ctx context.Context, log zerolog.Logger, ep *Endpoi
 			_ = m.Ack()
 			continue
 		}
+		data := json.RawMessage(m.Data())
+		if w := queue.ForTenant(ev.Worker); w != ev.Worker {
+			// An operator's action: the tenant is told "admin", not who.
+			ev.Worker = w
+			data, _ = json.Marshal(&ev)
+		}
 		body, _ := json.Marshal(struct {
 			Type      string          `json:"type"`
 			Timestamp time.Time       `json:"timestamp"`
 			Data      json.RawMessage `json:"data"`
-		}{ev.Type, ev.Time, m.Data()})
+		}{ev.Type, ev.Time, data})
 		settle(ctx, m, d.handle(ctx, log, ep, &unburied, md.Sequence.Stream, webhookID(md), ev.Type, body, m))
 	}
 }

@@ -903,3 +903,23 @@ func TestReplayLeavesAnEnabledEndpointAlone(t *testing.T) {
 		t.Errorf("replayed %s, want %s", d.id, first.id)
 	}
 }
+
+// An operator's action reaches the tenant's webhook as done by "admin",
+// not by the person and machine its event names (admin:USER@HOST, for the
+// operator's own views); every other field is the event's.
+func TestOperatorNotNamedToTheTenant(t *testing.T) {
+	f := newFixture(t, status(200), status(200))
+	f.q.Event(queue.EventDropped, &queue.Event{ID: "m1", Tenant: "acme", Dest: "x.test", Worker: "admin:bob@ops-1",
+		Reason: "was deferred after 1 attempt(s)", Recipients: []string{"ann@x.test"}})
+	f.q.Event(queue.EventDropped, &queue.Event{ID: "m2", Tenant: "acme", Dest: "x.test", Worker: "api"})
+	for _, want := range []struct{ id, worker string }{{"m1", "admin"}, {"m2", "api"}} {
+		d := f.next(t)
+		data, _ := d.body["data"].(map[string]any)
+		if data["id"] != want.id || data["worker_id"] != want.worker {
+			t.Fatalf("payload %v: want id %s by %q", d.body, want.id, want.worker)
+		}
+		if want.id == "m1" && (data["reason"] != "was deferred after 1 attempt(s)" || data["tenant"] != "acme" || data["dest"] != "x.test") {
+			t.Fatalf("the operator's event lost its fields: %v", data)
+		}
+	}
+}

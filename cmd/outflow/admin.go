@@ -292,7 +292,8 @@ func init() {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				it, err := q.FastForward(ctx, args[0])
+				by := adminBy()
+				it, err := q.FastForwardBy(ctx, args[0], by)
 				if err != nil {
 					return err
 				}
@@ -300,6 +301,7 @@ func init() {
 					return report(cmd, a.json, map[string]any{"id": args[0], "result": "already due", "was": it.State},
 						"%s: already due (%s), waiting for a worker", args[0], it.State)
 				}
+				defer noteAction(ctx, cmd, q, queue.EventFastFwd, args[0], by)
 				return report(cmd, a.json, map[string]any{"id": args[0], "result": "due now", "was": it.State, "was_next_attempt_at": it.NextAt},
 					"%s: due now (was %s, next attempt %s)", args[0], it.State, it.NextAt.Format(time.RFC3339))
 			})
@@ -322,10 +324,12 @@ func init() {
 				edits = b
 			}
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				e, err := q.ReplayWith(ctx, args[0], queue.ReplayOptions{EditHeaders: edits, IncludeSuppressed: includeSuppressed})
+				by := adminBy()
+				e, err := q.ReplayWith(ctx, args[0], queue.ReplayOptions{EditHeaders: edits, IncludeSuppressed: includeSuppressed, By: by})
 				if err != nil {
 					return err
 				}
+				defer noteAction(ctx, cmd, q, queue.EventReplayed, e.ID, by)
 				return report(cmd, a.json, map[string]any{"id": e.ID, "result": "queued", "replays": e.Replays, "rcpts": e.Rcpts},
 					"%s: queued again for %d recipient(s) (replay %d)", e.ID, len(e.Rcpts), e.Replays)
 			})
@@ -340,10 +344,12 @@ func init() {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.run(cmd, func(ctx context.Context, q *queue.Queue) error {
-				it, err := q.Drop(ctx, args[0])
+				by := adminBy()
+				it, err := q.DropBy(ctx, args[0], by)
 				if err != nil {
 					return err
 				}
+				defer noteAction(ctx, cmd, q, queue.EventDropped, args[0], by)
 				return report(cmd, a.json, map[string]any{"id": args[0], "result": "dropped", "was": it.State},
 					"%s: dropped (was %s)", args[0], it.State)
 			})

@@ -393,6 +393,10 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 		stopBounces(ctx)
 		return err
 	}
+	// Operator actions and NATS submissions, written by other processes,
+	// logged once by one daemon of the fleet (oplog.go).
+	stopOperatorLog := startOperatorLog(workCtx, q, log)
+	defer stopOperatorLog()
 	// Every listener is bound and every setting was taken: only now is
 	// a generated account stored and shown.
 	if err := pending.commit(stdout); err != nil {
@@ -438,6 +442,7 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	stopBounces(shCtx)
 	stopWork()
 	stopWebhooks()
+	stopOperatorLog()
 	if !poolFinished {
 		select {
 		case <-poolDone:

@@ -146,6 +146,10 @@ func init() {
 				if err != nil {
 					return err
 				}
+				// No daemon saw it come: the daemons log it from this
+				// record, as the SMTP listener logs what it takes.
+				recordNATSSubmission(ctx, cmd, q, natsSubmission{Time: now.UTC(), IDs: ids, Tenant: tenant, From: from, To: to,
+					Size: len(body), SendAt: sendAt, By: adminBy()})
 				if a.json {
 					return printJSON(cmd.OutOrStdout(), map[string]any{"ids": ids})
 				}
