@@ -1216,17 +1216,19 @@ func EditHeaders(body, edits []byte) ([]byte, error) {
 		}
 		fields = append(fields, l)
 	}
-	for _, e := range list {
-		var kept []string
-		for _, f := range fields {
-			n, _, _ := strings.Cut(f, ":")
-			if !strings.EqualFold(strings.TrimSpace(n), e.name) {
-				kept = append(kept, f)
-			}
+	// One pass: the fields an edit names go, the rest keep their order,
+	// and the edits' values follow in the order the edits came. (An edit
+	// at a time rescanned every field: 16,000 edit lines took 11 s.)
+	kept := fields[:0]
+	for _, f := range fields {
+		n, _, _ := strings.Cut(f, ":")
+		if byName[strings.ToLower(strings.TrimSpace(n))] == nil {
+			kept = append(kept, f)
 		}
-		fields = kept
+	}
+	fields = kept
+	for _, e := range list {
 		fields = append(fields, e.values...) // each "Name: value\r\n", encoded and folded
-
 	}
 	var b bytes.Buffer
 	for _, f := range fields {
