@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -840,6 +841,45 @@ func TestDestLimitsGivenAsZero(t *testing.T) {
 	}
 	if tc, err := cfg.throttleFile().ConfigWith(throttle.Limits{}); err != nil || tc.Defaults.Rate != 0 {
 		t.Errorf("dest-rate = 0 in the file: default rate %v (%v), want 0", tc.Defaults.Rate, err)
+	}
+}
+
+// TestProviderGroupsByDefault: delivering to MX hosts, the built-in
+// provider groups apply without a [[groups]] table (gmail.com and Google
+// Workspace domains each learned their own rate against Google's one
+// limit); through a relay the destinations stay the domains; the file's
+// group-by-mx wins either way.
+func TestProviderGroupsByDefault(t *testing.T) {
+	dir := t.TempDir()
+	file := func(body string) string {
+		p := filepath.Join(dir, fmt.Sprintf("o%d.toml", len(body)))
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, c := range []struct {
+		what, file string
+		args       []string
+		want       bool
+	}{
+		{"MX delivery, no file", "", nil, true},
+		{"through a relay, no file", "", []string{"--relay", "127.0.0.1:2525"}, false},
+		{"MX delivery, group-by-mx = false", file("[throttle]\ngroup-by-mx = false\n"), nil, false},
+		{"through a relay, group-by-mx = true", file("[throttle]\ngroup-by-mx = true\n"), []string{"--relay", "127.0.0.1:2525"}, true},
+		{"through a relay, [[groups]]", file("[[groups]]\nname = \"acme\"\nmx-suffixes = [\".acme.example\"]\n"), []string{"--relay", "127.0.0.1:2525"}, true},
+	} {
+		cfg, err := parseWith(t, c.file, c.args...)
+		if err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		tc, err := cfg.throttleFile().Config()
+		if err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		if tc.GroupByMX != c.want || len(tc.Groups) == 0 {
+			t.Errorf("%s: group-by-mx %v with %d groups, want %v", c.what, tc.GroupByMX, len(tc.Groups), c.want)
+		}
 	}
 }
 

@@ -530,8 +530,19 @@ func remoteDurability(ctx context.Context, q *queue.Queue, asked queue.Durabilit
 // --dest-rate or --dest-conns given as 0 ("unlimited", in an incident),
 // [destinations.default]'s limit lifted too, as a value above 0 replaces
 // it (ConfigWith takes a 0 as not given, and the file's limit stayed).
+//
+// Delivering to MX hosts (no relay), group-by-mx defaults to on, so the
+// built-in provider groups apply without a [[groups]] table: gmail.com
+// and two Workspace domains, each its own destination, learned 9.5, 5.2
+// and 5.2/s against Google's one limit and took 110 s for 274 of 300
+// messages. Through a relay the destinations stay the domains (the relay
+// has its own view of the MX hosts) unless the file says otherwise.
 func (c *serveConfig) throttleFile() throttle.File {
 	file := c.File
+	if file.Throttle.GroupByMX == nil && c.Relay == "" && len(file.Groups) == 0 {
+		on := true
+		file.Throttle.GroupByMX = &on
+	}
 	rate, conns := c.destRateSet && c.DestRate == 0, c.destConnsSet && c.DestConns == 0
 	if !rate && !conns {
 		return file
