@@ -366,7 +366,7 @@ func (ss *session) Data(r io.Reader) error {
 			return nil
 		}
 	} else if len(ss.role) > 0 {
-		ss.s.log.Warn().Strs("to", ss.role).Int64("bytes_kept", ss.s.cfg.MaxMessageBytes).
+		ss.s.log.Warn().Strs("rcpts", ss.role).Int64("bytes_kept", ss.s.cfg.MaxMessageBytes).
 			Msg("a report over the size kept, also addressed to postmaster or abuse: recorded, not forwarded")
 	}
 	result, err := ss.s.record(ctx, ss.refs, ss.fbl, buf.Bytes())
@@ -399,7 +399,7 @@ func (ss *session) Data(r io.Reader) error {
 func (ss *session) forward(ctx context.Context, msg []byte) error {
 	if hops := countReceived(msg); hops > maxHops {
 		ss.s.results.WithLabelValues(ResultLoop).Inc()
-		ss.s.log.Warn().Int("hops", hops).Strs("to", ss.role).Msg("mail to the postmaster refused: a loop")
+		ss.s.log.Warn().Int("hops", hops).Strs("rcpts", ss.role).Msg("mail to the postmaster refused: a loop")
 		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 4, 6}, Message: "Too many hops: a mail loop"}
 	}
 	helo, from := "unknown", "unknown"
@@ -415,11 +415,11 @@ func (ss *session) forward(ctx context.Context, msg []byte) error {
 		Body: body, ReceivedAt: now, RemoteAddr: from, Source: queue.SourceSMTP, IsReport: true,
 		IdempotencyKey: "forward:" + hex.EncodeToString(sum[:])})
 	if err != nil {
-		ss.s.log.Warn().Err(err).Strs("to", ss.role).Msg("mail to the postmaster not stored; answered 451")
+		ss.s.log.Warn().Err(err).Strs("rcpts", ss.role).Msg("mail to the postmaster not stored; answered 451")
 		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "Cannot take the message now, try again later"}
 	}
 	ss.s.results.WithLabelValues(ResultForwarded).Inc()
-	ss.s.log.Info().Strs("to", ss.role).Str("postmaster", ss.s.cfg.Postmaster).Strs("ids", ids).Str("client", from).
+	ss.s.log.Info().Strs("rcpts", ss.role).Str("postmaster", ss.s.cfg.Postmaster).Strs("ids", ids).Str("client", from).
 		Str("mail_from", ss.from).Int("bytes", len(msg)).Msg("mail to the postmaster forwarded")
 	return nil
 }

@@ -51,7 +51,7 @@ func (s *Sender) mxHosts(ctx context.Context, log *msgLog, domain string) ([]str
 		hosts = append(hosts, &net.MX{Host: h, Pref: mx.Pref})
 	}
 	if len(literals) > 0 {
-		log.Warn().Strs("mx", literals).Msg("MX records name IP addresses, not host names (RFC 5321 5.1); skipped")
+		log.Warn().Strs("mx_literals", literals).Msg("MX records name IP addresses, not host names (RFC 5321 5.1); skipped")
 	}
 	if len(hosts) == 0 && nullMX {
 		in := classify.Input{Stage: classify.StageDNS, Event: classify.EventNullMX,
@@ -141,7 +141,7 @@ func (s *Sender) hostAddrs(ctx context.Context, log *msgLog, host string, src *S
 		return why != ""
 	})
 	if len(refused) > 0 {
-		log.Warn().Str("mx", host).Str("refused", joinAddrs(refused)).Strs("why", whys).
+		log.Warn().Str("mx", host).Str("refused_addrs", joinAddrs(refused)).Strs("reasons", whys).
 			Bool("loopback_allowed", s.cfg.MXAllowLoopback).Msg("MX host addresses not used: MX delivery does not connect to them")
 	}
 	if len(addrs) == 0 && len(refused) > 0 {

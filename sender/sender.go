@@ -650,7 +650,7 @@ func (s *Sender) acquire(ctx context.Context, log *msgLog, t *tries, plan *tlsPl
 		}
 	}
 	if t.stopped != "" {
-		log.Warn().Str("limit", t.stopped).Msg("MX hosts left untried")
+		log.Warn().Str("stopped_by", t.stopped).Msg("MX hosts left untried")
 	}
 	return nil, false, t.outcome()
 }

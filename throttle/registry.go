@@ -264,6 +264,6 @@ func (t *Throttle) recountLocked(now time.Time) {
 			ids = append(ids, id)
 		}
 		sort.Strings(ids)
-		t.log.Info().Int64("from", old).Int("to", n).Strs("workers", ids).Msg("live workers changed; rate shares recomputed")
+		t.log.Info().Int64("live_before", old).Int("live", n).Strs("worker_ids", ids).Msg("live workers changed; rate shares recomputed")
 	}
 }
