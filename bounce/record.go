@@ -117,8 +117,17 @@ func (e *envelope) addNotify(n *queue.Notify) {
 // Final-Recipient or its Original-Recipient when the envelope was
 // delivered to it, else the envelope's only delivered recipient (a
 // forwarding mailbox reports the address it forwarded to), else "".
+// The Original-Recipient is tried as written (decoded, as RFC 3461 §4.2
+// has it and outflow writes it), then xtext-decoded: some MTAs copy the
+// ORCPT parameter's xtext into the field ("ann+2Bnews@..." for
+// "ann+news@..."), and which form a report holds cannot be told from it
+// alone, so dsn.ParseDSN leaves it as written.
 func (e *envelope) match(final, original string) string {
-	for _, a := range []string{final, original} {
+	candidates := []string{final, original}
+	if d := dsn.XTextDecode(original); d != original {
+		candidates = append(candidates, d)
+	}
+	for _, a := range candidates {
 		a = queue.NormalizeAddress(a)
 		for _, d := range e.delivered {
 			if a != "" && a == d {

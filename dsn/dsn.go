@@ -336,13 +336,14 @@ func statusFields(r *Report) string {
 	}
 	for _, rc := range r.Recipients {
 		b.WriteString("\r\n")
-		if o := ORCPT(rc.OriginalType, rc.Original); rc.Original != "" && len("Original-Recipient: ")+len(o) <= 998 {
-			// RFC 3464 §2.3.1: the ORCPT as given, encoded for its type.
-			// An xtext has no white space to fold at: one whose encoding
-			// (up to three times the 500 characters RFC 3461 allows)
-			// would make the line longer than RFC 5322's 998 octets is
-			// left out, as an optional field, rather than break the
-			// notice.
+		if o := originalRecipient(rc.OriginalType, rc.Original); rc.Original != "" && len("Original-Recipient: ")+len(o) <= 998 {
+			// RFC 3464 §2.3.1: the ORCPT as given, in the field's form
+			// (originalRecipient, not the parameter's xtext). An address
+			// has no white space to fold at: one whose form (an xtext
+			// fallback may be up to three times the 500 characters RFC
+			// 3461 allows) would make the line longer than RFC 5322's 998
+			// octets is left out, as an optional field, rather than break
+			// the notice.
 			field("Original-Recipient", o)
 		}
 		field("Final-Recipient", "rfc822; "+ascii(rc.Final))
@@ -430,11 +431,12 @@ func validStatus(s string) bool {
 	return true
 }
 
-// ORCPT is an original recipient as an ORCPT parameter and an
-// Original-Recipient field carry it, "type;address" encoded for its type:
-// an address of type utf-8 with non-ASCII characters as RFC 6533
-// utf-8-addr-xtext, one of type utf-8 that is ASCII as rfc822 (which
-// every DSN-capable server reads), anything else as xtext.
+// ORCPT is an original recipient as the SMTP ORCPT parameter carries it
+// (RFC 3461 §4.2), "type;address" encoded for its type: an address of
+// type utf-8 with non-ASCII characters as RFC 6533 utf-8-addr-xtext, one
+// of type utf-8 that is ASCII as rfc822 (which every DSN-capable server
+// reads), anything else as xtext. A notice's Original-Recipient field
+// carries the address decoded: see originalRecipient.
 func ORCPT(typ, addr string) string {
 	if typ == "" {
 		typ = "rfc822"
@@ -446,6 +448,46 @@ func ORCPT(typ, addr string) string {
 		return "rfc822;" + XText(addr)
 	}
 	return "utf-8;" + UTF8AddrXText(addr)
+}
+
+// originalRecipient is an original recipient as a notice's
+// Original-Recipient field carries it (RFC 3464 §2.3.1), "type;address".
+// The xtext of the ORCPT parameter is its SMTP transport encoding: the
+// field holds the address it decodes to, which RFC 3461 §4.2 requires to
+// be printable US-ASCII (as Postfix writes it). So an address of a type
+// other than utf-8, or of type utf-8 that is ASCII (written as rfc822, as
+// ORCPT does), is written as it is when it is printable US-ASCII (0x20 to
+// 0x7E) without a space at either end, which a reader would trim. One
+// that is not (outflow's intake takes any decoded ORCPT without CR, LF or
+// NUL) falls back to the parameter's xtext form, ORCPT's: the field stays
+// one line of ASCII and keeps what was given, and a reader that decodes
+// xtext, as outflow's bounce listener does when the field as written
+// names no recipient, reads it back. An address of type utf-8 with
+// non-ASCII characters is written as RFC 6533 §3 utf-8-addr-xtext, the
+// form of message/delivery-status, the only status part outflow writes
+// (utf-8-addr-unitext is message/global-delivery-status's).
+func originalRecipient(typ, addr string) string {
+	if typ == "" || strings.EqualFold(typ, "utf-8") && usascii.IsString(addr) {
+		typ = "rfc822"
+	}
+	if !strings.EqualFold(typ, "utf-8") && fieldAddress(addr) {
+		return XText(typ) + ";" + addr
+	}
+	return ORCPT(typ, addr)
+}
+
+// fieldAddress reports whether addr can be written in a field as it is:
+// printable US-ASCII, not empty, with no space at either end.
+func fieldAddress(addr string) bool {
+	if addr == "" || addr[0] == ' ' || addr[len(addr)-1] == ' ' {
+		return false
+	}
+	for i := 0; i < len(addr); i++ {
+		if c := addr[i]; c < ' ' || c > '~' {
+			return false
+		}
+	}
+	return true
 }
 
 // UTF8AddrXText encodes s as RFC 6533 utf-8-addr-xtext, the form of an

@@ -299,13 +299,14 @@ func TestBuildEdges(t *testing.T) {
 		t.Errorf("cuts not marked: text %q, Diagnostic-Code %q", p.bodies[0], p.rcpts[0].Get("Diagnostic-Code"))
 	}
 
-	// An ORCPT within RFC 3461's 500 characters whose xtext is three
-	// times that (every "+" is "+2B"): an Original-Recipient line of 1,500
-	// octets, which has no white space to fold at, is left out; a usual
-	// one is kept.
+	// An ORCPT within RFC 3461's 500 characters that is not printable
+	// ASCII, written in xtext four times as long (every tab is "+09"): an
+	// Original-Recipient line of some 1,000 octets, which has no white
+	// space to fold at, is left out; a usual one is kept, decoded (RFC
+	// 3461 §4.2), as is a printable one of 497 characters.
 	r = failedReport()
 	r.Original = nil
-	r.Recipients[0].Original = strings.Repeat("a+", 245) + "@x.test"
+	r.Recipients[0].Original = strings.Repeat("a\t", 245) + "@x.test"
 	if msg, err = Build(r); err != nil {
 		t.Fatal(err)
 	}
@@ -314,12 +315,17 @@ func TestBuildEdges(t *testing.T) {
 			t.Fatalf("line of %d octets: %.60s…", len(l), l)
 		}
 	}
-	r.Recipients[0].Original = "bob+tag@x.test"
-	if msg, err = Build(r); err != nil {
-		t.Fatal(err)
+	if p = parse(t, msg); p.rcpts[0].Get("Original-Recipient") != "" {
+		t.Errorf("Original-Recipient %.60q… kept", p.rcpts[0].Get("Original-Recipient"))
 	}
-	if p = parse(t, msg); p.rcpts[0].Get("Original-Recipient") != "rfc822;bob+2Btag@x.test" {
-		t.Errorf("Original-Recipient %q", p.rcpts[0].Get("Original-Recipient"))
+	for _, o := range []string{"bob+tag@x.test", strings.Repeat("a+", 245) + "@x.test"} {
+		r.Recipients[0].Original = o
+		if msg, err = Build(r); err != nil {
+			t.Fatal(err)
+		}
+		if p = parse(t, msg); p.rcpts[0].Get("Original-Recipient") != "rfc822;"+o {
+			t.Errorf("Original-Recipient %q, want rfc822;%s", p.rcpts[0].Get("Original-Recipient"), o)
+		}
 	}
 }
 
@@ -393,10 +399,11 @@ func TestStatusInTheActionsClass(t *testing.T) {
 	}
 }
 
-// TestORCPT: an original recipient as ORCPT and Original-Recipient carry
-// it, in a notice as on the wire: utf-8 addresses as RFC 6533
-// utf-8-addr-xtext (xtext's "+HH" is not valid there), ASCII ones of type
-// utf-8 as rfc822, others as xtext.
+// TestORCPT: an original recipient as the ORCPT parameter carries it:
+// utf-8 addresses as RFC 6533 utf-8-addr-xtext (xtext's "+HH" is not valid
+// there), ASCII ones of type utf-8 as rfc822, others as xtext. A notice's
+// Original-Recipient writes a utf-8 address the same way (the others
+// decoded: TestOriginalRecipientRoundTrip).
 func TestORCPT(t *testing.T) {
 	for _, c := range [][3]string{
 		{"utf-8", "jörg@example.com", `utf-8;j\x{F6}rg@example.com`},

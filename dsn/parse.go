@@ -101,7 +101,7 @@ func ParseDSN(msg []byte) (*Received, error) {
 	perMessage := groups[0]
 	_, mta := typed(perMessage.get("reporting-mta"))
 	r.ReportingMTA = firstWord(mta)
-	r.EnvelopeID = xtextDecode(strings.TrimSpace(perMessage.get("original-envelope-id")))
+	r.EnvelopeID = XTextDecode(strings.TrimSpace(perMessage.get("original-envelope-id")))
 
 	blocks := groups[1:]
 	if perMessage.get("final-recipient") != "" {
@@ -127,13 +127,18 @@ func ParseDSN(msg []byte) (*Received, error) {
 // without a Final-Recipient, or with neither an Action nor a Status that
 // implies one, says nothing usable: ok is false.
 func recipient(g group) (rc Recipient, ok bool) {
-	typ, addr := typed(g.get("final-recipient"))
+	typ, addr := typedAddress(g.get("final-recipient"))
 	rc.Final = address(typ, addr)
 	if rc.Final == "" {
 		return rc, false
 	}
 	if v := g.get("original-recipient"); v != "" {
-		typ, addr := typed(v)
+		// The address as written: outflow writes it decoded (RFC 3461
+		// §4.2), as Postfix does, but some MTAs copy the ORCPT
+		// parameter's xtext. Which one a report holds cannot be told
+		// ("a+2B@x" is a valid address): a caller matching it against
+		// its recipients may try XTextDecode too.
+		typ, addr := typedAddress(v)
 		rc.OriginalType = strings.ToLower(typ)
 		rc.Original = address(typ, addr)
 	}
@@ -602,22 +607,51 @@ func appendValue(v *strings.Builder, t []byte) {
 	v.Write(t)
 }
 
-// typed splits a typed field value, "rfc822; user@example.com" or
+// typed splits a typed field value, "dns; mx.example.net" or
 // "smtp;550 ...", into its type and the trimmed rest (RFC 3464 §2.1.2).
 // A value whose part before the first semicolon is not a type name has no
 // type: "550 5.1.1 <a@example.com>; no such user" is all text.
-func typed(v string) (typ, rest string) {
+func typed(v string) (typ, rest string) { return splitType(v, isTypeName) }
+
+// typedAddress is typed for a Final-Recipient or Original-Recipient value,
+// "rfc822; user@example.com", whose address-type is any atom
+// (isAddressType).
+func typedAddress(v string) (typ, rest string) { return splitType(v, isAddressType) }
+
+// splitType splits v at its first semicolon when what precedes it is a
+// type as isType says.
+func splitType(v string, isType func(string) bool) (typ, rest string) {
 	t, r, ok := strings.Cut(v, ";")
 	t = strings.TrimSpace(t)
-	if !ok || !isTypeName(t) {
+	if !ok || !isType(t) {
 		return "", strings.TrimSpace(v)
 	}
 	return t, strings.TrimSpace(r)
 }
 
-// isTypeName reports whether s can be an address, MTA-name or diagnostic
-// type: an atom such as rfc822, utf-8, dns, smtp, x-postfix or X-Unix,
-// starting with a letter so that a bare "550;" is not taken for one.
+// isAddressType reports whether s can be an address-type, which RFC 3464
+// §2.1.2 (and RFC 3461 §4.2 for the ORCPT it comes from) makes an atom:
+// RFC 5322 atext, and a "." as isTypeName takes. Unlike an MTA-name or
+// diagnostic type it need not start with a letter: outflow's intake takes
+// an ORCPT of any atom type, such as "0", and its notice writes it back
+// ("Original-Recipient: 0;0"); an address field holds no reply text whose
+// code could be taken for a type.
+func isAddressType(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-/=?^_`{|}~.", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// isTypeName reports whether s can be an MTA-name or diagnostic type: an
+// atom such as dns, smtp, x-postfix or X-Unix, starting with a letter so
+// that a bare "550;" is not taken for one.
 func isTypeName(s string) bool {
 	if s == "" || len(s) > 32 || !(s[0] >= 'a' && s[0] <= 'z' || s[0] >= 'A' && s[0] <= 'Z') {
 		return false
@@ -673,10 +707,10 @@ func date(v string) time.Time {
 	return t
 }
 
-// xtextDecode undoes XText (RFC 3461 §4): "+HH" is the byte of hex value
+// XTextDecode undoes XText (RFC 3461 §4): "+HH" is the byte of hex value
 // HH. A "+" not followed by two hex digits is kept as it is, since some
 // MTAs write the ENVID unencoded.
-func xtextDecode(s string) string {
+func XTextDecode(s string) string {
 	if !strings.Contains(s, "+") {
 		return s
 	}

@@ -526,14 +526,14 @@ func TestParseAttached(t *testing.T) {
 
 func TestXTextDecode(t *testing.T) {
 	for _, s := range []string{"", "plain", "a+b=c d\x01é", "env 42", "+"} {
-		if got := xtextDecode(XText(s)); got != s {
-			t.Errorf("xtextDecode(XText(%q)) = %q", s, got)
+		if got := XTextDecode(XText(s)); got != s {
+			t.Errorf("XTextDecode(XText(%q)) = %q", s, got)
 		}
 	}
 	// A "+" without two hex digits after it is kept.
 	for in, want := range map[string]string{"a+": "a+", "a+4": "a+4", "a+zz": "a+zz", "a+2b": "a+"} {
-		if got := xtextDecode(in); got != want {
-			t.Errorf("xtextDecode(%q) = %q, want %q", in, got, want)
+		if got := XTextDecode(in); got != want {
+			t.Errorf("XTextDecode(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
