@@ -232,6 +232,18 @@ type Config struct {
 	// does). Default
 	// DefaultMXSessionLimit; negative: no limit. Not for the relay.
 	MXSessionLimit int
+	// DeadAddrHold is how long an MX address is not dialled after a
+	// connection to it timed out or was refused or unreachable (a reply
+	// from the server never counts): Sends try the host's other
+	// addresses and the next MX hosts instead, and a Send with none left
+	// fails at once, transiently (deadaddr.go). Each failure in a row
+	// doubles it, up to DeadAddrHoldMax; a connection clears it. The
+	// memory is the Sender's, shared by every Send. Default
+	// DefaultDeadAddrHold; negative disables. Not for the relay.
+	DeadAddrHold time.Duration
+	// DeadAddrHoldMax caps DeadAddrHold's growth. Default
+	// DefaultDeadAddrHoldMax (never below DeadAddrHold).
+	DeadAddrHoldMax time.Duration
 
 	// Port is the SMTP port for MX hosts. Default DefaultPort. Tests set
 	// it.
@@ -331,6 +343,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MXSessionLimit == 0 {
 		c.MXSessionLimit = DefaultMXSessionLimit
 	}
+	if c.DeadAddrHold == 0 {
+		c.DeadAddrHold = DefaultDeadAddrHold // negative stays: off
+	}
+	defaults.Set(&c.DeadAddrHoldMax, DefaultDeadAddrHoldMax)
 	defaults.Set(&c.Port, DefaultPort)
 	if c.Resolver == nil {
 		c.Resolver = net.DefaultResolver

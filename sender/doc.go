@@ -8,8 +8,13 @@
 // link-local or multicast address (MXAllowLoopback allows loopback for
 // tests), and at most MXAddressLimit addresses and MXSessionLimit failed
 // sessions per Send (Postfix's smtp_mx_address_limit and
-// smtp_mx_session_limit); it connects from the message's egress address (Source, with
-// its EHLO name) when one is given; it secures each MX session
+// smtp_mx_session_limit); it remembers, for every Send of the process, an
+// MX address whose connect timed out, was refused or found no route, and
+// dials it no more for a while (DeadAddrHold, deadaddr.go): the host's
+// other addresses and the next hosts are tried, and a Send whose every
+// address is held fails at once, transiently; it connects from the
+// message's egress address (Source, with its EHLO name) when one is
+// given; it secures each MX session
 // as DANE (RFC 7672, package dane; TLSA records at an alias's expanded
 // name first), then MTA-STS (RFC 8461, package mtasts),
 // then the destination's configured TLS policy require (tlspolicy.go), and
@@ -51,7 +56,8 @@
 // which package classify calls "unknown".
 // Outcomes that outflow invents itself (SMTPUTF8 not offered, SIZE exceeded,
 // AUTH not offered, a cached relay AUTH refusal, an MX host refused for its
-// addresses, MX records that name addresses, recipients not attempted) say
+// addresses, MX records that name addresses, MX addresses all held after
+// recent connect failures, recipients not attempted) say
 // so in their Text. Until a login to the relay is known to work (at
 // start, after a refusal), one Send at a time logs in, per source address,
 // and the others wait for its result.

@@ -78,6 +78,9 @@ type Sender struct {
 	cfg  Config
 	log  zerolog.Logger
 	pool *pool
+	// dead holds the MX addresses that failed to connect lately
+	// (deadaddr.go); nil when off.
+	dead *deadAddrs
 
 	authMu     sync.Mutex
 	authUntil  time.Time // relay AUTH refused: answer from cache until then
@@ -102,6 +105,7 @@ func New(cfg Config) (*Sender, error) {
 		cfg:       c,
 		log:       c.Logger.With().Str("component", "sender").Logger(),
 		pool:      newPool(c.MaxConnsPerHost, c.MaxIdleConns, c.IdleTimeout),
+		dead:      newDeadAddrs(&c),
 		stop:      make(chan struct{}),
 		reaperEnd: make(chan struct{}),
 	}
@@ -697,11 +701,20 @@ func (s *Sender) acquireHost(ctx context.Context, log *msgLog, t *tries, host st
 		}
 	}
 	last := errLimit
+	var held []deadAddr // addresses not dialled: they failed to connect lately (deadaddr.go)
 	for _, addr := range addrs {
+		tk, h := s.dead.claim(deadKey(sourceFrom(ctx), addr))
+		if h != nil {
+			log.Debug().Str("mx", host).Str("addr", addr).Time("held_until", h.until).Msg("MX address not dialled: it failed to connect lately")
+			held = append(held, *h)
+			continue
+		}
 		if !t.dialAllowed(&s.cfg, addr) {
+			tk.done(dialNeutral, 0, host, addr, "")
 			break
 		}
 		c, err := s.open(ctx, log, host, addr, key, plan, hp)
+		s.noteDial(ctx, log, tk, host, addr, err)
 		if err == nil {
 			return c, false, nil
 		}
@@ -716,6 +729,9 @@ func (s *Sender) acquireHost(ctx context.Context, log *msgLog, t *tries, host st
 		}
 	}
 	s.pool.release(key)
+	if last == errLimit && len(held) > 0 {
+		last = heldError(host, held)
+	}
 	return nil, false, last
 }
 
