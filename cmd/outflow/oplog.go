@@ -99,19 +99,11 @@ func operatorLogConfig() jetstream.ConsumerConfig {
 // startOperatorLog logs the operator events and NATS submissions a
 // daemon is handed until ctx ends or the returned stop is called.
 func startOperatorLog(ctx context.Context, q *queue.Queue, log zerolog.Logger) func() {
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer func() {
-			if p := recover(); p != nil {
-				log.Error().Str("panic", fmt.Sprint(p)).Msg("operator log panicked")
-			}
-		}()
+	return background(ctx, log, "operator log", func(ctx context.Context) {
 		delay := time.Second
 		for {
-			started, err := followOperatorLog(rctx, q, log)
-			if rctx.Err() != nil {
+			started, err := followOperatorLog(ctx, q, log)
+			if ctx.Err() != nil {
 				return
 			}
 			if started {
@@ -120,15 +112,14 @@ func startOperatorLog(ctx context.Context, q *queue.Queue, log zerolog.Logger) f
 			log.Warn().Err(err).Dur("retry_in", delay).Msg("operator log: the events stream's consumer failed; making it again")
 			t := time.NewTimer(delay)
 			select {
-			case <-rctx.Done():
+			case <-ctx.Done():
 				t.Stop()
 				return
 			case <-t.C:
 			}
 			delay = min(2*delay, 30*time.Second)
 		}
-	}()
-	return func() { stop(); <-done }
+	})
 }
 
 // followOperatorLog makes the consumer and logs what it hands over until

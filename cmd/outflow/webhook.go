@@ -49,20 +49,11 @@ func startWebhooks(ctx context.Context, c *serveConfig, q *queue.Queue, workerID
 	if err != nil {
 		return nil, err
 	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer func() {
-			if p := recover(); p != nil {
-				log.Error().Str("panic", fmt.Sprint(p)).Msg("webhook dispatcher panicked")
-			}
-		}()
-		if err := d.Run(rctx); err != nil {
+	return background(ctx, log, "webhook dispatcher", func(ctx context.Context) {
+		if err := d.Run(ctx); err != nil {
 			log.Error().Err(err).Msg("webhook dispatcher stopped")
 		}
-	}()
-	return func() { stop(); <-done }, nil
+	}), nil
 }
 
 // endpointRow is one endpoint as `webhook list` shows it: never its secret.
