@@ -154,8 +154,10 @@ var connSignal = regexp.MustCompile(`(?i)too many (concurrent |simultaneous |ope
 // than the worker's delivery slots. (Widened by deliveries alone, a
 // destination that answers without delivering, greylisting or bouncing
 // most of a list, stayed at LearnInitial in flight fleet-wide for good.)
-// A throttle does not widen it. An admission beyond it is refused for
-// windowRetry ("window"), without an attempt. The first throttle seeds a
+// A throttle does not widen it. An admission beyond it is refused
+// ("window"), without an attempt, until the window's next answer is due,
+// windowRetry at least, or held longer while that answer is overdue
+// (windowRefusal). The first throttle seeds a
 // rate, which paces from then on; a rate forgotten later starts the window
 // afresh.
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,7 +55,7 @@ const (
 // Timings that are not worth a knob.
 const (
 	connsRetry   = time.Second            // Refusal{Reason: "conns"} comes back after this
-	windowRetry  = 250 * time.Millisecond // Refusal{Reason: "window"} comes back after this
+	windowRetry  = 250 * time.Millisecond // Refusal{Reason: "window"} comes back after this at first (see windowRefusal)
 	tickEvery    = 200 * time.Millisecond // maintenance: expiries, dead workers, metrics
 	opTimeout    = 5 * time.Second        // one KV transition
 	idleEvict    = 10 * time.Minute       // a destination with no state and no use is forgotten
@@ -68,6 +69,17 @@ const (
 	// hourly even if no OnRecover release comes (or the end was moved
 	// earlier by a new Suspend).
 	maxSuspendRefusal = time.Hour
+
+	// A destination that can take no attempt now (its first-contact
+	// window full, its breaker open, or half-open with the probe out)
+	// holds the envelopes it refuses for a while (holding): holdBudget is
+	// how many of them a second it aims to see come back in total,
+	// whatever their number, holdMax the longest it holds one, and
+	// probeSpares how many (per worker) it keeps coming back at an open
+	// breaker's probe time.
+	holdBudget  = 20.0
+	holdMax     = 10 * time.Minute
+	probeSpares = 2
 )
 
 // Config configures a Throttle. Zero durations and numbers take
@@ -422,6 +434,17 @@ type dest struct {
 	// at once (connPaused).
 	connPause time.Time
 	connAfter int
+
+	// The envelopes refused while d can take no attempt (windowRefusal,
+	// breakerRefusal): room spaces their returns; stalledAt is when the
+	// first-contact window was last found full with no answer since (zero:
+	// it is not stalled), turnaround how long the last answered attempt
+	// took; probeAt are the places given to the few kept coming back at
+	// an open breaker's probe time.
+	room       holding
+	stalledAt  time.Time
+	turnaround time.Duration
+	probeAt    [probeSpares]time.Time
 }
 
 // op is one KV transition, run by the writer goroutine.
@@ -621,10 +644,13 @@ func (t *Throttle) Group(domain string) string {
 // envelope and from the egress address source, may start now. In order: a
 // suspension refuses ("suspended", until its end, at most an hour ahead;
 // with a source, a suspension of the destination as a whole comes first,
-// then the pair's own); an open breaker refuses ("breaker-open", until the
-// cooling period ends); a half-open breaker lets one probe per worker
-// through and refuses the rest ("breaker-half-open", for a cooling
-// period); the connection share refuses ("conns", for a second); and the
+// then the pair's own); an open breaker refuses ("breaker-open": a few
+// envelopes until the cooling period ends, the rest held past it,
+// breakerRefusal); a half-open breaker lets one probe per worker through
+// and refuses the rest ("breaker-half-open", likewise from a cooling
+// period ahead); the connection share refuses ("conns", for a second);
+// the first-contact window refuses ("window", for 250 ms, or held while it
+// is stalled, windowRefusal); and the
 // rate share either grants (after waiting up to MaxWait for its token) or
 // refuses with the time of the token it reserved ("rate"), so deferred
 // envelopes come back spaced at the rate, in the tenant's share of the
@@ -802,10 +828,19 @@ func (t *Throttle) admit(ctx context.Context, d *dest, tenant string, up above) 
 		return load.Rate > 0
 	}
 	place := func() int { return t.place(d.name, live) }
+	idle := d.inflight == 0 && d.failures == 0
 	if w, on := d.firstWindow(&t.cfg, fleet, live, place, peerDelivered); on && (d.inflight >= w || seedWaits) {
 		d.probing = d.probing && !probe
+		r := Refusal{Until: now.Add(windowRetry), Reason: "window"} // a seed held back: 250 ms
+		if !seedWaits {
+			r = t.windowRefusal(d, w, now)
+		}
 		d.mu.Unlock()
-		return nil, Refusal{Until: now.Add(windowRetry), Reason: "window"}, false
+		return nil, r, false
+	} else if !on || idle {
+		// No window, or one with nothing in flight whose last attempt
+		// reached the server: not stalled.
+		d.stalledAt = time.Time{}
 	}
 	var at time.Time
 	if fleet > 0 {
@@ -961,6 +996,128 @@ func (d *dest) connPaused(now time.Time) bool {
 	return now.Before(d.connPause) && d.inflight >= d.connAfter
 }
 
+// holding spaces the returns of the envelopes a destination refuses while
+// it can take no attempt now: its first-contact window is full (the
+// attempts in flight are not answered: an MX that hangs) or its breaker is
+// open (or half-open with its probe out). Told to come back after a fixed
+// short time, every one of them came back that often whatever their
+// number: 2,000 queued to a new domain whose MX hung were refused 2,592
+// times a second, 62 % of a core, for two attempts in flight, and an open
+// breaker refused each of them every cooldown.
+//
+// Each is held instead for a horizon h, spread evenly over [h, 2h - base]
+// from its earliest useful return: long enough that the envelopes held
+// (those whose return is still ahead, counted by when it falls) come back
+// at about holdBudget a second in total, so h is their number over 1.5
+// times the budget; at least base, at most limit (how long the caller may
+// hold one) and holdMax. A backlog then costs about holdBudget returns a
+// second, not one per envelope per 250 ms, and enough of them come back
+// to take an attempt the destination can take again within a fraction of
+// a second. They are not queued one after another: what they wait for
+// (an answer, a probe) comes at no rate they could be spaced at, and
+// nothing held is recalled when it comes (a breaker's recovery releases
+// the destination's mail: Config.OnRecover).
+type holding struct {
+	ring []int32 // envelopes held, by the holdSlot their return falls in (mod holdSlots); nil until used
+	from int64   // the first slot still counted
+	n    int     // the ring's sum: envelopes held whose return is still ahead
+	seq  uint64  // spreads them
+}
+
+// The ring of holding counts returns in slots of holdSlot, holdSlots of
+// them (34 minutes: past holdMax twice and a cooldown); a return beyond
+// it is counted in its last slot.
+const (
+	holdSlot  = 2 * time.Second
+	holdSlots = 1024
+)
+
+// place holds one more envelope at now, from (the earliest time its return
+// is any use; not before now), and returns its place and the horizon.
+func (r *holding) place(now, from time.Time, base, limit time.Duration) (time.Time, time.Duration) {
+	r.expire(now)
+	h := time.Duration(float64(r.n+1) / (1.5 * holdBudget) * float64(time.Second))
+	h = max(base, min(h, limit, holdMax))
+	r.seq++
+	frac := float64(r.seq*11400714819323198485>>11) / (1 << 53) // golden ratio: consecutive ones apart
+	at := laterOf(now, from).Add(h + time.Duration(frac*float64(h-base)))
+	k := min(at.UnixNano()/int64(holdSlot), r.from+holdSlots-1)
+	r.ring[k%holdSlots]++
+	r.n++
+	return at, h
+}
+
+// expire drops from the count the envelopes whose return has passed.
+func (r *holding) expire(now time.Time) {
+	k := now.UnixNano() / int64(holdSlot)
+	switch {
+	case r.ring == nil:
+		r.ring = make([]int32, holdSlots)
+	case k-r.from >= holdSlots:
+		clear(r.ring)
+		r.n = 0
+	default:
+		for ; r.from < k; r.from++ {
+			r.n -= int(r.ring[r.from%holdSlots])
+			r.ring[r.from%holdSlots] = 0
+		}
+	}
+	r.from = max(r.from, k)
+}
+
+// held says, for a refusal's detail, what the horizon was computed from.
+func (r *holding) held() string {
+	return strconv.Itoa(r.n) + " held"
+}
+
+// windowRefusal refuses an admission beyond this worker's first-contact
+// window w (attempts in flight) at now. The window widens on answers, and
+// the refused envelope comes back when the next one is due: a turnaround
+// (how long the last answered attempt took) after the window was found
+// full, or after windowRetry when that is later, as every refusal did
+// before. A healthy destination answering within milliseconds admits it
+// then, as before; one answering each attempt in seconds (or after a
+// minute, a tarpit) is asked once per round trip instead of every 250 ms,
+// and its window doubles as fast. When no answer has come for windowRetry
+// past its due time (an MX that accepted the connection and hangs), the
+// envelope is held (holding) for no longer than the answer is overdue: a
+// window that starts moving again finds every held envelope back within
+// twice as long, and meanwhile a backlog costs about holdBudget returns a
+// second once it is overdue by its size over the budget. A worker whose
+// share of the window is none (w = 0) waits for no more than a heartbeat:
+// it opens when another's reports deliveries. d.mu held.
+func (t *Throttle) windowRefusal(d *dest, w int, now time.Time) Refusal {
+	if d.stalledAt.IsZero() {
+		d.stalledAt = now
+	}
+	most := holdMax
+	if w == 0 {
+		most = t.cfg.Heartbeat
+	}
+	due := d.stalledAt.Add(d.turnaround) // the next answer
+	overdue := now.Sub(due)
+	if overdue < windowRetry {
+		until := laterOf(now.Add(windowRetry), due)
+		if last := now.Add(most); until.After(last) {
+			until = last
+		}
+		r := Refusal{Until: until, Reason: "window"}
+		if until.Sub(now) > windowRetry {
+			r.Detail = "first-contact window full (" + strconv.Itoa(w) + " in flight): back when its next answer is due, the last took " +
+				d.turnaround.Round(time.Millisecond).String()
+		}
+		return r
+	}
+	until, h := d.room.place(now, now, windowRetry, min(overdue, most))
+	r := Refusal{Until: until, Reason: "window"}
+	if h > windowRetry {
+		r.Detail = "first-contact window full (" + strconv.Itoa(w) + " in flight), its next answer overdue by " +
+			overdue.Round(time.Millisecond).String() + " (the last took " + d.turnaround.Round(time.Millisecond).String() +
+			"): held " + h.Round(time.Millisecond).String() + "+, " + d.room.held()
+	}
+	return r
+}
+
 // stateRefuses is what d's state refuses an admission at now for: a
 // suspension, an open breaker, a half-open one whose probe is out
 // (otherwise the admission becomes the probe, *probe). It is asked of a
@@ -974,11 +1131,11 @@ func (t *Throttle) stateRefuses(d *dest, now time.Time, probe *bool) (Refusal, b
 	}
 	switch st.BreakerAt(now) {
 	case BreakerOpen:
-		return Refusal{Until: st.BreakerUntil, Reason: "breaker-open"}, true
+		return t.breakerRefusal(d, "breaker-open", st.BreakerUntil, now), true
 	case BreakerHalfOpen:
 		if !*probe {
 			if d.probing {
-				return Refusal{Until: now.Add(t.cfg.BreakerCooldown), Reason: "breaker-half-open"}, true
+				return t.breakerRefusal(d, "breaker-half-open", now.Add(t.cfg.BreakerCooldown), now), true
 			}
 			d.probing, *probe = true, true
 		}
@@ -1110,6 +1267,8 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 		// greylists most of what it is sent stayed at LearnInitial in
 		// flight for good when only deliveries widened the window.
 		d.widen()
+		// The window moves again, at this attempt's pace (windowRefusal).
+		d.stalledAt, d.turnaround = time.Time{}, max(0, now.Sub(p.sent))
 	}
 	if o.connThrottled {
 		d.lastConnThr = now
