@@ -1,12 +1,11 @@
 package main
 
 import (
-	"io/fs"
 	"os"
-	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // TestEveryMetricDocumented: each metric the code defines has its row in
@@ -18,32 +17,11 @@ func TestEveryMetricDocumented(t *testing.T) {
 	// helpers around them (submission's counter, throttle's destGauge).
 	def := regexp.MustCompile(`(?:Name:\s*|NewDesc\(|counter\(|destGauge\()"(outflow_[a-z_]+)"`)
 	defined := map[string]bool{}
-	err := filepath.WalkDir("../..", func(p string, de fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if de.IsDir() {
-			switch de.Name() {
-			case "e2e", "bench", ".git", "data", "node_modules":
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		for _, m := range def.FindAllStringSubmatch(string(b), -1) {
+	testutil.EachSource(t, "../..", []string{"e2e", "bench", "data", "node_modules"}, func(_, src string) {
+		for _, m := range def.FindAllStringSubmatch(src, -1) {
 			defined[m[1]] = true
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if len(defined) < 30 {
 		t.Fatalf("found only %d metric definitions: %v", len(defined), defined)
 	}

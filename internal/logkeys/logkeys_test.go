@@ -1,14 +1,13 @@
 package logkeys
 
 import (
-	"io/fs"
-	"os"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/outflow/outflow/internal/testutil"
 )
 
 // jsonType is the JSON type zerolog writes for each typed field method;
@@ -30,24 +29,7 @@ var fieldCall = regexp.MustCompile(`\.([A-Z][A-Za-z0-9]*)\("([a-z][a-z0-9_]*)",`
 func TestLogKeysHaveOneType(t *testing.T) {
 	root := "../.."
 	seen := map[string]map[string]string{} // key → type → first place
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if n := d.Name(); n == "bench" || n == "testdata" || strings.HasPrefix(n, ".") && p != root {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		src := string(b)
+	testutil.EachSource(t, root, []string{"bench", "testdata"}, func(rel, src string) {
 		for _, m := range fieldCall.FindAllStringSubmatchIndex(src, -1) {
 			method, key := src[m[2]:m[3]], src[m[4]:m[5]]
 			typ, ok := jsonType[method]
@@ -58,15 +40,10 @@ func TestLogKeysHaveOneType(t *testing.T) {
 				seen[key] = map[string]string{}
 			}
 			if _, ok := seen[key][typ]; !ok {
-				rel, _ := filepath.Rel(root, p)
 				seen[key][typ] = rel + ":" + strconv.Itoa(strings.Count(src[:m[0]], "\n")+1)
 			}
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if len(seen) < 50 {
 		t.Fatalf("read %d log keys: the walk missed the code", len(seen))
 	}
