@@ -20,6 +20,7 @@ import (
 	"github.com/emersion/go-message"
 	"github.com/emersion/go-message/mail"
 
+	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/quota"
 	"github.com/outflow/outflow/submission"
@@ -340,17 +341,8 @@ func TestRawMessageIdempotentMessageID(t *testing.T) {
 // takeWork takes the next envelope from the work lane, as a worker would.
 func (f *fixture) takeWork(ctx context.Context, t *testing.T) *queue.Delivery {
 	t.Helper()
-	ch, err := f.q.Messages(ctx, queue.LaneWork, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case d := <-ch:
-		return d
-	case <-ctx.Done():
-		t.Fatal("no envelope")
-		return nil
-	}
+	d, _ := testqueue.Take(t, ctx, f.q, queue.LaneWork) // the pull ends with ctx
+	return d
 }
 
 func TestGetMessageFollowsItsEvents(t *testing.T) {

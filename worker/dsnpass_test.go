@@ -15,6 +15,7 @@ import (
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/internal/testutil"
+	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/throttle"
 )
@@ -228,17 +229,7 @@ func TestPassReportSurvivesRestartAfterDrop(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pull, stopPull := context.WithCancel(ctx)
-	work, err := e.q.Messages(pull, queue.LaneWork, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d *queue.Delivery
-	select {
-	case d = <-work:
-	case <-ctx.Done():
-		t.Fatal("no part pulled")
-	}
+	d, stopPull := testqueue.Take(t, ctx, e.q, queue.LaneWork)
 	stopPull()
 	first := noticeDeliverer(t, e.q, e.snd, cfg) // the process that stops
 	if err := first.handle(ctx, d); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/internal/fakemx"
+	"github.com/outflow/outflow/internal/testutil/testqueue"
 	"github.com/outflow/outflow/queue"
 	"github.com/outflow/outflow/sender"
 	"github.com/outflow/outflow/throttle"
@@ -126,17 +127,7 @@ func TestRedeliveredAttemptIsLogged(t *testing.T) {
 	q1 := connect(t, e.emb, 2*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pull, stopPull := context.WithCancel(ctx)
-	work, err := q1.Messages(pull, queue.LaneWork, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d *queue.Delivery
-	select {
-	case d = <-work:
-	case <-ctx.Done():
-		t.Fatal("the envelope was not handed out")
-	}
+	d, stopPull := testqueue.Take(t, ctx, q1, queue.LaneWork)
 	if d.Redelivered {
 		t.Fatal("first hand-out marked redelivered")
 	}

@@ -53,17 +53,7 @@ func TestOperatorActionsNameTheOperator(t *testing.T) {
 	if err := execRoot(ctx, nil, "submit", "--data", dir, "--from", "app@src.example", "--to", "ann@one.example"); err != nil {
 		t.Fatal(err)
 	}
-	wctx, stopWork := context.WithCancel(ctx)
-	work, err := q.Messages(wctx, queue.LaneWork, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d *queue.Delivery
-	select {
-	case d = <-work:
-	case <-ctx.Done():
-		t.Fatal("the submitted message never came")
-	}
+	d, stopWork := testqueue.Take(t, ctx, q, queue.LaneWork)
 	id := d.Env.ID
 	dead := d.Env.Clone()
 	dead.Attempt = 4

@@ -52,3 +52,25 @@ func Listening(t testing.TB, dir string) *queue.Embedded {
 	t.Cleanup(emb.Shutdown)
 	return emb
 }
+
+// Take pulls the next envelope from lane of q, as a worker would, failing
+// the test when none comes before ctx ends. stop ends the pull; the
+// delivery stays the caller's to settle (ack, defer, dead) or to leave
+// unacknowledged.
+func Take(t testing.TB, ctx context.Context, q *queue.Queue, lane queue.Lane) (d *queue.Delivery, stop func()) {
+	t.Helper()
+	pull, stop := context.WithCancel(ctx)
+	work, err := q.Messages(pull, lane, 1)
+	if err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	select {
+	case d = <-work:
+		return d, stop
+	case <-ctx.Done():
+		stop()
+		t.Fatalf("no envelope from the %s lane", lane)
+		return nil, stop
+	}
+}
