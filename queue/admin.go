@@ -62,7 +62,8 @@ type Filter struct {
 	State State
 	// Dest is a destination domain, matched as DNS names are: "D.Example."
 	// selects the envelopes of d.example. A name without a dot is a
-	// provider group: the envelopes a worker last found in it
+	// provider group, and a name starting "mx:" an MX site
+	// (throttle.SitePrefix): the envelopes a worker last found in it
 	// (Envelope.Group), and those of a domain of that name.
 	Dest   string
 	Tenant string
@@ -122,10 +123,11 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Item, error) {
 	// filter below matches it byte for byte: "Bücher.example." lists the
 	// mail of xn--bcher-kva.example.
 	f.Dest = ascii.Domain(strings.TrimSpace(f.Dest))
-	// A name without a dot is a provider group (google, microsoft): its
-	// envelopes are found by the group their last attempt found them in,
-	// reading the whole lane, since the subjects name domains.
-	group := f.Dest != "" && !strings.Contains(f.Dest, ".")
+	// A name without a dot is a provider group (google, microsoft), one
+	// starting "mx:" an MX site (mx:mx1.hoster.example): its envelopes are
+	// found by the group their last attempt found them in, reading the
+	// whole lane, since the subjects name domains.
+	group := f.Dest != "" && (!strings.Contains(f.Dest, ".") || strings.HasPrefix(f.Dest, "mx:"))
 	subjDest := f.Dest
 	if group {
 		subjDest = ""

@@ -554,7 +554,7 @@ func TestListNewestDead(t *testing.T) {
 
 // TestListByGroup: `queue list --dest google` finds the envelopes a worker
 // last found in that provider group, whatever their domains, and a domain
-// still finds its own.
+// still finds its own; so does an MX site's name.
 func TestListByGroup(t *testing.T) {
 	q, _ := startQueue(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -571,6 +571,8 @@ func TestListByGroup(t *testing.T) {
 		n := d.Env.Clone()
 		if n.Dest != "c.example" {
 			n.Group = "google"
+		} else {
+			n.Group = "mx:mx1.hoster.example"
 		}
 		if err := d.Reschedule(ctx, n, LaneRetry, time.Now().Add(time.Hour), true); err != nil {
 			t.Fatal(err)
@@ -598,5 +600,8 @@ func TestListByGroup(t *testing.T) {
 	}
 	if got := list("microsoft"); len(got) != 0 {
 		t.Errorf("group microsoft: %v, want none", got)
+	}
+	if got := list("MX:mx1.hoster.example"); !slices.Equal(got, []string{"c.example"}) {
+		t.Errorf("site mx:mx1.hoster.example: %v, want c.example", got)
 	}
 }

@@ -1,8 +1,8 @@
 // Package throttle is in charge of whether a destination may be contacted
 // now, for the whole fleet: each destination's configured and learned rates
 // and connection limits, its circuit breaker, operator and automation
-// suspensions and overrides, the provider groups that fold domains into one
-// destination, and the registry of live workers that divides a rate among
+// suspensions and overrides, the provider groups and MX sites that fold
+// domains into one destination (groups.go), and the registry of live workers that divides a rate among
 // them.
 //
 // The shared state lives in two JetStream KV buckets, opened through the

@@ -34,6 +34,9 @@ type Settings struct {
 	// GroupByMX turns provider groups on. Unset: on when the file has
 	// [[groups]], off otherwise.
 	GroupByMX *bool `toml:"group-by-mx"`
+	// GroupBySite, with group-by-mx, makes domains on the same MX hosts
+	// outside every group one destination, their MX site. Default true.
+	GroupBySite *bool `toml:"group-by-site"`
 	// DefaultGroups adds DefaultGroups() after the file's own groups (a
 	// file group with the same name replaces the built-in one). Default true.
 	DefaultGroups   *bool         `toml:"default-groups"`
@@ -193,6 +196,7 @@ func (f File) ConfigWith(defaults Limits) (Config, error) {
 	if s.GroupByMX != nil {
 		c.GroupByMX = *s.GroupByMX
 	}
+	c.GroupBySite = s.GroupBySite == nil || *s.GroupBySite
 
 	for tenant, w := range s.TenantWeights {
 		if !(w > 0) || math.IsInf(w, 0) {

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -67,6 +68,7 @@ const (
 // grouper maps recipient domains to destinations.
 type grouper struct {
 	byMX      bool
+	bySite    bool              // domains on the same MX hosts outside every group share a site (siteName)
 	overrides map[string]bool   // destinations with their own limits: never grouped
 	domains   map[string]string // domain -> group (GroupRule.Domains)
 	rules     []GroupRule       // suffixes lower-cased
@@ -82,8 +84,8 @@ type mxEntry struct {
 	expires time.Time
 }
 
-func newGrouper(byMX bool, rules []GroupRule, overrides map[string]Limits, res MXResolver) *grouper {
-	g := &grouper{byMX: byMX, overrides: map[string]bool{}, domains: map[string]string{}, res: res, cache: map[string]*mxEntry{}}
+func newGrouper(byMX, bySite bool, rules []GroupRule, overrides map[string]Limits, res MXResolver) *grouper {
+	g := &grouper{byMX: byMX, bySite: bySite, overrides: map[string]bool{}, domains: map[string]string{}, res: res, cache: map[string]*mxEntry{}}
 	for d := range overrides {
 		g.overrides[NormalizeDest(d)] = true
 	}
@@ -114,8 +116,12 @@ func newGrouper(byMX bool, rules []GroupRule, overrides map[string]Limits, res M
 	return g
 }
 
-// isGroup reports whether name is one of the provider groups' names.
+// isGroup reports whether name is one of the provider groups' names, or
+// an MX site's (SitePrefix).
 func (g *grouper) isGroup(name string) bool {
+	if IsSite(name) {
+		return true
+	}
 	for _, r := range g.rules {
 		if r.Name == name {
 			return true
@@ -126,10 +132,12 @@ func (g *grouper) isGroup(name string) bool {
 
 // group returns the destination of a recipient domain: the domain itself
 // when grouping is off, when the domain has limits of its own, or when no
-// group's suffix matches its MX hosts (or the lookup fails).
+// group's suffix matches its MX hosts and they are the domain's own (or
+// the lookup fails); the MX site of hosts outside the domain (siteName),
+// with bySite.
 func (g *grouper) group(ctx context.Context, domain string) string {
 	d := NormalizeDest(domain)
-	if !g.byMX || d == "" || g.overrides[d] || len(g.rules) == 0 {
+	if !g.byMX || d == "" || g.overrides[d] || len(g.rules) == 0 && !g.bySite {
 		return d
 	}
 	if name, ok := g.domains[d]; ok {
@@ -173,7 +181,8 @@ func (g *grouper) group(ctx context.Context, domain string) string {
 }
 
 // lookup resolves d's MX hosts and returns the group of the most preferred
-// hosts, or d; ok is false when the lookup failed.
+// hosts, their site (with bySite), or d; ok is false when the lookup
+// failed.
 func (g *grouper) lookup(ctx context.Context, d string) (string, bool) {
 	ctx, cancel := context.WithTimeout(ctx, mxLookupWait)
 	defer cancel()
@@ -184,6 +193,7 @@ func (g *grouper) lookup(ctx context.Context, d string) (string, bool) {
 	// Only the most preferred hosts count: mail goes there, and a
 	// provider listed as a backup MX does not make the domain its customer.
 	sort.SliceStable(mxs, func(i, j int) bool { return mxs[i].Pref < mxs[j].Pref })
+	var best []string
 	for _, mx := range mxs {
 		if mx.Pref != mxs[0].Pref {
 			break
@@ -191,8 +201,61 @@ func (g *grouper) lookup(ctx context.Context, d string) (string, bool) {
 		if name := g.matchHost(mx.Host); name != "" {
 			return name, true
 		}
+		best = append(best, mx.Host)
+	}
+	if g.bySite {
+		return siteName(d, best), true
 	}
 	return d, true
+}
+
+// SitePrefix starts the name of an MX site: the destination of the
+// recipient domains whose most preferred MX hosts are the same hosts,
+// outside those domains and outside every provider group, such as a
+// hosting company's mx1.hoster.example for all its customers' domains.
+// They share one budget, breaker and learned rate, since they share the
+// hosts' one limit (KumoMTA's "MX rollup"). The prefix tells a site from
+// a domain (it has a colon, which no domain has) and from a group.
+const SitePrefix = "mx:"
+
+// siteMaxLen bounds a site's name; the hosts past it are left out of the
+// name (it stays the same for the same hosts: they are sorted).
+const siteMaxLen = 200
+
+// IsSite reports whether the destination name is an MX site's.
+func IsSite(name string) bool { return strings.HasPrefix(name, SitePrefix) }
+
+// siteName is the destination of domain d whose most preferred MX hosts
+// are hosts: d itself when there are none (a null MX) or when every one is
+// d or inside it (mx.example.com for example.com: nobody else's host, and
+// the domain is the name an operator knows); else SitePrefix and the
+// hosts, lower-cased, sorted and joined by "+": "mx:mx1.hoster.example",
+// "mx:a.mx.example+b.mx.example".
+func siteName(d string, hosts []string) string {
+	var hs []string
+	own := true
+	for _, h := range hosts {
+		h = strings.ToLower(strings.TrimSuffix(h, "."))
+		if h == "" || slices.Contains(hs, h) {
+			continue
+		}
+		hs = append(hs, h)
+		if h != d && !strings.HasSuffix(h, "."+d) {
+			own = false
+		}
+	}
+	if len(hs) == 0 || own {
+		return d
+	}
+	sort.Strings(hs)
+	name := SitePrefix + hs[0]
+	for _, h := range hs[1:] {
+		if len(name)+1+len(h) > siteMaxLen {
+			break
+		}
+		name += "+" + h
+	}
+	return name
 }
 
 // matchHost returns the group whose suffix host ends with, or "".

@@ -2,7 +2,10 @@ package throttle
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -52,7 +55,7 @@ func TestGroupByMX(t *testing.T) {
 		"backup.test":    {"mx.backup.test.", "aspmx.l.google.com."}, // own MX preferred
 		"hosted.test":    {"aspmx.l.google.com."},
 	}}
-	g := newGrouper(true, DefaultGroups(), map[string]Limits{"Hosted.Test": {Rate: 1}}, res)
+	g := newGrouper(true, false, DefaultGroups(), map[string]Limits{"Hosted.Test": {Rate: 1}}, res)
 	ctx := context.Background()
 	for domain, want := range map[string]string{
 		"example.org":    "google",
@@ -82,7 +85,7 @@ func TestGroupByMX(t *testing.T) {
 		t.Errorf("%d lookups for domains that need none", n)
 	}
 
-	off := newGrouper(false, DefaultGroups(), nil, res)
+	off := newGrouper(false, true, DefaultGroups(), nil, res)
 	if got := off.group(ctx, "Example.org"); got != "example.org" {
 		t.Errorf("grouping off: %q", got)
 	}
@@ -342,5 +345,106 @@ func TestOwnPinWaitsApartFromTheGroup(t *testing.T) {
 	}
 	if el := <-second; el < 400*time.Millisecond {
 		t.Errorf("a.test's second send %v after its first, want the pin's 500 ms", el.Round(time.Millisecond))
+	}
+}
+
+// prefMX resolves from a map of MX records with their preferences as given.
+type prefMX map[string][]*net.MX
+
+func (p prefMX) LookupMX(_ context.Context, name string) ([]*net.MX, error) {
+	mxs, ok := p[name]
+	if !ok {
+		return nil, &net.DNSError{Err: "no such host", Name: name, IsNotFound: true}
+	}
+	return mxs, nil
+}
+
+// TestGroupBySite: domains whose most preferred MX hosts are the same
+// hosts, outside the domains and every provider group, are one
+// destination named after the hosts; a domain on its own hosts, a group's
+// customer, a null MX and a domain with limits of its own are not.
+func TestGroupBySite(t *testing.T) {
+	mx := func(host string, pref uint16) *net.MX { return &net.MX{Host: host, Pref: pref} }
+	res := prefMX{
+		"a.test":      {mx("mx1.hoster.example.", 10)},
+		"b.test":      {mx("MX1.Hoster.Example", 10), mx("backup.other.example.", 20)}, // a backup MX does not count
+		"c.test":      {mx("mx2.hoster.example.", 10)},
+		"pair1.test":  {mx("b.mx.example.", 5), mx("a.mx.example.", 5)},
+		"pair2.test":  {mx("a.mx.example.", 10), mx("b.mx.example.", 10), mx("a.mx.example.", 10)},
+		"own.test":    {mx("mx.own.test.", 10), mx("own.test.", 10)},
+		"mixed.test":  {mx("mx.mixed.test.", 10), mx("mx1.hoster.example.", 10)},
+		"gapps.test":  {mx("aspmx.l.google.com.", 10)},
+		"null.test":   {mx(".", 0)},
+		"hosted.test": {mx("mx1.hoster.example.", 10)},
+	}
+	g := newGrouper(true, true, DefaultGroups(), map[string]Limits{"hosted.test": {Rate: 1}}, res)
+	ctx := context.Background()
+	for domain, want := range map[string]string{
+		"a.test":       "mx:mx1.hoster.example",
+		"B.Test.":      "mx:mx1.hoster.example",
+		"c.test":       "mx:mx2.hoster.example",
+		"pair1.test":   "mx:a.mx.example+b.mx.example",
+		"pair2.test":   "mx:a.mx.example+b.mx.example",
+		"own.test":     "own.test",
+		"mixed.test":   "mx:mx.mixed.test+mx1.hoster.example",
+		"gapps.test":   "google",
+		"null.test":    "null.test",
+		"hosted.test":  "hosted.test",
+		"missing.test": "missing.test",
+	} {
+		if got := g.group(ctx, domain); got != want {
+			t.Errorf("group(%q) = %q, want %q", domain, got, want)
+		}
+	}
+	if !g.isGroup("mx:mx1.hoster.example") || g.isGroup("a.test") {
+		t.Error("isGroup does not tell a site from a domain")
+	}
+
+	noGroups := newGrouper(true, true, nil, nil, res) // default-groups = false, no [[groups]]
+	if got := noGroups.group(ctx, "a.test"); got != "mx:mx1.hoster.example" {
+		t.Errorf("without provider groups: %q", got)
+	}
+	off := newGrouper(true, false, DefaultGroups(), nil, res)
+	if got := off.group(ctx, "a.test"); got != "a.test" {
+		t.Errorf("group-by-site off: %q", got)
+	}
+}
+
+// TestSiteNameBounded: a site of many hosts has a name of bounded length,
+// the same whatever order DNS gives them in.
+func TestSiteNameBounded(t *testing.T) {
+	var hosts []string
+	for i := 0; i < 40; i++ {
+		hosts = append(hosts, fmt.Sprintf("mx%02d.a-rather-long-hosting-company-name.example.", i))
+	}
+	a := siteName("d.test", hosts)
+	slices.Reverse(hosts)
+	b := siteName("d.test", hosts)
+	if a != b || len(a) > siteMaxLen || !strings.HasPrefix(a, "mx:mx00.") {
+		t.Fatalf("names %q and %q (%d octets)", a, b, len(a))
+	}
+}
+
+// TestThrottleSitesShareOneBudget: a throttle met by one domain of a site
+// slows the site, which every other domain on its hosts is delivered by.
+func TestThrottleSitesShareOneBudget(t *testing.T) {
+	env := startKV(t)
+	res := prefMX{
+		"a.test": {&net.MX{Host: "mx.hoster.example.", Pref: 10}},
+		"b.test": {&net.MX{Host: "mx.hoster.example.", Pref: 10}},
+	}
+	th := newThrottle(t, env, "a", func(c *Config) {
+		c.GroupByMX, c.GroupBySite, c.Groups, c.Resolver = true, true, DefaultGroups(), res
+		c.Overrides = map[string]Limits{"mx:mx.hoster.example": {Rate: 100}}
+	})
+	if a, b := th.Group("a.test"), th.Group("b.test"); a != "mx:mx.hoster.example" || b != a {
+		t.Fatalf("Group: a.test %q, b.test %q", a, b)
+	}
+	attempt(t, th, "a.test", resThrottled)
+	if s := th.Snapshot("mx:mx.hoster.example"); s.FleetRate != 50 {
+		t.Fatalf("site rate %v after a throttle on a.test", s.FleetRate)
+	}
+	if !th.Recovers("mx:mx.hoster.example", "b.test") {
+		t.Error("the site's recovery does not release b.test's mail")
 	}
 }

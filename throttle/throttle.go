@@ -99,6 +99,11 @@ type Config struct {
 	// failed lookup leaves the domain its own destination for a minute).
 	// Off: every domain is its own destination.
 	GroupByMX bool
+	// GroupBySite, with GroupByMX, makes the destination of a domain whose
+	// most preferred MX hosts are in no group and not its own their MX
+	// site ("mx:HOST[+HOST]", SitePrefix), shared by every domain on the
+	// same hosts.
+	GroupBySite bool
 	// Automation rules (see AutoRule).
 	Automation []AutoRule
 	// ClassifyRules are the classify rules replies can be given, name to
@@ -480,7 +485,7 @@ func New(ctx context.Context, cfg Config) (*Throttle, error) {
 	t := &Throttle{
 		cfg:      cfg,
 		rules:    rules,
-		groups:   newGrouper(cfg.GroupByMX, cfg.Groups, cfg.Overrides, cfg.Resolver),
+		groups:   newGrouper(cfg.GroupByMX, cfg.GroupBySite, cfg.Groups, cfg.Overrides, cfg.Resolver),
 		log:      cfg.Logger.With().Str("component", "throttle").Logger(),
 		m:        newThrottleMetrics(cfg.Registerer),
 		ops:      make(chan op, opsBuffer),

@@ -22,6 +22,7 @@ import (
 
 	"github.com/outflow/outflow/backoff"
 	"github.com/outflow/outflow/queue"
+	"github.com/outflow/outflow/throttle"
 )
 
 // adminFlags are shared by every verb that reaches a running daemon.
@@ -548,7 +549,10 @@ func (in inspection) writeText(w io.Writer) error {
 	line("from", "%s", dash(env.From))
 	line("recipients", "%s", dash(strings.Join(env.Rcpts, ", ")))
 	dest := env.Dest
-	if env.Group != "" {
+	switch {
+	case throttle.IsSite(env.Group):
+		dest += " (MX site " + env.Group + ")"
+	case env.Group != "":
 		dest += " (provider group " + env.Group + ")"
 	}
 	line("destination", "%s", dest)
