@@ -56,7 +56,7 @@ func TestLearnedStepWaitsForAnIdlePeer(t *testing.T) {
 		if n := th.liveCount(); n != 3 {
 			t.Fatalf("%d live workers, want 3", n)
 		}
-		th.raiseLearned(d, now)
+		th.raiseLearned(d, now, time.Time{})
 		if stepped := d.pending&pendLearn != 0; stepped != c.stepping {
 			t.Fatalf("%s: stepped up %v, want %v", c.what, stepped, c.stepping)
 		}

@@ -360,10 +360,64 @@ func (lc learnConfig) cutRate(s *DestState, now time.Time, observed, drained, ce
 	s.LearnedReason = reason
 	s.LearnedPaced = from <= 0 || s.LearnedPaced && paced
 	if from > 0 {
+		if s.LearnedRunFrom <= 0 {
+			s.LearnedRunFrom = from
+		}
 		lc.plateau(s, from, drained)
 	}
 	return true
 }
+
+// resumeRate takes the learned rate back up at now after a block: the
+// first delivery after a stretch of throttles with nothing delivered
+// (raiseLearned judges that, resumeQuiet). The rate resumes at a quarter
+// of the one in force before the throttles began (LearnedRunFrom), at
+// most ceiling, with its plateau 5 % under that old rate and steps of a
+// quarter of it, so that, step by step while nothing is throttled, it is
+// back under the old rate in three steps; a throttle cuts at once. It
+// returns false when that quarter is under twice the rate in force (a
+// run of cuts that did not take the rate far down, or no run).
+//
+// A block is a provider refusing everything for a while (a reputation
+// hold, "try again later" to every attempt), whatever the rate: its cuts
+// take the rate to learn-min, and the plateau down with it, and from there
+// the climb is a slow limit's (each step judged over four deliveries). A
+// minute's block of a 20/s destination left it under half its limit for
+// 5 min 27 s after the block ended; resumed, for 8 s
+// (TestLearnedRateResumesAfterABlock). A quarter, not the whole: a
+// provider that lifts a block may take less than before it, and the steps
+// find out.
+func (lc learnConfig) resumeRate(s *DestState, now time.Time, ceiling float64) bool {
+	if s.LearnedRunFrom <= 0 || s.LearnedRate <= 0 {
+		return false
+	}
+	next := s.LearnedRunFrom / 4
+	if ceiling > 0 && next > ceiling {
+		next = ceiling
+	}
+	from := s.inForce(now)
+	if next < 2*from {
+		return false
+	}
+	s.LearnedReason = fmt.Sprintf("resumed: delivered again after a block that cut %s to %s; a quarter of the rate before it", fmtPerSec(s.LearnedRunFrom), fmtPerSec(from))
+	s.regrid(now, lc.ahead, next)
+	s.LearnedRate, s.LearnedStep = next, next
+	s.LearnedPlateau, s.LearnedProbes, s.LearnedProbeAt = s.LearnedRunFrom*(1-learnPlateauMargin), 0, time.Time{}
+	s.LearnedRunFrom, s.LearnedPaced, s.LearnedSlowStart = 0, false, false
+	// A throttle from now on cuts at once: the block's last cut set a hold
+	// of four deliveries at its rate (40 s at learn-min's 0.1/s), and the
+	// resumed rate is a guess.
+	s.LearnedHold = now.UTC()
+	inForce := laterOf(now, s.Grid[len(s.Grid)-1].From)
+	s.LearnedNext = inForce.Add(lc.at(next).every).UTC()
+	return true
+}
+
+// resumeQuiet is how long a worker must have had nothing delivered, with
+// the fleet's window empty at a cut, for its next delivery to resume the
+// rate (resumeRate): a limit that fell still lets mail through every few
+// seconds, a block does not.
+const resumeQuiet = 10 * time.Second
 
 // plateau sets where the steps after a cut at from stop, and until when
 // (see the increase above). A cut above the plateau is a probe that met
@@ -429,6 +483,10 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	case p <= 0:
 	case s.LearnedRate < p && next >= p-1e-9:
 		next, reaches = p, true
+		// The probes over the plateau are a step's of the plateau at
+		// most: a resume's quarter-rate steps (resumeRate) would probe
+		// 12 % over it.
+		s.LearnedStep = min(step, lc.stepOf(p))
 		how = "to the plateau " + fmtPerSec(p) + " (under the last throttle's rate), waits " + reasonSpan(lc.probeWait(s.LearnedProbes))
 	case s.LearnedRate > p+1e-9:
 		// A probe over the plateau held: the limit rose at
@@ -456,6 +514,7 @@ func (lc learnConfig) raiseRate(s *DestState, now time.Time, ceiling float64) bo
 	s.regrid(now, lc.ahead, next)
 	s.LearnedRate = next
 	s.LearnedPaced = false
+	s.LearnedRunFrom = 0 // a step ends the run of cuts
 	// Only the next step waits: a throttle right after a step up cuts at
 	// once, so an overshoot costs milliseconds of throttles, not a hold.
 	// It waits for LearnEvery of the new rate in force: from its grid
@@ -592,6 +651,7 @@ func forgetLearned(s *DestState) bool {
 	}
 	s.LearnedRate, s.LearnedStep, s.LearnedHold, s.LearnedNext, s.LearnedReason, s.LearnedSlowStart = 0, 0, time.Time{}, time.Time{}, "", false
 	s.LearnedPlateau, s.LearnedProbeAt, s.LearnedProbes, s.LearnedPaced = 0, time.Time{}, 0, false
+	s.LearnedRunFrom = 0
 	s.LearnedConns, s.LearnedConnsHold, s.LearnedConnsNext, s.LearnedConnsReason = 0, time.Time{}, time.Time{}, ""
 	s.LearnedConnsPlateau, s.LearnedConnsProbeAt, s.LearnedConnsProbes = 0, time.Time{}, 0
 	s.LearnedSince, s.LearnedCutAt = time.Time{}, time.Time{}

@@ -518,6 +518,11 @@ func (t *Throttle) learning() learnConfig {
 // throttles (drainedRate). d.mu held.
 func (t *Throttle) cutLearnedRate(d *dest, now time.Time, why classify.Result, p *permit, drained float64) {
 	observed, thin := t.observedRate(d, now)
+	if observed > 0 {
+		d.quietSince = time.Time{}
+	} else if d.quietSince.IsZero() && d.state.LearnedRate > 0 {
+		d.quietSince, d.quietTotal = now, d.delivered.total
+	}
 	if d.state.LearnedRate <= 0 && now.Sub(d.burstFrom) < learnMinElapsed && (observed == 0 || thin) {
 		// The first reply of a burst is a throttle while the rest of the
 		// burst is still in flight: their replies say what the provider
@@ -642,9 +647,23 @@ func (t *Throttle) cutLearned(d *dest, now time.Time, l learnedLimit, fn func(*D
 // raiseLearned probes d's learned limits upward after a delivered attempt:
 // one step per LearnEvery fleet-wide (the shared hold), only while the
 // limit is what holds traffic back and no throttle came within LearnEvery.
-// Not applied locally first: the watcher brings it back at once. d.mu held.
-func (t *Throttle) raiseLearned(d *dest, now time.Time) {
+// Not applied locally first: the watcher brings it back at once. The
+// delivery of an attempt sent after the last cut of a block (sent) resumes
+// the rate instead (resumeRate). d.mu held.
+func (t *Throttle) raiseLearned(d *dest, now, sent time.Time) {
 	s := &d.state
+	quiet := d.quietSince
+	d.quietSince = time.Time{}
+	if !quiet.IsZero() && d.delivered.total == d.quietTotal+1 && now.Sub(quiet) >= resumeQuiet &&
+		s.LearnedRunFrom > 0 && d.pending&pendLearn == 0 && !sent.Before(s.LearnedCutAt) {
+		lc, ceiling := t.learning(), d.limits.Rate
+		t.changeLearned(d, learnedRate, "resume", func(s *DestState, now time.Time) bool { return lc.resumeRate(s, now, ceiling) })
+		// The spans between the block's throttles held no delivery: read
+		// as a rate between throttles, they would cut the next probe's
+		// throttle to what got through during the block.
+		d.drains = drainMarks{}
+		return
+	}
 	lc := t.learning().at(s.inForce(now))
 	// The rate binds when this worker delivers at (nearly) its share of
 	// the rate in force: a step is a test of that rate, and a rate the

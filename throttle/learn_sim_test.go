@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,12 +22,30 @@ func simLearn(limit, burst float64, warm, dur time.Duration) (throttles, deliver
 // simLearnFrom is simLearn with first the gap between sends before the
 // first throttle (what the first-contact window lets through).
 func simLearnFrom(limit, burst float64, first, warm, dur time.Duration) (throttles, delivered int) {
+	simRun(func(time.Duration) float64 { return limit }, burst, first, dur, func(at time.Duration, ok bool, _ *DestState) {
+		switch {
+		case at <= warm:
+		case ok:
+			delivered++
+		default:
+			throttles++
+		}
+	})
+	return throttles, delivered
+}
+
+// simRun is the simulation of simLearnFrom against a bucket whose limit at
+// each moment (time since the start) is limitAt (0: a block, every attempt
+// throttled), telling seen of each attempt: when, delivered or throttled,
+// and the state after it.
+func simRun(limitAt func(time.Duration) float64, burst float64, first, dur time.Duration, seen func(at time.Duration, delivered bool, s *DestState)) {
 	lc := learnConfig{decrease: DefaultDecreaseFactor, hold: DefaultLearnHold, every: DefaultLearnEvery, step: DefaultLearnStep, min: DefaultLearnMin}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var s DestState
 	var win rateWindow
 	var marks drainMarks
 	var total uint64
+	var q simQuiet
 	tokens, last := burst, t0
 	now := t0
 	for now.Before(t0.Add(dur)) {
@@ -35,32 +54,56 @@ func simLearnFrom(limit, burst float64, first, warm, dur time.Duration) (throttl
 			gap = time.Duration(float64(time.Second) / r)
 		}
 		now = now.Add(gap)
+		limit := limitAt(now.Sub(t0))
 		arrive := now.Add(time.Duration(rng.IntN(20)-10) * time.Millisecond)
 		if arrive.After(last) {
 			tokens = min(burst, tokens+arrive.Sub(last).Seconds()*limit)
 			last = arrive
 		}
-		counted := now.After(t0.Add(warm))
-		if tokens < 1 {
-			if counted {
-				throttles++
-			}
+		if tokens < 1 || limit <= 0 {
 			drained := marks.drained(now, total)
 			if s.LearnedRate > 0 && !s.LearnedSlowStart {
 				marks.mark(now, total)
 			}
-			lc.cutRate(&s, now, win.spanRate(now, DefaultLearnWindow), drained, 0, "sim", true)
+			observed := win.spanRate(now, DefaultLearnWindow)
+			q.cut(&s, now, observed, total)
+			lc.cutRate(&s, now, observed, drained, 0, "sim", true)
+			seen(now.Sub(t0), false, &s)
 			continue
 		}
 		tokens--
-		if counted {
-			delivered++
-		}
 		win.add(now, 1, DefaultLearnWindow)
 		total++
-		lc.raiseRate(&s, now, 0)
+		q.raise(lc, &s, &marks, now, total)
+		seen(now.Sub(t0), true, &s)
 	}
-	return throttles, delivered
+}
+
+// simQuiet is what a worker keeps of a block (dest.quietSince and
+// quietTotal), and what it does on a cut and on a delivery (cutLearnedRate
+// and raiseLearned). The simulated attempts are sent and answered at once,
+// so a delivery is of an attempt sent after every cut.
+type simQuiet struct {
+	since time.Time
+	total uint64
+}
+
+func (q *simQuiet) cut(s *DestState, now time.Time, observed float64, total uint64) {
+	if observed > 0 {
+		q.since = time.Time{}
+	} else if q.since.IsZero() && s.LearnedRate > 0 {
+		q.since, q.total = now, total
+	}
+}
+
+func (q *simQuiet) raise(lc learnConfig, s *DestState, marks *drainMarks, now time.Time, total uint64) {
+	quiet := q.since
+	q.since = time.Time{}
+	if !quiet.IsZero() && total == q.total+1 && now.Sub(quiet) >= resumeQuiet && lc.resumeRate(s, now, 0) {
+		*marks = drainMarks{}
+		return
+	}
+	lc.raiseRate(s, now, 0)
 }
 
 // TestLearnedRateSteadyState: past first contact, one worker against an
@@ -147,5 +190,88 @@ func TestPlateauMetric(t *testing.T) {
 	m.drop("p.test")
 	if m.plateau.DeleteLabelValues("p.test") {
 		t.Fatal("the plateau series outlived drop")
+	}
+}
+
+// TestLearnedRateResumesAfterABlock: a provider that refuses every attempt
+// for a minute (a reputation hold), then takes its old limit again. The
+// block's cuts take the learned rate to learn-min; the first delivery
+// after it resumes at a quarter of the rate before the block, and the
+// steps are back near the limit within seconds. Without the resume, the
+// climb from learn-min judged each step over four deliveries: 5 min 17 s
+// to half of a 2/s limit, 5 min 27 s of a 20/s one, 5 min 45 s of 100/s.
+// Resuming costs few throttles: the steps stop under the old rate, and
+// what follows is the ordinary search for the limit (at 2/s, 2.8 % of the
+// attempts in the 3 min after the block; first contact costs more).
+func TestLearnedRateResumesAfterABlock(t *testing.T) {
+	const from, to = 3 * time.Minute, 4 * time.Minute // the block
+	for _, limit := range []float64{2, 20, 100} {
+		limitAt := func(at time.Duration) float64 {
+			if at >= from && at < to {
+				return 0
+			}
+			return limit
+		}
+		var half, resumed time.Duration
+		thr, del := 0, 0
+		counts := map[int]int{}
+		simRun(limitAt, max(1, limit/5), time.Duration(float64(time.Second)/(2*limit)), to+3*time.Minute, func(at time.Duration, ok bool, s *DestState) {
+			if at < to {
+				return
+			}
+			if resumed == 0 && strings.HasPrefix(s.LearnedReason, "resumed") {
+				resumed = at - to
+			}
+			if !ok {
+				thr++
+				return
+			}
+			del++
+			k := int((at - to) / (5 * time.Second)) // deliveries per 5 s after the block
+			counts[k]++
+			if half == 0 && float64(counts[k]) >= 0.5*limit*5 {
+				half = at - to
+			}
+		})
+		t.Logf("limit %v/s: resumed %v after the block, half the limit after %v; then %d throttles, %d delivered (%.2f %%)",
+			limit, resumed, half, thr, del, 100*float64(thr)/float64(thr+del))
+		if resumed == 0 || half == 0 || half > 45*time.Second {
+			t.Errorf("limit %v/s: half the limit %v after the block (resumed %v), want within 45 s", limit, half, resumed)
+		}
+		if share := float64(thr) / float64(thr+del); share > 0.04 {
+			t.Errorf("limit %v/s: %.2f %% of the attempts after the block throttled, want at most 4 %%", limit, 100*share)
+		}
+	}
+}
+
+// TestLearnedRateLimitThatFellIsNoBlock: a 20/s limit that falls to 1/s
+// still lets mail through between throttles; the rate follows it down and
+// never resumes toward the old 20/s, which would be a burst of throttles
+// every few seconds.
+func TestLearnedRateLimitThatFellIsNoBlock(t *testing.T) {
+	const fall = 3 * time.Minute
+	thr, del := 0, 0
+	simRun(func(at time.Duration) float64 {
+		if at >= fall {
+			return 1
+		}
+		return 20
+	}, 4, 25*time.Millisecond, fall+10*time.Minute, func(at time.Duration, ok bool, s *DestState) {
+		if strings.HasPrefix(s.LearnedReason, "resumed") {
+			t.Fatalf("resumed at %v: %s", at, s.LearnedReason)
+		}
+		if at < fall+time.Minute {
+			return
+		}
+		if ok {
+			del++
+		} else {
+			thr++
+		}
+	})
+	share := float64(thr) / float64(thr+del)
+	t.Logf("after the fall: %d throttles, %d delivered (%.2f %%)", thr, del, 100*share)
+	if share > 0.05 {
+		t.Errorf("%.2f %% of the attempts throttled under the fallen limit", 100*share)
 	}
 }

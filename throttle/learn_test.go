@@ -878,7 +878,7 @@ func TestLearnedStepOnTrickle(t *testing.T) {
 	for at := now.Add(-8 * time.Second); !at.After(now); at = at.Add(2 * time.Second) {
 		d.delivered.add(at, 1, th.cfg.LearnWindow)
 	}
-	th.raiseLearned(d, now)
+	th.raiseLearned(d, now, time.Time{})
 	if d.pending&pendLearn != 0 {
 		t.Fatal("stepped up a 10/s learned rate on 0.5/s of mail")
 	}
@@ -907,12 +907,12 @@ func TestLearnedStepNeedsTheRateReached(t *testing.T) {
 		}
 	}
 	deliver(200 * time.Millisecond) // 5/s
-	th.raiseLearned(d, now)
+	th.raiseLearned(d, now, time.Time{})
 	if d.pending&pendLearn != 0 {
 		t.Fatal("stepped up at half the learned rate")
 	}
 	deliver(100 * time.Millisecond) // 10/s
-	th.raiseLearned(d, now)
+	th.raiseLearned(d, now, time.Time{})
 	if d.pending&pendLearn == 0 {
 		t.Fatal("no step at the learned rate")
 	}
@@ -1454,5 +1454,69 @@ func TestLearnedReasonSaysWhatDecided(t *testing.T) {
 	lcTest.cutRate(&seeded, t0, 40, 0, 8, "why", false)
 	if !near(seeded.LearnedRate, 8) || !strings.HasSuffix(seeded.LearnedReason, "; at most the configured 8.00/s") {
 		t.Errorf("seed under a configured 8/s: %v, %q", seeded.LearnedRate, seeded.LearnedReason)
+	}
+}
+
+// TestBlockResumesOnTheFirstDelivery: a learned rate cut from 20/s to
+// 2/s by a block (a run of cuts, written to the shared state here). A
+// throttle whose window saw nothing delivered starts the quiet; the first
+// delivery resumeQuiet or more later resumes the rate at a quarter of the
+// 20/s, fleet-wide. A delivery sooner is a limit still letting mail
+// through, and resumes nothing.
+func TestBlockResumesOnTheFirstDelivery(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		quiet bool // the quiet began resumeQuiet ago
+	}{{"after a quiet", true}, {"too soon", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			env := startKV(t)
+			th := newThrottle(t, env, "a", nil)
+			cut := th.now().Add(-time.Minute)
+			if _, _, _, _, err := updateState(ctxT(t), env.state, "blocked.test", "test", func(s *DestState, _ time.Time) bool {
+				s.LearnedRate, s.LearnedStep, s.LearnedRunFrom = 2, 0.2, 20
+				s.LearnedCutAt, s.LearnedHold, s.LearnedNext = cut, cut.Add(2*time.Second), cut.Add(2*time.Second)
+				s.LearnedPlateau, s.LearnedSince = 2, cut
+				s.Grid = []GridSegment{{From: cut, Rate: 2}}
+				return true
+			}); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 5*time.Second, "the state seen", func() bool { return th.Snapshot("blocked.test").LearnedRate == 2 })
+			d := th.getDest("blocked.test")
+
+			attempt(t, th, "blocked.test", resThrottled)
+			d.mu.Lock()
+			since := d.quietSince
+			if c.quiet {
+				d.quietSince = since.Add(-resumeQuiet) // as if the block had lasted
+			}
+			d.mu.Unlock()
+			if since.IsZero() {
+				t.Fatal("a throttle with nothing delivered in the window started no quiet")
+			}
+			eventually(t, 5*time.Second, "the cut written", func() bool {
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				return d.pending&pendLearn == 0
+			})
+			rate := th.Snapshot("blocked.test").LearnedRate
+			attempt(t, th, "blocked.test", resDelivered)
+			if !c.quiet {
+				// A resume is queued by Done itself (changeLearned's pending bit).
+				d.mu.Lock()
+				queued, r := d.pending&pendLearn != 0, d.state.LearnedRate
+				d.mu.Unlock()
+				if queued || r != rate {
+					t.Fatalf("a change queued (%v), rate %v after a delivery within the quiet, want none and %v", queued, r, rate)
+				}
+				return
+			}
+			eventually(t, 5*time.Second, "resumed at 5/s", func() bool { return th.Snapshot("blocked.test").LearnedRate == 5 })
+			s, err := GetState(ctxT(t), env.state, "blocked.test")
+			if err != nil || s.LearnedRate != 5 || s.LearnedRunFrom != 0 || !strings.HasPrefix(s.LearnedReason, "resumed") ||
+				s.LearnedPlateau != 20*(1-learnPlateauMargin) {
+				t.Fatalf("shared state after the resume: %+v, %v", s, err)
+			}
+		})
 	}
 }

@@ -96,6 +96,10 @@ type DestState struct {
 	LearnedPlateau float64   `json:"learned_plateau,omitempty"`
 	LearnedProbeAt time.Time `json:"learned_probe_at,omitzero"`
 	LearnedProbes  int       `json:"learned_probes,omitempty"`
+	// LearnedRunFrom is the rate in force at the first cut since the last
+	// step up: the rate before the throttles began, which the first
+	// delivery after a block resumes from (learn.go, resumeRate).
+	LearnedRunFrom float64 `json:"learned_run_from,omitempty"`
 	// LearnedConns is the fleet connection limit learned from "too many
 	// connections" replies; 0 means unknown. LearnedConnsHold is the
 	// earliest time of its next cut, LearnedConnsNext that of its next

@@ -408,8 +408,14 @@ type dest struct {
 	failures int  // consecutive failed attempts
 	lastCut  time.Time
 	lastThr  time.Time // last throttled reply
-	lastUsed time.Time
-	pending  uint8
+	// quietSince is the first cut of the learned rate that read nothing
+	// delivered in the fleet's window, and quietTotal this worker's
+	// deliveries then: a block while nothing is delivered since (resume).
+	// Zero: a delivery since.
+	quietSince time.Time
+	quietTotal uint64
+	lastUsed   time.Time
+	pending    uint8
 	// gens counts the transitions queued per pending bit (by the bit's
 	// index): a retried write that a later transition of the same bit
 	// overtook is stale (op.current), and neither runs nor clears the bit.
@@ -1304,7 +1310,7 @@ func (t *Throttle) done(p *permit, results []classify.Result) {
 			!now.Before(d.state.FactorUntil) && now.Sub(d.lastThr) >= cfg.IncreaseEvery {
 			t.rampFactor(d)
 		}
-		t.raiseLearned(d, now)
+		t.raiseLearned(d, now, p.sent)
 	}
 
 	// Automation.
