@@ -260,14 +260,25 @@ func (d *deadAddrs) len() int {
 // held. No address was dialled.
 func heldError(host string, held []deadAddr) error {
 	parts := make([]string, len(held))
+	first := held[0].until
 	for i, h := range held {
 		parts[i] = fmt.Sprintf("%s failed to connect at %s (%s), not dialled again before %s",
 			h.addr, h.failedAt.UTC().Format(time.RFC3339), h.why, h.until.UTC().Format(time.RFC3339))
+		if h.until.Before(first) {
+			first = h.until
+		}
 	}
 	return &stepErr{in: classify.Input{Stage: classify.StageConnect, Event: held[0].ev,
 		Text: syntheticText(fmt.Sprintf("MX host %s: not connecting, every address is held after a recent connection failure: %s",
-			host, strings.Join(parts, "; ")))}, err: errAddrHeld}
+			host, strings.Join(parts, "; ")))}, err: &heldErr{until: first}}
 }
+
+// heldErr is errAddrHeld with the end of the first of the host's holds:
+// when one of its addresses may be dialled again (Result.HeldUntil).
+type heldErr struct{ until time.Time }
+
+func (e *heldErr) Error() string { return errAddrHeld.Error() }
+func (e *heldErr) Unwrap() error { return errAddrHeld }
 
 // noteDial reports to the memory how the dial of addr for host went (err
 // is open's), and logs an address it marks, once per hold, and one it

@@ -212,6 +212,9 @@ func TestDeadAddrAllHeldFailsAtOnce(t *testing.T) {
 			if dials() != 3 {
 				t.Fatalf("%d dials, want 3", dials())
 			}
+			if !r.HeldUntil.IsZero() {
+				t.Errorf("HeldUntil %v after an attempt that dialled", r.HeldUntil)
+			}
 
 			start := time.Now()
 			r = s.Send(ctxT(t), msg("dead.test", "b@dead.test", "c@dead.test"))
@@ -219,6 +222,9 @@ func TestDeadAddrAllHeldFailsAtOnce(t *testing.T) {
 			checkAll(t, r, classify.StageConnect, 0, ev)
 			if dials() != 3 || took > 100*time.Millisecond {
 				t.Fatalf("second delivery dialled %d times in all and took %v; want no dial, at once", dials(), took)
+			}
+			if want := time.Date(2026, 12, 7, 20, 1, 0, 0, time.UTC); !r.HeldUntil.Equal(want) {
+				t.Errorf("HeldUntil %v, want the first hold's end %v", r.HeldUntil, want)
 			}
 			o := r.Rcpts[0].Outcome
 			if !strings.HasPrefix(o.Text, syntheticText("")) || !strings.Contains(o.Text, "127.0.0.13:25") ||

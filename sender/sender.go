@@ -70,6 +70,12 @@ type Result struct {
 	// other family may reach them. The recipients' outcome is then a DNS
 	// failure naming the last host tried.
 	WrongFamily bool
+	// HeldUntil, when set, says that nothing was dialled because every
+	// address of every MX host tried failed to connect lately and is held
+	// (deadaddr.go): the attempt reached no server, and the first hold
+	// ends then. The recipients' outcome is the held addresses' connect
+	// failure.
+	HeldUntil time.Time
 }
 
 // Sender delivers messages over SMTP. It is safe for concurrent use; each
@@ -246,7 +252,7 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 	// The source rides on ctx down to dial, the pool key and the address
 	// order, so that the steps between need not know about it.
 	ctx = withSource(ctx, m.Source)
-	t := &tries{hosts: hosts, relay: relay, addrs: map[string]bool{}, wrongFamily: true}
+	t := &tries{hosts: hosts, relay: relay, addrs: map[string]bool{}, wrongFamily: true, allHeld: true}
 	first := true
 	// carried: the recipients pending were left over by a transaction
 	// that failed and took its connection with it, and nothing has been
@@ -273,6 +279,9 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 			}
 			fill(pending, in)
 			res.WrongFamily = first && errors.Is(err, errWrongFamily)
+			if first && t.allHeld && errors.Is(err, errAddrHeld) {
+				res.HeldUntil = t.heldUntil
+			}
 			break
 		}
 		carried = false
@@ -517,11 +526,23 @@ type tries struct {
 	// wrongFamily: every host so far had no address of the source's
 	// family (and none was reached).
 	wrongFamily bool
+	// allHeld: every host so far failed with all its addresses held
+	// (deadaddr.go), and none was dialled; heldUntil is the first end of
+	// their holds.
+	allHeld   bool
+	heldUntil time.Time
 }
 
 func (t *tries) fail(err error) {
 	if !errors.Is(err, errWrongFamily) {
 		t.wrongFamily = false
+	}
+	if he := (*heldErr)(nil); errors.As(err, &he) {
+		if t.heldUntil.IsZero() || he.until.Before(t.heldUntil) {
+			t.heldUntil = he.until
+		}
+	} else {
+		t.allHeld = false
 	}
 	t.last = err
 	in := inputOf(err)
@@ -642,7 +663,7 @@ func (s *Sender) acquire(ctx context.Context, log *msgLog, t *tries, plan *tlsPl
 			// A later connection (the server's limit of messages per
 			// connection, a stale pooled one) starts with this host.
 			t.next, t.cur = i, i
-			t.wrongFamily = false
+			t.wrongFamily, t.allHeld = false, false
 			return c, reused, nil
 		}
 		if !errors.Is(err, errLimit) {

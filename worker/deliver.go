@@ -292,6 +292,24 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) (err error) {
 
 	o := w.outcomeOf(e, res, src)
 	o.admitWait, o.deliveries = admitWait, d.Deliveries
+	if !res.HeldUntil.IsZero() && ctx.Err() == nil {
+		// Nothing was dialled: every address of the destination's MX
+		// hosts failed to connect lately and is held (the sender's
+		// dead-address memory). The throttle hears the failure (its
+		// breaker counts it, as the dial's own failure would have
+		// been), but the envelope spends no attempt and comes back when
+		// the first hold ends: retried on the lane's backoff, a replay
+		// of dead letters after an MX was mended spent five attempts in
+		// 80 s against one 4-minute hold, and its sender got a second
+		// failure notice for mail that was never tried again.
+		release(o.results)
+		stop()
+		at := res.HeldUntil
+		if soon := w.now().Add(time.Second); at.Before(soon) {
+			at = soon // a hold that ended meanwhile: its probe is another delivery's
+		}
+		return w.refused(ctx, d, dest, throttle.Refusal{Until: at, Reason: "addr-held", Detail: o.lead.Text}, admitWait)
+	}
 	if ctx.Err() != nil {
 		// The end of the shutdown grace cut the send: our own doing, no
 		// signal from the destination for the throttle.
@@ -1144,7 +1162,7 @@ func refusalWhy(r throttle.Refusal) string {
 // wait at the rate is the pass deadline's (`dsn-pass-timeout`).
 func longRefusal(reason string) bool {
 	switch reason {
-	case "suspended", "breaker-open", "breaker-half-open":
+	case "suspended", "breaker-open", "breaker-half-open", "addr-held":
 		return true
 	}
 	return false
