@@ -63,6 +63,13 @@ type Record struct {
 	// be a duplicate (docs/reliability.md).
 	Deliveries uint64
 
+	// MX is the MX host (or relay) of the attempt's last connection, MXAddr
+	// its ip:port, and Source the egress address it went out from
+	// ([[egress]]); each left out when empty (no server reached, no egress
+	// addresses). After an abuse report or a blocklisting they say which
+	// address sent a message where.
+	MX, MXAddr, Source string
+
 	// NextAttemptAt is when the attempt is due: the decision time plus
 	// Decision.Delay.
 	NextAttemptAt time.Time
@@ -99,6 +106,9 @@ type recordJSON struct {
 	PacedBy        string  `json:"paced_by,omitempty"`
 	AdmitWaitMs    int64   `json:"admit_wait_ms,omitempty"`
 	Deliveries     uint64  `json:"deliveries,omitempty"`
+	MX             string  `json:"mx,omitempty"`
+	MXAddr         string  `json:"mx_addr,omitempty"`
+	Source         string  `json:"source,omitempty"`
 	NextAttemptAt  string  `json:"next_attempt_at"`
 }
 
@@ -157,6 +167,9 @@ func (r Record) wire() recordJSON {
 		PacedBy:        r.PacedBy,
 		AdmitWaitMs:    r.AdmitWaitMs,
 		Deliveries:     r.deliveries(),
+		MX:             r.MX,
+		MXAddr:         r.MXAddr,
+		Source:         r.Source,
 		NextAttemptAt:  r.nextAt(),
 	}
 }
@@ -165,8 +178,8 @@ func (r Record) wire() recordJSON {
 // names of the log line (msg_id, tenant, dest, attempt, backoff_attempt,
 // worker_id, class, rule, code, enhanced_code, reply, lane, base_ms, min_ms,
 // multiplier, window_ms, nominal_ms, cap_ms, jitter_seed, jitter_ms,
-// offset_ms, hint_ms, delay_ms, paced_by, admit_wait_ms and deliveries when
-// set, next_attempt_at).
+// offset_ms, hint_ms, delay_ms, paced_by, admit_wait_ms, deliveries, mx,
+// mx_addr and source when set, next_attempt_at).
 func (r Record) MarshalJSON() ([]byte, error) {
 	if b, ok := r.AppendJSON(make([]byte, 0, 1024)); ok {
 		return b, nil
@@ -228,6 +241,15 @@ func (r Record) AppendJSON(b []byte) (_ []byte, ok bool) {
 		b = append(b, `,"deliveries":`...)
 		b = strconv.AppendUint(b, n, 10)
 	}
+	if r.MX != "" {
+		str("mx", r.MX)
+	}
+	if r.MXAddr != "" {
+		str("mx_addr", r.MXAddr)
+	}
+	if r.Source != "" {
+		str("source", r.Source)
+	}
 	b = append(b, `,"next_attempt_at":"`...)
 	if !r.NextAttemptAt.IsZero() {
 		b = r.NextAttemptAt.UTC().AppendFormat(b, time.RFC3339Nano)
@@ -288,6 +310,9 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		PacedBy:       w.PacedBy,
 		AdmitWaitMs:   w.AdmitWaitMs,
 		Deliveries:    w.Deliveries,
+		MX:            w.MX,
+		MXAddr:        w.MXAddr,
+		Source:        w.Source,
 		NextAttemptAt: next,
 	}
 	return nil
@@ -328,6 +353,15 @@ func (r Record) MarshalZerologObject(e *zerolog.Event) {
 	}
 	if w.Deliveries != 0 {
 		e.Uint64("deliveries", w.Deliveries)
+	}
+	if w.MX != "" {
+		e.Str("mx", w.MX)
+	}
+	if w.MXAddr != "" {
+		e.Str("mx_addr", w.MXAddr)
+	}
+	if w.Source != "" {
+		e.Str("source", w.Source)
 	}
 	e.Str("next_attempt_at", w.NextAttemptAt)
 }

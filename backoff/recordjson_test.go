@@ -22,6 +22,9 @@ func TestRecordAppendJSONMatchesMarshal(t *testing.T) {
 	waited := base
 	waited.AdmitWaitMs, waited.Deliveries = 9999, 2
 	recs = append(recs, waited)
+	sent := base
+	sent.MX, sent.MXAddr, sent.Source = "mx1.example.com", "[2001:db8::25]:25", "2001:db8::1"
+	recs = append(recs, sent)
 	for _, m := range []float64{0, 1.5, 2, 1e-7, 1e21, 123456789.125, -3.25e-9} {
 		r := base
 		r.Multiplier = m
