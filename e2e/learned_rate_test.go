@@ -280,3 +280,40 @@ func TestLearnedRateTwoWorkersOneMessageBurst(t *testing.T) {
 		t.Errorf("%d throttle replies for %d messages", r.throttles, total)
 	}
 }
+
+// TestLearnedRateResumesAfterABlock: a provider that takes 20/s refuses
+// everything for 40 s (ratedmx's limit at 0), then takes 20/s again. The
+// block's cuts take the learned rate to learn-min; the first delivery
+// after it resumes the rate at a quarter of the rate before the block, and
+// the daemon delivers at half the limit again within a minute. Without the
+// resume it had not, 4 minutes after the block (24.3 s with it; one run
+// each, 2026-12-07, docs/throttling.md "Blocks").
+func TestLearnedRateResumesAfterABlock(t *testing.T) {
+	if !longMode() {
+		t.Skip("two and a half minutes of traffic; OUTFLOW_LONG=1 (make test-long)")
+	}
+	const limit = 20
+	p := ratedmx.Start(t, ratedmx.Options{Rate: limit})
+	dir := t.TempDir()
+	d := startDaemon(t, dir+"/a", learnedArgs(writeUsers(t, dir), p.Addr())...)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		submitThrough(t, []*daemon{d}, 2400, "b", "r@limited.test")
+	}()
+	waitFor(t, 120*time.Second, "300 delivered before the block", func() bool { return len(p.Times()) >= 300 })
+	p.SetLimit(0, 0)
+	blocked := time.Now()
+	waitFor(t, 60*time.Second, "40 s of block", func() bool { return time.Since(blocked) > 40*time.Second })
+	p.SetLimit(limit, limit/5)
+	open := time.Now()
+	waitFor(t, 60*time.Second, "half the limit again (50 in 5 s)", func() bool {
+		return ratedmx.Count(p.Times(), time.Now().Add(-5*time.Second), time.Now()) >= limit*5/2
+	})
+	t.Logf("half the limit %.1f s after the block ended", time.Since(open).Seconds())
+	if !strings.Contains(d.Logs(), "resumed: delivered again after a block") {
+		t.Errorf("no resumed learned-rate line:\n%s", grepLines(d.Logs(), `"change":"learned-rate"`))
+	}
+}
