@@ -402,14 +402,15 @@ func (ss *session) forward(ctx context.Context, msg []byte) error {
 		ss.s.log.Warn().Int("hops", hops).Strs("rcpts", ss.role).Msg("mail to the postmaster refused: a loop")
 		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 4, 6}, Message: "Too many hops: a mail loop"}
 	}
-	helo, from := "unknown", "unknown"
+	helo, from, lit := "unknown", "unknown", "unknown"
 	if ss.conn != nil {
 		helo = ss.conn.Hostname()
 		from = ss.conn.Conn().RemoteAddr().String()
+		lit = traceAddr(ss.conn.Conn().RemoteAddr())
 	}
 	now := time.Now()
 	body := wrapForward(forwardInfo{hostname: ss.s.cfg.Hostname, postmaster: ss.s.cfg.Postmaster, to: ss.role,
-		envFrom: ss.from, helo: helo, client: from, at: now}, msg)
+		envFrom: ss.from, helo: helo, client: lit, at: now}, msg)
 	sum := sha256.Sum256(msg)
 	ids, err := ss.s.cfg.Forwarder.Enqueue(ctx, &queue.Submission{Tenant: ForwardTenant, Rcpts: []string{ss.s.cfg.Postmaster},
 		Body: body, ReceivedAt: now, RemoteAddr: from, Source: queue.SourceSMTP, IsReport: true,
@@ -429,8 +430,31 @@ type forwardInfo struct {
 	hostname, postmaster string
 	to                   []string // the role addresses it was sent to
 	envFrom, helo        string   // its MAIL FROM and the client's EHLO name
-	client               string   // the client's address
+	client               string   // the client's address, as traceAddr writes it
 	at                   time.Time
+}
+
+// traceAddr is the client's address as the Received field of a submission
+// gives it (submission's appendReceived; RFC 5321 4.4 TCP-info, an address
+// literal of 4.1.3): [192.0.2.1] or [IPv6:2001:db8::1], an IPv4-mapped
+// address unmapped, without the port or a zone; "unknown" when a holds no
+// address. RemoteAddr().String() wrote "[::1]:32908", a port and no tag.
+func traceAddr(a net.Addr) string {
+	var ip netip.Addr
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ip = ta.AddrPort().Addr()
+	} else if a != nil {
+		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+			ip = ap.Addr()
+		}
+	}
+	switch ip = ip.Unmap().WithZone(""); {
+	case !ip.IsValid():
+		return "unknown"
+	case ip.Is4():
+		return "[" + ip.String() + "]"
+	}
+	return "[IPv6:" + ip.String() + "]"
 }
 
 // wrapForward writes the message that carries msg to the postmaster: a

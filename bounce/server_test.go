@@ -1094,3 +1094,47 @@ func TestOldJMRPComplaintAtTheFeedbackAddress(t *testing.T) {
 		t.Fatalf("%d events after the refusals, want 2", n)
 	}
 }
+
+// TestForwardReceivedAddressLiteral: the Received field of a forward to
+// the postmaster names the client as a submission's does, by an address
+// literal without the port: ([127.0.0.1]), ([IPv6:::1]). It had
+// RemoteAddr's "[::1]:32908", a port and no IPv6: tag.
+func TestForwardReceivedAddressLiteral(t *testing.T) {
+	for _, c := range []struct{ listen, want string }{{"127.0.0.1:0", "([127.0.0.1])"}, {"[::1]:0", "([IPv6:::1])"}} {
+		t.Run(c.listen, func(t *testing.T) {
+			if ln, err := net.Listen("tcp", c.listen); err != nil {
+				t.Skipf("cannot listen on %s: %v", c.listen, err)
+			} else {
+				_ = ln.Close()
+			}
+			fwd := &fakeForwarder{}
+			l := startListener(t, func(cfg *Config) { cfg.Addr, cfg.Postmaster, cfg.Forwarder = c.listen, "ops@operator.example", fwd })
+			if err := l.send(t, []string{"postmaster@bounces.shop.example"}, []byte("From: someone@isp.example\r\nSubject: hi\r\n\r\nhi\r\n")); err != nil {
+				t.Fatal(err)
+			}
+			subs := fwd.sent()
+			if len(subs) != 1 {
+				t.Fatalf("forwarded %d messages, want 1", len(subs))
+			}
+			first, _, _ := bytes.Cut(subs[0].Body, []byte("\r\n"))
+			if !bytes.HasPrefix(first, []byte("Received: from ")) || !bytes.HasSuffix(first, []byte(" "+c.want)) {
+				t.Errorf("first trace line %q, want the client as %s", first, c.want)
+			}
+			if !bytes.Contains(subs[0].Body, []byte(" "+c.want+" on ")) {
+				t.Errorf("the note for a person does not name the client as %s:\n%s", c.want, subs[0].Body)
+			}
+		})
+	}
+	for a, want := range map[net.Addr]string{
+		&net.TCPAddr{IP: net.ParseIP("::ffff:192.0.2.1"), Port: 25}:      "[192.0.2.1]",
+		&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 25, Zone: "eth0"}: "[IPv6:fe80::1]",
+		&net.UnixAddr{Name: "@", Net: "unix"}:                            "unknown",
+	} {
+		if got := traceAddr(a); got != want {
+			t.Errorf("traceAddr(%v) = %q, want %q", a, got, want)
+		}
+	}
+	if got := traceAddr(nil); got != "unknown" {
+		t.Errorf("traceAddr(nil) = %q, want unknown", got)
+	}
+}

@@ -103,6 +103,27 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.MaxStore < 0 {
 		return nil, fmt.Errorf("embedded nats: --store-max %d: want a number of bytes, or 0 for nats-server's default", cfg.MaxStore)
 	}
+	// --nats-addr is read before anything is written in the data dir: a
+	// start refused on it must leave nothing behind (a ClientInfoFile
+	// without a URL made the CLI blame a daemon that never ran for having
+	// no client listener).
+	var listenHost string
+	var listenPort int
+	if cfg.ListenAddr != "" {
+		host, port, err := net.SplitHostPort(cfg.ListenAddr)
+		if err != nil {
+			hint := ""
+			if strings.Count(cfg.ListenAddr, ":") > 1 && !strings.HasPrefix(cfg.ListenAddr, "[") {
+				hint = " (an IPv6 address goes in brackets: [::1]:4222)"
+			}
+			return nil, fmt.Errorf("embedded nats: --nats-addr %q: %w%s", cfg.ListenAddr, err, hint)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil || p < 0 || p > 65535 {
+			return nil, fmt.Errorf("embedded nats: --nats-addr %q: bad port", cfg.ListenAddr)
+		}
+		listenHost, listenPort = host, p
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
@@ -164,14 +185,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.ListenAddr == "" {
 		opts.DontListen = true
 	} else {
-		host, port, err := net.SplitHostPort(cfg.ListenAddr)
-		if err != nil {
-			return nil, fmt.Errorf("embedded nats: --nats-addr %q: %w", cfg.ListenAddr, err)
-		}
-		p, err := strconv.Atoi(port)
-		if err != nil {
-			return nil, fmt.Errorf("embedded nats: --nats-addr %q: bad port", cfg.ListenAddr)
-		}
+		host, p := listenHost, listenPort
 		if p == 0 {
 			p = server.RANDOM_PORT
 		} else if ln, err := net.Listen("tcp", cfg.ListenAddr); err != nil {
@@ -348,6 +362,11 @@ func ReadClientInfo(dataDir string) (ClientInfo, error) {
 	return ci, nil
 }
 
+// loadOrCreateCreds reads the client credentials of an earlier start from
+// path, or makes new ones. It writes nothing: StartEmbedded writes the
+// file once the server is up, with its URL, so that a start that fails
+// leaves no file naming a daemon that never ran (and one that an earlier
+// start wrote as it was).
 func loadOrCreateCreds(path string) (ClientInfo, error) {
 	var ci ClientInfo
 	if b, err := os.ReadFile(path); err == nil {
@@ -357,11 +376,7 @@ func loadOrCreateCreds(path string) (ClientInfo, error) {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return ci, fmt.Errorf("embedded nats: %w", err)
 	}
-	ci, err := newCreds("outflow")
-	if err != nil {
-		return ci, err
-	}
-	return ci, writeJSON0600(path, ci)
+	return newCreds("outflow")
 }
 
 // newCreds makes user a random password (24 bytes, hex).

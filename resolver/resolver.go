@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,7 +121,11 @@ func New(cfg Config) (*Resolver, error) {
 }
 
 // ServerAddr checks one --dns entry and returns it as host:port, adding
-// port 53 when it has none ("127.0.0.1", "::1", "[::1]:5353").
+// port 53 when it has none ("127.0.0.1", "::1", "[::1]", "[::1]:5353").
+// A bare IPv6 address cannot carry a port: "::1:5353" is the address
+// ::1:5353 on port 53, since nothing tells it from ::1 on port 5353 (the
+// port goes after brackets, "[::1]:5353"); serve logs the servers it uses
+// at start, so that such a reading shows.
 func ServerAddr(s string) (string, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -135,8 +140,14 @@ func ServerAddr(s string) (string, error) {
 		}
 		return s, nil
 	}
+	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+		// An IPv6 address written as in host:port, without the port.
+		if ip, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil && ip.Is6() {
+			return net.JoinHostPort(s[1:len(s)-1], "53"), nil
+		}
+	}
 	if strings.ContainsAny(s, "[]") {
-		return "", fmt.Errorf("resolver: DNS server %q: want host, ip or host:port", s)
+		return "", fmt.Errorf("resolver: DNS server %q: want host, ip, [ipv6] or host:port", s)
 	}
 	return net.JoinHostPort(s, "53"), nil
 }

@@ -375,12 +375,17 @@ func TestServerAddr(t *testing.T) {
 	for in, want := range map[string]string{
 		"127.0.0.1": "127.0.0.1:53", "127.0.0.1:5353": "127.0.0.1:5353", "::1": "[::1]:53",
 		"[::1]:5353": "[::1]:5353", " ns.example.test ": "ns.example.test:53",
+		// An IPv6 address in brackets without a port, as --relay and
+		// --nats-addr write one, takes port 53; it was refused.
+		"[::1]": "[::1]:53", "[2001:db8::53]": "[2001:db8::53]:53", "[fe80::1%lo]": "[fe80::1%lo]:53",
+		// Ambiguous, and read as an address: serve logs the servers it uses.
+		"::1:5353": "[::1:5353]:53",
 	} {
 		if got, err := ServerAddr(in); err != nil || got != want {
 			t.Errorf("ServerAddr(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "127.0.0.1:0", "127.0.0.1:x", ":53", "[::1"} {
+	for _, bad := range []string{"", "127.0.0.1:0", "127.0.0.1:x", ":53", "[::1", "[]", "[ns.example.test]", "[127.0.0.1]"} {
 		if _, err := ServerAddr(bad); err == nil {
 			t.Errorf("ServerAddr(%q) accepted", bad)
 		}

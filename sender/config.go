@@ -375,8 +375,23 @@ func (c *Config) chunkingFor(domain, host string) bool {
 }
 
 // nameKey is a domain or host name as the per-name maps key it: lower
-// case, no trailing dot.
-func nameKey(s string) string { return strings.ToLower(strings.TrimSuffix(s, ".")) }
+// case, no trailing dot. An IP address, also in the brackets of
+// "[::1]:587", is the address as netip writes it: the relay's host is
+// compared bare (net.SplitHostPort), so a name written as the relay was
+// (--smtp-chunking-off '[::1]') never matched it, and "0:0:0:0:0:0:0:1"
+// is ::1 too.
+func nameKey(s string) string {
+	ip := s
+	if len(ip) > 2 && ip[0] == '[' && ip[len(ip)-1] == ']' {
+		ip = ip[1 : len(ip)-1]
+	}
+	if ip != s || strings.IndexByte(ip, ':') >= 0 {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			return a.Unmap().String()
+		}
+	}
+	return strings.ToLower(strings.TrimSuffix(s, "."))
+}
 
 // policyFor is the TLS policy for a destination domain.
 func (c *Config) policyFor(domain string) TLSPolicy {

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // Source is an egress address: the local address a connection to an MX
@@ -148,6 +149,32 @@ func (e *Egress) Candidates(tenant, dest string) []Source {
 	return append(out, list[:start]...)
 }
 
+// FamilyCandidates returns the tenant's sources of one family (v4: IPv4,
+// else IPv6) for dest, in the round-robin order from the destination's
+// next turn, without taking it: for an attempt that goes out from the
+// other family than the address its own turn gave (the worker's retry
+// when the destination has no MX address of that one's family, or none
+// that connects). Taking a turn there moved the destination's next
+// attempt back onto the family that had just failed, every time.
+func (e *Egress) FamilyCandidates(tenant, dest string, v4 bool) []Source {
+	list := e.Pool(tenant)
+	if len(list) == 0 {
+		return nil
+	}
+	pool := e.byTenant[tenant]
+	e.mu.Lock()
+	turn := e.next[turnKey{pool, dest}]
+	e.mu.Unlock()
+	start := int(turn % uint64(len(list)))
+	var out []Source
+	for i := range list {
+		if s := list[(start+i)%len(list)]; s.Addr.Is4() == v4 {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // Pool is the addresses a tenant sends from, in configuration order,
 // without taking a turn of the round-robin. The caller must not change it.
 func (e *Egress) Pool(tenant string) []Source {
@@ -175,6 +202,66 @@ func (e *Egress) HasFamily(tenant string, v4 bool) bool {
 	return false
 }
 
+// ForRelay returns the sources that can reach relay (host:port, as
+// Config.Relay): with the relay at an IP address, those of its family
+// only, since a connection bound to an address of one family cannot reach
+// an address of the other ("no suitable address found", a local failure
+// at every attempt that took such a source, spending the message's
+// attempt). Every pool keeps its name and tenants; it is an error, naming
+// the relay and the pool, when the addresses a tenant sends from (a
+// pool, or every address for tenants without one) have none of that
+// family: its mail could never leave. A relay given by host name is
+// returned as is: the dialler takes whichever of the name's addresses the
+// source's family can reach.
+func (e *Egress) ForRelay(relay string) (*Egress, error) {
+	if e == nil || relay == "" {
+		return e, nil
+	}
+	host, _, err := net.SplitHostPort(relay)
+	if err != nil {
+		host = relay
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return e, nil
+	}
+	v4 := a.Unmap().Is4()
+	family := "IPv6"
+	if v4 {
+		family = "IPv4"
+	}
+	keep := func(list []Source) ([]Source, []string) {
+		var out []Source
+		var others []string
+		for _, s := range list {
+			if s.Addr.Is4() == v4 {
+				out = append(out, s)
+			} else {
+				others = append(others, s.Addr.String())
+			}
+		}
+		return out, others
+	}
+	r := &Egress{pools: map[string][]Source{}, byTenant: e.byTenant, next: map[turnKey]uint64{}}
+	var others []string
+	if r.all, others = keep(e.all); len(r.all) == 0 {
+		return nil, fmt.Errorf("egress: relay %s is an %s address, and no [[egress]] address is one (%s; tenants without an egress-pool send from all of them): a connection bound to one cannot reach the relay",
+			relay, family, strings.Join(others, ", "))
+	}
+	var bad []string
+	for name, list := range e.pools {
+		if r.pools[name], others = keep(list); len(r.pools[name]) == 0 {
+			bad = append(bad, fmt.Sprintf("pool %q (%s)", name, strings.Join(others, ", ")))
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return nil, fmt.Errorf("egress: relay %s is an %s address, and %s has no %s [[egress]] address: a connection bound to one of its addresses cannot reach the relay",
+			relay, family, strings.Join(bad, ", "), family)
+	}
+	return r, nil
+}
+
 // ehlo is the name to give in EHLO on c: its source's, or the host's.
 func (c *client) ehlo() string {
 	if c.src != nil && c.src.EHLO != "" {
@@ -183,12 +270,17 @@ func (c *client) ehlo() string {
 	return c.cfg.Hostname
 }
 
-// dialFrom opens a connection to addr, from src when it is set.
+// dialFrom opens a connection to addr, from src when it is set. A dial
+// from a source is noted in the Send's trace (sendTrace.dialed).
 func (c *Config) dialFrom(ctx context.Context, src *Source, addr string) (net.Conn, error) {
 	if src == nil {
 		return c.Dial(ctx, "tcp", addr)
 	}
-	return c.DialSource(ctx, src.Addr, "tcp", addr)
+	conn, err := c.DialSource(ctx, src.Addr, "tcp", addr)
+	if tr := traceFrom(ctx); tr != nil {
+		tr.dialed(err)
+	}
+	return conn, err
 }
 
 // dialSource is the default Config.DialSource: a net.Dialer bound to the
@@ -200,18 +292,101 @@ func dialSource(ctx context.Context, src netip.Addr, network, addr string) (net.
 
 type sourceKey struct{}
 
-// withSource carries a Send's source to the steps that dial.
+// sourced is what a Send with a source carries on its context: the
+// source, and the trace of what its steps found out.
+type sourced struct {
+	src   *Source
+	trace sendTrace
+}
+
+// withSource carries a Send's source, and a fresh trace, to the steps
+// that dial.
 func withSource(ctx context.Context, src *Source) context.Context {
 	if src == nil {
 		return ctx
 	}
-	return context.WithValue(ctx, sourceKey{}, src)
+	return context.WithValue(ctx, sourceKey{}, &sourced{src: src})
 }
 
 // sourceFrom is the Send's source, nil for none.
 func sourceFrom(ctx context.Context) *Source {
-	src, _ := ctx.Value(sourceKey{}).(*Source)
-	return src
+	if s, _ := ctx.Value(sourceKey{}).(*sourced); s != nil {
+		return s.src
+	}
+	return nil
+}
+
+// traceFrom is the trace of the Send with a source, nil without one.
+func traceFrom(ctx context.Context) *sendTrace {
+	if s, _ := ctx.Value(sourceKey{}).(*sourced); s != nil {
+		return &s.trace
+	}
+	return nil
+}
+
+// sendTrace is what the steps of one Send from a source found out about
+// its destination's MX hosts: the address families of each host looked
+// up (hostAddrs), and how the dials from the source went (dialFrom). It
+// gives the Result its MXFamilies and Unreached, which tell the worker
+// whether an address of the other family can do what this one could not.
+// One Send's steps run one after the other, so it needs no lock.
+type sendTrace struct {
+	hosts map[string]Families // MX host → the families of its addresses MX delivery connects to
+	// srcAddrs counts the addresses of the source's family found over
+	// the hosts looked up: with none, the failure is WrongFamily's.
+	srcAddrs int
+	// connected: a dial made a TCP connection (whatever the server said
+	// then, a server was reached). local: a dial failed for a reason of
+	// this host's (a source address it lacks, no file descriptors, the
+	// attempt cancelled), which says nothing about the MX address.
+	connected, local bool
+}
+
+// sawHost records the addresses of MX host host (those MX delivery may
+// connect to, of either family) for a Send from src.
+func (tr *sendTrace) sawHost(host string, addrs []netip.Addr, src netip.Addr) {
+	if tr.hosts == nil {
+		tr.hosts = map[string]Families{}
+	}
+	var f Families
+	for _, a := range addrs {
+		f = f.with(a)
+		if a.Is4() == src.Is4() {
+			tr.srcAddrs++
+		}
+	}
+	f.Complete = true
+	tr.hosts[host] = f
+}
+
+// dialed records how a dial from the source went: err is the dialler's.
+// A timeout, a refusal or an unreachable host or network is the
+// address's failure to connect (as the dead-address memory reads it,
+// dialResult); anything else is local.
+func (tr *sendTrace) dialed(err error) {
+	var ne net.Error
+	switch {
+	case err == nil:
+		tr.connected = true
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout(),
+		errors.Is(err, syscall.ETIMEDOUT), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH),
+		errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EHOSTDOWN):
+	default:
+		tr.local = true
+	}
+}
+
+// unreached reports, for a Send from a source that got no connection to
+// any MX host (its first acquire failed), whether every address of the
+// source's family it found failed to connect: dialled and timed out,
+// refused or unreachable, or held after such a failure and not dialled
+// (deadaddr.go), with at least one such address and no server reached.
+// A host that answered, even with a refusal, was reached; a local
+// failure says nothing about the addresses. The attempt's own deadline
+// is not a failure to connect either.
+func unreached(ctx context.Context) bool {
+	tr := traceFrom(ctx)
+	return tr != nil && tr.srcAddrs > 0 && !tr.connected && !tr.local && !ctxOver(ctx)
 }
 
 // poolKey is the connection pool's key for host reached from src:

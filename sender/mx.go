@@ -150,6 +150,9 @@ func (s *Sender) hostAddrs(ctx context.Context, log *msgLog, host string, src *S
 	var from netip.Addr
 	if src != nil {
 		from = src.Addr
+		if tr := traceFrom(ctx); tr != nil {
+			tr.sawHost(host, addrs, from)
+		}
 	}
 	addrs = orderAddrs(addrs, from, reachable)
 	if len(addrs) == 0 {
@@ -161,6 +164,98 @@ func (s *Sender) hostAddrs(ctx context.Context, log *msgLog, host string, src *S
 		out = append(out, net.JoinHostPort(a.String(), port))
 	}
 	return out, nil
+}
+
+// Families is what a Send from a source found of the address families of
+// its destination's MX hosts (Result.MXFamilies): V4 and V6 say that some
+// MX host has an address of the family that MX delivery connects to
+// (refusal's addresses do not count), and Complete that the addresses of
+// every MX host were looked up, so that a family not set is one the
+// destination has none of. The zero value knows nothing.
+type Families struct {
+	V4, V6   bool
+	Complete bool
+}
+
+// Has says whether some MX host is known to have an address of a's
+// family.
+func (f Families) Has(a netip.Addr) bool {
+	if a.Unmap().Is4() {
+		return f.V4
+	}
+	return f.V6
+}
+
+// Lacks says whether the destination is known to have no MX address of
+// a's family: a source of that family cannot reach it.
+func (f Families) Lacks(a netip.Addr) bool {
+	return f.Complete && !f.Has(a)
+}
+
+// with is f with a's family set.
+func (f Families) with(a netip.Addr) Families {
+	if a.Unmap().Is4() {
+		f.V4 = true
+	} else {
+		f.V6 = true
+	}
+	return f
+}
+
+// mxFamilies is the Result's MXFamilies of a Send from a source to hosts
+// (its MX hosts, best first) whose recipients' outcomes are out: the
+// families of the hosts' addresses, from the trace for the hosts the Send
+// looked up and by looking up the others. Only an attempt that did not
+// deliver every recipient needs them (the worker asks whether another
+// source can reach the destination), so a delivery costs no lookup; nor
+// does a Send without a source or through the relay, which know nothing
+// (the zero value). A host whose lookup fails leaves it incomplete.
+func (s *Sender) mxFamilies(ctx context.Context, hosts []string, out []classify.Input) Families {
+	tr := traceFrom(ctx)
+	if tr == nil || s.cfg.Relay != "" || len(hosts) == 0 {
+		return Families{}
+	}
+	delivered := true
+	for _, in := range out {
+		delivered = delivered && in.Stage == classify.StageDataEnd && in.Code/100 == 2
+	}
+	if delivered {
+		return Families{}
+	}
+	f := Families{Complete: true}
+	for _, h := range hosts {
+		hf, ok := tr.hosts[h]
+		if !ok {
+			hf = s.hostFamilies(ctx, h)
+		}
+		f.V4, f.V6, f.Complete = f.V4 || hf.V4, f.V6 || hf.V6, f.Complete && hf.Complete
+	}
+	return f
+}
+
+// hostFamilies looks up the addresses of MX host host, as hostAddrs does
+// but without logging or ordering them, and returns their families;
+// incomplete when the lookup fails.
+func (s *Sender) hostFamilies(ctx context.Context, host string) Families {
+	var f Families
+	if a, err := netip.ParseAddr(host); err == nil {
+		if s.cfg.refusal(a) == "" {
+			f = f.with(a)
+		}
+		f.Complete = true
+		return f
+	}
+	ips, err := s.cfg.Resolver.LookupIPAddr(ctx, host)
+	if err != nil || len(ips) == 0 {
+		return f
+	}
+	for _, ip := range ips {
+		if a, ok := netip.AddrFromSlice(ip.IP); ok && s.cfg.refusal(a.Unmap()) == "" {
+			f = f.with(a)
+		}
+	}
+	f.Complete = true
+	return f
 }
 
 // orderAddrs sorts a host's addresses the way RFC 6724 6 does in its

@@ -76,6 +76,18 @@ type Result struct {
 	// ends then. The recipients' outcome is the held addresses' connect
 	// failure.
 	HeldUntil time.Time
+	// MXFamilies, for a Send from Message.Source that did not deliver
+	// every recipient, is which address families the destination's MX
+	// hosts have (mx.go, Families): with Complete, a source of a family
+	// not set cannot reach them. Zero (nothing known) otherwise, and
+	// through the relay.
+	MXFamilies Families
+	// Unreached says, for a Send from Message.Source, that no server was
+	// reached: every MX address of the source's family failed to connect
+	// (timed out, refused, unreachable) or is held after such a failure,
+	// and none answered (egress.go, unreached). When MXFamilies has the
+	// other family, a source of it may reach the hosts' other addresses.
+	Unreached bool
 }
 
 // Sender delivers messages over SMTP. It is safe for concurrent use; each
@@ -279,6 +291,7 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 			}
 			fill(pending, in)
 			res.WrongFamily = first && errors.Is(err, errWrongFamily)
+			res.Unreached = first && unreached(ctx)
 			if first && t.allHeld && errors.Is(err, errAddrHeld) {
 				res.HeldUntil = t.heldUntil
 			}
@@ -332,6 +345,7 @@ func (s *Sender) Send(ctx context.Context, m *Message) Result {
 			carried = true
 		}
 	}
+	res.MXFamilies = s.mxFamilies(ctx, hosts, out)
 	log.Debug().Str("mx", res.Host).Str("addr", res.Addr).Bool("tls", res.TLS).
 		Bool("reused", res.Reused).Int("transactions", res.Transactions).Msg("send finished")
 	return res
@@ -899,7 +913,7 @@ func (s *Sender) noteAuthFailure(log *msgLog, host string, err error) {
 	if !errors.As(err, &se) {
 		return
 	}
-	ev := log.Error().Str("relay", host).Int("code", se.in.Code).Str("enhanced_code", se.in.Enhanced).Str("reply", se.in.Text)
+	ev := log.Error().Str("relay", s.cfg.Relay).Int("code", se.in.Code).Str("enhanced_code", se.in.Enhanced).Str("reply", se.in.Text)
 	if se.in.Code/100 != 5 {
 		ev.Msg("relay AUTH failed")
 		return

@@ -82,6 +82,8 @@ type Config struct {
 	Users *Users
 	// TrustedNetworks are client networks that may submit without AUTH,
 	// like Postfix's mynetworks; their tenant is TrustedTenant. Default none.
+	// An IPv4-mapped prefix (::ffff:127.0.0.0/104) is the IPv4 prefix it
+	// maps (127.0.0.0/8), as clients are compared by their IPv4 address.
 	TrustedNetworks []netip.Prefix
 	// TLSConfig enables STARTTLS (RFC 3207). Without it, AUTH is offered
 	// only to loopback clients, because the password would cross the
@@ -268,6 +270,13 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 	for i, p := range cfg.TrustedNetworks {
 		if !p.IsValid() {
 			return nil, fmt.Errorf("submission: trusted network %d is not a valid prefix", i)
+		}
+		// A client's address is unmapped before the check (remoteAddr),
+		// so an IPv4-mapped network (::ffff:127.0.0.0/104) is taken as
+		// the IPv4 network it maps (127.0.0.0/8); as written it matched
+		// no client.
+		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 		}
 		trusted = append(trusted, p.Masked())
 	}

@@ -65,6 +65,9 @@ var (
 
 // isTrusted reports whether addr is in one of Config.TrustedNetworks.
 func (s *Server) isTrusted(addr netip.Addr) bool {
+	// A prefix has no zone and Contains refuses a zoned address, so a
+	// link-local client (fe80::2%eth0) matched no network.
+	addr = addr.WithZone("")
 	for _, p := range s.cfg.TrustedNetworks {
 		if addr.IsValid() && p.Contains(addr) {
 			return true

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/netip"
 	"slices"
 	"sort"
 	"strconv"
@@ -323,13 +324,33 @@ func DestFromKey(key string) string {
 // internationalised name in A-labels, so that "Gmail.COM." and
 // "gmail.com" share one budget, and "bücher.example" is the
 // "xn--bcher-kva.example" that mail to it is queued under (submission
-// takes addresses in ASCII only). A DEST@SOURCE pair keeps its source.
+// takes addresses in ASCII only). A DEST@SOURCE pair keeps its source,
+// in the form normalizeSource gives it.
 func NormalizeDest(d string) string {
 	name, source := SplitPair(strings.TrimSpace(d))
 	if source == "" {
 		return ascii.Domain(name)
 	}
-	return PairName(ascii.Domain(name), strings.ToLower(strings.TrimSuffix(source, ".")))
+	return PairName(ascii.Domain(name), normalizeSource(source))
+}
+
+// normalizeSource writes the SOURCE of DEST@SOURCE as the workers name the
+// pair: an IP address (also in brackets, "[::1]") as netip writes it,
+// IPv4-mapped addresses unmapped, as [[egress]] takes its addresses
+// (sender.NewEgress, sender.Source.String). Otherwise
+// "0:0:0:0:0:0:0:1", "[::1]" and "0000::0001" were three more pairs than
+// "::1", and a suspension of any of them held no mail. A zone is kept as
+// written, as [[egress]] keeps it (interface names are case-sensitive).
+// Anything else is lower-cased without a trailing dot, as before.
+func normalizeSource(source string) string {
+	ip := source
+	if len(ip) > 2 && ip[0] == '[' && ip[len(ip)-1] == ']' {
+		ip = ip[1 : len(ip)-1]
+	}
+	if a, err := netip.ParseAddr(ip); err == nil {
+		return a.Unmap().String()
+	}
+	return strings.ToLower(strings.TrimSuffix(source, "."))
 }
 
 // decodeState parses a stored value; dest fills in a missing Dest.

@@ -273,6 +273,9 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) (err error) {
 		// destination; the attempt goes out from the other family, if
 		// the tenant has an address of it, and is not counted otherwise.
 		release(nil)
+		// Later attempts to the destination leave src's family out
+		// (families), for about the address records' TTL.
+		w.families.lack(e.Dest, src.Addr, w.now())
 		admitStart := time.Now()
 		next, nextSrc, refusal := w.otherFamily(ctx, e, src)
 		admitWait += time.Since(admitStart)
@@ -283,6 +286,33 @@ func (w *deliverer) handle(ctx context.Context, d *queue.Delivery) (err error) {
 			stop()
 			return w.refused(ctx, d, dest, *refusal, admitWait)
 		}
+		if next != nil {
+			permit, released, src = next, false, nextSrc
+			msg.Source, msg.MaxMsgsPerConn = src, permit.Limits().MaxMsgsPerConn
+			res = w.cfg.Sender.Send(ctx, msg)
+		}
+	} else if src != nil && res.Unreached && ctx.Err() == nil && otherFamilyHas(res.MXFamilies, src.Addr) {
+		// No MX server was reached from src: every MX address of its
+		// family failed to connect (timed out, refused, unreachable),
+		// or is held after such a failure, and the MX hosts have
+		// addresses of the other family. As for a wrong family, the
+		// same attempt goes out from an address of the other family
+		// if the tenant has one: without egress addresses the sender
+		// would have gone on to those addresses itself, and deferred,
+		// the message waited out a backoff (or the hold) for an
+		// address that one of the other family never needed. Unlike a
+		// wrong family, the failure is the pair's: the throttle hears
+		// it for src (its breaker counts it), as it would have without
+		// the retry. When the throttle refuses the other family too, or
+		// the tenant has none, the failure is the attempt's outcome.
+		failed := w.outcomeOf(e, res, src)
+		release(failed.results)
+		admitStart := time.Now()
+		next, nextSrc, refusal := w.otherFamily(ctx, e, src)
+		admitWait += time.Since(admitStart)
+		w.log.Info().Str("msg_id", e.ID).Str("tenant", e.Tenant).Str("dest", dest).Str("source", src.String()).
+			Str("next_source", nextSrc.String()).Bool("refused", refusal != nil).Str("reply", failed.lead.Text).
+			Msg("no MX address of the source's family connected; the destination has addresses of the other family")
 		if next != nil {
 			permit, released, src = next, false, nextSrc
 			msg.Source, msg.MaxMsgsPerConn = src, permit.Limits().MaxMsgsPerConn
@@ -656,7 +686,7 @@ func (w *deliverer) outcomeOf(e *queue.Envelope, res sender.Result, src *sender.
 				o.relayRefusal = &rcptResult{rcpt, r, in.Stage}
 			}
 		}
-		if r.Class == classify.Permanent && r.Scope == classify.ScopeSource && w.hasOtherSource(e, src) {
+		if r.Class == classify.Permanent && r.Scope == classify.ScopeSource && w.hasOtherSource(e, src, res.MXFamilies) {
 			// The receiver refused the address the attempt went out
 			// from (a blocklist, its reverse DNS), not the message:
 			// the throttle suspends that (destination, source) pair
@@ -703,13 +733,20 @@ type sourceBlocks interface {
 
 // hasOtherSource reports whether e's tenant has an egress address besides
 // src that its destination may take mail from: one of a family the
-// destination has MX addresses of (families), and not refused by it as
-// blocked too (a whole range is often listed; another suspension, an
-// automation rule's or an operator's, ends, and the message waits for
-// it). With none, a block of src bounces the message, as with one
-// address: deferred, it would go from blocked address to suspension until
-// max-age.
-func (w *deliverer) hasOtherSource(e *queue.Envelope, src *sender.Source) bool {
+// destination has MX addresses of, and not refused by it as blocked too
+// (a whole range is often listed; another suspension, an automation
+// rule's or an operator's, ends, and the message waits for it). With
+// none, a block of src bounces the message, as with one address:
+// deferred, it would go from blocked address to suspension until max-age.
+//
+// The families are those the attempt found (fams, the sender's lookup of
+// every MX host of the destination), and those an earlier attempt's miss
+// taught (families). A miss alone would not do: an attempt that drew the
+// address of the family the destination has, before any drew the other,
+// knows nothing of the other yet, and a block of its only reachable
+// address would defer the message for source-block-hold, to be refused
+// again by the same address.
+func (w *deliverer) hasOtherSource(e *queue.Envelope, src *sender.Source, fams sender.Families) bool {
 	if src == nil {
 		return false
 	}
@@ -719,7 +756,7 @@ func (w *deliverer) hasOtherSource(e *queue.Envelope, src *sender.Source) bool {
 	}
 	blocks, _ := w.cfg.Gate.(sourceBlocks)
 	for _, s := range pool {
-		if s.Addr == src.Addr || w.families.lacks(e.Dest, s.Addr, w.now()) {
+		if s.Addr == src.Addr || fams.Lacks(s.Addr) || w.families.lacks(e.Dest, s.Addr, w.now()) {
 			continue
 		}
 		if blocks != nil && blocks.SourceBlocked(e.Dest, s.String()) {

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -807,7 +808,7 @@ func lastAttemptAt(e *queue.Envelope) time.Time {
 }
 
 func rcptReport(rcpt string, a dsn.Action, r classify.Result, host string, at time.Time) dsn.Recipient {
-	rc := dsn.Recipient{Final: rcpt, Action: a, Status: r.Enhanced, RemoteMTA: host, LastAttempt: at}
+	rc := dsn.Recipient{Final: rcpt, Action: a, Status: r.Enhanced, RemoteMTA: remoteMTAName(host), LastAttempt: at}
 	if r.Code != 0 {
 		rc.Diagnostic = replyLine(r)
 	} else if r.Text != "" {
@@ -815,6 +816,23 @@ func rcptReport(rcpt string, a dsn.Action, r classify.Result, host string, at ti
 		rc.DiagnosticType, rc.Diagnostic = "x-outflow", oneLine(r.Text)
 	}
 	return rc
+}
+
+// remoteMTAName is host as the name in Remote-MTA ("dns; NAME") and in the
+// notice's text: a host name as it is, and an IP address (a relay or an
+// MX host given as one) as an address literal, [IPv6:::1] or [192.0.2.1],
+// as Reporting-MTA writes a --hostname that is one. A bare address is no
+// name of the dns type (RFC 3464 2.3.5, RFC 5321 4.1.3); a zone, which
+// means something on this host only, is left out.
+func remoteMTAName(host string) string {
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	if ip = ip.Unmap().WithZone(""); ip.Is4() {
+		return "[" + ip.String() + "]"
+	}
+	return "[IPv6:" + ip.String() + "]"
 }
 
 // messageDSN is e's parameters as the sender passes them on.

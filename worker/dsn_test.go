@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/outflow/outflow/classify"
+	"github.com/outflow/outflow/dsn"
 	"github.com/outflow/outflow/internal/fakemx"
 	"github.com/outflow/outflow/internal/testutil"
 	"github.com/outflow/outflow/internal/testutil/testqueue"
@@ -297,5 +298,33 @@ func TestSuspendedMailIsWarnedOfItsDelay(t *testing.T) {
 	r = reports(e.mx)[1].Data
 	if !bytes.Contains(r, []byte("Action: failed")) || !bytes.Contains(r, []byte("Status: 5.4.7")) || bytes.Contains(r, []byte("Last-Attempt-Date")) {
 		t.Errorf("the failure of mail never tried:\n%s", r)
+	}
+}
+
+// TestRemoteMTAAddressLiteral: a server known by its address (a relay at
+// [::1]:587, an MX host given as an IP) is named in Remote-MTA and in the
+// notice's text as an address literal, [IPv6:::1] or [127.0.0.1], the
+// form Reporting-MTA has for a --hostname that is one; before, it was
+// "dns; ::1", a bare address given as a domain name. A host name is kept.
+func TestRemoteMTAAddressLiteral(t *testing.T) {
+	res := classify.Result{Code: 550, Enhanced: "5.1.1", Text: "no such user"}
+	for host, want := range map[string]string{
+		"::1": "[IPv6:::1]", "2001:DB8::1": "[IPv6:2001:db8::1]", "fe80::1%eth0": "[IPv6:fe80::1]",
+		"127.0.0.1": "[127.0.0.1]", "::ffff:127.0.0.1": "[127.0.0.1]",
+		"mx.dest.test": "mx.dest.test", "": "",
+	} {
+		if got := rcptReport("bad@dest.test", dsn.Failed, res, host, time.Time{}).RemoteMTA; got != want {
+			t.Errorf("host %q: Remote-MTA name %q, want %q", host, got, want)
+		}
+	}
+	b, err := dsn.Build(&dsn.Report{ReportingMTA: "[IPv6:::1]", From: "MAILER-DAEMON@src.test", To: "app@src.test", ID: "r1",
+		Recipients: []dsn.Recipient{rcptReport("bad@dest.test", dsn.Failed, res, "::1", time.Time{})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Reporting-MTA: dns; [IPv6:::1]\r\n", "Remote-MTA: dns; [IPv6:::1]\r\n", "([IPv6:::1])"} {
+		if !bytes.Contains(b, []byte(want)) {
+			t.Errorf("notice lacks %q:\n%s", want, b)
+		}
 	}
 }

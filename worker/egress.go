@@ -57,29 +57,37 @@ func (w *deliverer) probeSource(e *queue.Envelope) *sender.Source {
 	return &w.families.usable(e.Dest, w.cfg.Egress.Candidates(e.Tenant, e.Dest), w.now())[0]
 }
 
-// otherFamily is called after an attempt from src found that e's
-// destination has no MX address of src's family (the attempt never left
-// this host). It remembers that, and returns a source of the other family
-// among the tenant's addresses with its permit, admitted as admitFrom
-// does. refused is set when the throttle refused every candidate; with
+// otherFamily is called after an attempt from src that another family
+// may do better: e's destination has no MX address of src's family
+// (sender.Result.WrongFamily), or none of them connected while the MX
+// hosts have addresses of the other family (sender.Result.Unreached). It
+// returns a source of the other family among the tenant's addresses with
+// its permit, admitted as admitFrom does (in round-robin order, moving on
+// past a suspended pair, an open breaker or no free connection), without
+// taking the destination's next turn (sender.Egress.FamilyCandidates).
+// refused is set when the throttle refused every candidate; with
 // neither, the tenant has no address of the other family. A probe takes
 // its source without asking.
 func (w *deliverer) otherFamily(ctx context.Context, e *queue.Envelope, src *sender.Source) (throttle.Permit, *sender.Source, *throttle.Refusal) {
-	w.families.lack(e.Dest, src.Addr, w.now())
-	if !w.cfg.Egress.HasFamily(e.Tenant, !src.Addr.Is4()) {
+	cands := w.cfg.Egress.FamilyCandidates(e.Tenant, e.Dest, !src.Addr.Is4())
+	if len(cands) == 0 {
 		return nil, nil, nil // nothing to try: the attempt's failure stands
 	}
-	var permit throttle.Permit = probePermit{}
-	var r throttle.Refusal
-	var next *sender.Source
 	if e.Probe {
-		next = w.probeSource(e)
-	} else if permit, r, next = w.admitFrom(ctx, e); permit == nil {
-		return nil, nil, &r
+		return probePermit{}, &cands[0], nil
 	}
-	if next == nil || next.Addr.Is4() == src.Addr.Is4() {
-		permit.Done(nil)
-		return nil, nil, nil
+	var best throttle.Refusal
+	for i := range cands {
+		permit, r := w.cfg.Gate.Admit(ctx, e.Dest, e.Tenant, cands[i].String())
+		if permit != nil {
+			return permit, &cands[i], nil
+		}
+		if !movesOn(r) {
+			return nil, nil, &r
+		}
+		if best.Until.IsZero() || r.Until.Before(best.Until) {
+			best = r
+		}
 	}
-	return permit, next, nil
+	return nil, nil, &best
 }

@@ -101,3 +101,13 @@ func (f *families) usable(dest string, cands []sender.Source, now time.Time) []s
 	}
 	return out
 }
+
+// otherFamilyHas says whether the MX families an attempt found (fams)
+// include the family other than src's: whether a source of that family
+// may reach an MX host that src's could not.
+func otherFamilyHas(fams sender.Families, src netip.Addr) bool {
+	if src.Is4() {
+		return fams.V6
+	}
+	return fams.V4
+}

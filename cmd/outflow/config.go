@@ -494,22 +494,37 @@ func (c *serveConfig) durability() (queue.Durability, string, error) {
 // in EHLO and its greetings, nil for none ("" is the system's): a domain
 // name in ASCII (A-labels for an internationalized one: a receiver reads
 // the EHLO argument as such, RFC 5321 4.1.2), labels of letters, digits and
-// hyphens, or an address literal ([192.0.2.1], [IPv6:2001:db8::1]). A bare
-// address, a port or a non-ASCII name went out as written, and receivers
-// that check EHLO refuse it.
+// hyphens, or an address literal ([192.0.2.1], [IPv6:2001:db8::1]; RFC
+// 5321 4.1.3, which has no zone). A bare address, a port or a non-ASCII
+// name went out as written, and receivers that check EHLO refuse it. The
+// errors show the literal the address is written as.
 func checkHostname(name string) error {
 	if name == "" {
 		return nil
 	}
 	if strings.HasPrefix(name, "[") && strings.HasSuffix(name, "]") {
-		lit := strings.TrimPrefix(name[1:len(name)-1], "IPv6:")
-		if ip, err := netip.ParseAddr(lit); err == nil && ip.Is6() == strings.HasPrefix(name, "[IPv6:") {
-			return nil
+		inner := name[1 : len(name)-1]
+		tagged := strings.HasPrefix(inner, "IPv6:")
+		ip, err := netip.ParseAddr(strings.TrimPrefix(inner, "IPv6:"))
+		switch {
+		case err != nil:
+			return errors.New("not an address literal, like [192.0.2.1] or [IPv6:2001:db8::1]")
+		case ip.Zone() != "":
+			// netip takes fe80::1%eth0, but a zone means something only on
+			// this host, and the literal's syntax has none.
+			return fmt.Errorf("a zone (%%%s) cannot be part of an address literal: %s", ip.Zone(), addrLiteral(ip))
+		case ip.Is6() && !tagged:
+			return fmt.Errorf("an IPv6 address literal has the tag IPv6: %s", addrLiteral(ip))
+		case ip.Is4() && tagged:
+			return fmt.Errorf("an IPv4 address literal has no tag: %s", addrLiteral(ip))
 		}
-		return errors.New("not an address literal")
+		return nil
 	}
-	if _, err := netip.ParseAddr(name); err == nil {
-		return errors.New("an address goes in brackets, [192.0.2.1]")
+	if ip, err := netip.ParseAddr(name); err == nil {
+		if ip.Zone() != "" {
+			return fmt.Errorf("an address goes in brackets, without its zone (%%%s): %s", ip.Zone(), addrLiteral(ip))
+		}
+		return fmt.Errorf("an address goes in brackets: %s", addrLiteral(ip))
 	}
 	if len(strings.TrimSuffix(name, ".")) > 253 {
 		return errors.New("longer than 253 octets")
@@ -528,6 +543,15 @@ func checkHostname(name string) error {
 		}
 	}
 	return nil
+}
+
+// addrLiteral is ip as an address literal (RFC 5321 4.1.3), without a
+// zone: [192.0.2.1], [IPv6:2001:db8::1].
+func addrLiteral(ip netip.Addr) string {
+	if ip.Is4() {
+		return "[" + ip.String() + "]"
+	}
+	return "[IPv6:" + ip.WithZone("").String() + "]"
 }
 
 // checkHostPort says what is wrong with addr as a server to connect to,

@@ -619,6 +619,8 @@ func TestServeFlagValuesNamed(t *testing.T) {
 		{[]string{"--hostname", "mtä.example.com"}, `not ASCII: write an internationalized name as A-labels`},
 		{[]string{"--hostname", "192.0.2.1"}, `an address goes in brackets`},
 		{[]string{"--hostname", "[192.0.2.300]"}, `not an address literal`},
+		{[]string{"--hostname", "[IPv6:fe80::1%lo]"}, `a zone (%lo) cannot be part of an address literal: [IPv6:fe80::1]`},
+		{[]string{"--hostname", "::1"}, `an address goes in brackets: [IPv6:::1]`},
 		{[]string{"--hostname", "-mta.example.com"}, `label "-mta" is not a host name's`},
 		// Started, every message was deferred a day on the relay's
 		// address and then dead-lettered.
@@ -931,5 +933,34 @@ func TestAutomationRuleNameChecked(t *testing.T) {
 	var u usageError
 	if !errors.As(err, &u) || !strings.Contains(err.Error(), `rule "gmial-auth" is the start of no classify rule`) || !strings.Contains(err.Error(), "did you mean") {
 		t.Fatalf("serve: %v, want a usage error naming the rule", err)
+	}
+}
+
+// TestCheckHostnameAddressLiteral: an address literal in --hostname is as
+// RFC 5321 4.1.3 writes it: IPv4 bare in brackets, IPv6 with the tag
+// IPv6:, no zone (netip took one, and [IPv6:fe80::1%lo] went out in EHLO).
+// A refusal shows the literal the address is written as, the IPv6 one for
+// an IPv6 address (the hint showed [192.0.2.1] for ::1, and [::1] was "not
+// an address literal" without a word of the tag).
+func TestCheckHostnameAddressLiteral(t *testing.T) {
+	for _, ok := range []string{"[192.0.2.1]", "[IPv6:2001:db8::1]", "[IPv6:::1]", "[IPv6:fe80::1]", "[IPv6:::ffff:192.0.2.1]", "mta1.example.com"} {
+		if err := checkHostname(ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for name, want := range map[string]string{
+		"[IPv6:fe80::1%lo]": "a zone (%lo) cannot be part of an address literal: [IPv6:fe80::1]",
+		"[fe80::1%lo]":      "a zone (%lo) cannot be part of an address literal: [IPv6:fe80::1]",
+		"[::1]":             "an IPv6 address literal has the tag IPv6: [IPv6:::1]",
+		"[IPv6:192.0.2.1]":  "an IPv4 address literal has no tag: [192.0.2.1]",
+		"::1":               "an address goes in brackets: [IPv6:::1]",
+		"fe80::1%lo":        "an address goes in brackets, without its zone (%lo): [IPv6:fe80::1]",
+		"192.0.2.1":         "an address goes in brackets: [192.0.2.1]",
+		"[192.0.2.300]":     "not an address literal, like [192.0.2.1] or [IPv6:2001:db8::1]",
+		"[IPv6:]":           "not an address literal, like [192.0.2.1] or [IPv6:2001:db8::1]",
+	} {
+		if err := checkHostname(name); err == nil || err.Error() != want {
+			t.Errorf("%q: %v, want %q", name, err, want)
+		}
 	}
 }

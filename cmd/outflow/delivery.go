@@ -102,8 +102,11 @@ func rootCAs(file string) (*x509.CertPool, error) {
 // newEgress builds the source addresses from [[egress]] and the tenants'
 // pools; nil without entries. Each address must be one this host can bind
 // (it is on a local interface), checked now rather than at the first
-// delivery.
-func newEgress(c *deliveryConfig, tenants map[string]tenantConfig) (*sender.Egress, error) {
+// delivery. With a relay (--relay) at an IP address, only the addresses
+// of its family are used, and a pool without one is refused now
+// (sender.Egress.ForRelay): from it, every attempt failed before leaving
+// this host, and its mail was deferred until max-age.
+func newEgress(c *deliveryConfig, tenants map[string]tenantConfig, relay string) (*sender.Egress, error) {
 	if len(c.Egress) == 0 {
 		for name, tc := range tenants {
 			if tc.EgressPool != "" {
@@ -131,6 +134,9 @@ func newEgress(c *deliveryConfig, tenants map[string]tenantConfig) (*sender.Egre
 	}
 	eg, err := sender.NewEgress(entries, pools)
 	if err != nil {
+		return nil, usageError{err}
+	}
+	if eg, err = eg.ForRelay(relay); err != nil {
 		return nil, usageError{err}
 	}
 	return eg, nil

@@ -8,6 +8,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,7 +54,7 @@ func TestTLSCAFile(t *testing.T) {
 
 func TestEgressConfig(t *testing.T) {
 	eg, err := newEgress(&deliveryConfig{Egress: []egressConfig{{Address: "127.0.0.2", EHLO: "o2.test", Pool: "p"}, {Address: "127.0.0.3"}}},
-		map[string]tenantConfig{"app": {EgressPool: "p"}})
+		map[string]tenantConfig{"app": {EgressPool: "p"}}, "")
 	if err != nil || eg.Len() != 2 {
 		t.Fatalf("newEgress: %v", err)
 	}
@@ -70,11 +71,56 @@ func TestEgressConfig(t *testing.T) {
 		{deliveryConfig{}, map[string]tenantConfig{"app": {EgressPool: "p"}}, "no [[egress]]"},
 		{deliveryConfig{Egress: []egressConfig{{Address: "127.0.0.2"}}}, map[string]tenantConfig{"app": {EgressPool: "p"}}, `pool "p"`},
 	} {
-		if _, err := newEgress(&bad.c, bad.t); err == nil || !strings.Contains(err.Error(), bad.want) {
+		if _, err := newEgress(&bad.c, bad.t, ""); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%+v: err %v, want %q", bad.c, err, bad.want)
 		}
 	}
-	if eg, err := newEgress(&deliveryConfig{}, nil); eg != nil || err != nil {
+	if eg, err := newEgress(&deliveryConfig{}, nil, ""); eg != nil || err != nil {
 		t.Errorf("no egress: %v %v", eg, err)
+	}
+}
+
+// TestEgressRelayFamily: through a relay at an IP address, only the
+// [[egress]] addresses of its family are used (a connection bound to one
+// of the other cannot reach it: every attempt from it failed before
+// leaving the host and spent the message's attempt), and a pool with none
+// of them is refused at start, naming the relay and the pool; with an
+// IPv4-only pool and an IPv6 relay every message was deferred until
+// max-age. A relay by host name keeps every address.
+func TestEgressRelayFamily(t *testing.T) {
+	if ln, err := net.Listen("tcp", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback (%v)", err)
+	} else {
+		ln.Close()
+	}
+	mixed := &deliveryConfig{Egress: []egressConfig{{Address: "::1", Pool: "bulk"}, {Address: "127.0.0.2", Pool: "bulk"}, {Address: "127.0.0.3", Pool: "vip"}}}
+	eg, err := newEgress(mixed, map[string]tenantConfig{"news": {EgressPool: "bulk"}}, "127.0.0.9:2525")
+	if err != nil {
+		t.Fatalf("IPv4 relay, every pool with an IPv4 address: %v", err)
+	}
+	if eg.Len() != 2 || eg.HasFamily("news", false) || !eg.HasFamily("news", true) {
+		t.Errorf("IPv4 relay: sources %v, news's IPv6 address kept", eg.All())
+	}
+	for range 3 {
+		if c := eg.Candidates("news", "a.test"); len(c) != 1 || c[0].Addr.String() != "127.0.0.2" {
+			t.Errorf("news's candidates through an IPv4 relay: %v, want 127.0.0.2 only", c)
+		}
+	}
+	for _, relay := range []string{"[::1]:2525", "[::ffff:127.0.0.9]:2525"} {
+		_, err := newEgress(mixed, nil, relay)
+		want := `pool "vip" (127.0.0.3) has no IPv6`
+		if relay != "[::1]:2525" {
+			want = "" // an IPv4-mapped relay is IPv4: every pool has one
+		}
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), relay)) {
+			t.Errorf("relay %s: err %v, want %q", relay, err, want)
+		}
+	}
+	v4only := &deliveryConfig{Egress: []egressConfig{{Address: "127.0.0.2"}}}
+	if _, err := newEgress(v4only, nil, "[::1]:2525"); err == nil || !strings.Contains(err.Error(), "relay [::1]:2525 is an IPv6 address") {
+		t.Errorf("IPv4-only egress, IPv6 relay: %v, want a refusal at start", err)
+	}
+	if eg, err := newEgress(mixed, nil, "relay.internal:2525"); err != nil || eg.Len() != 3 {
+		t.Errorf("relay by name: %v %v, want every address", eg, err)
 	}
 }

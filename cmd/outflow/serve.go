@@ -243,6 +243,10 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Said as read: a bare IPv6 address takes no port, so --dns ::1:5353
+	// is the server [::1:5353]:53, and only this line shows it.
+	log.Info().Strs("dns_servers", res.Servers()).Bool("dns_flag", len(c.DNS) > 0).
+		Msg("DNS servers for MX, A/AAAA, TXT and TLSA lookups (--dns, else /etc/resolv.conf; none: the system's resolver)")
 	roots, err := rootCAs(c.TLSCAFile)
 	if err != nil {
 		return err
@@ -259,7 +263,7 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 		go func() { defer close(done); runReports(rctx) }()
 		defer func() { stopReports(); <-done }()
 	}
-	egress, err := newEgress(&c.deliveryConfig, c.Tenants)
+	egress, err := newEgress(&c.deliveryConfig, c.Tenants, c.Relay)
 	if err != nil {
 		return err
 	}

@@ -23,9 +23,11 @@ const refused = ",;*>\\\"'</"
 
 // Check returns d as the shared state stores and lists it
 // (throttle.NormalizeDest: "Gmail.COM." is gmail.com, bücher.example is
-// xn--bcher-kva.example), or why d cannot be a destination: a recipient
-// domain, a provider group, or DEST@SOURCE. The shared state accepts any
-// name, so a typo would be suspended or rated without matching any mail.
+// xn--bcher-kva.example; the SOURCE of DEST@SOURCE as the workers name
+// it, "[::1]" and "::ffff:192.0.2.10" as ::1 and 192.0.2.10), or why d
+// cannot be a destination: a recipient domain, a provider group, or
+// DEST@SOURCE. The shared state accepts any name, so a typo would be
+// suspended or rated without matching any mail.
 func Check(d string) (string, error) {
 	if strings.TrimSpace(d) == "" {
 		return "", errors.New("empty: want a domain, a provider group, or DEST@SOURCE")

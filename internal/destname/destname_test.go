@@ -22,3 +22,21 @@ func TestCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckSource: DEST@SOURCE names the source as the workers do (the
+// [[egress]] address as netip writes it, unmapped), whichever spelling of
+// the address the operator or the console URL used; before, each was a
+// pair of its own that matched no mail.
+func TestCheckSource(t *testing.T) {
+	for in, want := range map[string]string{
+		"both.h6.test@0:0:0:0:0:0:0:1":    "both.h6.test@::1",
+		"both.h6.test@[::1]":              "both.h6.test@::1",
+		"both.h6.test@0000:0000::0001":    "both.h6.test@::1",
+		"v4only.h6.test@::ffff:127.0.0.1": "v4only.h6.test@127.0.0.1",
+		"gmail.com@fe80::1%lo":            "gmail.com@fe80::1%lo",
+	} {
+		if n, err := Check(in); err != nil || n != want {
+			t.Errorf("%q: %q, %v; want %q", in, n, err, want)
+		}
+	}
+}
