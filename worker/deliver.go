@@ -61,6 +61,7 @@ type outcome struct {
 	// For delivery status notifications (dsn.go): the server that
 	// answered, the body sent, the recipients a DSN-capable server took.
 	host       string
+	addr       string // host's ip:port (the decision record's mx_addr)
 	body       []byte
 	dsnRelayed map[string]bool
 	passed     bool // the notices went into the submission's pass record
@@ -1275,6 +1276,7 @@ func (w *deliverer) baseRecord(e *queue.Envelope, dest string, o *outcome, r cla
 		MsgID: e.ID, Tenant: e.Tenant, Dest: dest, Attempt: e.Attempt + 1, WorkerID: w.id,
 		Class: r.Class.String(), Rule: r.Rule, Code: r.Code, EnhancedCode: r.Enhanced, Reply: r.Text,
 		AdmitWaitMs: o.admitWait.Milliseconds(), Deliveries: o.deliveries,
+		MX: o.host, MXAddr: o.addr, Source: o.source,
 	}
 }
 

@@ -353,7 +353,7 @@ func noticeKey(e *queue.Envelope, event string) string {
 
 // noteDSN keeps what the notices of this attempt need from its result.
 func (o *outcome) noteDSN(res sender.Result, body []byte) {
-	o.host, o.body = res.Host, body
+	o.host, o.addr, o.body = res.Host, res.Addr, body
 	for _, r := range res.Rcpts {
 		if r.DSNRelayed {
 			if o.dsnRelayed == nil {

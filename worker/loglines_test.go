@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -298,4 +300,37 @@ func TestRefusalLineMatchesDecisionLines(t *testing.T) {
 		}
 	}
 	assertOneTypePerKey(t, lines)
+}
+
+// TestDecisionRecordSaysWhereItWent: a delivered attempt's decision line
+// and event name the server it went to (the relay here: mx, mx_addr) and
+// the egress address it went out from (source). Without them a postmortem
+// of an abuse complaint could not tell which address sent a message.
+func TestDecisionRecordSaysWhereItWent(t *testing.T) {
+	e := newEnv(t, nil)
+	eg, err := sender.NewEgress([]sender.EgressEntry{{Source: sender.Source{Addr: netip.MustParseAddr("127.0.0.2")}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuf
+	e.startPool(func(c *Config) {
+		c.Workers, c.Egress, c.Sender = 1, eg, &v4OnlySender{next: e.snd}
+		c.Logger = zerolog.New(&logs)
+	})
+	id := e.submit("r@dest.test")
+	evs := e.waitEvent(id, queue.EventDelivered)
+	host, _, _ := net.SplitHostPort(e.mx.Addr())
+	dec := linesOf(logLines(t, logs.String()), id, backoff.DecisionMessage)
+	if len(dec) != 1 || dec[0]["mx"] != host || dec[0]["mx_addr"] != e.mx.Addr() || dec[0]["source"] != "127.0.0.2" {
+		t.Fatalf("decision lines %v: want mx %s, mx_addr %s, source 127.0.0.2", dec, host, e.mx.Addr())
+	}
+	for _, ev := range evs {
+		if ev.Type != queue.EventDelivered {
+			continue
+		}
+		var rec backoff.Record
+		if err := rec.UnmarshalJSON(ev.Decision); err != nil || rec.MXAddr != e.mx.Addr() || rec.Source != "127.0.0.2" {
+			t.Errorf("delivered event's record %+v, %v", rec, err)
+		}
+	}
 }
