@@ -187,21 +187,6 @@ func (e *Egress) Pool(tenant string) []Source {
 	return e.all
 }
 
-// HasFamily says whether the tenant's addresses include one of IPv4 (v4)
-// or IPv6, without taking a turn of the round-robin.
-func (e *Egress) HasFamily(tenant string, v4 bool) bool {
-	list := e.all
-	if p, ok := e.byTenant[tenant]; ok {
-		list = e.pools[p]
-	}
-	for _, s := range list {
-		if s.Addr.Is4() == v4 {
-			return true
-		}
-	}
-	return false
-}
-
 // ForRelay returns the sources that can reach relay (host:port, as
 // Config.Relay): with the relay at an IP address, those of its family
 // only, since a connection bound to an address of one family cannot reach

@@ -31,7 +31,15 @@ func (w *deliverer) admitFrom(ctx context.Context, e *queue.Envelope) (throttle.
 		permit, r := w.cfg.Gate.Admit(ctx, e.Dest, e.Tenant, "")
 		return permit, r, nil
 	}
-	cands := w.families.usable(e.Dest, w.cfg.Egress.Candidates(e.Tenant, e.Dest), w.now())
+	return w.admitAmong(ctx, e, w.families.usable(e.Dest, w.cfg.Egress.Candidates(e.Tenant, e.Dest), w.now()))
+}
+
+// admitAmong asks the throttle for e from each of cands in turn and
+// returns the first admitted with its permit, moving on past a refusal
+// that concerns one address (movesOn); when every one refuses, the
+// refusal that ends soonest, or at once one that holds the envelope's
+// place.
+func (w *deliverer) admitAmong(ctx context.Context, e *queue.Envelope, cands []sender.Source) (throttle.Permit, throttle.Refusal, *sender.Source) {
 	var best throttle.Refusal
 	for i := range cands {
 		permit, r := w.cfg.Gate.Admit(ctx, e.Dest, e.Tenant, cands[i].String())
@@ -76,18 +84,9 @@ func (w *deliverer) otherFamily(ctx context.Context, e *queue.Envelope, src *sen
 	if e.Probe {
 		return probePermit{}, &cands[0], nil
 	}
-	var best throttle.Refusal
-	for i := range cands {
-		permit, r := w.cfg.Gate.Admit(ctx, e.Dest, e.Tenant, cands[i].String())
-		if permit != nil {
-			return permit, &cands[i], nil
-		}
-		if !movesOn(r) {
-			return nil, nil, &r
-		}
-		if best.Until.IsZero() || r.Until.Before(best.Until) {
-			best = r
-		}
+	permit, r, next := w.admitAmong(ctx, e, cands)
+	if permit == nil {
+		return nil, nil, &r
 	}
-	return nil, nil, &best
+	return permit, next, nil
 }

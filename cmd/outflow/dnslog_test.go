@@ -1,14 +1,12 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestServeLogsDNSServers: serve says at start, in one info line, the DNS
@@ -29,22 +27,7 @@ func TestServeLogsDNSServers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	out := &signalWriter{wrote: make(chan struct{})}
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, out) }()
-	select {
-	case <-out.wrote: // up
-	case err := <-done:
-		t.Fatalf("serve stopped: %v", err)
-	case <-time.After(2 * time.Minute):
-		t.Fatal("serve did not come up")
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("serve: %v", err)
-	}
+	serveUntilUp(t, cfg)
 	os.Stderr = stderr
 	logs, err := os.ReadFile(errFile.Name())
 	if err != nil {

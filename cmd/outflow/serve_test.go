@@ -38,15 +38,23 @@ func TestHTTPAddrOff(t *testing.T) {
 	if cfg.HTTPAddr != "" {
 		t.Fatalf("--http-addr %q, want \"\"", cfg.HTTPAddr)
 	}
+	serveUntilUp(t, cfg) // without a metrics listener
+}
+
+// serveUntilUp runs serve on cfg until it is up (it prints the generated
+// account once the daemon is up), then stops it; t fails when serve stops
+// by itself, does not come up within 2 minutes, or returns an error.
+func serveUntilUp(t *testing.T, cfg *serveConfig) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	out := &signalWriter{wrote: make(chan struct{})}
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, cfg, out) }()
 	select {
-	case <-out.wrote: // the generated account, printed once the daemon is up
+	case <-out.wrote:
 	case err := <-done:
-		t.Fatalf("serve stopped without a metrics listener: %v", err)
+		t.Fatalf("serve stopped before it was up: %v", err)
 	case <-time.After(2 * time.Minute):
 		t.Fatal("serve did not come up")
 	}
