@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/outflow/outflow/classify"
@@ -61,6 +62,25 @@ type Refusal struct {
 	// Detail says more for an operator: for "suspended", what was
 	// suspended and why ("a.test@192.0.2.10: source blocked (…): 550 …").
 	Detail string
+}
+
+// Public is Detail as the mail's tenant and sender may read it (the
+// deferral's reply, its event, a delay notice): a source block's reason
+// without the reply it quotes. A suspension is the destination's, and the
+// reply that set it answered another message, often another tenant's, and
+// may quote its envelope; operators read it whole in the logs and in
+// `dest list`.
+func (r Refusal) Public() string {
+	d := r.Detail
+	i := strings.Index(d, ": "+sourceBlockReason)
+	if i < 0 {
+		return d
+	}
+	rest := d[i+2+len(sourceBlockReason):]
+	if j := strings.Index(rest, "): "); j >= 0 {
+		return d[:i+2+len(sourceBlockReason)+j+1]
+	}
+	return d
 }
 
 // OpenGate admits everything: no limits configured, no rates to pace by,

@@ -40,6 +40,9 @@ func TestSourceBlockSuspendsThePair(t *testing.T) {
 	if !strings.HasPrefix(r.Detail, "example.com@127.0.0.2: source blocked (source-blocked): 554 5.7.1") {
 		t.Errorf("the refusal's detail %q does not say what is suspended and why", r.Detail)
 	}
+	if p := r.Public(); p != "example.com@127.0.0.2: source blocked (source-blocked)" {
+		t.Errorf("the refusal as its tenants read it: %q, want the suspension without the reply that set it", p)
+	}
 	if ok, r := admitted(t, th, "example.com", "127.0.0.3", resDelivered); !ok {
 		t.Fatalf("the other address was refused: %+v", r)
 	}
@@ -163,6 +166,23 @@ func TestOtherSuspensionsAreNoBlock(t *testing.T) {
 	for _, src := range []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"} {
 		if th.SourceBlocked("gmail.com", src) {
 			t.Errorf("SourceBlocked(gmail.com, %s) = true for a suspension that is not a source block", src)
+		}
+	}
+}
+
+// TestRefusalPublic: what a held message's tenant reads of a refusal
+// leaves out the reply quoted by a source block's suspension (another
+// message's), and only that: other suspensions' details stay whole.
+func TestRefusalPublic(t *testing.T) {
+	for detail, want := range map[string]string{
+		"a.test@192.0.2.1: source blocked (source-listed): 550 5.7.1 from=<x@b.example>": "a.test@192.0.2.1: source blocked (source-listed)",
+		"a.test@192.0.2.1: source blocked (source-listed): 550 a): b":                    "a.test@192.0.2.1: source blocked (source-listed)",
+		"a.test: suspended by an operator":                                               "a.test: suspended by an operator",
+		"a.test for tenant t: automation: slow-down":                                     "a.test for tenant t: automation: slow-down",
+		"": "",
+	} {
+		if got := (Refusal{Reason: "suspended", Detail: detail}).Public(); got != want {
+			t.Errorf("Public of %q = %q, want %q", detail, got, want)
 		}
 	}
 }

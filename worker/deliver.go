@@ -1149,7 +1149,7 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 		// (a source blocked at another domain of the same address, an
 		// operator's suspension), where they showed a deferral with no
 		// reply at all. A tried message keeps its last reply.
-		next.LastClass, next.LastReply = "local", "suspended: "+r.Detail
+		next.LastClass, next.LastReply = "local", "suspended: "+r.Public()
 	case !suspended && e.Attempt == 0 && strings.HasPrefix(e.LastReply, "suspended: "):
 		// The suspension has ended: it no longer says why the message
 		// waits (a turn at the rate, a connection slot).
@@ -1174,7 +1174,7 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 		// a suspension gives at most hourly (the throttle's
 		// maxSuspendRefusal). Other refusals come back within seconds
 		// and say nothing about the mail.
-		w.event(queue.EventDeferred, e, e.Attempt, e.Rcpts, "suspended: "+r.Detail, nil)
+		w.event(queue.EventDeferred, e, e.Attempt, e.Rcpts, "suspended: "+r.Public(), nil)
 	}
 	return nil
 }
@@ -1183,7 +1183,7 @@ func (w *deliverer) refused(ctx context.Context, d *queue.Delivery, dest string,
 func refusalWhy(r throttle.Refusal) string {
 	switch {
 	case r.Reason == "suspended" && r.Detail != "":
-		return "delivery to the destination is suspended: " + r.Detail
+		return "delivery to the destination is suspended: " + r.Public()
 	case r.Reason == "suspended":
 		return "delivery to the destination is suspended"
 	}

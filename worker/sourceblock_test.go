@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-smtp"
+	"github.com/rs/zerolog"
 
 	"github.com/outflow/outflow/classify"
 	"github.com/outflow/outflow/internal/fakemx"
@@ -205,8 +206,12 @@ type suspendedGate struct{ throttle.OpenGate }
 
 func (suspendedGate) Admit(context.Context, string, string, string) (throttle.Permit, throttle.Refusal) {
 	return nil, throttle.Refusal{Until: time.Now().Add(time.Hour), Reason: "suspended",
-		Detail: "blocks.test@127.0.0.2: source blocked (source-blocked): 554 5.7.1 listed"}
+		Detail: "blocks.test@127.0.0.2: source blocked (source-blocked): " + blockReply}
 }
+
+// blockReply is the reply that suspended suspendedGate's pair: an attempt
+// of another message, perhaps another tenant's, whose envelope it quotes.
+const blockReply = "554 5.7.1 listed; from=<orders@b.example> to=<vip@blocks.test>"
 
 // suspendedAfterGate admits the first attempt, then refuses as
 // suspendedGate does.
@@ -257,7 +262,10 @@ func (e *env) waitFound(id, what string, cond func(*queue.Item) bool) *queue.Ite
 // console), where it showed a deferral with no reply at all, and the
 // application hears of it in a deferred event. One that was tried keeps
 // the reply of its last attempt; once the suspension has ended, the
-// untried message no longer shows it.
+// untried message no longer shows it. What the tenant reads names the
+// suspension, not the reply that set it: that reply answered another
+// message, and quoted its sender and recipient to every tenant whose mail
+// the suspension held (the log's detail keeps it for the operator).
 func TestSuspendedMessageSaysWhy(t *testing.T) {
 	t.Run("suspension ended", func(t *testing.T) {
 		e := newEnv(t, nil)
@@ -296,16 +304,21 @@ func TestSuspendedMessageSaysWhy(t *testing.T) {
 	})
 
 	e := newEnv(t, nil)
-	e.startPool(func(c *Config) { c.Workers, c.Gate = 1, suspendedGate{} })
+	var logs syncBuf
+	e.startPool(func(c *Config) { c.Workers, c.Gate, c.Logger = 1, suspendedGate{}, zerolog.New(&logs) })
 	id := e.submit("bob@blocks.test")
 	it := e.waitFound(id, "a last reply on the held message", func(it *queue.Item) bool { return it.Env.LastReply != "" })
-	if it.Env.LastClass != "local" || it.Env.LastReply != "suspended: blocks.test@127.0.0.2: source blocked (source-blocked): 554 5.7.1 listed" {
-		t.Fatalf("last class %q, reply %q", it.Env.LastClass, it.Env.LastReply)
+	const public = "suspended: blocks.test@127.0.0.2: source blocked (source-blocked)"
+	if it.Env.LastClass != "local" || it.Env.LastReply != public {
+		t.Fatalf("last class %q, reply %q, want %q", it.Env.LastClass, it.Env.LastReply, public)
 	}
 	evs := e.waitEvent(id, queue.EventDeferred)
+	if !strings.Contains(logs.String(), `"detail":"blocks.test@127.0.0.2: source blocked (source-blocked): `+blockReply) {
+		t.Fatalf("the refusal's log line lacks the reply for the operator:\n%s", logs.String())
+	}
 	for _, ev := range evs {
 		if ev.Type == queue.EventDeferred {
-			if ev.Reason != "suspended: blocks.test@127.0.0.2: source blocked (source-blocked): 554 5.7.1 listed" ||
+			if ev.Reason != public ||
 				ev.Attempt != 0 || len(ev.Recipients) != 1 || ev.Recipients[0] != "bob@blocks.test" {
 				t.Fatalf("the suspension's deferred event: %+v", ev)
 			}
