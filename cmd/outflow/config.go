@@ -545,6 +545,34 @@ func checkHostname(name string) error {
 	return nil
 }
 
+// Widest trusted networks: an IPv4 /8 (10.0.0.0/8) and an IPv6 /7
+// (fc00::/7, the unique local addresses).
+const (
+	widestTrusted4 = 8
+	widestTrusted6 = 7
+)
+
+// checkTrustedNetwork says what is wrong with p as one of
+// --trusted-networks, whose clients submit without AUTH: a network wider
+// than any private range (0.0.0.0/0, ::/0, ::ffff:0:0/96, which is every
+// IPv4 client) hands the relay to most of the Internet. Postfix takes such
+// a mynetworks silently; outflow is never an open relay (docs/submission.md).
+func checkTrustedNetwork(p netip.Prefix) error {
+	bits, widest, as := p.Bits(), widestTrusted6, p.Masked().String()
+	switch {
+	case p.Addr().Is4():
+		widest = widestTrusted4
+	case p.Addr().Is4In6() && bits >= 96:
+		// Compared as the IPv4 network it maps (submission.New).
+		bits, widest = bits-96, widestTrusted4
+		as = netip.PrefixFrom(p.Addr().Unmap(), bits).Masked().String() + ", every IPv4 client it maps,"
+	}
+	if bits < widest {
+		return fmt.Errorf("%s is wider than /%d: its clients would send to anyone without AUTH, an open relay; list your applications' networks (10.0.0.0/8 at the widest for IPv4, fc00::/7 for IPv6)", as, widest)
+	}
+	return nil
+}
+
 // addrLiteral is ip as an address literal (RFC 5321 4.1.3), without a
 // zone: [192.0.2.1], [IPv6:2001:db8::1].
 func addrLiteral(ip netip.Addr) string {

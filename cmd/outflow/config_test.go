@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -962,5 +963,43 @@ func TestCheckHostnameAddressLiteral(t *testing.T) {
 		if err := checkHostname(name); err == nil || err.Error() != want {
 			t.Errorf("%q: %v, want %q", name, err, want)
 		}
+	}
+}
+
+// TestTrustedNetworksNoOpenRelay: serve refuses trusted networks wider
+// than any private range, before it starts anything: 0.0.0.0/0 (or
+// ::ffff:0:0/96, which is every IPv4 client) let anyone submit to any
+// recipient without AUTH, an open relay, and start said nothing.
+func TestTrustedNetworksNoOpenRelay(t *testing.T) {
+	for _, ok := range []string{"127.0.0.0/8", "10.0.0.0/8", "192.168.0.0/16", "::1/128", "fc00::/7", "fd00::/8", "::ffff:127.0.0.0/104", "::ffff:10.0.0.0/104", "2001:db8::/32"} {
+		if err := checkTrustedNetwork(netip.MustParsePrefix(ok)); err != nil {
+			t.Errorf("%s refused: %v", ok, err)
+		}
+	}
+	for wide, want := range map[string]string{
+		"0.0.0.0/0":      "0.0.0.0/0 is wider than /8",
+		"64.0.0.0/2":     "64.0.0.0/2 is wider than /8",
+		"::/0":           "::/0 is wider than /7",
+		"2000::/3":       "2000::/3 is wider than /7",
+		"::ffff:0:0/96":  "0.0.0.0/0, every IPv4 client it maps, is wider than /8",
+		"::ffff:0:0/100": "0.0.0.0/4, every IPv4 client it maps, is wider than /8",
+	} {
+		err := checkTrustedNetwork(netip.MustParsePrefix(wide))
+		if err == nil || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "open relay") {
+			t.Errorf("%s: %v, want %q… an open relay", wide, err, want)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "empty.toml")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseWith(t, p, "--data", t.TempDir(), "--trusted-networks", "127.0.0.0/8,0.0.0.0/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = serve(context.Background(), c, io.Discard)
+	var u usageError
+	if !errors.As(err, &u) || !strings.Contains(err.Error(), `--trusted-networks "0.0.0.0/0": 0.0.0.0/0 is wider than /8`) {
+		t.Errorf("serve: %v, want a --trusted-networks usage error", err)
 	}
 }

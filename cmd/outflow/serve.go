@@ -142,6 +142,9 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 		if err != nil {
 			return usageError{fmt.Errorf("--trusted-networks %q: %w", s, err)}
 		}
+		if err := checkTrustedNetwork(p); err != nil {
+			return usageError{fmt.Errorf("--trusted-networks %q: %w", s, err)}
+		}
 		trusted = append(trusted, p)
 	}
 
