@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -249,4 +252,41 @@ func registerAPIMetrics(reg prometheus.Registerer, srv *api.Server) error {
 		}
 	}
 	return nil
+}
+
+// startTenants is every tenant known at start, for openSigning: the users
+// file's accounts, trusted for --trusted-networks, and the API keys'
+// tenants when the API is served (a key created later is not seen until
+// the next start). A failed look-up of the keys leaves them out.
+func startTenants(ctx context.Context, c *serveConfig, q *queue.Queue, users []string, trusted []netip.Prefix) []string {
+	tenants := slices.Clone(users)
+	if len(trusted) > 0 {
+		tenants = append(tenants, submission.TrustedTenant)
+	}
+	if c.APIAddr == "" {
+		return tenants
+	}
+	setup, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	keys, err := api.OpenKeys(setup, q)
+	if err != nil {
+		return tenants
+	}
+	infos, err := keys.List(setup)
+	if err != nil {
+		return tenants
+	}
+	for _, k := range infos {
+		tenants = append(tenants, k.Tenant)
+	}
+	return tenants
+}
+
+// dkimDomains is the domains the [[dkim]] keys sign for.
+func (c *serveConfig) dkimDomains() []string {
+	out := make([]string, 0, len(c.DKIM))
+	for _, k := range c.DKIM {
+		out = append(out, strings.ToLower(k.Domain))
+	}
+	return out
 }

@@ -71,3 +71,37 @@ func (c *dsnConfig) tenantNearMisses(users []string) []string {
 	slices.Sort(out)
 	return out
 }
+
+// openSigning returns a line for the start's log when tenants share a
+// daemon whose [[dkim]] keys sign for dkimDomains and some of them may send
+// as any domain: no top-level sender-domains and no [tenants.NAME]
+// sender-domains of their own. Each such tenant can send as another's
+// domain, signed with that domain's key, and receivers take the signature
+// as the domain owner's. One tenant alone is its own operator: nothing to
+// say. "" when there is nothing to say.
+func (c *dsnConfig) openSigning(tenants, dkimDomains []string) string {
+	if len(dkimDomains) == 0 || c.SenderDomains != nil {
+		return ""
+	}
+	all := slices.Compact(slices.Sorted(slices.Values(tenants)))
+	if len(all) < 2 {
+		return ""
+	}
+	var open []string
+	for _, t := range all {
+		if sec, ok := c.Tenants[t]; !ok || sec.SenderDomains == nil {
+			open = append(open, t)
+		}
+	}
+	if len(open) == 0 {
+		return ""
+	}
+	const most = 5
+	names := strings.Join(open[:min(most, len(open))], ", ")
+	if len(open) > most {
+		names += fmt.Sprintf(" and %d more", len(open)-most)
+	}
+	domains := slices.Compact(slices.Sorted(slices.Values(dkimDomains)))
+	return fmt.Sprintf("%d of %d tenants (%s) may send as any domain, and [[dkim]] signs for %s: each may send as another tenant's domain, signed with its key; set sender-domains (the top-level list, for every tenant without a [tenants.NAME] list of its own)",
+		len(open), len(all), names, strings.Join(domains, ", "))
+}

@@ -350,6 +350,9 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 	for _, line := range c.tenantNearMisses(users.Names()) {
 		log.Warn().Msg(line)
 	}
+	if line := c.openSigning(startTenants(ctx, c, q, users.Names(), trusted), c.dkimDomains()); line != "" {
+		log.Warn().Msg(line)
+	}
 	limits, err := c.sendingLimits(ctx, q)
 	if err != nil {
 		return err
