@@ -26,10 +26,7 @@ func TestOpenSigning(t *testing.T) {
 			t.Errorf("line %q lacks %q", line, want)
 		}
 	}
-	many := []string{"alice"}
-	for _, n := range []string{"t1", "t2", "t3", "t4", "t5", "t6", "t7"} {
-		many = append(many, n)
-	}
+	many := []string{"alice", "t1", "t2", "t3", "t4", "t5", "t6", "t7"}
 	if line := c.openSigning(many, dkim); !strings.Contains(line, "(t1, t2, t3, t4, t5 and 2 more)") {
 		t.Errorf("seven open tenants: %q", line)
 	}
