@@ -147,6 +147,9 @@ func serve(parent context.Context, c *serveConfig, stdout io.Writer) error {
 		}
 		trusted = append(trusted, p)
 	}
+	for _, line := range c.secretFileWarnings() {
+		log.Warn().Msg(line)
+	}
 
 	// The SENT bucket also holds each idempotency key's record, which
 	// names the key's message ids for the work stream's deduplication
