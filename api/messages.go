@@ -712,7 +712,14 @@ func (s *Server) cancelMessage(w http.ResponseWriter, r *http.Request, key *KeyI
 	if !key.Admin && it.Env.Tenant != key.Tenant {
 		return notFound
 	}
-	dropped, err := s.cfg.Queue.DropBy(ctx, id, "api")
+	// A tenant's own cancellation is the API's; an admin key's of
+	// another tenant's message is the operator's, which that tenant sees
+	// as "admin" (queue.ForTenant), and the operator's views by key.
+	by := "api"
+	if key.Admin && it.Env.Tenant != key.Tenant {
+		by = queue.OperatorAdmin + ":apikey " + key.ID
+	}
+	dropped, err := s.cfg.Queue.DropBy(ctx, id, by)
 	if errors.Is(err, queue.ErrNotFound) {
 		// Delivered or moved between the look and the drop: ask again.
 		return problem(http.StatusConflict, ProblemAlreadySent, "already sent", "message "+id+" left its lane meanwhile; read its state")

@@ -1001,3 +1001,51 @@ func TestOperatorNamedOnlyToOperators(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminKeyActsAsTheOperator: an admin key's cancellation of another
+// tenant's message and its suppression for that tenant are the
+// operator's, not the tenant's own API calls: the tenant sees the drop by
+// "admin" and the entry's source "admin" (they said "api", as if the
+// tenant had done it), and the operator's views name the key.
+func TestAdminKeyActsAsTheOperator(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	adminKey, info, err := f.srv.Keys().Create(ctx, "ops", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := map[string]any{"from": "news@shop.example", "to": []string{"ann@one.example"}, "text": "x",
+		"send_at": time.Now().Add(time.Hour).Format(time.RFC3339)}
+	id := f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t)[0]
+	if r := f.do(t, "DELETE", "/v1/messages/"+id, adminKey, nil, nil); r.status != 200 {
+		t.Fatalf("admin cancel: %d %s", r.status, r.raw)
+	}
+	var r response
+	waitFor(t, "the drop in the tenant's view", func() bool {
+		r = f.do(t, "GET", "/v1/messages/"+id, f.key, nil, nil)
+		return strings.Contains(string(r.raw), "dropped")
+	})
+	if !strings.Contains(string(r.raw), `"worker_id":"admin"`) || strings.Contains(string(r.raw), `"worker_id":"api"`) {
+		t.Errorf("the tenant's view of an admin key's cancellation: %s", r.raw)
+	}
+	if a := f.do(t, "GET", "/v1/messages/"+id, adminKey, nil, nil); !strings.Contains(string(a.raw), `"worker_id":"admin:apikey `+info.ID+`"`) {
+		t.Errorf("the operator's view does not name the key: %s", a.raw)
+	}
+	// The tenant's own cancellation stays the API's.
+	own := f.do(t, "POST", "/v1/messages", f.key, msg, nil).ids(t)[0]
+	if r := f.do(t, "DELETE", "/v1/messages/"+own, f.key, nil, nil); r.status != 200 {
+		t.Fatalf("own cancel: %d %s", r.status, r.raw)
+	}
+	waitFor(t, "the tenant's own drop", func() bool {
+		r = f.do(t, "GET", "/v1/messages/"+own, f.key, nil, nil)
+		return strings.Contains(string(r.raw), `"worker_id":"api"`)
+	})
+
+	s := f.do(t, "POST", "/v1/suppressions", adminKey, map[string]any{"address": "gone@example.org", "tenant": "acme"}, nil)
+	if s.status != http.StatusCreated || s.json["source"] != queue.SuppressAdmin {
+		t.Fatalf("admin key's suppression for acme: %d %s, want source %q", s.status, s.raw, queue.SuppressAdmin)
+	}
+	if s := f.do(t, "POST", "/v1/suppressions", adminKey, map[string]any{"address": "own@example.org"}, nil); s.json["source"] != queue.SuppressAPI {
+		t.Errorf("admin key's suppression for its own tenant: %s, want source %q", s.raw, queue.SuppressAPI)
+	}
+}

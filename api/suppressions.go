@@ -146,6 +146,11 @@ func (s *Server) postSuppression(w http.ResponseWriter, r *http.Request, key *Ke
 		return p
 	}
 	sup := queue.Suppression{Tenant: tenant, Address: req.Address, Reason: req.Reason, Source: queue.SuppressAPI}
+	if tenant != key.Tenant {
+		// An admin key's entry for another tenant is the operator's, as
+		// `outflow suppress add` is: the tenant can tell it from its own.
+		sup.Source = queue.SuppressAdmin
+	}
 	if req.Expires != nil {
 		// An entry that has already stopped applying would be answered
 		// 201 and then suppress nothing: most likely a wrong year or zone.
