@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -101,7 +100,18 @@ type Config struct {
 	// /unsubscribe/, without an API key (unsubscribe.NewHandler); nil: no
 	// links, and a list_unsubscribe request is refused (422).
 	Unsubscribe http.Handler
-	Logger      zerolog.Logger
+	// AuthFailLimit is how many failed authentications (no key, not the
+	// Bearer scheme, an unknown or revoked key) one client address, an
+	// IPv4 address or an IPv6 /64, may make within AuthFailWindow; after
+	// that every request from it is answered 429 without its key being
+	// looked up, until the window, counted from the first failure, ends.
+	// The console's sign-in counts against the same limit
+	// (Server.AuthLimiter). Default DefaultAuthFailLimit.
+	AuthFailLimit int
+	// AuthFailWindow is the period failures are counted over. Default
+	// DefaultAuthFailWindow.
+	AuthFailWindow time.Duration
+	Logger         zerolog.Logger
 }
 
 // Server is the HTTP API. Its Handler serves every route.
@@ -124,6 +134,10 @@ type Server struct {
 	// submitted counts the answers to POST /v1/messages by result
 	// (Submissions).
 	submitted [numResults]atomic.Uint64
+	// auth limits failed authentications per client address;
+	// authFailures counts them by reason (AuthFailures).
+	auth         *AuthLimiter
+	authFailures [numAuthReasons]atomic.Uint64
 }
 
 // New opens the key and idempotency buckets and returns the API.
@@ -159,7 +173,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, keys: keys, idem: idem, log: cfg.Logger.With().Str("component", "api").Logger(),
 		mux: http.NewServeMux(), limiters: map[string]*rate.Limiter{},
 		searches: searches{keys: map[string]bool{}, tenants: map[string]int{}},
-		inflight: membudget.New(cfg.MaxInflightBytes, cfg.TenantInflightBytes)}
+		inflight: membudget.New(cfg.MaxInflightBytes, cfg.TenantInflightBytes),
+		auth:     NewAuthLimiter(cfg.AuthFailLimit, cfg.AuthFailWindow, nil)}
 	s.mux.Handle("/v1/messages", s.route(map[string]handler{http.MethodPost: s.postMessage}, s.countSubmission))
 	s.mux.Handle("/v1/messages/{id}", s.route(map[string]handler{http.MethodGet: s.getMessage, http.MethodDelete: s.cancelMessage}))
 	s.mux.Handle("/v1/events", s.route(map[string]handler{http.MethodGet: s.listEvents}))
@@ -181,13 +196,19 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 // Keys returns the server's key store.
 func (s *Server) Keys() *Keys { return s.keys }
 
+// AuthLimiter returns the limit on failed authentications per client
+// address, for the console's sign-in to share.
+func (s *Server) AuthLimiter() *AuthLimiter { return s.auth }
+
 // Handler returns the API's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.mux }
 
 // handler serves one authenticated request.
 type handler func(w http.ResponseWriter, r *http.Request, key *KeyInfo) *Problem
 
-// route dispatches by method, authenticates, applies the key's rate limit,
+// route dispatches by method, authenticates (a failure from a client
+// address at its limit of failed authentications is a 429), applies the
+// key's rate limit,
 // and writes a returned Problem. A panic in a handler is a 500, logged,
 // not the end of the process. Each observe, when given, is told how every
 // request of a known method ended: its problem, or nil for a success.
@@ -213,7 +234,17 @@ func (s *Server) route(methods map[string]handler, observe ...func(*Problem)) ht
 				}
 			}
 		}()
+		// An address at its limit of failed authentications is answered
+		// 429 for each further failure; a valid key from it is still
+		// served: applications behind one NAT address share it, and one
+		// with a wrong key must not stop the others. The keys' 256 bits
+		// are what stops guessing; the limit makes it seen and slowed.
+		blocked := s.authBlocked(r)
 		key, p := s.authenticate(r)
+		if p != nil && p.Status == http.StatusUnauthorized && blocked != nil {
+			p = blocked
+			s.auth.Refusing()
+		}
 		if p == nil {
 			p = s.limit(key)
 		}
@@ -229,18 +260,22 @@ func (s *Server) route(methods map[string]handler, observe ...func(*Problem)) ht
 	})
 }
 
-// authenticate checks the Bearer key (RFC 6750 section 2.1).
+// authenticate checks the Bearer key (RFC 6750 section 2.1). A failure
+// is counted, by reason, and against the client's address (authBlocked).
 func (s *Server) authenticate(r *http.Request) (*KeyInfo, *Problem) {
 	auth := r.Header.Get("Authorization")
 	scheme, token, ok := strings.Cut(auth, " ")
 	if auth == "" {
+		s.authFailed(r, authMissing)
 		return nil, problem(http.StatusUnauthorized, ProblemUnauthorized, "missing API key", "send Authorization: Bearer KEY, a key from outflow apikey create")
 	}
 	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+		s.authFailed(r, authMalformed)
 		return nil, problem(http.StatusUnauthorized, ProblemUnauthorized, "bad Authorization header", "want the Bearer scheme: Authorization: Bearer KEY")
 	}
 	info, err := s.keys.Lookup(r.Context(), strings.TrimSpace(token))
 	if errors.Is(err, ErrNoKey) {
+		s.authFailed(r, authUnknown)
 		return nil, problem(http.StatusUnauthorized, ProblemUnauthorized, "unknown API key", "the key does not exist or was revoked")
 	}
 	if err != nil {
@@ -277,7 +312,7 @@ func (s *Server) limit(key *KeyInfo) *Problem {
 	res.Cancel()
 	p := problem(http.StatusTooManyRequests, ProblemRateLimited, "rate limited",
 		fmt.Sprintf("this key may make %g requests per second (bursts of %d)", s.cfg.Rate, s.cfg.Burst))
-	p.RetryAfter = max(1, int(math.Ceil(wait.Seconds())))
+	p.RetryAfter = RetryAfter(wait)
 	return p
 }
 

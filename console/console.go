@@ -12,6 +12,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -56,7 +57,13 @@ type Config struct {
 	StatusWait time.Duration
 	// Refresh is how often the live tables poll. Default 5s.
 	Refresh time.Duration
-	Logger  zerolog.Logger
+	// AuthLimiter limits failed sign-ins per client address: the API's
+	// (api.Server.AuthLimiter), so that an address at its limit of
+	// failed keys is refused on both, and guesses cannot be split
+	// between them. Nil: one of the console's own, with the API's
+	// defaults.
+	AuthLimiter *api.AuthLimiter
+	Logger      zerolog.Logger
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 }
@@ -80,6 +87,8 @@ type Console struct {
 	mux      *http.ServeMux
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
+	// signInFailures counts failed sign-ins by reason (SignInFailures).
+	signInFailures [numSignInReasons]atomic.Uint64
 }
 
 // New builds the console and starts following the events stream for the
@@ -93,6 +102,9 @@ func New(ctx context.Context, cfg Config) (*Console, error) {
 	defaults.Set(&cfg.Refresh, 5*time.Second)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.AuthLimiter == nil {
+		cfg.AuthLimiter = api.NewAuthLimiter(0, 0, cfg.Now)
 	}
 	pages, err := parsePages()
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"os"
 	"regexp"
@@ -747,5 +748,77 @@ func TestCookieSecureBehindAProxy(t *testing.T) {
 		if len(cs) != 1 || cs[0].Secure != want {
 			t.Errorf("X-Forwarded-Proto %q: cookies %+v, want Secure %v", proto, cs, want)
 		}
+	}
+}
+
+// TestSignInFailuresLimited: failed sign-ins are counted by reason and
+// against the client's address in the limiter the console is given (the
+// API's, in outflow serve): at its limit the address's refused sign-ins
+// are answered 429 with Retry-After until the window ends, and a valid
+// admin key still signs in, from it and from another address. The log has
+// the first failure and the one at the limit, not a line per failure.
+func TestSignInFailuresLimited(t *testing.T) {
+	var logs testutil.SyncBuffer
+	now := time.Now()
+	clock := func() time.Time { return now }
+	lim := api.NewAuthLimiter(3, time.Minute, func() time.Time { return clock() })
+	f := newFixture(t, func(c *Config) {
+		c.AuthLimiter = lim
+		c.Logger = zerolog.New(&logs).Level(zerolog.InfoLevel)
+	})
+	// A failure of an API key from the same address counts here too.
+	lim.Fail(netip.MustParseAddr("127.0.0.1"))
+	for _, k := range []struct {
+		key  string
+		want int
+	}{{"ofk_not-a-key", http.StatusUnauthorized}, {f.tenantKey(), http.StatusForbidden}} {
+		if res, _ := f.signIn(t, f.browser(t), k.key); res.StatusCode != k.want {
+			t.Fatalf("sign-in with %.8s…: %d, want %d", k.key, res.StatusCode, k.want)
+		}
+	}
+	if got, want := f.c.SignInFailures(), [numSignInReasons]uint64{1, 1}; got != want {
+		t.Errorf("SignInFailures %v, want %v (unknown, not-admin)", got, want)
+	}
+
+	now = now.Add(15 * time.Second)
+	res, _ := f.signIn(t, f.browser(t), "ofk_not-a-key")
+	if res.StatusCode != http.StatusTooManyRequests || res.Header.Get("Retry-After") != "45" {
+		t.Fatalf("unknown key from an address at its limit: %d, Retry-After %q; want 429, 45", res.StatusCode, res.Header.Get("Retry-After"))
+	}
+	if lim.Refused() != 1 || f.c.SignInFailures() != [numSignInReasons]uint64{2, 1} {
+		t.Errorf("Refused %d, SignInFailures %v; want 1, the 429 counted", lim.Refused(), f.c.SignInFailures())
+	}
+	if res, csrf := f.signIn(t, f.browser(t), f.admin); res.StatusCode != http.StatusSeeOther || csrf == "" {
+		t.Fatalf("admin key from an address at its limit: %d, want 303 (signed in)", res.StatusCode)
+	}
+
+	// Another address signs in (the form's token as a browser sends it).
+	form := url.Values{"csrf": {"tok"}, "key": {f.admin}}
+	req := httptest.NewRequest(http.MethodPost, "/ui/login", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.AddCookie(&http.Cookie{Name: preCookie, Value: "tok"})
+	req.RemoteAddr = "127.0.0.2:40000"
+	rec := httptest.NewRecorder()
+	f.c.Handler().ServeHTTP(rec, req)
+	if rec.Code != http.StatusSeeOther {
+		t.Fatalf("admin key from another address: %d, want 303", rec.Code)
+	}
+
+	now = now.Add(45 * time.Second)
+	if res, csrf := f.signIn(t, f.browser(t), f.admin); res.StatusCode != http.StatusSeeOther || csrf == "" {
+		t.Fatalf("admin key after the window: %d", res.StatusCode)
+	}
+
+	var warn []string
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if strings.Contains(l, `"level":"warn"`) {
+			warn = append(warn, l)
+		}
+	}
+	if len(warn) != 1 || !strings.Contains(warn[0], `"reason":"not-admin","failures":3`) || !strings.Contains(warn[0], `"remote":"127.0.0.1:`) {
+		t.Errorf("warnings, want the one at the limit (the first failure was the API's):\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), "not-a-key") {
+		t.Errorf("a key was logged:\n%s", logs.String())
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -169,9 +171,60 @@ func (c *Console) renderLogin(w http.ResponseWriter, r *http.Request, status int
 	c.render(w, r, nil, status, "login", "Sign in", map[string]any{"Token": tok, "Next": next, "Error": msg, "Lost": lost})
 }
 
-// login checks an admin key and starts a session.
+// The reasons a failed sign-in is counted under (cmd/outflow exports
+// them as outflow_console_signin_failures_total{reason}).
+const (
+	// SignInUnknown: a key that does not exist or was revoked (or none).
+	SignInUnknown = "unknown"
+	// SignInNotAdmin: a tenant's key, not an admin key.
+	SignInNotAdmin = "not-admin"
+)
+
+// SignInFailureReasons lists the reasons in the order SignInFailures
+// returns them.
+var SignInFailureReasons = [numSignInReasons]string{SignInUnknown, SignInNotAdmin}
+
+// Indexes in SignInFailureReasons.
+const (
+	signInUnknown = iota
+	signInNotAdmin
+	numSignInReasons
+)
+
+// SignInFailures returns how many sign-ins this console refused for their
+// key, by reason, in the order of SignInFailureReasons; for the metrics.
+func (c *Console) SignInFailures() [numSignInReasons]uint64 {
+	var n [numSignInReasons]uint64
+	for i := range n {
+		n[i] = c.signInFailures[i].Load()
+	}
+	return n
+}
+
+// signInFailed counts a refused sign-in, by reason and against its
+// client's address, and logs it as the API logs its failures: the first
+// of an address in its window, and the one that reaches the limit.
+func (c *Console) signInFailed(r *http.Request, reason int) {
+	c.signInFailures[reason].Add(1)
+	c.cfg.AuthLimiter.Failed(c.log, r, SignInFailureReasons[reason])
+}
+
+// login checks an admin key and starts a session. A failed sign-in from
+// an address at its limit of failures (of sign-ins and API keys: the
+// limiter is the API's) is answered 429 until its window ends; a valid
+// admin key from it still signs in (the API's route says why).
 func (c *Console) login(w http.ResponseWriter, r *http.Request, _ *session) {
 	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	wait := c.cfg.AuthLimiter.Check(api.ClientAddr(r))
+	refuse := func(status int, msg string) {
+		if wait > 0 {
+			c.cfg.AuthLimiter.Refusing()
+			secs := api.RetryAfter(wait)
+			w.Header().Set("Retry-After", strconv.Itoa(secs))
+			status, msg = http.StatusTooManyRequests, fmt.Sprintf("Too many failed sign-ins from your address; try again in %s.", time.Duration(secs)*time.Second)
+		}
+		c.renderLogin(w, r, status, msg)
+	}
 	if err := r.ParseForm(); err != nil {
 		c.renderLogin(w, r, http.StatusBadRequest, "The form could not be read.")
 		return
@@ -185,16 +238,16 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request, _ *session) {
 	info, err := c.cfg.Keys.Lookup(r.Context(), key)
 	switch {
 	case errors.Is(err, api.ErrNoKey):
-		c.log.Warn().Str("remote", r.RemoteAddr).Msg("console sign-in refused: unknown key")
-		c.renderLogin(w, r, http.StatusUnauthorized, "Unknown API key.")
+		c.signInFailed(r, signInUnknown)
+		refuse(http.StatusUnauthorized, "Unknown API key.")
 		return
 	case err != nil:
 		c.log.Error().Err(err).Msg("console sign-in: key store")
 		c.renderLogin(w, r, http.StatusServiceUnavailable, "The key store cannot be read; try again.")
 		return
 	case !info.Admin:
-		c.log.Warn().Str("key_id", info.ID).Str("remote", r.RemoteAddr).Msg("console sign-in refused: not an admin key")
-		c.renderLogin(w, r, http.StatusForbidden, "This key is not an admin key (outflow apikey create --admin).")
+		c.signInFailed(r, signInNotAdmin)
+		refuse(http.StatusForbidden, "This key is not an admin key (outflow apikey create --admin).")
 		return
 	}
 	s := c.sessions.create(key, *info)

@@ -123,7 +123,9 @@ type Config struct {
 	// AuthFailLimit is how many failed AUTH attempts one client address
 	// (an IPv4 address or an IPv6 /64) may make within AuthFailWindow;
 	// after that every AUTH from it gets 421 4.7.0 and its connection is
-	// closed until the window ends. Default DefaultAuthFailLimit.
+	// closed until the window ends. A client of TrustedNetworks has the
+	// limit per account it tries: an AUTH as that account gets the 421
+	// (session.authKey). Default DefaultAuthFailLimit.
 	AuthFailLimit int
 	// AuthFailWindow is the period over which AUTH failures are counted,
 	// from the first failure. Default DefaultAuthFailWindow.

@@ -14,6 +14,8 @@ import (
 	"github.com/emersion/go-sasl"
 	"github.com/emersion/go-smtp"
 
+	"golang.org/x/crypto/bcrypt"
+
 	"github.com/outflow/outflow/queue"
 )
 
@@ -260,36 +262,61 @@ func TestAuthRateLimit(t *testing.T) {
 	}
 }
 
-// TestAuthRateLimitSparesTrustedNetworks: failures from a trusted network
-// (the operator's own hosts, Postfix's $mynetworks) are not counted, so one
-// application's wrong password does not lock the host's others out.
-func TestAuthRateLimitSparesTrustedNetworks(t *testing.T) {
-	ts := startServer(t, Config{Users: testUsers(t), AuthFailLimit: 2, AuthFailWindow: time.Hour,
+// TestAuthRateLimitTrustedNetworks: a trusted network's client is not
+// exempt from the limit of failed AUTH, as it was (Postfix exempts
+// $mynetworks): one host of a shared network could guess every tenant's
+// password. Its failures count per account tried: at the limit an AUTH as
+// that account, the right password included, gets 421, while another
+// account from the same address still authenticates, so one application
+// retrying a wrong password does not lock out the others on its address.
+func TestAuthRateLimitTrustedNetworks(t *testing.T) {
+	h, err := bcrypt.GenerateFromPassword([]byte("other-pw"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	users := testUsers(t)
+	if users, err = ParseUsers(strings.NewReader(testUser + ":" + string(users.hash(testUser)) + "\nother:" + string(h) + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	ts := startServer(t, Config{Users: users, AuthFailLimit: 2, AuthFailWindow: time.Hour,
 		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, &fakeQueue{})
 	rc := ts.raw(t)
 	rc.cmd("EHLO client.test", 250)
-	for i := 0; i < 4; i++ {
-		rc.cmd("AUTH PLAIN "+plainIR("", testUser, "guess"), 535)
+	rc.cmd("AUTH PLAIN "+plainIR("", testUser, "guess"), 535)
+	rc.cmd("AUTH PLAIN "+plainIR("", "nobody", "guess"), 535) // another account's count
+	rc.cmd("AUTH PLAIN "+plainIR("", testUser, "guess"), 535)
+	if msg := rc.cmd("AUTH PLAIN "+plainIR("", testUser, testPassword), 421); !strings.HasPrefix(msg, "4.7.0 ") {
+		t.Errorf("rate limit reply %q", msg)
 	}
-	rc.cmd("AUTH PLAIN "+plainIR("", testUser, testPassword), 235)
-	if got := ts.counter(t, "outflow_submission_auth_blocked_total"); got != 0 {
-		t.Errorf("blocked = %v, want 0", got)
+	rc.expectClosed()
+	if got := ts.counter(t, "outflow_submission_auth_blocked_total"); got != 1 {
+		t.Errorf("blocked = %v, want 1", got)
 	}
+	if !strings.Contains(ts.logs.String(), `"limit":2,"trusted":true`) {
+		t.Errorf("the refusal's log line does not say the client is trusted:\n%s", ts.logs.String())
+	}
+	// Another application on the same address, with its own account.
+	rc = ts.raw(t)
+	rc.cmd("EHLO client.test", 250)
+	rc.cmd("AUTH PLAIN "+plainIR("", "other", "other-pw"), 235)
 }
 
 func TestAuthLimiterWindowAndKeys(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	l := newAuthLimiter(2, time.Minute)
 	l.now = func() time.Time { return now }
-	a := netip.MustParseAddr("192.0.2.1")
-	b := netip.MustParseAddr("192.0.2.2")
+	a := clientKey(netip.MustParseAddr("192.0.2.1"))
+	b := clientKey(netip.MustParseAddr("192.0.2.2"))
 	if l.fail(a) || !l.fail(a) {
 		t.Fatal("second failure should block at limit 2")
 	}
 	if !l.blocked(a) || l.blocked(b) {
 		t.Fatal("limits must be per address")
 	}
-	if !l.blocked(netip.MustParseAddr("::ffff:192.0.2.1")) {
+	if l.blocked(authKey{client: a.client, account: "bob"}) {
+		t.Error("an account's key shares the client's count")
+	}
+	if !l.blocked(clientKey(netip.MustParseAddr("::ffff:192.0.2.1"))) {
 		t.Error("IPv4-mapped address must share the IPv4 bucket")
 	}
 	now = now.Add(time.Minute)
@@ -297,9 +324,9 @@ func TestAuthLimiterWindowAndKeys(t *testing.T) {
 		t.Error("still blocked after the window")
 	}
 	// One IPv6 /64 is one client.
-	l.fail(netip.MustParseAddr("2001:db8::1"))
-	l.fail(netip.MustParseAddr("2001:db8::2"))
-	if !l.blocked(netip.MustParseAddr("2001:db8::ffff")) || l.blocked(netip.MustParseAddr("2001:db8:0:1::1")) {
+	l.fail(clientKey(netip.MustParseAddr("2001:db8::1")))
+	l.fail(clientKey(netip.MustParseAddr("2001:db8::2")))
+	if !l.blocked(clientKey(netip.MustParseAddr("2001:db8::ffff"))) || l.blocked(clientKey(netip.MustParseAddr("2001:db8:0:1::1"))) {
 		t.Error("IPv6 failures must be counted per /64")
 	}
 }

@@ -216,7 +216,9 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 	if s.hasFrom {
 		return nil, errAuthInTransaction
 	}
-	if !s.trusted && s.srv.limiter.blocked(s.remote) {
+	if !s.trusted && s.srv.limiter.blocked(clientKey(s.remote)) {
+		// A trusted client's failures are the account's: checked once
+		// its name is known (authenticate).
 		return nil, s.authRateLimited()
 	}
 	switch strings.ToUpper(mech) {
@@ -238,11 +240,8 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 // counted only after their bcrypt, so 40 parallel guesses were all checked
 // where 5 were allowed. Queued behind the semaphore, those past the limit
 // are refused unchecked; clients that do not fail are never held back,
-// however many authenticate at once. A trusted network's client is not
-// counted against the per-address limit, as Postfix exempts $mynetworks
-// from its client limits: those addresses are the operator's own hosts,
-// and one application's wrong password would otherwise lock out every
-// other application on the same host.
+// however many authenticate at once. A trusted network's client is
+// counted per account (authKey).
 func (s *session) authenticate(identity, user, password string) error {
 	ok := false
 	var hash []byte
@@ -250,7 +249,7 @@ func (s *session) authenticate(identity, user, password string) error {
 		// Acting for another identity (RFC 4616 authzid) is not
 		// supported; such attempts fail like a wrong password.
 		s.srv.bcryptSem <- struct{}{}
-		if !s.trusted && s.srv.limiter.blocked(s.remote) {
+		if s.srv.limiter.blocked(s.authKey(user)) {
 			<-s.srv.bcryptSem
 			return s.authRateLimited()
 		}
@@ -261,11 +260,7 @@ func (s *session) authenticate(identity, user, password string) error {
 		<-s.srv.bcryptSem
 	}
 	if !ok {
-		blocked := false
-		if !s.trusted {
-			blocked = s.srv.limiter.fail(s.remote)
-		}
-		s.authFailure(user, blocked)
+		s.authFailure(user, s.srv.limiter.fail(s.authKey(user)))
 		return authFailed
 	}
 	s.user, s.userHash = user, hash
@@ -277,18 +272,31 @@ func (s *session) authenticate(identity, user, password string) error {
 }
 
 func (s *session) authMalformed() {
-	blocked := false
-	if !s.trusted {
-		blocked = s.srv.limiter.fail(s.remote)
+	s.authFailure("", s.srv.limiter.fail(s.authKey("")))
+}
+
+// authKey is what the client's failed AUTH for account counts against:
+// the client, or for a trusted network's client the client and the
+// account. Postfix exempts $mynetworks from its client limits, and so did
+// outflow; but a trusted network is often one address (a NAT, a shared
+// application host) for many applications of many tenants, and unlimited,
+// one of them could guess every other's password. Counted per client,
+// one application retrying a wrong password would lock every other on
+// its address out; per account, it locks out only its own account, and
+// each other account still gets AuthFailLimit guesses a window.
+func (s *session) authKey(account string) authKey {
+	k := clientKey(s.remote)
+	if s.trusted {
+		k.account = account
 	}
-	s.authFailure("", blocked)
+	return k
 }
 
 // authRateLimited refuses an AUTH from a client at its failure limit and
 // ends the connection after the reply.
 func (s *session) authRateLimited() error {
 	s.srv.metrics.authBlocked.Inc()
-	s.logLine(s.srv.log.Warn()).Str("reason", "auth_rate_limited").Int("limit", s.srv.cfg.AuthFailLimit).
+	s.logLine(s.srv.log.Warn()).Str("reason", "auth_rate_limited").Int("limit", s.srv.cfg.AuthFailLimit).Bool("trusted", s.trusted).
 		Dur("window", s.srv.cfg.AuthFailWindow).Msg("auth refused, closing connection")
 	if s.tc != nil {
 		s.tc.hangup("")

@@ -95,10 +95,16 @@ func startAPI(ctx context.Context, c *serveConfig, q *queue.Queue, enq enqueuer,
 		return nil, nil, err
 	}
 	// The operator's console shares the listener: /ui/, signed in with
-	// an admin key (docs/console.md).
+	// an admin key (docs/console.md), and the API's limit on failed
+	// authentications per address, so guesses cannot be split between
+	// the two.
 	con, err := console.New(ctx, console.Config{Queue: q, Keys: srv.Keys(), Suppressions: sup, Secure: tlsConf != nil,
-		Local: func(dest string) throttle.DestStatus { return t.Snapshot(t.Group(dest)) }, Logger: log})
+		Local: func(dest string) throttle.DestStatus { return t.Snapshot(t.Group(dest)) }, AuthLimiter: srv.AuthLimiter(), Logger: log})
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := registerConsoleMetrics(reg, con); err != nil {
+		con.Close()
 		return nil, nil, err
 	}
 	mux := http.NewServeMux()
@@ -221,9 +227,11 @@ func init() {
 }
 
 // registerAPIMetrics exposes the message requests by result (as
-// outflow_submissions_total counts SMTP's), and the bound on the message
+// outflow_submissions_total counts SMTP's), the bound on the message
 // requests in flight (--api-max-inflight-bytes): what it holds now, and
-// what it refused.
+// what it refused, and the failed authentications by reason with the
+// requests refused for them (as outflow_submission_auth_failures_total
+// and outflow_submission_auth_blocked_total count SMTP's).
 func registerAPIMetrics(reg prometheus.Registerer, srv *api.Server) error {
 	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "outflow_api_inflight_bytes",
@@ -238,7 +246,18 @@ func registerAPIMetrics(reg prometheus.Registerer, srv *api.Server) error {
 	}
 	cs := []prometheus.Collector{inflight,
 		refused("budget", func(f, _ uint64) uint64 { return f }),
-		refused("tenant-share", func(_, s uint64) uint64 { return s })}
+		refused("tenant-share", func(_, s uint64) uint64 { return s }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "outflow_api_auth_blocked_total",
+			Help: "API requests and console sign-ins refused (429) unchecked because their client address had too many recent failed authentications.",
+		}, func() float64 { return float64(srv.AuthLimiter().Refused()) })}
+	for i, reason := range api.AuthFailureReasons {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "outflow_api_auth_failures_total",
+			Help:        "API requests refused 401, by reason: missing (no Authorization header), malformed (not Bearer KEY), unknown (no such key, or revoked).",
+			ConstLabels: prometheus.Labels{"reason": reason},
+		}, func() float64 { return float64(srv.AuthFailures()[i]) }))
+	}
 	for i, result := range api.Results {
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "outflow_api_submissions_total",
@@ -247,6 +266,24 @@ func registerAPIMetrics(reg prometheus.Registerer, srv *api.Server) error {
 		}, func() float64 { return float64(srv.Submissions()[i]) }))
 	}
 	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// registerConsoleMetrics exposes the console's failed sign-ins by reason,
+// the sibling of outflow_api_auth_failures_total (their refusals for the
+// address's limit are in outflow_api_auth_blocked_total: the limiter is
+// shared).
+func registerConsoleMetrics(reg prometheus.Registerer, con *console.Console) error {
+	for i, reason := range console.SignInFailureReasons {
+		c := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "outflow_console_signin_failures_total",
+			Help:        "Console sign-ins refused for their key, by reason: unknown (no such key, or revoked), not-admin (a tenant's key).",
+			ConstLabels: prometheus.Labels{"reason": reason},
+		}, func() float64 { return float64(con.SignInFailures()[i]) })
 		if err := reg.Register(c); err != nil {
 			return err
 		}
