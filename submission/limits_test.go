@@ -797,3 +797,50 @@ func TestAuthRequiredInTime(t *testing.T) {
 	}
 	authed.cmd("NOOP", 250)
 }
+
+// TestAuthRequiredOfASilentClient: a client that must authenticate and
+// sends nothing at all is ended at AuthTimeout with the same 421, not
+// after ReadTimeout: the limit was checked only at a command, so a few
+// addresses holding silent connections kept every slot for 5 minutes.
+// A trusted client, which need not authenticate, waits ReadTimeout.
+func TestAuthRequiredOfASilentClient(t *testing.T) {
+	ts := startServer(t, Config{Users: testUsers(t), AuthTimeout: 300 * time.Millisecond, ReadTimeout: time.Minute}, &fakeQueue{})
+	silent := ts.raw(t) // past the greeting
+	start := time.Now()
+	code, msg, err := silent.reply()
+	if code != 421 || !strings.Contains(msg, "Authentication required") {
+		t.Fatalf("a silent client got %d %q (%v) after %v; want the 421 at AuthTimeout", code, msg, err, time.Since(start))
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("ended after %v, want about AuthTimeout (300ms), well under ReadTimeout", took)
+	}
+	if _, _, err := silent.reply(); err == nil {
+		t.Fatal("the connection stayed open")
+	}
+	if got := ts.counter(t, "outflow_submission_rejections_total", "reason", "auth_required"); got != 1 {
+		t.Errorf("auth_required rejections %v, want 1", got)
+	}
+}
+
+// TestAuthTimeoutUnderStress: with most of MaxConnections in use, a new
+// connection that must authenticate gets the short stress limit to do so
+// (Postfix's smtpd under stress), not AuthTimeout: silent connections
+// from a few addresses, renewed every AuthTimeout, kept every slot.
+// Below the mark, the full AuthTimeout holds.
+func TestAuthTimeoutUnderStress(t *testing.T) {
+	ts := startServer(t, Config{Users: testUsers(t), MaxConnections: 5, AuthTimeout: time.Hour}, &fakeQueue{})
+	ts.srv.stressAuth = 300 * time.Millisecond
+	var held []*raw
+	for range 4 { // 80 % of 5
+		held = append(held, ts.raw(t))
+	}
+	late := ts.raw(t)
+	start := time.Now()
+	if code, msg, _ := late.reply(); code != 421 || !strings.Contains(msg, "Authentication required") {
+		t.Fatalf("a silent client under stress got %d %q after %v, want the 421 at the stress limit", code, msg, time.Since(start))
+	}
+	// The first four came in below the mark: still connected, and one
+	// can authenticate long after the stress limit.
+	held[0].login()
+	held[1].cmd("NOOP", 250)
+}

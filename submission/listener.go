@@ -81,7 +81,22 @@ func (s *Server) admit(c net.Conn) (*trackedConn, string) {
 		return nil, tooManyConnsReply
 	}
 	tc := &trackedConn{Conn: c, srv: s}
-	if addr := connAddr(c); s.cfg.MaxClientConnections > 0 && !s.isTrusted(addr) {
+	addr := connAddr(c)
+	if !s.isTrusted(addr) && s.cfg.Users != nil && s.cfg.AuthTimeout > 0 {
+		// From the connection's start, not the session's: go-smtp starts
+		// a session at EHLO, and a client that sends nothing at all must
+		// meet the limit too (SetReadDeadline).
+		limit := s.cfg.AuthTimeout
+		if len(s.conns) >= s.cfg.MaxConnections*stressPercent/100 {
+			// Under stress, as Postfix's smtpd under its stress
+			// parameter: a client that must authenticate gets a few
+			// seconds to, so that silent connections from a few
+			// addresses cannot keep every slot for AuthTimeout each.
+			limit = min(limit, s.stressAuth)
+		}
+		tc.authBy = time.Now().Add(limit)
+	}
+	if s.cfg.MaxClientConnections > 0 && !s.isTrusted(addr) {
 		key := clientaddr.Prefix(addr)
 		if s.perClient[key] >= s.cfg.MaxClientConnections {
 			s.metrics.connRejected.Inc()
@@ -96,6 +111,14 @@ func (s *Server) admit(c net.Conn) (*trackedConn, string) {
 	s.metrics.connections.Set(float64(len(s.conns)))
 	return tc, ""
 }
+
+// Under stress: from stressPercent of MaxConnections in use, a new
+// connection that must authenticate has stressAuthTimeout to (Postfix's
+// smtpd_timeout under stress is 10 s; Server.stressAuth, for tests).
+const (
+	stressPercent     = 80
+	stressAuthTimeout = 10 * time.Second
+)
 
 // connAddr is c's remote IP address (an IPv4-mapped one unmapped), or the
 // zero Addr, without remoteAddr's string.
@@ -539,11 +562,16 @@ func (c *trackedConn) idleTimeout() bool {
 		return false
 	}
 	c.hung = true
+	overdue := c.mustAuth() && !time.Now().Before(c.authBy)
 	c.mu.Unlock()
-	c.srv.metrics.rejections.WithLabelValues(reasonTimeout).Inc()
-	c.srv.log.Info().Str("remote", c.RemoteAddr().String()).Str("reason", reasonTimeout).
-		Msg("idle timeout, closing connection")
-	c.sendHangup(idleTimeoutReply)
+	reason, msg, reply := reasonTimeout, "idle timeout, closing connection", idleTimeoutReply
+	if overdue {
+		// The deadline was the limit to authenticate (SetReadDeadline).
+		reason, msg, reply = reasonAuthRequired, "no authentication within the limit, closing connection", authRequiredReply
+	}
+	c.srv.metrics.rejections.WithLabelValues(reason).Inc()
+	c.srv.log.Info().Str("remote", c.RemoteAddr().String()).Str("reason", reason).Msg(msg)
+	c.sendHangup(reply)
 	_ = c.Conn.Close()
 	return true
 }
@@ -656,14 +684,26 @@ func (c *trackedConn) sendHangup(msg string) {
 }
 
 // SetReadDeadline keeps a hung-up connection's deadline in the past, so
-// go-smtp resetting its idle timeout cannot undo a hangup.
+// go-smtp resetting its idle timeout cannot undo a hangup; and a command
+// read's no later than the client's limit to authenticate (requireAuth),
+// so that a client that sends nothing at all is ended then, not after
+// ReadTimeout (idleTimeout answers it as authOverdue does).
 func (c *trackedConn) SetReadDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.hung && !c.inData {
+	switch {
+	case c.hung && !c.inData:
 		t = pastDeadline
+	case c.mustAuth() && !t.IsZero() && t.After(c.authBy):
+		t = c.authBy
 	}
 	return c.Conn.SetReadDeadline(t)
+}
+
+// mustAuth reports whether the client has a limit to authenticate by and
+// has not yet, outside a body. c.mu is held.
+func (c *trackedConn) mustAuth() bool {
+	return !c.authed && !c.authBy.IsZero() && !c.inData
 }
 
 // SetDeadline applies the same rule to the read side.
@@ -753,9 +793,13 @@ func (c *trackedConn) authOverdue() {
 	c.mu.Unlock()
 	if overdue {
 		c.srv.metrics.rejections.WithLabelValues(reasonAuthRequired).Inc()
-		c.hangup("421 4.7.0 Authentication required at the start of the session; closing connection\r\n")
+		c.hangup(authRequiredReply)
 	}
 }
+
+// authRequiredReply ends a connection that did not authenticate within
+// its limit (Config.AuthTimeout).
+const authRequiredReply = "421 4.7.0 Authentication required at the start of the session; closing connection\r\n"
 
 func (c *trackedConn) beginData() {
 	c.mu.Lock()

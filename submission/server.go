@@ -182,6 +182,9 @@ type Server struct {
 	metrics  *metrics
 	smtp     *smtp.Server
 	limiter  *authLimiter
+	// stressAuth is a new connection's limit to authenticate by while
+	// the listener is under stress (stressAuthTimeout; tests shorten it).
+	stressAuth time.Duration
 	// inflight bounds the memory of the bodies in flight; nil: no bound
 	// (inflight.go).
 	inflight *membudget.Budget
@@ -311,6 +314,7 @@ func New(cfg Config, q Enqueuer) (*Server, error) {
 		inflight:   inflight,
 		bcryptSem:  make(chan struct{}, max(1, runtime.GOMAXPROCS(0))),
 		isLoopback: func(a netip.Addr) bool { return a.Unmap().IsLoopback() },
+		stressAuth: stressAuthTimeout,
 		baseCtx:    ctx,
 		cancel:     cancel,
 		conns:      make(map[*trackedConn]struct{}),
