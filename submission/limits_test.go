@@ -829,7 +829,9 @@ func TestAuthRequiredOfASilentClient(t *testing.T) {
 // Below the mark, the full AuthTimeout holds.
 func TestAuthTimeoutUnderStress(t *testing.T) {
 	ts := startServer(t, Config{Users: testUsers(t), MaxConnections: 5, AuthTimeout: time.Hour}, &fakeQueue{})
+	ts.srv.mu.Lock()
 	ts.srv.stressAuth = 300 * time.Millisecond
+	ts.srv.mu.Unlock()
 	var held []*raw
 	for range 4 { // 80 % of 5
 		held = append(held, ts.raw(t))

@@ -184,6 +184,7 @@ type Server struct {
 	limiter  *authLimiter
 	// stressAuth is a new connection's limit to authenticate by while
 	// the listener is under stress (stressAuthTimeout; tests shorten it).
+	// Read under mu (admit).
 	stressAuth time.Duration
 	// inflight bounds the memory of the bodies in flight; nil: no bound
 	// (inflight.go).
