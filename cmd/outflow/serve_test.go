@@ -26,6 +26,10 @@ func TestHTTPAddrOff(t *testing.T) {
 		ln.Close()
 		t.Fatalf("--http-addr \"\" listens on %s", ln.Addr())
 	}
+	// Idle keep-alive connections end, and a slow client's request too.
+	if srv.IdleTimeout <= 0 || srv.ReadTimeout <= 0 || srv.ReadHeaderTimeout <= 0 {
+		t.Errorf("metrics listener's timeouts: idle %v, read %v, header %v; want each set", srv.IdleTimeout, srv.ReadTimeout, srv.ReadHeaderTimeout)
+	}
 	if err := srv.Close(); err != nil {
 		t.Errorf("close: %v", err)
 	}
