@@ -134,6 +134,9 @@ func addressError(err error, sender bool) *smtp.SMTPError {
 //     may take 502 for "never send this command here again";
 //   - AUTH without a mechanism gets 502 too, where the fault is in its
 //     arguments (501, RFC 5321 section 4.2.3);
+//   - a line that is no command (a verb of other than four letters)
+//     gets 501, "syntax error in parameters", where it is unrecognized:
+//     500 (section 4.2.4), what an unknown four-letter verb gets;
 //   - a MAIL or RCPT parameter the server does not know gets 500, a
 //     syntax error, where RFC 5321 section 4.1.1.11 asks for 555 ("MAIL
 //     FROM/RCPT TO parameters not recognized or not implemented"), as
@@ -167,6 +170,12 @@ var amendedReplies = map[string]amended{
 	// section 4.2.3, 501; RFC 4954 section 4: AUTH mechanism [initial-response]).
 	"502 5.5.4 Missing parameter\r\n": {
 		line: []byte("501 5.5.4 Syntax error: AUTH needs a mechanism name\r\n")},
+	// A line that is no command (a verb of other than four letters,
+	// "FOO", "HELLOTHERE"): unrecognized, 500 (RFC 5321 section 4.2.4),
+	// as go-smtp answers an unknown four-letter one; 501 is for a known
+	// command's arguments.
+	"501 5.5.2 Bad command\r\n": {
+		line: []byte("500 5.5.2 Syntax error, command unrecognized\r\n")},
 	"500 5.5.4 Unknown MAIL FROM argument\r\n": {
 		line: []byte("555 5.5.4 MAIL FROM parameter not recognized or not implemented (RFC 5321 section 4.1.1.11)\r\n")},
 	"500 5.5.4 Unknown RCPT TO argument\r\n": {

@@ -9,7 +9,8 @@ import (
 
 // A command out of sequence is answered 503 (RFC 5321 section 4.3.2), not
 // go-smtp's 502 "not implemented"; an unknown MAIL or RCPT parameter 555
-// (section 4.1.1.11), not its 500; AUTH without a mechanism 501; on a
+// (section 4.1.1.11), not its 500; AUTH without a mechanism 501; a line
+// that is no command 500, not 501; on a
 // plaintext connection and under TLS. The session stays in step after
 // each, a refused BDAT's chunk included.
 func TestSequenceAndParameterReplies(t *testing.T) {
@@ -28,6 +29,10 @@ func TestSequenceAndParameterReplies(t *testing.T) {
 	want(rc, "AUTH PLAIN", 503, "5.5.1 Bad sequence of commands: send EHLO first")
 	rc.cmd("EHLO client.test", 250)
 	want(rc, "AUTH", 501, "5.5.4 ")
+	// A line that is no command is unrecognized (500, section 4.2.4),
+	// as an unknown four-letter verb is; it was 501 "Bad command".
+	want(rc, "FOO", 500, "5.5.2 Syntax error, command unrecognized")
+	want(rc, "HELLOTHERE", 500, "5.5.2 Syntax error, command unrecognized")
 	rc.cmd("AUTH PLAIN "+plainIR("", testUser, testPassword), 235)
 	want(rc, "RCPT TO:<rcpt@example.org>", 503, "5.5.1 Bad sequence of commands: send MAIL FROM first")
 	want(rc, "DATA", 503, "5.5.1 Bad sequence of commands: send RCPT TO first")
