@@ -194,6 +194,31 @@ func TestWebhookRetriesAndRecovers(t *testing.T) {
 	if n := strings.Count(d.Logs(), `"hint_ms":1000`); n < 3 {
 		t.Fatalf("%d deferrals honouring Retry-After in the log, want 3", n)
 	}
+
+	// A rotation: the new secret is printed once, and the receiver that
+	// has switched to it verifies what follows (the old one also signs
+	// for the overlap, so a receiver that has not yet verifies too).
+	rotated := strings.TrimSpace(cli("webhook", "rotate", epID, "--keep", "1h"))
+	if !strings.HasPrefix(rotated, "whsec_") || rotated == sec {
+		t.Fatalf("webhook rotate printed %q", rotated)
+	}
+	if l := cli("webhook", "list", "--json"); strings.Contains(l, rotated) || strings.Contains(l, sec) {
+		t.Fatalf("webhook list shows a secret: %s", l)
+	}
+	mu.Lock()
+	secret = rotated
+	mu.Unlock()
+	for i := 0; ; i++ {
+		if err := submit(c, "app@sender.test", []string{"rcpt@dest.test"}, message(fmt.Sprintf("rotated-%d", i), "")); err != nil {
+			t.Fatal(err)
+		}
+		if h := next("after the rotation"); h.verified {
+			break
+		}
+		if i == 10 {
+			t.Fatalf("no delivery after the rotation verifies with the new secret\n%s", d.Logs())
+		}
+	}
 }
 
 // TestWebhookAddRefusesBadURL: a URL that is not http(s), or has no host,

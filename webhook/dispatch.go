@@ -573,7 +573,7 @@ func Classify(status int, err error) string {
 // Retry-After it asked for (0 if none).
 func Post(ctx context.Context, c *http.Client, ep *Endpoint, id string, body []byte) (int, time.Duration, error) {
 	ts := time.Now()
-	sig, err := Sign(ep.Secret, id, ts, body)
+	sig, err := ep.signature(id, ts, body)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -66,6 +66,12 @@ type Endpoint struct {
 	Events  []string  `json:"events"`
 	Secret  string    `json:"secret,omitempty"` // whsec_<base64 of 24 random bytes>; cleared, and left out, where an endpoint is listed
 	Created time.Time `json:"created"`
+	// PrevSecret, after a rotation (Store.Rotate), is the secret before
+	// it, which deliveries are also signed with until PrevUntil: the
+	// receiver can take the new secret into use meanwhile, with no
+	// delivery that it cannot verify. Cleared where listed, as Secret.
+	PrevSecret string    `json:"prev_secret,omitempty"`
+	PrevUntil  time.Time `json:"prev_until,omitzero"`
 	// Disabled is set by a 410 Gone; Replay clears it.
 	Disabled       bool   `json:"disabled,omitempty"`
 	DisabledReason string `json:"disabled_reason,omitempty"`
@@ -227,6 +233,52 @@ func (s *Store) Add(ctx context.Context, tenant, rawURL string, events []string)
 		return nil, err
 	}
 	return ep, nil
+}
+
+// Rotate gives endpoint id a new signing secret and returns the endpoint
+// with it, which only this call and the store hold. Until keep has passed,
+// deliveries are signed with the old secret as well (a second signature
+// in webhook-signature, as the Standard Webhooks specification allows),
+// so that the receiver can switch over without a delivery it cannot
+// verify; keep 0 ends the old secret at once. A rotation within another's
+// overlap ends the older secret: one old secret is kept, the last.
+func (s *Store) Rotate(ctx context.Context, id string, keep time.Duration) (*Endpoint, error) {
+	if keep < 0 {
+		return nil, errors.New("webhook: negative overlap")
+	}
+	var sec [24]byte
+	if _, err := rand.Read(sec[:]); err != nil {
+		return nil, err
+	}
+	fresh := SecretPrefix + base64.StdEncoding.EncodeToString(sec[:])
+	var out *Endpoint
+	err := s.update(ctx, id, func(ep *Endpoint) {
+		ep.PrevSecret, ep.PrevUntil = "", time.Time{}
+		if keep > 0 {
+			ep.PrevSecret, ep.PrevUntil = ep.Secret, time.Now().Add(keep).UTC().Truncate(time.Second)
+		}
+		ep.Secret = fresh
+		cp := *ep
+		out = &cp
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// signature is the webhook-signature header of one delivery to ep at ts:
+// the secret's signature, and the previous secret's while it is kept.
+func (ep *Endpoint) signature(id string, ts time.Time, body []byte) (string, error) {
+	sig, err := Sign(ep.Secret, id, ts, body)
+	if err != nil || ep.PrevSecret == "" || !ts.Before(ep.PrevUntil) {
+		return sig, err
+	}
+	prev, err := Sign(ep.PrevSecret, id, ts, body)
+	if err != nil {
+		return "", err
+	}
+	return sig + " " + prev, nil
 }
 
 // consumerConfig is endpoint ep's durable consumer on the events stream.

@@ -147,6 +147,8 @@ type receiver struct {
 type delivery struct {
 	id   string
 	body map[string]any
+	raw  []byte
+	hdr  http.Header
 }
 
 func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -166,7 +168,7 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	var m map[string]any
 	_ = json.Unmarshal(body, &m)
 	if got != nil {
-		got <- delivery{req.Header.Get("webhook-id"), m}
+		got <- delivery{req.Header.Get("webhook-id"), m, body, req.Header.Clone()}
 	}
 }
 

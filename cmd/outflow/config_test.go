@@ -291,6 +291,7 @@ func TestMisspeltArgumentsRefused(t *testing.T) {
 		{[]string{"dest", "suspend", "slow.test", "--for", "-5m"}, "--for -5m0s: must be positive"},
 		{[]string{"suppress", "add", "not an address", "--tenant", "shop"}, `"not an address"`},
 		{[]string{"webhook", "add", "--tenant", "shop", "--url", "https://hooks.example/x", "--events", "delivered,bogus"}, `unknown event "bogus"`},
+		{[]string{"webhook", "rotate", "wh_x", "--keep", "-1h"}, "--keep: want a duration of 0 or more"},
 		// The command line's own errors, which cobra reports.
 		{[]string{"queue", "drop"}, "accepts 1 arg(s), received 0"},
 		{[]string{"queue", "list", "--bogus"}, "unknown flag: --bogus"},

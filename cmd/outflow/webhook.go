@@ -67,7 +67,7 @@ type endpointRow struct {
 // outflow webhook add|list|remove|test|replay.
 func init() {
 	a := &adminFlags{}
-	wc := &cobra.Command{Use: "webhook", Short: "add, list, remove, test and replay event webhooks"}
+	wc := &cobra.Command{Use: "webhook", Short: "add, list, remove, test, replay and rotate the secrets of event webhooks"}
 	a.bind(wc)
 	withStore := func(cmd *cobra.Command, f func(ctx context.Context, q *queue.Queue, s *webhook.Store) error) error {
 		return runWith(a, cmd, func(ctx context.Context, q *queue.Queue) (*webhook.Store, error) { return webhook.Open(ctx, q) }, f)
@@ -134,7 +134,7 @@ func init() {
 					if ep.Disabled {
 						state = "disabled: " + ep.DisabledReason
 					}
-					ep.Secret = ""
+					ep.Secret, ep.PrevSecret = "", ""
 					rows[i] = endpointRow{ep, state, br, len(dead)}
 				}
 				return printList(cmd.OutOrStdout(), a.json, rows, "ID\tTENANT\tURL\tEVENTS\tSTATE\tBREAKER\tDEAD", func(r endpointRow) string {
@@ -203,6 +203,35 @@ func init() {
 			})
 		},
 	}
-	wc.AddCommand(add, list, remove, test, replay)
+	var keep time.Duration
+	rotate := &cobra.Command{
+		Use:   "rotate ID [--keep 24h]",
+		Short: "give an endpoint a new signing secret and print it (shown only now); the old one also signs until --keep has passed",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if keep < 0 {
+				return usageError{errors.New("--keep: want a duration of 0 or more")}
+			}
+			return withStore(cmd, func(ctx context.Context, _ *queue.Queue, s *webhook.Store) error {
+				ep, err := s.Rotate(ctx, args[0], keep)
+				if err != nil {
+					return err
+				}
+				ep.PrevSecret = "" // the old one the receiver has
+				if a.json {
+					return printJSON(cmd.OutOrStdout(), ep)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), ep.Secret)
+				until := "no longer signs"
+				if !ep.PrevUntil.IsZero() {
+					until = "also signs until " + ep.PrevUntil.Format(time.RFC3339)
+				}
+				fmt.Fprintf(os.Stderr, "outflow: webhook %s has a new secret, shown only now; the old one %s\n", ep.ID, until)
+				return nil
+			})
+		},
+	}
+	rotate.Flags().DurationVar(&keep, "keep", 24*time.Hour, "how long deliveries are also signed with the old secret (0: not at all)")
+	wc.AddCommand(add, list, remove, test, replay, rotate)
 	rootCmd.AddCommand(wc)
 }
