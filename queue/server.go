@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -63,13 +64,20 @@ type EmbeddedConfig struct {
 	// gives the same promise for one fsync per batch.
 	SyncAlways bool
 	// MaxStore bounds JetStream's file storage in bytes (serve's
-	// --store-max); 0 means nats-server's own: 75% of the file system's
-	// free space at start, plus 75% of what the store already holds. The
+	// --store-max); 0 means nats-server's own formula, computed here: 75%
+	// of the file system's free space at start, plus 75% of what the store
+	// already holds, rising while running as disk space is freed. The
 	// limit in force is StoreRoom().Limit(), and new mail is refused once
-	// the store is within StoreReserve of it (ErrNoRoom).
+	// the store is within StoreReserve of it (ErrNoRoom). nats-server's
+	// own limit is kept at least the store's use at start plus the
+	// reserve (storeLimits), so that the mail already queued drains.
 	MaxStore int64
 	// Logger receives the server's warnings and errors; zero value: none.
 	Logger zerolog.Logger
+
+	// freeSpace reads the free bytes of dir's file system; nil: statfs.
+	// Tests give a full disk without filling one.
+	freeSpace func(dir string) (uint64, error)
 }
 
 // Embedded is a running in-process NATS server with JetStream.
@@ -78,7 +86,9 @@ type Embedded struct {
 	info       ClientInfo
 	inProcess  ClientInfo // the in-process user: plain password, in memory only
 	storeDir   string
-	jsConfig   server.JetStreamConfig // as started, to start it again the same way
+	limitMu    sync.Mutex             // guards jsConfig and natsOpts: the store limit rises while running
+	jsConfig   server.JetStreamConfig // as started (its limit as raised since), to start it again the same way
+	natsOpts   *server.Options        // as last given to the server, to raise its store limit (raiseStoreLimit)
 	writeErr   *atomic.Bool           // a stream reported a sticky write error
 	syncer     *StoreSyncer           // nil unless Durability is disk
 	stopSync   context.CancelFunc     // ends the syncer's goroutine
@@ -164,11 +174,33 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err != nil {
 		return nil, err
 	}
+	// nats-server's limit is always given, never left to its default (0):
+	// a limit the server computed itself cannot be changed while it runs
+	// (reload refuses "dynamic" to set), and its default is under the
+	// store's use on a disk with less free space than a third of it, where
+	// it would refuse every write (storeLimits). Until the streams are
+	// recovered and their use known, the default's part for the free
+	// space; raised below once it is.
+	storeDir := filepath.Join(cfg.DataDir, "jetstream")
+	if err := os.MkdirAll(storeDir, 0o700); err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	freeSpace := cfg.freeSpace
+	if freeSpace == nil {
+		freeSpace = freeBytes
+	}
+	free, err := freeSpace(storeDir)
+	if err != nil {
+		// As nats-server does when it cannot tell: 1 TB.
+		cfg.Logger.Warn().Err(err).Str("store", storeDir).Msg("free disk space unknown; the store limit assumes 1 TB")
+		free = server.JetStreamMaxStoreDefault / 3 * 4
+	}
+	natsLimit, _ := storeLimits(cfg.MaxStore, free, 0)
 	opts := &server.Options{
 		ServerName:        "outflow-embedded",
 		JetStream:         true,
-		StoreDir:          filepath.Join(cfg.DataDir, "jetstream"),
-		JetStreamMaxStore: cfg.MaxStore,
+		StoreDir:          storeDir,
+		JetStreamMaxStore: natsLimit,
 		Users: []*server.User{
 			{Username: info.User, Password: string(hash)},
 			{Username: inProcess.User, Password: inProcess.Password,
@@ -222,7 +254,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	// The running config names <StoreDir>/jetstream; EnableJetStream adds
 	// that suffix again, so a restart must be given the configured dir.
 	jsc.StoreDir = opts.StoreDir
-	e := &Embedded{srv: srv, info: info, inProcess: inProcess, storeDir: opts.StoreDir, jsConfig: jsc, writeErr: writeErr, lock: lock}
+	e := &Embedded{srv: srv, info: info, inProcess: inProcess, storeDir: opts.StoreDir, jsConfig: jsc, natsOpts: opts, writeErr: writeErr, lock: lock}
 	if !opts.DontListen {
 		e.info.URL = srv.ClientURL()
 	} else {
@@ -232,18 +264,35 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		srv.Shutdown()
 		return nil, err
 	}
-	// The limit in force, as the server computed it when MaxStore is 0,
-	// and its use; watched from here on, so that new mail is refused
+	// The limits, now that the streams are recovered and their use known
+	// (storeLimits); watched from here on, so that new mail is refused
 	// while the rest of the store's writes still find room.
-	e.room = newStoreRoom(srv)
+	var used int64
+	if jsz, err := srv.Jsz(&server.JSzOptions{}); err == nil && jsz != nil && !jsz.Disabled {
+		used = int64(jsz.Store)
+	}
+	limit, natsLimit := storeLimits(cfg.MaxStore, free, used)
+	if err := e.raiseStoreLimit(natsLimit, cfg.Logger); err != nil {
+		cfg.Logger.Error().Err(err).Str("store", opts.StoreDir).Int64("store_bytes", used).
+			Msg("nats-server's store limit could not be raised for the mail already queued: it may not drain until a restart with more disk space")
+	}
+	var roomFree func() (uint64, error)
+	if cfg.MaxStore == 0 {
+		roomFree = func() (uint64, error) { return freeSpace(opts.StoreDir) }
+	}
+	var raiseFailed atomic.Bool // said once: the room tries again at each look
+	e.room = newStoreRoom(srv, limit, roomFree, func(n int64) error {
+		err := e.raiseStoreLimit(n, cfg.Logger)
+		if err != nil && !raiseFailed.Swap(true) {
+			cfg.Logger.Warn().Err(err).Msg("the store limit cannot follow the free disk space up; new mail is held to the limit of the start")
+		}
+		return err
+	})
 	storeRooms.Store(srv, e.room)
 	roomCtx, stopRoom := context.WithCancel(context.Background())
 	e.stopRoom = stopRoom
 	go e.room.run(roomCtx, StoreRoomEvery)
-	if err := e.room.Err(); err != nil {
-		cfg.Logger.Error().Err(err).Str("store", opts.StoreDir).Int64("store_bytes", e.room.Used()).Int64("store_limit_bytes", e.room.Limit()).
-			Msg("the store is short of room at start: new mail is refused until deliveries free it; raise --store-max or free disk space")
-	}
+	logStoreAtStart(cfg.Logger, e.room, cfg.MaxStore, free, opts.StoreDir)
 	if cfg.Durability == DurabilityDisk {
 		e.syncer = NewStoreSyncer(srv, cfg.SyncWindow)
 		if cfg.SweepEvery != 0 {
@@ -255,6 +304,54 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	started = true
 	return e, nil
+}
+
+// raiseStoreLimit makes nats-server's store limit n bytes, if more than it
+// is: through a reload of its options (server/reload.go allows a set limit
+// to rise while running, never to fall), and into the JetStream config
+// Supervise restarts JetStream with.
+func (e *Embedded) raiseStoreLimit(n int64, log zerolog.Logger) error {
+	e.limitMu.Lock()
+	defer e.limitMu.Unlock()
+	was := e.natsOpts.JetStreamMaxStore
+	if n <= was {
+		return nil
+	}
+	o := e.natsOpts.Clone()
+	o.JetStreamMaxStore = n
+	if err := e.srv.ReloadOptions(o); err != nil {
+		return fmt.Errorf("raise nats-server's store limit from %d to %d bytes: %w", was, n, err)
+	}
+	e.natsOpts = o
+	e.jsConfig.MaxStore = n
+	log.Debug().Int64("from_bytes", was).Int64("to_bytes", n).Msg("nats-server's store limit raised")
+	return nil
+}
+
+// logStoreAtStart says, loudly, a store started short of room: over its
+// limit (an error: it took in more than it may hold, or the disk filled
+// up since), or within the reserve of it (a warning: new mail waits for
+// deliveries), with what gives it room.
+func logStoreAtStart(log zerolog.Logger, r *StoreRoom, maxStore int64, free uint64, dir string) {
+	if r.Err() == nil {
+		return
+	}
+	used, limit := r.Used(), r.Limit()
+	ev := log.Warn()
+	msg := "the store is short of room at start: new mail is refused (452 4.3.1) until deliveries free it; the mail already queued moves on in the reserve"
+	if used >= limit {
+		ev = log.Error()
+		msg = "the store holds more than its limit at start: new mail is refused (452 4.3.1) until deliveries bring it under the limit less the reserve; " +
+			"nats-server's limit is raised above the store's use so that the mail already queued drains"
+	}
+	if maxStore > 0 {
+		msg += "; raise --store-max for room now (a restart), or let the queue drain"
+	} else {
+		msg += "; free disk space for room now (the limit rises with it, no restart needed), or let the queue drain"
+	}
+	ev.Str("store", dir).Int64("store_bytes", used).Int64("store_limit_bytes", limit).
+		Int64("store_reserve_bytes", r.Reserve()).Int64("nats_store_limit_bytes", r.ServerLimit()).
+		Int64("store_max", maxStore).Uint64("free_bytes", free).Msg(msg + "; docs/runbook.md, \"The store is full\"")
 }
 
 // LockFile is the file in the data directory that a running embedded

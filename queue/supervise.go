@@ -86,7 +86,9 @@ func (e *Embedded) Supervise(ctx context.Context, log zerolog.Logger, every time
 				continue
 			}
 		}
+		e.limitMu.Lock()
 		cfg := e.jsConfig
+		e.limitMu.Unlock()
 		if err := e.srv.EnableJetStream(&cfg); err != nil {
 			log.Warn().Err(err).Msg("restart embedded JetStream")
 			continue

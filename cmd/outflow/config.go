@@ -149,7 +149,7 @@ func bindServeFlags(fs *pflag.FlagSet, c *serveConfig) {
 	fs.IntVar(&c.NATSReplicas, "nats-replicas", queue.DefaultReplicas, "replicas for streams and buckets (3 on a cluster)")
 	fs.StringVar(&c.Durability, "durability", "", "what a 250 waits for: disk (group-committed fsync; default on the embedded server), replicas (a majority of a cluster's replicas; default with --nats-url) or none")
 	fs.DurationVar(&c.SyncWindow, "sync-window", queue.DefaultSyncWindow, "durability disk: how long a group commit collects writes before its fsync while the store is busy (the previous one had more than one write, or more are waiting); an isolated write is synced at once (0: never wait; a batch is what arrived during the previous fsync)")
-	fs.Int64Var(&c.StoreMax, "store-max", 0, "bytes the embedded JetStream store may hold; new mail is refused (452 4.3.1, API 503) once it is within a tenth of them (at least 64 MiB), kept for the mail already queued (0: 75% of the free disk space at start, nats-server's default)")
+	fs.Int64Var(&c.StoreMax, "store-max", 0, "bytes the embedded JetStream store may hold; new mail is refused (452 4.3.1, API 503) once it is within a tenth of them (at least 64 MiB), kept for the mail already queued (0: 75% of the free disk space and of the store's use at start, nats-server's formula, rising as disk space is freed)")
 	fs.StringVar(&c.JetStreamSync, "jetstream-sync", "", "deprecated: --durability (always is disk, default is none)")
 	_ = fs.MarkDeprecated("jetstream-sync", "use --durability disk|replicas|none (always = disk, default = none)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", "127.0.0.1:9090", "metrics and health listener (\"\" for none)")
