@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,37 +23,22 @@ const (
 	DefaultAuthFailWindow = submission.DefaultAuthFailWindow
 )
 
-// maxAuthClients bounds the failure table so that a flood of addresses
-// cannot grow it without limit. Past it, expired entries are swept, then
-// arbitrary ones dropped (losing some counts beats running out of memory).
-const maxAuthClients = 1 << 16
-
 // AuthLimiter counts failed authentications per client address (an IPv4
 // address or an IPv6 /64, package clientaddr) over a fixed window from
 // the first, as the SMTP listener counts failed AUTH: an address that
 // failed Limit times in its window has its further failures answered 429,
 // until the window ends. A valid key from it is still served (Server.route
 // says why). A success does not clear the count, so one valid key cannot
-// be used to reset guesses at others. The API and the
-// console's sign-in share one (Server.AuthLimiter), so that guesses cannot
-// be split between them.
+// be used to reset guesses at others. The API and the console's sign-in
+// share one (Server.AuthLimiter), so that guesses cannot be split between
+// them.
 //
 // A client is its TCP peer: behind a reverse proxy every client is the
-// proxy's address, and one that keeps failing holds the others back.
+// proxy's address, and the limit counts their failures together.
 type AuthLimiter struct {
-	limit  int
-	window time.Duration
-	now    func() time.Time
-	// refused counts the requests Check refused.
+	f *clientaddr.Failures[netip.Prefix]
+	// refused counts the failures answered 429 (Refusing).
 	refused atomic.Uint64
-
-	mu      sync.Mutex
-	clients map[netip.Prefix]*authFailures
-}
-
-type authFailures struct {
-	first time.Time
-	count int
 }
 
 // NewAuthLimiter returns a limiter of limit failures per window. Zero
@@ -67,17 +51,18 @@ func NewAuthLimiter(limit int, window time.Duration, now func() time.Time) *Auth
 	if window <= 0 {
 		window = DefaultAuthFailWindow
 	}
-	if now == nil {
-		now = time.Now
+	f := clientaddr.NewFailures[netip.Prefix](limit, window)
+	if now != nil {
+		f.Now = now
 	}
-	return &AuthLimiter{limit: limit, window: window, now: now, clients: map[netip.Prefix]*authFailures{}}
+	return &AuthLimiter{f: f}
 }
 
 // Limit is the failures an address may make within Window.
-func (l *AuthLimiter) Limit() int { return l.limit }
+func (l *AuthLimiter) Limit() int { return l.f.Limit() }
 
 // Window is the period failures are counted over, from the first.
-func (l *AuthLimiter) Window() time.Duration { return l.window }
+func (l *AuthLimiter) Window() time.Duration { return l.f.Window() }
 
 // Refused is how many failures were answered 429 (Refusing); for the
 // metrics.
@@ -90,59 +75,14 @@ func (l *AuthLimiter) Refusing() { l.refused.Add(1) }
 // Check reports how long addr's failures are refused yet: 0 when it is
 // under its limit.
 func (l *AuthLimiter) Check(addr netip.Addr) time.Duration {
-	k := clientaddr.Prefix(addr)
-	now := l.now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	f := l.clients[k]
-	if f == nil {
-		return 0
-	}
-	left := f.first.Add(l.window).Sub(now)
-	if left <= 0 {
-		delete(l.clients, k)
-		return 0
-	}
-	if f.count < l.limit {
-		return 0
-	}
-	return left
+	return l.f.Wait(clientaddr.Prefix(addr))
 }
 
 // Fail records a failed authentication from addr and returns how many it
 // made in its window, this one included: 1 opens a window, Limit closes
 // the address until the window ends.
 func (l *AuthLimiter) Fail(addr netip.Addr) int {
-	k := clientaddr.Prefix(addr)
-	now := l.now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	f := l.clients[k]
-	if f == nil || now.Sub(f.first) >= l.window {
-		if f == nil && len(l.clients) >= maxAuthClients {
-			l.sweep(now)
-		}
-		f = &authFailures{first: now}
-		l.clients[k] = f
-	}
-	f.count++
-	return f.count
-}
-
-// sweep drops expired entries, then arbitrary ones until there is room.
-// l.mu is held.
-func (l *AuthLimiter) sweep(now time.Time) {
-	for k, f := range l.clients {
-		if now.Sub(f.first) >= l.window {
-			delete(l.clients, k)
-		}
-	}
-	for k := range l.clients {
-		if len(l.clients) < maxAuthClients {
-			break
-		}
-		delete(l.clients, k)
-	}
+	return l.f.Fail(clientaddr.Prefix(addr))
 }
 
 // Failed records a failed authentication of r, for reason (a fixed word,
@@ -154,12 +94,12 @@ func (l *AuthLimiter) sweep(now time.Time) {
 func (l *AuthLimiter) Failed(log zerolog.Logger, r *http.Request, reason string) {
 	n := l.Fail(ClientAddr(r))
 	ev := log.Debug()
-	if n == 1 || n == l.limit {
+	if n == 1 || n == l.Limit() {
 		ev = log.Warn()
 	}
-	ev = ev.Str("remote", r.RemoteAddr).Str("reason", reason).Int("failures", n).Int("limit", l.limit)
-	if n == l.limit {
-		ev.Dur("window", l.window).Msg("authentication failures at the limit: the address's failures are answered 429 until the window ends")
+	ev = ev.Str("remote", r.RemoteAddr).Str("reason", reason).Int("failures", n).Int("limit", l.Limit())
+	if n == l.Limit() {
+		ev.Dur("window", l.Window()).Msg("authentication failures at the limit: the address's failures are answered 429 until the window ends")
 		return
 	}
 	ev.Msg("authentication failed")

@@ -304,7 +304,7 @@ func TestAuthRateLimitTrustedNetworks(t *testing.T) {
 func TestAuthLimiterWindowAndKeys(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	l := newAuthLimiter(2, time.Minute)
-	l.now = func() time.Time { return now }
+	l.f.Now = func() time.Time { return now }
 	a := clientKey(netip.MustParseAddr("192.0.2.1"))
 	b := clientKey(netip.MustParseAddr("192.0.2.2"))
 	if l.fail(a) || !l.fail(a) {
