@@ -21,15 +21,28 @@ import (
 // many of them run at once (the per-key rate counts requests, not bytes,
 // and http.Server reads any number of bodies at a time): sixteen requests
 // with a 17 MB attachment each once took 1.8 GB of heap. So each request
-// is charged, before its body is read, its Content-Length times
-// inflightFactor (plus inflightOverhead) against a process-wide budget
-// (Config.MaxInflightBytes) and its tenant's share of it
-// (Config.TenantInflightBytes), a membudget.Budget (the SMTP listener's
-// bodies have one of their own); a request that finds no room waits up to
-// Config.InflightWait for some, then is refused, unread and unstored: 503
-// when the budget is full, 429 when its tenant holds its share. A body of
-// unknown length (chunked) is charged as it is read, inflightStep at a
-// time, and refused the same way when the next step finds no room.
+// is charged, against a process-wide budget (Config.MaxInflightBytes) and
+// its tenant's share of it (Config.TenantInflightBytes), a
+// membudget.Budget (the SMTP listener's bodies have one of their own),
+// inflightOverhead plus inflightFactor times the body octets it has read,
+// as it reads them: each read of the body that brings octets is charged
+// for them, and the charge is kept until the answer is written.
+//
+// The Content-Length is not charged: it costs nothing to declare, and
+// charged before the body was read it let two connections that declared
+// 40 MB and sent 25 octets hold the whole budget for as long as the
+// server's read timeout, every other tenant's message refused meanwhile.
+// It is looked at: a request whose declared body could not be charged now
+// waits up to Config.InflightWait for room and is then refused, unread (a
+// client that sent Expect: 100-continue has sent none of it). With room,
+// it is still charged as it is read, and may find none later.
+//
+// A read whose charge finds no room after InflightWait (each read waits
+// afresh) ends the body: the request is refused, nothing stored, 503 when
+// the budget is full, 429 when its tenant holds its share, with
+// Retry-After. Requests part-way through their bodies that hold the whole
+// budget each wait until the first gives up; what it held lets the others
+// go on.
 const (
 	// DefaultMaxInflightBytes is the process-wide budget: at
 	// inflightFactor, some 38 requests with a 1 MiB attachment at once (19
@@ -59,13 +72,11 @@ const (
 	// times their size where they now allocate 8: the decoding of a raw
 	// message, the most, is as it was.
 	inflightFactor = 5
-	// inflightOverhead is the fixed part of a request's charge: what a
-	// small message request allocates whatever its size (its headers,
-	// the MIME writer, the idempotency and store round trips).
+	// inflightOverhead is the fixed part of a request's charge, taken
+	// with its first octets: what a small message request allocates
+	// whatever its size (its headers, the MIME writer, the idempotency
+	// and store round trips).
 	inflightOverhead = 64 << 10
-	// inflightStep is how many body octets a request of unknown length
-	// is charged for at a time.
-	inflightStep = 1 << 20
 )
 
 // fullProblem is the answer to a request refused for e: 429 for a tenant
@@ -109,7 +120,7 @@ func (s *Server) Inflight() (bytes int64, refusedFull, refusedShare uint64) {
 }
 
 // inflightCharge is one request's hold on the budget, and the reader of
-// its body that keeps the hold ahead of what is read.
+// its body that charges for what it reads.
 type inflightCharge struct {
 	l      *membudget.Budget
 	ctx    context.Context
@@ -118,65 +129,40 @@ type inflightCharge struct {
 	r      io.Reader
 	held   int64 // bytes charged
 	read   int64 // body octets read
-	paid   int64 // body octets charged for
-	// known: the body's length was known and paid for at the start;
-	// nothing more is charged (http.Server ends a body at its
-	// Content-Length). A body of unknown length is charged as it is read.
-	known bool
 }
 
-// chargeBody charges a request of tenant with a body of length octets (-1:
-// unknown, charged as it is read) and returns the charge, whose Read reads
-// body. It returns a Problem when there is no room (the body unread), or
-// when the request was canceled while it waited. Release the charge when
-// the request is done with its body and all made from it.
+// chargeBody starts the charge of a request of tenant with a body of
+// length octets (-1: unknown) and returns it, its Read reading body. When
+// the length is known, it first waits, up to InflightWait, until a body of
+// that length could be charged, charging nothing: it returns a Problem
+// when there was no room (the body unread), or when the request was
+// canceled while it waited. Release the charge when the request is done
+// with its body and all made from it.
 func (s *Server) chargeBody(ctx context.Context, tenant string, length int64, body io.Reader) (*inflightCharge, *Problem) {
 	c := &inflightCharge{l: s.inflight, ctx: ctx, tenant: tenant, wait: s.cfg.InflightWait, r: body}
 	if c.l == nil || length < 0 {
 		return c, nil
 	}
-	if err := c.grow(length); err != nil {
+	if err := c.l.Wait(ctx, tenant, inflightCost(c.l, length), c.wait); err != nil {
 		return nil, inflightProblem(err)
 	}
-	// All of it, now: a request that held part of its charge while it
-	// waited for the rest could wait on another doing the same.
-	c.known = true
 	return c, nil
 }
 
-// grow charges for a body of n octets, if that costs more than is held.
-func (c *inflightCharge) grow(n int64) error {
-	if c.l == nil {
-		return nil
-	}
-	if want := inflightCost(c.l, n); want > c.held {
-		if err := c.l.Acquire(c.ctx, c.tenant, want-c.held, c.wait); err != nil {
-			return err
-		}
-		c.held = want
-	}
-	c.paid = max(c.paid, n)
-	return nil
-}
-
-// Read reads the body, charging for it first when it is longer than what
-// was paid for (a body of unknown length, inflightStep at a time).
+// Read reads the body and charges for what it read: a read that finds no
+// room for it returns the *membudget.Full (or the request's context
+// error), and none of the octets.
 func (c *inflightCharge) Read(p []byte) (int, error) {
-	if c.l != nil {
-		if c.known && c.read >= c.paid {
-			return 0, io.EOF // as http.Server ends it
-		}
-		if c.read >= c.paid {
-			if err := c.grow(c.read + inflightStep); err != nil {
-				return 0, err
+	n, err := c.r.Read(p)
+	if n > 0 && c.l != nil {
+		c.read += int64(n)
+		if want := inflightCost(c.l, c.read); want > c.held {
+			if aerr := c.l.Acquire(c.ctx, c.tenant, want-c.held, c.wait); aerr != nil {
+				return 0, aerr
 			}
-		}
-		if left := c.paid - c.read; int64(len(p)) > left {
-			p = p[:left]
+			c.held = want
 		}
 	}
-	n, err := c.r.Read(p)
-	c.read += int64(n)
 	return n, err
 }
 
@@ -190,8 +176,9 @@ func (c *inflightCharge) release() {
 
 // refusedInflight logs a message request refused for want of room:
 // operators see the budget met (a 503) or a tenant at its share (a 429).
-func (s *Server) refusedInflight(key *KeyInfo, length int64, p *Problem) {
-	s.log.Warn().Str("tenant", key.Tenant).Str("key_id", key.ID).Int64("content_length", length).Int("status", p.Status).
+// read is how many body octets it had read (0: refused unread).
+func (s *Server) refusedInflight(key *KeyInfo, length, read int64, p *Problem) {
+	s.log.Warn().Str("tenant", key.Tenant).Str("key_id", key.ID).Int64("content_length", length).Int64("read", read).Int("status", p.Status).
 		Str("detail", p.Detail).Msg("api message refused: too much in flight")
 }
 

@@ -51,11 +51,14 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 	if r.ContentLength > limit {
 		return tooLarge(s.cfg.MaxMessageBytes)
 	}
-	// Room for what the request will hold, before a byte of it is read
-	// (inflight.go); given back once the answer is written.
+	// Charged as the body is read, what the request holds; given back
+	// once the answer is written (inflight.go). A Content-Length for
+	// which there is no room now is refused before a byte of it is read,
+	// but charged nothing: a client that declares much and sends little
+	// holds only what it sent.
 	charge, p := s.chargeBody(r.Context(), key.Tenant, r.ContentLength, http.MaxBytesReader(w, r.Body, limit))
 	if p != nil {
-		s.refusedInflight(key, r.ContentLength, p)
+		s.refusedInflight(key, r.ContentLength, 0, p)
 		return p
 	}
 	defer charge.release()
@@ -74,7 +77,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, key *KeyInf
 		var full *membudget.Full
 		if errors.As(err, &full) || errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 			p := inflightProblem(err)
-			s.refusedInflight(key, r.ContentLength, p)
+			s.refusedInflight(key, r.ContentLength, charge.read, p)
 			return p
 		}
 		return problem(http.StatusBadRequest, ProblemBadJSON, "unreadable request", err.Error())

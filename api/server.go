@@ -68,9 +68,10 @@ type Config struct {
 	// Default DefaultEnqueueTimeout.
 	EnqueueTimeout time.Duration
 	// MaxInflightBytes bounds, process-wide, the memory the message
-	// requests in flight may hold: each POST /v1/messages is charged its
-	// Content-Length times what it holds at its peak before its body is
-	// read (inflight.go), and waits up to InflightWait for room, then
+	// requests in flight may hold: each POST /v1/messages is charged for
+	// the body octets it has read, times what they hold at its peak, as
+	// they arrive (a declared Content-Length is checked first, not
+	// charged; inflight.go), and waits up to InflightWait for room, then
 	// is refused with 503 too-much-in-flight. Default
 	// DefaultMaxInflightBytes; negative: no bound.
 	MaxInflightBytes int64

@@ -93,7 +93,7 @@ func TestInflightBoundsParallelBodies(t *testing.T) {
 	q := &fakeQueue{}
 	ts := startServer(t, Config{Users: testUsers(t), MaxInflightBytes: budget, TenantInflightBytes: budget,
 		InflightWait: 50 * time.Millisecond}, q)
-	body := bigBody(4<<20 - 64<<10) // charged 8 MiB: room for one
+	body := bigBody(4<<20 - bodyChunk) // its chunks charged 8 MiB: room for one
 	base := liveHeap()
 
 	first := ts.openData(t, testUser)
@@ -168,13 +168,14 @@ func TestInflightBoundsParallelBodies(t *testing.T) {
 // TestInflightTenantShare: a tenant holding most of its share has its
 // next large body refused (at MAIL FROM when it declares SIZE, else as
 // the body arrives), never holding more than the share, while another
-// tenant's large body still goes through.
+// tenant's large body still goes through; a declared size is checked,
+// never charged.
 func TestInflightTenantShare(t *testing.T) {
 	const budget, share = 20 << 20, 10 << 20
 	q := &fakeQueue{}
 	ts := startServer(t, Config{Users: usersAppAndOther(t), MaxInflightBytes: budget, TenantInflightBytes: share,
 		InflightWait: 50 * time.Millisecond}, q)
-	body := bigBody(4<<20 - 64<<10)
+	body := bigBody(4<<20 - bodyChunk)
 
 	held := ts.openData(t, testUser)
 	held.write(string(body))
@@ -187,9 +188,9 @@ func TestInflightTenantShare(t *testing.T) {
 		!strings.Contains(msg, "account") {
 		t.Errorf("MAIL with SIZE: %q", msg)
 	}
-	// A size with room is charged at MAIL, and given back at RSET.
+	// A size with room is accepted, and charged nothing.
 	sized.cmd("MAIL FROM:<app@example.com> SIZE=500000", 250)
-	if got := ts.srv.inflight.TenantInUse(testUser); got != 2*4<<20+2*500000 {
+	if got := ts.srv.inflight.TenantInUse(testUser); got != 2*4<<20 {
 		t.Errorf("after MAIL SIZE=500000 the tenant holds %d", got)
 	}
 	sized.cmd("RSET", 250)
@@ -230,9 +231,10 @@ func TestInflightTenantShare(t *testing.T) {
 
 // TestInflightReleasedAtEveryEnd: whatever ends a transaction that holds
 // part of the budget (the message stored, refused as malformed, too big
-// or by the queue, RSET, a new EHLO, a BDAT transfer reset, the client
-// gone in the middle of DATA or of a BDAT chunk, a timeout), what it held
-// is given back.
+// or by the queue, a BDAT transfer reset, the client gone in the middle
+// of DATA or of a BDAT chunk, a timeout), what it held is given back; a
+// MAIL FROM with SIZE holds nothing, before RSET, a new EHLO or the
+// client's going as before its body.
 func TestInflightReleasedAtEveryEnd(t *testing.T) {
 	q := &fakeQueue{}
 	ts := startServer(t, Config{Users: testUsers(t), MaxMessageBytes: 2 << 20, MaxInflightBytes: 64 << 20}, q)
@@ -246,12 +248,19 @@ func TestInflightReleasedAtEveryEnd(t *testing.T) {
 		t.Helper()
 		eventually(t, what+": charged", func() bool { return ts.inUse() > over })
 	}
+	// none checks that nothing is charged now.
+	none := func(what string) {
+		t.Helper()
+		if got := ts.inUse(); got != 0 {
+			t.Fatalf("%s: %d charged, want none", what, got)
+		}
+	}
 	start := func() *raw {
 		t.Helper()
 		rc := ts.raw(t)
 		rc.login()
 		rc.cmd("MAIL FROM:<app@example.com> SIZE=100", 250)
-		charged("MAIL with SIZE", 0)
+		none("MAIL with SIZE")
 		rc.cmd("RCPT TO:<rcpt@example.org>", 250)
 		return rc
 	}
@@ -299,12 +308,12 @@ func TestInflightReleasedAtEveryEnd(t *testing.T) {
 	q.mu.Unlock()
 
 	rc.cmd("MAIL FROM:<app@example.com> SIZE=100", 250)
-	charged("MAIL with SIZE", 0)
+	none("MAIL with SIZE")
 	rc.cmd("RSET", 250)
 	empty("RSET")
 
 	rc.cmd("MAIL FROM:<app@example.com> SIZE=100", 250)
-	charged("MAIL with SIZE", 0)
+	none("MAIL with SIZE")
 	rc.cmd("EHLO client.test", 250)
 	empty("a new EHLO")
 
@@ -347,9 +356,9 @@ func TestInflightReleasedAtEveryEnd(t *testing.T) {
 	eventually(t, "timeout: the budget empty", func() bool { return ts2.inUse() == 0 })
 }
 
-// TestInflightChargeSteps: a body's charge grows ahead of it in steps
-// that double from a read chunk up to chargeStep, twice the octets they
-// cover, and stops at the tenant's share.
+// TestInflightChargeSteps: a body's charge covers exactly the chunks
+// readBody asks it to, twice the octets they hold, one chunk at a time,
+// and stops at the tenant's share.
 func TestInflightChargeSteps(t *testing.T) {
 	srv, err := New(Config{Users: testUsers(t), MaxInflightBytes: 100 << 20, TenantInflightBytes: 9 << 20}, &fakeQueue{})
 	if err != nil {
@@ -357,15 +366,15 @@ func TestInflightChargeSteps(t *testing.T) {
 	}
 	c := srv.emptyCharge("a")
 	ch, ctx := &c, srv.baseCtx
-	for _, c := range []struct{ n, room int64 }{
-		{1, 32 << 10}, {32 << 10, 32 << 10}, {33 << 10, 64 << 10}, {100 << 10, 128 << 10}, {129 << 10, 256 << 10},
-		{600 << 10, 600 << 10}, {601 << 10, 1200 << 10}, {1200<<10 + 1, 2224 << 10}, {3 << 20, 3248 << 10},
-	} {
-		if err := ch.cover(ctx, c.n); err != nil {
+	for _, n := range []int64{bodyChunk, bodyChunk, 2 * bodyChunk, 3 * bodyChunk, 100 * bodyChunk, 4<<20 + 1} {
+		if err := ch.cover(ctx, n); err != nil {
 			t.Fatal(err)
 		}
-		if ch.room != c.room || ch.held != bodyFactor*c.room {
-			t.Fatalf("cover(%d): room %d, held %d; want room %d", c.n, ch.room, ch.held, c.room)
+		if ch.room != n || ch.held != bodyFactor*n {
+			t.Fatalf("cover(%d): room %d, held %d; want room %d", n, ch.room, ch.held, n)
+		}
+		if used, _, _ := srv.Inflight(); used != ch.held {
+			t.Fatalf("cover(%d): the budget has %d charged, the charge %d", n, used, ch.held)
 		}
 	}
 	if err := ch.cover(ctx, 5<<20); err != nil || ch.held != 9<<20 || ch.room != 1<<63-1 {

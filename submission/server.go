@@ -140,9 +140,10 @@ type Config struct {
 	EnqueueTimeout time.Duration
 	// MaxInflightBytes bounds, process-wide, the memory the message
 	// bodies being received and stored may hold: each transaction is
-	// charged twice its body octets, at MAIL FROM for a declared SIZE and
-	// as the body arrives, and one that finds no room within InflightWait
-	// is refused with 452 4.3.1, nothing queued (inflight.go). Default
+	// charged twice the body octets it holds, a read chunk at a time as
+	// the body arrives (a declared SIZE is checked at MAIL FROM, not
+	// charged), and one that finds no room within InflightWait is refused
+	// with 452 4.3.1, nothing queued (inflight.go). Default
 	// DefaultMaxInflightBytes; negative: no bound.
 	MaxInflightBytes int64
 	// TenantInflightBytes is the most of MaxInflightBytes one tenant's

@@ -52,10 +52,6 @@ type session struct {
 	// quotaTaken counts the recipients of this transaction taken from the
 	// tenant's sending limit (quota.go) and not yet sent.
 	quotaTaken int
-	// charge is the transaction's hold on Config.MaxInflightBytes taken at
-	// MAIL FROM for a declared SIZE, until Data takes it over (inflight.go);
-	// zero when it took none.
-	charge bodyCharge
 }
 
 var (
@@ -367,16 +363,15 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 	if derr != nil {
 		return s.reject(derr, reasonBadDSN, true, nil)
 	}
-	var ch bodyCharge
 	if opts != nil && opts.Size > 0 {
-		// Last: a MAIL refused for another reason holds nothing.
-		var err error
-		if ch, err = s.reserveSize(s.tenant(), opts.Size); err != nil {
+		// Last: a MAIL refused for another reason does not wait. The
+		// declared size is checked, not charged (inflight.go).
+		if err := s.checkSize(s.tenant(), opts.Size); err != nil {
 			return err
 		}
 	}
 	s.mu.Lock()
-	s.hasFrom, s.from, s.dsn, s.charge = true, from, dsn, ch
+	s.hasFrom, s.from, s.dsn = true, from, dsn
 	s.mu.Unlock()
 	return nil
 }
@@ -487,10 +482,10 @@ func (s *session) Data(r io.Reader) error {
 	s.mu.Lock()
 	hasFrom, from, rcpts, dsn := s.hasFrom, s.from, slices.Clone(s.rcpts), s.dsn
 	s.mu.Unlock()
-	// Whatever the end of this body, what it was charged goes back once
-	// nothing here holds it (inflight.go).
-	var own bodyCharge
-	ch := s.takeCharge(s.tenant(), &own)
+	// The body is charged as it arrives, and whatever its end, what it
+	// was charged goes back once nothing here holds it (inflight.go).
+	own := s.srv.emptyCharge(s.tenant())
+	ch := &own
 	defer ch.release()
 	if !s.authorized() {
 		return s.reject(errAuthRequired, reasonAuthRequired, true, nil)
@@ -616,14 +611,12 @@ func (s *session) Reset() {
 	s.hasFrom, s.from, s.rcpts, s.seen, s.dsn = false, "", nil, nil, nil
 	s.mu.Unlock()
 	s.returnQuota()
-	s.dropCharge()
 }
 
 // Logout implements smtp.Session: the connection closed or STARTTLS
 // succeeded.
 func (s *session) Logout() error {
 	s.returnQuota()
-	s.dropCharge()
 	// After STARTTLS go-smtp answers the commands before the next
 	// greeting itself: joinTLS puts the reply writer in place for them.
 	// Not on a Logout from go-smtp's Close on Shutdown's goroutine, which

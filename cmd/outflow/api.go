@@ -240,7 +240,7 @@ func registerAPIMetrics(reg prometheus.Registerer, srv *api.Server) error {
 	refused := func(reason string, pick func(full, share uint64) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "outflow_api_inflight_refused_total",
-			Help:        "Message requests refused unread for want of room under --api-max-inflight-bytes, by reason: budget (503) or tenant-share (429).",
+			Help:        "Message requests refused for want of room under --api-max-inflight-bytes, by reason: budget (503) or tenant-share (429).",
 			ConstLabels: prometheus.Labels{"reason": reason},
 		}, func() float64 { _, f, s := srv.Inflight(); return float64(pick(f, s)) })
 	}

@@ -5,9 +5,12 @@
 // holds (or will hold) before it holds it, waits a short time for room
 // when there is none, and refuses the message, transiently, when none
 // came; it gives the charge back when the message is done with, whatever
-// its end. The SMTP submission listener (submission/inflight.go) charges
-// a body as it arrives; the HTTP API charges a request before its body is
-// read.
+// its end. Both listeners (submission/inflight.go, api/inflight.go)
+// charge a message for the bytes that have arrived of it, never for the
+// size its client declares: a declared size costs nothing to declare, and
+// held in the budget it let a few clients that sent nothing lock every
+// other tenant out. A declared size is only looked at (Wait), so that a
+// message that could not fit now is refused before it is sent.
 package membudget
 
 import (
@@ -91,6 +94,19 @@ func (e *Full) Error() string {
 // returns a *Full when there was none, or the context's error. A charge
 // larger than the tenant's share can never fit and is refused at once.
 func (b *Budget) Acquire(ctx context.Context, tenant string, n int64, wait time.Duration) error {
+	return b.acquire(ctx, tenant, n, wait, true)
+}
+
+// Wait is Acquire without the charge: it waits up to wait until n more
+// bytes of tenant's would fit, and returns nil then, or what Acquire
+// would have. It holds nothing, so nothing can be kept from others by
+// calling it: a listener asks it about a message's declared size before
+// the message is sent, and charges the message as it arrives.
+func (b *Budget) Wait(ctx context.Context, tenant string, n int64, wait time.Duration) error {
+	return b.acquire(ctx, tenant, n, wait, false)
+}
+
+func (b *Budget) acquire(ctx context.Context, tenant string, n int64, wait time.Duration, take bool) error {
 	if b == nil || n <= 0 {
 		return nil
 	}
@@ -102,11 +118,13 @@ func (b *Budget) Acquire(ctx context.Context, tenant string, n int64, wait time.
 		b.mu.Lock()
 		tenantOK := b.tenants[tenant]+n <= b.share
 		if tenantOK && b.used+n <= b.total {
-			b.used += n
-			b.tenants[tenant] += n
-			b.peak = max(b.peak, b.used)
-			if b.OnChange != nil {
-				b.OnChange(b.used)
+			if take {
+				b.used += n
+				b.tenants[tenant] += n
+				b.peak = max(b.peak, b.used)
+				if b.OnChange != nil {
+					b.OnChange(b.used)
+				}
 			}
 			b.mu.Unlock()
 			return nil
