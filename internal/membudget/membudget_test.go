@@ -82,3 +82,39 @@ func TestBudget(t *testing.T) {
 		t.Fatal("a nil budget holds something")
 	}
 }
+
+// Wait charges nothing: it says whether a charge would fit, waiting for
+// room as Acquire does, and is refused as Acquire would be.
+func TestWait(t *testing.T) {
+	b := New(100, 60)
+	ctx := context.Background()
+	if err := b.Wait(ctx, "a", 60, 0); err != nil {
+		t.Fatal(err)
+	}
+	if used, _ := b.InUse(); used != 0 {
+		t.Fatalf("Wait charged %d", used)
+	}
+	if err := b.Acquire(ctx, "b", 50, 0); err != nil {
+		t.Fatal(err)
+	}
+	var full *Full
+	if err := b.Wait(ctx, "a", 51, 10*time.Millisecond); !errors.As(err, &full) || full.TenantFull {
+		t.Fatalf("over the budget: %v", err)
+	}
+	if err := b.Wait(ctx, "a", 61, time.Minute); !errors.As(err, &full) || !full.TenantFull {
+		t.Fatalf("larger than a share: %v", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- b.Wait(ctx, "a", 51, time.Minute) }()
+	b.Release("b", 50)
+	if err := <-got; err != nil {
+		t.Fatalf("a waiter after a release: %v", err)
+	}
+	if used, _ := b.InUse(); used != 0 || b.TenantInUse("a") != 0 {
+		t.Fatalf("Wait left %d charged", used)
+	}
+	var none *Budget
+	if err := none.Wait(ctx, "a", 1<<40, 0); err != nil {
+		t.Fatal(err)
+	}
+}
